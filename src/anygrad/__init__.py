@@ -1,0 +1,7 @@
+"""anygrad: train PyTorch-written models on any GPU (WebGPU through wgpu), or the CPU."""
+from . import ops  # noqa: F401  (registers every op)
+from .errors import AnygradError
+from .model import Model
+
+__version__ = "0.1.0"
+__all__ = ["AnygradError", "Model", "__version__"]

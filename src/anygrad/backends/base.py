@@ -1,0 +1,49 @@
+"""What every backend provides: a state store shared by its executables, and `compile`."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ..ir.graph import Graph
+
+
+class Executable(ABC):
+    """One compiled graph (fixed input shapes). Running it updates the backend's state in place."""
+
+    graph: Graph
+
+    @abstractmethod
+    def run(self, feeds: Mapping[str, np.ndarray], fetch: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """Execute once; return the fetched values (graph outputs when fetch is None) as numpy."""
+
+
+class Backend(ABC):
+    """A device. State (parameters, buffers) lives here, by name, shared by all executables."""
+
+    name: str = "?"
+
+    @property
+    def description(self) -> str:
+        """One line naming the device, for logs and the dashboard."""
+        return self.name
+
+    @abstractmethod
+    def compile(self, graph: Graph) -> Executable:
+        """Compile a specialized graph. State it names that the store lacks is initialised from
+        the graph's initializers."""
+
+    @abstractmethod
+    def get_state(self, name: str) -> np.ndarray:
+        """A host copy of one state tensor."""
+
+    @abstractmethod
+    def set_state(self, name: str, value: np.ndarray) -> None:
+        """Overwrite one state tensor (creates it when new)."""
+
+    @abstractmethod
+    def has_state(self, name: str) -> bool: ...
+
+    def get_states(self, names: Sequence[str]) -> dict[str, np.ndarray]:
+        return {n: self.get_state(n) for n in names}

@@ -1,0 +1,10 @@
+"""The IR: Graph / Node / TensorInfo, the op registry interface, and graph passes."""
+from .graph import Graph, Node, Shape, TensorInfo, info_of
+from .registry import OpDef, all_ops, defop, get_op
+from .passes import (RNG_STATE, check_supported, fold_constants, infer_node, infer_shapes,
+                     set_training_mode, specialize, unsupported_ops)
+from .builder import Builder, GradContext
+
+__all__ = ["Graph", "Node", "Shape", "TensorInfo", "info_of", "OpDef", "all_ops", "defop", "get_op",
+           "check_supported", "fold_constants", "infer_node", "infer_shapes", "specialize",
+           "unsupported_ops", "set_training_mode", "RNG_STATE", "Builder", "GradContext"]

@@ -1,0 +1,117 @@
+"""Graph passes: specialization to a batch shape, shape inference, constant folding, DCE."""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from ..errors import ShapeError, UnsupportedOpError
+from .graph import Graph, Node, Shape, TensorInfo, info_of
+from .registry import get_op
+
+# Folding a huge constant wastes memory for nothing; shape arithmetic is tiny.
+_FOLD_LIMIT = 1 << 20
+
+
+def unsupported_ops(graph: Graph) -> dict[str, list[str]]:
+    """Op type -> names of the nodes that use it, for every op without a registry entry."""
+    missing: dict[str, list[str]] = {}
+    for n in graph.nodes:
+        if get_op(n.op) is None:
+            missing.setdefault(n.op, []).append(n.name or n.outputs[0])
+    return missing
+
+
+def check_supported(graph: Graph, source: str = "the model") -> None:
+    missing = unsupported_ops(graph)
+    if missing:
+        listing = "; ".join(f"{op} ({', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"
+                            for op, names in sorted(missing.items()))
+        raise UnsupportedOpError(
+            f"{source} uses {len(missing)} op type(s) anygrad does not support: {listing}. "
+            "Rewrite those layers, or open an issue naming the ops.")
+
+
+def infer_node(graph: Graph, node: Node) -> None:
+    """Infer one node's outputs (and fold them when all inputs are known constants)."""
+    op = get_op(node.op)
+    if op is None:
+        raise UnsupportedOpError(f"{node.label}: op type {node.op} is not supported")
+    ins = [graph.info.get(i) if i else None for i in node.inputs]
+    for i, (name, inf) in enumerate(zip(node.inputs, ins)):
+        if name and inf is None:
+            raise ShapeError(f"{node.label}: input {i} '{name}' has no known shape")
+    try:
+        outs = op.infer(node, ins)  # type: ignore[arg-type]
+    except (ShapeError, UnsupportedOpError):
+        raise
+    except Exception as e:  # a shape rule tripping over bad attributes or shapes
+        shapes = [tuple(i.shape) if i else None for i in ins]
+        raise ShapeError(f"{node.label}: cannot infer output shape from input shapes {shapes}: {e}") from e
+    if (op.foldable and all(i is None or i.const is not None for i in ins)
+            and any(i is not None for i in ins) and all(o.const is None for o in outs)
+            and sum(o.size for o in outs if o.is_static) <= _FOLD_LIMIT):
+        values = op.run(node, [i.const if i is not None else None for i in ins])
+        outs = [info_of(np.asarray(v)) for v in values]
+    for name, inf in zip(node.outputs, outs):
+        if name:
+            graph.info[name] = inf
+
+
+def infer_shapes(graph: Graph) -> None:
+    """(Re)infer every value's shape. Parameters and state are never treated as constants."""
+    variable = set(graph.state_names) | set(graph.state_updates.values())
+    for name, array in graph.initializers.items():
+        inf = info_of(array)
+        if name in variable:
+            inf.const = None
+        graph.info[name] = inf
+    graph.toposort()
+    for node in graph.nodes:
+        infer_node(graph, node)
+
+
+def specialize(graph: Graph, input_shapes: Mapping[str, Shape]) -> Graph:
+    """A copy with input shapes bound (symbolic dims replaced), shapes inferred, constants folded."""
+    g = graph.copy()
+    for name, shape in input_shapes.items():
+        if name not in g.info:
+            raise ShapeError(f"the model has no input named '{name}' (inputs: {g.inputs})")
+        declared = g.info[name].shape
+        shape = tuple(int(d) for d in shape)
+        if len(declared) != len(shape) or any(isinstance(d, int) and d != s for d, s in zip(declared, shape)):
+            raise ShapeError(f"input '{name}' expects shape {tuple(declared)}, got {shape}")
+        g.info[name] = TensorInfo(g.info[name].dtype, shape)
+    infer_shapes(g)
+    fold_constants(g)
+    return g
+
+
+def fold_constants(graph: Graph) -> None:
+    """Replace nodes whose outputs are all known constants by initializers, then drop dead code."""
+    kept = []
+    for n in graph.nodes:
+        infos = [graph.info.get(o) for o in n.outputs if o]
+        if infos and all(i is not None and i.const is not None for i in infos):
+            for o in n.outputs:
+                if o:
+                    graph.initializers[o] = graph.info[o].const  # type: ignore[assignment]
+        else:
+            kept.append(n)
+    graph.nodes = kept
+    graph.dce()
+
+
+# The training step's random-number state: uint32 [seed, counter]. Ops that draw random numbers
+# (Dropout) take it as an extra input; the counter advances once per training step.
+RNG_STATE = "anygrad.rng"
+
+
+def set_training_mode(graph: Graph, training: bool) -> Graph:
+    """A copy of the graph rewritten for training or for inference (ops with a `set_mode`)."""
+    g = graph.copy()
+    for node in list(g.nodes):
+        op = get_op(node.op)
+        if op is not None and op.set_mode is not None:
+            op.set_mode(g, node, training)
+    return g
