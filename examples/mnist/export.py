@@ -1,0 +1,61 @@
+"""Export the founding model (model.py) to ONNX, keeping BatchNorm and Dropout for training.
+
+    python examples/mnist/export.py            # TorchScript exporter -> src/anygrad/examples/mnist.onnx
+    python examples/mnist/export.py --dynamo   # the dynamo exporter (needs onnxscript)
+    python examples/mnist/export.py --out my.onnx
+
+The default output is the copy anygrad ships as package data; examples/mnist/mnist.onnx is a
+relative symlink to it, so the file is committed once.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from model import Net  # noqa: E402
+
+PACKAGED = HERE.parents[1] / "src" / "anygrad" / "examples" / "mnist.onnx"
+LINK = HERE / "mnist.onnx"
+
+
+def export(path: Path, dynamo: bool = False, seed: int = 0, dropout: float | None = None,
+           training: bool = True, batch: int = 1) -> Path:
+    """Export a freshly initialised (seeded) Net to `path`."""
+    torch.manual_seed(seed)
+    model = Net()
+    if dropout is not None:
+        model.dropout1.p = dropout
+    mode = torch.onnx.TrainingMode.TRAINING if training else torch.onnx.TrainingMode.EVAL
+    model.train(training)
+    torch.onnx.export(
+        model, (torch.zeros(batch, 1, 28, 28),), str(path),
+        dynamo=dynamo, opset_version=17, training=mode, do_constant_folding=False,
+        input_names=["input"], output_names=["log_probs"],
+        dynamic_axes={"input": {0: "batch"}, "log_probs": {0: "batch"}},
+        **({"external_data": False} if dynamo else {}),
+    )
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=PACKAGED)
+    parser.add_argument("--dynamo", action="store_true", help="use the torch.export-based exporter")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    export(args.out, dynamo=args.dynamo, seed=args.seed)
+    if args.out.resolve() == PACKAGED.resolve():
+        if LINK.is_symlink() or LINK.exists():
+            LINK.unlink()
+        LINK.symlink_to(os.path.relpath(PACKAGED, HERE))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
