@@ -1,9 +1,16 @@
-"""Device names -> backends: 'auto', 'cpu', and (with the wgpu backend) 'wgpu', 'wgpu:N', 'wgpu:vulkan'."""
+"""Device names -> backends: 'auto', 'cpu', 'wgpu', 'wgpu:N', 'wgpu:vulkan|metal|dx12|gl'.
+
+`auto` takes the best real GPU (discrete, then integrated); a machine with only a software
+adapter (lavapipe) or none trains on the CPU, where numpy is faster than a software rasteriser.
+"""
 from __future__ import annotations
 
 from .backends.base import Backend
 from .backends.numpy import NumpyBackend
+from .backends.wgpu.adapters import AdapterInfo, best_adapter, list_adapters
 from .errors import ConfigError
+
+__all__ = ["AdapterInfo", "get_backend", "list_adapters"]
 
 
 def get_backend(device: str = "auto") -> Backend:
@@ -11,5 +18,16 @@ def get_backend(device: str = "auto") -> Backend:
     if device in ("cpu", "numpy"):
         return NumpyBackend()
     if device == "auto":
-        return NumpyBackend()
+        pick = best_adapter(include_software=False)
+        if pick is None:
+            from .backends.wgpu.runtime import warn_cpu_fallback
+            soft = best_adapter()
+            warn_cpu_fallback("no GPU adapter found" if soft is None else
+                              f"only a software adapter ({soft[0].name}) was found")
+            return NumpyBackend()
+        from .backends.wgpu import WgpuBackend
+        return WgpuBackend(f"wgpu:{pick[0].index}")
+    if device == "wgpu" or device.startswith("wgpu:"):
+        from .backends.wgpu import WgpuBackend
+        return WgpuBackend(device)
     raise ConfigError(f"unknown device '{device}'; use auto, cpu, wgpu, wgpu:N or wgpu:vulkan|metal|dx12|gl")

@@ -137,6 +137,7 @@ class Graph:
                 live.update(i for i in n.inputs if i)
         self.nodes = kept[::-1]
         live |= set(self.state_updates.values())
+        live |= {o for n in self.nodes for o in n.outputs}  # unused outputs of kept nodes (masks) keep their info
         keep_state = set(self.params) | set(self.buffers)
         self.initializers = {k: v for k, v in self.initializers.items() if k in live or k in keep_state}
         self.info = {k: v for k, v in self.info.items()

@@ -43,8 +43,12 @@ def infer_node(graph: Graph, node: Node) -> None:
             raise ShapeError(f"{node.label}: input {i} '{name}' has no known shape")
     try:
         outs = op.infer(node, ins)  # type: ignore[arg-type]
-    except (ShapeError, UnsupportedOpError):
+    except UnsupportedOpError:
         raise
+    except ShapeError as e:  # shared shape helpers do not know the node: name it here
+        if node.label in str(e):
+            raise
+        raise ShapeError(f"{node.label}: {e}") from e
     except Exception as e:  # a shape rule tripping over bad attributes or shapes
         shapes = [tuple(i.shape) if i else None for i in ins]
         raise ShapeError(f"{node.label}: cannot infer output shape from input shapes {shapes}: {e}") from e

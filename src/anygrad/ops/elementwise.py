@@ -6,11 +6,14 @@ them like any other elementwise op.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..ir.builder import GradContext
+from ..ir.graph import Node, TensorInfo
 from ..ir.registry import defop
-from ._util import broadcast_infer, same_as_first
+from ._util import ONNX_CODES, broadcast_infer, broadcast_shape, is_float, onnx_dtype, same_as_first, slot
 
 
 # -- binary, broadcasting ------------------------------------------------------------------
@@ -117,3 +120,181 @@ BACKWARD = {
 for _name, _fn in BACKWARD.items():
     defop(_name, infer=same_as_first, internal=True,
           forward=(lambda f: lambda node, ins: f(node, ins[0], ins[1]).astype(ins[0].dtype))(_fn))
+
+
+# -- more unary ------------------------------------------------------------------------------
+_ERFC_COEFFS = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806,
+                0.27886807, -1.13520398, 1.48851587, -0.82215223, 0.17087277)
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    """erf without scipy: the Maclaurin series near 0 (double precision for |x| < 0.5), elsewhere
+    Numerical Recipes' erfc (relative error < 1.2e-7: below float32 resolution)."""
+    x64 = np.asarray(x, np.float64)
+    a = np.abs(x64)
+    z2 = x64 * x64
+    term = x64.copy()
+    series = x64.copy()
+    for n in range(1, 14):  # term_n = (-1)^n x^(2n+1) / n!
+        term = term * -z2 / n
+        series += term / (2 * n + 1)
+    series *= 2.0 / np.sqrt(np.pi)
+    t = 1.0 / (1.0 + 0.5 * a)
+    poly = np.full_like(t, _ERFC_COEFFS[-1])
+    for c in reversed(_ERFC_COEFFS[:-1]):
+        poly = poly * t + c
+    erfc = t * np.exp(-a * a + poly)
+    return np.where(a < 0.5, series, np.sign(x64) * (1.0 - erfc))
+
+
+UNARY_MORE = {
+    "Abs": (lambda n, x: np.abs(x), lambda g: g.op("Mul", [g.dy, g.op("Sign", [g.x[0]])])),
+    "Reciprocal": (lambda n, x: 1 / x,
+                   lambda g: g.op("Neg", [g.op("Mul", [g.dy, g.op("Mul", [g.y[0], g.y[0]])])])),
+    "Erf": (lambda n, x: erf(x), lambda g: g.op("ErfGrad", [g.dy, g.x[0]])),
+}
+for _name, (_fn, _g) in UNARY_MORE.items():
+    defop(_name, infer=same_as_first, forward=_unary(_fn), grad=(lambda gr: lambda g: [gr(g)])(_g))
+
+# Piecewise constant: the gradient is zero almost everywhere, so the input slot is nondiff.
+STEP_FUNCTIONS = {
+    "Sign": np.sign, "Floor": np.floor, "Ceil": np.ceil,
+    "Round": np.round,  # numpy rounds half to even, as ONNX Round does
+    "Not": np.logical_not,
+}
+for _name, _fn in STEP_FUNCTIONS.items():
+    defop(_name, infer=same_as_first, nondiff=[0], forward=(lambda f: _unary(lambda n, x: f(x)))(_fn))
+
+BACKWARD_MORE = {
+    "ErfGrad": lambda n, dy, x: dy * (2.0 / np.sqrt(np.pi)) * np.exp(-x * x),
+}
+for _name, _fn in BACKWARD_MORE.items():
+    defop(_name, infer=same_as_first, internal=True,
+          forward=(lambda f: lambda node, ins: f(node, ins[0], ins[1]).astype(ins[0].dtype))(_fn))
+
+
+# -- comparisons and logic (bool outputs, no gradient) ---------------------------------------
+COMPARE = {
+    "Equal": np.equal, "Less": np.less, "LessOrEqual": np.less_equal, "Greater": np.greater,
+    "GreaterOrEqual": np.greater_equal, "And": np.logical_and, "Or": np.logical_or, "Xor": np.logical_xor,
+}
+
+
+def _bool_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
+    return [TensorInfo(np.dtype(np.bool_), broadcast_infer(node, ins)[0].shape)]
+
+
+for _name, _fn in COMPARE.items():
+    defop(_name, infer=_bool_infer, nondiff=[0, 1],
+          forward=(lambda f: lambda node, ins: np.asarray(f(ins[0], ins[1])))(_fn))
+
+
+def _where_infer(node, ins):
+    return [TensorInfo(ins[1].dtype, broadcast_shape(*[i.shape for i in ins]))]
+
+
+def _where_grad(g: GradContext):
+    c, x, y = g.x
+    zero = g.const(0.0, g.dtype(g.dy), "zero")
+    return [None,
+            g.unbroadcast(g.op("Where", [c, g.dy, zero]), g.shape(x)) if g.need(1) else None,
+            g.unbroadcast(g.op("Where", [c, zero, g.dy]), g.shape(y)) if g.need(2) else None]
+
+
+defop("Where", infer=_where_infer, grad=_where_grad, nondiff=[0],
+      forward=lambda node, ins: np.where(ins[0], ins[1], ins[2]).astype(ins[1].dtype, copy=False))
+
+
+# -- Cast ------------------------------------------------------------------------------------
+def _cast_grad(g: GradContext):
+    src, dst = g.dtype(g.x[0]), g.dtype(g.y[0])
+    if not (is_float(src) and is_float(dst)):
+        return [None] * len(g.x)  # through integers and bools nothing flows back
+    return [g.op("Cast", [g.dy], to=ONNX_CODES[src])] + [None] * (len(g.x) - 1)
+
+
+defop("Cast", grad=_cast_grad,
+      infer=lambda node, ins: [TensorInfo(onnx_dtype(node.attr("to"), node), tuple(ins[0].shape))],
+      forward=lambda node, ins: ins[0].astype(onnx_dtype(node.attr("to"), node)))
+defop("CastLike", grad=_cast_grad, nondiff=[1],
+      infer=lambda node, ins: [TensorInfo(ins[1].dtype, tuple(ins[0].shape))],
+      forward=lambda node, ins: ins[0].astype(ins[1].dtype))
+
+
+# -- Clip ------------------------------------------------------------------------------------
+def _clip_bounds(node: Node, ins: list, first: int = 1) -> tuple:
+    """(min, max): inputs (opset 11+) or attributes (opset 6); None where absent."""
+    lo, hi = slot(ins, first), slot(ins, first + 1)
+    return (lo if lo is not None else node.attr("min"), hi if hi is not None else node.attr("max"))
+
+
+def _clip_forward(node, ins):
+    x = ins[0]
+    lo, hi = _clip_bounds(node, ins)
+    if lo is not None:
+        x = np.maximum(x, lo)
+    if hi is not None:
+        x = np.minimum(x, hi)
+    return np.asarray(x).astype(ins[0].dtype, copy=False)
+
+
+def _clip_grad_forward(node, ins):
+    dy, x = ins[0], ins[1]
+    lo, hi = _clip_bounds(node, ins, first=2)
+    keep = np.ones(x.shape, bool)
+    if lo is not None:
+        keep &= x >= lo
+    if hi is not None:
+        keep &= x <= hi
+    return (dy * keep).astype(dy.dtype)
+
+
+def _clip_grad(g: GradContext):
+    bounds = {k: g.node.attr(k) for k in ("min", "max") if g.node.attr(k) is not None}
+    dx = g.op("ClipGrad", [g.dy, g.x[0], g.node.input(1), g.node.input(2)], **bounds)
+    return [dx, None, None]
+
+
+# The bounds are ONNX scalars, not trained: they get no gradient.
+defop("Clip", infer=same_as_first, forward=_clip_forward, grad=_clip_grad, nondiff=[1, 2])
+# dy where min <= x <= max (inclusive, as PyTorch's clamp), 0 elsewhere. Inputs: dy, x, min?, max?.
+defop("ClipGrad", infer=same_as_first, forward=_clip_grad_forward, internal=True)
+
+
+# -- variadic, broadcasting: Sum Mean Max Min ------------------------------------------------
+def _variadic_forward(fn, mean: bool = False):
+    def forward(node, ins):
+        ins = [i for i in ins if i is not None]
+        out = functools.reduce(fn, ins)
+        if mean:
+            out = out / len(ins)
+        return np.asarray(out).astype(ins[0].dtype, copy=False)
+    return forward
+
+
+def _sum_grad(scale: bool):
+    def rule(g: GradContext):
+        dy = g.dy
+        if scale and len(g.x) > 1:
+            dy = g.op("Mul", [dy, g.const(1.0 / len(g.x), g.dtype(dy))])
+        return [g.unbroadcast(dy, g.shape(x)) if g.need(i) else None for i, x in enumerate(g.x)]
+    return rule
+
+
+def _select_grad(g: GradContext):
+    """Max/Min: the gradient goes to the inputs equal to the result, split evenly between ties
+    (as PyTorch's maximum/minimum do)."""
+    if len(g.x) == 1:
+        return [g.dy]
+    dtype = g.dtype(g.dy)
+    masks = [g.op("Cast", [g.op("Equal", [x, g.y[0]])], to=ONNX_CODES[dtype]) for x in g.x]
+    share = g.op("Div", [g.dy, g.add_all(masks)])
+    return [g.unbroadcast(g.op("Mul", [share, m]), g.shape(x)) if g.need(i) else None
+            for i, (x, m) in enumerate(zip(g.x, masks))]
+
+
+for _name, _fwd, _g in [("Sum", _variadic_forward(np.add), _sum_grad(False)),
+                        ("Mean", _variadic_forward(np.add, mean=True), _sum_grad(True)),
+                        ("Max", _variadic_forward(np.maximum), _select_grad),
+                        ("Min", _variadic_forward(np.minimum), _select_grad)]:
+    defop(_name, infer=broadcast_infer, forward=_fwd, grad=_g)

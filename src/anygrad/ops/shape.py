@@ -1,13 +1,18 @@
-"""Ops that move data without arithmetic: Reshape, Transpose, ..."""
+"""Ops that move data without arithmetic: Reshape, Transpose, Concat, Slice, Gather, ...
+
+Shape and Size know their output as soon as the input's shape is known, so their shape rules
+set TensorInfo.const even for a non-constant input: that is what folds the
+Shape->Gather->Unsqueeze->Concat->Reshape chains exporters emit for `x.view(x.size(0), -1)`.
+"""
 from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ShapeError
-from ..ir.builder import GradContext
-from ..ir.graph import Node, TensorInfo
+from ..errors import ShapeError, UnsupportedOpError
+from ..ir.builder import Builder, GradContext
+from ..ir.graph import Node, TensorInfo, info_of
 from ..ir.registry import defop
-from ._util import const_ints
+from ._util import axes_of, const_ints, dim_prod, ints_of, norm_axis, slot
 
 
 def reshape_target(node: Node, in_shape: tuple, spec: list[int]) -> tuple[int, ...]:
@@ -16,6 +21,9 @@ def reshape_target(node: Node, in_shape: tuple, spec: list[int]) -> tuple[int, .
     out = [in_shape[i] if (d == 0 and not allowzero) else d for i, d in enumerate(spec)]
     if out.count(-1) > 1:
         raise ShapeError(f"{node.label}: more than one -1 in target shape {spec}")
+    if not all(isinstance(d, int) for d in in_shape):  # symbolic input (before specialize)
+        return tuple(f"{dim_prod(in_shape)}/{dim_prod([d for d in out if d != -1])}" if d == -1 else d
+                     for d in out)
     total = int(np.prod(in_shape, dtype=np.int64))
     if -1 in out:
         known = int(np.prod([d for d in out if d != -1], dtype=np.int64))
@@ -70,3 +78,376 @@ defop("Expand", infer=_expand_infer, nondiff=[1],
       forward=lambda node, ins: np.ascontiguousarray(
           np.broadcast_to(ins[0], np.broadcast_shapes(ins[0].shape, tuple(int(v) for v in ins[1])))),
       grad=lambda g: [g.unbroadcast(g.dy, g.shape(g.x[0])), None])
+
+
+# -- layout ---------------------------------------------------------------------------------
+def _flatten_shape(node: Node, shape: tuple) -> tuple:
+    axis = norm_axis(node.attr("axis", 1), len(shape))
+    if not 0 <= axis <= len(shape):
+        raise ShapeError(f"{node.label}: axis {node.attr('axis', 1)} is out of range for rank {len(shape)}")
+    return (dim_prod(shape[:axis]), dim_prod(shape[axis:]))
+
+
+defop("Flatten", infer=lambda node, ins: [TensorInfo(ins[0].dtype, _flatten_shape(node, ins[0].shape))],
+      forward=lambda node, ins: ins[0].reshape(_flatten_shape(node, ins[0].shape)),
+      grad=_grad_to_input_shape)
+
+
+def squeeze_shape(node: Node, shape: tuple, axes: list[int] | None) -> tuple:
+    if axes is None:  # no axes: drop every 1
+        return tuple(d for d in shape if d != 1)
+    rank = len(shape)
+    axes_n = {norm_axis(a, rank) for a in axes}
+    for a in axes_n:
+        if not 0 <= a < rank:
+            raise ShapeError(f"{node.label}: axis {a} is out of range for rank {rank}")
+        if isinstance(shape[a], int) and shape[a] != 1:
+            raise ShapeError(f"{node.label}: cannot squeeze axis {a} of size {shape[a]} (shape {tuple(shape)})")
+    return tuple(d for i, d in enumerate(shape) if i not in axes_n)
+
+
+def unsqueeze_shape(node: Node, shape: tuple, axes: list[int] | None) -> tuple:
+    if axes is None:
+        raise ShapeError(f"{node.label}: Unsqueeze needs axes")
+    rank = len(shape) + len(axes)
+    axes_n = sorted(norm_axis(a, rank) for a in axes)
+    if len(set(axes_n)) != len(axes_n) or any(not 0 <= a < rank for a in axes_n):
+        raise ShapeError(f"{node.label}: invalid axes {list(axes)} for output rank {rank}")
+    out = list(shape)
+    for a in axes_n:  # ascending, so each position is already final
+        out.insert(a, 1)
+    return tuple(out)
+
+
+for _name, _rule in [("Squeeze", squeeze_shape), ("Unsqueeze", unsqueeze_shape)]:
+    defop(_name, nondiff=[1], grad=_grad_to_input_shape,
+          infer=(lambda rule: lambda node, ins: [
+              TensorInfo(ins[0].dtype, rule(node, ins[0].shape, axes_of(node, ins)))])(_rule),
+          forward=(lambda rule: lambda node, ins: ins[0].reshape(rule(node, ins[0].shape, axes_of(node, ins))))(_rule))
+
+
+# -- Concat / Split -------------------------------------------------------------------------
+def _concat_axis(node: Node, rank: int) -> int:
+    if node.attr("axis") is None:
+        raise ShapeError(f"{node.label}: Concat needs the axis attribute")
+    axis = norm_axis(node.attr("axis"), rank)
+    if not 0 <= axis < rank:
+        raise ShapeError(f"{node.label}: axis {node.attr('axis')} is out of range for rank {rank}")
+    return axis
+
+
+def _concat_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
+    ins = [i for i in ins if i is not None]
+    first = tuple(ins[0].shape)
+    axis = _concat_axis(node, len(first))
+    for inf in ins[1:]:
+        s = tuple(inf.shape)
+        if len(s) != len(first) or any(i != axis and isinstance(a, int) and isinstance(b, int) and a != b
+                                       for i, (a, b) in enumerate(zip(first, s))):
+            raise ShapeError(f"{node.label}: cannot concatenate shapes {[tuple(i.shape) for i in ins]} "
+                             f"along axis {axis}")
+    sizes = [inf.shape[axis] for inf in ins]
+    total = sum(sizes) if all(isinstance(d, int) for d in sizes) else "+".join(map(str, sizes))
+    return [TensorInfo(ins[0].dtype, first[:axis] + (total,) + first[axis + 1:])]
+
+
+def slice_along(g: Builder, x: str, axis: int, start: int, end: int) -> str:
+    """x[..., start:end, ...] on one axis, as a Slice with constant bounds."""
+    def c(v):
+        return g.const(np.array([v], np.int64), np.int64, "slice")
+    return g.op("Slice", [x, c(start), c(end), c(axis)])
+
+
+def _concat_grad(g: GradContext):
+    axis = _concat_axis(g.node, len(g.shape(g.dy)))
+    grads, offset = [], 0
+    for i, x in enumerate(g.x):
+        size = g.shape(x)[axis] if x else 0
+        grads.append(slice_along(g, g.dy, axis, offset, offset + size) if x and g.need(i) else None)
+        offset += size
+    return grads
+
+
+defop("Concat", infer=_concat_infer, grad=_concat_grad,
+      forward=lambda node, ins: np.concatenate([i for i in ins if i is not None],
+                                               axis=_concat_axis(node, ins[0].ndim)))
+
+
+def split_sizes(node: Node, shape: tuple, split) -> tuple[int, list[int]]:
+    """(axis, output sizes) of a Split: explicit sizes, or equal parts (the last one smaller)."""
+    axis = norm_axis(node.attr("axis", 0), len(shape))
+    if not 0 <= axis < len(shape):
+        raise ShapeError(f"{node.label}: axis {node.attr('axis', 0)} is out of range for rank {len(shape)}")
+    dim = shape[axis]
+    sizes = node.attr("split") if node.attr("split") is not None else ints_of(split, "split", node)
+    if sizes:
+        if isinstance(dim, int) and sum(sizes) != dim:
+            raise ShapeError(f"{node.label}: split sizes {list(sizes)} do not add up to {dim}")
+        return axis, [int(s) for s in sizes]
+    n = int(node.attr("num_outputs", len(node.outputs)))
+    if not isinstance(dim, int):
+        raise ShapeError(f"{node.label}: cannot split symbolic dim {dim} before the input shape is known")
+    chunk = -(-dim // n)
+    return axis, [chunk] * (n - 1) + [dim - chunk * (n - 1)]
+
+
+def _split_infer(node, ins):
+    axis, sizes = split_sizes(node, tuple(ins[0].shape), slot(ins, 1))
+    s = tuple(ins[0].shape)
+    return [TensorInfo(ins[0].dtype, s[:axis] + (n,) + s[axis + 1:]) for n in sizes]
+
+
+def _split_forward(node, ins):
+    axis, sizes = split_sizes(node, ins[0].shape, slot(ins, 1))
+    return np.split(ins[0], np.cumsum(sizes)[:-1], axis=axis)
+
+
+def _split_grad(g: GradContext):
+    axis, _ = split_sizes(g.node, g.shape(g.x[0]), g.info(g.x[1]) if g.node.input(1) else None)
+    parts = [dy if dy is not None else g.const(np.zeros(g.shape(y), g.dtype(y)), g.dtype(y), "zeros")
+             for dy, y in zip(g.dys, g.y)]
+    return [g.op("Concat", parts, axis=axis) if len(parts) > 1 else parts[0], None]
+
+
+defop("Split", infer=_split_infer, forward=_split_forward, grad=_split_grad, nondiff=[1])
+
+
+# -- constants and shape queries ------------------------------------------------------------
+_CONSTANT_ATTRS = {
+    # attribute: array from its value (the importer turns `value` TensorProtos into arrays)
+    "value": lambda v: np.asarray(v),
+    "value_float": lambda v: np.array(v, np.float32),
+    "value_floats": lambda v: np.array(v, np.float32),
+    "value_int": lambda v: np.array(v, np.int64),
+    "value_ints": lambda v: np.array(v, np.int64),
+}
+
+
+def constant_value(node: Node) -> np.ndarray:
+    for key, make in _CONSTANT_ATTRS.items():
+        if node.attr(key) is not None:
+            return make(node.attr(key))
+    raise UnsupportedOpError(f"{node.label}: needs one of the attributes {sorted(_CONSTANT_ATTRS)} "
+                             f"(got {sorted(node.attrs)}); sparse and string constants are not supported")
+
+
+defop("Constant", infer=lambda node, ins: [info_of(constant_value(node))],
+      forward=lambda node, ins: constant_value(node).copy())
+
+
+def _shape_range(node: Node, rank: int) -> slice:
+    """Shape's start/end (opset 15): negative counts from the back, then clamped to [0, rank]."""
+    def clamp(v):
+        v = v + rank if v < 0 else v
+        return min(max(v, 0), rank)
+    end = node.attr("end")
+    return slice(clamp(node.attr("start", 0)), clamp(rank if end is None else end))
+
+
+def _shape_infer(node, ins):
+    dims = tuple(ins[0].shape)[_shape_range(node, ins[0].rank)]
+    const = np.array(dims, np.int64) if all(isinstance(d, int) for d in dims) else None
+    return [TensorInfo(np.dtype(np.int64), (len(dims),), const)]
+
+
+def _size_infer(node, ins):
+    n = dim_prod(ins[0].shape)
+    return [TensorInfo(np.dtype(np.int64), (), np.array(n, np.int64) if isinstance(n, int) else None)]
+
+
+# Known from the input's shape alone: the shape rule sets .const, so folding needs no constant input.
+defop("Shape", infer=_shape_infer, nondiff=[0],
+      forward=lambda node, ins: np.array(ins[0].shape[_shape_range(node, ins[0].ndim)], np.int64))
+defop("Size", infer=_size_infer, nondiff=[0], forward=lambda node, ins: np.array(ins[0].size, np.int64))
+
+
+def _fill_value(node: Node) -> np.ndarray:
+    value = node.attr("value")
+    if value is None:
+        return np.zeros((), np.float32)
+    value = np.asarray(value)
+    if value.size != 1:
+        raise ShapeError(f"{node.label}: value must hold exactly one element, got shape {value.shape}")
+    return value.reshape(())
+
+
+def _cos_infer(node, ins):
+    shape = tuple(const_ints(ins[0], "shape", node))
+    if any(d < 0 for d in shape):
+        raise ShapeError(f"{node.label}: negative dimension in shape {shape}")
+    return [TensorInfo(_fill_value(node).dtype, shape)]
+
+
+defop("ConstantOfShape", infer=_cos_infer, nondiff=[0],
+      forward=lambda node, ins: np.full(tuple(int(d) for d in ins[0]), _fill_value(node)))
+
+
+def _range_args(node: Node, ins: list) -> tuple:
+    values = [i.const if isinstance(i, TensorInfo) else i for i in ins[:3]]
+    if any(v is None for v in values):
+        raise ShapeError(f"{node.label}: start, limit and delta must be constants (known when the model is "
+                         "compiled), so the output length is known")
+    start, limit, delta = (np.asarray(v).reshape(()) for v in values)
+    if delta == 0:
+        raise ShapeError(f"{node.label}: delta is 0")
+    return start, delta, max(int(np.ceil((limit - start) / delta)), 0)
+
+
+def _range_forward(node, ins):
+    start, delta, n = _range_args(node, ins)
+    return (start + delta * np.arange(n)).astype(ins[0].dtype)  # ONNX: output[i] = start + i * delta
+
+
+defop("Range", infer=lambda node, ins: [TensorInfo(ins[0].dtype, (_range_args(node, ins)[2],))],
+      forward=_range_forward, nondiff=[0, 1, 2])
+
+
+# -- Slice ----------------------------------------------------------------------------------
+def slice_bounds(node: Node, ins: list, shape: tuple) -> list[tuple]:
+    """Per axis (start, end, step) after ONNX's clamping rules; end -1 with a negative step means
+    "through index 0". Unsliced axes get (0, dim, 1)."""
+    if len(ins) > 1:  # opset 10+: inputs
+        starts = ints_of(ins[1], "starts", node)
+        ends = ints_of(ins[2], "ends", node)
+        axes = ints_of(slot(ins, 3), "axes", node)
+        steps = ints_of(slot(ins, 4), "steps", node)
+    else:  # opset 1-9: attributes
+        starts, ends, axes, steps = node.attr("starts"), node.attr("ends"), node.attr("axes"), None
+    rank = len(shape)
+    axes = list(range(len(starts))) if axes is None else [norm_axis(a, rank) for a in axes]
+    steps = [1] * len(starts) if steps is None else steps
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise ShapeError(f"{node.label}: starts, ends, axes and steps differ in length")
+    if len(set(axes)) != len(axes) or any(not 0 <= a < rank for a in axes):
+        raise ShapeError(f"{node.label}: invalid axes {axes} for rank {rank}")
+    bounds: list[tuple] = [(0, d, 1) for d in shape]
+    for a, start, end, step in zip(axes, starts, ends, steps):
+        d = shape[a]
+        if step == 0:
+            raise ShapeError(f"{node.label}: step 0 on axis {a}")
+        if not isinstance(d, int):  # symbolic (before specialize): a placeholder dim
+            bounds[a] = (start, end, step)
+            continue
+        start = start + d if start < 0 else start
+        end = end + d if end < 0 else end
+        if step > 0:
+            start, end = min(max(start, 0), d), min(max(end, 0), d)
+        else:
+            start, end = min(max(start, 0), d - 1), min(max(end, -1), d - 1)
+        bounds[a] = (start, end, step)
+    return bounds
+
+
+def slice_len(start: int, end: int, step: int) -> int:
+    return max(0, -((start - end) // step))  # ceil((end - start) / step)
+
+
+def _slice_shape(shape: tuple, bounds: list[tuple]) -> tuple:
+    return tuple(slice_len(*b) if isinstance(d, int) else (d if b == (0, d, 1) else f"{d}[{b[0]}:{b[1]}:{b[2]}]")
+                 for d, b in zip(shape, bounds))
+
+
+def _index(bounds) -> tuple:
+    return tuple(slice(s, e if e >= 0 else None, st) for s, e, st in bounds)
+
+
+def _slice_grad(g: GradContext):
+    shape = g.shape(g.x[0])
+    starts, ends, steps = zip(*slice_bounds(g.node, [g.info(i) if i else None for i in g.x], shape))
+    dx = g.op("SliceGrad", [g.dy], shape=list(shape), starts=list(starts), ends=list(ends), steps=list(steps))
+    return [dx] + [None] * (len(g.x) - 1)
+
+
+defop("Slice", nondiff=[1, 2, 3, 4], grad=_slice_grad,
+      infer=lambda node, ins: [TensorInfo(ins[0].dtype, _slice_shape(
+          tuple(ins[0].shape), slice_bounds(node, ins, tuple(ins[0].shape))))],
+      forward=lambda node, ins: np.ascontiguousarray(ins[0][_index(slice_bounds(node, ins, ins[0].shape))]))
+
+
+def _slice_grad_bounds(node: Node) -> list[tuple]:
+    return list(zip(node.attr("starts"), node.attr("ends"), node.attr("steps")))
+
+
+def _slice_grad_forward(node, ins):
+    dx = np.zeros(tuple(node.attr("shape")), ins[0].dtype)
+    dx[_index(_slice_grad_bounds(node))] = ins[0]
+    return dx
+
+
+def _slice_grad_grad(g: GradContext):
+    starts, ends, steps = (g.node.attr(k) for k in ("starts", "ends", "steps"))
+    # An end of -1 with a negative step means "through 0": as a Slice input that is -(dim + 1).
+    ends = [e if e >= 0 else -(d + 1) for e, d in zip(ends, g.node.attr("shape"))]
+    c = [g.const(np.array(v, np.int64), np.int64, "slice") for v in (starts, ends)]
+    axes = g.const(np.arange(len(starts), dtype=np.int64), np.int64, "axes")
+    return [g.op("Slice", [g.dy, c[0], c[1], axes, g.const(np.array(steps, np.int64), np.int64, "steps")])]
+
+
+# The gradient of Slice: dy scattered into zeros of the input shape (attrs: shape, starts, ends,
+# steps, full rank and already clamped, so a kernel maps out index i to start + i * step).
+def _slice_grad_infer(node, ins):
+    want = tuple(slice_len(*b) for b in _slice_grad_bounds(node))
+    if tuple(ins[0].shape) != want:
+        raise ShapeError(f"{node.label}: gradient of shape {tuple(ins[0].shape)} does not fit the slice "
+                         f"(expected {want})")
+    return [TensorInfo(ins[0].dtype, tuple(node.attr("shape")))]
+
+
+defop("SliceGrad", internal=True, forward=_slice_grad_forward, grad=_slice_grad_grad, infer=_slice_grad_infer)
+
+
+# -- Gather ---------------------------------------------------------------------------------
+def _gather_axis(node: Node, rank: int) -> int:
+    axis = norm_axis(node.attr("axis", 0), rank)
+    if not 0 <= axis < rank:
+        raise ShapeError(f"{node.label}: axis {node.attr('axis', 0)} is out of range for rank {rank}")
+    return axis
+
+
+def _gather_infer(node, ins):
+    data, idx = ins
+    shape = tuple(data.shape)
+    axis = _gather_axis(node, len(shape))
+    if idx.const is not None and isinstance(shape[axis], int) and idx.const.size:
+        lo, hi = int(idx.const.min()), int(idx.const.max())
+        if lo < -shape[axis] or hi >= shape[axis]:
+            raise ShapeError(f"{node.label}: indices [{lo}, {hi}] out of range for axis {axis} of size {shape[axis]}")
+    return [TensorInfo(data.dtype, shape[:axis] + tuple(idx.shape) + shape[axis + 1:])]
+
+
+def _positive(idx: np.ndarray, dim: int) -> np.ndarray:
+    idx = np.asarray(idx).astype(np.int64)
+    return np.where(idx < 0, idx + dim, idx)
+
+
+def _gather_forward(node, ins):
+    data, idx = ins
+    axis = _gather_axis(node, data.ndim)
+    return np.take(data, _positive(idx, data.shape[axis]), axis=axis)
+
+
+def _gather_grad(g: GradContext):
+    shape = g.shape(g.x[0])
+    axis = _gather_axis(g.node, len(shape))
+    return [g.op("GatherGrad", [g.dy, g.x[1]], axis=axis, shape=list(shape)), None]
+
+
+defop("Gather", infer=_gather_infer, forward=_gather_forward, grad=_gather_grad, nondiff=[1])
+
+
+def _gather_grad_forward(node, ins):
+    dy, idx = ins
+    shape, axis = tuple(node.attr("shape")), node.attr("axis")
+    idx = _positive(idx, shape[axis])
+    dx = np.zeros(shape, dy.dtype)
+    q = idx.ndim
+    # Index dims to the front of dy and the gathered axis to the front of dx: then it is one add.at.
+    dy_front = np.moveaxis(dy, list(range(axis, axis + q)), list(range(q)))
+    np.add.at(np.moveaxis(dx, axis, 0), idx, dy_front)
+    return dx
+
+
+# The gradient of Gather: dy scatter-added into zeros of the data shape (repeated indices sum).
+defop("GatherGrad", internal=True, nondiff=[1], forward=_gather_grad_forward,
+      infer=lambda node, ins: [TensorInfo(ins[0].dtype, tuple(node.attr("shape")))],
+      grad=lambda g: [g.op("Gather", [g.dy, g.x[1]], axis=g.node.attr("axis")), None])

@@ -1,4 +1,41 @@
-"""Optimizers with PyTorch's exact update rules and defaults."""
-from .base import LR_STATE, STEP_STATE, Optimizer
+"""Optimizers with PyTorch's exact update rules and defaults; each update is one registry op."""
+from __future__ import annotations
 
-__all__ = ["LR_STATE", "STEP_STATE", "Optimizer"]
+from ..errors import ConfigError
+from .adadelta import Adadelta
+from .adagrad import Adagrad
+from .adam import Adam, AdamW
+from .base import LR_STATE, STEP_STATE, ElementwiseOptimizer, Optimizer
+from .rmsprop import RMSprop
+from .sgd import SGD
+
+OPTIMIZERS: dict[str, type[Optimizer]] = {
+    "sgd": SGD, "adam": Adam, "adamw": AdamW, "adagrad": Adagrad, "adadelta": Adadelta, "rmsprop": RMSprop,
+}
+
+
+def get_optimizer(name: str, **kwargs) -> Optimizer:
+    """An optimizer by CLI name ("sgd", "adam", ...) with torch.optim's keyword arguments."""
+    key = name.strip().lower()
+    if key not in OPTIMIZERS:
+        raise ConfigError(f"unknown optimizer '{name}'; choose one of {', '.join(OPTIMIZERS)}")
+    try:
+        return OPTIMIZERS[key](**kwargs)
+    except TypeError as e:  # an option this optimizer does not take
+        raise ConfigError(f"optimizer '{key}' does not accept options {sorted(kwargs)}: {e}") from e
+
+
+__all__ = [
+    "LR_STATE",
+    "OPTIMIZERS",
+    "SGD",
+    "STEP_STATE",
+    "Adadelta",
+    "Adagrad",
+    "Adam",
+    "AdamW",
+    "ElementwiseOptimizer",
+    "Optimizer",
+    "RMSprop",
+    "get_optimizer",
+]

@@ -34,6 +34,9 @@ class Kernel:
     writes: tuple[str, ...]         # bound read_write, after the reads
     entry: str = "main"
     scratch: tuple[Scratch, ...] = field(default_factory=tuple)
+    # Reads that may share memory with the writes: every invocation reads them only at the very
+    # elements it writes (elementwise kernels), so the executor may update state in place.
+    inplace: tuple[str, ...] = ()
 
     @property
     def cache_key(self) -> tuple[str, str]:

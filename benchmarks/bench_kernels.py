@@ -1,0 +1,233 @@
+"""GFLOP/s of the wgpu GEMM-family kernels (MatMul, the MNIST Gemm and Conv layers) per variant.
+
+    python benchmarks/bench_kernels.py                          # squares 256..4096 + MNIST shapes
+    python benchmarks/bench_kernels.py --sizes 64,128 --batches 8 --json out.json   # tiny (lavapipe)
+
+Each case is lowered exactly as the backend lowers it (shapes baked in), run once to warm up, then
+timed over N back-to-back repetitions in one compute pass and one submit: with GPU timestamps when
+the adapter has `timestamp-query`, otherwise wall time up to a final readback. The fraction of FP32
+peak is printed where the peak is known (table below, or --peak-gflops).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+import anygrad.ops  # noqa: F401  (op registry: shape rules)
+from anygrad.backends.wgpu import kernels_conv, kernels_gemm  # noqa: F401  (lowerings)
+from anygrad.backends.wgpu.kernel import LOWERINGS, AdapterCaps, Kernel
+from anygrad.ir import Graph, Node, TensorInfo, infer_node
+
+# FP32 (non-tensor-core) peak GFLOP/s by adapter name fragment.
+PEAKS = {"H200": 67_000.0, "H100": 67_000.0, "A100": 19_500.0, "RTX 4090": 82_600.0, "RTX 3090": 35_600.0,
+         "L40S": 91_600.0, "L4": 30_300.0, "T4": 8_100.0, "M1": 2_600.0, "M2": 3_600.0}
+
+F32 = np.dtype("float32")
+
+
+@dataclass
+class Result:
+    case: str
+    variant: str
+    kernels: str
+    gflop: float
+    ms: float
+    gflops: float
+    timing: str
+    peak_fraction: float | None
+
+
+# -- cases --------------------------------------------------------------------------------------
+def matmul_case(m: int, k: int, n: int):
+    return "MatMul", [(m, k), (k, n)], {}, 2.0 * m * n * k
+
+
+def gemm_case(m: int, k: int, n: int, ta: int = 0, tb: int = 0, bias: bool = True):
+    a = (k, m) if ta else (m, k)
+    b = (n, k) if tb else (k, n)
+    return "Gemm", [a, b] + ([(n,)] if bias else []), {"transA": ta, "transB": tb}, 2.0 * m * n * k
+
+
+def conv_cases(batch: int, cin: int, cout: int, hw: int, k: int = 3):
+    """Forward, input gradient, weight gradient of one unpadded stride-1 conv layer."""
+    out = hw - k + 1
+    flop = 2.0 * batch * cout * out * out * cin * k * k
+    win = {"kernel_shape": [k, k], "strides": [1, 1], "dilations": [1, 1], "pads": [0, 0, 0, 0], "group": 1}
+    x, w, y = (batch, cin, hw, hw), (cout, cin, k, k), (batch, cout, out, out)
+    return [("Conv", [x, w, (cout,)], {}, flop),
+            ("ConvGradInput", [y, w], {**win, "input_shape": list(x)}, flop),
+            ("ConvGradWeight", [y, x], {**win, "weight_shape": list(w)}, flop)]
+
+
+def mnist_cases(batch: int):
+    """The MNIST example's conv and fc layers (src/anygrad/examples/mnist.onnx), forward + backward."""
+    cases = []
+    for cin, cout, hw in ((1, 8, 28), (8, 16, 26), (16, 24, 24)):
+        for op, shapes, attrs, flop in conv_cases(batch, cin, cout, hw):
+            cases.append((f"mnist b{batch} {op} {cin}->{cout} @{hw}", op, shapes, attrs, flop))
+    for label, case in (("fc1", gemm_case(batch, 11616, 32, tb=1)), ("fc1 dX", gemm_case(batch, 32, 11616, bias=False)),
+                        ("fc1 dW", gemm_case(32, batch, 11616, ta=1, bias=False))):
+        cases.append((f"mnist b{batch} {label}",) + case)
+    return cases
+
+
+# -- device ---------------------------------------------------------------------------------------
+def open_device(index: int | None):
+    import wgpu
+    if index is None:
+        adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+    else:
+        adapters = wgpu.gpu.enumerate_adapters_sync()
+        if not 0 <= index < len(adapters):
+            sys.exit(f"--device-index {index}: {len(adapters)} adapter(s): "
+                     + "; ".join(f"{i}: {a.info['device']}" for i, a in enumerate(adapters)))
+        adapter = adapters[index]
+    if adapter is None:
+        sys.exit("no wgpu adapter")
+    feats = [f for f in ("timestamp-query",) if f in adapter.features]
+    device = adapter.request_device_sync(required_features=feats)
+    lim = device.limits
+    caps = AdapterCaps(
+        max_storage_buffers_per_stage=int(lim["max-storage-buffers-per-shader-stage"]),
+        max_storage_binding_size=int(lim["max-storage-buffer-binding-size"]),
+        max_workgroup_storage=int(lim["max-compute-workgroup-storage-size"]),
+        max_invocations_per_workgroup=int(lim["max-compute-invocations-per-workgroup"]),
+        max_workgroups_per_dim=int(lim["max-compute-workgroups-per-dimension"]),
+        is_cpu=adapter.info["adapter_type"] == "CPU")
+    return adapter, device, caps, bool(feats)
+
+
+class Runner:
+    """Buffers, pipelines and bind groups of one lowered case, timed over many repetitions."""
+
+    def __init__(self, device, kernels: list[Kernel], values: dict[str, int], timestamps: bool):
+        import wgpu
+        self.wgpu, self.device, self.kernels = wgpu, device, kernels
+        usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+        rng = np.random.default_rng(0)
+        self.bufs = {}
+        sizes = dict(values)
+        for k in kernels:
+            sizes.update({s.name: s.elements for s in k.scratch})
+        for name, n in sizes.items():
+            data = rng.standard_normal(n + (-n) % 4).astype(np.float32)
+            self.bufs[name] = device.create_buffer_with_data(data=data.tobytes(), usage=usage)
+        self.steps = []
+        for k in kernels:
+            module = device.create_shader_module(code=k.wgsl)
+            pipe = device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": k.entry})
+            bg = device.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[
+                {"binding": i, "resource": {"buffer": self.bufs[v], "offset": 0, "size": self.bufs[v].size}}
+                for i, v in enumerate(list(k.reads) + list(k.writes))])
+            self.steps.append((pipe, bg, k.workgroups))
+        self.out = kernels[-1].writes[0]
+        self.query = None
+        if timestamps:
+            self.query = device.create_query_set(type=wgpu.QueryType.timestamp, count=2)
+            self.resolve = device.create_buffer(size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE
+                                                | wgpu.BufferUsage.COPY_SRC)
+
+    def run(self, reps: int) -> tuple[float, float | None]:
+        """(wall seconds, GPU seconds or None) for `reps` repetitions in one pass and one submit."""
+        enc = self.device.create_command_encoder()
+        ts = ({"query_set": self.query, "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1}
+              if self.query else None)
+        cp = enc.begin_compute_pass(timestamp_writes=ts) if ts else enc.begin_compute_pass()
+        for _ in range(reps):
+            for pipe, bg, grid in self.steps:
+                cp.set_pipeline(pipe)
+                cp.set_bind_group(0, bg)
+                cp.dispatch_workgroups(*grid)
+        cp.end()
+        if self.query:
+            enc.resolve_query_set(self.query, 0, 2, self.resolve, 0)
+        t0 = time.perf_counter()
+        self.device.queue.submit([enc.finish()])
+        self.device.queue.read_buffer(self.bufs[self.out], 0, 16)  # waits for the work
+        wall = time.perf_counter() - t0
+        gpu = None
+        if self.query:
+            t = np.frombuffer(self.device.queue.read_buffer(self.resolve), np.uint64)
+            gpu = float(t[1] - t[0]) * 1e-9 if t[1] > t[0] else None
+            if gpu is not None and not (0 < gpu <= wall * 1.05):
+                gpu = None  # timestamps in unexpected units: trust the wall clock
+        return wall, gpu
+
+
+def lower(op: str, shapes: list[tuple[int, ...]], attrs: dict, caps: AdapterCaps) -> tuple[list[Kernel], dict]:
+    g = Graph()
+    names = [f"x{i}" for i in range(len(shapes))]
+    for n, s in zip(names, shapes):
+        g.info[n] = TensorInfo(F32, tuple(s))
+    node = Node(op, names, ["y"], dict(attrs))
+    infer_node(g, node)
+    values = {n: math.prod(g.info[n].shape) for n in names + ["y"]}
+    return LOWERINGS[op](node, g, caps), values
+
+
+def bench(device, caps: AdapterCaps, timestamps: bool, label: str, op: str, shapes, attrs, flop: float,
+          variant: str, peak: float | None, budget_s: float) -> Result:
+    kernels, values = lower(op, shapes, {**attrs, "_gemm_variant": variant}, caps)
+    runner = Runner(device, kernels, values, timestamps)
+    runner.run(1)                                   # warm-up (first dispatch pays for driver setup)
+    wall, gpu = runner.run(1)
+    reps = max(1, min(200, int(budget_s / max(gpu or wall, 1e-6))))
+    wall, gpu = runner.run(reps)
+    secs = (gpu if gpu is not None else wall) / reps
+    gflops = flop / secs * 1e-9
+    return Result(label, variant, " + ".join(k.name for k in kernels), flop * 1e-9, secs * 1e3, gflops,
+                  "timestamp" if gpu is not None else "wall", gflops / peak if peak else None)
+
+
+def known_peak(name: str) -> float | None:
+    return next((v for k, v in PEAKS.items() if k.lower() in name.lower()), None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device-index", type=int, default=None, help="index in wgpu's adapter list")
+    ap.add_argument("--sizes", default="256,512,1024,2048,4096", help="square matmul sizes (comma list)")
+    ap.add_argument("--batches", default="64,1000", help="MNIST batch sizes (comma list; empty: none)")
+    ap.add_argument("--variants", default="register,shared")
+    ap.add_argument("--peak-gflops", type=float, default=None, help="FP32 peak of the adapter")
+    ap.add_argument("--seconds", type=float, default=0.2, help="timed work per case")
+    ap.add_argument("--json", default=None, help="write the results here")
+    args = ap.parse_args(argv)
+
+    adapter, device, caps, timestamps = open_device(args.device_index)
+    name = adapter.info["device"]
+    peak = args.peak_gflops or known_peak(name)
+    print(f"adapter: {name} ({adapter.info['backend_type']}, {adapter.info['adapter_type']}); "
+          f"timing: {'timestamp-query' if timestamps else 'wall clock'}; "
+          f"FP32 peak: {f'{peak:.0f} GFLOP/s' if peak else 'unknown'}")
+    cases = [(f"matmul {s}^3",) + matmul_case(s, s, s) for s in (int(v) for v in args.sizes.split(",") if v)]
+    for b in (int(v) for v in args.batches.split(",") if v):
+        cases += mnist_cases(b)
+    results: list[Result] = []
+    print(f"{'case':42s} {'variant':9s} {'GFLOP':>8s} {'ms':>9s} {'GFLOP/s':>9s} {'peak':>6s}  kernels")
+    for label, op, shapes, attrs, flop in cases:
+        for variant in args.variants.split(","):
+            try:
+                r = bench(device, caps, timestamps, label, op, shapes, attrs, flop, variant, peak, args.seconds)
+            except Exception as e:  # one failing case (e.g. too large for this adapter) must not end the run
+                print(f"{label:42s} {variant:9s} failed: {str(e).splitlines()[0][:100]}")
+                continue
+            results.append(r)
+            frac = f"{100 * r.peak_fraction:5.1f}%" if r.peak_fraction is not None else "     -"
+            print(f"{label:42s} {variant:9s} {r.gflop:8.3f} {r.ms:9.3f} {r.gflops:9.1f} {frac}  {r.kernels}",
+                  flush=True)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"adapter": dict(adapter.info), "peak_gflops": peak, "timestamps": timestamps,
+                       "results": [asdict(r) for r in results]}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

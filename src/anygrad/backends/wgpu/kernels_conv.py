@@ -1,0 +1,392 @@
+"""Convolution and pooling lowerings (WGSL), 1-D and 2-D (a 1-D op is a 2-D one with height 1).
+
+- Conv: implicit GEMM per group (M = output channels, N = batch x output pixels, K = input
+  channels x taps); the im2col gather happens inside the GEMM's B loads. Bias and the `_epilogue`
+  are applied in the GEMM's store. 1x1 stride-1 unpadded convs skip the window arithmetic (a plain
+  batched matmul); depthwise convs (group == C_in == C_out) get a direct kernel.
+- ConvGradInput: implicit GEMM over the transposed-conv gather (M = input channels, N = batch x
+  input pixels, K = output channels x taps); taps whose stride does not divide read zero.
+- ConvGradWeight: GEMM over (batch x output pixels) with K split into a Scratch buffer + reduce
+  when the weight is small next to the reduction (it always is for small CNNs).
+- Pools: one invocation per output (forward) or per input element (gradients gather over the
+  windows that cover them, so no atomics and the sums are deterministic).
+
+Window geometry (auto_pad, ceil_mode, counts) comes from `anygrad.ops.nn.window`, the same code
+the numpy reference uses.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ...errors import UnsupportedOpError
+from ...ir.graph import Graph, Node
+from ...ops.nn import window
+from .kernel import AdapterCaps, Kernel, lowering
+from .kernels_gemm import (EPILOGUES, Binding, GemmSpec, Operand, Output, fold_grid, gemm_kernels, linear_id,
+                           static_shape, u, variant_of)
+
+NEG_INF = "bitcast<f32>(0xff800000u)"
+
+
+@dataclass(frozen=True)
+class Geo:
+    """A sliding window over (B, C, H, W) input, 1-D ops lifted to H = 1."""
+
+    B: int
+    C: int
+    H: int
+    W: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    dh: int
+    dw: int
+    ph: int        # begin pads
+    pw: int
+    eh: int        # end pads (count_include_pad counts them)
+    ew: int
+    OH: int
+    OW: int
+
+    @property
+    def P(self) -> int:
+        return self.OH * self.OW
+
+    @property
+    def HW(self) -> int:
+        return self.H * self.W
+
+    @property
+    def taps(self) -> int:
+        return self.kh * self.kw
+
+    @property
+    def pointwise(self) -> bool:
+        """1x1, stride 1, no padding: the conv is a plain matmul over pixels."""
+        return (self.taps == 1 and self.sh == self.sw == 1 and not (self.ph or self.pw or self.eh or self.ew))
+
+
+def geometry(node: Node, x_shape: tuple[int, ...], kernel: tuple[int, ...], ceil_mode: bool = False) -> Geo:
+    nd = len(x_shape) - 2
+    if nd not in (1, 2):
+        raise UnsupportedOpError(f"{node.label}: the wgpu backend runs 1-D and 2-D {node.op} only "
+                                 f"(input {tuple(x_shape)}); use the numpy backend for {nd}-D")
+    w = window(node, x_shape[2:], kernel, ceil_mode)
+
+    def two(t):
+        return (1,) + tuple(t) if nd == 1 else tuple(t)
+
+    (H, W), (kh, kw), (sh, sw), (dh, dw) = two(w.spatial), two(w.kernel), two(w.strides), two(w.dilations)
+    (ph, pw), (eh, ew), (OH, OW) = (two(w.begin) if nd == 2 else (0,) + w.begin,
+                                    two(w.end) if nd == 2 else (0,) + w.end, two(w.out))
+    return Geo(x_shape[0], x_shape[1], H, W, kh, kw, sh, sw, dh, dw, ph, pw, eh, ew, OH, OW)
+
+
+# -- im2col pieces (WGSL preludes in terms of the loader's r, c) --------------------------------
+def _pixel(var: str, g: Geo, out_side: bool) -> str:
+    """img, oy, ox (or iy, ix) of flat pixel column `var` = img * pixels + pixel."""
+    P, Wd = (g.P, g.OW) if out_side else (g.HW, g.W)
+    y, x = ("oy", "ox") if out_side else ("iy", "ix")
+    return (f"let img = {var} / {u(P)}; let pix = {var} % {u(P)}; "
+            f"let {y} = pix / {u(Wd)}; let {x} = pix % {u(Wd)};")
+
+
+def _tap(var: str, g: Geo, ch: str) -> str:
+    """channel, ky, kx of flat row `var` = channel * taps + tap."""
+    return (f"let {ch} = {var} / {u(g.taps)}; let tap = {var} % {u(g.taps)}; "
+            f"let ky = tap / {u(g.kw)}; let kx = tap % {u(g.kw)};")
+
+
+def _gather_forward(g: Geo) -> tuple[str, str]:
+    """(prelude, valid) giving input coordinates yy, xx of output (oy, ox) at tap (ky, kx)."""
+    pre = (f"let yy = i32(oy * {u(g.sh)} + ky * {u(g.dh)}) - {g.ph}; "
+           f"let xx = i32(ox * {u(g.sw)} + kx * {u(g.dw)}) - {g.pw};")
+    valid = f"yy >= 0 && yy < {g.H} && xx >= 0 && xx < {g.W}"
+    return pre, valid
+
+
+def _x_index(g: Geo, ch: str) -> str:
+    return f"((img * {u(g.C)} + {ch}) * {u(g.H)} + u32(yy)) * {u(g.W)} + u32(xx)"
+
+
+def _conv_shapes(node: Node, graph: Graph, x: str, w: str):
+    xs = static_shape(graph, x, node)
+    ws = static_shape(graph, w, node)
+    return xs, ws, int(node.attr("group", 1))
+
+
+# -- Conv forward -------------------------------------------------------------------------------
+@lowering("Conv")
+def lower_conv(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    xs, ws, G = _conv_shapes(node, graph, node.inputs[0], node.inputs[1])
+    g = geometry(node, xs, ws[2:])
+    Co, Cg = ws[0], ws[1]
+    Cog = Co // G
+    has_bias = bool(node.input(2))
+    if G == g.C == Co and Cg == 1:
+        return [_depthwise(node, g, has_bias, caps)]
+    K = Cg * g.taps
+    N = g.B * g.P
+    a = Operand("Wt", Cog, K, f"(bt * {u(Cog)} + r) * {u(K)} + c", contig=1)
+    if g.pointwise:
+        b = Operand("X", K, N, f"(img * {u(g.C)} + bt * {u(Cg)} + r) * {u(g.P)} + pix",
+                    prelude=f"let img = c / {u(g.P)}; let pix = c % {u(g.P)};",
+                    contig=1 if g.P % 4 == 0 else None)
+    else:
+        pre, valid = _gather_forward(g)
+        b = Operand("X", K, N, _x_index(g, f"bt * {u(Cg)} + ci"),
+                    prelude=_pixel("c", g, True) + " " + _tap("r", g, "ci") + " " + pre, valid=valid)
+    reads = [Binding(node.inputs[1], "Wt"), Binding(node.inputs[0], "X")]
+    if has_bias:
+        reads.append(Binding(node.inputs[2], "Bias"))
+    out = Output("Y", f"(img * {u(Co)} + bt * {u(Cog)} + r) * {u(g.P)} + pix",
+                 prelude=f"let img = c / {u(g.P)}; let pix = c % {u(g.P)};", contig=g.P % 4 == 0,
+                 bias=f"Bias[bt * {u(Cog)} + r]" if has_bias else "", epilogue=node.attr("_epilogue"))
+    spec = GemmSpec("Conv" + ("1x1" if g.pointwise else ""), Cog, N, K, G, a, b, out, tuple(reads),
+                    Binding(node.outputs[0], "Y"))
+    return gemm_kernels(spec, caps, variant_of(node), allow_split=False)
+
+
+def _depthwise(node: Node, g: Geo, has_bias: bool, caps: AdapterCaps) -> Kernel:
+    """One invocation per output: the window of one channel times that channel's filter."""
+    pre, valid = _gather_forward(g)
+    reads = [node.inputs[0], node.inputs[1]] + ([node.inputs[2]] if has_bias else [])
+    body = f"""
+  let img = i / {u(g.C * g.P)}; let ch = (i / {u(g.P)}) % {u(g.C)};
+  let pix = i % {u(g.P)}; let oy = pix / {u(g.OW)}; let ox = pix % {u(g.OW)};
+  var acc = 0.0;
+  for (var ky = 0u; ky < {u(g.kh)}; ky = ky + 1u) {{
+    for (var kx = 0u; kx < {u(g.kw)}; kx = kx + 1u) {{
+      {pre}
+      if ({valid}) {{
+        acc = fma(X[((img * {u(g.C)} + ch) * {u(g.H)} + u32(yy)) * {u(g.W)} + u32(xx)],
+                  Wt[ch * {u(g.taps)} + ky * {u(g.kw)} + kx], acc);
+      }}
+    }}
+  }}
+  var y = acc{" + Bias[ch]" if has_bias else ""};
+  Y[i] = {EPILOGUES[node.attr("_epilogue")]};"""
+    return flat_kernel("Conv[depthwise]", reads, ["X", "Wt"] + (["Bias"] if has_bias else []),
+                       node.outputs[0], "Y", g.B * g.C * g.P, body, caps)
+
+
+# -- Conv gradients -----------------------------------------------------------------------------
+@lowering("ConvGradInput")
+def lower_conv_grad_input(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    dy, w = node.inputs[0], node.inputs[1]
+    ws = static_shape(graph, w, node)
+    xs = tuple(int(d) for d in node.attr("input_shape"))
+    G = int(node.attr("group", 1))
+    g = geometry(node, xs, ws[2:])
+    Co, Cg = ws[0], ws[1]
+    Cog = Co // G
+    K = Cog * g.taps
+    N = g.B * g.HW
+    if g.pointwise:
+        a = Operand("Wt", Cg, Cog, f"(bt * {u(Cog)} + c) * {u(Cg)} + r", contig=0)
+        b = Operand("DY", Cog, N, f"(img * {u(Co)} + bt * {u(Cog)} + r) * {u(g.P)} + pix",
+                    prelude=f"let img = c / {u(g.P)}; let pix = c % {u(g.P)};",
+                    contig=1 if g.P % 4 == 0 else None)
+    else:
+        a = Operand("Wt", Cg, K, f"((bt * {u(Cog)} + co) * {u(Cg)} + r) * {u(g.taps)} + tap",
+                    prelude=f"let co = c / {u(g.taps)}; let tap = c % {u(g.taps)};")
+        # input pixel (iy, ix) receives from output (oy, ox) through tap (ky, kx) when
+        # oy * sh + ky * dh - ph == iy, i.e. oy = (iy + ph - ky * dh) / sh exactly.
+        pre = (_pixel("c", g, False) + " " + _tap("r", g, "co") + " "
+               f"let ty = i32(iy + {u(g.ph)}) - i32(ky * {u(g.dh)}); "
+               f"let tx = i32(ix + {u(g.pw)}) - i32(kx * {u(g.dw)}); "
+               f"let oy = u32(ty) / {u(g.sh)}; let ox = u32(tx) / {u(g.sw)};")
+        valid = (f"ty >= 0 && tx >= 0 && u32(ty) % {u(g.sh)} == 0u && u32(tx) % {u(g.sw)} == 0u "
+                 f"&& oy < {u(g.OH)} && ox < {u(g.OW)}")
+        b = Operand("DY", K, N, f"((img * {u(Co)} + bt * {u(Cog)} + co) * {u(g.OH)} + oy) * {u(g.OW)} + ox",
+                    prelude=pre, valid=valid)
+    out = Output("DX", f"(img * {u(g.C)} + bt * {u(Cg)} + r) * {u(g.HW)} + pix",
+                 prelude=f"let img = c / {u(g.HW)}; let pix = c % {u(g.HW)};", contig=g.HW % 4 == 0)
+    spec = GemmSpec("ConvGradInput" + ("1x1" if g.pointwise else ""), Cg, N, K, G, a, b, out,
+                    (Binding(w, "Wt"), Binding(dy, "DY")), Binding(node.outputs[0], "DX"))
+    return gemm_kernels(spec, caps, variant_of(node), allow_split=False)
+
+
+@lowering("ConvGradWeight")
+def lower_conv_grad_weight(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    dy, x = node.inputs[0], node.inputs[1]
+    xs = static_shape(graph, x, node)
+    ws = tuple(int(d) for d in node.attr("weight_shape"))
+    G = int(node.attr("group", 1))
+    g = geometry(node, xs, ws[2:])
+    Co, Cg = ws[0], ws[1]
+    Cog = Co // G
+    N = Cg * g.taps          # one output column per (input channel, tap)
+    K = g.B * g.P            # reduced over every output pixel of every image
+    a = Operand("DY", Cog, K, f"(img * {u(Co)} + bt * {u(Cog)} + r) * {u(g.P)} + pix",
+                prelude=f"let img = c / {u(g.P)}; let pix = c % {u(g.P)};", contig=1 if g.P % 4 == 0 else None)
+    if g.pointwise:
+        b = Operand("X", K, N, f"(img * {u(g.C)} + bt * {u(Cg)} + c) * {u(g.P)} + pix",
+                    prelude=f"let img = r / {u(g.P)}; let pix = r % {u(g.P)};", contig=0 if g.P % 4 == 0 else None)
+    else:
+        pre, valid = _gather_forward(g)
+        b = Operand("X", K, N, _x_index(g, f"bt * {u(Cg)} + ci"),
+                    prelude=_pixel("r", g, True) + " " + _tap("c", g, "ci") + " " + pre, valid=valid)
+    out = Output("DW", f"(bt * {u(Cog)} + r) * {u(N)} + c", contig=N % 4 == 0)
+    spec = GemmSpec("ConvGradWeight", Cog, N, K, G, a, b, out, (Binding(dy, "DY"), Binding(x, "X")),
+                    Binding(node.outputs[0], "DW"))
+    return gemm_kernels(spec, caps, variant_of(node), allow_split=True)
+
+
+# -- one-invocation-per-element kernels (depthwise conv, pools) -----------------------------------
+def flat_kernel(name: str, reads: list[str], read_vars: list[str], write: str, write_var: str, total: int,
+                body: str, caps: AdapterCaps, wg: int = 64) -> Kernel:
+    """A shader running `body` once per flat index i < total (grid folded within the adapter limit)."""
+    grid = fold_grid(max(1, math.ceil(total / wg)), caps)
+    decls = [f"@group(0) @binding({i}) var<storage, read> {v}: array<f32>;" for i, v in enumerate(read_vars)]
+    decls.append(f"@group(0) @binding({len(reads)}) var<storage, read_write> {write_var}: array<f32>;")
+    wgsl = "\n".join(decls + [
+        f"@compute @workgroup_size({wg}, 1, 1)",
+        "fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {",
+        f"  let i = ({linear_id(grid)}) * {u(wg)} + li;",
+        f"  if (i >= {u(total)}) {{ return; }}",
+        body, "}"]) + "\n"
+    return Kernel(name, wgsl, grid, tuple(reads), (write,))
+
+
+def _pool_geo(node: Node, x_shape) -> Geo:
+    return geometry(node, tuple(x_shape), tuple(node.attr("kernel_shape")), bool(node.attr("ceil_mode", 0)))
+
+
+def _out_coords(g: Geo) -> str:
+    return (f"let img = i / {u(g.C * g.P)}; let ch = (i / {u(g.P)}) % {u(g.C)}; "
+            f"let pix = i % {u(g.P)}; let oy = pix / {u(g.OW)}; let ox = pix % {u(g.OW)}; "
+            f"let base = (img * {u(g.C)} + ch) * {u(g.HW)};")
+
+
+def _in_coords(g: Geo) -> str:
+    return (f"let img = i / {u(g.C * g.HW)}; let ch = (i / {u(g.HW)}) % {u(g.C)}; "
+            f"let pix = i % {u(g.HW)}; let iy = pix / {u(g.W)}; let ix = pix % {u(g.W)}; "
+            f"let base = (img * {u(g.C)} + ch) * {u(g.HW)}; let obase = (img * {u(g.C)} + ch) * {u(g.P)};")
+
+
+def _windows_over(g: Geo, inner: str) -> str:
+    """Run `inner` for every output window (oy, ox) whose tap (ky, kx) lands on input (iy, ix)."""
+    return f"""
+  for (var ky = 0u; ky < {u(g.kh)}; ky = ky + 1u) {{
+    let ty = i32(iy + {u(g.ph)}) - i32(ky * {u(g.dh)});
+    if (ty < 0 || u32(ty) % {u(g.sh)} != 0u || u32(ty) / {u(g.sh)} >= {u(g.OH)}) {{ continue; }}
+    let oy = u32(ty) / {u(g.sh)};
+    for (var kx = 0u; kx < {u(g.kw)}; kx = kx + 1u) {{
+      let tx = i32(ix + {u(g.pw)}) - i32(kx * {u(g.dw)});
+      if (tx < 0 || u32(tx) % {u(g.sw)} != 0u || u32(tx) / {u(g.sw)} >= {u(g.OW)}) {{ continue; }}
+      let ox = u32(tx) / {u(g.sw)};
+{inner}
+    }}
+  }}"""
+
+
+def _argmax_fn(g: Geo) -> str:
+    """First maximum (row-major taps, strict >) of window (oy, ox) as a flat input pixel."""
+    return f"""
+fn first_max(base: u32, oy: u32, ox: u32) -> u32 {{
+  var best = {NEG_INF};
+  var arg = 0xffffffffu;
+  for (var ky = 0u; ky < {u(g.kh)}; ky = ky + 1u) {{
+    let yy = i32(oy * {u(g.sh)} + ky * {u(g.dh)}) - {g.ph};
+    if (yy < 0 || yy >= {g.H}) {{ continue; }}
+    for (var kx = 0u; kx < {u(g.kw)}; kx = kx + 1u) {{
+      let xx = i32(ox * {u(g.sw)} + kx * {u(g.dw)}) - {g.pw};
+      if (xx < 0 || xx >= {g.W}) {{ continue; }}
+      let p = u32(yy) * {u(g.W)} + u32(xx);
+      let v = X[base + p];
+      if (arg == 0xffffffffu || v > best) {{ best = v; arg = p; }}
+    }}
+  }}
+  return arg;
+}}"""
+
+
+@lowering("MaxPool")
+def lower_max_pool(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    g = _pool_geo(node, static_shape(graph, node.inputs[0], node))
+    pre, valid = _gather_forward(g)
+    body = f"""  {_out_coords(g)}
+  var best = {NEG_INF};
+  for (var ky = 0u; ky < {u(g.kh)}; ky = ky + 1u) {{
+    for (var kx = 0u; kx < {u(g.kw)}; kx = kx + 1u) {{
+      {pre}
+      if ({valid}) {{ best = max(best, X[base + u32(yy) * {u(g.W)} + u32(xx)]); }}
+    }}
+  }}
+  Y[i] = best;"""
+    return [flat_kernel("MaxPool", [node.inputs[0]], ["X"], node.outputs[0], "Y", g.B * g.C * g.P, body, caps)]
+
+
+@lowering("MaxPoolGrad")
+def lower_max_pool_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    dy, x = node.inputs[0], node.inputs[1]
+    g = _pool_geo(node, static_shape(graph, x, node))
+    inner = "      if (first_max(base, oy, ox) == pix) { acc = acc + DY[obase + oy * %s + ox]; }" % u(g.OW)
+    body = f"  {_in_coords(g)}\n  var acc = 0.0;{_windows_over(g, inner)}\n  DX[i] = acc;"
+    k = flat_kernel("MaxPoolGrad", [dy, x], ["DY", "X"], node.outputs[0], "DX", g.B * g.C * g.HW, body, caps)
+    wgsl = k.wgsl.replace("@compute", _argmax_fn(g) + "\n@compute", 1)
+    return [Kernel(k.name, wgsl, k.workgroups, k.reads, k.writes)]
+
+
+def _count_fns(g: Geo, include_pad: bool) -> str:
+    """Divisor of window (oy, ox): taps inside the input (or inside input + explicit pads), per dim."""
+    lo_y, hi_y = (0, g.H + g.ph + g.eh) if include_pad else (g.ph, g.ph + g.H)
+    lo_x, hi_x = (0, g.W + g.pw + g.ew) if include_pad else (g.pw, g.pw + g.W)
+    return f"""
+fn count(oy: u32, ox: u32) -> f32 {{
+  var cy = 0u;
+  for (var ky = 0u; ky < {u(g.kh)}; ky = ky + 1u) {{
+    let yy = oy * {u(g.sh)} + ky * {u(g.dh)};
+    if (yy >= {u(lo_y)} && yy < {u(hi_y)}) {{ cy = cy + 1u; }}
+  }}
+  var cx = 0u;
+  for (var kx = 0u; kx < {u(g.kw)}; kx = kx + 1u) {{
+    let xx = ox * {u(g.sw)} + kx * {u(g.dw)};
+    if (xx >= {u(lo_x)} && xx < {u(hi_x)}) {{ cx = cx + 1u; }}
+  }}
+  return f32(max(cy * cx, 1u));
+}}"""
+
+
+def _with_fns(k: Kernel, fns: str) -> Kernel:
+    return Kernel(k.name, k.wgsl.replace("@compute", fns + "\n@compute", 1), k.workgroups, k.reads, k.writes)
+
+
+@lowering("AveragePool")
+def lower_average_pool(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    g = _pool_geo(node, static_shape(graph, node.inputs[0], node))
+    pre, valid = _gather_forward(g)
+    body = f"""  {_out_coords(g)}
+  var acc = 0.0;
+  for (var ky = 0u; ky < {u(g.kh)}; ky = ky + 1u) {{
+    for (var kx = 0u; kx < {u(g.kw)}; kx = kx + 1u) {{
+      {pre}
+      if ({valid}) {{ acc = acc + X[base + u32(yy) * {u(g.W)} + u32(xx)]; }}
+    }}
+  }}
+  Y[i] = acc / count(oy, ox);"""
+    k = flat_kernel("AveragePool", [node.inputs[0]], ["X"], node.outputs[0], "Y", g.B * g.C * g.P, body, caps)
+    return [_with_fns(k, _count_fns(g, bool(node.attr("count_include_pad", 0))))]
+
+
+@lowering("AveragePoolGrad")
+def lower_average_pool_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    g = _pool_geo(node, tuple(int(d) for d in node.attr("input_shape")))
+    inner = f"      acc = acc + DY[obase + oy * {u(g.OW)} + ox] / count(oy, ox);"
+    body = f"  {_in_coords(g)}\n  var acc = 0.0;{_windows_over(g, inner)}\n  DX[i] = acc;"
+    k = flat_kernel("AveragePoolGrad", [node.inputs[0]], ["DY"], node.outputs[0], "DX", g.B * g.C * g.HW,
+                    body, caps)
+    return [_with_fns(k, _count_fns(g, bool(node.attr("count_include_pad", 0))))]
+
+
+@lowering("GlobalAveragePool")
+def lower_global_average_pool(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    xs = static_shape(graph, node.inputs[0], node)
+    rows, n = xs[0] * xs[1], math.prod(xs[2:])
+    body = f"""  var acc = 0.0;
+  for (var p = 0u; p < {u(n)}; p = p + 1u) {{ acc = acc + X[i * {u(n)} + p]; }}
+  Y[i] = acc / {float(n)!r};"""
+    return [flat_kernel("GlobalAveragePool", [node.inputs[0]], ["X"], node.outputs[0], "Y", rows, body, caps)]

@@ -1,0 +1,357 @@
+"""Elementwise ops as WGSL expressions, and the fused kernel that evaluates a group of them.
+
+Every elementwise op is one table row: a function that, given WGSL expressions for its inputs
+(already loaded for the current element), emits `let` lines and returns its outputs'
+expressions. The fusion pass (fusion.py) groups chains of such nodes into one `wgpu.Fused` node;
+its lowering here evaluates the whole group per element in registers and stores only the values
+something outside the group needs. A lone elementwise node is a group of one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ...ir.graph import Graph, Node
+from .kernel import AdapterCaps, Kernel, lowering
+from .wgsl import WG, bindings, broadcast_index, flat_id, grid, literal, shader, shape_of, size_of, vtype
+
+FUSED = "wgpu.Fused"
+
+
+@dataclass
+class Val:
+    expr: str
+    ty: str
+
+
+@dataclass
+class Emit:
+    """Code generation state for one fused kernel."""
+
+    lines: list[str] = field(default_factory=list)
+    helpers: dict[str, str] = field(default_factory=dict)
+    index: str = "i"                     # the current flat element index (u32)
+    graph: Graph | None = None           # for compile-time constants (e.g. Dropout's ratio)
+    _n: int = 0
+
+    def let(self, expr: str, ty: str) -> Val:
+        self._n += 1
+        name = f"v{self._n}"
+        self.lines.append(f"  let {name}: {ty} = {expr};")
+        return Val(name, ty)
+
+    def helper(self, name: str, text: str) -> str:
+        self.helpers[name] = text
+        return name
+
+
+EmitFn = Callable[[Emit, Node, list, list[str]], list[Val]]
+
+
+@dataclass(frozen=True)
+class EwOp:
+    emit: EmitFn
+    raw: frozenset[int] = frozenset()     # inputs bound whole (the emitter indexes them itself)
+    ignore: frozenset[int] = frozenset()  # compile-time inputs (shapes): never bound
+
+
+EW: dict[str, EwOp] = {}
+
+
+def ew(*names: str, raw=(), ignore=()):
+    def deco(fn: EmitFn) -> EmitFn:
+        for n in names:
+            EW[n] = EwOp(fn, frozenset(raw), frozenset(ignore))
+        return fn
+    return deco
+
+
+def _lit(v, ty):
+    return literal(v, ty)
+
+
+def _to(v: Val, ty: str) -> str:
+    if v.ty == ty:
+        return v.expr
+    if ty == "u32" and v.ty == "f32":
+        return f"u32(max({v.expr}, 0.0))"
+    return f"{ty}({v.expr})"
+
+
+# -- arithmetic --------------------------------------------------------------------------------
+_BIN = {"Add": "+", "Sub": "-", "Mul": "*"}
+
+
+@ew("Add", "Sub", "Mul")
+def _arith(c: Emit, n: Node, a: list, ot: list[str]) -> list[Val]:
+    return [c.let(f"{_to(a[0], ot[0])} {_BIN[n.op]} {_to(a[1], ot[0])}", ot[0])]
+
+
+@ew("Div")
+def _div(c, n, a, ot):
+    t = ot[0]
+    if t == "f32":
+        return [c.let(f"{_to(a[0], t)} / {_to(a[1], t)}", t)]
+    # Integer division by zero is defined (returns the dividend) in WGSL; numpy's is undefined too.
+    return [c.let(f"{_to(a[0], t)} / {_to(a[1], t)}", t)]
+
+
+_POW = """fn pow_f(a: f32, b: f32) -> f32 {
+  // WGSL pow is undefined for a < 0; numpy gives the real result when b is an integer.
+  if (b == 2.0) { return a * a; }
+  if (b == 1.0) { return a; }
+  if (b == 0.0) { return 1.0; }
+  let r = pow(abs(a), b);
+  if (a < 0.0 && b == round(b)) {
+    if (abs(b % 2.0) == 1.0) { return -r; }
+    return r;
+  }
+  if (a == 0.0 && b > 0.0) { return 0.0; }
+  return pow(a, b);
+}"""
+
+
+@ew("Pow")
+def _pow(c, n, a, ot):
+    c.helper("pow_f", _POW)
+    e = f"pow_f(f32({a[0].expr}), f32({a[1].expr}))"
+    return [c.let(e if ot[0] == "f32" else f"{ot[0]}({e})", ot[0])]
+
+
+@ew("Max", "Min")
+def _maxmin(c, n, a, ot):
+    fn = n.op.lower()
+    expr = _to(a[0], ot[0])
+    for v in a[1:]:
+        expr = f"{fn}({expr}, {_to(v, ot[0])})"
+    return [c.let(expr, ot[0])]
+
+
+@ew("Sum", "Mean")
+def _sum(c, n, a, ot):
+    expr = " + ".join(_to(v, ot[0]) for v in a if v is not None)
+    if n.op == "Mean":
+        expr = f"({expr}) / {_lit(len(a), ot[0])}"
+    return [c.let(expr, ot[0])]
+
+
+# -- unary ------------------------------------------------------------------------------------
+_UNARY = {
+    "Neg": "-({x})", "Abs": "abs({x})", "Exp": "exp({x})", "Log": "log({x})", "Sqrt": "sqrt({x})",
+    "Relu": "max({x}, {zero})", "Reciprocal": "1.0 / {x}", "Floor": "floor({x})", "Ceil": "ceil({x})",
+    "Sign": "sign({x})", "Sin": "sin({x})", "Cos": "cos({x})", "Round": "round({x})",
+}
+
+
+@ew(*_UNARY)
+def _unary(c, n, a, ot):
+    t = ot[0]
+    zero = _lit(0, t)
+    return [c.let(_UNARY[n.op].format(x=_to(a[0], t), zero=zero), t)]
+
+
+@ew("Identity", "Expand", ignore=(1,))
+def _identity(c, n, a, ot):
+    return [Val(_to(a[0], ot[0]), ot[0])]
+
+
+@ew("LeakyRelu")
+def _leaky(c, n, a, ot):
+    x = a[0].expr
+    return [c.let(f"select({x} * {_lit(n.attr('alpha', 0.01), 'f32')}, {x}, {x} >= 0.0)", "f32")]
+
+
+@ew("Sigmoid")
+def _sigmoid(c, n, a, ot):
+    e = c.let(f"exp(-abs({a[0].expr}))", "f32")
+    return [c.let(f"select({e.expr} / (1.0 + {e.expr}), 1.0 / (1.0 + {e.expr}), {a[0].expr} >= 0.0)", "f32")]
+
+
+@ew("Tanh")
+def _tanh(c, n, a, ot):
+    # exp(-2|x|) never overflows, unlike some drivers' tanh for large |x|.
+    t = c.let(f"exp(-2.0 * abs({a[0].expr}))", "f32")
+    return [c.let(f"sign({a[0].expr}) * (1.0 - {t.expr}) / (1.0 + {t.expr})", "f32")]
+
+
+@ew("Softplus")
+def _softplus(c, n, a, ot):
+    x = a[0].expr
+    return [c.let(f"max({x}, 0.0) + log(1.0 + exp(-abs({x})))", "f32")]
+
+
+_ERF = """fn erf_f(x: f32) -> f32 {
+  // Abramowitz & Stegun 7.1.26 refined: max abs error 1.5e-7.
+  let t = 1.0 / (1.0 + 0.3275911 * abs(x));
+  let y = 1.0 - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t
+                 + 0.254829592) * t * exp(-x * x);
+  return sign(x) * y;
+}"""
+
+
+@ew("Erf")
+def _erf(c, n, a, ot):
+    c.helper("erf_f", _ERF)
+    return [c.let(f"erf_f({a[0].expr})", "f32")]
+
+
+@ew("Clip")
+def _clip(c, n, a, ot):
+    t = ot[0]
+    x = _to(a[0], t)
+    lo = a[1] if len(a) > 1 and a[1] is not None else None
+    hi = a[2] if len(a) > 2 and a[2] is not None else None
+    if lo is None and n.attr("min") is not None:
+        lo = Val(_lit(n.attr("min"), t), t)
+    if hi is None and n.attr("max") is not None:
+        hi = Val(_lit(n.attr("max"), t), t)
+    if lo is not None:
+        x = f"max({x}, {_to(lo, t)})"
+    if hi is not None:
+        x = f"min({x}, {_to(hi, t)})"
+    return [c.let(x, t)]
+
+
+@ew("Cast")
+def _cast(c, n, a, ot):
+    t = ot[0]
+    if t == "u32" and a[0].ty != "u32":  # to bool / unsigned: nonzero test for bool semantics
+        return [c.let(f"select(0u, 1u, {a[0].expr} != {_lit(0, a[0].ty)})", t)] if n.attr("to") == 9 \
+            else [c.let(_to(a[0], t), t)]
+    if t == "i32" and a[0].ty == "f32":
+        return [c.let(f"i32(trunc({a[0].expr}))", t)]
+    return [c.let(_to(a[0], t), t)]
+
+
+# -- comparisons and logic (bools are u32 0/1 on the device) --------------------------------------
+_CMP = {"Equal": "==", "Less": "<", "Greater": ">", "LessOrEqual": "<=", "GreaterOrEqual": ">="}
+
+
+@ew(*_CMP)
+def _cmp(c, n, a, ot):
+    t = a[0].ty if a[0].ty == a[1].ty else "f32"
+    return [c.let(f"select(0u, 1u, {_to(a[0], t)} {_CMP[n.op]} {_to(a[1], t)})", "u32")]
+
+
+_LOGIC = {"And": "&", "Or": "|", "Xor": "^"}
+
+
+@ew(*_LOGIC)
+def _logic(c, n, a, ot):
+    return [c.let(f"{a[0].expr} {_LOGIC[n.op]} {a[1].expr}", "u32")]
+
+
+@ew("Not")
+def _not(c, n, a, ot):
+    return [c.let(f"1u - {a[0].expr}", "u32")]
+
+
+@ew("Where")
+def _where(c, n, a, ot):
+    t = ot[0]
+    return [c.let(f"select({_to(a[2], t)}, {_to(a[1], t)}, {a[0].expr} != 0u)", t)]
+
+
+# -- backward helpers --------------------------------------------------------------------------
+@ew("ReluGrad")
+def _relu_grad(c, n, a, ot):
+    return [c.let(f"select(0.0, {a[0].expr}, {a[1].expr} > 0.0)", "f32")]
+
+
+@ew("LeakyReluGrad")
+def _leaky_grad(c, n, a, ot):
+    dy, x = a[0].expr, a[1].expr
+    return [c.let(f"select({dy} * {_lit(n.attr('alpha', 0.01), 'f32')}, {dy}, {x} >= 0.0)", "f32")]
+
+
+@ew("SigmoidGrad")
+def _sigmoid_grad(c, n, a, ot):
+    return [c.let(f"{a[0].expr} * {a[1].expr} * (1.0 - {a[1].expr})", "f32")]
+
+
+@ew("TanhGrad")
+def _tanh_grad(c, n, a, ot):
+    return [c.let(f"{a[0].expr} * (1.0 - {a[1].expr} * {a[1].expr})", "f32")]
+
+
+# -- the fused kernel -----------------------------------------------------------------------------
+def is_elementwise(node: Node, graph: Graph) -> bool:
+    """Whether node can be evaluated per output element (all outputs share one shape)."""
+    if node.op not in EW:
+        return False
+    shapes = {shape_of(graph, o) for o in node.outputs if o}
+    return len(shapes) == 1
+
+
+def literal_value(graph: Graph, name: str, state: set[str]) -> np.ndarray | None:
+    """A one-element constant that can be written into the shader instead of bound."""
+    if name in state or name not in graph.initializers:
+        return None
+    value = np.asarray(graph.initializers[name])
+    return value if value.size == 1 else None
+
+
+def make_fused(graph: Graph, members: list[Node], outputs: list[str], state: set[str]) -> Node:
+    """A wgpu.Fused node standing for members (in order), storing `outputs`."""
+    produced = {o for m in members for o in m.outputs if o}
+    inputs, literals = [], {}
+    for m in members:
+        op = EW[m.op]
+        for k, v in enumerate(m.inputs):
+            if not v or v in produced or k in op.ignore or v in inputs or v in literals:
+                continue
+            lit = None if k in op.raw else literal_value(graph, v, state)
+            if lit is not None:
+                literals[v] = lit.reshape(())
+            else:
+                inputs.append(v)
+    return Node(FUSED, inputs, list(outputs), {"members": members, "literals": literals},
+                name="+".join(m.op for m in members))
+
+
+def bound_count(graph: Graph, members: list[Node], outputs: list[str], state: set[str]) -> int:
+    return len(make_fused(graph, members, outputs, state).inputs) + len(outputs)
+
+
+@lowering(FUSED)
+def lower_fused(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    members: list[Node] = node.attrs["members"]
+    literals: dict = node.attrs["literals"]
+    out_shape = shape_of(graph, members[-1].outputs[0])
+    n = size_of(graph, members[-1].outputs[0])
+    raw = {m.inputs[k] for m in members for k in EW[m.op].raw if k < len(m.inputs)}
+    c = Emit(graph=graph)
+    env: dict[str, Val] = {}
+    reads = []
+    for j, v in enumerate(node.inputs):
+        ty = vtype(graph, v)
+        reads.append((f"x{j}", ty))
+        if v in raw:
+            env[v] = Val(f"x{j}", ty)
+        else:
+            env[v] = c.let(f"x{j}[{broadcast_index(out_shape, shape_of(graph, v))}]", ty)
+    for v, value in literals.items():
+        ty = vtype(graph, v)
+        env[v] = Val(literal(value, ty), ty)
+    for m in members:
+        skip = EW[m.op].ignore
+        args = [env[v] if v and k not in skip else None for k, v in enumerate(m.inputs)]
+        outs = EW[m.op].emit(c, m, args, [vtype(graph, o) if o else "f32" for o in m.outputs])
+        for o, val in zip(m.outputs, outs):
+            if o:
+                env[o] = val
+    writes = [(f"y{k}", vtype(graph, o)) for k, o in enumerate(node.outputs)]
+    body = [f"  {flat_id()}", f"  if (i >= {n}u) {{ return; }}", *c.lines]
+    body += [f"  y{k}[i] = {env[o].expr};" for k, o in enumerate(node.outputs)]
+    src = shader(bindings(reads, writes), "\n".join(body), helpers="\n".join(c.helpers.values()))
+    aligned = tuple(v for v in node.inputs if v not in raw and shape_of(graph, v) == out_shape)
+    return [Kernel(f"ew:{node.name}"[:120], src, grid(n, WG), tuple(node.inputs), tuple(node.outputs),
+                   inplace=aligned)]
+
+
+def lower_single(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    """A lone elementwise node (no fusion pass ran): a group of one."""
+    return lower_fused(make_fused(graph, [node], [o for o in node.outputs if o], set(graph.state_names)),
+                       graph, caps)

@@ -1,0 +1,480 @@
+"""Register-blocked GEMM kernels (WGSL) and the MatMul / Gemm lowerings.
+
+Every GEMM-shaped op (MatMul, Gemm, and the convolutions as implicit GEMM in kernels_conv.py) is
+described by a `GemmSpec`: the sizes M x N x K over `batch` independent problems, how to fetch an
+element of A (M x K) and of B (K x N) from the bound buffers (`Operand`: a WGSL index expression, so
+im2col indexing lives inside the tile loads), and where each result goes (`Output`: index, bias,
+alpha, epilogue). `gemm_kernels` turns a spec into shaders in one of two variants:
+
+- "register": no workgroup memory, no barriers. Each invocation computes a TM x TN block of outputs
+  in vec4 registers straight from global memory, four k at a time, with vec4 loads where the operand
+  is contiguous along the loaded axis. Best on CPU adapters (lavapipe), where barriers are expensive.
+- "shared":  the workgroup stages a BM x KT tile of A and a KT x BN tile of B in workgroup memory
+  (coalesced loads), then every invocation does the same register-blocked update from there. Best
+  on real GPUs.
+
+When the output grid is too small to fill the device and K is long (the weight gradient of a conv,
+reduced over batch x pixels), K is split: the GEMM writes partial sums into a Scratch buffer and a
+small reduce kernel adds them and applies the epilogue.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ...errors import ShapeError
+from ...ir.graph import Graph, Node
+from .kernel import AdapterCaps, Kernel, Scratch, lowering
+
+EPILOGUES = {None: "y", "relu": "max(y, 0.0)"}
+
+
+# -- WGSL literal helpers -------------------------------------------------------------------------
+def u(x: int) -> str:
+    return f"{int(x)}u"
+
+
+def f(x: float) -> str:
+    s = format(float(x), ".9g")
+    return s if any(ch in s for ch in ".en") else s + ".0"
+
+
+# -- the spec ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Binding:
+    value: str          # graph value (or Scratch) name
+    var: str            # WGSL variable name
+    vec4: bool = False  # bound as array<vec4<f32>> (operand loaded four elements at a time)
+
+
+@dataclass(frozen=True)
+class Operand:
+    """Element (r, c) of problem `bt` of a logical rows x cols matrix.
+
+    prelude: WGSL statements (may use bt, r, c) that define helpers for `valid` and `index`;
+    valid:   extra condition (implicit-GEMM padding), "" when every in-range element exists;
+    index:   flat element index into `var`;
+    contig:  0 or 1 when four consecutive elements along that axis are consecutive in memory and
+             the start is 4-aligned whenever that coordinate is (the extent along it is a multiple
+             of 4): then they load as one vec4. None otherwise.
+    """
+
+    var: str
+    rows: int
+    cols: int
+    index: str
+    prelude: str = ""
+    valid: str = ""
+    contig: int | None = None
+
+
+@dataclass(frozen=True)
+class Output:
+    """Where result (r, c) of problem `bt` goes (index may also use `s`, the K-split number)."""
+
+    var: str
+    index: str
+    prelude: str = ""
+    contig: bool = False     # c..c+3 consecutive for c % 4 == 0 (requires N % 4 == 0)
+    alpha: float = 1.0
+    bias: str = ""           # WGSL f32 expression of (bt, r, c) added after alpha
+    epilogue: str | None = None
+
+
+@dataclass(frozen=True)
+class GemmSpec:
+    name: str
+    M: int
+    N: int
+    K: int
+    batch: int
+    a: Operand
+    b: Operand
+    out: Output
+    reads: tuple[Binding, ...]      # A, B, bias buffers..., in binding order
+    write: Binding
+
+
+@dataclass(frozen=True)
+class Tiling:
+    variant: str   # "register" | "shared"
+    wx: int        # invocations along N
+    wy: int        # invocations along M
+    tm: int        # outputs per invocation along M
+    tn: int        # outputs per invocation along N (multiple of 4)
+    kt: int = 4    # K tile staged in workgroup memory (shared variant); multiple of 4
+
+    @property
+    def bm(self) -> int:
+        return self.wy * self.tm
+
+    @property
+    def bn(self) -> int:
+        return self.wx * self.tn
+
+
+def _pow2_at_least(x: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1, x))))
+
+
+def choose_tiling(M: int, N: int, K: int, caps: AdapterCaps, variant: str | None = None) -> Tiling:
+    """Tile shapes by adapter kind and problem size (small M, e.g. 16 conv channels, gets short tiles)."""
+    variant = variant or ("register" if caps.is_cpu else "shared")
+    if variant == "register":
+        tm = tn = 4
+        threads = 64
+    else:
+        big = M * N >= 2048 * 2048 and M >= 128 and N >= 128
+        tm = tn = 8 if big else 4
+        threads = min(256, caps.max_invocations_per_workgroup)
+    wy = min(_pow2_at_least(math.ceil(M / tm)), 16, threads)
+    wx = min(_pow2_at_least(math.ceil(N / tn)), threads // wy)
+    wy = min(wy, threads // wx)
+    kt = 4
+    if variant == "shared":
+        # two f32 tiles (BM + BN) x KT within workgroup storage; 16 deep when it fits
+        per_k = (wy * tm + wx * tn) * 4
+        kt = 16 if per_k * 16 <= min(caps.max_workgroup_storage, 16384) // 2 else 8
+        kt = kt if per_k * kt <= caps.max_workgroup_storage else 4
+    return Tiling(variant, wx, wy, tm, tn, kt)
+
+
+# -- grid folding ---------------------------------------------------------------------------------
+def fold_grid(total: int, caps: AdapterCaps) -> tuple[int, int, int]:
+    """Spread `total` workgroups over up to three dims, each within the adapter's limit."""
+    lim = caps.max_workgroups_per_dim
+    gx = min(total, lim)
+    rest = math.ceil(total / gx)
+    gy = min(rest, lim)
+    gz = math.ceil(rest / gy)
+    if gz > lim:
+        raise ShapeError(f"a kernel needs {total} workgroups, more than this adapter can dispatch")
+    return gx, gy, gz
+
+
+def linear_id(grid: tuple[int, int, int]) -> str:
+    gx, gy, _ = grid
+    return f"wid.x + wid.y * {u(gx)} + wid.z * {u(gx * gy)}"
+
+
+# -- WGSL generation ----------------------------------------------------------------------------
+def _decl(i: int, b: Binding, access: str) -> str:
+    elem = "vec4<f32>" if b.vec4 else "f32"
+    return f"@group(0) @binding({i}) var<storage, {access}> {b.var}: array<{elem}>;"
+
+
+def _scalar_read(var: str, vec4: bool, idx: str) -> str:
+    return f"{var}[({idx}) >> 2u][({idx}) & 3u]" if vec4 else f"{var}[{idx}]"
+
+
+def _loader(fn: str, op: Operand, vec4: bool) -> str:
+    """fn_el(bt, r, c) -> f32 (0 outside), and fn_v(bt, r, c) -> vec4 along op.contig when vec4-bound."""
+    guard = f"if (r >= {u(op.rows)} || c >= {u(op.cols)}) {{ return {{zero}}; }}"
+    valid = f"if (!({op.valid})) {{ return {{zero}}; }}" if op.valid else ""
+    pre = op.prelude
+    out = [f"fn {fn}_el(bt: u32, r: u32, c: u32) -> f32 {{",
+           "  " + guard.replace("{zero}", "0.0"), f"  {pre}", "  " + valid.replace("{zero}", "0.0"),
+           f"  let idx = {op.index};", f"  return {_scalar_read(op.var, vec4, 'idx')};", "}"]
+    if vec4:
+        out += [f"fn {fn}_v(bt: u32, r: u32, c: u32) -> vec4<f32> {{",
+                "  " + guard.replace("{zero}", "vec4<f32>(0.0)"), f"  {pre}",
+                "  " + valid.replace("{zero}", "vec4<f32>(0.0)"),
+                f"  return {op.var}[({op.index}) >> 2u];", "}"]
+    return "\n".join(out)
+
+
+def _epi_fn(out: Output, with_bias: bool) -> str:
+    bias = f"  y = y + {out.bias};\n" if (with_bias and out.bias) else ""
+    alpha = f" * {f(out.alpha)}" if out.alpha != 1.0 else ""
+    return (f"fn epi(bt: u32, r: u32, c: u32, v: f32) -> f32 {{\n  var y = v{alpha};\n{bias}"
+            f"  return {EPILOGUES[out.epilogue]};\n}}")
+
+
+def _store_fn(out: Output, M: int, N: int) -> str:
+    """st4(bt, s, r, c, v): store four results c..c+3 (c % 4 == 0) of row r, through epi."""
+    vals = ", ".join(f"epi(bt, r, c + {q}u, v[{q}])" for q in range(4))
+    if out.contig:
+        return (f"fn st4(bt: u32, s: u32, r: u32, c: u32, v: vec4<f32>) {{\n"
+                f"  if (r >= {u(M)} || c >= {u(N)}) {{ return; }}\n  {out.prelude}\n"
+                f"  {out.var}[({out.index}) >> 2u] = vec4<f32>({vals});\n}}")
+    return (f"fn st1(bt: u32, s: u32, r: u32, c: u32, v: f32) {{\n"
+            f"  if (r >= {u(M)} || c >= {u(N)}) {{ return; }}\n  {out.prelude}\n"
+            f"  {out.var}[{out.index}] = epi(bt, r, c, v);\n}}\n"
+            f"fn st4(bt: u32, s: u32, r: u32, c: u32, v: vec4<f32>) {{\n"
+            + "".join(f"  st1(bt, s, r, c + {q}u, v[{q}]);\n" for q in range(4)) + "}")
+
+
+def _a_block(t: Tiling, vec: bool, contig: int | None) -> list[str]:
+    """Statements defining a{i}: vec4 of A[m0+i, k..k+3] for i < TM."""
+    lines = []
+    if vec and contig == 1:
+        lines += [f"let a{i} = a_v(bt, m0 + {i}u, k);" for i in range(t.tm)]
+    elif vec and contig == 0:
+        for ib in range(t.tm // 4):
+            lines += [f"let ta{kk}_{ib} = a_v(bt, m0 + {4 * ib}u, k + {kk}u);" for kk in range(4)]
+            lines += [f"let a{4 * ib + q} = vec4<f32>(" + ", ".join(f"ta{kk}_{ib}[{q}]" for kk in range(4)) + ");"
+                      for q in range(4)]
+    else:
+        lines += [f"let a{i} = vec4<f32>(" + ", ".join(f"a_el(bt, m0 + {i}u, k + {kk}u)" for kk in range(4)) + ");"
+                  for i in range(t.tm)]
+    return lines
+
+
+def _b_block(t: Tiling, vec: bool, contig: int | None) -> list[str]:
+    """Statements defining b{kk}_{j}: vec4 of B[k+kk, n0+4j..n0+4j+3]."""
+    lines = []
+    nj = t.tn // 4
+    if vec and contig == 1:
+        lines += [f"let b{kk}_{j} = b_v(bt, k + {kk}u, n0 + {4 * j}u);" for kk in range(4) for j in range(nj)]
+    elif vec and contig == 0:
+        lines += [f"let tb{c} = b_v(bt, k, n0 + {c}u);" for c in range(t.tn)]
+        lines += [f"let b{kk}_{j} = vec4<f32>(" + ", ".join(f"tb{4 * j + q}[{kk}]" for q in range(4)) + ");"
+                  for kk in range(4) for j in range(nj)]
+    else:
+        lines += [f"let b{kk}_{j} = vec4<f32>(" + ", ".join(f"b_el(bt, k + {kk}u, n0 + {4 * j + q}u)"
+                                                         for q in range(4)) + ");"
+                  for kk in range(4) for j in range(nj)]
+    return lines
+
+
+def _fma_block(t: Tiling, a: str, b: str) -> list[str]:
+    """acc{i}_{j} += a(i)[kk] * b(kk, j) for one k step; a/b are format strings."""
+    return [f"acc{i}_{j} = fma(vec4<f32>({a.format(i=i, kk=kk)}), {b.format(kk=kk, j=j)}, acc{i}_{j});"
+            for kk in range(4) for i in range(t.tm) for j in range(t.tn // 4)]
+
+
+def _vec_ok(op: Operand) -> bool:
+    """A vec4 load along op.contig is valid when that extent is a multiple of 4."""
+    if op.contig is None:
+        return False
+    return (op.rows if op.contig == 0 else op.cols) % 4 == 0
+
+
+def gemm_wgsl(spec: GemmSpec, t: Tiling, caps: AdapterCaps, splits: int = 1, ksplit: int = 0,
+              out: Output | None = None, write: Binding | None = None, with_bias: bool = True) -> tuple[str, tuple]:
+    out = out or spec.out
+    write = write or spec.write
+    M, N, K = spec.M, spec.N, spec.K
+    nN, nM = math.ceil(N / t.bn), math.ceil(M / t.bm)
+    total = nN * nM * spec.batch * splits
+    grid = fold_grid(total, caps)
+    va, vb = _vec_ok(spec.a), _vec_ok(spec.b)
+    if t.variant == "register" and spec.a.contig == 0 and t.tm % 4:
+        va = False
+    reads = [replace(spec.reads[0], vec4=va and t.variant == "register"),
+             replace(spec.reads[1], vec4=vb and t.variant == "register")]
+    reads += list(spec.reads[2:]) if with_bias else []
+    if splits == 1:
+        kstep = t.kt if t.variant == "shared" else 4
+        ksplit = math.ceil(K / kstep) * kstep
+    decls = [_decl(i, b, "read") for i, b in enumerate(reads)]
+    decls.append(_decl(len(reads), replace(write, vec4=out.contig), "read_write"))
+    nj = t.tn // 4
+    accs = [f"  var acc{i}_{j} = vec4<f32>(0.0);" for i in range(t.tm) for j in range(nj)]
+    head = [
+        f"@compute @workgroup_size({t.wx}, {t.wy}, 1)",
+        "fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {",
+        f"  let lin = {linear_id(grid)};",
+        f"  if (lin >= {u(total)}) {{ return; }}",
+        f"  let nb = lin % {u(nN)};",
+        f"  let mb = (lin / {u(nN)}) % {u(nM)};",
+        f"  let bt = (lin / {u(nN * nM)}) % {u(spec.batch)};",
+        f"  let s = lin / {u(nN * nM * spec.batch)};",
+        f"  let m0 = mb * {u(t.bm)} + lid.y * {u(t.tm)};",
+        f"  let n0 = nb * {u(t.bn)} + lid.x * {u(t.tn)};",
+        f"  let kb = s * {u(ksplit)};",
+        f"  let ke = min(kb + {u(ksplit)}, {u(K)});",
+    ] + accs
+    body: list[str] = []
+    shared_decl = ""
+    if t.variant == "register":
+        body += ["  for (var k = kb; k < ke; k = k + 4u) {"]
+        body += ["    " + ln for ln in _a_block(t, va, spec.a.contig) + _b_block(t, vb, spec.b.contig)]
+        body += ["    " + ln for ln in _fma_block(t, "a{i}[{kk}]", "b{kk}_{j}")]
+        body += ["  }"]
+    else:
+        bm, bn, kt = t.bm, t.bn, t.kt
+        nt = t.wx * t.wy
+        shared_decl = (f"var<workgroup> As: array<f32, {bm * kt}>;\n"
+                       f"var<workgroup> Bs: array<f32, {bn * kt}>;")
+        # thread -> element mapping follows the operand's contiguous axis, for coalesced loads
+        a_map = ("let kk = l % {kt}u; let mm = l / {kt}u;" if spec.a.contig == 1
+                 else "let mm = l % {bm}u; let kk = l / {bm}u;").format(kt=kt, bm=bm)
+        b_map = ("let kk = l % {kt}u; let nn = l / {kt}u;" if spec.b.contig == 0
+                 else "let nn = l % {bn}u; let kk = l / {bn}u;").format(kt=kt, bn=bn)
+        body += [
+            f"  let tid = lid.x + lid.y * {u(t.wx)};",
+            f"  for (var k0 = kb; k0 < ke; k0 = k0 + {u(kt)}) {{",
+            f"    for (var l = tid; l < {u(bm * kt)}; l = l + {u(nt)}) {{",
+            f"      {a_map}",
+            f"      As[kk * {u(bm)} + mm] = a_el(bt, mb * {u(bm)} + mm, k0 + kk);",
+            "    }",
+            f"    for (var l = tid; l < {u(bn * kt)}; l = l + {u(nt)}) {{",
+            f"      {b_map}",
+            f"      Bs[kk * {u(bn)} + nn] = b_el(bt, k0 + kk, nb * {u(bn)} + nn);",
+            "    }",
+            "    workgroupBarrier();",
+            f"    for (var k4 = 0u; k4 < {u(kt)}; k4 = k4 + 4u) {{",
+        ]
+        for kk in range(4):
+            body += [f"      let a{i}_{kk} = As[(k4 + {kk}u) * {u(bm)} + lid.y * {u(t.tm)} + {i}u];"
+                     for i in range(t.tm)]
+            body += [f"      let bo{kk} = (k4 + {kk}u) * {u(bn)} + lid.x * {u(t.tn)};"]
+            body += [f"      let b{kk}_{j} = vec4<f32>(Bs[bo{kk} + {4 * j}u], Bs[bo{kk} + {4 * j + 1}u], "
+                     f"Bs[bo{kk} + {4 * j + 2}u], Bs[bo{kk} + {4 * j + 3}u]);" for j in range(nj)]
+        body += ["      " + ln for ln in _fma_block(t, "a{i}_{kk}", "b{kk}_{j}")]
+        body += ["    }", "    workgroupBarrier();", "  }"]
+    stores = [f"  st4(bt, s, m0 + {i}u, n0 + {4 * j}u, acc{i}_{j});" for i in range(t.tm) for j in range(nj)]
+    wgsl = "\n".join(decls + [shared_decl,
+                              _loader("a", spec.a, reads[0].vec4), _loader("b", spec.b, reads[1].vec4),
+                              _epi_fn(out, with_bias), _store_fn(out, M, N)]
+                     + head + body + stores + ["}"]) + "\n"
+    return wgsl, grid, tuple(b.value for b in reads)
+
+
+# -- split K ------------------------------------------------------------------------------------
+def _target_workgroups(caps: AdapterCaps) -> int:
+    return 32 if caps.is_cpu else 1024
+
+
+def choose_splits(spec: GemmSpec, t: Tiling, caps: AdapterCaps) -> tuple[int, int]:
+    """(splits, K per split). Split only when the output grid is small and K is long."""
+    tiles = math.ceil(spec.N / t.bn) * math.ceil(spec.M / t.bm) * spec.batch
+    step = t.kt if t.variant == "shared" else 4
+    min_k = 256
+    if tiles >= _target_workgroups(caps) // 2 or spec.K < 2 * min_k:
+        return 1, 0
+    splits = min(math.ceil(_target_workgroups(caps) / tiles), spec.K // min_k, 1024)
+    ksplit = math.ceil(math.ceil(spec.K / splits) / step) * step
+    splits = math.ceil(spec.K / ksplit)
+    # keep the scratch within one storage binding
+    while splits > 1 and splits * spec.batch * spec.M * spec.N * 4 > caps.max_storage_binding_size:
+        splits = max(1, splits // 2)
+        ksplit = math.ceil(math.ceil(spec.K / splits) / step) * step
+        splits = math.ceil(spec.K / ksplit)
+    return (splits, ksplit) if splits > 1 else (1, 0)
+
+
+def _reduce_wgsl(spec: GemmSpec, scratch: Binding, splits: int, caps: AdapterCaps) -> tuple[str, tuple]:
+    """Sum the K-split partials and apply alpha, bias and the epilogue (one invocation per output)."""
+    M, N, B = spec.M, spec.N, spec.batch
+    total = B * M * N
+    wg = 64
+    grid = fold_grid(math.ceil(total / wg), caps)
+    reads = [scratch] + list(spec.reads[2:])
+    out = spec.out
+    decls = [_decl(i, b, "read") for i, b in enumerate(reads)]
+    decls.append(_decl(len(reads), replace(spec.write, vec4=False), "read_write"))
+    lines = decls + [_epi_fn(out, True),
+                     f"@compute @workgroup_size({wg}, 1, 1)",
+                     "fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {",
+                     f"  let i = ({linear_id(grid)}) * {u(wg)} + li;",
+                     f"  if (i >= {u(total)}) {{ return; }}",
+                     "  var acc = 0.0;",
+                     f"  for (var p = 0u; p < {u(splits)}; p = p + 1u) {{ acc = acc + {scratch.var}[p * {u(total)} + i]; }}",
+                     f"  let c = i % {u(N)};", f"  let r = (i / {u(N)}) % {u(M)};", f"  let bt = i / {u(M * N)};",
+                     "  let s = 0u;",
+                     f"  {out.prelude}",
+                     f"  {spec.write.var}[{out.index}] = epi(bt, r, c, acc);",
+                     "}"]
+    return "\n".join(lines) + "\n", grid, tuple(b.value for b in reads)
+
+
+def gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None = None,
+                 allow_split: bool = True) -> list[Kernel]:
+    """The kernel list for one GEMM-shaped op: one GEMM, or a split-K GEMM + reduce."""
+    t = choose_tiling(spec.M, spec.N, spec.K, caps, variant)
+    splits, ksplit = choose_splits(spec, t, caps) if allow_split else (1, 0)
+    if splits == 1:
+        wgsl, grid, reads = gemm_wgsl(spec, t, caps)
+        return [Kernel(f"{spec.name}[{t.variant} {t.bm}x{t.bn}]", wgsl, grid, reads, (spec.write.value,))]
+    sname = f"{spec.write.value}__splitk"
+    scratch = Scratch(sname, splits * spec.batch * spec.M * spec.N)
+    part = Output("P", f"((s * {u(spec.batch)} + bt) * {u(spec.M)} + r) * {u(spec.N)} + c",
+                  contig=spec.N % 4 == 0)
+    wgsl, grid, reads = gemm_wgsl(spec, t, caps, splits, ksplit, out=part, write=Binding(sname, "P"),
+                                  with_bias=False)
+    red, rgrid, rreads = _reduce_wgsl(spec, Binding(sname, "P"), splits, caps)
+    return [Kernel(f"{spec.name}[{t.variant} {t.bm}x{t.bn} splitK {splits}]", wgsl, grid, reads, (sname,),
+                   scratch=(scratch,)),
+            Kernel(f"{spec.name}[splitK reduce]", red, rgrid, rreads, (spec.write.value,))]
+
+
+# -- lowerings ----------------------------------------------------------------------------------
+def static_shape(graph: Graph, value: str, node: Node) -> tuple[int, ...]:
+    info = graph.info.get(value)
+    if info is None or not info.is_static:
+        raise ShapeError(f"{node.label}: value '{value}' has no static shape; specialize the graph first")
+    return tuple(int(d) for d in info.shape)
+
+
+def variant_of(node: Node) -> str | None:
+    """A node may pin a variant (benchmarks, tests): attrs['_gemm_variant'] in {register, shared}."""
+    return node.attr("_gemm_variant")
+
+
+def _batch_offset(out_batch: tuple[int, ...], own: tuple[int, ...], mat: int) -> str:
+    """WGSL offset of this operand's matrix for flat output batch index bt (broadcast dims stride 0)."""
+    own = (1,) * (len(out_batch) - len(own)) + tuple(own)
+    terms = []
+    stride = mat
+    inner = 1
+    for d in reversed(range(len(out_batch))):
+        if own[d] != 1:
+            terms.append(f"((bt / {u(inner)}) % {u(out_batch[d])}) * {u(stride)}")
+            stride *= own[d]
+        inner *= out_batch[d]
+    return " + ".join(terms) if terms else "0u"
+
+
+@lowering("MatMul")
+def lower_matmul(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    sa = static_shape(graph, node.inputs[0], node)
+    sb = static_shape(graph, node.inputs[1], node)
+    a2 = (1,) + sa if len(sa) == 1 else sa
+    b2 = sb + (1,) if len(sb) == 1 else sb
+    M, K, N = a2[-2], a2[-1], b2[-1]
+    ba, bb = a2[:-2], b2[:-2]
+    out_batch = tuple(np.broadcast_shapes(ba, bb))
+    if int(np.prod(bb, dtype=np.int64)) == 1:
+        # B is one matrix: A's batch folds into M (rows are contiguous) -> one big GEMM
+        M, out_batch, ba = M * int(np.prod(ba, dtype=np.int64)), (), ()
+    batch = int(np.prod(out_batch, dtype=np.int64))
+    off_a = _batch_offset(out_batch, ba, M * K)
+    off_b = _batch_offset(out_batch, bb, K * N)
+    a = Operand("A", M, K, f"{off_a} + r * {u(K)} + c", contig=1)
+    b = Operand("B", K, N, f"{off_b} + r * {u(N)} + c", contig=1)
+    out = Output("Y", f"bt * {u(M * N)} + r * {u(N)} + c", contig=N % 4 == 0,
+                 epilogue=node.attr("_epilogue"))
+    spec = GemmSpec("MatMul", M, N, K, batch, a, b, out,
+                    (Binding(node.inputs[0], "A"), Binding(node.inputs[1], "B")), Binding(node.outputs[0], "Y"))
+    return gemm_kernels(spec, caps, variant_of(node))
+
+
+@lowering("Gemm")
+def lower_gemm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    sa = static_shape(graph, node.inputs[0], node)
+    sb = static_shape(graph, node.inputs[1], node)
+    ta, tb = node.attr("transA", 0), node.attr("transB", 0)
+    M, K = (sa[1], sa[0]) if ta else sa
+    N = sb[0] if tb else sb[1]
+    a = (Operand("A", M, K, f"c * {u(M)} + r", contig=0) if ta
+         else Operand("A", M, K, f"r * {u(K)} + c", contig=1))
+    b = (Operand("B", K, N, f"c * {u(K)} + r", contig=0) if tb
+         else Operand("B", K, N, f"r * {u(N)} + c", contig=1))
+    reads = [Binding(node.inputs[0], "A"), Binding(node.inputs[1], "B")]
+    bias = ""
+    if node.input(2):
+        sc = static_shape(graph, node.inputs[2], node)
+        sc = (1,) * (2 - len(sc)) + sc
+        sr = sc[1] if sc[0] != 1 else 0
+        scc = 1 if sc[1] != 1 else 0
+        beta = node.attr("beta", 1.0)
+        bias = f"Cb[r * {u(sr)} + c * {u(scc)}]" + (f" * {f(beta)}" if beta != 1.0 else "")
+        reads.append(Binding(node.inputs[2], "Cb"))
+    out = Output("Y", f"r * {u(N)} + c", contig=N % 4 == 0, alpha=node.attr("alpha", 1.0), bias=bias,
+                 epilogue=node.attr("_epilogue"))
+    spec = GemmSpec("Gemm", M, N, K, 1, a, b, out, tuple(reads), Binding(node.outputs[0], "Y"))
+    return gemm_kernels(spec, caps, variant_of(node))

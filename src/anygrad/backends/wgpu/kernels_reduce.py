@@ -1,0 +1,126 @@
+"""Reductions over arbitrary axes (ReduceSum, ReduceMean, ReduceMax, ...).
+
+The input is viewed as kept dims x reduced dims (adjacent dims of one kind merged, size-1 dims
+dropped). Many outputs with short reductions: one invocation per output, a serial loop. Few
+outputs with long reductions: one workgroup per output, strided partial sums then a tree in
+workgroup memory.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...ir.graph import Graph, Node
+from ...ops.reduce import reduce_axes
+from .kernel import AdapterCaps, Kernel, lowering
+from .wgsl import (WG, bindings, flat_id, group_id, groups_grid, grid, literal, shader, shape_of, strides,
+                   vtype)
+
+
+@dataclass(frozen=True)
+class Combine:
+    init: str            # "zero" | "one" | "-inf" | "+inf"
+    op: str              # "{a} + {b}" style
+    pre: str = "{x}"     # applied to each element
+    post: str = "{x}"    # applied to the total ({n} = reduced count)
+
+
+COMBINE = {
+    "ReduceSum": Combine("zero", "{a} + {b}"),
+    "ReduceMean": Combine("zero", "{a} + {b}", post="{x} / {n}"),
+    "ReduceMax": Combine("-inf", "max({a}, {b})"),
+    "ReduceMin": Combine("+inf", "min({a}, {b})"),
+    "ReduceProd": Combine("one", "{a} * {b}"),
+    "ReduceSumSquare": Combine("zero", "{a} + {b}", pre="{x} * {x}"),
+    "ReduceL1": Combine("zero", "{a} + {b}", pre="abs({x})"),
+    "ReduceL2": Combine("zero", "{a} + {b}", pre="{x} * {x}", post="sqrt({x})"),
+}
+
+
+def _init(kind: str, ty: str) -> str:
+    if kind == "zero":
+        return literal(0, ty)
+    if kind == "one":
+        return literal(1, ty)
+    if ty == "f32":
+        return literal(float("-inf") if kind == "-inf" else float("inf"), ty)
+    if ty == "i32":
+        return "i32(-2147483647 - 1)" if kind == "-inf" else "i32(2147483647)"
+    return "0u" if kind == "-inf" else "4294967295u"
+
+
+def split_dims(shape: tuple[int, ...], axes: tuple[int, ...]) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(kept, reduced) lists of (extent, input stride), adjacent dims of one kind merged."""
+    st = strides(shape)
+    merged: list[list] = []  # [extent, stride, reduced?]
+    for d, (e, s) in enumerate(zip(shape, st)):
+        if e == 1:
+            continue
+        red = d in axes
+        if merged and merged[-1][2] == red and merged[-1][1] == s * e:
+            merged[-1][0] *= e
+            merged[-1][1] = s
+        else:
+            merged.append([e, s, red])
+    kept = [(e, s) for e, s, r in merged if not r]
+    reduced = [(e, s) for e, s, r in merged if r]
+    return kept, reduced
+
+
+def offset_fn(name: str, dims: list[tuple[int, int]]) -> str:
+    """WGSL fn mapping a flat index over dims (row-major) to an input offset."""
+    lines = [f"fn {name}(k: u32) -> u32 {{", "  var rem = k;", "  var off = 0u;"]
+    for e, s in reversed(dims):
+        lines.append(f"  off += (rem % {e}u) * {s}u;")
+        lines.append(f"  rem = rem / {e}u;")
+    lines += ["  return off;", "}"]
+    return "\n".join(lines)
+
+
+def reduce_kernel(name: str, x: str, y: str, shape: tuple[int, ...], axes: tuple[int, ...], ty: str,
+                  comb: Combine, caps: AdapterCaps) -> Kernel:
+    kept, reduced = split_dims(shape, axes)
+    n_out = 1
+    for e, _ in kept:
+        n_out *= e
+    n_red = 1
+    for e, _ in reduced:
+        n_red *= e
+    helpers = offset_fn("base_of", kept) + "\n" + offset_fn("red_of", reduced)
+    decls = bindings([("x", ty)], [("y", ty)])
+    init = _init(comb.init, ty)
+    pre = comb.pre.format(x="x[b + red_of(r)]")
+    step = comb.op.format(a="acc", b=pre)
+    post = comb.post.format(x="acc", n=literal(n_red, ty))
+    if n_out >= 1024 or n_red <= 32:
+        body = f"""  {flat_id()}
+  if (i >= {n_out}u) {{ return; }}
+  let b = base_of(i);
+  var acc: {ty} = {init};
+  for (var r = 0u; r < {n_red}u; r += 1u) {{ acc = {step}; }}
+  y[i] = {post};"""
+        return Kernel(f"{name}:serial", shader(decls, body, helpers=helpers), grid(n_out), (x,), (y,))
+    wg = 256 if n_red >= 256 else 64
+    shared = f"var<workgroup> sh: array<{ty}, {wg}>;"
+    body = f"""  {group_id()}
+  if (g >= {n_out}u) {{ return; }}
+  let b = base_of(g);
+  var acc: {ty} = {init};
+  for (var r = lid.x; r < {n_red}u; r += {wg}u) {{ acc = {step}; }}
+  sh[lid.x] = acc;
+  workgroupBarrier();
+  for (var s = {wg // 2}u; s > 0u; s = s >> 1u) {{
+    if (lid.x < s) {{ sh[lid.x] = {comb.op.format(a="sh[lid.x]", b="sh[lid.x + s]")}; }}
+    workgroupBarrier();
+  }}
+  if (lid.x == 0u) {{ acc = sh[0]; y[g] = {post}; }}"""
+    return Kernel(f"{name}:tree", shader(decls, body, wg=wg, helpers=helpers, shared=shared),
+                  groups_grid(n_out), (x,), (y,))
+
+
+@lowering(*COMBINE)
+def lower_reduce(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    x = node.inputs[0]
+    shape = shape_of(graph, x)
+    infos = [graph.info.get(i) if i else None for i in node.inputs]
+    axes = reduce_axes(node, infos, len(shape))
+    return [reduce_kernel(node.op, x, node.outputs[0], shape, axes, vtype(graph, x), COMBINE[node.op], caps)]

@@ -1,0 +1,379 @@
+"""The wgpu backend: device, state buffers, pipelines, and the executor for compiled graphs.
+
+Running a compiled step is: write the inputs, encode the prebuilt dispatch list into one compute
+pass, copy state updates that could not be planned in place, copy fetched values into one staging
+buffer, submit one new command buffer, and map the staging buffer only when something was fetched.
+"""
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ...errors import DeviceError, ShapeError
+from ...ir.graph import Graph
+from ..base import Backend, Executable
+from .adapters import AdapterInfo, select_adapter
+from .fusion import prepare
+from .kernel import LOWERINGS, AdapterCaps
+from .planner import Plan, Root, make_plan
+from .wgsl import np_device_dtype
+
+_FEATURES = ("shader-f16", "subgroup", "timestamp-query")
+# Op types whose lowering applies a fused Relu when the node carries attrs["_epilogue"] == "relu".
+EPILOGUE_SUPPORT: set[str] = set()
+
+
+def _wgpu():
+    import wgpu
+    return wgpu
+
+
+@dataclass
+class _Context:
+    """One device per adapter per process, shared by every WgpuBackend on it (pipelines too)."""
+
+    info: AdapterInfo
+    device: Any
+    caps: AdapterCaps
+    pipelines: dict
+    layouts: dict
+
+
+_CONTEXTS: dict[int, _Context] = {}
+
+
+def _context(info: AdapterInfo, adapter: Any) -> _Context:
+    if info.index in _CONTEXTS:
+        return _CONTEXTS[info.index]
+    feats = [f for f in _FEATURES if f in adapter.features]
+    try:
+        device = adapter.request_device_sync(required_features=feats)
+    except Exception as e:  # driver refuses: report, do not crash
+        raise DeviceError(f"could not open adapter {info.describe()}: {e}. Try another device "
+                          "(`anygrad devices`) or device='cpu'.") from e
+    lim = device.limits
+    caps = AdapterCaps(
+        max_storage_buffers_per_stage=int(lim["max-storage-buffers-per-shader-stage"]),
+        max_storage_binding_size=int(lim["max-storage-buffer-binding-size"]),
+        max_workgroup_storage=int(lim["max-compute-workgroup-storage-size"]),
+        max_invocations_per_workgroup=int(lim["max-compute-invocations-per-workgroup"]),
+        max_workgroups_per_dim=int(lim["max-compute-workgroups-per-dimension"]),
+        has_subgroups="subgroup" in device.features, has_f16="shader-f16" in device.features,
+        is_cpu=info.is_software)
+    ctx = _Context(info, device, caps, {}, {})
+    _CONTEXTS[info.index] = ctx
+    return ctx
+
+
+def _gpu_error(e: Exception, what: str) -> Exception:
+    """Device-side failures a user can cause or meet become DeviceErrors; bugs stay bugs."""
+    wgpu = _wgpu()
+    text = str(e)
+    if isinstance(e, getattr(wgpu, "GPUOutOfMemoryError", ())) or "out of memory" in text.lower():
+        return DeviceError(f"out of device memory while {what}. Use a smaller batch or a smaller model.")
+    if "lost" in text.lower():
+        return DeviceError(f"the GPU device was lost while {what} ({text.splitlines()[0]}). "
+                           "Restart the program; if it repeats, update the driver or use device='cpu'.")
+    return e
+
+
+@dataclass
+class _StateBuf:
+    buffer: Any
+    dtype: np.dtype      # host dtype, restored by get_state
+    shape: tuple
+    nbytes: int
+
+
+def to_device(value: np.ndarray, dtype: np.dtype | None = None) -> np.ndarray:
+    """Host array -> contiguous device representation (f32 / i32 / u32)."""
+    value = np.asarray(value)
+    dev = np_device_dtype(dtype if dtype is not None else value.dtype)
+    return np.ascontiguousarray(value.astype(dev, copy=False))
+
+
+class WgpuBackend(Backend):
+    """One wgpu adapter. State tensors live in device buffers, shared by all executables."""
+
+    name = "wgpu"
+
+    def __init__(self, device: str = "wgpu"):
+        info, adapter = select_adapter(device)
+        self.adapter = info
+        self.ctx = _context(info, adapter)
+        self.device = self.ctx.device
+        self.caps = self.ctx.caps
+        self.state: dict[str, _StateBuf] = {}
+        self.generation = 0   # bumped when a state buffer is replaced (bind groups must follow)
+
+    @property
+    def description(self) -> str:
+        return f"wgpu: {self.adapter.name} ({self.adapter.backend}, {self.adapter.type})"
+
+    # -- buffers ------------------------------------------------------------------------------
+    def create_buffer(self, nbytes: int, usage: int, label: str = "") -> Any:
+        wgpu = _wgpu()
+        try:
+            return self.device.create_buffer(size=max(16, -(-int(nbytes) // 16) * 16),
+                                             usage=usage, label=label[:60])
+        except Exception as e:
+            raise _gpu_error(e, f"allocating {nbytes >> 20} MiB for '{label}'") from e
+        finally:
+            del wgpu
+
+    @property
+    def storage_usage(self) -> int:
+        U = _wgpu().BufferUsage
+        return U.STORAGE | U.COPY_SRC | U.COPY_DST
+
+    # -- state ----------------------------------------------------------------------------------
+    def set_state(self, name: str, value: np.ndarray) -> None:
+        value = np.asarray(value)
+        data = to_device(value)
+        nbytes = max(4, data.nbytes)
+        cur = self.state.get(name)
+        if cur is None or cur.nbytes != nbytes:
+            buf = self.create_buffer(nbytes, self.storage_usage, f"state {name}")
+            cur = _StateBuf(buf, value.dtype, tuple(value.shape), nbytes)
+            self.state[name] = cur
+            self.generation += 1
+        else:
+            cur.dtype, cur.shape = value.dtype, tuple(value.shape)
+        if data.nbytes:
+            self.device.queue.write_buffer(cur.buffer, 0, data)
+
+    def get_state(self, name: str) -> np.ndarray:
+        st = self.state[name]
+        raw = self.read(st.buffer, st.nbytes)
+        return from_device(raw, st.dtype, st.shape)
+
+    def has_state(self, name: str) -> bool:
+        return name in self.state
+
+    def read(self, buffer: Any, nbytes: int) -> bytes:
+        try:
+            return bytes(self.device.queue.read_buffer(buffer, 0, -(-nbytes // 4) * 4))[:nbytes]
+        except Exception as e:
+            raise _gpu_error(e, "reading a result back") from e
+
+    # -- pipelines --------------------------------------------------------------------------------
+    def layout(self, n_read_only: tuple[bool, ...]) -> tuple[Any, Any]:
+        """Bind group + pipeline layout for bindings (True = read-only storage)."""
+        key = n_read_only
+        if key not in self.ctx.layouts:
+            wgpu = _wgpu()
+            bt = wgpu.BufferBindingType
+            entries = [{"binding": k, "visibility": wgpu.ShaderStage.COMPUTE,
+                        "buffer": {"type": bt.read_only_storage if ro else bt.storage}}
+                       for k, ro in enumerate(key)]
+            bgl = self.device.create_bind_group_layout(entries=entries)
+            self.ctx.layouts[key] = (bgl, self.device.create_pipeline_layout(bind_group_layouts=[bgl]))
+        return self.ctx.layouts[key]
+
+    def pipeline(self, wgsl: str, entry: str, read_only: tuple[bool, ...], name: str) -> Any:
+        key = (wgsl, entry, read_only)
+        if key not in self.ctx.pipelines:
+            _, pl = self.layout(read_only)
+            try:
+                module = self.device.create_shader_module(code=wgsl, label=name[:60])
+                self.ctx.pipelines[key] = self.device.create_compute_pipeline(
+                    layout=pl, compute={"module": module, "entry_point": entry}, label=name[:60])
+            except Exception as e:
+                raise RuntimeError(f"wgpu kernel {name} failed to compile: {e}\n--- WGSL ---\n{wgsl}") from e
+        return self.ctx.pipelines[key]
+
+    # -- compile ----------------------------------------------------------------------------------
+    def compile(self, graph: Graph, fuse: bool = True) -> "WgpuExecutable":
+        for name in graph.state_names:
+            if name not in self.state and name in graph.initializers:
+                self.set_state(name, graph.initializers[name])
+        return WgpuExecutable(self, graph, fuse=fuse)
+
+
+def from_device(raw: bytes, dtype: np.dtype, shape: tuple) -> np.ndarray:
+    dev = np_device_dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64))
+    arr = np.frombuffer(raw, dtype=dev, count=n)
+    if np.dtype(dtype) == np.bool_:
+        return (arr != 0).reshape(shape)
+    return arr.astype(dtype).reshape(shape)
+
+
+_READ_DECL = r"(@binding\({k}\)\s*var<storage,\s*)read>"
+
+
+def _writable(wgsl: str, bindings: Sequence[int]) -> str:
+    """Re-declare read-only bindings read_write: the same buffer is also written by this dispatch
+    (in-place state update), and one usage scope may not mix read-only and writable views."""
+    for k in bindings:
+        wgsl, n = re.subn(_READ_DECL.format(k=k), r"\1read_write>", wgsl)
+        if n != 1:
+            raise RuntimeError(f"cannot find the declaration of binding {k} to make it writable")
+    return wgsl
+
+
+class WgpuExecutable(Executable):
+    def __init__(self, backend: WgpuBackend, graph: Graph, fuse: bool = True):
+        self.backend = backend
+        self.graph = graph
+        self.prepared = prepare(graph, backend.caps, EPILOGUE_SUPPORT & set(LOWERINGS), fuse=fuse)
+        self.plan: Plan = make_plan(self.prepared, backend.caps, set(graph.state_names) | set(backend.state))
+        dev = backend.device
+        usage = backend.storage_usage
+        # Executable-owned storage: inputs, constants, temporary slots.
+        self.inputs = {name: backend.create_buffer(self.plan.nbytes.get(Root("input", name), 4), usage,
+                                                   f"input {name}") for name in graph.inputs}
+        self.consts: dict[str, Any] = {}
+        for r, nbytes in self.plan.nbytes.items():
+            if r.kind == "const":
+                data = to_device(graph.initializers[r.name])
+                buf = backend.create_buffer(nbytes, usage, f"const {r.name}")
+                if data.nbytes:
+                    dev.queue.write_buffer(buf, 0, data)
+                self.consts[r.name] = buf
+        self.slots = [backend.create_buffer(b, usage, f"slot {k}") for k, b in enumerate(self.plan.slot_bytes)]
+        self.n_kernels = len(self.plan.steps)
+        self._dispatches: list[tuple[Any, Any, tuple]] | None = None
+        self._generation = -1
+        self._staging: dict[tuple, tuple[Any, list]] = {}
+        self._pipes = [self._pipeline(st) for st in self.plan.steps]  # compile every shader now
+
+    # -- binding ----------------------------------------------------------------------------------
+    def _buffer(self, r: Root) -> Any:
+        if r.kind == "state":
+            if r.name not in self.backend.state:
+                raise DeviceError(f"state tensor '{r.name}' is not on the device; set it with set_state first")
+            return self.backend.state[r.name].buffer
+        if r.kind == "input":
+            return self.inputs[r.name]
+        if r.kind == "const":
+            return self.consts[r.name]
+        return self.slots[self.plan.slot_of[r]]
+
+    def _nbytes(self, r: Root) -> int:
+        if r.kind == "state":
+            return self.backend.state[r.name].nbytes
+        return self.plan.nbytes[r]
+
+    def _read_only(self, st) -> tuple[bool, ...]:
+        written = set(st.writes)
+        return tuple(r not in written for r in st.reads) + (False,) * len(st.writes)
+
+    def _pipeline(self, st) -> Any:
+        ro = self._read_only(st)
+        shared = [k for k, r in enumerate(st.reads) if not ro[k]]
+        wgsl = _writable(st.kernel.wgsl, shared) if shared else st.kernel.wgsl
+        return self.backend.pipeline(wgsl, st.kernel.entry, ro, st.kernel.name)
+
+    def _build(self) -> None:
+        dev = self.backend.device
+        out = []
+        for st, pipe in zip(self.plan.steps, self._pipes):
+            bgl, _ = self.backend.layout(self._read_only(st))
+            entries = []
+            for k, r in enumerate(st.reads + st.writes):
+                entries.append({"binding": k, "resource": {"buffer": self._buffer(r), "offset": 0,
+                                                           "size": -(-self._nbytes(r) // 4) * 4}})
+            out.append((pipe, dev.create_bind_group(layout=bgl, entries=entries), st.kernel.workgroups))
+        self._dispatches = out
+        self._generation = self.backend.generation
+
+    # -- run ----------------------------------------------------------------------------------------
+    def _write_inputs(self, feeds: Mapping[str, np.ndarray]) -> None:
+        q = self.backend.device.queue
+        for name in self.graph.inputs:
+            if name not in feeds:
+                raise ShapeError(f"input '{name}' was not given (inputs: {self.graph.inputs})")
+            inf = self.graph.info[name]
+            value = np.asarray(feeds[name])
+            if tuple(value.shape) != tuple(inf.shape):
+                raise ShapeError(f"input '{name}' has shape {tuple(value.shape)}; this executable was "
+                                 f"compiled for {tuple(inf.shape)}")
+            data = to_device(value, inf.dtype)
+            if data.nbytes:
+                q.write_buffer(self.inputs[name], 0, data)
+
+    def _fetch_root(self, name: str) -> tuple[Root, int]:
+        if name in self.plan.root_of:
+            r = self.plan.root_of[name]
+        elif name in self.backend.state:
+            r = Root("state", name)
+        elif name in self.graph.inputs:
+            r = Root("input", name)
+        elif name in self.consts:
+            r = Root("const", name)
+        else:
+            raise KeyError(f"'{name}' is not a graph output, input or state of this executable")
+        nbytes = max(4, int(np.prod(self.graph.info[name].shape, dtype=np.int64)) * 4) \
+            if name in self.graph.info else self._nbytes(r)
+        return r, nbytes
+
+    def _staging_for(self, fetch: tuple[str, ...]) -> tuple[Any, list]:
+        if fetch not in self._staging:
+            layout, offset = [], 0
+            for name in fetch:
+                r, nbytes = self._fetch_root(name)
+                layout.append((name, r, offset, nbytes))
+                offset += -(-nbytes // 16) * 16
+            U = _wgpu().BufferUsage
+            buf = self.backend.create_buffer(max(offset, 16), U.MAP_READ | U.COPY_DST, "staging")
+            self._staging[fetch] = (buf, layout)
+        return self._staging[fetch]
+
+    def run(self, feeds: Mapping[str, np.ndarray], fetch: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        wgpu = _wgpu()
+        fetch = tuple(self.graph.outputs if fetch is None else fetch)
+        self._write_inputs(feeds)
+        if self._dispatches is None or self._generation != self.backend.generation:
+            self._build()
+        try:
+            enc = self.backend.device.create_command_encoder()
+            if self._dispatches:
+                cpass = enc.begin_compute_pass()
+                for pipe, bg, wg in self._dispatches:
+                    cpass.set_pipeline(pipe)
+                    cpass.set_bind_group(0, bg)
+                    cpass.dispatch_workgroups(*wg)
+                cpass.end()
+            staging, layout = self._staging_for(fetch) if fetch else (None, [])
+            # Fetched values are copied before state copies, so a fetched state reads as before the step.
+            for _, r, offset, nbytes in layout:
+                enc.copy_buffer_to_buffer(self._buffer(r), 0, staging, offset, -(-nbytes // 4) * 4)
+            for r, target in self.plan.state_copies:
+                nbytes = min(self._nbytes(r), self.backend.state[target].nbytes)
+                enc.copy_buffer_to_buffer(self._buffer(r), 0, self.backend.state[target].buffer, 0,
+                                          -(-nbytes // 4) * 4)
+            self.backend.device.queue.submit([enc.finish()])
+            if not fetch:
+                return {}
+            staging.map_sync(wgpu.MapMode.READ)
+            try:
+                raw = bytes(staging.read_mapped())
+            finally:
+                staging.unmap()
+        except (ShapeError, DeviceError):
+            raise
+        except Exception as e:
+            raise _gpu_error(e, f"running graph '{self.graph.name}'") from e
+        out = {}
+        for name, r, offset, nbytes in layout:
+            if name in self.graph.info:
+                inf = self.graph.info[name]
+                dtype, shape = inf.dtype, tuple(inf.shape)
+            else:
+                st = self.backend.state[name]
+                dtype, shape = st.dtype, st.shape
+            out[name] = from_device(raw[offset:offset + nbytes], dtype, shape)
+        return out
+
+    def describe(self) -> str:
+        from .planner import describe
+        return describe(self.plan)
+
+
+def warn_cpu_fallback(reason: str) -> None:
+    print(f"anygrad: {reason}; using the CPU (numpy) backend", file=sys.stderr)

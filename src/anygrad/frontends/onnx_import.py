@@ -1,0 +1,425 @@
+"""ONNX file -> anygrad IR Graph -> trainable Model.
+
+Reading is defensive: a file that is not ONNX, is truncated, points its external data outside
+its folder, uses an opset or op anygrad does not know, fails here with one message that names
+the file, before anything runs. What the importer learns about the file (opset, PyTorch
+state_dict names of the weights) is kept in an `OnnxOrigin` so the model can be written back.
+"""
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import onnx
+from onnx import AttributeProto, TensorProto, numpy_helper
+
+from ..errors import ModelError
+from ..ir.graph import Graph, Node, Shape, TensorInfo
+from ..ir.passes import check_supported, unsupported_ops
+from ..ir.registry import get_op
+
+MIN_OPSET, MAX_OPSET = 13, 20
+DEFAULT_DOMAINS = ("", "ai.onnx")
+
+# ONNX element types anygrad can hold, and their numpy dtypes (one table, both directions).
+ELEM_TYPES: dict[int, np.dtype] = {
+    TensorProto.FLOAT: np.dtype(np.float32), TensorProto.DOUBLE: np.dtype(np.float64),
+    TensorProto.FLOAT16: np.dtype(np.float16), TensorProto.BOOL: np.dtype(np.bool_),
+    TensorProto.INT8: np.dtype(np.int8), TensorProto.INT16: np.dtype(np.int16),
+    TensorProto.INT32: np.dtype(np.int32), TensorProto.INT64: np.dtype(np.int64),
+    TensorProto.UINT8: np.dtype(np.uint8), TensorProto.UINT16: np.dtype(np.uint16),
+    TensorProto.UINT32: np.dtype(np.uint32), TensorProto.UINT64: np.dtype(np.uint64),
+}
+NUMPY_ELEM_TYPES: dict[np.dtype, int] = {v: k for k, v in ELEM_TYPES.items()}
+
+
+@dataclass(frozen=True)
+class TorchName:
+    """Where an ONNX initializer comes from in the PyTorch module's state_dict."""
+
+    key: str
+    transpose: bool = False  # the ONNX tensor is the PyTorch tensor transposed (MatMul weights)
+
+
+@dataclass
+class OnnxOrigin:
+    """What a Model remembers about the ONNX file it came from (used when writing it back)."""
+
+    path: Path
+    ir_version: int
+    opset_imports: dict[str, int]
+    producer: str = ""
+    torch_names: dict[str, TorchName] = field(default_factory=dict)
+
+    @property
+    def opset(self) -> int:
+        return max((v for d, v in self.opset_imports.items() if d in DEFAULT_DOMAINS), default=0)
+
+
+# -- reading the file -----------------------------------------------------------------------------
+def _tensors(model: onnx.ModelProto):
+    """Every TensorProto that may hold external data: initializers and tensor attributes."""
+    def walk(graph: onnx.GraphProto):
+        yield from graph.initializer
+        for node in graph.node:
+            for a in node.attribute:
+                if a.type == AttributeProto.TENSOR:
+                    yield a.t
+                elif a.type == AttributeProto.TENSORS:
+                    yield from a.tensors
+                elif a.type == AttributeProto.GRAPH:
+                    yield from walk(a.g)
+                elif a.type == AttributeProto.GRAPHS:
+                    for g in a.graphs:
+                        yield from walk(g)
+    yield from walk(model.graph)
+
+
+def _check_external_data(model: onnx.ModelProto, path: Path) -> None:
+    """External data must be a relative path inside the model's folder, and must exist."""
+    folder = path.parent.resolve()
+    for t in _tensors(model):
+        if t.data_location != TensorProto.EXTERNAL:
+            continue
+        location = next((e.value for e in t.external_data if e.key == "location"), "")
+        rel = Path(location)
+        if not location or rel.is_absolute() or location.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", location):
+            raise ModelError(f"{path}: tensor '{t.name}' keeps its data at '{location}', an absolute or "
+                             "empty path; anygrad only reads external data stored next to the model")
+        target = (folder / rel).resolve()
+        if ".." in rel.parts or not target.is_relative_to(folder):
+            raise ModelError(f"{path}: tensor '{t.name}' keeps its data at '{location}', outside the "
+                             "model's folder; refusing to read it")
+        if not target.is_file():
+            raise ModelError(f"{path}: external data file '{location}' for tensor '{t.name}' is missing; "
+                             f"copy it next to the model (expected {target})")
+
+
+def read_model(path: str | os.PathLike) -> onnx.ModelProto:
+    """Parse and sanity-check an ONNX file (and its external data); ModelError when unreadable."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelError(f"{path}: no such model file")
+    try:
+        model = onnx.load_model(str(path), load_external_data=False)
+    except Exception as e:  # protobuf DecodeError and friends
+        raise ModelError(f"{path}: not a readable ONNX model (corrupt or truncated?): "
+                         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")) from None
+    # Random bytes can parse as an (almost) empty protobuf message; a real model has these.
+    if model.ir_version <= 0 or not model.opset_import or not model.HasField("graph") or not model.graph.output:
+        raise ModelError(f"{path}: not an ONNX model (no IR version, opset or graph outputs); "
+                         "is it corrupt, truncated, or another format?")
+    _check_external_data(model, path)
+    try:
+        onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
+    except Exception as e:
+        raise ModelError(f"{path}: cannot read external data: {e}") from None
+    if model.functions:
+        try:
+            model = onnx.inliner.inline_local_functions(model)
+        except Exception as e:
+            raise ModelError(f"{path}: cannot inline the model's local functions: {e}") from None
+    return model
+
+
+def check_opset(model: onnx.ModelProto, source: str) -> int:
+    versions = {o.domain: o.version for o in model.opset_import}
+    opset = max((versions[d] for d in DEFAULT_DOMAINS if d in versions), default=None)
+    if opset is None:
+        raise ModelError(f"{source}: imports no default-domain ONNX opset")
+    if not MIN_OPSET <= opset <= MAX_OPSET:
+        raise ModelError(f"{source} uses ONNX opset {opset}; anygrad supports opsets {MIN_OPSET}-{MAX_OPSET}. "
+                         "Re-export with torch.onnx.export(..., opset_version=17)")
+    return opset
+
+
+# -- converting to the IR ---------------------------------------------------------------------------
+def _tensor(t: TensorProto, source: str) -> np.ndarray:
+    if t.data_type not in ELEM_TYPES:
+        raise ModelError(f"{source}: tensor '{t.name}' has element type "
+                         f"{TensorProto.DataType.Name(t.data_type)}, which anygrad does not support")
+    try:
+        return np.array(numpy_helper.to_array(t))
+    except Exception as e:
+        raise ModelError(f"{source}: tensor '{t.name}' is corrupt: {e}") from None
+
+
+_ATTR_VALUES: dict[int, Callable[[AttributeProto, str], Any]] = {
+    AttributeProto.INT: lambda a, s: int(a.i),
+    AttributeProto.FLOAT: lambda a, s: float(a.f),
+    AttributeProto.STRING: lambda a, s: a.s.decode("utf-8"),
+    AttributeProto.INTS: lambda a, s: [int(v) for v in a.ints],
+    AttributeProto.FLOATS: lambda a, s: [float(v) for v in a.floats],
+    AttributeProto.STRINGS: lambda a, s: [v.decode("utf-8") for v in a.strings],
+    AttributeProto.TENSOR: lambda a, s: _tensor(a.t, s),
+    AttributeProto.TENSORS: lambda a, s: [_tensor(t, s) for t in a.tensors],
+}
+
+
+def _attrs(node: onnx.NodeProto, source: str) -> dict[str, Any]:
+    out = {}
+    for a in node.attribute:
+        convert = _ATTR_VALUES.get(a.type)
+        if convert is None:
+            kind = AttributeProto.AttributeType.Name(a.type)
+            raise ModelError(f"{source}: {node.op_type} node '{node.name}' has a {kind} attribute "
+                             f"'{a.name}' (control flow / subgraphs), which anygrad does not support")
+        out[a.name] = convert(a, source)
+    return out
+
+
+def _constant_value(node: Node) -> np.ndarray:
+    """The value of an ONNX Constant node, whichever attribute holds it."""
+    (key, v), = node.attrs.items()
+    if key == "value":
+        return v
+    table = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64,
+             "value_ints": np.int64}
+    if key not in table:
+        raise ModelError(f"{node.label}: Constant with attribute '{key}' is not supported")
+    return np.array(v, table[key])
+
+
+def _value_info(vi: onnx.ValueInfoProto, source: str) -> TensorInfo:
+    tt = vi.type.tensor_type
+    if not vi.type.HasField("tensor_type") or tt.elem_type not in ELEM_TYPES:
+        raise ModelError(f"{source}: value '{vi.name}' is not a tensor of a supported element type")
+    shape: list[int | str] = []
+    for i, d in enumerate(tt.shape.dim):
+        if d.HasField("dim_value"):
+            shape.append(int(d.dim_value))
+        elif d.dim_param:
+            shape.append(d.dim_param)
+        else:  # unknown dim: a symbol of its own (the batch, in practice)
+            shape.append("batch" if i == 0 else f"{vi.name}.dim{i}")
+    return TensorInfo(ELEM_TYPES[tt.elem_type], tuple(shape))
+
+
+def to_graph(model: onnx.ModelProto, source: str) -> Graph:
+    """A faithful IR copy of the ONNX graph (Constant nodes become initializers)."""
+    og = model.graph
+    g = Graph(name=og.name or "graph")
+    g.initializers = {t.name: _tensor(t, source) for t in og.initializer}
+    for i, onode in enumerate(og.node):
+        op = onode.op_type if onode.domain in DEFAULT_DOMAINS else f"{onode.domain}.{onode.op_type}"
+        node = Node(op, list(onode.input), list(onode.output), _attrs(onode, source), onode.name)
+        if op == "Constant":
+            g.initializers[node.outputs[0]] = _constant_value(node)
+        else:
+            g.nodes.append(node)
+    g.inputs = [vi.name for vi in og.input if vi.name not in g.initializers]
+    for vi in list(og.input) + list(og.output):
+        if vi.name not in g.initializers:
+            g.info[vi.name] = _value_info(vi, source)
+    g.outputs = [vi.name for vi in og.output]
+    return g
+
+
+# -- making it trainable --------------------------------------------------------------------------
+def _state_slots(node: Node) -> frozenset[int]:
+    """Input slots holding state an op updates itself (BatchNorm running stats)."""
+    op = get_op(node.op)
+    return op.nondiff if op is not None and op.set_mode is not None else frozenset()
+
+
+# Names PyTorch gives the inputs of stateful ops, for copies the importer has to make.
+_SLOT_NAMES = {"BatchNormalization": {1: "weight", 2: "bias", 3: "running_mean", 4: "running_var"}}
+
+
+def _untie_state(g: Graph) -> None:
+    """Give every running-statistics input its own initializer.
+
+    Exporters merge initializers with equal values (a fresh BatchNorm's running_var equals its
+    weight: ones), either by reusing one name or through an Identity node. Training updates
+    them separately, so each stateful use gets its own copy.
+    """
+    # Identity(initializer) is such a merge: make its output a real initializer again.
+    kept = []
+    for n in g.nodes:
+        if (n.op == "Identity" and n.inputs and n.inputs[0] in g.initializers
+                and n.outputs[0] not in g.outputs):
+            g.initializers[n.outputs[0]] = np.array(g.initializers[n.inputs[0]])
+        else:
+            kept.append(n)
+    g.nodes = kept
+    uses = Counter(i for n in g.nodes for i in n.inputs if i in g.initializers)
+    for n in g.nodes:
+        for slot in sorted(_state_slots(n)):
+            name = n.input(slot)
+            value = g.initializers.get(name)
+            if value is None or value.dtype.kind != "f" or value.ndim < 1 or uses[name] <= 1:
+                continue  # absent, a scalar option (Dropout's ratio), or used here only
+            uses[name] -= 1
+            new = _copy_name(g, n, slot)
+            g.initializers[new] = np.array(g.initializers[name])
+            n.inputs[slot] = new
+
+
+def _copy_name(g: Graph, node: Node, slot: int) -> str:
+    names = _SLOT_NAMES.get(node.op, {})
+    scale = node.input(1)
+    if slot in names and scale.endswith(".weight"):
+        candidate = f"{scale[:-len('weight')]}{names[slot]}"
+        if candidate not in g.initializers:
+            return candidate
+    return g.fresh(f"{node.name or node.op}.input{slot}")
+
+
+def classify_state(g: Graph, constants: set[str] = frozenset()) -> None:
+    """params: float tensors a gradient reaches; buffers: float tensors only ops update (running
+    statistics); everything else (shapes, axes, scalars, Constant nodes) stays constant."""
+    slots: dict[str, list[tuple[Node, int]]] = {}
+    for n in g.nodes:
+        for i, v in enumerate(n.inputs):
+            if v in g.initializers:
+                slots.setdefault(v, []).append((n, i))
+    params, buffers = [], []
+    for name, array in g.initializers.items():
+        if name in constants or array.dtype.kind != "f" or array.ndim < 1 or name not in slots:
+            continue
+        op_of = [(n, i, get_op(n.op)) for n, i in slots[name]]
+        if any(op is None or i not in op.nondiff for n, i, op in op_of):
+            params.append(name)
+        elif all(i in _state_slots(n) for n, i, op in op_of):
+            buffers.append(name)
+    g.params = params
+    g.buffers = [b for b in buffers if b not in params]
+
+
+_STATE_DICT_KEY = re.compile(r"^[A-Za-z_][\w]*(\.[\w]+)*\.(weight|bias|running_mean|running_var)$")
+# (op, slot) -> state_dict suffix, for initializers named by the exporter ("onnx::MatMul_12").
+_PARAM_SUFFIX = {("Conv", 1): "weight", ("Conv", 2): "bias", ("ConvTranspose", 1): "weight",
+                 ("ConvTranspose", 2): "bias", ("Gemm", 1): "weight", ("Gemm", 2): "bias",
+                 ("MatMul", 1): "weight", **{("BatchNormalization", k): v
+                                             for k, v in _SLOT_NAMES["BatchNormalization"].items()}}
+
+
+def torch_names(g: Graph) -> dict[str, TorchName]:
+    """ONNX initializer name -> PyTorch state_dict key, where the file tells us.
+
+    The TorchScript and dynamo exporters keep state_dict names (`conv1.weight`); a Linear may
+    reach ONNX as a MatMul over the transposed weight, and TorchScript scopes node names by
+    module (`/fc1/MatMul`), which names weights the exporter renamed.
+    """
+    out: dict[str, TorchName] = {}
+    for n in g.nodes:
+        for slot, v in enumerate(n.inputs):
+            if v not in g.state_names or v in out:
+                continue
+            transpose = (n.op == "MatMul" and slot == 1) or (n.op == "Gemm" and slot == 1 and not n.attr("transB", 0))
+            if _STATE_DICT_KEY.match(v):
+                out[v] = TorchName(v, transpose)
+            elif (n.op, slot) in _PARAM_SUFFIX and n.name.startswith("/") and n.name.count("/") >= 2:
+                scope = ".".join(n.name.strip("/").split("/")[:-1])
+                out[v] = TorchName(f"{scope}.{_PARAM_SUFFIX[n.op, slot]}", transpose)
+    return out
+
+
+def _convert(path: Path) -> tuple[onnx.ModelProto, Graph, set[str]]:
+    model = read_model(path)
+    source = f"'{path}'"
+    try:
+        g = to_graph(model, source)
+    except ModelError:
+        raise
+    except Exception as e:
+        raise ModelError(f"{source}: cannot convert the ONNX graph: {e}") from None
+    try:
+        g.toposort()  # every value produced before use: catches files cut at a field boundary
+    except ModelError as e:
+        raise ModelError(f"{source}: {e}") from None
+    constants = set(g.initializers) - {t.name for t in model.graph.initializer}
+    return model, g, constants
+
+
+def load_onnx(path: str | os.PathLike, init: str = "onnx", seed: int = 0):
+    """Import an ONNX file as a trainable `anygrad.Model`.
+
+    init="onnx" keeps the weights in the file; init="fresh" re-initialises them the way
+    PyTorch initialises each layer (seeded by `seed`).
+    """
+    from ..model import Model
+    from .init import fresh_init
+
+    if init not in ("onnx", "fresh"):
+        from ..errors import ConfigError
+        raise ConfigError(f"init must be 'onnx' or 'fresh', not '{init}'")
+    path = Path(path)
+    source = f"'{path}'"
+    model, g, constants = _convert(path)
+    opset = check_opset(model, source)
+    check_supported(g, source)
+    _untie_state(g)
+    # Drop initializers nothing reads (exporters leave some behind).
+    used = {i for n in g.nodes for i in n.inputs} | set(g.outputs)
+    g.initializers = {k: v for k, v in g.initializers.items() if k in used}
+    classify_state(g, constants)
+    if init == "fresh":
+        kept = fresh_init(g, seed)
+        if kept:
+            warnings.warn(f"{source}: no PyTorch initialiser known for {', '.join(kept)}; "
+                          "kept the values from the file", stacklevel=2)
+    origin = OnnxOrigin(path, model.ir_version, {o.domain: o.version for o in model.opset_import},
+                        model.producer_name, torch_names(g))
+    assert origin.opset == opset
+    m = Model(g, source=str(path))
+    m.origin = origin
+    return m
+
+
+# -- summary for `anygrad info` ----------------------------------------------------------------------
+@dataclass
+class TensorSummary:
+    name: str
+    dtype: str
+    shape: Shape
+
+
+@dataclass
+class ModelSummary:
+    path: Path
+    producer: str
+    ir_version: int
+    opset: int | None
+    opset_supported: bool
+    inputs: list[TensorSummary]
+    outputs: list[TensorSummary]
+    op_histogram: dict[str, int]
+    num_parameters: int
+    num_buffers: int
+    unsupported: dict[str, list[str]]  # op type -> node names
+
+    @property
+    def supported(self) -> bool:
+        return self.opset_supported and not self.unsupported
+
+
+def summarize(path: str | os.PathLike) -> ModelSummary:
+    """What is in an ONNX file, without raising for unsupported ops or opsets (ModelError only
+    when the file cannot be read at all)."""
+    path = Path(path)
+    model, g, constants = _convert(path)
+    try:
+        opset: int | None = check_opset(model, f"'{path}'")
+        ok = True
+    except ModelError:
+        versions = {o.domain: o.version for o in model.opset_import}
+        opset, ok = max((versions[d] for d in DEFAULT_DOMAINS if d in versions), default=None), False
+    missing = unsupported_ops(g)
+    if not missing:
+        _untie_state(g)
+    classify_state(g, constants)
+
+    def tensors(names: list[str]) -> list[TensorSummary]:
+        return [TensorSummary(n, str(g.info[n].dtype), tuple(g.info[n].shape)) for n in names if n in g.info]
+
+    return ModelSummary(path, model.producer_name, model.ir_version, opset, ok, tensors(g.inputs),
+                        tensors(g.outputs), g.op_histogram(),
+                        int(sum(g.initializers[p].size for p in g.params)),
+                        int(sum(g.initializers[b].size for b in g.buffers)), missing)

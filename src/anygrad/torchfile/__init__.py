@@ -1,0 +1,125 @@
+"""Read PyTorch checkpoints without PyTorch, and read/write safetensors.
+
+`load` returns a flat state_dict (name -> numpy array) from a .pt/.pth file written by torch.save,
+in the zip format or the legacy one. Reading is safe by construction: the pickle inside is run by
+anygrad's own restricted machine (`pickle_reader`), which can only build containers, numbers,
+strings and tensors from the allowlist in `allowlist`; a file naming anything else (os.system, eval,
+a pickled nn.Module class, ...) is refused with a ModelError, and nothing from the file is executed.
+Every failure while reading comes out as a ModelError naming the file.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import AnygradError, ModelError
+from .legacy import read_legacy
+from .safetensors_io import load_safetensors, save_safetensors
+from .tensors import FormatError
+from .zipformat import read_zip
+
+__all__ = ["find_state_dict", "load", "load_raw", "load_safetensors", "save_safetensors"]
+
+# Where training scripts usually keep the weights inside a checkpoint dict, most likely first.
+STATE_DICT_KEYS = ("state_dict", "model_state_dict", "model", "module", "net", "network", "weights",
+                   "params")
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+def _guarded(path: Path, read: Callable[[], Any]) -> Any:
+    """Run `read`; whatever goes wrong becomes a ModelError naming the file."""
+    try:
+        return read()
+    except FormatError as e:
+        raise ModelError(f"{path}: {e}") from None
+    except AnygradError:
+        raise
+    except FileNotFoundError:
+        raise ModelError(f"{path}: file not found") from None
+    except Exception as e:  # corrupt input surfaces as anything: zipfile, struct, EOF, unicode, memory
+        raise ModelError(f"{path}: not a readable PyTorch checkpoint ({type(e).__name__}: {e})") from e
+
+
+def _read(path: Path) -> Any:
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic == _ZIP_MAGIC:
+        return read_zip(path)
+    return read_legacy(path.read_bytes())
+
+
+def load_raw(path: str | os.PathLike) -> Any:
+    """The whole object saved by torch.save: tensors as numpy arrays, everything else plain Python."""
+    path = Path(path)
+    return _guarded(path, lambda: _read(path))
+
+
+def _is_state_dict(obj: Any) -> bool:
+    return (isinstance(obj, dict) and len(obj) > 0
+            and all(isinstance(k, str) and isinstance(v, np.ndarray) for k, v in obj.items()))
+
+
+def _flatten(obj: Any, prefix: str = "") -> dict[str, np.ndarray] | None:
+    """Nested dicts whose leaves are all arrays -> one flat dict with dotted names (None otherwise)."""
+    out: dict[str, np.ndarray] = {}
+    for k, v in obj.items():
+        if not isinstance(k, str):
+            return None
+        if isinstance(v, np.ndarray):
+            out[prefix + k] = v
+        elif isinstance(v, dict) and v:
+            inner = _flatten(v, f"{prefix}{k}.")
+            if inner is None:
+                return None
+            out.update(inner)
+        else:
+            return None
+    return out
+
+
+def find_state_dict(obj: Any, key: str | None = None) -> dict[str, np.ndarray] | None:
+    """The state_dict inside a loaded checkpoint: `obj[key]` if given, else searched for.
+
+    Search order: `obj` itself, then its values under STATE_DICT_KEYS, then any other value, one
+    level deeper each time (up to three levels); then `obj` flattened if all its leaves are arrays."""
+    if key is not None:
+        if not isinstance(obj, dict) or key not in obj:
+            return None
+        obj = obj[key]
+        return dict(obj) if _is_state_dict(obj) else (_flatten(obj) if isinstance(obj, dict) else None)
+    level = [obj]
+    for _ in range(3):
+        for candidate in level:
+            if _is_state_dict(candidate):
+                return dict(candidate)
+        nxt = []
+        for candidate in level:
+            if isinstance(candidate, dict):
+                nxt += [candidate[k] for k in STATE_DICT_KEYS if k in candidate]
+                nxt += [v for k, v in candidate.items() if k not in STATE_DICT_KEYS and isinstance(v, dict)]
+        level = nxt
+    return _flatten(obj) if isinstance(obj, dict) and obj else None
+
+
+def load(path: str | os.PathLike, key: str | None = None) -> dict[str, np.ndarray]:
+    """A flat state_dict (name -> numpy array) from a torch.save file (or a .safetensors file).
+
+    The file may hold the state_dict itself or a checkpoint dict around it ({"model": sd, "optimizer":
+    ...}); `key` names the entry to use, otherwise it is found (see `find_state_dict`). bfloat16
+    tensors come back as float32, every other dtype as itself; views and shared storages come back as
+    separate contiguous arrays."""
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        return load_safetensors(path)
+    obj = load_raw(path)
+    sd = find_state_dict(obj, key)
+    if sd is None:
+        what = f"keys {list(obj)[:10]}" if isinstance(obj, dict) else f"a {type(obj).__name__}"
+        where = f"entry {key!r}" if key is not None else "a dict of name -> tensor"
+        raise ModelError(f"{path}: no state_dict found (looked for {where}; the file holds {what}); "
+                         f"pass key=... or use anygrad.torchfile.load_raw")
+    return sd

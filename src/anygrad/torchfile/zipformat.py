@@ -1,0 +1,67 @@
+"""The zip checkpoint format of torch.save (PyTorch >= 1.6).
+
+    <top>/data.pkl       the object, tensors pointing at storages by persistent id
+    <top>/data/<key>     raw bytes of each storage
+    <top>/byteorder      "little" or "big" (absent in old files: little)
+
+The top folder's name is whatever the file was first saved as, so it is found, not assumed.
+"""
+from __future__ import annotations
+
+import re
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .allowlist import ALLOWED, StorageType
+from .pickle_reader import Unpickler
+from .tensors import RAW_DTYPES, FormatError, Storage, resolve, short_repr
+
+_PICKLE = re.compile(r"([^/]+)/data\.pkl")
+_BYTEORDER = {"little": "<", "big": ">"}
+
+
+def _top_folder(names: list[str]) -> str:
+    tops = [m.group(1) for m in map(_PICKLE.fullmatch, names) if m]
+    if len(tops) != 1:
+        if any(n.endswith("/constants.pkl") or "/code/" in n for n in names):
+            raise FormatError("this is a TorchScript archive (torch.jit.save); save model.state_dict() "
+                              "with torch.save, or export the model to ONNX")
+        raise FormatError(f"expected exactly one <folder>/data.pkl in the zip archive, found {len(tops)}")
+    return tops[0]
+
+
+def read_zip(path: Path) -> Any:
+    with zipfile.ZipFile(path) as zf:
+        names = zf.namelist()
+        top = _top_folder(names)
+        byteorder = "<"
+        if f"{top}/byteorder" in names:
+            text = zf.read(f"{top}/byteorder").decode("ascii").strip()
+            if text not in _BYTEORDER:
+                raise FormatError(f"unknown byteorder {text!r:.20}")
+            byteorder = _BYTEORDER[text]
+        storages: dict[str, Storage] = {}
+
+        def persistent_load(pid: Any) -> Storage:
+            if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
+                raise FormatError(f"malformed storage id {short_repr(pid)}")
+            _, stype, key, location, numel = pid
+            if not isinstance(stype, StorageType) or not isinstance(key, str) or type(numel) is not int \
+                    or numel < 0 or not isinstance(location, str):
+                raise FormatError(f"malformed storage id {short_repr(pid)}")
+            if key not in storages:
+                nbytes = numel * np.dtype(RAW_DTYPES[stype.dtype]).itemsize
+                try:
+                    info = zf.getinfo(f"{top}/data/{key}")
+                except KeyError:
+                    raise FormatError(f"storage file {top}/data/{key} is missing from the archive") from None
+                if info.file_size < nbytes:
+                    raise FormatError(f"storage {key} holds {info.file_size} bytes, {nbytes} expected")
+                storages[key] = Storage(stype.dtype, numel, key, zf.read(info))
+            return storages[key]
+
+        obj = Unpickler(zf.read(f"{top}/data.pkl"), ALLOWED, persistent_load).load()
+        return resolve(obj, byteorder)

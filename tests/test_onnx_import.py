@@ -1,0 +1,254 @@
+"""ONNX import/export on hand-built files: bad files, unsupported ops, external data, opsets,
+attribute conversion, parameter classification, fresh initialisation, and the round trip
+through save_onnx checked against onnxruntime."""
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+import anygrad
+from anygrad.backends import NumpyBackend
+from anygrad.errors import ModelError, UnsupportedOpError
+from anygrad.frontends import load_onnx, save_onnx, summarize
+from anygrad.program import build_inference
+
+
+def mlp_model(opset: int = 17, seed: int = 0, n_in: int = 16, n_hidden: int = 32, alpha: float = 1.0,
+              beta: float = 1.0, trans_a: int = 0, trans_b: int = 1) -> onnx.ModelProto:
+    """x -> Gemm(W1, b1) -> Relu -> Reshape(const shape) -> MatMul(W2) -> Add(b2)."""
+    rng = np.random.default_rng(seed)
+    w1 = rng.standard_normal((n_hidden, n_in) if trans_b else (n_in, n_hidden)).astype(np.float32)
+    b1 = rng.standard_normal(n_hidden).astype(np.float32)
+    w2 = rng.standard_normal((n_hidden, 3)).astype(np.float32)
+    b2 = rng.standard_normal(3).astype(np.float32)
+    x_shape = ["batch", n_in] if not trans_a else [n_in, "batch"]
+    nodes = [
+        helper.make_node("Gemm", ["x", "fc1.weight", "fc1.bias"], ["h"], name="/fc1/Gemm",
+                         alpha=alpha, beta=beta, transA=trans_a, transB=trans_b),
+        helper.make_node("Relu", ["h"], ["r"], name="/Relu"),
+        helper.make_node("Constant", [], ["shape"], name="/Constant",
+                         value=numpy_helper.from_array(np.array([-1, n_hidden], np.int64))),
+        helper.make_node("Reshape", ["r", "shape"], ["r2"], name="/Reshape"),
+        helper.make_node("MatMul", ["r2", "onnx::MatMul_7"], ["m"], name="/fc2/MatMul"),
+        helper.make_node("Add", ["m", "fc2.bias"], ["y"], name="/fc2/Add"),
+    ]
+    graph = helper.make_graph(
+        nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])],
+        initializer=[numpy_helper.from_array(w1, "fc1.weight"), numpy_helper.from_array(b1, "fc1.bias"),
+                     numpy_helper.from_array(w2, "onnx::MatMul_7"), numpy_helper.from_array(b2, "fc2.bias")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def save(model: onnx.ModelProto, path: Path, **kw) -> Path:
+    onnx.save_model(model, str(path), **kw)
+    return path
+
+
+def predict(model: anygrad.Model, x: np.ndarray) -> np.ndarray:
+    """Inference through the numpy backend, without needing a loss to compile."""
+    g = build_inference(model.graph, {model.input_name: x.shape})
+    return NumpyBackend().compile(g).run({model.input_name: x})[g.outputs[0]]
+
+
+def ort_run(path: Path, x: np.ndarray) -> np.ndarray:
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return sess.run(None, {sess.get_inputs()[0].name: x})[0]
+
+
+# -- bad files ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("content", [b"", b"this is not an onnx model at all\n", bytes(range(256)) * 8,
+                                     b"\x08\x07\x12\x05hello"])
+def test_not_onnx_is_model_error_naming_the_file(tmp_path, content):
+    path = tmp_path / "bad.onnx"
+    path.write_bytes(content)
+    with pytest.raises(ModelError) as e:
+        load_onnx(path)
+    assert "bad.onnx" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.5, 0.9, 0.999])
+def test_truncated_file_is_model_error(tmp_path, fraction):
+    data = mlp_model().SerializeToString()
+    path = tmp_path / "cut.onnx"
+    path.write_bytes(data[: int(len(data) * fraction)])
+    with pytest.raises(ModelError, match="cut.onnx"):
+        load_onnx(path)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ModelError, match="nothere.onnx"):
+        load_onnx(tmp_path / "nothere.onnx")
+
+
+def test_corrupt_tensor_is_model_error(tmp_path):
+    model = mlp_model()
+    model.graph.initializer[0].raw_data = model.graph.initializer[0].raw_data[:10]
+    with pytest.raises(ModelError, match="fc1.weight"):
+        load_onnx(save(model, tmp_path / "m.onnx"))
+
+
+# -- unsupported ops: one error listing everything ---------------------------------------------
+def test_unsupported_ops_listed_together(tmp_path):
+    nodes = [helper.make_node("FrobnicateOp", ["x"], ["a"], name="frob_1"),
+             helper.make_node("Relu", ["a"], ["b"], name="relu"),
+             helper.make_node("FrobnicateOp", ["b"], ["c"], name="frob_2"),
+             helper.make_node("WibbleOp", ["c"], ["y"], name="wibble")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    path = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "u.onnx")
+    with pytest.raises(UnsupportedOpError) as e:
+        load_onnx(path)
+    msg = str(e.value)
+    for text in ("u.onnx", "FrobnicateOp", "frob_1", "frob_2", "WibbleOp", "wibble"):
+        assert text in msg
+    assert "Relu" not in msg
+    summary = summarize(path)  # `anygrad info` reports instead of raising
+    assert summary.unsupported == {"FrobnicateOp": ["frob_1", "frob_2"], "WibbleOp": ["wibble"]}
+    assert not summary.supported
+
+
+def test_custom_domain_op_is_unsupported(tmp_path):
+    node = helper.make_node("Relu", ["x"], ["y"], name="ms_relu", domain="com.microsoft")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    with pytest.raises(UnsupportedOpError, match="com.microsoft.Relu"):
+        load_onnx(save(model, tmp_path / "ms.onnx"))
+
+
+def test_graph_attribute_is_clear_error(tmp_path):
+    branch = helper.make_graph([helper.make_node("Identity", ["x"], ["z"])], "b", [],
+                               [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2])])
+    node = helper.make_node("If", ["c"], ["y"], name="the_if", then_branch=branch, else_branch=branch)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+                                            helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ModelError, match="the_if"):
+        load_onnx(save(model, tmp_path / "if.onnx"))
+
+
+# -- opsets ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("opset", [12, 21])
+def test_opset_out_of_range(tmp_path, opset):
+    path = save(mlp_model(opset=opset), tmp_path / f"o{opset}.onnx")
+    with pytest.raises(ModelError, match=rf"opset {opset}.*13-20"):
+        load_onnx(path)
+    assert not summarize(path).opset_supported
+
+
+@pytest.mark.parametrize("opset", [13, 20])
+def test_opset_in_range(tmp_path, opset):
+    assert load_onnx(save(mlp_model(opset=opset), tmp_path / "m.onnx")).origin.opset == opset
+
+
+# -- external data -------------------------------------------------------------------------------
+def save_external(tmp_path: Path) -> Path:
+    path = tmp_path / "ext" / "model.onnx"
+    path.parent.mkdir()
+    save(mlp_model(), path, save_as_external_data=True, all_tensors_to_one_file=True,
+         location="model.onnx.data", size_threshold=0)
+    return path
+
+
+def test_external_data_loads(tmp_path):
+    path = save_external(tmp_path)
+    assert (path.parent / "model.onnx.data").exists()
+    x = np.random.default_rng(1).standard_normal((4, 16)).astype(np.float32)
+    np.testing.assert_allclose(predict(load_onnx(path), x), ort_run(path, x), rtol=1e-5, atol=1e-5)
+
+
+def test_external_data_missing(tmp_path):
+    path = save_external(tmp_path)
+    (path.parent / "model.onnx.data").unlink()
+    with pytest.raises(ModelError, match="model.onnx.data.*missing"):
+        load_onnx(path)
+
+
+@pytest.mark.parametrize("location", ["../evil", "sub/../../evil", "/etc/passwd", "/tmp/evil"])
+def test_external_data_outside_folder_refused(tmp_path, location):
+    path = save_external(tmp_path)
+    (tmp_path / "evil").write_bytes((path.parent / "model.onnx.data").read_bytes())  # exists, still refused
+    model = onnx.load_model(str(path), load_external_data=False)
+    for entry in model.graph.initializer[0].external_data:
+        if entry.key == "location":
+            entry.value = location
+    onnx.save_model(model, str(path))
+    with pytest.raises(ModelError, match="refusing|absolute"):
+        load_onnx(path)
+
+
+# -- conversion ----------------------------------------------------------------------------------
+def test_graph_conversion_and_state_classification(tmp_path):
+    model = load_onnx(save(mlp_model(), tmp_path / "m.onnx"))
+    g = model.graph
+    assert g.inputs == ["x"] and g.outputs == ["y"]
+    assert g.info["x"].shape == ("batch", 16) and g.info["x"].dtype == np.float32
+    assert set(g.params) == {"fc1.weight", "fc1.bias", "onnx::MatMul_7", "fc2.bias"}
+    assert g.buffers == []
+    assert g.initializers["shape"].tolist() == [-1, 32] and "shape" not in g.params  # Constant folded
+    gemm = next(n for n in g.nodes if n.op == "Gemm")
+    assert gemm.attrs == {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 1}
+    assert isinstance(gemm.attrs["transB"], int) and isinstance(gemm.attrs["alpha"], float)
+    names = model.origin.torch_names
+    assert names["fc1.weight"].key == "fc1.weight" and not names["fc1.weight"].transpose
+    assert names["onnx::MatMul_7"].key == "fc2.weight" and names["onnx::MatMul_7"].transpose
+    assert model.num_parameters() == 32 * 16 + 32 + 32 * 3 + 3
+
+
+def test_graph_inputs_that_are_initializers_are_not_inputs(tmp_path):
+    model = mlp_model()
+    model.graph.input.append(helper.make_tensor_value_info("fc1.bias", TensorProto.FLOAT, [32]))
+    m = load_onnx(save(model, tmp_path / "m.onnx"))
+    assert m.graph.inputs == ["x"] and "fc1.bias" in m.graph.params
+
+
+def test_summary(tmp_path):
+    s = summarize(save(mlp_model(), tmp_path / "m.onnx"))
+    assert s.opset == 17 and s.supported and s.unsupported == {}
+    assert [(t.name, t.shape) for t in s.inputs] == [("x", ("batch", 16))]
+    assert [(t.name, t.shape) for t in s.outputs] == [("y", ("batch", 3))]
+    assert s.op_histogram == {"Add": 1, "Gemm": 1, "MatMul": 1, "Relu": 1, "Reshape": 1}
+    assert s.num_parameters == 32 * 16 + 32 + 32 * 3 + 3
+
+
+def test_fresh_init_follows_pytorch_linear(tmp_path):
+    path = save(mlp_model(n_in=64, n_hidden=256), tmp_path / "m.onnx")
+    a, b = load_onnx(path, init="fresh", seed=1), load_onnx(path, init="fresh", seed=1)
+    c = load_onnx(path, init="fresh", seed=2)
+    for name in a.graph.params:
+        np.testing.assert_array_equal(a.graph.initializers[name], b.graph.initializers[name])
+        assert not np.array_equal(a.graph.initializers[name], c.graph.initializers[name])
+    bounds = {"fc1.weight": 1 / 8, "fc1.bias": 1 / 8, "onnx::MatMul_7": 1 / 16, "fc2.bias": 1 / 16}
+    for name, bound in bounds.items():
+        w = a.graph.initializers[name]
+        assert w.dtype == np.float32 and np.abs(w).max() <= bound
+        if w.size > 500:  # U(-b, b): std b/sqrt(3)
+            assert abs(w.std() / (bound / np.sqrt(3)) - 1) < 0.1
+
+
+# -- export round trip -------------------------------------------------------------------------
+@settings(max_examples=8, deadline=None)
+@given(alpha=st.sampled_from([1.0, 0.5]), beta=st.sampled_from([1.0, 2.0]), trans_a=st.integers(0, 1),
+       trans_b=st.integers(0, 1), batch=st.integers(1, 5))
+def test_import_export_roundtrip_matches_onnxruntime(tmp_path_factory, alpha, beta, trans_a, trans_b, batch):
+    tmp = tmp_path_factory.mktemp("rt")
+    src = save(mlp_model(alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b), tmp / "m.onnx")
+    x = np.random.default_rng(batch).standard_normal((16, batch) if trans_a else (batch, 16)).astype(np.float32)
+    model = load_onnx(src)
+    ours = predict(model, x)
+    np.testing.assert_allclose(ours, ort_run(src, x), rtol=1e-5, atol=1e-5)
+    out = save_onnx(model, tmp / "out" / "exported.onnx")
+    exported = onnx.load(str(out))
+    assert exported.ir_version == 8 and exported.opset_import[0].version == 17
+    np.testing.assert_allclose(ort_run(out, x), ours, rtol=1e-5, atol=1e-5)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["exported.onnx"]  # no temp left behind

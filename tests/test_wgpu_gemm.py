@@ -1,0 +1,254 @@
+"""GEMM-family WGSL kernels (MatMul, Gemm, Conv and its gradients, pools) against the numpy op forwards.
+
+Each lowering runs through a minimal runner (buffers from numpy, one pipeline per Kernel, one submit),
+in both the register-only and the workgroup-memory variant, on shapes that do not divide the tiles.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+import anygrad.ops  # noqa: F401  (registers the op forwards)
+from anygrad.backends.wgpu import kernels_conv, kernels_gemm  # noqa: F401  (register the lowerings)
+from anygrad.backends.wgpu.kernel import LOWERINGS, AdapterCaps
+from anygrad.ir import Graph, Node, TensorInfo, get_op, infer_node
+
+wgpu = pytest.importorskip("wgpu")
+pytestmark = pytest.mark.wgpu
+
+F32 = np.dtype("float32")
+CPU = AdapterCaps(is_cpu=True)
+GPU = AdapterCaps(is_cpu=False)
+VARIANTS = ["register", "shared"]
+
+
+@functools.cache
+def _device():
+    adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+    if adapter is None:
+        pytest.skip("no wgpu adapter")
+    return adapter.request_device_sync()
+
+
+def run_kernels(kernels, feeds: dict[str, np.ndarray], sizes: dict[str, int]) -> dict[str, np.ndarray]:
+    """Bind, dispatch (one pass per kernel, one submit), read back every written value in `sizes`."""
+    dev = _device()
+    usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+    bufs = {}
+    for name, arr in feeds.items():
+        data = np.ascontiguousarray(arr, dtype=np.float32).reshape(-1)
+        data = np.concatenate([data, np.zeros((-data.size) % 4, np.float32)]) if data.size % 4 else data
+        bufs[name] = dev.create_buffer_with_data(data=data.tobytes() if data.size else bytes(16), usage=usage)
+    for k in kernels:
+        for s in k.scratch:
+            bufs[s.name] = dev.create_buffer(size=max(16, 4 * s.elements), usage=usage)
+    for name, n in sizes.items():
+        bufs[name] = dev.create_buffer(size=max(16, 4 * (n + (-n) % 4)), usage=usage)
+    enc = dev.create_command_encoder()
+    for k in kernels:
+        module = dev.create_shader_module(code=k.wgsl)
+        pipe = dev.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": k.entry})
+        names = list(k.reads) + list(k.writes)
+        bg = dev.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[
+            {"binding": i, "resource": {"buffer": bufs[v], "offset": 0, "size": bufs[v].size}}
+            for i, v in enumerate(names)])
+        cp = enc.begin_compute_pass()
+        cp.set_pipeline(pipe)
+        cp.set_bind_group(0, bg)
+        cp.dispatch_workgroups(*k.workgroups)
+        cp.end()
+    dev.queue.submit([enc.finish()])
+    return {name: np.frombuffer(dev.queue.read_buffer(bufs[name]), np.float32)[:n].copy()
+            for name, n in sizes.items()}
+
+
+def check_op(op: str, inputs: list[np.ndarray | None], attrs: dict, caps: AdapterCaps = CPU,
+             rtol: float = 1e-4, atol: float = 1e-4, n_outputs: int = 1):
+    """Lower one node, run it on the adapter, compare to the op's numpy forward."""
+    g = Graph()
+    names = []
+    for i, a in enumerate(inputs):
+        if a is None:
+            names.append("")
+            continue
+        names.append(f"x{i}")
+        g.info[f"x{i}"] = TensorInfo(F32, tuple(a.shape))
+    node = Node(op, names, [f"y{k}" for k in range(n_outputs)], dict(attrs), name="n")
+    g.nodes = [node]
+    infer_node(g, node)
+    want = get_op(op).run(node, [None if a is None else a for a in inputs])
+    if attrs.get("_epilogue") == "relu":
+        want = [np.maximum(w, 0) for w in want]
+    kernels = LOWERINGS[op](node, g, caps)
+    feeds = {f"x{i}": a for i, a in enumerate(inputs) if a is not None}
+    sizes = {f"y{k}": int(np.prod(g.info[f"y{k}"].shape)) for k in range(n_outputs)}
+    got = run_kernels(kernels, feeds, sizes)
+    for k in range(n_outputs):
+        w = np.asarray(want[k], np.float32)
+        np.testing.assert_allclose(got[f"y{k}"].reshape(w.shape), w, rtol=rtol, atol=atol,
+                                   err_msg=f"{op} {attrs} {[None if a is None else a.shape for a in inputs]}")
+    return kernels
+
+
+def rnd(*shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+# -- MatMul / Gemm --------------------------------------------------------------------------------
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("sa,sb", [
+    ((5, 7), (7, 3)), ((8, 12), (12, 16)), ((33, 17), (17, 29)), ((1, 4), (4, 1)),
+    ((7,), (7, 5)), ((6, 9), (9,)), ((9,), (9,)),
+    ((2, 3, 5, 8), (8, 4)), ((2, 1, 3, 4), (5, 4, 6)), ((3, 6, 4), (3, 4, 8)), ((4, 5), (2, 5, 3)),
+])
+def test_matmul(sa, sb, variant):
+    check_op("MatMul", [rnd(*sa, seed=1), rnd(*sb, seed=2)], {"_gemm_variant": variant})
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("ta,tb", [(0, 0), (0, 1), (1, 0), (1, 1)])
+@pytest.mark.parametrize("m,k,n", [(5, 7, 3), (16, 12, 8), (19, 33, 10)])
+def test_gemm(m, k, n, ta, tb, variant):
+    a = rnd(*((k, m) if ta else (m, k)), seed=3)
+    b = rnd(*((n, k) if tb else (k, n)), seed=4)
+    check_op("Gemm", [a, b, rnd(n, seed=5)], {"transA": ta, "transB": tb, "alpha": 0.5, "beta": 2.0,
+                                            "_gemm_variant": variant})
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("cshape", [None, (1,), (6, 1), (6, 9), (9,)])
+def test_gemm_bias_broadcast_and_relu(cshape, variant):
+    c = None if cshape is None else rnd(*cshape, seed=6)
+    kernels = check_op("Gemm", [rnd(6, 11, seed=7), rnd(9, 11, seed=8), c],
+                       {"transB": 1, "_gemm_variant": variant})
+    assert len(kernels) == 1
+    node = Node("Gemm", ["x0", "x1"] + (["x2"] if c is not None else []), ["y0"], {"transB": 1, "_epilogue": "relu"})
+    g = Graph()
+    g.info.update({"x0": TensorInfo(F32, (6, 11)), "x1": TensorInfo(F32, (9, 11)),
+                   "y0": TensorInfo(F32, (6, 9))})
+    if c is not None:
+        g.info["x2"] = TensorInfo(F32, cshape)
+    a, b = rnd(6, 11, seed=7), rnd(9, 11, seed=8)
+    feeds = {"x0": a, "x1": b} | ({"x2": c} if c is not None else {})
+    got = run_kernels(LOWERINGS["Gemm"](node, g, CPU), feeds, {"y0": 54})["y0"].reshape(6, 9)
+    want = a @ b.T + (c if c is not None else 0)
+    np.testing.assert_allclose(got, np.maximum(want, 0), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("caps", [CPU, GPU], ids=["cpu", "gpu"])
+def test_matmul_split_k(caps):
+    """Long K, small output: the split-K GEMM + reduce pair."""
+    kernels = check_op("MatMul", [rnd(6, 2050, seed=9), rnd(2050, 5, seed=10)], {}, caps, rtol=1e-3, atol=1e-3)
+    assert len(kernels) == 2 and kernels[0].scratch
+
+
+# -- convolutions -------------------------------------------------------------------------------
+CONVS = [  # x shape, w shape, attrs
+    ((2, 3, 7, 6), (4, 3, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((2, 3, 9, 8), (5, 3, 3, 2), {"strides": [2, 1], "dilations": [2, 1], "pads": [1, 0, 2, 1]}),
+    ((1, 4, 6, 5), (6, 2, 3, 2), {"group": 2, "strides": [1, 2]}),
+    ((2, 3, 6, 7), (3, 1, 3, 3), {"group": 3, "pads": [1, 1, 1, 1], "strides": [2, 2]}),   # depthwise
+    ((2, 8, 4, 4), (5, 8, 1, 1), {}),                                                    # 1x1, P % 4 == 0
+    ((2, 3, 3, 5), (4, 3, 1, 1), {}),                                                    # 1x1, odd P
+    ((2, 4, 5, 5), (8, 4, 1, 1), {"strides": [2, 2]}),                                   # strided 1x1
+    ((2, 3, 10), (4, 3, 3), {"strides": [2], "pads": [1, 2]}),                           # 1-D
+    ((2, 2, 5, 6), (3, 2, 3, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+    ((3, 4, 8, 8), (8, 4, 2, 2), {"strides": [2, 2]}),                                   # K % 4 == 0
+]
+
+
+def _conv_ids():
+    return [f"{x}-{w}-{a}" for x, w, a in CONVS]
+
+
+def _explicit(xs, ws, attrs):
+    """Explicit attributes (auto_pad resolved), as the Conv gradient rule emits them."""
+    from anygrad.ops.nn import window
+    win = window(Node("Conv", [], ["y"], attrs), xs[2:], ws[2:])
+    return {**win.attrs(), "group": attrs.get("group", 1)}, win.out
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("xs,ws,attrs", CONVS, ids=_conv_ids())
+def test_conv(xs, ws, attrs, variant):
+    check_op("Conv", [rnd(*xs, seed=11), rnd(*ws, seed=12), rnd(ws[0], seed=13)],
+             {**attrs, "_gemm_variant": variant, "_epilogue": "relu"})
+    check_op("Conv", [rnd(*xs, seed=11), rnd(*ws, seed=12)], {**attrs, "_gemm_variant": variant})
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("xs,ws,attrs", CONVS, ids=_conv_ids())
+def test_conv_grad_input(xs, ws, attrs, variant):
+    explicit, out = _explicit(xs, ws, attrs)
+    dy = rnd(xs[0], ws[0], *out, seed=14)
+    check_op("ConvGradInput", [dy, rnd(*ws, seed=15)],
+             {**explicit, "input_shape": list(xs), "_gemm_variant": variant})
+
+
+@pytest.mark.parametrize("caps", [CPU, GPU], ids=["cpu", "gpu"])
+@pytest.mark.parametrize("xs,ws,attrs", CONVS, ids=_conv_ids())
+def test_conv_grad_weight(xs, ws, attrs, caps):
+    explicit, out = _explicit(xs, ws, attrs)
+    dy = rnd(xs[0], ws[0], *out, seed=16)
+    check_op("ConvGradWeight", [dy, rnd(*xs, seed=17)], {**explicit, "weight_shape": list(ws)}, caps)
+
+
+@pytest.mark.parametrize("caps", [CPU, GPU], ids=["cpu", "gpu"])
+def test_conv_grad_weight_split_k(caps):
+    """A small weight reduced over many pixels: split-K partials in a Scratch buffer + reduce."""
+    xs, ws = (6, 8, 14, 14), (16, 8, 3, 3)
+    explicit, out = _explicit(xs, ws, {})
+    dy = rnd(xs[0], ws[0], *out, seed=18)
+    kernels = check_op("ConvGradWeight", [dy, rnd(*xs, seed=19)], {**explicit, "weight_shape": list(ws)}, caps,
+                       rtol=1e-3, atol=1e-3)
+    assert len(kernels) == 2 and kernels[0].scratch
+
+
+def test_grid_folds_past_the_dimension_limit():
+    """A grid larger than max_workgroups_per_dim is folded into 2-D / 3-D."""
+    caps = AdapterCaps(is_cpu=True, max_workgroups_per_dim=4)
+    kernels = check_op("MatMul", [rnd(40, 8, seed=20), rnd(8, 300, seed=21)], {}, caps)
+    grid = kernels[0].workgroups
+    assert max(grid) <= 4 and grid[2] > 1
+    kernels = check_op("MaxPool", [rnd(2, 3, 12, 12, seed=20)], {"kernel_shape": [2, 2]}, caps)
+    assert max(kernels[0].workgroups) <= 4
+
+
+# -- pools --------------------------------------------------------------------------------------
+POOLS = [
+    ((2, 3, 6, 6), {"kernel_shape": [2, 2], "strides": [2, 2]}),
+    ((2, 2, 7, 5), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ((1, 2, 7, 8), {"kernel_shape": [3, 2], "strides": [2, 3], "ceil_mode": 1}),
+    ((1, 2, 6, 7), {"kernel_shape": [3, 3], "strides": [1, 1], "dilations": [2, 1], "pads": [0, 1, 2, 1]}),
+    ((2, 3, 9), {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}),
+]
+
+
+@pytest.mark.parametrize("xs,attrs", POOLS, ids=[str(p) for p in POOLS])
+def test_max_pool(xs, attrs):
+    x = rnd(*xs, seed=22)
+    check_op("MaxPool", [x], attrs)
+    from anygrad.ops.nn import window
+    out = window(Node("MaxPool", [], ["y"], attrs), xs[2:], attrs["kernel_shape"], bool(attrs.get("ceil_mode"))).out
+    check_op("MaxPoolGrad", [rnd(*xs[:2], *out, seed=23), x], attrs)
+    # ties: the gradient goes to the first maximum of each window only
+    check_op("MaxPoolGrad", [rnd(*xs[:2], *out, seed=24), np.round(x).clip(-1, 1)], attrs)
+
+
+@pytest.mark.parametrize("include_pad", [0, 1])
+@pytest.mark.parametrize("xs,attrs", [p for p in POOLS if "dilations" not in p[1]],
+                         ids=[str(p) for p in POOLS if "dilations" not in p[1]])
+def test_average_pool(xs, attrs, include_pad):
+    attrs = {**attrs, "count_include_pad": include_pad}
+    check_op("AveragePool", [rnd(*xs, seed=25)], attrs)
+    from anygrad.ops.nn import window
+    out = window(Node("AveragePool", [], ["y"], attrs), xs[2:], attrs["kernel_shape"],
+                 bool(attrs.get("ceil_mode"))).out
+    check_op("AveragePoolGrad", [rnd(*xs[:2], *out, seed=26)], {**attrs, "input_shape": list(xs)})
+
+
+@pytest.mark.parametrize("xs", [(2, 3, 5, 7), (3, 4, 1, 1), (2, 5, 9)])
+def test_global_average_pool(xs):
+    check_op("GlobalAveragePool", [rnd(*xs, seed=27)], {})

@@ -1,0 +1,105 @@
+"""Helpers for wgpu tests: one shared backend, and running a graph on wgpu and numpy side by side.
+
+    check_wgpu("Softmax", [x], {"axis": 1})   # forward and gradient, wgpu vs numpy
+
+Graphs are built as in tests/opcheck.py: float inputs become graph inputs (their gradients of
+sum(out0 * R) are compared too), everything else becomes a constant initializer.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pytest
+
+from anygrad.autodiff import gradients
+from anygrad.backends import NumpyBackend
+from anygrad.ir import Builder, Graph, Node, TensorInfo, specialize
+
+_BACKEND = None
+
+
+def wgpu_backend():
+    """A fresh WgpuBackend on the best adapter (lavapipe in CI); skips when no adapter exists."""
+    from anygrad.devices import list_adapters
+    if not list_adapters():
+        pytest.skip("no WebGPU adapter on this machine (install mesa-vulkan-drivers for lavapipe)")
+    from anygrad.backends.wgpu import WgpuBackend
+    return WgpuBackend("wgpu")
+
+
+def op_graph(op: str, inputs: Sequence[np.ndarray | None], attrs: dict | None = None, *,
+             const: Sequence[int] = (), n_outputs: int = 1, grad: bool = True, seed: int = 0,
+             state: dict[int, str] | None = None):
+    """A specialized graph computing one op (and gradients of sum(out0 * R)), plus its feeds.
+
+    state: input index -> state name, for inputs that are backend state (RNG, running stats)."""
+    g = Graph(name=op)
+    names, diff, feeds = [], [], {}
+    state = state or {}
+    for i, a in enumerate(inputs):
+        if a is None:
+            names.append("")
+            continue
+        a = np.asarray(a)
+        name = state.get(i, f"in{i}")
+        names.append(name)
+        if i in state:
+            g.initializers[name] = a
+            g.buffers.append(name)
+        elif np.issubdtype(a.dtype, np.floating) and i not in const:
+            g.inputs.append(name)
+            g.info[name] = TensorInfo(a.dtype, a.shape)
+            diff.append(i)
+            feeds[name] = a
+        else:
+            g.initializers[name] = a
+    outs = [f"out{k}" for k in range(n_outputs)]
+    g.nodes = [Node(op, names, outs, dict(attrs or {}), name="op")]
+    g.outputs = list(outs)
+    s = specialize(g, {})
+    if grad and diff:
+        b = Builder(s, prefix="check")
+        r = np.random.default_rng(seed).standard_normal(b.shape("out0")).astype(np.float32)
+        loss = b.op("ReduceSum", [b.op("Mul", ["out0", b.const(r)])], keepdims=0)
+        gr = gradients(s, loss, [f"in{i}" for i in diff])
+        s.outputs = outs + [gr[f"in{i}"] for i in diff]
+    return s, feeds
+
+
+def run_both(graph: Graph, feeds: dict, fetch: Sequence[str] | None = None, *, fuse: bool = True,
+             backend=None, state: dict[str, np.ndarray] | None = None):
+    """Run graph on numpy and on wgpu from the same state; return (numpy results, wgpu results, wgpu exe)."""
+    nb = NumpyBackend()
+    wb = backend or wgpu_backend()
+    for name, value in (state or {}).items():
+        nb.set_state(name, value)
+        wb.set_state(name, value)
+    want = nb.compile(graph).run(feeds, fetch)
+    exe = wb.compile(graph, fuse=fuse)
+    got = exe.run(feeds, fetch)
+    return want, got, exe
+
+
+def assert_close(want: dict, got: dict, rtol: float = 1e-4, atol: float = 1e-5, what: str = "") -> None:
+    assert set(want) == set(got)
+    for k in want:
+        w, g = np.asarray(want[k]), np.asarray(got[k])
+        assert w.shape == g.shape, f"{what} {k}: shape {g.shape} != {w.shape}"
+        if w.dtype.kind in "biu":
+            np.testing.assert_array_equal(g, w, err_msg=f"{what} {k}")
+        else:
+            scale = max(1.0, float(np.abs(w).max(initial=0)))
+            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol * scale, err_msg=f"{what} {k}")
+
+
+def check_wgpu(op: str, inputs: Sequence[np.ndarray | None], attrs: dict | None = None, *,
+               const: Sequence[int] = (), n_outputs: int = 1, grad: bool = True, rtol: float = 1e-4,
+               atol: float = 1e-5, fuse: bool = True, state: dict[int, str] | None = None, seed: int = 0):
+    """Assert one op's outputs (and input gradients) on wgpu match the numpy backend."""
+    graph, feeds = op_graph(op, inputs, attrs, const=const, n_outputs=n_outputs, grad=grad, seed=seed,
+                           state=state)
+    init = {name: np.asarray(graph.initializers[name]) for name in graph.buffers}
+    want, got, exe = run_both(graph, feeds, fuse=fuse, state=init)
+    assert_close(want, got, rtol, atol, what=op)
+    return exe
