@@ -173,7 +173,9 @@ def lower(op: str, shapes: list[tuple[int, ...]], attrs: dict, caps: AdapterCaps
 
 def bench(device, caps: AdapterCaps, timestamps: bool, label: str, op: str, shapes, attrs, flop: float,
           variant: str, peak: float | None, budget_s: float) -> Result:
-    kernels, values = lower(op, shapes, {**attrs, "_gemm_variant": variant}, caps)
+    name, block = variant.rstrip("0123456789"), variant[len(variant.rstrip("0123456789")):]
+    pin = {"_gemm_variant": name} | ({"_gemm_block": int(block)} if block else {})
+    kernels, values = lower(op, shapes, {**attrs, **pin}, caps)
     runner = Runner(device, kernels, values, timestamps)
     runner.run(1)                                   # warm-up (first dispatch pays for driver setup)
     wall, gpu = runner.run(1)
@@ -194,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device-index", type=int, default=None, help="index in wgpu's adapter list")
     ap.add_argument("--sizes", default="256,512,1024,2048,4096", help="square matmul sizes (comma list)")
     ap.add_argument("--batches", default="64,1000", help="MNIST batch sizes (comma list; empty: none)")
-    ap.add_argument("--variants", default="register,shared")
+    ap.add_argument("--variants", default="register,shared",
+                    help="comma list of register | shared, optionally with the block size: shared8")
     ap.add_argument("--peak-gflops", type=float, default=None, help="FP32 peak of the adapter")
     ap.add_argument("--seconds", type=float, default=0.2, help="timed work per case")
     ap.add_argument("--json", default=None, help="write the results here")

@@ -193,3 +193,16 @@ def test_packaged_model_is_the_seeded_pytorch_model():
         np.testing.assert_array_equal(model.graph.initializers[onnx_name], expected[tname.key])
     hist = model.graph.op_histogram()
     assert hist["BatchNormalization"] == 2 and hist["Dropout"] == 1 and hist["Conv"] == 3
+
+
+def test_summary_of_packaged_model():
+    s = anygrad.frontends.summarize(FOUNDING_MODEL)
+    assert s.supported and s.opset == 17 and s.producer == "pytorch"
+    assert [(t.name, t.shape) for t in s.inputs] == [("input", ("batch", 1, 28, 28))]
+    assert [(t.name, t.shape) for t in s.outputs] == [("log_probs", ("batch", 10))]
+    torch.manual_seed(0)
+    net = Net()
+    assert s.num_parameters == sum(p.numel() for p in net.parameters())
+    assert s.num_buffers == sum(b.numel() for n, b in net.named_buffers() if "running" in n)
+    assert s.op_histogram == {"Relu": 4, "Conv": 3, "BatchNormalization": 2, "Gemm": 2, "Dropout": 1,
+                              "Flatten": 1, "LogSoftmax": 1}

@@ -65,7 +65,7 @@ def ort_run(path: Path, x: np.ndarray) -> np.ndarray:
 
 # -- bad files ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("content", [b"", b"this is not an onnx model at all\n", bytes(range(256)) * 8,
-                                     b"\x08\x07\x12\x05hello"])
+                                     b"\x08\x07\x12\x05hello"], ids=["empty", "text", "binary", "protobuf"])
 def test_not_onnx_is_model_error_naming_the_file(tmp_path, content):
     path = tmp_path / "bad.onnx"
     path.write_bytes(content)
@@ -252,3 +252,19 @@ def test_import_export_roundtrip_matches_onnxruntime(tmp_path_factory, alpha, be
     assert exported.ir_version == 8 and exported.opset_import[0].version == 17
     np.testing.assert_allclose(ort_run(out, x), ours, rtol=1e-5, atol=1e-5)
     assert sorted(p.name for p in out.parent.iterdir()) == ["exported.onnx"]  # no temp left behind
+
+
+def test_unknown_init_is_config_error(tmp_path):
+    with pytest.raises(anygrad.errors.ConfigError, match="init"):
+        load_onnx(save(mlp_model(), tmp_path / "m.onnx"), init="xavier")
+
+
+def test_large_model_is_saved_with_external_data(tmp_path, monkeypatch):
+    from anygrad.frontends import onnx_export
+    monkeypatch.setattr(onnx_export, "_EXTERNAL_DATA_BYTES", 0)  # pretend the model is over 1.5 GB
+    model = load_onnx(save(mlp_model(), tmp_path / "m.onnx"))
+    out = save_onnx(model, tmp_path / "out" / "big.onnx")
+    assert sorted(p.name for p in out.parent.iterdir()) == ["big.onnx", "big.onnx.data"]
+    x = np.random.default_rng(0).standard_normal((3, 16)).astype(np.float32)
+    np.testing.assert_allclose(ort_run(out, x), predict(model, x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(predict(load_onnx(out), x), predict(model, x), rtol=1e-6)

@@ -4,16 +4,15 @@ over shapes and attributes drawn by hypothesis."""
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
+from opcheck import check_op, run_op
 
 from anygrad.ir import get_op
-from opcheck import check_op, run_op
 
 SETTINGS = settings(max_examples=20, deadline=None)
 FEW = settings(max_examples=12, deadline=None)
@@ -107,6 +106,43 @@ UNARY = {
 def test_unary(op, shape, seed):
     fn, make, attrs = UNARY[op]
     check_op(op, [make(seed, shape)], attrs, fn, seed=seed % 1000)
+
+
+F = torch.nn.functional
+ACTIVATIONS = {
+    # op: (attrs, torch reference)
+    "Gelu": ({}, F.gelu),
+    "Gelu-tanh": ({"approximate": "tanh"}, lambda x: F.gelu(x, approximate="tanh")),
+    "Elu": ({"alpha": 0.7}, lambda x: F.elu(x, 0.7)),
+    "Selu": ({}, F.selu),
+    "Celu": ({"alpha": 1.3}, lambda x: F.celu(x, 1.3)),
+    "Softplus": ({}, F.softplus),
+    "Softsign": ({}, F.softsign),
+    "HardSigmoid": ({"alpha": 1 / 6, "beta": 0.5}, F.hardsigmoid),
+    "HardSwish": ({}, F.hardswish),
+    "Mish": ({}, F.mish),
+    "Sin": ({}, torch.sin),
+    "Cos": ({}, torch.cos),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+@FEW
+@given(shape=shapes, seed=seeds)
+def test_activation(name, shape, seed):
+    attrs, fn = ACTIVATIONS[name]
+    x = 3 * normal(seed, shape)
+    x = np.where(np.abs(np.abs(x) - 3) < 0.05, x + 0.2, x).astype(np.float32)  # hard kinks at +-3
+    check_op(name.split("-")[0], [x], attrs, fn, seed=seed % 1000)
+
+
+@FEW
+@given(shape=st.lists(dims, min_size=2, max_size=4).map(tuple), per_channel=st.booleans(), seed=seeds)
+def test_prelu(shape, per_channel, seed):
+    # ONNX slope for channels is (C, 1, 1...); scalar otherwise
+    slope_shape = (shape[1],) + (1,) * (len(shape) - 2) if per_channel else (1,)
+    slope = np.random.default_rng(seed).uniform(0.05, 0.5, slope_shape).astype(np.float32)
+    check_op("PRelu", [normal(seed, shape), slope], {}, lambda x, w: F.prelu(x, w.reshape(-1)))
 
 
 def test_erf_accuracy_over_range():
@@ -390,6 +426,13 @@ def test_split(shape, seed, data):
     check_op("Split", inputs, attrs, lambda t, *_: torch.split(t, sizes, axis), n_outputs=len(sizes))
 
 
+@SETTINGS
+@given(shape=shapes, seed=seeds, data=st.data())
+def test_tile(shape, seed, data):
+    reps = [data.draw(st.integers(1, 3)) for _ in shape]
+    check_op("Tile", [normal(seed, shape), np.array(reps, np.int64)], {}, lambda t, _: t.repeat(tuple(reps)) * 1)
+
+
 @pytest.mark.parametrize("attrs,want", [
     ({"value": np.arange(6, dtype=np.float32).reshape(2, 3)}, np.arange(6, dtype=np.float32).reshape(2, 3)),
     ({"value_float": 2.5}, np.array(2.5, np.float32)),
@@ -544,10 +587,13 @@ def test_range(start, limit, delta, dtype):
 
 
 def test_every_op_in_these_families_is_registered():
-    names = """Add Sub Mul Div Pow Neg Identity Exp Log Sqrt Relu LeakyRelu Sigmoid Tanh MatMul Gemm Reshape
-    Transpose Expand ReduceSum Flatten Concat Constant Squeeze Unsqueeze Shape Size Gather Cast
-    ConstantOfShape Slice Range Equal Less Greater Where Not Abs Sign Reciprocal Clip Min Max Sum Mean
-    ReduceMean ReduceMax ReduceMin ReduceProd ReduceL2 ReduceLogSumExp ArgMax ArgMin Erf""".split()
+    names = ["Add", "Sub", "Mul", "Div", "Pow", "Neg", "Identity", "Exp", "Log", "Sqrt", "Relu", "LeakyRelu",
+             "Sigmoid", "Tanh", "MatMul", "Gemm", "Reshape", "Transpose", "Expand", "ReduceSum", "Flatten",
+             "Concat", "Constant", "Squeeze", "Unsqueeze", "Shape", "Size", "Gather", "Cast", "ConstantOfShape",
+             "Slice", "Range", "Equal", "Less", "Greater", "Where", "Not", "Abs", "Sign", "Reciprocal", "Clip",
+             "Min", "Max", "Sum", "Mean", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2",
+             "ReduceLogSumExp", "ArgMax", "ArgMin", "Erf", "Split", "Tile", "PRelu"] + sorted(
+                 {n.split("-")[0] for n in ACTIVATIONS})
     missing = [n for n in names if get_op(n) is None]
     assert not missing
     assert all(get_op(n).internal for n in ["GatherGrad", "SliceGrad", "ClipGrad", "ErfGrad"])

@@ -9,6 +9,8 @@ import functools
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import anygrad.ops  # noqa: F401  (registers the op forwards)
 from anygrad.backends.wgpu import kernels_conv, kernels_gemm  # noqa: F401  (register the lowerings)
@@ -21,7 +23,9 @@ pytestmark = pytest.mark.wgpu
 F32 = np.dtype("float32")
 CPU = AdapterCaps(is_cpu=True)
 GPU = AdapterCaps(is_cpu=False)
-VARIANTS = ["register", "shared"]
+VARIANTS = [{"_gemm_variant": "register"}, {"_gemm_variant": "shared"},
+            {"_gemm_variant": "register", "_gemm_block": 8}, {"_gemm_variant": "shared", "_gemm_block": 8}]
+VARIANT_IDS = ["register4", "shared4", "register8", "shared8"]
 
 
 @functools.cache
@@ -97,32 +101,32 @@ def rnd(*shape, seed=0):
 
 
 # -- MatMul / Gemm --------------------------------------------------------------------------------
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
 @pytest.mark.parametrize("sa,sb", [
     ((5, 7), (7, 3)), ((8, 12), (12, 16)), ((33, 17), (17, 29)), ((1, 4), (4, 1)),
     ((7,), (7, 5)), ((6, 9), (9,)), ((9,), (9,)),
     ((2, 3, 5, 8), (8, 4)), ((2, 1, 3, 4), (5, 4, 6)), ((3, 6, 4), (3, 4, 8)), ((4, 5), (2, 5, 3)),
 ])
 def test_matmul(sa, sb, variant):
-    check_op("MatMul", [rnd(*sa, seed=1), rnd(*sb, seed=2)], {"_gemm_variant": variant})
+    check_op("MatMul", [rnd(*sa, seed=1), rnd(*sb, seed=2)], {**variant})
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
 @pytest.mark.parametrize("ta,tb", [(0, 0), (0, 1), (1, 0), (1, 1)])
 @pytest.mark.parametrize("m,k,n", [(5, 7, 3), (16, 12, 8), (19, 33, 10)])
 def test_gemm(m, k, n, ta, tb, variant):
     a = rnd(*((k, m) if ta else (m, k)), seed=3)
     b = rnd(*((n, k) if tb else (k, n)), seed=4)
     check_op("Gemm", [a, b, rnd(n, seed=5)], {"transA": ta, "transB": tb, "alpha": 0.5, "beta": 2.0,
-                                            "_gemm_variant": variant})
+                                            **variant})
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
 @pytest.mark.parametrize("cshape", [None, (1,), (6, 1), (6, 9), (9,)])
 def test_gemm_bias_broadcast_and_relu(cshape, variant):
     c = None if cshape is None else rnd(*cshape, seed=6)
     kernels = check_op("Gemm", [rnd(6, 11, seed=7), rnd(9, 11, seed=8), c],
-                       {"transB": 1, "_gemm_variant": variant})
+                       {"transB": 1, **variant})
     assert len(kernels) == 1
     node = Node("Gemm", ["x0", "x1"] + (["x2"] if c is not None else []), ["y0"], {"transB": 1, "_epilogue": "relu"})
     g = Graph()
@@ -135,6 +139,13 @@ def test_gemm_bias_broadcast_and_relu(cshape, variant):
     got = run_kernels(LOWERINGS["Gemm"](node, g, CPU), feeds, {"y0": 54})["y0"].reshape(6, 9)
     want = a @ b.T + (c if c is not None else 0)
     np.testing.assert_allclose(got, np.maximum(want, 0), rtol=1e-4, atol=1e-4)
+
+
+@settings(max_examples=12, deadline=None)
+@given(m=st.integers(1, 40), k=st.integers(1, 40), n=st.integers(1, 40), batch=st.sampled_from([(), (2,), (2, 1)]),
+       variant=st.sampled_from(VARIANTS))
+def test_matmul_random_shapes(m, k, n, batch, variant):
+    check_op("MatMul", [rnd(*batch, m, k, seed=m), rnd(*batch[:1], k, n, seed=n)], {**variant})
 
 
 @pytest.mark.parametrize("caps", [CPU, GPU], ids=["cpu", "gpu"])
@@ -170,21 +181,21 @@ def _explicit(xs, ws, attrs):
     return {**win.attrs(), "group": attrs.get("group", 1)}, win.out
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
 @pytest.mark.parametrize("xs,ws,attrs", CONVS, ids=_conv_ids())
 def test_conv(xs, ws, attrs, variant):
     check_op("Conv", [rnd(*xs, seed=11), rnd(*ws, seed=12), rnd(ws[0], seed=13)],
-             {**attrs, "_gemm_variant": variant, "_epilogue": "relu"})
-    check_op("Conv", [rnd(*xs, seed=11), rnd(*ws, seed=12)], {**attrs, "_gemm_variant": variant})
+             {**attrs, **variant, "_epilogue": "relu"})
+    check_op("Conv", [rnd(*xs, seed=11), rnd(*ws, seed=12)], {**attrs, **variant})
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
 @pytest.mark.parametrize("xs,ws,attrs", CONVS, ids=_conv_ids())
 def test_conv_grad_input(xs, ws, attrs, variant):
     explicit, out = _explicit(xs, ws, attrs)
     dy = rnd(xs[0], ws[0], *out, seed=14)
     check_op("ConvGradInput", [dy, rnd(*ws, seed=15)],
-             {**explicit, "input_shape": list(xs), "_gemm_variant": variant})
+             {**explicit, "input_shape": list(xs), **variant})
 
 
 @pytest.mark.parametrize("caps", [CPU, GPU], ids=["cpu", "gpu"])
@@ -214,6 +225,23 @@ def test_grid_folds_past_the_dimension_limit():
     assert max(grid) <= 4 and grid[2] > 1
     kernels = check_op("MaxPool", [rnd(2, 3, 12, 12, seed=20)], {"kernel_shape": [2, 2]}, caps)
     assert max(kernels[0].workgroups) <= 4
+
+
+@settings(max_examples=10, deadline=None)
+@given(b=st.integers(1, 3), cin=st.integers(1, 5), cout=st.integers(1, 6), h=st.integers(3, 9), w=st.integers(3, 9),
+       k=st.integers(1, 3), stride=st.integers(1, 3), pad=st.integers(0, 1), dil=st.integers(1, 2),
+       variant=st.sampled_from(VARIANTS))
+def test_conv_random_shapes(b, cin, cout, h, w, k, stride, pad, dil, variant):
+    if (k - 1) * dil + 1 > min(h, w) + 2 * pad:
+        return
+    xs, ws = (b, cin, h, w), (cout, cin, k, k)
+    attrs = {"strides": [stride, stride], "pads": [pad] * 4, "dilations": [dil, dil]}
+    check_op("Conv", [rnd(*xs, seed=h), rnd(*ws, seed=w), rnd(cout, seed=k)], {**attrs, **variant})
+    explicit, out = _explicit(xs, ws, attrs)
+    check_op("ConvGradInput", [rnd(b, cout, *out, seed=1), rnd(*ws, seed=2)],
+             {**explicit, "input_shape": list(xs), **variant})
+    check_op("ConvGradWeight", [rnd(b, cout, *out, seed=3), rnd(*xs, seed=4)],
+             {**explicit, "weight_shape": list(ws), **variant})
 
 
 # -- pools --------------------------------------------------------------------------------------

@@ -30,10 +30,11 @@ def wgpu_backend():
 
 def op_graph(op: str, inputs: Sequence[np.ndarray | None], attrs: dict | None = None, *,
              const: Sequence[int] = (), n_outputs: int = 1, grad: bool = True, seed: int = 0,
-             state: dict[int, str] | None = None):
+             state: dict[int, str] | None = None, feed: Sequence[int] = ()):
     """A specialized graph computing one op (and gradients of sum(out0 * R)), plus its feeds.
 
-    state: input index -> state name, for inputs that are backend state (RNG, running stats)."""
+    state: input index -> state name, for inputs that are backend state (RNG, running stats).
+    feed: inputs fed at run time without a gradient (so an all-constant node is not folded away)."""
     g = Graph(name=op)
     names, diff, feeds = [], [], {}
     state = state or {}
@@ -47,6 +48,10 @@ def op_graph(op: str, inputs: Sequence[np.ndarray | None], attrs: dict | None = 
         if i in state:
             g.initializers[name] = a
             g.buffers.append(name)
+        elif i in feed:
+            g.inputs.append(name)
+            g.info[name] = TensorInfo(a.dtype, a.shape)
+            feeds[name] = a
         elif np.issubdtype(a.dtype, np.floating) and i not in const:
             g.inputs.append(name)
             g.info[name] = TensorInfo(a.dtype, a.shape)
@@ -95,10 +100,12 @@ def assert_close(want: dict, got: dict, rtol: float = 1e-4, atol: float = 1e-5, 
 
 def check_wgpu(op: str, inputs: Sequence[np.ndarray | None], attrs: dict | None = None, *,
                const: Sequence[int] = (), n_outputs: int = 1, grad: bool = True, rtol: float = 1e-4,
-               atol: float = 1e-5, fuse: bool = True, state: dict[int, str] | None = None, seed: int = 0):
+               atol: float = 1e-5, fuse: bool = True, state: dict[int, str] | None = None, seed: int = 0,
+               feed: Sequence[int] = ()):
     """Assert one op's outputs (and input gradients) on wgpu match the numpy backend."""
     graph, feeds = op_graph(op, inputs, attrs, const=const, n_outputs=n_outputs, grad=grad, seed=seed,
-                           state=state)
+                           state=state, feed=feed)
+    assert graph.nodes, f"{op}: the graph folded to constants; feed an input"
     init = {name: np.asarray(graph.initializers[name]) for name in graph.buffers}
     want, got, exe = run_both(graph, feeds, fuse=fuse, state=init)
     assert_close(want, got, rtol, atol, what=op)

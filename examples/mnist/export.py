@@ -1,7 +1,7 @@
 """Export the founding model (model.py) to ONNX, keeping BatchNorm and Dropout for training.
 
     python examples/mnist/export.py            # TorchScript exporter -> src/anygrad/examples/mnist.onnx
-    python examples/mnist/export.py --dynamo   # the dynamo exporter (needs onnxscript)
+    python examples/mnist/export.py --dynamo   # the dynamo exporter (needs onnxscript) -> mnist_dynamo.onnx(.data)
     python examples/mnist/export.py --out my.onnx
 
 The default output is the copy anygrad ships as package data; examples/mnist/mnist.onnx is a
@@ -21,7 +21,7 @@ from onnx import numpy_helper
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from model import Net  # noqa: E402
+from model import Net
 
 PACKAGED = HERE.parents[1] / "src" / "anygrad" / "examples" / "mnist.onnx"
 LINK = HERE / "mnist.onnx"
@@ -72,10 +72,12 @@ def _restore_initializers(path: Path, state: dict[str, torch.Tensor]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=PACKAGED)
+    parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--dynamo", action="store_true", help="use the torch.export-based exporter")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.out is None:  # only the TorchScript export (one self-contained file) is shipped
+        args.out = HERE / "mnist_dynamo.onnx" if args.dynamo else PACKAGED
     export(args.out, dynamo=args.dynamo, seed=args.seed)
     if args.out.resolve() == PACKAGED.resolve():
         if LINK.is_symlink() or LINK.exists():

@@ -1,7 +1,7 @@
 """The founding example: a small MNIST convnet, written in plain PyTorch."""
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 
 class Net(nn.Module):

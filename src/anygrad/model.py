@@ -20,6 +20,7 @@ class Model:
     def __init__(self, graph: Graph, source: str = "model"):
         self.graph = graph
         self.source = source
+        self.origin = None  # what the frontend learnt about the file (anygrad.frontends.OnnxOrigin)
         self.loss: Loss | None = None
         self.optimizer: Optimizer | None = None
         self.backend: Backend | None = None

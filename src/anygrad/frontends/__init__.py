@@ -2,4 +2,4 @@
 from .onnx_export import save_onnx
 from .onnx_import import ModelSummary, OnnxOrigin, TorchName, load_onnx, summarize
 
-__all__ = ["load_onnx", "save_onnx", "summarize", "ModelSummary", "OnnxOrigin", "TorchName"]
+__all__ = ["ModelSummary", "OnnxOrigin", "TorchName", "load_onnx", "save_onnx", "summarize"]

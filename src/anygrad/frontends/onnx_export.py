@@ -56,7 +56,7 @@ def _guess_type(value: Any) -> int:
 def _node(node: Node, opset: int) -> onnx.NodeProto:
     try:
         schema_attrs = onnx.defs.get_schema(node.op, opset, "").attributes
-    except Exception:
+    except onnx.defs.SchemaError:  # not an ONNX op: attribute types from the Python values
         schema_attrs = {}
     attrs = []
     for key, value in node.attrs.items():

@@ -11,18 +11,21 @@ import os
 import re
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import AttributeProto, TensorProto, numpy_helper
 
-from ..errors import ModelError
+from ..errors import ConfigError, ModelError
 from ..ir.graph import Graph, Node, Shape, TensorInfo
 from ..ir.passes import check_supported, unsupported_ops
 from ..ir.registry import get_op
+from ..model import Model
+from .init import fresh_init
 
 MIN_OPSET, MAX_OPSET = 13, 20
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -108,7 +111,7 @@ def read_model(path: str | os.PathLike) -> onnx.ModelProto:
         raise ModelError(f"{path}: no such model file")
     try:
         model = onnx.load_model(str(path), load_external_data=False)
-    except Exception as e:  # protobuf DecodeError and friends
+    except Exception as e:  # noqa: BLE001  (protobuf DecodeError and friends: any failure is a bad file)
         raise ModelError(f"{path}: not a readable ONNX model (corrupt or truncated?): "
                          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")) from None
     # Random bytes can parse as an (almost) empty protobuf message; a real model has these.
@@ -118,19 +121,23 @@ def read_model(path: str | os.PathLike) -> onnx.ModelProto:
     _check_external_data(model, path)
     try:
         onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001
         raise ModelError(f"{path}: cannot read external data: {e}") from None
     if model.functions:
         try:
             model = onnx.inliner.inline_local_functions(model)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001
             raise ModelError(f"{path}: cannot inline the model's local functions: {e}") from None
     return model
 
 
+def default_opset(model: onnx.ModelProto) -> int | None:
+    """The version of the default ONNX domain the file imports (None when it imports none)."""
+    return max((o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS), default=None)
+
+
 def check_opset(model: onnx.ModelProto, source: str) -> int:
-    versions = {o.domain: o.version for o in model.opset_import}
-    opset = max((versions[d] for d in DEFAULT_DOMAINS if d in versions), default=None)
+    opset = default_opset(model)
     if opset is None:
         raise ModelError(f"{source}: imports no default-domain ONNX opset")
     if not MIN_OPSET <= opset <= MAX_OPSET:
@@ -146,7 +153,7 @@ def _tensor(t: TensorProto, source: str) -> np.ndarray:
                          f"{TensorProto.DataType.Name(t.data_type)}, which anygrad does not support")
     try:
         return np.array(numpy_helper.to_array(t))
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001
         raise ModelError(f"{source}: tensor '{t.name}' is corrupt: {e}") from None
 
 
@@ -239,7 +246,9 @@ def _untie_state(g: Graph) -> None:
     weight: ones), either by reusing one name or through an Identity node. Training updates
     them separately, so each stateful use gets its own copy.
     """
-    # Identity(initializer) is such a merge: make its output a real initializer again.
+    # Identity(initializer) is such a merge (TorchScript, eval mode): make its output a real
+    # initializer again. This also unties a weight deliberately shared through an Identity,
+    # which exporters do not emit for shared nn.Parameters (those reuse one name).
     kept = []
     for n in g.nodes:
         if (n.op == "Identity" and n.inputs and n.inputs[0] in g.initializers
@@ -321,14 +330,16 @@ def torch_names(g: Graph) -> dict[str, TorchName]:
     return out
 
 
-def _convert(path: Path) -> tuple[onnx.ModelProto, Graph, set[str]]:
+def _convert(path: Path, strict_opset: bool = True) -> tuple[onnx.ModelProto, Graph, set[str]]:
     model = read_model(path)
     source = f"'{path}'"
+    if strict_opset:
+        check_opset(model, source)
     try:
         g = to_graph(model, source)
     except ModelError:
         raise
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001  (a malformed graph must not escape as a traceback)
         raise ModelError(f"{source}: cannot convert the ONNX graph: {e}") from None
     try:
         g.toposort()  # every value produced before use: catches files cut at a field boundary
@@ -338,22 +349,17 @@ def _convert(path: Path) -> tuple[onnx.ModelProto, Graph, set[str]]:
     return model, g, constants
 
 
-def load_onnx(path: str | os.PathLike, init: str = "onnx", seed: int = 0):
+def load_onnx(path: str | os.PathLike, init: str = "onnx", seed: int = 0) -> Model:
     """Import an ONNX file as a trainable `anygrad.Model`.
 
     init="onnx" keeps the weights in the file; init="fresh" re-initialises them the way
     PyTorch initialises each layer (seeded by `seed`).
     """
-    from ..model import Model
-    from .init import fresh_init
-
     if init not in ("onnx", "fresh"):
-        from ..errors import ConfigError
         raise ConfigError(f"init must be 'onnx' or 'fresh', not '{init}'")
     path = Path(path)
     source = f"'{path}'"
     model, g, constants = _convert(path)
-    opset = check_opset(model, source)
     check_supported(g, source)
     _untie_state(g)
     # Drop initializers nothing reads (exporters leave some behind).
@@ -367,7 +373,6 @@ def load_onnx(path: str | os.PathLike, init: str = "onnx", seed: int = 0):
                           "kept the values from the file", stacklevel=2)
     origin = OnnxOrigin(path, model.ir_version, {o.domain: o.version for o in model.opset_import},
                         model.producer_name, torch_names(g))
-    assert origin.opset == opset
     m = Model(g, source=str(path))
     m.origin = origin
     return m
@@ -404,16 +409,11 @@ def summarize(path: str | os.PathLike) -> ModelSummary:
     """What is in an ONNX file, without raising for unsupported ops or opsets (ModelError only
     when the file cannot be read at all)."""
     path = Path(path)
-    model, g, constants = _convert(path)
-    try:
-        opset: int | None = check_opset(model, f"'{path}'")
-        ok = True
-    except ModelError:
-        versions = {o.domain: o.version for o in model.opset_import}
-        opset, ok = max((versions[d] for d in DEFAULT_DOMAINS if d in versions), default=None), False
+    model, g, constants = _convert(path, strict_opset=False)
+    opset = default_opset(model)
+    ok = opset is not None and MIN_OPSET <= opset <= MAX_OPSET
     missing = unsupported_ops(g)
-    if not missing:
-        _untie_state(g)
+    _untie_state(g)
     classify_state(g, constants)
 
     def tensors(names: list[str]) -> list[TensorSummary]:

@@ -86,6 +86,16 @@ def _unary(fn):
     return lambda node, ins: np.asarray(fn(node, ins[0])).astype(ins[0].dtype)
 
 
+def _one_grad(rule):
+    """A rule that returns dx, as a gradient rule (one entry per input)."""
+    return lambda g: [rule(g)]
+
+
+def _backward_kernel(fn):
+    """fn(node, dy, saved) -> dx, as a forward kernel over inputs (dy, saved)."""
+    return lambda node, ins: fn(node, ins[0], ins[1]).astype(ins[0].dtype)
+
+
 def _sigmoid(x):
     # Stable in both tails; exp of a negative argument never overflows.
     e = np.exp(-np.abs(x))
@@ -108,7 +118,7 @@ UNARY = {
 }
 
 for _name, (_fn, _g) in UNARY.items():
-    defop(_name, infer=same_as_first, forward=_unary(_fn), grad=(lambda gr: lambda g: [gr(g)])(_g))
+    defop(_name, infer=same_as_first, forward=_unary(_fn), grad=_one_grad(_g))
 
 # Backward helpers: (dy, saved) -> dx.
 BACKWARD = {
@@ -119,7 +129,7 @@ BACKWARD = {
 }
 for _name, _fn in BACKWARD.items():
     defop(_name, infer=same_as_first, internal=True,
-          forward=(lambda f: lambda node, ins: f(node, ins[0], ins[1]).astype(ins[0].dtype))(_fn))
+          forward=_backward_kernel(_fn))
 
 
 # -- more unary ------------------------------------------------------------------------------
@@ -154,7 +164,7 @@ UNARY_MORE = {
     "Erf": (lambda n, x: erf(x), lambda g: g.op("ErfGrad", [g.dy, g.x[0]])),
 }
 for _name, (_fn, _g) in UNARY_MORE.items():
-    defop(_name, infer=same_as_first, forward=_unary(_fn), grad=(lambda gr: lambda g: [gr(g)])(_g))
+    defop(_name, infer=same_as_first, forward=_unary(_fn), grad=_one_grad(_g))
 
 # Piecewise constant: the gradient is zero almost everywhere, so the input slot is nondiff.
 STEP_FUNCTIONS = {
@@ -163,14 +173,14 @@ STEP_FUNCTIONS = {
     "Not": np.logical_not,
 }
 for _name, _fn in STEP_FUNCTIONS.items():
-    defop(_name, infer=same_as_first, nondiff=[0], forward=(lambda f: _unary(lambda n, x: f(x)))(_fn))
+    defop(_name, infer=same_as_first, nondiff=[0], forward=_unary(lambda n, x, f=_fn: f(x)))
 
 BACKWARD_MORE = {
     "ErfGrad": lambda n, dy, x: dy * (2.0 / np.sqrt(np.pi)) * np.exp(-x * x),
 }
 for _name, _fn in BACKWARD_MORE.items():
     defop(_name, infer=same_as_first, internal=True,
-          forward=(lambda f: lambda node, ins: f(node, ins[0], ins[1]).astype(ins[0].dtype))(_fn))
+          forward=_backward_kernel(_fn))
 
 
 # -- comparisons and logic (bool outputs, no gradient) ---------------------------------------
@@ -186,7 +196,7 @@ def _bool_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
 
 for _name, _fn in COMPARE.items():
     defop(_name, infer=_bool_infer, nondiff=[0, 1],
-          forward=(lambda f: lambda node, ins: np.asarray(f(ins[0], ins[1])))(_fn))
+          forward=lambda node, ins, f=_fn: np.asarray(f(ins[0], ins[1])))
 
 
 def _where_infer(node, ins):
@@ -298,3 +308,93 @@ for _name, _fwd, _g in [("Sum", _variadic_forward(np.add), _sum_grad(False)),
                         ("Max", _variadic_forward(np.maximum), _select_grad),
                         ("Min", _variadic_forward(np.minimum), _select_grad)]:
     defop(_name, infer=broadcast_infer, forward=_fwd, grad=_g)
+
+
+# -- activations PyTorch exports as single ONNX ops --------------------------------------------
+# Each: numpy kernel(node, x) and the internal backward op's kernel(node, dy, x) -> dx. The
+# backward ops take x (not y) so every rule has the same shape and fuses like any elementwise op.
+_SELU_ALPHA, _SELU_GAMMA = 1.67326319217681884765625, 1.05070102214813232421875
+_SQRT_2_OVER_PI = np.sqrt(2.0 / np.pi)
+
+
+def _f(node: Node, key: str, default: float) -> float:
+    return float(node.attr(key, default))
+
+
+def _gelu(node, x):
+    if node.attr("approximate", "none") == "tanh":
+        return 0.5 * x * (1 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1 + erf(x / np.sqrt(2.0)))
+
+
+def _gelu_grad(node, dy, x):
+    x = x.astype(np.float64)
+    if node.attr("approximate", "none") == "tanh":
+        t = np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x ** 3))
+        return dy * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x))
+    return dy * (0.5 * (1 + erf(x / np.sqrt(2.0))) + x * np.exp(-0.5 * x * x) / np.sqrt(2 * np.pi))
+
+
+def _softplus(x):
+    return np.logaddexp(0, x)
+
+
+def _hard_sigmoid_args(node):
+    return _f(node, "alpha", 0.2), _f(node, "beta", 0.5)
+
+
+ACTIVATIONS = {
+    # name: (forward(node, x), backward(node, dy, x))
+    "Gelu": (_gelu, _gelu_grad),
+    "Elu": (lambda n, x: np.where(x > 0, x, _f(n, "alpha", 1.0) * np.expm1(np.minimum(x, 0))),
+            lambda n, dy, x: np.where(x > 0, dy, dy * _f(n, "alpha", 1.0) * np.exp(np.minimum(x, 0)))),
+    "Selu": (lambda n, x: _f(n, "gamma", _SELU_GAMMA) * np.where(
+                 x > 0, x, _f(n, "alpha", _SELU_ALPHA) * np.expm1(np.minimum(x, 0))),
+             lambda n, dy, x: dy * _f(n, "gamma", _SELU_GAMMA) * np.where(
+                 x > 0, 1, _f(n, "alpha", _SELU_ALPHA) * np.exp(np.minimum(x, 0)))),
+    "Celu": (lambda n, x: np.maximum(x, 0) + np.minimum(0, _f(n, "alpha", 1.0) * np.expm1(
+                 np.minimum(x, 0) / _f(n, "alpha", 1.0))),
+             lambda n, dy, x: np.where(x > 0, dy, dy * np.exp(np.minimum(x, 0) / _f(n, "alpha", 1.0)))),
+    "Softplus": (lambda n, x: _softplus(x), lambda n, dy, x: dy * _sigmoid(x)),
+    "Softsign": (lambda n, x: x / (1 + np.abs(x)), lambda n, dy, x: dy / np.square(1 + np.abs(x))),
+    "HardSigmoid": (lambda n, x: np.clip(_hard_sigmoid_args(n)[0] * x + _hard_sigmoid_args(n)[1], 0, 1),
+                    lambda n, dy, x: dy * _hard_sigmoid_args(n)[0] * (
+                        np.abs(_hard_sigmoid_args(n)[0] * x + _hard_sigmoid_args(n)[1] - 0.5) < 0.5)),
+    # HardSwish = x * HardSigmoid(x) with alpha 1/6, beta 0.5 (PyTorch's hardswish)
+    "HardSwish": (lambda n, x: x * np.clip(x / 6 + 0.5, 0, 1),
+                  lambda n, dy, x: dy * np.where(x < -3, 0, np.where(x <= 3, x / 3 + 0.5, 1))),
+    "Mish": (lambda n, x: x * np.tanh(_softplus(x)),
+             lambda n, dy, x: dy * (np.tanh(_softplus(x)) + x * _sigmoid(x) * (1 - np.tanh(_softplus(x)) ** 2))),
+    "Sin": (lambda n, x: np.sin(x), lambda n, dy, x: dy * np.cos(x)),
+    "Cos": (lambda n, x: np.cos(x), lambda n, dy, x: -dy * np.sin(x)),
+}
+
+
+def _activation_grad(grad_op: str):
+    return lambda g: [g.op(grad_op, [g.dy, g.x[0]], **g.node.attrs)]
+
+
+for _name, (_fwd, _bwd) in ACTIVATIONS.items():
+    defop(_name, infer=same_as_first, forward=_unary(_fwd), grad=_activation_grad(f"{_name}Grad"))
+    defop(f"{_name}Grad", infer=same_as_first, internal=True, forward=_backward_kernel(_bwd))
+
+
+def _prelu_infer(node, ins):
+    # the slope broadcasts to x (unidirectionally): the output has x's shape
+    if broadcast_shape(ins[0].shape, ins[1].shape) != tuple(ins[0].shape):
+        raise ValueError(f"slope shape {tuple(ins[1].shape)} does not broadcast to {tuple(ins[0].shape)}")
+    return [TensorInfo(ins[0].dtype, tuple(ins[0].shape))]
+
+
+def _prelu_grad(g: GradContext):
+    x, slope = g.x
+    positive = g.op("Greater", [x, g.const(0.0, g.dtype(x), "zero")])
+    zero = g.const(0.0, g.dtype(x), "zero")
+    dx = g.op("Where", [positive, g.dy, g.op("Mul", [g.dy, slope])]) if g.need(0) else None
+    dslope = (g.unbroadcast(g.op("Where", [positive, zero, g.op("Mul", [g.dy, x])]), g.shape(slope))
+              if g.need(1) else None)
+    return [dx, dslope]
+
+
+defop("PRelu", infer=_prelu_infer, grad=_prelu_grad,
+      forward=lambda node, ins: np.where(ins[0] > 0, ins[0], ins[0] * ins[1]).astype(ins[0].dtype))

@@ -6,8 +6,8 @@ noop_with_empty_axes with no axes skips only the reduction: ReduceL2 still takes
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -136,9 +136,12 @@ def _reduce_forward(kernel):
     return forward
 
 
+def _x_grad(rule):
+    return None if rule is None else lambda g: [rule(g), None]  # the axes input gets none
+
+
 for _name, _r in REDUCTIONS.items():
-    defop(_name, infer=_reduce_infer, forward=_reduce_forward(_r.kernel), nondiff=[1],
-          grad=None if _r.grad is None else (lambda rule: lambda g: [rule(g), None])(_r.grad))
+    defop(_name, infer=_reduce_infer, forward=_reduce_forward(_r.kernel), nondiff=[1], grad=_x_grad(_r.grad))
 
 
 # -- ArgMax / ArgMin -------------------------------------------------------------------------

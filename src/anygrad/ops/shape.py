@@ -36,6 +36,9 @@ def reshape_target(node: Node, in_shape: tuple, spec: list[int]) -> tuple[int, .
 
 
 def _reshape_infer(node, ins):
+    if ins[1].const is None and not ins[0].is_static and len(ins[1].shape) == 1:
+        # Before `specialize` a target computed from a symbolic shape is not known yet: only the rank.
+        return [TensorInfo(ins[0].dtype, tuple(f"{node.outputs[0]}.dim{i}" for i in range(ins[1].shape[0])))]
     return [TensorInfo(ins[0].dtype, reshape_target(node, ins[0].shape, const_ints(ins[1], "shape", node)))]
 
 
@@ -119,11 +122,17 @@ def unsqueeze_shape(node: Node, shape: tuple, axes: list[int] | None) -> tuple:
     return tuple(out)
 
 
+def _axes_rule_infer(rule):
+    return lambda node, ins: [TensorInfo(ins[0].dtype, rule(node, ins[0].shape, axes_of(node, ins)))]
+
+
+def _axes_rule_forward(rule):
+    return lambda node, ins: ins[0].reshape(rule(node, ins[0].shape, axes_of(node, ins)))
+
+
 for _name, _rule in [("Squeeze", squeeze_shape), ("Unsqueeze", unsqueeze_shape)]:
-    defop(_name, nondiff=[1], grad=_grad_to_input_shape,
-          infer=(lambda rule: lambda node, ins: [
-              TensorInfo(ins[0].dtype, rule(node, ins[0].shape, axes_of(node, ins)))])(_rule),
-          forward=(lambda rule: lambda node, ins: ins[0].reshape(rule(node, ins[0].shape, axes_of(node, ins))))(_rule))
+    defop(_name, nondiff=[1], grad=_grad_to_input_shape, infer=_axes_rule_infer(_rule),
+          forward=_axes_rule_forward(_rule))
 
 
 # -- Concat / Split -------------------------------------------------------------------------
@@ -451,3 +460,30 @@ def _gather_grad_forward(node, ins):
 defop("GatherGrad", internal=True, nondiff=[1], forward=_gather_grad_forward,
       infer=lambda node, ins: [TensorInfo(ins[0].dtype, tuple(node.attr("shape")))],
       grad=lambda g: [g.op("Gather", [g.dy, g.x[1]], axis=g.node.attr("axis")), None])
+
+
+# -- Tile -----------------------------------------------------------------------------------
+def _tile_repeats(node: Node, ins: list, rank: int) -> list[int]:
+    repeats = ints_of(ins[1], "repeats", node)
+    if len(repeats) != rank or any(r < 0 for r in repeats):
+        raise ShapeError(f"{node.label}: repeats {repeats} must be {rank} non-negative counts")
+    return repeats
+
+
+def _tile_infer(node, ins):
+    reps = _tile_repeats(node, ins, ins[0].rank)
+    return [TensorInfo(ins[0].dtype, tuple(d * r if isinstance(d, int) else (d if r == 1 else f"{d}*{r}")
+                                           for d, r in zip(ins[0].shape, reps)))]
+
+
+def _tile_grad(g: GradContext):
+    # Output index k * d + i along an axis holds input i: view dy as (r0, d0, r1, d1, ...) and sum the r's.
+    shape = g.shape(g.x[0])
+    reps = _tile_repeats(g.node, [g.info(i) for i in g.x], len(shape))
+    split = g.reshape(g.dy, tuple(v for r, d in zip(reps, shape) for v in (r, d)))
+    axes = g.const(np.arange(0, 2 * len(shape), 2, dtype=np.int64), np.int64, "axes")
+    return [g.reshape(g.op("ReduceSum", [split, axes], keepdims=0), shape) if shape else g.dy, None]
+
+
+defop("Tile", infer=_tile_infer, grad=_tile_grad, nondiff=[1],
+      forward=lambda node, ins: np.tile(ins[0], _tile_repeats(node, ins, ins[0].ndim)))

@@ -7,6 +7,7 @@ from .adagrad import Adagrad
 from .adam import Adam, AdamW
 from .base import LR_STATE, STEP_STATE, ElementwiseOptimizer, Optimizer
 from .rmsprop import RMSprop
+from .schedulers import SCHEDULERS, Scheduler, get_scheduler
 from .sgd import SGD
 
 OPTIMIZERS: dict[str, type[Optimizer]] = {
@@ -28,6 +29,7 @@ def get_optimizer(name: str, **kwargs) -> Optimizer:
 __all__ = [
     "LR_STATE",
     "OPTIMIZERS",
+    "SCHEDULERS",
     "SGD",
     "STEP_STATE",
     "Adadelta",
@@ -37,5 +39,7 @@ __all__ = [
     "ElementwiseOptimizer",
     "Optimizer",
     "RMSprop",
+    "Scheduler",
     "get_optimizer",
+    "get_scheduler",
 ]

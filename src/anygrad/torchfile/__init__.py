@@ -81,28 +81,32 @@ def _flatten(obj: Any, prefix: str = "") -> dict[str, np.ndarray] | None:
     return out
 
 
-def find_state_dict(obj: Any, key: str | None = None) -> dict[str, np.ndarray] | None:
+def find_state_dict(obj: Any, key: str | None = None, depth: int = 3) -> dict[str, np.ndarray] | None:
     """The state_dict inside a loaded checkpoint: `obj[key]` if given, else searched for.
 
-    Search order: `obj` itself, then its values under STATE_DICT_KEYS, then any other value, one
-    level deeper each time (up to three levels); then `obj` flattened if all its leaves are arrays."""
+    Search order at each level: `obj` itself if it maps names to arrays; its entries under
+    STATE_DICT_KEYS; `obj` flattened to dotted names if all its leaves are arrays ({"encoder": sd1,
+    "decoder": sd2}); then its other dict entries in order, up to `depth` levels down."""
     if key is not None:
         if not isinstance(obj, dict) or key not in obj:
             return None
-        obj = obj[key]
-        return dict(obj) if _is_state_dict(obj) else (_flatten(obj) if isinstance(obj, dict) else None)
-    level = [obj]
-    for _ in range(3):
-        for candidate in level:
-            if _is_state_dict(candidate):
-                return dict(candidate)
-        nxt = []
-        for candidate in level:
-            if isinstance(candidate, dict):
-                nxt += [candidate[k] for k in STATE_DICT_KEYS if k in candidate]
-                nxt += [v for k, v in candidate.items() if k not in STATE_DICT_KEYS and isinstance(v, dict)]
-        level = nxt
-    return _flatten(obj) if isinstance(obj, dict) and obj else None
+        return find_state_dict(obj[key], depth=0)
+    if not isinstance(obj, dict):
+        return None
+    if _is_state_dict(obj):
+        return dict(obj)
+    preferred = [obj[k] for k in STATE_DICT_KEYS if k in obj]
+    others = [v for k, v in obj.items() if k not in STATE_DICT_KEYS]
+    for i, candidate in enumerate(preferred + [None] + others):
+        if i == len(preferred):
+            flat = _flatten(obj) if obj else None
+            if flat is not None:
+                return flat
+        elif depth > 0 and isinstance(candidate, dict):
+            found = find_state_dict(candidate, depth=depth - 1)
+            if found is not None:
+                return found
+    return None
 
 
 def load(path: str | os.PathLike, key: str | None = None) -> dict[str, np.ndarray]:

@@ -12,6 +12,7 @@ call. This one is a separate, small implementation of the pickle opcodes (protoc
 """
 from __future__ import annotations
 
+import _compat_pickle
 import codecs
 import struct
 from collections.abc import Callable, Mapping
@@ -119,8 +120,15 @@ class Unpickler:
             return self.allowed[(module, name)]
         except KeyError:
             raise FormatError(
-                f"refused global '{module}.{name}': only tensor and container types may appear in a "
-                f"checkpoint (anygrad never runs code from a model file)") from None
+                f"refused global '{module}.{name}'{_py3_alias(module, name)}: only tensor and container "
+                f"types may appear in a checkpoint (anygrad never runs code from a model file)") from None
+
+
+def _py3_alias(module: str, name: str) -> str:
+    """Protocol-2 pickles use python-2 names (commands.Popen for subprocess.Popen): show both."""
+    mod3, name3 = _compat_pickle.NAME_MAPPING.get((module, name), (module, name))
+    mod3 = _compat_pickle.IMPORT_MAPPING.get(mod3, mod3)
+    return "" if (mod3, name3) == (module, name) else f" ({mod3}.{name3})"
 
 
 def _push(u: Unpickler, value: Any) -> None:
@@ -317,6 +325,13 @@ def _additems(u: Unpickler) -> None:
 def _global(u: Unpickler) -> None:
     module, name = u.readline().decode("utf-8"), u.readline().decode("utf-8")
     u.stack.append(u.resolve(module, name))
+
+
+@_op(b"i")
+def _inst(u: Unpickler) -> None:
+    # INST names its class inline: resolving it first reports a forbidden name as such
+    u.resolve(u.readline().decode("utf-8"), u.readline().decode("utf-8"))
+    raise FormatError("pickle INST (building class instances) is not allowed")
 
 
 @_op(b"\x93")

@@ -162,7 +162,7 @@ def materialize(ref: TensorRef, byteorder: str) -> np.ndarray:
         view = np.lib.stride_tricks.as_strided(
             flat[ref.offset:], shape=ref.size, strides=[s * raw_dtype.itemsize for s in ref.stride],
             writeable=False)
-        out = np.array(view, dtype=raw_dtype.newbyteorder("="))
+        out = np.array(view, dtype=raw_dtype.newbyteorder("="), order="C")
     widen = WIDEN.get(ref.dtype)
     return out if widen is None else widen(out)
 

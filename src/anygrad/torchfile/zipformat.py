@@ -24,11 +24,11 @@ _BYTEORDER = {"little": "<", "big": ">"}
 
 
 def _top_folder(names: list[str]) -> str:
+    if any(n.endswith("/constants.pkl") or "/code/" in n for n in names):
+        raise FormatError("this is a TorchScript archive (torch.jit.save); save model.state_dict() "
+                          "with torch.save, or export the model to ONNX")
     tops = [m.group(1) for m in map(_PICKLE.fullmatch, names) if m]
     if len(tops) != 1:
-        if any(n.endswith("/constants.pkl") or "/code/" in n for n in names):
-            raise FormatError("this is a TorchScript archive (torch.jit.save); save model.state_dict() "
-                              "with torch.save, or export the model to ONNX")
         raise FormatError(f"expected exactly one <folder>/data.pkl in the zip archive, found {len(tops)}")
     return tops[0]
 

@@ -4,7 +4,7 @@ Importing this package registers every lowering in `kernel.LOWERINGS`.
 """
 from pathlib import Path
 
-from . import kernels_elementwise, kernels_reduce  # noqa: F401  (register lowerings)
+from . import kernels_elementwise, kernels_loss, kernels_nn, kernels_optim, kernels_reduce, kernels_shape  # noqa: F401
 from .adapters import AdapterInfo, list_adapters
 from .kernel import LOWERINGS, AdapterCaps, Kernel, Scratch, lowering
 from .runtime import WgpuBackend, WgpuExecutable

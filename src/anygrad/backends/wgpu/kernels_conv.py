@@ -146,7 +146,7 @@ def lower_conv(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
                  bias=f"Bias[bt * {u(Cog)} + r]" if has_bias else "", epilogue=node.attr("_epilogue"))
     spec = GemmSpec("Conv" + ("1x1" if g.pointwise else ""), Cog, N, K, G, a, b, out, tuple(reads),
                     Binding(node.outputs[0], "Y"))
-    return gemm_kernels(spec, caps, variant_of(node), allow_split=False)
+    return gemm_kernels(spec, caps, **variant_of(node), allow_split=False)
 
 
 def _depthwise(node: Node, g: Geo, has_bias: bool, caps: AdapterCaps) -> Kernel:
@@ -206,7 +206,7 @@ def lower_conv_grad_input(node: Node, graph: Graph, caps: AdapterCaps) -> list[K
                  prelude=f"let img = c / {u(g.HW)}; let pix = c % {u(g.HW)};", contig=g.HW % 4 == 0)
     spec = GemmSpec("ConvGradInput" + ("1x1" if g.pointwise else ""), Cg, N, K, G, a, b, out,
                     (Binding(w, "Wt"), Binding(dy, "DY")), Binding(node.outputs[0], "DX"))
-    return gemm_kernels(spec, caps, variant_of(node), allow_split=False)
+    return gemm_kernels(spec, caps, **variant_of(node), allow_split=False)
 
 
 @lowering("ConvGradWeight")
@@ -232,7 +232,7 @@ def lower_conv_grad_weight(node: Node, graph: Graph, caps: AdapterCaps) -> list[
     out = Output("DW", f"(bt * {u(Cog)} + r) * {u(N)} + c", contig=N % 4 == 0)
     spec = GemmSpec("ConvGradWeight", Cog, N, K, G, a, b, out, (Binding(dy, "DY"), Binding(x, "X")),
                     Binding(node.outputs[0], "DW"))
-    return gemm_kernels(spec, caps, variant_of(node), allow_split=True)
+    return gemm_kernels(spec, caps, **variant_of(node), allow_split=True)
 
 
 # -- one-invocation-per-element kernels (depthwise conv, pools) -----------------------------------

@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 
 from ...ir.graph import Graph, Node
-from .kernel import AdapterCaps, Kernel, lowering
+from .kernel import LOWERINGS, AdapterCaps, Kernel, lowering
 from .wgsl import WG, bindings, broadcast_index, flat_id, grid, literal, shader, shape_of, size_of, vtype
 
 FUSED = "wgpu.Fused"
@@ -60,10 +60,16 @@ class EwOp:
 EW: dict[str, EwOp] = {}
 
 
+def _single(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    return lower_single(node, graph, caps)
+
+
 def ew(*names: str, raw=(), ignore=()):
+    """Register an elementwise op: its table row, and a lowering for when it is not fused."""
     def deco(fn: EmitFn) -> EmitFn:
         for n in names:
             EW[n] = EwOp(fn, frozenset(raw), frozenset(ignore))
+            LOWERINGS[n] = _single
         return fn
     return deco
 
@@ -214,12 +220,41 @@ def _clip(c, n, a, ot):
     return [c.let(x, t)]
 
 
+@ew("ClipGrad")
+def _clip_grad(c, n, a, ot):
+    dy, x = a[0].expr, a[1]
+    keep = []
+    lo = a[2] if len(a) > 2 and a[2] is not None else None
+    hi = a[3] if len(a) > 3 and a[3] is not None else None
+    if lo is None and n.attr("min") is not None:
+        lo = Val(_lit(n.attr("min"), x.ty), x.ty)
+    if hi is None and n.attr("max") is not None:
+        hi = Val(_lit(n.attr("max"), x.ty), x.ty)
+    if lo is not None:
+        keep.append(f"{x.expr} >= {_to(lo, x.ty)}")
+    if hi is not None:
+        keep.append(f"{x.expr} <= {_to(hi, x.ty)}")
+    cond = " && ".join(f"({k})" for k in keep) or "true"
+    return [c.let(f"select({_lit(0, ot[0])}, {dy}, {cond})", ot[0])]
+
+
+@ew("ErfGrad")
+def _erf_grad(c, n, a, ot):
+    x = a[1].expr
+    return [c.let(f"{a[0].expr} * {_lit(2.0 / np.sqrt(np.pi), 'f32')} * exp(-{x} * {x})", "f32")]
+
+
+@ew("CastLike", ignore=(1,))
+def _cast_like(c, n, a, ot):
+    return _cast(c, n, a, ot)
+
+
 @ew("Cast")
 def _cast(c, n, a, ot):
     t = ot[0]
-    if t == "u32" and a[0].ty != "u32":  # to bool / unsigned: nonzero test for bool semantics
-        return [c.let(f"select(0u, 1u, {a[0].expr} != {_lit(0, a[0].ty)})", t)] if n.attr("to") == 9 \
-            else [c.let(_to(a[0], t), t)]
+    if t == "u32" and a[0].ty != "u32" and c.graph is not None \
+            and c.graph.info[n.outputs[0]].dtype == np.bool_:  # to bool: nonzero test
+        return [c.let(f"select(0u, 1u, {a[0].expr} != {_lit(0, a[0].ty)})", t)]
     if t == "i32" and a[0].ty == "f32":
         return [c.let(f"i32(trunc({a[0].expr}))", t)]
     return [c.let(_to(a[0], t), t)]

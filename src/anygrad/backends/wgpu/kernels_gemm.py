@@ -119,18 +119,23 @@ def _pow2_at_least(x: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(1, x))))
 
 
-def choose_tiling(M: int, N: int, K: int, caps: AdapterCaps, variant: str | None = None) -> Tiling:
-    """Tile shapes by adapter kind and problem size (small M, e.g. 16 conv channels, gets short tiles)."""
+def choose_tiling(M: int, N: int, K: int, caps: AdapterCaps, variant: str | None = None,
+                  block: int | None = None) -> Tiling:
+    """Tile shapes by adapter kind and problem size (small M, e.g. 16 conv channels, gets short tiles).
+
+    block: outputs per invocation along each axis (4 or 8); by default 8 only for big shared GEMMs."""
     variant = variant or ("register" if caps.is_cpu else "shared")
     if variant == "register":
-        tm = tn = 4
+        tm = tn = block or 4
         threads = 64
     else:
         big = M * N >= 2048 * 2048 and M >= 128 and N >= 128
-        tm = tn = 8 if big else 4
+        tm = tn = block or (8 if big else 4)
         threads = min(256, caps.max_invocations_per_workgroup)
     wy = min(_pow2_at_least(math.ceil(M / tm)), 16, threads)
-    wx = min(_pow2_at_least(math.ceil(N / tn)), threads // wy)
+    # wide-and-short tiles (small M) stay within 32 invocations along N: workgroup memory and
+    # the waste of a half-empty last tile both grow with the tile width
+    wx = min(_pow2_at_least(math.ceil(N / tn)), threads // wy, 64 if variant == "register" else 32)
     wy = min(wy, threads // wx)
     kt = 4
     if variant == "shared":
@@ -252,6 +257,62 @@ def _vec_ok(op: Operand) -> bool:
     return (op.rows if op.contig == 0 else op.cols) % 4 == 0
 
 
+def _shared_body(spec: GemmSpec, t: Tiling, va: bool, vb: bool) -> tuple[str, list[str]]:
+    """Workgroup-memory variant: stage A (KT x BM) and B (KT x BN) as vec4 rows along M / N.
+
+    Global loads are vec4 where the operand is contiguous (coalesced along its contiguous axis);
+    each invocation then reads its TM rows and TN columns as vec4s from workgroup memory."""
+    bm, bn, kt = t.bm, t.bn, t.kt
+    bm4, bn4, kt4 = bm // 4, bn // 4, kt // 4
+    nt = t.wx * t.wy
+    decl = (f"var<workgroup> As: array<vec4<f32>, {kt * bm4}>;\n"
+            f"var<workgroup> Bs: array<vec4<f32>, {kt * bn4}>;")
+
+    def scatter(arr: str, width4: int, k: str, x: str, v: str) -> list[str]:
+        """Write vec4 v (four consecutive k at column x) into the k-major tile."""
+        return [f"{arr}[({k} + {c}u) * {u(width4)} + {x} / 4u][{x} % 4u] = {v}[{c}];" for c in range(4)]
+
+    if va and spec.a.contig == 1:       # vec4 along k
+        a_load = ([f"for (var l = tid; l < {u(bm * kt4)}; l = l + {u(nt)}) {{",
+                   f"  let kq = (l % {u(kt4)}) * 4u; let mm = l / {u(kt4)};",
+                   f"  let v = a_v(bt, mb * {u(bm)} + mm, k0 + kq);"]
+                  + ["  " + ln for ln in scatter("As", bm4, "kq", "mm", "v")] + ["}"])
+    elif va and spec.a.contig == 0:     # vec4 along m
+        a_load = [f"for (var l = tid; l < {u(bm4 * kt)}; l = l + {u(nt)}) {{",
+                  f"  let mq = l % {u(bm4)}; let kk = l / {u(bm4)};",
+                  f"  As[kk * {u(bm4)} + mq] = a_v(bt, mb * {u(bm)} + mq * 4u, k0 + kk);", "}"]
+    else:
+        a_map = (f"let kk = l % {u(kt)}; let mm = l / {u(kt)};" if spec.a.contig == 1
+                 else f"let mm = l % {u(bm)}; let kk = l / {u(bm)};")
+        a_load = [f"for (var l = tid; l < {u(bm * kt)}; l = l + {u(nt)}) {{", f"  {a_map}",
+                  f"  As[kk * {u(bm4)} + mm / 4u][mm % 4u] = a_el(bt, mb * {u(bm)} + mm, k0 + kk);", "}"]
+    if vb and spec.b.contig == 1:       # vec4 along n
+        b_load = [f"for (var l = tid; l < {u(bn4 * kt)}; l = l + {u(nt)}) {{",
+                  f"  let nq = l % {u(bn4)}; let kk = l / {u(bn4)};",
+                  f"  Bs[kk * {u(bn4)} + nq] = b_v(bt, k0 + kk, nb * {u(bn)} + nq * 4u);", "}"]
+    elif vb and spec.b.contig == 0:     # vec4 along k
+        b_load = ([f"for (var l = tid; l < {u(bn * kt4)}; l = l + {u(nt)}) {{",
+                   f"  let kq = (l % {u(kt4)}) * 4u; let nn = l / {u(kt4)};",
+                   f"  let v = b_v(bt, k0 + kq, nb * {u(bn)} + nn);"]
+                  + ["  " + ln for ln in scatter("Bs", bn4, "kq", "nn", "v")] + ["}"])
+    else:
+        b_map = (f"let kk = l % {u(kt)}; let nn = l / {u(kt)};" if spec.b.contig == 0
+                 else f"let nn = l % {u(bn)}; let kk = l / {u(bn)};")
+        b_load = [f"for (var l = tid; l < {u(bn * kt)}; l = l + {u(nt)}) {{", f"  {b_map}",
+                  f"  Bs[kk * {u(bn4)} + nn / 4u][nn % 4u] = b_el(bt, k0 + kk, nb * {u(bn)} + nn);", "}"]
+    compute = [f"for (var kk = 0u; kk < {u(kt)}; kk = kk + 1u) {{"]
+    compute += [f"  let av{ib} = As[kk * {u(bm4)} + lid.y * {u(t.tm // 4)} + {ib}u];" for ib in range(t.tm // 4)]
+    compute += [f"  let bv{j} = Bs[kk * {u(bn4)} + lid.x * {u(t.tn // 4)} + {j}u];" for j in range(t.tn // 4)]
+    compute += [f"  acc{4 * ib + q}_{j} = fma(vec4<f32>(av{ib}[{q}]), bv{j}, acc{4 * ib + q}_{j});"
+                for ib in range(t.tm // 4) for q in range(4) for j in range(t.tn // 4)]
+    compute += ["}"]
+    body = ([f"  let tid = lid.x + lid.y * {u(t.wx)};",
+             f"  for (var k0 = kb; k0 < ke; k0 = k0 + {u(kt)}) {{"]
+            + ["    " + ln for ln in a_load + b_load] + ["    workgroupBarrier();"]
+            + ["    " + ln for ln in compute] + ["    workgroupBarrier();", "  }"])
+    return decl, body
+
+
 def gemm_wgsl(spec: GemmSpec, t: Tiling, caps: AdapterCaps, splits: int = 1, ksplit: int = 0,
               out: Output | None = None, write: Binding | None = None, with_bias: bool = True) -> tuple[str, tuple]:
     out = out or spec.out
@@ -261,10 +322,9 @@ def gemm_wgsl(spec: GemmSpec, t: Tiling, caps: AdapterCaps, splits: int = 1, ksp
     total = nN * nM * spec.batch * splits
     grid = fold_grid(total, caps)
     va, vb = _vec_ok(spec.a), _vec_ok(spec.b)
-    if t.variant == "register" and spec.a.contig == 0 and t.tm % 4:
+    if spec.a.contig == 0 and t.tm % 4:
         va = False
-    reads = [replace(spec.reads[0], vec4=va and t.variant == "register"),
-             replace(spec.reads[1], vec4=vb and t.variant == "register")]
+    reads = [replace(spec.reads[0], vec4=va), replace(spec.reads[1], vec4=vb)]
     reads += list(spec.reads[2:]) if with_bias else []
     if splits == 1:
         kstep = t.kt if t.variant == "shared" else 4
@@ -295,37 +355,7 @@ def gemm_wgsl(spec: GemmSpec, t: Tiling, caps: AdapterCaps, splits: int = 1, ksp
         body += ["    " + ln for ln in _fma_block(t, "a{i}[{kk}]", "b{kk}_{j}")]
         body += ["  }"]
     else:
-        bm, bn, kt = t.bm, t.bn, t.kt
-        nt = t.wx * t.wy
-        shared_decl = (f"var<workgroup> As: array<f32, {bm * kt}>;\n"
-                       f"var<workgroup> Bs: array<f32, {bn * kt}>;")
-        # thread -> element mapping follows the operand's contiguous axis, for coalesced loads
-        a_map = ("let kk = l % {kt}u; let mm = l / {kt}u;" if spec.a.contig == 1
-                 else "let mm = l % {bm}u; let kk = l / {bm}u;").format(kt=kt, bm=bm)
-        b_map = ("let kk = l % {kt}u; let nn = l / {kt}u;" if spec.b.contig == 0
-                 else "let nn = l % {bn}u; let kk = l / {bn}u;").format(kt=kt, bn=bn)
-        body += [
-            f"  let tid = lid.x + lid.y * {u(t.wx)};",
-            f"  for (var k0 = kb; k0 < ke; k0 = k0 + {u(kt)}) {{",
-            f"    for (var l = tid; l < {u(bm * kt)}; l = l + {u(nt)}) {{",
-            f"      {a_map}",
-            f"      As[kk * {u(bm)} + mm] = a_el(bt, mb * {u(bm)} + mm, k0 + kk);",
-            "    }",
-            f"    for (var l = tid; l < {u(bn * kt)}; l = l + {u(nt)}) {{",
-            f"      {b_map}",
-            f"      Bs[kk * {u(bn)} + nn] = b_el(bt, k0 + kk, nb * {u(bn)} + nn);",
-            "    }",
-            "    workgroupBarrier();",
-            f"    for (var k4 = 0u; k4 < {u(kt)}; k4 = k4 + 4u) {{",
-        ]
-        for kk in range(4):
-            body += [f"      let a{i}_{kk} = As[(k4 + {kk}u) * {u(bm)} + lid.y * {u(t.tm)} + {i}u];"
-                     for i in range(t.tm)]
-            body += [f"      let bo{kk} = (k4 + {kk}u) * {u(bn)} + lid.x * {u(t.tn)};"]
-            body += [f"      let b{kk}_{j} = vec4<f32>(Bs[bo{kk} + {4 * j}u], Bs[bo{kk} + {4 * j + 1}u], "
-                     f"Bs[bo{kk} + {4 * j + 2}u], Bs[bo{kk} + {4 * j + 3}u]);" for j in range(nj)]
-        body += ["      " + ln for ln in _fma_block(t, "a{i}_{kk}", "b{kk}_{j}")]
-        body += ["    }", "    workgroupBarrier();", "  }"]
+        shared_decl, body = _shared_body(spec, t, va, vb)
     stores = [f"  st4(bt, s, m0 + {i}u, n0 + {4 * j}u, acc{i}_{j});" for i in range(t.tm) for j in range(nj)]
     wgsl = "\n".join(decls + [shared_decl,
                               _loader("a", spec.a, reads[0].vec4), _loader("b", spec.b, reads[1].vec4),
@@ -383,9 +413,9 @@ def _reduce_wgsl(spec: GemmSpec, scratch: Binding, splits: int, caps: AdapterCap
 
 
 def gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None = None,
-                 allow_split: bool = True) -> list[Kernel]:
+                 allow_split: bool = True, block: int | None = None) -> list[Kernel]:
     """The kernel list for one GEMM-shaped op: one GEMM, or a split-K GEMM + reduce."""
-    t = choose_tiling(spec.M, spec.N, spec.K, caps, variant)
+    t = choose_tiling(spec.M, spec.N, spec.K, caps, variant, block)
     splits, ksplit = choose_splits(spec, t, caps) if allow_split else (1, 0)
     if splits == 1:
         wgsl, grid, reads = gemm_wgsl(spec, t, caps)
@@ -410,9 +440,10 @@ def static_shape(graph: Graph, value: str, node: Node) -> tuple[int, ...]:
     return tuple(int(d) for d in info.shape)
 
 
-def variant_of(node: Node) -> str | None:
-    """A node may pin a variant (benchmarks, tests): attrs['_gemm_variant'] in {register, shared}."""
-    return node.attr("_gemm_variant")
+def variant_of(node: Node) -> dict:
+    """Tiling pinned by the node (benchmarks, tests): attrs '_gemm_variant' (register | shared) and
+    '_gemm_block' (4 | 8 outputs per invocation along M and N)."""
+    return {"variant": node.attr("_gemm_variant"), "block": node.attr("_gemm_block")}
 
 
 def _batch_offset(out_batch: tuple[int, ...], own: tuple[int, ...], mat: int) -> str:
@@ -450,7 +481,7 @@ def lower_matmul(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
                  epilogue=node.attr("_epilogue"))
     spec = GemmSpec("MatMul", M, N, K, batch, a, b, out,
                     (Binding(node.inputs[0], "A"), Binding(node.inputs[1], "B")), Binding(node.outputs[0], "Y"))
-    return gemm_kernels(spec, caps, variant_of(node))
+    return gemm_kernels(spec, caps, **variant_of(node))
 
 
 @lowering("Gemm")
@@ -477,4 +508,4 @@ def lower_gemm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     out = Output("Y", f"r * {u(N)} + c", contig=N % 4 == 0, alpha=node.attr("alpha", 1.0), bias=bias,
                  epilogue=node.attr("_epilogue"))
     spec = GemmSpec("Gemm", M, N, K, 1, a, b, out, tuple(reads), Binding(node.outputs[0], "Y"))
-    return gemm_kernels(spec, caps, variant_of(node))
+    return gemm_kernels(spec, caps, **variant_of(node))

@@ -33,6 +33,7 @@ COMBINE = {
     "ReduceSumSquare": Combine("zero", "{a} + {b}", pre="{x} * {x}"),
     "ReduceL1": Combine("zero", "{a} + {b}", pre="abs({x})"),
     "ReduceL2": Combine("zero", "{a} + {b}", pre="{x} * {x}", post="sqrt({x})"),
+    "ReduceLogSum": Combine("zero", "{a} + {b}", post="log({x})"),
 }
 
 

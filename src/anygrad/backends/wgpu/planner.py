@@ -70,18 +70,20 @@ def lower_all(graph: Graph, caps: AdapterCaps) -> tuple[list[tuple[int, Kernel]]
         if node.op in ALIAS_OPS:
             alias[node.outputs[0]] = node.inputs[0]
             continue
-        for kern in LOWERINGS[node.op](node, graph, caps):
-            kernels.append((k, _rename_scratch(kern, k, scratch_bytes)))
+        node_kernels = LOWERINGS[node.op](node, graph, caps)
+        # Scratch names are local to one node's kernels (any of them may declare it).
+        ren: dict[str, str] = {}
+        for kern in node_kernels:
+            for sc in kern.scratch:
+                ren[sc.name] = f"{sc.name}@{k}"
+                scratch_bytes[ren[sc.name]] = max(scratch_bytes.get(ren[sc.name], 0),
+                                                  max(ELEM_BYTES, int(sc.elements) * ELEM_BYTES))
+        for kern in node_kernels:
+            kernels.append((k, _rename(kern, ren) if ren else kern))
     return kernels, alias, scratch_bytes
 
 
-def _rename_scratch(kern: Kernel, k: int, sizes: dict[str, int]) -> Kernel:
-    """Scratch names are local to one node's kernels; make them unique across the graph."""
-    if not kern.scratch:
-        return kern
-    ren = {s.name: f"{s.name}@{k}" for s in kern.scratch}
-    for s in kern.scratch:
-        sizes[ren[s.name]] = max(ELEM_BYTES, int(s.elements) * ELEM_BYTES)
+def _rename(kern: Kernel, ren: dict[str, str]) -> Kernel:
     return Kernel(kern.name, kern.wgsl, kern.workgroups, tuple(ren.get(v, v) for v in kern.reads),
                   tuple(ren.get(v, v) for v in kern.writes), kern.entry, kern.scratch,
                   tuple(ren.get(v, v) for v in kern.inplace))

@@ -24,7 +24,7 @@ from .wgsl import np_device_dtype
 
 _FEATURES = ("shader-f16", "subgroup", "timestamp-query")
 # Op types whose lowering applies a fused Relu when the node carries attrs["_epilogue"] == "relu".
-EPILOGUE_SUPPORT: set[str] = set()
+EPILOGUE_SUPPORT: set[str] = {"Gemm", "Conv", "MatMul"}
 
 
 def _wgpu():

@@ -1,0 +1,565 @@
+"""Learning-rate schedulers that reproduce torch.optim.lr_scheduler value for value.
+
+A scheduler is a small pure-Python object, independent of any backend: it holds the learning
+rate to use for the next optimizer step (`.lr`) and advances with `step(metric=None)`. The
+trainer copies the value into the model (`model.lr = sched.step()`, a device-buffer write, no
+recompile), once per epoch or once per batch as `interval` says.
+
+PyTorch computes most schedules recursively (each value from the previous one, e.g.
+CosineAnnealingLR's ratio-of-cosines update), which differs from the closed form in the last
+bits. Every `_next` here performs the same float operations in the same order as torch's
+`get_lr`, so the sequences agree exactly in float64, and `state_dict()` keeps the current value
+itself (not just the step count) so a resumed run continues the very same sequence.
+
+Usage:
+    sched = get_scheduler("cosine", base_lr=0.1, T_max=50, warmup_steps=5)
+    model.lr = sched.lr                  # value for the first step
+    for epoch in range(50):
+        ...train one epoch...
+        model.lr = sched.step(val_loss)  # the metric is only read by "plateau"
+"""
+from __future__ import annotations
+
+import copy
+import math
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar
+
+from ..errors import ConfigError
+
+INTERVALS = ("epoch", "step")
+
+
+# -- option coercion: config files and the CLI hand over strings and loose numbers ---------------
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _to_float(v: Any) -> float:
+    if _is_number(v) or isinstance(v, str):
+        return float(v)
+    raise TypeError
+
+
+def _to_int(v: Any) -> int:
+    if isinstance(v, str):
+        v = float(v) if any(c in v for c in ".eE") else int(v)
+    if _is_number(v) and float(v).is_integer():
+        return int(v)
+    raise TypeError
+
+
+def _to_bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    words = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+    if isinstance(v, str) and v.strip().lower() in words:
+        return words[v.strip().lower()]
+    if _is_number(v) and v in (0, 1):
+        return bool(v)
+    raise TypeError
+
+
+def _to_str(v: Any) -> str:
+    if isinstance(v, str):
+        return v.strip().lower()
+    raise TypeError
+
+
+def _to_int_list(v: Any) -> list[int]:
+    if isinstance(v, str):
+        v = [p for p in v.replace(";", ",").split(",") if p.strip()]
+    if isinstance(v, (list, tuple)):
+        return [_to_int(x) for x in v]
+    raise TypeError
+
+
+def _optional(conv: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda v: None if v is None else conv(v)
+
+
+# Keyed by the field annotation (a string under `from __future__ import annotations`).
+_COERCE: dict[str, tuple[Callable[[Any], Any], str]] = {
+    "float": (_to_float, "a number"),
+    "int": (_to_int, "an integer"),
+    "bool": (_to_bool, "true or false"),
+    "str": (_to_str, "a string"),
+    "list[int]": (_to_int_list, "a list of integers"),
+    "float | None": (_optional(_to_float), "a number or null"),
+    "int | None": (_optional(_to_int), "an integer or null"),
+}
+
+
+# -- the interface ----------------------------------------------------------------------------------
+@dataclass
+class Scheduler:
+    """Base class. Dataclass fields are the configuration; `steps` and `lr` the running state.
+
+    `lr` is the learning rate for the next optimizer step: after construction the value for
+    the first step (torch's value right after constructing the scheduler), after n calls of
+    `step()` torch's value after n `scheduler.step()` calls.
+    """
+
+    base_lr: float
+    interval: str = field(default="epoch", kw_only=True)
+
+    name: ClassVar[str] = "scheduler"
+    needs_metric: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            conv, what = _COERCE[f.type]
+            value = getattr(self, f.name)
+            try:
+                setattr(self, f.name, conv(value))
+            except (TypeError, ValueError):
+                raise ConfigError(f"scheduler '{self.name}': option {f.name} must be {what}, "
+                                  f"got {value!r}") from None
+        self._require(self.interval in INTERVALS, f"interval must be one of {', '.join(INTERVALS)}, "
+                      f"got {self.interval!r}")
+        self._require(self.base_lr >= 0 and math.isfinite(self.base_lr),
+                      f"base_lr must be a finite number >= 0, got {self.base_lr}")
+        self._validate()
+        self.reset()
+
+    # -- subclass hooks -----------------------------------------------------------------
+    def _validate(self) -> None:
+        """Raise ConfigError (through `_require`) for option values torch would reject or
+        that make the schedule meaningless."""
+
+    def _next(self, lr: float, t: int) -> float:
+        """torch's get_lr: the rate after the t-th step from the rate `lr` before it
+        (t = 0 is the scheduler's construction, applied to base_lr)."""
+        raise NotImplementedError
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {}
+
+    def _load_extra_state(self, state: dict[str, Any]) -> None:
+        pass
+
+    # -- public API -------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Back to the start of the schedule."""
+        self.steps = 0
+        self.lr = self._next(self.base_lr, 0)
+
+    def step(self, metric: float | None = None) -> float:
+        """Advance one epoch/batch (per `interval`); returns the rate for the next step.
+        `metric` is only used by schedulers with `needs_metric` (reduce-on-plateau)."""
+        self.lr = self._next(self.lr, self.steps + 1)
+        self.steps += 1
+        return self.lr
+
+    def lr_at(self, step: int) -> float:
+        """The rate after `step` calls of step() from the start (replays the recursion, as
+        torch would have computed it), without changing this scheduler."""
+        step = self._check_step(step)
+        if step == self.steps:
+            return self.lr
+        replay = copy.copy(self)
+        replay.reset()
+        for _ in range(step):
+            replay.step()
+        return replay.lr
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain JSON-serialisable running state (the configuration is `config()`)."""
+        return {"name": self.name, "steps": self.steps, "lr": self.lr, **self._extra_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not isinstance(state, dict):
+            raise ConfigError(f"scheduler '{self.name}': state must be a dict, got {type(state).__name__}")
+        if state.get("name") != self.name:
+            raise ConfigError(f"scheduler state is for '{state.get('name')}', not '{self.name}'; "
+                              f"build the scheduler from the checkpoint's config")
+        try:
+            steps, lr = _to_int(state["steps"]), _to_float(state["lr"])
+            self._load_extra_state(state)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ConfigError(f"scheduler '{self.name}': corrupt state ({e!r}); "
+                              f"expected the dict state_dict() returns") from None
+        self.steps, self.lr = steps, lr
+
+    def config(self) -> dict[str, Any]:
+        """Name and options; `get_scheduler(**sched.config())` builds an equal scheduler."""
+        return {"name": self.name, **asdict(self)}
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _require(self, ok: bool, message: str) -> None:
+        if not ok:
+            raise ConfigError(f"scheduler '{self.name}': {message}")
+
+    def _check_step(self, step: int) -> int:
+        try:
+            step = _to_int(step)
+        except (TypeError, ValueError):
+            step = -1
+        self._require(step >= 0, f"step must be an integer >= 0, got {step!r}")
+        return step
+
+
+# -- epoch schedules (torch's chainable forms) --------------------------------------------------------
+@dataclass
+class StepLR(Scheduler):
+    """torch.optim.lr_scheduler.StepLR: multiply by gamma every step_size epochs."""
+
+    step_size: int | None = None
+    gamma: float = 0.1
+
+    name = "step"
+
+    def _validate(self) -> None:
+        self._require(self.step_size is not None, "needs step_size (decay every step_size epochs)")
+        self._require(self.step_size >= 1, f"step_size must be >= 1, got {self.step_size}")
+        self._require(self.gamma > 0, f"gamma must be > 0, got {self.gamma}")
+
+    def _next(self, lr: float, t: int) -> float:
+        if t == 0 or t % self.step_size != 0:
+            return lr
+        return lr * self.gamma
+
+
+@dataclass
+class MultiStepLR(Scheduler):
+    """torch.optim.lr_scheduler.MultiStepLR: multiply by gamma at each milestone epoch
+    (by gamma**n at a milestone listed n times)."""
+
+    milestones: list[int] = field(default_factory=list)
+    gamma: float = 0.1
+
+    name = "multistep"
+
+    def _validate(self) -> None:
+        self._require(len(self.milestones) > 0, "milestones must list at least one epoch, e.g. [30, 60]")
+        self._require(all(m >= 0 for m in self.milestones),
+                      f"milestones must be epochs >= 0, got {self.milestones}")
+        self._require(self.gamma > 0, f"gamma must be > 0, got {self.gamma}")
+        self.milestones = sorted(self.milestones)
+        self._counts = Counter(self.milestones)
+
+    def _next(self, lr: float, t: int) -> float:
+        if t not in self._counts:
+            return lr
+        return lr * self.gamma ** self._counts[t]
+
+
+@dataclass
+class ExponentialLR(Scheduler):
+    """torch.optim.lr_scheduler.ExponentialLR: multiply by gamma every epoch."""
+
+    gamma: float | None = None
+
+    name = "exponential"
+
+    def _validate(self) -> None:
+        self._require(self.gamma is not None, "needs gamma (the factor per epoch, e.g. 0.95)")
+        self._require(self.gamma > 0, f"gamma must be > 0, got {self.gamma}")
+
+    def _next(self, lr: float, t: int) -> float:
+        return lr if t == 0 else lr * self.gamma
+
+
+def _linear_next(lr: float, t: int, start: float, end: float, total: int) -> float:
+    """LinearLR.get_lr."""
+    if t == 0:
+        return lr * start
+    if t > total:
+        return lr
+    return lr * (1.0 + (end - start) / (total * start + (t - 1) * (end - start)))
+
+
+def _cosine_next(lr: float, t: int, base_lr: float, eta_min: float, T_max: int) -> float:
+    """CosineAnnealingLR.get_lr (t >= 1): the recursive update, with torch's special case where
+    the previous cosine term is -1 and the ratio would divide by zero."""
+    if (t - 1 - T_max) % (2 * T_max) == 0:
+        return lr + (base_lr - eta_min) * (1 - math.cos(math.pi / T_max)) / 2
+    return ((1 + math.cos(math.pi * t / T_max)) / (1 + math.cos(math.pi * (t - 1) / T_max))
+            * (lr - eta_min) + eta_min)
+
+
+@dataclass
+class LinearLR(Scheduler):
+    """torch.optim.lr_scheduler.LinearLR: scale base_lr by a factor moving linearly from
+    start_factor to end_factor over total_iters epochs (a linear warmup with the defaults)."""
+
+    start_factor: float = 1.0 / 3
+    end_factor: float = 1.0
+    total_iters: int = 5
+
+    name = "linear"
+
+    def _validate(self) -> None:
+        self._require(0 < self.start_factor <= 1, f"start_factor must be in (0, 1], got {self.start_factor}")
+        self._require(0 <= self.end_factor <= 1, f"end_factor must be in [0, 1], got {self.end_factor}")
+        self._require(self.total_iters >= 1, f"total_iters must be >= 1, got {self.total_iters}")
+
+    def _next(self, lr: float, t: int) -> float:
+        return _linear_next(lr, t, self.start_factor, self.end_factor, self.total_iters)
+
+
+@dataclass
+class CosineLR(Scheduler):
+    """torch.optim.lr_scheduler.CosineAnnealingLR over T_max epochs down to eta_min.
+
+    With warmup_steps > 0 it is SequentialLR([LinearLR(start_factor=warmup_start_factor,
+    total_iters=warmup_steps), CosineAnnealingLR(T_max, eta_min)], milestones=[warmup_steps]):
+    a linear warmup, then a cosine phase of T_max epochs (T_max does not include the warmup).
+    Past T_max the rate rises again, as torch's does (cosine without restarts).
+    """
+
+    T_max: int | None = None
+    eta_min: float = 0.0
+    warmup_steps: int = 0
+    warmup_start_factor: float = 1.0 / 3
+
+    name = "cosine"
+
+    def _validate(self) -> None:
+        self._require(self.T_max is not None, "needs T_max (the length of the cosine phase in epochs, "
+                      "usually the number of epochs minus warmup_steps)")
+        self._require(self.T_max >= 1, f"T_max must be >= 1, got {self.T_max}")
+        self._require(self.eta_min >= 0, f"eta_min must be >= 0, got {self.eta_min}")
+        self._require(self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        self._require(0 < self.warmup_start_factor <= 1,
+                      f"warmup_start_factor must be in (0, 1], got {self.warmup_start_factor}")
+
+    def _next(self, lr: float, t: int) -> float:
+        w = self.warmup_steps
+        if w == 0:
+            return lr if t == 0 else _cosine_next(lr, t, self.base_lr, self.eta_min, self.T_max)
+        if t < w:
+            return _linear_next(lr, t, self.warmup_start_factor, 1.0, w)
+        if t == w:  # SequentialLR restarts the cosine scheduler with its closed form at epoch 0
+            return self.eta_min + (self.base_lr - self.eta_min) * (1 + math.cos(math.pi * 0 / self.T_max)) / 2
+        return _cosine_next(lr, t - w, self.base_lr, self.eta_min, self.T_max)
+
+
+# -- batch schedule (closed form) -------------------------------------------------------------------
+_ANNEAL: dict[str, Callable[[float, float, float], float]] = {
+    # OneCycleLR._annealing_cos / _annealing_linear, operation for operation.
+    "cos": lambda start, end, pct: end + (start - end) / 2.0 * (math.cos(math.pi * pct) + 1),
+    "linear": lambda start, end, pct: (end - start) * pct + start,
+}
+
+
+@dataclass
+class OneCycleLR(Scheduler):
+    """torch.optim.lr_scheduler.OneCycleLR (learning rate only; momentum is not cycled).
+
+    Warms up from max_lr/div_factor to max_lr over pct_start of total_steps, then anneals to
+    max_lr/div_factor/final_div_factor (three_phase: back down to the initial rate first).
+    max_lr defaults to base_lr; total_steps may be given as epochs * steps_per_epoch. Note the
+    first rate is max_lr/div_factor, so set `model.lr = sched.lr` before training.
+    """
+
+    max_lr: float | None = None
+    total_steps: int | None = None
+    epochs: int | None = None
+    steps_per_epoch: int | None = None
+    pct_start: float = 0.3
+    anneal_strategy: str = "cos"
+    div_factor: float = 25.0
+    final_div_factor: float = 1e4
+    three_phase: bool = False
+    interval: str = field(default="step", kw_only=True)
+
+    name = "onecycle"
+
+    def _validate(self) -> None:
+        if self.max_lr is None:
+            self.max_lr = self.base_lr
+        self._require(self.max_lr > 0 and math.isfinite(self.max_lr), f"max_lr must be > 0, got {self.max_lr}")
+        if self.total_steps is None:
+            self._require(self.epochs is not None and self.steps_per_epoch is not None,
+                          "give total_steps, or epochs and steps_per_epoch")
+            self._require(self.epochs >= 1 and self.steps_per_epoch >= 1,
+                          f"epochs and steps_per_epoch must be >= 1, got {self.epochs} and {self.steps_per_epoch}")
+            self.total_steps = self.epochs * self.steps_per_epoch
+        self._require(self.total_steps >= 1, f"total_steps must be >= 1, got {self.total_steps}")
+        self._require(0 <= self.pct_start <= 1, f"pct_start must be in [0, 1], got {self.pct_start}")
+        self._require(self.anneal_strategy in _ANNEAL,
+                      f"anneal_strategy must be one of {', '.join(_ANNEAL)}, got {self.anneal_strategy!r}")
+        self._require(self.div_factor > 0 and self.final_div_factor > 0,
+                      f"div_factor and final_div_factor must be > 0, got {self.div_factor} and "
+                      f"{self.final_div_factor}")
+        initial = self.max_lr / self.div_factor
+        rates = {"initial_lr": initial, "max_lr": self.max_lr, "min_lr": initial / self.final_div_factor}
+        n = self.total_steps
+        if self.three_phase:
+            table = [(float(self.pct_start * n) - 1, "initial_lr", "max_lr"),
+                     (float(2 * self.pct_start * n) - 2, "max_lr", "initial_lr"),
+                     (n - 1, "initial_lr", "min_lr")]
+        else:
+            table = [(float(self.pct_start * n) - 1, "initial_lr", "max_lr"),
+                     (n - 1, "max_lr", "min_lr")]
+        self._phases = [(end, rates[a], rates[b]) for end, a, b in table]
+        # torch divides by the phase length: a zero-length phase it reaches is a ZeroDivisionError there.
+        self._require(self._phases[0][0] != 0 and self._phases[-1][0] != self._phases[-2][0],
+                      f"pct_start={self.pct_start} with total_steps={n} leaves a phase of zero length; "
+                      f"change pct_start or total_steps")
+
+    def _rate(self, t: int) -> float:
+        """OneCycleLR.get_lr at last_epoch = t."""
+        start_step = 0.0
+        for i, (end_step, start_lr, end_lr) in enumerate(self._phases):
+            if t <= end_step or i == len(self._phases) - 1:
+                pct = (t - start_step) / (end_step - start_step)
+                return _ANNEAL[self.anneal_strategy](start_lr, end_lr, pct)
+            start_step = end_step
+        raise AssertionError("unreachable")
+
+    def _check_step(self, step: int) -> int:
+        step = super()._check_step(step)
+        self._require(step <= self.total_steps,
+                      f"stepped {step} times but total_steps is {self.total_steps}; raise total_steps "
+                      f"(or epochs) to cover the whole run")
+        return step
+
+    def _next(self, lr: float, t: int) -> float:
+        return self._rate(self._check_step(t))
+
+    def lr_at(self, step: int) -> float:
+        return self._rate(self._check_step(step))
+
+
+# -- metric-driven schedule ---------------------------------------------------------------------------
+_IS_BETTER: dict[tuple[str, str], Callable[[float, float, float], bool]] = {
+    # ReduceLROnPlateau._is_better, by (mode, threshold_mode).
+    ("min", "rel"): lambda a, best, th: a < best * (1.0 - th),
+    ("min", "abs"): lambda a, best, th: a < best - th,
+    ("max", "rel"): lambda a, best, th: a > best * (th + 1.0),
+    ("max", "abs"): lambda a, best, th: a > best + th,
+}
+
+
+@dataclass
+class ReduceLROnPlateau(Scheduler):
+    """torch.optim.lr_scheduler.ReduceLROnPlateau: multiply by factor when the metric passed to
+    step() has not improved (mode "min": decreased, "max": increased) for more than patience
+    epochs; then wait cooldown epochs; never below min_lr, and skip reductions smaller than eps.
+    """
+
+    mode: str = "min"
+    factor: float = 0.1
+    patience: int = 10
+    threshold: float = 1e-4
+    threshold_mode: str = "rel"
+    cooldown: int = 0
+    min_lr: float = 0.0
+    eps: float = 1e-8
+
+    name = "plateau"
+    needs_metric = True
+
+    def _validate(self) -> None:
+        self._require(self.mode in ("min", "max"), f"mode must be 'min' or 'max', got {self.mode!r}")
+        self._require(self.threshold_mode in ("rel", "abs"),
+                      f"threshold_mode must be 'rel' or 'abs', got {self.threshold_mode!r}")
+        self._require(0 < self.factor < 1, f"factor must be in (0, 1), got {self.factor}")
+        self._require(self.patience >= 0, f"patience must be >= 0, got {self.patience}")
+        self._require(self.cooldown >= 0, f"cooldown must be >= 0, got {self.cooldown}")
+        self._require(self.threshold >= 0, f"threshold must be >= 0, got {self.threshold}")
+        self._require(self.min_lr >= 0, f"min_lr must be >= 0, got {self.min_lr}")
+        self._require(self.eps >= 0, f"eps must be >= 0, got {self.eps}")
+
+    @property
+    def _worse(self) -> float:
+        return math.inf if self.mode == "min" else -math.inf
+
+    def reset(self) -> None:
+        self.steps = 0
+        self.lr = self.base_lr
+        self.best = self._worse
+        self.num_bad_epochs = 0
+        self.cooldown_counter = 0
+
+    def step(self, metric: float | None = None) -> float:
+        if metric is None:
+            raise ConfigError("scheduler 'plateau' needs the monitored metric: call step(metric), "
+                              "e.g. step(validation_loss)")
+        try:
+            current = float(metric)
+        except (TypeError, ValueError):
+            raise ConfigError(f"scheduler 'plateau': metric must be a number, got {metric!r}") from None
+        self.steps += 1
+        if _IS_BETTER[self.mode, self.threshold_mode](current, self.best, self.threshold):
+            self.best = current
+            self.num_bad_epochs = 0
+        else:
+            self.num_bad_epochs += 1
+        if self.cooldown_counter > 0:
+            self.cooldown_counter -= 1
+            self.num_bad_epochs = 0  # bad epochs during the cooldown do not count
+        if self.num_bad_epochs > self.patience:
+            new_lr = max(self.lr * self.factor, self.min_lr)
+            if self.lr - new_lr > self.eps:
+                self.lr = new_lr
+            self.cooldown_counter = self.cooldown
+            self.num_bad_epochs = 0
+        return self.lr
+
+    def lr_at(self, step: int) -> float:
+        raise ConfigError("scheduler 'plateau' depends on the metrics it is fed, so it has no "
+                          "rate for an arbitrary step; read .lr after step(metric)")
+
+    def _extra_state(self) -> dict[str, Any]:
+        # None stands for "no best yet" (±inf), which strict JSON cannot hold.
+        best = None if math.isinf(self.best) else self.best
+        return {"best": best, "num_bad_epochs": self.num_bad_epochs, "cooldown_counter": self.cooldown_counter}
+
+    def _load_extra_state(self, state: dict[str, Any]) -> None:
+        best = state["best"]
+        self.best = self._worse if best is None else _to_float(best)
+        self.num_bad_epochs = _to_int(state["num_bad_epochs"])
+        self.cooldown_counter = _to_int(state["cooldown_counter"])
+
+
+# -- the name table ------------------------------------------------------------------------------------
+SCHEDULERS: dict[str, type[Scheduler]] = {
+    cls.name: cls for cls in (StepLR, MultiStepLR, ExponentialLR, CosineLR, LinearLR, OneCycleLR, ReduceLROnPlateau)
+}
+
+# Other spellings people use (compared after dropping '-', '_' and spaces, lower-cased).
+_ALIASES: dict[str, str] = {
+    "steplr": "step", "multisteplr": "multistep", "exp": "exponential", "exponentiallr": "exponential",
+    "cosineannealing": "cosine", "cosineannealinglr": "cosine", "linearlr": "linear", "warmup": "linear",
+    "linearwarmup": "linear", "onecyclelr": "onecycle", "reduceonplateau": "plateau",
+    "reducelronplateau": "plateau",
+}
+
+
+def _canonical(name: str) -> str:
+    key = "".join(c for c in str(name).lower() if c not in "-_ ")
+    return _ALIASES.get(key, key)
+
+
+def get_scheduler(name: str, base_lr: float, **options: Any) -> Scheduler:
+    """A scheduler by CLI/config name ("step", "multistep", "exponential", "cosine", "linear",
+    "onecycle", "plateau") with torch.optim.lr_scheduler's option names."""
+    key = _canonical(name)
+    if key not in SCHEDULERS:
+        raise ConfigError(f"unknown learning-rate scheduler '{name}'; choose one of {', '.join(SCHEDULERS)}")
+    cls = SCHEDULERS[key]
+    known = {f.name for f in fields(cls)} - {"base_lr"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(f"scheduler '{key}' does not take option(s) {', '.join(unknown)}; "
+                          f"its options are {', '.join(sorted(known))}")
+    return cls(base_lr, **options)
+
+
+__all__ = [
+    "SCHEDULERS",
+    "CosineLR",
+    "ExponentialLR",
+    "LinearLR",
+    "MultiStepLR",
+    "OneCycleLR",
+    "ReduceLROnPlateau",
+    "Scheduler",
+    "StepLR",
+    "get_scheduler",
+]

@@ -1,0 +1,204 @@
+"""The wgpu runtime: adapters and device names, state buffers, planning (fusion, aliasing, in-place
+state updates, slot reuse), repeated runs, fetches and errors."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from anygrad.backends import NumpyBackend
+from anygrad.devices import get_backend, list_adapters
+from anygrad.errors import AnygradError, ConfigError, DeviceError, ShapeError
+from anygrad.ir import Graph, Node, TensorInfo, specialize
+from wgpu_util import assert_close, run_both, wgpu_backend
+
+pytestmark = pytest.mark.wgpu
+F32 = np.dtype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def wb():
+    return wgpu_backend()
+
+
+def _graph(nodes, inputs, outputs, info, inits=None, buffers=(), updates=None) -> Graph:
+    g = Graph(inputs=list(inputs), outputs=list(outputs))
+    g.nodes = nodes
+    for k, v in info.items():
+        g.info[k] = TensorInfo(np.dtype(v[0]), v[1])
+    g.initializers = dict(inits or {})
+    g.buffers = list(buffers)
+    g.state_updates = dict(updates or {})
+    return specialize(g, {})
+
+
+# -- adapters and device names ------------------------------------------------------------------
+def test_list_adapters_describes_each(wb):
+    adapters = list_adapters()
+    assert adapters and [a.index for a in adapters] == list(range(len(adapters)))
+    for a in adapters:
+        line = a.describe()
+        assert line.startswith(f"wgpu:{a.index}") and a.name in line and a.backend in line
+        assert a.type in ("discrete", "integrated", "virtual", "cpu", "unknown")
+        assert a.limits.get("max-storage-buffer-binding-size", 0) > 0
+    if any("llvmpipe" in a.name for a in adapters):  # CI: Mesa's lavapipe
+        assert any(a.is_software and a.backend == "Vulkan" for a in adapters)
+
+
+def test_device_names(wb, capsys):
+    assert isinstance(get_backend("cpu"), NumpyBackend)
+    assert get_backend("wgpu").name == "wgpu"
+    assert get_backend("WGPU:0").adapter.index == 0
+    with pytest.raises(DeviceError, match="no adapter 99"):
+        get_backend("wgpu:99")
+    with pytest.raises(ConfigError, match="not understood"):
+        get_backend("wgpu:tpu")
+    with pytest.raises(ConfigError, match="unknown device"):
+        get_backend("cuda")
+    apis = {a.backend for a in list_adapters()}
+    if "Vulkan" in apis:
+        assert get_backend("wgpu:vulkan").adapter.backend == "Vulkan"
+    missing = {"Metal": "metal", "D3D12": "dx12", "Vulkan": "vulkan", "OpenGL": "gl"}
+    for api, word in missing.items():
+        if api not in apis:
+            with pytest.raises(DeviceError, match=f"no {api} adapter"):
+                get_backend(f"wgpu:{word}")
+            break
+    backend = get_backend("auto")
+    if all(a.is_software for a in list_adapters()):
+        assert isinstance(backend, NumpyBackend)
+        assert "using the CPU" in capsys.readouterr().err
+    else:
+        assert backend.name == "wgpu" and not backend.adapter.is_software
+
+
+# -- state ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("value", [np.arange(7, dtype=np.float32) / 3, np.array(2.5, np.float32),
+                                   np.array([[1, -2], [3, 2 ** 31 - 1]], np.int64),
+                                   np.array([True, False, True]), np.array([5, 2 ** 32 - 1], np.uint32),
+                                   np.zeros((0, 3), np.float32)])
+def test_state_roundtrip(wb, value):
+    wb.set_state("t", value)
+    got = wb.get_state("t")
+    assert got.dtype == value.dtype and got.shape == value.shape
+    np.testing.assert_array_equal(got, value)
+    assert wb.has_state("t") and not wb.has_state("nope")
+
+
+# -- running graphs ---------------------------------------------------------------------------------
+def _counter_graph() -> Graph:
+    """state c <- c + x; output y = c * 2 (reads the old value)."""
+    return _graph([Node("Add", ["c", "x"], ["c2"]), Node("Mul", ["c", "two"], ["y"])], ["x"], ["y"],
+                  {"x": (F32, (5,))}, {"c": np.zeros(5, np.float32), "two": np.array(2.0, np.float32)},
+                  buffers=["c"], updates={"c2": "c"})
+
+
+def test_run_twice_and_state_updates(wb):
+    g = _counter_graph()
+    exe = wb.compile(g)
+    x = np.arange(5, dtype=np.float32)
+    wb.set_state("c", np.zeros(5, np.float32))
+    for k in range(3):  # a new command buffer every run (resubmitting one would abort)
+        out = exe.run({"x": x})
+        np.testing.assert_allclose(out["y"], 2 * k * x)
+    np.testing.assert_allclose(wb.get_state("c"), 3 * x)
+    assert exe.run({"x": x}, fetch=[]) == {}
+    np.testing.assert_allclose(wb.get_state("c"), 4 * x)
+
+
+def test_in_place_only_when_safe(wb):
+    # y reads c after c2 is computed (Mul after Add): c2 cannot be written into c's buffer.
+    g = _counter_graph()
+    exe = wb.compile(g)
+    assert exe.plan.inplace == {} and len(exe.plan.state_copies) == 1
+    # Without the late reader the update is planned in place (no copy).
+    g2 = _graph([Node("Mul", ["c", "two"], ["y"]), Node("Add", ["c", "x"], ["c2"])], ["x"], ["y"],
+                {"x": (F32, (5,))}, {"c": np.ones(5, np.float32), "two": np.array(2.0, np.float32)},
+                buffers=["c"], updates={"c2": "c"})
+    state = {"c": np.ones(5, np.float32)}
+    want, got, exe2 = run_both(g2, {"x": np.full(5, 3.0, np.float32)}, state=state, backend=wb)
+    assert exe2.plan.inplace and not exe2.plan.state_copies
+    assert_close(want, got)
+    np.testing.assert_allclose(wb.get_state("c"), np.full(5, 4.0))
+
+
+def test_set_state_with_new_shape_rebinds(wb):
+    g = _graph([Node("Mul", ["c", "x"], ["y"])], ["x"], ["y"], {"x": (F32, (3,))},
+               {"c": np.ones(3, np.float32)}, buffers=["c"])
+    exe = wb.compile(g)
+    wb.set_state("c", np.ones(3, np.float32))
+    np.testing.assert_allclose(exe.run({"x": np.ones(3, np.float32)})["y"], 1)
+    wb.set_state("c", np.full(1, 5.0, np.float32))   # a different size: a new buffer
+    wb.set_state("c", np.full(3, 7.0, np.float32))
+    np.testing.assert_allclose(exe.run({"x": np.ones(3, np.float32)})["y"], 7)
+
+
+def test_fusion_merges_elementwise_chains(wb):
+    nodes = [Node("Mul", ["x", "x"], ["a"]), Node("Add", ["a", "b"], ["c"]), Node("Relu", ["c"], ["d"]),
+             Node("Sigmoid", ["d"], ["e"]), Node("Sub", ["e", "a"], ["y"])]
+    g = _graph(nodes, ["x"], ["y"], {"x": (F32, (4, 6))}, {"b": np.linspace(-1, 1, 6).astype(np.float32)})
+    want, got, exe = run_both(g, {"x": np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)},
+                              backend=wb)
+    assert_close(want, got)
+    assert exe.n_kernels == 1 < len(g.nodes)
+    unfused = wb.compile(g, fuse=False)
+    assert unfused.n_kernels == len(g.nodes)
+
+
+def test_reshape_is_an_alias_and_slots_are_reused(wb):
+    nodes = [Node("Exp", ["x"], ["a"]), Node("Reshape", ["a", "shape"], ["b"]),
+             Node("ReduceSum", ["b", "axes"], ["c"], {"keepdims": 0}), Node("Neg", ["c"], ["d"]),
+             Node("ReduceSum", ["d", "axes0"], ["e"], {"keepdims": 0}), Node("Abs", ["e"], ["y"])]
+    g = _graph(nodes, ["x"], ["y"], {"x": (F32, (6, 5))},
+               {"shape": np.array([3, 10], np.int64), "axes": np.array([1], np.int64),
+                "axes0": np.array([0], np.int64)})
+    want, got, exe = run_both(g, {"x": np.zeros((6, 5), np.float32) - 2}, backend=wb)
+    assert_close(want, got)
+    assert exe.plan.root_of["b"] == exe.plan.root_of["a"]
+    assert len(exe.plan.slot_bytes) < len([n for n in g.nodes if n.op != "Reshape"])
+
+
+def test_fetch_inputs_state_and_outputs(wb):
+    g = _counter_graph()
+    exe = wb.compile(g)
+    wb.set_state("c", np.ones(5, np.float32))
+    out = exe.run({"x": np.ones(5, np.float32)}, fetch=["c", "x", "y"])
+    np.testing.assert_allclose(out["c"], 1)   # as before the step, like the numpy backend
+    np.testing.assert_allclose(out["y"], 2)
+    with pytest.raises(KeyError):
+        exe.run({"x": np.ones(5, np.float32)}, fetch=["nothing"])
+
+
+def test_integer_inputs_and_outputs(wb):
+    g = _graph([Node("Gather", ["w", "i"], ["y"], {"axis": 0}), Node("Cast", ["i"], ["j"], {"to": 7})],
+               ["i"], ["y", "j"], {"i": (np.int64, (4,))}, {"w": np.arange(12, dtype=np.float32).reshape(6, 2)})
+    want, got, _ = run_both(g, {"i": np.array([5, 0, -1, 2], np.int64)}, backend=wb)
+    assert got["j"].dtype == np.int64
+    assert_close(want, got)
+
+
+def test_bad_feeds(wb):
+    exe = wb.compile(_counter_graph())
+    with pytest.raises(ShapeError, match="compiled for"):
+        exe.run({"x": np.ones(4, np.float32)})
+    with pytest.raises(ShapeError, match="not given"):
+        exe.run({})
+
+
+def test_op_without_kernel_is_a_device_error_at_compile(wb):
+    g = _graph([Node("ReduceLogSumExp", ["x"], ["y"], {"keepdims": 0})], ["x"], ["y"], {"x": (F32, (3,))})
+    with pytest.raises(DeviceError, match="ReduceLogSumExp"):
+        wb.compile(g)
+
+
+def test_binding_limit_names_the_largest_batch(wb):
+    from anygrad.backends.wgpu import AdapterCaps
+    from anygrad.backends.wgpu.fusion import prepare
+    from anygrad.backends.wgpu.planner import make_plan
+    g = _graph([Node("Exp", ["x"], ["y"])], ["x"], ["y"], {"x": (F32, (64, 1000))})
+    caps = AdapterCaps(max_storage_binding_size=100_000)
+    with pytest.raises(DeviceError, match=r"largest batch that fits is about 25"):
+        make_plan(prepare(g, caps, set()), caps, set())
+
+
+def test_errors_are_anygrad_errors():
+    assert issubclass(DeviceError, AnygradError)

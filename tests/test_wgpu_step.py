@@ -1,0 +1,68 @@
+"""Whole training steps of the founding MNIST convnet on wgpu against the numpy backend: same seed,
+Dropout on, BatchNorm in training mode; losses, metrics, parameters and running statistics agree."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import anygrad
+from anygrad.backends import NumpyBackend
+from anygrad.examples import FOUNDING_MODEL
+from anygrad.optim import SGD
+from wgpu_util import wgpu_backend
+
+pytestmark = pytest.mark.wgpu
+BATCH = 8
+
+
+def _batches(steps: int):
+    rng = np.random.default_rng(0)
+    for _ in range(steps):
+        yield (rng.standard_normal((BATCH, 1, 28, 28)).astype(np.float32),
+               rng.integers(0, 10, BATCH).astype(np.int64))
+
+
+def _train(backend, optimizer, steps: int, loss: str = "nll"):
+    model = anygrad.load_onnx(str(FOUNDING_MODEL))
+    model.compile(loss=loss, optimizer=optimizer, device=backend, seed=7)
+    losses = [model.train_on_batch(x, y) for x, y in _batches(steps)]
+    return model, losses
+
+
+# Adaptive optimizers (Adam, RMSprop, ...) are compared op by op in test_wgpu_ops.py: on this model
+# fc2.bias feeds a BatchNorm, so its true gradient is 0 and its float noise, normalised by Adam,
+# decides the update's sign on each backend differently.
+@pytest.mark.parametrize("optimizer,loss", [
+    (lambda: SGD(lr=0.05, momentum=0.9), "nll"),
+    (lambda: SGD(lr=0.02, momentum=0.5, nesterov=True, weight_decay=1e-3), "cross_entropy")])
+def test_mnist_steps_match_numpy(optimizer, loss):
+    wb = wgpu_backend()
+    steps = 5 if loss == "nll" else 3
+    mw, lw = _train(wb, optimizer(), steps, loss)
+    mn, ln = _train(NumpyBackend(), optimizer(), steps, loss)
+    np.testing.assert_allclose(lw, ln, rtol=1e-4, atol=1e-4)
+    sw, sn = mw.state_dict(), mn.state_dict()
+    assert set(sw) == set(sn)
+    for name in sn:
+        np.testing.assert_allclose(sw[name], sn[name], rtol=1e-4, atol=1e-4, err_msg=name)
+    assert mw.read_metrics() == pytest.approx(mn.read_metrics(), rel=1e-5)
+    # The RNG counter advanced identically (dropout masks of later steps stay in sync).
+    np.testing.assert_array_equal(wb.get_state("anygrad.rng"), mn.backend.get_state("anygrad.rng"))
+    # Inference mode (running statistics, no dropout) and the eval step.
+    x, y = next(_batches(1))
+    np.testing.assert_allclose(mw.predict(x), mn.predict(x), rtol=1e-4, atol=1e-4)
+    assert mw.evaluate(x, y) == pytest.approx(mn.evaluate(x, y), rel=1e-4, abs=1e-5)
+
+
+def test_training_step_is_few_kernels_and_in_place():
+    wb = wgpu_backend()
+    model, _ = _train(wb, SGD(lr=0.01, momentum=0.9), 1)
+    (exe,) = [e for k, e in model._programs.items() if k[0] == "train"]
+    from anygrad.backends.wgpu.kernels_elementwise import is_elementwise
+    ew_nodes = sum(is_elementwise(n, exe.graph) for n in exe.graph.nodes)
+    ew_kernels = sum(st.kernel.name.startswith("ew:") for st in exe.plan.steps)
+    assert ew_kernels < ew_nodes
+    # Conv/Gemm -> Relu: the activation runs in the GEMM's epilogue.
+    assert not any(n.op == "Relu" for n in exe.prepared.nodes)
+    # Every parameter, slot and running statistic is updated in its own buffer: no copies.
+    assert len(exe.plan.inplace) == len(exe.graph.state_updates) and not exe.plan.state_copies
