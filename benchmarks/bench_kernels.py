@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         for variant in args.variants.split(","):
             try:
                 r = bench(device, caps, timestamps, label, op, shapes, attrs, flop, variant, peak, args.seconds)
-            except Exception as e:  # one failing case (e.g. too large for this adapter) must not end the run
+            except Exception as e:  # noqa: BLE001  one failing case (e.g. too large for this adapter) must not end the run
                 print(f"{label:42s} {variant:9s} failed: {str(e).splitlines()[0][:100]}")
                 continue
             results.append(r)

@@ -133,8 +133,10 @@ def test_graph_attribute_is_clear_error(tmp_path):
                                             helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = save(model, tmp_path / "if.onnx")
     with pytest.raises(ModelError, match="the_if"):
-        load_onnx(save(model, tmp_path / "if.onnx"))
+        load_onnx(path)
+    assert summarize(path).unsupported == {"If": ["the_if"]}
 
 
 # -- opsets ------------------------------------------------------------------------------------

@@ -433,6 +433,41 @@ def test_tile(shape, seed, data):
     check_op("Tile", [normal(seed, shape), np.array(reps, np.int64)], {}, lambda t, _: t.repeat(tuple(reps)) * 1)
 
 
+TORCH_PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "replicate", "wrap": "circular"}
+
+
+@SETTINGS
+@given(shape=st.lists(st.integers(2, 4), min_size=3, max_size=4).map(tuple), seed=seeds,
+       mode=st.sampled_from(sorted(TORCH_PAD_MODES)), with_axes=st.booleans(), data=st.data())
+def test_pad(shape, seed, mode, with_axes, data):
+    rank = len(shape)
+    # torch pads the last 1-2 dims in the non-constant modes; constant mode may crop (negative pads)
+    n = data.draw(st.integers(1, 2))
+    lo = -1 if mode == "constant" else 0
+    amounts = [(data.draw(st.integers(lo, 2 if mode != "reflect" else 1)),
+                data.draw(st.integers(lo, 2 if mode != "reflect" else 1))) for _ in range(n)]
+    padded = list(range(rank - n, rank))
+    torch_pads = [v for b, a in reversed(amounts) for v in (b, a)]
+    inputs = [normal(seed, shape)]
+    if with_axes:  # opset 18: pads only for the listed axes
+        inputs += [np.array([b for b, _ in amounts] + [a for _, a in amounts], np.int64),
+                   np.array(1.5, np.float32), np.array(padded, np.int64)]
+    else:
+        full = [(0, 0)] * (rank - n) + amounts
+        inputs += [np.array([b for b, _ in full] + [a for _, a in full], np.int64), np.array(1.5, np.float32)]
+    value = 1.5 if mode == "constant" else None
+    check_op("Pad", inputs, {"mode": mode},
+             lambda t, *_: F.pad(t, torch_pads, mode=TORCH_PAD_MODES[mode], value=value), const=[2])
+
+
+def test_pad_opset2_attributes_and_errors():
+    from anygrad.errors import ShapeError
+    x = normal(0, (2, 3))
+    check_op("Pad", [x], {"pads": [0, 1, 1, 2], "value": 0.5}, lambda t: F.pad(t, (1, 2, 0, 1), value=0.5))
+    with pytest.raises(ShapeError, match="Pad node"):
+        run_op("Pad", [x, np.array([0, 3, 0, 0], np.int64)], {"mode": "reflect"})
+
+
 @pytest.mark.parametrize("attrs,want", [
     ({"value": np.arange(6, dtype=np.float32).reshape(2, 3)}, np.arange(6, dtype=np.float32).reshape(2, 3)),
     ({"value_float": 2.5}, np.array(2.5, np.float32)),
@@ -592,11 +627,11 @@ def test_every_op_in_these_families_is_registered():
              "Concat", "Constant", "Squeeze", "Unsqueeze", "Shape", "Size", "Gather", "Cast", "ConstantOfShape",
              "Slice", "Range", "Equal", "Less", "Greater", "Where", "Not", "Abs", "Sign", "Reciprocal", "Clip",
              "Min", "Max", "Sum", "Mean", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2",
-             "ReduceLogSumExp", "ArgMax", "ArgMin", "Erf", "Split", "Tile", "PRelu"] + sorted(
+             "ReduceLogSumExp", "ArgMax", "ArgMin", "Erf", "Split", "Tile", "PRelu", "Pad"] + sorted(
                  {n.split("-")[0] for n in ACTIVATIONS})
     missing = [n for n in names if get_op(n) is None]
     assert not missing
-    assert all(get_op(n).internal for n in ["GatherGrad", "SliceGrad", "ClipGrad", "ErfGrad"])
+    assert all(get_op(n).internal for n in ["GatherGrad", "SliceGrad", "ClipGrad", "ErfGrad", "PadGrad"])
 
 
 def test_internal_scatter_ops_differentiate_to_their_forward_ops():

@@ -174,6 +174,65 @@ def test_find_state_dict_and_key(tmp_path):
         load(save([1, 2], tmp_path / "l.pt", "legacy"))
 
 
+class StorageMarker:
+    def __init__(self, pid):
+        self.pid = pid
+
+
+def legacy_file(path: Path, obj, storages: dict[str, np.ndarray], little_endian: bool = True) -> Path:
+    """A legacy-format file written by hand, for what modern torch.save no longer writes."""
+    out = io.BytesIO()
+    for header in (0x1950A86A20F9469CFC6C, 1001, {"protocol_version": 1001, "little_endian": little_endian}):
+        pickle.dump(header, out, protocol=2)
+    pickler = pickle.Pickler(out, protocol=2)
+    pickler.persistent_id = lambda o: o.pid if isinstance(o, StorageMarker) else None
+    pickler.dump(obj)
+    pickle.dump(list(storages), out, protocol=2)
+    order = "<" if little_endian else ">"
+    for data in storages.values():
+        out.write(np.array([data.size], dtype=order + "i8").tobytes())
+        out.write(data.astype(data.dtype.newbyteorder(order)).tobytes())
+    path.write_bytes(out.getvalue())
+    return path
+
+
+@pytest.mark.parametrize("little_endian", [True, False])
+def test_legacy_storage_views_and_byteorder(tmp_path, little_endian):
+    from torch._utils import _rebuild_tensor, _rebuild_tensor_v2
+    root = np.arange(12, dtype=np.float32) * 1.5
+    view = StorageMarker(("storage", torch.FloatStorage, "k", "cpu", 12, ("v", 2, 6)))  # root[2:8]
+    whole = StorageMarker(("storage", torch.FloatStorage, "k", "cpu", 12, None))
+    obj = {"sq": Reduces(_rebuild_tensor_v2, view, 1, (2, 2), (2, 1), False, OrderedDict()),
+           "all": Reduces(_rebuild_tensor, whole, 0, (3, 4), (1, 3))}
+    got = load(legacy_file(tmp_path / "views.pt", obj, {"k": root}, little_endian))
+    np.testing.assert_array_equal(got["sq"], root[3:7].reshape(2, 2))
+    np.testing.assert_array_equal(got["all"], root.reshape(4, 3).T)
+    assert got["all"].flags.c_contiguous
+
+
+BAD_VIEWS = {  # (storage id, offset, size, stride) -> expected message
+    "past the end": ((("storage", torch.FloatStorage, "k", "cpu", 4), 2, (3,), (1,)), "reads element 4"),
+    "negative stride": ((("storage", torch.FloatStorage, "k", "cpu", 4), 0, (2,), (-1,)), "negative"),
+    "huge broadcast": ((("storage", torch.FloatStorage, "k", "cpu", 4), 0, (1 << 20, 1 << 20), (0, 0)),
+                       "expands storage"),
+    "float size": ((("storage", torch.FloatStorage, "k", "cpu", 4), 0, (2.0,), (1,)), "tuple of ints"),
+    "bad storage id": ((("storage", "FloatStorage", "k", "cpu", 4), 0, (2,), (1,)), "malformed storage id"),
+    "short storage id": ((("storage", torch.FloatStorage), 0, (2,), (1,)), "malformed storage id"),
+    "unknown key": ((("storage", torch.FloatStorage, "zz", "cpu", 4), 0, (2,), (1,)), "no tensor uses"),
+    "module id": ((("module", torch.nn.Linear, "", ""), 0, (2,), (1,)), "refused global 'torch.nn.modules"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_VIEWS)
+def test_bad_tensor_views_are_refused(tmp_path, case):
+    from torch._utils import _rebuild_tensor
+    (pid, offset, size, stride), message = BAD_VIEWS[case]
+    obj = {"x": Reduces(_rebuild_tensor, StorageMarker(pid), offset, size, stride)}
+    path = legacy_file(tmp_path / "bad.pt", obj, {"k": np.zeros(4, np.float32)})
+    with pytest.raises(ModelError, match=f"bad.pt: .*{message}"):
+        load(path)
+
+
 # ---- safety --------------------------------------------------------------------------------------
 class Reduces:
     """Pickles as a call of `func(*args)`: what a malicious checkpoint does."""

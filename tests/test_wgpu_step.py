@@ -64,5 +64,14 @@ def test_training_step_is_few_kernels_and_in_place():
     assert ew_kernels < ew_nodes
     # Conv/Gemm -> Relu: the activation runs in the GEMM's epilogue.
     assert not any(n.op == "Relu" for n in exe.prepared.nodes)
-    # Every parameter, slot and running statistic is updated in its own buffer: no copies.
-    assert len(exe.plan.inplace) == len(exe.graph.state_updates) and not exe.plan.state_copies
+    # Every parameter, slot and running statistic is updated in its own buffer: no copies, and the
+    # optimizer step is one dispatch over the parameter arena.
+    assert not exe.plan.state_copies
+    updates = [st.kernel.name for st in exe.plan.steps if "SGDUpdate" in st.kernel.name]
+    assert updates == [f"ew:SGDUpdatex{len(model.param_names)}"]
+    assert exe.plan.arenas and set(exe.plan.arenas[0].members) == set(model.param_names)
+    # Parameters packed into the arena still read and write one by one.
+    w = wb.get_state("fc2.weight")
+    wb.set_state("fc2.weight", w * 2)
+    np.testing.assert_array_equal(wb.get_state("fc2.weight"), w * 2)
+    np.testing.assert_array_equal(wb.get_state("fc2.bias"), model.state_dict()["fc2.bias"])

@@ -169,16 +169,29 @@ _ATTR_VALUES: dict[int, Callable[[AttributeProto, str], Any]] = {
 }
 
 
+@dataclass(frozen=True)
+class UnreadAttr:
+    """An attribute anygrad cannot hold (a subgraph of If/Loop/Scan). Kept in place so that
+    `summarize` can list the op; `load_onnx` refuses the node."""
+
+    kind: str
+
+
 def _attrs(node: onnx.NodeProto, source: str) -> dict[str, Any]:
-    out = {}
+    out: dict[str, Any] = {}
     for a in node.attribute:
         convert = _ATTR_VALUES.get(a.type)
-        if convert is None:
-            kind = AttributeProto.AttributeType.Name(a.type)
-            raise ModelError(f"{source}: {node.op_type} node '{node.name}' has a {kind} attribute "
-                             f"'{a.name}' (control flow / subgraphs), which anygrad does not support")
-        out[a.name] = convert(a, source)
+        out[a.name] = (convert(a, source) if convert is not None
+                       else UnreadAttr(AttributeProto.AttributeType.Name(a.type)))
     return out
+
+
+def check_attrs(g: Graph, source: str) -> None:
+    for n in g.nodes:
+        for key, value in n.attrs.items():
+            if isinstance(value, UnreadAttr):
+                raise ModelError(f"{source}: {n.label} has a {value.kind} attribute '{key}' "
+                                 "(control flow / subgraphs), which anygrad does not support")
 
 
 def _constant_value(node: Node) -> np.ndarray:
@@ -361,6 +374,7 @@ def load_onnx(path: str | os.PathLike, init: str = "onnx", seed: int = 0) -> Mod
     source = f"'{path}'"
     model, g, constants = _convert(path)
     check_supported(g, source)
+    check_attrs(g, source)
     _untie_state(g)
     # Drop initializers nothing reads (exporters leave some behind).
     used = {i for n in g.nodes for i in n.inputs} | set(g.outputs)

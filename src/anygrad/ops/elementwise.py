@@ -141,20 +141,22 @@ def erf(x: np.ndarray) -> np.ndarray:
     """erf without scipy: the Maclaurin series near 0 (double precision for |x| < 0.5), elsewhere
     Numerical Recipes' erfc (relative error < 1.2e-7: below float32 resolution)."""
     x64 = np.asarray(x, np.float64)
-    a = np.abs(x64)
-    z2 = x64 * x64
-    term = x64.copy()
-    series = x64.copy()
+    out = np.empty_like(x64)
+    small = np.abs(x64) < 0.5
+    xs = x64[small]
+    z2, term, series = xs * xs, xs.copy(), xs.copy()
     for n in range(1, 14):  # term_n = (-1)^n x^(2n+1) / n!
         term = term * -z2 / n
         series += term / (2 * n + 1)
-    series *= 2.0 / np.sqrt(np.pi)
+    out[small] = series * (2.0 / np.sqrt(np.pi))
+    xl = x64[~small]
+    a = np.abs(xl)
     t = 1.0 / (1.0 + 0.5 * a)
     poly = np.full_like(t, _ERFC_COEFFS[-1])
     for c in reversed(_ERFC_COEFFS[:-1]):
         poly = poly * t + c
-    erfc = t * np.exp(-a * a + poly)
-    return np.where(a < 0.5, series, np.sign(x64) * (1.0 - erfc))
+    out[~small] = np.sign(xl) * (1.0 - t * np.exp(-a * a + poly))
+    return out
 
 
 UNARY_MORE = {

@@ -487,3 +487,109 @@ def _tile_grad(g: GradContext):
 
 defop("Tile", infer=_tile_infer, grad=_tile_grad, nondiff=[1],
       forward=lambda node, ins: np.tile(ins[0], _tile_repeats(node, ins, ins[0].ndim)))
+
+
+# -- Pad ------------------------------------------------------------------------------------
+# Every Pad mode is separable: output index j on an axis reads input index source(j) (or the
+# constant, where source is -1), so forward is a take per axis and the gradient a scatter-add per
+# axis. Negative pads crop, with the same maps.
+def _pad_source(mode: str, dim: int, before: int, after: int) -> np.ndarray:
+    s = np.arange(dim + before + after) - before
+    if mode == "constant":
+        return np.where((s >= 0) & (s < dim), s, -1)
+    if mode == "edge":
+        return np.clip(s, 0, dim - 1)
+    if mode == "wrap":
+        return np.mod(s, dim)
+    if mode == "reflect":
+        if dim == 1:
+            return np.zeros_like(s)
+        period = 2 * (dim - 1)
+        r = np.mod(s, period)
+        return np.where(r < dim, r, period - r)
+    raise ValueError(f"unknown mode {mode}")
+
+
+def pad_amounts(node: Node, ins: list, rank: int) -> list[tuple[int, int]]:
+    """(before, after) per axis, from the pads input (opset 11+, with optional axes) or attribute."""
+    pads = ints_of(slot(ins, 1), "pads", node) if slot(ins, 1) is not None else node.attr("pads")
+    axes = ints_of(slot(ins, 3), "axes", node)
+    axes = list(range(rank)) if axes is None else [norm_axis(a, rank) for a in axes]
+    if pads is None or len(pads) != 2 * len(axes):
+        raise ShapeError(f"{node.label}: pads {pads} must hold 2 values per padded axis ({len(axes)} axes)")
+    amounts = [(0, 0)] * rank
+    for i, a in enumerate(axes):
+        amounts[a] = (int(pads[i]), int(pads[i + len(axes)]))
+    return amounts
+
+
+def _pad_mode(node: Node, shape: tuple, amounts) -> str:
+    mode = node.attr("mode", "constant")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if mode not in ("constant", "reflect", "edge", "wrap"):
+        raise UnsupportedOpError(f"{node.label}: Pad mode '{mode}' is not supported")
+    for d, (b, a) in zip(shape, amounts):
+        if mode == "reflect" and isinstance(d, int) and max(b, a) > d - 1:
+            raise ShapeError(f"{node.label}: reflect padding {max(b, a)} must be smaller than the dim {d}")
+    return mode
+
+
+def _pad_infer(node, ins):
+    shape = tuple(ins[0].shape)
+    amounts = pad_amounts(node, ins, len(shape))
+    _pad_mode(node, shape, amounts)
+    out = tuple(d + b + a if isinstance(d, int) else (d if (b, a) == (0, 0) else f"{d}+{b + a}")
+                for d, (b, a) in zip(shape, amounts))
+    if any(isinstance(d, int) and d < 0 for d in out):
+        raise ShapeError(f"{node.label}: pads {amounts} crop more than the input shape {shape}")
+    return [TensorInfo(ins[0].dtype, out)]
+
+
+def _pad_forward(node, ins):
+    x = ins[0]
+    amounts = pad_amounts(node, ins, x.ndim)
+    mode = _pad_mode(node, x.shape, amounts)
+    value = slot(ins, 2)
+    value = node.attr("value", 0.0) if value is None or np.asarray(value).size == 0 else np.asarray(value).reshape(())
+    for axis, (b, a) in enumerate(amounts):
+        if (b, a) == (0, 0):
+            continue
+        src = _pad_source(mode, x.shape[axis], b, a)
+        x = np.take(x, np.maximum(src, 0), axis=axis)
+        if mode == "constant":
+            fill = [slice(None)] * x.ndim
+            fill[axis] = src < 0
+            x[tuple(fill)] = value
+    return np.ascontiguousarray(x).astype(ins[0].dtype, copy=False)
+
+
+def _pad_grad(g: GradContext):
+    shape = g.shape(g.x[0])
+    amounts = pad_amounts(g.node, [g.info(i) if i else None for i in g.x], len(shape))
+    dx = g.op("PadGrad", [g.dy], shape=list(shape), before=[b for b, _ in amounts], after=[a for _, a in amounts],
+              mode=_pad_mode(g.node, shape, amounts))
+    return [dx] + [None] * (len(g.x) - 1)
+
+
+defop("Pad", infer=_pad_infer, forward=_pad_forward, grad=_pad_grad, nondiff=[1, 2, 3])
+
+
+def _pad_grad_forward(node, ins):
+    dx = ins[0]
+    mode = node.attr("mode")
+    for axis, (d, b, a) in enumerate(zip(node.attr("shape"), node.attr("before"), node.attr("after"))):
+        if (b, a) == (0, 0):
+            continue
+        src = _pad_source(mode, d, b, a)
+        keep = src >= 0
+        moved = np.moveaxis(dx, axis, 0)[keep]
+        acc = np.zeros((d,) + moved.shape[1:], dx.dtype)
+        np.add.at(acc, src[keep], moved)
+        dx = np.moveaxis(acc, 0, axis)
+    return np.ascontiguousarray(dx)
+
+
+# The gradient of Pad: dy summed back onto the input positions each output read (attrs: shape,
+# before, after, mode; full rank).
+defop("PadGrad", internal=True, forward=_pad_grad_forward,
+      infer=lambda node, ins: [TensorInfo(ins[0].dtype, tuple(node.attr("shape")))])

@@ -69,8 +69,11 @@ def read_legacy(data: bytes) -> Any:
     main = Unpickler(data, ALLOWED, persistent_load, pos=pos)
     obj = main.load()
     keys, pos = _plain_pickle(data, main.pos)
-    if not isinstance(keys, list) or not all(isinstance(k, str) and k in storages for k in keys):
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
         raise FormatError("legacy storage key list is malformed")
+    unknown = [k for k in keys if k not in storages]
+    if unknown:
+        raise FormatError(f"storage data for {short_repr(unknown)}, which no tensor uses")
     for key in keys:
         storage = storages[key]
         if storage.base is not None:

@@ -121,7 +121,8 @@ class Unpickler:
         except KeyError:
             raise FormatError(
                 f"refused global '{module}.{name}'{_py3_alias(module, name)}: only tensor and container "
-                f"types may appear in a checkpoint (anygrad never runs code from a model file)") from None
+                f"types may appear in a checkpoint (anygrad never runs code from a model file; for a whole "
+                f"model saved with torch.save(model), save model.state_dict() instead)") from None
 
 
 def _py3_alias(module: str, name: str) -> str:

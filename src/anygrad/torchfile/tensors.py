@@ -49,7 +49,7 @@ UNSUPPORTED_DTYPES = ("complex32", "chalf", "float8_e4m3fnuz", "float8_e5m2fnuz"
                       "bits16", "bits1x8", "bits2x4", "bits4x2")
 
 # A view may repeat storage elements (stride 0); refuse copies that blow up far beyond the file.
-MAX_EXPANDED_BYTES = 1 << 30
+MAX_EXPANDED_BYTES = 1 << 28
 
 
 @dataclass(eq=False)
@@ -158,7 +158,7 @@ def materialize(ref: TensorRef, byteorder: str) -> np.ndarray:
                 f"tensor view (offset {ref.offset}, size {ref.size}, stride {ref.stride}) reads element "
                 f"{last} of storage {ref.storage.key}, which holds {n_avail} elements of {ref.dtype}")
         if numel > n_avail and numel * raw_dtype.itemsize > MAX_EXPANDED_BYTES:
-            raise FormatError(f"tensor of size {ref.size} expands storage {ref.storage.key} beyond 1 GiB")
+            raise FormatError(f"tensor of size {ref.size} expands storage {ref.storage.key} beyond 256 MiB")
         view = np.lib.stride_tricks.as_strided(
             flat[ref.offset:], shape=ref.size, strides=[s * raw_dtype.itemsize for s in ref.stride],
             writeable=False)

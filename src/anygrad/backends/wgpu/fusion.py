@@ -7,9 +7,15 @@ a group only when no node outside the group, placed before it, reads a value the
 """
 from __future__ import annotations
 
-from ...ir.graph import Graph, Node
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...ir.graph import Graph, Node, TensorInfo
 from .kernel import AdapterCaps
 from .kernels_elementwise import bound_count, is_elementwise, make_fused
+from .kernels_optim import FUSED_UPDATE, UPDATE_OPS, COPY
 from .wgsl import shape_of
 
 MAX_GROUP = 48          # members per kernel: keeps shaders small and compile times short
@@ -103,11 +109,114 @@ def fuse_elementwise(graph: Graph, caps: AdapterCaps, protected: set[str]) -> No
     graph.nodes = new_nodes
 
 
+# -- optimizer updates over arenas -------------------------------------------------------------------
+ARENA_ALIGN = 64          # elements (256 bytes): every adapter's storage-offset alignment
+ALIAS_LIKE = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+
+
+@dataclass(frozen=True)
+class ArenaSpec:
+    """State tensors that must lie back to back in one buffer, at these element offsets."""
+
+    value: str                       # the graph value standing for the whole arena
+    members: tuple[str, ...]         # state names
+    offsets: tuple[int, ...]         # element offsets
+    total: int                       # elements
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ARENA_ALIGN) * ARENA_ALIGN
+
+
+def group_updates(graph: Graph) -> None:
+    """Merge the optimizer update nodes of one kind (same op, hyperparameters, lr and step) into
+    one `wgpu.FusedUpdate` over arenas: parameters, each slot, and the gradients lie back to back,
+    so the whole optimizer step is one dispatch updating every parameter in its own buffer."""
+    users = graph.consumers()
+    producers = graph.producers()
+    state = set(graph.state_names)
+    order = {id(n): k for k, n in enumerate(graph.nodes)}
+    groups: dict[tuple, list[Node]] = {}
+    for n in graph.nodes:
+        if n.op not in UPDATE_OPS:
+            continue
+        targets = [graph.state_updates.get(o) for o in n.outputs]
+        state_in = [n.inputs[0]] + n.inputs[2:2 + len(n.outputs) - 1]
+        if (targets != state_in or any(t not in state for t in state_in) or any(users.get(o) for o in n.outputs)
+                or any(graph.info[v].dtype != np.float32 for v in state_in)):
+            continue
+        key = (n.op, repr(sorted(n.attrs.items())), n.inputs[-2], n.inputs[-1])
+        groups.setdefault(key, []).append(n)
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        last = max(order[id(m)] for m in members)
+        touched = {v for m in members for v in [m.inputs[0]] + m.inputs[2:2 + len(m.outputs) - 1]}
+        # Everything reading those tensors must run before the fused update (placed at the last member).
+        if any(order[id(u)] > last for v in touched for u, _ in users.get(v, [])):
+            continue
+        _fuse_group(graph, members, producers, state)
+
+
+def _fuse_group(graph: Graph, members: list[Node], producers: dict[str, Node], state: set[str]) -> None:
+    first = members[0]
+    n_slots = len(first.outputs) - 1
+    params = [m.inputs[0] for m in members]
+    gid = hashlib.sha1(("|".join([first.op] + params)).encode()).hexdigest()[:10]
+    offsets, total = [], 0
+    for p in params:
+        offsets.append(total)
+        total += _aligned(int(np.prod(shape_of(graph, p), dtype=np.int64)))
+    arenas = []
+    for j in range(n_slots + 1):
+        names = tuple(m.inputs[0] if j == 0 else m.inputs[1 + j] for m in members)
+        arenas.append(ArenaSpec(f"@arena:{gid}:{j}", names, tuple(offsets), total))
+    garena = f"@garena:{gid}"
+    for v in [a.value for a in arenas] + [garena]:
+        graph.info[v] = TensorInfo(np.dtype(np.float32), (total,))
+    # Each gradient is computed straight into its slice of the gradient arena when its storage is
+    # a fresh temporary of its own; otherwise it is copied there.
+    claims, copies, claimed_roots = [], [], set()
+    for m in members:
+        g = m.inputs[1]
+        root = g
+        while root in producers and producers[root].op in ALIAS_LIKE:
+            root = producers[root].inputs[0]
+        fresh = (root in producers and root not in state and root not in graph.inputs
+                 and root not in graph.initializers and root not in claimed_roots and root not in graph.outputs)
+        if not fresh:
+            root = graph.fresh(f"{g}.arena")
+            graph.info[root] = TensorInfo(np.dtype(np.float32), graph.info[g].shape)
+            copies.append(Node(COPY, [g], [root], name=graph.fresh("copy")))
+        claimed_roots.add(root)
+        claims.append(root)
+    lr, step = first.inputs[-2], first.inputs[-1]
+    ins = [arenas[0].value, garena] + [a.value for a in arenas[1:]] + [lr, step]
+    outs = [a.value for a in arenas]
+    fused = Node(FUSED_UPDATE, ins, outs, {"op": first.op, "attrs": dict(first.attrs), "arenas": arenas,
+                                           "grads": claims, "offsets": offsets, "garena": garena},
+                 name=f"{first.op}x{len(members)}")
+    for m in members:
+        for o in m.outputs:
+            graph.state_updates.pop(o, None)
+    last = max(graph.nodes.index(m) for m in members)
+    drop = {id(m) for m in members}
+    nodes = []
+    for k, n in enumerate(graph.nodes):
+        if id(n) not in drop:
+            nodes.append(n)
+        if k == last:
+            nodes.extend(copies + [fused])
+    graph.nodes = nodes
+
+
 def prepare(graph: Graph, caps: AdapterCaps, supports_epilogue: set[str], fuse: bool = True) -> Graph:
     """A copy of graph rewritten for lowering."""
     g = graph.copy()
     protected = set(g.outputs) | set(g.state_updates)
     if fuse:
+        group_updates(g)
+        protected = set(g.outputs) | set(g.state_updates)
         fuse_epilogues(g, protected, supports_epilogue)
         fuse_elementwise(g, caps, protected)
     return g

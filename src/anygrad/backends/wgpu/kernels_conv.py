@@ -23,8 +23,19 @@ from ...errors import UnsupportedOpError
 from ...ir.graph import Graph, Node
 from ...ops.nn import window
 from .kernel import AdapterCaps, Kernel, lowering
-from .kernels_gemm import (EPILOGUES, Binding, GemmSpec, Operand, Output, fold_grid, gemm_kernels, linear_id,
-                           static_shape, u, variant_of)
+from .kernels_gemm import (
+    EPILOGUES,
+    Binding,
+    GemmSpec,
+    Operand,
+    Output,
+    fold_grid,
+    gemm_kernels,
+    linear_id,
+    static_shape,
+    u,
+    variant_of,
+)
 
 NEG_INF = "bitcast<f32>(0xff800000u)"
 
@@ -324,7 +335,7 @@ def lower_max_pool(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
 def lower_max_pool_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     dy, x = node.inputs[0], node.inputs[1]
     g = _pool_geo(node, static_shape(graph, x, node))
-    inner = "      if (first_max(base, oy, ox) == pix) { acc = acc + DY[obase + oy * %s + ox]; }" % u(g.OW)
+    inner = f"      if (first_max(base, oy, ox) == pix) {{ acc = acc + DY[obase + oy * {u(g.OW)} + ox]; }}"
     body = f"  {_in_coords(g)}\n  var acc = 0.0;{_windows_over(g, inner)}\n  DX[i] = acc;"
     k = flat_kernel("MaxPoolGrad", [dy, x], ["DY", "X"], node.outputs[0], "DX", g.B * g.C * g.HW, body, caps)
     wgsl = k.wgsl.replace("@compute", _argmax_fn(g) + "\n@compute", 1)

@@ -365,18 +365,22 @@ def gemm_wgsl(spec: GemmSpec, t: Tiling, caps: AdapterCaps, splits: int = 1, ksp
 
 
 # -- split K ------------------------------------------------------------------------------------
-def _target_workgroups(caps: AdapterCaps) -> int:
-    return 32 if caps.is_cpu else 1024
+def _target_invocations(caps: AdapterCaps) -> int:
+    """Invocations that keep the adapter busy: a few workgroups per core on a CPU adapter; on a
+    GPU about half of what its multiprocessors hold (e.g. 132 SMs x 2048 on an H200)."""
+    return 2048 if caps.is_cpu else 128 * 1024
 
 
 def choose_splits(spec: GemmSpec, t: Tiling, caps: AdapterCaps) -> tuple[int, int]:
     """(splits, K per split). Split only when the output grid is small and K is long."""
     tiles = math.ceil(spec.N / t.bn) * math.ceil(spec.M / t.bm) * spec.batch
+    invocations = tiles * t.wx * t.wy
     step = t.kt if t.variant == "shared" else 4
     min_k = 256
-    if tiles >= _target_workgroups(caps) // 2 or spec.K < 2 * min_k:
+    target = _target_invocations(caps)
+    if invocations >= target // 2 or spec.K < 2 * min_k:
         return 1, 0
-    splits = min(math.ceil(_target_workgroups(caps) / tiles), spec.K // min_k, 1024)
+    splits = min(math.ceil(target / invocations), spec.K // min_k, 4096)
     ksplit = math.ceil(math.ceil(spec.K / splits) / step) * step
     splits = math.ceil(spec.K / ksplit)
     # keep the scratch within one storage binding
@@ -388,27 +392,48 @@ def choose_splits(spec: GemmSpec, t: Tiling, caps: AdapterCaps) -> tuple[int, in
 
 
 def _reduce_wgsl(spec: GemmSpec, scratch: Binding, splits: int, caps: AdapterCaps) -> tuple[str, tuple]:
-    """Sum the K-split partials and apply alpha, bias and the epilogue (one invocation per output)."""
+    """Sum the K-split partials and apply alpha, bias and the epilogue.
+
+    Few splits: one invocation per output sums them serially. Many splits (tiny outputs reduced
+    over a long K): one workgroup per output, a strided sum per invocation, then a tree."""
     M, N, B = spec.M, spec.N, spec.batch
     total = B * M * N
     wg = 64
-    grid = fold_grid(math.ceil(total / wg), caps)
+    tree = splits >= 64 and not caps.is_cpu
+    grid = fold_grid(total if tree else math.ceil(total / wg), caps)
     reads = [scratch] + list(spec.reads[2:])
     out = spec.out
     decls = [_decl(i, b, "read") for i, b in enumerate(reads)]
     decls.append(_decl(len(reads), replace(spec.write, vec4=False), "read_write"))
-    lines = decls + [_epi_fn(out, True),
-                     f"@compute @workgroup_size({wg}, 1, 1)",
-                     "fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {",
-                     f"  let i = ({linear_id(grid)}) * {u(wg)} + li;",
-                     f"  if (i >= {u(total)}) {{ return; }}",
-                     "  var acc = 0.0;",
-                     f"  for (var p = 0u; p < {u(splits)}; p = p + 1u) {{ acc = acc + {scratch.var}[p * {u(total)} + i]; }}",
-                     f"  let c = i % {u(N)};", f"  let r = (i / {u(N)}) % {u(M)};", f"  let bt = i / {u(M * N)};",
-                     "  let s = 0u;",
-                     f"  {out.prelude}",
-                     f"  {spec.write.var}[{out.index}] = epi(bt, r, c, acc);",
-                     "}"]
+    if tree:
+        head = [f"var<workgroup> part: array<f32, {wg}>;",
+                f"@compute @workgroup_size({wg}, 1, 1)",
+                "fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {",
+                f"  let i = {linear_id(grid)};",
+                f"  if (i >= {u(total)}) {{ return; }}",
+                "  var acc = 0.0;",
+                f"  for (var p = li; p < {u(splits)}; p = p + {u(wg)}) {{ acc = acc + {scratch.var}[p * {u(total)} + i]; }}",
+                "  part[li] = acc;",
+                "  workgroupBarrier();",
+                f"  for (var h = {u(wg // 2)}; h > 0u; h = h >> 1u) {{",
+                "    if (li < h) { part[li] = part[li] + part[li + h]; }",
+                "    workgroupBarrier();",
+                "  }",
+                "  if (li != 0u) { return; }",
+                "  acc = part[0];"]
+    else:
+        head = [f"@compute @workgroup_size({wg}, 1, 1)",
+                "fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {",
+                f"  let i = ({linear_id(grid)}) * {u(wg)} + li;",
+                f"  if (i >= {u(total)}) {{ return; }}",
+                "  var acc = 0.0;",
+                f"  for (var p = 0u; p < {u(splits)}; p = p + 1u) {{ acc = acc + {scratch.var}[p * {u(total)} + i]; }}"]
+    lines = decls + [_epi_fn(out, True)] + head + [
+        f"  let c = i % {u(N)};", f"  let r = (i / {u(N)}) % {u(M)};", f"  let bt = i / {u(M * N)};",
+        "  let s = 0u;",
+        f"  {out.prelude}",
+        f"  {spec.write.var}[{out.index}] = epi(bt, r, c, acc);",
+        "}"]
     return "\n".join(lines) + "\n", grid, tuple(b.value for b in reads)
 
 

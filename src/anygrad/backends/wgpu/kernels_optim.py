@@ -10,9 +10,28 @@ from __future__ import annotations
 
 import math
 
-from ...ir.graph import Node
-from .kernels_elementwise import Emit, Val, ew
+from ...ir.graph import Graph, Node
+from .kernel import AdapterCaps, Kernel, lowering
+from .kernels_elementwise import FUSED, Emit, Val, ew, lower_fused
 from .wgsl import literal
+
+FUSED_UPDATE = "wgpu.FusedUpdate"
+COPY = "wgpu.Copy"
+UPDATE_OPS = frozenset({"SGDUpdate", "AdamUpdate", "AdagradUpdate", "AdadeltaUpdate", "RMSpropUpdate"})
+
+
+@ew(COPY)
+def _copy(c: Emit, n: Node, a: list, ot: list[str]) -> list[Val]:
+    return [a[0]]
+
+
+@lowering(FUSED_UPDATE)
+def lower_fused_update(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    """One update over whole arenas: reads and writes the same arena values (in place)."""
+    member = Node(node.attrs["op"], list(node.inputs), list(node.outputs), node.attrs["attrs"], node.name)
+    fused = Node(FUSED, list(node.inputs), list(node.outputs), {"members": [member], "literals": {}},
+                 name=node.name)
+    return lower_fused(fused, graph, caps)
 
 _ONE_MINUS_POW = """fn one_minus_pow(log_beta: f32, step: f32) -> f32 {
   // 1 - beta^step = -expm1(step * log(beta)), accurate also when the result is tiny.

@@ -29,8 +29,9 @@ ELEM_BYTES = 4  # f32, i32, u32
 
 @dataclass(frozen=True)
 class Root:
-    kind: str   # "state" | "input" | "const" | "temp"
-    name: str   # state/input/const name, or the temp's representative value
+    kind: str   # "state" | "input" | "const" | "temp" | "arena" | "garena" | "gslice"
+    name: str   # state/input/const/arena name, or the temp's representative value
+    offset: int = 0  # bytes into the storage (gslice: a gradient's place in its arena)
 
 
 @dataclass
@@ -50,6 +51,7 @@ class Plan:
     state_copies: list[tuple[Root, str]]          # after the step: copy root onto state
     inplace: dict[str, str] = field(default_factory=dict)  # value -> state it is computed into
     graph: Graph | None = None
+    arenas: list = field(default_factory=list)    # fusion.ArenaSpec: state packed back to back
 
 
 def value_bytes(graph: Graph, name: str) -> int:
@@ -98,9 +100,22 @@ def make_plan(graph: Graph, caps: AdapterCaps, state_names: set[str]) -> Plan:
         return v
 
     inputs = set(graph.inputs)
+    # Fused optimizer updates: arenas of state, and gradients computed into their arena slices.
+    arenas, gslice = [], {}
+    for node in graph.nodes:
+        if node.op == "wgpu.FusedUpdate":
+            arenas += node.attrs["arenas"]
+            for g, off in zip(node.attrs["grads"], node.attrs["offsets"]):
+                gslice[g] = Root("gslice", node.attrs["garena"], off * ELEM_BYTES)
 
     def root(v: str) -> Root:
         r = resolve(v)
+        if r.startswith("@arena:"):
+            return Root("arena", r)
+        if r.startswith("@garena:"):
+            return Root("garena", r)
+        if r in gslice:
+            return gslice[r]
         if r in state_names:
             return Root("state", r)
         if r in inputs:
@@ -165,7 +180,7 @@ def make_plan(graph: Graph, caps: AdapterCaps, state_names: set[str]) -> Plan:
 
     slot_of, slot_bytes = _assign_slots(steps, first, last, nbytes, set(inplace))
     nbytes = {r: b for r, b in nbytes.items() if not (r.kind == "temp" and r.name in inplace)}
-    return Plan(steps, nbytes, slot_of, slot_bytes, root_of, copies, inplace, graph)
+    return Plan(steps, nbytes, slot_of, slot_bytes, root_of, copies, inplace, graph, arenas)
 
 
 def _inplace_safe(kernels, root_of, temp: Root, state: Root, first_write, last_read) -> bool:

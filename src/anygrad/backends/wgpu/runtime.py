@@ -87,6 +87,8 @@ class _StateBuf:
     dtype: np.dtype      # host dtype, restored by get_state
     shape: tuple
     nbytes: int
+    offset: int = 0      # bytes; nonzero inside an arena
+    arena: str = ""      # the arena holding it, if any
 
 
 def to_device(value: np.ndarray, dtype: np.dtype | None = None) -> np.ndarray:
@@ -108,6 +110,7 @@ class WgpuBackend(Backend):
         self.device = self.ctx.device
         self.caps = self.ctx.caps
         self.state: dict[str, _StateBuf] = {}
+        self.arenas: dict[str, Any] = {}  # arena value -> (buffer, ArenaSpec)
         self.generation = 0   # bumped when a state buffer is replaced (bind groups must follow)
 
     @property
@@ -116,14 +119,11 @@ class WgpuBackend(Backend):
 
     # -- buffers ------------------------------------------------------------------------------
     def create_buffer(self, nbytes: int, usage: int, label: str = "") -> Any:
-        wgpu = _wgpu()
         try:
             return self.device.create_buffer(size=max(16, -(-int(nbytes) // 16) * 16),
                                              usage=usage, label=label[:60])
         except Exception as e:
             raise _gpu_error(e, f"allocating {nbytes >> 20} MiB for '{label}'") from e
-        finally:
-            del wgpu
 
     @property
     def storage_usage(self) -> int:
@@ -137,6 +137,7 @@ class WgpuBackend(Backend):
         nbytes = max(4, data.nbytes)
         cur = self.state.get(name)
         if cur is None or cur.nbytes != nbytes:
+            # A new size leaves any arena: the executables using it re-pack on their next run.
             buf = self.create_buffer(nbytes, self.storage_usage, f"state {name}")
             cur = _StateBuf(buf, value.dtype, tuple(value.shape), nbytes)
             self.state[name] = cur
@@ -144,19 +145,42 @@ class WgpuBackend(Backend):
         else:
             cur.dtype, cur.shape = value.dtype, tuple(value.shape)
         if data.nbytes:
-            self.device.queue.write_buffer(cur.buffer, 0, data)
+            self.device.queue.write_buffer(cur.buffer, cur.offset, data)
 
     def get_state(self, name: str) -> np.ndarray:
         st = self.state[name]
-        raw = self.read(st.buffer, st.nbytes)
+        raw = self.read(st.buffer, st.nbytes, st.offset)
         return from_device(raw, st.dtype, st.shape)
+
+    def pack_arena(self, spec) -> None:
+        """Place the arena's state tensors back to back in one buffer (copying their values), unless
+        they already are. Executables binding the old buffers rebind (generation)."""
+        held = self.arenas.get(spec.value)
+        if held is not None and held[1] == spec and all(
+                self.state[m].arena == spec.value and self.state[m].offset == off * 4
+                for m, off in zip(spec.members, spec.offsets)):
+            return
+        buf = self.create_buffer(spec.total * 4, self.storage_usage, f"arena {spec.value}")
+        enc = self.device.create_command_encoder()
+        for m, off in zip(spec.members, spec.offsets):
+            st = self.state[m]
+            if st.nbytes:
+                enc.copy_buffer_to_buffer(st.buffer, st.offset, buf, off * 4, -(-st.nbytes // 4) * 4)
+        self.device.queue.submit([enc.finish()])
+        for m, off in zip(spec.members, spec.offsets):
+            st = self.state[m]
+            st.buffer, st.offset, st.arena = buf, off * 4, spec.value
+        self.arenas[spec.value] = (buf, spec)
+        self.generation += 1
 
     def has_state(self, name: str) -> bool:
         return name in self.state
 
-    def read(self, buffer: Any, nbytes: int) -> bytes:
+    def read(self, buffer: Any, nbytes: int, offset: int = 0) -> bytes:
+        if nbytes == 0:
+            return b""
         try:
-            return bytes(self.device.queue.read_buffer(buffer, 0, -(-nbytes // 4) * 4))[:nbytes]
+            return bytes(self.device.queue.read_buffer(buffer, offset, -(-nbytes // 4) * 4))[:nbytes]
         except Exception as e:
             raise _gpu_error(e, "reading a result back") from e
 
@@ -236,6 +260,8 @@ class WgpuExecutable(Executable):
                     dev.queue.write_buffer(buf, 0, data)
                 self.consts[r.name] = buf
         self.slots = [backend.create_buffer(b, usage, f"slot {k}") for k, b in enumerate(self.plan.slot_bytes)]
+        self.garenas = {r.name: backend.create_buffer(nbytes, usage, r.name)
+                        for r, nbytes in self.plan.nbytes.items() if r.kind == "garena"}
         self.n_kernels = len(self.plan.steps)
         self._dispatches: list[tuple[Any, Any, tuple]] | None = None
         self._generation = -1
@@ -248,6 +274,10 @@ class WgpuExecutable(Executable):
             if r.name not in self.backend.state:
                 raise DeviceError(f"state tensor '{r.name}' is not on the device; set it with set_state first")
             return self.backend.state[r.name].buffer
+        if r.kind == "arena":
+            return self.backend.arenas[r.name][0]
+        if r.kind in ("garena", "gslice"):
+            return self.garenas[r.name]
         if r.kind == "input":
             return self.inputs[r.name]
         if r.kind == "const":
@@ -258,6 +288,9 @@ class WgpuExecutable(Executable):
         if r.kind == "state":
             return self.backend.state[r.name].nbytes
         return self.plan.nbytes[r]
+
+    def _offset(self, r: Root) -> int:
+        return self.backend.state[r.name].offset if r.kind == "state" else r.offset
 
     def _read_only(self, st) -> tuple[bool, ...]:
         written = set(st.writes)
@@ -270,13 +303,15 @@ class WgpuExecutable(Executable):
         return self.backend.pipeline(wgsl, st.kernel.entry, ro, st.kernel.name)
 
     def _build(self) -> None:
+        for spec in self.plan.arenas:
+            self.backend.pack_arena(spec)
         dev = self.backend.device
         out = []
         for st, pipe in zip(self.plan.steps, self._pipes):
             bgl, _ = self.backend.layout(self._read_only(st))
             entries = []
             for k, r in enumerate(st.reads + st.writes):
-                entries.append({"binding": k, "resource": {"buffer": self._buffer(r), "offset": 0,
+                entries.append({"binding": k, "resource": {"buffer": self._buffer(r), "offset": self._offset(r),
                                                            "size": -(-self._nbytes(r) // 4) * 4}})
             out.append((pipe, dev.create_bind_group(layout=bgl, entries=entries), st.kernel.workgroups))
         self._dispatches = out
@@ -342,11 +377,15 @@ class WgpuExecutable(Executable):
             staging, layout = self._staging_for(fetch) if fetch else (None, [])
             # Fetched values are copied before state copies, so a fetched state reads as before the step.
             for _, r, offset, nbytes in layout:
-                enc.copy_buffer_to_buffer(self._buffer(r), 0, staging, offset, -(-nbytes // 4) * 4)
+                if nbytes:
+                    enc.copy_buffer_to_buffer(self._buffer(r), self._offset(r), staging, offset,
+                                              -(-nbytes // 4) * 4)
             for r, target in self.plan.state_copies:
-                nbytes = min(self._nbytes(r), self.backend.state[target].nbytes)
-                enc.copy_buffer_to_buffer(self._buffer(r), 0, self.backend.state[target].buffer, 0,
-                                          -(-nbytes // 4) * 4)
+                st = self.backend.state[target]
+                nbytes = min(self._nbytes(r), st.nbytes)
+                if nbytes:
+                    enc.copy_buffer_to_buffer(self._buffer(r), self._offset(r), st.buffer, st.offset,
+                                              -(-nbytes // 4) * 4)
             self.backend.device.queue.submit([enc.finish()])
             if not fetch:
                 return {}
