@@ -25,7 +25,8 @@ SUBSET = REPO.parent / "shared/datasets/mnist-subset"
 def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """The real console entry point in a fresh process (what a user sees, tracebacks included)."""
     return subprocess.run([sys.executable, "-c", "import sys; from anygrad.cli import main; sys.exit(main())", *args],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
+                          check=False, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
 
 
 def _mlp(path: Path, log_softmax: bool = False, extra_op: str | None = None, seed: int = 0) -> Path:

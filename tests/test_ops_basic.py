@@ -7,7 +7,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 from opcheck import check_op, run_op
@@ -411,13 +411,12 @@ def test_split(shape, seed, data):
         sizes = np.diff([0] + cut + [d]).tolist()
         inputs = [x, np.array(sizes, np.int64)] if mode == "input" else [x]
         attrs = {"axis": axis} if mode == "input" else {"axis": axis, "split": sizes}
-    else:
+    else:  # ONNX: parts of ceil(d / n), the last one what is left (maybe nothing)
         n = data.draw(st.integers(1, d))
         chunk = -(-d // n)
-        sizes = [chunk] * (d // chunk) + ([d % chunk] if d % chunk else [])
+        assume(d - chunk * (n - 1) >= 0)
+        sizes = [chunk] * (n - 1) + [d - chunk * (n - 1)]
         inputs, attrs = [x], ({"axis": axis} if mode == "equal" else {"axis": axis, "num_outputs": n})
-        if mode == "equal":  # without num_outputs the parts must be equal
-            sizes = [d // n] * n if d % n == 0 else [d]
     outs = run_op("Split", inputs, attrs, n_outputs=len(sizes), grad=False)[0]
     want = torch.split(torch.tensor(x), sizes, axis)
     assert len(outs) == len(want)
@@ -442,7 +441,7 @@ TORCH_PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "replic
 def test_pad(shape, seed, mode, with_axes, data):
     rank = len(shape)
     # torch pads the last 1-2 dims in the non-constant modes; constant mode may crop (negative pads)
-    n = data.draw(st.integers(1, 2))
+    n = data.draw(st.integers(rank - 2, 2))  # what torch supports: 3-D pads 1-2 dims, 4-D pads 2
     lo = -1 if mode == "constant" else 0
     amounts = [(data.draw(st.integers(lo, 2 if mode != "reflect" else 1)),
                 data.draw(st.integers(lo, 2 if mode != "reflect" else 1))) for _ in range(n)]
@@ -539,6 +538,31 @@ def test_gather(shape, idx_shape, seed, data):
         ax = axis % len(shape)
         return picked.reshape(shape[:ax] + idx_shape + shape[ax + 1:])
     check_op("Gather", [normal(seed, shape), idx], {"axis": axis}, ref)
+
+
+def test_gather_with_runtime_indices_is_an_embedding():
+    """Indices fed at run time (token ids): forward and the scatter-add gradient of the table."""
+    from anygrad.autodiff import gradients
+    from anygrad.backends import NumpyBackend
+    from anygrad.ir import Graph, Node, TensorInfo, specialize
+
+    table = normal(0, (6, 3))
+    g = Graph(inputs=["ids"], outputs=["loss"])
+    g.info["ids"] = TensorInfo(np.dtype(np.int64), ("N", 4))
+    g.initializers = {"E": table}
+    g.params = ["E"]
+    g.nodes = [Node("Gather", ["E", "ids"], ["emb"], {"axis": 0}), Node("Mul", ["emb", "emb"], ["sq"]),
+               Node("ReduceSum", ["sq"], ["loss"], {"keepdims": 0})]
+    s = specialize(g, {"ids": (2, 4)})
+    gr = gradients(s, "loss", ["E"])
+    s.outputs = ["loss", "emb", gr["E"]]
+    ids = np.array([[0, 5, 5, -1], [2, 2, 2, 0]], np.int64)
+    out = NumpyBackend().compile(s).run({"ids": ids})
+    t = torch.tensor(table, dtype=torch.float64, requires_grad=True)
+    emb = torch.nn.functional.embedding(torch.tensor(ids % 6), t)
+    (emb * emb).sum().backward()
+    np.testing.assert_allclose(out["emb"], emb.detach().numpy(), rtol=1e-6)
+    np.testing.assert_allclose(out[gr["E"]], t.grad.numpy(), rtol=1e-5)
 
 
 def test_gather_out_of_range_is_a_shape_error():

@@ -219,7 +219,8 @@ BAD_VIEWS = {  # (storage id, offset, size, stride) -> expected message
     "bad storage id": ((("storage", "FloatStorage", "k", "cpu", 4), 0, (2,), (1,)), "malformed storage id"),
     "short storage id": ((("storage", torch.FloatStorage), 0, (2,), (1,)), "malformed storage id"),
     "unknown key": ((("storage", torch.FloatStorage, "zz", "cpu", 4), 0, (2,), (1,)), "no tensor uses"),
-    "module id": ((("module", torch.nn.Linear, "", ""), 0, (2,), (1,)), "refused global 'torch.nn.modules"),
+    "module id": ((("module", "Linear", "", ""), 0, (2,), (1,)), "whole pickled nn.Module"),
+    "module class": ((("module", torch.nn.Linear, "", ""), 0, (2,), (1,)), "refused global 'torch.nn.modules"),
 }
 
 
@@ -462,7 +463,8 @@ def test_safetensors_roundtrip(tmp_path):
     path = tmp_path / "w.safetensors"
     save_safetensors(tensors, path, metadata={"format": "np", "epoch": "3"})
     assert sorted(os.listdir(tmp_path)) == ["w.safetensors"]  # the temp file was renamed away
-    for got in (load_safetensors(path), load(path)):
+    (tmp_path / "renamed.pt").write_bytes(path.read_bytes())  # recognised by content too
+    for got in (load_safetensors(path), load(path), load(tmp_path / "renamed.pt")):
         assert sorted(got) == sorted(tensors)
         for k, v in tensors.items():
             assert got[k].dtype == v.dtype
@@ -475,13 +477,17 @@ def test_safetensors_roundtrip(tmp_path):
     np.testing.assert_array_equal(safetensors.torch.load_file(str(path))["w"].numpy(), tensors["w"])
 
 
-def test_safetensors_bfloat16_from_torch(tmp_path):
+def test_safetensors_bfloat16_float8_from_torch(tmp_path):
     import safetensors.torch
-    t = {"b": torch.randn(3, 2).bfloat16(), "f": torch.randn(2)}
+    bits = torch.arange(256, dtype=torch.uint8)
+    t = {"b": torch.randn(3, 2).bfloat16(), "f": torch.randn(2), "e4m3": bits.view(torch.float8_e4m3fn).clone(),
+         "e5m2": bits.view(torch.float8_e5m2).reshape(16, 16)}
     safetensors.torch.save_file(t, str(tmp_path / "t.safetensors"))
     got = load_safetensors(tmp_path / "t.safetensors")
     assert_same(got["b"], t["b"])
     assert_same(got["f"], t["f"])
+    for name in ("e4m3", "e5m2"):
+        np.testing.assert_array_equal(got[name], t[name].float().numpy())
 
 
 def test_safetensors_errors(tmp_path, monkeypatch):

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from wgpu_util import check_wgpu, wgpu_backend
 
 from anygrad.ir.passes import RNG_STATE
-from wgpu_util import check_wgpu, wgpu_backend
 
 pytestmark = pytest.mark.wgpu
 
@@ -42,7 +42,8 @@ def test_pow_negative_base_integer_exponent():
 
 
 UNARY = ["Neg", "Abs", "Exp", "Log", "Sqrt", "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Erf", "Reciprocal",
-         "Softplus", "Floor", "Ceil", "Sign"]
+         "Softplus", "Floor", "Ceil", "Sign", "Elu", "Selu", "Celu", "Softsign", "HardSigmoid", "HardSwish",
+         "Mish", "Sin", "Cos", "Gelu"]
 
 
 @pytest.mark.parametrize("op", UNARY)
@@ -55,6 +56,11 @@ def test_unary(op):
         pytest.skip(f"{op} is not registered")
     grad = op not in ("Floor", "Ceil", "Sign")
     check_wgpu(op, [x], {"alpha": 0.2} if op == "LeakyRelu" else None, grad=grad, rtol=2e-4, atol=2e-6)
+
+
+def test_gelu_tanh_and_prelu():
+    check_wgpu("Gelu", [randn(5, 4) * 2], {"approximate": "tanh"})
+    check_wgpu("PRelu", [randn(2, 3, 4), randn(3, 1)])
 
 
 def test_tanh_sigmoid_extremes():
@@ -138,10 +144,21 @@ def test_concat(axis):
 
 def test_slice():
     x = randn(5, 7, 3)
-    i64 = lambda *v: np.array(v, np.int64)  # noqa: E731
+    i64 = lambda *v: np.array(v, np.int64)
     check_wgpu("Slice", [x, i64(1, 0), i64(4, 7), i64(0, 1), i64(1, 2)])
     check_wgpu("Slice", [x, i64(-1), i64(-100), i64(1), i64(-2)])
     check_wgpu("Slice", [x, i64(0, 2), i64(5, 3), i64(0, 2)])
+
+
+@pytest.mark.parametrize("mode", ["constant", "edge", "reflect", "wrap"])
+def test_pad(mode):
+    pads = np.array([0, 2, 1, 0, 1, 2], np.int64)
+    inputs = [randn(2, 4, 5), pads] + ([np.array(1.5, np.float32)] if mode == "constant" else [])
+    check_wgpu("Pad", inputs, {"mode": mode}, const=[2])
+
+
+def test_tile():
+    check_wgpu("Tile", [randn(2, 3), np.array([2, 3], np.int64)])
 
 
 def test_split():
@@ -255,7 +272,7 @@ OPTIMIZERS = [
 @pytest.mark.parametrize("name,kwargs", OPTIMIZERS)
 @pytest.mark.parametrize("step", [1.0, 3.0])
 def test_optimizer_update(name, kwargs, step):
-    import anygrad.optim as optim
+    from anygrad import optim
     opt = getattr(optim, name)(lr=0.01, **kwargs)
     p, g = randn(4, 3), randn(4, 3)
     state = opt.init_state(p)

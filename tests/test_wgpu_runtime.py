@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from wgpu_util import assert_close, run_both, wgpu_backend
 
 from anygrad.backends import NumpyBackend
 from anygrad.devices import get_backend, list_adapters
 from anygrad.errors import AnygradError, ConfigError, DeviceError, ShapeError
 from anygrad.ir import Graph, Node, TensorInfo, specialize
-from wgpu_util import assert_close, run_both, wgpu_backend
 
 pytestmark = pytest.mark.wgpu
 F32 = np.dtype(np.float32)

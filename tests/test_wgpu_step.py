@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from wgpu_util import wgpu_backend
 
 import anygrad
 from anygrad.backends import NumpyBackend
 from anygrad.examples import FOUNDING_MODEL
 from anygrad.optim import SGD
-from wgpu_util import wgpu_backend
 
 pytestmark = pytest.mark.wgpu
 BATCH = 8

@@ -7,7 +7,7 @@ sum(out0 * R) are compared too), everything else becomes a constant initializer.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -88,8 +88,8 @@ def run_both(graph: Graph, feeds: dict, fetch: Sequence[str] | None = None, *, f
 
 def assert_close(want: dict, got: dict, rtol: float = 1e-4, atol: float = 1e-5, what: str = "") -> None:
     assert set(want) == set(got)
-    for k in want:
-        w, g = np.asarray(want[k]), np.asarray(got[k])
+    for k, value in want.items():
+        w, g = np.asarray(value), np.asarray(got[k])
         assert w.shape == g.shape, f"{what} {k}: shape {g.shape} != {w.shape}"
         if w.dtype.kind in "biu":
             np.testing.assert_array_equal(g, w, err_msg=f"{what} {k}")

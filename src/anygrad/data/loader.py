@@ -5,7 +5,7 @@ the same on every machine and after a resume, without carrying RNG state around.
 """
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 

@@ -12,7 +12,7 @@ from ..errors import ShapeError, UnsupportedOpError
 from ..ir.builder import Builder, GradContext
 from ..ir.graph import Node, TensorInfo, info_of
 from ..ir.registry import defop
-from ._util import axes_of, const_ints, dim_prod, ints_of, norm_axis, slot
+from ._util import axes_of, broadcast_shape, const_ints, dim_prod, ints_of, norm_axis, slot
 
 
 def reshape_target(node: Node, in_shape: tuple, spec: list[int]) -> tuple[int, ...]:
@@ -60,6 +60,8 @@ def _perm(node: Node, rank: int) -> list[int]:
 
 def _transpose_infer(node, ins):
     perm = _perm(node, ins[0].rank)
+    if sorted(perm) != list(range(ins[0].rank)):
+        raise ShapeError(f"{node.label}: perm {perm} is not a permutation of the {ins[0].rank} axes")
     return [TensorInfo(ins[0].dtype, tuple(ins[0].shape[p] for p in perm))]
 
 
@@ -73,7 +75,6 @@ defop("Transpose", infer=_transpose_infer, grad=_transpose_grad,
 
 
 def _expand_infer(node, ins):
-    from ._util import broadcast_shape
     return [TensorInfo(ins[0].dtype, broadcast_shape(ins[0].shape, tuple(const_ints(ins[1], "shape", node))))]
 
 
@@ -197,11 +198,16 @@ def split_sizes(node: Node, shape: tuple, split) -> tuple[int, list[int]]:
     if not isinstance(dim, int):
         raise ShapeError(f"{node.label}: cannot split symbolic dim {dim} before the input shape is known")
     chunk = -(-dim // n)
-    return axis, [chunk] * (n - 1) + [dim - chunk * (n - 1)]
+    sizes = [chunk] * (n - 1) + [dim - chunk * (n - 1)]
+    if sizes[-1] < 0:
+        raise ShapeError(f"{node.label}: cannot split {dim} into {n} parts of {chunk}")
+    return axis, sizes
 
 
 def _split_infer(node, ins):
     axis, sizes = split_sizes(node, tuple(ins[0].shape), slot(ins, 1))
+    if len(sizes) != len(node.outputs):
+        raise ShapeError(f"{node.label}: {len(sizes)} parts {sizes} for {len(node.outputs)} outputs")
     s = tuple(ins[0].shape)
     return [TensorInfo(ins[0].dtype, s[:axis] + (n,) + s[axis + 1:]) for n in sizes]
 

@@ -41,7 +41,8 @@ def _guarded(path: Path, read: Callable[[], Any]) -> Any:
     except FileNotFoundError:
         raise ModelError(f"{path}: file not found") from None
     except Exception as e:  # corrupt input surfaces as anything: zipfile, struct, EOF, unicode, memory
-        raise ModelError(f"{path}: not a readable PyTorch checkpoint ({type(e).__name__}: {e})") from e
+        detail = str(e) if len(str(e)) <= 200 else str(e)[:200] + "..."
+        raise ModelError(f"{path}: not a readable PyTorch checkpoint ({type(e).__name__}: {detail})") from e
 
 
 def _read(path: Path) -> Any:
@@ -50,6 +51,17 @@ def _read(path: Path) -> Any:
     if magic == _ZIP_MAGIC:
         return read_zip(path)
     return read_legacy(path.read_bytes())
+
+
+def _is_safetensors(path: Path) -> bool:
+    """By suffix, or by content: an 8-byte header length followed by a JSON object."""
+    if path.suffix == ".safetensors":
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(10)[8:] == b'{"'
+    except OSError:
+        return False
 
 
 def load_raw(path: str | os.PathLike) -> Any:
@@ -110,14 +122,14 @@ def find_state_dict(obj: Any, key: str | None = None, depth: int = 3) -> dict[st
 
 
 def load(path: str | os.PathLike, key: str | None = None) -> dict[str, np.ndarray]:
-    """A flat state_dict (name -> numpy array) from a torch.save file (or a .safetensors file).
+    """A flat state_dict (name -> numpy array) from a torch.save file (or a safetensors file).
 
     The file may hold the state_dict itself or a checkpoint dict around it ({"model": sd, "optimizer":
     ...}); `key` names the entry to use, otherwise it is found (see `find_state_dict`). bfloat16
     tensors come back as float32, every other dtype as itself; views and shared storages come back as
     separate contiguous arrays."""
     path = Path(path)
-    if path.suffix == ".safetensors":
+    if _is_safetensors(path):
         return load_safetensors(path)
     obj = load_raw(path)
     sd = find_state_dict(obj, key)

@@ -1,8 +1,8 @@
 """safetensors files through the `safetensors` package's numpy API (an optional dependency).
 
-numpy has no bfloat16, so BF16 entries (which the package cannot hand to numpy) are read from the
-file's own layout -- an 8-byte header length, a JSON header, raw little-endian data -- and widened to
-float32, like the .pt reader does.
+numpy has no bfloat16 or float8, so those entries (which the package cannot hand to numpy) are read
+from the file's own layout -- an 8-byte header length, a JSON header, raw little-endian data -- and
+widened to float32, like the .pt reader does.
 """
 from __future__ import annotations
 
@@ -16,7 +16,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import AnygradError, ModelError
-from .tensors import bfloat16_to_float32
+from .tensors import WIDEN
+
+# safetensors dtype -> (raw numpy dtype of its bits, torch dtype name in WIDEN)
+_WIDENED = {"BF16": ("<u2", "bfloat16"), "F8_E4M3": ("u1", "float8_e4m3fn"), "F8_E5M2": ("u1", "float8_e5m2")}
 
 
 def _package() -> Any:
@@ -37,29 +40,30 @@ def _header(path: Path) -> tuple[dict[str, Any], int]:
         return json.loads(f.read(size)), 8 + size
 
 
-def _bf16(path: Path, info: dict[str, Any], data_start: int) -> np.ndarray:
+def _widened(path: Path, info: dict[str, Any], data_start: int) -> np.ndarray:
+    raw_dtype, name = _WIDENED[info["dtype"]]
     start, stop = info["data_offsets"]
     shape = tuple(info["shape"])
     count = int(np.prod(shape, dtype=np.int64))
-    if stop - start != 2 * count:
-        raise ValueError(f"BF16 tensor of shape {shape} does not fill bytes {start}..{stop}")
+    if stop - start != count * np.dtype(raw_dtype).itemsize:
+        raise ValueError(f"{info['dtype']} tensor of shape {shape} does not fill bytes {start}..{stop}")
     with open(path, "rb") as f:
         f.seek(data_start + start)
-        bits = np.frombuffer(f.read(stop - start), dtype="<u2", count=count)
-    return bfloat16_to_float32(bits.reshape(shape))
+        bits = np.frombuffer(f.read(stop - start), dtype=raw_dtype, count=count)
+    return WIDEN[name](bits.reshape(shape))
 
 
 def load_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Read every tensor of a .safetensors file as numpy (BF16 widened to float32)."""
+    """Read every tensor of a .safetensors file as numpy (BF16 and F8 widened to float32)."""
     st = _package()
     path = Path(path)
     try:
         header, data_start = _header(path)
-        bf16 = {k for k, v in header.items() if k != "__metadata__" and v.get("dtype") == "BF16"}
+        widen = {k for k, v in header.items() if k != "__metadata__" and v.get("dtype") in _WIDENED}
         out: dict[str, np.ndarray] = {}
         with st.safe_open(str(path), framework="numpy") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
-                out[name] = _bf16(path, header[name], data_start) if name in bf16 else f.get_tensor(name)
+                out[name] = _widened(path, header[name], data_start) if name in widen else f.get_tensor(name)
         return out
     except AnygradError:
         raise

@@ -4,7 +4,15 @@ Importing this package registers every lowering in `kernel.LOWERINGS`.
 """
 from pathlib import Path
 
-from . import kernels_elementwise, kernels_loss, kernels_nn, kernels_optim, kernels_reduce, kernels_shape  # noqa: F401
+from . import (  # noqa: F401
+    kernels_activation,
+    kernels_elementwise,
+    kernels_loss,
+    kernels_nn,
+    kernels_optim,
+    kernels_reduce,
+    kernels_shape,
+)
 from .adapters import AdapterInfo, list_adapters
 from .kernel import LOWERINGS, AdapterCaps, Kernel, Scratch, lowering
 from .runtime import WgpuBackend, WgpuExecutable
@@ -16,5 +24,14 @@ if (_HERE / "kernels_gemm.py").exists():
 if (_HERE / "kernels_conv.py").exists():
     from . import kernels_conv  # noqa: F401
 
-__all__ = ["AdapterCaps", "AdapterInfo", "Kernel", "LOWERINGS", "Scratch", "WgpuBackend", "WgpuExecutable",
-           "list_adapters", "lowering"]
+__all__ = [
+    "LOWERINGS",
+    "AdapterCaps",
+    "AdapterInfo",
+    "Kernel",
+    "Scratch",
+    "WgpuBackend",
+    "WgpuExecutable",
+    "list_adapters",
+    "lowering",
+]

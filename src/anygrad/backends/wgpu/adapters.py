@@ -82,7 +82,7 @@ def _enumerate() -> list[tuple[AdapterInfo, Any]]:
         try:
             import wgpu
             raw = wgpu.gpu.enumerate_adapters_sync()
-        except Exception:  # no wgpu-native library or no driver at all: simply no adapters
+        except Exception:  # noqa: BLE001  (no wgpu-native library or no driver: simply no adapters)
             raw = []
         found = []
         for i, a in enumerate(raw):

@@ -15,7 +15,7 @@ import numpy as np
 from ...ir.graph import Graph, Node, TensorInfo
 from .kernel import AdapterCaps
 from .kernels_elementwise import bound_count, is_elementwise, make_fused
-from .kernels_optim import FUSED_UPDATE, UPDATE_OPS, COPY
+from .kernels_optim import COPY, FUSED_UPDATE, UPDATE_OPS
 from .wgsl import shape_of
 
 MAX_GROUP = 48          # members per kernel: keeps shaders small and compile times short

@@ -8,8 +8,8 @@ something outside the group needs. A lone elementwise node is a group of one.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 

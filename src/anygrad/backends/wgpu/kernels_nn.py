@@ -279,4 +279,4 @@ def _dropout_grad(c, n, a, ot):
     return [c.let(f"select(0.0, {a[0].expr} * {scale}, {a[1].expr} != 0u)", "f32")]
 
 
-__all__ = ["lower_softmax", "lower_batchnorm", "lower_batchnorm_grad", "rows", "WG", "group_id", "groups_grid"]
+__all__ = ["WG", "group_id", "groups_grid", "lower_batchnorm", "lower_batchnorm_grad", "lower_softmax", "rows"]

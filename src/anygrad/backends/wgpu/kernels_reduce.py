@@ -12,8 +12,18 @@ from dataclasses import dataclass
 from ...ir.graph import Graph, Node
 from ...ops.reduce import reduce_axes
 from .kernel import AdapterCaps, Kernel, lowering
-from .wgsl import (WG, bindings, flat_id, group_id, groups_grid, grid, literal, shader, shape_of, strides,
-                   vtype)
+from .wgsl import (
+    bindings,
+    flat_id,
+    grid,
+    group_id,
+    groups_grid,
+    literal,
+    shader,
+    shape_of,
+    strides,
+    vtype,
+)
 
 
 @dataclass(frozen=True)

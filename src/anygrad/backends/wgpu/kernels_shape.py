@@ -7,7 +7,7 @@ Shapes are constants, so each kernel is a handful of integer divisions per eleme
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from ...ir.graph import Graph, Node
 from ...ops.shape import slice_bounds, slice_len, split_sizes
@@ -159,3 +159,113 @@ def lower_gather_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kerne
   dx[i] = acc;"""
     decls = bindings([("dy", "f32"), ("ix", vtype(graph, idx))], [("dx", "f32")])
     return [Kernel("GatherGrad", shader(decls, body), grid(n), (dy, idx), (dx,))]
+
+
+# -- per-axis index tables: Tile, Pad, PadGrad ----------------------------------------------------------
+def _table(name: str, values) -> str:
+    vals = ", ".join(f"{int(v)}" for v in values)
+    return f"var<private> {name}: array<i32, {len(values)}> = array<i32, {len(values)}>({vals});"
+
+
+def table_gather(name: str, src: str, dst: str, ty: str, in_shape: Sequence[int], out_shape: Sequence[int],
+                 tables: dict[int, Sequence[int]], fill: str) -> Kernel:
+    """y[out coords] = x[table_d[c_d] per axis] (identity on axes without a table); a -1 entry
+    anywhere selects `fill` instead."""
+    n = math.prod(out_shape)
+    ost, ist = strides(out_shape), strides(in_shape)
+    helpers = "\n".join(_table(f"T{d}", t) for d, t in tables.items())
+    lines = [f"  {flat_id()}", f"  if (i >= {n}u) {{ return; }}", "  var src = 0;", "  var inside = true;"]
+    for d, (e, s) in enumerate(zip(out_shape, ost)):
+        coord = f"i32((i / {s}u) % {e}u)"
+        if d in tables:
+            lines.append(f"  let c{d} = T{d}[(i / {s}u) % {e}u];")
+            lines.append(f"  inside = inside && c{d} >= 0;")
+            coord = f"c{d}"
+        lines.append(f"  src += {coord} * {ist[d]};")
+    lines.append(f"  y[i] = select({fill}, x[u32(max(src, 0))], inside);")
+    return Kernel(name, shader(bindings([("x", ty)], [("y", ty)]), "\n".join(lines), helpers=helpers), grid(n),
+                  (src,), (dst,))
+
+
+@lowering("Tile")
+def lower_tile(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    x, y = node.inputs[0], node.outputs[0]
+    shape, out = shape_of(graph, x), shape_of(graph, y)
+    tables = {d: [j % s for j in range(o)] for d, (s, o) in enumerate(zip(shape, out)) if s != o}
+    return [table_gather("Tile", x, y, vtype(graph, x), shape, out, tables, literal(0, vtype(graph, x)))]
+
+
+def _pad_geometry(node: Node, graph: Graph):
+    from ...ops.shape import _pad_mode, pad_amounts
+    shape = shape_of(graph, node.inputs[0])
+    infos = [graph.info.get(i) if i else None for i in node.inputs]
+    amounts = pad_amounts(node, infos, len(shape))
+    return shape, amounts, _pad_mode(node, shape, amounts)
+
+
+@lowering("Pad")
+def lower_pad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    import numpy as np
+
+    from ...ops.shape import _pad_source
+    x, y = node.inputs[0], node.outputs[0]
+    shape, amounts, mode = _pad_geometry(node, graph)
+    ty = vtype(graph, x)
+    value = node.attr("value", 0.0)
+    if node.input(2):
+        const = graph.initializers.get(node.input(2))
+        if const is None:
+            raise ValueError(f"{node.label}: the pad value must be a constant on the wgpu backend")
+        if np.asarray(const).size:
+            value = np.asarray(const).reshape(()).item()
+    tables = {d: _pad_source(mode, s, b, a).tolist() for d, (s, (b, a)) in enumerate(zip(shape, amounts))
+              if (b, a) != (0, 0)}
+    return [table_gather("Pad", x, y, ty, shape, shape_of(graph, y), tables, literal(value, ty))]
+
+
+@lowering("PadGrad")
+def lower_pad_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    """One scatter-free pass per padded axis: each input position sums the outputs that read it."""
+    from ...ops.shape import _pad_source
+    dy, dx = node.inputs[0], node.outputs[0]
+    shape = [int(d) for d in node.attr("shape")]
+    mode = node.attr("mode")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    axes = [(d, int(b), int(a)) for d, (b, a) in enumerate(zip(node.attr("before"), node.attr("after")))
+            if (b, a) != (0, 0)]
+    cur = list(shape_of(graph, dy))
+    src = dy
+    kernels = []
+    from .kernel import Scratch
+    for k, (axis, b, a) in enumerate(axes):
+        d = shape[axis]
+        source = _pad_source(mode, d, b, a)
+        pre = [[j for j, s in enumerate(source) if s == i] for i in range(d)]
+        offs = [0]
+        for p in pre:
+            offs.append(offs[-1] + len(p))
+        flat = [j for p in pre for j in p] or [0]
+        out = cur[:axis] + [d] + cur[axis + 1:]
+        last = k == len(axes) - 1
+        dst = dx if last else f"padgrad.{dx}.{k}"
+        n = math.prod(out)
+        inner = math.prod(out[axis + 1:])
+        helpers = _table("OFF", offs) + "\n" + _table("PRE", flat)
+        body = f"""  {flat_id()}
+  if (i >= {n}u) {{ return; }}
+  let o = i / {d * inner}u;
+  let c = (i / {inner}u) % {d}u;
+  let w = i % {inner}u;
+  var acc = 0.0;
+  for (var t = OFF[c]; t < OFF[c + 1u]; t += 1) {{
+    acc += x[o * {cur[axis] * inner}u + u32(PRE[t]) * {inner}u + w];
+  }}
+  y[i] = acc;"""
+        scratch = tuple(Scratch(f"padgrad.{dx}.{j}", math.prod(shape_of(graph, dy))) for j in range(len(axes) - 1))
+        kernels.append(Kernel("PadGrad", shader(bindings([("x", "f32")], [("y", "f32")]), body, helpers=helpers),
+                              grid(n), (src,), (dst,), scratch=scratch))
+        src, cur = dst, out
+    if not axes:
+        n = math.prod(shape)
+        kernels.append(table_gather("PadGrad:copy", dy, dx, "f32", shape, shape, {}, "0.0"))
+    return kernels

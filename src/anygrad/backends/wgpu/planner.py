@@ -254,11 +254,12 @@ def _check_limits(graph: Graph, caps: AdapterCaps, kernels, root_of, nbytes) -> 
 
 def describe(plan: Plan) -> str:
     """Human-readable plan: kernels in order with their bindings, then buffers."""
-    lines = [f"{len(plan.steps)} kernels, {len(plan.slot_bytes)} temporary slots "
-             f"({sum(plan.slot_bytes) >> 10} KiB), {len(plan.inplace)} in-place state updates"]
+    head = (f"{len(plan.steps)} kernels, {len(plan.slot_bytes)} temporary slots "
+            f"({sum(plan.slot_bytes) >> 10} KiB), {len(plan.inplace)} in-place state updates")
+    lines = [head]
     for s, st in enumerate(plan.steps):
         lines.append(f"  {s:3d} {st.kernel.name} {st.kernel.workgroups}")
     return "\n".join(lines)
 
 
-__all__ = ["ALIAS_OPS", "Plan", "Root", "Step", "make_plan", "describe", "Node"]
+__all__ = ["ALIAS_OPS", "Node", "Plan", "Root", "Step", "describe", "make_plan"]

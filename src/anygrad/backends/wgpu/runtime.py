@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -211,7 +212,7 @@ class WgpuBackend(Backend):
         return self.ctx.pipelines[key]
 
     # -- compile ----------------------------------------------------------------------------------
-    def compile(self, graph: Graph, fuse: bool = True) -> "WgpuExecutable":
+    def compile(self, graph: Graph, fuse: bool = True) -> WgpuExecutable:
         for name in graph.state_names:
             if name not in self.state and name in graph.initializers:
                 self.set_state(name, graph.initializers[name])

@@ -6,7 +6,7 @@ modulo by literals, which shader compilers strength-reduce.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
