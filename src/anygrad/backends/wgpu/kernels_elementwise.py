@@ -359,31 +359,35 @@ def lower_fused(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     raw = {m.inputs[k] for m in members for k in EW[m.op].raw if k < len(m.inputs)}
     c = Emit(graph=graph)
     env: dict[str, Val] = {}
-    reads = []
-    for j, v in enumerate(node.inputs):
+    # A value both read and written (a fused update over an arena) is bound once, read_write.
+    outs = list(node.outputs)
+    reads, read_names = [], []
+    for v in node.inputs:
         ty = vtype(graph, v)
-        reads.append((f"x{j}", ty))
+        var = f"y{outs.index(v)}" if v in outs else f"x{len(reads)}"
+        if v not in outs:
+            reads.append((var, ty))
+            read_names.append(v)
         if v in raw:
-            env[v] = Val(f"x{j}", ty)
+            env[v] = Val(var, ty)
         else:
-            env[v] = c.let(f"x{j}[{broadcast_index(out_shape, shape_of(graph, v))}]", ty)
+            env[v] = c.let(f"{var}[{broadcast_index(out_shape, shape_of(graph, v))}]", ty)
     for v, value in literals.items():
         ty = vtype(graph, v)
         env[v] = Val(literal(value, ty), ty)
     for m in members:
         skip = EW[m.op].ignore
         args = [env[v] if v and k not in skip else None for k, v in enumerate(m.inputs)]
-        outs = EW[m.op].emit(c, m, args, [vtype(graph, o) if o else "f32" for o in m.outputs])
-        for o, val in zip(m.outputs, outs):
+        vals = EW[m.op].emit(c, m, args, [vtype(graph, o) if o else "f32" for o in m.outputs])
+        for o, val in zip(m.outputs, vals):
             if o:
                 env[o] = val
-    writes = [(f"y{k}", vtype(graph, o)) for k, o in enumerate(node.outputs)]
+    writes = [(f"y{k}", vtype(graph, o)) for k, o in enumerate(outs)]
     body = [f"  {flat_id()}", f"  if (i >= {n}u) {{ return; }}", *c.lines]
-    body += [f"  y{k}[i] = {env[o].expr};" for k, o in enumerate(node.outputs)]
+    body += [f"  y{k}[i] = {env[o].expr};" for k, o in enumerate(outs)]
     src = shader(bindings(reads, writes), "\n".join(body), helpers="\n".join(c.helpers.values()))
-    aligned = tuple(v for v in node.inputs if v not in raw and shape_of(graph, v) == out_shape)
-    return [Kernel(f"ew:{node.name}"[:120], src, grid(n, WG), tuple(node.inputs), tuple(node.outputs),
-                   inplace=aligned)]
+    aligned = tuple(v for v in read_names if v not in raw and shape_of(graph, v) == out_shape)
+    return [Kernel(f"ew:{node.name}"[:120], src, grid(n, WG), tuple(read_names), tuple(outs), inplace=aligned)]
 
 
 def lower_single(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
