@@ -276,3 +276,26 @@ def test_readme_setup_commands_and_ci_agree():
     ci = (REPO / ".ci" / "run").read_text().strip().splitlines()
     assert ci[-1] == tests  # CI runs exactly README's test command
     assert any(line.startswith("python -m pip install torch==") for line in ci[:-1])
+
+
+def _has_wgpu_adapter() -> bool:
+    from anygrad import AnygradError, devices
+    try:
+        return bool(getattr(devices, "list_adapters", list)())
+    except AnygradError:  # no driver at all: the wgpu test is skipped, not failed
+        return False
+
+
+@pytest.mark.wgpu
+def test_train_on_wgpu_matches_cpu(tmp_path, tiny_mnist):
+    if not _has_wgpu_adapter():
+        pytest.skip("no WebGPU adapter (install mesa-vulkan-drivers for lavapipe)")
+    rows = {}
+    for device in ("cpu", "wgpu"):
+        run = tmp_path / device
+        assert cli.main(["train", str(_mlp(tmp_path / "m.onnx")), "--data-dir", str(tiny_mnist), "--device", device,
+                         "--epochs", "2", "--batch-size", "16", "--artifacts", str(run), "--quiet"]) == 0
+        rows[device] = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for a, b in zip(rows["cpu"], rows["wgpu"]):
+        for key in ("train_loss", "train_accuracy", "valid_loss", "valid_accuracy"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-5), key

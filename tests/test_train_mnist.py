@@ -42,3 +42,72 @@ def test_founding_example_learns_mnist(tmp_path):
     name = sess.get_inputs()[0].name
     pred = np.concatenate([sess.run(None, {name: x[i:i + 1000]})[0].argmax(1) for i in range(0, len(x), 1000)])
     assert abs(float((pred == y).mean()) - rows[0]["valid_accuracy"]) < 2e-3
+
+
+# -- the loop itself, on a small MLP (fast) --------------------------------------------------------------
+def _compiled_mlp(tmp_path, lr=0.05):
+    from test_cli import _mlp
+
+    import anygrad
+    from anygrad.optim import get_optimizer
+    model = anygrad.load_onnx(str(_mlp(tmp_path / "mlp.onnx")))
+    return model.compile(loss="cross_entropy", optimizer=get_optimizer("sgd", lr=lr), device="cpu", seed=0)
+
+
+def _tiny_data(n, seed=0):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 10, n).astype(np.int64)
+    x = (rng.standard_normal((n, 1, 28, 28)) * 0.1 + y[:, None, None, None] * 0.1).astype(np.float32)
+    return x, y
+
+
+def test_fit_takes_exactly_the_loader_steps(tmp_path):
+    from anygrad.data import DataLoader
+    from anygrad.train import TrainConfig, fit
+    train, valid = _tiny_data(37), _tiny_data(11, seed=1)
+    a = _compiled_mlp(tmp_path)
+    result = fit(a, train, valid, TrainConfig(epochs=2, batch_size=8, seed=5, log_every=2), log=None)
+    # the same steps by hand, reading the loss back every step (train_on_batch)
+    b = _compiled_mlp(tmp_path)
+    loader = DataLoader(*train, 8, seed=5)
+    epoch_losses = []
+    for _ in range(2):
+        losses = [(b.train_on_batch(x, y), len(y)) for x, y in loader]
+        epoch_losses.append(sum(v * n for v, n in losses) / sum(n for _, n in losses))
+    for name, value in a.state_dict().items():
+        np.testing.assert_allclose(value, b.state_dict()[name], rtol=1e-6, atol=1e-7, err_msg=name)
+    assert [m.epoch for m in result.history] == [1, 2]
+    np.testing.assert_allclose([m.train_loss for m in result.history], epoch_losses, rtol=1e-5)
+    ev = b.evaluate(*valid, batch_size=8)
+    np.testing.assert_allclose(result.last.valid_loss, ev["loss"], rtol=1e-5)
+    assert result.last.valid_accuracy == pytest.approx(ev["accuracy"])
+
+
+def test_fit_last_partial_batch_and_drop_last(tmp_path):
+    from anygrad.train import fit
+    train = _tiny_data(21)
+    model = _compiled_mlp(tmp_path)
+    fit(model, train, None, epochs=1, batch_size=8, log=None)
+    shapes = {key[1][0] for key in model._programs if key[0] == "train"}
+    assert shapes == {8, 5}  # 21 = 8 + 8 + 5: the remainder trains too, with its own program
+    model = _compiled_mlp(tmp_path)
+    fit(model, train, None, epochs=1, batch_size=8, drop_last=True, log=None)
+    assert {key[1][0] for key in model._programs if key[0] == "train"} == {8}
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # overflow is the point
+def test_fit_records_every_setting_and_flags_divergence(tmp_path):
+    from anygrad.errors import ConfigError
+    from anygrad.train import TrainConfig, fit
+    lines = []
+    model = _compiled_mlp(tmp_path, lr=1e12)
+    fit(model, _tiny_data(16), _tiny_data(8), epochs=1, batch_size=8, artifacts_dir=str(tmp_path / "r"),
+        log=lines.append)
+    assert any("diverged" in line for line in lines)
+    row = json.loads((tmp_path / "r" / "metrics.jsonl").read_text())  # strict JSON: NaN became null
+    assert row["valid_loss"] is None
+    config = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert set(TrainConfig.__dataclass_fields__) <= set(config)
+    assert config["resolved"]["optimizer"]["name"] == "sgd" and config["resolved"]["parameters"] > 0
+    with pytest.raises(ConfigError, match="unknown training setting"):
+        fit(model, _tiny_data(16), None, epoch=3)

@@ -24,8 +24,8 @@ F32 = np.dtype("float32")
 CPU = AdapterCaps(is_cpu=True)
 GPU = AdapterCaps(is_cpu=False)
 VARIANTS = [{"_gemm_variant": "register"}, {"_gemm_variant": "shared"},
-            {"_gemm_variant": "register", "_gemm_block": 8}, {"_gemm_variant": "shared", "_gemm_block": 8}]
-VARIANT_IDS = ["register4", "shared4", "register8", "shared8"]
+            {"_gemm_variant": "register", "_gemm_block": 8}, {"_gemm_variant": "shared", "_gemm_block": 8, "_gemm_kt": 16}]
+VARIANT_IDS = ["register4", "shared4", "register8", "shared8k16"]
 
 
 @functools.cache
@@ -161,6 +161,7 @@ CONVS = [  # x shape, w shape, attrs
     ((2, 3, 9, 8), (5, 3, 3, 2), {"strides": [2, 1], "dilations": [2, 1], "pads": [1, 0, 2, 1]}),
     ((1, 4, 6, 5), (6, 2, 3, 2), {"group": 2, "strides": [1, 2]}),
     ((2, 3, 6, 7), (3, 1, 3, 3), {"group": 3, "pads": [1, 1, 1, 1], "strides": [2, 2]}),   # depthwise
+    ((1, 3, 5, 6), (6, 1, 3, 3), {"group": 3, "pads": [1, 1, 1, 1]}),                    # channel multiplier
     ((2, 8, 4, 4), (5, 8, 1, 1), {}),                                                    # 1x1, P % 4 == 0
     ((2, 3, 3, 5), (4, 3, 1, 1), {}),                                                    # 1x1, odd P
     ((2, 4, 5, 5), (8, 4, 1, 1), {"strides": [2, 2]}),                                   # strided 1x1

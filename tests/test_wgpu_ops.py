@@ -116,6 +116,9 @@ def test_reduce_long_rows_tree():
     check_wgpu("ReduceSum", [randn(3, 700), np.array([1], np.int64)], {"keepdims": 0})
     check_wgpu("ReduceMean", [randn(5, 300, 2), np.array([0, 1], np.int64)], {"keepdims": 1})
     check_wgpu("ReduceMax", [randn(2000), np.array([0], np.int64)], {"keepdims": 0}, grad=False)
+    # Long enough to split over several workgroups per output (two stages).
+    check_wgpu("ReduceSum", [randn(3, 200, 101), np.array([0, 2], np.int64)], {"keepdims": 0}, rtol=1e-4)
+    check_wgpu("ReduceMax", [randn(70000), np.array([0], np.int64)], {"keepdims": 1}, grad=False)
 
 
 # -- data movement ---------------------------------------------------------------------------------

@@ -106,16 +106,22 @@ def test_run_twice_and_state_updates(wb):
 
 
 def test_in_place_only_when_safe(wb):
-    # y reads c after c2 is computed (Mul after Add): c2 cannot be written into c's buffer.
+    # Unfused, y = c * 2 runs after c2 = c + x: c2 cannot be written into c's buffer.
     g = _counter_graph()
-    exe = wb.compile(g)
-    assert exe.plan.inplace == {} and len(exe.plan.state_copies) == 1
-    # Without the late reader the update is planned in place (no copy).
+    x = np.full(5, 3.0, np.float32)
+    for fuse in (False, True):
+        want, got, exe = run_both(g, {"x": x}, state={"c": np.ones(5, np.float32)}, backend=wb, fuse=fuse)
+        assert_close(want, got)
+        np.testing.assert_allclose(wb.get_state("c"), np.full(5, 4.0))
+        if fuse:  # one kernel reads c and writes c2 element by element: in place is safe
+            assert exe.n_kernels == 1 and exe.plan.inplace and not exe.plan.state_copies
+        else:
+            assert exe.plan.inplace == {} and len(exe.plan.state_copies) == 1
+    # Without the late reader the update is planned in place even unfused.
     g2 = _graph([Node("Mul", ["c", "two"], ["y"]), Node("Add", ["c", "x"], ["c2"])], ["x"], ["y"],
                 {"x": (F32, (5,))}, {"c": np.ones(5, np.float32), "two": np.array(2.0, np.float32)},
                 buffers=["c"], updates={"c2": "c"})
-    state = {"c": np.ones(5, np.float32)}
-    want, got, exe2 = run_both(g2, {"x": np.full(5, 3.0, np.float32)}, state=state, backend=wb)
+    want, got, exe2 = run_both(g2, {"x": x}, state={"c": np.ones(5, np.float32)}, backend=wb, fuse=False)
     assert exe2.plan.inplace and not exe2.plan.state_copies
     assert_close(want, got)
     np.testing.assert_allclose(wb.get_state("c"), np.full(5, 4.0))

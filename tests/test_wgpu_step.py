@@ -75,3 +75,44 @@ def test_training_step_is_few_kernels_and_in_place():
     wb.set_state("fc2.weight", w * 2)
     np.testing.assert_array_equal(wb.get_state("fc2.weight"), w * 2)
     np.testing.assert_array_equal(wb.get_state("fc2.bias"), model.state_dict()["fc2.bias"])
+
+
+def _mlp() -> anygrad.Model:
+    """x (N, 6) -> Gemm -> Tanh -> Gemm -> logits (N, 4): no BatchNorm, so every gradient is
+    well conditioned and adaptive optimizers can be compared step by step."""
+    from anygrad.ir import Graph, Node, TensorInfo
+    rng = np.random.default_rng(3)
+    g = Graph(inputs=["x"], outputs=["y"], name="mlp")
+    g.info["x"] = TensorInfo(np.dtype(np.float32), ("N", 6))
+    g.initializers = {"w1": rng.standard_normal((5, 6)).astype(np.float32) * 0.5,
+                      "b1": rng.standard_normal(5).astype(np.float32) * 0.1,
+                      "w2": rng.standard_normal((4, 5)).astype(np.float32) * 0.5,
+                      "b2": np.zeros(4, np.float32)}
+    g.params = ["w1", "b1", "w2", "b2"]
+    g.nodes = [Node("Gemm", ["x", "w1", "b1"], ["h"], {"transB": 1}), Node("Tanh", ["h"], ["t"]),
+               Node("Gemm", ["t", "w2", "b2"], ["y"], {"transB": 1})]
+    return anygrad.Model(g)
+
+
+@pytest.mark.parametrize("name,kwargs", [("Adam", {"weight_decay": 0.01, "amsgrad": True}), ("AdamW", {}),
+                                         ("RMSprop", {"momentum": 0.9, "centered": True}),
+                                         ("Adagrad", {"lr_decay": 0.1}), ("Adadelta", {"lr": 1.0})])
+def test_adaptive_optimizers_fused_update(name, kwargs):
+    import anygrad.optim as optim
+    wb = wgpu_backend()
+    rng = np.random.default_rng(1)
+    data = [(rng.standard_normal((7, 6)).astype(np.float32), rng.integers(0, 4, 7).astype(np.int64))
+            for _ in range(4)]
+    results = []
+    for backend in (wb, NumpyBackend()):
+        model = _mlp()
+        model.compile(loss="cross_entropy", optimizer=getattr(optim, name)(**{"lr": 0.01, **kwargs}),
+                      device=backend, seed=0)
+        losses = [model.train_on_batch(x, y) for x, y in data]
+        results.append((losses, model.state_dict(), model))
+    (lw, sw, mw), (ln, sn, _) = results
+    np.testing.assert_allclose(lw, ln, rtol=1e-5, atol=1e-6)
+    for k in sn:
+        np.testing.assert_allclose(sw[k], sn[k], rtol=1e-4, atol=1e-5, err_msg=k)
+    (exe,) = [e for key, e in mw._programs.items() if key[0] == "train"]
+    assert sum("Update" in st.kernel.name for st in exe.plan.steps) == 1

@@ -206,18 +206,13 @@ def load_mnist(data_dir: str | Path | None = None, cache_dir: str | Path | None 
             raise DataError(f"cannot create the cache folder {folder}: {e.strerror or e}; "
                             f"set {CACHE_ENV} or pass --data-dir") from None
         mirror_list = list(mirrors) if mirrors is not None else default_mirrors()
-        failed: list[str] = []
-        reasons: list[str] = []
-        for role in missing:
+        for i, role in enumerate(missing):
             file = MNIST_FILES[role]
             if log:
                 log(f"downloading {file.name}.gz into {folder}")
-            path, errors = _download_from_mirrors(file, folder, mirror_list)
-            if path is None:
-                failed.append(file.name)
-                reasons.extend(errors)
-            found[role] = path
-        if failed:
-            why = "could not download MNIST (offline?):\n" + "\n".join(f"  {r}" for r in reasons)
-            raise DataError(_missing_message(folder, failed, why))
+            found[role], errors = _download_from_mirrors(file, folder, mirror_list)
+            if found[role] is None:  # the rest would fail the same way: stop here
+                why = (f"could not download {file.name}.gz from any mirror (offline?):\n"
+                       + "\n".join(f"  {e}" for e in errors or ["no mirrors given"]))
+                raise DataError(_missing_message(folder, [MNIST_FILES[r].name for r in missing[i:]], why))
     return MnistData(**_read_split(found), source=str(folder))

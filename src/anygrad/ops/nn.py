@@ -28,7 +28,7 @@ from ._util import norm_axis, same_as_first
 
 # Column-matrix elements per batch chunk (floats): big enough for efficient GEMMs, small enough
 # to stay cache-friendly (MNIST conv3 at batch 1000 would otherwise be 280 MB); measured best.
-_COLS_BUDGET = 1 << 20
+_COLS_BUDGET = 1 << 21
 
 
 # -- window geometry -------------------------------------------------------------------------
@@ -81,7 +81,8 @@ class Window:
         return np.pad(x, widths, constant_values=value)
 
     def crop(self, xp: np.ndarray) -> np.ndarray:
-        return xp[(slice(None), slice(None)) + tuple(slice(b, b + i) for b, i in zip(self.begin, self.spatial))]
+        inside = tuple(slice(b, b + i) for b, i in zip(self.begin, self.spatial))
+        return xp[(slice(None), slice(None)) + inside]
 
     def attrs(self) -> dict:
         """Explicit attributes for the internal gradient ops (no auto_pad left to resolve)."""
@@ -149,7 +150,8 @@ def _conv_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
                          f"got {tuple(x.shape)} and {tuple(w.shape)}")
     group = int(node.attr("group", 1))
     if x.shape[1] != w.shape[1] * group or w.shape[0] % group:
-        raise ShapeError(f"{node.label}: X has {x.shape[1]} channels but W {tuple(w.shape)} with group={group} "
+        raise ShapeError(f"{node.label}: X has {x.shape[1]} channels but W {tuple(w.shape)} with "
+                         f"group={group} "
                          f"expects {w.shape[1] * group}")
     if len(ins) > 2 and ins[2] is not None and tuple(ins[2].shape) != (w.shape[0],):
         raise ShapeError(f"{node.label}: bias shape {tuple(ins[2].shape)} is not ({w.shape[0]},)")
@@ -421,8 +423,12 @@ def _global_avg_grad(g: GradContext):
     return [g.op("Expand", [scaled, g.const(np.array(xs, np.int64), np.int64, "shape")])]
 
 
-defop("GlobalAveragePool", infer=_global_avg_infer, grad=_global_avg_grad,
-      forward=lambda node, ins: ins[0].mean(axis=tuple(range(2, ins[0].ndim)), keepdims=True).astype(ins[0].dtype))
+def _global_avg_forward(node, ins):
+    x = ins[0]
+    return x.mean(axis=tuple(range(2, x.ndim)), keepdims=True).astype(x.dtype)
+
+
+defop("GlobalAveragePool", infer=_global_avg_infer, forward=_global_avg_forward, grad=_global_avg_grad)
 
 
 # -- BatchNormalization --------------------------------------------------------------------------
@@ -449,12 +455,22 @@ def _bn_infer(node, ins):
     return outs
 
 
-def _batch_stats(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    axes = _bn_axes(x.ndim)
-    mean = x.mean(axis=axes, dtype=np.float64)
-    centered = x - _channel(mean, x.ndim).astype(x.dtype)
-    var = np.square(centered).mean(axis=axes, dtype=np.float64)  # biased: used to normalise
-    return mean, var
+def _channel_sum(a: np.ndarray) -> np.ndarray:
+    """Per-channel sums of (N, C, ...) in double: pairwise float sums along rows, then double."""
+    return a.reshape(a.shape[0], a.shape[1], -1).sum(axis=2).sum(axis=0, dtype=np.float64)
+
+
+def _per_channel(v: np.ndarray, like: np.ndarray) -> np.ndarray:
+    """Per-channel statistics are kept in double; the big tensors stay in the input's precision."""
+    return _channel(np.asarray(v).astype(like.dtype), like.ndim)
+
+
+def _batch_stats(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(mean, biased variance, x - mean) over every axis but the channel axis."""
+    n = x.size // x.shape[1]
+    mean = _channel_sum(x) / n
+    centered = x - _per_channel(mean, x)
+    return mean, _channel_sum(np.square(centered)) / n, centered
 
 
 def _bn_forward(node, ins):
@@ -462,14 +478,14 @@ def _bn_forward(node, ins):
     eps = float(node.attr("epsilon", 1e-5))
     training = bool(node.attr("training_mode", 0))
     if training:
-        batch_mean, batch_var = _batch_stats(x)
-        inv = 1.0 / np.sqrt(batch_var + eps)
+        batch_mean, batch_var, y = _batch_stats(x)
+        a = scale * (1.0 / np.sqrt(batch_var + eps))
+        y *= _per_channel(a, x)  # in place on the centered copy: two passes in all
+        y += _per_channel(bias, x)
     else:
-        batch_mean, inv = mean.astype(np.float64), 1.0 / np.sqrt(var.astype(np.float64) + eps)
-    # y = x * a + c with per-channel a, c: one pass over the big tensor.
-    a = scale * inv
-    c = bias - batch_mean * a
-    y = (x * _channel(a.astype(x.dtype), x.ndim) + _channel(c.astype(x.dtype), x.ndim)).astype(x.dtype)
+        a = scale * (1.0 / np.sqrt(var.astype(np.float64) + eps))
+        y = x * _per_channel(a, x) + _per_channel(bias - mean * a, x)
+    y = y.astype(x.dtype, copy=False)
     if len(node.outputs) == 1:
         return [y]
     if not training:
@@ -488,24 +504,26 @@ def _bn_grad_forward(node, ins):
     """(dX, dscale, dbias); batch statistics recomputed (training) or given (training=0)."""
     dy, x, scale = ins[:3]
     eps = float(node.attr("epsilon", 1e-5))
-    axes = _bn_axes(x.ndim)
-    if node.attr("training", 1):
-        mean, var = _batch_stats(x)
+    training = bool(node.attr("training", 1))
+    if training:
+        _, var, centered = _batch_stats(x)
     else:
-        mean, var = ins[3].astype(np.float64), ins[4].astype(np.float64)
+        var = ins[4].astype(np.float64)
+        centered = x - _per_channel(ins[3], x)
     inv = 1.0 / np.sqrt(var + eps)
-    # Per-channel statistics in double, the big tensors in the input's precision.
-    chan = lambda v: _channel(np.asarray(v).astype(x.dtype), x.ndim)  # noqa: E731
-    xhat = (x - chan(mean)) * chan(inv)
-    dbias = dy.sum(axis=axes, dtype=np.float64)
-    dscale = (dy * xhat).sum(axis=axes, dtype=np.float64)
-    if node.attr("training", 1):
-        n = x.size // x.shape[1]
-        # The batch statistics depend on x: the mean and variance terms of the chain rule.
-        dx = chan(scale * inv / n) * (dy * np.asarray(n, x.dtype) - chan(dbias) - xhat * chan(dscale))
-    else:
-        dx = dy * chan(scale * inv)
-    return [dx.astype(x.dtype), dscale.astype(scale.dtype), dbias.astype(scale.dtype)]
+    k = scale * inv
+    dbias = _channel_sum(dy)
+    dscale = _channel_sum(dy * centered) * inv
+    if not training:
+        return [(dy * _per_channel(k, x)).astype(x.dtype), dscale.astype(scale.dtype), dbias.astype(scale.dtype)]
+    # The batch statistics depend on x too (mean and variance terms of the chain rule):
+    # dx = k * (dy - dbias / n - xhat * dscale / n), with xhat = centered * inv.
+    n = x.size // x.shape[1]
+    centered *= _per_channel(-k * inv * dscale / n, x)
+    centered += _per_channel(-k * dbias / n, x)
+    dx = dy * _per_channel(k, x)
+    dx += centered
+    return [dx.astype(x.dtype, copy=False), dscale.astype(scale.dtype), dbias.astype(scale.dtype)]
 
 
 def _bn_grad(g: GradContext):
@@ -557,7 +575,8 @@ def _const_input(value, node: Node, slot: int, default):
         return default
     if isinstance(value, TensorInfo):
         if value.const is None:
-            raise ShapeError(f"{node.label}: input {slot} must be a constant (known when the model is compiled)")
+            raise ShapeError(f"{node.label}: input {slot} must be a constant (known when the model "
+                             "is compiled)")
         value = value.const
     return np.asarray(value).reshape(()).item()
 
@@ -624,8 +643,12 @@ def _dropout_set_mode(graph: Graph, node: Node, training: bool) -> None:
 
 defop("Dropout", infer=_dropout_infer, forward=_dropout_forward, grad=_dropout_grad,
       nondiff=[1, 2, 3], foldable=False, set_mode=_dropout_set_mode)
-defop("DropoutGrad", infer=same_as_first, internal=True,
-      forward=lambda node, ins: (ins[0] * (ins[1] * dropout_scale(float(node.attr("ratio", 0.5))))).astype(ins[0].dtype))
+def _dropout_grad_forward(node, ins):
+    dy, mask = ins
+    return (dy * (mask * dropout_scale(float(node.attr("ratio", 0.5))))).astype(dy.dtype)
+
+
+defop("DropoutGrad", infer=same_as_first, forward=_dropout_grad_forward, internal=True)
 
 
 # -- Softmax / LogSoftmax ------------------------------------------------------------------------
@@ -655,8 +678,11 @@ def _log_softmax_grad_forward(node, ins):
     return (dy - np.exp(y) * dy.sum(axis=_axis(node, y), keepdims=True)).astype(dy.dtype)
 
 
-for _name, _fwd, _grad_op, _grad_fwd in [("Softmax", _softmax, "SoftmaxGrad", _softmax_grad_forward),
-                                         ("LogSoftmax", _log_softmax, "LogSoftmaxGrad", _log_softmax_grad_forward)]:
-    defop(_name, infer=same_as_first, forward=_fwd,
-          grad=(lambda op: lambda g: [g.op(op, [g.dy, g.y[0]], axis=int(g.node.attr("axis", -1)))])(_grad_op))
-    defop(_grad_op, infer=same_as_first, forward=_grad_fwd, internal=True)
+def _grad_via(op: str):
+    return lambda g: [g.op(op, [g.dy, g.y[0]], axis=int(g.node.attr("axis", -1)))]
+
+
+defop("Softmax", infer=same_as_first, forward=_softmax, grad=_grad_via("SoftmaxGrad"))
+defop("LogSoftmax", infer=same_as_first, forward=_log_softmax, grad=_grad_via("LogSoftmaxGrad"))
+defop("SoftmaxGrad", infer=same_as_first, forward=_softmax_grad_forward, internal=True)
+defop("LogSoftmaxGrad", infer=same_as_first, forward=_log_softmax_grad_forward, internal=True)

@@ -11,7 +11,7 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,6 @@ class TrainConfig:
     lr: float | None = None
     device: str = ""
     init: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def check(self) -> None:
         for name in ("epochs", "batch_size"):
@@ -119,8 +118,13 @@ def write_json(path: Path, obj: Any) -> None:
     _atomic_write(path, lambda f: f.write(json.dumps(obj, indent=2, default=str) + "\n"))
 
 
+def _finite(row: dict[str, Any]) -> dict[str, Any]:
+    """NaN/inf (a diverged run) as null: JSON has no NaN, and jq and friends reject it."""
+    return {k: None if isinstance(v, float) and not np.isfinite(v) else v for k, v in row.items()}
+
+
 def write_metrics(path: Path, history: list[EpochMetrics]) -> None:
-    _atomic_write(path, lambda f: f.writelines(json.dumps(asdict(m)) + "\n" for m in history))
+    _atomic_write(path, lambda f: f.writelines(json.dumps(_finite(asdict(m))) + "\n" for m in history))
 
 
 def save_weights(model: Model, directory: Path) -> list[Path]:
@@ -160,7 +164,7 @@ def _fmt(value: float | None, spec: str = ".4f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def evaluate(model: Model, data: Arrays, batch_size: int) -> _Sums:
+def _validate(model: Model, data: Arrays, batch_size: int) -> _Sums:
     """Loss and accuracy over `data` in inference mode (eval programs, one per batch shape)."""
     model.reset_metrics()
     sums = _Sums()
@@ -197,6 +201,7 @@ def fit(model: Model, train_data: Arrays, valid_data: Arrays | None = None, conf
         write_json(out_dir / "config.json", config_record(model, config))
 
     history: list[EpochMetrics] = []
+    warned = False
     for epoch in range(1, config.epochs + 1):
         start = time.perf_counter()
         model.reset_metrics()
@@ -210,14 +215,19 @@ def fit(model: Model, train_data: Arrays, valid_data: Arrays | None = None, conf
                     progress(f"epoch {epoch}/{config.epochs} step {step}/{steps}  loss {_fmt(sums.mean_loss)}"
                              f"  acc {_fmt(sums.accuracy)}  {rate:.0f} samples/s")
         sums.add(model.read_metrics(reset=True))
-        valid = evaluate(model, valid_data, config.valid_batch_size or config.batch_size) if valid_data else None
-        metrics = EpochMetrics(epoch, sums.mean_loss, sums.accuracy, valid and valid.mean_loss,
-                               valid and valid.accuracy, round(time.perf_counter() - start, 3))
+        valid = _validate(model, valid_data, config.valid_batch_size or config.batch_size) \
+            if valid_data is not None else _Sums()
+        metrics = EpochMetrics(epoch, sums.mean_loss, sums.accuracy, valid.mean_loss, valid.accuracy,
+                               round(time.perf_counter() - start, 3))
         history.append(metrics)
         if log:
             log(f"epoch {epoch}/{config.epochs}  train loss {_fmt(metrics.train_loss)} "
                 f"acc {_fmt(metrics.train_accuracy)}  valid loss {_fmt(metrics.valid_loss)} "
                 f"acc {_fmt(metrics.valid_accuracy)}  {metrics.seconds:.1f}s")
+            if not warned and any(v is not None and not np.isfinite(v) for v in (metrics.train_loss,
+                                                                                 metrics.valid_loss)):
+                warned = True
+                log("warning: the loss is not finite; the run diverged (try a smaller learning rate)")
         if out_dir is not None:
             write_metrics(out_dir / "metrics.jsonl", history)
             save_weights(model, out_dir)

@@ -96,6 +96,8 @@ def fuse_elementwise(graph: Graph, caps: AdapterCaps, protected: set[str]) -> No
             groups.append(members)
             group_of[id(n)] = members
 
+    groups = _merge_siblings(graph, groups, users, order, stored, limit, state)
+    group_of = {id(m): g for g in groups for m in g}
     emitted = set()
     new_nodes: list[Node] = []
     last = {id(g[-1]): g for g in groups}
@@ -128,7 +130,7 @@ def _aligned(n: int) -> int:
     return -(-n // ARENA_ALIGN) * ARENA_ALIGN
 
 
-def group_updates(graph: Graph) -> None:
+def group_updates(graph: Graph, caps: AdapterCaps) -> None:
     """Merge the optimizer update nodes of one kind (same op, hyperparameters, lr and step) into
     one `wgpu.FusedUpdate` over arenas: parameters, each slot, and the gradients lie back to back,
     so the whole optimizer step is one dispatch updating every parameter in its own buffer."""
@@ -155,7 +157,22 @@ def group_updates(graph: Graph) -> None:
         # Everything reading those tensors must run before the fused update (placed at the last member).
         if any(order[id(u)] > last for v in touched for u, _ in users.get(v, [])):
             continue
-        _fuse_group(graph, members, producers, state)
+        # Bindings: gradients, lr, step, and each arena once (read_write).
+        if 3 + len(members[0].outputs) > caps.max_storage_buffers_per_stage:
+            continue
+        # Each arena must fit one storage binding: split into chunks that do.
+        budget = caps.max_storage_binding_size // 4
+        chunk: list[Node] = []
+        size = 0
+        for m in members + [None]:
+            n = _aligned(int(np.prod(shape_of(graph, m.inputs[0]), dtype=np.int64))) if m is not None else 0
+            if m is None or (chunk and size + n > budget):
+                if len(chunk) > 1:
+                    _fuse_group(graph, chunk, producers, state)
+                chunk, size = [], 0
+            if m is not None:
+                chunk.append(m)
+                size += n
 
 
 def _fuse_group(graph: Graph, members: list[Node], producers: dict[str, Node], state: set[str]) -> None:
@@ -210,12 +227,41 @@ def _fuse_group(graph: Graph, members: list[Node], producers: dict[str, Node], s
     graph.nodes = nodes
 
 
+def _merge_siblings(graph: Graph, groups: list[list[Node]], users, order, stored, limit: int,
+                    state: set[str]) -> list[list[Node]]:
+    """Horizontal fusion: independent groups of one shape become one kernel (emitted at the later
+    one's place) when nothing between them reads what the earlier one stores."""
+    groups = sorted(groups, key=lambda g: order[id(g[-1])])
+    merged: list[list[Node]] = []
+    for g in groups:
+        target = None
+        for a in reversed(merged):
+            if (shape_of(graph, a[-1].outputs[0]) != shape_of(graph, g[-1].outputs[0])
+                    or len(a) + len(g) > MAX_GROUP):
+                continue
+            ids = {id(m) for m in a + g}
+            here = order[id(g[-1])]
+            if any(id(u) not in ids and order[id(u)] <= here
+                   for m in a for o in m.outputs if o for u, _ in users.get(o, [])):
+                continue
+            trial = sorted(a + g, key=lambda m: order[id(m)])
+            if bound_count(graph, trial, stored(trial), state) <= limit:
+                target = a
+                break
+        if target is None:
+            merged.append(list(g))
+        else:
+            target.extend(g)
+            target.sort(key=lambda m: order[id(m)])
+    return merged
+
+
 def prepare(graph: Graph, caps: AdapterCaps, supports_epilogue: set[str], fuse: bool = True) -> Graph:
     """A copy of graph rewritten for lowering."""
     g = graph.copy()
     protected = set(g.outputs) | set(g.state_updates)
     if fuse:
-        group_updates(g)
+        group_updates(g, caps)
         protected = set(g.outputs) | set(g.state_updates)
         fuse_epilogues(g, protected, supports_epilogue)
         fuse_elementwise(g, caps, protected)

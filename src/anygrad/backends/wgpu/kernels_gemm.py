@@ -120,7 +120,7 @@ def _pow2_at_least(x: int) -> int:
 
 
 def choose_tiling(M: int, N: int, K: int, caps: AdapterCaps, variant: str | None = None,
-                  block: int | None = None) -> Tiling:
+                  block: int | None = None, kt: int | None = None) -> Tiling:
     """Tile shapes by adapter kind and problem size (small M, e.g. 16 conv channels, gets short tiles).
 
     block: outputs per invocation along each axis (4 or 8); by default 8 only for big shared GEMMs."""
@@ -129,7 +129,7 @@ def choose_tiling(M: int, N: int, K: int, caps: AdapterCaps, variant: str | None
         tm = tn = block or 4
         threads = 64
     else:
-        big = M * N >= 2048 * 2048 and M >= 128 and N >= 128
+        big = M * N >= 1024 * 1024 and M >= 128 and N >= 128
         tm = tn = block or (8 if big else 4)
         threads = min(256, caps.max_invocations_per_workgroup)
     wy = min(_pow2_at_least(math.ceil(M / tm)), 16, threads)
@@ -137,13 +137,13 @@ def choose_tiling(M: int, N: int, K: int, caps: AdapterCaps, variant: str | None
     # the waste of a half-empty last tile both grow with the tile width
     wx = min(_pow2_at_least(math.ceil(N / tn)), threads // wy, 64 if variant == "register" else 32)
     wy = min(wy, threads // wx)
-    kt = 4
     if variant == "shared":
-        # two f32 tiles (BM + BN) x KT within workgroup storage; 16 deep when it fits
+        # two f32 tiles (BM + BN) x KT within workgroup storage, 16 deep when that leaves room for
+        # a second resident workgroup (measured best on an H200 for 128x128 tiles; 32 was 35% slower)
         per_k = (wy * tm + wx * tn) * 4
-        kt = 16 if per_k * 16 <= min(caps.max_workgroup_storage, 16384) // 2 else 8
+        kt = kt or (16 if per_k * 16 <= min(caps.max_workgroup_storage, 32768) // 2 else 8)
         kt = kt if per_k * kt <= caps.max_workgroup_storage else 4
-    return Tiling(variant, wx, wy, tm, tn, kt)
+    return Tiling(variant, wx, wy, tm, tn, kt or 4)
 
 
 # -- grid folding ---------------------------------------------------------------------------------
@@ -315,6 +315,8 @@ def _shared_body(spec: GemmSpec, t: Tiling, va: bool, vb: bool) -> tuple[str, li
 
 def gemm_wgsl(spec: GemmSpec, t: Tiling, caps: AdapterCaps, splits: int = 1, ksplit: int = 0,
               out: Output | None = None, write: Binding | None = None, with_bias: bool = True) -> tuple[str, tuple]:
+    """(shader, grid, read values) of one GEMM kernel; with splits > 1, problem `s` of the grid
+    covers K range [s * ksplit, (s + 1) * ksplit) and `out` is the Scratch of partial sums."""
     out = out or spec.out
     write = write or spec.write
     M, N, K = spec.M, spec.N, spec.K
@@ -438,13 +440,14 @@ def _reduce_wgsl(spec: GemmSpec, scratch: Binding, splits: int, caps: AdapterCap
 
 
 def gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None = None,
-                 allow_split: bool = True, block: int | None = None) -> list[Kernel]:
+                 allow_split: bool = True, block: int | None = None, kt: int | None = None) -> list[Kernel]:
     """The kernel list for one GEMM-shaped op: one GEMM, or a split-K GEMM + reduce."""
-    t = choose_tiling(spec.M, spec.N, spec.K, caps, variant, block)
+    t = choose_tiling(spec.M, spec.N, spec.K, caps, variant, block, kt)
     splits, ksplit = choose_splits(spec, t, caps) if allow_split else (1, 0)
+    tile = f"{t.variant} {t.bm}x{t.bn}" + (f"k{t.kt}" if t.variant == "shared" else "")
     if splits == 1:
         wgsl, grid, reads = gemm_wgsl(spec, t, caps)
-        return [Kernel(f"{spec.name}[{t.variant} {t.bm}x{t.bn}]", wgsl, grid, reads, (spec.write.value,))]
+        return [Kernel(f"{spec.name}[{tile}]", wgsl, grid, reads, (spec.write.value,))]
     sname = f"{spec.write.value}__splitk"
     scratch = Scratch(sname, splits * spec.batch * spec.M * spec.N)
     part = Output("P", f"((s * {u(spec.batch)} + bt) * {u(spec.M)} + r) * {u(spec.N)} + c",
@@ -452,7 +455,7 @@ def gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None = None,
     wgsl, grid, reads = gemm_wgsl(spec, t, caps, splits, ksplit, out=part, write=Binding(sname, "P"),
                                   with_bias=False)
     red, rgrid, rreads = _reduce_wgsl(spec, Binding(sname, "P"), splits, caps)
-    return [Kernel(f"{spec.name}[{t.variant} {t.bm}x{t.bn} splitK {splits}]", wgsl, grid, reads, (sname,),
+    return [Kernel(f"{spec.name}[{tile} splitK {splits}]", wgsl, grid, reads, (sname,),
                    scratch=(scratch,)),
             Kernel(f"{spec.name}[splitK reduce]", red, rgrid, rreads, (spec.write.value,))]
 
@@ -467,8 +470,8 @@ def static_shape(graph: Graph, value: str, node: Node) -> tuple[int, ...]:
 
 def variant_of(node: Node) -> dict:
     """Tiling pinned by the node (benchmarks, tests): attrs '_gemm_variant' (register | shared) and
-    '_gemm_block' (4 | 8 outputs per invocation along M and N)."""
-    return {"variant": node.attr("_gemm_variant"), "block": node.attr("_gemm_block")}
+    '_gemm_block' (4 | 8 outputs per invocation along M and N), '_gemm_kt' (K tile of the shared variant)."""
+    return {"variant": node.attr("_gemm_variant"), "block": node.attr("_gemm_block"), "kt": node.attr("_gemm_kt")}
 
 
 def _batch_offset(out_batch: tuple[int, ...], own: tuple[int, ...], mat: int) -> str:

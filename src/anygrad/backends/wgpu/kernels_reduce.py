@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ...ir.graph import Graph, Node
 from ...ops.reduce import reduce_axes
-from .kernel import AdapterCaps, Kernel, lowering
+from .kernel import AdapterCaps, Kernel, Scratch, lowering
 from .wgsl import (
     bindings,
     flat_id,
@@ -87,8 +87,26 @@ def offset_fn(name: str, dims: list[tuple[int, int]]) -> str:
     return "\n".join(lines)
 
 
-def reduce_kernel(name: str, x: str, y: str, shape: tuple[int, ...], axes: tuple[int, ...], ty: str,
-                  comb: Combine, caps: AdapterCaps) -> Kernel:
+SPLIT_MIN = 1 << 14   # reductions longer than this split over several workgroups per output
+PER_GROUP = 4096      # elements each workgroup of a split reduction takes
+
+
+def _tree(ty: str, wg: int, combine: str, init: str, head: str, loop: str, store: str) -> str:
+    """Body: `head` (defines b, lo, hi), strided partials over [lo, hi), a tree, then `store`."""
+    return f"""{head}
+  var acc: {ty} = {init};
+  for (var r = lo + lid.x; r < hi; r += {wg}u) {{ acc = {loop}; }}
+  sh[lid.x] = acc;
+  workgroupBarrier();
+  for (var s = {wg // 2}u; s > 0u; s = s >> 1u) {{
+    if (lid.x < s) {{ sh[lid.x] = {combine.format(a="sh[lid.x]", b="sh[lid.x + s]")}; }}
+    workgroupBarrier();
+  }}
+  if (lid.x == 0u) {{ acc = sh[0]; {store} }}"""
+
+
+def reduce_kernels(name: str, x: str, y: str, shape: tuple[int, ...], axes: tuple[int, ...], ty: str,
+                   comb: Combine, caps: AdapterCaps) -> list[Kernel]:
     kept, reduced = split_dims(shape, axes)
     n_out = 1
     for e, _ in kept:
@@ -99,8 +117,7 @@ def reduce_kernel(name: str, x: str, y: str, shape: tuple[int, ...], axes: tuple
     helpers = offset_fn("base_of", kept) + "\n" + offset_fn("red_of", reduced)
     decls = bindings([("x", ty)], [("y", ty)])
     init = _init(comb.init, ty)
-    pre = comb.pre.format(x="x[b + red_of(r)]")
-    step = comb.op.format(a="acc", b=pre)
+    step = comb.op.format(a="acc", b=comb.pre.format(x="x[b + red_of(r)]"))
     post = comb.post.format(x="acc", n=literal(n_red, ty))
     if n_out >= 1024 or n_red <= 32:
         body = f"""  {flat_id()}
@@ -109,23 +126,32 @@ def reduce_kernel(name: str, x: str, y: str, shape: tuple[int, ...], axes: tuple
   var acc: {ty} = {init};
   for (var r = 0u; r < {n_red}u; r += 1u) {{ acc = {step}; }}
   y[i] = {post};"""
-        return Kernel(f"{name}:serial", shader(decls, body, helpers=helpers), grid(n_out), (x,), (y,))
+        return [Kernel(f"{name}:serial", shader(decls, body, helpers=helpers), grid(n_out), (x,), (y,))]
     wg = 256 if n_red >= 256 else 64
     shared = f"var<workgroup> sh: array<{ty}, {wg}>;"
-    body = f"""  {group_id()}
-  if (g >= {n_out}u) {{ return; }}
-  let b = base_of(g);
-  var acc: {ty} = {init};
-  for (var r = lid.x; r < {n_red}u; r += {wg}u) {{ acc = {step}; }}
-  sh[lid.x] = acc;
-  workgroupBarrier();
-  for (var s = {wg // 2}u; s > 0u; s = s >> 1u) {{
-    if (lid.x < s) {{ sh[lid.x] = {comb.op.format(a="sh[lid.x]", b="sh[lid.x + s]")}; }}
-    workgroupBarrier();
-  }}
-  if (lid.x == 0u) {{ acc = sh[0]; y[g] = {post}; }}"""
-    return Kernel(f"{name}:tree", shader(decls, body, wg=wg, helpers=helpers, shared=shared),
-                  groups_grid(n_out), (x,), (y,))
+    parts = 1
+    if n_red >= SPLIT_MIN and n_out < 256:
+        parts = min(256, -(-n_red // PER_GROUP))
+    if parts == 1:
+        head = f"  {group_id()}\n  if (g >= {n_out}u) {{ return; }}\n  let b = base_of(g);\n  let lo = 0u;\n  let hi = {n_red}u;"
+        body = _tree(ty, wg, comb.op, init, head, step, f"y[g] = {post};")
+        return [Kernel(f"{name}:tree", shader(decls, body, wg=wg, helpers=helpers, shared=shared),
+                       groups_grid(n_out), (x,), (y,))]
+    # Two stages: n_out x parts workgroups write partials, then one workgroup per output combines them.
+    chunk = -(-n_red // parts)
+    part = f"reduce.parts.{y}"
+    head = (f"  {group_id()}\n  if (g >= {n_out * parts}u) {{ return; }}\n  let b = base_of(g / {parts}u);\n"
+            f"  let lo = (g % {parts}u) * {chunk}u;\n  let hi = min(lo + {chunk}u, {n_red}u);")
+    body = _tree(ty, wg, comb.op, init, head, step, "y[g] = acc;")
+    stage1 = Kernel(f"{name}:split", shader(decls, body, wg=wg, helpers=helpers, shared=shared),
+                    groups_grid(n_out * parts), (x,), (part,), scratch=(Scratch(part, n_out * parts, ty),))
+    wg2 = 64
+    shared2 = f"var<workgroup> sh: array<{ty}, {wg2}>;"
+    head = f"  {group_id()}\n  if (g >= {n_out}u) {{ return; }}\n  let lo = g * {parts}u;\n  let hi = lo + {parts}u;"
+    body = _tree(ty, wg2, comb.op, init, head, comb.op.format(a="acc", b="x[r]"), f"y[g] = {post};")
+    stage2 = Kernel(f"{name}:combine", shader(decls, body, wg=wg2, shared=shared2), groups_grid(n_out),
+                    (part,), (y,), scratch=(Scratch(part, n_out * parts, ty),))
+    return [stage1, stage2]
 
 
 @lowering(*COMBINE)
@@ -134,4 +160,4 @@ def lower_reduce(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     shape = shape_of(graph, x)
     infos = [graph.info.get(i) if i else None for i in node.inputs]
     axes = reduce_axes(node, infos, len(shape))
-    return [reduce_kernel(node.op, x, node.outputs[0], shape, axes, vtype(graph, x), COMBINE[node.op], caps)]
+    return reduce_kernels(node.op, x, node.outputs[0], shape, axes, vtype(graph, x), COMBINE[node.op], caps)

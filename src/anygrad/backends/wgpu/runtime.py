@@ -268,6 +268,7 @@ class WgpuExecutable(Executable):
         self._generation = -1
         self._staging: dict[tuple, tuple[Any, list]] = {}
         self._pipes = [self._pipeline(st) for st in self.plan.steps]  # compile every shader now
+        self._overwritten = set(self.plan.inplace.values()) | {m for a in self.plan.arenas for m in a.members}
 
     # -- binding ----------------------------------------------------------------------------------
     def _buffer(self, r: Root) -> Any:
@@ -368,6 +369,12 @@ class WgpuExecutable(Executable):
             self._build()
         try:
             enc = self.backend.device.create_command_encoder()
+            staging, layout = self._staging_for(fetch) if fetch else (None, [])
+            # A fetched state that the step overwrites in place is read before the step, as the
+            # numpy backend returns it; everything else after.
+            early = [item for item in layout if item[1].kind == "state" and item[1].name in self._overwritten]
+            for _, r, offset, nbytes in early:
+                enc.copy_buffer_to_buffer(self._buffer(r), self._offset(r), staging, offset, -(-nbytes // 4) * 4)
             if self._dispatches:
                 cpass = enc.begin_compute_pass()
                 for pipe, bg, wg in self._dispatches:
@@ -375,10 +382,10 @@ class WgpuExecutable(Executable):
                     cpass.set_bind_group(0, bg)
                     cpass.dispatch_workgroups(*wg)
                 cpass.end()
-            staging, layout = self._staging_for(fetch) if fetch else (None, [])
             # Fetched values are copied before state copies, so a fetched state reads as before the step.
-            for _, r, offset, nbytes in layout:
-                if nbytes:
+            for item in layout:
+                _, r, offset, nbytes = item
+                if nbytes and item not in early:
                     enc.copy_buffer_to_buffer(self._buffer(r), self._offset(r), staging, offset,
                                               -(-nbytes // 4) * 4)
             for r, target in self.plan.state_copies:
@@ -413,6 +420,30 @@ class WgpuExecutable(Executable):
     def describe(self) -> str:
         from .planner import describe
         return describe(self.plan)
+
+    def profile(self, feeds: Mapping[str, np.ndarray], repeat: int = 3) -> list[tuple[str, float]]:
+        """Milliseconds per kernel (best of `repeat`), each dispatched and waited for alone. This
+        runs the step's kernels `repeat` times, so state advances: profile a throwaway backend."""
+        import time
+        self._write_inputs(feeds)
+        if self._dispatches is None or self._generation != self.backend.generation:
+            self._build()
+        dev = self.backend.device
+        probe = self.backend.create_buffer(16, self.backend.storage_usage, "probe")
+        best = [float("inf")] * len(self._dispatches)
+        for _ in range(repeat):
+            for k, (pipe, bg, wg) in enumerate(self._dispatches):
+                enc = dev.create_command_encoder()
+                cpass = enc.begin_compute_pass()
+                cpass.set_pipeline(pipe)
+                cpass.set_bind_group(0, bg)
+                cpass.dispatch_workgroups(*wg)
+                cpass.end()
+                t = time.perf_counter()
+                dev.queue.submit([enc.finish()])
+                dev.queue.read_buffer(probe, 0, 4)  # waits for the submitted work
+                best[k] = min(best[k], (time.perf_counter() - t) * 1e3)
+        return [(st.kernel.name, ms) for st, ms in zip(self.plan.steps, best)]
 
 
 def warn_cpu_fallback(reason: str) -> None:
