@@ -177,8 +177,8 @@ def bench(device, caps: AdapterCaps, timestamps: bool, label: str, op: str, shap
     name, _, kt = variant.partition("k")
     base = name.rstrip("0123456789")
     block = name[len(base):]
-    pin = ({"_gemm_variant": base} | ({"_gemm_block": int(block)} if block else {})
-           | ({"_gemm_kt": int(kt)} if kt else {}))
+    pin = {} if base == "auto" else ({"_gemm_variant": base} | ({"_gemm_block": int(block)} if block else {})
+                                     | ({"_gemm_kt": int(kt)} if kt else {}))
     kernels, values = lower(op, shapes, {**attrs, **pin}, caps)
     runner = Runner(device, kernels, values, timestamps)
     runner.run(1)                                   # warm-up (first dispatch pays for driver setup)
@@ -200,8 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device-index", type=int, default=None, help="index in wgpu's adapter list")
     ap.add_argument("--sizes", default="256,512,1024,2048,4096", help="square matmul sizes (comma list)")
     ap.add_argument("--batches", default="64,1000", help="MNIST batch sizes (comma list; empty: none)")
-    ap.add_argument("--variants", default="register,shared",
-                    help="comma list of register | shared, optionally with the block size and K tile: shared8k16")
+    ap.add_argument("--variants", default="auto,register,shared",
+                    help="comma list of auto (what the backend picks) | register | shared, the last two "
+                         "optionally with the block size and K tile: shared8k16")
     ap.add_argument("--peak-gflops", type=float, default=None, help="FP32 peak of the adapter")
     ap.add_argument("--seconds", type=float, default=0.2, help="timed work per case")
     ap.add_argument("--json", default=None, help="write the results here")

@@ -118,10 +118,15 @@ def test_conv_mnist_shapes_large_batch_chunks():
     check_op("Conv", [x, w, b], {}, lambda x, w, b: F.conv2d(x, w, b), rtol=1e-4, atol=1e-4)
 
 
-def test_conv_rejects_channel_mismatch():
+def test_conv_rejects_bad_attributes():
     rng = np.random.default_rng(0)
+    x = _randn(rng, 1, 3, 5, 5)
     with pytest.raises(AnygradError, match="channels"):
-        run_op("Conv", [_randn(rng, 1, 3, 5, 5), _randn(rng, 2, 2, 3, 3)], {}, grad=False)
+        run_op("Conv", [x, _randn(rng, 2, 2, 3, 3)], {}, grad=False)
+    with pytest.raises(AnygradError, match="kernel_shape"):
+        run_op("Conv", [x, _randn(rng, 2, 3, 3, 3)], {"kernel_shape": [2, 2]}, grad=False)
+    with pytest.raises(AnygradError, match="does not fit"):
+        run_op("Conv", [x, _randn(rng, 2, 3, 3, 3)], {"dilations": [3, 3]}, grad=False)
 
 
 # -- pooling -------------------------------------------------------------------------------------
@@ -299,6 +304,19 @@ def test_dropout_set_mode():
     x = _randn(np.random.default_rng(0), 64, 128)
     out = NumpyBackend().compile(specialize(e, {"x": x.shape})).run({"x": x})
     np.testing.assert_array_equal(out["y"], x)  # inference: identity
+
+
+def test_dropout_without_ratio_defaults_to_half():
+    g = Graph(inputs=["x"], outputs=["y"])
+    g.info["x"] = TensorInfo(np.dtype("float32"), (100, 100))
+    g.nodes = [Node("Dropout", ["x"], ["y"], name="d")]
+    t = set_training_mode(g, True)
+    assert t.nodes[0].inputs[1] == "" and t.nodes[0].inputs[3] == RNG_STATE
+    t.initializers[RNG_STATE] = np.array([3, 9], np.uint32)
+    t.buffers.append(RNG_STATE)
+    x = np.ones((100, 100), np.float32)
+    y = NumpyBackend().compile(specialize(t, {})).run({"x": x})["y"]
+    assert set(np.unique(y)) == {0.0, 2.0} and abs((y == 0).mean() - 0.5) < 0.03
 
 
 def _run_dropout(x, ratio, state, salt=0):

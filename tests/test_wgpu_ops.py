@@ -102,7 +102,8 @@ def test_elementwise_losses():
 # -- reductions ------------------------------------------------------------------------------------
 @settings(max_examples=6, deadline=None)
 @given(shape=st.lists(st.integers(1, 7), min_size=1, max_size=4), data=st.data(),
-       op=st.sampled_from(["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceSumSquare", "ReduceL2"]))
+       op=st.sampled_from(["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceSumSquare", "ReduceL2",
+                           "ReduceLogSumExp", "ReduceL1"]))
 def test_reduce(shape, data, op):
     axes = data.draw(st.lists(st.integers(0, len(shape) - 1), unique=True, max_size=len(shape)))
     keep = data.draw(st.sampled_from([0, 1]))
@@ -119,6 +120,7 @@ def test_reduce_long_rows_tree():
     # Long enough to split over several workgroups per output (two stages).
     check_wgpu("ReduceSum", [randn(3, 200, 101), np.array([0, 2], np.int64)], {"keepdims": 0}, rtol=1e-4)
     check_wgpu("ReduceMax", [randn(70000), np.array([0], np.int64)], {"keepdims": 1}, grad=False)
+    check_wgpu("ReduceLogSumExp", [randn(2, 9000) * 5, np.array([1], np.int64)], {"keepdims": 0})
 
 
 # -- data movement ---------------------------------------------------------------------------------
@@ -183,12 +185,13 @@ def test_argmax():
 
 # -- nn ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
-@pytest.mark.parametrize("shape,axis", [((4, 10), 1), ((2, 3, 5), 1), ((3, 7), -1)])
+@pytest.mark.parametrize("shape,axis", [((4, 10), 1), ((2, 3, 5), 1), ((3, 7), -1), ((3, 1100), 1),
+                                        ((2, 600, 3), 1)])  # the last two: a workgroup per row
 def test_softmax(op, shape, axis):
     check_wgpu(op, [randn(*shape) * 3], {"axis": axis})
 
 
-@pytest.mark.parametrize("shape", [(5, 3, 4, 4), (7, 6), (3, 2, 9)])
+@pytest.mark.parametrize("shape", [(5, 3, 4, 4), (7, 6), (3, 2, 9), (40, 2, 23, 19)])  # the last splits
 def test_batchnorm_training(shape):
     c = shape[1]
     x = randn(*shape) * 2 + 1
@@ -198,10 +201,11 @@ def test_batchnorm_training(shape):
                const=[3, 4], n_outputs=3, rtol=2e-4, atol=2e-5)
 
 
-def test_batchnorm_eval():
-    x = randn(4, 3, 5)
-    check_wgpu("BatchNormalization", [x, randn(3), randn(3), randn(3), randn(3, lo=0.5)], const=[3, 4],
-               rtol=2e-4, atol=2e-5)
+@pytest.mark.parametrize("shape", [(4, 3, 5), (40, 2, 23, 19)])
+def test_batchnorm_eval(shape):
+    c = shape[1]
+    check_wgpu("BatchNormalization", [randn(*shape), randn(c), randn(c), randn(c), randn(c, lo=0.5)],
+               const=[3, 4], rtol=2e-4, atol=2e-5)
 
 
 def test_batchnorm_running_stats_in_place():

@@ -190,9 +190,11 @@ def test_bad_feeds(wb):
         exe.run({})
 
 
-def test_op_without_kernel_is_a_device_error_at_compile(wb):
-    g = _graph([Node("ReduceLogSumExp", ["x"], ["y"], {"keepdims": 0})], ["x"], ["y"], {"x": (F32, (3,))})
-    with pytest.raises(DeviceError, match="ReduceLogSumExp"):
+def test_op_without_kernel_is_a_device_error_at_compile(wb, monkeypatch):
+    from anygrad.backends.wgpu import LOWERINGS
+    monkeypatch.delitem(LOWERINGS, "Softmax")  # as if Softmax had no wgpu kernel
+    g = _graph([Node("Softmax", ["x"], ["y"])], ["x"], ["y"], {"x": (F32, (3,))})
+    with pytest.raises(DeviceError, match="no kernel for op.*Softmax"):
         wb.compile(g)
 
 
@@ -208,3 +210,20 @@ def test_binding_limit_names_the_largest_batch(wb):
 
 def test_errors_are_anygrad_errors():
     assert issubclass(DeviceError, AnygradError)
+
+
+def test_node_a_kernel_cannot_take_is_a_device_error(wb):
+    g = _graph([Node("Pad", ["x", "pads", "v"], ["y"])], ["x", "v"], ["y"],
+               {"x": (F32, (2, 3)), "v": (F32, ())}, {"pads": np.array([1, 1, 0, 0], np.int64)})
+    with pytest.raises(DeviceError, match="Pad node"):
+        wb.compile(g)
+
+
+def test_profile_times_every_kernel(wb):
+    g = _counter_graph()
+    b2 = wgpu_backend()
+    b2.set_state("c", np.zeros(5, np.float32))
+    exe = b2.compile(g, fuse=False)
+    prof = exe.profile({"x": np.ones(5, np.float32)}, repeat=1)
+    assert [name for name, _ in prof] == [st.kernel.name for st in exe.plan.steps]
+    assert all(ms >= 0 for _, ms in prof)

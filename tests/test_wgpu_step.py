@@ -70,6 +70,10 @@ def test_training_step_is_few_kernels_and_in_place():
     updates = [st.kernel.name for st in exe.plan.steps if "SGDUpdate" in st.kernel.name]
     assert updates == [f"ew:SGDUpdatex{len(model.param_names)}"]
     assert exe.plan.arenas and set(exe.plan.arenas[0].members) == set(model.param_names)
+    # Inference: Dropout is the identity, planned as an alias (no kernel).
+    model.predict(next(_batches(1))[0])
+    (pred,) = [e for k, e in model._programs.items() if k[0] == "predict"]
+    assert not any("Dropout" in st.kernel.name for st in pred.plan.steps)
     # Parameters packed into the arena still read and write one by one.
     w = wb.get_state("fc2.weight")
     wb.set_state("fc2.weight", w * 2)
@@ -98,7 +102,7 @@ def _mlp() -> anygrad.Model:
                                          ("RMSprop", {"momentum": 0.9, "centered": True}),
                                          ("Adagrad", {"lr_decay": 0.1}), ("Adadelta", {"lr": 1.0})])
 def test_adaptive_optimizers_fused_update(name, kwargs):
-    import anygrad.optim as optim
+    from anygrad import optim
     wb = wgpu_backend()
     rng = np.random.default_rng(1)
     data = [(rng.standard_normal((7, 6)).astype(np.float32), rng.integers(0, 4, 7).astype(np.int64))

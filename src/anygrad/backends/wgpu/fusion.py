@@ -256,10 +256,24 @@ def _merge_siblings(graph: Graph, groups: list[list[Node]], users, order, stored
     return merged
 
 
+def inference_dropout_to_identity(graph: Graph) -> None:
+    """Dropout outside training (no training flag, or a constant false one) is the identity: make it
+    an Identity, which the planner turns into an alias (no kernel), when its mask is unused."""
+    users = graph.consumers()
+    for n in graph.nodes:
+        if n.op != "Dropout" or any(users.get(o) or o in graph.outputs for o in n.outputs[1:] if o):
+            continue
+        flag = n.input(2)
+        if flag and (flag not in graph.initializers or bool(np.asarray(graph.initializers[flag]).reshape(()))):
+            continue
+        n.op, n.inputs, n.outputs, n.attrs = "Identity", [n.inputs[0]], [n.outputs[0]], {}
+
+
 def prepare(graph: Graph, caps: AdapterCaps, supports_epilogue: set[str], fuse: bool = True) -> Graph:
     """A copy of graph rewritten for lowering."""
     g = graph.copy()
     protected = set(g.outputs) | set(g.state_updates)
+    inference_dropout_to_identity(g)
     if fuse:
         group_updates(g, caps)
         protected = set(g.outputs) | set(g.state_updates)

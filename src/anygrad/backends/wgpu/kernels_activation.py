@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from ...ir.graph import Node
-from .kernels_elementwise import _ERF, Emit, Val, ew
+from .kernels_elementwise import _ERF, Emit, ew
 from .wgsl import literal
 
 _SELU_ALPHA, _SELU_GAMMA = 1.67326319217681884765625, 1.05070102214813232421875
@@ -181,5 +181,3 @@ def _prelu(c, n, a, ot):
     x = a[0].expr
     return [c.let(f"select({x} * {a[1].expr}, {x}, {x} > 0.0)", "f32")]
 
-
-__all__ = ["Val"]

@@ -314,7 +314,7 @@ def _tanh_grad(c, n, a, ot):
 # -- the fused kernel -----------------------------------------------------------------------------
 def is_elementwise(node: Node, graph: Graph) -> bool:
     """Whether node can be evaluated per output element (all outputs share one shape)."""
-    if node.op not in EW:
+    if node.op not in EW or node.op == "Identity":  # Identity is an alias (no kernel at all)
         return False
     shapes = {shape_of(graph, o) for o in node.outputs if o}
     return len(shapes) == 1

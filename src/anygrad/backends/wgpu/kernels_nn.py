@@ -16,7 +16,7 @@ from ...ops._util import norm_axis
 from ...ops.nn import dropout_scale
 from .kernel import AdapterCaps, Kernel, Scratch, lowering
 from .kernels_elementwise import Emit, Val, ew
-from .wgsl import WG, bindings, flat_id, grid, group_id, groups_grid, literal, shader, shape_of
+from .wgsl import bindings, flat_id, grid, group_id, groups_grid, literal, shader, shape_of
 
 # -- rows along an axis ---------------------------------------------------------------------------
 
@@ -52,6 +52,36 @@ _ROW_BODY = {
 }
 
 
+# Long rows: one workgroup per row, strided loops and tree reductions (same formulas).
+_ROW_WG = 256
+_WG_PASSES = {
+    # op: [(accumulate expr, init, combine "{a} op {b}")...], final store expr ({r0}, {r1}: the totals)
+    "Softmax": ([("x0[at(k)]", "-3.4e38", "max({a}, {b})"), ("exp(x0[at(k)] - r0)", "0.0", "{a} + {b}")],
+                "exp(x0[at(k)] - r0) / r1"),
+    "LogSoftmax": ([("x0[at(k)]", "-3.4e38", "max({a}, {b})"), ("exp(x0[at(k)] - r0)", "0.0", "{a} + {b}")],
+                   "(x0[at(k)] - r0) - log(r1)"),
+    "SoftmaxGrad": ([("x0[at(k)] * x1[at(k)]", "0.0", "{a} + {b}")], "x1[at(k)] * (x0[at(k)] - r0)"),
+    "LogSoftmaxGrad": ([("x0[at(k)]", "0.0", "{a} + {b}")], "x0[at(k)] - exp(x1[at(k)]) * r0"),
+}
+
+
+def _row_workgroup_body(op: str, a: int, inner: int, n_rows: int) -> str:
+    passes, store = _WG_PASSES[op]
+    wg = _ROW_WG
+    lines = [f"  {group_id()}", f"  if (g >= {n_rows}u) {{ return; }}",
+             f"  base_ = (g / {inner}u) * {a * inner}u + g % {inner}u;"]
+    for j, (expr, init, comb) in enumerate(passes):
+        lines += [f"  var acc{j} = {init};",
+                  f"  for (var k = lid.x; k < {a}u; k += {wg}u) {{ acc{j} = {comb.format(a=f'acc{j}', b=expr)}; }}",
+                  f"  sh[lid.x] = acc{j};", "  workgroupBarrier();",
+                  f"  for (var t = {wg // 2}u; t > 0u; t = t >> 1u) {{",
+                  f"    if (lid.x < t) {{ sh[lid.x] = {comb.format(a='sh[lid.x]', b='sh[lid.x + t]')}; }}",
+                  "    workgroupBarrier();", "  }",
+                  f"  let r{j} = sh[0];", "  workgroupBarrier();"]
+    lines.append(f"  for (var k = lid.x; k < {a}u; k += {wg}u) {{ y0[at(k)] = {store}; }}")
+    return "\n".join(lines)
+
+
 @lowering(*_ROW_BODY)
 def lower_softmax(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     shape = shape_of(graph, node.inputs[0])
@@ -61,6 +91,10 @@ def lower_softmax(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     ins = list(node.inputs[:2] if node.op.endswith("Grad") else node.inputs[:1])
     decls = bindings([(f"x{k}", "f32") for k in range(len(ins))], [("y0", "f32")])
     helper = f"var<private> base_: u32;\nfn at(k: u32) -> u32 {{ return base_ + k * {inner}u; }}"
+    if a >= 512 and n_rows < 65535 * 64:
+        src = shader(decls, _row_workgroup_body(node.op, a, inner, n_rows), wg=_ROW_WG, helpers=helper,
+                     shared=f"var<workgroup> sh: array<f32, {_ROW_WG}>;")
+        return [Kernel(f"{node.op}:row-wg", src, groups_grid(n_rows), tuple(ins), (node.outputs[0],))]
     body = _ROW_HEAD.format(flat_id=flat_id(), n_rows=n_rows, inner=inner, a=a) + "\n  base_ = base;\n"
     body += _ROW_BODY[node.op].format(a=a)
     return [Kernel(f"{node.op}:row", shader(decls, body, helpers=helper), grid(n_rows), tuple(ins),
@@ -68,28 +102,84 @@ def lower_softmax(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
 
 
 # -- BatchNormalization ----------------------------------------------------------------------------
+# Per-channel statistics in one pass: sums of (x - k) and (x - k)^2 (and dy, dy * (x - k) for the
+# gradient) with k = the channel's first element, so var = E[(x-k)^2] - E[x-k]^2 keeps its
+# precision. A long channel is split over several workgroups whose partial sums a second kernel
+# combines; a short one is summed and combined by one workgroup.
+SPLIT_MIN = 1 << 14
+PER_GROUP = 4096
+
+
 def _bn_geometry(shape: tuple[int, ...]) -> tuple[int, int, int]:
     """(N, C, S): x is (N, C, spatial...) with S spatial elements per channel and sample."""
     return shape[0], shape[1], math.prod(shape[2:])
 
 
-def _chan_loop(n: int, c: int, s: int, expr: str, acc: str, wg: int) -> str:
-    """Each invocation sums expr(idx) over its share of the channel's N*S elements into acc."""
-    return (f"  for (var k = lid.x; k < {n * s}u; k += {wg}u) {{\n"
-            f"    let idx = (k / {s}u) * {c * s}u + ch * {s}u + k % {s}u;\n"
-            f"    {acc} += {expr};\n  }}")
+def _parts(c: int, count: int) -> int:
+    if count < SPLIT_MIN or c >= 512:
+        return 1
+    return min(256, -(-count // PER_GROUP))
 
 
-def _tree(var: str, wg: int) -> str:
-    """Sum sh_{var} over the workgroup; every invocation then reads the total from sh_{var}[0]."""
-    return (f"  sh_{var}[lid.x] = {var};\n  workgroupBarrier();\n"
-            f"  for (var t = {wg // 2}u; t > 0u; t = t >> 1u) {{\n"
-            f"    if (lid.x < t) {{ sh_{var}[lid.x] += sh_{var}[lid.x + t]; }}\n    workgroupBarrier();\n  }}\n"
-            f"  let {var}_total = sh_{var}[0];\n  workgroupBarrier();")
+def channel_stats(name: str, n: int, c: int, s: int, reads: list[tuple[str, str, str]], shift: str,
+                  sums: list[str], combine: str, writes: list[tuple[str, str]], scratch_name: str,
+                  extra_scratch: tuple = (), inplace: tuple = ()) -> list[Kernel]:
+    """Kernels computing per-channel sums (WGSL exprs of idx and `k`, the channel's shift) and
+    then `combine` (uses ch, s0.., writes outputs) once per channel.
 
-
-def _wg_for(count: int) -> int:
-    return 256 if count >= 1024 else 64
+    reads: (var, type, value); writes: (var, value) f32 outputs of combine."""
+    count = n * s
+    parts = _parts(c, count)
+    wg = 256 if count >= 1024 else 64
+    chunk = -(-count // parts)
+    m = len(sums)
+    shared = "\n".join(f"var<workgroup> sh{j}: array<f32, {wg}>;" for j in range(m))
+    loop_acc = "\n".join(f"    a{j} += {e};" for j, e in enumerate(sums))
+    tree_add = " ".join(f"sh{j}[lid.x] += sh{j}[lid.x + t];" for j in range(m))
+    stage1 = f"""  let g = wid.x + wid.y * nwg.x;
+  let ch = g / {parts}u;
+  let lo = (g % {parts}u) * {chunk}u;
+  let hi = min(lo + {chunk}u, {count}u);
+  let k = {shift};
+{chr(10).join(f"  var a{j} = 0.0;" for j in range(m))}
+  for (var q = lo + lid.x; q < hi; q += {wg}u) {{
+    let idx = (q / {s}u) * {c * s}u + ch * {s}u + q % {s}u;
+{loop_acc}
+  }}
+{chr(10).join(f"  sh{j}[lid.x] = a{j};" for j in range(m))}
+  workgroupBarrier();
+  for (var t = {wg // 2}u; t > 0u; t = t >> 1u) {{
+    if (lid.x < t) {{ {tree_add} }}
+    workgroupBarrier();
+  }}"""
+    read_decl = [(v, ty) for v, ty, _ in reads]
+    read_vals = tuple(val for _, _, val in reads)
+    if parts == 1:
+        body = (stage1 + "\n  if (lid.x == 0u) {\n" + "\n".join(f"    let s{j} = sh{j}[0];" for j in range(m))
+                + f"\n{combine}\n  }}")
+        decls = bindings(read_decl, [(v, "f32") for v, _ in writes])
+        return [Kernel(f"{name}:stats", shader(decls, body, wg=wg, shared=shared), (c, 1, 1), read_vals,
+                       tuple(val for _, val in writes), scratch=extra_scratch, inplace=inplace)]
+    part = f"{scratch_name}.parts"
+    body = stage1 + "\n  if (lid.x == 0u) {\n" + "\n".join(
+        f"    part[g * {m}u + {j}u] = sh{j}[0];" for j in range(m)) + "\n  }"
+    decls = bindings(read_decl, [("part", "f32")])
+    sc = (Scratch(part, c * parts * m),) + tuple(extra_scratch)
+    k1 = Kernel(f"{name}:partial", shader(decls, body, wg=wg, shared=shared), (c * parts, 1, 1), read_vals,
+                (part,), scratch=sc)
+    body2 = f"""  {flat_id()}
+  if (i >= {c}u) {{ return; }}
+  let ch = i;
+  let k = {shift};
+{chr(10).join(f"  var s{j} = 0.0;" for j in range(m))}
+  for (var p = 0u; p < {parts}u; p += 1u) {{
+{chr(10).join(f"    s{j} += part[(ch * {parts}u + p) * {m}u + {j}u];" for j in range(m))}
+  }}
+{combine}"""
+    decls2 = bindings(read_decl + [("part", "f32")], [(v, "f32") for v, _ in writes])
+    k2 = Kernel(f"{name}:combine", shader(decls2, body2, wg=64), grid(c, 64), read_vals + (part,),
+                tuple(val for _, val in writes), scratch=sc, inplace=inplace)
+    return [k1, k2]
 
 
 @lowering("BatchNormalization")
@@ -97,59 +187,47 @@ def lower_batchnorm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]
     x, scale, bias, mean, var = node.inputs[:5]
     y = node.outputs[0]
     n, c, s = _bn_geometry(shape_of(graph, x))
-    eps = float(node.attr("epsilon", 1e-5))
+    eps = literal(float(node.attr("epsilon", 1e-5)), "f32")
     total = n * c * s
-    apply_decls = bindings([("x", "f32"), ("scale", "f32"), ("bias", "f32"), ("st", "f32")], [("y", "f32")])
-    apply_body = f"""  {flat_id()}
-  if (i >= {total}u) {{ return; }}
-  let ch = (i / {s}u) % {c}u;
-  let a = scale[ch] * st[ch * 2u + 1u];
-  let b = bias[ch] - st[ch * 2u] * a;
-  y[i] = x[i] * a + b;"""
     if not node.attr("training_mode", 0):
-        # y = x * a + b with the running statistics; stats computed per element (cheap, 2 loads).
         decls = bindings([("x", "f32"), ("scale", "f32"), ("bias", "f32"), ("mean", "f32"), ("var_", "f32")],
                          [("y", "f32")])
         body = f"""  {flat_id()}
   if (i >= {total}u) {{ return; }}
   let ch = (i / {s}u) % {c}u;
-  let a = scale[ch] / sqrt(var_[ch] + {literal(eps, 'f32')});
+  let a = scale[ch] / sqrt(var_[ch] + {eps});
   y[i] = x[i] * a + (bias[ch] - mean[ch] * a);"""
         return [Kernel("BatchNorm:eval", shader(decls, body), grid(total), (x, scale, bias, mean, var), (y,))]
     momentum = float(node.attr("momentum", 0.9))
     count = n * s
-    wg = _wg_for(count)
     st = f"bnstats.{y}"
     outs = [o for o in node.outputs[1:3] if o]
     has_running = len(outs) == 2
-    reads = [("x", "f32")] + ([("rm", "f32"), ("rv", "f32")] if has_running else [])
-    writes = [("st", "f32")] + ([("rm_out", "f32"), ("rv_out", "f32")] if has_running else [])
-    running = ""
+    mom, keep = literal(momentum, "f32"), literal(1 - momentum, "f32")
+    combine = f"""    let d = s0 / {literal(count, 'f32')};
+    let v = max(s1 / {literal(count, 'f32')} - d * d, 0.0);
+    st[ch * 2u] = k + d;
+    st[ch * 2u + 1u] = 1.0 / sqrt(v + {eps});"""
+    reads = [("x", "f32", x)]
+    writes = [("st", st)]
     if has_running:
-        unbias = count / max(count - 1, 1)
-        running = (f"    rm_out[ch] = rm[ch] * {literal(momentum, 'f32')} + mean * {literal(1 - momentum, 'f32')};\n"
-                   f"    rv_out[ch] = rv[ch] * {literal(momentum, 'f32')} + "
-                   f"(var_ * {literal(unbias, 'f32')}) * {literal(1 - momentum, 'f32')};\n")
-    shared = f"var<workgroup> sh_acc: array<f32, {wg}>;\nvar<workgroup> sh_acc2: array<f32, {wg}>;"
-    body = f"""  let ch = wid.x;
-  var acc = 0.0;
-{_chan_loop(n, c, s, "x[idx]", "acc", wg)}
-{_tree("acc", wg)}
-  let mean = acc_total / {literal(count, 'f32')};
-  var acc2 = 0.0;
-{_chan_loop(n, c, s, "(x[idx] - mean) * (x[idx] - mean)", "acc2", wg)}
-{_tree("acc2", wg)}
-  let var_ = acc2_total / {literal(count, 'f32')};
-  if (lid.x == 0u) {{
-    st[ch * 2u] = mean;
-    st[ch * 2u + 1u] = 1.0 / sqrt(var_ + {literal(eps, 'f32')});
-{running}  }}"""
-    stats = Kernel("BatchNorm:stats", shader(bindings(reads, writes), body, wg=wg, shared=shared), (c, 1, 1),
-                   (x, *([mean, var] if has_running else [])), (st, *outs),
-                   scratch=(Scratch(st, 2 * c),), inplace=(mean, var) if has_running else ())
-    apply = Kernel("BatchNorm:apply", shader(apply_decls, apply_body), grid(total), (x, scale, bias, st), (y,),
+        combine += f"""
+    rm_out[ch] = rm[ch] * {mom} + (k + d) * {keep};
+    rv_out[ch] = rv[ch] * {mom} + (v * {literal(count / max(count - 1, 1), 'f32')}) * {keep};"""
+        reads += [("rm", "f32", mean), ("rv", "f32", var)]
+        writes += [("rm_out", outs[0]), ("rv_out", outs[1])]
+    stats = channel_stats("BatchNorm", n, c, s, reads, f"x[ch * {s}u]", ["x[idx] - k", "(x[idx] - k) * (x[idx] - k)"],
+                          combine, writes, st, (Scratch(st, 2 * c),), inplace=(mean, var) if has_running else ())
+    body = f"""  {flat_id()}
+  if (i >= {total}u) {{ return; }}
+  let ch = (i / {s}u) % {c}u;
+  let a = scale[ch] * st[ch * 2u + 1u];
+  let b = bias[ch] - st[ch * 2u] * a;
+  y[i] = x[i] * a + b;"""
+    decls = bindings([("x", "f32"), ("scale", "f32"), ("bias", "f32"), ("st", "f32")], [("y", "f32")])
+    apply = Kernel("BatchNorm:apply", shader(decls, body), grid(total), (x, scale, bias, st), (y,),
                    scratch=(Scratch(st, 2 * c),))
-    return [stats, apply]
+    return stats + [apply]
 
 
 @lowering("BatchNormGrad")
@@ -157,63 +235,46 @@ def lower_batchnorm_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Ke
     dy, x, scale = node.inputs[:3]
     dx, dscale, dbias = (node.outputs + ["", "", ""])[:3]
     n, c, s = _bn_geometry(shape_of(graph, x))
-    eps = float(node.attr("epsilon", 1e-5))
+    eps = literal(float(node.attr("epsilon", 1e-5)), "f32")
     training = bool(node.attr("training", 1))
     count = n * s
-    wg = _wg_for(count)
-    st = f"bngrad.{dx or dscale}"
-    # st per channel: mean, inv_std, dbias, dscale
+    cnt = literal(count, "f32")
+    st = f"bngrad.{dx or dscale}"  # per channel: mean, inv_std, dbias, dscale
+    reads = [("dy", "f32", dy), ("x", "f32", x)]
     if training:
-        reads = [("dy", "f32"), ("x", "f32")]
-        stats_in = (dy, x)
-        mean_part = f"""  var acc = 0.0;
-{_chan_loop(n, c, s, "x[idx]", "acc", wg)}
-{_tree("acc", wg)}
-  let mean = acc_total / {literal(count, 'f32')};
-  var acc2 = 0.0;
-{_chan_loop(n, c, s, "(x[idx] - mean) * (x[idx] - mean)", "acc2", wg)}
-{_tree("acc2", wg)}
-  let inv = 1.0 / sqrt(acc2_total / {literal(count, 'f32')} + {literal(eps, 'f32')});"""
+        shift = f"x[ch * {s}u]"
+        sums = ["x[idx] - k", "(x[idx] - k) * (x[idx] - k)", "dy[idx]", "dy[idx] * (x[idx] - k)"]
+        combine = f"""    let d = s0 / {cnt};
+    let inv = 1.0 / sqrt(max(s1 / {cnt} - d * d, 0.0) + {eps});
+    let db = s2;
+    let ds = inv * (s3 - d * s2);
+    let mean = k + d;"""
     else:
-        reads = [("dy", "f32"), ("x", "f32"), ("rmean", "f32"), ("rvar", "f32")]
-        stats_in = (dy, x, node.inputs[3], node.inputs[4])
-        mean_part = f"""  let mean = rmean[ch];
-  let inv = 1.0 / sqrt(rvar[ch] + {literal(eps, 'f32')});"""
-    outs = [("st", "f32")]
-    out_names = [st]
-    store = ""
-    if dscale:
-        outs.append(("dscale", "f32"))
-        out_names.append(dscale)
-        store += "    dscale[ch] = db2_total;\n"
-    if dbias:
-        outs.append(("dbias", "f32"))
-        out_names.append(dbias)
-        store += "    dbias[ch] = db_total;\n"
-    shared = "\n".join(f"var<workgroup> sh_{v}: array<f32, {wg}>;" for v in ("acc", "acc2", "db", "db2"))
-    body = f"""  let ch = wid.x;
-{mean_part}
-  var db = 0.0;
-  var db2 = 0.0;
-  for (var k = lid.x; k < {count}u; k += {wg}u) {{
-    let idx = (k / {s}u) * {c * s}u + ch * {s}u + k % {s}u;
-    db += dy[idx];
-    db2 += dy[idx] * ((x[idx] - mean) * inv);
-  }}
-{_tree("db", wg)}
-{_tree("db2", wg)}
-  if (lid.x == 0u) {{
+        reads += [("rmean", "f32", node.inputs[3]), ("rvar", "f32", node.inputs[4])]
+        shift = "rmean[ch]"
+        sums = ["dy[idx]", "dy[idx] * (x[idx] - k)"]
+        combine = f"""    let inv = 1.0 / sqrt(rvar[ch] + {eps});
+    let db = s0;
+    let ds = inv * s1;
+    let mean = k;"""
+    combine += """
     st[ch * 4u] = mean;
     st[ch * 4u + 1u] = inv;
-    st[ch * 4u + 2u] = db_total;
-    st[ch * 4u + 3u] = db2_total;
-{store}  }}"""
-    kernels = [Kernel("BatchNormGrad:stats", shader(bindings(reads, outs), body, wg=wg, shared=shared),
-                      (c, 1, 1), stats_in, tuple(out_names), scratch=(Scratch(st, 4 * c),))]
+    st[ch * 4u + 2u] = db;
+    st[ch * 4u + 3u] = ds;"""
+    writes = [("st", st)]
+    if dscale:
+        combine += "\n    dscale[ch] = ds;"
+        writes.append(("dscale", dscale))
+    if dbias:
+        combine += "\n    dbias[ch] = db;"
+        writes.append(("dbias", dbias))
+    kernels = channel_stats("BatchNormGrad", n, c, s, reads, shift, sums, combine, writes, st,
+                            (Scratch(st, 4 * c),))
     if dx:
         total = n * c * s
         if training:
-            expr = (f"scale[ch] * inv / {literal(count, 'f32')} * (dy[i] * {literal(count, 'f32')} - st[ch * 4u + 2u]"
+            expr = (f"scale[ch] * inv / {cnt} * (dy[i] * {cnt} - st[ch * 4u + 2u]"
                     f" - (x[i] - st[ch * 4u]) * inv * st[ch * 4u + 3u])")
         else:
             expr = "dy[i] * (scale[ch] * inv)"
@@ -278,5 +339,3 @@ def _dropout_grad(c, n, a, ot):
     scale = literal(dropout_scale(float(n.attr("ratio", 0.5))), "f32")
     return [c.let(f"select(0.0, {a[0].expr} * {scale}, {a[1].expr} != 0u)", "f32")]
 
-
-__all__ = ["WG", "group_id", "groups_grid", "lower_batchnorm", "lower_batchnorm_grad", "lower_softmax", "rows"]

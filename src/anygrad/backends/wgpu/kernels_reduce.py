@@ -106,7 +106,9 @@ def _tree(ty: str, wg: int, combine: str, init: str, head: str, loop: str, store
 
 
 def reduce_kernels(name: str, x: str, y: str, shape: tuple[int, ...], axes: tuple[int, ...], ty: str,
-                   comb: Combine, caps: AdapterCaps) -> list[Kernel]:
+                   comb: Combine, caps: AdapterCaps, aux: str = "", scratch: tuple = ()) -> list[Kernel]:
+    """Kernels reducing x over axes into y. `aux`: an extra per-output f32 input, bound as `m`
+    (pre/post may use m[o], o being the output index)."""
     kept, reduced = split_dims(shape, axes)
     n_out = 1
     for e, _ in kept:
@@ -115,42 +117,49 @@ def reduce_kernels(name: str, x: str, y: str, shape: tuple[int, ...], axes: tupl
     for e, _ in reduced:
         n_red *= e
     helpers = offset_fn("base_of", kept) + "\n" + offset_fn("red_of", reduced)
-    decls = bindings([("x", ty)], [("y", ty)])
+    extra = [("m", "f32")] if aux else []
+    more = (aux,) if aux else ()
+    decls = bindings([("x", ty)] + extra, [("y", ty)])
     init = _init(comb.init, ty)
     step = comb.op.format(a="acc", b=comb.pre.format(x="x[b + red_of(r)]"))
     post = comb.post.format(x="acc", n=literal(n_red, ty))
     if n_out >= 1024 or n_red <= 32:
         body = f"""  {flat_id()}
   if (i >= {n_out}u) {{ return; }}
+  let o = i;
   let b = base_of(i);
   var acc: {ty} = {init};
   for (var r = 0u; r < {n_red}u; r += 1u) {{ acc = {step}; }}
   y[i] = {post};"""
-        return [Kernel(f"{name}:serial", shader(decls, body, helpers=helpers), grid(n_out), (x,), (y,))]
+        return [Kernel(f"{name}:serial", shader(decls, body, helpers=helpers), grid(n_out), (x,) + more, (y,),
+                       scratch=scratch)]
     wg = 256 if n_red >= 256 else 64
     shared = f"var<workgroup> sh: array<{ty}, {wg}>;"
     parts = 1
     if n_red >= SPLIT_MIN and n_out < 256:
         parts = min(256, -(-n_red // PER_GROUP))
     if parts == 1:
-        head = f"  {group_id()}\n  if (g >= {n_out}u) {{ return; }}\n  let b = base_of(g);\n  let lo = 0u;\n  let hi = {n_red}u;"
+        head = (f"  {group_id()}\n  if (g >= {n_out}u) {{ return; }}\n  let o = g;\n  let b = base_of(g);\n"
+                f"  let lo = 0u;\n  let hi = {n_red}u;")
         body = _tree(ty, wg, comb.op, init, head, step, f"y[g] = {post};")
         return [Kernel(f"{name}:tree", shader(decls, body, wg=wg, helpers=helpers, shared=shared),
-                       groups_grid(n_out), (x,), (y,))]
+                       groups_grid(n_out), (x,) + more, (y,), scratch=scratch)]
     # Two stages: n_out x parts workgroups write partials, then one workgroup per output combines them.
     chunk = -(-n_red // parts)
     part = f"reduce.parts.{y}"
-    head = (f"  {group_id()}\n  if (g >= {n_out * parts}u) {{ return; }}\n  let b = base_of(g / {parts}u);\n"
+    head = (f"  {group_id()}\n  if (g >= {n_out * parts}u) {{ return; }}\n  let o = g / {parts}u;\n  let b = base_of(o);\n"
             f"  let lo = (g % {parts}u) * {chunk}u;\n  let hi = min(lo + {chunk}u, {n_red}u);")
     body = _tree(ty, wg, comb.op, init, head, step, "y[g] = acc;")
     stage1 = Kernel(f"{name}:split", shader(decls, body, wg=wg, helpers=helpers, shared=shared),
-                    groups_grid(n_out * parts), (x,), (part,), scratch=(Scratch(part, n_out * parts, ty),))
+                    groups_grid(n_out * parts), (x,) + more, (part,),
+                    scratch=(Scratch(part, n_out * parts, ty),) + tuple(scratch))
     wg2 = 64
     shared2 = f"var<workgroup> sh: array<{ty}, {wg2}>;"
-    head = f"  {group_id()}\n  if (g >= {n_out}u) {{ return; }}\n  let lo = g * {parts}u;\n  let hi = lo + {parts}u;"
+    head = f"  {group_id()}\n  if (g >= {n_out}u) {{ return; }}\n  let o = g;\n  let lo = g * {parts}u;\n  let hi = lo + {parts}u;"
     body = _tree(ty, wg2, comb.op, init, head, comb.op.format(a="acc", b="x[r]"), f"y[g] = {post};")
-    stage2 = Kernel(f"{name}:combine", shader(decls, body, wg=wg2, shared=shared2), groups_grid(n_out),
-                    (part,), (y,), scratch=(Scratch(part, n_out * parts, ty),))
+    stage2 = Kernel(f"{name}:combine", shader(decls, body, wg=wg2, shared=shared2, helpers=helpers),
+                    groups_grid(n_out), (part,) + more, (y,),
+                    scratch=(Scratch(part, n_out * parts, ty),) + tuple(scratch))
     return [stage1, stage2]
 
 
@@ -161,3 +170,25 @@ def lower_reduce(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     infos = [graph.info.get(i) if i else None for i in node.inputs]
     axes = reduce_axes(node, infos, len(shape))
     return reduce_kernels(node.op, x, node.outputs[0], shape, axes, vtype(graph, x), COMBINE[node.op], caps)
+
+
+# log(sum(exp(x - m))) + m with m the (finite) maximum: a max reduction, then a sum that reads it.
+_SAFE_MAX = "fn mm(o: u32) -> f32 { let v = m[o]; return select(0.0, v, abs(v) < 3.4e38); }"
+
+
+@lowering("ReduceLogSumExp")
+def lower_logsumexp(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    x, y = node.inputs[0], node.outputs[0]
+    shape = shape_of(graph, x)
+    infos = [graph.info.get(i) if i else None for i in node.inputs]
+    axes = reduce_axes(node, infos, len(shape))
+    n_out = 1
+    for d, e in enumerate(shape):
+        n_out *= 1 if d in axes else e
+    m = f"lse.max.{y}"
+    sc = (Scratch(m, n_out),)
+    first = reduce_kernels("ReduceLogSumExp:max", x, m, shape, axes, "f32", COMBINE["ReduceMax"], caps, scratch=sc)
+    comb = Combine("zero", "{a} + {b}", pre="exp({x} - mm(o))", post="log({x}) + mm(o)")
+    second = reduce_kernels("ReduceLogSumExp", x, y, shape, axes, "f32", comb, caps, aux=m, scratch=sc)
+    return first + [Kernel(k.name, k.wgsl.replace("\n@compute", "\n" + _SAFE_MAX + "\n@compute", 1), k.workgroups,
+                           k.reads, k.writes, k.entry, k.scratch, k.inplace) for k in second]

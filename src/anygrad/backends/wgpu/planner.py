@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...errors import DeviceError
-from ...ir.graph import Graph, Node
+from ...ir.graph import Graph
 from .kernel import LOWERINGS, AdapterCaps, Kernel
 from .wgsl import shape_of
 
@@ -72,7 +72,11 @@ def lower_all(graph: Graph, caps: AdapterCaps) -> tuple[list[tuple[int, Kernel]]
         if node.op in ALIAS_OPS:
             alias[node.outputs[0]] = node.inputs[0]
             continue
-        node_kernels = LOWERINGS[node.op](node, graph, caps)
+        try:
+            node_kernels = LOWERINGS[node.op](node, graph, caps)
+        except (ValueError, NotImplementedError) as e:  # attributes or inputs a kernel cannot take
+            raise DeviceError(f"{node.label}: the wgpu backend cannot run this node ({e}); "
+                              "use device='cpu' for this model") from e
         # Scratch names are local to one node's kernels (any of them may declare it).
         ren: dict[str, str] = {}
         for kern in node_kernels:
@@ -261,5 +265,3 @@ def describe(plan: Plan) -> str:
         lines.append(f"  {s:3d} {st.kernel.name} {st.kernel.workgroups}")
     return "\n".join(lines)
 
-
-__all__ = ["ALIAS_OPS", "Node", "Plan", "Root", "Step", "describe", "make_plan"]
