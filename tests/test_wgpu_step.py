@@ -9,6 +9,7 @@ from wgpu_util import wgpu_backend
 import anygrad
 from anygrad.backends import NumpyBackend
 from anygrad.examples import FOUNDING_MODEL
+import anygrad.optim as optim
 from anygrad.optim import SGD
 
 pytestmark = pytest.mark.wgpu
@@ -120,3 +121,15 @@ def test_adaptive_optimizers_fused_update(name, kwargs):
         np.testing.assert_allclose(sw[k], sn[k], rtol=1e-4, atol=1e-5, err_msg=k)
     (exe,) = [e for key, e in mw._programs.items() if key[0] == "train"]
     assert sum("Update" in st.kernel.name for st in exe.plan.steps) == 1
+
+
+def test_adapter_with_eight_storage_buffers_per_stage():
+    """The WebGPU default limit: every kernel of a training step (Adam with AMSGrad has the most
+    state per parameter) binds at most 8 storage buffers."""
+    import dataclasses
+    wb = wgpu_backend()
+    wb.caps = dataclasses.replace(wb.caps, max_storage_buffers_per_stage=8)
+    opt = lambda: optim.Adam(lr=1e-3, amsgrad=True)  # noqa: E731
+    _, lw = _train(wb, opt(), 2)
+    _, ln = _train(NumpyBackend(), opt(), 2)
+    np.testing.assert_allclose(lw, ln, rtol=1e-4, atol=1e-4)

@@ -1,12 +1,20 @@
 """The WebGPU backend (wgpu-py): WGSL kernels generated per op, fused, planned and run in one pass.
 
+    adapters.py   which adapters exist, ranked; device names -> adapter
+    kernel.py     the contract: Kernel, Scratch, AdapterCaps, LOWERINGS, @lowering
+    kernels_*.py  one module per op family: node -> WGSL kernels with shapes baked in
+    fusion.py     graph rewrites before lowering: elementwise fusion, GEMM epilogues, fused
+                  optimizer updates over parameter arenas
+    planner.py    kernel list + where every value lives (aliases, slots by liveness, in place)
+    runtime.py    WgpuBackend (device, state buffers, pipelines) and the executor
+
 Importing this package registers every lowering in `kernel.LOWERINGS`.
 """
-from pathlib import Path
-
-from . import (  # noqa: F401
+from . import (  # noqa: F401  (each registers its lowerings)
     kernels_activation,
+    kernels_conv,
     kernels_elementwise,
+    kernels_gemm,
     kernels_loss,
     kernels_nn,
     kernels_optim,
@@ -16,13 +24,6 @@ from . import (  # noqa: F401
 from .adapters import AdapterInfo, list_adapters
 from .kernel import LOWERINGS, AdapterCaps, Kernel, Scratch, lowering
 from .runtime import WgpuBackend, WgpuExecutable
-
-# The GEMM family is written separately; until both modules exist, import whichever is there.
-_HERE = Path(__file__).parent
-if (_HERE / "kernels_gemm.py").exists():
-    from . import kernels_gemm  # noqa: F401
-if (_HERE / "kernels_conv.py").exists():
-    from . import kernels_conv  # noqa: F401
 
 __all__ = [
     "LOWERINGS",

@@ -150,10 +150,14 @@ def group_updates(graph: Graph, caps: AdapterCaps) -> None:
         key = (n.op, repr(sorted(n.attrs.items())), n.inputs[-2], n.inputs[-1])
         groups.setdefault(key, []).append(n)
     for members in groups.values():
-        if len(members) < 2:
-            continue
+        # Even one parameter gains: each arena is bound once (read_write), within 8 bindings.
         last = max(order[id(m)] for m in members)
         touched = {v for m in members for v in [m.inputs[0]] + m.inputs[2:2 + len(m.outputs) - 1]}
+        grown = True
+        while grown:  # values aliasing the state (Reshape of a weight) read its buffer too
+            more = {n.outputs[0] for n in graph.nodes if n.op in ALIAS_LIKE and n.inputs[0] in touched}
+            grown = not more <= touched
+            touched |= more
         # Everything reading those tensors must run before the fused update (placed at the last member).
         if any(order[id(u)] > last for v in touched for u, _ in users.get(v, [])):
             continue
@@ -167,7 +171,7 @@ def group_updates(graph: Graph, caps: AdapterCaps) -> None:
         for m in members + [None]:
             n = _aligned(int(np.prod(shape_of(graph, m.inputs[0]), dtype=np.int64))) if m is not None else 0
             if m is None or (chunk and size + n > budget):
-                if len(chunk) > 1:
+                if chunk:
                     _fuse_group(graph, chunk, producers, state)
                 chunk, size = [], 0
             if m is not None:

@@ -294,9 +294,18 @@ class WgpuExecutable(Executable):
     def _offset(self, r: Root) -> int:
         return self.backend.state[r.name].offset if r.kind == "state" else r.offset
 
+    def _storage(self, r: Root) -> tuple:
+        """Which buffer a root lives in: one dispatch may not view a buffer both read-only and
+        writable, so a read of a buffer the kernel also writes is bound read_write."""
+        if r.kind in ("gslice", "garena"):
+            return ("garena", r.name)
+        if r.kind == "temp":
+            return ("slot", self.plan.slot_of[r])
+        return (r.kind, r.name)
+
     def _read_only(self, st) -> tuple[bool, ...]:
-        written = set(st.writes)
-        return tuple(r not in written for r in st.reads) + (False,) * len(st.writes)
+        written = {self._storage(r) for r in st.writes}
+        return tuple(self._storage(r) not in written for r in st.reads) + (False,) * len(st.writes)
 
     def _pipeline(self, st) -> Any:
         ro = self._read_only(st)
@@ -405,7 +414,10 @@ class WgpuExecutable(Executable):
         except (ShapeError, DeviceError):
             raise
         except Exception as e:
-            raise _gpu_error(e, f"running graph '{self.graph.name}'") from e
+            err = _gpu_error(e, f"running graph '{self.graph.name}'")
+            if isinstance(err, DeviceError) and "lost" in str(err):
+                _CONTEXTS.pop(self.backend.adapter.index, None)  # the next backend opens a new device
+            raise err from e
         out = {}
         for name, r, offset, nbytes in layout:
             if name in self.graph.info:
