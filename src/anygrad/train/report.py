@@ -1,0 +1,49 @@
+"""How the training loop tells the outside world what happens: one Reporter interface.
+
+The loop calls these hooks; a Reporter decides how to show them (a live rich dashboard on a
+terminal, plain lines in logs and CI, nothing with --quiet). Hooks get plain dataclasses, so a
+Reporter never touches the model or the device.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass
+class RunInfo:
+    model: str
+    device: str
+    epochs: int
+    steps_per_epoch: int
+    batch_size: int
+    start_epoch: int = 1            # > 1 when resumed
+    artifacts_dir: str | None = None
+
+
+@dataclass
+class StepInfo:
+    epoch: int
+    step: int                       # 1-based within the epoch
+    steps: int                      # steps in this epoch
+    global_step: int
+    loss: float | None              # running mean over the epoch so far (device-side sums)
+    accuracy: float | None
+    lr: float
+    samples_per_s: float
+
+
+@dataclass
+class EpochInfo:
+    epoch: int
+    metrics: dict[str, float | None] = field(default_factory=dict)  # the metrics.jsonl row
+    seconds: float = 0.0
+    best: bool = False              # this epoch is the best so far by the monitored metric
+
+
+class Reporter(Protocol):
+    def run_begin(self, info: RunInfo) -> None: ...
+    def step(self, info: StepInfo) -> None: ...
+    def epoch_end(self, info: EpochInfo) -> None: ...
+    def message(self, text: str) -> None: ...
+    def run_end(self, stopped_early: bool = False, interrupted: bool = False) -> None: ...
