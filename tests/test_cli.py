@@ -136,7 +136,7 @@ def test_missing_model_file(tmp_path, capsys):
     ("--optimizer", "adamx", ["unknown optimizer", "adamx", "adagrad"]),
     ("--loss", "hinge", ["unknown loss", "hinge", "nll"]),
     ("--device", "tpu", ["unknown device", "tpu"]),
-    ("--dataset", "cifar", ["unknown dataset", "cifar", "mnist"]),
+    ("--dataset", "svhn", ["unknown dataset", "svhn", "mnist"]),  # (cifar is cifar-10 now)
     ("--epochs", "0", ["epochs", "at least 1"]),
     ("--batch-size", "0", ["batch", "at least 1"]),
 ])
@@ -185,12 +185,14 @@ def test_train_writes_artifacts(tmp_path, tiny_mnist, capsys):
     out = capsys.readouterr().out
     assert code == 0
     assert "epoch 1/2" in out and "epoch 2/2" in out and str(run) in out
-    assert sorted(p.name for p in run.iterdir()) == ["config.json", "metrics.jsonl", "model.onnx", "weights.npz"]
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.json", "metrics.csv", "metrics.jsonl",
+                                                     "model.onnx", "weights.npz", "weights.safetensors"]
 
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [1, 2]
     for r in rows:
-        assert set(r) == {"epoch", "train_loss", "train_accuracy", "valid_loss", "valid_accuracy", "seconds"}
+        assert set(r) == {"epoch", "train_loss", "train_accuracy", "valid_loss", "valid_accuracy", "seconds",
+                          "train_top5", "valid_top5", "lr", "samples_per_s"}
         assert 0 <= r["valid_accuracy"] <= 1 and np.isfinite(r["train_loss"])
 
     config = json.loads((run / "config.json").read_text())
@@ -219,7 +221,7 @@ def test_train_is_reproducible_and_seeded(tmp_path, tiny_mnist, capsys):
                 "--epochs", "2", "--batch-size", "8", "--seed", str(seed), "--artifacts", str(tmp_path / name)]
         assert cli.main(args) == 0
         rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
-        return [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
+        return [{k: v for k, v in r.items() if k not in ("seconds", "samples_per_s")} for r in rows]
     assert train(1, "a") == train(1, "b")
     assert train(1, "a") != train(2, "c")
 

@@ -2,8 +2,12 @@
 state updates, slot reuse), repeated runs, fetches and errors."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from wgpu_util import assert_close, run_both, wgpu_backend
 
 from anygrad.backends import NumpyBackend
@@ -225,5 +229,87 @@ def test_profile_times_every_kernel(wb):
     b2.set_state("c", np.zeros(5, np.float32))
     exe = b2.compile(g, fuse=False)
     prof = exe.profile({"x": np.ones(5, np.float32)}, repeat=1)
-    assert [name for name, _ in prof] == [st.kernel.name for st in exe.plan.steps]
+    assert [name for name, _ in prof] == [step.kernel.name for step in exe.plan.steps]
     assert all(ms >= 0 for _, ms in prof)
+
+
+# -- random graphs: fusion, aliasing, slot reuse and in-place updates against numpy ----------------
+_UNARY = ["Neg", "Tanh", "Relu", "Sigmoid", "Abs"]
+_BINARY = ["Add", "Sub", "Mul", "Max"]
+
+
+@st.composite
+def random_graph(draw):
+    """A DAG over shapes (4, 5), (4, 1), (1, 5), (20,) with state tensors S and T (4, 5) read
+    anywhere and replaced by computed values (or by each other: a swap)."""
+    values = {"x": (4, 5), "S": (4, 5), "T": (4, 5)}
+    nodes = []
+    for k in range(draw(st.integers(3, 12))):
+        kind = draw(st.sampled_from(["unary", "binary", "binary", "reduce", "reshape", "identity", "softmax"]))
+        out = f"v{k}"
+        names = sorted(values)
+        a = draw(st.sampled_from(names))
+        if kind == "unary":
+            nodes.append(Node(draw(st.sampled_from(_UNARY)), [a], [out]))
+            values[out] = values[a]
+        elif kind == "binary":
+            ok = [n for n in names if values[n] != (20,) and values[a] != (20,)] or [a]
+            b = draw(st.sampled_from(ok))
+            if (values[a] == (20,)) != (values[b] == (20,)):
+                b = a
+            nodes.append(Node(draw(st.sampled_from(_BINARY)), [a, b], [out]))
+            values[out] = tuple(np.broadcast_shapes(values[a], values[b]))
+        elif kind == "reduce" and values[a] == (4, 5):
+            axis = draw(st.integers(0, 1))
+            nodes.append(Node("ReduceSum", [a, f"axis{axis}"], [out], {"keepdims": 1}))
+            values[out] = (4, 1) if axis else (1, 5)
+        elif kind == "reshape" and values[a] in ((4, 5), (20,)):
+            target = (20,) if values[a] == (4, 5) else (4, 5)
+            nodes.append(Node("Reshape", [a, f"shape{len(target)}"], [out]))
+            values[out] = target
+        elif kind == "identity":
+            nodes.append(Node("Identity", [a], [out]))
+            values[out] = values[a]
+        elif kind == "softmax" and len(values[a]) == 2:
+            nodes.append(Node("Softmax", [a], [out], {"axis": draw(st.sampled_from([0, 1]))}))
+            values[out] = values[a]
+        else:
+            nodes.append(Node("Neg", [a], [out]))
+            values[out] = values[a]
+    computed = [f"v{k}" for k in range(len(nodes))]
+    full = [v for v in computed if values[v] == (4, 5)] + ["S", "T"]
+    outputs = draw(st.lists(st.sampled_from(computed), min_size=1, max_size=3, unique=True))
+    updates = {}
+    for state in ("S", "T"):
+        v = draw(st.sampled_from(full + [None]))
+        if v is not None and v != state and v not in updates:
+            updates[v] = state
+    return nodes, outputs, updates, values
+
+
+@settings(max_examples=int(os.environ.get("ANYGRAD_FUZZ_EXAMPLES", "25")), deadline=None)
+@given(spec=random_graph(), seed=st.integers(0, 100))
+def test_random_elementwise_graphs_match_numpy(wb, spec, seed):
+    nodes, outputs, updates, _ = spec
+    consts = {"axis0": np.array([0], np.int64), "axis1": np.array([1], np.int64),
+              "shape1": np.array([20], np.int64), "shape2": np.array([4, 5], np.int64)}
+    g = Graph(inputs=["x"], outputs=list(outputs), nodes=nodes)
+    g.info["x"] = TensorInfo(F32, (4, 5))
+    g.initializers = {**consts, "S": np.zeros((4, 5), np.float32), "T": np.zeros((4, 5), np.float32)}
+    g.buffers = ["S", "T"]
+    g.state_updates = dict(updates)
+    g = specialize(g, {})
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((4, 5)).astype(np.float32)
+    init = {k: rng.standard_normal((4, 5)).astype(np.float32) for k in ("S", "T")}
+    nb = NumpyBackend()
+    for k, v in init.items():
+        nb.set_state(k, v)
+    want = nb.compile(g).run({"x": x})
+    for fuse in (True, False):
+        for k, v in init.items():
+            wb.set_state(k, v)
+        got = wb.compile(g, fuse=fuse).run({"x": x})
+        assert_close(want, got, rtol=1e-5, atol=1e-6, what=f"fuse={fuse}")
+        for k in init:
+            np.testing.assert_allclose(wb.get_state(k), nb.get_state(k), rtol=1e-5, atol=1e-6, err_msg=k)

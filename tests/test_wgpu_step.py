@@ -7,9 +7,9 @@ import pytest
 from wgpu_util import wgpu_backend
 
 import anygrad
+from anygrad import optim
 from anygrad.backends import NumpyBackend
 from anygrad.examples import FOUNDING_MODEL
-import anygrad.optim as optim
 from anygrad.optim import SGD
 
 pytestmark = pytest.mark.wgpu
@@ -129,7 +129,7 @@ def test_adapter_with_eight_storage_buffers_per_stage():
     import dataclasses
     wb = wgpu_backend()
     wb.caps = dataclasses.replace(wb.caps, max_storage_buffers_per_stage=8)
-    opt = lambda: optim.Adam(lr=1e-3, amsgrad=True)  # noqa: E731
+    opt = lambda: optim.Adam(lr=1e-3, amsgrad=True)
     _, lw = _train(wb, opt(), 2)
     _, ln = _train(NumpyBackend(), opt(), 2)
     np.testing.assert_allclose(lw, ln, rtol=1e-4, atol=1e-4)

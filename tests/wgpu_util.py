@@ -7,6 +7,7 @@ sum(out0 * R) are compared too), everything else becomes a constant initializer.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -16,16 +17,15 @@ from anygrad.autodiff import gradients
 from anygrad.backends import NumpyBackend
 from anygrad.ir import Builder, Graph, Node, TensorInfo, specialize
 
-_BACKEND = None
-
 
 def wgpu_backend():
-    """A fresh WgpuBackend on the best adapter (lavapipe in CI); skips when no adapter exists."""
+    """A fresh WgpuBackend on the best adapter (lavapipe in CI), or on $ANYGRAD_TEST_DEVICE
+    (e.g. wgpu:gl); skips when no adapter exists."""
     from anygrad.devices import list_adapters
     if not list_adapters():
         pytest.skip("no WebGPU adapter on this machine (install mesa-vulkan-drivers for lavapipe)")
     from anygrad.backends.wgpu import WgpuBackend
-    return WgpuBackend("wgpu")
+    return WgpuBackend(os.environ.get("ANYGRAD_TEST_DEVICE", "wgpu"))
 
 
 def op_graph(op: str, inputs: Sequence[np.ndarray | None], attrs: dict | None = None, *,

@@ -10,7 +10,7 @@ import argparse
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from .errors import AnygradError, ConfigError
 
 EXIT_ERROR = 2
 EXIT_UNSUPPORTED = 1
+EXIT_INTERRUPTED = 130  # stopped by Ctrl-C after writing a checkpoint
 
 # Settings the founding example was trained with; the defaults when no MODEL is given.
 FOUNDING_DEFAULTS = {"optimizer": "adagrad", "lr": 1.0, "batch_size": 1000, "epochs": 8, "loss": "nll"}
@@ -126,6 +127,117 @@ def _default_artifacts(model_name: str) -> Path:
     return path
 
 
+# Flags of `anygrad train` -> TrainConfig fields (the rest have the same name). Defaults live in
+# TRAIN_DEFAULTS, not in argparse, so a flag given on the command line can be told from a default
+# and overrides a --config file or is checked against a --resume run.
+_FLAG_FIELDS = {"artifacts": "artifacts_dir"}
+TRAIN_DEFAULTS = {"dataset": "mnist", "device": "auto", "seed": 0, "init": "onnx", "drop_last": False,
+                  "log_every": 0}
+
+
+def _given_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The TrainConfig settings the command line states explicitly."""
+    from .train import TrainConfig
+    names = set(TrainConfig.__dataclass_fields__)
+    out = {}
+    for key, value in vars(args).items():
+        field_name = _FLAG_FIELDS.get(key, key)
+        if value is not None and field_name in names:
+            out[field_name] = value
+    if args.scheduler_opt:
+        out["scheduler_options"] = _scheduler_options(args.scheduler_opt)
+    return out
+
+
+def _scheduler_options(pairs: list[str]) -> dict[str, str]:
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--scheduler-opt takes KEY=VALUE (e.g. T_max=10), got {pair!r}")
+        options[key.strip()] = value.strip()
+    return options
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    import json
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path}: cannot read the config ({e})") from None
+    if not isinstance(record, dict):
+        raise ConfigError(f"{path}: a config file holds one JSON object of settings")
+    return record
+
+
+def _train_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """Settings from --resume DIR's config.json or --config FILE, then the command line's flags."""
+    from .train import TrainConfig
+    given = _given_settings(args)
+    settings: dict[str, Any] = {}
+    if args.resume:
+        run = Path(args.resume)
+        if not (run / "config.json").is_file():
+            raise ConfigError(f"{run}: not a training run folder (no config.json); --resume takes the "
+                              "--artifacts folder of an earlier `anygrad train`")
+        settings = vars(TrainConfig.from_dict(_read_config(run / "config.json"), str(run / "config.json")))
+        settings["artifacts_dir"] = str(run)
+        given.pop("artifacts_dir", None)
+    elif args.config:
+        settings = vars(TrainConfig.from_dict(_read_config(Path(args.config)), args.config))
+        settings["artifacts_dir"] = None  # a rerun writes a new folder unless --artifacts says otherwise
+    settings.update(given)
+    if not settings.get("model"):
+        from .examples import FOUNDING_MODEL
+        settings["model"] = str(Path(FOUNDING_MODEL))
+        defaults = FOUNDING_DEFAULTS
+    else:
+        defaults = MODEL_DEFAULTS if not (args.config or args.resume) else {}
+    for key, value in {**TRAIN_DEFAULTS, **defaults}.items():
+        if settings.get(key) in (None, ""):
+            settings[key] = value
+    return settings
+
+
+def _check_dataset(name: str) -> None:
+    from .data import dataset_names
+    from .data.datasets import ALIASES
+    if name not in DATASETS and ALIASES.get(name.lower(), name.lower()) not in dataset_names():
+        raise ConfigError(f"unknown dataset '{name}'; choose one of {', '.join(dataset_names())}")
+
+
+def _train_data(config: Any, model: Any, console: Console) -> tuple[Any, Any, tuple, str]:
+    """(train, valid, per-batch transforms, source). MNIST as float arrays (the founding path);
+    the other sets (anygrad.data.get_dataset) as stored images, normalised batch by batch."""
+    shape, name = model.input_shape, model.input_name
+    if config.dataset in DATASETS:
+        data = DATASETS[config.dataset](config.data_dir, console.line)
+        train = (_fit_input(data.train[0], shape, name), data.train[1])
+        valid = (_fit_input(data.valid[0], shape, name), data.valid[1])
+        return train, valid, (None, None), data.source
+    from .data import DataConfig
+    dcfg = DataConfig(dataset=config.dataset, data_dir=config.data_dir)
+    d = dcfg.load(seed=config.seed, log=console.line)
+
+    def fitted(transform: Callable) -> Callable:
+        return lambda x, idx, epoch: _fit_input(transform(x, idx, epoch), shape, name)
+    train_tf, valid_tf = (fitted(dcfg.transform(d, config.seed, train=t)) for t in (True, False))
+    train_tf(d.train[0][:1], np.arange(1), 0)  # a dataset that does not fit the model fails now, clearly
+    return d.train, d.valid, (train_tf, valid_tf), d.source
+
+
+def _reporter(quiet: bool, every: int, console: Console) -> Any:
+    """The UX reporter (live dashboard on a terminal, plain lines otherwise) when present."""
+    try:
+        from .train.dashboard import make_reporter
+    except ImportError:
+        from .train import LineReporter
+        return LineReporter(console.line, console.progress)
+    return make_reporter(quiet=quiet, every=every)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from . import load_onnx
     from .devices import get_backend
@@ -133,42 +245,41 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .optim import get_optimizer
     from .train import TrainConfig, fit
 
-    if args.model is None:
-        from .examples import FOUNDING_MODEL
-        model_path, defaults = Path(FOUNDING_MODEL), FOUNDING_DEFAULTS
-    else:
-        model_path, defaults = Path(args.model), MODEL_DEFAULTS
-    for key, value in defaults.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    if args.dataset not in DATASETS:
-        raise ConfigError(f"unknown dataset '{args.dataset}'; choose one of {', '.join(DATASETS)}")
-    if args.loss != "auto":
-        get_loss(args.loss)  # fail on a bad name before any slow work
-    optimizer = get_optimizer(args.optimizer, lr=args.lr)
-    backend = get_backend(args.device)
+    s = _train_settings(args)
+    model_path = Path(s["model"])
+    _check_dataset(s["dataset"])
+    if s["loss"] != "auto":
+        get_loss(s["loss"])  # fail on a bad name before any slow work
+    optimizer = get_optimizer(s["optimizer"], lr=s["lr"])
+    config = TrainConfig.from_dict({**s, "model": str(model_path.resolve()) if model_path.exists() else str(model_path)})
+    config.check()
+    if config.scheduler:
+        from .optim import get_scheduler
+        get_scheduler(config.scheduler, base_lr=config.lr, **config.scheduler_options)  # bad options fail now
+    backend = get_backend(config.device)
 
     console = Console(quiet=args.quiet)
-    model = load_onnx(str(model_path), init=args.init)
-    loss = _auto_loss(model) if args.loss == "auto" else args.loss
-    data = DATASETS[args.dataset](args.data_dir, console.line)
-    model.compile(loss=loss, optimizer=optimizer, device=backend, seed=args.seed)
-    train = (_fit_input(data.train[0], model.input_shape, model.input_name), data.train[1])
-    valid = (_fit_input(data.valid[0], model.input_shape, model.input_name), data.valid[1])
+    model = load_onnx(str(model_path), init=config.init)
+    loss = _auto_loss(model) if config.loss == "auto" else config.loss
+    train, valid, transforms, source = _train_data(config, model, console)
+    model.compile(loss=loss, optimizer=optimizer, device=backend, seed=config.seed)
 
-    artifacts = Path(args.artifacts) if args.artifacts else _default_artifacts(model_path.stem)
-    config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, seed=args.seed, drop_last=args.drop_last,
-                         log_every=args.log_every, artifacts_dir=str(artifacts), model=str(model_path),
-                         dataset=args.dataset, data_dir=data.source, loss=loss, optimizer=args.optimizer,
-                         lr=args.lr, device=args.device, init=args.init)
-    config.check()
+    artifacts = Path(config.artifacts_dir) if config.artifacts_dir else _default_artifacts(model_path.stem)
+    config = replace(config, artifacts_dir=str(artifacts), data_dir=source, loss=loss)
+    extras = [f"clip {config.clip_grad_norm:g}" if config.clip_grad_norm else "",
+              f"accumulate {config.accumulate}" if config.accumulate > 1 else "",
+              f"scheduler {config.scheduler}" if config.scheduler else ""]
     console.line(f"training {model_path.name} ({model.num_parameters():,} parameters) on "
-                 f"{backend.description}: {args.optimizer} lr {args.lr:g}, loss {loss}, batch {args.batch_size}, "
-                 f"{args.epochs} epoch{'s' * (args.epochs != 1)}, seed {args.seed}")
-    console.line(f"data: {len(train[1]):,} train / {len(valid[1]):,} valid samples from {data.source}")
-    result = fit(model, train, valid, config, log=console.line, progress=console.progress)
+                 f"{backend.description}: {config.optimizer} lr {config.lr:g}, loss {loss}, batch {config.batch_size}, "
+                 f"{config.epochs} epoch{'s' * (config.epochs != 1)}, seed {config.seed}"
+                 + "".join(f", {e}" for e in extras if e))
+    console.line(f"data: {len(train[1]):,} train / {len(valid[1]) if valid else 0:,} valid samples from {source}")
+    if args.resume:
+        console.line(f"resuming from {artifacts / 'checkpoints'}")
+    result = fit(model, train, valid, config, reporter=_reporter(args.quiet, config.log_every, console),
+                 resume=bool(args.resume), transforms=transforms)
     console.line(f"artifacts: {result.artifacts_dir}")
-    return 0
+    return EXIT_INTERRUPTED if result.interrupted else 0
 
 
 # -- devices -------------------------------------------------------------------------------------
@@ -182,6 +293,121 @@ def cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- plot, predict, eval (anygrad.plot, anygrad.inference) ----------------------------------------
+def cmd_plot(args: argparse.Namespace) -> int:
+    from .plot import plot_run
+    for path in plot_run(args.run_dir, args.output):
+        print(f"wrote {path}")
+    return 0
+
+
+def _inference_model(args: argparse.Namespace) -> tuple[Any, Any, str, str | None]:
+    """The model (compiled for inference), where it came from, the dataset and its folder."""
+    from .inference import compile_for_inference, load_model, output_kind
+    model, source = load_model(args.model)
+    dataset = args.dataset or source.run_config.get("dataset") or "mnist"
+    data_dir = args.data_dir
+    if data_dir is None and dataset == source.run_config.get("dataset"):
+        data_dir = source.run_config.get("data_dir")  # the folder the run was trained from
+    compile_for_inference(model, args.device)
+    print(f"model: {source.description} (outputs {output_kind(model)}) on {model.backend.description}")
+    return model, source, dataset, data_dir
+
+
+def _eval_split(args: argparse.Namespace, dataset: str, data_dir: str | None) -> tuple[Any, Any, list[str]]:
+    from .data import DataConfig, get_dataset
+    data = get_dataset(dataset, data_dir, log=print)
+    x, y = data.train if args.split == "train" else data.valid
+    which = "train" if args.split == "train" else f"valid ({data.valid_from})"
+    print(f"data: {dataset} {which}, {len(y):,} samples from {data.source}")
+    return DataConfig(dataset=dataset).transform(data, train=False), (x, y), data.classes
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from .inference import class_names, fit_input, predict_batch, prepare_image
+    model, _, dataset, data_dir = _inference_model(args)
+    true_label = None
+    if args.image:
+        prepared = prepare_image(args.image, model, dataset)
+        print(f"image: {args.image}: " + "; ".join(prepared.notes))
+        x, names = prepared.x, class_names(dataset)
+    else:
+        transform, (xs, ys), names = _eval_split(args, dataset, data_dir)
+        if not -len(xs) <= args.index < len(xs):
+            raise ConfigError(f"--index {args.index} is outside the {len(xs)} samples of the {args.split} split")
+        i = args.index % len(xs)
+        x = fit_input(transform(xs[i:i + 1], np.array([i]), 0), model)
+        true_label = int(ys[i])
+    probs = predict_batch(model, x)[0]
+    label = int(probs.argmax())
+
+    def name(c: int) -> str:
+        return f"{c} ({names[c]})" if names and c < len(names) and names[c] != str(c) else str(c)
+
+    print(f"predicted: {name(label)}  probability {probs[label]:.4f}")
+    top = np.argsort(-probs)[:max(1, args.top)]
+    print("top: " + "  ".join(f"{name(int(c))} {100 * probs[c]:.2f}%" for c in top))
+    if true_label is not None:
+        print(f"true label: {name(true_label)}  ({'correct' if true_label == label else 'wrong'})")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from rich.console import Console as RichConsole
+    from rich.table import Table
+
+    from .inference import evaluate, fit_input
+    model, _, dataset, data_dir = _inference_model(args)
+    transform, (x, y), names = _eval_split(args, dataset, data_dir)
+    x = fit_input(transform(x, np.arange(len(x)), 0), model)
+    result = evaluate(model, x, y, args.batch_size)
+    print(f"loss {result.loss:.4f}  accuracy {100 * result.accuracy:.2f}%  ({result.count:,} samples)")
+    table = Table(title="confusion matrix (rows: true class, columns: predicted)", header_style="bold")
+    table.add_column("true \\ pred", justify="right", style="bold")
+    classes = range(len(result.confusion))
+    for c in classes:
+        table.add_column(str(c), justify="right")
+    table.add_column("recall", justify="right")
+    for t in classes:
+        row = result.confusion[t]
+        cells = [f"[green]{v}[/]" if p == t else (str(v) if v else "[dim]0[/]") for p, v in enumerate(row)]
+        label = f"{t} {names[t]}" if names and t < len(names) and names[t] != str(t) else str(t)
+        recall = f"{100 * row[t] / row.sum():.1f}%" if row.sum() else "-"
+        table.add_row(label, *cells, recall)
+    RichConsole(width=max(100, 12 + 7 * len(result.confusion))).print(table)
+    return 0
+
+
+def _add_inference_args(p: argparse.ArgumentParser, device: str) -> None:
+    p.add_argument("model", metavar="MODEL", help="a run folder (its model.onnx or checkpoints), an .onnx file, "
+                   "a checkpoint .json or weights.npz")
+    p.add_argument("--dataset", help="mnist, fashion-mnist, cifar-10, npz, imagefolder (default: the run's, "
+                   "else mnist)")
+    p.add_argument("--data-dir", metavar="DIR", help="folder (or .npz file) holding the dataset")
+    p.add_argument("--split", choices=("valid", "train"), default="valid",
+                   help="valid: the test split (or held-out part) of the dataset (default)")
+    p.add_argument("--device", default=device, help=f"cpu, wgpu, auto, ... (default: {device})")
+
+
+def _add_plot(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="DIR", help="a run folder with metrics.jsonl (or the metrics.jsonl itself)")
+    p.add_argument("-o", "--output", metavar="OUT", help="folder for loss.png and accuracy.png (default: DIR)")
+
+
+def _add_predict(p: argparse.ArgumentParser) -> None:
+    _add_inference_args(p, "cpu")
+    p.add_argument("--index", type=int, default=0, help="which sample of the split (default: 0)")
+    p.add_argument("--image", metavar="FILE", help="classify your own image (PNG/JPEG; needs anygrad[image]): "
+                   "resized to the model's input, greyscale for one channel, inverted when the background is "
+                   "white, normalised like --dataset")
+    p.add_argument("--top", type=int, default=3, help="how many classes to list (default: 3)")
+
+
+def _add_eval(p: argparse.ArgumentParser) -> None:
+    _add_inference_args(p, "auto")
+    p.add_argument("--batch-size", type=int, default=500)
+
+
 # -- the command table ---------------------------------------------------------------------------
 def _add_info(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL.onnx", help="the ONNX file to describe")
@@ -191,26 +417,51 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     founding = ", ".join(f"{k.replace('_', '-')} {v}" for k, v in FOUNDING_DEFAULTS.items())
     own = ", ".join(f"{k.replace('_', '-')} {v}" for k, v in MODEL_DEFAULTS.items())
     p.description = (f"Train an ONNX model. Without MODEL: the bundled founding example (MNIST convnet) with "
-                     f"its founding settings ({founding}). With MODEL: {own} unless given.")
+                     f"its founding settings ({founding}). With MODEL: {own} unless given. "
+                     "Every run writes config.json: `anygrad train --config RUN/config.json` repeats it (flags "
+                     "override), `anygrad train --resume RUN` continues it from its last checkpoint.")
     p.add_argument("model", metavar="MODEL.onnx", nargs="?", help="ONNX file (default: the founding example)")
-    p.add_argument("--dataset", default="mnist", help="dataset name (default: mnist)")
+    p.add_argument("--config", metavar="FILE", help="take every setting from a run's config.json (flags override)")
+    p.add_argument("--resume", metavar="DIR", help="continue the run in DIR (its --artifacts folder) from its "
+                   "newest checkpoint; --epochs may extend it")
+    p.add_argument("--dataset", help="dataset name (default: mnist)")
     p.add_argument("--data-dir", metavar="DIR", help="folder holding the dataset files (default: cache, "
                    "downloading when missing)")
     p.add_argument("--epochs", type=int)
     p.add_argument("--batch-size", type=int)
+    p.add_argument("--valid-batch-size", type=int, metavar="N", help="validation batch size (default: batch-size)")
     p.add_argument("--optimizer", metavar="NAME", help="sgd, adam, adamw, adagrad, adadelta, rmsprop")
     p.add_argument("--lr", type=float, help="learning rate")
     p.add_argument("--loss", metavar="NAME", help="nll, cross_entropy, mse, l1, bce_with_logits")
-    p.add_argument("--device", default="auto", help="auto, cpu, wgpu, wgpu:N, wgpu:vulkan|metal|dx12|gl "
+    p.add_argument("--device", help="auto, cpu, wgpu, wgpu:N, wgpu:vulkan|metal|dx12|gl "
                    "(default: auto, the best available)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, help="seed of the shuffles and dropout (default: 0)")
     p.add_argument("--artifacts", metavar="DIR", help="output folder (default: runs/<model>-<timestamp>)")
-    p.add_argument("--init", choices=("onnx", "fresh"), default="onnx",
-                   help="start from the file's weights (onnx) or PyTorch's default initialisation (fresh)")
-    p.add_argument("--drop-last", action="store_true", help="skip the last partial batch of each epoch")
-    p.add_argument("--log-every", type=int, default=0, metavar="STEPS",
+    p.add_argument("--init", choices=("onnx", "fresh"),
+                   help="start from the file's weights (onnx, default) or PyTorch's default initialisation (fresh)")
+    p.add_argument("--drop-last", action="store_true", default=None, help="skip the last partial batch of each epoch")
+    p.add_argument("--clip-grad-norm", type=float, metavar="MAX", help="scale the gradients down to this global "
+                   "2-norm (torch.nn.utils.clip_grad_norm_)")
+    p.add_argument("--accumulate", type=int, metavar="N", help="one optimizer step every N batches (gradients "
+                   "summed, loss divided by N)")
+    p.add_argument("--scheduler", metavar="NAME", help="learning-rate schedule: step, multistep, exponential, "
+                   "cosine, linear, onecycle, plateau")
+    p.add_argument("--scheduler-opt", action="append", metavar="KEY=VALUE", help="a scheduler option with "
+                   "torch's name (repeatable), e.g. T_max=10, step_size=2, gamma=0.5, interval=step")
+    p.add_argument("--monitor", metavar="METRIC", help="metric for the best checkpoint, early stopping and "
+                   "plateau: valid_loss (default), valid_accuracy, valid_top5, train_loss, ...")
+    p.add_argument("--mode", choices=("min", "max", "auto"), help="whether the monitored metric should go down "
+                   "(min) or up (max); default auto: max for accuracies, min for losses")
+    p.add_argument("--patience", type=int, metavar="EPOCHS", help="early stopping: stop after this many epochs "
+                   "without improvement of the monitored metric")
+    p.add_argument("--min-delta", type=float, help="smallest change that counts as an improvement (default 0)")
+    p.add_argument("--keep-checkpoints", type=int, metavar="N", help="keep the newest N checkpoints (default 2; "
+                   "the best one is kept apart)")
+    p.add_argument("--checkpoint-every", type=int, metavar="STEPS", help="also checkpoint every STEPS steps "
+                   "within an epoch")
+    p.add_argument("--log-every", type=int, metavar="STEPS",
                    help="progress every STEPS steps (default: about ten times per epoch)")
-    p.add_argument("--quiet", action="store_true", help="no progress lines, only one line per epoch")
+    p.add_argument("--quiet", action="store_true", help="no progress lines, only a summary")
 
 
 @dataclass(frozen=True)
@@ -225,6 +476,10 @@ COMMANDS: dict[str, Command] = {
                     cmd_info),
     "train": Command("train a model (default: the founding MNIST example)", _add_train, cmd_train),
     "devices": Command("list the devices anygrad can train on", lambda p: None, cmd_devices),
+    "plot": Command("draw a run's loss and accuracy curves as PNG (needs anygrad[plot])", _add_plot, cmd_plot),
+    "predict": Command("classify one dataset sample or your own image with a trained model", _add_predict,
+                       cmd_predict),
+    "eval": Command("loss, accuracy and confusion matrix of a trained model on a dataset", _add_eval, cmd_eval),
 }
 
 

@@ -11,7 +11,18 @@ from .ir.graph import Graph
 from .ir.passes import RNG_STATE
 from .losses import Loss, get_loss
 from .optim.base import LR_STATE, Optimizer
-from .program import CORRECT_SUM, LOSS_SUM, METRIC_STATE, SAMPLE_COUNT, TARGET, build_eval_step, build_inference, build_train_step
+from .program import (
+    CORRECT_SUM,
+    LOSS_SUM,
+    METRIC_STATE,
+    SAMPLE_COUNT,
+    TARGET,
+    TOPK_SUM,
+    build_eval_step,
+    build_inference,
+    build_train_step,
+    top_k_for,
+)
 
 
 class Model:
@@ -21,11 +32,15 @@ class Model:
         self.graph = graph
         self.source = source
         self.origin = None  # what the frontend learnt about the file (anygrad.frontends.OnnxOrigin)
+        self.torch_binding = None  # PyTorch names learnt by load_state_dict (frontends.torch_weights)
         self.loss: Loss | None = None
         self.optimizer: Optimizer | None = None
         self.backend: Backend | None = None
         self.seed = 0
         self._programs: dict[tuple, Executable] = {}
+        self.clip_norm: float | None = None  # gradient clipping by global norm, inside the step
+        self.accumulate = 1                  # micro-batches per optimizer update
+        self.micro_step = 0                  # micro-batches accumulated since the last update
 
     # -- introspection --------------------------------------------------------------------
     @property
@@ -45,7 +60,8 @@ class Model:
 
     # -- setup ----------------------------------------------------------------------------
     def compile(self, loss: str | Loss = "cross_entropy", optimizer: Optimizer | None = None,
-                device: str | Backend = "cpu", seed: int = 0, **loss_options: Any) -> "Model":
+                device: str | Backend = "cpu", seed: int = 0, *, clip_norm: float | None = None,
+                accumulate: int = 1, **loss_options: Any) -> "Model":
         from .devices import get_backend
         self.loss = get_loss(loss, **loss_options) if isinstance(loss, str) else loss
         if optimizer is None:
@@ -60,22 +76,61 @@ class Model:
             value = state[name] if state and name in state else self.graph.initializers[name]
             self.backend.set_state(name, value)
         self.backend.set_state(RNG_STATE, np.array([seed & 0xFFFFFFFF, 0], np.uint32))
+        self.configure_step(clip_norm=clip_norm, accumulate=accumulate)
         return self
+
+    def configure_step(self, clip_norm: float | None = None, accumulate: int = 1) -> Model:
+        """Gradient clipping (max global 2-norm, like torch.nn.utils.clip_grad_norm_) and gradient
+        accumulation (one optimizer update every `accumulate` train_step calls, loss scaled by
+        1/accumulate). Both are compiled into the step programs, which are rebuilt."""
+        if clip_norm is not None and not (float(clip_norm) > 0 and np.isfinite(clip_norm)):
+            raise ConfigError(f"clip-grad-norm must be a positive number, got {clip_norm}")
+        if int(accumulate) != accumulate or accumulate < 1:
+            raise ConfigError(f"accumulate must be a whole number of batches >= 1, got {accumulate}")
+        self.clip_norm = None if clip_norm is None else float(clip_norm)
+        self.accumulate = int(accumulate)
+        self.micro_step = 0
+        self._programs = {k: v for k, v in self._programs.items() if k[0] != "train"}
+        return self
+
+    @property
+    def top_k(self) -> int | None:
+        """k of the top-k accuracy the programs count (None: not a >5-class classifier, or the
+        device has no kernel for it)."""
+        if self.loss is None or not self.loss.classification or not self._supports("CountTopK"):
+            return None
+        info = self.graph.info.get(self.graph.outputs[0])
+        return None if info is None else top_k_for(info, True)
+
+    def _supports(self, op: str) -> bool:
+        supports = getattr(self.backend, "supports", None)
+        if supports is not None:
+            return bool(supports(op))
+        if self.backend is None or self.backend.name == "cpu":
+            return True
+        try:  # the wgpu backend: an op it has a lowering for
+            from .backends.wgpu.kernel import LOWERINGS
+        except ImportError:
+            return False
+        return op in LOWERINGS
 
     def _require_compiled(self) -> Backend:
         if self.backend is None or self.loss is None:
             raise ConfigError("call model.compile(loss=..., optimizer=..., device=...) first")
         return self.backend
 
-    def _program(self, kind: str, batch_shape: tuple, target_shape: tuple | None = None) -> Executable:
-        key = (kind, batch_shape, target_shape)
+    def _program(self, kind: str, batch_shape: tuple, target_shape: tuple | None = None,
+                 phase: str = "step") -> Executable:
+        key = (kind, batch_shape, target_shape, phase)
         if key not in self._programs:
             backend = self._require_compiled()
             shapes = {self.input_name: batch_shape}
             if kind == "train":
-                graph = build_train_step(self.graph, shapes, target_shape, self.loss, self.optimizer)
+                graph = build_train_step(self.graph, shapes, target_shape, self.loss, self.optimizer,
+                                         clip_norm=self.clip_norm, accumulate=self.accumulate, phase=phase,
+                                         top_k=self.top_k)
             elif kind == "eval":
-                graph = build_eval_step(self.graph, shapes, target_shape, self.loss)
+                graph = build_eval_step(self.graph, shapes, target_shape, self.loss, top_k=self.top_k)
             else:
                 graph = build_inference(self.graph, shapes)
             self._programs[key] = backend.compile(graph)
@@ -88,14 +143,29 @@ class Model:
         return feeds
 
     # -- training and inference ----------------------------------------------------------
-    def train_step(self, x: np.ndarray, y: np.ndarray) -> None:
-        """One optimizer step; no readback (metric sums accumulate on the device)."""
-        exe = self._program("train", tuple(np.shape(x)), tuple(np.shape(y)))
-        exe.run(self._feeds(x, y), fetch=[])
+    def _next_phase(self, flush: bool) -> str:
+        """Which step program this micro-batch runs (see program.PHASES); advances micro_step."""
+        if self.accumulate == 1:
+            return "step"
+        phase = "first" if self.micro_step == 0 else "accumulate"
+        self.micro_step += 1
+        if flush or self.micro_step == self.accumulate:
+            phase = "step" if self.micro_step == 1 else "apply"
+            self.micro_step = 0
+        return phase
 
-    def train_on_batch(self, x: np.ndarray, y: np.ndarray) -> float:
+    def _train_program(self, x: np.ndarray, y: np.ndarray, flush: bool) -> Executable:
+        phase = self._next_phase(flush)  # a lone flushed micro-batch: "step", its loss still scaled by 1/N
+        return self._program("train", tuple(np.shape(x)), tuple(np.shape(y)), phase)
+
+    def train_step(self, x: np.ndarray, y: np.ndarray, flush: bool = False) -> None:
+        """One optimizer step (with accumulation: one micro-batch, the update every `accumulate`
+        calls or now when `flush`); no readback (metric sums accumulate on the device)."""
+        self._train_program(x, y, flush).run(self._feeds(x, y), fetch=[])
+
+    def train_on_batch(self, x: np.ndarray, y: np.ndarray, flush: bool = False) -> float:
         """One optimizer step; returns the batch loss (before the update)."""
-        exe = self._program("train", tuple(np.shape(x)), tuple(np.shape(y)))
+        exe = self._train_program(x, y, flush)
         out = exe.run(self._feeds(x, y), fetch=[exe.graph.outputs[0]])
         return float(out[exe.graph.outputs[0]])
 
@@ -129,6 +199,8 @@ class Model:
             out["loss"] = float(backend.get_state(LOSS_SUM)) / n
             if self.loss.classification:
                 out["accuracy"] = float(backend.get_state(CORRECT_SUM)) / n
+            if self.top_k is not None and backend.has_state(TOPK_SUM):
+                out[f"top{self.top_k}"] = float(backend.get_state(TOPK_SUM)) / n
         if reset:
             self.reset_metrics()
         return out
@@ -156,3 +228,72 @@ class Model:
         for name, value in self.state_dict().items():
             self.graph.initializers[name] = value
         return self.graph
+
+    # -- everything a checkpoint needs -------------------------------------------------------
+    def full_state(self) -> dict[str, np.ndarray]:
+        """All persistent device state by name: parameters, buffers, and what only the compiled
+        step programs hold (optimizer slots `optim.*`, accumulation sums, lr, step, RNG counter,
+        metric sums). Restoring it with load_full_state() continues training bit for bit."""
+        backend = self._require_compiled()
+        names = set(self.graph.state_names) | {RNG_STATE}
+        for exe in self._programs.values():
+            names.update(exe.graph.state_names)
+        names.update(METRIC_STATE)
+        return {n: backend.get_state(n) for n in sorted(names) if backend.has_state(n)}
+
+    def load_full_state(self, state: dict[str, np.ndarray]) -> None:
+        """Write a full_state() back. Programs compiled later keep these values (a backend only
+        initialises state it lacks), so this may come before or after compiling."""
+        backend = self._require_compiled()
+        for name in self.graph.state_names:
+            if name not in state:
+                raise ConfigError(f"the saved state lacks '{name}' of this model")
+        for name, value in state.items():
+            info = self.graph.info.get(name)
+            if info is not None and name in self.graph.state_names and tuple(info.shape) != tuple(value.shape):
+                raise ConfigError(f"saved '{name}' has shape {tuple(value.shape)}, the model's is {tuple(info.shape)}")
+            backend.set_state(name, np.asarray(value))
+        if LR_STATE in state:
+            self.optimizer.lr = float(state[LR_STATE])
+
+    def fingerprint(self) -> str:
+        """A hash of the graph's structure and its state names, shapes and dtypes (not values):
+        equal for the same model file whatever its weights, different for another model."""
+        import hashlib
+        import json
+        g = self.graph
+        desc = {"inputs": list(g.inputs), "outputs": list(g.outputs),
+                "nodes": [[n.op, list(n.inputs), list(n.outputs)] for n in g.nodes],
+                "state": [[n, str(np.asarray(g.initializers[n]).dtype), list(np.shape(g.initializers[n]))]
+                          for n in g.state_names]}
+        return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:16]
+
+    def fit(self, train: tuple[np.ndarray, np.ndarray], valid: tuple[np.ndarray, np.ndarray] | None = None,
+            **settings: Any):
+        """Train for `epochs` with validation, metrics, early stopping, clipping, accumulation,
+        schedulers, checkpoints (see anygrad.train.TrainConfig for every setting)."""
+        from .train import fit
+        return fit(self, train, valid, **settings)
+
+    # -- PyTorch interop (anygrad.frontends.torch_weights) ---------------------------------------
+    def load_state_dict(self, state_dict: Any, strict: bool = True, key: str | None = None) -> Any:
+        """Load PyTorch weights: a state_dict (numpy arrays or torch tensors) or a .pt/.pth,
+        .safetensors or .npz path; `key` picks the entry of a checkpoint dict. Returns a LoadResult;
+        with strict=True any missing, unexpected or mis-shaped key raises (all listed)."""
+        from .frontends.torch_weights import load_state_dict
+        return load_state_dict(self, state_dict, strict=strict, key=key)
+
+    def to_torch_state_dict(self, as_numpy: bool = False) -> dict[str, Any]:
+        """The state under PyTorch names, ready for `module.load_state_dict` (torch tensors, which
+        needs torch; numpy arrays with as_numpy=True)."""
+        from .frontends.torch_weights import to_torch_state_dict
+        state = to_torch_state_dict(self)
+        if as_numpy:
+            return state
+        from .frontends.from_torch import to_torch_tensors
+        return to_torch_tensors(state)
+
+    def save_safetensors(self, path: Any) -> Any:
+        """Write the state with PyTorch names to a .safetensors file; returns its Path."""
+        from .frontends.torch_weights import save_safetensors
+        return save_safetensors(self, path)

@@ -22,7 +22,23 @@ TARGET = "anygrad.target"
 LOSS_SUM = "anygrad.metric.loss_sum"
 CORRECT_SUM = "anygrad.metric.correct"
 SAMPLE_COUNT = "anygrad.metric.count"
-METRIC_STATE = (LOSS_SUM, CORRECT_SUM, SAMPLE_COUNT)
+TOPK_SUM = "anygrad.metric.topk"
+METRIC_STATE = (LOSS_SUM, CORRECT_SUM, SAMPLE_COUNT, TOPK_SUM)
+TOP_K = 5  # top-5 accuracy, reported when the output has more than 5 classes
+ACCUM_PREFIX = "accum."  # gradient-accumulation buffers: accum.<param>
+
+# Training-step phases. Gradient accumulation over N micro-batches runs "first" (accum = g/N),
+# "accumulate" (accum += g/N) and "apply" (update with accum + g/N), so the device never branches
+# on data; "step" is the plain step (N = 1).
+PHASES = ("step", "first", "accumulate", "apply")
+
+
+def top_k_for(output: TensorInfo, classification: bool) -> int | None:
+    """k for the top-k metric of this output, or None when there are k classes or fewer."""
+    shape = tuple(output.shape)
+    if classification and len(shape) >= 2 and isinstance(shape[1], int) and shape[1] > TOP_K:
+        return TOP_K
+    return None
 
 
 @dataclass
@@ -38,7 +54,8 @@ def _add_buffer(g: Graph, name: str, value: np.ndarray) -> None:
         g.buffers.append(name)
 
 
-def _loss_and_metrics(g: Graph, b: Builder, output: str, loss: Loss, target_shape: Shape) -> StepOutputs:
+def _loss_and_metrics(g: Graph, b: Builder, output: str, loss: Loss, target_shape: Shape,
+                      top_k: int | None = None) -> StepOutputs:
     g.inputs.append(TARGET)
     g.info[TARGET] = TensorInfo(np.dtype(loss.target_dtype), tuple(target_shape))
     loss_value = loss.build(b, output, TARGET)
@@ -46,6 +63,8 @@ def _loss_and_metrics(g: Graph, b: Builder, output: str, loss: Loss, target_shap
     # Device-side running sums, read back only when the trainer asks.
     for name in METRIC_STATE:
         _add_buffer(g, name, np.zeros((), np.float32))
+    if top_k is not None and loss.classification:
+        g.state_updates[b.op("Add", [TOPK_SUM, b.op("CountTopK", [output, TARGET], k=int(top_k))])] = TOPK_SUM
     n = float(b.shape(output)[0]) if b.shape(output) else 1.0
     batch_loss = b.op("Mul", [loss_value, b.const(n)])
     g.state_updates[b.op("Add", [LOSS_SUM, batch_loss])] = LOSS_SUM
@@ -55,19 +74,67 @@ def _loss_and_metrics(g: Graph, b: Builder, output: str, loss: Loss, target_shap
     return StepOutputs(loss_value, correct)
 
 
+def clip_grad_norm(b: Builder, grads: dict[str, str], max_norm: float) -> dict[str, str]:
+    """torch.nn.utils.clip_grad_norm_ as graph nodes: scale every gradient by
+    min(1, max_norm / (total_norm + 1e-6)), total_norm the 2-norm over all gradients together."""
+    names = list(grads)
+    squares = [b.op("ReduceSumSquare", [grads[p]], keepdims=0) for p in names]
+    total = squares[0]
+    for sq in squares[1:]:
+        total = b.op("Add", [total, sq])
+    norm = b.op("Sqrt", [total])
+    coef = b.op("Div", [b.const(float(max_norm)), b.op("Add", [norm, b.const(1e-6)])])
+    coef = b.op("Min", [coef, b.const(1.0)])
+    return {p: b.op("Mul", [grads[p], coef]) for p in names}
+
+
 def build_train_step(model: Graph, input_shapes: dict[str, Shape], target_shape: Shape,
-                     loss: Loss, optimizer: Optimizer) -> Graph:
-    """The training step for one batch shape: forward, loss, backward, update."""
+                     loss: Loss, optimizer: Optimizer, *, clip_norm: float | None = None,
+                     accumulate: int = 1, phase: str = "step", top_k: int | None = None) -> Graph:
+    """The training step for one batch shape: forward, loss, backward, (clip,) update.
+
+    With `accumulate` = N > 1 the loss is scaled by 1/N and `phase` says what this micro-batch
+    does with its gradients (see PHASES); only "apply" (and "step") clips and updates.
+    """
+    if phase not in PHASES:
+        raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
     g = set_training_mode(model, True)
     _add_buffer(g, RNG_STATE, np.zeros(2, np.uint32))
     g = specialize(g, input_shapes)
     b = Builder(g, prefix="step")
-    out = _loss_and_metrics(g, b, g.outputs[0], loss, target_shape)
+    out = _loss_and_metrics(g, b, g.outputs[0], loss, target_shape, top_k)
 
-    grads = gradients(g, out.loss, g.params)
+    # Like PyTorch users do: backward of loss / N for each of the N micro-batches.
+    objective = out.loss if accumulate == 1 else b.op("Mul", [out.loss, b.const(1.0 / accumulate)])
+    grads = gradients(g, objective, g.params)
+    b = Builder(g, prefix="optim")
+    if phase != "step":
+        grads = _accumulate(g, b, grads, phase)
+    if phase in ("step", "apply"):
+        if clip_norm is not None:
+            grads = clip_grad_norm(b, grads, clip_norm)
+        _update(g, b, grads, optimizer)
+    g.state_updates[b.op("Add", [RNG_STATE, b.const(np.array([0, 1], np.uint32), np.uint32)])] = RNG_STATE
+    g.outputs = [out.loss] + ([out.correct] if out.correct else [])
+    g.dce()
+    return g
+
+
+def _accumulate(g: Graph, b: Builder, grads: dict[str, str], phase: str) -> dict[str, str]:
+    """Gradient sums in accum.<param> buffers; returns the total for the "apply" phase."""
+    total = {}
+    for p, grad in grads.items():
+        name = ACCUM_PREFIX + p
+        _add_buffer(g, name, np.zeros_like(g.initializers[p]))
+        total[p] = grad if phase == "first" else b.op("Add", [name, grad])
+        if phase != "apply":
+            g.state_updates[total[p]] = name
+    return total
+
+
+def _update(g: Graph, b: Builder, grads: dict[str, str], optimizer: Optimizer) -> None:
     _add_buffer(g, LR_STATE, np.array(optimizer.lr, np.float32))
     _add_buffer(g, STEP_STATE, np.zeros((), np.float32))
-    b = Builder(g, prefix="optim")
     step = b.op("Add", [STEP_STATE, b.const(1.0)])
     g.state_updates[step] = STEP_STATE
     for p in g.params:
@@ -80,10 +147,6 @@ def build_train_step(model: Graph, input_shapes: dict[str, Shape], target_shape:
         g.state_updates[new_p] = p
         for slot, value in new_slots.items():
             g.state_updates[value] = slots[slot]
-    g.state_updates[b.op("Add", [RNG_STATE, b.const(np.array([0, 1], np.uint32), np.uint32)])] = RNG_STATE
-    g.outputs = [out.loss] + ([out.correct] if out.correct else [])
-    g.dce()
-    return g
 
 
 def build_inference(model: Graph, input_shapes: dict[str, Shape]) -> Graph:
@@ -91,15 +154,31 @@ def build_inference(model: Graph, input_shapes: dict[str, Shape]) -> Graph:
     return specialize(set_training_mode(model, False), input_shapes)
 
 
-def build_eval_step(model: Graph, input_shapes: dict[str, Shape], target_shape: Shape, loss: Loss) -> Graph:
+def build_eval_step(model: Graph, input_shapes: dict[str, Shape], target_shape: Shape, loss: Loss,
+                    top_k: int | None = None) -> Graph:
     """Inference plus loss and metric accumulation (validation)."""
     g = build_inference(model, input_shapes)
     b = Builder(g, prefix="eval")
-    out = _loss_and_metrics(g, b, g.outputs[0], loss, target_shape)
+    out = _loss_and_metrics(g, b, g.outputs[0], loss, target_shape, top_k)
     g.outputs = [out.loss] + ([out.correct] if out.correct else [])
     g.dce()
     return g
 
 
-__all__ = ["build_train_step", "build_inference", "build_eval_step", "TARGET", "METRIC_STATE",
-           "LOSS_SUM", "CORRECT_SUM", "SAMPLE_COUNT", "info_of", "infer_shapes"]
+__all__ = [
+    "ACCUM_PREFIX",
+    "CORRECT_SUM",
+    "LOSS_SUM",
+    "METRIC_STATE",
+    "PHASES",
+    "SAMPLE_COUNT",
+    "TARGET",
+    "TOPK_SUM",
+    "build_eval_step",
+    "build_inference",
+    "build_train_step",
+    "clip_grad_norm",
+    "infer_shapes",
+    "info_of",
+    "top_k_for",
+]

@@ -2,17 +2,139 @@
 
 A compiled graph is a flat list of (kernel, node, input names, output names) plus the step at
 which each temporary dies, so running it is one loop with no per-op decisions.
+
+Memory traffic, not arithmetic, dominates the elementwise ops of a CNN step, so a few kernels
+(`INPLACE`) may write their result over their first input when that input dies at this step
+and nothing else (a view, another name, the state store) still refers to its buffer.
+
+A CNN step allocates tens of arrays of tens of MB; glibc serves each from a fresh mmap and the
+kernel zeroes every page on first touch, which costs as much as the op itself. The backend
+therefore asks glibc (once, on Linux) to keep large freed blocks in the heap for reuse; the
+process keeps its peak memory instead of returning it. `ANYGRAD_NUMPY_MALLOC=0` opts out.
+
+Set `ANYGRAD_NUMPY_PROFILE=1` (or `executable.profile = {}`) to record seconds per op type.
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+import ctypes
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from itertools import pairwise
 
 import numpy as np
 
 from ..errors import ShapeError
-from ..ir.graph import Graph
+from ..ir.graph import Graph, Node
 from ..ir.registry import get_op
 from .base import Backend, Executable
+
+# Kernels that write output 0 into ins[0] (same shape and dtype, checked at compile time) and
+# return the op's outputs. Each must compute exactly what the op's registry kernel computes.
+InplaceKernel = Callable[[Node, list[np.ndarray]], list[np.ndarray]]
+
+
+def _relu_(node: Node, ins: list[np.ndarray]) -> list[np.ndarray]:
+    return [np.maximum(ins[0], 0, out=ins[0])]
+
+
+def _relu_grad_(node: Node, ins: list[np.ndarray]) -> list[np.ndarray]:
+    dy, y = ins
+    return [np.multiply(dy, y > 0, out=dy)]
+
+
+def _binary_(ufunc) -> InplaceKernel:
+    return lambda node, ins: [ufunc(ins[0], ins[1], out=ins[0])]
+
+
+INPLACE: dict[str, InplaceKernel] = {
+    "Relu": _relu_,
+    "ReluGrad": _relu_grad_,
+    "Add": _binary_(np.add),
+    "Sub": _binary_(np.subtract),
+    "Mul": _binary_(np.multiply),
+}
+
+# numpy runs a ufunc on one core; big same-shape elementwise work is split into contiguous
+# slices, one per core (ufuncs release the GIL). Below this size threads cost more than they save.
+_SPLIT_MIN = 1 << 20
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _forget_pool() -> None:
+    global _POOL
+    _POOL = None  # a forked child has none of the parent's worker threads
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
+def _cores() -> int:
+    if os.environ.get("ANYGRAD_NUMPY_THREADS"):
+        return max(1, int(os.environ["ANYGRAD_NUMPY_THREADS"]))
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(n, 8))
+
+
+def _run_split(kernel: InplaceKernel, node: Node, ins: list[np.ndarray]) -> list[np.ndarray]:
+    """An in-place kernel over equal-shape contiguous inputs, one flat slice per core."""
+    global _POOL
+    cores = _cores()
+    first = ins[0]
+    if (cores < 2 or first.size < _SPLIT_MIN or any(a.shape != first.shape for a in ins)
+            or not all(a.flags.c_contiguous for a in ins)):
+        return kernel(node, ins)
+    if _POOL is None or _POOL._max_workers < cores:
+        _POOL = ThreadPoolExecutor(cores, thread_name_prefix="anygrad-numpy")
+    flat = [a.reshape(-1) for a in ins]
+    bounds = np.linspace(0, first.size, cores + 1).astype(int)
+    parts = [[a[lo:hi] for a in flat] for lo, hi in pairwise(bounds)]
+    list(_POOL.map(lambda part: kernel(node, part), parts))
+    return [first]
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
+_malloc_tuned = False
+
+
+def keep_freed_memory() -> bool:
+    """Serve large arrays from glibc's heap and keep freed ones for reuse (no page faults per
+    step). True when glibc accepted it; a no-op elsewhere and after the first call."""
+    global _malloc_tuned
+    if _malloc_tuned or not sys.platform.startswith("linux") or os.environ.get("ANYGRAD_NUMPY_MALLOC") == "0":
+        return _malloc_tuned
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc (musl, ...)
+        return False
+    # Some glibc versions cap the threshold at 32 MiB; take the largest one accepted.
+    for limit in (1 << 30, 1 << 25):
+        if libc.mallopt(_M_MMAP_THRESHOLD, limit) == 1:
+            libc.mallopt(_M_TRIM_THRESHOLD, 2 * limit)
+            _malloc_tuned = True
+            break
+    return _malloc_tuned
+
+
+def _refs(env: dict, name: str) -> int:
+    value = env[name]
+    return sys.getrefcount(value)
+
+
+# References to an array that only `env` holds, as seen from inside `_sole_owner` (same frame
+# shape as `_refs`); measured rather than assumed, so it holds on any CPython.
+_SOLE_REFS = _refs({"x": np.empty(1)}, "x")
+
+
+def _sole_owner(env: dict, name: str) -> bool:
+    """True when env[name] owns its buffer and nothing but env refers to it (a view of it would
+    hold a reference through .base; a state array is also held by the state store)."""
+    value = env[name]
+    return (isinstance(value, np.ndarray) and value.base is None and value.flags.writeable
+            and sys.getrefcount(value) <= _SOLE_REFS)
 
 
 class NumpyExecutable(Executable):
@@ -34,6 +156,20 @@ class NumpyExecutable(Executable):
             if name in produced and name not in keep:
                 self.free[step].append(name)
         self.input_info = {name: graph.info[name] for name in graph.inputs}
+        # step -> in-place kernel, where input 0 dies there and has the output's shape and dtype
+        self.inplace: dict[int, InplaceKernel] = {
+            step: INPLACE[n.op] for step, n in enumerate(graph.nodes)
+            if n.op in INPLACE and n.inputs and n.inputs[0] in self.free[step]
+            and n.inputs.count(n.inputs[0]) == 1 and self._fits(n)}
+        self.profile: dict[str, float] | None = {} if os.environ.get("ANYGRAD_NUMPY_PROFILE") else None
+
+    def _fits(self, node: Node) -> bool:
+        """Output 0 can live in input 0's buffer: same shape, and every input of the output's
+        dtype (so no ufunc casts differently from the registry kernel)."""
+        out = self.graph.info.get(node.outputs[0])
+        ins = [self.graph.info.get(i) for i in node.inputs if i]
+        return (out is not None and all(i is not None and i.dtype == out.dtype for i in ins)
+                and tuple(ins[0].shape) == tuple(out.shape))
 
     def _check_feed(self, name: str, value: np.ndarray) -> np.ndarray:
         inf = self.input_info[name]
@@ -43,6 +179,19 @@ class NumpyExecutable(Executable):
                              f"compiled for {tuple(inf.shape)}")
         return value.astype(inf.dtype, copy=False)
 
+    def _execute(self, step: int, op, node: Node, ins: list[str], env: dict) -> list[np.ndarray]:
+        kernel = self.inplace.get(step)
+        if kernel is not None and _sole_owner(env, ins[0]):
+            return _run_split(kernel, node, [env[i] for i in ins])
+        return op.run(node, [env[i] for i in ins])
+
+    @staticmethod
+    def _store(env: dict, outs: list[str], values: list[np.ndarray]) -> None:
+        # A helper, so no loop variable of run() keeps an extra reference to a temporary.
+        for o, v in zip(outs, values):
+            if o:
+                env[o] = v
+
     def run(self, feeds: Mapping[str, np.ndarray], fetch: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         env: dict[str, np.ndarray | None] = {"": None}
         env.update(self.consts)
@@ -50,10 +199,11 @@ class NumpyExecutable(Executable):
         for name in self.graph.inputs:
             env[name] = self._check_feed(name, feeds[name])
         for step, (op, node, ins, outs) in enumerate(self.plan):
-            values = op.run(node, [env[i] for i in ins])
-            for o, v in zip(outs, values):
-                if o:
-                    env[o] = v
+            if self.profile is not None:
+                t0 = time.perf_counter()
+            self._store(env, outs, self._execute(step, op, node, ins, env))
+            if self.profile is not None:
+                self.profile[node.op] = self.profile.get(node.op, 0.0) + time.perf_counter() - t0
             for dead in self.free[step]:
                 del env[dead]
         for produced, target in self.graph.state_updates.items():
@@ -66,6 +216,7 @@ class NumpyBackend(Backend):
 
     def __init__(self) -> None:
         self.state: dict[str, np.ndarray] = {}
+        keep_freed_memory()
 
     @property
     def description(self) -> str:

@@ -344,8 +344,11 @@ def torch_names(g: Graph) -> dict[str, TorchName]:
 
 
 def _convert(path: Path, strict_opset: bool = True) -> tuple[onnx.ModelProto, Graph, set[str]]:
-    model = read_model(path)
-    source = f"'{path}'"
+    return _convert_proto(read_model(path), f"'{path}'", strict_opset)
+
+
+def _convert_proto(model: onnx.ModelProto, source: str,
+                   strict_opset: bool = True) -> tuple[onnx.ModelProto, Graph, set[str]]:
     if strict_opset:
         check_opset(model, source)
     try:
@@ -368,11 +371,25 @@ def load_onnx(path: str | os.PathLike, init: str = "onnx", seed: int = 0) -> Mod
     init="onnx" keeps the weights in the file; init="fresh" re-initialises them the way
     PyTorch initialises each layer (seeded by `seed`).
     """
+    path = Path(path)
+    return from_model_proto(read_model(path), f"'{path}'", init, seed, origin_path=path)
+
+
+def from_model_proto(proto: onnx.ModelProto, source: str = "<model>", init: str = "onnx", seed: int = 0,
+                     strict_opset: bool = True, origin_path: Path | None = None) -> Model:
+    """Import an in-memory ONNX ModelProto (external data already loaded) as an `anygrad.Model`.
+
+    `source` names the model in error messages. strict_opset=False accepts any default-domain
+    opset (the ONNX conformance backend runs every opset's node tests; files stay at 13-20).
+    """
     if init not in ("onnx", "fresh"):
         raise ConfigError(f"init must be 'onnx' or 'fresh', not '{init}'")
-    path = Path(path)
-    source = f"'{path}'"
-    model, g, constants = _convert(path)
+    if proto.functions:
+        try:
+            proto = onnx.inliner.inline_local_functions(proto)
+        except Exception as e:  # noqa: BLE001
+            raise ModelError(f"{source}: cannot inline the model's local functions: {e}") from None
+    model, g, constants = _convert_proto(proto, source, strict_opset)
     check_supported(g, source)
     check_attrs(g, source)
     _untie_state(g)
@@ -385,9 +402,9 @@ def load_onnx(path: str | os.PathLike, init: str = "onnx", seed: int = 0) -> Mod
         if kept:
             warnings.warn(f"{source}: no PyTorch initialiser known for {', '.join(kept)}; "
                           "kept the values from the file", stacklevel=2)
-    origin = OnnxOrigin(path, model.ir_version, {o.domain: o.version for o in model.opset_import},
+    origin = OnnxOrigin(origin_path or Path(source), model.ir_version, {o.domain: o.version for o in model.opset_import},
                         model.producer_name, torch_names(g))
-    m = Model(g, source=str(path))
+    m = Model(g, source=str(origin_path or source))
     m.origin = origin
     return m
 

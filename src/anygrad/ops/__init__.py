@@ -1,2 +1,2 @@
 """Op registry entries, one module per family. Importing this package registers them all."""
-from . import elementwise, linalg, loss, nn, reduce, shape  # noqa: F401
+from . import elementwise, index, linalg, loss, metrics, nn, norm, reduce, shape  # noqa: F401

@@ -81,7 +81,7 @@ def save_safetensors(tensors: Mapping[str, np.ndarray], path: str | os.PathLike,
         raise AnygradError(f"{path}: save_safetensors needs str names and numpy arrays; not so for {bad[:5]}")
     if metadata is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise AnygradError(f"{path}: safetensors metadata must map str to str")
-    arrays = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+    arrays = {k: np.ascontiguousarray(v).reshape(v.shape) for k, v in tensors.items()}  # keeps 0-d arrays 0-d
     # a sibling temp name (not mkstemp, whose 0600 mode would stick to the result)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:

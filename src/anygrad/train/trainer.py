@@ -2,33 +2,47 @@
 
 Steps never read back from the device; the metric sums the step program accumulates there are
 read every `log_every` steps (progress) and at the end of the epoch. Artifacts are written to a
-temporary name and renamed, so a crash or Ctrl-C never leaves a half-written file.
+temporary name and renamed, so a crash or Ctrl-C never leaves a half-written file. Checkpoints
+hold all device state, so `resume` continues a run bit for bit (on the CPU).
 """
 from __future__ import annotations
 
+import csv
 import importlib
+import io
 import json
 import os
+import signal
+import threading
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..data.loader import DataLoader
-from ..errors import ConfigError
+from ..errors import AnygradError, ConfigError
 from ..model import Model
+from . import checkpoint as ckpt
+from .monitor import Monitor
+from .report import EpochInfo, Reporter, RunInfo, StepInfo
 
 Arrays = tuple[np.ndarray, np.ndarray]
+Transform = Callable[[np.ndarray, np.ndarray, int], np.ndarray]  # (x batch, sample indices, epoch) -> x
 Log = Callable[[str], None]
+
+# Settings that may differ between a run and its resumption (everything else must match).
+RESUMABLE_CHANGES = ("epochs", "log_every", "device", "artifacts_dir", "data_dir", "keep_checkpoints",
+                     "checkpoint_every", "patience", "min_delta")
 
 
 @dataclass
 class TrainConfig:
-    """Every setting of a run; saved as config.json. Fields beyond the loop's own are recorded
-    as given (the CLI fills in model, dataset, optimizer, ...)."""
+    """Every setting of a run; saved as config.json, from which `anygrad train --config` reruns it.
+    Fields beyond the loop's own are recorded as given (the CLI fills in model, dataset, ...)."""
 
     epochs: int = 1
     batch_size: int = 64
@@ -46,15 +60,44 @@ class TrainConfig:
     lr: float | None = None
     device: str = ""
     init: str = ""
+    # -- the step program
+    clip_grad_norm: float | None = None  # max global 2-norm of the gradients
+    accumulate: int = 1                  # batches per optimizer update
+    # -- learning-rate schedule (anygrad.optim.get_scheduler name and options)
+    scheduler: str | None = None
+    scheduler_options: dict[str, Any] = field(default_factory=dict)
+    # -- the monitored metric: best checkpoint, early stopping, reduce-on-plateau
+    monitor: str = "valid_loss"
+    mode: str = "auto"                   # min, max, auto (max for accuracies, min otherwise)
+    patience: int | None = None          # early stopping after this many epochs without improvement
+    min_delta: float = 0.0
+    # -- checkpoints
+    keep_checkpoints: int = 2
+    checkpoint_every: int = 0            # also every N steps within an epoch (0: at epoch ends only)
 
     def check(self) -> None:
-        for name in ("epochs", "batch_size"):
+        for name in ("epochs", "batch_size", "accumulate"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if self.valid_batch_size is not None and self.valid_batch_size < 1:
             raise ConfigError(f"valid-batch-size must be at least 1, got {self.valid_batch_size}")
-        if self.log_every < 0:
-            raise ConfigError(f"log-every must be 0 (auto) or positive, got {self.log_every}")
+        for name in ("log_every", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name.replace('_', '-')} must be 0 or positive, got {getattr(self, name)}")
+        if self.keep_checkpoints < 1:
+            raise ConfigError(f"keep-checkpoints must be at least 1, got {self.keep_checkpoints}")
+        if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
+            raise ConfigError(f"clip-grad-norm must be positive, got {self.clip_grad_norm}")
+        Monitor(self.monitor, self.mode, self.patience, self.min_delta)  # raises on bad values
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any], source: str = "config") -> TrainConfig:
+        """The settings in a config.json record (its extra keys, like "resolved", ignored)."""
+        names = {f.name for f in fields(cls)}
+        try:
+            return cls(**{k: v for k, v in record.items() if k in names})
+        except TypeError as e:
+            raise ConfigError(f"{source}: {e}") from None
 
 
 @dataclass
@@ -65,12 +108,19 @@ class EpochMetrics:
     valid_loss: float | None
     valid_accuracy: float | None
     seconds: float
+    train_top5: float | None = None
+    valid_top5: float | None = None
+    lr: float | None = None
+    samples_per_s: float | None = None
 
 
 @dataclass
 class FitResult:
     history: list[EpochMetrics]
     artifacts_dir: Path | None
+    stopped_early: bool = False
+    interrupted: bool = False
+    best_epoch: int | None = None
 
     @property
     def last(self) -> EpochMetrics | None:
@@ -81,8 +131,8 @@ class _Sums:
     """Host-side totals of the device's metric reads (each read resets the device sums)."""
 
     def __init__(self) -> None:
-        self.count = self.loss = self.correct = 0.0
-        self.has_accuracy = False
+        self.count = self.loss = self.correct = self.top = 0.0
+        self.has_accuracy = self.has_top = False
 
     def add(self, read: dict[str, float]) -> None:
         n = read.get("count", 0.0)
@@ -93,6 +143,10 @@ class _Sums:
         if "accuracy" in read:
             self.has_accuracy = True
             self.correct += read["accuracy"] * n
+        top = next((v for k, v in read.items() if k.startswith("top")), None)
+        if top is not None:
+            self.has_top = True
+            self.top += top * n
 
     @property
     def mean_loss(self) -> float | None:
@@ -101,6 +155,16 @@ class _Sums:
     @property
     def accuracy(self) -> float | None:
         return self.correct / self.count if self.count and self.has_accuracy else None
+
+    @property
+    def top_accuracy(self) -> float | None:
+        return self.top / self.count if self.count and self.has_top else None
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        vars(self).update(state)
 
 
 # -- artifacts ------------------------------------------------------------------------------------
@@ -124,18 +188,40 @@ def _finite(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_metrics(path: Path, history: list[EpochMetrics]) -> None:
+    """metrics.jsonl and, next to it, metrics.csv (same rows; empty cells for null)."""
     _atomic_write(path, lambda f: f.writelines(json.dumps(_finite(asdict(m))) + "\n" for m in history))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=[f.name for f in fields(EpochMetrics)], lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(_finite(asdict(m)) for m in history)
+    _atomic_write(path.with_suffix(".csv"), lambda f: f.write(buf.getvalue()))
 
 
 def save_weights(model: Model, directory: Path) -> list[Path]:
-    """weights.npz (graph names -> arrays) and, when the ONNX exporter is present, model.onnx."""
+    """weights.npz (graph names -> arrays), weights.safetensors (PyTorch state_dict names when
+    the model knows them) and, when the ONNX exporter is present, model.onnx."""
     written = [directory / "weights.npz"]
     state = model.state_dict()
     _atomic_write(written[0], lambda f: np.savez(f, **state), "wb")
+    written.append(_save_safetensors(model, state, directory / "weights.safetensors"))
     export = _onnx_exporter()
     if export is not None:
         written.append(export(model, directory / "model.onnx"))  # atomic itself (external data too)
     return written
+
+
+def _save_safetensors(model: Model, state: dict[str, np.ndarray], path: Path) -> Path:
+    own = getattr(model, "save_safetensors", None)
+    if own is not None:  # PyTorch state_dict names (frontends/torch_weights.py)
+        try:
+            own(path)
+            return path
+        except AnygradError:  # names it cannot map: the graph's own below
+            pass
+    # graph names, which are the state_dict names for models exported by torch.onnx
+    from ..torchfile import save_safetensors
+    save_safetensors({k: np.ascontiguousarray(v) for k, v in state.items()}, path)
+    return path
 
 
 def _onnx_exporter() -> Callable | None:
@@ -150,6 +236,7 @@ def config_record(model: Model, config: TrainConfig) -> dict[str, Any]:
     record = asdict(config)
     record["resolved"] = {
         "model_source": model.source,
+        "fingerprint": model.fingerprint(),
         "parameters": model.num_parameters(),
         "input": {"name": model.input_name, "shape": list(model.input_shape)},
         "device": model.backend.description if model.backend else None,
@@ -159,76 +246,297 @@ def config_record(model: Model, config: TrainConfig) -> dict[str, Any]:
     return record
 
 
-# -- the loop -------------------------------------------------------------------------------------
+# -- reporting ------------------------------------------------------------------------------------
 def _fmt(value: float | None, spec: str = ".4f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _validate(model: Model, data: Arrays, batch_size: int) -> _Sums:
+class LineReporter:
+    """A Reporter over two callables: `log` gets one line per epoch and messages, `progress` one
+    line every `log_every` steps (either may be None)."""
+
+    def __init__(self, log: Log | None = print, progress: Log | None = None):
+        self.log, self.progress, self.epochs = log, progress, 0
+
+    def run_begin(self, info: RunInfo) -> None:
+        self.epochs = info.epochs
+
+    def step(self, info: StepInfo) -> None:
+        if self.progress:
+            self.progress(f"epoch {info.epoch}/{self.epochs} step {info.step}/{info.steps}  loss {_fmt(info.loss)}"
+                          f"  acc {_fmt(info.accuracy)}  lr {info.lr:.3g}  {info.samples_per_s:.0f} samples/s")
+
+    def epoch_end(self, info: EpochInfo) -> None:
+        if self.log:
+            m = info.metrics
+            top = f" top5 {_fmt(m.get('valid_top5'))}" if m.get("valid_top5") is not None else ""
+            self.log(f"epoch {info.epoch}/{self.epochs}  train loss {_fmt(m.get('train_loss'))} "
+                     f"acc {_fmt(m.get('train_accuracy'))}  valid loss {_fmt(m.get('valid_loss'))} "
+                     f"acc {_fmt(m.get('valid_accuracy'))}{top}  {info.seconds:.1f}s" + ("  *" if info.best else ""))
+
+    def message(self, text: str) -> None:
+        if self.log:
+            self.log(text)
+
+    def run_end(self, stopped_early: bool = False, interrupted: bool = False) -> None:
+        pass
+
+
+# -- Ctrl-C: finish the step, checkpoint, stop --------------------------------------------------
+class _StopFlag:
+    def __init__(self) -> None:
+        self.requested = False
+
+
+@contextmanager
+def _graceful_interrupt() -> Iterator[_StopFlag]:
+    """The first SIGINT asks the loop to stop after the current step (a step interrupted halfway
+    would leave the device state half updated); a second one interrupts at once."""
+    flag = _StopFlag()
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def handler(signum, frame):
+        if flag.requested:
+            raise KeyboardInterrupt
+        flag.requested = True
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+# -- the loop -------------------------------------------------------------------------------------
+def _validate(model: Model, data: Arrays, batch_size: int, transform: Transform | None = None) -> _Sums:
     """Loss and accuracy over `data` in inference mode (eval programs, one per batch shape)."""
     model.reset_metrics()
     sums = _Sums()
-    for x, y in DataLoader(*data, batch_size=batch_size, shuffle=False):
+    for x, y in DataLoader(*data, batch_size=batch_size, shuffle=False, transform=transform):
         model.eval_step(x, y)
     sums.add(model.read_metrics(reset=True))
     return sums
 
 
+@dataclass
+class _Run:
+    """Where the run stands: everything besides device state that a checkpoint records."""
+
+    epoch: int = 1                 # the epoch in progress (1-based)
+    step: int = 0                  # steps done within it
+    global_step: int = 0
+    epoch_done: bool = False       # the checkpoint was written after the epoch's validation
+    history: list[EpochMetrics] = field(default_factory=list)
+    sums: _Sums = field(default_factory=_Sums)
+    stopped_early: bool = False
+
+
+class Learner:
+    """One training run of a compiled model: the loop, its schedule, monitor and checkpoints."""
+
+    def __init__(self, model: Model, train_data: Arrays, valid_data: Arrays | None, config: TrainConfig,
+                 reporter: Reporter, transforms: tuple[Transform | None, Transform | None] = (None, None)):
+        """`transforms`: per-batch input transforms (training, validation), e.g. a DataConfig's."""
+        self.model, self.train_data, self.valid_data, self.config, self.reporter = \
+            model, train_data, valid_data, config, reporter
+        self.valid_transform = transforms[1]
+        model._require_compiled()
+        if config.clip_grad_norm is not None or config.accumulate != 1:  # else keep what compile() set
+            model.configure_step(clip_norm=config.clip_grad_norm, accumulate=config.accumulate)
+        self.loader = DataLoader(*train_data, batch_size=config.batch_size, shuffle=config.shuffle,
+                                 seed=config.seed, drop_last=config.drop_last, transform=transforms[0])
+        if len(self.loader) == 0:
+            raise ConfigError(f"no full batch of {config.batch_size} in {len(train_data[0])} training samples; "
+                              "use a smaller batch size or keep the last partial batch (no drop_last)")
+        self.steps = len(self.loader)
+        self.log_every = config.log_every or max(1, self.steps // 10)
+        self.out_dir = Path(config.artifacts_dir) if config.artifacts_dir else None
+        self.ckpt_dir = self.out_dir / "checkpoints" if self.out_dir else None
+        self.monitor = Monitor(config.monitor, config.mode, config.patience, config.min_delta)
+        self.scheduler = None
+        if config.scheduler:
+            from ..optim import get_scheduler
+            self.scheduler = get_scheduler(config.scheduler, base_lr=model.lr, **config.scheduler_options)
+            model.lr = self.scheduler.lr
+        self.run = _Run()
+
+    # -- checkpoints --------------------------------------------------------------------------
+    def _meta(self) -> dict[str, Any]:
+        r = self.run
+        return {"fingerprint": self.model.fingerprint(), "epoch": r.epoch, "step": r.step,
+                "global_step": r.global_step, "epoch_done": r.epoch_done, "micro_step": self.model.micro_step,
+                "steps_per_epoch": self.steps, "history": [_finite(asdict(m)) for m in r.history],
+                "sums": r.sums.state_dict(), "monitor": self.monitor.state_dict(),
+                "scheduler": self.scheduler.state_dict() if self.scheduler else None,
+                "config": asdict(self.config)}
+
+    def save_checkpoint(self, best: bool = False) -> Path | None:
+        if self.ckpt_dir is None:
+            return None
+        state, meta = self.model.full_state(), self._meta()
+        path = ckpt.write(self.ckpt_dir, f"{ckpt.PREFIX}{self.run.global_step:08d}", state, meta)
+        ckpt.prune(self.ckpt_dir, self.config.keep_checkpoints)
+        if best:
+            ckpt.write(self.ckpt_dir, ckpt.BEST, state, meta)
+        return path
+
+    def resume(self, path: Path | None = None) -> Path:
+        """Continue from checkpoint `path` (default: the newest in the artifacts folder)."""
+        if path is None:
+            if self.ckpt_dir is None:
+                raise ConfigError("resuming needs the run's artifacts folder")
+            path = ckpt.latest(self.ckpt_dir)
+            if path is None:
+                raise ckpt.CheckpointError(f"no checkpoint in {self.ckpt_dir} to resume from; the run stopped "
+                                           "before its first checkpoint, so start it again")
+        c = ckpt.read(Path(path))
+        m = c.meta
+        if m.get("fingerprint") != self.model.fingerprint():
+            raise ckpt.CheckpointError(f"{path}: this checkpoint belongs to another model (fingerprint "
+                                       f"{m.get('fingerprint')}, this model's is {self.model.fingerprint()}); "
+                                       "resume with the model file the run was started with")
+        saved = m.get("config", {})
+        now = asdict(self.config)
+        diff = [k for k in now if k not in RESUMABLE_CHANGES and k in saved and saved[k] != now[k]]
+        if diff:
+            raise ckpt.CheckpointError(f"{path}: the checkpoint was made with different settings: " + ", ".join(
+                f"{k} {saved[k]!r} (now {now[k]!r})" for k in diff) + "; resume with the run's own config.json")
+        if m.get("steps_per_epoch") != self.steps:
+            raise ckpt.CheckpointError(f"{path}: the run had {m.get('steps_per_epoch')} steps per epoch, this "
+                                       f"one {self.steps}: the training data differ")
+        try:
+            self.model.load_full_state(c.state)
+            r = self.run
+            r.epoch, r.step, r.global_step = int(m["epoch"]), int(m["step"]), int(m["global_step"])
+            r.epoch_done = bool(m["epoch_done"])
+            r.history = [EpochMetrics(**row) for row in m["history"]]
+            r.sums.load_state_dict(m["sums"])
+            self.model.micro_step = int(m["micro_step"])
+            self.monitor.load_state_dict(m["monitor"])
+            if self.scheduler is not None:
+                if m.get("scheduler") is None:
+                    raise KeyError("scheduler")
+                self.scheduler.load_state_dict(m["scheduler"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ckpt.CheckpointError(f"{path}: corrupt checkpoint record ({e!r})") from None
+        if r.epoch_done:
+            r.epoch, r.step, r.epoch_done = r.epoch + 1, 0, False
+            r.sums = _Sums()
+        return Path(path)
+
+    # -- the loop -----------------------------------------------------------------------------------
+    def fit(self) -> FitResult:
+        cfg, r, model = self.config, self.run, self.model
+        if self.out_dir is not None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            write_json(self.out_dir / "config.json", config_record(model, cfg))
+        self.reporter.run_begin(RunInfo(model=model.source, device=model.backend.description,
+                                        epochs=cfg.epochs, steps_per_epoch=self.steps, batch_size=cfg.batch_size,
+                                        start_epoch=r.epoch, artifacts_dir=str(self.out_dir) if self.out_dir else None))
+        warned = interrupted = False
+        with _graceful_interrupt() as stop:
+            while r.epoch <= cfg.epochs and not r.stopped_early:
+                if self._train_epoch(stop):
+                    interrupted = True
+                    break
+                self._end_epoch(warned)
+                warned = warned or self._diverged()
+                r.epoch, r.step, r.sums = r.epoch + 1, 0, _Sums()
+        if interrupted:
+            where = self.save_checkpoint()
+            self.reporter.message(f"interrupted at epoch {r.epoch} step {r.step}/{self.steps}" + (
+                f"; checkpoint {where}; continue with: anygrad train --resume {self.out_dir}" if where else ""))
+        elif r.stopped_early:
+            self.reporter.message(f"early stop: {cfg.monitor} has not improved for {self.monitor.wait} epochs "
+                                  f"(best {self.monitor.best:.6g} at epoch {self.monitor.best_epoch})")
+        self.reporter.run_end(stopped_early=r.stopped_early, interrupted=interrupted)
+        return FitResult(r.history, self.out_dir, r.stopped_early, interrupted, self.monitor.best_epoch)
+
+    def _train_epoch(self, stop: _StopFlag) -> bool:
+        """Train the rest of epoch r.epoch; True when interrupted."""
+        cfg, r, model = self.config, self.run, self.model
+        start, done_before = time.perf_counter(), r.sums.count
+        self.loader.epoch = r.epoch - 1  # the permutation is a function of (seed, epoch)
+        if r.step == 0:
+            model.reset_metrics()
+        for step, (x, y) in enumerate(self.loader, 1):
+            if step <= r.step:  # resumed mid-epoch: these were trained before
+                continue
+            model.train_step(x, y, flush=step == self.steps)
+            r.step, r.global_step = step, r.global_step + 1
+            if self.scheduler is not None and self.scheduler.interval == "step" and model.micro_step == 0:
+                model.lr = self.scheduler.step()
+            if step % self.log_every == 0 and step < self.steps:
+                r.sums.add(model.read_metrics(reset=True))
+                rate = (r.sums.count - done_before) / max(time.perf_counter() - start, 1e-9)
+                self.reporter.step(StepInfo(r.epoch, step, self.steps, r.global_step, r.sums.mean_loss,
+                                            r.sums.accuracy, model.lr, rate))
+            if stop.requested:
+                return True
+            if cfg.checkpoint_every and r.global_step % cfg.checkpoint_every == 0 and step < self.steps:
+                self.save_checkpoint()
+        r.sums.add(model.read_metrics(reset=True))
+        self._epoch_seconds = time.perf_counter() - start
+        self._epoch_samples = r.sums.count - done_before
+        return False
+
+    def _end_epoch(self, warned: bool) -> None:
+        cfg, r, model = self.config, self.run, self.model
+        lr = float(f"{model.lr:.8g}")  # the float32 device value, without its binary tail (0.001, not 0.0010000000475)
+        valid = _validate(model, self.valid_data, cfg.valid_batch_size or cfg.batch_size, self.valid_transform) \
+            if self.valid_data is not None else _Sums()
+        seconds = self._epoch_seconds
+        metrics = EpochMetrics(r.epoch, r.sums.mean_loss, r.sums.accuracy, valid.mean_loss, valid.accuracy,
+                               round(seconds, 3), r.sums.top_accuracy, valid.top_accuracy, lr,
+                               round(self._epoch_samples / max(seconds, 1e-9), 1))
+        r.history.append(metrics)
+        row = asdict(metrics)
+        best = self.monitor.update(r.epoch, row) if self._monitorable(row) else False
+        if self.scheduler is not None and self.scheduler.interval == "epoch":
+            model.lr = self.scheduler.step(self.monitor.value(row) if self.scheduler.needs_metric else None)
+        r.stopped_early = self.monitor.should_stop
+        self.reporter.epoch_end(EpochInfo(r.epoch, _finite(row), seconds, best))
+        if not warned and self._diverged():
+            self.reporter.message("warning: the loss is not finite; the run diverged (try a smaller learning rate)")
+        if self.out_dir is not None:
+            write_metrics(self.out_dir / "metrics.jsonl", r.history)
+            save_weights(model, self.out_dir)
+            r.step, r.epoch_done = self.steps, True
+            self.save_checkpoint(best=best)
+            r.epoch_done = False
+
+    def _monitorable(self, row: dict[str, Any]) -> bool:
+        """Whether the monitored metric can be read; an error only when something depends on it."""
+        needs = self.config.patience is not None or (self.scheduler is not None and self.scheduler.needs_metric)
+        if needs:
+            self.monitor.value(row)  # raises a clear ConfigError
+            return True
+        return row.get(self.config.monitor) is not None
+
+    def _diverged(self) -> bool:
+        m = self.run.history[-1] if self.run.history else None
+        return m is not None and any(v is not None and not np.isfinite(v) for v in (m.train_loss, m.valid_loss))
+
+
 def fit(model: Model, train_data: Arrays, valid_data: Arrays | None = None, config: TrainConfig | None = None,
-        *, log: Log | None = print, progress: Log | None = None, **settings: Any) -> FitResult:
+        *, reporter: Reporter | None = None, log: Log | None = print, progress: Log | None = None,
+        resume: bool | str | Path = False, transforms: tuple[Transform | None, Transform | None] = (None, None),
+        **settings: Any) -> FitResult:
     """Train a compiled model for `config.epochs` epochs (TrainConfig fields may be passed as keywords).
 
-    `log` gets one line per epoch, `progress` one every `log_every` steps (both may be None).
-    With `artifacts_dir`, metrics.jsonl and weights are rewritten after every epoch.
+    Progress goes to `reporter` (default: a LineReporter over `log` and `progress`). With
+    `artifacts_dir`, metrics, weights and a checkpoint are written after every epoch; `resume`
+    (True: the newest checkpoint there, or a checkpoint's .json path) continues a run.
     """
     unknown = set(settings) - set(TrainConfig.__dataclass_fields__)
     if unknown:
         raise ConfigError(f"unknown training setting(s) {sorted(unknown)}")
     config = replace(config or TrainConfig(), **settings)
     config.check()
-    model._require_compiled()
-
-    loader = DataLoader(*train_data, batch_size=config.batch_size, shuffle=config.shuffle, seed=config.seed,
-                        drop_last=config.drop_last)
-    if len(loader) == 0:
-        raise ConfigError(f"no full batch of {config.batch_size} in {len(train_data[0])} training samples; "
-                          "use a smaller batch size or keep the last partial batch (no drop_last)")
-    steps = len(loader)
-    log_every = config.log_every or max(1, steps // 10)
-    out_dir = Path(config.artifacts_dir) if config.artifacts_dir else None
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        write_json(out_dir / "config.json", config_record(model, config))
-
-    history: list[EpochMetrics] = []
-    warned = False
-    for epoch in range(1, config.epochs + 1):
-        start = time.perf_counter()
-        model.reset_metrics()
-        sums = _Sums()
-        for step, (x, y) in enumerate(loader, 1):
-            model.train_step(x, y)
-            if step % log_every == 0 and step < steps:
-                sums.add(model.read_metrics(reset=True))
-                if progress:
-                    rate = sums.count / (time.perf_counter() - start)
-                    progress(f"epoch {epoch}/{config.epochs} step {step}/{steps}  loss {_fmt(sums.mean_loss)}"
-                             f"  acc {_fmt(sums.accuracy)}  {rate:.0f} samples/s")
-        sums.add(model.read_metrics(reset=True))
-        valid = _validate(model, valid_data, config.valid_batch_size or config.batch_size) \
-            if valid_data is not None else _Sums()
-        metrics = EpochMetrics(epoch, sums.mean_loss, sums.accuracy, valid.mean_loss, valid.accuracy,
-                               round(time.perf_counter() - start, 3))
-        history.append(metrics)
-        if log:
-            log(f"epoch {epoch}/{config.epochs}  train loss {_fmt(metrics.train_loss)} "
-                f"acc {_fmt(metrics.train_accuracy)}  valid loss {_fmt(metrics.valid_loss)} "
-                f"acc {_fmt(metrics.valid_accuracy)}  {metrics.seconds:.1f}s")
-            if not warned and any(v is not None and not np.isfinite(v) for v in (metrics.train_loss,
-                                                                                 metrics.valid_loss)):
-                warned = True
-                log("warning: the loss is not finite; the run diverged (try a smaller learning rate)")
-        if out_dir is not None:
-            write_metrics(out_dir / "metrics.jsonl", history)
-            save_weights(model, out_dir)
-    return FitResult(history, out_dir)
+    learner = Learner(model, train_data, valid_data, config, reporter or LineReporter(log, progress), transforms)
+    if resume:
+        learner.resume(None if resume is True else Path(resume))
+    return learner.fit()

@@ -1,9 +1,13 @@
-"""Graph rewrites before lowering: elementwise fusion and GEMM/Conv epilogues.
+"""Graph rewrites before lowering (on a copy): fewer, bigger kernels.
 
-Fusion groups elementwise nodes of one output shape into a `wgpu.Fused` node evaluated per
-element in registers. A group is emitted at the position of its last member, so a node may join
-a group only when no node outside the group, placed before it, reads a value the group produces
-(otherwise that reader would run before the group's kernel), which also rules out cycles.
+- Elementwise fusion groups elementwise nodes of one output shape into a `wgpu.Fused` node
+  evaluated per element in registers. A group is emitted at the position of its last member, so
+  a node may join a group only when no node outside the group, placed before it, reads a value
+  the group produces (that reader would otherwise run before the group's kernel); this also rules
+  out cycles. Independent groups of one shape then merge the same way (horizontal fusion).
+- GEMM/Conv -> Relu: the Relu runs in the GEMM's epilogue (attr `_epilogue`).
+- Optimizer updates of one kind become one `wgpu.FusedUpdate` over arenas (see group_updates).
+- Dropout outside training becomes an Identity, which the planner aliases.
 """
 from __future__ import annotations
 
@@ -19,7 +23,6 @@ from .kernels_optim import COPY, FUSED_UPDATE, UPDATE_OPS
 from .wgsl import shape_of
 
 MAX_GROUP = 48          # members per kernel: keeps shaders small and compile times short
-EPILOGUE_OPS = ("Gemm", "Conv")
 
 
 def fuse_epilogues(graph: Graph, protected: set[str], supports_epilogue: set[str]) -> None:
@@ -98,7 +101,6 @@ def fuse_elementwise(graph: Graph, caps: AdapterCaps, protected: set[str]) -> No
 
     groups = _merge_siblings(graph, groups, users, order, stored, limit, state)
     group_of = {id(m): g for g in groups for m in g}
-    emitted = set()
     new_nodes: list[Node] = []
     last = {id(g[-1]): g for g in groups}
     for n in graph.nodes:
@@ -107,7 +109,6 @@ def fuse_elementwise(graph: Graph, caps: AdapterCaps, protected: set[str]) -> No
         elif id(n) in last:
             g = last[id(n)]
             new_nodes.append(make_fused(graph, g, stored(g), state))
-            emitted.add(id(g[0]))
     graph.nodes = new_nodes
 
 
@@ -159,7 +160,9 @@ def group_updates(graph: Graph, caps: AdapterCaps) -> None:
             grown = not more <= touched
             touched |= more
         # Everything reading those tensors must run before the fused update (placed at the last member).
-        if any(order[id(u)] > last for v in touched for u, _ in users.get(v, [])):
+        # ... and nothing may need their old values after it (outputs, other state updates).
+        if (any(order[id(u)] > last for v in touched for u, _ in users.get(v, []))
+                or touched & (set(graph.outputs) | set(graph.state_updates))):
             continue
         # Bindings: gradients, lr, step, and each arena once (read_write).
         if 3 + len(members[0].outputs) > caps.max_storage_buffers_per_stage:

@@ -161,12 +161,13 @@ def make_plan(graph: Graph, caps: AdapterCaps, state_names: set[str]) -> Plan:
     copies: list[tuple[Root, str]] = []
     inplace: dict[str, str] = {}
     update_sources = {root_of[v] for v in graph.state_updates}
+    output_roots = {root_of[v] for v in graph.outputs}  # fetched after the step: must keep old values
     for v, target in graph.state_updates.items():
         r = root_of[v]
         if r == Root("state", target):
             continue
         if (r.kind == "temp" and r not in inplace.values() and r.name not in inplace
-                and target not in graph.outputs and Root("state", target) not in update_sources
+                and Root("state", target) not in output_roots and Root("state", target) not in update_sources
                 and _inplace_safe(kernels, root_of, r, Root("state", target), first_write, last_read)
                 and nbytes[r] <= nbytes.get(Root("state", target), value_bytes(graph, target))):
             inplace[r.name] = target
@@ -175,10 +176,12 @@ def make_plan(graph: Graph, caps: AdapterCaps, state_names: set[str]) -> Plan:
             last[r] = end
         copies.append((r, target))
 
-    # In-place temporaries become the state's buffer everywhere.
+    # In-place temporaries become the state's buffer everywhere (copies from them too).
     for v, r in list(root_of.items()):
         if r.kind == "temp" and r.name in inplace:
             root_of[v] = Root("state", inplace[r.name])
+    copies = [(Root("state", inplace[r.name]) if r.kind == "temp" and r.name in inplace else r, t)
+              for r, t in copies]
     steps = [Step(kern, tuple(root_of[v] for v in kern.reads), tuple(root_of[v] for v in kern.writes))
              for _, kern in kernels]
 

@@ -20,7 +20,7 @@ from ..base import Backend, Executable
 from .adapters import AdapterInfo, select_adapter
 from .fusion import prepare
 from .kernel import LOWERINGS, AdapterCaps
-from .planner import Plan, Root, make_plan
+from .planner import Plan, Root, make_plan, value_bytes
 from .wgsl import np_device_dtype
 
 _FEATURES = ("shader-f16", "subgroup", "timestamp-query")
@@ -208,6 +208,12 @@ class WgpuBackend(Backend):
                 self.ctx.pipelines[key] = self.device.create_compute_pipeline(
                     layout=pl, compute={"module": module, "entry_point": entry}, label=name[:60])
             except Exception as e:
+                text = str(e)
+                if "COMPUTE_SHADER" in text or "lost" in text.lower():
+                    _CONTEXTS.pop(self.adapter.index, None)
+                    raise DeviceError(f"adapter {self.adapter.describe()} cannot run compute shaders "
+                                      f"({text.strip().splitlines()[-1]}); use another device (`anygrad "
+                                      "devices`), e.g. its Vulkan/Metal/DX12 adapter, or device='cpu'") from e
                 raise RuntimeError(f"wgpu kernel {name} failed to compile: {e}\n--- WGSL ---\n{wgsl}") from e
         return self.ctx.pipelines[key]
 
@@ -250,8 +256,8 @@ class WgpuExecutable(Executable):
         dev = backend.device
         usage = backend.storage_usage
         # Executable-owned storage: inputs, constants, temporary slots.
-        self.inputs = {name: backend.create_buffer(self.plan.nbytes.get(Root("input", name), 4), usage,
-                                                   f"input {name}") for name in graph.inputs}
+        self.inputs = {name: backend.create_buffer(value_bytes(graph, name), usage, f"input {name}")
+                       for name in graph.inputs}
         self.consts: dict[str, Any] = {}
         for r, nbytes in self.plan.nbytes.items():
             if r.kind == "const":
@@ -269,6 +275,11 @@ class WgpuExecutable(Executable):
         self._staging: dict[tuple, tuple[Any, list]] = {}
         self._pipes = [self._pipeline(st) for st in self.plan.steps]  # compile every shader now
         self._overwritten = set(self.plan.inplace.values()) | {m for a in self.plan.arenas for m in a.members}
+        # A state copied onto another state while itself replaced (a swap, a shift) is first held
+        # in a buffer of its own, so every copy reads the value from before the step.
+        targets = {t for _, t in self.plan.state_copies}
+        self._holds = {r.name: backend.create_buffer(self._nbytes(r), usage, f"hold {r.name}")
+                       for r, _ in self.plan.state_copies if r.kind == "state" and r.name in targets}
 
     # -- binding ----------------------------------------------------------------------------------
     def _buffer(self, r: Root) -> Any:
@@ -381,7 +392,8 @@ class WgpuExecutable(Executable):
             staging, layout = self._staging_for(fetch) if fetch else (None, [])
             # A fetched state that the step overwrites in place is read before the step, as the
             # numpy backend returns it; everything else after.
-            early = [item for item in layout if item[1].kind == "state" and item[1].name in self._overwritten]
+            early = [item for item in layout if item[1].kind == "state" and item[0] == item[1].name
+                     and item[1].name in self._overwritten]
             for _, r, offset, nbytes in early:
                 enc.copy_buffer_to_buffer(self._buffer(r), self._offset(r), staging, offset, -(-nbytes // 4) * 4)
             if self._dispatches:
@@ -397,12 +409,18 @@ class WgpuExecutable(Executable):
                 if nbytes and item not in early:
                     enc.copy_buffer_to_buffer(self._buffer(r), self._offset(r), staging, offset,
                                               -(-nbytes // 4) * 4)
+            for name, hold in self._holds.items():
+                st = self.backend.state[name]
+                enc.copy_buffer_to_buffer(st.buffer, st.offset, hold, 0, -(-st.nbytes // 4) * 4)
             for r, target in self.plan.state_copies:
                 st = self.backend.state[target]
-                nbytes = min(self._nbytes(r), st.nbytes)
-                if nbytes:
-                    enc.copy_buffer_to_buffer(self._buffer(r), self._offset(r), st.buffer, st.offset,
-                                              -(-nbytes // 4) * 4)
+                nbytes = -(-min(self._nbytes(r), st.nbytes) // 4) * 4
+                if not nbytes:
+                    continue
+                if r.kind == "state" and r.name in self._holds:
+                    enc.copy_buffer_to_buffer(self._holds[r.name], 0, st.buffer, st.offset, nbytes)
+                else:
+                    enc.copy_buffer_to_buffer(self._buffer(r), self._offset(r), st.buffer, st.offset, nbytes)
             self.backend.device.queue.submit([enc.finish()])
             if not fetch:
                 return {}

@@ -1,0 +1,95 @@
+"""`anygrad.from_torch(module, example_input)`: a PyTorch module straight to a trainable Model.
+
+The only place in anygrad that imports torch, lazily: everything else works from ONNX files and
+numpy. The module is exported in training mode (BatchNorm and Dropout kept, no constant folding,
+so every parameter stays an initializer), imported, and given the module's own state_dict, which
+also teaches the model every PyTorch name for `to_torch_state_dict`.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import AnygradError, ConfigError, ModelError
+from ..model import Model
+from .onnx_import import load_onnx
+from .torch_weights import binding_of, load_state_dict
+
+DEFAULT_OPSET = 17
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise AnygradError("this needs PyTorch, which is not installed: pip install anygrad[torch]") from None
+    return torch
+
+
+def to_torch_tensors(state: dict[str, np.ndarray]) -> dict[str, Any]:
+    """numpy arrays -> torch tensors (copies), for `module.load_state_dict`."""
+    torch = _torch()
+    return {k: torch.from_numpy(np.array(v)) for k, v in state.items()}
+
+
+def _export(module: Any, args: tuple, path: Path, dynamo: bool, opset: int,
+            input_names: list[str], output_names: list[str]) -> None:
+    torch = _torch()
+    axes = {n: {0: "batch"} for n in input_names + output_names}
+    options = {"optimize": False} if dynamo else {}  # the dynamo optimizer fuses BatchNorm into Gemm
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecation and tracer notes about the exporter, not the model
+        torch.onnx.export(module, args, str(path), dynamo=dynamo, opset_version=opset,
+                          training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
+                          input_names=input_names, output_names=output_names, dynamic_axes=axes, **options)
+
+
+def from_torch(module: Any, example_input: Any, *, dynamo: bool = False, opset: int = DEFAULT_OPSET,
+               path: str | os.PathLike | None = None, input_name: str = "input",
+               output_name: str = "output") -> Model:
+    """Export `module` (an nn.Module) to ONNX in training mode and import it as a trainable Model
+    with the module's current weights.
+
+    `example_input` is one tensor (or a tuple of them) with a batch dim of 2 or more (BatchNorm
+    cannot normalise one sample in training mode); the batch dim stays symbolic. `dynamo` picks the
+    torch.export-based exporter. With `path` the ONNX file is kept there, else it is temporary.
+    The module is left as it was (its mode and state, which tracing in training mode moves)."""
+    torch = _torch()
+    if not isinstance(module, torch.nn.Module):
+        raise ConfigError(f"from_torch needs a torch.nn.Module, not {type(module).__name__}")
+    args = tuple(example_input) if isinstance(example_input, (tuple, list)) else (example_input,)
+    input_names = [input_name] if len(args) == 1 else [f"{input_name}{i}" for i in range(len(args))]
+    pristine = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    was_training = module.training
+    with tempfile.TemporaryDirectory(prefix="anygrad-") as tmp:
+        file = Path(path) if path is not None else Path(tmp) / "model.onnx"
+        module.train(True)
+        try:
+            _export(module, args, file, dynamo, opset, input_names, [output_name])
+        except AnygradError:
+            raise
+        except Exception as e:  # the exporter fails in many ways: say which, and for which module
+            raise ModelError(f"torch.onnx.export could not export {type(module).__name__}: "
+                             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+        finally:
+            module.load_state_dict(pristine)
+            module.train(was_training)
+        model = load_onnx(file)
+    state = {k: v.cpu().numpy() if v.dtype != torch.bfloat16 else v.float().cpu().numpy()
+             for k, v in pristine.items()}
+    result = load_state_dict(model, state, strict=False)
+    if result.missing or result.mismatched:
+        raise ModelError(f"from_torch: the exported graph of {type(module).__name__} does not match its "
+                         f"state_dict: missing {result.missing}, mis-shaped {result.mismatched}")
+    # Parameters the forward pass never uses are not in the graph; keep them so the exported
+    # state_dict still loads into the module with strict=True.
+    binding_of(model).extra = {k: state[k] for k in result.unexpected}
+    return model
+
+
+__all__ = ["from_torch", "to_torch_tensors"]

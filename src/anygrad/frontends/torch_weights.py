@@ -1,0 +1,327 @@
+"""PyTorch state_dicts in and out of a Model imported from ONNX.
+
+The graph's state (params and BatchNorm buffers) is named by ONNX initializer names; a PyTorch
+state_dict by module paths. Each graph tensor is matched to a state_dict key by these rules, the
+first that applies:
+
+1. the name the importer recorded (`model.origin.torch_names`: `conv1.weight`, or the module scope
+   of a renamed `onnx::MatMul_12`, with its transposition), or one learnt by an earlier load;
+2. the graph name itself is a key (names the importer did not recognise; weights.npz files);
+3. a dynamo placeholder name `p_fc1_weight` / `b_norm1_running_mean` whose rest, with dots as
+   underscores, is exactly one key;
+4. shape: a leftover graph tensor and a leftover key are paired when each is the *only* leftover
+   on its side whose shape fits the other (equal, or transposed for a 2-D weight). Order is never
+   used, so two same-shaped leftovers (two Linear(8, 8) weights) stay unmatched and are reported.
+
+2-D weights are transposed when the shapes say so; a square one when the importer recorded it, or
+(rule 4) when it is the right operand of a MatMul (a Linear exported as MatMul holds weight.T).
+Matches by rules 3 and 4 are remembered (`Model.torch_binding`) for the way back out.
+
+`*.num_batches_tracked` keys of BatchNorm layers are accepted and not loaded; on export they hold
+the count from the loaded file plus the optimizer steps taken since (one BatchNorm update per step;
+with gradient accumulation, per update rather than per micro-batch).
+"""
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import ModelError
+from ..optim.base import STEP_STATE
+from .onnx_import import TorchName
+
+if TYPE_CHECKING:
+    from ..model import Model
+
+NUM_BATCHES = "num_batches_tracked"
+_PLACEHOLDER = re.compile(r"^[pb]_(.+)$")  # torch.export names parameters p_*, buffers b_*
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DataParallel / DDP, torch.compile
+
+
+@dataclass
+class TorchBinding:
+    """What a Model learnt about its PyTorch counterpart beyond the importer's record."""
+
+    names: dict[str, TorchName] = field(default_factory=dict)  # graph name -> key, from the last load
+    batches_base: int = 0  # num_batches_tracked at the last load, less the steps taken by then
+    extra: dict[str, np.ndarray] = field(default_factory=dict)  # entries the graph does not use (from_torch)
+
+
+@dataclass
+class LoadResult:
+    """What `load_state_dict` did (PyTorch's missing/unexpected keys, plus shape mismatches)."""
+
+    loaded: list[str]
+    missing: list[str]
+    unexpected: list[str]
+    mismatched: list[str]
+
+
+# -- reading whatever the user hands us ---------------------------------------------------------
+def _to_numpy(value: Any) -> Any:
+    """A torch tensor (duck-typed: no torch import) or array-like -> numpy; containers recurse."""
+    if isinstance(value, np.ndarray):
+        return value
+    if hasattr(value, "detach") and hasattr(value, "numpy"):
+        t = value.detach().cpu()
+        try:
+            return t.numpy()
+        except TypeError:  # bfloat16 and friends have no numpy dtype
+            return t.float().numpy()
+    if isinstance(value, Mapping):
+        return {k: _to_numpy(v) for k, v in value.items()}
+    if isinstance(value, (int, float, np.generic)) and not isinstance(value, bool):
+        return np.asarray(value)
+    return value
+
+
+def read_state_dict(source: Any, key: str | None = None) -> dict[str, np.ndarray]:
+    """A flat name -> array dict from a path (.pt/.pth/.bin, .safetensors, .npz) or a mapping of
+    numpy arrays / torch tensors (a checkpoint dict around the state_dict is searched, or `key`)."""
+    from .. import torchfile
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        if not path.is_file():
+            raise ModelError(f"{path}: no such weights file")
+        if path.suffix == ".npz":
+            with np.load(path, allow_pickle=False) as f:
+                return {k: f[k] for k in f.files}
+        if path.suffix == ".safetensors":
+            return torchfile.load_safetensors(path)
+        return torchfile.load(path, key=key)
+    if not isinstance(source, Mapping):
+        raise ModelError("load_state_dict takes a path or a dict of arrays/tensors, "
+                         f"not {type(source).__name__}")
+    converted = _to_numpy(source)
+    sd = torchfile.find_state_dict(converted, key)
+    if sd is None:
+        raise ModelError("no state_dict (names -> arrays/tensors) found in the dict passed to load_state_dict"
+                         f"{f' under key {key!r}' if key else ''}; it holds keys {list(source)[:10]}")
+    return sd
+
+
+def _strip_wrapper(sd: dict[str, np.ndarray], wanted: set[str]) -> dict[str, np.ndarray]:
+    """Drop a `module.` (DataParallel) or `_orig_mod.` (torch.compile) prefix every key carries."""
+    for prefix in _WRAPPER_PREFIXES:
+        if sd and all(k.startswith(prefix) for k in sd) and not any(k in wanted for k in sd):
+            return {k[len(prefix):]: v for k, v in sd.items()}
+    return sd
+
+
+# -- matching names ------------------------------------------------------------------------------
+def recorded_names(model: Model) -> dict[str, TorchName]:
+    """Graph name -> PyTorch name, as far as the importer and earlier loads know."""
+    origin = getattr(model, "origin", None)
+    names = dict(origin.torch_names) if origin is not None else {}
+    binding = getattr(model, "torch_binding", None)
+    if binding is not None:
+        names.update(binding.names)
+    return {g: tn for g, tn in names.items() if g in model.graph.initializers}
+
+
+def _orient(key: str, graph_shape: tuple, key_shape: tuple, hint: bool = False) -> TorchName | None:
+    """The TorchName if `key`'s tensor fits the graph tensor as is or transposed (None if neither)."""
+    plain = graph_shape == key_shape
+    flipped = len(key_shape) == 2 and graph_shape == key_shape[::-1]
+    if plain and flipped:  # square: only the importer knows
+        return TorchName(key, hint)
+    if plain or flipped:
+        return TorchName(key, flipped)
+    return None
+
+
+def match(model: Model, shapes: dict[str, tuple]) -> tuple[dict[str, TorchName], dict[str, str]]:
+    """(graph name -> TorchName for keys in `shapes`, graph name -> expected key for the rest).
+
+    The second dict names, for graph tensors left unmatched, the key they were recorded under
+    (for error messages)."""
+    graph = model.graph
+    known = recorded_names(model)
+    gshape = {g: tuple(graph.initializers[g].shape) for g in graph.state_names}
+    out: dict[str, TorchName] = {}
+    taken: set[str] = set()
+
+    def take(g: str, tn: TorchName) -> None:
+        out[g] = tn
+        taken.add(tn.key)
+
+    # 1. recorded names (a key may feed several graph tensors: untied BatchNorm copies)
+    for g, shape in gshape.items():
+        tn = known.get(g)
+        if tn is not None and tn.key in shapes:
+            take(g, _orient(tn.key, shape, shapes[tn.key], tn.transpose) or tn)
+    # 2. the graph name is a key; 3. dynamo placeholder names
+    underscored: dict[str, list[str]] = {}
+    for k in shapes:
+        underscored.setdefault(k.replace(".", "_"), []).append(k)
+    for g, shape in gshape.items():
+        if g in out:
+            continue
+        if g in shapes and g not in taken:
+            take(g, _orient(g, shape, shapes[g]) or TorchName(g))
+            continue
+        m = _PLACEHOLDER.match(g)
+        cands = [k for k in underscored.get(m.group(1), []) if k not in taken] if m else []
+        if len(cands) == 1:
+            take(g, _orient(cands[0], shape, shapes[cands[0]]) or TorchName(cands[0]))
+    # 4. unique shapes, one pass (no elimination chains, no order)
+    left_g = [g for g in gshape if g not in out]
+    left_k = [k for k in shapes if k not in taken and not k.endswith(NUM_BATCHES)]
+    fits = {g: [k for k in left_k if _orient(k, gshape[g], shapes[k]) is not None] for g in left_g}
+    fitted_by: dict[str, list[str]] = {}
+    for g, ks in fits.items():
+        for k in ks:
+            fitted_by.setdefault(k, []).append(g)
+    matmul_weights = _matmul_weights(graph)
+    for g, ks in fits.items():
+        if len(ks) == 1 and len(fitted_by[ks[0]]) == 1:
+            hint = known[g].transpose if g in known else g in matmul_weights
+            take(g, _orient(ks[0], gshape[g], shapes[ks[0]], hint))
+    expected = {g: known[g].key if g in known else g for g in gshape if g not in out}
+    return out, expected
+
+
+def _matmul_weights(graph) -> set[str]:
+    """Tensors multiplied from the right as stored: an exporter that folded a Linear's
+    transposition holds weight.T there (the importer's rule for square shapes)."""
+    return {n.inputs[1] for n in graph.nodes if len(n.inputs) > 1
+            and (n.op == "MatMul" or (n.op == "Gemm" and not n.attr("transB", 0)))}
+
+
+def _bn_prefixes(keys) -> set[str]:
+    return {k[:-len("running_mean")] for k in keys if k.endswith(".running_mean")}
+
+
+# -- loading -------------------------------------------------------------------------------------
+def steps_taken(model: Model) -> int:
+    """Optimizer steps run on the model's backend (0 before the first training step)."""
+    backend = model.backend
+    if backend is not None and backend.has_state(STEP_STATE):
+        return round(float(backend.get_state(STEP_STATE)))
+    return 0
+
+
+def binding_of(model: Model) -> TorchBinding:
+    """The model's TorchBinding, created on first use."""
+    if getattr(model, "torch_binding", None) is None:
+        model.torch_binding = TorchBinding()
+    return model.torch_binding
+
+
+def _shape(s: tuple) -> str:
+    return "(" + ", ".join(map(str, s)) + ")"
+
+
+def load_state_dict(model: Model, source: Any, strict: bool = True, key: str | None = None) -> LoadResult:
+    """Load a PyTorch state_dict (a path or a dict) into the model's params and BatchNorm buffers.
+
+    strict=True: every graph tensor must be found with the right shape and every key used,
+    otherwise nothing is loaded and one ModelError lists all missing, unexpected and mis-shaped
+    keys. strict=False: loads the entries that match and returns the rest in the LoadResult."""
+    where = f" from {source}" if isinstance(source, (str, os.PathLike)) else ""
+    sd = read_state_dict(source, key)
+    graph = model.graph
+    recorded = recorded_names(model)
+    wanted = {tn.key for tn in recorded.values()} | set(graph.state_names)
+    sd = _strip_wrapper(sd, wanted)
+    shapes = {k: tuple(np.shape(v)) for k, v in sd.items()}
+    mapping, expected = match(model, shapes)
+
+    values: dict[str, np.ndarray] = {}
+    mismatched: dict[str, str] = {}  # key -> what is wrong (PyTorch layout on both sides)
+    for g, tn in mapping.items():
+        target = graph.initializers[g]
+        value = np.asarray(sd[tn.key])
+        value = value.T if tn.transpose and value.ndim == 2 else value
+        if value.shape != target.shape:
+            mismatched[tn.key] = (f"{tn.key}: checkpoint has {_shape(shapes[tn.key])}, the model needs "
+                                  f"{_shape(target.shape[::-1] if tn.transpose else target.shape)}")
+            continue
+        values[g] = np.ascontiguousarray(value, dtype=target.dtype)
+    used = {tn.key for tn in mapping.values()}
+    bn = _bn_prefixes(used)
+    missing: dict[str, str] = {}
+    for g, k in expected.items():
+        shape = graph.initializers[g].shape
+        shape = shape[::-1] if g in recorded and recorded[g].transpose and len(shape) == 2 else shape
+        missing[k] = f"{k}{'' if k == g else f' (ONNX {g!r})'} {_shape(shape)}"
+    unexpected = {k: f"{k} {_shape(shapes[k])}" for k in sd
+                  if k not in used and not (k.endswith(NUM_BATCHES) and k[:-len(NUM_BATCHES)] in bn)}
+
+    if (strict and (missing or unexpected or mismatched)) or not values:
+        why = "strict=True" if values else "no entry matches"
+        lines = [f"cannot load the state_dict{where} into {model.source} ({why}):"]
+        for label, items in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", mismatched)):
+            if items:
+                lines.append(f"  {label} ({len(items)}): " + "; ".join(items.values()))
+        if strict and values:
+            lines.append("pass strict=False to load the entries that match")
+        raise ModelError("\n".join(lines))
+
+    backend = model.backend
+    for g, value in values.items():
+        graph.initializers[g] = value
+        if backend is not None:
+            backend.set_state(g, value)
+    binding = binding_of(model)
+    # a graph name matched as itself (weights.npz) teaches nothing: keep the importer's name
+    binding.names.update({g: mapping[g] for g in values if not (mapping[g].key == g and g in recorded)})
+    counts = [int(np.asarray(sd[p + NUM_BATCHES]).reshape(-1)[0]) for p in sorted(bn)
+              if p + NUM_BATCHES in sd and np.size(sd[p + NUM_BATCHES]) == 1]
+    if counts:
+        binding.batches_base = max(counts) - steps_taken(model)
+    loaded = sorted({mapping[g].key for g in values})
+    return LoadResult(loaded, sorted(missing), list(unexpected), list(mismatched))
+
+
+# -- exporting -----------------------------------------------------------------------------------
+def to_torch_state_dict(model: Model) -> dict[str, np.ndarray]:
+    """The model's state under PyTorch names, as numpy arrays in PyTorch's layout.
+
+    Graph tensors with no known PyTorch name keep their graph name (with a warning), so
+    `module.load_state_dict(strict=True)` reports them rather than silently dropping them."""
+    names = recorded_names(model)
+    state = model.state_dict()
+    binding = getattr(model, "torch_binding", None)
+    count = np.array((binding.batches_base if binding else 0) + steps_taken(model), np.int64)
+    out: dict[str, np.ndarray] = {}
+    unnamed = []
+    for g in model.graph.state_names:
+        tn = names.get(g)
+        if tn is None:
+            unnamed.append(g)
+            tn = TorchName(g)
+        if tn.key in out:
+            continue  # one PyTorch tensor used by several graph tensors (untied copies)
+        value = state[g]
+        out[tn.key] = np.ascontiguousarray(value.T if tn.transpose and value.ndim == 2 else value)
+        if tn.key.endswith(".running_var"):  # PyTorch's order: running_mean, running_var, count
+            out[tn.key[:-len("running_var")] + NUM_BATCHES] = count
+    for prefix in _bn_prefixes(out):
+        out.setdefault(prefix + NUM_BATCHES, count)
+    if binding is not None:
+        for k, v in binding.extra.items():
+            out.setdefault(k, v)
+    if unnamed:
+        warnings.warn(f"{model.source}: no PyTorch name known for {', '.join(unnamed)}; exported under their "
+                      "ONNX names (load a PyTorch state_dict first to teach anygrad the names)", stacklevel=3)
+    return out
+
+
+def save_safetensors(model: Model, path: str | os.PathLike) -> Path:
+    """weights.safetensors with PyTorch names: `module.load_state_dict(safetensors.torch.load_file(path))`."""
+    from ..torchfile import save_safetensors as write
+    path = Path(path)
+    write(to_torch_state_dict(model), path, metadata={"format": "pt"})
+    return path
+
+
+__all__ = ["LoadResult", "TorchBinding", "binding_of", "load_state_dict", "match", "read_state_dict",
+           "save_safetensors", "to_torch_state_dict"]

@@ -1,0 +1,346 @@
+"""Layers with PyTorch's names, arguments, state_dict keys and default initialisation."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from . import functional as F
+from . import init
+from .module import Buffer, Module, Parameter
+
+
+def _empty(*shape: int) -> Parameter:
+    return Parameter(np.zeros(shape, np.float32))
+
+
+# -- containers ----------------------------------------------------------------------------------
+class Sequential(Module):
+    def __init__(self, *modules: Module):
+        super().__init__()
+        for i, m in enumerate(modules):
+            self.add_module(str(i), m)
+
+    def forward(self, x):
+        for m in self.children():
+            x = m(x)
+        return x
+
+    def __getitem__(self, i: int) -> Module:
+        return list(self.children())[i]
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self):
+        return self.children()
+
+
+class ModuleList(Module):
+    def __init__(self, modules: Iterable[Module] = ()):
+        super().__init__()
+        for m in modules:
+            self.append(m)
+
+    def append(self, m: Module) -> ModuleList:
+        self.add_module(str(len(self._modules)), m)
+        return self
+
+    def __getitem__(self, i: int) -> Module:
+        return list(self.children())[i]
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self):
+        return self.children()
+
+
+# -- affine layers -------------------------------------------------------------------------------
+class Linear(Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool = True):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = _empty(out_features, in_features)
+        self.bias = _empty(out_features) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self, rng: np.random.Generator | None = None) -> None:
+        init.kaiming_uniform_(self.weight, a=math.sqrt(5), rng=rng)
+        if self.bias is not None:
+            init.bias_uniform_(self.bias, self.in_features, rng)
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        )
+
+
+class _ConvNd(Module):
+    nd = 2
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size,
+        stride=1,
+        padding: Any = 0,
+        dilation=1,
+        groups: int = 1,
+        bias: bool = True,
+        padding_mode: str = "zeros",
+    ):
+        super().__init__()
+        if padding_mode != "zeros":
+            raise ConfigError(
+                f"{type(self).__name__}: padding_mode '{padding_mode}' is not supported (only 'zeros')"
+            )
+        if in_channels % groups or out_channels % groups:
+            raise ConfigError(
+                f"{type(self).__name__}: in_channels {in_channels} and out_channels {out_channels} "
+                f"must be divisible by groups {groups}"
+            )
+        self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
+        self.kernel_size = tuple(F._ints(kernel_size, self.nd, "kernel_size"))
+        self.stride, self.dilation = (
+            tuple(F._ints(stride, self.nd, "stride")),
+            tuple(F._ints(dilation, self.nd, "dilation")),
+        )
+        self.padding = padding if isinstance(padding, str) else tuple(F._ints(padding, self.nd, "padding"))
+        if self.padding == "same" and any(s != 1 for s in self.stride):
+            raise ConfigError(f"{type(self).__name__}: padding='same' needs stride 1 (as in PyTorch)")
+        self.weight = _empty(out_channels, in_channels // groups, *self.kernel_size)
+        self.bias = _empty(out_channels) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self, rng: np.random.Generator | None = None) -> None:
+        init.kaiming_uniform_(self.weight, a=math.sqrt(5), rng=rng)
+        if self.bias is not None:
+            init.bias_uniform_(self.bias, init.fan_in(self.weight.shape), rng)
+
+    def forward(self, x):
+        return F.conv(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+            f"stride={self.stride}, padding={self.padding}, dilation={self.dilation}, groups={self.groups}, "
+            f"bias={self.bias is not None}"
+        )
+
+
+class Conv1d(_ConvNd):
+    nd = 1
+
+
+class Conv2d(_ConvNd):
+    nd = 2
+
+
+# -- normalisation ---------------------------------------------------------------------------------
+class _BatchNorm(Module):
+    ranks: tuple[int, ...] = ()
+
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+    ):
+        super().__init__()
+        if not track_running_stats:
+            raise ConfigError(f"{type(self).__name__}: track_running_stats=False is not supported")
+        if momentum is None:
+            raise ConfigError(f"{type(self).__name__}: momentum=None (cumulative average) is not supported")
+        self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        self.weight = _empty(num_features) if affine else None
+        self.bias = _empty(num_features) if affine else None
+        self.running_mean = Buffer(np.zeros(num_features, np.float32))
+        self.running_var = Buffer(np.ones(num_features, np.float32))
+        # Kept for PyTorch's state_dict; the graph does not count (momentum is fixed).
+        self.num_batches_tracked = Buffer(np.array(0, np.int64))
+        self.reset_parameters()
+
+    def reset_parameters(self, rng: np.random.Generator | None = None) -> None:
+        if self.weight is not None:
+            init.ones_(self.weight)
+            init.zeros_(self.bias)
+        init.zeros_(self.running_mean)
+        init.ones_(self.running_var)
+        self.num_batches_tracked.data = np.array(0, np.int64)
+
+    def forward(self, x):
+        if len(x.shape) not in self.ranks:
+            raise ConfigError(
+                f"{type(self).__name__} expects input of rank {' or '.join(map(str, self.ranks))}, "
+                f"got shape {tuple(x.shape)}"
+            )
+        return F.batch_norm(
+            x,
+            self.running_mean,
+            self.running_var,
+            self.weight,
+            self.bias,
+            momentum=self.momentum,
+            eps=self.eps,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.weight is not None}"
+        )
+
+
+class BatchNorm1d(_BatchNorm):
+    ranks = (2, 3)
+
+
+class BatchNorm2d(_BatchNorm):
+    ranks = (4,)
+
+
+class LayerNorm(Module):
+    def __init__(
+        self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True
+    ):
+        super().__init__()
+        shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        self.normalized_shape, self.eps = shape, eps
+        self.weight = _empty(*shape) if elementwise_affine else None
+        self.bias = _empty(*shape) if elementwise_affine and bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self, rng: np.random.Generator | None = None) -> None:
+        if self.weight is not None:
+            init.ones_(self.weight)
+        if self.bias is not None:
+            init.zeros_(self.bias)
+
+    def forward(self, x):
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
+class Embedding(Module):
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None):
+        super().__init__()
+        if padding_idx is not None:
+            raise ConfigError("Embedding: padding_idx is not supported (its row would still be trained)")
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.weight = _empty(num_embeddings, embedding_dim)
+        self.reset_parameters()
+
+    def reset_parameters(self, rng: np.random.Generator | None = None) -> None:
+        init.normal_(self.weight, rng=rng)
+
+    def forward(self, indices):
+        return F.embedding(indices, self.weight)
+
+
+class Dropout(Module):
+    def __init__(self, p: float = 0.5):
+        super().__init__()
+        if not 0 <= p < 1:
+            raise ConfigError(f"Dropout: p must be in [0, 1), got {p}")
+        self.p = p
+
+    def forward(self, x):
+        return F.dropout(x, self.p)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+# -- pooling ---------------------------------------------------------------------------------------
+class MaxPool2d(Module):
+    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False):
+        super().__init__()
+        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+        self.dilation, self.ceil_mode = dilation, ceil_mode
+
+    def forward(self, x):
+        return F.max_pool2d(x, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
+
+
+class AvgPool2d(Module):
+    def __init__(
+        self, kernel_size, stride=None, padding=0, ceil_mode: bool = False, count_include_pad: bool = True
+    ):
+        super().__init__()
+        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+        self.ceil_mode, self.count_include_pad = ceil_mode, count_include_pad
+
+    def forward(self, x):
+        return F.avg_pool2d(
+            x, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad
+        )
+
+
+class AdaptiveAvgPool2d(Module):
+    def __init__(self, output_size):
+        super().__init__()
+        self.output_size = output_size
+
+    def forward(self, x):
+        return F.adaptive_avg_pool2d(x, self.output_size)
+
+
+# -- shape and activations ---------------------------------------------------------------------------
+class Flatten(Module):
+    def __init__(self, start_dim: int = 1, end_dim: int = -1):
+        super().__init__()
+        self.start_dim, self.end_dim = start_dim, end_dim
+
+    def forward(self, x):
+        return F.flatten(x, self.start_dim, self.end_dim)
+
+
+class Identity(Module):
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__()
+
+    def forward(self, x):
+        return x
+
+
+def _activation(name: str, fn, **defaults):
+    """A stateless layer class that calls `fn(x, **options)`."""
+
+    def __init__(self, *args, **kwargs):
+        Module.__init__(self)
+        options = dict(defaults)
+        options.update(zip(defaults, args))
+        options.update({k: v for k, v in kwargs.items() if k != "inplace"})
+        self.options = options
+
+    def forward(self, x):
+        return fn(x, **self.options)
+
+    def extra_repr(self):
+        return ", ".join(f"{k}={v}" for k, v in self.options.items())
+
+    return type(
+        name,
+        (Module,),
+        {"__init__": __init__, "forward": forward, "extra_repr": extra_repr, "__doc__": f"torch.nn.{name}"},
+    )
+
+
+ReLU = _activation("ReLU", F.relu)
+LeakyReLU = _activation("LeakyReLU", F.leaky_relu, negative_slope=0.01)
+Sigmoid = _activation("Sigmoid", F.sigmoid)
+Tanh = _activation("Tanh", F.tanh)
+ELU = _activation("ELU", F.elu, alpha=1.0)
+GELU = _activation("GELU", F.gelu, approximate="none")
+SiLU = _activation("SiLU", F.silu)
+Softmax = _activation("Softmax", F.softmax, dim=None)
+LogSoftmax = _activation("LogSoftmax", F.log_softmax, dim=None)

@@ -1,0 +1,106 @@
+"""Loss and accuracy curves of a run (DIR/metrics.jsonl) as PNG files.
+
+matplotlib is an optional extra (`pip install anygrad[plot]`), imported only here and only when
+plotting, with the non-interactive Agg backend (no display needed).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError, DataError
+
+# (metric, file stem, y label, train key, valid key, as percent)
+CURVES = (
+    ("loss", "loss", "loss", "train_loss", "valid_loss", False),
+    ("accuracy", "accuracy", "accuracy (%)", "train_accuracy", "valid_accuracy", True),
+)
+
+
+@dataclass
+class Curve:
+    name: str
+    epochs: list[int]
+    train: list[float | None]
+    valid: list[float | None]
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a metrics.jsonl (one JSON object per epoch); a folder means its metrics.jsonl."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file; plot needs a run folder with metrics.jsonl "
+                        "(anygrad train --artifacts DIR writes one)") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e})") from None
+    rows = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            raise DataError(f"{path}:{n}: not a JSON line ({e})") from None
+        if isinstance(row, dict) and "epoch" in row:
+            rows.append(row)
+    if not rows:
+        raise DataError(f"{path} holds no epochs yet")
+    return rows
+
+
+def curves(rows: list[dict[str, Any]]) -> list[Curve]:
+    """The curves that have at least one value (a regression run has no accuracy)."""
+    out = []
+    for name, _, _, train_key, valid_key, _ in CURVES:
+        train = [r.get(train_key) for r in rows]
+        valid = [r.get(valid_key) for r in rows]
+        if any(v is not None for v in train + valid):
+            out.append(Curve(name, [int(r["epoch"]) for r in rows], train, valid))
+    return out
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConfigError("plotting needs matplotlib: pip install anygrad[plot]") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_run(run: str | Path, out_dir: str | Path | None = None, title: str | None = None) -> list[Path]:
+    """Write loss.png (and accuracy.png when the run has accuracy) into out_dir (default: the run folder)."""
+    run = Path(run).expanduser()
+    rows = read_metrics(run)
+    plt = _pyplot()
+    out = Path(out_dir).expanduser() if out_dir is not None else (run if run.is_dir() else run.parent)
+    out.mkdir(parents=True, exist_ok=True)
+    title = title or (run.name if run.is_dir() else run.parent.name)
+    written = []
+    for curve in curves(rows):
+        _, stem, ylabel, _, _, percent = next(c for c in CURVES if c[0] == curve.name)
+        scale = 100.0 if percent else 1.0
+        fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+        for label, values, style in (("train", curve.train, "o-"), ("valid", curve.valid, "s--")):
+            points = [(e, v * scale) for e, v in zip(curve.epochs, values) if v is not None]
+            if points:
+                ax.plot(*zip(*points), style, label=label, linewidth=1.8, markersize=4)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{title}: {curve.name}")
+        ax.grid(True, alpha=0.3)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.legend()
+        fig.tight_layout()
+        path = out / f"{stem}.png"
+        fig.savefig(path)
+        plt.close(fig)
+        written.append(path)
+    return written

@@ -1,0 +1,355 @@
+"""The Learner: clipping, accumulation, early stopping, schedulers, top-5, checkpoints, config reruns.
+
+References: PyTorch (clip_grad_norm_, SGD, lr_scheduler) in float64/float32, numpy.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import anygrad
+from anygrad import cli
+from anygrad.data import write_idx
+from anygrad.data.mnist import MNIST_FILES
+from anygrad.ir.passes import RNG_STATE
+from anygrad.optim import get_optimizer
+from anygrad.train import LineReporter, TrainConfig, fit
+from anygrad.train import trainer as trainer_mod
+
+torch = pytest.importorskip("torch")
+
+
+def _onnx(path: Path, sizes: list[int], seed: int = 0, input_shape=None) -> Path:
+    """Gemm(+Relu) layers over (N, sizes[0]), built with onnx.helper."""
+    rng = np.random.default_rng(seed)
+    inits, nodes, x = [], [], "x"
+    for i, (n_in, n_out) in enumerate(itertools.pairwise(sizes)):
+        inits += [numpy_helper.from_array((rng.standard_normal((n_out, n_in)) * 0.5).astype(np.float32), f"l{i}.weight"),
+                  numpy_helper.from_array((rng.standard_normal(n_out) * 0.1).astype(np.float32), f"l{i}.bias")]
+        nodes.append(helper.make_node("Gemm", [x, f"l{i}.weight", f"l{i}.bias"], [f"h{i}"], transB=1))
+        x = f"h{i}"
+        if i < len(sizes) - 2:
+            nodes.append(helper.make_node("Relu", [x], [f"r{i}"]))
+            x = f"r{i}"
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, input_shape or ["N", sizes[0]])]
+    if input_shape is not None:  # (N, 1, 28, 28) images: flatten first
+        inits.append(numpy_helper.from_array(np.array([-1, sizes[0]], np.int64), "shape"))
+        nodes.insert(0, helper.make_node("Reshape", ["x", "shape"], ["flat"]))
+        nodes[1].input[0] = "flat"
+    graph = helper.make_graph(nodes, "mlp", inputs, [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["N", sizes[-1]])],
+                              inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def _torch_mlp(path: Path) -> torch.nn.Sequential:
+    weights = {t.name: torch.tensor(numpy_helper.to_array(t)) for t in onnx.load(str(path)).graph.initializer}
+    n = len(weights) // 2
+    layers = []
+    for i in range(n):
+        w = weights[f"l{i}.weight"]
+        lin = torch.nn.Linear(w.shape[1], w.shape[0])
+        with torch.no_grad():
+            lin.weight.copy_(w)
+            lin.bias.copy_(weights[f"l{i}.bias"])
+        layers += [lin] + ([torch.nn.ReLU()] if i < n - 1 else [])
+    return torch.nn.Sequential(*layers)
+
+
+def _params(model) -> dict[str, np.ndarray]:
+    return model.state_dict()
+
+
+# -- gradient clipping inside the step ------------------------------------------------------------------
+@pytest.mark.parametrize("max_norm", [0.05, 1e3])  # clipped, and a bound that never bites
+def test_clipping_matches_torch(tmp_path, max_norm):
+    path = _onnx(tmp_path / "m.onnx", [4, 5, 3])
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((6, 4)).astype(np.float32)
+    y = rng.standard_normal((6, 3)).astype(np.float32)
+    model = anygrad.load_onnx(str(path)).compile("mse", get_optimizer("sgd", lr=0.1, momentum=0.9), "cpu",
+                                                 clip_norm=max_norm)
+    ref = _torch_mlp(path)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(4):
+        model.train_step(x, y)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(ref(torch.tensor(x)), torch.tensor(y)).backward()
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), max_norm)
+        opt.step()
+    got = _params(model)
+    for i, layer in enumerate(m for m in ref if isinstance(m, torch.nn.Linear)):
+        np.testing.assert_allclose(got[f"l{i}.weight"], layer.weight.detach().numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got[f"l{i}.bias"], layer.bias.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+# -- gradient accumulation ------------------------------------------------------------------------------
+@pytest.mark.parametrize("n, optimizer", [(2, "sgd"), (3, "adam"), (4, "sgd")])
+def test_accumulation_equals_one_big_batch(tmp_path, n, optimizer):
+    path = _onnx(tmp_path / "m.onnx", [6, 8, 5])
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 4 * n, 6)).astype(np.float32)  # two updates of 4n samples
+    y = rng.integers(0, 5, (2, 4 * n)).astype(np.int64)
+    big = anygrad.load_onnx(str(path)).compile("cross_entropy", get_optimizer(optimizer, lr=0.05), "cpu")
+    acc = anygrad.load_onnx(str(path)).compile("cross_entropy", get_optimizer(optimizer, lr=0.05), "cpu",
+                                               accumulate=n)
+    for u in range(2):
+        big.train_step(x[u], y[u])
+        for i in range(n):
+            before = acc.state_dict()
+            acc.train_step(x[u, 4 * i:4 * (i + 1)], y[u, 4 * i:4 * (i + 1)])
+            if i < n - 1:  # no update until the n-th micro-batch
+                assert all(np.array_equal(before[k], v) for k, v in acc.state_dict().items())
+    for k, v in big.state_dict().items():
+        np.testing.assert_allclose(acc.state_dict()[k], v, rtol=1e-6, atol=1e-6)
+    assert float(acc.backend.get_state("anygrad.step")) == 2.0
+
+
+def test_accumulation_flushes_at_epoch_end(tmp_path):
+    """10 batches, N = 4: updates after batches 4, 8 and 10 (the last, partial group)."""
+    path = _onnx(tmp_path / "m.onnx", [6, 5])
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal((40, 6)).astype(np.float32), rng.integers(0, 5, 40).astype(np.int64)
+    model = anygrad.load_onnx(str(path)).compile("cross_entropy", get_optimizer("sgd", lr=0.1), "cpu")
+    fit(model, (x, y), None, epochs=1, batch_size=4, accumulate=4, shuffle=False, log=None)
+    assert float(model.backend.get_state("anygrad.step")) == 3.0 and model.micro_step == 0
+    # PyTorch users' loop: loss / N per micro-batch, step every N-th and after the last batch
+    ref = _torch_mlp(path)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for i in range(10):
+        loss = torch.nn.functional.cross_entropy(ref(torch.tensor(x[4 * i:4 * i + 4])), torch.tensor(y[4 * i:4 * i + 4]))
+        (loss / 4).backward()
+        if (i + 1) % 4 == 0 or i == 9:
+            opt.step()
+            opt.zero_grad()
+    np.testing.assert_allclose(model.state_dict()["l0.weight"], ref[0].weight.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+# -- early stopping, schedulers: a scripted validation metric ------------------------------------------------
+def _scripted(monkeypatch, losses: list[float]):
+    """Replace validation by a scripted valid_loss per epoch."""
+    values = iter(losses)
+
+    def fake(model, data, batch_size, transform=None):
+        s = trainer_mod._Sums()
+        s.add({"count": 1.0, "loss": next(values), "accuracy": 0.5})
+        return s
+    monkeypatch.setattr(trainer_mod, "_validate", fake)
+
+
+def _small(tmp_path, lr=0.1, optimizer="sgd"):
+    path = _onnx(tmp_path / "m.onnx", [6, 5])
+    rng = np.random.default_rng(4)
+    data = rng.standard_normal((16, 6)).astype(np.float32), rng.integers(0, 5, 16).astype(np.int64)
+    return anygrad.load_onnx(str(path)).compile("cross_entropy", get_optimizer(optimizer, lr=lr), "cpu"), data
+
+
+@pytest.mark.parametrize("losses, patience, min_delta, stop_epoch", [
+    ([1.0, 0.9, 0.95, 0.91, 0.92, 0.5, 0.4], 3, 0.0, 5),   # best at 2, then 3 epochs without improvement
+    ([1.0, 0.9, 0.95, 0.85, 0.92, 0.93, 0.4], 2, 0.0, 6),
+    ([1.0, 0.95, 0.92, 0.91, 0.5, 0.4, 0.3], 2, 0.1, 3),   # improvements below min_delta do not count
+    ([1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4], 1, 0.0, None),    # always improving: all 7 epochs
+])
+def test_early_stopping(tmp_path, monkeypatch, losses, patience, min_delta, stop_epoch):
+    model, data = _small(tmp_path)
+    _scripted(monkeypatch, losses)
+    result = fit(model, data, data, epochs=7, batch_size=8, patience=patience, min_delta=min_delta, log=None)
+    assert len(result.history) == (stop_epoch or 7)
+    assert result.stopped_early == (stop_epoch is not None)
+
+
+def test_early_stopping_on_a_max_metric(tmp_path, monkeypatch):
+    model, data = _small(tmp_path)
+    _scripted(monkeypatch, [1.0] * 6)
+    accs = iter([0.1, 0.5, 0.4, 0.45, 0.6, 0.7])
+    real = trainer_mod._validate
+
+    def fake(model, d, b, transform=None):
+        s = real(model, d, b, transform)
+        s.correct = next(accs) * s.count
+        return s
+    monkeypatch.setattr(trainer_mod, "_validate", fake)
+    result = fit(model, data, data, epochs=6, batch_size=8, monitor="valid_accuracy", patience=2,  # mode auto: max
+                 log=None)
+    assert len(result.history) == 4 and result.best_epoch == 2
+
+
+def _torch_lrs(name: str, epochs: int, metrics=None, **options) -> list[float]:
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=0.1)
+    sched = getattr(torch.optim.lr_scheduler, name)(opt, **options)
+    lrs = []
+    for e in range(epochs):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step(*([metrics[e]] if metrics else []))
+    return lrs
+
+
+@pytest.mark.parametrize("ours, theirs, options", [
+    ("step", "StepLR", {"step_size": 2, "gamma": 0.5}),
+    ("cosine", "CosineAnnealingLR", {"T_max": 4, "eta_min": 0.01}),
+    ("exponential", "ExponentialLR", {"gamma": 0.7}),
+])
+def test_epoch_schedulers_set_lr_like_torch(tmp_path, ours, theirs, options):
+    model, data = _small(tmp_path)
+    result = fit(model, data, data, epochs=6, batch_size=8, scheduler=ours, scheduler_options=options, log=None)
+    np.testing.assert_allclose([m.lr for m in result.history], _torch_lrs(theirs, 6, **options), rtol=1e-6)
+
+
+def test_plateau_is_fed_the_monitored_metric(tmp_path, monkeypatch):
+    losses = [1.0, 0.9, 0.95, 0.96, 0.97, 0.8, 0.85, 0.86]
+    model, data = _small(tmp_path)
+    _scripted(monkeypatch, losses)
+    result = fit(model, data, data, epochs=8, batch_size=8, scheduler="plateau",
+                 scheduler_options={"patience": 1, "factor": 0.5}, log=None)
+    want = _torch_lrs("ReduceLROnPlateau", 8, metrics=losses, patience=1, factor=0.5)
+    np.testing.assert_allclose([m.lr for m in result.history], want, rtol=1e-6)
+
+
+def test_step_interval_scheduler(tmp_path):
+    model, data = _small(tmp_path)  # 2 steps per epoch
+    fit(model, data, None, epochs=3, batch_size=8, scheduler="cosine",
+        scheduler_options={"T_max": 10, "interval": "step"}, log=None)
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=0.1)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10)
+    for _ in range(6):
+        opt.step()
+        sched.step()
+    assert model.lr == pytest.approx(opt.param_groups[0]["lr"], rel=1e-6)
+
+
+# -- top-5 accuracy ------------------------------------------------------------------------------------------
+def _top5_reference(scores: np.ndarray, target: np.ndarray) -> float:
+    top = torch.topk(torch.tensor(scores), 5, dim=1).indices.numpy()
+    return float(np.mean([t in row for t, row in zip(target, top)]))
+
+
+def test_count_top_k_matches_topk():
+    from anygrad.ir.graph import Node
+    from anygrad.ir.registry import get_op
+    rng = np.random.default_rng(5)
+    scores = rng.standard_normal((64, 12)).astype(np.float32)
+    target = rng.integers(0, 12, 64)
+    for k in (1, 3, 5):
+        got = get_op("CountTopK").run(Node("CountTopK", ["o", "t"], ["c"], {"k": k}), [scores, target])[0]
+        ref = torch.topk(torch.tensor(scores), k, dim=1).indices.numpy()
+        assert float(got) == sum(t in row for t, row in zip(target, ref))
+
+
+def test_top5_metric_in_fit(tmp_path):
+    path = _onnx(tmp_path / "m.onnx", [6, 10])
+    rng = np.random.default_rng(6)
+    x, y = rng.standard_normal((30, 6)).astype(np.float32), rng.integers(0, 10, 30).astype(np.int64)
+    model = anygrad.load_onnx(str(path)).compile("cross_entropy", get_optimizer("sgd", lr=0.1), "cpu")
+    result = model.fit((x, y), (x, y), epochs=1, batch_size=8, valid_batch_size=7, log=None)
+    assert result.last.valid_top5 == pytest.approx(_top5_reference(model.predict(x), y), abs=1e-6)
+    assert result.last.train_top5 is not None
+    small = anygrad.load_onnx(str(_onnx(tmp_path / "s.onnx", [6, 5]))).compile("cross_entropy", device="cpu")
+    assert small.top_k is None  # 5 classes or fewer: no top-5
+
+
+# -- artifacts -------------------------------------------------------------------------------------------------
+def test_checkpoints_keep_last_n_and_best(tmp_path, monkeypatch):
+    model, data = _small(tmp_path)
+    _scripted(monkeypatch, [1.0, 0.5, 0.7, 0.8, 0.9])
+    run = tmp_path / "run"
+    fit(model, data, data, epochs=5, batch_size=8, keep_checkpoints=2, artifacts_dir=str(run), log=None)
+    ckpts = run / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["best.json", "best.npz", "ckpt-00000008.json",
+                                                       "ckpt-00000008.npz", "ckpt-00000010.json", "ckpt-00000010.npz"]
+    best = json.loads((ckpts / "best.json").read_text())
+    assert best["epoch"] == 2 and best["monitor"]["best"] == 0.5
+    last = json.loads((ckpts / "ckpt-00000010.json").read_text())
+    assert last["epoch"] == 5 and last["epoch_done"] and last["fingerprint"] == model.fingerprint()
+    arrays = np.load(ckpts / "ckpt-00000010.npz", allow_pickle=False)
+    for name, value in model.full_state().items():  # every device tensor, optimizer state included
+        np.testing.assert_array_equal(arrays[name], value)
+    assert {"anygrad.lr", "anygrad.step", RNG_STATE, "l0.weight"} <= set(arrays.files)
+    rows = (run / "metrics.csv").read_text().splitlines()
+    assert rows[0].startswith("epoch,train_loss") and len(rows) == 6
+    assert (run / "weights.safetensors").is_file()
+
+
+def test_full_state_holds_optimizer_slots(tmp_path):
+    model, (x, y) = _small(tmp_path, optimizer="adam")
+    model.train_step(x[:8], y[:8])
+    state = model.full_state()
+    assert {"optim.exp_avg.l0.weight", "optim.exp_avg_sq.l0.weight", "anygrad.lr", "anygrad.step"} <= set(state)
+    other, _ = _small(tmp_path, optimizer="adam")
+    other.load_full_state(state)
+    model.train_step(x[8:], y[8:])
+    other.train_step(x[8:], y[8:])
+    for k, v in model.full_state().items():
+        np.testing.assert_array_equal(other.full_state()[k], v)
+
+
+@pytest.fixture(scope="module")
+def tiny_mnist(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("tiny-mnist")
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 48), ("test", 20)):
+        y = rng.integers(0, 10, n).astype(np.uint8)
+        x = (rng.integers(0, 20, (n, 28, 28)) + y[:, None, None] * 23).astype(np.uint8)
+        write_idx(folder / f"{MNIST_FILES['x_' + split].name}.gz", x)
+        write_idx(folder / f"{MNIST_FILES['y_' + split].name}.gz", y)
+    return folder
+
+
+def _rows(run: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in ("seconds", "samples_per_s")} for r in rows]
+
+
+def test_config_json_reproduces_the_run(tmp_path, tiny_mnist):
+    model = _onnx(tmp_path / "m.onnx", [784, 16, 10], input_shape=["N", 1, 28, 28])
+    first = tmp_path / "first"
+    assert cli.main(["train", str(model), "--data-dir", str(tiny_mnist), "--device", "cpu", "--epochs", "3",
+                     "--batch-size", "8", "--optimizer", "sgd", "--lr", "0.05", "--clip-grad-norm", "1.0",
+                     "--accumulate", "2", "--scheduler", "step", "--scheduler-opt", "step_size=1",
+                     "--scheduler-opt", "gamma=0.5", "--seed", "7", "--artifacts", str(first), "--quiet"]) == 0
+    config = json.loads((first / "config.json").read_text())
+    assert (config["clip_grad_norm"], config["accumulate"], config["scheduler"], config["seed"]) == \
+        (1.0, 2, "step", 7)
+    for name in ("again", "again2"):
+        assert cli.main(["train", "--config", str(first / "config.json"), "--artifacts", str(tmp_path / name),
+                         "--quiet"]) == 0
+        assert _rows(tmp_path / name) == _rows(first)
+    lrs = [r["lr"] for r in _rows(first)]
+    assert lrs == pytest.approx([0.05, 0.025, 0.0125])
+    # a flag overrides the file
+    assert cli.main(["train", "--config", str(first / "config.json"), "--epochs", "1", "--artifacts",
+                     str(tmp_path / "short"), "--quiet"]) == 0
+    assert _rows(tmp_path / "short") == _rows(first)[:1]
+
+
+def test_line_reporter_gets_every_hook(tmp_path):
+    events = []
+
+    class Recorder(LineReporter):
+        def run_begin(self, info):
+            events.append(("begin", info.epochs, info.steps_per_epoch))
+
+        def step(self, info):
+            events.append(("step", info.epoch, info.step))
+
+        def epoch_end(self, info):
+            events.append(("epoch", info.epoch, sorted(info.metrics)))
+
+        def run_end(self, stopped_early=False, interrupted=False):
+            events.append(("end", stopped_early, interrupted))
+
+    model, data = _small(tmp_path)
+    fit(model, data, data, TrainConfig(epochs=2, batch_size=4, log_every=2), reporter=Recorder())
+    assert events[0] == ("begin", 2, 4) and events[-1] == ("end", False, False)
+    assert [e[1:] for e in events if e[0] == "step"] == [(1, 2), (2, 2)]
+    assert [e[1] for e in events if e[0] == "epoch"] == [1, 2]
