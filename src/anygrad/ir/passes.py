@@ -87,8 +87,45 @@ def specialize(graph: Graph, input_shapes: Mapping[str, Shape]) -> Graph:
             raise ShapeError(f"input '{name}' expects shape {tuple(declared)}, got {shape}")
         g.info[name] = TensorInfo(g.info[name].dtype, shape)
     infer_shapes(g)
+    expand_composites(g)
     fold_constants(g)
     return g
+
+
+def expand_composites(graph: Graph) -> None:
+    """Replace composite nodes (ops with an `expand` rule) by the primitive ops they stand for.
+
+    Needs static shapes (run after `infer_shapes`). The expansion's results take the composite
+    node's output names, so nothing downstream changes.
+    """
+    from .builder import Builder  # builder imports this module
+
+    if not any(getattr(get_op(n.op), "expand", None) for n in graph.nodes):
+        return
+    nodes, graph.nodes = graph.nodes, []
+    for node in nodes:
+        op = get_op(node.op)
+        if op is None or op.expand is None:
+            graph.nodes.append(node)
+            continue
+        start = len(graph.nodes)
+        results = op.expand(Builder(graph, prefix=node.name or node.op), node)
+        produced = {o for n in graph.nodes[start:] for o in n.outputs}
+        renamed: dict[str, str] = {}
+        for result, wanted in zip(results, node.outputs):
+            if not wanted:
+                continue
+            result = renamed.get(result, result)
+            if result in produced:  # rename the producing node's output in place
+                rename = {result: wanted}
+                for n in graph.nodes[start:]:
+                    n.outputs = [rename.get(o, o) for o in n.outputs]
+                    n.inputs = [rename.get(i, i) for i in n.inputs]
+                graph.info[wanted] = graph.info.pop(result)
+                renamed[result] = wanted
+            else:  # an input or constant passed straight through
+                graph.nodes.append(Node("Identity", [result], [wanted], {}, name=f"{node.name}.out"))
+                infer_node(graph, graph.nodes[-1])
 
 
 def fold_constants(graph: Graph) -> None:

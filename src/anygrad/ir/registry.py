@@ -13,12 +13,13 @@ import numpy as np
 from .graph import Graph, Node, TensorInfo
 
 if TYPE_CHECKING:
-    from .builder import GradContext
+    from .builder import Builder, GradContext
 
 InferFn = Callable[[Node, list[TensorInfo]], list[TensorInfo]]
 ForwardFn = Callable[[Node, list[np.ndarray]], Sequence[np.ndarray] | np.ndarray]
 GradFn = Callable[["GradContext"], Sequence[str | None]]
 ModeFn = Callable[[Graph, Node, bool], None]
+ExpandFn = Callable[["Builder", Node], Sequence[str]]
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,11 @@ class OpDef:
     set_mode: rewrites the node in place for training (True) or inference (False), for ops that
               behave differently (BatchNormalization, Dropout); may add outputs, inputs and
               graph.state_updates (see anygrad.ir.passes.set_training_mode).
+    expand:   for composite ops (LSTM, Attention...): builds the node's outputs from other ops once
+              input shapes are static, returning one value name per output ("" for an absent
+              one). `specialize` replaces such nodes by their expansion, so autodiff and every
+              backend only ever see the primitive ops; `forward` defaults to running the
+              expansion, and `grad` is not needed.
     """
 
     name: str
@@ -45,6 +51,7 @@ class OpDef:
     foldable: bool = True
     internal: bool = False
     set_mode: ModeFn | None = None
+    expand: ExpandFn | None = None
 
     def run(self, node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
         out = self.forward(node, inputs)
@@ -56,13 +63,17 @@ class OpDef:
 _REGISTRY: dict[str, OpDef] = {}
 
 
-def defop(name: str, *, infer: InferFn, forward: ForwardFn, grad: GradFn | None = None,
+def defop(name: str, *, infer: InferFn, forward: ForwardFn | None = None, grad: GradFn | None = None,
           nondiff: Sequence[int] = (), foldable: bool = True, internal: bool = False,
-          set_mode: ModeFn | None = None) -> OpDef:
+          set_mode: ModeFn | None = None, expand: ExpandFn | None = None) -> OpDef:
     """Register an op. Redefining a name is a programming error."""
     if name in _REGISTRY:
         raise ValueError(f"op {name} registered twice")
-    op = OpDef(name, infer, forward, grad, frozenset(nondiff), foldable, internal, set_mode)
+    if forward is None:
+        if expand is None:
+            raise ValueError(f"op {name} needs a forward kernel or an expansion")
+        forward = _forward_by_expansion(expand)
+    op = OpDef(name, infer, forward, grad, frozenset(nondiff), foldable, internal, set_mode, expand)
     _REGISTRY[name] = op
     return op
 
@@ -73,3 +84,30 @@ def get_op(name: str) -> OpDef | None:
 
 def all_ops() -> dict[str, OpDef]:
     return dict(_REGISTRY)
+
+
+def _forward_by_expansion(expand: ExpandFn) -> ForwardFn:
+    """A reference kernel for a composite op: build its expansion over the concrete inputs and run it."""
+
+    def forward(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        from .builder import Builder
+        from .graph import info_of
+
+        g = Graph()
+        names = []
+        for i, x in enumerate(inputs):
+            if x is None:
+                names.append("")
+                continue
+            names.append(f"in{i}")
+            g.initializers[f"in{i}"] = np.asarray(x)
+            g.info[f"in{i}"] = info_of(np.asarray(x))
+        outs = expand(Builder(g, prefix="x"), Node(node.op, names, list(node.outputs), node.attrs, node.name))
+        values = dict(g.initializers)
+        for n in g.nodes:  # folding stops at large tensors: run what it left
+            results = _REGISTRY[n.op].run(n, [values[i] if i else None for i in n.inputs])
+            values.update((o, r) for o, r in zip(n.outputs, results) if o)
+        return [values[o] if o in values else g.info[o].const if o else np.zeros(0, np.float32)
+                for o in outs]
+
+    return forward
