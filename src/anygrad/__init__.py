@@ -4,6 +4,7 @@ from .errors import AnygradError
 from .model import Model
 from .frontends import load_onnx, save_onnx
 from .frontends.from_torch import from_torch
+from . import nn  # the Python model API (anygrad.nn.Module); after the frontends it traces into
 
 __version__ = "0.1.0"
-__all__ = ["AnygradError", "Model", "from_torch", "load_onnx", "save_onnx", "__version__"]
+__all__ = ["AnygradError", "Model", "__version__", "from_torch", "load_onnx", "nn", "save_onnx"]

@@ -146,6 +146,27 @@ def conv(
 conv1d = conv2d = conv3d = conv
 
 
+def conv_transpose(
+    x, weight, bias=None, stride: Any = 1, padding: Any = 0, output_padding: Any = 0, groups: int = 1,
+    dilation: Any = 1,
+) -> Tensor:
+    """N-d transposed convolution (PyTorch's argument order: groups before dilation)."""
+    x, w = _t(x), _t(weight)
+    kernel = list(w.shape[2:])
+    nd = len(kernel)
+    strides, dilations = _ints(stride, nd, "stride"), _ints(dilation, nd, "dilation")
+    pads, out_pad = _ints(padding, nd, "padding"), _ints(output_padding, nd, "output_padding")
+    if any(p >= s and p >= d for p, s, d in zip(out_pad, strides, dilations)):
+        raise ConfigError(f"output_padding {out_pad} must be smaller than stride {strides} or dilation "
+                          f"{dilations} (as in PyTorch)")
+    ins = [x, w] + ([_t(bias)] if bias is not None else [])
+    return x.tracer.op("ConvTranspose", ins, dilations=dilations, group=int(groups), kernel_shape=kernel,
+                       pads=pads + pads, strides=strides, output_padding=out_pad)
+
+
+conv_transpose1d = conv_transpose2d = conv_transpose3d = conv_transpose
+
+
 def _pool_args(x: Tensor, kernel_size, stride, padding, nd: int) -> dict:
     kernel = _ints(kernel_size, nd, "kernel_size")
     strides = kernel if stride is None or stride == [] else _ints(stride, nd, "stride")
@@ -416,3 +437,17 @@ def sqrt(x) -> Tensor:
 def constant(value: Any, like) -> Tensor:
     """A constant tensor in the traced graph (dtype of `like` for Python numbers)."""
     return as_tensor(value, _t(like))
+
+
+def onnx_op(op: str, *inputs: Any, n_out: int = 1, **attrs: Any) -> Tensor | list[Tensor]:
+    """Any registered op by its ONNX name and attributes: the escape hatch for ops that have no
+    PyTorch-style function here (`anygrad codegen` emits it for those). Inputs are tensors,
+    numpy arrays (constants, dtype kept) or None (an absent optional input); n_out > 1 returns
+    a list."""
+    if get_op(op) is None:
+        raise AnygradError(f"onnx_op: '{op}' is not an op anygrad knows")
+    like = next((i._t() for i in inputs if isinstance(i, Operand)), None)
+    tensors = [None if i is None else as_tensor(i, like) for i in inputs]
+    tracer = like.tracer if like is not None else next(t.tracer for t in tensors if t is not None)
+    outs = tracer.ops(op, tensors, n_out, **attrs)
+    return outs[0] if n_out == 1 else outs

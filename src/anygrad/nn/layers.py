@@ -145,6 +145,84 @@ class Conv2d(_ConvNd):
     nd = 2
 
 
+class _ConvTransposeNd(Module):
+    """Weight (in_channels, out_channels / groups, *kernel), PyTorch's init (fan_in from dim 1)."""
+
+    nd = 2
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size,
+        stride=1,
+        padding=0,
+        output_padding=0,
+        groups: int = 1,
+        bias: bool = True,
+        dilation=1,
+        padding_mode: str = "zeros",
+    ):
+        super().__init__()
+        if padding_mode != "zeros":
+            raise ConfigError(
+                f"{type(self).__name__}: padding_mode '{padding_mode}' is not supported (only 'zeros')"
+            )
+        if in_channels % groups or out_channels % groups:
+            raise ConfigError(
+                f"{type(self).__name__}: in_channels {in_channels} and out_channels {out_channels} "
+                f"must be divisible by groups {groups}"
+            )
+        self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
+        self.kernel_size = tuple(F._ints(kernel_size, self.nd, "kernel_size"))
+        self.stride = tuple(F._ints(stride, self.nd, "stride"))
+        self.padding = tuple(F._ints(padding, self.nd, "padding"))
+        self.output_padding = tuple(F._ints(output_padding, self.nd, "output_padding"))
+        self.dilation = tuple(F._ints(dilation, self.nd, "dilation"))
+        self.weight = _empty(in_channels, out_channels // groups, *self.kernel_size)
+        self.bias = _empty(out_channels) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self, rng: np.random.Generator | None = None) -> None:
+        init.kaiming_uniform_(self.weight, a=math.sqrt(5), rng=rng)
+        if self.bias is not None:
+            init.bias_uniform_(self.bias, init.fan_in(self.weight.shape), rng)
+
+    def _output_padding(self, x, output_size) -> tuple[int, ...]:
+        """PyTorch's output_size: the extra rows past the smallest output, each below the stride."""
+        if output_size is None:
+            return self.output_padding
+        size = [int(s) for s in output_size][-self.nd:]
+        out_pad = []
+        for i, (want, n, s, p, k, d) in enumerate(zip(size, list(x.shape)[-self.nd:], self.stride, self.padding,
+                                                       self.kernel_size, self.dilation)):
+            least = (int(n) - 1) * s - 2 * p + d * (k - 1) + 1
+            if not least <= want < least + s:
+                raise ConfigError(f"{type(self).__name__}: output_size {size} is not reachable in dim {i} "
+                                  f"(from {least} to {least + s - 1})")
+            out_pad.append(want - least)
+        return tuple(out_pad)
+
+    def forward(self, x, output_size=None):
+        return F.conv_transpose(x, self.weight, self.bias, self.stride, self.padding,
+                                self._output_padding(x, output_size), self.groups, self.dilation)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+            f"padding={self.padding}, output_padding={self.output_padding}, dilation={self.dilation}, "
+            f"groups={self.groups}, bias={self.bias is not None}"
+        )
+
+
+class ConvTranspose1d(_ConvTransposeNd):
+    nd = 1
+
+
+class ConvTranspose2d(_ConvTransposeNd):
+    nd = 2
+
+
 # -- normalisation ---------------------------------------------------------------------------------
 class _BatchNorm(Module):
     ranks: tuple[int, ...] = ()

@@ -459,7 +459,19 @@ def _conv_grad_weight_forward(node, ins):
     return conv_grad_weight(dy, x, window(node, x.shape[2:], shape[2:]), int(node.attr("group", 1)), shape)
 
 
-defop("ConvGradInput", infer=_grad_input_infer, forward=_conv_grad_input_forward, internal=True)
+def _conv_grad_input_grad(g: GradContext):
+    """ConvGradInput is linear in dY and in W: a Conv of the incoming gradient for dY, the weight
+    gradient with input and output swapped for W (ConvTranspose and double backward use this)."""
+    attrs = {k: v for k in ("kernel_shape", "strides", "dilations", "pads", "group")
+             if (v := g.node.attr(k)) is not None}
+    dy, w = g.x[0], g.x[1]
+    ddy = g.op("Conv", [g.dy, w], **attrs) if g.need(0) else None
+    dw = g.op("ConvGradWeight", [dy, g.dy], **attrs, weight_shape=list(g.shape(w))) if g.need(1) else None
+    return [ddy, dw]
+
+
+defop("ConvGradInput", infer=_grad_input_infer, forward=_conv_grad_input_forward, grad=_conv_grad_input_grad,
+      internal=True)
 defop("ConvGradWeight", internal=True, forward=_conv_grad_weight_forward,
       infer=lambda node, ins: [TensorInfo(ins[0].dtype, tuple(int(d) for d in node.attr("weight_shape")))])
 
