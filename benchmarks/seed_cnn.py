@@ -1,19 +1,30 @@
 """Training throughput of the founding MNIST CNN: anygrad on each device vs PyTorch, same run.
 
-    python benchmarks/seed_cnn.py --devices cpu wgpu --batch-sizes 1000 64 --samples 60000 --json out.json
+    python benchmarks/seed_cnn.py --devices cpu,wgpu --batch-sizes 1000,64 --json out.json
+    python benchmarks/seed_cnn.py --devices cpu --batch-sizes 1000 --samples 6000 --repeats 1  # quick
 
-Synthetic 28x28 data (throughput does not depend on the pixels). The founding settings: AdaGrad,
-lr 1.0, NLL loss on log_softmax outputs. For each device and batch size it reports samples/s
-over the timed steps (after warm-up steps that compile and fill caches), the host-side time of
-one step call (for wgpu: write the batch + encode + submit, the Python cost), and the ratio to
-PyTorch on the CPU and, where present, CUDA eager in the same run.
+Synthetic 28x28 data (throughput does not depend on the pixels). The founding settings: Adagrad,
+lr 1.0, NLL loss on log_softmax outputs, dropout and BatchNorm in training mode. For each device
+and batch size, one pass over --samples is timed --repeats times (after warm-up steps that compile
+and fill caches) and the median samples/s is reported, with:
+
+- host us/step: the mean time of one `train_step` call (anygrad: write the batch + encode +
+  submit, no readback; PyTorch: the eager Python dispatch, which waits when the GPU falls behind);
+- write us: of that, writing the batch alone (anygrad wgpu);
+- ratios anygrad/PyTorch at the same batch size, against each PyTorch device of this same run.
+
+PyTorch gets the same model (examples/mnist/model.py), its default init, torch.optim.Adagrad and
+the whole data set already on its device; anygrad uploads each batch from host memory, as a
+training loop does. `--profile` adds a timestamp-query GPU profile of one wgpu step per batch size.
 """
 from __future__ import annotations
 
 import argparse
 import importlib.util
 import json
+import os
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -30,118 +41,220 @@ def synthetic(samples: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def steps_for(samples: int, batch: int) -> int:
-    return max(1, samples // batch)
+def _timed_epochs(step, steps: int, repeats: int, wait) -> tuple[list[float], float]:
+    """Seconds of each of `repeats` passes of `steps` steps (each ended by `wait`), and the mean
+    host seconds of one step call."""
+    epochs, host = [], 0.0
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for i in range(steps):
+            h0 = time.perf_counter()
+            step(i)
+            host += time.perf_counter() - h0
+        wait()
+        epochs.append(time.perf_counter() - t0)
+    return epochs, host / (steps * repeats)
 
 
-def bench_anygrad(device: str, batch: int, x: np.ndarray, y: np.ndarray, warmup: int) -> dict:
+def _row(framework: str, device: str, label: str, batch: int, steps: int, epochs: list[float], host: float,
+         **extra) -> dict:
+    rates = [steps * batch / s for s in epochs]
+    return {"framework": framework, "device": device, "label": label, "batch": batch, "steps": steps,
+            "samples_per_s": statistics.median(rates), "samples_per_s_all": rates,
+            "ms_per_step": 1e3 * statistics.median(epochs) / steps, "host_us_per_step": 1e6 * host, **extra}
+
+
+def parse_pins(text: str) -> dict[str, dict]:
+    """'ConvGradInput:8=register8,Conv=shared' -> node attrs pinning the GEMM tiling of each op
+    (kernels_gemm.variant_of: variant register|shared, then optionally the block size); ':C'
+    limits a pin to nodes whose output has C channels (dim 1)."""
+    pins = {}
+    for item in _list(text):
+        op, _, spec = item.partition("=")
+        variant = spec.rstrip("0123456789")
+        block = spec[len(variant):]
+        pins[op] = {"_gemm_variant": variant} | ({"_gemm_block": int(block)} if block else {})
+    return pins
+
+
+def _pin(backend, pins: dict[str, dict]) -> None:
+    """Benchmark-only experiment: set the tiling attrs on matching nodes of every graph compiled."""
+    compile_ = backend.compile
+
+    def compile(graph, *args, **kwargs):
+        for node in graph.nodes:
+            shape = graph.info[node.outputs[0]].shape if node.outputs[0] in graph.info else ()
+            channels = f"{node.op}:{shape[1]}" if len(shape) > 1 else node.op
+            node.attrs.update(pins.get(channels, pins.get(node.op, {})))
+        return compile_(graph, *args, **kwargs)
+    backend.compile = compile
+
+
+def bench_anygrad(device: str, batch: int, x: np.ndarray, y: np.ndarray, warmup: int, repeats: int,
+                  profile: bool, pins: dict[str, dict] | None = None) -> dict:
     import anygrad
     from anygrad.examples import FOUNDING_MODEL
-    from anygrad.optim import AdaGrad
+    from anygrad.optim import Adagrad
 
     model = anygrad.load_onnx(FOUNDING_MODEL, init="fresh")
-    model.compile(loss="nll", optimizer=AdaGrad(lr=1.0), device=device)
-    steps = steps_for(len(x), batch)
-    for i in range(warmup):
-        model.train_step(x[:batch], y[:batch])
-    model.read_metrics(reset=True)  # waits for the device
-    host = 0.0
+    model.compile(loss="nll", optimizer=Adagrad(lr=1.0), device=device)
+    if pins:
+        _pin(model.backend, pins)
+    steps = max(1, len(x) // batch)
+    batches = [(x[i * batch:(i + 1) * batch], y[i * batch:(i + 1) * batch]) for i in range(steps)]
     t0 = time.perf_counter()
-    for i in range(steps):
-        xb, yb = x[i * batch:(i + 1) * batch], y[i * batch:(i + 1) * batch]
+    model.train_step(*batches[0])
+    model.read_metrics(reset=True)           # waits for the device
+    compile_s = time.perf_counter() - t0
+    for i in range(warmup):
+        model.train_step(*batches[i % steps])
+    model.read_metrics(reset=True)
+    epochs, host = _timed_epochs(lambda i: model.train_step(*batches[i]), steps, repeats,
+                                 lambda: model.read_metrics())
+    metrics = model.read_metrics(reset=True)
+    extra = {"compile_s": compile_s, "loss": metrics.get("loss")}
+    exe = model._train_program(*batches[0], flush=False)
+    if model.backend.name == "wgpu":
+        feeds = model._feeds(*batches[0])
+        n = 50
         h0 = time.perf_counter()
-        model.train_step(xb, yb)
-        host += time.perf_counter() - h0
-    metrics = model.read_metrics(reset=True)  # the readback waits for the last step
-    seconds = time.perf_counter() - t0
-    return {"framework": "anygrad", "device": model.backend.description, "batch": batch, "steps": steps,
-            "samples_per_s": steps * batch / seconds, "host_us_per_step": 1e6 * host / steps,
-            "loss": metrics.get("loss")}
+        for _ in range(n):
+            exe._write_inputs(feeds)
+        extra["write_us"] = 1e6 * (time.perf_counter() - h0) / n
+        extra["kernels"] = exe.n_kernels
+        if profile and "timestamp-query" in model.backend.device.features:
+            extra["profile"] = exe.step_profile(feeds, repeat=5).as_dict()
+    label = "cpu" if model.backend.name != "wgpu" else f"wgpu:{model.backend.adapter.backend.lower()}"
+    if pins:
+        label += "+pin"
+        extra["pins"] = pins
+    return _row("anygrad", model.backend.description, label, batch, steps, epochs, host, **extra)
 
 
-def bench_torch(device: str, batch: int, x: np.ndarray, y: np.ndarray, warmup: int) -> dict:
+def bench_torch(device: str, batch: int, x: np.ndarray, y: np.ndarray, warmup: int, repeats: int) -> dict:
     import torch
     import torch.nn.functional as F
 
     spec = importlib.util.spec_from_file_location("mnist_model", ROOT / "examples/mnist/model.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    label = device
+    device, _, mode = device.partition("-")
+    if device.startswith("cuda"):
+        # PyTorch's defaults run convolutions in TF32 on tensor cores; "-fp32" turns that off, as
+        # anygrad's kernels compute in plain FP32
+        torch.backends.cudnn.allow_tf32 = mode != "fp32"
+        torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(0)
     model = mod.Net().to(device).train()
     opt = torch.optim.Adagrad(model.parameters(), lr=1.0)
     xt, yt = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    cuda = device.startswith("cuda")
+    steps = max(1, len(x) // batch)
+    last = {}
 
-    def step(i: int) -> torch.Tensor:
+    def step(i: int) -> None:
         opt.zero_grad(set_to_none=True)
         loss = F.nll_loss(model(xt[i * batch:(i + 1) * batch]), yt[i * batch:(i + 1) * batch])
         loss.backward()
         opt.step()
-        return loss
+        last["loss"] = loss.detach()
 
-    for _ in range(warmup):
-        step(0)
-    sync()
-    steps = steps_for(len(x), batch)
-    host = 0.0
-    t0 = time.perf_counter()
-    for i in range(steps):
-        h0 = time.perf_counter()
-        loss = step(i)
-        host += time.perf_counter() - h0
-    final = float(loss)  # waits for the device
-    seconds = time.perf_counter() - t0
-    name = torch.cuda.get_device_name() if device.startswith("cuda") else f"cpu ({torch.get_num_threads()} threads)"
-    return {"framework": "pytorch", "device": name, "batch": batch, "steps": steps,
-            "samples_per_s": steps * batch / seconds, "host_us_per_step": 1e6 * host / steps, "loss": final}
+    def wait() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    for i in range(warmup):
+        step(i % steps)
+    wait()
+    epochs, host = _timed_epochs(step, steps, repeats, wait)
+    name = (torch.cuda.get_device_name() if cuda else f"{platform.processor() or 'cpu'}") \
+        + f" (torch {torch.__version__}, {torch.get_num_threads()} threads)"
+    return _row("pytorch", name, label, batch, steps, epochs, host, loss=float(last["loss"]))
+
+
+def machine() -> dict:
+    info = {"date": time.strftime("%Y-%m-%d"), "node": platform.node(), "python": platform.python_version(),
+            "cpus": os.cpu_count(), "numpy": np.__version__}
+    try:
+        with open("/proc/cpuinfo") as fh:
+            info["cpu"] = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), "")
+    except OSError:
+        info["cpu"] = platform.processor()
+    try:
+        import wgpu
+        info["wgpu"] = wgpu.__version__
+    except ImportError:
+        pass
+    return info
+
+
+def _list(text: str) -> list[str]:
+    return [t for t in text.replace(",", " ").split() if t]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--devices", nargs="+", default=["cpu"], help="anygrad devices (cpu, wgpu, wgpu:N, ...)")
-    p.add_argument("--torch-devices", nargs="*", default=None,
-                   help="PyTorch devices (default: cpu, plus cuda when available)")
-    p.add_argument("--batch-sizes", nargs="+", type=int, default=[1000, 64])
-    p.add_argument("--samples", type=int, default=60000)
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--devices", default="cpu", help="anygrad devices, comma list (cpu, wgpu, wgpu:N, ...)")
+    p.add_argument("--torch-devices", default=None,
+                   help="PyTorch devices, comma list (default: cpu, plus cuda when available; 'none': "
+                   "skip; cuda-fp32: cuDNN TF32 off)")
+    p.add_argument("--batch-sizes", default="1000,64", help="comma list")
+    p.add_argument("--samples", type=int, default=60000, help="samples per timed pass")
+    p.add_argument("--repeats", type=int, default=3, help="timed passes per case (median reported)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps after compiling")
+    p.add_argument("--pin", default="", help="experiment: pin GEMM tilings per op for anygrad, e.g. "
+                   "ConvGradInput=register (rows labelled +pin)")
+    p.add_argument("--profile", action="store_true", help="GPU profile of one wgpu step (timestamp queries)")
     p.add_argument("--json", type=Path, help="write the results here")
     args = p.parse_args(argv)
 
-    try:
-        import torch
-        torch_devices = args.torch_devices
-        if torch_devices is None:
-            torch_devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    except ImportError:
-        torch_devices = []
-        print("PyTorch is not installed: no reference numbers", file=sys.stderr)
+    torch_devices: list[str] = []
+    if args.torch_devices != "none":
+        try:
+            import torch
+            torch_devices = _list(args.torch_devices) if args.torch_devices else \
+                ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+        except ImportError:
+            print("PyTorch is not installed: no reference numbers", file=sys.stderr)
 
     x, y = synthetic(args.samples)
     rows = []
-    for batch in args.batch_sizes:
+    for batch in (int(b) for b in _list(args.batch_sizes)):
         for dev in torch_devices:
-            rows.append(bench_torch(dev, batch, x, y, args.warmup))
-            print(rows[-1], file=sys.stderr)
-        for dev in args.devices:
-            rows.append(bench_anygrad(dev, batch, x, y, args.warmup))
-            print(rows[-1], file=sys.stderr)
+            rows.append(bench_torch(dev, batch, x, y, args.warmup, args.repeats))
+            print({k: v for k, v in rows[-1].items() if k != "profile"}, file=sys.stderr, flush=True)
+        for dev in _list(args.devices):
+            rows.append(bench_anygrad(dev, batch, x, y, args.warmup, args.repeats, args.profile,
+                                      parse_pins(args.pin)))
+            print({k: v for k, v in rows[-1].items() if k != "profile"}, file=sys.stderr, flush=True)
     # Ratios against each PyTorch device at the same batch size, from this same run.
     for r in rows:
         if r["framework"] == "anygrad":
             for t in rows:
                 if t["framework"] == "pytorch" and t["batch"] == r["batch"]:
-                    r[f"ratio_vs_torch_{t['device']}"] = r["samples_per_s"] / t["samples_per_s"]
+                    r[f"ratio_vs_torch_{t['label']}"] = r["samples_per_s"] / t["samples_per_s"]
 
-    print(f"\nfounding MNIST CNN training, {args.samples} synthetic samples, AdaGrad lr 1.0")
-    print(f"{'framework':9} {'device':42} {'batch':>5} {'samples/s':>11} {'host us/step':>12}  ratios")
+    meta = machine() | {"samples": args.samples, "repeats": args.repeats, "warmup": args.warmup}
+    for r in rows:
+        if "profile" in r:
+            from anygrad.backends.wgpu.profiling import StepProfile
+            d = r["profile"]
+            prof = StepProfile([tuple(k) for k in d["kernels"]], d["runs"], d["step_ns"], d["wall_ms"])
+            print("\n" + prof.format(f"{r['label']} training step, batch {r['batch']}"))
+    print(f"\nfounding MNIST CNN training, {args.samples} synthetic samples/pass, median of {args.repeats} "
+          f"passes, Adagrad lr 1.0 ({meta['cpus']} CPUs: {meta.get('cpu', '')})")
+    print(f"{'framework':9} {'device':16} {'batch':>5} {'samples/s':>10} {'ms/step':>8} {'host us':>8} "
+          f"{'write us':>8}  ratios anygrad/pytorch")
     for r in rows:
         ratios = " ".join(f"{k[len('ratio_vs_torch_'):]}={v:.2f}" for k, v in r.items() if k.startswith("ratio_"))
-        print(f"{r['framework']:9} {r['device'][:42]:42} {r['batch']:>5} {r['samples_per_s']:>11.0f} "
-              f"{r['host_us_per_step']:>12.0f}  {ratios}")
+        write = f"{r['write_us']:8.0f}" if "write_us" in r else f"{'-':>8}"
+        print(f"{r['framework']:9} {r['label']:16} {r['batch']:>5} {r['samples_per_s']:>10.0f} "
+              f"{r['ms_per_step']:>8.2f} {r['host_us_per_step']:>8.0f} {write}  {ratios}")
+    for r in rows:
+        print(f"  {r['framework']} {r['label']}: {r['device']}")
     if args.json:
-        meta = {"date": time.strftime("%Y-%m-%d"), "machine": platform.node(), "processor": platform.processor(),
-                "python": platform.python_version(), "samples": args.samples}
-        args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+        args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     return 0
 
 

@@ -21,6 +21,7 @@ from .adapters import AdapterInfo, select_adapter
 from .fusion import prepare
 from .kernel import LOWERINGS, AdapterCaps
 from .planner import Plan, Root, make_plan, value_bytes
+from .profiling import StepProfile, live_profiler, profile_dispatches
 from .wgsl import np_device_dtype
 
 _FEATURES = ("shader-f16", "subgroup", "timestamp-query")
@@ -280,6 +281,8 @@ class WgpuExecutable(Executable):
         targets = {t for _, t in self.plan.state_copies}
         self._holds = {r.name: backend.create_buffer(self._nbytes(r), usage, f"hold {r.name}")
                        for r, _ in self.plan.state_copies if r.kind == "state" and r.name in targets}
+        # ANYGRAD_WGPU_PROFILE=1: GPU time per kernel on every run (profiling.py)
+        self._profiler = live_profiler(dev, [st.kernel.name for st in self.plan.steps], f"graph '{graph.name}'")
 
     # -- binding ----------------------------------------------------------------------------------
     def _buffer(self, r: Root) -> Any:
@@ -396,7 +399,9 @@ class WgpuExecutable(Executable):
                      and item[1].name in self._overwritten]
             for _, r, offset, nbytes in early:
                 enc.copy_buffer_to_buffer(self._buffer(r), self._offset(r), staging, offset, -(-nbytes // 4) * 4)
-            if self._dispatches:
+            if self._dispatches and self._profiler is not None:
+                self._profiler.encode(enc, self._dispatches)
+            elif self._dispatches:
                 cpass = enc.begin_compute_pass()
                 for pipe, bg, wg in self._dispatches:
                     cpass.set_pipeline(pipe)
@@ -422,6 +427,8 @@ class WgpuExecutable(Executable):
                 else:
                     enc.copy_buffer_to_buffer(self._buffer(r), self._offset(r), st.buffer, st.offset, nbytes)
             self.backend.device.queue.submit([enc.finish()])
+            if self._dispatches and self._profiler is not None:
+                self._profiler.collect()
             if not fetch:
                 return {}
             staging.map_sync(wgpu.MapMode.READ)
@@ -474,6 +481,22 @@ class WgpuExecutable(Executable):
                 dev.queue.read_buffer(probe, 0, 4)  # waits for the submitted work
                 best[k] = min(best[k], (time.perf_counter() - t) * 1e3)
         return [(st.kernel.name, ms) for st, ms in zip(self.plan.steps, best)]
+
+    def step_profile(self, feeds: Mapping[str, np.ndarray], repeat: int = 5) -> StepProfile:
+        """GPU time per kernel from timestamp queries (each kernel in its own pass) and of the
+        whole step in one pass, mean of `repeat` runs (profiling.py). The kernels run 3*repeat
+        times, so state advances: profile a throwaway model or backend."""
+        if "timestamp-query" not in self.backend.device.features:
+            raise DeviceError(f"adapter {self.backend.adapter.describe()} has no 'timestamp-query' "
+                              "feature: no GPU profile (profile() times kernels by wall clock instead)")
+        self._write_inputs(feeds)
+        if self._dispatches is None or self._generation != self.backend.generation:
+            self._build()
+        probe = self.backend.create_buffer(16, self.backend.storage_usage, "probe")
+        out = profile_dispatches(self.backend.device, [st.kernel.name for st in self.plan.steps],
+                                 self._dispatches, repeat, probe)
+        out.meta = {"adapter": self.backend.adapter.name, "graph": self.graph.name}
+        return out
 
 
 def warn_cpu_fallback(reason: str) -> None:

@@ -1,0 +1,88 @@
+"""GPU profiling of a compiled wgpu step (backends/wgpu/profiling.py) on lavapipe.
+
+Checks that the timestamp profile covers every kernel of the plan, that its per-kind view adds up,
+and that ANYGRAD_WGPU_PROFILE=1 records every run without changing results (reference: numpy).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from wgpu_util import wgpu_backend
+
+from anygrad.backends import NumpyBackend
+from anygrad.backends.wgpu import profiling
+from anygrad.ir import Graph, Node, TensorInfo, specialize
+
+pytestmark = pytest.mark.wgpu
+F32 = np.dtype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def wb():
+    b = wgpu_backend()
+    if profiling.FEATURE not in b.device.features:
+        pytest.skip(f"adapter {b.adapter.name} has no '{profiling.FEATURE}'")
+    return b
+
+
+def _mlp_step() -> Graph:
+    """h = relu(x @ W + b); y = sum(h); state c <- c + x (a state update next to the kernels)."""
+    g = Graph(inputs=["x"], outputs=["y", "h"])
+    g.nodes = [Node("Gemm", ["x", "W", "b"], ["g"]), Node("Relu", ["g"], ["h"]),
+               Node("ReduceSum", ["h"], ["y"], {"keepdims": 0}), Node("Add", ["c", "x"], ["c2"])]
+    g.info["x"] = TensorInfo(F32, (16, 24))
+    rng = np.random.default_rng(0)
+    g.initializers = {"W": rng.standard_normal((24, 8)).astype(np.float32),
+                      "b": rng.standard_normal(8).astype(np.float32), "c": np.zeros((16, 24), np.float32)}
+    g.buffers = ["c"]
+    g.state_updates = {"c2": "c"}
+    return specialize(g, {})
+
+
+@pytest.mark.parametrize("name,kind", [("Conv[register 8x128]", "Conv"), ("ew:ReluGrad", "elementwise"),
+                                       ("ew:AdagradUpdatex14", "optimizer update"),
+                                       ("BatchNorm:stats", "BatchNorm"),
+                                       ("ConvGradWeight[splitK reduce]", "ConvGradWeight splitK reduce"),
+                                       ("CountCorrect", "CountCorrect")])
+def test_op_kind(name, kind):
+    assert profiling.op_kind(name) == kind
+
+
+def test_step_profile_times_every_kernel(wb):
+    exe = wb.compile(_mlp_step())
+    x = np.ones((16, 24), np.float32)
+    prof = exe.step_profile({"x": x}, repeat=2)
+    assert [n for n, _ in prof.kernels] == [st.kernel.name for st in exe.plan.steps]
+    assert prof.runs == 2 and all(ns >= 0 for _, ns in prof.kernels) and prof.kernel_ns > 0
+    assert prof.step_ns is not None and prof.step_ns > 0 and prof.wall_ms > 0
+    kinds = prof.by_kind()
+    assert sum(n for _, n, _ in kinds) == len(prof.kernels)
+    assert sum(ns for _, _, ns in kinds) == pytest.approx(prof.kernel_ns)
+    text = prof.format("mlp")
+    assert "GPU profile of mlp" in text and "Gemm" in text
+    assert prof.as_dict()["kernel_ns"] == pytest.approx(prof.kernel_ns)
+
+
+def test_env_profile_records_each_run_and_keeps_results(wb, monkeypatch, capsys):
+    monkeypatch.setenv(profiling.ENV, "1")
+    monkeypatch.setattr(profiling, "_LIVE", [])
+    g = _mlp_step()
+    exe = wb.compile(g)
+    ref = NumpyBackend().compile(g)
+    wb.set_state("c", np.zeros((16, 24), np.float32))
+    rng = np.random.default_rng(1)
+    for _ in range(3):
+        x = rng.standard_normal((16, 24)).astype(np.float32)
+        got, want = exe.run({"x": x}), ref.run({"x": x})
+        np.testing.assert_allclose(got["h"], want["h"], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got["y"], want["y"], rtol=1e-4, atol=1e-4)
+    prof = exe._profiler
+    assert prof is not None and prof.runs == 3
+    assert prof.result().kernel_ns > 0
+    profiling._print_live()
+    assert "GPU profile of graph" in capsys.readouterr().err
+
+
+def test_no_profiler_without_env(wb, monkeypatch):
+    monkeypatch.delenv(profiling.ENV, raising=False)
+    assert wb.compile(_mlp_step())._profiler is None
