@@ -110,7 +110,8 @@ def mnist_cases(batch: int):
         for op, shapes, attrs, flop in conv_cases(batch, cin, cout, hw):
             cases.append((f"mnist b{batch} {op} {cin}->{cout} @{hw}", op, shapes, attrs, flop))
     for label, case in (("fc1", gemm_case(batch, 11616, 32, tb=1)), ("fc1 dX", gemm_case(batch, 32, 11616, bias=False)),
-                        ("fc1 dW", gemm_case(32, batch, 11616, ta=1, bias=False))):
+                        ("fc1 dW", gemm_case(32, batch, 11616, ta=1, bias=False)),
+                        ("fc2 dW", gemm_case(10, batch, 32, ta=1, bias=False))):
         cases.append((f"mnist b{batch} {label}",) + case)
     return cases
 

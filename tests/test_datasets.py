@@ -378,3 +378,93 @@ def test_input_normalisation_in_the_graph_matches_host_normalisation(tmp_path):
         add_input_normalisation(model, mean, std)
     with pytest.raises(ConfigError, match="one mean/std per channel"):
         add_input_normalisation(load_onnx(path), (0.5, 0.5), (0.2, 0.2))
+
+
+# -- uint8 batches to the device, normalised there --------------------------------------------------
+def _identity_model(sample_shape: tuple):
+    """x (float32, N x sample_shape) -> Identity -> y: the model's input is its output."""
+    from anygrad.ir import Graph, Node, TensorInfo
+    from anygrad.model import Model
+    g = Graph(inputs=["x"], outputs=["y"])
+    g.info["x"] = TensorInfo(np.dtype(np.float32), ("N", *sample_shape))
+    g.nodes = [Node("Identity", ["x"], ["y"])]
+    return Model(g, "identity")
+
+
+def _device(name: str):
+    if name == "cpu":
+        return "cpu"
+    from wgpu_util import wgpu_backend
+    return wgpu_backend()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("wgpu", marks=pytest.mark.wgpu)])
+def test_mnist_uint8_batches_are_normalised_on_the_device_like_the_float_path(device):
+    """What the model's first op sees from a uint8 MNIST batch equals the host float32 path
+    (DataConfig's own transform and load_mnist's normalize), on both backends."""
+    from anygrad.data.graph_input import add_input_normalisation
+    data = get_dataset("mnist", SUBSET)
+    config = DataConfig("mnist")
+    mean, std = config.stats(data)
+    on_device = config.transform(data, on_device=True)
+    x_uint8 = on_device(data.valid[0][:12], np.arange(12), 0)
+    assert x_uint8.dtype == np.uint8  # uploaded as stored
+    host = config.transform(data)(data.valid[0][:12], np.arange(12), 0)
+    assert host.dtype == np.float32
+    np.testing.assert_allclose(host.reshape(12, -1), mnist_normalize(data.valid[0][:12, 0]).reshape(12, -1), atol=1e-6)
+    model = add_input_normalisation(_identity_model((1, 28, 28)), mean, std)
+    assert model.graph.info[model.input_name].dtype == np.uint8
+    model.compile(loss="mse", device=_device(device))
+    np.testing.assert_allclose(model.predict(x_uint8), host, rtol=1e-6, atol=2e-6)
+
+
+def test_input_normalisation_of_a_flat_input_and_its_removal():
+    """A single mean/std also serves a flat (N, 784) input; without_input_normalisation and
+    plain_model give back the float model for exports."""
+    from anygrad.data.graph_input import (
+        add_input_normalisation,
+        can_normalise_in_graph,
+        find_input_normalisation,
+        input_statistics,
+        plain_model,
+        without_input_normalisation,
+    )
+    model = _identity_model((784,))
+    assert can_normalise_in_graph(model, (0.5,)) and not can_normalise_in_graph(model, (0.5, 0.5, 0.5))
+    add_input_normalisation(model, (0.1307,), (0.3081,))
+    x = np.random.default_rng(3).integers(0, 256, (5, 784), dtype=np.uint8)
+    got = model.compile(loss="mse", device="cpu").predict(x)
+    np.testing.assert_allclose(got, normalize_images(x, (0.1307,), (0.3081,)), atol=2e-6)
+    assert input_statistics(model.graph) == ([0.1307], [0.3081])
+    stripped = without_input_normalisation(model.graph)
+    assert stripped.inputs == ["x"] and find_input_normalisation(stripped) is None
+    assert [n.op for n in stripped.nodes] == ["Identity"] and find_input_normalisation(model.graph) is not None
+    plain = plain_model(model)
+    assert plain.input_name == "x" and plain.graph.info["x"].dtype == np.float32
+    assert plain_model(plain) is plain
+    with pytest.raises(ConfigError, match="per channel"):
+        add_input_normalisation(_identity_model((3, 4, 4)), (0.5, 0.5), (0.2, 0.2))
+
+
+def test_data_config_stats_and_checks():
+    data = get_dataset("mnist", SUBSET)
+    assert DataConfig("mnist").stats(data) == ((0.1307,), (0.3081,))
+    assert DataConfig("mnist", mean=[0.5], std=[0.25]).stats(data) == ((0.5,), (0.25,))
+    assert DataConfig("mnist", normalize=False).stats(data) == (None, None)
+    for bad in ({"mean": [0.5]}, {"mean": [0.5], "std": [0.2, 0.2]}, {"mean": [0.5], "std": [0.0]}):
+        with pytest.raises(ConfigError):
+            DataConfig("mnist", **bad).check()
+    # on_device keeps the stored dtype but still augments training batches
+    x = data.train[0][:4]
+    t = DataConfig("mnist", crop_padding=2, hflip=True).transform(data, seed=1, on_device=True)
+    out = t(x, np.arange(4), 0)
+    assert out.dtype == np.uint8
+    np.testing.assert_array_equal(out, augment(x, np.arange(4), 0, 1, 2, True))
+
+
+def test_augmenting_data_that_are_not_images_is_an_error(tmp_path):
+    np.savez(tmp_path / "f.npz", x=np.zeros((10, 4), np.float32), y=np.zeros(10, np.int64))
+    data = get_dataset("npz", tmp_path / "f.npz")
+    with pytest.raises(ConfigError, match=r"images \(C, H, W\); npz samples have shape \(4,\)"):
+        DataConfig("npz", hflip=True).transform(data)
+    assert DataConfig("npz").transform(data)(data.train[0], np.arange(9), 0).dtype == np.float32

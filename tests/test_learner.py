@@ -353,3 +353,93 @@ def test_line_reporter_gets_every_hook(tmp_path):
     assert events[0] == ("begin", 2, 4) and events[-1] == ("end", False, False)
     assert [e[1:] for e in events if e[0] == "step"] == [(1, 2), (2, 2)]
     assert [e[1] for e in events if e[0] == "epoch"] == [1, 2]
+
+
+# -- data settings on the command line: normalisation, augmentation, metrics files, early stopping -----------
+def _train(tmp_path, tiny_mnist, run: str, *extra: str) -> Path:
+    model = tmp_path / "m.onnx"
+    if not model.exists():
+        _onnx(model, [784, 16, 10], input_shape=["N", 1, 28, 28])
+    out = tmp_path / run
+    assert cli.main(["train", str(model), "--data-dir", str(tiny_mnist), "--device", "cpu", "--batch-size", "8",
+                     "--optimizer", "sgd", "--lr", "0.05", "--artifacts", str(out), "--quiet", *extra]) == 0
+    return out
+
+
+def test_augmentation_and_normalisation_are_saved_and_reproduced(tmp_path, tiny_mnist):
+    import onnxruntime as ort
+
+    from anygrad.data import normalize_images
+    dev = _train(tmp_path, tiny_mnist, "device", "--epochs", "2", "--augment", "crop:2,hflip", "--prefetch",
+                 "--mean", "0.2", "--std", "0.3")
+    config = json.loads((dev / "config.json").read_text())
+    assert (config["crop_padding"], config["hflip"], config["normalize"], config["mean"], config["std"],
+            config["prefetch"]) == (2, True, "device", [0.2], [0.3], True)
+    assert config["resolved"]["input"]["dtype"] == "uint8"  # batches travel as uint8
+    assert config["resolved"]["normalised_on_device"] == {"mean": [0.2], "std": [0.3]}
+    again = tmp_path / "again"
+    assert cli.main(["train", "--config", str(dev / "config.json"), "--artifacts", str(again), "--quiet"]) == 0
+    assert _rows(again) == _rows(dev)  # the same crops and flips
+    plain = _train(tmp_path, tiny_mnist, "plain", "--epochs", "2", "--mean", "0.2", "--std", "0.3")
+    assert _rows(plain) != _rows(dev)  # augmentation changed the batches
+    host = _train(tmp_path, tiny_mnist, "host", "--epochs", "2", "--augment", "crop:2,hflip", "--mean", "0.2",
+                  "--std", "0.3", "--normalize", "host")
+    assert json.loads((host / "config.json").read_text())["resolved"]["normalised_on_device"] is None
+    for a, b in zip(_rows(host), _rows(dev)):  # normalised on the host or the device: the same run
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)
+        assert a["valid_loss"] == pytest.approx(b["valid_loss"], rel=1e-4)
+    # model.onnx keeps the user's float input: the device prologue is not part of the model
+    x = np.random.default_rng(1).integers(0, 256, (3, 1, 28, 28), dtype=np.uint8)
+    sessions = [ort.InferenceSession(str(r / "model.onnx"), providers=["CPUExecutionProvider"]) for r in (dev, host)]
+    assert [s.get_inputs()[0].type for s in sessions] == ["tensor(float)"] * 2
+    outs = [s.run(None, {s.get_inputs()[0].name: normalize_images(x, (0.2,), (0.3,))})[0] for s in sessions]
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("spec", ["crop", "crop:x", "flip", "hflip:2"])
+def test_bad_augment_spec_is_a_clear_error(tmp_path, tiny_mnist, capsys, spec):
+    assert cli.main(["train", "--data-dir", str(tiny_mnist), "--augment", spec, "--artifacts",
+                     str(tmp_path / "r"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("anygrad: error: --augment takes") and repr(spec.split(",")[0]) in err
+
+
+def test_metrics_files_and_early_stopping_from_the_command_line(tmp_path, tiny_mnist, capsys):
+    """metrics.jsonl/.csv rows hold lr, samples/s, epoch time and top-5 (10 classes); --patience
+    stops a run whose monitored metric no longer improves (lr 0: it never does)."""
+    run = _train(tmp_path, tiny_mnist, "run", "--epochs", "5", "--lr", "0", "--patience", "1", "--monitor",
+                 "valid_loss")
+    assert "early stop: valid_loss has not improved for 1 epochs" in capsys.readouterr().out
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["lr"] == 0 and r["seconds"] > 0 and r["samples_per_s"] > 0
+        assert 0 <= r["train_top5"] <= 1 and 0 <= r["valid_top5"] <= 1 and r["valid_top5"] >= r["valid_accuracy"]
+    import csv
+    with open(run / "metrics.csv") as f:
+        table = list(csv.DictReader(f))
+    assert {"lr", "samples_per_s", "seconds", "train_top5", "valid_top5"} <= set(table[0])
+    assert [float(t["valid_loss"]) for t in table] == pytest.approx([r["valid_loss"] for r in rows])
+
+
+def test_npz_colour_images_normalised_per_channel_on_the_device(tmp_path):
+    """--dataset npz with its own key names, a held-out split, crop+flip: three channel statistics
+    go into the graph prologue and config.json."""
+    rng = np.random.default_rng(2)
+    x = rng.integers(0, 256, (24, 3, 6, 6), dtype=np.uint8)
+    x[:, 1] //= 2  # channels with different statistics
+    data = tmp_path / "d.npz"
+    np.savez(data, images=x, labels=rng.integers(0, 10, 24))
+    model = _onnx(tmp_path / "m.onnx", [108, 10], input_shape=["N", 3, 6, 6])
+    run = tmp_path / "run"
+    assert cli.main(["train", str(model), "--dataset", "npz", "--data-dir", str(data), "--npz-keys", "images,labels",
+                     "--valid-fraction", "0.25", "--augment", "crop:1,hflip", "--device", "cpu", "--batch-size", "6",
+                     "--optimizer", "sgd", "--lr", "0.01", "--artifacts", str(run), "--quiet"]) == 0
+    config = json.loads((run / "config.json").read_text())
+    assert (config["x_key"], config["y_key"], config["valid_fraction"]) == ("images", "labels", 0.25)
+    stats = config["resolved"]["normalised_on_device"]
+    from anygrad.data import get_dataset
+    d = get_dataset("npz", data, x_key="images", y_key="labels", valid_fraction=0.25)
+    assert stats["mean"] == pytest.approx(d.mean, abs=1e-6) and stats["std"] == pytest.approx(d.std, abs=1e-6)
+    assert len(stats["mean"]) == 3 and stats["mean"][1] < stats["mean"][0]
+    assert json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["valid_loss"] is not None

@@ -268,3 +268,23 @@ def test_predict_uses_the_runs_dataset_folder(tmp_path, mnist_dir, capsys):
     (run / "config.json").write_text(json.dumps({"model": "m.onnx", "dataset": "mnist", "data_dir": str(folder)}))
     assert cli.main(["predict", str(run), "--index", "3"]) == 0
     assert _parse_predict(capsys.readouterr().out)[2] == int(y_test[3])
+
+
+def test_predict_and_eval_normalise_like_the_run(tmp_path, mnist_dir, capsys):
+    """A run trained with its own --mean/--std (normalised on the device, uint8 batches): its
+    model.onnx takes float input, and predict/eval normalise with the run's statistics."""
+    from anygrad.data import normalize_images
+    folder, x_test, y_test = mnist_dir
+    run = tmp_path / "run"
+    assert cli.main(["train", str(_mlp(tmp_path / "m.onnx")), "--data-dir", str(folder), "--device", "cpu",
+                     "--epochs", "1", "--batch-size", "10", "--optimizer", "sgd", "--lr", "0.01", "--mean", "0.4",
+                     "--std", "0.2", "--artifacts", str(run), "--quiet"]) == 0
+    assert "batches: uint8, normalised on the device (mean 0.4 std 0.2)" in capsys.readouterr().out
+    assert cli.main(["predict", str(run), "--index", "5"]) == 0
+    label, prob, true = _parse_predict(capsys.readouterr().out)
+    ref = np.exp(_ort(run / "model.onnx", normalize_images(x_test[5:6, None], (0.4,), (0.2,)))[0])
+    assert label == int(ref.argmax()) and prob == pytest.approx(float(ref.max()), abs=1e-4) and true == y_test[5]
+    assert cli.main(["eval", str(run), "--device", "cpu"]) == 0
+    loss = float(re.search(r"loss (\S+)", capsys.readouterr().out).group(1))
+    logp = _ort(run / "model.onnx", normalize_images(x_test[:, None], (0.4,), (0.2,)))
+    assert loss == pytest.approx(float(-logp[np.arange(N_TEST), y_test].mean()), abs=1e-3)

@@ -181,3 +181,49 @@ def test_settings_that_do_not_match(finished, capsys):
 
 def test_nothing_to_resume(tmp_path, capsys):
     assert "not a training run folder" in _error(capsys, ["train", "--resume", str(tmp_path)])
+
+
+def test_sigint_mid_epoch_checkpoints_that_step_and_resumes_it(tmp_path, data):
+    """In process: SIGINT during step 3 of epoch 1 finishes that step, writes a checkpoint of
+    exactly that point (no earlier one exists), says how to resume, and the resumed run ends
+    where an uninterrupted one does."""
+    import anygrad
+    from anygrad.optim import get_optimizer
+    from anygrad.train import LineReporter, TrainConfig, fit
+    from anygrad.train import checkpoint as ckpt
+
+    model_path = _mlp(tmp_path / "mlp.onnx", hidden=8)
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((40, 1, 28, 28)).astype(np.float32)
+    y = rng.integers(0, 10, 40).astype(np.int64)
+
+    def model():
+        return anygrad.load_onnx(str(model_path)).compile("cross_entropy", get_optimizer("adam", lr=0.01), "cpu",
+                                                          seed=5)
+
+    messages: list[str] = []
+
+    class CtrlC(LineReporter):
+        def step(self, info):
+            if info.epoch == 1 and info.step == 3:
+                os.kill(os.getpid(), signal.SIGINT)  # as a terminal's Ctrl-C would
+
+    config = TrainConfig(epochs=2, batch_size=8, log_every=1, seed=5, artifacts_dir=str(tmp_path / "run"))
+    result = fit(model(), (x, y), (x, y), config, reporter=CtrlC(messages.append))
+    assert result.interrupted and len(result.history) == 0
+    assert f"continue with: anygrad train --resume {tmp_path / 'run'}" in messages[-1]
+    meta = ckpt.read(ckpt.latest(tmp_path / "run" / "checkpoints")).meta
+    assert (meta["epoch"], meta["step"], meta["global_step"]) == (1, 3, 3)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+
+    resumed = model()
+    fit(resumed, (x, y), (x, y), config, reporter=LineReporter(None), resume=True)
+    straight = model()
+    fit(straight, (x, y), (x, y), _with_dir(config, tmp_path / "straight"), reporter=LineReporter(None))
+    for name, value in straight.state_dict().items():
+        np.testing.assert_array_equal(resumed.state_dict()[name], value)
+
+
+def _with_dir(config, path: Path):
+    import dataclasses
+    return dataclasses.replace(config, artifacts_dir=str(path))

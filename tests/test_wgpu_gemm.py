@@ -281,3 +281,56 @@ def test_average_pool(xs, attrs, include_pad):
 @pytest.mark.parametrize("xs", [(2, 3, 5, 7), (3, 4, 1, 1), (2, 5, 9)])
 def test_global_average_pool(xs):
     check_op("GlobalAveragePool", [rnd(*xs, seed=27)], {})
+
+
+# -- tiny outputs over a long K (the "dot" kernel) and the thin-and-wide register rule ------------
+@pytest.mark.parametrize("caps", [CPU, GPU], ids=["cpu", "gpu"])
+@pytest.mark.parametrize("xs,ws", [((3, 1, 12, 12), (8, 1, 3, 3)),      # conv1-like: 8 x 9 outputs, 2 row blocks
+                                   ((2, 2, 7, 9), (3, 2, 2, 3)),        # odd K (2 x 6 x 7 pixels), 3 x 12 outputs
+                                   ((40, 1, 11, 11), (5, 1, 3, 3))])    # K = 3240: split K + tree reduce
+def test_conv_grad_weight_dot(xs, ws, caps):
+    explicit, out = _explicit(xs, ws, {})
+    dy = rnd(xs[0], ws[0], *out, seed=22)
+    kernels = check_op("ConvGradWeight", [dy, rnd(*xs, seed=23)],
+                       {**explicit, "weight_shape": list(ws), "_gemm_variant": "dot"}, caps, rtol=1e-3, atol=1e-3)
+    assert kernels[0].name.startswith("ConvGradWeight[dot")
+
+
+def test_dot_is_the_gpu_default_for_tiny_outputs():
+    xs, ws = (3, 1, 12, 12), (8, 1, 3, 3)
+    explicit, out = _explicit(xs, ws, {})
+    kernels = check_op("ConvGradWeight", [rnd(xs[0], ws[0], *out, seed=24), rnd(*xs, seed=25)],
+                       {**explicit, "weight_shape": list(ws)}, GPU, rtol=1e-3, atol=1e-3)
+    assert [k.name for k in kernels] == ["ConvGradWeight[dot 4x9]"]
+    # the fc2 weight gradient of the MNIST model: dY^T (10 x batch) @ h (batch x 32)
+    kernels = check_op("Gemm", [rnd(70, 10, seed=26), rnd(70, 32, seed=27)], {"transA": 1}, GPU)
+    assert kernels[0].name.startswith("Gemm[dot")
+    # a large output keeps the tiled GEMM
+    kernels = check_op("Gemm", [rnd(70, 40, seed=26), rnd(70, 32, seed=27)], {"transA": 1}, GPU)
+    assert "dot" not in kernels[0].name
+
+
+@settings(max_examples=10, deadline=None)
+@given(m=st.integers(1, 12), k=st.integers(1, 700), n=st.integers(1, 70), ta=st.integers(0, 1),
+       bias=st.booleans(), relu=st.booleans())
+def test_gemm_dot_random_shapes(m, k, n, ta, bias, relu):
+    """Blocks that do not divide M or N (n up to 70 > 63 outputs: two column blocks), bias, alpha, relu."""
+    a = rnd(*((k, m) if ta else (m, k)), seed=k)
+    attrs = {"transA": ta, "alpha": 0.75, "_gemm_variant": "dot"} | ({"_epilogue": "relu"} if relu else {})
+    check_op("Gemm", [a, rnd(k, n, seed=n)] + ([rnd(n, seed=1)] if bias else []), attrs, GPU, rtol=1e-3, atol=1e-3)
+
+
+def test_matmul_dot_batched_split_k():
+    kernels = check_op("MatMul", [rnd(2, 7, 3000, seed=28), rnd(2, 3000, 5, seed=29)], {"_gemm_variant": "dot"}, GPU,
+                       rtol=1e-3, atol=1e-3)
+    assert len(kernels) == 2 and kernels[0].scratch
+
+
+def test_thin_and_wide_uses_register8_on_gpus_only():
+    """<= 8 rows over enough columns to fill a GPU with 8x8 blocks: register, block 8 (H200: conv2 dX)."""
+    from anygrad.backends.wgpu.kernels_gemm import choose_tiling
+    t = choose_tiling(8, 676_000, 144, GPU)
+    assert (t.variant, t.tm, t.tn) == ("register", 8, 8)
+    assert choose_tiling(8, 43_264, 144, GPU).variant == "shared"      # batch 64: too few blocks
+    assert choose_tiling(16, 676_000, 144, GPU).variant == "shared"
+    assert choose_tiling(8, 676_000, 144, CPU).tm == 4

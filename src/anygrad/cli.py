@@ -74,33 +74,34 @@ def cmd_info(args: argparse.Namespace) -> int:
     out += [f"  {op:<{width}}  {n}" for op, n in sorted(s.op_histogram.items(), key=lambda kv: (-kv[1], kv[0]))]
     if not s.opset_supported:
         out.append(f"unsupported opset: {s.opset}")
+    out += _support_lines(s)
     if s.unsupported:
-        out.append("unsupported ops: " + ", ".join(f"{op} ({len(nodes)} node{'s' * (len(nodes) != 1)})"
-                                                    for op, nodes in sorted(s.unsupported.items())))
-        out.append("anygrad cannot train this model until these ops are supported")
+        out.append("unsupported ops: " + _node_counts(s.unsupported))
+        out.append("anygrad cannot run or train this model until these ops are supported")
     else:
         out.append("unsupported ops: none")
+        if s.inference_only:
+            out.append("anygrad can run this model (predict, eval) but cannot train it: a parameter's gradient "
+                       "would have to pass through ops without a gradient rule")
     print("\n".join(out))
     return 0 if s.supported else EXIT_UNSUPPORTED
 
 
+def _node_counts(ops: dict[str, Any]) -> str:
+    return ", ".join(f"{op} ({len(nodes)} node{'s' * (len(nodes) != 1)})" for op, nodes in sorted(ops.items()))
+
+
+def _support_lines(s: Any) -> list[str]:
+    """Ops by how far anygrad supports them: training, inference only, not at all."""
+    from .frontends.op_support import INFERENCE, LEVELS, by_level
+    out = ["support:"]
+    for level in LEVELS:  # inference-only ops with the nodes a gradient would have to cross
+        listing = _node_counts(s.inference_only) if level == INFERENCE else ", ".join(by_level(s.support, level))
+        out.append(f"  {level + ':':<15} {listing or 'none'}")
+    return out
+
+
 # -- train ---------------------------------------------------------------------------------------
-@dataclass
-class Dataset:
-    train: tuple[np.ndarray, np.ndarray]
-    valid: tuple[np.ndarray, np.ndarray]
-    source: str
-
-
-def _mnist(data_dir: str | None, log: Callable[[str], None]) -> Dataset:
-    from .data import load_mnist
-    d = load_mnist(data_dir=data_dir, log=log)
-    return Dataset(d.train(), d.test(), d.source)
-
-
-DATASETS: dict[str, Callable[[str | None, Callable[[str], None]], Dataset]] = {"mnist": _mnist}
-
-
 def _fit_input(x: np.ndarray, shape: tuple, input_name: str) -> np.ndarray:
     """Dataset samples reshaped to the model's input, when only the layout differs ((1,28,28) vs (784,))."""
     want = tuple(shape[1:])
@@ -146,6 +147,14 @@ def _given_settings(args: argparse.Namespace) -> dict[str, Any]:
             out[field_name] = value
     if args.scheduler_opt:
         out["scheduler_options"] = _scheduler_options(args.scheduler_opt)
+    if args.augment is not None:
+        out.update(_parse_augment(args.augment))
+    if args.npz_keys is not None:
+        keys = [k.strip() for k in args.npz_keys.split(",")]
+        if len(keys) != 2 or not all(keys):
+            raise ConfigError(f"--npz-keys takes the input and target array names, e.g. images,labels; got "
+                              f"{args.npz_keys!r}")
+        out["x_key"], out["y_key"] = keys
     return out
 
 
@@ -204,28 +213,68 @@ def _train_settings(args: argparse.Namespace) -> dict[str, Any]:
 def _check_dataset(name: str) -> None:
     from .data import dataset_names
     from .data.datasets import ALIASES
-    if name not in DATASETS and ALIASES.get(name.lower(), name.lower()) not in dataset_names():
+    if ALIASES.get(name.lower(), name.lower()) not in dataset_names():
         raise ConfigError(f"unknown dataset '{name}'; choose one of {', '.join(dataset_names())}")
 
 
 def _train_data(config: Any, model: Any, console: Console) -> tuple[Any, Any, tuple, str]:
-    """(train, valid, per-batch transforms, source). MNIST as float arrays (the founding path);
-    the other sets (anygrad.data.get_dataset) as stored images, normalised batch by batch."""
-    shape, name = model.input_shape, model.input_name
-    if config.dataset in DATASETS:
-        data = DATASETS[config.dataset](config.data_dir, console.line)
-        train = (_fit_input(data.train[0], shape, name), data.train[1])
-        valid = (_fit_input(data.valid[0], shape, name), data.valid[1])
-        return train, valid, (None, None), data.source
-    from .data import DataConfig
-    dcfg = DataConfig(dataset=config.dataset, data_dir=config.data_dir)
+    """(train, valid, per-batch transforms, source) through anygrad.data: stored images, augmented
+    batch by batch, and normalised on the device (uint8 batches, a prologue in the model's graph;
+    before compile) or on the host (float32 batches), as config.normalize says."""
+    from .data.graph_input import add_input_normalisation, can_normalise_in_graph
+    dcfg = config.data_config()
     d = dcfg.load(seed=config.seed, log=console.line)
+    mean, std = dcfg.stats(d)
+    on_device = config.normalize == "device" and mean is not None and d.train[0].dtype == np.uint8 \
+        and can_normalise_in_graph(model, mean)
+    if on_device:
+        add_input_normalisation(model, mean, std)
+    shape, name = model.input_shape, model.input_name
 
     def fitted(transform: Callable) -> Callable:
         return lambda x, idx, epoch: _fit_input(transform(x, idx, epoch), shape, name)
-    train_tf, valid_tf = (fitted(dcfg.transform(d, config.seed, train=t)) for t in (True, False))
+    train_tf, valid_tf = (fitted(dcfg.transform(d, config.seed, train=t, on_device=on_device)) for t in (True, False))
     train_tf(d.train[0][:1], np.arange(1), 0)  # a dataset that does not fit the model fails now, clearly
+    stats = "" if mean is None else f" (mean {_floats_text(mean)} std {_floats_text(std)})"
+    how = "not normalised" if mean is None else "uint8, normalised on the device" if on_device else \
+        "normalised on the host"
+    augment = _augment_text(config.crop_padding, config.hflip)
+    console.line(f"batches: {how}{stats}; augment {augment}; valid: {d.valid_from}")
     return d.train, d.valid, (train_tf, valid_tf), d.source
+
+
+def _floats_text(values: Any) -> str:
+    return ",".join(f"{v:.4g}" for v in values)
+
+
+def _augment_text(crop_padding: int, hflip: bool) -> str:
+    parts = ([f"crop:{crop_padding}"] if crop_padding else []) + (["hflip"] if hflip else [])
+    return ",".join(parts) or "none"
+
+
+def _parse_augment(spec: str) -> dict[str, Any]:
+    """--augment crop:4,hflip -> {crop_padding: 4, hflip: True}; 'none' turns both off."""
+    out: dict[str, Any] = {"crop_padding": 0, "hflip": False}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, _, value = item.partition(":")
+        if name == "none" and not value:
+            continue
+        if name == "hflip" and not value:
+            out["hflip"] = True
+        elif name == "crop" and value.isdigit():
+            out["crop_padding"] = int(value)
+        else:
+            raise ConfigError(f"--augment takes a comma-separated list of crop:PADDING (random crop after zero "
+                              f"padding) and hflip (random horizontal flip), or none; got {item!r}")
+    return out
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        return [float(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers (one per channel), got {text!r}") \
+            from None
 
 
 def _reporter(quiet: bool, every: int, console: Console) -> Any:
@@ -251,7 +300,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if s["loss"] != "auto":
         get_loss(s["loss"])  # fail on a bad name before any slow work
     optimizer = get_optimizer(s["optimizer"], lr=s["lr"])
-    config = TrainConfig.from_dict({**s, "model": str(model_path.resolve()) if model_path.exists() else str(model_path)})
+    config = TrainConfig.from_dict({**s, "model": str(model_path.resolve()) if model_path.exists() else str(model_path),
+                                    "weights": str(Path(s["weights"]).resolve()) if s.get("weights") else None})
     config.check()
     if config.scheduler:
         from .optim import get_scheduler
@@ -260,6 +310,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     console = Console(quiet=args.quiet)
     model = load_onnx(str(model_path), init=config.init)
+    if config.weights:  # fine-tuning: every tensor comes from the state_dict, or it is an error
+        model.load_state_dict(config.weights, strict=True)
     loss = _auto_loss(model) if config.loss == "auto" else config.loss
     train, valid, transforms, source = _train_data(config, model, console)
     model.compile(loss=loss, optimizer=optimizer, device=backend, seed=config.seed)
@@ -268,7 +320,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     config = replace(config, artifacts_dir=str(artifacts), data_dir=source, loss=loss)
     extras = [f"clip {config.clip_grad_norm:g}" if config.clip_grad_norm else "",
               f"accumulate {config.accumulate}" if config.accumulate > 1 else "",
-              f"scheduler {config.scheduler}" if config.scheduler else ""]
+              f"scheduler {config.scheduler}" if config.scheduler else "",
+              f"from weights {Path(config.weights).name}" if config.weights else ""]
     console.line(f"training {model_path.name} ({model.num_parameters():,} parameters) on "
                  f"{backend.description}: {config.optimizer} lr {config.lr:g}, loss {loss}, batch {config.batch_size}, "
                  f"{config.epochs} epoch{'s' * (config.epochs != 1)}, seed {config.seed}"
@@ -314,25 +367,31 @@ def _inference_model(args: argparse.Namespace) -> tuple[Any, Any, str, str | Non
     return model, source, dataset, data_dir
 
 
-def _eval_split(args: argparse.Namespace, dataset: str, data_dir: str | None) -> tuple[Any, Any, list[str]]:
+def _eval_split(args: argparse.Namespace, dataset: str, data_dir: str | None,
+                run: dict[str, Any] | None = None) -> tuple[Any, Any, list[str]]:
+    """(host transform, the split's arrays, class names); normalised as the run `run` (its config.json)
+    was, when it trained on this dataset."""
     from .data import DataConfig, get_dataset
     data = get_dataset(dataset, data_dir, log=print)
+    own = run if run and run.get("dataset") == dataset else {}
+    config = DataConfig(dataset=dataset, normalize=own.get("normalize") != "none", mean=own.get("mean"),
+                        std=own.get("std"))
     x, y = data.train if args.split == "train" else data.valid
     which = "train" if args.split == "train" else f"valid ({data.valid_from})"
     print(f"data: {dataset} {which}, {len(y):,} samples from {data.source}")
-    return DataConfig(dataset=dataset).transform(data, train=False), (x, y), data.classes
+    return config.transform(data, train=False), (x, y), data.classes
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
     from .inference import class_names, fit_input, predict_batch, prepare_image
-    model, _, dataset, data_dir = _inference_model(args)
+    model, source, dataset, data_dir = _inference_model(args)
     true_label = None
     if args.image:
         prepared = prepare_image(args.image, model, dataset)
         print(f"image: {args.image}: " + "; ".join(prepared.notes))
         x, names = prepared.x, class_names(dataset)
     else:
-        transform, (xs, ys), names = _eval_split(args, dataset, data_dir)
+        transform, (xs, ys), names = _eval_split(args, dataset, data_dir, source.run_config)
         if not -len(xs) <= args.index < len(xs):
             raise ConfigError(f"--index {args.index} is outside the {len(xs)} samples of the {args.split} split")
         i = args.index % len(xs)
@@ -357,8 +416,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from .inference import evaluate, fit_input
-    model, _, dataset, data_dir = _inference_model(args)
-    transform, (x, y), names = _eval_split(args, dataset, data_dir)
+    model, source, dataset, data_dir = _inference_model(args)
+    transform, (x, y), names = _eval_split(args, dataset, data_dir, source.run_config)
     x = fit_input(transform(x, np.arange(len(x)), 0), model)
     result = evaluate(model, x, y, args.batch_size)
     print(f"loss {result.loss:.4f}  accuracy {100 * result.accuracy:.2f}%  ({result.count:,} samples)")
@@ -408,6 +467,23 @@ def _add_eval(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=500)
 
 
+# -- codegen (anygrad.codegen) ------------------------------------------------------------------
+def cmd_codegen(args: argparse.Namespace) -> int:
+    from .codegen import write_code
+    out = Path(args.output) if args.output else Path(f"{Path(args.model).stem}_model.py")
+    written = write_code(args.model, out, weights_out=args.weights_out, write_weights=not args.no_weights)
+    print(f"wrote {written.code}" + (f" and {written.weights}" if written.weights else ""))
+    return 0
+
+
+def _add_codegen(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", metavar="MODEL.onnx", help="the ONNX file to write as Python")
+    p.add_argument("-o", "--output", metavar="FILE.py", help="the module to write (default: <model>_model.py)")
+    p.add_argument("--weights-out", metavar="W.safetensors", help="where to write the weights, under the "
+                   "generated module's state_dict names (default: beside FILE.py, same name)")
+    p.add_argument("--no-weights", action="store_true", help="write the code only")
+
+
 # -- the command table ---------------------------------------------------------------------------
 def _add_info(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL.onnx", help="the ONNX file to describe")
@@ -427,6 +503,20 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", help="dataset name (default: mnist)")
     p.add_argument("--data-dir", metavar="DIR", help="folder holding the dataset files (default: cache, "
                    "downloading when missing)")
+    p.add_argument("--valid-fraction", type=float, metavar="F", help="hold out this part of the training data "
+                   "for validation (default: the set's own test split, else 0.1; 0: no validation)")
+    p.add_argument("--augment", metavar="SPEC", help="training-batch augmentation: crop:PADDING (random crop "
+                   "after zero padding), hflip (random horizontal flip), comma-separated, e.g. crop:4,hflip; "
+                   "none (default)")
+    p.add_argument("--normalize", choices=("device", "host", "none"), help="per-channel normalisation: on the "
+                   "device, uint8 images uploaded as they are (default); on the host (float32 batches); none")
+    p.add_argument("--mean", type=_float_list, metavar="M[,M...]", help="per-channel mean in [0, 1] pixel units "
+                   "(default: the dataset's)")
+    p.add_argument("--std", type=_float_list, metavar="S[,S...]", help="per-channel std (default: the dataset's)")
+    p.add_argument("--npz-keys", metavar="X,Y", help="array names of inputs and targets in an .npz dataset "
+                   "(default: x,y)")
+    p.add_argument("--prefetch", action="store_true", default=None, help="prepare the next batch in a background "
+                   "thread while the device works")
     p.add_argument("--epochs", type=int)
     p.add_argument("--batch-size", type=int)
     p.add_argument("--valid-batch-size", type=int, metavar="N", help="validation batch size (default: batch-size)")
@@ -439,6 +529,8 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--artifacts", metavar="DIR", help="output folder (default: runs/<model>-<timestamp>)")
     p.add_argument("--init", choices=("onnx", "fresh"),
                    help="start from the file's weights (onnx, default) or PyTorch's default initialisation (fresh)")
+    p.add_argument("--weights", metavar="FILE", help="fine-tune: start from the weights in a PyTorch state_dict "
+                   "(.pt/.pth from torch.save, read without torch) or .safetensors; names must match (strict)")
     p.add_argument("--drop-last", action="store_true", default=None, help="skip the last partial batch of each epoch")
     p.add_argument("--clip-grad-norm", type=float, metavar="MAX", help="scale the gradients down to this global "
                    "2-norm (torch.nn.utils.clip_grad_norm_)")
@@ -480,6 +572,8 @@ COMMANDS: dict[str, Command] = {
     "predict": Command("classify one dataset sample or your own image with a trained model", _add_predict,
                        cmd_predict),
     "eval": Command("loss, accuracy and confusion matrix of a trained model on a dataset", _add_eval, cmd_eval),
+    "codegen": Command("write an ONNX model as PyTorch-style Python (anygrad.nn) plus its weights", _add_codegen,
+                       cmd_codegen),
 }
 
 

@@ -15,7 +15,7 @@ from .autodiff import gradients
 from .ir.builder import Builder
 from .ir.graph import Graph, Shape, TensorInfo, info_of
 from .ir.passes import RNG_STATE, infer_shapes, set_training_mode, specialize
-from .losses import Loss
+from .losses import Loss, _matching_target
 from .optim.base import LR_STATE, STEP_STATE, Optimizer
 
 TARGET = "anygrad.target"
@@ -59,12 +59,16 @@ def _loss_and_metrics(g: Graph, b: Builder, output: str, loss: Loss, target_shap
     g.inputs.append(TARGET)
     g.info[TARGET] = TensorInfo(np.dtype(loss.target_dtype), tuple(target_shape))
     loss_value = loss.build(b, output, TARGET)
-    correct = b.op("CountCorrect", [output, TARGET]) if loss.classification else None
+    target = TARGET
+    if loss.classification:  # the layout the loss accepted: (N, T) targets for (N*T, C) logits
+        out_shape = b.shape(output)
+        target = _matching_target(b, loss.name, TARGET, (out_shape[0],) + tuple(out_shape[2:]))
+    correct = b.op("CountCorrect", [output, target]) if loss.classification else None
     # Device-side running sums, read back only when the trainer asks.
     for name in METRIC_STATE:
         _add_buffer(g, name, np.zeros((), np.float32))
     if top_k is not None and loss.classification:
-        g.state_updates[b.op("Add", [TOPK_SUM, b.op("CountTopK", [output, TARGET], k=int(top_k))])] = TOPK_SUM
+        g.state_updates[b.op("Add", [TOPK_SUM, b.op("CountTopK", [output, target], k=int(top_k))])] = TOPK_SUM
     n = float(b.shape(output)[0]) if b.shape(output) else 1.0
     batch_loss = b.op("Mul", [loss_value, b.const(n)])
     g.state_updates[b.op("Add", [LOSS_SUM, batch_loss])] = LOSS_SUM

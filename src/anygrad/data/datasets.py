@@ -66,6 +66,11 @@ class DataConfig:
             raise ConfigError(f"valid-fraction must be in [0, 1), got {self.valid_fraction}")
         if self.crop_padding < 0:
             raise ConfigError(f"crop-padding must be 0 or positive, got {self.crop_padding}")
+        if (self.mean is None) != (self.std is None) or (self.mean is not None and len(self.mean) != len(self.std)):
+            raise ConfigError(f"give --mean and --std together, one value per channel each (got mean {self.mean}, "
+                              f"std {self.std})")
+        if self.std is not None and any(not s > 0 for s in self.std):
+            raise ConfigError(f"std must be positive per channel, got {self.std}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,21 +88,35 @@ class DataConfig:
         return get_dataset(self.dataset, self.data_dir, valid_fraction=self.valid_fraction, seed=seed, log=log,
                            x_key=self.x_key, y_key=self.y_key, **{**self.options, **kwargs})
 
-    def transform(self, data: Dataset, seed: int = 0, train: bool = True) -> BatchTransform:
+    def stats(self, data: Dataset) -> tuple[tuple[float, ...], tuple[float, ...]] | tuple[None, None]:
+        """The per-channel mean/std batches are normalised with: this config's own, else the
+        dataset's; (None, None) when normalisation is off or the data has no statistics."""
         mean = tuple(self.mean) if self.mean is not None else data.mean
         std = tuple(self.std) if self.std is not None else data.std
-        if not self.normalize or mean is None:
-            mean = std = None
-        return BatchTransform(mean, std, self.crop_padding if train else 0, self.hflip and train, seed)
+        if not self.normalize or mean is None or std is None:
+            return None, None
+        return mean, std
+
+    def transform(self, data: Dataset, seed: int = 0, train: bool = True, on_device: bool = False) -> BatchTransform:
+        """Augmentation (training batches only) then normalisation. `on_device`: the model normalises
+        in its graph (anygrad.data.graph_input), so batches keep their stored dtype (uint8)."""
+        if (self.crop_padding or self.hflip) and len(data.sample_shape) != 3:
+            raise ConfigError(f"augmentation (crop, hflip) works on images (C, H, W); {data.name} samples have "
+                              f"shape {data.sample_shape}")
+        mean, std = (None, None) if on_device else self.stats(data)
+        return BatchTransform(mean, std, self.crop_padding if train else 0, self.hflip and train, seed,
+                              to_float=not on_device)
 
     def loader(self, data: Dataset, batch_size: int, train: bool = True, seed: int = 0, shuffle: bool | None = None,
-               drop_last: bool = False) -> DataLoader:
-        """A DataLoader over the training (or validation) split with this config's transform."""
+               drop_last: bool = False, on_device: bool = False) -> DataLoader:
+        """A DataLoader over the training (or validation) split with this config's transform
+        (`on_device`: uint8 batches for a model given anygrad.data.graph_input.add_input_normalisation)."""
         arrays = data.train if train else data.valid
         if arrays is None:
             raise ConfigError(f"{data.name} has no validation split (valid-fraction is 0)")
         return DataLoader(*arrays, batch_size=batch_size, shuffle=train if shuffle is None else shuffle, seed=seed,
-                          drop_last=drop_last, transform=self.transform(data, seed, train), prefetch=self.prefetch)
+                          drop_last=drop_last, transform=self.transform(data, seed, train, on_device),
+                          prefetch=self.prefetch)
 
 
 def split(arrays: Arrays, fraction: float, seed: int) -> tuple[Arrays, Arrays]:

@@ -64,6 +64,7 @@ class BatchTransform:
     crop_padding: int = 0
     hflip: bool = False
     seed: int = 0
+    to_float: bool = True  # False: without normalisation, keep the stored dtype (uint8 for the device)
 
     def __post_init__(self) -> None:
         if self.crop_padding < 0:
@@ -78,4 +79,6 @@ class BatchTransform:
             x = augment(x, indices, epoch, self.seed, self.crop_padding, self.hflip)
         if self.mean is not None:
             return normalize_images(x, self.mean, self.std)
+        if not self.to_float:
+            return x
         return np.asarray(x, np.float32) / np.float32(255.0) if x.dtype == np.uint8 else x

@@ -26,6 +26,7 @@ from ..ir.passes import check_supported, unsupported_ops
 from ..ir.registry import get_op
 from ..model import Model
 from .init import fresh_init
+from .op_support import INFERENCE, OpSupport, by_level, op_support
 
 MIN_OPSET, MAX_OPSET = 13, 20
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -241,6 +242,50 @@ def to_graph(model: onnx.ModelProto, source: str) -> Graph:
     return g
 
 
+def _split_sequences_to_slices(g: Graph) -> None:
+    """SplitToSequence read only by SequenceAt at constant positions (what the dynamo exporter
+    writes for torch.split/chunk) becomes one Slice per SequenceAt: no sequence values remain.
+    Other sequence uses are left alone (and reported as unsupported)."""
+    readers: dict[str, list[Node]] = {}
+    for n in g.nodes:
+        for i in n.inputs:
+            readers.setdefault(i, []).append(n)
+    drop: set[int] = set()
+    for n in g.nodes:
+        if n.op != "SplitToSequence" or n.outputs[0] in g.outputs:
+            continue
+        users = readers.get(n.outputs[0], [])
+        split = g.initializers.get(n.input(1)) if n.input(1) else None
+        positions = [g.initializers.get(u.input(1)) for u in users]
+        if (split is None or not all(u.op == "SequenceAt" and u.inputs[0] == n.outputs[0] for u in users)
+                or any(p is None or p.size != 1 for p in positions)):
+            continue  # no split sizes (chunks of 1, keepdims), or a dynamic use of the sequence
+        axis = int(n.attrs.get("axis", 0))
+        sizes = [int(v) for v in np.reshape(split, -1)]
+        starts = np.cumsum([0] + sizes) if split.ndim == 1 else None
+        rewritten = []
+        for u, pos in zip(users, positions):
+            i = int(np.reshape(pos, -1)[0])
+            if starts is None:  # a scalar split: equal chunks of that size
+                if i < 0:
+                    break  # counts from the end, which the static graph does not know
+                lo, hi = i * sizes[0], (i + 1) * sizes[0]
+            else:
+                i = i + len(sizes) if i < 0 else i
+                lo, hi = int(starts[i]), int(starts[i + 1])
+            consts = []
+            for what, v in (("starts", lo), ("ends", hi), ("axes", axis)):
+                name = f"{u.outputs[0]}.slice_{what}"
+                g.initializers[name] = np.array([v], np.int64)
+                consts.append(name)
+            rewritten.append((u, Node("Slice", [n.inputs[0], *consts], list(u.outputs), {}, u.name)))
+        else:
+            for u, s in rewritten:
+                g.nodes[g.nodes.index(u)] = s
+            drop.add(id(n))
+    g.nodes = [n for n in g.nodes if id(n) not in drop]
+
+
 # -- making it trainable --------------------------------------------------------------------------
 def _state_slots(node: Node) -> frozenset[int]:
     """Input slots holding state an op updates itself (BatchNorm running stats)."""
@@ -353,6 +398,7 @@ def _convert_proto(model: onnx.ModelProto, source: str,
         check_opset(model, source)
     try:
         g = to_graph(model, source)
+        _split_sequences_to_slices(g)
     except ModelError:
         raise
     except Exception as e:  # noqa: BLE001  (a malformed graph must not escape as a traceback)
@@ -430,10 +476,20 @@ class ModelSummary:
     num_parameters: int
     num_buffers: int
     unsupported: dict[str, list[str]]  # op type -> node names
+    support: dict[str, OpSupport] = field(default_factory=dict)  # op type -> training / inference only / not
 
     @property
     def supported(self) -> bool:
         return self.opset_supported and not self.unsupported
+
+    @property
+    def inference_only(self) -> dict[str, list[str]]:
+        """Op type -> the nodes a parameter's gradient would have to cross without a grad rule."""
+        return {op: list(s.blocking) for op, s in by_level(self.support, INFERENCE).items()}
+
+    @property
+    def trainable(self) -> bool:
+        return self.supported and not self.inference_only
 
 
 def summarize(path: str | os.PathLike) -> ModelSummary:
@@ -446,6 +502,7 @@ def summarize(path: str | os.PathLike) -> ModelSummary:
     missing = unsupported_ops(g)
     _untie_state(g)
     classify_state(g, constants)
+    support = op_support(g)
 
     def tensors(names: list[str]) -> list[TensorSummary]:
         return [TensorSummary(n, str(g.info[n].dtype), tuple(g.info[n].shape)) for n in names if n in g.info]
@@ -453,4 +510,4 @@ def summarize(path: str | os.PathLike) -> ModelSummary:
     return ModelSummary(path, model.producer_name, model.ir_version, opset, ok, tensors(g.inputs),
                         tensors(g.outputs), g.op_histogram(),
                         int(sum(g.initializers[p].size for p in g.params)),
-                        int(sum(g.initializers[b].size for b in g.buffers)), missing)
+                        int(sum(g.initializers[b].size for b in g.buffers)), missing, support)

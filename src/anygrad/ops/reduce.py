@@ -54,10 +54,19 @@ def kept_dims(g: GradContext, v: str) -> str:
     return g.reshape(v, _reduced_shape(g.shape(g.x[0]), _axes(g), True))
 
 
+def _extreme(x: np.ndarray, low: bool):
+    """The identity of max (low) / min over an empty set, as ONNX defines it: -inf / +inf
+    for floats, the type's range limit for integers."""
+    if np.issubdtype(x.dtype, np.floating):
+        return -np.inf if low else np.inf
+    info = np.iinfo(x.dtype) if np.issubdtype(x.dtype, np.integer) else None
+    return (info.min if low else info.max) if info else (not low)
+
+
 def _logsumexp(x, axes, keepdims):
     if not axes:
         return x.copy()
-    m = np.max(x, axis=axes, keepdims=True)
+    m = np.max(x, axis=axes, keepdims=True, initial=-np.inf)
     m = np.where(np.isfinite(m), m, 0)  # all -inf rows stay -inf instead of becoming nan
     out = np.log(np.sum(np.exp(x - m), axis=axes, keepdims=True)) + m
     return out if keepdims else np.squeeze(out, axis=axes)
@@ -118,8 +127,8 @@ class Reduction:
 REDUCTIONS = {
     "ReduceSum": Reduction(lambda x, a, k: np.sum(x, axis=a, keepdims=k), _grad_sum),
     "ReduceMean": Reduction(lambda x, a, k: np.mean(x, axis=a, keepdims=k), _grad_mean),
-    "ReduceMax": Reduction(lambda x, a, k: np.max(x, axis=a, keepdims=k), _grad_select),
-    "ReduceMin": Reduction(lambda x, a, k: np.min(x, axis=a, keepdims=k), _grad_select),
+    "ReduceMax": Reduction(lambda x, a, k: np.max(x, axis=a, keepdims=k, initial=_extreme(x, True)), _grad_select),
+    "ReduceMin": Reduction(lambda x, a, k: np.min(x, axis=a, keepdims=k, initial=_extreme(x, False)), _grad_select),
     "ReduceProd": Reduction(lambda x, a, k: np.prod(x, axis=a, keepdims=k), None),
     "ReduceL1": Reduction(lambda x, a, k: np.sum(np.abs(x), axis=a, keepdims=k), _grad_l1),
     "ReduceL2": Reduction(lambda x, a, k: np.sqrt(np.sum(np.square(x), axis=a, keepdims=k)), _grad_l2),

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from ..data.datasets import DataConfig
+from ..data.graph_input import input_statistics, plain_model
 from ..data.loader import DataLoader
 from ..errors import AnygradError, ConfigError
 from ..model import Model
@@ -36,7 +38,9 @@ Log = Callable[[str], None]
 
 # Settings that may differ between a run and its resumption (everything else must match).
 RESUMABLE_CHANGES = ("epochs", "log_every", "device", "artifacts_dir", "data_dir", "keep_checkpoints",
-                     "checkpoint_every", "patience", "min_delta")
+                     "checkpoint_every", "patience", "min_delta", "prefetch")
+# How batches are normalised: in the graph on the device (uint8 uploads), on the host, or not at all.
+NORMALIZE_MODES = ("device", "host", "none")
 
 
 @dataclass
@@ -60,6 +64,17 @@ class TrainConfig:
     lr: float | None = None
     device: str = ""
     init: str = ""
+    weights: str | None = None           # state_dict file loaded right after the model (fine-tuning)
+    # -- data (anygrad.data.DataConfig): split, normalisation, augmentation, prefetching
+    valid_fraction: float | None = None  # None: the set's own validation split (else 0.1 of train)
+    normalize: str = "device"            # device, host, none (see NORMALIZE_MODES)
+    mean: list[float] | None = None      # per channel, [0, 1] pixel units; None: the dataset's own
+    std: list[float] | None = None
+    crop_padding: int = 0                # random crop after this much zero padding (training only)
+    hflip: bool = False                  # random horizontal flip (training only)
+    prefetch: bool = False               # prepare the next batch in a background thread
+    x_key: str = "x"                     # .npz array names
+    y_key: str = "y"
     # -- the step program
     clip_grad_norm: float | None = None  # max global 2-norm of the gradients
     accumulate: int = 1                  # batches per optimizer update
@@ -89,6 +104,16 @@ class TrainConfig:
         if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
             raise ConfigError(f"clip-grad-norm must be positive, got {self.clip_grad_norm}")
         Monitor(self.monitor, self.mode, self.patience, self.min_delta)  # raises on bad values
+        if self.normalize not in NORMALIZE_MODES:
+            raise ConfigError(f"normalize must be one of {', '.join(NORMALIZE_MODES)}, got {self.normalize!r}")
+        self.data_config().check()
+
+    def data_config(self) -> DataConfig:
+        """The data settings as an anygrad.data.DataConfig (dataset, folder, split, transforms)."""
+        return DataConfig(dataset=self.dataset or "mnist", data_dir=self.data_dir, valid_fraction=self.valid_fraction,
+                          normalize=self.normalize != "none", mean=self.mean, std=self.std,
+                          crop_padding=self.crop_padding, hflip=self.hflip, prefetch=self.prefetch,
+                          x_key=self.x_key, y_key=self.y_key)
 
     @classmethod
     def from_dict(cls, record: dict[str, Any], source: str = "config") -> TrainConfig:
@@ -205,8 +230,8 @@ def save_weights(model: Model, directory: Path) -> list[Path]:
     _atomic_write(written[0], lambda f: np.savez(f, **state), "wb")
     written.append(_save_safetensors(model, state, directory / "weights.safetensors"))
     export = _onnx_exporter()
-    if export is not None:
-        written.append(export(model, directory / "model.onnx"))  # atomic itself (external data too)
+    if export is not None:  # the user's float input, without a uint8 normalisation prologue
+        written.append(export(plain_model(model), directory / "model.onnx"))  # atomic itself (external data too)
     return written
 
 
@@ -238,12 +263,19 @@ def config_record(model: Model, config: TrainConfig) -> dict[str, Any]:
         "model_source": model.source,
         "fingerprint": model.fingerprint(),
         "parameters": model.num_parameters(),
-        "input": {"name": model.input_name, "shape": list(model.input_shape)},
+        "input": {"name": model.input_name, "shape": list(model.input_shape),
+                  "dtype": str(model.graph.info[model.input_name].dtype)},
+        "normalised_on_device": _on_device_stats(model),
         "device": model.backend.description if model.backend else None,
         "loss": {"name": model.loss.name, **model.loss.options} if model.loss else None,
         "optimizer": model.optimizer.config() if model.optimizer else None,
     }
     return record
+
+
+def _on_device_stats(model: Model) -> dict[str, list[float]] | None:
+    stats = input_statistics(model.graph)
+    return None if stats is None else {"mean": stats[0], "std": stats[1]}
 
 
 # -- reporting ------------------------------------------------------------------------------------
@@ -347,7 +379,8 @@ class Learner:
         if config.clip_grad_norm is not None or config.accumulate != 1:  # else keep what compile() set
             model.configure_step(clip_norm=config.clip_grad_norm, accumulate=config.accumulate)
         self.loader = DataLoader(*train_data, batch_size=config.batch_size, shuffle=config.shuffle,
-                                 seed=config.seed, drop_last=config.drop_last, transform=transforms[0])
+                                 seed=config.seed, drop_last=config.drop_last, transform=transforms[0],
+                                 prefetch=config.prefetch)
         if len(self.loader) == 0:
             raise ConfigError(f"no full batch of {config.batch_size} in {len(train_data[0])} training samples; "
                               "use a smaller batch size or keep the last partial batch (no drop_last)")

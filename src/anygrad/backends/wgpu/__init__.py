@@ -13,12 +13,20 @@ Importing this package registers every lowering in `kernel.LOWERINGS`.
 from . import (  # noqa: F401  (each registers its lowerings)
     kernels_activation,
     kernels_conv,
+    kernels_einsum,
     kernels_elementwise,
     kernels_gemm,
+    kernels_image,
+    kernels_index,
     kernels_loss,
+    kernels_math,
     kernels_nn,
+    kernels_norm,
     kernels_optim,
+    kernels_preview_training,
+    kernels_quant,
     kernels_reduce,
+    kernels_resize,
     kernels_shape,
 )
 from .adapters import AdapterInfo, list_adapters

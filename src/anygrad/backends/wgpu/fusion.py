@@ -283,7 +283,9 @@ def prepare(graph: Graph, caps: AdapterCaps, supports_epilogue: set[str], fuse: 
     inference_dropout_to_identity(g)
     if fuse:
         group_updates(g, caps)
-        protected = set(g.outputs) | set(g.state_updates)
+        # Gradients computed into their arena slice are read only through FusedUpdate's attrs.
+        claimed = {v for n in g.nodes if n.op == FUSED_UPDATE for v in n.attrs["grads"]}
+        protected = set(g.outputs) | set(g.state_updates) | claimed
         fuse_epilogues(g, protected, supports_epilogue)
         fuse_elementwise(g, caps, protected)
     return g

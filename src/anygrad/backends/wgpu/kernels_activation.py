@@ -153,16 +153,26 @@ def _hswish_grad(c, n, a, ot):
     return [c.let(f"{dy} * select(select(1.0, {x} / 3.0 + 0.5, {x} <= 3.0), 0.0, {x} < -3.0)", "f32")]
 
 
+def _tanh_softplus(c: Emit, x: str) -> str:
+    """tanh(softplus(x)) keeping its relative precision for very negative x, where softplus is
+    tiny: log1p and tanh by short series there (1 + e and exp(-2t) round away the answer)."""
+    e = c.let(f"exp(-abs({x}))", "f32").expr
+    l1p = c.let(f"select(log(1.0 + {e}), {e} * (1.0 - {e} * (0.5 - {e} / 3.0)), {e} < 1e-3)", "f32").expr
+    sp = c.let(f"max({x}, 0.0) + {l1p}", "f32").expr
+    t = _tanh(c, sp)
+    return c.let(f"select({t}, {sp} * (1.0 - {sp} * {sp} / 3.0), {sp} < 5e-3)", "f32").expr
+
+
 @ew("Mish")
 def _mish(c, n, a, ot):
     x = a[0].expr
-    return [c.let(f"{x} * {_tanh(c, _softplus(x))}", "f32")]
+    return [c.let(f"{x} * {_tanh_softplus(c, x)}", "f32")]
 
 
 @ew("MishGrad")
 def _mish_grad(c, n, a, ot):
     x = a[1].expr
-    t = _tanh(c, _softplus(x))
+    t = _tanh_softplus(c, x)
     return [c.let(f"{a[0].expr} * ({t} + {x} * {_sigmoid(c, x)} * (1.0 - {t} * {t}))", "f32")]
 
 

@@ -23,6 +23,7 @@ from ...errors import UnsupportedOpError
 from ...ir.graph import Graph, Node
 from ...ops.nn import window
 from .kernel import AdapterCaps, Kernel, lowering
+from .kernels_conv_nd import CONV_ND
 from .kernels_gemm import (
     EPILOGUES,
     Binding,
@@ -36,6 +37,7 @@ from .kernels_gemm import (
     u,
     variant_of,
 )
+from .kernels_pool_nd import POOL_ND
 
 NEG_INF = "bitcast<f32>(0xff800000u)"
 
@@ -131,6 +133,8 @@ def _conv_shapes(node: Node, graph: Graph, x: str, w: str):
 # -- Conv forward -------------------------------------------------------------------------------
 @lowering("Conv")
 def lower_conv(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    if len(static_shape(graph, node.inputs[0], node)) > 4:
+        return CONV_ND[node.op](node, graph)
     xs, ws, G = _conv_shapes(node, graph, node.inputs[0], node.inputs[1])
     g = geometry(node, xs, ws[2:])
     Co, Cg = ws[0], ws[1]
@@ -186,6 +190,8 @@ def _depthwise(node: Node, g: Geo, has_bias: bool, caps: AdapterCaps) -> Kernel:
 # -- Conv gradients -----------------------------------------------------------------------------
 @lowering("ConvGradInput")
 def lower_conv_grad_input(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    if len(node.attr("input_shape")) > 4:
+        return CONV_ND[node.op](node, graph)
     dy, w = node.inputs[0], node.inputs[1]
     ws = static_shape(graph, w, node)
     xs = tuple(int(d) for d in node.attr("input_shape"))
@@ -222,6 +228,8 @@ def lower_conv_grad_input(node: Node, graph: Graph, caps: AdapterCaps) -> list[K
 
 @lowering("ConvGradWeight")
 def lower_conv_grad_weight(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    if len(node.attr("weight_shape")) > 4:
+        return CONV_ND[node.op](node, graph)
     dy, x = node.inputs[0], node.inputs[1]
     xs = static_shape(graph, x, node)
     ws = tuple(int(d) for d in node.attr("weight_shape"))
@@ -317,6 +325,8 @@ fn first_max(base: u32, oy: u32, ox: u32) -> u32 {{
 
 @lowering("MaxPool")
 def lower_max_pool(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    if len(static_shape(graph, node.inputs[0], node)) > 4:
+        return POOL_ND[node.op](node, graph)
     g = _pool_geo(node, static_shape(graph, node.inputs[0], node))
     pre, valid = _gather_forward(g)
     body = f"""  {_out_coords(g)}
@@ -333,6 +343,8 @@ def lower_max_pool(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
 
 @lowering("MaxPoolGrad")
 def lower_max_pool_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    if len(static_shape(graph, node.inputs[1], node)) > 4:
+        return POOL_ND[node.op](node, graph)
     dy, x = node.inputs[0], node.inputs[1]
     g = _pool_geo(node, static_shape(graph, x, node))
     inner = f"      if (first_max(base, oy, ox) == pix) {{ acc = acc + DY[obase + oy * {u(g.OW)} + ox]; }}"
@@ -368,6 +380,8 @@ def _with_fns(k: Kernel, fns: str) -> Kernel:
 
 @lowering("AveragePool")
 def lower_average_pool(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    if len(static_shape(graph, node.inputs[0], node)) > 4:
+        return POOL_ND[node.op](node, graph)
     g = _pool_geo(node, static_shape(graph, node.inputs[0], node))
     pre, valid = _gather_forward(g)
     body = f"""  {_out_coords(g)}
@@ -385,6 +399,8 @@ def lower_average_pool(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kern
 
 @lowering("AveragePoolGrad")
 def lower_average_pool_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    if len(node.attr("input_shape")) > 4:
+        return POOL_ND[node.op](node, graph)
     g = _pool_geo(node, tuple(int(d) for d in node.attr("input_shape")))
     inner = f"      acc = acc + DY[obase + oy * {u(g.OW)} + ox] / count(oy, ox);"
     body = f"  {_in_coords(g)}\n  var acc = 0.0;{_windows_over(g, inner)}\n  DX[i] = acc;"

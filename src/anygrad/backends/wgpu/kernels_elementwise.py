@@ -179,13 +179,17 @@ def _sigmoid(c, n, a, ot):
 def _tanh(c, n, a, ot):
     # exp(-2|x|) never overflows, unlike some drivers' tanh for large |x|.
     t = c.let(f"exp(-2.0 * abs({a[0].expr}))", "f32")
-    return [c.let(f"sign({a[0].expr}) * (1.0 - {t.expr}) / (1.0 + {t.expr})", "f32")]
+    x = a[0].expr  # near 0, 1 - exp(-2|x|) loses the digits: the series x - x^3/3 instead
+    return [c.let(f"select(sign({x}) * (1.0 - {t.expr}) / (1.0 + {t.expr}), {x} * (1.0 - {x} * {x} / 3.0), "
+                  f"abs({x}) < 5e-3)", "f32")]
 
 
 @ew("Softplus")
 def _softplus(c, n, a, ot):
     x = a[0].expr
-    return [c.let(f"max({x}, 0.0) + log(1.0 + exp(-abs({x})))", "f32")]
+    e = c.let(f"exp(-abs({x}))", "f32").expr  # log1p(e) by its series where 1 + e rounds e away
+    return [c.let(f"max({x}, 0.0) + select(log(1.0 + {e}), {e} * (1.0 - {e} * (0.5 - {e} / 3.0)), {e} < 1e-3)",
+                  "f32")]
 
 
 _ERF = """fn erf_f(x: f32) -> f32 {

@@ -115,6 +115,15 @@ class Tiling:
         return self.wx * self.tn
 
 
+def _thin_and_wide(M: int, N: int, K: int, caps: AdapterCaps) -> bool:
+    """A few rows (<= 8) over very many columns, e.g. the input gradient of a conv with 8 input
+    channels at batch 1000: 8x8 register blocks with no workgroup memory beat staged 8x128 tiles
+    (H200, MNIST conv2 dX: 311 vs 563 us), but only once the 8-wide blocks alone fill the GPU
+    (at batch 64 the same tiling is 1.7x slower: too few invocations)."""
+    return (not caps.is_cpu and M <= 8 and K > 32
+            and math.ceil(N / 8) >= _target_invocations(caps) // 4)
+
+
 def _pow2_at_least(x: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(1, x))))
 
@@ -126,6 +135,8 @@ def choose_tiling(M: int, N: int, K: int, caps: AdapterCaps, variant: str | None
     block: outputs per invocation along each axis (4 or 8); by default 8 only for big shared GEMMs."""
     # Workgroup tiles pay off on GPUs, except for very short K or a sliver of M, where staging
     # mostly zero padding costs more than it saves (H200: first MNIST conv 3.5 vs 1.2 TFLOP/s)
+    if variant is None and block is None and _thin_and_wide(M, N, K, caps):
+        variant, block = "register", 8
     variant = variant or ("register" if caps.is_cpu or K <= 32 or M <= 4 else "shared")
     if variant == "register":
         tm = tn = block or 4
@@ -441,25 +452,139 @@ def _reduce_wgsl(spec: GemmSpec, scratch: Binding, splits: int, caps: AdapterCap
     return "\n".join(lines) + "\n", grid, tuple(b.value for b in reads)
 
 
+# -- tiny outputs over a long K: dot products spread along K -------------------------------------
+DOT_WG = 64           # invocations along K per workgroup
+DOT_MAX_OUTPUTS = 63  # outputs per invocation (registers; odd row stride in the reduce buffer)
+
+
+@dataclass(frozen=True)
+class DotTiling:
+    """Each workgroup owns an rb x cb block of outputs and a K range; its DOT_WG invocations
+    walk that range with stride DOT_WG, each keeping the whole block in scalar registers, then
+    sum through workgroup memory. Suits outputs too small to fill the GPU with output tiles
+    (a conv weight gradient with one input channel: 8 x 9 outputs over K = batch x pixels)."""
+
+    rb: int
+    cb: int
+
+    @property
+    def outputs(self) -> int:
+        return self.rb * self.cb
+
+
+def dot_tiling(M: int, N: int) -> DotTiling:
+    ncb = math.ceil(N / DOT_MAX_OUTPUTS)
+    cb = math.ceil(N / ncb)
+    rmax = max(1, DOT_MAX_OUTPUTS // cb)
+    rb = math.ceil(M / math.ceil(M / rmax))
+    return DotTiling(rb, cb)
+
+
+def use_dot(spec: GemmSpec, caps: AdapterCaps) -> bool:
+    """Default choice: a GPU, a tiny output (a few workgroups' worth) and a K long enough to
+    spread. H200, MNIST at batch 1000: conv1's weight gradient (8x9, K = 676,000) took 170 us as
+    a split-K tiled GEMM, fc2's (10x32, K = 1000) 75 us, both latency-bound chains."""
+    return not caps.is_cpu and spec.M * spec.N * spec.batch <= 1024 and spec.K >= 64
+
+
+def dot_splits(spec: GemmSpec, d: DotTiling, caps: AdapterCaps) -> tuple[int, int]:
+    """(splits, K per split): enough workgroups to fill the adapter, at least 8 k per invocation."""
+    blocks = math.ceil(spec.M / d.rb) * math.ceil(spec.N / d.cb) * spec.batch
+    want = min(math.ceil(_target_invocations(caps) / (blocks * DOT_WG)), spec.K // (8 * DOT_WG), 4096)
+    splits = max(1, want)
+    while splits > 1 and splits * spec.batch * spec.M * spec.N * 4 > caps.max_storage_binding_size:
+        splits //= 2
+    ksplit = math.ceil(spec.K / splits)
+    return math.ceil(spec.K / ksplit), ksplit
+
+
+def dot_wgsl(spec: GemmSpec, d: DotTiling, caps: AdapterCaps, splits: int, ksplit: int,
+             out: Output | None = None, write: Binding | None = None, with_bias: bool = True) -> tuple[str, tuple, tuple]:
+    out = replace(out or spec.out, contig=False)
+    write = replace(write or spec.write, vec4=False)
+    M, N, K = spec.M, spec.N, spec.K
+    nR, nC = math.ceil(M / d.rb), math.ceil(N / d.cb)
+    total = nC * nR * spec.batch * splits
+    grid = fold_grid(total, caps)
+    reads = [replace(spec.reads[0], vec4=False), replace(spec.reads[1], vec4=False)]
+    reads += list(spec.reads[2:]) if with_bias else []
+    decls = [_decl(i, b, "read") for i, b in enumerate(reads)]
+    decls.append(_decl(len(reads), write, "read_write"))
+    stride = d.outputs | 1              # odd: the row-wise stores hit distinct banks
+    wg = DOT_WG
+    # block origins as literals when there is one block along an axis (lets the compiler fold
+    # the im2col arithmetic of each fixed column)
+    r0 = f"(lin / {u(nC)}) % {u(nR)} * {u(d.rb)}" if nR > 1 else "0u"
+    c0 = f"lin % {u(nC)} * {u(d.cb)}" if nC > 1 else "0u"
+    outs = [(i, j) for i in range(d.rb) for j in range(d.cb)]
+    body = [
+        f"var<workgroup> red: array<f32, {wg * stride}>;",
+        f"@compute @workgroup_size({wg}, 1, 1)",
+        "fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {",
+        f"  let lin = {linear_id(grid)};",
+        f"  if (lin >= {u(total)}) {{ return; }}",
+        f"  let r0 = {r0};",
+        f"  let c0 = {c0};",
+        f"  let bt = (lin / {u(nC * nR)}) % {u(spec.batch)};",
+        f"  let s = lin / {u(nC * nR * spec.batch)};",
+        f"  let kb = s * {u(ksplit)};",
+        f"  let ke = min(kb + {u(ksplit)}, {u(K)});",
+    ] + [f"  var acc{i}_{j} = 0.0;" for i, j in outs] + [
+        f"  for (var k = kb + li; k < ke; k = k + {u(wg)}) {{"
+    ] + [f"    let a{i} = a_el(bt, r0 + {i}u, k);" for i in range(d.rb)] + [
+        f"    let b{j} = b_el(bt, k, c0 + {j}u);" for j in range(d.cb)] + [
+        f"    acc{i}_{j} = fma(a{i}, b{j}, acc{i}_{j});" for i, j in outs] + ["  }"] + [
+        f"  red[li * {u(stride)} + {u(i * d.cb + j)}] = acc{i}_{j};" for i, j in outs] + [
+        "  workgroupBarrier();",
+        f"  if (li >= {u(d.outputs)}) {{ return; }}",
+        "  var sum = 0.0;",
+        f"  for (var t = 0u; t < {u(wg)}; t = t + 1u) {{ sum = sum + red[t * {u(stride)} + li]; }}",
+        f"  st1(bt, s, r0 + li / {u(d.cb)}, c0 + li % {u(d.cb)}, sum);",
+        "}"]
+    wgsl = "\n".join(decls + [_loader("a", spec.a, False), _loader("b", spec.b, False),
+                              _epi_fn(out, with_bias), _store_fn(out, M, N)] + body) + "\n"
+    return wgsl, grid, tuple(b.value for b in reads)
+
+
+def dot_kernels(spec: GemmSpec, caps: AdapterCaps) -> list[Kernel]:
+    d = dot_tiling(spec.M, spec.N)
+    splits, ksplit = dot_splits(spec, d, caps)
+    tile = f"dot {d.rb}x{d.cb}"
+    if splits == 1:
+        wgsl, grid, reads = dot_wgsl(spec, d, caps, 1, ksplit)
+        return [Kernel(f"{spec.name}[{tile}]", wgsl, grid, reads, (spec.write.value,))]
+    return _split_pair(spec, caps, splits, tile,
+                       lambda part, sb: dot_wgsl(spec, d, caps, splits, ksplit, out=part, write=sb,
+                                                 with_bias=False))
+
+
+def _split_pair(spec: GemmSpec, caps: AdapterCaps, splits: int, tile: str, partial) -> list[Kernel]:
+    """A K-split kernel writing partial sums into a Scratch, and the reduce that finishes them."""
+    sname = f"{spec.write.value}__splitk"
+    scratch = Scratch(sname, splits * spec.batch * spec.M * spec.N)
+    part = Output("P", f"((s * {u(spec.batch)} + bt) * {u(spec.M)} + r) * {u(spec.N)} + c",
+                  contig=spec.N % 4 == 0)
+    wgsl, grid, reads = partial(part, Binding(sname, "P"))
+    red, rgrid, rreads = _reduce_wgsl(spec, Binding(sname, "P"), splits, caps)
+    return [Kernel(f"{spec.name}[{tile} splitK {splits}]", wgsl, grid, reads, (sname,),
+                   scratch=(scratch,)),
+            Kernel(f"{spec.name}[splitK reduce]", red, rgrid, rreads, (spec.write.value,))]
+
+
 def gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None = None,
                  allow_split: bool = True, block: int | None = None, kt: int | None = None) -> list[Kernel]:
     """The kernel list for one GEMM-shaped op: one GEMM, or a split-K GEMM + reduce."""
+    if variant == "dot" or (variant is None and block is None and allow_split and use_dot(spec, caps)):
+        return dot_kernels(spec, caps)
     t = choose_tiling(spec.M, spec.N, spec.K, caps, variant, block, kt)
     splits, ksplit = choose_splits(spec, t, caps) if allow_split else (1, 0)
     tile = f"{t.variant} {t.bm}x{t.bn}" + (f"k{t.kt}" if t.variant == "shared" else "")
     if splits == 1:
         wgsl, grid, reads = gemm_wgsl(spec, t, caps)
         return [Kernel(f"{spec.name}[{tile}]", wgsl, grid, reads, (spec.write.value,))]
-    sname = f"{spec.write.value}__splitk"
-    scratch = Scratch(sname, splits * spec.batch * spec.M * spec.N)
-    part = Output("P", f"((s * {u(spec.batch)} + bt) * {u(spec.M)} + r) * {u(spec.N)} + c",
-                  contig=spec.N % 4 == 0)
-    wgsl, grid, reads = gemm_wgsl(spec, t, caps, splits, ksplit, out=part, write=Binding(sname, "P"),
-                                  with_bias=False)
-    red, rgrid, rreads = _reduce_wgsl(spec, Binding(sname, "P"), splits, caps)
-    return [Kernel(f"{spec.name}[{tile} splitK {splits}]", wgsl, grid, reads, (sname,),
-                   scratch=(scratch,)),
-            Kernel(f"{spec.name}[splitK reduce]", red, rgrid, rreads, (spec.write.value,))]
+    return _split_pair(spec, caps, splits, tile,
+                       lambda part, sb: gemm_wgsl(spec, t, caps, splits, ksplit, out=part, write=sb,
+                                                  with_bias=False))
 
 
 # -- lowerings ----------------------------------------------------------------------------------
@@ -471,7 +596,7 @@ def static_shape(graph: Graph, value: str, node: Node) -> tuple[int, ...]:
 
 
 def variant_of(node: Node) -> dict:
-    """Tiling pinned by the node (benchmarks, tests): attrs '_gemm_variant' (register | shared) and
+    """Tiling pinned by the node (benchmarks, tests): attrs '_gemm_variant' (register | shared | dot) and
     '_gemm_block' (4 | 8 outputs per invocation along M and N), '_gemm_kt' (K tile of the shared variant)."""
     return {"variant": node.attr("_gemm_variant"), "block": node.attr("_gemm_block"), "kt": node.attr("_gemm_kt")}
 

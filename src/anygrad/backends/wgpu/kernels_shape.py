@@ -168,9 +168,9 @@ def _table(name: str, values) -> str:
 
 
 def table_gather(name: str, src: str, dst: str, ty: str, in_shape: Sequence[int], out_shape: Sequence[int],
-                 tables: dict[int, Sequence[int]], fill: str) -> Kernel:
+                 tables: dict[int, Sequence[int]], fill: str, fill_value: str = "") -> Kernel:
     """y[out coords] = x[table_d[c_d] per axis] (identity on axes without a table); a -1 entry
-    anywhere selects `fill` instead."""
+    anywhere selects `fill` instead (or element 0 of value `fill_value`, bound as `pv`)."""
     n = math.prod(out_shape)
     ost, ist = strides(out_shape), strides(in_shape)
     helpers = "\n".join(_table(f"T{d}", t) for d, t in tables.items())
@@ -182,9 +182,12 @@ def table_gather(name: str, src: str, dst: str, ty: str, in_shape: Sequence[int]
             lines.append(f"  inside = inside && c{d} >= 0;")
             coord = f"c{d}"
         lines.append(f"  src += {coord} * {ist[d]};")
+    if fill_value:
+        fill = "pv[0]"
     lines.append(f"  y[i] = select({fill}, x[u32(max(src, 0))], inside);")
-    return Kernel(name, shader(bindings([("x", ty)], [("y", ty)]), "\n".join(lines), helpers=helpers), grid(n),
-                  (src,), (dst,))
+    reads = [("x", ty)] + ([("pv", ty)] if fill_value else [])
+    return Kernel(name, shader(bindings(reads, [("y", ty)]), "\n".join(lines), helpers=helpers), grid(n),
+                  (src,) + ((fill_value,) if fill_value else ()), (dst,))
 
 
 @lowering("Tile")
@@ -212,15 +215,16 @@ def lower_pad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     shape, amounts, mode = _pad_geometry(node, graph)
     ty = vtype(graph, x)
     value = node.attr("value", 0.0)
+    fill_value = ""
     if node.input(2):
         const = graph.initializers.get(node.input(2))
-        if const is None:
-            raise ValueError(f"{node.label}: the pad value must be a constant on the wgpu backend")
-        if np.asarray(const).size:
+        if const is None:  # computed at run time: read from its buffer
+            fill_value = node.input(2)
+        elif np.asarray(const).size:
             value = np.asarray(const).reshape(()).item()
     tables = {d: _pad_source(mode, s, b, a).tolist() for d, (s, (b, a)) in enumerate(zip(shape, amounts))
               if (b, a) != (0, 0)}
-    return [table_gather("Pad", x, y, ty, shape, shape_of(graph, y), tables, literal(value, ty))]
+    return [table_gather("Pad", x, y, ty, shape, shape_of(graph, y), tables, literal(value, ty), fill_value)]
 
 
 @lowering("PadGrad")

@@ -157,6 +157,7 @@ def make_plan(graph: Graph, caps: AdapterCaps, state_names: set[str]) -> Plan:
     end = len(kernels)
     for v in graph.outputs:
         if root_of[v].kind == "temp":
+            first.setdefault(root_of[v], end)  # an output no kernel writes (zero elements) still needs a slot
             last[root_of[v]] = end
     copies: list[tuple[Root, str]] = []
     inplace: dict[str, str] = {}

@@ -1,0 +1,220 @@
+"""Feature normalisations: LayerNormalization, GroupNormalization / InstanceNormalization and
+their backward ops LayerNormGrad / GroupNormGrad (formulas: anygrad/ops/norm.py).
+
+All of them standardise contiguous rows: LayerNorm's rows are x.shape[:axis] x (the rest),
+GroupNorm's are (N x groups) x (channels of the group x spatial). One kernel per row computes
+the statistics in passes (mean, then the variance of the centred values, so no cancellation)
+and writes every element of the row: a workgroup per row with tree sums in workgroup memory for
+long rows, one invocation per row with serial loops for short ones. Parameter gradients (sums
+over rows, per scale/bias entry) are a second kernel reading the per-row statistics the first
+one left in a scratch buffer.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ...ir.graph import Graph, Node
+from ...ops._util import norm_axis
+from .kernel import AdapterCaps, Kernel, Scratch, lowering
+from .wgsl import bindings, broadcast_index, flat_id, grid, group_id, groups_grid, literal, shader, shape_of
+
+SERIAL_MAX = 64   # rows up to this long: one invocation per row
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    """Rows of length `d` at `row * d`; `param(j)` is a WGSL expression (in `row`, `k`) of the
+    scale/bias index of element k of the row."""
+
+    rows: int
+    d: int
+    param: str
+
+
+def _row_kernel(name: str, spec: RowSpec, passes: list[tuple[str, str, str]], store: str,
+                reads: list[tuple[str, str]], writes: list[tuple[str, str]], scratch=()) -> Kernel:
+    """passes: (let-name, WGSL term in `e`, `p`, `k` and earlier lets, statement after) ->
+    `let name = mean of the term over the row`; store: statements per element (e, p, k) after
+    every pass; reads/writes: (var, value) bindings (all f32)."""
+    d, rows = spec.d, spec.rows
+    fd = literal(d, "f32")
+    elem = f"let e = row * {d}u + k; let p = {spec.param};"
+    serial = d <= SERIAL_MAX or rows >= 8192
+    wg = 1 if serial else (256 if d >= 2048 else 64)
+    lines = []
+    if serial:
+        lines += [f"  {flat_id(64)}", f"  if (i >= {rows}u) {{ return; }}", "  let row = i;"]
+    else:
+        lines += [f"  {group_id()}", f"  if (g >= {rows}u) {{ return; }}", "  let row = g;"]
+    for j, (let, term, post) in enumerate(passes):
+        if serial:
+            lines += ["  var acc = 0.0;" if j == 0 else "  acc = 0.0;",
+                      f"  for (var k = 0u; k < {d}u; k += 1u) {{ {elem} acc += {term}; }}",
+                      f"  let {let} = acc / {fd};"]
+        else:
+            lines += ["  var acc = 0.0;" if j == 0 else "  acc = 0.0;",
+                      f"  for (var k = lid.x; k < {d}u; k += {wg}u) {{ {elem} acc += {term}; }}",
+                      "  sh[lid.x] = acc;", "  workgroupBarrier();",
+                      f"  for (var t = {wg // 2}u; t > 0u; t = t >> 1u) {{",
+                      "    if (lid.x < t) { sh[lid.x] += sh[lid.x + t]; }", "    workgroupBarrier();", "  }",
+                      f"  let {let} = sh[0] / {fd};", "  workgroupBarrier();"]
+        if post:
+            lines.append(f"  {post}")
+    start, step = ("0u", "1u") if serial else ("lid.x", f"{wg}u")
+    lines.append(f"  for (var k = {start}; k < {d}u; k += {step}) {{ {elem} {store} }}")
+    decls = bindings([(v, "f32") for v, _ in reads], [(v, "f32") for v, _ in writes])
+    shared = "" if serial else f"var<workgroup> sh: array<f32, {wg}>;"
+    src = shader(decls, "\n".join(lines), wg=64 if serial else wg, shared=shared)
+    return Kernel(f"{name}:{'row' if serial else 'row-wg'}", src, grid(rows, 64) if serial else groups_grid(rows),
+                  tuple(val for _, val in reads), tuple(val for _, val in writes), scratch=tuple(scratch))
+
+
+def _param_sum(name: str, n_out: int, count: int, prelude: str, term: str, reads: list[tuple[str, str]],
+               out: str, scratch=()) -> Kernel:
+    """out[o] = sum over q < count of `term` (after `prelude`, which may use o and q)."""
+    decls = bindings([(v, "f32") for v, _ in reads], [("y", "f32")])
+    if count <= 256 or n_out >= 4096:
+        body = f"""  {flat_id()}
+  if (i >= {n_out}u) {{ return; }}
+  let o = i;
+  var acc = 0.0;
+  for (var q = 0u; q < {count}u; q += 1u) {{ {prelude} acc += {term}; }}
+  y[o] = acc;"""
+        return Kernel(f"{name}:serial", shader(decls, body), grid(n_out), tuple(v for _, v in reads), (out,),
+                      scratch=tuple(scratch))
+    wg = 64
+    body = f"""  {group_id()}
+  if (g >= {n_out}u) {{ return; }}
+  let o = g;
+  var acc = 0.0;
+  for (var q = lid.x; q < {count}u; q += {wg}u) {{ {prelude} acc += {term}; }}
+  sh[lid.x] = acc;
+  workgroupBarrier();
+  for (var t = {wg // 2}u; t > 0u; t = t >> 1u) {{
+    if (lid.x < t) {{ sh[lid.x] += sh[lid.x + t]; }}
+    workgroupBarrier();
+  }}
+  if (lid.x == 0u) {{ y[o] = sh[0]; }}"""
+    src = shader(decls, body, wg=wg, shared=f"var<workgroup> sh: array<f32, {wg}>;")
+    return Kernel(f"{name}:wg", src, groups_grid(n_out), tuple(v for _, v in reads), (out,), scratch=tuple(scratch))
+
+
+def _stat_passes(eps: str) -> list[tuple[str, str, str]]:
+    """mean, then the variance of the centred values (no cancellation), then 1/std as `inv`."""
+    return [("mean", "X[e]", ""), ("var_", "(X[e] - mean) * (X[e] - mean)", f"let inv = 1.0 / sqrt(var_ + {eps});")]
+
+
+# -- LayerNormalization -----------------------------------------------------------------------
+def _ln_spec(node: Node, graph: Graph, x: str, scale: str) -> RowSpec:
+    shape = shape_of(graph, x)
+    axis = norm_axis(int(node.attr("axis", -1)), len(shape))
+    norm = shape[axis:]
+    param = broadcast_index(norm, shape_of(graph, scale), "k")
+    return RowSpec(math.prod(shape[:axis]), math.prod(norm), param)
+
+
+@lowering("LayerNormalization")
+def lower_layer_norm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    x, scale = node.inputs[0], node.inputs[1]
+    bias = node.input(2)
+    spec = _ln_spec(node, graph, x, scale)
+    eps = literal(float(node.attr("epsilon", 1e-5)), "f32")
+    reads = [("X", x), ("SC", scale)] + ([("B", bias)] if bias else [])
+    store = "Y[e] = (X[e] - mean) * inv * SC[p]" + (" + B[p];" if bias else ";")
+    writes = [("Y", node.outputs[0])]
+    outs = (node.outputs + ["", ""])[1:3]
+    if outs[0]:
+        writes.append(("M", outs[0]))
+        store += " if (k == 0u) { M[row] = mean; }"
+    if outs[1]:
+        writes.append(("IS", outs[1]))
+        store += " if (k == 0u) { IS[row] = inv; }"
+    return [_row_kernel("LayerNorm", spec, _stat_passes(eps), store, reads, writes)]
+
+
+@lowering("LayerNormGrad")
+def lower_layer_norm_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    dy, x, scale = node.inputs[:3]
+    dx, dscale, dbias = (list(node.outputs) + ["", "", ""])[:3]
+    spec = _ln_spec(node, graph, x, scale)
+    eps = literal(float(node.attr("epsilon", 1e-5)), "f32")
+    return _norm_grad("LayerNormGrad", spec, eps, dy, x, scale, dx, [
+        # (output, entries, count, prelude giving e and row from o, q)
+        (dscale, "dy_xhat", spec.d, spec.rows, f"let row = q; let e = q * {spec.d}u + o;"),
+        (dbias, "dy", spec.d, spec.rows, f"let row = q; let e = q * {spec.d}u + o;"),
+    ])
+
+
+def _norm_grad(name: str, spec: RowSpec, eps: str, dy: str, x: str, scale: str, dx: str, sums: list) -> list[Kernel]:
+    """dx by rows (keeping mean and 1/std per row in a scratch), then each parameter gradient."""
+    st = f"normgrad.{dx or sums[0][0]}"
+    sc = (Scratch(st, 2 * spec.rows),)
+    passes = _stat_passes(eps) + [("mg", "DY[e] * SC[p]", ""),
+                                  ("mgx", "DY[e] * SC[p] * (X[e] - mean) * inv", "")]
+    store = "if (k == 0u) { ST[2u * row] = mean; ST[2u * row + 1u] = inv; }"
+    writes = [("ST", st)]
+    if dx:
+        store += " DX[e] = inv * (DY[e] * SC[p] - mg - (X[e] - mean) * inv * mgx);"
+        writes.append(("DX", dx))
+    kernels = [_row_kernel(name, spec, passes, store, [("DY", dy), ("X", x), ("SC", scale)], writes, scratch=sc)]
+    for out, what, n_out, count, prelude in sums:
+        if not out:
+            continue
+        term = "DY[e] * (X[e] - ST[2u * row]) * ST[2u * row + 1u]" if what == "dy_xhat" else "DY[e]"
+        reads = [("DY", dy), ("X", x), ("ST", st)] if what == "dy_xhat" else [("DY", dy)]
+        kernels.append(_param_sum(f"{name}:{what}", n_out, count, prelude, term, reads, out,
+                                  scratch=sc if what == "dy_xhat" else ()))
+    return kernels
+
+
+# -- GroupNormalization / InstanceNormalization ------------------------------------------------
+def _gn_geometry(node: Node, graph: Graph, x: str) -> tuple[int, int, int, int]:
+    """(N, C, spatial, groups)."""
+    shape = shape_of(graph, x)
+    groups = int(shape[1]) if node.op == "InstanceNormalization" else int(node.attr("num_groups"))
+    return shape[0], shape[1], math.prod(shape[2:]), groups
+
+
+def _gn_spec(n: int, c: int, s: int, groups: int, entries: int) -> RowSpec:
+    """Rows (n, group); the parameter of element k is its channel, or its group when the
+    parameters are per group."""
+    cpg = c // groups
+    param = f"(row % {groups}u) * {cpg}u + k / {s}u" if entries == c else f"row % {groups}u"
+    return RowSpec(n * groups, cpg * s, param)
+
+
+@lowering("GroupNormalization", "InstanceNormalization")
+def lower_group_norm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    x, scale, bias = node.inputs[:3]
+    n, c, s, groups = _gn_geometry(node, graph, x)
+    eps = literal(float(node.attr("epsilon", 1e-5)), "f32")
+    spec = _gn_spec(n, c, s, groups, shape_of(graph, scale)[0])
+    bspec = _gn_spec(n, c, s, groups, shape_of(graph, bias)[0])
+    store = f"let pb = {bspec.param}; Y[e] = (X[e] - mean) * inv * SC[p] + B[pb];"
+    return [_row_kernel(node.op, spec, _stat_passes(eps), store, [("X", x), ("SC", scale), ("B", bias)],
+                        [("Y", node.outputs[0])])]
+
+
+@lowering("GroupNormGrad")
+def lower_group_norm_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    dy, x, scale = node.inputs[:3]
+    dx, dscale, dbias = (list(node.outputs) + ["", "", ""])[:3]
+    shape = shape_of(graph, x)
+    n, c, s, groups = shape[0], shape[1], math.prod(shape[2:]), int(node.attr("num_groups"))
+    eps = literal(float(node.attr("epsilon", 1e-5)), "f32")
+    spec = _gn_spec(n, c, s, groups, shape_of(graph, scale)[0])
+    cpg = c // groups
+
+    def param_sum(out: str, entries: int, what: str):
+        cpp = c // entries  # channels per parameter entry (1, or a whole group)
+        prelude = (f"let b = q / {cpp * s}u; let e = (b * {c}u + o * {cpp}u) * {s}u + q % {cpp * s}u; "
+                   f"let row = b * {groups}u + (o * {cpp}u) / {cpg}u;")
+        return (out, what, entries, n * cpp * s, prelude)
+
+    sums = []
+    if dscale:
+        sums.append(param_sum(dscale, shape_of(graph, scale)[0], "dy_xhat"))
+    if dbias:
+        sums.append(param_sum(dbias, int(node.attr("bias_shape")[0]), "dy"))
+    return _norm_grad("GroupNormGrad", spec, eps, dy, x, scale, dx, sums)

@@ -1,0 +1,47 @@
+"""Fixtures of the zoo: each family is exported once per exporter and its PyTorch trajectory
+computed once, shared by the cpu and wgpu tests."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # zoo_models, zoo_harness
+
+from zoo_harness import export, torch_trajectory
+from zoo_models import FAMILIES
+
+_exports: dict = {}
+_references: dict = {}
+
+
+@pytest.fixture
+def zoo_export(tmp_path_factory):
+    """(family, exporter) -> (path of the ONNX file, PyTorch model with the file's weights)."""
+    def get(family: str, exporter: str):
+        key = (family, exporter)
+        if key not in _exports:
+            path = tmp_path_factory.mktemp(f"zoo_{family}_{exporter}") / f"{family}.onnx"
+            _exports[key] = (path, export(FAMILIES[family], path, exporter))
+        return _exports[key]
+    return get
+
+
+@pytest.fixture
+def zoo_reference(zoo_export):
+    """family -> PyTorch's Trajectory over the zoo's SGD steps (both exporters write the same state)."""
+    def get(family: str):
+        if family not in _references:
+            _, model = zoo_export(family, "torchscript")
+            _references[family] = torch_trajectory(FAMILIES[family], model)
+        return _references[family]
+    return get
+
+
+@pytest.fixture(scope="session")
+def wgpu_device():
+    from anygrad.devices import list_adapters
+    if not list_adapters():
+        pytest.skip("no WebGPU adapter on this machine (install mesa-vulkan-drivers for lavapipe)")
+    return "wgpu"
