@@ -212,7 +212,7 @@ def lower(op: str, shapes: list[tuple[int, ...]], attrs: dict, caps: AdapterCaps
 
 def bench(device, caps: AdapterCaps, timestamps: bool, label: str, op: str, shapes, attrs, flop: float,
           variant: str, peak: float | None, budget_s: float) -> Result:
-    # variant tokens: register | shared, then optionally the block and the K tile: shared8k16
+    # variant tokens: register | shared | dot, then optionally the block and the K tile: shared8k16
     name, _, kt = variant.partition("k")
     base = name.rstrip("0123456789")
     block = name[len(base):]
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
                     "(e.g. 32x64x64x56)")
     ap.add_argument("--torch", action="store_true", help="also time PyTorch CUDA FP32 matmul at --sizes")
     ap.add_argument("--variants", default="auto,register,shared",
-                    help="comma list of auto (what the backend picks) | register | shared, the last two "
+                    help="comma list of auto (what the backend picks) | register | shared | dot, register and shared "
                          "optionally with the block size and K tile: shared8k16")
     ap.add_argument("--peak-gflops", type=float, default=None, help="FP32 peak of the adapter")
     ap.add_argument("--seconds", type=float, default=0.2, help="timed work per case")

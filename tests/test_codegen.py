@@ -292,7 +292,7 @@ CASES = {
             "self.scale = nn.Parameter(",
             "F.gelu(norm)",
             "F.cat([",
-            'F.onnx_op("Shape"',
+            "F.reshape(concat_1, [x.shape[0], -1])",
         ],
     ),
     "updown": (

@@ -393,7 +393,7 @@ def test_quantize_dequantize_round_trip(axis, block):
 # -- recurrent / cache ops ---------------------------------------------------------------------
 def _linear_attention_ref(q, k, v, state, decay, beta, hq, hk, scale):
     b, t, _ = q.shape
-    heads = lambda x, h: x.reshape(b, t, h, -1).transpose(1, 2)  # noqa: E731
+    heads = lambda x, h: x.reshape(b, t, h, -1).transpose(1, 2)
     q4, k4, v4 = heads(q, hq), heads(k, hk), heads(v, hk)
     g4 = heads(decay, hk) if decay is not None else None
     b4 = heads(beta, beta.shape[-1]) if beta is not None else None
@@ -448,9 +448,8 @@ def test_deform_conv_with_zero_offsets_is_conv_and_shifts_by_whole_pixels():
     np.testing.assert_allclose(y, want.numpy(), rtol=1e-5, atol=1e-5)
     offset[:, 1::2] = 1.0  # every tap one pixel to the right: the conv of x shifted left
     (y,), _, _ = run_op("DeformConv", [x, w, offset, bias], attrs, grad=False)
-    shifted = np.concatenate([x[..., 1:], np.zeros_like(x[..., :1])], -1)
-    want = F.conv2d(torch.tensor(shifted, dtype=torch.float64), torch.tensor(w, dtype=torch.float64),
-                    torch.tensor(bias, dtype=torch.float64), padding=1, groups=2)
+    shifted = F.pad(torch.tensor(x, dtype=torch.float64), (0, 2, 1, 1))  # tap j of column c reads x[c + j]
+    want = F.conv2d(shifted, torch.tensor(w, dtype=torch.float64), torch.tensor(bias, dtype=torch.float64), groups=2)
     np.testing.assert_allclose(y, want.numpy(), rtol=1e-5, atol=1e-5)
 
 

@@ -487,3 +487,21 @@ def test_tfidf(mode):
              "ngram_counts": [0, 4], "ngram_indexes": [0, 1, 2, 3, 4, 5, 6],
              "pool_int64s": [2, 3, 5, 4, 5, 6, 7, 8, 6, 7], "weights": [1.0, 0.5, 2.0, 1.5, 1.0, 3.0, 0.25]}
     check_wgpu("TfIdfVectorizer", [x], attrs, feed=[0], grad=False)
+
+
+@pytest.mark.parametrize("agg", [0, 1, 2, 3])
+def test_tree_ensemble_and_optional(agg):
+    from anygrad.ir.registry import get_op
+    if get_op("ai.onnx.ml.TreeEnsemble") is None:
+        pytest.skip("TreeEnsemble is not registered")
+    # tree 0: x0 <= 0.5 ? leaf 0 : (x1 in {1, 3} ? leaf 1 : leaf 2); tree 1: x1 > 2 ? leaf 3 : leaf 4
+    attrs = {"nodes_splits": np.array([0.5, np.nan, 2.0], np.float32), "nodes_featureids": [0, 1, 1],
+             "nodes_modes": np.array([0, 6, 3], np.uint8), "nodes_truenodeids": [0, 1, 3],
+             "nodes_falsenodeids": [1, 2, 4], "nodes_trueleafs": [1, 1, 1], "nodes_falseleafs": [0, 1, 1],
+             "leaf_targetids": [0, 1, 0, 1, 0], "leaf_weights": np.array([1.0, 2.0, 3.0, 5.0, -1.0], np.float32),
+             "tree_roots": [0, 2], "membership_values": np.array([1.0, 3.0, np.nan], np.float32),
+             "n_targets": 2, "aggregate_function": agg}
+    x = np.array([[0.0, 1.0], [1.0, 3.0], [1.0, 4.0], [2.0, np.nan], [0.2, 2.5]], np.float32)
+    check_wgpu("ai.onnx.ml.TreeEnsemble", [x], attrs, feed=[0], grad=False)
+    if get_op("OptionalGetElement") is not None:
+        check_wgpu("OptionalGetElement", [randn(3, 2)])

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from .errors import AnygradError, ConfigError
-from .ir.graph import Node, TensorInfo, info_of
+from .ir.graph import Graph, Node, TensorInfo, info_of
 from .ir.passes import infer_node
 from .ir.registry import get_op
 from .model import Model
@@ -167,28 +167,37 @@ class Function:
     cls_args: str | None = None  # default: fn_args
 
 
+def _infer(g: Graph, alt: bool) -> dict[str, TensorInfo]:
+    """Every value's shape with each symbolic input dim set to a stand-in size of its own, a
+    second set when `alt` (values whose shape cannot be known here, like a shape fed as an input,
+    stay unknown: their nodes are written generic)."""
+    inferred = g.copy()
+    symbols: dict[str, int] = {}
+    for name in inferred.inputs:
+        inf = inferred.info[name]
+        for d in inf.shape:
+            if not isinstance(d, int):
+                symbols.setdefault(d, 11 + 2 * len(symbols) if alt else 2 + len(symbols))
+        inferred.info[name] = TensorInfo(
+            inf.dtype, tuple(d if isinstance(d, int) else symbols[d] for d in inf.shape)
+        )
+    state = set(g.state_names)
+    for name, array in inferred.initializers.items():  # as infer_shapes: state is never a constant
+        inferred.info[name] = TensorInfo(array.dtype, tuple(array.shape)) if name in state else info_of(array)
+    for node in inferred.nodes:  # imported graphs are in order
+        with contextlib.suppress(Exception):
+            infer_node(inferred, node)
+    return inferred.info
+
+
 class _Graph:
     """The graph plus what the rules ask about it: shapes, state, uses, PyTorch names."""
 
     def __init__(self, model: Model):
         self.g = g = model.graph
-        inferred = g.copy()
-        for name in inferred.inputs:  # any size works for symbolic dims: only ranks/dtypes are read
-            inf = inferred.info[name]
-            inferred.info[name] = TensorInfo(
-                inf.dtype, tuple(d if isinstance(d, int) else 2 for d in inf.shape)
-            )
-        state = set(g.state_names)
-        for name, array in inferred.initializers.items():  # as infer_shapes: state is never a constant
-            inferred.info[name] = (
-                TensorInfo(array.dtype, tuple(array.shape)) if name in state else info_of(array)
-            )
-        for node in inferred.nodes:  # imported graphs are in order
-            with contextlib.suppress(
-                Exception
-            ):  # a shape fed as an input: unknown here, the node stays generic
-                infer_node(inferred, node)
-        self.info = inferred.info
+        # Shapes for two stand-in sizes of the symbolic dims (as the nn tracer does): a dim that
+        # differs between the two depends on the batch.
+        self.info, self.info_alt = _infer(g, False), _infer(g, True)
         self.params, self.buffers = set(g.params), set(g.buffers)
         self.uses = g.consumers()
         self.producers = g.producers()
@@ -209,6 +218,13 @@ class _Graph:
                 live.add(id(n))
                 todo += [v for v in n.inputs if v]
         return live
+
+    def dim(self, v: str, k: int) -> tuple[int, int] | None:
+        """Dim k of v for both stand-in batch sizes (equal: a static dim)."""
+        a, b = self.info.get(v), self.info_alt.get(v)
+        if a is None or b is None or a.shape is None or b.shape is None or k >= len(a.shape):
+            return None
+        return int(a.shape[k]), int(b.shape[k])
 
     def rank(self, v: str) -> int | None:
         inf = self.info.get(v)
@@ -586,6 +602,77 @@ def _gelu(G: _Graph, n: Node) -> Composite | None:
 
 
 _COMPOSITES: dict[str, Callable[[_Graph, Node], Composite | None]] = {"Div": _gelu}
+
+
+def _shape_dims(G: _Graph, v: str, chain: list[Node]) -> list[Any] | None:
+    """A shape computed from tensor shapes (Shape/Gather/Unsqueeze/Concat...), as Python dims:
+    ints, or (tensor, k) for tensor.shape[k]. `chain` collects the nodes it reads."""
+    c = G.const(v)
+    if c is not None:
+        return [int(d) for d in c.reshape(-1)] if c.dtype.kind in "iu" and c.ndim <= 1 else None
+    n = G.producers.get(v)
+    if n is None:
+        return None
+    if n.op == "Shape":
+        rank = G.rank(n.input(0))
+        if rank is None:
+            return None
+        start, end = (
+            max(0, min(rank, k + rank if k < 0 else k)) for k in (n.attr("start", 0), n.attr("end", rank))
+        )
+        out = [(n.input(0), k) for k in range(start, end)]
+    elif n.op == "Gather" and int(n.attr("axis", 0)) == 0:
+        src, idx = _shape_dims(G, n.input(0), chain), G.const(n.input(1))
+        if src is None or idx is None or not all(-len(src) <= int(i) < len(src) for i in idx.reshape(-1)):
+            return None
+        out = [src[int(i)] for i in idx.reshape(-1)]
+    elif n.op in ("Unsqueeze", "Squeeze", "Cast", "Identity", "Reshape"):
+        out = _shape_dims(G, n.input(0), chain)  # scalar or 1-D: the same list of dims here
+        if out is None or (n.op != "Cast" and n.op != "Identity" and len(out) != 1):
+            return None
+    elif n.op == "Concat" and int(n.attr("axis", 0)) == 0:
+        parts = [_shape_dims(G, i, chain) for i in n.inputs]
+        if any(p is None for p in parts):
+            return None
+        out = [d for p in parts for d in p]
+    else:
+        return None
+    chain.append(n)
+    return out
+
+
+def _dynamic_reshape(G: _Graph, n: Node) -> tuple[list[Any], list[Node]] | None:
+    """Reshape(x, Concat(Shape(x)[0], -1)): `x.view(x.size(0), -1)` as exported. Only targets the
+    tracer writes back as they were: x's own dims in place, and at most one dim it has to infer
+    (a -1, or another tensor's dim that may depend on the batch), no literal 0."""
+    chain: list[Node] = []
+    if G.const(n.input(1)) is not None:
+        return None
+    dims = _shape_dims(G, n.input(1), chain)
+    if dims is None:
+        return None
+    x, unknown = n.input(0), 0
+    for i, d in enumerate(dims):
+        if d == 0 and not n.attr("allowzero", 0):
+            dims[i] = (x, i)  # ONNX's 0: this dim of the input
+        elif d == 0:
+            return None
+        elif d == -1 or (isinstance(d, tuple) and not _in_place(G, d, x, i)):
+            unknown += 1
+    inside = {o for m in chain for o in m.outputs} | {n.input(1)}
+    ids = {id(m) for m in chain}
+    if unknown > 1 or any(u is not n and id(u) not in ids for o in inside for u, _ in G.uses.get(o, [])):
+        return None  # ambiguous, or the shape is used elsewhere too: written as it is
+    return dims, chain
+
+
+def _in_place(G: _Graph, d: tuple[str, int], x: str, i: int) -> bool:
+    """Whether the tracer writes `v.shape[k]` at position i of x's reshape as a number or as 0
+    (a static dim, or the same batch-dependent dim as x's own dim i), not as -1."""
+    pair, own = G.dim(*d), G.dim(x, i)
+    return pair is not None and (pair[0] == pair[1] or pair == own)
+
+
 _RANDOM = {
     "Dropout",
     "RandomNormal",
@@ -847,11 +934,32 @@ class _Writer:
             if c is not None:
                 self.composites[id(node)] = c
                 held.update(id(m) for m in c.nodes if m is not node)
+        reshapes: dict[int, tuple[list[Any], list[Node]]] = {}
+        for node in nodes:
+            found = _dynamic_reshape(G, node) if node.op == "Reshape" else None
+            if found is not None and not any(id(m) in held for m in found[1]):
+                reshapes[id(node)] = found
+                held.update(id(m) for m in found[1])
         done: set[int] = set()
         leaf_scopes = self.leaf_scopes = self._stateless_scopes()
         for node in nodes:
             if id(node) in done:
                 continue
+            if id(node) in reshapes:
+                dims, chain = reshapes[id(node)]
+                if node.inputs[0] in self.vars:
+                    x = self.vars[node.inputs[0]]
+                    text = ", ".join(
+                        f"{self.expr(d[0])}.shape[{d[1]}]" if isinstance(d, tuple) else str(d) for d in dims
+                    )
+                    base = "_".join(_module_path(node.name) + [_op_part(node.name, node.op)])
+                    self.assign(node.outputs[0], base, f"F.reshape({x}, [{text}])")
+                    done.update(id(m) for m in chain)
+                    continue
+                held.difference_update(id(m) for m in chain)
+                for m in chain:
+                    self._stateless(m, leaf_scopes)
+                    done.add(id(m))
             c = self.composites.get(id(node))
             if c is not None:
                 if c.x in self.vars:

@@ -247,7 +247,8 @@ def lower_conv_grad_weight(node: Node, graph: Graph, caps: AdapterCaps) -> list[
     else:
         pre, valid = _gather_forward(g)
         b = Operand("X", K, N, _x_index(g, f"bt * {u(Cg)} + ci"),
-                    prelude=_pixel("r", g, True) + " " + _tap("c", g, "ci") + " " + pre, valid=valid)
+                    prelude=_pixel("r", g, True) + " " + _tap("c", g, "ci") + " " + pre, valid=valid,
+                    fast=0)   # neighbouring pixels (k) are neighbouring addresses
     out = Output("DW", f"(bt * {u(Cog)} + r) * {u(N)} + c", contig=N % 4 == 0)
     spec = GemmSpec("ConvGradWeight", Cog, N, K, G, a, b, out, (Binding(dy, "DY"), Binding(x, "X")),
                     Binding(node.outputs[0], "DW"))

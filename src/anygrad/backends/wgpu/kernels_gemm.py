@@ -59,6 +59,9 @@ class Operand:
     contig:  0 or 1 when four consecutive elements along that axis are consecutive in memory and
              the start is 4-aligned whenever that coordinate is (the extent along it is a multiple
              of 4): then they load as one vec4. None otherwise.
+    fast:    0 or 1: the axis along which neighbouring elements mostly lie next to each other in
+             memory (an im2col gather along pixels), so scalar tile loads walk it first; None:
+             contig's axis, else the operand's own default (see _shared_body).
     """
 
     var: str
@@ -68,6 +71,7 @@ class Operand:
     prelude: str = ""
     valid: str = ""
     contig: int | None = None
+    fast: int | None = None
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,11 @@ def _thin_and_wide(M: int, N: int, K: int, caps: AdapterCaps) -> bool:
             and math.ceil(N / 8) >= _target_invocations(caps) // 4)
 
 
+def _fit(blocks: int, width: int) -> int:
+    """Invocations per workgroup along an axis of `blocks` blocks: at most `width`, as many tiles."""
+    return math.ceil(blocks / math.ceil(blocks / width))
+
+
 def _pow2_at_least(x: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(1, x))))
 
@@ -151,6 +160,11 @@ def choose_tiling(M: int, N: int, K: int, caps: AdapterCaps, variant: str | None
     wx = min(_pow2_at_least(math.ceil(N / tn)), threads // wy, 64 if variant == "register" else 32)
     wy = min(wy, threads // wx)
     if variant == "shared":
+        # a few tiles along an axis: the fewest invocations that cover it in the same number of
+        # tiles, not the next power of two (a conv weight gradient, 24 x 144: 32 x 128 tiles were
+        # 42% padding). Invocation counts need not be powers of two.
+        wx = _fit(math.ceil(N / tn), wx)
+        wy = _fit(math.ceil(M / tm), wy)
         # two f32 tiles (BM + BN) x KT within workgroup storage, 16 deep when that leaves room for
         # a second resident workgroup (measured best on an H200 for 128x128 tiles; 32 was 35% slower)
         per_k = (wy * tm + wx * tn) * 4
@@ -281,38 +295,48 @@ def _shared_body(spec: GemmSpec, t: Tiling, va: bool, vb: bool) -> tuple[str, li
     decl = (f"var<workgroup> As: array<vec4<f32>, {kt * bm4}>;\n"
             f"var<workgroup> Bs: array<vec4<f32>, {kt * bn4}>;")
 
+    def stage(count: int, first: list[str], rest: list[str]) -> list[str]:
+        """`count` tile elements over nt invocations: l = tid, tid + nt, ... . Unrolled into straight
+        code when nt divides count, so index arithmetic shared by the copies (the pixel decode of
+        one k) is computed once."""
+        if count % nt or count // nt > 16:
+            return ([f"for (var l = tid; l < {u(count)}; l = l + {u(nt)}) {{"]
+                    + ["  " + ln for ln in first + rest] + ["}"])
+        out = []
+        for i in range(count // nt):
+            out += ["{", f"  let l = tid + {u(i * nt)};"] + ["  " + ln for ln in first + rest] + ["}"]
+        return out
+
     def scatter(arr: str, width4: int, k: str, x: str, v: str) -> list[str]:
         """Write vec4 v (four consecutive k at column x) into the k-major tile."""
         return [f"{arr}[({k} + {c}u) * {u(width4)} + {x} / 4u][{x} % 4u] = {v}[{c}];" for c in range(4)]
 
     if va and spec.a.contig == 1:       # vec4 along k
-        a_load = ([f"for (var l = tid; l < {u(bm * kt4)}; l = l + {u(nt)}) {{",
-                   f"  let kq = (l % {u(kt4)}) * 4u; let mm = l / {u(kt4)};",
-                   f"  let v = a_v(bt, mb * {u(bm)} + mm, k0 + kq);"]
-                  + ["  " + ln for ln in scatter("As", bm4, "kq", "mm", "v")] + ["}"])
+        a_load = stage(bm * kt4, [f"let kq = (l % {u(kt4)}) * 4u; let mm = l / {u(kt4)};",
+                                  f"let v = a_v(bt, mb * {u(bm)} + mm, k0 + kq);"],
+                       scatter("As", bm4, "kq", "mm", "v"))
     elif va and spec.a.contig == 0:     # vec4 along m
-        a_load = [f"for (var l = tid; l < {u(bm4 * kt)}; l = l + {u(nt)}) {{",
-                  f"  let mq = l % {u(bm4)}; let kk = l / {u(bm4)};",
-                  f"  As[kk * {u(bm4)} + mq] = a_v(bt, mb * {u(bm)} + mq * 4u, k0 + kk);", "}"]
+        a_load = stage(bm4 * kt, [f"let mq = l % {u(bm4)}; let kk = l / {u(bm4)};"],
+                       [f"As[kk * {u(bm4)} + mq] = a_v(bt, mb * {u(bm)} + mq * 4u, k0 + kk);"])
     else:
-        a_map = (f"let kk = l % {u(kt)}; let mm = l / {u(kt)};" if spec.a.contig == 1
+        a_fast = spec.a.fast if spec.a.fast is not None else spec.a.contig
+        a_map = (f"let kk = l % {u(kt)}; let mm = l / {u(kt)};" if a_fast == 1
                  else f"let mm = l % {u(bm)}; let kk = l / {u(bm)};")
-        a_load = [f"for (var l = tid; l < {u(bm * kt)}; l = l + {u(nt)}) {{", f"  {a_map}",
-                  f"  As[kk * {u(bm4)} + mm / 4u][mm % 4u] = a_el(bt, mb * {u(bm)} + mm, k0 + kk);", "}"]
+        a_load = stage(bm * kt, [a_map],
+                       [f"As[kk * {u(bm4)} + mm / 4u][mm % 4u] = a_el(bt, mb * {u(bm)} + mm, k0 + kk);"])
     if vb and spec.b.contig == 1:       # vec4 along n
-        b_load = [f"for (var l = tid; l < {u(bn4 * kt)}; l = l + {u(nt)}) {{",
-                  f"  let nq = l % {u(bn4)}; let kk = l / {u(bn4)};",
-                  f"  Bs[kk * {u(bn4)} + nq] = b_v(bt, k0 + kk, nb * {u(bn)} + nq * 4u);", "}"]
+        b_load = stage(bn4 * kt, [f"let nq = l % {u(bn4)}; let kk = l / {u(bn4)};"],
+                       [f"Bs[kk * {u(bn4)} + nq] = b_v(bt, k0 + kk, nb * {u(bn)} + nq * 4u);"])
     elif vb and spec.b.contig == 0:     # vec4 along k
-        b_load = ([f"for (var l = tid; l < {u(bn * kt4)}; l = l + {u(nt)}) {{",
-                   f"  let kq = (l % {u(kt4)}) * 4u; let nn = l / {u(kt4)};",
-                   f"  let v = b_v(bt, k0 + kq, nb * {u(bn)} + nn);"]
-                  + ["  " + ln for ln in scatter("Bs", bn4, "kq", "nn", "v")] + ["}"])
+        b_load = stage(bn * kt4, [f"let kq = (l % {u(kt4)}) * 4u; let nn = l / {u(kt4)};",
+                                  f"let v = b_v(bt, k0 + kq, nb * {u(bn)} + nn);"],
+                       scatter("Bs", bn4, "kq", "nn", "v"))
     else:
-        b_map = (f"let kk = l % {u(kt)}; let nn = l / {u(kt)};" if spec.b.contig == 0
+        b_fast = spec.b.fast if spec.b.fast is not None else spec.b.contig
+        b_map = (f"let kk = l % {u(kt)}; let nn = l / {u(kt)};" if b_fast == 0
                  else f"let nn = l % {u(bn)}; let kk = l / {u(bn)};")
-        b_load = [f"for (var l = tid; l < {u(bn * kt)}; l = l + {u(nt)}) {{", f"  {b_map}",
-                  f"  Bs[kk * {u(bn4)} + nn / 4u][nn % 4u] = b_el(bt, k0 + kk, nb * {u(bn)} + nn);", "}"]
+        b_load = stage(bn * kt, [b_map],
+                       [f"Bs[kk * {u(bn4)} + nn / 4u][nn % 4u] = b_el(bt, k0 + kk, nb * {u(bn)} + nn);"])
     compute = [f"for (var kk = 0u; kk < {u(kt)}; kk = kk + 1u) {{"]
     compute += [f"  let av{ib} = As[kk * {u(bm4)} + lid.y * {u(t.tm // 4)} + {ib}u];" for ib in range(t.tm // 4)]
     compute += [f"  let bv{j} = Bs[kk * {u(bn4)} + lid.x * {u(t.tn // 4)} + {j}u];" for j in range(t.tn // 4)]

@@ -1,6 +1,7 @@
 """Ops that address elements by index or position (formulas: anygrad/ops/index.py and
 ops/metrics.py): GatherElements, GatherND, ScatterElements, ScatterND and their gradients, TopK,
-CountTopK, OneHot, CumSum, Trilu, DepthToSpace/SpaceToDepth, and the elementwise Mod, IsNaN, IsInf.
+CountTopK, OneHot, CumSum/CumProd, Trilu, DepthToSpace/SpaceToDepth, and the elementwise Mod, IsNaN,
+IsInf.
 
 WGSL has no float atomics, so every scatter is a gather seen from the destination: one
 invocation per output element loops over the indices that could land on it and combines the
@@ -67,7 +68,7 @@ def lower_gather_elements(node: Node, graph: Graph, caps: AdapterCaps) -> list[K
                     [("y", ty, node.outputs[0])])]
 
 
-def _element_matches(ds, ishape, axis: int, ity: str, combine: str, guard_outside: bool = True) -> str:
+def _element_matches(ds, ishape, axis: int, ity: str, combine: str) -> str:
     """Loop over the index elements that share output element i's coordinates off `axis` and
     whose index along `axis` is i's: runs `combine` (with `j`, the flat index element) for each."""
     coords = [f"c{d}" for d in range(len(ds))]

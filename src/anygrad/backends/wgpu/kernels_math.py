@@ -278,3 +278,79 @@ def lower_tfidf(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
   y[i] = {_TFIDF_OUT[mode]};"""
     return [_kernel("TfIdfVectorizer", rows * width, body, [("x", vtype(graph, x), x)], [("y", "f32", y)],
                     helpers=helpers)]
+
+
+@ew("OptionalGetElement")
+def _optional_get(c: Emit, n: Node, a: list, ot: list[str]) -> list[Val]:
+    return [a[0]]  # a present optional is its tensor
+
+
+# -- ai.onnx.ml.TreeEnsemble (formulas: anygrad/ops/ml.py) ----------------------------------------------
+@lowering("ai.onnx.ml.TreeEnsemble")
+def lower_tree_ensemble(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    """One invocation per (row, target): walks every tree (node tables baked in) and aggregates the
+    leaves of that target."""
+    import numpy as np
+
+    from ...ops.ml import _tree_member_sets
+    x, y = node.inputs[0], node.outputs[0]
+    rows, feats = shape_of(graph, x)
+    a = {k: np.asarray(node.attr(k)).reshape(-1) for k in (
+        "nodes_splits", "nodes_featureids", "nodes_modes", "nodes_truenodeids", "nodes_falsenodeids",
+        "nodes_trueleafs", "nodes_falseleafs", "leaf_targetids", "leaf_weights", "tree_roots")}
+    modes = a["nodes_modes"].astype(int)
+    true_leaf, false_leaf = a["nodes_trueleafs"].astype(bool), a["nodes_falseleafs"].astype(bool)
+    missing = node.attr("nodes_missing_value_tracks_true")
+    missing = np.asarray(missing, bool).reshape(-1) if missing is not None else np.zeros(len(modes), bool)
+    sets = _tree_member_sets(node, modes, a["nodes_truenodeids"], a["nodes_falsenodeids"], true_leaf, false_leaf,
+                             a["tree_roots"])
+    agg = int(node.attr("aggregate_function", 1))
+    if agg not in (0, 1, 2, 3):
+        raise ValueError(f"aggregate_function {agg}")
+    targets = int(node.attr("n_targets"))
+    trees = len(a["tree_roots"])
+    offs, members = [0], []
+    for i in range(len(modes)):
+        members += sorted(sets.get(i, ()))
+        offs.append(len(members))
+
+    def ftable(name, vals):  # private initializers must be constant: no bitcasts (NaN splits are unused)
+        vals = [0.0 if np.isnan(v) else float(np.clip(v, -3.4028234663852886e38, 3.4028234663852886e38))
+                for v in vals] or [0.0]
+        return f"var<private> {name}: array<f32, {len(vals)}> = array<f32, {len(vals)}>(" + \
+            ", ".join(literal(v, "f32") for v in vals) + ");"
+    helpers = "\n".join([
+        ftable("SPLIT", a["nodes_splits"]), _table("FEAT", "i32", a["nodes_featureids"]), _table("MODE", "i32", modes),
+        _table("TID", "i32", a["nodes_truenodeids"]), _table("FID", "i32", a["nodes_falsenodeids"]),
+        _table("TLEAF", "i32", true_leaf), _table("FLEAF", "i32", false_leaf), _table("MISS", "i32", missing),
+        _table("LTGT", "i32", a["leaf_targetids"]), ftable("LW", a["leaf_weights"]), _table("ROOT", "i32", a["tree_roots"]),
+        _table("MOFF", "i32", offs), ftable("MVAL", members)])
+    start = {0: "0.0", 1: "0.0", 2: "3.4028234663852886e38", 3: "-3.4028234663852886e38"}[agg]
+    combine = {0: f"acc += w / {float(trees)};", 1: "acc += w;", 2: "acc = min(acc, w);", 3: "acc = max(acc, w);"}[agg]
+    body = f"""  let r = i / {targets}u; let tgt = i32(i % {targets}u);
+  var acc = {start};
+  for (var tr = 0u; tr < {trees}u; tr += 1u) {{
+    var k = ROOT[tr];
+    var leaf = TLEAF[k] != 0 && FLEAF[k] != 0 && TID[k] == FID[k];
+    for (var step = 0u; step < {len(modes) + 1}u && !leaf; step += 1u) {{
+      let v = f32(x[r * {feats}u + u32(FEAT[k])]);
+      let s = SPLIT[k];
+      var go = false;
+      switch MODE[k] {{
+        case 0: {{ go = v <= s; }}
+        case 1: {{ go = v < s; }}
+        case 2: {{ go = v >= s; }}
+        case 3: {{ go = v > s; }}
+        case 4: {{ go = v == s; }}
+        case 5: {{ go = v != s; }}
+        default: {{ for (var m = MOFF[k]; m < MOFF[k + 1]; m += 1) {{ if (MVAL[m] == v) {{ go = true; }} }} }}
+      }}
+      let nan = (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u;
+      go = go || (MISS[k] != 0 && nan);
+      if (go) {{ leaf = TLEAF[k] != 0; k = TID[k]; }} else {{ leaf = FLEAF[k] != 0; k = FID[k]; }}
+    }}
+    if (LTGT[k] == tgt) {{ let w = LW[k]; {combine} }}
+  }}
+  y[i] = acc;"""
+    return [_kernel("TreeEnsemble", rows * targets, body, [("x", vtype(graph, x), x)], [("y", "f32", y)],
+                    helpers=helpers)]

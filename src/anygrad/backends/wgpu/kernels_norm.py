@@ -24,7 +24,7 @@ SERIAL_MAX = 64   # rows up to this long: one invocation per row
 
 @dataclass(frozen=True)
 class RowSpec:
-    """Rows of length `d` at `row * d`; `param(j)` is a WGSL expression (in `row`, `k`) of the
+    """Rows of length `d` at `row * d`; `param` is a WGSL expression (in `row`, `k`) of the
     scale/bias index of element k of the row."""
 
     rows: int
@@ -41,7 +41,7 @@ def _row_kernel(name: str, spec: RowSpec, passes: list[tuple[str, str, str]], st
     fd = literal(d, "f32")
     elem = f"let e = row * {d}u + k; let p = {spec.param};"
     serial = d <= SERIAL_MAX or rows >= 8192
-    wg = 1 if serial else (256 if d >= 2048 else 64)
+    wg = 256 if d >= 2048 else 64
     lines = []
     if serial:
         lines += [f"  {flat_id(64)}", f"  if (i >= {rows}u) {{ return; }}", "  let row = i;"]

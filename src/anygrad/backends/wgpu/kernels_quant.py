@@ -40,6 +40,19 @@ def _spread_index(x_shape, p_shape, axis: int, block: int, var: str = "i") -> st
     return " + ".join(terms)
 
 
+def _scalar(graph: Graph, value: str, var: str, reads: list, per: str = "0u") -> str:
+    """Element `per` of a scale / zero point: a literal when it is a one-element constant (keeps
+    QLinearConv's nine inputs within 8 storage bindings), else a bound read."""
+    if not value:
+        return "0"
+    const = graph.initializers.get(value)
+    if const is not None and np.asarray(const).size == 1:
+        c = np.asarray(const).reshape(()).item()
+        return repr(float(c)) if np.asarray(const).dtype.kind == "f" else f"{int(c)}"
+    reads.append((var, vtype(graph, value), value))
+    return f"{var}[{per if math.prod(shape_of(graph, value)) > 1 else '0u'}]"
+
+
 def _range(graph: Graph, value: str) -> tuple[int, int]:
     return RANGES[np.dtype(graph.info[value].dtype)]
 
@@ -109,8 +122,9 @@ def lower_dynamic_quantize(node: Node, graph: Graph, caps: AdapterCaps) -> list[
 
 
 # -- integer matmul ------------------------------------------------------------------------------
-def _matmul_body(graph: Graph, a: str, b: str, azp: str, bzp: str) -> str:
-    """Statements computing `acc` (i32, exact) for output element i of a (batched) matmul."""
+def _matmul_body(graph: Graph, a: str, b: str, azp: str, bzp: str, reads: list) -> str:
+    """Statements computing `acc` (i32, exact) for output element i of a (batched) matmul;
+    appends the zero points it binds to reads."""
     sa, sb = list(shape_of(graph, a)), list(shape_of(graph, b))
     a2 = [1] + sa if len(sa) == 1 else sa
     b2 = sb + [1] if len(sb) == 1 else sb
@@ -118,12 +132,8 @@ def _matmul_body(graph: Graph, a: str, b: str, azp: str, bzp: str) -> str:
     batch = tuple(int(d) for d in np.broadcast_shapes(tuple(a2[:-2]), tuple(b2[:-2])))
     abase = broadcast_index(batch, a2[:-2], "bt") if batch else "0u"
     bbase = broadcast_index(batch, b2[:-2], "bt") if batch else "0u"
-    za = "0"
-    if azp:
-        za = f"i32(za[{'r' if math.prod(shape_of(graph, azp)) > 1 else '0u'}])"
-    zb = "0"
-    if bzp:
-        zb = f"i32(zb[{'c' if math.prod(shape_of(graph, bzp)) > 1 else '0u'}])"
+    za = f"i32({_scalar(graph, azp, 'za', reads, 'r')})"
+    zb = f"i32({_scalar(graph, bzp, 'zb', reads, 'c')})"
     body = f"""  let bt = i / {m * n}u; let r = (i / {n}u) % {m}u; let c = i % {n}u;
   let ao = ({abase}) * {m * k}u + r * {k}u;
   let bo = ({bbase}) * {k * n}u + c;
@@ -137,17 +147,15 @@ def lower_matmul_integer(node: Node, graph: Graph, caps: AdapterCaps) -> list[Ke
     a, b = node.inputs[:2]
     azp, bzp = node.input(2), node.input(3)
     y = node.outputs[0]
-    body = _matmul_body(graph, a, b, azp, bzp)
     reads = [("A", vtype(graph, a), a), ("B", vtype(graph, b), b)]
-    reads += [("za", vtype(graph, azp), azp)] if azp else []
-    reads += [("zb", vtype(graph, bzp), bzp)] if bzp else []
+    body = _matmul_body(graph, a, b, azp, bzp, reads)
     return [_kernel("MatMulInteger", math.prod(shape_of(graph, y)), body + "\n  y[i] = acc;", reads,
                     [("y", "i32", y)])]
 
 
-def _requantize(graph: Graph, y: str, scale: str, yzp: str) -> str:
+def _requantize(graph: Graph, y: str, scale: str, yzp: str, reads: list) -> str:
     lo, hi = _range(graph, y)
-    zp = "f32(yz[0])" if yzp else "0.0"
+    zp = f"f32({_scalar(graph, yzp, 'yz', reads)})"
     return f"  y[i] = {vtype(graph, y)}(clamp(round(f32(acc) * {scale} + {zp}), {float(lo)}, {float(hi)}));"
 
 
@@ -155,27 +163,27 @@ def _requantize(graph: Graph, y: str, scale: str, yzp: str) -> str:
 def lower_qlinear_matmul(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     a, a_scale, azp, b, b_scale, bzp, y_scale, yzp = (list(node.inputs) + [""] * 8)[:8]
     y = node.outputs[0]
-    body = _matmul_body(graph, a, b, azp, bzp)
-    bs = "bs[c]" if math.prod(shape_of(graph, b_scale)) > 1 else "bs[0]"
-    reads = [("A", vtype(graph, a), a), ("B", vtype(graph, b), b), ("as_", "f32", a_scale), ("bs", "f32", b_scale),
-             ("ys", "f32", y_scale)]
-    reads += [("za", vtype(graph, azp), azp)] if azp else []
-    reads += [("zb", vtype(graph, bzp), bzp)] if bzp else []
-    reads += [("yz", vtype(graph, yzp), yzp)] if yzp else []
-    body += "\n" + _requantize(graph, y, f"(as_[0] * {bs} / ys[0])", yzp)
+    reads = [("A", vtype(graph, a), a), ("B", vtype(graph, b), b)]
+    body = _matmul_body(graph, a, b, azp, bzp, reads)
+    scale = (f"(f32({_scalar(graph, a_scale, 'as_', reads)}) * f32({_scalar(graph, b_scale, 'bs', reads, 'c')}) / "
+             f"f32({_scalar(graph, y_scale, 'ys', reads)}))")
+    body += "\n" + _requantize(graph, y, scale, yzp, reads)
     return [_kernel("QLinearMatMul", math.prod(shape_of(graph, y)), body, reads, [("y", vtype(graph, y), y)])]
 
 
 # -- integer convolution ---------------------------------------------------------------------------
-def _conv_body(node: Node, graph: Graph, x: str, w: str, xzp: str, wzp: str, bias: str) -> tuple[str, int]:
+def _conv_body(node: Node, graph: Graph, x: str, w: str, xzp: str, wzp: str, bias: str,
+               reads: list) -> tuple[str, int]:
     xs, ws = shape_of(graph, x), shape_of(graph, w)
     win = window(node, xs[2:], ws[2:])
     groups = int(node.attr("group", 1))
     co, cg = ws[0], ws[1]
     cog = co // groups
     P, S, K = math.prod(win.out), math.prod(win.spatial), math.prod(win.kernel)
-    zx = "i32(zx[0])" if xzp else "0"
-    zw = (f"i32(zw[{'oc' if math.prod(shape_of(graph, wzp)) > 1 else '0u'}])") if wzp else "0"
+    zx = f"i32({_scalar(graph, xzp, 'zx', reads)})"
+    zw = f"i32({_scalar(graph, wzp, 'zw', reads, 'oc')})"
+    if bias:
+        reads.append(("bias", vtype(graph, bias), bias))
     lines = [f"  let img = i / {co * P}u; let oc = (i / {P}u) % {co}u; let pix = i % {P}u;",
              f"  {_coords('pix', win.out, 'o')}", f"  let grp = oc / {cog}u;",
              f"  var acc = {'i32(bias[oc])' if bias else '0'};",
@@ -196,10 +204,8 @@ def _conv_body(node: Node, graph: Graph, x: str, w: str, xzp: str, wzp: str, bia
 def lower_conv_integer(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     x, w = node.inputs[:2]
     xzp, wzp = node.input(2), node.input(3)
-    body, n = _conv_body(node, graph, x, w, xzp, wzp, "")
     reads = [("X", vtype(graph, x), x), ("W", vtype(graph, w), w)]
-    reads += [("zx", vtype(graph, xzp), xzp)] if xzp else []
-    reads += [("zw", vtype(graph, wzp), wzp)] if wzp else []
+    body, n = _conv_body(node, graph, x, w, xzp, wzp, "", reads)
     return [_kernel("ConvInteger", n, body + "\n  y[i] = acc;", reads, [("y", "i32", node.outputs[0])])]
 
 
@@ -207,12 +213,9 @@ def lower_conv_integer(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kern
 def lower_qlinear_conv(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     x, x_scale, xzp, w, w_scale, wzp, y_scale, yzp, bias = (list(node.inputs) + [""] * 9)[:9]
     y = node.outputs[0]
-    body, n = _conv_body(node, graph, x, w, xzp, wzp, bias)
-    ws = "wsc[oc]" if math.prod(shape_of(graph, w_scale)) > 1 else "wsc[0]"
-    reads = [("X", vtype(graph, x), x), ("W", vtype(graph, w), w), ("xs_", "f32", x_scale), ("wsc", "f32", w_scale),
-             ("ys", "f32", y_scale)]
-    for var, v in (("zx", xzp), ("zw", wzp), ("yz", yzp), ("bias", bias)):
-        if v:
-            reads.append((var, vtype(graph, v), v))
-    body += "\n" + _requantize(graph, y, f"(xs_[0] * {ws} / ys[0])", yzp)
+    reads = [("X", vtype(graph, x), x), ("W", vtype(graph, w), w)]
+    body, n = _conv_body(node, graph, x, w, xzp, wzp, bias, reads)
+    scale = (f"(f32({_scalar(graph, x_scale, 'xs_', reads)}) * f32({_scalar(graph, w_scale, 'wsc', reads, 'oc')}) / "
+             f"f32({_scalar(graph, y_scale, 'ys', reads)}))")
+    body += "\n" + _requantize(graph, y, scale, yzp, reads)
     return [_kernel("QLinearConv", n, body, reads, [("y", vtype(graph, y), y)])]
