@@ -8,7 +8,7 @@ random R, so every output element's gradient matters.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch

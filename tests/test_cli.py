@@ -267,7 +267,7 @@ def test_version_and_help():
 # -- README and CI agree ---------------------------------------------------------------------------------
 def _readme_commands() -> list[str]:
     text = (REPO / "README.md").read_text()
-    setup = text.split("## Set up", 1)[1].split("## Usage", 1)[0]
+    setup = text.split("## Set up", 1)[1].split("\n## ", 1)[0]
     return [block.split("\n", 1)[1].strip() for block in setup.split("```bash")[1:]]
 
 

@@ -1,7 +1,6 @@
 """The core machinery on the ops the core defines: Gemm/MatMul/elementwise gradients vs PyTorch."""
 import numpy as np
 import torch
-
 from opcheck import check_op
 
 
@@ -13,7 +12,7 @@ def test_gemm_all_transposes():
             b = rng.standard_normal((5, 4) if tb else (4, 5)).astype(np.float32)
             c = rng.standard_normal((5,)).astype(np.float32)
             check_op("Gemm", [a, b, c], {"transA": ta, "transB": tb, "alpha": 0.5, "beta": 2.0},
-                     lambda a, b, c: 0.5 * ((a.T if ta else a) @ (b.T if tb else b)) + 2.0 * c)
+                     lambda a, b, c, ta=ta, tb=tb: 0.5 * ((a.T if ta else a) @ (b.T if tb else b)) + 2.0 * c)
 
 
 def test_matmul_broadcast():

@@ -124,11 +124,12 @@ def test_shape_inputs_are_folded_as_constants():
 
 def test_unsupported_op_fails_with_the_importers_error():
     graph = helper.make_graph(
-        [helper.make_node("Det", ["x"], ["y"])], "det",
+        [helper.make_node("Frobnicate", ["x"], ["y"], domain="com.example")], "frob",
         [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 2])],
         [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [])])
-    with pytest.raises(UnsupportedOpError, match="Det"):
-        AnygradBackend.prepare(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    with pytest.raises(UnsupportedOpError, match="Frobnicate"):
+        AnygradBackend.prepare(model)
 
 
 def test_devices():

@@ -301,7 +301,7 @@ def test_dot_is_the_gpu_default_for_tiny_outputs():
     explicit, out = _explicit(xs, ws, {})
     kernels = check_op("ConvGradWeight", [rnd(xs[0], ws[0], *out, seed=24), rnd(*xs, seed=25)],
                        {**explicit, "weight_shape": list(ws)}, GPU, rtol=1e-3, atol=1e-3)
-    assert [k.name for k in kernels] == ["ConvGradWeight[dot 4x9]"]
+    assert kernels[0].name.startswith("ConvGradWeight[dot 4x9")
     # the fc2 weight gradient of the MNIST model: dY^T (10 x batch) @ h (batch x 32)
     kernels = check_op("Gemm", [rnd(70, 10, seed=26), rnd(70, 32, seed=27)], {"transA": 1}, GPU)
     assert kernels[0].name.startswith("Gemm[dot")

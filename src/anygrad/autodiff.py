@@ -1,7 +1,7 @@
 """Reverse-mode autodiff over the Graph: gradients are more Graph nodes, built by each op's rule."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -4,8 +4,8 @@ All use mean reduction, as PyTorch's defaults do.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 

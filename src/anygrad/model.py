@@ -61,7 +61,7 @@ class Model:
     # -- setup ----------------------------------------------------------------------------
     def compile(self, loss: str | Loss = "cross_entropy", optimizer: Optimizer | None = None,
                 device: str | Backend = "cpu", seed: int = 0, *, clip_norm: float | None = None,
-                accumulate: int = 1, **loss_options: Any) -> "Model":
+                accumulate: int = 1, **loss_options: Any) -> Model:
         from .devices import get_backend
         self.loss = get_loss(loss, **loss_options) if isinstance(loss, str) else loss
         if optimizer is None:
@@ -174,7 +174,10 @@ class Model:
         self._program("eval", tuple(np.shape(x)), tuple(np.shape(y))).run(self._feeds(x, y), fetch=[])
 
     def predict(self, x: np.ndarray) -> np.ndarray:
-        """Model output in inference mode."""
+        """Model output in inference mode. An uncompiled model predicts on the CPU, like a
+        freshly built PyTorch module: inference needs no loss or optimizer."""
+        if self.backend is None:
+            self.compile(device="cpu")
         exe = self._program("predict", tuple(np.shape(x)))
         return exe.run(self._feeds(x))[exe.graph.outputs[0]]
 

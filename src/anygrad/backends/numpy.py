@@ -138,7 +138,7 @@ def _sole_owner(env: dict, name: str) -> bool:
 
 
 class NumpyExecutable(Executable):
-    def __init__(self, backend: "NumpyBackend", graph: Graph):
+    def __init__(self, backend: NumpyBackend, graph: Graph):
         self.backend = backend
         self.graph = graph
         state = set(graph.state_names)

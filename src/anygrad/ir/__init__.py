@@ -5,6 +5,24 @@ from .passes import (RNG_STATE, check_supported, fold_constants, infer_node, inf
                      set_training_mode, specialize, unsupported_ops)
 from .builder import Builder, GradContext
 
-__all__ = ["Graph", "Node", "Shape", "TensorInfo", "info_of", "OpDef", "all_ops", "defop", "get_op",
-           "check_supported", "fold_constants", "infer_node", "infer_shapes", "specialize",
-           "unsupported_ops", "set_training_mode", "RNG_STATE", "Builder", "GradContext"]
+__all__ = [
+                     "RNG_STATE",
+                     "Builder",
+                     "GradContext",
+                     "Graph",
+                     "Node",
+                     "OpDef",
+                     "Shape",
+                     "TensorInfo",
+                     "all_ops",
+                     "check_supported",
+                     "defop",
+                     "fold_constants",
+                     "get_op",
+                     "infer_node",
+                     "infer_shapes",
+                     "info_of",
+                     "set_training_mode",
+                     "specialize",
+                     "unsupported_ops",
+]

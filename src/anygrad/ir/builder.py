@@ -5,7 +5,8 @@ static shape immediately (gradient rules can ask `b.shape(x)`).
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

@@ -7,8 +7,9 @@ str for a symbolic dim (the batch) until `specialize` binds it.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -143,7 +144,7 @@ class Graph:
         self.info = {k: v for k, v in self.info.items()
                      if k in live or k in self.inputs or k in self.initializers}
 
-    def copy(self) -> "Graph":
+    def copy(self) -> Graph:
         """A structural copy: nodes and dicts are new, initializer arrays are shared."""
         return Graph(
             nodes=[Node(n.op, list(n.inputs), list(n.outputs), dict(n.attrs), n.name) for n in self.nodes],

@@ -1,7 +1,7 @@
 """Graph passes: specialization to a batch shape, shape inference, constant folding, DCE."""
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 

@@ -5,8 +5,9 @@ an op does (shape inference, constant folding, autodiff, the numpy backend, impo
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 

@@ -10,6 +10,7 @@ There is no train()/eval() behaviour to switch: training and inference are graph
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -209,9 +210,13 @@ class Module:
         """Parameters and persistent buffers by PyTorch name, as numpy copies."""
         return {name: p.data.copy() for name, p in self._state_items()}
 
-    def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> IncompatibleKeys:
-        """Copy values in by name. Every missing, unexpected (strict) and mis-shaped key is
-        reported together in one AnygradError; nothing is changed when any is found."""
+    def load_state_dict(self, state: dict[str, Any] | str | os.PathLike, strict: bool = True) -> IncompatibleKeys:
+        """Copy values in by name from a state_dict or a file (.pt/.pth read without torch,
+        .safetensors, .npz). Every missing, unexpected (strict) and mis-shaped key is reported
+        together in one AnygradError; nothing is changed when any is found."""
+        if isinstance(state, (str, os.PathLike)):
+            from .. import torchfile
+            state = torchfile.load(state)
         own = dict(self._state_items())
         missing = [k for k in own if k not in state]
         unexpected = [k for k in state if k not in own]

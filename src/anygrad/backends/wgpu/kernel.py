@@ -10,8 +10,8 @@ named values too (`Scratch`), allocated by the executor like any temporary.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from ...ir.graph import Graph, Node
 

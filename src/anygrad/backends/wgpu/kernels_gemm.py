@@ -168,7 +168,11 @@ def choose_tiling(M: int, N: int, K: int, caps: AdapterCaps, variant: str | None
         # two f32 tiles (BM + BN) x KT within workgroup storage, 16 deep when that leaves room for
         # a second resident workgroup (measured best on an H200 for 128x128 tiles; 32 was 35% slower)
         per_k = (wy * tm + wx * tn) * 4
-        kt = kt or (16 if per_k * 16 <= min(caps.max_workgroup_storage, 32768) // 2 else 8)
+        # thin tiles over a wide N (implicit-GEMM convs with <= 16 channels on the M side) stage 8
+        # deep: H200, MNIST at batch 1000, conv3 dX 512 -> 416 us, conv2 fwd 176 -> 137 us; the
+        # weight gradients (narrow N) were slower with 8 at batch 64
+        thin = M <= 16 and N >= 16384
+        kt = kt or (16 if not thin and per_k * 16 <= min(caps.max_workgroup_storage, 32768) // 2 else 8)
         kt = kt if per_k * kt <= caps.max_workgroup_storage else 4
     return Tiling(variant, wx, wy, tm, tn, kt or 4)
 
@@ -478,7 +482,7 @@ def _reduce_wgsl(spec: GemmSpec, scratch: Binding, splits: int, caps: AdapterCap
 
 # -- tiny outputs over a long K: dot products spread along K -------------------------------------
 DOT_WG = 64           # invocations along K per workgroup
-DOT_MAX_OUTPUTS = 63  # outputs per invocation (registers; odd row stride in the reduce buffer)
+DOT_MAX_OUTPUTS = 95  # outputs per invocation (registers), within workgroup storage for the reduce
 
 
 @dataclass(frozen=True)
@@ -496,10 +500,12 @@ class DotTiling:
         return self.rb * self.cb
 
 
-def dot_tiling(M: int, N: int) -> DotTiling:
-    ncb = math.ceil(N / DOT_MAX_OUTPUTS)
+def dot_tiling(M: int, N: int, caps: AdapterCaps) -> DotTiling:
+    # the reduce buffer holds DOT_WG rows of (outputs | 1) floats
+    most = min(DOT_MAX_OUTPUTS, (min(caps.max_workgroup_storage, 32768) // (4 * DOT_WG) - 1) | 1)
+    ncb = math.ceil(N / most)
     cb = math.ceil(N / ncb)
-    rmax = max(1, DOT_MAX_OUTPUTS // cb)
+    rmax = max(1, most // cb)
     rb = math.ceil(M / math.ceil(M / rmax))
     return DotTiling(rb, cb)
 
@@ -512,9 +518,12 @@ def use_dot(spec: GemmSpec, caps: AdapterCaps) -> bool:
 
 
 def dot_splits(spec: GemmSpec, d: DotTiling, caps: AdapterCaps) -> tuple[int, int]:
-    """(splits, K per split): enough workgroups to fill the adapter, at least 8 k per invocation."""
+    """(splits, K per split): enough workgroups to fill the adapter, 8 k or more per invocation,
+    and 2 or more for a K of a few thousand (fc2's weight gradient at batch 1000: 10 blocks of 64
+    invocations, 16 k each, took 25 us as one latency-bound pass)."""
     blocks = math.ceil(spec.M / d.rb) * math.ceil(spec.N / d.cb) * spec.batch
-    want = min(math.ceil(_target_invocations(caps) / (blocks * DOT_WG)), spec.K // (8 * DOT_WG), 4096)
+    per = 8 if spec.K >= 64 * DOT_WG * 8 else 2
+    want = min(math.ceil(_target_invocations(caps) / (blocks * DOT_WG)), spec.K // (per * DOT_WG), 4096)
     splits = max(1, want)
     while splits > 1 and splits * spec.batch * spec.M * spec.N * 4 > caps.max_storage_binding_size:
         splits //= 2
@@ -571,7 +580,7 @@ def dot_wgsl(spec: GemmSpec, d: DotTiling, caps: AdapterCaps, splits: int, kspli
 
 
 def dot_kernels(spec: GemmSpec, caps: AdapterCaps) -> list[Kernel]:
-    d = dot_tiling(spec.M, spec.N)
+    d = dot_tiling(spec.M, spec.N, caps)
     splits, ksplit = dot_splits(spec, d, caps)
     tile = f"dot {d.rb}x{d.cb}"
     if splits == 1:

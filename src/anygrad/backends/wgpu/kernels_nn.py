@@ -167,17 +167,28 @@ def channel_stats(name: str, n: int, c: int, s: int, reads: list[tuple[str, str,
     sc = (Scratch(part, c * parts * m),) + tuple(extra_scratch)
     k1 = Kernel(f"{name}:partial", shader(decls, body, wg=wg, shared=shared), (c * parts, 1, 1), read_vals,
                 (part,), scratch=sc)
-    body2 = f"""  {flat_id()}
-  if (i >= {c}u) {{ return; }}
-  let ch = i;
+    # one workgroup per channel sums its partials (one invocation per channel summing up to 256
+    # of them serially was latency-bound: 36-60 us for 24 channels on an H200)
+    tree2 = " ".join(f"sh{j}[lid.x] += sh{j}[lid.x + t];" for j in range(m))
+    shared2 = "\n".join(f"var<workgroup> sh{j}: array<f32, 64>;" for j in range(m))
+    body2 = f"""  let ch = wid.x;
   let k = {shift};
-{chr(10).join(f"  var s{j} = 0.0;" for j in range(m))}
-  for (var p = 0u; p < {parts}u; p += 1u) {{
-{chr(10).join(f"    s{j} += part[(ch * {parts}u + p) * {m}u + {j}u];" for j in range(m))}
+{chr(10).join(f"  var a{j} = 0.0;" for j in range(m))}
+  for (var p = lid.x; p < {parts}u; p += 64u) {{
+{chr(10).join(f"    a{j} += part[(ch * {parts}u + p) * {m}u + {j}u];" for j in range(m))}
   }}
-{combine}"""
+{chr(10).join(f"  sh{j}[lid.x] = a{j};" for j in range(m))}
+  workgroupBarrier();
+  for (var t = 32u; t > 0u; t = t >> 1u) {{
+    if (lid.x < t) {{ {tree2} }}
+    workgroupBarrier();
+  }}
+  if (lid.x == 0u) {{
+{chr(10).join(f"    let s{j} = sh{j}[0];" for j in range(m))}
+{combine}
+  }}"""
     decls2 = bindings(read_decl + [("part", "f32")], [(v, "f32") for v, _ in writes])
-    k2 = Kernel(f"{name}:combine", shader(decls2, body2, wg=64), grid(c, 64), read_vals + (part,),
+    k2 = Kernel(f"{name}:combine", shader(decls2, body2, wg=64, shared=shared2), (c, 1, 1), read_vals + (part,),
                 tuple(val for _, val in writes), scratch=sc, inplace=inplace)
     return [k1, k2]
 
