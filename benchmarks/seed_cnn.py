@@ -66,7 +66,7 @@ def _row(framework: str, device: str, label: str, batch: int, steps: int, epochs
 
 def parse_pins(text: str) -> dict[str, dict]:
     """'ConvGradInput:8=register8,Conv=shared' -> node attrs pinning the GEMM tiling of each op
-    (kernels_gemm.variant_of: variant register|shared, then optionally the block size); ':C'
+    (kernels_gemm.variant_of: variant register|shared|dot, then optionally the block size); ':C'
     limits a pin to nodes whose output has C channels (dim 1)."""
     pins = {}
     for item in _list(text):
@@ -203,8 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=60000, help="samples per timed pass")
     p.add_argument("--repeats", type=int, default=3, help="timed passes per case (median reported)")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps after compiling")
-    p.add_argument("--pin", default="", help="experiment: pin GEMM tilings per op for anygrad, e.g. "
-                   "ConvGradInput=register (rows labelled +pin)")
+    p.add_argument("--pin", default="", help="experiment: pin GEMM tilings per op for anygrad "
+                   "(register|shared[block]|dot), e.g. ConvGradInput=register (rows labelled +pin)")
     p.add_argument("--profile", action="store_true", help="GPU profile of one wgpu step (timestamp queries)")
     p.add_argument("--json", type=Path, help="write the results here")
     args = p.parse_args(argv)

@@ -206,3 +206,22 @@ def test_summary_of_packaged_model():
     assert s.num_buffers == sum(b.numel() for n, b in net.named_buffers() if "running" in n)
     assert s.op_histogram == {"Relu": 4, "Conv": 3, "BatchNormalization": 2, "Gemm": 2, "Dropout": 1,
                               "Flatten": 1, "LogSoftmax": 1}
+
+
+def test_the_issue_api_snippet_runs_as_written():
+    """The entry points as the founding write-up spells them (anygrad.optim.AdaGrad included)."""
+    import anygrad
+    import anygrad.optim
+    from anygrad.examples import FOUNDING_MODEL
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((16, 1, 28, 28)).astype(np.float32)
+    y = rng.integers(0, 10, 16)
+    model = anygrad.load_onnx(str(FOUNDING_MODEL), init="fresh")
+    model.compile(loss="nll", optimizer=anygrad.optim.AdaGrad(lr=1.0), device="cpu")
+    before = model.predict(x)
+    loss = model.train_on_batch(x, y)
+    out = model.predict(x)
+    assert isinstance(loss, float) and np.isfinite(loss)
+    assert out.shape == (16, 10) and not np.allclose(out, before)  # parameters were updated
+    np.testing.assert_allclose(np.exp(out).sum(1), 1, rtol=1e-5)  # log-probabilities, eval mode

@@ -334,3 +334,42 @@ def test_thin_and_wide_uses_register8_on_gpus_only():
     assert choose_tiling(8, 43_264, 144, GPU).variant == "shared"      # batch 64: too few blocks
     assert choose_tiling(16, 676_000, 144, GPU).variant == "shared"
     assert choose_tiling(8, 676_000, 144, CPU).tm == 4
+
+
+@settings(max_examples=12, deadline=None)
+@given(b=st.integers(1, 3), cin=st.integers(1, 4), cout=st.integers(1, 9), h=st.integers(3, 10), w=st.integers(3, 10),
+       k=st.integers(1, 3), stride=st.sampled_from([1, 1, 2]), pad=st.sampled_from([0, 0, 1]), dil=st.integers(1, 2),
+       caps=st.sampled_from([CPU, GPU]))
+def test_conv_gathers_unpadded_and_stride1(b, cin, cout, h, w, k, stride, pad, dil, caps):
+    """The bounds-test-free im2col gather (no padding) and the unsigned stride-1 input-gradient
+    gather, through each adapter kind's default tilings (GPU: dot, 8-deep thin tiles, fitted tiles)."""
+    if (k - 1) * dil + 1 > min(h, w) + 2 * pad:
+        return
+    xs, ws = (b, cin, h, w), (cout, cin, k, k)
+    attrs = {"strides": [stride, stride], "pads": [pad] * 4, "dilations": [dil, dil]}
+    check_op("Conv", [rnd(*xs, seed=h), rnd(*ws, seed=w)], attrs, caps)
+    explicit, out = _explicit(xs, ws, attrs)
+    check_op("ConvGradInput", [rnd(b, cout, *out, seed=5), rnd(*ws, seed=6)],
+             {**explicit, "input_shape": list(xs)}, caps)
+    check_op("ConvGradWeight", [rnd(b, cout, *out, seed=7), rnd(*xs, seed=8)],
+             {**explicit, "weight_shape": list(ws)}, caps, rtol=1e-3, atol=1e-3)
+
+
+def test_unpadded_gather_has_no_bounds_test():
+    from anygrad.backends.wgpu.kernels_conv import _x_gather, geometry
+    node = Node("Conv", ["x", "w"], ["y"], {})
+    assert _x_gather(geometry(node, (2, 3, 8, 8), (3, 3)), "ci")[1] == ""
+    padded = Node("Conv", ["x", "w"], ["y"], {"pads": [1, 1, 1, 1]})
+    assert _x_gather(geometry(padded, (2, 3, 8, 8), (3, 3)), "ci")[1] != ""
+
+
+def test_thin_wide_conv_stages_8_deep():
+    """MNIST conv2-like at batch 30 (N = 17,280 output pixels, 16 channels): the GPU default stages
+    K 8 deep in 16 x 128 tiles; the fitted 16 x 72 weight-gradient tile keeps 16."""
+    xs, ws = (30, 8, 26, 26), (16, 8, 3, 3)
+    explicit, out = _explicit(xs, ws, {})
+    kernels = check_op("Conv", [rnd(*xs, seed=30), rnd(*ws, seed=31)], {}, GPU, rtol=1e-3, atol=1e-3)
+    assert kernels[0].name == "Conv[shared 16x128k8]"
+    kernels = check_op("ConvGradWeight", [rnd(30, 16, *out, seed=32), rnd(*xs, seed=33)],
+                       {**explicit, "weight_shape": list(ws)}, GPU, rtol=1e-3, atol=1e-3)
+    assert kernels[0].name.startswith("ConvGradWeight[shared 16x72k16 splitK")

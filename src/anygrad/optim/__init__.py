@@ -10,6 +10,8 @@ from .rmsprop import RMSprop
 from .schedulers import SCHEDULERS, Scheduler, get_scheduler
 from .sgd import SGD
 
+AdaGrad = Adagrad  # the spelling of the founding example's write-up; torch.optim's is Adagrad
+
 OPTIMIZERS: dict[str, type[Optimizer]] = {
     "sgd": SGD, "adam": Adam, "adamw": AdamW, "adagrad": Adagrad, "adadelta": Adadelta, "rmsprop": RMSprop,
 }
@@ -32,6 +34,7 @@ __all__ = [
     "SCHEDULERS",
     "SGD",
     "STEP_STATE",
+    "AdaGrad",
     "Adadelta",
     "Adagrad",
     "Adam",

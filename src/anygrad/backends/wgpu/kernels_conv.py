@@ -124,6 +124,22 @@ def _x_index(g: Geo, ch: str) -> str:
     return f"((img * {u(g.C)} + {ch}) * {u(g.H)} + u32(yy)) * {u(g.W)} + u32(xx)"
 
 
+def _x_gather(g: Geo, ch: str) -> tuple[str, str, str]:
+    """(prelude, valid, index) of the input element under output (oy, ox) at tap (ky, kx).
+
+    A window that never leaves the input (no padding) needs no bounds test, and its index is a
+    pixel part plus a tap part: a GEMM tile load that keeps one of them fixed per invocation (its
+    own column or k) lets the compiler hoist that part out of the K loop."""
+    inside = (not (g.ph or g.pw) and (g.OH - 1) * g.sh + (g.kh - 1) * g.dh < g.H
+              and (g.OW - 1) * g.sw + (g.kw - 1) * g.dw < g.W)
+    if not inside:
+        pre, valid = _gather_forward(g)
+        return pre, valid, _x_index(g, ch)
+    pix = f"img * {u(g.C * g.HW)} + oy * {u(g.sh * g.W)} + ox * {u(g.sw)}"
+    tap = f"({ch}) * {u(g.HW)} + ky * {u(g.dh * g.W)} + kx * {u(g.dw)}"
+    return "", "", f"({pix}) + ({tap})"
+
+
 def _conv_shapes(node: Node, graph: Graph, x: str, w: str):
     xs = static_shape(graph, x, node)
     ws = static_shape(graph, w, node)
@@ -150,8 +166,8 @@ def lower_conv(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
                     prelude=f"let img = c / {u(g.P)}; let pix = c % {u(g.P)};",
                     contig=1 if g.P % 4 == 0 else None)
     else:
-        pre, valid = _gather_forward(g)
-        b = Operand("X", K, N, _x_index(g, f"bt * {u(Cg)} + ci"),
+        pre, valid, index = _x_gather(g, f"bt * {u(Cg)} + ci")
+        b = Operand("X", K, N, index,
                     prelude=_pixel("c", g, True) + " " + _tap("r", g, "ci") + " " + pre, valid=valid)
     reads = [Binding(node.inputs[1], "Wt"), Binding(node.inputs[0], "X")]
     if has_bias:
@@ -211,14 +227,23 @@ def lower_conv_grad_input(node: Node, graph: Graph, caps: AdapterCaps) -> list[K
                     prelude=f"let co = c / {u(g.taps)}; let tap = c % {u(g.taps)};")
         # input pixel (iy, ix) receives from output (oy, ox) through tap (ky, kx) when
         # oy * sh + ky * dh - ph == iy, i.e. oy = (iy + ph - ky * dh) / sh exactly.
+        stride1 = g.sh == g.sw == 1
         pre = (_pixel("c", g, False) + " " + _tap("r", g, "co") + " "
                f"let ty = i32(iy + {u(g.ph)}) - i32(ky * {u(g.dh)}); "
                f"let tx = i32(ix + {u(g.pw)}) - i32(kx * {u(g.dw)}); "
                f"let oy = u32(ty) / {u(g.sh)}; let ox = u32(tx) / {u(g.sw)};")
         valid = (f"ty >= 0 && tx >= 0 && u32(ty) % {u(g.sh)} == 0u && u32(tx) % {u(g.sw)} == 0u "
                  f"&& oy < {u(g.OH)} && ox < {u(g.OW)}")
-        b = Operand("DY", K, N, f"((img * {u(Co)} + bt * {u(Cog)} + co) * {u(g.OH)} + oy) * {u(g.OW)} + ox",
-                    prelude=pre, valid=valid)
+        index = f"((img * {u(Co)} + bt * {u(Cog)} + co) * {u(g.OH)} + oy) * {u(g.OW)} + ox"
+        if stride1:
+            # u32 arithmetic that wraps below zero: one unsigned test per axis, and the index as
+            # a pixel part plus a tap part (see _x_gather)
+            pre = (_pixel("c", g, False) + " " + _tap("r", g, "co") + " "
+                   f"let oy = iy + {u(g.ph)} - ky * {u(g.dh)}; let ox = ix + {u(g.pw)} - kx * {u(g.dw)};")
+            valid = f"oy < {u(g.OH)} && ox < {u(g.OW)}"
+            index = (f"(img * {u(Co * g.P)} + iy * {u(g.OW)} + ix + {u(g.ph * g.OW + g.pw)}) + "
+                     f"((bt * {u(Cog)} + co) * {u(g.P)} - ky * {u(g.dh * g.OW)} - kx * {u(g.dw)})")
+        b = Operand("DY", K, N, index, prelude=pre, valid=valid)
     out = Output("DX", f"(img * {u(g.C)} + bt * {u(Cg)} + r) * {u(g.HW)} + pix",
                  prelude=f"let img = c / {u(g.HW)}; let pix = c % {u(g.HW)};", contig=g.HW % 4 == 0)
     spec = GemmSpec("ConvGradInput" + ("1x1" if g.pointwise else ""), Cg, N, K, G, a, b, out,
@@ -245,8 +270,8 @@ def lower_conv_grad_weight(node: Node, graph: Graph, caps: AdapterCaps) -> list[
         b = Operand("X", K, N, f"(img * {u(g.C)} + bt * {u(Cg)} + c) * {u(g.P)} + pix",
                     prelude=f"let img = r / {u(g.P)}; let pix = r % {u(g.P)};", contig=0 if g.P % 4 == 0 else None)
     else:
-        pre, valid = _gather_forward(g)
-        b = Operand("X", K, N, _x_index(g, f"bt * {u(Cg)} + ci"),
+        pre, valid, index = _x_gather(g, f"bt * {u(Cg)} + ci")
+        b = Operand("X", K, N, index,
                     prelude=_pixel("r", g, True) + " " + _tap("c", g, "ci") + " " + pre, valid=valid,
                     fast=0)   # neighbouring pixels (k) are neighbouring addresses
     out = Output("DW", f"(bt * {u(Cog)} + r) * {u(N)} + c", contig=N % 4 == 0)
