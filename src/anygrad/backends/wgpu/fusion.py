@@ -8,6 +8,8 @@
 - GEMM/Conv -> Relu: the Relu runs in the GEMM's epilogue (attr `_epilogue`).
 - Optimizer updates of one kind become one `wgpu.FusedUpdate` over arenas (see group_updates).
 - Dropout outside training becomes an Identity, which the planner aliases.
+- Graph inputs of 1-byte elements (uint8 images) are uploaded four per u32 word and unpacked by an
+  elementwise node, which fuses into whatever elementwise chain reads them (see pack_byte_inputs).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import numpy as np
 
 from ...ir.graph import Graph, Node, TensorInfo
 from .kernel import AdapterCaps
-from .kernels_elementwise import bound_count, is_elementwise, make_fused
+from .kernels_elementwise import UNPACK_BYTES, bound_count, is_elementwise, make_fused
 from .kernels_optim import COPY, FUSED_UPDATE, UPDATE_OPS
 from .wgsl import shape_of
 
@@ -276,11 +278,42 @@ def inference_dropout_to_identity(graph: Graph) -> None:
         n.op, n.inputs, n.outputs, n.attrs = "Identity", [n.inputs[0]], [n.outputs[0]], {}
 
 
+# -- 1-byte graph inputs ----------------------------------------------------------------------------
+PACKED = "@u8x4:"   # prefix of the packed input standing in for a 1-byte graph input
+BYTE_DTYPES = frozenset({np.dtype(np.uint8), np.dtype(np.int8), np.dtype(np.bool_)})
+
+
+def packed_name(name: str) -> str:
+    return PACKED + name
+
+
+def pack_byte_inputs(graph: Graph) -> None:
+    """Upload uint8/int8/bool graph inputs as they are stored, four elements per u32 word.
+
+    The input becomes '@u8x4:<name>' (the array's bytes seen as u32 words, padded to a whole word,
+    so a batch uploads x.nbytes rounded up to 4), and a wgpu.UnpackBytes node in front of the graph
+    recomputes <name> as one u32/i32 per element, the kernel contract every consumer expects. The
+    unpack is elementwise, so it fuses into the elementwise chain reading the input (the Cast ->
+    Sub -> Div of an in-graph normalisation reads the words directly); any other consumer reads it
+    from a temporary it writes. The runtime writes the feed of <name> into '@u8x4:<name>'."""
+    unpack = []
+    for k, name in enumerate(graph.inputs):
+        info = graph.info[name]
+        if np.dtype(info.dtype) not in BYTE_DTYPES or info.size == 0:
+            continue
+        packed = packed_name(name)
+        graph.info[packed] = TensorInfo(np.dtype(np.uint32), (-(-info.size // 4),))
+        graph.inputs[k] = packed
+        unpack.append(Node(UNPACK_BYTES, [packed], [name], name=f"unpack {name}"))
+    graph.nodes = unpack + graph.nodes
+
+
 def prepare(graph: Graph, caps: AdapterCaps, supports_epilogue: set[str], fuse: bool = True) -> Graph:
     """A copy of graph rewritten for lowering."""
     g = graph.copy()
     protected = set(g.outputs) | set(g.state_updates)
     inference_dropout_to_identity(g)
+    pack_byte_inputs(g)  # not an optimisation: the runtime uploads those inputs packed either way
     if fuse:
         group_updates(g, caps)
         # Gradients computed into their arena slice are read only through FusedUpdate's attrs.

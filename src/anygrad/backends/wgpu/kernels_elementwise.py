@@ -293,6 +293,21 @@ def _where(c, n, a, ot):
     return [c.let(f"select({_to(a[2], t)}, {_to(a[1], t)}, {a[0].expr} != 0u)", t)]
 
 
+# -- graph inputs of 1-byte elements, uploaded four per u32 word (fusion.pack_byte_inputs) -------
+UNPACK_BYTES = "wgpu.UnpackBytes"
+
+
+@ew(UNPACK_BYTES, raw=(0,))
+def _unpack_bytes(c, n, a, ot):
+    # Element i is byte i & 3 of word i >> 2 (WGSL storage is little-endian); int8 sign-extends
+    # through the arithmetic shift of an i32, uint8/bool are masked.
+    i = c.index
+    w = f"{a[0].expr}[{i} >> 2u]"
+    if ot[0] == "i32":
+        return [c.let(f"bitcast<i32>({w} << ((3u - ({i} & 3u)) * 8u)) >> 24u", "i32")]
+    return [c.let(f"({w} >> (({i} & 3u) * 8u)) & 0xffu", "u32")]
+
+
 # -- backward helpers --------------------------------------------------------------------------
 @ew("ReluGrad")
 def _relu_grad(c, n, a, ot):

@@ -16,6 +16,7 @@ from ...ops._util import norm_axis
 from ...ops.nn import dropout_scale
 from .kernel import AdapterCaps, Kernel, Scratch, lowering
 from .kernels_elementwise import Emit, Val, ew
+from .wgreduce import Part, reduce_code, shared_decl, use_subgroups
 from .wgsl import bindings, flat_id, grid, group_id, groups_grid, literal, shader, shape_of
 
 # -- rows along an axis ---------------------------------------------------------------------------
@@ -52,7 +53,7 @@ _ROW_BODY = {
 }
 
 
-# Long rows: one workgroup per row, strided loops and tree reductions (same formulas).
+# Long rows: one workgroup per row, strided loops and workgroup combines (wgreduce.py).
 _ROW_WG = 256
 _WG_PASSES = {
     # op: [(accumulate expr, init, combine "{a} op {b}")...], final store expr ({r0}, {r1}: the totals)
@@ -65,21 +66,19 @@ _WG_PASSES = {
 }
 
 
-def _row_workgroup_body(op: str, a: int, inner: int, n_rows: int) -> str:
+def _row_workgroup_body(op: str, a: int, inner: int, n_rows: int, sg: bool) -> tuple[str, str]:
+    """(body, workgroup declarations): the passes one after another, reusing one f32 array."""
     passes, store = _WG_PASSES[op]
     wg = _ROW_WG
     lines = [f"  {group_id()}", f"  if (g >= {n_rows}u) {{ return; }}",
              f"  base_ = (g / {inner}u) * {a * inner}u + g % {inner}u;"]
-    for j, (expr, init, comb) in enumerate(passes):
+    parts = [Part(f"acc{j}", f"r{j}", comb, init) for j, (_, init, comb) in enumerate(passes)]
+    for j, ((expr, init, comb), part) in enumerate(zip(passes, parts)):
         lines += [f"  var acc{j} = {init};",
                   f"  for (var k = lid.x; k < {a}u; k += {wg}u) {{ acc{j} = {comb.format(a=f'acc{j}', b=expr)}; }}",
-                  f"  sh[lid.x] = acc{j};", "  workgroupBarrier();",
-                  f"  for (var t = {wg // 2}u; t > 0u; t = t >> 1u) {{",
-                  f"    if (lid.x < t) {{ sh[lid.x] = {comb.format(a='sh[lid.x]', b='sh[lid.x + t]')}; }}",
-                  "    workgroupBarrier();", "  }",
-                  f"  let r{j} = sh[0];", "  workgroupBarrier();"]
+                  reduce_code([part], wg, sg)]
     lines.append(f"  for (var k = lid.x; k < {a}u; k += {wg}u) {{ y0[at(k)] = {store}; }}")
-    return "\n".join(lines)
+    return "\n".join(lines), shared_decl(parts[:1], wg)
 
 
 @lowering(*_ROW_BODY)
@@ -92,8 +91,9 @@ def lower_softmax(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     decls = bindings([(f"x{k}", "f32") for k in range(len(ins))], [("y0", "f32")])
     helper = f"var<private> base_: u32;\nfn at(k: u32) -> u32 {{ return base_ + k * {inner}u; }}"
     if a >= 512 and n_rows < 65535 * 64:
-        src = shader(decls, _row_workgroup_body(node.op, a, inner, n_rows), wg=_ROW_WG, helpers=helper,
-                     shared=f"var<workgroup> sh: array<f32, {_ROW_WG}>;")
+        sg = use_subgroups(caps)
+        body, shared = _row_workgroup_body(node.op, a, inner, n_rows, sg)
+        src = shader(decls, body, wg=_ROW_WG, helpers=helper, shared=shared, subgroups=sg)
         return [Kernel(f"{node.op}:row-wg", src, groups_grid(n_rows), tuple(ins), (node.outputs[0],))]
     body = _ROW_HEAD.format(flat_id=flat_id(), n_rows=n_rows, inner=inner, a=a) + "\n  base_ = base;\n"
     body += _ROW_BODY[node.op].format(a=a)
@@ -123,19 +123,20 @@ def _parts(c: int, count: int) -> int:
 
 def channel_stats(name: str, n: int, c: int, s: int, reads: list[tuple[str, str, str]], shift: str,
                   sums: list[str], combine: str, writes: list[tuple[str, str]], scratch_name: str,
-                  extra_scratch: tuple = (), inplace: tuple = ()) -> list[Kernel]:
+                  extra_scratch: tuple = (), inplace: tuple = (), subgroups: bool = False) -> list[Kernel]:
     """Kernels computing per-channel sums (WGSL exprs of idx and `k`, the channel's shift) and
     then `combine` (uses ch, s0.., writes outputs) once per channel.
 
-    reads: (var, type, value); writes: (var, value) f32 outputs of combine."""
+    reads: (var, type, value); writes: (var, value) f32 outputs of combine; subgroups: combine
+    the workgroup with subgroup ops (wgreduce.py)."""
     count = n * s
     parts = _parts(c, count)
     wg = 256 if count >= 1024 else 64
     chunk = -(-count // parts)
     m = len(sums)
-    shared = "\n".join(f"var<workgroup> sh{j}: array<f32, {wg}>;" for j in range(m))
+    totals = [Part(f"a{j}", f"s{j}") for j in range(m)]
+    shared = shared_decl(totals, wg)
     loop_acc = "\n".join(f"    a{j} += {e};" for j, e in enumerate(sums))
-    tree_add = " ".join(f"sh{j}[lid.x] += sh{j}[lid.x + t];" for j in range(m))
     stage1 = f"""  let g = wid.x + wid.y * nwg.x;
   let ch = g / {parts}u;
   let lo = (g % {parts}u) * {chunk}u;
@@ -146,49 +147,36 @@ def channel_stats(name: str, n: int, c: int, s: int, reads: list[tuple[str, str,
     let idx = (q / {s}u) * {c * s}u + ch * {s}u + q % {s}u;
 {loop_acc}
   }}
-{chr(10).join(f"  sh{j}[lid.x] = a{j};" for j in range(m))}
-  workgroupBarrier();
-  for (var t = {wg // 2}u; t > 0u; t = t >> 1u) {{
-    if (lid.x < t) {{ {tree_add} }}
-    workgroupBarrier();
-  }}"""
+{reduce_code(totals, wg, subgroups)}"""
     read_decl = [(v, ty) for v, ty, _ in reads]
     read_vals = tuple(val for _, _, val in reads)
     if parts == 1:
-        body = (stage1 + "\n  if (lid.x == 0u) {\n" + "\n".join(f"    let s{j} = sh{j}[0];" for j in range(m))
-                + f"\n{combine}\n  }}")
+        body = stage1 + f"\n  if (lid.x == 0u) {{\n{combine}\n  }}"
         decls = bindings(read_decl, [(v, "f32") for v, _ in writes])
-        return [Kernel(f"{name}:stats", shader(decls, body, wg=wg, shared=shared), (c, 1, 1), read_vals,
-                       tuple(val for _, val in writes), scratch=extra_scratch, inplace=inplace)]
+        return [Kernel(f"{name}:stats", shader(decls, body, wg=wg, shared=shared, subgroups=subgroups), (c, 1, 1),
+                       read_vals, tuple(val for _, val in writes), scratch=extra_scratch, inplace=inplace)]
     part = f"{scratch_name}.parts"
     body = stage1 + "\n  if (lid.x == 0u) {\n" + "\n".join(
-        f"    part[g * {m}u + {j}u] = sh{j}[0];" for j in range(m)) + "\n  }"
+        f"    part[g * {m}u + {j}u] = s{j};" for j in range(m)) + "\n  }"
     decls = bindings(read_decl, [("part", "f32")])
     sc = (Scratch(part, c * parts * m),) + tuple(extra_scratch)
-    k1 = Kernel(f"{name}:partial", shader(decls, body, wg=wg, shared=shared), (c * parts, 1, 1), read_vals,
-                (part,), scratch=sc)
+    k1 = Kernel(f"{name}:partial", shader(decls, body, wg=wg, shared=shared, subgroups=subgroups),
+                (c * parts, 1, 1), read_vals, (part,), scratch=sc)
     # one workgroup per channel sums its partials (one invocation per channel summing up to 256
     # of them serially was latency-bound: 36-60 us for 24 channels on an H200)
-    tree2 = " ".join(f"sh{j}[lid.x] += sh{j}[lid.x + t];" for j in range(m))
-    shared2 = "\n".join(f"var<workgroup> sh{j}: array<f32, 64>;" for j in range(m))
     body2 = f"""  let ch = wid.x;
   let k = {shift};
 {chr(10).join(f"  var a{j} = 0.0;" for j in range(m))}
   for (var p = lid.x; p < {parts}u; p += 64u) {{
 {chr(10).join(f"    a{j} += part[(ch * {parts}u + p) * {m}u + {j}u];" for j in range(m))}
   }}
-{chr(10).join(f"  sh{j}[lid.x] = a{j};" for j in range(m))}
-  workgroupBarrier();
-  for (var t = 32u; t > 0u; t = t >> 1u) {{
-    if (lid.x < t) {{ {tree2} }}
-    workgroupBarrier();
-  }}
+{reduce_code(totals, 64, subgroups)}
   if (lid.x == 0u) {{
-{chr(10).join(f"    let s{j} = sh{j}[0];" for j in range(m))}
 {combine}
   }}"""
     decls2 = bindings(read_decl + [("part", "f32")], [(v, "f32") for v, _ in writes])
-    k2 = Kernel(f"{name}:combine", shader(decls2, body2, wg=64, shared=shared2), (c, 1, 1), read_vals + (part,),
+    k2 = Kernel(f"{name}:combine", shader(decls2, body2, wg=64, shared=shared_decl(totals, 64), subgroups=subgroups),
+                (c, 1, 1), read_vals + (part,),
                 tuple(val for _, val in writes), scratch=sc, inplace=inplace)
     return [k1, k2]
 
@@ -228,7 +216,8 @@ def lower_batchnorm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]
         reads += [("rm", "f32", mean), ("rv", "f32", var)]
         writes += [("rm_out", outs[0]), ("rv_out", outs[1])]
     stats = channel_stats("BatchNorm", n, c, s, reads, f"x[ch * {s}u]", ["x[idx] - k", "(x[idx] - k) * (x[idx] - k)"],
-                          combine, writes, st, (Scratch(st, 2 * c),), inplace=(mean, var) if has_running else ())
+                          combine, writes, st, (Scratch(st, 2 * c),), inplace=(mean, var) if has_running else (),
+                          subgroups=use_subgroups(caps))
     body = f"""  {flat_id()}
   if (i >= {total}u) {{ return; }}
   let ch = (i / {s}u) % {c}u;
@@ -281,7 +270,7 @@ def lower_batchnorm_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Ke
         combine += "\n    dbias[ch] = db;"
         writes.append(("dbias", dbias))
     kernels = channel_stats("BatchNormGrad", n, c, s, reads, shift, sums, combine, writes, st,
-                            (Scratch(st, 4 * c),))
+                            (Scratch(st, 4 * c),), subgroups=use_subgroups(caps))
     if dx:
         total = n * c * s
         if training:

@@ -2,8 +2,8 @@
 
 The input is viewed as kept dims x reduced dims (adjacent dims of one kind merged, size-1 dims
 dropped). Many outputs with short reductions: one invocation per output, a serial loop. Few
-outputs with long reductions: one workgroup per output, strided partial sums then a tree in
-workgroup memory.
+outputs with long reductions: one workgroup per output, strided partial sums then a workgroup
+combine (wgreduce.py: subgroup ops where the adapter has them, else a tree in workgroup memory).
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from .wgsl import (
     strides,
     vtype,
 )
+from .wgreduce import Part, reduce_code, shared_decl, use_subgroups
 
 
 @dataclass(frozen=True)
@@ -91,18 +92,17 @@ SPLIT_MIN = 1 << 14   # reductions longer than this split over several workgroup
 PER_GROUP = 4096      # elements each workgroup of a split reduction takes
 
 
-def _tree(ty: str, wg: int, combine: str, init: str, head: str, loop: str, store: str) -> str:
-    """Body: `head` (defines b, lo, hi), strided partials over [lo, hi), a tree, then `store`."""
-    return f"""{head}
+def _wg_shader(decls: str, helpers: str, ty: str, wg: int, combine: str, init: str, head: str, loop: str,
+               store: str, sg: bool) -> str:
+    """`head` (defines b, lo, hi), strided partials over [lo, hi), the workgroup combine, then
+    `store` (in `acc`) by the first invocation."""
+    part = Part("acc", "total", combine, init, ty)
+    body = f"""{head}
   var acc: {ty} = {init};
   for (var r = lo + lid.x; r < hi; r += {wg}u) {{ acc = {loop}; }}
-  sh[lid.x] = acc;
-  workgroupBarrier();
-  for (var s = {wg // 2}u; s > 0u; s = s >> 1u) {{
-    if (lid.x < s) {{ sh[lid.x] = {combine.format(a="sh[lid.x]", b="sh[lid.x + s]")}; }}
-    workgroupBarrier();
-  }}
-  if (lid.x == 0u) {{ acc = sh[0]; {store} }}"""
+{reduce_code([part], wg, sg)}
+  if (lid.x == 0u) {{ acc = total; {store} }}"""
+    return shader(decls, body, wg=wg, helpers=helpers, shared=shared_decl([part], wg), subgroups=sg)
 
 
 def reduce_kernels(name: str, x: str, y: str, shape: tuple[int, ...], axes: tuple[int, ...], ty: str,
@@ -134,30 +134,29 @@ def reduce_kernels(name: str, x: str, y: str, shape: tuple[int, ...], axes: tupl
         return [Kernel(f"{name}:serial", shader(decls, body, helpers=helpers), grid(n_out), (x,) + more, (y,),
                        scratch=scratch)]
     wg = 256 if n_red >= 256 else 64
-    shared = f"var<workgroup> sh: array<{ty}, {wg}>;"
+    sg = use_subgroups(caps)
     parts = 1
     if n_red >= SPLIT_MIN and n_out < 256:
         parts = min(256, -(-n_red // PER_GROUP))
     if parts == 1:
         head = (f"  {group_id()}\n  if (g >= {n_out}u) {{ return; }}\n  let o = g;\n  let b = base_of(g);\n"
                 f"  let lo = 0u;\n  let hi = {n_red}u;")
-        body = _tree(ty, wg, comb.op, init, head, step, f"y[g] = {post};")
-        return [Kernel(f"{name}:tree", shader(decls, body, wg=wg, helpers=helpers, shared=shared),
-                       groups_grid(n_out), (x,) + more, (y,), scratch=scratch)]
+        src = _wg_shader(decls, helpers, ty, wg, comb.op, init, head, step, f"y[g] = {post};", sg)
+        return [Kernel(f"{name}:tree", src, groups_grid(n_out), (x,) + more, (y,), scratch=scratch)]
     # Two stages: n_out x parts workgroups write partials, then one workgroup per output combines them.
     chunk = -(-n_red // parts)
     part = f"reduce.parts.{y}"
     head = (f"  {group_id()}\n  if (g >= {n_out * parts}u) {{ return; }}\n  let o = g / {parts}u;\n  let b = base_of(o);\n"
             f"  let lo = (g % {parts}u) * {chunk}u;\n  let hi = min(lo + {chunk}u, {n_red}u);")
-    body = _tree(ty, wg, comb.op, init, head, step, "y[g] = acc;")
-    stage1 = Kernel(f"{name}:split", shader(decls, body, wg=wg, helpers=helpers, shared=shared),
+    src = _wg_shader(decls, helpers, ty, wg, comb.op, init, head, step, "y[g] = acc;", sg)
+    stage1 = Kernel(f"{name}:split", src,
                     groups_grid(n_out * parts), (x,) + more, (part,),
                     scratch=(Scratch(part, n_out * parts, ty),) + tuple(scratch))
     wg2 = 64
-    shared2 = f"var<workgroup> sh: array<{ty}, {wg2}>;"
     head = f"  {group_id()}\n  if (g >= {n_out}u) {{ return; }}\n  let o = g;\n  let lo = g * {parts}u;\n  let hi = lo + {parts}u;"
-    body = _tree(ty, wg2, comb.op, init, head, comb.op.format(a="acc", b="x[r]"), f"y[g] = {post};")
-    stage2 = Kernel(f"{name}:combine", shader(decls, body, wg=wg2, shared=shared2, helpers=helpers),
+    src = _wg_shader(decls, helpers, ty, wg2, comb.op, init, head, comb.op.format(a="acc", b="x[r]"),
+                     f"y[g] = {post};", sg)
+    stage2 = Kernel(f"{name}:combine", src,
                     groups_grid(n_out), (part,) + more, (y,),
                     scratch=(Scratch(part, n_out * parts, ty),) + tuple(scratch))
     return [stage1, stage2]

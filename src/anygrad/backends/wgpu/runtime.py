@@ -18,7 +18,7 @@ from ...errors import DeviceError, ShapeError
 from ...ir.graph import Graph
 from ..base import Backend, Executable
 from .adapters import AdapterInfo, select_adapter
-from .fusion import prepare
+from .fusion import packed_name, prepare
 from .kernel import LOWERINGS, AdapterCaps
 from .planner import Plan, Root, make_plan, value_bytes
 from .profiling import StepProfile, live_profiler, profile_dispatches
@@ -98,6 +98,20 @@ def to_device(value: np.ndarray, dtype: np.dtype | None = None) -> np.ndarray:
     value = np.asarray(value)
     dev = np_device_dtype(dtype if dtype is not None else value.dtype)
     return np.ascontiguousarray(value.astype(dev, copy=False))
+
+
+def to_device_packed(value: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray | None]:
+    """A 1-byte array as stored, for a packed input (fusion.pack_byte_inputs): its whole 4-byte
+    words as a view of its bytes (no copy, no per-element work), and the last partial word
+    zero-padded, if any. Bytes in memory order are what WGSL reads as little-endian u32 words,
+    so the host's byte order does not matter."""
+    raw = np.ascontiguousarray(value, dtype=dtype).reshape(-1).view(np.uint8)
+    whole = raw.size & ~3
+    if whole == raw.size:
+        return raw, None
+    tail = np.zeros(4, np.uint8)
+    tail[:raw.size - whole] = raw[whole:]
+    return raw[:whole], tail
 
 
 class WgpuBackend(Backend):
@@ -256,9 +270,13 @@ class WgpuExecutable(Executable):
         self.plan: Plan = make_plan(self.prepared, backend.caps, set(graph.state_names) | set(backend.state))
         dev = backend.device
         usage = backend.storage_usage
-        # Executable-owned storage: inputs, constants, temporary slots.
-        self.inputs = {name: backend.create_buffer(value_bytes(graph, name), usage, f"input {name}")
-                       for name in graph.inputs}
+        # Executable-owned storage: inputs, constants, temporary slots. A 1-byte input is written
+        # packed into '@u8x4:<name>' (fusion.pack_byte_inputs); feed_to maps each input to its buffer.
+        self.feed_to = {name: packed_name(name) if packed_name(name) in self.prepared.inputs else name
+                        for name in graph.inputs}
+        self.inputs = {to: backend.create_buffer(value_bytes(self.prepared, to), usage, f"input {name}")
+                       for name, to in self.feed_to.items()}
+        self.input_bytes: dict[str, int] = {}  # bytes the last run wrote per input (uploads)
         self.consts: dict[str, Any] = {}
         for r, nbytes in self.plan.nbytes.items():
             if r.kind == "const":
@@ -353,11 +371,24 @@ class WgpuExecutable(Executable):
             if tuple(value.shape) != tuple(inf.shape):
                 raise ShapeError(f"input '{name}' has shape {tuple(value.shape)}; this executable was "
                                  f"compiled for {tuple(inf.shape)}")
+            buf = self.inputs[self.feed_to[name]]
+            if self.feed_to[name] != name:
+                whole, tail = to_device_packed(value, inf.dtype)
+                if whole.nbytes:
+                    q.write_buffer(buf, 0, whole)
+                if tail is not None:
+                    q.write_buffer(buf, whole.nbytes, tail)
+                self.input_bytes[name] = whole.nbytes + (0 if tail is None else tail.nbytes)
+                continue
             data = to_device(value, inf.dtype)
             if data.nbytes:
-                q.write_buffer(self.inputs[name], 0, data)
+                q.write_buffer(buf, 0, data)
+            self.input_bytes[name] = data.nbytes
 
     def _fetch_root(self, name: str) -> tuple[Root, int]:
+        if self.feed_to.get(name, name) != name:  # a packed input: read its bytes as written
+            r = Root("input", self.feed_to[name])
+            return r, value_bytes(self.prepared, r.name)
         if name in self.plan.root_of:
             r = self.plan.root_of[name]
         elif name in self.backend.state:
@@ -445,6 +476,10 @@ class WgpuExecutable(Executable):
             raise err from e
         out = {}
         for name, r, offset, nbytes in layout:
+            if r.kind == "input" and r.name != name:  # a packed input's own bytes
+                inf = self.graph.info[name]
+                out[name] = np.frombuffer(raw, np.uint8, inf.size, offset).view(inf.dtype).reshape(inf.shape)
+                continue
             if name in self.graph.info:
                 inf = self.graph.info[name]
                 dtype, shape = inf.dtype, tuple(inf.shape)

@@ -144,6 +144,10 @@ def group_id() -> str:
 
 ENTRY_ARGS = ("@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, "
               "@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>")
+# Only for devices with the `subgroup` feature (wgreduce.py): sg_id / sg_n are naga's
+# subgroup_id / num_subgroups builtins (1-D workgroups only on DX12, which ours are).
+SUBGROUP_ARGS = (", @builtin(subgroup_size) sg_size: u32, @builtin(subgroup_invocation_id) sg_lane: u32, "
+                 "@builtin(subgroup_id) sg_id: u32, @builtin(num_subgroups) sg_n: u32")
 
 
 def bindings(reads: Sequence[tuple[str, str]], writes: Sequence[tuple[str, str]]) -> str:
@@ -156,6 +160,8 @@ def bindings(reads: Sequence[tuple[str, str]], writes: Sequence[tuple[str, str]]
     return "\n".join(lines)
 
 
-def shader(decls: str, body: str, wg: int = WG, helpers: str = "", shared: str = "") -> str:
+def shader(decls: str, body: str, wg: int = WG, helpers: str = "", shared: str = "",
+           subgroups: bool = False) -> str:
+    args = ENTRY_ARGS + (SUBGROUP_ARGS if subgroups else "")
     return (f"{decls}\n{shared}\n{helpers}\n@compute @workgroup_size({wg})\n"
-            f"fn main({ENTRY_ARGS}) {{\n{body}\n}}\n")
+            f"fn main({args}) {{\n{body}\n}}\n")
