@@ -146,7 +146,7 @@ def test_founding_model_trains_from_uint8_batches_like_numpy(wb):
         np.testing.assert_allclose(sw[name], sn[name], rtol=1e-4, atol=1e-4, err_msg=name)
     assert mw.read_metrics() == pytest.approx(mn.read_metrics(), rel=1e-5)
     (exe,) = [e for k, e in mw._programs.items() if k[0] == "train"]
-    x, y = next(_batches(1))
+    x, _ = next(_batches(1))
     _assert_uploaded_packed(exe, mw.graph.inputs[0], x)
     # Normalisation and unpacking are one kernel reading the packed batch.
     (first,) = [st for st in exe.plan.steps if any(r.name == packed_name(mw.graph.inputs[0]) for r in st.reads)]

@@ -13,6 +13,7 @@ from ...ir.graph import Graph, Node
 from ...ops.loss import _reduction
 from .kernel import AdapterCaps, Kernel, Scratch, lowering
 from .kernels_elementwise import ew
+from .wgreduce import Part, reduce_code, shared_decl, use_subgroups
 from .wgsl import bindings, flat_id, grid, literal, shader, shape_of, vtype
 
 _SUM_WG = 256
@@ -105,31 +106,25 @@ def lower_class_loss(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel
                     (terms,), (loss,), scratch=(Scratch(terms, 2 * samples),))
         return [k1, k2]
     final = "a_total / b_total" if reduction == "mean" else "a_total"
-    k2 = Kernel(f"{node.op}:sum", _pair_sum_shader(samples, final), (1, 1, 1), (terms,), (loss,),
+    k2 = Kernel(f"{node.op}:sum", _pair_sum_shader(samples, final, use_subgroups(caps)), (1, 1, 1), (terms,),
+                (loss,),
                 scratch=(Scratch(terms, 2 * samples),))
     return [k1, k2]
 
 
-def _pair_sum_shader(count: int, final: str) -> str:
+def _pair_sum_shader(count: int, final: str, sg: bool) -> str:
     """One workgroup: a = sum terms[0:count], b = sum terms[count:2count]; y[0] = final."""
     wg = _SUM_WG
-    shared = f"var<workgroup> sh_a: array<f32, {wg}>;\nvar<workgroup> sh_b: array<f32, {wg}>;"
+    totals = [Part("a", "a_total"), Part("b", "b_total")]
     body = f"""  var a = 0.0;
   var b = 0.0;
   for (var k = lid.x; k < {count}u; k += {wg}u) {{ a += terms[k]; b += terms[{count}u + k]; }}
-  sh_a[lid.x] = a;
-  sh_b[lid.x] = b;
-  workgroupBarrier();
-  for (var t = {wg // 2}u; t > 0u; t = t >> 1u) {{
-    if (lid.x < t) {{ sh_a[lid.x] += sh_a[lid.x + t]; sh_b[lid.x] += sh_b[lid.x + t]; }}
-    workgroupBarrier();
-  }}
+{reduce_code(totals, wg, sg)}
   if (lid.x == 0u) {{
-    let a_total = sh_a[0];
-    let b_total = sh_b[0];
     y[0] = {final};
   }}"""
-    return shader(bindings([("terms", "f32")], [("y", "f32")]), body, wg=wg, shared=shared)
+    return shader(bindings([("terms", "f32")], [("y", "f32")]), body, wg=wg, shared=shared_decl(totals, wg),
+                  subgroups=sg)
 
 
 @lowering("CrossEntropyGrad")
@@ -146,24 +141,21 @@ def lower_class_loss_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[K
     inputs = (dy, x, target) + ((weight,) if weight else ())
     if reduction == "mean":
         # scale = dy / sum(w[t]) over samples not ignored (0 when all are ignored).
+        sg = use_subgroups(caps)
+        weights = Part("b", "total")
         body = f"""  var b = 0.0;
   for (var i = lid.x; i < {samples}u; i += {_SUM_WG}u) {{
 {_sample_prelude(n, c, s, node, bool(weight))}
     b += wt;
   }}
-  sh_b[lid.x] = b;
-  workgroupBarrier();
-  for (var t = {_SUM_WG // 2}u; t > 0u; t = t >> 1u) {{
-    if (lid.x < t) {{ sh_b[lid.x] += sh_b[lid.x + t]; }}
-    workgroupBarrier();
-  }}
+{reduce_code([weights], _SUM_WG, sg)}
   if (lid.x == 0u) {{
-    let total = sh_b[0];
     scale[0] = select(0.0, dy[0] / total, total != 0.0);
   }}"""
         decls = bindings(reads, [("scale", "f32")])
         kernels.append(Kernel("CrossEntropyGrad:scale",
-                              shader(decls, body, wg=_SUM_WG, shared=f"var<workgroup> sh_b: array<f32, {_SUM_WG}>;"),
+                              shader(decls, body, wg=_SUM_WG, shared=shared_decl([weights], _SUM_WG),
+                                     subgroups=sg),
                               (1, 1, 1), inputs, (scr,), scratch=(Scratch(scr, 1),)))
         scale_expr = "scale[0]"
         reads2 = reads + [("scale", "f32")]
@@ -205,6 +197,8 @@ def lower_count_correct(node: Node, graph: Graph, caps: AdapterCaps) -> list[Ker
     samples = n * s
     wg = _SUM_WG
     tty = vtype(graph, target)
+    sg = use_subgroups(caps)
+    count = Part("hits", "total", init="0u", ty="u32")
     body = f"""  var hits = 0u;
   for (var i = lid.x; i < {samples}u; i += {wg}u) {{
     let base = (i / {s}u) * {c * s}u + i % {s}u;
@@ -216,15 +210,11 @@ def lower_count_correct(node: Node, graph: Graph, caps: AdapterCaps) -> list[Ker
     }}
     if ({tty}(arg) == tgt[i]) {{ hits += 1u; }}
   }}
-  sh[lid.x] = hits;
-  workgroupBarrier();
-  for (var t = {wg // 2}u; t > 0u; t = t >> 1u) {{
-    if (lid.x < t) {{ sh[lid.x] += sh[lid.x + t]; }}
-    workgroupBarrier();
-  }}
-  if (lid.x == 0u) {{ y[0] = f32(sh[0]); }}"""
+{reduce_code([count], wg, sg)}
+  if (lid.x == 0u) {{ y[0] = f32(total); }}"""
     decls = bindings([("x", "f32"), ("tgt", tty)], [("y", "f32")])
-    return [Kernel("CountCorrect", shader(decls, body, wg=wg, shared=f"var<workgroup> sh: array<u32, {wg}>;"),
+    src = shader(decls, body, wg=wg, shared=shared_decl([count], wg), subgroups=sg)
+    return [Kernel("CountCorrect", src,
                    (1, 1, 1), (out, target), (node.outputs[0],))]
 
 

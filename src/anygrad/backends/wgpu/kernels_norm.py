@@ -4,7 +4,7 @@ their backward ops LayerNormGrad / GroupNormGrad (formulas: anygrad/ops/norm.py)
 All of them standardise contiguous rows: LayerNorm's rows are x.shape[:axis] x (the rest),
 GroupNorm's are (N x groups) x (channels of the group x spatial). One kernel per row computes
 the statistics in passes (mean, then the variance of the centred values, so no cancellation)
-and writes every element of the row: a workgroup per row with tree sums in workgroup memory for
+and writes every element of the row: a workgroup per row with workgroup sums (wgreduce.py) for
 long rows, one invocation per row with serial loops for short ones. Parameter gradients (sums
 over rows, per scale/bias entry) are a second kernel reading the per-row statistics the first
 one left in a scratch buffer.
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from ...ir.graph import Graph, Node
 from ...ops._util import norm_axis
 from .kernel import AdapterCaps, Kernel, Scratch, lowering
+from .wgreduce import Part, reduce_code, shared_decl, use_subgroups
 from .wgsl import bindings, broadcast_index, flat_id, grid, group_id, groups_grid, literal, shader, shape_of
 
 SERIAL_MAX = 64   # rows up to this long: one invocation per row
@@ -33,10 +34,11 @@ class RowSpec:
 
 
 def _row_kernel(name: str, spec: RowSpec, passes: list[tuple[str, str, str]], store: str,
-                reads: list[tuple[str, str]], writes: list[tuple[str, str]], scratch=()) -> Kernel:
+                reads: list[tuple[str, str]], writes: list[tuple[str, str]], scratch=(),
+                sg: bool = False) -> Kernel:
     """passes: (let-name, WGSL term in `e`, `p`, `k` and earlier lets, statement after) ->
     `let name = mean of the term over the row`; store: statements per element (e, p, k) after
-    every pass; reads/writes: (var, value) bindings (all f32)."""
+    every pass; reads/writes: (var, value) bindings (all f32); sg: subgroup ops (wgreduce.py)."""
     d, rows = spec.d, spec.rows
     fd = literal(d, "f32")
     elem = f"let e = row * {d}u + k; let p = {spec.param};"
@@ -55,23 +57,21 @@ def _row_kernel(name: str, spec: RowSpec, passes: list[tuple[str, str, str]], st
         else:
             lines += ["  var acc = 0.0;" if j == 0 else "  acc = 0.0;",
                       f"  for (var k = lid.x; k < {d}u; k += {wg}u) {{ {elem} acc += {term}; }}",
-                      "  sh[lid.x] = acc;", "  workgroupBarrier();",
-                      f"  for (var t = {wg // 2}u; t > 0u; t = t >> 1u) {{",
-                      "    if (lid.x < t) { sh[lid.x] += sh[lid.x + t]; }", "    workgroupBarrier();", "  }",
-                      f"  let {let} = sh[0] / {fd};", "  workgroupBarrier();"]
+                      reduce_code([Part("acc", f"{let}_sum")], wg, sg),
+                      f"  let {let} = {let}_sum / {fd};"]
         if post:
             lines.append(f"  {post}")
     start, step = ("0u", "1u") if serial else ("lid.x", f"{wg}u")
     lines.append(f"  for (var k = {start}; k < {d}u; k += {step}) {{ {elem} {store} }}")
     decls = bindings([(v, "f32") for v, _ in reads], [(v, "f32") for v, _ in writes])
-    shared = "" if serial else f"var<workgroup> sh: array<f32, {wg}>;"
-    src = shader(decls, "\n".join(lines), wg=64 if serial else wg, shared=shared)
+    shared = "" if serial else shared_decl([Part("acc", "total")], wg)
+    src = shader(decls, "\n".join(lines), wg=64 if serial else wg, shared=shared, subgroups=sg and not serial)
     return Kernel(f"{name}:{'row' if serial else 'row-wg'}", src, grid(rows, 64) if serial else groups_grid(rows),
                   tuple(val for _, val in reads), tuple(val for _, val in writes), scratch=tuple(scratch))
 
 
 def _param_sum(name: str, n_out: int, count: int, prelude: str, term: str, reads: list[tuple[str, str]],
-               out: str, scratch=()) -> Kernel:
+               out: str, scratch=(), sg: bool = False) -> Kernel:
     """out[o] = sum over q < count of `term` (after `prelude`, which may use o and q)."""
     decls = bindings([(v, "f32") for v, _ in reads], [("y", "f32")])
     if count <= 256 or n_out >= 4096:
@@ -84,19 +84,15 @@ def _param_sum(name: str, n_out: int, count: int, prelude: str, term: str, reads
         return Kernel(f"{name}:serial", shader(decls, body), grid(n_out), tuple(v for _, v in reads), (out,),
                       scratch=tuple(scratch))
     wg = 64
+    total = Part("acc", "total")
     body = f"""  {group_id()}
   if (g >= {n_out}u) {{ return; }}
   let o = g;
   var acc = 0.0;
   for (var q = lid.x; q < {count}u; q += {wg}u) {{ {prelude} acc += {term}; }}
-  sh[lid.x] = acc;
-  workgroupBarrier();
-  for (var t = {wg // 2}u; t > 0u; t = t >> 1u) {{
-    if (lid.x < t) {{ sh[lid.x] += sh[lid.x + t]; }}
-    workgroupBarrier();
-  }}
-  if (lid.x == 0u) {{ y[o] = sh[0]; }}"""
-    src = shader(decls, body, wg=wg, shared=f"var<workgroup> sh: array<f32, {wg}>;")
+{reduce_code([total], wg, sg)}
+  if (lid.x == 0u) {{ y[o] = total; }}"""
+    src = shader(decls, body, wg=wg, shared=shared_decl([total], wg), subgroups=sg)
     return Kernel(f"{name}:wg", src, groups_grid(n_out), tuple(v for _, v in reads), (out,), scratch=tuple(scratch))
 
 
@@ -130,7 +126,7 @@ def lower_layer_norm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel
     if outs[1]:
         writes.append(("IS", outs[1]))
         store += " if (k == 0u) { IS[row] = inv; }"
-    return [_row_kernel("LayerNorm", spec, _stat_passes(eps), store, reads, writes)]
+    return [_row_kernel("LayerNorm", spec, _stat_passes(eps), store, reads, writes, sg=use_subgroups(caps))]
 
 
 @lowering("LayerNormGrad")
@@ -143,10 +139,11 @@ def lower_layer_norm_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[K
         # (output, entries, count, prelude giving e and row from o, q)
         (dscale, "dy_xhat", spec.d, spec.rows, f"let row = q; let e = q * {spec.d}u + o;"),
         (dbias, "dy", spec.d, spec.rows, f"let row = q; let e = q * {spec.d}u + o;"),
-    ])
+    ], use_subgroups(caps))
 
 
-def _norm_grad(name: str, spec: RowSpec, eps: str, dy: str, x: str, scale: str, dx: str, sums: list) -> list[Kernel]:
+def _norm_grad(name: str, spec: RowSpec, eps: str, dy: str, x: str, scale: str, dx: str, sums: list,
+               sg: bool) -> list[Kernel]:
     """dx by rows (keeping mean and 1/std per row in a scratch), then each parameter gradient."""
     st = f"normgrad.{dx or sums[0][0]}"
     sc = (Scratch(st, 2 * spec.rows),)
@@ -157,14 +154,15 @@ def _norm_grad(name: str, spec: RowSpec, eps: str, dy: str, x: str, scale: str, 
     if dx:
         store += " DX[e] = inv * (DY[e] * SC[p] - mg - (X[e] - mean) * inv * mgx);"
         writes.append(("DX", dx))
-    kernels = [_row_kernel(name, spec, passes, store, [("DY", dy), ("X", x), ("SC", scale)], writes, scratch=sc)]
+    kernels = [_row_kernel(name, spec, passes, store, [("DY", dy), ("X", x), ("SC", scale)], writes,
+                           scratch=sc, sg=sg)]
     for out, what, n_out, count, prelude in sums:
         if not out:
             continue
         term = "DY[e] * (X[e] - ST[2u * row]) * ST[2u * row + 1u]" if what == "dy_xhat" else "DY[e]"
         reads = [("DY", dy), ("X", x), ("ST", st)] if what == "dy_xhat" else [("DY", dy)]
         kernels.append(_param_sum(f"{name}:{what}", n_out, count, prelude, term, reads, out,
-                                  scratch=sc if what == "dy_xhat" else ()))
+                                  scratch=sc if what == "dy_xhat" else (), sg=sg))
     return kernels
 
 
@@ -193,7 +191,7 @@ def lower_group_norm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel
     bspec = _gn_spec(n, c, s, groups, shape_of(graph, bias)[0])
     store = f"let pb = {bspec.param}; Y[e] = (X[e] - mean) * inv * SC[p] + B[pb];"
     return [_row_kernel(node.op, spec, _stat_passes(eps), store, [("X", x), ("SC", scale), ("B", bias)],
-                        [("Y", node.outputs[0])])]
+                        [("Y", node.outputs[0])], sg=use_subgroups(caps))]
 
 
 @lowering("GroupNormGrad")
@@ -217,4 +215,4 @@ def lower_group_norm_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[K
         sums.append(param_sum(dscale, shape_of(graph, scale)[0], "dy_xhat"))
     if dbias:
         sums.append(param_sum(dbias, int(node.attr("bias_shape")[0]), "dy"))
-    return _norm_grad("GroupNormGrad", spec, eps, dy, x, scale, dx, sums)
+    return _norm_grad("GroupNormGrad", spec, eps, dy, x, scale, dx, sums, use_subgroups(caps))

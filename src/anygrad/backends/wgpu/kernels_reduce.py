@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from ...ir.graph import Graph, Node
 from ...ops.reduce import reduce_axes
 from .kernel import AdapterCaps, Kernel, Scratch, lowering
+from .wgreduce import Part, reduce_code, shared_decl, use_subgroups
 from .wgsl import (
     bindings,
     flat_id,
@@ -24,7 +25,6 @@ from .wgsl import (
     strides,
     vtype,
 )
-from .wgreduce import Part, reduce_code, shared_decl, use_subgroups
 
 
 @dataclass(frozen=True)

@@ -476,7 +476,7 @@ class WgpuExecutable(Executable):
             raise err from e
         out = {}
         for name, r, offset, nbytes in layout:
-            if r.kind == "input" and r.name != name:  # a packed input's own bytes
+            if self.feed_to.get(name, name) != name:  # a packed input's own bytes
                 inf = self.graph.info[name]
                 out[name] = np.frombuffer(raw, np.uint8, inf.size, offset).view(inf.dtype).reshape(inf.shape)
                 continue

@@ -66,31 +66,33 @@ def _combine(p: Part, a: str, b: str) -> str:
 
 def _tree_code(parts: Sequence[Part], wg: int, sh: str) -> str:
     arr = [f"{sh}{j}" for j in range(len(parts))]
-    step = " ".join(f"{s}[lid.x] = {_combine(p, f'{s}[lid.x]', f'{s}[lid.x + wr_t]')};" for p, s in zip(parts, arr))
+    step = " ".join(f"{s}[lid.x] = {_combine(p, f'{s}[lid.x]', f'{s}[lid.x + wr_t]')};"
+                    for p, s in zip(parts, arr))
     lines = [f"  {s}[lid.x] = {p.value};" for p, s in zip(parts, arr)]
     lines += ["  workgroupBarrier();",
               f"  for (var wr_t = {wg // 2}u; wr_t > 0u; wr_t = wr_t >> 1u) {{",
               f"    if (lid.x < wr_t) {{ {step} }}",
               "    workgroupBarrier();", "  }"]
     lines += [f"  let {p.result} = {s}[0];" for p, s in zip(parts, arr)]
-    lines.append("  workgroupBarrier();")
+    lines.append("  workgroupBarrier();")  # everyone has read: the arrays may be reused
     return "\n".join(lines)
 
 
 def _subgroup_code(parts: Sequence[Part], sh: str) -> str:
     arr = [f"{sh}{j}" for j in range(len(parts))]
     lines = [f"  let {p.result}_sg = {SUBGROUP_OPS[p.op]}({p.value});" for p in parts]
-    lines.append("  if (sg_lane == 0u) { " + " ".join(f"{s}[sg_id] = {p.result}_sg;" for p, s in zip(parts, arr))
-                 + " }")
+    put = " ".join(f"{s}[sg_id] = {p.result}_sg;" for p, s in zip(parts, arr))
+    lines.append(f"  if (sg_lane == 0u) {{ {put} }}")
     lines.append("  workgroupBarrier();")
-    # Every subgroup combines the sg_n slots (few: wg / subgroup size), so every invocation ends
-    # with the totals and no third barrier is needed; the loop bound is uniform.
+    # Every subgroup combines the sg_n slots (few: wg / subgroup size) itself, so every
+    # invocation ends with the totals without a broadcast; the loop bound is uniform.
+    add = " ".join(f"{p.result}_acc = {_combine(p, f'{p.result}_acc', f'{s}[wr_j]')};"
+                   for p, s in zip(parts, arr))
     lines += [f"  var {p.result}_acc: {p.ty} = {p.init};" for p in parts]
     lines += ["  for (var wr_t = 0u; wr_t < sg_n; wr_t += sg_size) {",
               "    let wr_j = wr_t + sg_lane;",
-              "    if (wr_j < sg_n) { " + " ".join(f"{p.result}_acc = {_combine(p, f'{p.result}_acc', f'{s}[wr_j]')};"
-                                               for p, s in zip(parts, arr)) + " }",
+              f"    if (wr_j < sg_n) {{ {add} }}",
               "  }"]
     lines += [f"  let {p.result} = {SUBGROUP_OPS[p.op]}({p.result}_acc);" for p in parts]
-    lines.append("  workgroupBarrier();")
+    lines.append("  workgroupBarrier();")  # everyone has read: the arrays may be reused
     return "\n".join(lines)
