@@ -1,6 +1,6 @@
 """1-byte graph inputs (uint8 images, int8, bool) go to the device as stored, four per u32 word, and
 are unpacked by the kernels that read them: the in-graph normalisation of uint8 batches gives the
-numpy backend's values exactly, a whole founding-model training step from uint8 batches matches
+numpy backend's values to float32 rounding (a GPU may divide by a reciprocal), a whole founding-model training step from uint8 batches matches
 numpy, and a batch uploads x.nbytes rounded up to 4 bytes (not 4 bytes per pixel)."""
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def _normalisation_graph(shape: tuple, mean, std) -> tuple[Graph, str]:
 @pytest.mark.parametrize("shape,stats", [((3, 1, 5, 7), MNIST), ((1000, 1, 28, 28), MNIST),
                                          ((2, 3, 3, 3), ((0.49, 0.48, 0.45), (0.25, 0.24, 0.26)))])
 @pytest.mark.parametrize("fuse", [True, False])
-def test_uint8_normalisation_matches_numpy_exactly(wb, shape, stats, fuse):
+def test_uint8_normalisation_matches_numpy(wb, shape, stats, fuse):
     graph, name = _normalisation_graph(shape, *stats)
     x = np.random.default_rng(sum(shape)).integers(0, 256, shape, dtype=np.uint8)
     x.reshape(-1)[:2] = (0, 255)
@@ -63,7 +63,7 @@ def test_uint8_normalisation_matches_numpy_exactly(wb, shape, stats, fuse):
     exe = wb.compile(graph, fuse=fuse)
     got = exe.run({name: x})
     assert got["y"].dtype == np.float32
-    np.testing.assert_array_equal(got["y"], want["y"])
+    np.testing.assert_allclose(got["y"], want["y"], rtol=2e-6, atol=2e-7)
     _assert_uploaded_packed(exe, name, x)
     kernels = [st.kernel.name for st in exe.plan.steps]
     if fuse:  # the unpack is part of the normalisation's one kernel, which reads the packed words
@@ -72,7 +72,8 @@ def test_uint8_normalisation_matches_numpy_exactly(wb, shape, stats, fuse):
     # The input itself reads back as it was fed; and a second batch overwrites the first.
     np.testing.assert_array_equal(exe.run({name: x}, [name])[name], x)
     x2 = 255 - x
-    np.testing.assert_array_equal(exe.run({name: x2})["y"], NumpyBackend().compile(graph).run({name: x2})["y"])
+    np.testing.assert_allclose(exe.run({name: x2})["y"], NumpyBackend().compile(graph).run({name: x2})["y"],
+                               rtol=2e-6, atol=2e-7)
 
 
 def _byte_graph(dtype: np.dtype, shape: tuple, wide: int) -> tuple[Graph, dict]:

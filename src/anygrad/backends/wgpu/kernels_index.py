@@ -368,7 +368,13 @@ def _mod(c: Emit, n: Node, a: list, ot: list[str]) -> list[Val]:
     if t == "f32":
         # fmod (the sign of the dividend); a finite dividend over an infinite divisor is itself
         finite_inf = f"{_bits(y)} == 0x7f800000u && {_bits(x)} < 0x7f800000u"
-        r = c.let(f"select({x} - {y} * trunc({x} / {y}), {x}, {finite_inf})", t)
+        # WGSL's division may be off by an ulp or two (NVIDIA's is): a quotient that rounds
+        # across an integer leaves |r| >= |y| or r of the wrong sign, so step it back once.
+        r = c.let(f"fma(-trunc({x} / {y}), {y}, {x})", t)
+        r = c.let(f"select({r.expr}, {r.expr} - sign({r.expr}) * abs({y}), abs({r.expr}) >= abs({y}))", t)
+        r = c.let(f"select({r.expr}, {r.expr} + sign({x}) * abs({y}), "
+                  f"{r.expr} != 0.0 && sign({r.expr}) != sign({x}))", t)
+        r = c.let(f"select({r.expr}, {x}, {finite_inf})", t)
     else:
         r = c.let(f"select({x} % {y}, {x}, {y} == {literal(0, t)})", t)
     if n.attr("fmod", 0) or t == "u32":

@@ -142,7 +142,7 @@ def reduce_kernels(name: str, x: str, y: str, shape: tuple[int, ...], axes: tupl
         head = (f"  {group_id()}\n  if (g >= {n_out}u) {{ return; }}\n  let o = g;\n  let b = base_of(g);\n"
                 f"  let lo = 0u;\n  let hi = {n_red}u;")
         src = _wg_shader(decls, helpers, ty, wg, comb.op, init, head, step, f"y[g] = {post};", sg)
-        return [Kernel(f"{name}:tree", src, groups_grid(n_out), (x,) + more, (y,), scratch=scratch)]
+        return [Kernel(f"{name}:wg", src, groups_grid(n_out), (x,) + more, (y,), scratch=scratch)]
     # Two stages: n_out x parts workgroups write partials, then one workgroup per output combines them.
     chunk = -(-n_red // parts)
     part = f"reduce.parts.{y}"

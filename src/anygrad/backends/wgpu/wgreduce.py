@@ -3,8 +3,8 @@ reduction shares (ReduceSum & co., softmax rows, BatchNorm statistics, norm rows
 
 With the adapter's `subgroup` feature each subgroup combines its values with one subgroup op
 (subgroupAdd/Max/Min/Mul), its first lane writes the result to workgroup memory, and every
-subgroup then combines those few slots the same way: two barriers instead of log2(wg) tree
-levels. Subgroup sizes differ (8 on lavapipe, 32 on NVIDIA, 64 on AMD, varying on Intel), so
+subgroup then combines those few slots the same way: one barrier between the stages instead
+of one per tree level (log2(wg)). Subgroup sizes differ (8 on lavapipe, 32 on NVIDIA, 64 on AMD, varying on Intel), so
 nothing assumes one: slots are indexed by the `subgroup_id` builtin and the second stage strides
 by `subgroup_size`. Without the feature (or for a combine with no subgroup op) it is a tree in
 workgroup memory. Either way every invocation holds the results afterwards and the workgroup
