@@ -263,7 +263,7 @@ def xfail_reason(r: CaseResult) -> str:
 XFAIL_WGPU = ROOT / "tests" / "onnx_expected_failures_wgpu.txt"
 XFAIL_WGPU_HEADER = """\
 # ONNX node conformance cases anygrad is known to fail on the wgpu backend (device WGPU; run
-# with ANYGRAD_CONFORMANCE_WGPU=1). Same format and rules as onnx_expected_failures.txt.
+# whenever an adapter exists). Same format and rules as onnx_expected_failures.txt.
 # Regenerate: python scripts/onnx_ops_report.py --wgpu --write-xfail
 """
 
