@@ -92,7 +92,9 @@ def test_group_norm_per_group_scale(n, groups, per_group, spatial, seed):
     check_op("GroupNormalization", [x, w, b], {"num_groups": groups}, ref, atol=1e-4)
     want = onnxruntime_run("GroupNormalization", [x, w, b], {"num_groups": groups}, 18)[0]
     got = run_op("GroupNormalization", [x, w, b], {"num_groups": groups}, grad=False)[0][0]
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    # onnxruntime works in float32 too: a group of two nearly equal values is ill-conditioned
+    # (it scored 3e-3 off float64 here, anygrad within 1e-4), so this only pins the semantics
+    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-3)
 
 
 def test_group_norm_bad_groups():
