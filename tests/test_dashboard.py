@@ -208,10 +208,12 @@ fit(model, train, valid, reporter=make_reporter(), epochs=2, batch_size=32, log_
 print("REAL-DONE", flush=True)
 '''
 SUBSET = Path(__file__).resolve().parents[1].parent / "shared/datasets/mnist-subset"
+needs_subset = pytest.mark.skipif(not SUBSET.is_dir(), reason="shared MNIST subset not checked out next to the repo")
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux): "
                     "the live dashboard is checked in a real terminal through tmux")
+@needs_subset
 def test_live_dashboard_of_a_real_training_run(tmp_path: Path):
     (tmp_path / "real.py").write_text(REAL_RUN)
     session = f"anygrad-real-{tmp_path.name}"[:60]

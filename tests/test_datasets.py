@@ -29,6 +29,7 @@ from anygrad.data.transforms import BatchTransform, augment
 from anygrad.errors import AnygradError, ConfigError, DataError
 
 SUBSET = Path(__file__).resolve().parents[1].parent / "shared/datasets/mnist-subset"
+needs_subset = pytest.mark.skipif(not SUBSET.is_dir(), reason="shared MNIST subset not checked out next to the repo")
 
 
 # -- a local mirror -------------------------------------------------------------------------------
@@ -289,6 +290,7 @@ def test_augment_is_a_crop_or_flip_decided_by_seed_epoch_and_index():
     assert 0 < sum(np.array_equal(flips[i], x[i, :, :, ::-1]) for i in range(16)) < 16
 
 
+@needs_subset
 def test_data_config_round_trip_and_loader_transform():
     cfg = DataConfig(dataset="mnist", data_dir=str(SUBSET), crop_padding=2, hflip=False, prefetch=True)
     again = DataConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
@@ -327,6 +329,7 @@ def test_prefetch_gives_the_same_batches_and_stops_cleanly():
         list(DataLoader(x, y, 8, transform=bad, prefetch=True))
 
 
+@needs_subset
 def test_get_dataset_mnist_matches_load_mnist():
     d = get_dataset("mnist", SUBSET)
     assert d.train[0].shape == (6000, 1, 28, 28) and d.valid[0].shape == (10000, 1, 28, 28)
@@ -398,6 +401,7 @@ def _device(name: str):
     return wgpu_backend()
 
 
+@needs_subset
 @pytest.mark.parametrize("device", ["cpu", pytest.param("wgpu", marks=pytest.mark.wgpu)])
 def test_mnist_uint8_batches_are_normalised_on_the_device_like_the_float_path(device):
     """What the model's first op sees from a uint8 MNIST batch equals the host float32 path
@@ -446,6 +450,7 @@ def test_input_normalisation_of_a_flat_input_and_its_removal():
         add_input_normalisation(_identity_model((3, 4, 4)), (0.5, 0.5), (0.2, 0.2))
 
 
+@needs_subset
 def test_data_config_stats_and_checks():
     data = get_dataset("mnist", SUBSET)
     assert DataConfig("mnist").stats(data) == ((0.1307,), (0.3081,))
