@@ -83,6 +83,19 @@ class Linear(Module):
         )
 
 
+def _conv_setup(layer: Module, in_channels: int, out_channels: int, kernel_size: Any, groups: int,
+                padding_mode: str) -> None:
+    """The checks and attributes every conv layer (plain and transposed) shares."""
+    name = type(layer).__name__
+    if padding_mode != "zeros":
+        raise ConfigError(f"{name}: padding_mode '{padding_mode}' is not supported (only 'zeros')")
+    if in_channels % groups or out_channels % groups:
+        raise ConfigError(f"{name}: in_channels {in_channels} and out_channels {out_channels} "
+                          f"must be divisible by groups {groups}")
+    layer.in_channels, layer.out_channels, layer.groups = in_channels, out_channels, groups
+    layer.kernel_size = tuple(F._ints(kernel_size, layer.nd, "kernel_size"))
+
+
 class _ConvNd(Module):
     nd = 2
 
@@ -99,17 +112,7 @@ class _ConvNd(Module):
         padding_mode: str = "zeros",
     ):
         super().__init__()
-        if padding_mode != "zeros":
-            raise ConfigError(
-                f"{type(self).__name__}: padding_mode '{padding_mode}' is not supported (only 'zeros')"
-            )
-        if in_channels % groups or out_channels % groups:
-            raise ConfigError(
-                f"{type(self).__name__}: in_channels {in_channels} and out_channels {out_channels} "
-                f"must be divisible by groups {groups}"
-            )
-        self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
-        self.kernel_size = tuple(F._ints(kernel_size, self.nd, "kernel_size"))
+        _conv_setup(self, in_channels, out_channels, kernel_size, groups, padding_mode)
         self.stride, self.dilation = (
             tuple(F._ints(stride, self.nd, "stride")),
             tuple(F._ints(dilation, self.nd, "dilation")),
@@ -164,17 +167,7 @@ class _ConvTransposeNd(Module):
         padding_mode: str = "zeros",
     ):
         super().__init__()
-        if padding_mode != "zeros":
-            raise ConfigError(
-                f"{type(self).__name__}: padding_mode '{padding_mode}' is not supported (only 'zeros')"
-            )
-        if in_channels % groups or out_channels % groups:
-            raise ConfigError(
-                f"{type(self).__name__}: in_channels {in_channels} and out_channels {out_channels} "
-                f"must be divisible by groups {groups}"
-            )
-        self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
-        self.kernel_size = tuple(F._ints(kernel_size, self.nd, "kernel_size"))
+        _conv_setup(self, in_channels, out_channels, kernel_size, groups, padding_mode)
         self.stride = tuple(F._ints(stride, self.nd, "stride"))
         self.padding = tuple(F._ints(padding, self.nd, "padding"))
         self.output_padding = tuple(F._ints(output_padding, self.nd, "output_padding"))
