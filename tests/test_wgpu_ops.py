@@ -291,3 +291,14 @@ def test_optimizer_update(name, kwargs, step):
     n = len(inputs)
     check_wgpu(opt.op, inputs, opt.attrs(), n_outputs=1 + len(slots), grad=False, rtol=1e-5, atol=1e-6,
                state={n - 2: "lr", n - 1: "step"})
+
+
+def test_integer_max_pool_compares_integers():
+    """Integer pools must compare as integers: through f32 bits, negative ints are NaNs or
+    negative floats that order backwards, and small positive ones are denormals a GPU flushes."""
+    rng = np.random.default_rng(3)
+    x = rng.integers(-2**31, 2**31 - 1, (2, 3, 5, 6), dtype=np.int64).astype(np.int32)
+    check_wgpu("MaxPool", [x], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 1]},
+               feed=[0], grad=False)
+    check_wgpu("MaxPool", [(np.arange(25, dtype=np.uint8) + 1).reshape(1, 1, 5, 5)],
+               {"kernel_shape": [5, 5], "pads": [2, 2, 2, 2]}, feed=[0], grad=False)

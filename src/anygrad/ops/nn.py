@@ -496,7 +496,8 @@ def _pool_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
 def _max_pool_forward(node, ins):
     x = ins[0]
     win = _pool_window(node, x.shape)
-    xp = win.pad(x, -np.inf)
+    lowest = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min  # padding never wins
+    xp = win.pad(x, lowest)
     y = None
     for _, sl in win.taps():
         y = xp[sl].copy() if y is None else np.maximum(y, xp[sl], out=y)

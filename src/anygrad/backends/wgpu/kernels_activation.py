@@ -107,11 +107,6 @@ def _celu_grad(c, n, a, ot):
     return [c.let(f"select({dy} * exp(min({x}, 0.0) / {_a(n, 'alpha', 1.0)}), {dy}, {x} > 0.0)", "f32")]
 
 
-@ew("Softplus")
-def _sp(c, n, a, ot):
-    return [c.let(_softplus(a[0].expr), "f32")]
-
-
 @ew("SoftplusGrad")
 def _sp_grad(c, n, a, ot):
     return [c.let(f"{a[0].expr} * {_sigmoid(c, a[1].expr)}", "f32")]

@@ -38,8 +38,10 @@ from .kernels_gemm import (
     variant_of,
 )
 from .kernels_pool_nd import POOL_ND
+from .wgsl import vtype
 
 NEG_INF = "bitcast<f32>(0xff800000u)"
+LOWEST = {"f32": NEG_INF, "i32": "i32(-2147483647 - 1)", "u32": "0u"}  # the identity of max
 
 
 @dataclass(frozen=True)
@@ -282,11 +284,12 @@ def lower_conv_grad_weight(node: Node, graph: Graph, caps: AdapterCaps) -> list[
 
 # -- one-invocation-per-element kernels (depthwise conv, pools) -----------------------------------
 def flat_kernel(name: str, reads: list[str], read_vars: list[str], write: str, write_var: str, total: int,
-                body: str, caps: AdapterCaps, wg: int = 64) -> Kernel:
-    """A shader running `body` once per flat index i < total (grid folded within the adapter limit)."""
+                body: str, caps: AdapterCaps, wg: int = 64, ty: str = "f32") -> Kernel:
+    """A shader running `body` once per flat index i < total (grid folded within the adapter limit);
+    every buffer holds elements of WGSL type `ty`."""
     grid = fold_grid(max(1, math.ceil(total / wg)), caps)
-    decls = [f"@group(0) @binding({i}) var<storage, read> {v}: array<f32>;" for i, v in enumerate(read_vars)]
-    decls.append(f"@group(0) @binding({len(reads)}) var<storage, read_write> {write_var}: array<f32>;")
+    decls = [f"@group(0) @binding({i}) var<storage, read> {v}: array<{ty}>;" for i, v in enumerate(read_vars)]
+    decls.append(f"@group(0) @binding({len(reads)}) var<storage, read_write> {write_var}: array<{ty}>;")
     wgsl = "\n".join(decls + [
         f"@compute @workgroup_size({wg}, 1, 1)",
         "fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {",
@@ -355,8 +358,9 @@ def lower_max_pool(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
         return POOL_ND[node.op](node, graph)
     g = _pool_geo(node, static_shape(graph, node.inputs[0], node))
     pre, valid = _gather_forward(g)
+    ty = vtype(graph, node.inputs[0])  # integer pools too: as f32 their bits are denormals a GPU flushes
     body = f"""  {_out_coords(g)}
-  var best = {NEG_INF};
+  var best = {LOWEST[ty]};
   for (var ky = 0u; ky < {u(g.kh)}; ky = ky + 1u) {{
     for (var kx = 0u; kx < {u(g.kw)}; kx = kx + 1u) {{
       {pre}
@@ -364,7 +368,8 @@ def lower_max_pool(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     }}
   }}
   Y[i] = best;"""
-    return [flat_kernel("MaxPool", [node.inputs[0]], ["X"], node.outputs[0], "Y", g.B * g.C * g.P, body, caps)]
+    return [flat_kernel("MaxPool", [node.inputs[0]], ["X"], node.outputs[0], "Y", g.B * g.C * g.P, body, caps,
+                        ty=ty)]
 
 
 @lowering("MaxPoolGrad")

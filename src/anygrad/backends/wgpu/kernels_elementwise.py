@@ -68,6 +68,8 @@ def ew(*names: str, raw=(), ignore=()):
     """Register an elementwise op: its table row, and a lowering for when it is not fused."""
     def deco(fn: EmitFn) -> EmitFn:
         for n in names:
+            if n in EW:  # a second emitter would silently replace the first, as imports order them
+                raise ValueError(f"elementwise op {n} registered twice")
             EW[n] = EwOp(fn, frozenset(raw), frozenset(ignore))
             LOWERINGS[n] = _single
         return fn
@@ -145,7 +147,7 @@ def _sum(c, n, a, ot):
 
 # -- unary ------------------------------------------------------------------------------------
 _UNARY = {
-    "Neg": "-({x})", "Abs": "abs({x})", "Exp": "exp({x})", "Log": "log({x})", "Sqrt": "sqrt({x})",
+    "Neg": "-({x})", "Abs": "abs({x})", "Exp": "exp({x})", "Sqrt": "sqrt({x})",
     "Relu": "max({x}, {zero})", "Reciprocal": "1.0 / {x}", "Floor": "floor({x})", "Ceil": "ceil({x})",
     "Sign": "sign({x})", "Sin": "sin({x})", "Cos": "cos({x})", "Round": "round({x})",
 }
@@ -156,6 +158,16 @@ def _unary(c, n, a, ot):
     t = ot[0]
     zero = _lit(0, t)
     return [c.let(_UNARY[n.op].format(x=_to(a[0], t), zero=zero), t)]
+
+
+@ew("Log")
+def _log(c, n, a, ot):
+    # WGSL lets log be off by 2^-21 absolute near 1 (NVIDIA is), which ruins log(1 + tiny), as in
+    # softplus; there u = x - 1 is exact and its series is accurate to float32
+    x = a[0].expr
+    u = c.let(f"{x} - 1.0", "f32").expr
+    return [c.let(f"select(log({x}), {u} * (1.0 - {u} * (0.5 - {u} * (1.0 / 3.0 - {u} * 0.25))), "
+                  f"abs({u}) < 1e-2)", "f32")]
 
 
 @ew("Identity", "Expand", ignore=(1,))

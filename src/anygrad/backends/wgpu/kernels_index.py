@@ -376,7 +376,9 @@ def _mod(c: Emit, n: Node, a: list, ot: list[str]) -> list[Val]:
                   f"{r.expr} != 0.0 && sign({r.expr}) != sign({x}))", t)
         r = c.let(f"select({r.expr}, {x}, {finite_inf})", t)
     else:
-        r = c.let(f"select({x} % {y}, {x}, {y} == {literal(0, t)})", t)
+        # x - y * (x / y), not x % y: NVIDIA's signed remainder gets mixed signs wrong; WGSL
+        # defines x / 0 = x for integers, which makes this x when y is 0, as ONNX's tests want
+        r = c.let(f"{x} - {y} * ({x} / {y})", t)
     if n.attr("fmod", 0) or t == "u32":
         return [r]
     zero = literal(0, t)
