@@ -57,6 +57,13 @@ def _range(graph: Graph, value: str) -> tuple[int, int]:
     return RANGES[np.dtype(graph.info[value].dtype)]
 
 
+def _div(name: str, a: str, b: str) -> str:
+    """`let name = a / b;` correctly rounded: WGSL's division may be 2.5 ulp off (NVIDIA's is),
+    enough to carry a quotient across the .5 that round() then decides on. One fma residual
+    step restores float32's rounding (and numpy's, which the ONNX references use)."""
+    return f"let {name}0 = {a} / {b}; let {name} = {name}0 + fma(-{name}0, {b}, {a}) / {b};"
+
+
 @lowering("QuantizeLinear")
 def lower_quantize(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     x, scale = node.inputs[:2]
@@ -67,12 +74,12 @@ def lower_quantize(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     lo, hi = _range(graph, y)
     si = _spread_index(xs, shape_of(graph, scale), axis, block)
     reads = [("x", "f32", x), ("sc", "f32", scale)]
-    q = f"round(x[i] / sc[{si}])"
+    q = "round(q)"
     if zp:
         reads.append(("zp", vtype(graph, zp), zp))
         q += f" + f32(zp[{_spread_index(xs, shape_of(graph, zp), axis, block)}])"
     ty = vtype(graph, y)
-    body = f"  y[i] = {ty}(clamp({q}, {float(lo)}, {float(hi)}));"
+    body = f"  {_div('q', 'x[i]', f'sc[{si}]')}\n  y[i] = {ty}(clamp({q}, {float(lo)}, {float(hi)}));"
     return [_kernel("QuantizeLinear", math.prod(xs), body, reads, [("y", ty, y)])]
 
 
@@ -109,14 +116,16 @@ def lower_dynamic_quantize(node: Node, graph: Graph, caps: AdapterCaps) -> list[
     workgroupBarrier();
   }}
   if (lid.x == 0u) {{
-    let s = select(shhi[0] - shlo[0], 1.0, shhi[0] == shlo[0]) / 255.0;
+    {_div("s", "select(shhi[0] - shlo[0], 1.0, shhi[0] == shlo[0])", "255.0")}
     sc[0] = s;
-    z[0] = u32(round(clamp(0.0 - shlo[0] / s, 0.0, 255.0)));
+    {_div("m", "shlo[0]", "s")}
+    z[0] = u32(round(clamp(0.0 - m, 0.0, 255.0)));
   }}"""
     shared = f"var<workgroup> shlo: array<f32, {wg}>;\nvar<workgroup> shhi: array<f32, {wg}>;"
     k1 = Kernel("DynamicQuantizeLinear:range", shader(bindings([("x", "f32")], [("sc", "f32"), ("z", "u32")]), body,
                                                       wg=wg, shared=shared), (1, 1, 1), (x,), (scale, zp))
-    k2 = _kernel("DynamicQuantizeLinear", n, "  y[i] = u32(clamp(round(x[i] / sc[0]) + f32(z[0]), 0.0, 255.0));",
+    k2 = _kernel("DynamicQuantizeLinear", n,
+                 f"  {_div('q', 'x[i]', 'sc[0]')}\n  y[i] = u32(clamp(round(q) + f32(z[0]), 0.0, 255.0));",
                  [("x", "f32", x), ("sc", "f32", scale), ("z", "u32", zp)], [("y", "u32", y)])
     return [k1, k2]
 
