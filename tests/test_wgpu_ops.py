@@ -302,3 +302,5 @@ def test_integer_max_pool_compares_integers():
                feed=[0], grad=False)
     check_wgpu("MaxPool", [(np.arange(25, dtype=np.uint8) + 1).reshape(1, 1, 5, 5)],
                {"kernel_shape": [5, 5], "pads": [2, 2, 2, 2]}, feed=[0], grad=False)
+    x3 = rng.integers(-2**31, 2**31 - 1, (1, 2, 4, 5, 3), dtype=np.int64).astype(np.int32)  # the 3-D kernel
+    check_wgpu("MaxPool", [x3], {"kernel_shape": [2, 3, 2], "pads": [1, 1, 0, 0, 1, 1]}, feed=[0], grad=False)

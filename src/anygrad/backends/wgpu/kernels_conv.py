@@ -37,11 +37,10 @@ from .kernels_gemm import (
     u,
     variant_of,
 )
-from .kernels_pool_nd import POOL_ND
+from .kernels_pool_nd import LOWEST, POOL_ND
 from .wgsl import vtype
 
 NEG_INF = "bitcast<f32>(0xff800000u)"
-LOWEST = {"f32": NEG_INF, "i32": "i32(-2147483647 - 1)", "u32": "0u"}  # the identity of max
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,10 @@ import math
 from ...ir.graph import Graph, Node
 from ...ops.nn import window
 from .kernel import Kernel
-from .wgsl import bindings, flat_id, grid, shader, shape_of
+from .wgsl import bindings, flat_id, grid, shader, shape_of, vtype
 
 NEG_INF = "bitcast<f32>(0xff800000u)"
+LOWEST = {"f32": NEG_INF, "i32": "i32(-2147483647 - 1)", "u32": "0u"}  # the identity of max
 
 
 def _geo(node: Node, x_shape: tuple[int, ...]):
@@ -106,8 +107,8 @@ def _count_fn(w, include_pad: bool) -> str:
 
 
 def _kernel(name: str, n: int, body: str, reads: list[tuple[str, str]], write: tuple[str, str],
-            helpers: str = "") -> Kernel:
-    src = shader(bindings([(v, "f32") for v, _ in reads], [(write[0], "f32")]),
+            helpers: str = "", ty: str = "f32") -> Kernel:
+    src = shader(bindings([(v, ty) for v, _ in reads], [(write[0], ty)]),
                  f"  {flat_id()}\n  if (i >= {n}u) {{ return; }}\n{body}", helpers=helpers)
     return Kernel(name, src, grid(n), tuple(x for _, x in reads), (write[1],))
 
@@ -120,12 +121,13 @@ def max_pool(node: Node, graph: Graph) -> list[Kernel]:
     xs = shape_of(graph, node.inputs[0])
     w = _geo(node, xs)
     P, S = math.prod(w.out), math.prod(w.spatial)
+    ty = vtype(graph, node.inputs[0])  # integers compared as integers, as in the 2-D kernel
     body = f"""  let img = i / {P}u; let base = img * {S}u; let pix = i % {P}u;
   {_coords('pix', w.out, 'o')}
-  var best = {NEG_INF};
+  var best = {LOWEST[ty]};
 {_taps(w, f"best = max(best, X[base + {_position(w)}]);")}
   Y[i] = best;"""
-    return [_kernel("MaxPool[nd]", _outer(xs) * P, body, [("X", node.inputs[0])], ("Y", node.outputs[0]))]
+    return [_kernel("MaxPool[nd]", _outer(xs) * P, body, [("X", node.inputs[0])], ("Y", node.outputs[0]), ty=ty)]
 
 
 def max_pool_grad(node: Node, graph: Graph) -> list[Kernel]:
