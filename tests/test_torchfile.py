@@ -19,7 +19,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import anygrad
 from anygrad.errors import AnygradError, ModelError
+from anygrad.examples import FOUNDING_MODEL
 from anygrad.torchfile import find_state_dict, load, load_raw, load_safetensors, save_safetensors
 
 FORMATS = {"zip": True, "legacy": False}
@@ -172,6 +174,52 @@ def test_find_state_dict_and_key(tmp_path):
     assert find_state_dict({"a": {"b": {"state_dict": {"x": np.ones(1)}}, "step": 1}})["x"] == 1
     with pytest.raises(ModelError, match="no state_dict found"):
         load(save([1, 2], tmp_path / "l.pt", "legacy"))
+
+
+def nested_shared(depth: int) -> dict:
+    """{'a': d, 'b': d} nested `depth` deep over one {'w': tensor}: pickle memoizes the shared dicts,
+    so the file is tiny while its flattened names would number 2**depth."""
+    d = {"w": torch.ones(1)}
+    for _ in range(depth):
+        d = {"a": d, "b": d}
+    return d
+
+
+def self_referencing() -> dict:
+    d = {"w": torch.ones(2)}
+    d["model"] = d  # found first (a STATE_DICT_KEYS entry), and it contains itself
+    return d
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("shape", ["self", "inner cycle", "shared dag"])
+def test_cyclic_and_shared_containers_end_in_a_model_error(tmp_path, fmt, shape):
+    obj = {"self": lambda: self_referencing(), "inner cycle": lambda: {"epoch": 1, "opt": self_referencing()},
+           "shared dag": lambda: nested_shared(24)}[shape]()
+    path = save(obj, tmp_path / "odd.pt", fmt)
+    assert path.stat().st_size < 4000
+    with pytest.raises(ModelError, match=r"odd\.pt: no state_dict found"):
+        load(path)
+    with pytest.raises(ModelError, match=r"odd\.pt"):  # the same search behind Model.load_state_dict
+        anygrad.load_onnx(FOUNDING_MODEL).load_state_dict(path)
+    with pytest.raises(ModelError, match="no state_dict"):  # and for a dict handed over in Python
+        anygrad.load_onnx(FOUNDING_MODEL).load_state_dict(obj)
+
+
+def test_shared_state_dict_under_two_keys_is_still_found(tmp_path):
+    sd = {"w": torch.arange(3.0)}
+    path = save({"epoch": 2, "ema": {"weights": sd}, "last": {"weights": sd}}, tmp_path / "two.pt", "zip")
+    np.testing.assert_array_equal(load(path)["w"], np.arange(3.0, dtype=np.float32))
+
+
+def test_too_many_tensors_is_a_model_error(tmp_path, monkeypatch):
+    import anygrad.torchfile as tf
+    path = save({"enc": {f"w{i}": torch.ones(1) for i in range(3)}, "dec": {"b": torch.ones(1)}},
+                tmp_path / "many.pt", "zip")
+    assert sorted(load(path)) == ["dec.b", "enc.w0", "enc.w1", "enc.w2"]
+    monkeypatch.setattr(tf, "MAX_TENSORS", 3)
+    with pytest.raises(ModelError, match=r"many\.pt: .*more than 3 tensors"):
+        load(path)
 
 
 class StorageMarker:
@@ -436,10 +484,11 @@ def mutate(data: bytes, mutation) -> bytes:
 
 
 def load_only_model_errors(path: Path) -> None:
-    try:
-        load_raw(path)
-    except ModelError as e:
-        assert path.name in str(e)
+    for read in (load_raw, load):  # load also searches the result for the state_dict
+        try:
+            read(path)
+        except ModelError as e:
+            assert path.name in str(e)
 
 
 @pytest.mark.parametrize("target", ["zip", "legacy", "pickle"])

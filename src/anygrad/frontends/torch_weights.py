@@ -35,6 +35,8 @@ import numpy as np
 
 from ..errors import ModelError
 from ..optim.base import STEP_STATE
+from ..torchfile import MAX_NESTING
+from ..torchfile.tensors import FormatError
 from .onnx_import import TorchName
 
 if TYPE_CHECKING:
@@ -65,8 +67,12 @@ class LoadResult:
 
 
 # -- reading whatever the user hands us ---------------------------------------------------------
-def _to_numpy(value: Any) -> Any:
-    """A torch tensor (duck-typed: no torch import) or array-like -> numpy; containers recurse."""
+def _to_numpy(value: Any, memo: dict[int, Any] | None = None, depth: int = 0) -> Any:
+    """A torch tensor (duck-typed: no torch import) or array-like -> numpy; containers recurse.
+
+    A dict met twice (shared, or inside itself) becomes one converted dict, so a cycle ends here
+    and the state_dict search sees it as the cycle it is; nesting deeper than the search goes is
+    left alone."""
     if isinstance(value, np.ndarray):
         return value
     if hasattr(value, "detach") and hasattr(value, "numpy"):
@@ -76,7 +82,16 @@ def _to_numpy(value: Any) -> Any:
         except TypeError:  # bfloat16 and friends have no numpy dtype
             return t.float().numpy()
     if isinstance(value, Mapping):
-        return {k: _to_numpy(v) for k, v in value.items()}
+        memo = {} if memo is None else memo
+        if id(value) in memo:
+            return memo[id(value)]
+        if depth > MAX_NESTING:
+            return value
+        out: dict[Any, Any] = {}
+        memo[id(value)] = out
+        for k, v in value.items():
+            out[k] = _to_numpy(v, memo, depth + 1)
+        return out
     if isinstance(value, (int, float, np.generic)) and not isinstance(value, bool):
         return np.asarray(value)
     return value
@@ -100,7 +115,10 @@ def read_state_dict(source: Any, key: str | None = None) -> dict[str, np.ndarray
         raise ModelError("load_state_dict takes a path or a dict of arrays/tensors, "
                          f"not {type(source).__name__}")
     converted = _to_numpy(source)
-    sd = torchfile.find_state_dict(converted, key)
+    try:
+        sd = torchfile.find_state_dict(converted, key)
+    except FormatError as e:
+        raise ModelError(f"the dict passed to load_state_dict: {e}") from None
     if sd is None:
         raise ModelError("no state_dict (names -> arrays/tensors) found in the dict passed to load_state_dict"
                          f"{f' under key {key!r}' if key else ''}; it holds keys {list(source)[:10]}")
