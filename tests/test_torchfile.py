@@ -428,6 +428,36 @@ def test_unreadable_files(tmp_path):
         load(short)
 
 
+def test_compressed_members_are_refused(tmp_path):
+    """torch.save stores members uncompressed; a deflated storage can claim any size from a few
+    bytes (here 64 MiB of zeros from ~65 KiB), so compressed members are refused before inflating."""
+    n = 64 << 20
+    pkl = (b"\x80\x02}X\x01\x00\x00\x00wctorch._utils\n_rebuild_tensor_v2\n((X\x07\x00\x00\x00storage"
+           b"ctorch\nByteStorage\nX\x01\x00\x00\x000X\x03\x00\x00\x00cpuJ" + n.to_bytes(4, "little") +
+           b"tQK\x00(K\x01t(K\x01t\x89ccollections\nOrderedDict\n)RtRs.")
+    bomb = tmp_path / "bomb.pt"
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", pkl)
+        z.writestr("archive/data/0", b"\0" * n, compress_type=zipfile.ZIP_DEFLATED)
+    assert bomb.stat().st_size < n // 500
+    with pytest.raises(ModelError, match=r"bomb\.pt: archive/data/0 is compressed.*torch\.save"):
+        load(bomb)
+    # the same archive stored is read (the refusal is about compression, not the content)
+    stored = tmp_path / "stored.pt"
+    with zipfile.ZipFile(stored, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", pkl)
+        z.writestr("archive/data/0", b"\1" * 4)
+    with pytest.raises(ModelError, match="holds 4 bytes"):
+        load(stored)
+    # a re-zipped torch.save file (deflated data.pkl) is refused with the same advice
+    good = valid_zip(tmp_path)
+    with zipfile.ZipFile(good) as zin, zipfile.ZipFile(tmp_path / "rezipped.pt", "w", zipfile.ZIP_DEFLATED) as zout:
+        for info in zin.infolist():
+            zout.writestr(info.filename, zin.read(info))
+    with pytest.raises(ModelError, match=r"rezipped\.pt: .* is compressed.*zip -0"):
+        load(tmp_path / "rezipped.pt")
+
+
 def test_big_endian_zip(tmp_path):
     good = valid_zip(tmp_path)
     want = load(good)
