@@ -162,6 +162,31 @@ def test_load_raw_whole_checkpoint(tmp_path, fmt):
             assert_same(got["optimizer"]["state"][i][k], t)
 
 
+def test_numpy_arrays_in_pickle_protocol_5(tmp_path):
+    """Protocol 5 pickles arrays as numpy._core.numeric._frombuffer(bytes, dtype, shape, order)."""
+    arrays = {"f8": np.arange(6.0).reshape(2, 3), "fortran": np.asfortranarray(np.arange(6, dtype=np.int32).reshape(2, 3)),
+              "big": np.arange(3, dtype=">f4"), "bool": np.array([True, False]), "empty": np.zeros((0, 3), np.float16)}
+    path = tmp_path / "p5.pt"
+    torch.save({"model": {"w": torch.ones(2)}, "arrays": arrays}, path, pickle_protocol=5)
+    with zipfile.ZipFile(path) as z:
+        assert b"_frombuffer" in z.read(data_pkl(path))  # the test exercises what it means to
+    got = load_raw(path)["arrays"]
+    for k, want in arrays.items():
+        assert got[k].dtype == want.dtype.newbyteorder("=") and got[k].dtype.isnative
+        np.testing.assert_array_equal(got[k], want)
+    np.testing.assert_array_equal(load(path)["w"], np.ones(2, np.float32))
+    # its arguments are checked: a shape that does not fit the bytes, an order numpy does not know
+    pkl = data_pkl(path)
+    with zipfile.ZipFile(path) as z:
+        stream = z.read(pkl)
+    for old, new, what in [(b"K\x02K\x03\x86", b"K\x02K\x04\x86", "does not match"),
+                           (b"\x8c\x01C\x94", b"\x8c\x01X\x94", "order")]:
+        assert stream.count(old) >= 1
+        bad = rezip(path, tmp_path / "bad5.pt", {pkl: stream.replace(old, new, 1)})
+        with pytest.raises(ModelError, match=rf"bad5\.pt: .*{what}"):
+            load_raw(bad)
+
+
 def test_find_state_dict_and_key(tmp_path):
     sd = {"w": torch.ones(2)}
     path = save({"ema": {"w": torch.zeros(2)}, "model": sd, "step": 3}, tmp_path / "k.pt", "zip")
