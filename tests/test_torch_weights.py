@@ -254,8 +254,31 @@ def test_same_shaped_unnamed_weights_are_ambiguous(tmp_path):
         model.load_state_dict(net.state_dict())
     msg = str(err.value)
     assert "missing (2)" in msg and "unexpected (2): layers.0.weight (8, 8); layers.1.weight (8, 8)" in msg
+    assert "ambiguous (2;" in msg and "fits layers.0.weight, layers.1.weight" in msg
     result = model.load_state_dict(net.state_dict(), strict=False)
     assert "layers.2.weight" in result.loaded and len(result.missing) == 2
+
+
+@pytest.mark.parametrize("which", ["packaged", "torchscript", "dynamo"])
+def test_strict_refuses_a_renamed_key(onnx_files, which):
+    """A graph tensor that knows its PyTorch name is never paired with another key by shape (the
+    only same-shaped leftover here): PyTorch refuses the renamed key, so does anygrad."""
+    sd = dict(reference_net().state_dict())
+    sd["totally_other.weight"] = sd.pop("fc2.weight")
+    with pytest.raises(RuntimeError, match="totally_other.weight"):
+        Net().load_state_dict(sd, strict=True)  # the reference
+    model = fresh(onnx_files[which])
+    before = model.state_dict()["fc2.weight"].copy()
+    with pytest.raises(ModelError) as err:
+        model.load_state_dict(sd)
+    msg = str(err.value)
+    assert "missing (1): fc2.weight (10, 32)" in msg and "unexpected (1): totally_other.weight (10, 32)" in msg
+    result = model.load_state_dict(sd, strict=False)
+    assert result.missing == ["fc2.weight"] and result.unexpected == ["totally_other.weight"]
+    np.testing.assert_array_equal(model.state_dict()["fc2.weight"], before)
+    # and the name stays certain after a load: the next file cannot rename it either
+    with pytest.raises(ModelError, match="missing .1.: fc2.weight"):
+        model.load_state_dict(sd)
 
 
 def rename_state(model: anygrad.Model, rename) -> None:

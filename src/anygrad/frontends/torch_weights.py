@@ -9,9 +9,13 @@ first that applies:
 2. the graph name itself is a key (names the importer did not recognise; weights.npz files);
 3. a dynamo placeholder name `p_fc1_weight` / `b_norm1_running_mean` whose rest, with dots as
    underscores, is exactly one key;
-4. shape: a leftover graph tensor and a leftover key are paired when each is the *only* leftover
-   on its side whose shape fits the other (equal, or transposed for a 2-D weight). Order is never
-   used, so two same-shaped leftovers (two Linear(8, 8) weights) stay unmatched and are reported.
+4. shape, only for graph tensors whose PyTorch name is not known for certain (renamed by the
+   exporter, like `onnx::MatMul_12`, whose module-scope name is a guess): a leftover graph tensor
+   and a leftover key are paired when each is the *only* leftover on its side whose shape fits the
+   other (equal, or transposed for a 2-D weight). Order is never used, so two same-shaped
+   leftovers (two Linear(8, 8) weights) stay unmatched and are reported as ambiguous. A tensor
+   with a certain name (`fc2.weight` in the file, or learnt by a load) never matches another key,
+   as in PyTorch: a renamed key is missing + unexpected, not loaded.
 
 2-D weights are transposed when the shapes say so; a square one when the importer recorded it, or
 (rule 4) when it is the right operand of a MatMul (a Linear exported as MatMul holds weight.T).
@@ -144,6 +148,15 @@ def recorded_names(model: Model) -> dict[str, TorchName]:
     return {g: tn for g, tn in names.items() if g in model.graph.initializers}
 
 
+def certain_names(model: Model) -> set[str]:
+    """Graph tensors whose PyTorch name is known, not guessed: initializers that carry their
+    state_dict name, and names learnt by an earlier load."""
+    origin = getattr(model, "origin", None)
+    binding = getattr(model, "torch_binding", None)
+    certain = {g for g, tn in origin.torch_names.items() if tn.key == g} if origin is not None else set()
+    return certain | (set(binding.names) if binding is not None else set())
+
+
 def _orient(key: str, graph_shape: tuple, key_shape: tuple, hint: bool = False) -> TorchName | None:
     """The TorchName if `key`'s tensor fits the graph tensor as is or transposed (None if neither)."""
     plain = graph_shape == key_shape
@@ -189,8 +202,9 @@ def match(model: Model, shapes: dict[str, tuple]) -> tuple[dict[str, TorchName],
         cands = [k for k in underscored.get(m.group(1), []) if k not in taken] if m else []
         if len(cands) == 1:
             take(g, _orient(cands[0], shape, shapes[cands[0]]) or TorchName(cands[0]))
-    # 4. unique shapes, one pass (no elimination chains, no order)
-    left_g = [g for g in gshape if g not in out]
+    # 4. unique shapes, one pass (no elimination chains, no order), for names not known for certain
+    certain = certain_names(model)
+    left_g = [g for g in gshape if g not in out and g not in certain]
     left_k = [k for k in shapes if k not in taken and not k.endswith(NUM_BATCHES)]
     fits = {g: [k for k in left_k if _orient(k, gshape[g], shapes[k]) is not None] for g in left_g}
     fitted_by: dict[str, list[str]] = {}
@@ -272,6 +286,12 @@ def load_state_dict(model: Model, source: Any, strict: bool = True, key: str | N
         missing[k] = f"{k}{'' if k == g else f' (ONNX {g!r})'} {_shape(shape)}"
     unexpected = {k: f"{k} {_shape(shapes[k])}" for k in sd
                   if k not in used and not (k.endswith(NUM_BATCHES) and k[:-len(NUM_BATCHES)] in bn)}
+    certain = certain_names(model)
+    ambiguous = {}  # graph tensors that shape alone could pair with several keys
+    for g in (g for g in expected if g not in certain):
+        fits = [k for k in unexpected if _orient(k, graph.initializers[g].shape, shapes[k])]
+        if len(fits) > 1:
+            ambiguous[g] = f"{g} {_shape(graph.initializers[g].shape)} fits {', '.join(fits)}"
 
     if (strict and (missing or unexpected or mismatched)) or not values:
         why = "strict=True" if values else "no entry matches"
@@ -279,6 +299,9 @@ def load_state_dict(model: Model, source: Any, strict: bool = True, key: str | N
         for label, items in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", mismatched)):
             if items:
                 lines.append(f"  {label} ({len(items)}): " + "; ".join(items.values()))
+        if ambiguous:
+            lines.append(f"  ambiguous ({len(ambiguous)}; no PyTorch name recorded, and shape alone cannot tell): "
+                         + "; ".join(ambiguous.values()))
         if strict and values:
             lines.append("pass strict=False to load the entries that match")
         raise ModelError("\n".join(lines))
@@ -341,5 +364,5 @@ def save_safetensors(model: Model, path: str | os.PathLike) -> Path:
     return path
 
 
-__all__ = ["LoadResult", "TorchBinding", "binding_of", "load_state_dict", "match", "read_state_dict",
+__all__ = ["LoadResult", "TorchBinding", "binding_of", "certain_names", "load_state_dict", "match", "read_state_dict",
            "save_safetensors", "to_torch_state_dict"]
