@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import safetensors.numpy
 import safetensors.torch
 import torch
 import torch.nn.functional as F
@@ -406,3 +407,126 @@ def test_from_torch_without_torch(monkeypatch):
 def test_from_torch_rejects_non_modules():
     with pytest.raises(AnygradError, match="nn.Module"):
         anygrad.from_torch(lambda x: x, torch.zeros(2, 3))
+
+
+# -- tied weights (a GPT whose lm_head.weight IS wte.weight) ---------------------------------------------
+def _zoo_family(name: str):
+    """A family of the model zoo (tests/zoo/zoo_models.py): its GPT ties lm_head to wte."""
+    sys.path.insert(0, str(REPO / "tests" / "zoo"))
+    try:
+        return importlib.import_module("zoo_models").FAMILIES[name]
+    finally:
+        sys.path.remove(str(REPO / "tests" / "zoo"))
+
+
+GPT_FAMILY = _zoo_family("gpt")
+EXPORTERS = {"torchscript": False, "dynamo": True}
+
+
+def gpt(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    net = GPT_FAMILY.make()
+    assert net.lm_head.weight is net.wte.weight
+    return net
+
+
+def gpt_example() -> torch.Tensor:
+    return torch.from_numpy(GPT_FAMILY.batches(1, seed=123)[0][0])
+
+
+def train_gpt(model: anygrad.Model, steps: int = 3) -> list[float]:
+    model.compile(loss="cross_entropy", optimizer=anygrad.optim.SGD(lr=GPT_FAMILY.lr))
+    return [model.train_on_batch(x, y) for x, y in GPT_FAMILY.batches(steps)]
+
+
+def train_gpt_in_torch(net: torch.nn.Module, steps: int = 3) -> list[float]:
+    opt = torch.optim.SGD(net.parameters(), lr=GPT_FAMILY.lr)
+    losses = []
+    for x, y in GPT_FAMILY.batches(steps):
+        opt.zero_grad()
+        loss = GPT_FAMILY.torch_loss(net.train()(torch.from_numpy(x)), torch.from_numpy(y))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_tied_weights_train_and_back(exporter):
+    """from_torch -> train -> to_torch_state_dict -> strict load: the tied storage holds the trained
+    weight (not the stale copy of the second name), equal to PyTorch training the same module."""
+    net = gpt()
+    model = quiet(anygrad.from_torch, net, gpt_example(), dynamo=EXPORTERS[exporter])
+    graph_name = "lm_head.weight" if EXPORTERS[exporter] else "wte.weight"  # one graph tensor, either name
+    assert graph_name in model.param_names and len(model.param_names) == len(list(net.parameters()))
+    reference = gpt()
+    torch_losses = train_gpt_in_torch(reference)
+    losses = train_gpt(model)
+    np.testing.assert_allclose(losses, torch_losses, rtol=1e-4)
+    trained = model.state_dict()[graph_name]
+    sd = model.to_torch_state_dict()
+    assert set(sd) == set(net.state_dict())
+    torch.testing.assert_close(sd["wte.weight"], sd["lm_head.weight"], rtol=0, atol=0)
+    net.load_state_dict(sd, strict=True)  # both names, in PyTorch's order of loading
+    assert net.lm_head.weight is net.wte.weight
+    np.testing.assert_array_equal(net.wte.weight.detach().numpy(), trained)
+    np.testing.assert_allclose(trained, reference.wte.weight.detach().numpy(), atol=1e-5, rtol=0)
+    assert not np.allclose(trained, gpt().wte.weight.detach().numpy(), atol=1e-4)  # training moved it
+    x = GPT_FAMILY.batches(1, seed=9)[0][0]
+    np.testing.assert_allclose(model.predict(x), torch_out(net, x), atol=TOL, rtol=0)
+
+
+WEIGHT_FILES = {
+    "pt": lambda sd, p: torch.save(sd, p),
+    "legacy": lambda sd, p: torch.save(sd, p, _use_new_zipfile_serialization=False),
+    "tensors": None,
+    "npz": lambda sd, p: np.savez(p, **as_numpy(sd)),  # copies: ties are told by value
+}
+
+
+@pytest.mark.parametrize("fmt", WEIGHT_FILES)
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_tied_state_dict_loads_strictly_into_the_onnx_file(tmp_path, exporter, fmt):
+    """torch.save(gpt.state_dict()) into load_onnx(gpt.onnx) with strict=True (`anygrad train
+    --weights`): the second name of the tied tensor is accepted, and exported again."""
+    path = tmp_path / "gpt.onnx"
+    quiet(anygrad.from_torch, gpt(0), gpt_example(), dynamo=EXPORTERS[exporter], path=path)
+    other = gpt(5)
+    source = other.state_dict()
+    if WEIGHT_FILES[fmt] is not None:
+        source = tmp_path / f"gpt.{'npz' if fmt == 'npz' else 'pt'}"
+        WEIGHT_FILES[fmt](other.state_dict(), source)
+    model = anygrad.load_onnx(path)
+    result = model.load_state_dict(source, strict=True)
+    assert {"wte.weight", "lm_head.weight"} <= set(result.loaded) and result.unexpected == []
+    x = GPT_FAMILY.batches(1, seed=9)[0][0]
+    np.testing.assert_allclose(model.compile(loss="cross_entropy").predict(x), torch_out(other, x),
+                               atol=TOL, rtol=0)
+    train_gpt(model, 2)
+    target = gpt(7)
+    target.load_state_dict(model.to_torch_state_dict(), strict=True)
+    trained = model.state_dict()["lm_head.weight" if EXPORTERS[exporter] else "wte.weight"]
+    np.testing.assert_array_equal(target.wte.weight.detach().numpy(), trained)
+
+
+def test_ties_by_value_need_exact_non_constant_equality(tmp_path):
+    """Without storage to compare (.npz, .safetensors), a leftover key is another name of a used one
+    only if its values are exactly equal (same shape and dtype) and not all alike."""
+    net = reference_net()
+    base = as_numpy(net.state_dict())
+    cases = {"copy": (base["fc2.weight"].copy(), True),
+             "off by one ulp": (np.nextafter(base["fc2.weight"], np.inf), False),
+             "float64": (base["fc2.weight"].astype(np.float64), False),
+             "constant": (np.ones_like(base["norm2.weight"]), False)}
+    for name, (value, tied) in cases.items():
+        sd = dict(base, **{"norm2.weight": np.ones_like(base["norm2.weight"])}, extra=value)
+        safetensors.numpy.save_file(sd, str(tmp_path / "w.safetensors"))
+        model = fresh(FOUNDING_MODEL)
+        result = model.load_state_dict(tmp_path / "w.safetensors", strict=False)
+        assert (result.unexpected == []) == tied, name
+        assert ("extra" in model.to_torch_state_dict(as_numpy=True)) == tied, name
+    # a .pt file says which names are one tensor: equal values in separate storages are not tied
+    sd = dict(net.state_dict(), extra=net.fc2.weight.detach().clone())
+    torch.save(sd, tmp_path / "w.pt")
+    with pytest.raises(ModelError, match="unexpected .1.: extra"):
+        fresh(FOUNDING_MODEL).load_state_dict(tmp_path / "w.pt")

@@ -123,11 +123,13 @@ def test_views_and_shared_storage(tmp_path, fmt):
     a = torch.arange(10.0)
     base = torch.randn(4, 6)
     sd = {"a": a, "b": a[2:5], "t": torch.randn(3, 4).t(), "every2": a[1::2], "col": base[:, 3],
-          "block": base[1:3, 2:5], "bcast": torch.randn(3, 1).expand(3, 4), "same": a}
+          "block": base[1:3, 2:5], "bcast": torch.randn(3, 1).expand(3, 4), "same": a, "tied": a.detach()}
     got = load(save(sd, tmp_path / "v.pt", fmt))
     for name, t in sd.items():
         assert_same(got[name], t)
-    got["a"][3] = -1  # results are copies, not views into one another
+    # one tensor under two names (tied weights: another tensor object, the same view) is one array
+    assert got["tied"] is got["a"] and got["same"] is got["a"]
+    got["a"][3] = -1  # other views are copies, not views into one another
     assert got["b"][1] == 3.0
 
 

@@ -3,10 +3,12 @@
 The only place in anygrad that imports torch, lazily: everything else works from ONNX files and
 numpy. The module is exported in training mode (BatchNorm and Dropout kept, no constant folding,
 so every parameter stays an initializer), imported, and given the module's own state_dict, which
-also teaches the model every PyTorch name for `to_torch_state_dict`.
+also teaches the model every PyTorch name for `to_torch_state_dict` (tied weights included: the
+state_dict is copied with its shared storages, so both names of a tied tensor stay one tensor).
 """
 from __future__ import annotations
 
+import copy
 import os
 import tempfile
 import warnings
@@ -18,7 +20,7 @@ import numpy as np
 from ..errors import AnygradError, ConfigError, ModelError
 from ..model import Model
 from .onnx_import import load_onnx
-from .torch_weights import binding_of, load_state_dict
+from .torch_weights import binding_of, load_state_dict, read_state_dict
 
 DEFAULT_OPSET = 17
 
@@ -64,7 +66,7 @@ def from_torch(module: Any, example_input: Any, *, dynamo: bool = False, opset: 
         raise ConfigError(f"from_torch needs a torch.nn.Module, not {type(module).__name__}")
     args = tuple(example_input) if isinstance(example_input, (tuple, list)) else (example_input,)
     input_names = [input_name] if len(args) == 1 else [f"{input_name}{i}" for i in range(len(args))]
-    pristine = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    pristine = copy.deepcopy(module.state_dict())  # deepcopy keeps tied tensors sharing one storage
     was_training = module.training
     with tempfile.TemporaryDirectory(prefix="anygrad-") as tmp:
         file = Path(path) if path is not None else Path(tmp) / "model.onnx"
@@ -80,8 +82,7 @@ def from_torch(module: Any, example_input: Any, *, dynamo: bool = False, opset: 
             module.load_state_dict(pristine)
             module.train(was_training)
         model = load_onnx(file)
-    state = {k: v.cpu().numpy() if v.dtype != torch.bfloat16 else v.float().cpu().numpy()
-             for k, v in pristine.items()}
+    state = read_state_dict(pristine)  # tied tensors become one array under both names
     result = load_state_dict(model, state, strict=False)
     if result.missing or result.mismatched:
         raise ModelError(f"from_torch: the exported graph of {type(module).__name__} does not match its "

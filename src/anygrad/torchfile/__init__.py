@@ -22,7 +22,7 @@ from .safetensors_io import load_safetensors, save_safetensors
 from .tensors import FormatError
 from .zipformat import read_zip
 
-__all__ = ["find_state_dict", "load", "load_raw", "load_safetensors", "save_safetensors"]
+__all__ = ["find_state_dict", "is_safetensors", "load", "load_raw", "load_safetensors", "save_safetensors"]
 
 # Where training scripts usually keep the weights inside a checkpoint dict, most likely first.
 STATE_DICT_KEYS = ("state_dict", "model_state_dict", "model", "module", "net", "network", "weights",
@@ -53,7 +53,7 @@ def _read(path: Path) -> Any:
     return read_legacy(path.read_bytes())
 
 
-def _is_safetensors(path: Path) -> bool:
+def is_safetensors(path: Path) -> bool:
     """By suffix, or by content: an 8-byte header length followed by a JSON object."""
     if path.suffix == ".safetensors":
         return True
@@ -148,10 +148,11 @@ def load(path: str | os.PathLike, key: str | None = None) -> dict[str, np.ndarra
 
     The file may hold the state_dict itself or a checkpoint dict around it ({"model": sd, "optimizer":
     ...}); `key` names the entry to use, otherwise it is found (see `find_state_dict`). bfloat16
-    tensors come back as float32, every other dtype as itself; views and shared storages come back as
-    separate contiguous arrays."""
+    tensors come back as float32, every other dtype as itself. One tensor saved under several names
+    (tied weights: the same view of one storage) comes back as one array under each name; other
+    views and shared storages come back as separate contiguous arrays."""
     path = Path(path)
-    if _is_safetensors(path):
+    if is_safetensors(path):
         return load_safetensors(path)
     obj = load_raw(path)
     sd = _guarded(path, lambda: find_state_dict(obj, key))
