@@ -530,3 +530,51 @@ def test_ties_by_value_need_exact_non_constant_equality(tmp_path):
     torch.save(sd, tmp_path / "w.pt")
     with pytest.raises(ModelError, match="unexpected .1.: extra"):
         fresh(FOUNDING_MODEL).load_state_dict(tmp_path / "w.pt")
+
+
+# -- buffers (register_buffer) stay buffers ---------------------------------------------------------------
+class WithBuffers(torch.nn.Module):
+    """Float buffers on the gradient path: persistent (`shift`, `pe` in a submodule) and not (`scale`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+        self.register_buffer("shift", torch.arange(4.0))
+        self.register_buffer("scale", torch.full((4,), 0.5), persistent=False)
+        self.pos = torch.nn.Module()
+        self.pos.register_buffer("pe", torch.randn(3, 4))
+
+    def forward(self, x):
+        return self.fc((x - self.shift) * self.scale + self.pos.pe.sum(0))
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_from_torch_buffers_are_not_trained(exporter):
+    torch.manual_seed(0)
+    net = WithBuffers()
+    model = quiet(anygrad.from_torch, net, torch.zeros(2, 4), dynamo=EXPORTERS[exporter])
+    assert sorted(model.param_names) == ["fc.bias", "fc.weight"]
+    assert model.num_parameters() == sum(p.numel() for p in net.parameters())
+    reference = WithBuffers()
+    reference.load_state_dict(net.state_dict())
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    model.compile(loss="mse", optimizer=anygrad.optim.SGD(lr=0.1, momentum=0.9))
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        x, y = rng.standard_normal((5, 4)).astype(np.float32), rng.standard_normal((5, 3)).astype(np.float32)
+        opt.zero_grad()
+        loss = F.mse_loss(reference(torch.from_numpy(x)), torch.from_numpy(y))
+        loss.backward()
+        opt.step()
+        assert abs(model.train_on_batch(x, y) - loss.item()) <= 1e-5
+    sd = model.to_torch_state_dict(as_numpy=True)
+    assert set(sd) == set(net.state_dict()) == {"fc.weight", "fc.bias", "shift", "pos.pe"}
+    for k, v in reference.state_dict().items():
+        np.testing.assert_allclose(sd[k], v.numpy(), atol=1e-6, rtol=0, err_msg=k)
+    np.testing.assert_array_equal(sd["shift"], net.shift.numpy())  # unchanged, bit for bit
+    np.testing.assert_array_equal(sd["pos.pe"], net.pos.pe.numpy())
+    assert not np.allclose(sd["fc.weight"], net.fc.weight.detach().numpy())
+    back = WithBuffers()
+    back.load_state_dict(model.to_torch_state_dict(), strict=True)
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    np.testing.assert_allclose(model.predict(x), torch_out(back, x), atol=TOL, rtol=0)
