@@ -375,6 +375,17 @@ def test_from_torch_matches_module(dynamo):
     np.testing.assert_allclose(model.compile(loss="nll").predict(x), torch_out(net, x), atol=TOL, rtol=0)
 
 
+@pytest.mark.parametrize("top", [True, False], ids=["train", "eval"])
+def test_from_torch_restores_every_submodule_mode(top):
+    net = reference_net().train(top)
+    net.norm1.eval()  # a frozen BatchNorm inside a training model, and the other way round
+    net.fc2.train()
+    modes = {name: m.training for name, m in net.named_modules()}
+    assert len(set(modes.values())) == 2
+    quiet(anygrad.from_torch, net, torch.zeros(2, 1, 28, 28))
+    assert {name: m.training for name, m in net.named_modules()} == modes
+
+
 def test_from_torch_train_and_back():
     """Train through anygrad, load the result into the module: PyTorch then computes the same."""
     class WithUnused(Net):

@@ -67,7 +67,7 @@ def from_torch(module: Any, example_input: Any, *, dynamo: bool = False, opset: 
     args = tuple(example_input) if isinstance(example_input, (tuple, list)) else (example_input,)
     input_names = [input_name] if len(args) == 1 else [f"{input_name}{i}" for i in range(len(args))]
     pristine = copy.deepcopy(module.state_dict())  # deepcopy keeps tied tensors sharing one storage
-    was_training = module.training
+    modes = {m: m.training for m in module.modules()}  # submodules may differ (a frozen BatchNorm in eval)
     with tempfile.TemporaryDirectory(prefix="anygrad-") as tmp:
         file = Path(path) if path is not None else Path(tmp) / "model.onnx"
         module.train(True)
@@ -80,7 +80,8 @@ def from_torch(module: Any, example_input: Any, *, dynamo: bool = False, opset: 
                              f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
         finally:
             module.load_state_dict(pristine)
-            module.train(was_training)
+            for m, training in modes.items():
+                m.training = training
         model = load_onnx(file)
     state = read_state_dict(pristine)  # tied tensors become one array under both names
     result = load_state_dict(model, state, strict=False)
