@@ -282,6 +282,29 @@ def test_strict_refuses_a_renamed_key(onnx_files, which):
         model.load_state_dict(sd)
 
 
+def test_strict_refuses_a_renamed_key_in_an_nn_model():
+    """A model traced from anygrad.nn names its tensors by their PyTorch names: equally certain."""
+    class Two(anygrad.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = anygrad.nn.Linear(4, 8), anygrad.nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.fc2(self.fc1(x))
+
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential()
+    ref.fc1, ref.fc2 = torch.nn.Linear(4, 8), torch.nn.Linear(8, 3)
+    model = Two().to_model((None, 4))
+    sd = dict(ref.state_dict())
+    sd["other.weight"] = sd.pop("fc2.weight")
+    with pytest.raises(ModelError, match=r"missing \(1\): fc2.weight \(3, 8\)\n  unexpected \(1\): other.weight"):
+        model.load_state_dict(sd)
+    model.load_state_dict(ref.state_dict())
+    x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+    np.testing.assert_allclose(model.compile(loss="mse").predict(x), torch_out(ref, x), atol=TOL, rtol=0)
+
+
 def rename_state(model: anygrad.Model, rename) -> None:
     """Rename the graph's state tensors (as another exporter version might) and forget the record."""
     g = model.graph

@@ -201,10 +201,12 @@ def recorded_names(model: Model) -> dict[str, TorchName]:
 
 def certain_names(model: Model) -> set[str]:
     """Graph tensors whose PyTorch name is known, not guessed: initializers that carry their
-    state_dict name, and names learnt by an earlier load."""
+    state_dict name, names learnt by an earlier load, and every name of a model no ONNX file
+    describes (anygrad.nn traces its modules under their PyTorch names)."""
     origin = getattr(model, "origin", None)
     binding = getattr(model, "torch_binding", None)
-    certain = {g for g, tn in origin.torch_names.items() if tn.key == g} if origin is not None else set()
+    certain = ({g for g, tn in origin.torch_names.items() if tn.key == g} if origin is not None
+               else set(model.graph.state_names))
     return certain | (set(binding.names) if binding is not None else set())
 
 
