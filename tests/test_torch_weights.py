@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import safetensors.numpy
 import safetensors.torch
 import torch
 import torch.nn.functional as F
@@ -254,8 +255,54 @@ def test_same_shaped_unnamed_weights_are_ambiguous(tmp_path):
         model.load_state_dict(net.state_dict())
     msg = str(err.value)
     assert "missing (2)" in msg and "unexpected (2): layers.0.weight (8, 8); layers.1.weight (8, 8)" in msg
+    assert "ambiguous (2;" in msg and "fits layers.0.weight, layers.1.weight" in msg
     result = model.load_state_dict(net.state_dict(), strict=False)
     assert "layers.2.weight" in result.loaded and len(result.missing) == 2
+
+
+@pytest.mark.parametrize("which", ["packaged", "torchscript", "dynamo"])
+def test_strict_refuses_a_renamed_key(onnx_files, which):
+    """A graph tensor that knows its PyTorch name is never paired with another key by shape (the
+    only same-shaped leftover here): PyTorch refuses the renamed key, so does anygrad."""
+    sd = dict(reference_net().state_dict())
+    sd["totally_other.weight"] = sd.pop("fc2.weight")
+    with pytest.raises(RuntimeError, match="totally_other.weight"):
+        Net().load_state_dict(sd, strict=True)  # the reference
+    model = fresh(onnx_files[which])
+    before = model.state_dict()["fc2.weight"].copy()
+    with pytest.raises(ModelError) as err:
+        model.load_state_dict(sd)
+    msg = str(err.value)
+    assert "missing (1): fc2.weight (10, 32)" in msg and "unexpected (1): totally_other.weight (10, 32)" in msg
+    result = model.load_state_dict(sd, strict=False)
+    assert result.missing == ["fc2.weight"] and result.unexpected == ["totally_other.weight"]
+    np.testing.assert_array_equal(model.state_dict()["fc2.weight"], before)
+    # and the name stays certain after a load: the next file cannot rename it either
+    with pytest.raises(ModelError, match="missing .1.: fc2.weight"):
+        model.load_state_dict(sd)
+
+
+def test_strict_refuses_a_renamed_key_in_an_nn_model():
+    """A model traced from anygrad.nn names its tensors by their PyTorch names: equally certain."""
+    class Two(anygrad.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = anygrad.nn.Linear(4, 8), anygrad.nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.fc2(self.fc1(x))
+
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential()
+    ref.fc1, ref.fc2 = torch.nn.Linear(4, 8), torch.nn.Linear(8, 3)
+    model = Two().to_model((None, 4))
+    sd = dict(ref.state_dict())
+    sd["other.weight"] = sd.pop("fc2.weight")
+    with pytest.raises(ModelError, match=r"missing \(1\): fc2.weight \(3, 8\)\n  unexpected \(1\): other.weight"):
+        model.load_state_dict(sd)
+    model.load_state_dict(ref.state_dict())
+    x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+    np.testing.assert_allclose(model.compile(loss="mse").predict(x), torch_out(ref, x), atol=TOL, rtol=0)
 
 
 def rename_state(model: anygrad.Model, rename) -> None:
@@ -351,6 +398,17 @@ def test_from_torch_matches_module(dynamo):
     np.testing.assert_allclose(model.compile(loss="nll").predict(x), torch_out(net, x), atol=TOL, rtol=0)
 
 
+@pytest.mark.parametrize("top", [True, False], ids=["train", "eval"])
+def test_from_torch_restores_every_submodule_mode(top):
+    net = reference_net().train(top)
+    net.norm1.eval()  # a frozen BatchNorm inside a training model, and the other way round
+    net.fc2.train()
+    modes = {name: m.training for name, m in net.named_modules()}
+    assert len(set(modes.values())) == 2
+    quiet(anygrad.from_torch, net, torch.zeros(2, 1, 28, 28))
+    assert {name: m.training for name, m in net.named_modules()} == modes
+
+
 def test_from_torch_train_and_back():
     """Train through anygrad, load the result into the module: PyTorch then computes the same."""
     class WithUnused(Net):
@@ -383,3 +441,174 @@ def test_from_torch_without_torch(monkeypatch):
 def test_from_torch_rejects_non_modules():
     with pytest.raises(AnygradError, match="nn.Module"):
         anygrad.from_torch(lambda x: x, torch.zeros(2, 3))
+
+
+# -- tied weights (a GPT whose lm_head.weight IS wte.weight) ---------------------------------------------
+def _zoo_family(name: str):
+    """A family of the model zoo (tests/zoo/zoo_models.py): its GPT ties lm_head to wte."""
+    sys.path.insert(0, str(REPO / "tests" / "zoo"))
+    try:
+        return importlib.import_module("zoo_models").FAMILIES[name]
+    finally:
+        sys.path.remove(str(REPO / "tests" / "zoo"))
+
+
+GPT_FAMILY = _zoo_family("gpt")
+EXPORTERS = {"torchscript": False, "dynamo": True}
+
+
+def gpt(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    net = GPT_FAMILY.make()
+    assert net.lm_head.weight is net.wte.weight
+    return net
+
+
+def gpt_example() -> torch.Tensor:
+    return torch.from_numpy(GPT_FAMILY.batches(1, seed=123)[0][0])
+
+
+def train_gpt(model: anygrad.Model, steps: int = 3) -> list[float]:
+    model.compile(loss="cross_entropy", optimizer=anygrad.optim.SGD(lr=GPT_FAMILY.lr))
+    return [model.train_on_batch(x, y) for x, y in GPT_FAMILY.batches(steps)]
+
+
+def train_gpt_in_torch(net: torch.nn.Module, steps: int = 3) -> list[float]:
+    opt = torch.optim.SGD(net.parameters(), lr=GPT_FAMILY.lr)
+    losses = []
+    for x, y in GPT_FAMILY.batches(steps):
+        opt.zero_grad()
+        loss = GPT_FAMILY.torch_loss(net.train()(torch.from_numpy(x)), torch.from_numpy(y))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_tied_weights_train_and_back(exporter):
+    """from_torch -> train -> to_torch_state_dict -> strict load: the tied storage holds the trained
+    weight (not the stale copy of the second name), equal to PyTorch training the same module."""
+    net = gpt()
+    model = quiet(anygrad.from_torch, net, gpt_example(), dynamo=EXPORTERS[exporter])
+    graph_name = "lm_head.weight" if EXPORTERS[exporter] else "wte.weight"  # one graph tensor, either name
+    assert graph_name in model.param_names and len(model.param_names) == len(list(net.parameters()))
+    reference = gpt()
+    torch_losses = train_gpt_in_torch(reference)
+    losses = train_gpt(model)
+    np.testing.assert_allclose(losses, torch_losses, rtol=1e-4)
+    trained = model.state_dict()[graph_name]
+    sd = model.to_torch_state_dict()
+    assert set(sd) == set(net.state_dict())
+    torch.testing.assert_close(sd["wte.weight"], sd["lm_head.weight"], rtol=0, atol=0)
+    net.load_state_dict(sd, strict=True)  # both names, in PyTorch's order of loading
+    assert net.lm_head.weight is net.wte.weight
+    np.testing.assert_array_equal(net.wte.weight.detach().numpy(), trained)
+    np.testing.assert_allclose(trained, reference.wte.weight.detach().numpy(), atol=1e-5, rtol=0)
+    assert not np.allclose(trained, gpt().wte.weight.detach().numpy(), atol=1e-4)  # training moved it
+    x = GPT_FAMILY.batches(1, seed=9)[0][0]
+    np.testing.assert_allclose(model.predict(x), torch_out(net, x), atol=TOL, rtol=0)
+
+
+WEIGHT_FILES = {
+    "pt": lambda sd, p: torch.save(sd, p),
+    "legacy": lambda sd, p: torch.save(sd, p, _use_new_zipfile_serialization=False),
+    "tensors": None,
+    "npz": lambda sd, p: np.savez(p, **as_numpy(sd)),  # copies: ties are told by value
+}
+
+
+@pytest.mark.parametrize("fmt", WEIGHT_FILES)
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_tied_state_dict_loads_strictly_into_the_onnx_file(tmp_path, exporter, fmt):
+    """torch.save(gpt.state_dict()) into load_onnx(gpt.onnx) with strict=True (`anygrad train
+    --weights`): the second name of the tied tensor is accepted, and exported again."""
+    path = tmp_path / "gpt.onnx"
+    quiet(anygrad.from_torch, gpt(0), gpt_example(), dynamo=EXPORTERS[exporter], path=path)
+    other = gpt(5)
+    source = other.state_dict()
+    if WEIGHT_FILES[fmt] is not None:
+        source = tmp_path / f"gpt.{'npz' if fmt == 'npz' else 'pt'}"
+        WEIGHT_FILES[fmt](other.state_dict(), source)
+    model = anygrad.load_onnx(path)
+    result = model.load_state_dict(source, strict=True)
+    assert {"wte.weight", "lm_head.weight"} <= set(result.loaded) and result.unexpected == []
+    x = GPT_FAMILY.batches(1, seed=9)[0][0]
+    np.testing.assert_allclose(model.compile(loss="cross_entropy").predict(x), torch_out(other, x),
+                               atol=TOL, rtol=0)
+    train_gpt(model, 2)
+    target = gpt(7)
+    target.load_state_dict(model.to_torch_state_dict(), strict=True)
+    trained = model.state_dict()["lm_head.weight" if EXPORTERS[exporter] else "wte.weight"]
+    np.testing.assert_array_equal(target.wte.weight.detach().numpy(), trained)
+
+
+def test_ties_by_value_need_exact_non_constant_equality(tmp_path):
+    """Without storage to compare (.npz, .safetensors), a leftover key is another name of a used one
+    only if its values are exactly equal (same shape and dtype) and not all alike."""
+    net = reference_net()
+    base = as_numpy(net.state_dict())
+    cases = {"copy": (base["fc2.weight"].copy(), True),
+             "off by one ulp": (np.nextafter(base["fc2.weight"], np.inf), False),
+             "float64": (base["fc2.weight"].astype(np.float64), False),
+             "constant": (np.ones_like(base["norm2.weight"]), False)}
+    for name, (value, tied) in cases.items():
+        sd = dict(base, **{"norm2.weight": np.ones_like(base["norm2.weight"])}, extra=value)
+        safetensors.numpy.save_file(sd, str(tmp_path / "w.safetensors"))
+        model = fresh(FOUNDING_MODEL)
+        result = model.load_state_dict(tmp_path / "w.safetensors", strict=False)
+        assert (result.unexpected == []) == tied, name
+        assert ("extra" in model.to_torch_state_dict(as_numpy=True)) == tied, name
+    # a .pt file says which names are one tensor: equal values in separate storages are not tied
+    sd = dict(net.state_dict(), extra=net.fc2.weight.detach().clone())
+    torch.save(sd, tmp_path / "w.pt")
+    with pytest.raises(ModelError, match="unexpected .1.: extra"):
+        fresh(FOUNDING_MODEL).load_state_dict(tmp_path / "w.pt")
+
+
+# -- buffers (register_buffer) stay buffers ---------------------------------------------------------------
+class WithBuffers(torch.nn.Module):
+    """Float buffers on the gradient path: persistent (`shift`, `pe` in a submodule) and not (`scale`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+        self.register_buffer("shift", torch.arange(4.0))
+        self.register_buffer("scale", torch.full((4,), 0.5), persistent=False)
+        self.pos = torch.nn.Module()
+        self.pos.register_buffer("pe", torch.randn(3, 4))
+
+    def forward(self, x):
+        return self.fc((x - self.shift) * self.scale + self.pos.pe.sum(0))
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_from_torch_buffers_are_not_trained(exporter):
+    torch.manual_seed(0)
+    net = WithBuffers()
+    model = quiet(anygrad.from_torch, net, torch.zeros(2, 4), dynamo=EXPORTERS[exporter])
+    assert sorted(model.param_names) == ["fc.bias", "fc.weight"]
+    assert model.num_parameters() == sum(p.numel() for p in net.parameters())
+    reference = WithBuffers()
+    reference.load_state_dict(net.state_dict())
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    model.compile(loss="mse", optimizer=anygrad.optim.SGD(lr=0.1, momentum=0.9))
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        x, y = rng.standard_normal((5, 4)).astype(np.float32), rng.standard_normal((5, 3)).astype(np.float32)
+        opt.zero_grad()
+        loss = F.mse_loss(reference(torch.from_numpy(x)), torch.from_numpy(y))
+        loss.backward()
+        opt.step()
+        assert abs(model.train_on_batch(x, y) - loss.item()) <= 1e-5
+    sd = model.to_torch_state_dict(as_numpy=True)
+    assert set(sd) == set(net.state_dict()) == {"fc.weight", "fc.bias", "shift", "pos.pe"}
+    for k, v in reference.state_dict().items():
+        np.testing.assert_allclose(sd[k], v.numpy(), atol=1e-6, rtol=0, err_msg=k)
+    np.testing.assert_array_equal(sd["shift"], net.shift.numpy())  # unchanged, bit for bit
+    np.testing.assert_array_equal(sd["pos.pe"], net.pos.pe.numpy())
+    assert not np.allclose(sd["fc.weight"], net.fc.weight.detach().numpy())
+    back = WithBuffers()
+    back.load_state_dict(model.to_torch_state_dict(), strict=True)
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    np.testing.assert_allclose(model.predict(x), torch_out(back, x), atol=TOL, rtol=0)

@@ -19,7 +19,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import anygrad
 from anygrad.errors import AnygradError, ModelError
+from anygrad.examples import FOUNDING_MODEL
 from anygrad.torchfile import find_state_dict, load, load_raw, load_safetensors, save_safetensors
 
 FORMATS = {"zip": True, "legacy": False}
@@ -121,11 +123,13 @@ def test_views_and_shared_storage(tmp_path, fmt):
     a = torch.arange(10.0)
     base = torch.randn(4, 6)
     sd = {"a": a, "b": a[2:5], "t": torch.randn(3, 4).t(), "every2": a[1::2], "col": base[:, 3],
-          "block": base[1:3, 2:5], "bcast": torch.randn(3, 1).expand(3, 4), "same": a}
+          "block": base[1:3, 2:5], "bcast": torch.randn(3, 1).expand(3, 4), "same": a, "tied": a.detach()}
     got = load(save(sd, tmp_path / "v.pt", fmt))
     for name, t in sd.items():
         assert_same(got[name], t)
-    got["a"][3] = -1  # results are copies, not views into one another
+    # one tensor under two names (tied weights: another tensor object, the same view) is one array
+    assert got["tied"] is got["a"] and got["same"] is got["a"]
+    got["a"][3] = -1  # other views are copies, not views into one another
     assert got["b"][1] == 3.0
 
 
@@ -160,6 +164,31 @@ def test_load_raw_whole_checkpoint(tmp_path, fmt):
             assert_same(got["optimizer"]["state"][i][k], t)
 
 
+def test_numpy_arrays_in_pickle_protocol_5(tmp_path):
+    """Protocol 5 pickles arrays as numpy._core.numeric._frombuffer(bytes, dtype, shape, order)."""
+    arrays = {"f8": np.arange(6.0).reshape(2, 3), "fortran": np.asfortranarray(np.arange(6, dtype=np.int32).reshape(2, 3)),
+              "big": np.arange(3, dtype=">f4"), "bool": np.array([True, False]), "empty": np.zeros((0, 3), np.float16)}
+    path = tmp_path / "p5.pt"
+    torch.save({"model": {"w": torch.ones(2)}, "arrays": arrays}, path, pickle_protocol=5)
+    with zipfile.ZipFile(path) as z:
+        assert b"_frombuffer" in z.read(data_pkl(path))  # the test exercises what it means to
+    got = load_raw(path)["arrays"]
+    for k, want in arrays.items():
+        assert got[k].dtype == want.dtype.newbyteorder("=") and got[k].dtype.isnative
+        np.testing.assert_array_equal(got[k], want)
+    np.testing.assert_array_equal(load(path)["w"], np.ones(2, np.float32))
+    # its arguments are checked: a shape that does not fit the bytes, an order numpy does not know
+    pkl = data_pkl(path)
+    with zipfile.ZipFile(path) as z:
+        stream = z.read(pkl)
+    for old, new, what in [(b"K\x02K\x03\x86", b"K\x02K\x04\x86", "does not match"),
+                           (b"\x8c\x01C\x94", b"\x8c\x01X\x94", "order")]:
+        assert stream.count(old) >= 1
+        bad = rezip(path, tmp_path / "bad5.pt", {pkl: stream.replace(old, new, 1)})
+        with pytest.raises(ModelError, match=rf"bad5\.pt: .*{what}"):
+            load_raw(bad)
+
+
 def test_find_state_dict_and_key(tmp_path):
     sd = {"w": torch.ones(2)}
     path = save({"ema": {"w": torch.zeros(2)}, "model": sd, "step": 3}, tmp_path / "k.pt", "zip")
@@ -172,6 +201,52 @@ def test_find_state_dict_and_key(tmp_path):
     assert find_state_dict({"a": {"b": {"state_dict": {"x": np.ones(1)}}, "step": 1}})["x"] == 1
     with pytest.raises(ModelError, match="no state_dict found"):
         load(save([1, 2], tmp_path / "l.pt", "legacy"))
+
+
+def nested_shared(depth: int) -> dict:
+    """{'a': d, 'b': d} nested `depth` deep over one {'w': tensor}: pickle memoizes the shared dicts,
+    so the file is tiny while its flattened names would number 2**depth."""
+    d = {"w": torch.ones(1)}
+    for _ in range(depth):
+        d = {"a": d, "b": d}
+    return d
+
+
+def self_referencing() -> dict:
+    d = {"w": torch.ones(2)}
+    d["model"] = d  # found first (a STATE_DICT_KEYS entry), and it contains itself
+    return d
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("shape", ["self", "inner cycle", "shared dag"])
+def test_cyclic_and_shared_containers_end_in_a_model_error(tmp_path, fmt, shape):
+    obj = {"self": lambda: self_referencing(), "inner cycle": lambda: {"epoch": 1, "opt": self_referencing()},
+           "shared dag": lambda: nested_shared(24)}[shape]()
+    path = save(obj, tmp_path / "odd.pt", fmt)
+    assert path.stat().st_size < 4000
+    with pytest.raises(ModelError, match=r"odd\.pt: no state_dict found"):
+        load(path)
+    with pytest.raises(ModelError, match=r"odd\.pt"):  # the same search behind Model.load_state_dict
+        anygrad.load_onnx(FOUNDING_MODEL).load_state_dict(path)
+    with pytest.raises(ModelError, match="no state_dict"):  # and for a dict handed over in Python
+        anygrad.load_onnx(FOUNDING_MODEL).load_state_dict(obj)
+
+
+def test_shared_state_dict_under_two_keys_is_still_found(tmp_path):
+    sd = {"w": torch.arange(3.0)}
+    path = save({"epoch": 2, "ema": {"weights": sd}, "last": {"weights": sd}}, tmp_path / "two.pt", "zip")
+    np.testing.assert_array_equal(load(path)["w"], np.arange(3.0, dtype=np.float32))
+
+
+def test_too_many_tensors_is_a_model_error(tmp_path, monkeypatch):
+    import anygrad.torchfile as tf
+    path = save({"enc": {f"w{i}": torch.ones(1) for i in range(3)}, "dec": {"b": torch.ones(1)}},
+                tmp_path / "many.pt", "zip")
+    assert sorted(load(path)) == ["dec.b", "enc.w0", "enc.w1", "enc.w2"]
+    monkeypatch.setattr(tf, "MAX_TENSORS", 3)
+    with pytest.raises(ModelError, match=r"many\.pt: .*more than 3 tensors"):
+        load(path)
 
 
 class StorageMarker:
@@ -380,6 +455,36 @@ def test_unreadable_files(tmp_path):
         load(short)
 
 
+def test_compressed_members_are_refused(tmp_path):
+    """torch.save stores members uncompressed; a deflated storage can claim any size from a few
+    bytes (here 64 MiB of zeros from ~65 KiB), so compressed members are refused before inflating."""
+    n = 64 << 20
+    pkl = (b"\x80\x02}X\x01\x00\x00\x00wctorch._utils\n_rebuild_tensor_v2\n((X\x07\x00\x00\x00storage"
+           b"ctorch\nByteStorage\nX\x01\x00\x00\x000X\x03\x00\x00\x00cpuJ" + n.to_bytes(4, "little") +
+           b"tQK\x00(K\x01t(K\x01t\x89ccollections\nOrderedDict\n)RtRs.")
+    bomb = tmp_path / "bomb.pt"
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", pkl)
+        z.writestr("archive/data/0", b"\0" * n, compress_type=zipfile.ZIP_DEFLATED)
+    assert bomb.stat().st_size < n // 500
+    with pytest.raises(ModelError, match=r"bomb\.pt: archive/data/0 is compressed.*torch\.save"):
+        load(bomb)
+    # the same archive stored is read (the refusal is about compression, not the content)
+    stored = tmp_path / "stored.pt"
+    with zipfile.ZipFile(stored, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", pkl)
+        z.writestr("archive/data/0", b"\1" * 4)
+    with pytest.raises(ModelError, match="holds 4 bytes"):
+        load(stored)
+    # a re-zipped torch.save file (deflated data.pkl) is refused with the same advice
+    good = valid_zip(tmp_path)
+    with zipfile.ZipFile(good) as zin, zipfile.ZipFile(tmp_path / "rezipped.pt", "w", zipfile.ZIP_DEFLATED) as zout:
+        for info in zin.infolist():
+            zout.writestr(info.filename, zin.read(info))
+    with pytest.raises(ModelError, match=r"rezipped\.pt: .* is compressed.*zip -0"):
+        load(tmp_path / "rezipped.pt")
+
+
 def test_big_endian_zip(tmp_path):
     good = valid_zip(tmp_path)
     want = load(good)
@@ -436,10 +541,11 @@ def mutate(data: bytes, mutation) -> bytes:
 
 
 def load_only_model_errors(path: Path) -> None:
-    try:
-        load_raw(path)
-    except ModelError as e:
-        assert path.name in str(e)
+    for read in (load_raw, load):  # load also searches the result for the state_dict
+        try:
+            read(path)
+        except ModelError as e:
+            assert path.name in str(e)
 
 
 @pytest.mark.parametrize("target", ["zip", "legacy", "pickle"])

@@ -3,10 +3,12 @@
 The only place in anygrad that imports torch, lazily: everything else works from ONNX files and
 numpy. The module is exported in training mode (BatchNorm and Dropout kept, no constant folding,
 so every parameter stays an initializer), imported, and given the module's own state_dict, which
-also teaches the model every PyTorch name for `to_torch_state_dict`.
+also teaches the model every PyTorch name for `to_torch_state_dict` (tied weights included: the
+state_dict is copied with its shared storages, so both names of a tied tensor stay one tensor).
 """
 from __future__ import annotations
 
+import copy
 import os
 import tempfile
 import warnings
@@ -18,7 +20,7 @@ import numpy as np
 from ..errors import AnygradError, ConfigError, ModelError
 from ..model import Model
 from .onnx_import import load_onnx
-from .torch_weights import binding_of, load_state_dict
+from .torch_weights import binding_of, load_state_dict, read_state_dict, recorded_names
 
 DEFAULT_OPSET = 17
 
@@ -64,8 +66,8 @@ def from_torch(module: Any, example_input: Any, *, dynamo: bool = False, opset: 
         raise ConfigError(f"from_torch needs a torch.nn.Module, not {type(module).__name__}")
     args = tuple(example_input) if isinstance(example_input, (tuple, list)) else (example_input,)
     input_names = [input_name] if len(args) == 1 else [f"{input_name}{i}" for i in range(len(args))]
-    pristine = {k: v.detach().clone() for k, v in module.state_dict().items()}
-    was_training = module.training
+    pristine = copy.deepcopy(module.state_dict())  # deepcopy keeps tied tensors sharing one storage
+    modes = {m: m.training for m in module.modules()}  # submodules may differ (a frozen BatchNorm in eval)
     with tempfile.TemporaryDirectory(prefix="anygrad-") as tmp:
         file = Path(path) if path is not None else Path(tmp) / "model.onnx"
         module.train(True)
@@ -78,18 +80,41 @@ def from_torch(module: Any, example_input: Any, *, dynamo: bool = False, opset: 
                              f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
         finally:
             module.load_state_dict(pristine)
-            module.train(was_training)
+            for m, training in modes.items():
+                m.training = training
         model = load_onnx(file)
-    state = {k: v.cpu().numpy() if v.dtype != torch.bfloat16 else v.float().cpu().numpy()
-             for k, v in pristine.items()}
+    state = read_state_dict(pristine)  # tied tensors become one array under both names
     result = load_state_dict(model, state, strict=False)
-    if result.missing or result.mismatched:
+    constants = _buffers_are_not_parameters(model, module, set(state))
+    missing = [k for k in result.missing if k not in constants]
+    if missing or result.mismatched:
         raise ModelError(f"from_torch: the exported graph of {type(module).__name__} does not match its "
-                         f"state_dict: missing {result.missing}, mis-shaped {result.mismatched}")
+                         f"state_dict: missing {missing}, mis-shaped {result.mismatched}")
     # Parameters the forward pass never uses are not in the graph; keep them so the exported
     # state_dict still loads into the module with strict=True.
     binding_of(model).extra = {k: state[k] for k in result.unexpected}
     return model
+
+
+def _buffers_are_not_parameters(model: Model, module: Any, saved: set[str]) -> set[str]:
+    """The importer calls every float initializer a gradient reaches a parameter; the module knows
+    better. A persistent buffer (register_buffer: a positional table, a shift) becomes a graph
+    buffer -- saved and exported, never moved by the optimizer -- and a non-persistent one, which no
+    state_dict holds, a constant. Returns the graph names made constants."""
+    graph = model.graph
+    names = recorded_names(model)
+    buffers = {k for k, _ in module.named_buffers()} - {k for k, _ in module.named_parameters()}
+    transient = {n for k in buffers - saved for n in (k, "b_" + k.replace(".", "_"))}  # dynamo: b_<name>
+    constants = set()
+    for g in list(graph.params):
+        key = names[g].key if g in names else g
+        if key in buffers & saved:
+            graph.params.remove(g)
+            graph.buffers.append(g)
+        elif key in transient:
+            graph.params.remove(g)
+            constants.add(g)
+    return constants
 
 
 __all__ = ["from_torch", "to_torch_tensors"]

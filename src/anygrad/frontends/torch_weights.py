@@ -9,13 +9,25 @@ first that applies:
 2. the graph name itself is a key (names the importer did not recognise; weights.npz files);
 3. a dynamo placeholder name `p_fc1_weight` / `b_norm1_running_mean` whose rest, with dots as
    underscores, is exactly one key;
-4. shape: a leftover graph tensor and a leftover key are paired when each is the *only* leftover
-   on its side whose shape fits the other (equal, or transposed for a 2-D weight). Order is never
-   used, so two same-shaped leftovers (two Linear(8, 8) weights) stay unmatched and are reported.
+4. shape, only for graph tensors whose PyTorch name is not known for certain (renamed by the
+   exporter, like `onnx::MatMul_12`, whose module-scope name is a guess): a leftover graph tensor
+   and a leftover key are paired when each is the *only* leftover on its side whose shape fits the
+   other (equal, or transposed for a 2-D weight). Order is never used, so two same-shaped
+   leftovers (two Linear(8, 8) weights) stay unmatched and are reported as ambiguous. A tensor
+   with a certain name (`fc2.weight` in the file, or learnt by a load) never matches another key,
+   as in PyTorch: a renamed key is missing + unexpected, not loaded.
 
 2-D weights are transposed when the shapes say so; a square one when the importer recorded it, or
 (rule 4) when it is the right operand of a MatMul (a Linear exported as MatMul holds weight.T).
 Matches by rules 3 and 4 are remembered (`Model.torch_binding`) for the way back out.
+
+Tied weights (a GPT's `lm_head.weight` that IS `wte.weight`) reach the graph as one tensor under
+one of their names. A key the graph does not use is accepted as another name of a key it does use
+when both are the same tensor: the same view of one storage (torch tensors, .pt files, numpy arrays
+sharing memory) or, for formats that cannot say so (.safetensors, .npz), exactly equal non-constant
+values of the same shape and dtype. The model remembers such aliases (`TorchBinding.aliases`) and
+exports its current value under every name, so PyTorch's strict load sees the whole state_dict and
+the tied storage ends up with the trained value.
 
 `*.num_batches_tracked` keys of BatchNorm layers are accepted and not loaded; on export they hold
 the count from the loaded file plus the optimizer steps taken since (one BatchNorm update per step;
@@ -35,6 +47,8 @@ import numpy as np
 
 from ..errors import ModelError
 from ..optim.base import STEP_STATE
+from ..torchfile import MAX_NESTING
+from ..torchfile.tensors import FormatError
 from .onnx_import import TorchName
 
 if TYPE_CHECKING:
@@ -52,6 +66,7 @@ class TorchBinding:
     names: dict[str, TorchName] = field(default_factory=dict)  # graph name -> key, from the last load
     batches_base: int = 0  # num_batches_tracked at the last load, less the steps taken by then
     extra: dict[str, np.ndarray] = field(default_factory=dict)  # entries the graph does not use (from_torch)
+    aliases: dict[str, str] = field(default_factory=dict)  # key -> the key of the same (tied) tensor in the graph
 
 
 @dataclass
@@ -65,18 +80,36 @@ class LoadResult:
 
 
 # -- reading whatever the user hands us ---------------------------------------------------------
-def _to_numpy(value: Any) -> Any:
-    """A torch tensor (duck-typed: no torch import) or array-like -> numpy; containers recurse."""
+def _to_numpy(value: Any, memo: dict[Any, Any] | None = None, depth: int = 0) -> Any:
+    """A torch tensor (duck-typed: no torch import) or array-like -> numpy; containers recurse.
+
+    A dict met twice (shared, or inside itself) becomes one converted dict, so a cycle ends here
+    and the state_dict search sees it as the cycle it is; nesting deeper than the search goes is
+    left alone."""
     if isinstance(value, np.ndarray):
         return value
+    memo = {} if memo is None else memo
     if hasattr(value, "detach") and hasattr(value, "numpy"):
-        t = value.detach().cpu()
-        try:
-            return t.numpy()
-        except TypeError:  # bfloat16 and friends have no numpy dtype
-            return t.float().numpy()
+        # one tensor under two names (tied weights) becomes one array, even where converting copies
+        view = (value.data_ptr(), tuple(value.shape), tuple(value.stride()), str(value.dtype), str(value.device)) \
+            if hasattr(value, "data_ptr") and value.numel() > 0 else id(value)
+        if view not in memo:
+            t = value.detach().cpu()
+            try:
+                memo[view] = t.numpy()
+            except TypeError:  # bfloat16 and friends have no numpy dtype
+                memo[view] = t.float().numpy()
+        return memo[view]
     if isinstance(value, Mapping):
-        return {k: _to_numpy(v) for k, v in value.items()}
+        if id(value) in memo:
+            return memo[id(value)]
+        if depth > MAX_NESTING:
+            return value
+        out: dict[Any, Any] = {}
+        memo[id(value)] = out
+        for k, v in value.items():
+            out[k] = _to_numpy(v, memo, depth + 1)
+        return out
     if isinstance(value, (int, float, np.generic)) and not isinstance(value, bool):
         return np.asarray(value)
     return value
@@ -85,6 +118,12 @@ def _to_numpy(value: Any) -> Any:
 def read_state_dict(source: Any, key: str | None = None) -> dict[str, np.ndarray]:
     """A flat name -> array dict from a path (.pt/.pth/.bin, .safetensors, .npz) or a mapping of
     numpy arrays / torch tensors (a checkpoint dict around the state_dict is searched, or `key`)."""
+    return _read(source, key)[0]
+
+
+def _read(source: Any, key: str | None) -> tuple[dict[str, np.ndarray], bool]:
+    """read_state_dict, and whether ties must be told by value: formats that store every name as
+    its own copy (.npz, .safetensors) cannot say that two names are one tensor."""
     from .. import torchfile
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
@@ -92,19 +131,53 @@ def read_state_dict(source: Any, key: str | None = None) -> dict[str, np.ndarray
             raise ModelError(f"{path}: no such weights file")
         if path.suffix == ".npz":
             with np.load(path, allow_pickle=False) as f:
-                return {k: f[k] for k in f.files}
-        if path.suffix == ".safetensors":
-            return torchfile.load_safetensors(path)
-        return torchfile.load(path, key=key)
+                return {k: f[k] for k in f.files}, True
+        if path.suffix == ".safetensors" or torchfile.is_safetensors(path):
+            return torchfile.load_safetensors(path), True
+        return torchfile.load(path, key=key), False
     if not isinstance(source, Mapping):
         raise ModelError("load_state_dict takes a path or a dict of arrays/tensors, "
                          f"not {type(source).__name__}")
     converted = _to_numpy(source)
-    sd = torchfile.find_state_dict(converted, key)
+    try:
+        sd = torchfile.find_state_dict(converted, key)
+    except FormatError as e:
+        raise ModelError(f"the dict passed to load_state_dict: {e}") from None
     if sd is None:
         raise ModelError("no state_dict (names -> arrays/tensors) found in the dict passed to load_state_dict"
                          f"{f' under key {key!r}' if key else ''}; it holds keys {list(source)[:10]}")
-    return sd
+    return sd, False
+
+
+def _view(a: Any) -> tuple | None:
+    """Where an array's elements are and how it walks them: equal for two names of one tensor."""
+    if not isinstance(a, np.ndarray) or a.size == 0:
+        return None
+    return a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str
+
+
+def _same_values(a: Any, b: Any) -> bool:
+    # a constant tensor (a fresh LayerNorm weight, zeros) equal to another says nothing about ties
+    return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.shape == b.shape and a.dtype == b.dtype
+            and a.size > 1 and not (a == a.flat[0]).all() and np.array_equal(a, b))
+
+
+def ties(sd: dict[str, np.ndarray], used: set[str], by_value: bool) -> dict[str, str]:
+    """Keys of `sd` outside `used` that name the same tensor as a used key -> that key."""
+    by_view = {}
+    for k in sorted(used):
+        by_view.setdefault(_view(sd[k]), k)
+    by_view.pop(None, None)
+    out = {}
+    for k, v in sd.items():
+        if k in used:
+            continue
+        same = by_view.get(_view(v))
+        if same is None and by_value:
+            same = next((u for u in sorted(used) if _same_values(sd[u], v)), None)
+        if same is not None:
+            out[k] = same
+    return out
 
 
 def _strip_wrapper(sd: dict[str, np.ndarray], wanted: set[str]) -> dict[str, np.ndarray]:
@@ -124,6 +197,17 @@ def recorded_names(model: Model) -> dict[str, TorchName]:
     if binding is not None:
         names.update(binding.names)
     return {g: tn for g, tn in names.items() if g in model.graph.initializers}
+
+
+def certain_names(model: Model) -> set[str]:
+    """Graph tensors whose PyTorch name is known, not guessed: initializers that carry their
+    state_dict name, names learnt by an earlier load, and every name of a model no ONNX file
+    describes (anygrad.nn traces its modules under their PyTorch names)."""
+    origin = getattr(model, "origin", None)
+    binding = getattr(model, "torch_binding", None)
+    certain = ({g for g, tn in origin.torch_names.items() if tn.key == g} if origin is not None
+               else set(model.graph.state_names))
+    return certain | (set(binding.names) if binding is not None else set())
 
 
 def _orient(key: str, graph_shape: tuple, key_shape: tuple, hint: bool = False) -> TorchName | None:
@@ -171,8 +255,9 @@ def match(model: Model, shapes: dict[str, tuple]) -> tuple[dict[str, TorchName],
         cands = [k for k in underscored.get(m.group(1), []) if k not in taken] if m else []
         if len(cands) == 1:
             take(g, _orient(cands[0], shape, shapes[cands[0]]) or TorchName(cands[0]))
-    # 4. unique shapes, one pass (no elimination chains, no order)
-    left_g = [g for g in gshape if g not in out]
+    # 4. unique shapes, one pass (no elimination chains, no order), for names not known for certain
+    certain = certain_names(model)
+    left_g = [g for g in gshape if g not in out and g not in certain]
     left_k = [k for k in shapes if k not in taken and not k.endswith(NUM_BATCHES)]
     fits = {g: [k for k in left_k if _orient(k, gshape[g], shapes[k]) is not None] for g in left_g}
     fitted_by: dict[str, list[str]] = {}
@@ -226,7 +311,7 @@ def load_state_dict(model: Model, source: Any, strict: bool = True, key: str | N
     otherwise nothing is loaded and one ModelError lists all missing, unexpected and mis-shaped
     keys. strict=False: loads the entries that match and returns the rest in the LoadResult."""
     where = f" from {source}" if isinstance(source, (str, os.PathLike)) else ""
-    sd = read_state_dict(source, key)
+    sd, by_value = _read(source, key)
     graph = model.graph
     recorded = recorded_names(model)
     wanted = {tn.key for tn in recorded.values()} | set(graph.state_names)
@@ -246,14 +331,21 @@ def load_state_dict(model: Model, source: Any, strict: bool = True, key: str | N
             continue
         values[g] = np.ascontiguousarray(value, dtype=target.dtype)
     used = {tn.key for tn in mapping.values()}
+    tied = ties(sd, {tn.key for g, tn in mapping.items() if g in values}, by_value)
     bn = _bn_prefixes(used)
     missing: dict[str, str] = {}
     for g, k in expected.items():
         shape = graph.initializers[g].shape
         shape = shape[::-1] if g in recorded and recorded[g].transpose and len(shape) == 2 else shape
         missing[k] = f"{k}{'' if k == g else f' (ONNX {g!r})'} {_shape(shape)}"
-    unexpected = {k: f"{k} {_shape(shapes[k])}" for k in sd
-                  if k not in used and not (k.endswith(NUM_BATCHES) and k[:-len(NUM_BATCHES)] in bn)}
+    unexpected = {k: f"{k} {_shape(shapes[k])}" for k in sd if k not in used and k not in tied
+                  and not (k.endswith(NUM_BATCHES) and k[:-len(NUM_BATCHES)] in bn)}
+    certain = certain_names(model)
+    ambiguous = {}  # graph tensors that shape alone could pair with several keys
+    for g in (g for g in expected if g not in certain):
+        fits = [k for k in unexpected if _orient(k, graph.initializers[g].shape, shapes[k])]
+        if len(fits) > 1:
+            ambiguous[g] = f"{g} {_shape(graph.initializers[g].shape)} fits {', '.join(fits)}"
 
     if (strict and (missing or unexpected or mismatched)) or not values:
         why = "strict=True" if values else "no entry matches"
@@ -261,6 +353,9 @@ def load_state_dict(model: Model, source: Any, strict: bool = True, key: str | N
         for label, items in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", mismatched)):
             if items:
                 lines.append(f"  {label} ({len(items)}): " + "; ".join(items.values()))
+        if ambiguous:
+            lines.append(f"  ambiguous ({len(ambiguous)}; no PyTorch name recorded, and shape alone cannot tell): "
+                         + "; ".join(ambiguous.values()))
         if strict and values:
             lines.append("pass strict=False to load the entries that match")
         raise ModelError("\n".join(lines))
@@ -273,11 +368,12 @@ def load_state_dict(model: Model, source: Any, strict: bool = True, key: str | N
     binding = binding_of(model)
     # a graph name matched as itself (weights.npz) teaches nothing: keep the importer's name
     binding.names.update({g: mapping[g] for g in values if not (mapping[g].key == g and g in recorded)})
+    binding.aliases.update(tied)
     counts = [int(np.asarray(sd[p + NUM_BATCHES]).reshape(-1)[0]) for p in sorted(bn)
               if p + NUM_BATCHES in sd and np.size(sd[p + NUM_BATCHES]) == 1]
     if counts:
         binding.batches_base = max(counts) - steps_taken(model)
-    loaded = sorted({mapping[g].key for g in values})
+    loaded = sorted({mapping[g].key for g in values} | set(tied))
     return LoadResult(loaded, sorted(missing), list(unexpected), list(mismatched))
 
 
@@ -307,6 +403,9 @@ def to_torch_state_dict(model: Model) -> dict[str, np.ndarray]:
     for prefix in _bn_prefixes(out):
         out.setdefault(prefix + NUM_BATCHES, count)
     if binding is not None:
+        for k, same in binding.aliases.items():  # the current value under every name of a tied tensor
+            if same in out:
+                out.setdefault(k, out[same])
         for k, v in binding.extra.items():
             out.setdefault(k, v)
     if unnamed:
@@ -323,5 +422,5 @@ def save_safetensors(model: Model, path: str | os.PathLike) -> Path:
     return path
 
 
-__all__ = ["LoadResult", "TorchBinding", "binding_of", "load_state_dict", "match", "read_state_dict",
-           "save_safetensors", "to_torch_state_dict"]
+__all__ = ["LoadResult", "TorchBinding", "binding_of", "certain_names", "load_state_dict", "match", "read_state_dict",
+           "save_safetensors", "ties", "to_torch_state_dict"]

@@ -22,7 +22,7 @@ from .safetensors_io import load_safetensors, save_safetensors
 from .tensors import FormatError
 from .zipformat import read_zip
 
-__all__ = ["find_state_dict", "load", "load_raw", "load_safetensors", "save_safetensors"]
+__all__ = ["find_state_dict", "is_safetensors", "load", "load_raw", "load_safetensors", "save_safetensors"]
 
 # Where training scripts usually keep the weights inside a checkpoint dict, most likely first.
 STATE_DICT_KEYS = ("state_dict", "model_state_dict", "model", "module", "net", "network", "weights",
@@ -53,7 +53,7 @@ def _read(path: Path) -> Any:
     return read_legacy(path.read_bytes())
 
 
-def _is_safetensors(path: Path) -> bool:
+def is_safetensors(path: Path) -> bool:
     """By suffix, or by content: an 8-byte header length followed by a JSON object."""
     if path.suffix == ".safetensors":
         return True
@@ -75,8 +75,21 @@ def _is_state_dict(obj: Any) -> bool:
             and all(isinstance(k, str) and isinstance(v, np.ndarray) for k, v in obj.items()))
 
 
-def _flatten(obj: Any, prefix: str = "") -> dict[str, np.ndarray] | None:
-    """Nested dicts whose leaves are all arrays -> one flat dict with dotted names (None otherwise)."""
+# An untrusted pickle can nest dicts deeply, put a dict inside itself, or share one dict under many
+# keys (a few hundred bytes then flatten to millions of names); the search below looks at each
+# container once and gives up on such shapes instead of following them.
+MAX_TENSORS = 1 << 20  # far above any real state_dict (a large MoE model has ~1e5 tensors)
+MAX_NESTING = 32
+
+
+def _flatten(obj: dict, prefix: str = "", seen: set[int] | None = None,
+             depth: int = 0) -> dict[str, np.ndarray] | None:
+    """Nested dicts whose leaves are all arrays -> one flat dict with dotted names (None otherwise,
+    and for nesting that is too deep, cyclic, or visits one dict twice)."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen or depth > MAX_NESTING:
+        return None
+    seen.add(id(obj))
     out: dict[str, np.ndarray] = {}
     for k, v in obj.items():
         if not isinstance(k, str):
@@ -84,12 +97,15 @@ def _flatten(obj: Any, prefix: str = "") -> dict[str, np.ndarray] | None:
         if isinstance(v, np.ndarray):
             out[prefix + k] = v
         elif isinstance(v, dict) and v:
-            inner = _flatten(v, f"{prefix}{k}.")
+            inner = _flatten(v, f"{prefix}{k}.", seen, depth + 1)
             if inner is None:
                 return None
             out.update(inner)
         else:
             return None
+        if len(out) > MAX_TENSORS:
+            raise FormatError(f"the checkpoint names more than {MAX_TENSORS} tensors; refusing to read it "
+                              "as a state_dict (pass key=... for the entry that holds it)")
     return out
 
 
@@ -98,13 +114,19 @@ def find_state_dict(obj: Any, key: str | None = None, depth: int = 3) -> dict[st
 
     Search order at each level: `obj` itself if it maps names to arrays; its entries under
     STATE_DICT_KEYS; `obj` flattened to dotted names if all its leaves are arrays ({"encoder": sd1,
-    "decoder": sd2}); then its other dict entries in order, up to `depth` levels down."""
+    "decoder": sd2}); then its other dict entries in order, up to `depth` levels down. Each dict is
+    searched once, so self-references and shared entries cost nothing."""
     if key is not None:
         if not isinstance(obj, dict) or key not in obj:
             return None
         return find_state_dict(obj[key], depth=0)
-    if not isinstance(obj, dict):
+    return _search(obj, depth, set())
+
+
+def _search(obj: Any, depth: int, visited: set[int]) -> dict[str, np.ndarray] | None:
+    if not isinstance(obj, dict) or id(obj) in visited:
         return None
+    visited.add(id(obj))
     if _is_state_dict(obj):
         return dict(obj)
     preferred = [obj[k] for k in STATE_DICT_KEYS if k in obj]
@@ -115,7 +137,7 @@ def find_state_dict(obj: Any, key: str | None = None, depth: int = 3) -> dict[st
             if flat is not None:
                 return flat
         elif depth > 0 and isinstance(candidate, dict):
-            found = find_state_dict(candidate, depth=depth - 1)
+            found = _search(candidate, depth - 1, visited)
             if found is not None:
                 return found
     return None
@@ -126,13 +148,14 @@ def load(path: str | os.PathLike, key: str | None = None) -> dict[str, np.ndarra
 
     The file may hold the state_dict itself or a checkpoint dict around it ({"model": sd, "optimizer":
     ...}); `key` names the entry to use, otherwise it is found (see `find_state_dict`). bfloat16
-    tensors come back as float32, every other dtype as itself; views and shared storages come back as
-    separate contiguous arrays."""
+    tensors come back as float32, every other dtype as itself. One tensor saved under several names
+    (tied weights: the same view of one storage) comes back as one array under each name; other
+    views and shared storages come back as separate contiguous arrays."""
     path = Path(path)
-    if _is_safetensors(path):
+    if is_safetensors(path):
         return load_safetensors(path)
     obj = load_raw(path)
-    sd = find_state_dict(obj, key)
+    sd = _guarded(path, lambda: find_state_dict(obj, key))
     if sd is None:
         what = f"keys {list(obj)[:10]}" if isinstance(obj, dict) else f"a {type(obj).__name__}"
         where = f"entry {key!r}" if key is not None else "a dict of name -> tensor"

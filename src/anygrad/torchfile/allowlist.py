@@ -214,6 +214,19 @@ def _numpy_scalar(dtype: Any, raw: Any = None) -> Any:
     return np.frombuffer(raw, dtype=dtype.dtype)[0]
 
 
+def _numpy_frombuffer(buf: Any, dtype: Any, shape: Any, order: Any) -> np.ndarray:
+    """numpy._core.numeric._frombuffer(buffer, dtype, shape, order): how pickle protocol 5 stores
+    an array (its bytes in-band). Only builds a numeric array of exactly the bytes given."""
+    if not isinstance(buf, (bytes, bytearray)) or not isinstance(dtype, NumpyDType) or order not in ("C", "F"):
+        raise FormatError("numpy _frombuffer needs raw bytes, a numeric dtype and order 'C' or 'F'")
+    shape = _size(shape)
+    count = int(np.prod(shape, dtype=object))
+    if count * dtype.dtype.itemsize != len(buf):
+        raise FormatError(f"numpy array of shape {shape} does not match its {len(buf)} bytes")
+    flat = np.frombuffer(buf, dtype=dtype.dtype, count=count)
+    return np.array(flat.reshape(shape, order=order), dtype=dtype.dtype.newbyteorder("="), order="C")
+
+
 _NDARRAY = TensorType("numpy.ndarray")
 
 # ---- the table -----------------------------------------------------------------------------------
@@ -247,6 +260,8 @@ ALLOWED: dict[tuple[str, str], Any] = {
     **{(mod, name): g for mod in ("numpy.core.multiarray", "numpy._core.multiarray")
        for name, g in [("scalar", SafeGlobal("numpy.core.multiarray.scalar", _numpy_scalar)),
                        ("_reconstruct", SafeGlobal("numpy.core.multiarray._reconstruct", NumpyArray))]},
+    **{(mod, "_frombuffer"): SafeGlobal("numpy._core.numeric._frombuffer", _numpy_frombuffer)
+       for mod in ("numpy.core.numeric", "numpy._core.numeric")},
     ("numpy", "dtype"): SafeGlobal("numpy.dtype", NumpyDType),
     ("numpy", "ndarray"): _NDARRAY,
 }

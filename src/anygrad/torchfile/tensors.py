@@ -96,6 +96,14 @@ class TensorRef(Deferred):
     def value(self, byteorder: str) -> np.ndarray:
         return materialize(self, byteorder)
 
+    def view(self) -> tuple:
+        """What makes two tensors one and the same (tied weights saved under two names): the same
+        elements of the same root storage, in the same layout and dtype."""
+        storage, offset = self.storage, self.offset
+        while storage.base is not None:  # a legacy storage view: count from its root
+            storage, offset = storage.base, offset + storage.offset
+        return storage, offset, self.size, self.stride, self.dtype
+
 
 def check_view(offset: object, size: object, stride: object) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
     """Validate the integers of a tensor view (they come from an untrusted pickle)."""
@@ -171,14 +179,22 @@ def resolve(obj: Any, byteorder: str) -> Any:
     """Replace every Deferred in the unpickled tree by its value.
 
     Objects are visited once (by identity), so a tensor or container referenced twice stays one object
-    and shared sub-trees do not blow up; containers are updated in place, tuples rebuilt."""
+    and shared sub-trees do not blow up; containers are updated in place, tuples rebuilt. Tensors that
+    are the same view of the same storage (a tied weight under two names) become one array, as they
+    are one tensor in PyTorch; other views of a storage become separate arrays."""
     done: dict[int, tuple[Any, Any]] = {}  # id -> (original, result); keeps originals alive
+    views: dict[tuple, np.ndarray] = {}
 
     def walk(x: Any) -> Any:
         hit = done.get(id(x))
         if hit is not None:
             return hit[1]
-        if isinstance(x, Deferred):
+        if isinstance(x, TensorRef):
+            key = x.view()
+            if key not in views:
+                views[key] = x.value(byteorder)
+            out = views[key]
+        elif isinstance(x, Deferred):
             out = x.value(byteorder)
         elif isinstance(x, dict):
             done[id(x)] = (x, x)

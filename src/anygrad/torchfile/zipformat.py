@@ -5,6 +5,8 @@
     <top>/byteorder      "little" or "big" (absent in old files: little)
 
 The top folder's name is whatever the file was first saved as, so it is found, not assumed.
+torch.save stores every member uncompressed; a compressed member is refused, since a few hundred
+bytes of deflate can claim gigabytes (a zip bomb), while a stored member is never larger than the file.
 """
 from __future__ import annotations
 
@@ -33,13 +35,21 @@ def _top_folder(names: list[str]) -> str:
     return tops[0]
 
 
+def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
+    if info.compress_type != zipfile.ZIP_STORED:
+        raise FormatError(f"{info.filename} is compressed; torch.save writes checkpoints uncompressed and "
+                          "anygrad refuses compressed ones (they can inflate without bound): load it with "
+                          "torch and save it again with torch.save, or re-zip it without compression (zip -0)")
+    return zf.read(info)
+
+
 def read_zip(path: Path) -> Any:
     with zipfile.ZipFile(path) as zf:
         names = zf.namelist()
         top = _top_folder(names)
         byteorder = "<"
         if f"{top}/byteorder" in names:
-            text = zf.read(f"{top}/byteorder").decode("ascii").strip()
+            text = _read_member(zf, zf.getinfo(f"{top}/byteorder")).decode("ascii").strip()
             if text not in _BYTEORDER:
                 raise FormatError(f"unknown byteorder {text!r:.20}")
             byteorder = _BYTEORDER[text]
@@ -60,8 +70,8 @@ def read_zip(path: Path) -> Any:
                     raise FormatError(f"storage file {top}/data/{key} is missing from the archive") from None
                 if info.file_size < nbytes:
                     raise FormatError(f"storage {key} holds {info.file_size} bytes, {nbytes} expected")
-                storages[key] = Storage(stype.dtype, numel, key, zf.read(info))
+                storages[key] = Storage(stype.dtype, numel, key, _read_member(zf, info))
             return storages[key]
 
-        obj = Unpickler(zf.read(f"{top}/data.pkl"), ALLOWED, persistent_load).load()
+        obj = Unpickler(_read_member(zf, zf.getinfo(f"{top}/data.pkl")), ALLOWED, persistent_load).load()
         return resolve(obj, byteorder)
