@@ -319,6 +319,29 @@ def test_dropout_without_ratio_defaults_to_half():
     assert set(np.unique(y)) == {0.0, 2.0} and abs((y == 0).mean() - 0.5) < 0.03
 
 
+@pytest.mark.parametrize("ratio", [0.2, 0.7])
+def test_dropout_ratio_attribute_of_old_opsets(ratio):
+    """Opsets 7-11 give the ratio as an attribute (no input 1): it must be used, not 0.5."""
+    g = Graph(inputs=["x"], outputs=["y"])
+    g.info["x"] = TensorInfo(np.dtype("float32"), (200, 100))
+    g.nodes = [Node("Dropout", ["x"], ["y"], {"ratio": ratio}, name="d")]
+    t = set_training_mode(g, True)
+    t.initializers[RNG_STATE] = np.array([3, 9], np.uint32)
+    t.buffers.append(RNG_STATE)
+    s = specialize(t, {})
+    b = Builder(s)
+    r = _randn(np.random.default_rng(1), 200, 100)
+    s.outputs += [gradients(s, b.op("ReduceSum", [b.op("Mul", ["y", b.const(r)])], keepdims=0), ["x"])["x"]]
+    x = np.ones((200, 100), np.float32)
+    y, dx = NumpyBackend().compile(s).run({"x": x}).values()
+    kept = y != 0
+    assert abs((1 - kept.mean()) - ratio) < 0.02
+    np.testing.assert_allclose(y[kept], np.float32(1 / (1 - ratio)), rtol=1e-6)
+    np.testing.assert_allclose(dx, r * kept / np.float32(1 - ratio), rtol=1e-6)
+    e = specialize(set_training_mode(t, False), {})  # inference: identity whatever the ratio
+    np.testing.assert_array_equal(NumpyBackend().compile(e).run({"x": x})["y"], x)
+
+
 def _run_dropout(x, ratio, state, salt=0):
     g = Graph(inputs=["x"], outputs=["y", "mask"])
     g.info["x"] = TensorInfo(np.dtype("float32"), x.shape)
