@@ -15,6 +15,7 @@ import anygrad
 from anygrad.backends import NumpyBackend
 from anygrad.errors import ModelError, UnsupportedOpError
 from anygrad.frontends import load_onnx, save_onnx, summarize
+from anygrad.frontends.onnx_import import MAX_OPSET, MIN_OPSET
 from anygrad.program import build_inference
 
 
@@ -140,17 +141,61 @@ def test_graph_attribute_is_clear_error(tmp_path):
 
 
 # -- opsets ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("opset", [12, 21])
+@pytest.mark.parametrize("opset", [MIN_OPSET - 1, MAX_OPSET + 1])
 def test_opset_out_of_range(tmp_path, opset):
     path = save(mlp_model(opset=opset), tmp_path / f"o{opset}.onnx")
-    with pytest.raises(ModelError, match=rf"opset {opset}.*13-20"):
+    why = "older" if opset < MIN_OPSET else "newer"
+    with pytest.raises(ModelError, match=rf"opset {opset}, {why} than.*{MIN_OPSET}-{MAX_OPSET}.*opset_version"):
         load_onnx(path)
     assert not summarize(path).opset_supported
 
 
-@pytest.mark.parametrize("opset", [13, 20])
+@pytest.mark.parametrize("opset", [13, 20, 21, MAX_OPSET])
 def test_opset_in_range(tmp_path, opset):
-    assert load_onnx(save(mlp_model(opset=opset), tmp_path / "m.onnx")).origin.opset == opset
+    path = save(mlp_model(opset=opset), tmp_path / "m.onnx")
+    assert load_onnx(path).origin.opset == opset and summarize(path).opset_supported
+
+
+def _opset_model(opset: int) -> tuple[onnx.ModelProto, np.ndarray]:
+    """A small model of ops whose schema changed in `opset` (21: GroupNormalization's per-channel
+    scale; 22: Conv, Elu, GlobalAveragePool; 23: RMSNormalization, RotaryEmbedding, Attention)."""
+    rng = np.random.default_rng(opset)
+
+    def init(name, *shape):
+        return numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+
+    if opset == 21:
+        nodes = [helper.make_node("GroupNormalization", ["x", "s", "b"], ["g"], num_groups=2, epsilon=1e-3),
+                 helper.make_node("Flatten", ["g"], ["f"]), helper.make_node("Relu", ["f"], ["y"])]
+        inits, x_shape, y_shape = [init("s", 4), init("b", 4)], [2, 4, 3, 3], [2, 36]
+    elif opset == 22:
+        nodes = [helper.make_node("Conv", ["x", "w", "c"], ["h"], pads=[1, 1, 1, 1]),
+                 helper.make_node("Elu", ["h"], ["e"], alpha=0.7),
+                 helper.make_node("GlobalAveragePool", ["e"], ["y"])]
+        inits, x_shape, y_shape = [init("w", 3, 2, 3, 3), init("c", 3)], [2, 2, 5, 5], [2, 3, 1, 1]
+    else:  # (batch, seq 4, heads 2 x dim 4): RMSNorm -> rotary on q and k -> attention
+        pos = numpy_helper.from_array(np.tile(np.arange(4, dtype=np.int64), (2, 1)), "pos")
+        angle = np.arange(4)[:, None] / 10.0 ** (np.arange(2)[None, :])
+        caches = [numpy_helper.from_array(np.cos(angle).astype(np.float32), "cos"),
+                  numpy_helper.from_array(np.sin(angle).astype(np.float32), "sin")]
+        nodes = [helper.make_node("RMSNormalization", ["x", "s"], ["n"], axis=-1, epsilon=1e-5),
+                 helper.make_node("RotaryEmbedding", ["n", "cos", "sin", "pos"], ["q"], num_heads=2),
+                 helper.make_node("Attention", ["q", "q", "n"], ["y"], q_num_heads=2, kv_num_heads=2,
+                                  is_causal=1)]
+        inits, x_shape, y_shape = [init("s", 8), pos, *caches], [2, 4, 8], [2, 4, 8]
+    graph = helper.make_graph(nodes, f"opset{opset}", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 10
+    onnx.checker.check_model(model, full_check=True)
+    return model, rng.standard_normal(x_shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("opset", [21, 22, 23])
+def test_newer_opset_files_load_and_match_onnxruntime(tmp_path, opset):
+    model, x = _opset_model(opset)
+    path = save(model, tmp_path / f"opset{opset}.onnx")
+    np.testing.assert_allclose(predict(load_onnx(path), x), ort_run(path, x), rtol=1e-4, atol=1e-5)
 
 
 # -- external data -------------------------------------------------------------------------------
