@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import warnings
 from pathlib import Path
 
@@ -130,6 +131,19 @@ def test_max_opset_is_one_whose_changed_ops_pass():
                                                                          *known)):
                 problems.append(f"{schema.name}-{schema.since_version}: {c.name} ({why})")
     assert not problems, f"MAX_OPSET {MAX_OPSET} admits ops that fail: {problems[:10]}"
+
+
+def test_ops_page_is_what_the_expected_failure_lists_say():
+    """docs/onnx-ops.md is rendered from the same lists these tests enforce, so it cannot drift."""
+    import importlib.util
+    script = Path(__file__).resolve().parents[1] / "scripts" / "onnx_ops_report.py"
+    spec = importlib.util.spec_from_file_location("onnx_ops_report", script)
+    report = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = report  # its dataclasses look their module up there
+    spec.loader.exec_module(report)
+    page = report.render(report.results_from_xfail())
+    assert report.DOC.read_text() == page, ("docs/onnx-ops.md is stale: regenerate it with "
+                                            "python scripts/onnx_ops_report.py --from-xfail")
 
 
 def test_run_node_infers_output_types():
