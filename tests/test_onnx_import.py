@@ -315,3 +315,94 @@ def test_large_model_is_saved_with_external_data(tmp_path, monkeypatch):
     x = np.random.default_rng(0).standard_normal((3, 16)).astype(np.float32)
     np.testing.assert_allclose(ort_run(out, x), predict(model, x), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(predict(load_onnx(out), x), predict(model, x), rtol=1e-6)
+
+
+# -- freezing ------------------------------------------------------------------------------------
+def _founding_export(tmp_path: Path):
+    """The founding model exported by examples/mnist/export.py (dropout off), and its torch Net."""
+    import importlib.util
+    import sys
+    import warnings
+    here = Path(__file__).resolve().parents[1] / "examples" / "mnist"
+    sys.path.insert(0, str(here))
+    try:
+        spec = importlib.util.spec_from_file_location("mnist_export_for_freeze", here / "export.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            net = module.export(tmp_path / "net.onnx", dropout=0.0)
+    finally:
+        sys.path.remove(str(here))
+    return tmp_path / "net.onnx", net
+
+
+def test_freeze_trains_like_torch_requires_grad_false(tmp_path):
+    import torch
+    path, net = _founding_export(tmp_path)
+    model = load_onnx(path, freeze=["conv1.*"])
+    assert model.frozen == ["conv1.weight", "conv1.bias"] and "conv1.weight" not in model.param_names
+    before = model.state_dict()
+    model.compile(loss="nll", optimizer=anygrad.optim.SGD(lr=0.02, momentum=0.9), device="cpu")
+    net.train()
+    net.conv1.requires_grad_(False)
+    opt = torch.optim.SGD(net.parameters(), lr=0.02, momentum=0.9)
+    rng = np.random.default_rng(0)
+    ours, theirs = [], []
+    for _ in range(5):
+        x = rng.standard_normal((16, 1, 28, 28)).astype(np.float32)
+        y = rng.integers(0, 10, 16)
+        ours.append(model.train_on_batch(x, y))
+        opt.zero_grad()
+        loss = torch.nn.functional.nll_loss(net(torch.from_numpy(x)), torch.from_numpy(y))
+        loss.backward()
+        opt.step()
+        theirs.append(loss.item())
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5)
+    after, full = model.state_dict(), model.full_state()
+    for name in ("conv1.weight", "conv1.bias"):  # in the state and checkpoints, unchanged
+        np.testing.assert_array_equal(after[name], before[name])
+        np.testing.assert_array_equal(full[name], before[name])
+        assert not any(k.startswith("optim.") and k.endswith(name) for k in full)
+    assert not np.array_equal(after["conv2.weight"], before["conv2.weight"])
+    moved = net.conv2.weight.detach().numpy()  # trained like torch, to float32 drift over 5 steps
+    assert np.abs(after["conv2.weight"] - moved).max() <= 2e-3 * np.abs(moved).max()
+    saved = onnx.load(str(save_onnx(model, tmp_path / "trained.onnx")))  # exported too
+    weights = {t.name: numpy_helper.to_array(t) for t in saved.graph.initializer}
+    np.testing.assert_array_equal(weights["conv1.weight"], before["conv1.weight"])
+
+
+def test_freeze_after_compile_rebuilds_the_step_and_unfreeze_trains_again(tmp_path):
+    path, _ = _founding_export(tmp_path)
+    model = load_onnx(path).compile(loss="nll", optimizer=anygrad.optim.SGD(lr=0.1), device="cpu")
+    fingerprint, everything = model.fingerprint(), model.param_names
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal((8, 1, 28, 28)).astype(np.float32), rng.integers(0, 10, 8)
+    model.train_step(x, y)
+    assert model.freeze("fc*.weight", "norm2.*") == ["fc1.weight", "fc2.weight", "norm2.weight", "norm2.bias"]
+    assert model.fingerprint() == fingerprint  # a checkpoint of the unfrozen run still fits
+    frozen = {n: model.state_dict()[n] for n in model.frozen}
+    model.train_step(x, y)
+    state = model.state_dict()
+    for name, value in frozen.items():
+        np.testing.assert_array_equal(state[name], value)
+    assert model.unfreeze("fc2.*") == ["fc2.weight", "fc2.bias"]  # fc2.bias was never frozen
+    assert model.param_names == [n for n in everything if n not in ("fc1.weight", "norm2.weight", "norm2.bias")]
+    model.train_step(x, y)
+    assert not np.array_equal(model.state_dict()["fc2.weight"], frozen["fc2.weight"])
+    np.testing.assert_array_equal(model.state_dict()["fc1.weight"], frozen["fc1.weight"])
+
+
+def test_freeze_matches_pytorch_names_and_reports_unmatched_patterns(tmp_path):
+    from anygrad.errors import ConfigError
+    path = save(mlp_model(), tmp_path / "m.onnx")
+    model = load_onnx(path)
+    # the MatMul weight is 'onnx::MatMul_7' in the file, fc2.weight in PyTorch
+    assert model.freeze("fc2.weight") == ["onnx::MatMul_7"]
+    assert model.num_frozen_parameters() == 32 * 3 and model.num_parameters() == 16 * 32 + 32 + 3
+    with pytest.raises(ConfigError, match=r"'fc3\.\*' matches no parameter; close names: .*fc"):
+        model.freeze("fc3.*")
+    with pytest.raises(ConfigError, match="conv9"):
+        load_onnx(path, freeze=["conv9.*"])
+    s = summarize(path, freeze=["fc1.*"])
+    assert (s.num_parameters, s.num_frozen) == (32 * 3 + 3, 16 * 32 + 32)

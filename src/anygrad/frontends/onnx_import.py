@@ -11,7 +11,7 @@ import os
 import re
 import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -416,18 +416,22 @@ def _convert_proto(model: onnx.ModelProto, source: str,
     return model, g, constants
 
 
-def load_onnx(path: str | os.PathLike, init: str = "onnx", seed: int = 0) -> Model:
+def load_onnx(path: str | os.PathLike, init: str = "onnx", seed: int = 0, freeze: Sequence[str] = ()) -> Model:
     """Import an ONNX file as a trainable `anygrad.Model`.
 
     init="onnx" keeps the weights in the file; init="fresh" re-initialises them the way
-    PyTorch initialises each layer (seeded by `seed`).
+    PyTorch initialises each layer (seeded by `seed`). `freeze`: patterns of parameters not to
+    train (see Model.freeze). ONNX does not say which initializers are PyTorch buffers, so every
+    float tensor a gradient reaches is a parameter, a fixed positional-encoding table included:
+    freeze such tables here.
     """
     path = Path(path)
-    return from_model_proto(read_model(path), f"'{path}'", init, seed, origin_path=path)
+    return from_model_proto(read_model(path), f"'{path}'", init, seed, origin_path=path, freeze=freeze)
 
 
 def from_model_proto(proto: onnx.ModelProto, source: str = "<model>", init: str = "onnx", seed: int = 0,
-                     strict_opset: bool = True, origin_path: Path | None = None) -> Model:
+                     strict_opset: bool = True, origin_path: Path | None = None,
+                     freeze: Sequence[str] = ()) -> Model:
     """Import an in-memory ONNX ModelProto (external data already loaded) as an `anygrad.Model`.
 
     `source` names the model in error messages. strict_opset=False accepts any default-domain
@@ -458,6 +462,8 @@ def from_model_proto(proto: onnx.ModelProto, source: str = "<model>", init: str 
                         model.producer_name, torch_names(g))
     m = Model(g, source=str(origin_path or source))
     m.origin = origin
+    if freeze:
+        m.freeze(*([freeze] if isinstance(freeze, str) else freeze))
     return m
 
 
@@ -483,6 +489,7 @@ class ModelSummary:
     num_buffers: int
     unsupported: dict[str, list[str]]  # op type -> node names
     support: dict[str, OpSupport] = field(default_factory=dict)  # op type -> training / inference only / not
+    num_frozen: int = 0  # parameters summarize(freeze=...) took out of training (not in num_parameters)
 
     @property
     def supported(self) -> bool:
@@ -498,9 +505,10 @@ class ModelSummary:
         return self.supported and not self.inference_only
 
 
-def summarize(path: str | os.PathLike) -> ModelSummary:
+def summarize(path: str | os.PathLike, freeze: Sequence[str] = ()) -> ModelSummary:
     """What is in an ONNX file, without raising for unsupported ops or opsets (ModelError only
-    when the file cannot be read at all)."""
+    when the file cannot be read at all; ConfigError for a `freeze` pattern matching nothing).
+    With `freeze` (as load_onnx's), matching parameters count as frozen, not trainable."""
     path = Path(path)
     model, g, constants = _convert(path, strict_opset=False)
     opset = default_opset(model)
@@ -508,6 +516,11 @@ def summarize(path: str | os.PathLike) -> ModelSummary:
     missing = unsupported_ops(g)
     _untie_state(g)
     classify_state(g, constants)
+    frozen: list[str] = []
+    if freeze:
+        m = Model(g, source=str(path))
+        m.origin = OnnxOrigin(path, model.ir_version, {}, torch_names=torch_names(g))
+        frozen = m.freeze(*([freeze] if isinstance(freeze, str) else freeze))
     support = op_support(g)
 
     def tensors(names: list[str]) -> list[TensorSummary]:
@@ -516,4 +529,5 @@ def summarize(path: str | os.PathLike) -> ModelSummary:
     return ModelSummary(path, model.producer_name, model.ir_version, opset, ok, tensors(g.inputs),
                         tensors(g.outputs), g.op_histogram(),
                         int(sum(g.initializers[p].size for p in g.params)),
-                        int(sum(g.initializers[b].size for b in g.buffers)), missing, support)
+                        int(sum(g.initializers[b].size for b in g.buffers if b not in frozen)), missing, support,
+                        int(sum(g.initializers[p].size for p in frozen)))
