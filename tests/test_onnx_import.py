@@ -406,3 +406,51 @@ def test_freeze_matches_pytorch_names_and_reports_unmatched_patterns(tmp_path):
         load_onnx(path, freeze=["conv9.*"])
     s = summarize(path, freeze=["fc1.*"])
     assert (s.num_parameters, s.num_frozen) == (32 * 3 + 3, 16 * 32 + 32)
+
+
+# -- silent acceptances that are errors -----------------------------------------------------------
+def test_founding_model_refuses_to_train_on_one_sample():
+    from anygrad.errors import ShapeError
+    from anygrad.examples import FOUNDING_MODEL
+    model = load_onnx(FOUNDING_MODEL).compile(loss="nll", device="cpu")
+    x = np.zeros((1, 1, 28, 28), np.float32)
+    with pytest.raises(ShapeError, match="norm2.*more than 1 value per channel.*drop-last"):
+        model.train_on_batch(x, np.array([3]))
+    assert model.predict(x).shape == (1, 10)  # inference uses the running statistics
+
+
+def _relu_model(x_info: onnx.ValueInfoProto, extra: list | None = None) -> onnx.ModelProto:
+    nodes = [helper.make_node("Relu", ["x"], ["y"], name="relu")] + (extra or [])
+    graph = helper.make_graph(nodes, "g", [x_info], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_input_without_shape_is_not_a_scalar(tmp_path):
+    """No shape at all (rank unknown) is not rank 0: load_onnx says what is missing; the in-memory
+    importer (ONNX backend) takes the shape of what it is fed."""
+    shapeless = _relu_model(helper.make_tensor_value_info("x", TensorProto.FLOAT, None))
+    path = save(shapeless, tmp_path / "noshape.onnx")
+    with pytest.raises(ModelError, match="input 'x' declares no shape, not even its rank.*make_tensor_value_info"):
+        load_onnx(path)
+    assert summarize(path).inputs[0].shape == ("...",)
+    model = anygrad.frontends.onnx_import.from_model_proto(shapeless)
+    x = np.array([-1.0, 2.0], np.float32)
+    np.testing.assert_array_equal(predict(model, x), np.maximum(x, 0))
+    scalar = load_onnx(save(_relu_model(helper.make_tensor_value_info("x", TensorProto.FLOAT, [])),
+                            tmp_path / "scalar.onnx"))
+    assert scalar.input_shape == ()
+    with pytest.raises(anygrad.AnygradError, match=r"expects shape \(\), got \(2,\)"):
+        predict(scalar, x)
+
+
+def test_two_nodes_writing_one_value_is_a_model_error(tmp_path):
+    model = _relu_model(helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+                        [helper.make_node("Neg", ["x"], ["y"], name="neg")])
+    with pytest.raises(ModelError, match="Neg node 'neg' writes 'y', which Relu node 'relu' already defines"):
+        load_onnx(save(model, tmp_path / "twice.onnx"))
+    model = _relu_model(helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+                        [helper.make_node("Constant", [], ["x"], name="c", value_float=1.0)])
+    with pytest.raises(ModelError, match="Constant node 'c' writes 'x', which graph input 'x' already defines"):
+        load_onnx(save(model, tmp_path / "input.onnx"))

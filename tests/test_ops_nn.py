@@ -12,7 +12,7 @@ from opcheck import check_op, run_op
 from anygrad import rng as anyrng
 from anygrad.autodiff import gradients
 from anygrad.backends import NumpyBackend
-from anygrad.errors import AnygradError
+from anygrad.errors import AnygradError, ShapeError
 from anygrad.ir import RNG_STATE, Builder, Graph, Node, TensorInfo, set_training_mode, specialize
 
 
@@ -274,6 +274,30 @@ def test_batch_norm_set_mode_training_and_back():
     e = set_training_mode(t, False)
     node = e.nodes[0]
     assert node.attrs["training_mode"] == 0 and node.outputs == ["y"] and e.state_updates == {}
+
+
+@pytest.mark.parametrize("shape,ok", [((1, 10), False), ((1, 4, 1, 1), False), ((1, 3, 1), False),
+                                      ((2, 10), True), ((1, 4, 2, 1), True)])
+def test_batch_norm_training_needs_more_than_one_value_per_channel(shape, ok):
+    """As PyTorch: BatchNorm1d on a batch of one cannot train (it would silently output beta)."""
+    bn = TORCH_BN[len(shape)](shape[1]).train()
+    g = Graph(inputs=["x"], outputs=["y"])
+    g.info["x"] = TensorInfo(np.dtype("float32"), ("N",) + shape[1:])
+    c = shape[1]
+    g.initializers = {"s": np.ones(c, np.float32), "b": np.zeros(c, np.float32), "rm": np.zeros(c, np.float32),
+                      "rv": np.ones(c, np.float32)}
+    g.params = ["s", "b"]
+    g.nodes = [Node("BatchNormalization", ["x", "s", "b", "rm", "rv"], ["y"], name="norm2")]
+    train = set_training_mode(g, True)
+    if ok:
+        bn(torch.zeros(shape))
+        specialize(train, {"x": shape})
+        return
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        bn(torch.zeros(shape))
+    with pytest.raises(ShapeError, match="norm2.*more than 1 value per channel.*drop-last"):
+        specialize(train, {"x": shape})
+    specialize(set_training_mode(g, False), {"x": shape})  # inference on one sample is fine
 
 
 # -- Dropout -------------------------------------------------------------------------------------

@@ -214,7 +214,7 @@ class Model:
     def _feeds(self, x: np.ndarray, y: np.ndarray | None = None) -> dict[str, np.ndarray]:
         feeds = {self.input_name: np.asarray(x)}
         if y is not None:
-            feeds[TARGET] = np.asarray(y)
+            feeds[TARGET] = self.loss.targets(y) if self.loss is not None else np.asarray(y)
         return feeds
 
     # -- training and inference ----------------------------------------------------------

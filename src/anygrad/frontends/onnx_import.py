@@ -212,10 +212,14 @@ def _constant_value(node: Node) -> np.ndarray:
     return np.array(v, table[key])
 
 
-def _value_info(vi: onnx.ValueInfoProto, source: str) -> TensorInfo:
+def _value_info(vi: onnx.ValueInfoProto, source: str, rank_known: bool = False) -> TensorInfo:
+    """The declared dtype and shape. A tensor declared without any shape gets shape None (rank
+    unknown, as opposed to () for a scalar) unless `rank_known` (outputs, which are inferred)."""
     tt = vi.type.tensor_type
     if not vi.type.HasField("tensor_type") or tt.elem_type not in ELEM_TYPES:
         raise ModelError(f"{source}: value '{vi.name}' is not a tensor of a supported element type")
+    if not tt.HasField("shape") and not rank_known:
+        return TensorInfo(ELEM_TYPES[tt.elem_type], None)  # type: ignore[arg-type]
     shape: list[int | str] = []
     for i, d in enumerate(tt.shape.dim):
         if d.HasField("dim_value"):
@@ -232,17 +236,29 @@ def to_graph(model: onnx.ModelProto, source: str) -> Graph:
     og = model.graph
     g = Graph(name=og.name or "graph")
     g.initializers = {t.name: _tensor(t, source) for t in og.initializer}
+    # What defines each value so far: a second definition is a corrupt graph, not a silent overwrite.
+    defined = {name: f"initializer '{name}'" for name in g.initializers}
+    defined.update((vi.name, f"graph input '{vi.name}'") for vi in og.input if vi.name not in defined)
     for i, onode in enumerate(og.node):
         op = onode.op_type if onode.domain in DEFAULT_DOMAINS else f"{onode.domain}.{onode.op_type}"
         node = Node(op, list(onode.input), list(onode.output), _attrs(onode, source), onode.name)
+        for out in filter(None, node.outputs):
+            if out in defined:
+                raise ModelError(f"{source}: {node.label} writes '{out}', which {defined[out]} already "
+                                 "defines; every value needs exactly one producer (a corrupt or hand-edited "
+                                 "graph?)")
+            defined[out] = node.label
         if op == "Constant":
             g.initializers[node.outputs[0]] = _constant_value(node)
         else:
             g.nodes.append(node)
     g.inputs = [vi.name for vi in og.input if vi.name not in g.initializers]
-    for vi in list(og.input) + list(og.output):
+    for vi in og.input:
         if vi.name not in g.initializers:
             g.info[vi.name] = _value_info(vi, source)
+    for vi in og.output:
+        if vi.name not in g.initializers:
+            g.info[vi.name] = _value_info(vi, source, rank_known=True)
     g.outputs = [vi.name for vi in og.output]
     return g
 
@@ -426,7 +442,14 @@ def load_onnx(path: str | os.PathLike, init: str = "onnx", seed: int = 0, freeze
     freeze such tables here.
     """
     path = Path(path)
-    return from_model_proto(read_model(path), f"'{path}'", init, seed, origin_path=path, freeze=freeze)
+    model = from_model_proto(read_model(path), f"'{path}'", init, seed, origin_path=path, freeze=freeze)
+    for name in model.graph.inputs:
+        if model.graph.info[name].shape is None:  # the CLI, data pipeline and export need the rank
+            raise ModelError(f"'{path}': graph input '{name}' declares no shape, not even its rank; anygrad "
+                             "needs it. Declare it when exporting (torch.onnx.export does), or in the file: "
+                             "replace the input by onnx.helper.make_tensor_value_info("
+                             f"'{name}', <element type>, ['batch', ...])")
+    return model
 
 
 def from_model_proto(proto: onnx.ModelProto, source: str = "<model>", init: str = "onnx", seed: int = 0,
@@ -436,7 +459,9 @@ def from_model_proto(proto: onnx.ModelProto, source: str = "<model>", init: str 
 
     `source` names the model in error messages. strict_opset=False accepts any default-domain
     opset (the ONNX conformance backend runs every opset's node tests; files stay within
-    MIN_OPSET-MAX_OPSET).
+    MIN_OPSET-MAX_OPSET). An input declared without a shape (rank unknown) takes the shape of
+    whatever it is fed (`specialize`); load_onnx refuses such files instead, as its users
+    (CLI, data pipeline, export) rely on the declared rank.
     """
     if init not in ("onnx", "fresh"):
         raise ConfigError(f"init must be 'onnx' or 'fresh', not '{init}'")
@@ -472,7 +497,7 @@ def from_model_proto(proto: onnx.ModelProto, source: str = "<model>", init: str 
 class TensorSummary:
     name: str
     dtype: str
-    shape: Shape
+    shape: Shape  # ("...",) for an input declared without any shape
 
 
 @dataclass
@@ -524,7 +549,8 @@ def summarize(path: str | os.PathLike, freeze: Sequence[str] = ()) -> ModelSumma
     support = op_support(g)
 
     def tensors(names: list[str]) -> list[TensorSummary]:
-        return [TensorSummary(n, str(g.info[n].dtype), tuple(g.info[n].shape)) for n in names if n in g.info]
+        return [TensorSummary(n, str(g.info[n].dtype), tuple(g.info[n].shape) if g.info[n].shape is not None
+                              else ("...",)) for n in names if n in g.info]
 
     return ModelSummary(path, model.producer_name, model.ir_version, opset, ok, tensors(g.inputs),
                         tensors(g.outputs), g.op_histogram(),

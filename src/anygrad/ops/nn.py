@@ -619,6 +619,13 @@ def _bn_infer(node, ins):
         if ins[slot] is not None and tuple(ins[slot].shape) != (x.shape[1],):
             raise ShapeError(f"{node.label}: input {slot} has shape {tuple(ins[slot].shape)}, expected "
                              f"({x.shape[1]},)")
+    per_channel = [d for i, d in enumerate(x.shape) if i != 1]
+    if node.attr("training_mode", 0) and all(isinstance(d, int) for d in per_channel) \
+            and int(np.prod(per_channel)) == 1:  # batch statistics of one value: x - mean = 0, no variance
+        raise ShapeError(f"{node.label}: training needs more than 1 value per channel, got input shape "
+                         f"{tuple(x.shape)} (PyTorch: 'Expected more than 1 value per channel when training'). "
+                         "Train with batches of 2 or more; if the last batch of an epoch holds one sample, "
+                         "drop it (--drop-last, or fit(..., drop_last=True))")
     outs = [TensorInfo(x.dtype, x.shape)]
     for slot in (3, 4)[:len(node.outputs) - 1]:
         outs.append(TensorInfo(ins[slot].dtype, ins[slot].shape))
