@@ -108,6 +108,15 @@ def test_unary(op, shape, seed):
     check_op(op, [make(seed, shape)], attrs, fn, seed=seed % 1000)
 
 
+@FEW
+@given(shape=shapes, seed=seeds, alpha=st.floats(-2.0, 2.0, allow_subnormal=False) | st.just(0.01))
+def test_leaky_relu_alpha(shape, seed, alpha):
+    """Any slope, the ONNX default 0.01 included (the attribute absent), like torch's leaky_relu."""
+    attrs = {} if alpha == 0.01 else {"alpha": alpha}
+    check_op("LeakyRelu", [normal(seed, shape)], attrs,
+             lambda x: torch.nn.functional.leaky_relu(x, float(np.float32(alpha))), seed=seed % 1000)
+
+
 F = torch.nn.functional
 ACTIVATIONS = {
     # op: (attrs, torch reference)
