@@ -5,6 +5,7 @@
     python scripts/onnx_ops_report.py --json results.json  # also keep the raw per-case results
     python scripts/onnx_ops_report.py --from-json results.json   # regenerate the page only
     python scripts/onnx_ops_report.py --failures           # print failing cases (for the xfail list)
+    python scripts/onnx_ops_report.py --from-xfail         # the page from the expected-failure lists
 
 Each case runs exactly as `onnx.backend.test.BackendTest` runs it (prepare, run each data set,
 `Runner.assert_similar_outputs`), so these numbers match tests/test_onnx_conformance.py.
@@ -128,6 +129,66 @@ def _default_domain_ops() -> list[str]:
     return sorted({s.name for s in onnx.defs.get_all_schemas() if s.domain in ("", "ai.onnx")})
 
 
+def results_from_xfail() -> list[CaseResult]:
+    """The per-case results the expected-failure lists record: a listed case failed for the
+    reason given, every other node case passed (wgpu only when its list exists). This is what
+    the conformance tests enforce, so the page rendered from it cannot drift from the suite."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from onnx.backend.test.loader import load_model_tests
+        cases = load_model_tests(kind="node")
+    by_name = {c.name: c for c in cases}
+    ops = {c.name: case_op(c, by_name) for c in cases}
+    out = []
+    for device, path in (("cpu", XFAIL), ("wgpu", XFAIL_WGPU)):
+        if not path.exists():
+            continue
+        failing = {}
+        for line in path.read_text().splitlines():
+            name, _, why = line.partition("#")
+            if name.strip():
+                failing[name.strip()] = why.strip().partition(": ")[2]  # "Op: reason"
+        for case in cases:
+            op, expanded = ops[case.name]
+            out.append(CaseResult(case.name, op, expanded, device, case.name not in failing,
+                                  failing.get(case.name, ""), 0.0))
+    return out
+
+
+FLOAT_TYPES = {"tensor(float)", "tensor(double)", "tensor(float16)", "tensor(bfloat16)"}
+
+
+def _may_be_float(schema, params) -> bool:
+    constraints = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+    return any(constraints.get(p.type_str, {p.type_str}) & FLOAT_TYPES for p in params)
+
+
+def grad_cell(op: str) -> str:
+    """yes: a gradient rule; yes (expansion): trains through the primitive ops it expands to;
+    n/a: no gradient flows through it (no float input or output in ONNX's type constraints:
+    comparisons, shape ops, indices; or anygrad marks every input non-differentiable: rounding,
+    Sign, Range); no: differentiable in principle, no rule yet; -: not implemented."""
+    import onnx
+
+    from anygrad.ir.registry import get_op
+    d = get_op(op)
+    if d is None:
+        return "-"
+    if d.grad is not None:
+        return "yes"
+    if d.expand is not None:
+        return "yes (expansion)"
+    domain, _, name = op.rpartition(".")
+    try:
+        schema = onnx.defs.get_schema(name, domain=domain)
+    except onnx.defs.SchemaError:
+        schema = None
+    if schema is not None and not (_may_be_float(schema, schema.inputs) and _may_be_float(schema, schema.outputs)):
+        return "n/a"
+    slots = len(schema.inputs) if schema is not None else 0
+    return "n/a" if slots and all(i in d.nondiff for i in range(slots)) else "no"
+
+
 def _cell(rs: list[CaseResult]) -> str:
     if not rs:
         return "-"
@@ -183,6 +244,8 @@ def render(results: list[CaseResult]) -> str:
         return sum(r.passed for r in rs), len(rs)
 
     import onnx
+
+    from anygrad.frontends.onnx_import import MAX_OPSET, MIN_OPSET
     lines = [
         "# ONNX op support",
         "",
@@ -211,8 +274,10 @@ def render(results: list[CaseResult]) -> str:
         "",
         "Columns: *numpy* / *wgpu*: cases of the op itself passed/total; *expanded*: cases that run",
         "the op's ONNX function body instead (they test the primitive ops it expands to), on numpy;",
-        "*grad*: anygrad has a gradient rule for the op; *notes*: why cases fail (count).",
-        "The conformance backend accepts every opset; `load_onnx` accepts files of opsets 13-20.",
+        "*grad*: *yes*, a gradient rule; *yes (expansion)*, the op trains through the primitive ops",
+        "anygrad expands it into; *n/a*, no gradient flows through the op (comparisons, shape and index",
+        "ops, rounding); *no*, no gradient rule yet. *notes*: why cases fail (count).",
+        f"The conformance backend accepts every opset; `load_onnx` accepts files of opsets {MIN_OPSET}-{MAX_OPSET}.",
         "Node tests feed shape-like operands (Reshape's shape, Slice's starts...) as graph inputs;",
         "the backend folds them in as constants, as they are in exported models.",
         "",
@@ -224,7 +289,7 @@ def render(results: list[CaseResult]) -> str:
             d = get_op(op)
             cpu, gpu, exp = by[op, "cpu", False], by[op, "wgpu", False], by[op, "cpu", True]
             wgpu = _cell(gpu) if "wgpu" in devices else "not run"
-            grad = "yes" if d is not None and d.grad is not None else ("-" if d is None else "no")
+            grad = grad_cell(op)
             notes = _notes(cpu, exp, d is not None)
             passed_cpu = {r.name for r in cpu if r.passed}
             wgpu_only = defaultdict(int)  # failures of cases numpy passes: the wgpu backend's own
@@ -286,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wgpu", action="store_true", help="also run the cases on the wgpu backend")
     ap.add_argument("--json", type=Path, help="write the per-case results here")
     ap.add_argument("--from-json", type=Path, help="read per-case results instead of running the suite")
+    ap.add_argument("--from-xfail", action="store_true",
+                    help="take the results from the expected-failure lists instead of running the suite")
     ap.add_argument("--out", type=Path, default=DOC, help=f"page to write (default {DOC.relative_to(ROOT)})")
     ap.add_argument("--pattern", help="only cases whose name matches this regex")
     ap.add_argument("--failures", action="store_true", help="print each failing case and why")
@@ -294,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.from_json:
         results = [CaseResult(**r) for r in json.loads(args.from_json.read_text())]
+    elif args.from_xfail:
+        results = results_from_xfail()
     else:
         t0 = time.perf_counter()
         results = run_suite(("cpu", "wgpu") if args.wgpu else ("cpu",), args.pattern)

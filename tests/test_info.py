@@ -83,3 +83,22 @@ def test_an_op_without_gradient_off_the_gradient_path_still_trains(tmp_path, cap
     assert cli.main(["info", str(path)]) == 0
     out = capsys.readouterr().out
     assert "inference only: none" in out and "cannot train" not in out
+
+
+@pytest.mark.parametrize("opset", [23, 28, 29, 12])
+def test_info_accepts_the_opsets_load_onnx_accepts(tmp_path, capsys, opset):
+    from anygrad.errors import ModelError
+    from anygrad.frontends.onnx_import import MAX_OPSET, MIN_OPSET, load_onnx
+    path = _model(tmp_path / "m.onnx", det_on="x", unknown=False)
+    model = onnx.load(str(path))
+    model.opset_import[0].version = opset
+    onnx.save(model, str(path))
+    ok = MIN_OPSET <= opset <= MAX_OPSET
+    assert cli.main(["info", str(path)]) == (0 if ok else 1)
+    out = capsys.readouterr().out
+    assert f"opset {opset}" in out and (f"unsupported opset: {opset}" in out) != ok
+    if ok:
+        load_onnx(path)
+    else:
+        with pytest.raises(ModelError, match=f"opset {opset}"):
+            load_onnx(path)

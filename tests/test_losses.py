@@ -268,3 +268,28 @@ def test_accuracy_through_the_model():
     first = model.train_on_batch(x, y)
     assert first == pytest.approx(want, rel=1e-5)
     assert model.train_on_batch(x, y) < first
+
+
+@pytest.mark.parametrize("name", ["nll", "cross_entropy"])
+def test_float_class_targets_whole_numbers_accepted_fractions_refused(name):
+    """Labels as floats (1.0) mean the class; 1.7 is not silently truncated to class 1."""
+    from anygrad.errors import DataError
+    rng = np.random.default_rng(3)
+    g = Graph(inputs=["x"], outputs=["y"])
+    g.initializers = {"W": rng.standard_normal((3, 4)).astype(np.float32)}
+    g.params = ["W"]
+    g.info["x"] = TensorInfo(F32, ("N", 4))
+    g.nodes = [Node("Gemm", ["x", "W"], ["z"], {"transB": 1}), Node("LogSoftmax", ["z"], ["y"], {"axis": 1})]
+    model = Model(g).compile(loss=name, optimizer=SGD(lr=0.0), device="cpu")
+    x = rng.standard_normal((6, 4)).astype(np.float32)
+    y = rng.integers(0, 3, 6)
+    want = model.train_on_batch(x, y)
+    assert model.train_on_batch(x, y.astype(np.float32)) == want
+    assert model.train_on_batch(x, y.astype(np.float64).reshape(6, 1)) == want
+    for bad in (y + 0.5, np.where(np.arange(6) == 2, np.nan, y)):
+        with pytest.raises(DataError, match=f"loss '{name}' takes class indices.*non-integer"):
+            model.train_on_batch(x, bad.astype(np.float32))
+    with pytest.raises(DataError, match="non-integer"):
+        model.evaluate(x, y + 0.25)
+    with pytest.raises(DataError, match="dtype <U1"):
+        model.train_on_batch(x, np.array(list("abcabc")))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import warnings
 from pathlib import Path
 
@@ -96,6 +97,53 @@ def test_expected_failures_name_real_cases():
         names = {c.name for c in load_model_tests(kind="node")}
     stale = sorted((set(expected_failures()) | set(expected_failures(XFAIL_WGPU_FILE))) - names)
     assert not stale, f"{XFAIL_FILE.name} lists cases onnx does not have: {stale[:10]}"
+
+
+def test_max_opset_is_one_whose_changed_ops_pass():
+    """load_onnx accepts opsets up to MAX_OPSET: every op anygrad has whose schema changed after
+    MIN_OPSET must pass its node cases at the new version, failing only by refusing clearly (value
+    types anygrad cannot hold, an unsupported mode) or by a deliberate choice (KNOWN below)."""
+    from anygrad.frontends.onnx_import import DEFAULT_DOMAINS, MAX_OPSET, MIN_OPSET
+    from anygrad.ir.registry import get_op
+    known = ("random: anygrad uses its counter-based RNG", "running_var: anygrad keeps PyTorch's unbiased")
+    # Wrong values at opsets 17-20, accepted before this check existed: fix them, then drop them here.
+    open_bugs = {"test_dft_inverse", "test_dft_inverse_opset19", "test_resize_downsample_scales_linear_align_corners",
+                 "test_resize_downsample_scales_cubic_align_corners"}
+    assert MAX_OPSET <= onnx.defs.onnx_opset_version()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cases = [c for c in load_model_tests(kind="node") if len(c.model.graph.node) == 1]
+    failing = expected_failures()
+    problems = []
+    for schema in onnx.defs.get_all_schemas_with_history():
+        if (schema.domain not in DEFAULT_DOMAINS or not MIN_OPSET < schema.since_version <= MAX_OPSET
+                or get_op(schema.name) is None):
+            continue
+        at_version = [c for c in cases if c.model.graph.node[0].op_type == schema.name
+                      and c.model.graph.node[0].domain in DEFAULT_DOMAINS
+                      and max(o.version for o in c.model.opset_import if o.domain in DEFAULT_DOMAINS)
+                      >= schema.since_version]
+        if not at_version:
+            problems.append(f"{schema.name}-{schema.since_version}: no node case")
+        for c in at_version:
+            why = failing.get(c.name, "").partition(": ")[2]
+            if why and c.name not in open_bugs and not why.startswith(("value types not supported", "unsupported: ",
+                                                                         *known)):
+                problems.append(f"{schema.name}-{schema.since_version}: {c.name} ({why})")
+    assert not problems, f"MAX_OPSET {MAX_OPSET} admits ops that fail: {problems[:10]}"
+
+
+def test_ops_page_is_what_the_expected_failure_lists_say():
+    """docs/onnx-ops.md is rendered from the same lists these tests enforce, so it cannot drift."""
+    import importlib.util
+    script = Path(__file__).resolve().parents[1] / "scripts" / "onnx_ops_report.py"
+    spec = importlib.util.spec_from_file_location("onnx_ops_report", script)
+    report = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = report  # its dataclasses look their module up there
+    spec.loader.exec_module(report)
+    page = report.render(report.results_from_xfail())
+    assert report.DOC.read_text() == page, ("docs/onnx-ops.md is stale: regenerate it with "
+                                            "python scripts/onnx_ops_report.py --from-xfail")
 
 
 def test_run_node_infers_output_types():

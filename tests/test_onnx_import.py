@@ -15,6 +15,7 @@ import anygrad
 from anygrad.backends import NumpyBackend
 from anygrad.errors import ModelError, UnsupportedOpError
 from anygrad.frontends import load_onnx, save_onnx, summarize
+from anygrad.frontends.onnx_import import MAX_OPSET, MIN_OPSET
 from anygrad.program import build_inference
 
 
@@ -140,17 +141,61 @@ def test_graph_attribute_is_clear_error(tmp_path):
 
 
 # -- opsets ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("opset", [12, 21])
+@pytest.mark.parametrize("opset", [MIN_OPSET - 1, MAX_OPSET + 1])
 def test_opset_out_of_range(tmp_path, opset):
     path = save(mlp_model(opset=opset), tmp_path / f"o{opset}.onnx")
-    with pytest.raises(ModelError, match=rf"opset {opset}.*13-20"):
+    why = "older" if opset < MIN_OPSET else "newer"
+    with pytest.raises(ModelError, match=rf"opset {opset}, {why} than.*{MIN_OPSET}-{MAX_OPSET}.*opset_version"):
         load_onnx(path)
     assert not summarize(path).opset_supported
 
 
-@pytest.mark.parametrize("opset", [13, 20])
+@pytest.mark.parametrize("opset", [13, 20, 21, MAX_OPSET])
 def test_opset_in_range(tmp_path, opset):
-    assert load_onnx(save(mlp_model(opset=opset), tmp_path / "m.onnx")).origin.opset == opset
+    path = save(mlp_model(opset=opset), tmp_path / "m.onnx")
+    assert load_onnx(path).origin.opset == opset and summarize(path).opset_supported
+
+
+def _opset_model(opset: int) -> tuple[onnx.ModelProto, np.ndarray]:
+    """A small model of ops whose schema changed in `opset` (21: GroupNormalization's per-channel
+    scale; 22: Conv, Elu, GlobalAveragePool; 23: RMSNormalization, RotaryEmbedding, Attention)."""
+    rng = np.random.default_rng(opset)
+
+    def init(name, *shape):
+        return numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+
+    if opset == 21:
+        nodes = [helper.make_node("GroupNormalization", ["x", "s", "b"], ["g"], num_groups=2, epsilon=1e-3),
+                 helper.make_node("Flatten", ["g"], ["f"]), helper.make_node("Relu", ["f"], ["y"])]
+        inits, x_shape, y_shape = [init("s", 4), init("b", 4)], [2, 4, 3, 3], [2, 36]
+    elif opset == 22:
+        nodes = [helper.make_node("Conv", ["x", "w", "c"], ["h"], pads=[1, 1, 1, 1]),
+                 helper.make_node("Elu", ["h"], ["e"], alpha=0.7),
+                 helper.make_node("GlobalAveragePool", ["e"], ["y"])]
+        inits, x_shape, y_shape = [init("w", 3, 2, 3, 3), init("c", 3)], [2, 2, 5, 5], [2, 3, 1, 1]
+    else:  # (batch, seq 4, heads 2 x dim 4): RMSNorm -> rotary on q and k -> attention
+        pos = numpy_helper.from_array(np.tile(np.arange(4, dtype=np.int64), (2, 1)), "pos")
+        angle = np.arange(4)[:, None] / 10.0 ** (np.arange(2)[None, :])
+        caches = [numpy_helper.from_array(np.cos(angle).astype(np.float32), "cos"),
+                  numpy_helper.from_array(np.sin(angle).astype(np.float32), "sin")]
+        nodes = [helper.make_node("RMSNormalization", ["x", "s"], ["n"], axis=-1, epsilon=1e-5),
+                 helper.make_node("RotaryEmbedding", ["n", "cos", "sin", "pos"], ["q"], num_heads=2),
+                 helper.make_node("Attention", ["q", "q", "n"], ["y"], q_num_heads=2, kv_num_heads=2,
+                                  is_causal=1)]
+        inits, x_shape, y_shape = [init("s", 8), pos, *caches], [2, 4, 8], [2, 4, 8]
+    graph = helper.make_graph(nodes, f"opset{opset}", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 10
+    onnx.checker.check_model(model, full_check=True)
+    return model, rng.standard_normal(x_shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("opset", [21, 22, 23])
+def test_newer_opset_files_load_and_match_onnxruntime(tmp_path, opset):
+    model, x = _opset_model(opset)
+    path = save(model, tmp_path / f"opset{opset}.onnx")
+    np.testing.assert_allclose(predict(load_onnx(path), x), ort_run(path, x), rtol=1e-4, atol=1e-5)
 
 
 # -- external data -------------------------------------------------------------------------------
@@ -270,3 +315,142 @@ def test_large_model_is_saved_with_external_data(tmp_path, monkeypatch):
     x = np.random.default_rng(0).standard_normal((3, 16)).astype(np.float32)
     np.testing.assert_allclose(ort_run(out, x), predict(model, x), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(predict(load_onnx(out), x), predict(model, x), rtol=1e-6)
+
+
+# -- freezing ------------------------------------------------------------------------------------
+def _founding_export(tmp_path: Path):
+    """The founding model exported by examples/mnist/export.py (dropout off), and its torch Net."""
+    import importlib.util
+    import sys
+    import warnings
+    here = Path(__file__).resolve().parents[1] / "examples" / "mnist"
+    sys.path.insert(0, str(here))
+    try:
+        spec = importlib.util.spec_from_file_location("mnist_export_for_freeze", here / "export.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            net = module.export(tmp_path / "net.onnx", dropout=0.0)
+    finally:
+        sys.path.remove(str(here))
+    return tmp_path / "net.onnx", net
+
+
+def test_freeze_trains_like_torch_requires_grad_false(tmp_path):
+    import torch
+    path, net = _founding_export(tmp_path)
+    model = load_onnx(path, freeze=["conv1.*"])
+    assert model.frozen == ["conv1.weight", "conv1.bias"] and "conv1.weight" not in model.param_names
+    before = model.state_dict()
+    model.compile(loss="nll", optimizer=anygrad.optim.SGD(lr=0.02, momentum=0.9), device="cpu")
+    net.train()
+    net.conv1.requires_grad_(False)
+    opt = torch.optim.SGD(net.parameters(), lr=0.02, momentum=0.9)
+    rng = np.random.default_rng(0)
+    ours, theirs = [], []
+    for _ in range(5):
+        x = rng.standard_normal((16, 1, 28, 28)).astype(np.float32)
+        y = rng.integers(0, 10, 16)
+        ours.append(model.train_on_batch(x, y))
+        opt.zero_grad()
+        loss = torch.nn.functional.nll_loss(net(torch.from_numpy(x)), torch.from_numpy(y))
+        loss.backward()
+        opt.step()
+        theirs.append(loss.item())
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5)
+    after, full = model.state_dict(), model.full_state()
+    for name in ("conv1.weight", "conv1.bias"):  # in the state and checkpoints, unchanged
+        np.testing.assert_array_equal(after[name], before[name])
+        np.testing.assert_array_equal(full[name], before[name])
+        assert not any(k.startswith("optim.") and k.endswith(name) for k in full)
+    assert not np.array_equal(after["conv2.weight"], before["conv2.weight"])
+    moved = net.conv2.weight.detach().numpy()  # trained like torch, to float32 drift over 5 steps
+    assert np.abs(after["conv2.weight"] - moved).max() <= 2e-3 * np.abs(moved).max()
+    saved = onnx.load(str(save_onnx(model, tmp_path / "trained.onnx")))  # exported too
+    weights = {t.name: numpy_helper.to_array(t) for t in saved.graph.initializer}
+    np.testing.assert_array_equal(weights["conv1.weight"], before["conv1.weight"])
+
+
+def test_freeze_after_compile_rebuilds_the_step_and_unfreeze_trains_again(tmp_path):
+    path, _ = _founding_export(tmp_path)
+    model = load_onnx(path).compile(loss="nll", optimizer=anygrad.optim.SGD(lr=0.1), device="cpu")
+    fingerprint, everything = model.fingerprint(), model.param_names
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal((8, 1, 28, 28)).astype(np.float32), rng.integers(0, 10, 8)
+    model.train_step(x, y)
+    assert model.freeze("fc*.weight", "norm2.*") == ["fc1.weight", "fc2.weight", "norm2.weight", "norm2.bias"]
+    assert model.fingerprint() == fingerprint  # a checkpoint of the unfrozen run still fits
+    frozen = {n: model.state_dict()[n] for n in model.frozen}
+    model.train_step(x, y)
+    state = model.state_dict()
+    for name, value in frozen.items():
+        np.testing.assert_array_equal(state[name], value)
+    assert model.unfreeze("fc2.*") == ["fc2.weight", "fc2.bias"]  # fc2.bias was never frozen
+    assert model.param_names == [n for n in everything if n not in ("fc1.weight", "norm2.weight", "norm2.bias")]
+    model.train_step(x, y)
+    assert not np.array_equal(model.state_dict()["fc2.weight"], frozen["fc2.weight"])
+    np.testing.assert_array_equal(model.state_dict()["fc1.weight"], frozen["fc1.weight"])
+
+
+def test_freeze_matches_pytorch_names_and_reports_unmatched_patterns(tmp_path):
+    from anygrad.errors import ConfigError
+    path = save(mlp_model(), tmp_path / "m.onnx")
+    model = load_onnx(path)
+    # the MatMul weight is 'onnx::MatMul_7' in the file, fc2.weight in PyTorch
+    assert model.freeze("fc2.weight") == ["onnx::MatMul_7"]
+    assert model.num_frozen_parameters() == 32 * 3 and model.num_parameters() == 16 * 32 + 32 + 3
+    with pytest.raises(ConfigError, match=r"'fc3\.\*' matches no parameter; close names: .*fc"):
+        model.freeze("fc3.*")
+    with pytest.raises(ConfigError, match="conv9"):
+        load_onnx(path, freeze=["conv9.*"])
+    s = summarize(path, freeze=["fc1.*"])
+    assert (s.num_parameters, s.num_frozen) == (32 * 3 + 3, 16 * 32 + 32)
+
+
+# -- silent acceptances that are errors -----------------------------------------------------------
+def test_founding_model_refuses_to_train_on_one_sample():
+    from anygrad.errors import ShapeError
+    from anygrad.examples import FOUNDING_MODEL
+    model = load_onnx(FOUNDING_MODEL).compile(loss="nll", device="cpu")
+    x = np.zeros((1, 1, 28, 28), np.float32)
+    with pytest.raises(ShapeError, match="norm2.*more than 1 value per channel.*drop-last"):
+        model.train_on_batch(x, np.array([3]))
+    assert model.predict(x).shape == (1, 10)  # inference uses the running statistics
+
+
+def _relu_model(x_info: onnx.ValueInfoProto, extra: list | None = None) -> onnx.ModelProto:
+    nodes = [helper.make_node("Relu", ["x"], ["y"], name="relu")] + (extra or [])
+    graph = helper.make_graph(nodes, "g", [x_info], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_input_without_shape_is_not_a_scalar(tmp_path):
+    """No shape at all (rank unknown) is not rank 0: load_onnx says what is missing; the in-memory
+    importer (ONNX backend) takes the shape of what it is fed."""
+    shapeless = _relu_model(helper.make_tensor_value_info("x", TensorProto.FLOAT, None))
+    path = save(shapeless, tmp_path / "noshape.onnx")
+    with pytest.raises(ModelError, match="input 'x' declares no shape, not even its rank.*make_tensor_value_info"):
+        load_onnx(path)
+    assert summarize(path).inputs[0].shape == ("...",)
+    model = anygrad.frontends.onnx_import.from_model_proto(shapeless)
+    x = np.array([-1.0, 2.0], np.float32)
+    np.testing.assert_array_equal(predict(model, x), np.maximum(x, 0))
+    scalar = load_onnx(save(_relu_model(helper.make_tensor_value_info("x", TensorProto.FLOAT, [])),
+                            tmp_path / "scalar.onnx"))
+    assert scalar.input_shape == ()
+    with pytest.raises(anygrad.AnygradError, match=r"expects shape \(\), got \(2,\)"):
+        predict(scalar, x)
+
+
+def test_two_nodes_writing_one_value_is_a_model_error(tmp_path):
+    model = _relu_model(helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+                        [helper.make_node("Neg", ["x"], ["y"], name="neg")])
+    with pytest.raises(ModelError, match="Neg node 'neg' writes 'y', which Relu node 'relu' already defines"):
+        load_onnx(save(model, tmp_path / "twice.onnx"))
+    model = _relu_model(helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+                        [helper.make_node("Constant", [], ["x"], name="c", value_float=1.0)])
+    with pytest.raises(ModelError, match="Constant node 'c' writes 'x', which graph input 'x' already defines"):
+        load_onnx(save(model, tmp_path / "input.onnx"))

@@ -108,6 +108,15 @@ def test_unary(op, shape, seed):
     check_op(op, [make(seed, shape)], attrs, fn, seed=seed % 1000)
 
 
+@FEW
+@given(shape=shapes, seed=seeds, alpha=st.floats(-2.0, 2.0, allow_subnormal=False) | st.just(0.01))
+def test_leaky_relu_alpha(shape, seed, alpha):
+    """Any slope, the ONNX default 0.01 included (the attribute absent), like torch's leaky_relu."""
+    attrs = {} if alpha == 0.01 else {"alpha": alpha}
+    check_op("LeakyRelu", [normal(seed, shape)], attrs,
+             lambda x: torch.nn.functional.leaky_relu(x, float(np.float32(alpha))), seed=seed % 1000)
+
+
 F = torch.nn.functional
 ACTIVATIONS = {
     # op: (attrs, torch reference)
@@ -199,6 +208,20 @@ def test_clip(shape, seed, which):
              const=[1, 2])
 
 
+@FEW
+@given(shape=shapes, seed=seeds, which=st.sampled_from(["both", "min", "max"]),
+       lo=st.sampled_from([-0.5, 0.0, 0.3]), hi=st.sampled_from([-0.2, 0.3, 0.5]), ties=st.booleans())
+def test_clip_gradient_of_tensor_bounds_matches_torch_clamp(shape, seed, which, lo, hi, ties):
+    """min/max as differentiable tensors: they receive the gradient of the elements they clip
+    (PyTorch's conventions at ties, and for min > max, where every element is max)."""
+    x = normal(seed, shape)
+    if ties and x.size:  # elements exactly on a bound
+        x.reshape(-1)[::2] = lo if which != "max" else hi
+    lo_t, hi_t = np.array(lo, np.float32), np.array(hi, np.float32)
+    inputs = {"both": [x, lo_t, hi_t], "min": [x, lo_t], "max": [x, None, hi_t]}[which]
+    check_op("Clip", inputs, {}, lambda x, lo=None, hi=None: torch.clamp(x, lo, hi))
+
+
 @pytest.mark.parametrize("op", ["Sum", "Mean", "Max", "Min"])
 @SETTINGS
 @given(pair=broadcast_pair(), n=st.integers(1, 3), seed=seeds)
@@ -250,7 +273,7 @@ REDUCE = {
     "ReduceMean": (lambda x, d, k: x * 1 if d is None else torch.mean(x, d, keepdim=k), normal, True),
     "ReduceMax": (lambda x, d, k: x * 1 if d is None else torch.amax(x, d, keepdim=k), normal, True),
     "ReduceMin": (lambda x, d, k: x * 1 if d is None else torch.amin(x, d, keepdim=k), normal, True),
-    "ReduceProd": (lambda x, d, k: x * 1 if d is None else _prod(x, d, k), normal, False),
+    "ReduceProd": (lambda x, d, k: x * 1 if d is None else _prod(x, d, k), normal, True),
     "ReduceL1": (lambda x, d, k: x.abs() if d is None else x.abs().sum(d, keepdim=k), normal, True),
     "ReduceL2": (lambda x, d, k: (x * x).sqrt() if d is None else torch.linalg.vector_norm(x, 2, d, keepdim=k),
                  normal, True),
@@ -282,6 +305,27 @@ def test_reduce(op, shape, seed, keepdims, noop, as_input, data):
         attrs["axes"] = axes
     dims_ = torch_dims(axes, len(shape), noop)
     check_op(op, inputs, attrs, lambda t, *_: fn(t, dims_, bool(keepdims)), grad=grad, rtol=2e-4)
+
+
+@SETTINGS
+@given(shape=nonscalar, seed=seeds, keepdims=st.sampled_from([0, 1]), zeros=st.integers(0, 3), data=st.data())
+def test_reduce_prod_gradient_with_zeros(shape, seed, keepdims, zeros, data):
+    """Zeros in a group: one zero gets the product of the others, the rest 0; two zeros: all 0.
+    torch.prod reduces one dim at a time, a reference independent of the running-product rule."""
+    axes = data.draw(axes_for(len(shape)))
+    x = normal(seed, shape)
+    flat = x.reshape(-1)
+    flat[np.random.default_rng(seed).permutation(flat.size)[:zeros]] = 0.0
+    attrs = {"keepdims": keepdims, **({"axes": axes} if axes else {})}
+    dims_ = torch_dims(axes, len(shape), 0)
+    check_op("ReduceProd", [x], attrs, lambda t: _prod(t, dims_, bool(keepdims)), rtol=1e-4)
+
+
+def test_reduce_prod_gradient_one_and_two_zeros():
+    x = np.array([[0.0, 2.0, 3.0], [0.0, 0.0, 5.0], [1.0, 2.0, 4.0]], np.float32)
+    _, grads, r = run_op("ReduceProd", [x], {"axes": [1], "keepdims": 0})
+    want = np.array([[6.0, 0.0, 0.0], [0.0, 0.0, 0.0], [8.0, 4.0, 2.0]], np.float32) * r[:, None]
+    np.testing.assert_allclose(grads[0], want, rtol=1e-6)  # finite where y / x would be inf or nan
 
 
 def test_reduce_max_splits_ties_like_torch_amax():

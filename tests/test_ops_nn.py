@@ -12,7 +12,7 @@ from opcheck import check_op, run_op
 from anygrad import rng as anyrng
 from anygrad.autodiff import gradients
 from anygrad.backends import NumpyBackend
-from anygrad.errors import AnygradError
+from anygrad.errors import AnygradError, ShapeError
 from anygrad.ir import RNG_STATE, Builder, Graph, Node, TensorInfo, set_training_mode, specialize
 
 
@@ -192,16 +192,28 @@ def test_max_pool_indices_output_is_rejected():
         specialize(g, {})
 
 
-def test_global_average_pool():
-    x = _randn(np.random.default_rng(2), 2, 3, 5, 4)
-    check_op("GlobalAveragePool", [x], {}, lambda x: x.mean(dim=(2, 3), keepdim=True))
-    x3 = _randn(np.random.default_rng(3), 2, 3, 7)
-    check_op("GlobalAveragePool", [x3], {}, lambda x: x.mean(dim=2, keepdim=True))
+@settings(max_examples=25, deadline=None)
+@given(shape=st.lists(st.integers(1, 5), min_size=3, max_size=5), seed=st.integers(0, 2**31 - 1))
+def test_global_average_pool(shape, seed):
+    x = _randn(np.random.default_rng(seed), *shape)
+    spatial = tuple(range(2, len(shape)))
+    check_op("GlobalAveragePool", [x], {}, lambda x: x.mean(dim=spatial, keepdim=True), seed=seed % 1000)
 
 
 # -- BatchNormalization --------------------------------------------------------------------------
-BN_SHAPES = [(8, 5), (4, 3, 6), (3, 4, 5, 6)]
-TORCH_BN = {2: torch.nn.BatchNorm1d, 3: torch.nn.BatchNorm1d, 4: torch.nn.BatchNorm2d}
+TORCH_BN = {2: torch.nn.BatchNorm1d, 3: torch.nn.BatchNorm1d, 4: torch.nn.BatchNorm2d, 5: torch.nn.BatchNorm3d}
+
+
+@st.composite
+def bn_cases(draw):
+    rank = draw(st.integers(2, 5))
+    shape = [draw(st.integers(1, 4)) for _ in range(rank)]
+    training = draw(st.booleans())
+    if training and np.prod([d for i, d in enumerate(shape) if i != 1]) < 2:
+        shape[0] = 2  # training needs more than one value per channel
+    return {"shape": tuple(shape), "training": training, "seed": draw(st.integers(0, 2**31 - 1)),
+            "eps": draw(st.sampled_from([1e-5, 1e-3, 0.1])),
+            "momentum": draw(st.floats(0.0, 1.0))}  # ONNX momentum = 1 - PyTorch's
 
 
 def _bn_inputs(shape, seed):
@@ -211,38 +223,30 @@ def _bn_inputs(shape, seed):
             rng.uniform(0.5, 2, c).astype(np.float32)]
 
 
-@pytest.mark.parametrize("shape", BN_SHAPES)
-def test_batch_norm_training_matches_torch_module(shape):
-    x, scale, bias, mean, var = _bn_inputs(shape, 1)
-    momentum, eps = 0.8, 1e-3
-    attrs = {"epsilon": eps, "momentum": momentum, "training_mode": 1}
-    outs, _, _ = run_op("BatchNormalization", [x, scale, bias, mean, var], attrs, const=(3, 4), n_outputs=3,
-                        grad=False)
-    bn = TORCH_BN[len(shape)](shape[1], eps=eps, momentum=1 - momentum).double().train()
+@settings(max_examples=40, deadline=None)
+@given(bn_cases())
+def test_batch_norm_matches_torch(c):
+    """Output and gradients (batch or running statistics), and in training the running-statistics
+    update (PyTorch's unbiased variance), against torch's BatchNorm module in float64."""
+    shape, eps, momentum, training = c["shape"], c["eps"], c["momentum"], c["training"]
+    x, scale, bias, mean, var = _bn_inputs(shape, c["seed"])
+    attrs = {"epsilon": eps, "momentum": momentum, "training_mode": int(training)}
+    outs, _, _ = run_op("BatchNormalization", [x, scale, bias, mean, var], attrs, const=(3, 4),
+                        n_outputs=3 if training else 1, grad=False)
+    bn = TORCH_BN[len(shape)](shape[1], eps=eps, momentum=1 - momentum).double().train(training)
     with torch.no_grad():
-        bn.weight.copy_(torch.tensor(scale))
-        bn.bias.copy_(torch.tensor(bias))
-        bn.running_mean.copy_(torch.tensor(mean))
-        bn.running_var.copy_(torch.tensor(var))
-    y = bn(torch.tensor(x, dtype=torch.float64))
-    np.testing.assert_allclose(outs[0], y.detach().numpy(), rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(outs[1], bn.running_mean.numpy(), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(outs[2], bn.running_var.numpy(), rtol=1e-5, atol=1e-6)  # unbiased update
+        for p, v in ((bn.weight, scale), (bn.bias, bias), (bn.running_mean, mean), (bn.running_var, var)):
+            p.copy_(torch.tensor(v))
+        y = bn(torch.tensor(x, dtype=torch.float64))
+    np.testing.assert_allclose(outs[0], y.numpy(), rtol=1e-4, atol=1e-5)
+    if training:
+        np.testing.assert_allclose(outs[1], bn.running_mean.numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(outs[2], bn.running_var.numpy(), rtol=1e-5, atol=1e-5)
 
     def ref(x, s, b, m, v):
-        return F.batch_norm(x, m.double(), v.double(), s, b, training=True, eps=eps)
+        return F.batch_norm(x, m.double(), v.double(), s, b, training=training, eps=eps)
 
-    check_op("BatchNormalization", [x, scale, bias, mean, var], attrs, ref, const=(3, 4))
-
-
-@pytest.mark.parametrize("shape", BN_SHAPES)
-def test_batch_norm_inference_and_its_gradient(shape):
-    x, scale, bias, mean, var = _bn_inputs(shape, 2)
-
-    def ref(x, s, b, m, v):
-        return F.batch_norm(x, m.double(), v.double(), s, b, training=False, eps=1e-5)
-
-    check_op("BatchNormalization", [x, scale, bias, mean, var], {}, ref, const=(3, 4))
+    check_op("BatchNormalization", [x, scale, bias, mean, var], attrs, ref, const=(3, 4), seed=c["seed"] % 1000)
 
 
 def _bn_graph():
@@ -274,6 +278,30 @@ def test_batch_norm_set_mode_training_and_back():
     e = set_training_mode(t, False)
     node = e.nodes[0]
     assert node.attrs["training_mode"] == 0 and node.outputs == ["y"] and e.state_updates == {}
+
+
+@pytest.mark.parametrize("shape,ok", [((1, 10), False), ((1, 4, 1, 1), False), ((1, 3, 1), False),
+                                      ((2, 10), True), ((1, 4, 2, 1), True)])
+def test_batch_norm_training_needs_more_than_one_value_per_channel(shape, ok):
+    """As PyTorch: BatchNorm1d on a batch of one cannot train (it would silently output beta)."""
+    bn = TORCH_BN[len(shape)](shape[1]).train()
+    g = Graph(inputs=["x"], outputs=["y"])
+    g.info["x"] = TensorInfo(np.dtype("float32"), ("N",) + shape[1:])
+    c = shape[1]
+    g.initializers = {"s": np.ones(c, np.float32), "b": np.zeros(c, np.float32), "rm": np.zeros(c, np.float32),
+                      "rv": np.ones(c, np.float32)}
+    g.params = ["s", "b"]
+    g.nodes = [Node("BatchNormalization", ["x", "s", "b", "rm", "rv"], ["y"], name="norm2")]
+    train = set_training_mode(g, True)
+    if ok:
+        bn(torch.zeros(shape))
+        specialize(train, {"x": shape})
+        return
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        bn(torch.zeros(shape))
+    with pytest.raises(ShapeError, match="norm2.*more than 1 value per channel.*drop-last"):
+        specialize(train, {"x": shape})
+    specialize(set_training_mode(g, False), {"x": shape})  # inference on one sample is fine
 
 
 # -- Dropout -------------------------------------------------------------------------------------
@@ -319,10 +347,33 @@ def test_dropout_without_ratio_defaults_to_half():
     assert set(np.unique(y)) == {0.0, 2.0} and abs((y == 0).mean() - 0.5) < 0.03
 
 
-def _run_dropout(x, ratio, state, salt=0):
+@pytest.mark.parametrize("ratio", [0.2, 0.7])
+def test_dropout_ratio_attribute_of_old_opsets(ratio):
+    """Opsets 7-11 give the ratio as an attribute (no input 1): it must be used, not 0.5."""
+    g = Graph(inputs=["x"], outputs=["y"])
+    g.info["x"] = TensorInfo(np.dtype("float32"), (200, 100))
+    g.nodes = [Node("Dropout", ["x"], ["y"], {"ratio": ratio}, name="d")]
+    t = set_training_mode(g, True)
+    t.initializers[RNG_STATE] = np.array([3, 9], np.uint32)
+    t.buffers.append(RNG_STATE)
+    s = specialize(t, {})
+    b = Builder(s)
+    r = _randn(np.random.default_rng(1), 200, 100)
+    s.outputs += [gradients(s, b.op("ReduceSum", [b.op("Mul", ["y", b.const(r)])], keepdims=0), ["x"])["x"]]
+    x = np.ones((200, 100), np.float32)
+    y, dx = NumpyBackend().compile(s).run({"x": x}).values()
+    kept = y != 0
+    assert abs((1 - kept.mean()) - ratio) < 0.02
+    np.testing.assert_allclose(y[kept], np.float32(1 / (1 - ratio)), rtol=1e-6)
+    np.testing.assert_allclose(dx, r * kept / np.float32(1 - ratio), rtol=1e-6)
+    e = specialize(set_training_mode(t, False), {})  # inference: identity whatever the ratio
+    np.testing.assert_array_equal(NumpyBackend().compile(e).run({"x": x})["y"], x)
+
+
+def _run_dropout(x, ratio, state, salt=0, training=True):
     g = Graph(inputs=["x"], outputs=["y", "mask"])
     g.info["x"] = TensorInfo(np.dtype("float32"), x.shape)
-    g.initializers = {"ratio": np.array(ratio, np.float32), "train": np.array(True),
+    g.initializers = {"ratio": np.array(ratio, np.float32), "train": np.array(training),
                       RNG_STATE: np.array(state, np.uint32)}
     g.nodes = [Node("Dropout", ["x", "ratio", "train", RNG_STATE], ["y", "mask"], {"salt": salt})]
     s = specialize(g, {})
@@ -334,15 +385,40 @@ def _run_dropout(x, ratio, state, salt=0):
     return y, mask, dx, r
 
 
-@pytest.mark.parametrize("ratio", [0.0, 0.3, 0.5, 0.9])
-def test_dropout_training_mask_scale_and_gradient(ratio):
-    x = _randn(np.random.default_rng(0), 200, 500)
-    y, mask, dx, r = _run_dropout(x, ratio, [7, 3])
-    assert mask.dtype == bool and abs((1 - mask.mean()) - ratio) < 0.01
-    np.testing.assert_allclose(y, x * mask / (1 - ratio), rtol=1e-6)
-    np.testing.assert_allclose(dx, r * mask / (1 - ratio), rtol=1e-6)
-    u = anyrng.uniform(7, 3, 0, x.size).reshape(x.shape)  # the shared counter-based generator
+@settings(max_examples=30, deadline=None)
+@given(shape=st.lists(st.integers(1, 40), min_size=1, max_size=3), ratio=st.floats(0.0, 0.95),
+       training=st.booleans(), seed=st.integers(0, 2**32 - 1), counter=st.integers(0, 2**32 - 1))
+def test_dropout_matches_torch_scaling(shape, ratio, training, seed, counter):
+    """Training: the mask drops a `ratio` share (binomially), kept elements and their gradient are
+    scaled by 1/(1-ratio) as torch's dropout does (float64 reference on the same mask), and the
+    mask is the shared counter-based generator's. Inference: the identity, gradient included."""
+    x = _randn(np.random.default_rng(seed), *shape)
+    y, mask, dx, r = _run_dropout(x, ratio, [seed, counter], training=training)
+    if not training:
+        np.testing.assert_array_equal(y, x)
+        np.testing.assert_array_equal(dx, r)
+        return
+    assert mask.dtype == bool and abs((1 - mask.mean()) - ratio) <= 5 * np.sqrt(ratio * (1 - ratio) / x.size) + 1e-9
+    u = anyrng.uniform(seed, counter, 0, x.size).reshape(x.shape)
     np.testing.assert_array_equal(mask, u >= np.float32(ratio))
+    keep = torch.tensor(mask, dtype=torch.float64)
+    want = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    held = float(np.float32(ratio))  # the ratio as the float32 model input holds it
+    out = want * keep / (1 - held)  # torch.nn.functional.dropout's formula, on this mask
+    (out * torch.tensor(r, dtype=torch.float64)).sum().backward()
+    np.testing.assert_allclose(y, out.detach().numpy(), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(dx, want.grad.numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_dropout_mask_statistics_match_torch():
+    """torch.nn.functional.dropout drops the same share and scales the same way."""
+    x = np.ones((400, 500), np.float32)
+    for ratio in (0.1, 0.5, 0.8):
+        y = _run_dropout(x, ratio, [11, 2])[0]
+        ref = F.dropout(torch.ones(400, 500, dtype=torch.float64), ratio, training=True).numpy()
+        np.testing.assert_allclose(np.unique(y), [0.0, 1 / (1 - ratio)], rtol=1e-6)
+        np.testing.assert_allclose(np.unique(ref), [0.0, 1 / (1 - ratio)], rtol=1e-12)
+        assert abs((y == 0).mean() - (ref == 0).mean()) < 0.01
 
 
 def test_dropout_mask_depends_on_seed_counter_salt_only():

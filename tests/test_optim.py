@@ -33,9 +33,14 @@ CASES = [
     ("adamw", {}),
     ("adamw", {"lr": 0.1, "weight_decay": 0.1}),
     ("adamw", {"lr": 0.1, "amsgrad": True}),
+    ("adamw", {"lr": 0.05, "betas": (0.7, 0.95), "eps": 1e-3, "weight_decay": 0.05}),
+    ("adamw", {"lr": 0.05, "maximize": True}),
+    ("adamw", {"lr": 0.05, "maximize": True, "amsgrad": True, "weight_decay": 0.1}),
     ("adagrad", {}),
     ("adagrad", {"lr": 0.1, "lr_decay": 0.1}),
     ("adagrad", {"lr": 0.1, "weight_decay": 0.1, "initial_accumulator_value": 0.5, "eps": 1e-6}),
+    ("adagrad", {"lr": 0.1, "maximize": True}),
+    ("adagrad", {"lr": 0.1, "maximize": True, "weight_decay": 0.1, "lr_decay": 0.05}),
     ("adadelta", {}),
     ("adadelta", {"lr": 0.5, "rho": 0.5, "eps": 1e-4}),
     ("adadelta", {"weight_decay": 0.1, "maximize": True}),
@@ -43,6 +48,10 @@ CASES = [
     ("rmsprop", {"lr": 0.01, "centered": True}),
     ("rmsprop", {"lr": 0.01, "momentum": 0.9}),
     ("rmsprop", {"lr": 0.01, "momentum": 0.5, "centered": True, "weight_decay": 0.1, "alpha": 0.9}),
+    ("rmsprop", {"lr": 0.01, "eps": 0.1}),
+    ("rmsprop", {"lr": 0.01, "eps": 1e-3, "centered": True, "momentum": 0.9}),
+    ("rmsprop", {"lr": 0.01, "maximize": True}),
+    ("rmsprop", {"lr": 0.01, "maximize": True, "centered": True, "momentum": 0.5, "weight_decay": 0.1}),
 ]
 
 

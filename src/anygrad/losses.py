@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import ConfigError, ShapeError
+from .errors import ConfigError, DataError, ShapeError
 from .ir.builder import Builder
 
 
@@ -20,6 +20,23 @@ class Loss:
     target_dtype: type = np.float32
     classification: bool = False  # targets are class indices; accuracy is meaningful
     options: dict = field(default_factory=dict)
+
+    def targets(self, y) -> np.ndarray:
+        """A batch of targets as the step program takes them. Class indices must be whole
+        numbers: float labels holding whole numbers (1.0) are accepted, others are an error
+        rather than truncated on the way to int64."""
+        y = np.asarray(y)
+        if not self.classification or y.dtype.kind in "iu":
+            return y
+        if y.dtype.kind == "f":
+            bad = y[~np.isfinite(y) | (y != np.round(y))] if y.size else y[:0]
+            if not bad.size:
+                return y.astype(np.int64)
+            raise DataError(f"loss '{self.name}' takes class indices, but the targets hold non-integer values "
+                            f"such as {', '.join(f'{v:g}' for v in bad.reshape(-1)[:3])}; give integer class "
+                            "labels (class probabilities are not supported), or use mse/bce_with_logits for "
+                            "continuous targets")
+        raise DataError(f"loss '{self.name}' takes integer class indices, got targets of dtype {y.dtype}")
 
 
 LOSSES: dict[str, Callable[..., Loss]] = {}

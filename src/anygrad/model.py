@@ -1,6 +1,9 @@
 """The trainable model users hold: an imported Graph, its state, and compiled programs per shape."""
 from __future__ import annotations
 
+import difflib
+import fnmatch
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -25,6 +28,24 @@ from .program import (
 )
 
 
+def match_names(aliases: Mapping[str, Iterable[str]], patterns: Iterable[str], what: str) -> list[str]:
+    """The keys of `aliases` one of whose names matches one of the fnmatch `patterns`, in the
+    order of `aliases`. A pattern matching nothing is a ConfigError naming a few close names."""
+    matched: set[str] = set()
+    for pattern in patterns:
+        if not isinstance(pattern, str) or not pattern:
+            raise ConfigError(f"{what}: patterns are non-empty strings such as 'conv1.*', got {pattern!r}")
+        hits = {key for key, names in aliases.items() if any(fnmatch.fnmatchcase(n, pattern) for n in names)}
+        if not hits:
+            every = sorted({n for names in aliases.values() for n in names})
+            close = difflib.get_close_matches(pattern.replace("*", "").replace("?", ""), every, n=5, cutoff=0.3)
+            raise ConfigError(f"{what}: '{pattern}' matches no parameter; "
+                              + (f"close names: {', '.join(close or every[:5])}" if every else "there are none")
+                              + " (fnmatch globs over graph and PyTorch names, e.g. 'conv1.*')")
+        matched |= hits
+    return [key for key in aliases if key in matched]
+
+
 class Model:
     """A model imported from ONNX (or built with anygrad.nn), trainable on any backend."""
 
@@ -41,6 +62,8 @@ class Model:
         self.clip_norm: float | None = None  # gradient clipping by global norm, inside the step
         self.accumulate = 1                  # micro-batches per optimizer update
         self.micro_step = 0                  # micro-batches accumulated since the last update
+        self.frozen: list[str] = []          # parameters freeze() made buffers (graph names)
+        self._state_order: list[str] | None = None  # the parameters' order before the first freeze
 
     # -- introspection --------------------------------------------------------------------
     @property
@@ -56,7 +79,59 @@ class Model:
         return list(self.graph.params)
 
     def num_parameters(self) -> int:
+        """Trainable parameters (frozen ones not included: see num_frozen_parameters)."""
         return int(sum(self.graph.initializers[p].size for p in self.graph.params))
+
+    def num_frozen_parameters(self) -> int:
+        return int(sum(self.graph.initializers[p].size for p in self.frozen))
+
+    # -- freezing -----------------------------------------------------------------------------
+    def parameter_aliases(self) -> dict[str, set[str]]:
+        """Graph name -> the names a pattern may use for it: the graph name and the PyTorch
+        state_dict key the importer (or the last load_state_dict) recorded."""
+        known: dict[str, Any] = dict(getattr(self.origin, "torch_names", None) or {})
+        known.update(getattr(self.torch_binding, "names", None) or {})
+        trainable = set(self.graph.params + self.frozen)
+        return {n: {n} | ({known[n].key} if n in known else set())
+                for n in self._state_as_imported() if n in trainable}
+
+    def freeze(self, *patterns: str) -> list[str]:
+        """Stop training the parameters that match any of `patterns`, like requires_grad_(False):
+        fnmatch globs over graph names and PyTorch state_dict names ('conv1.*', 'layer1.*.weight',
+        'fc.bias'). Frozen tensors stay in the state, checkpoints and exports, and training leaves
+        them unchanged. Returns the graph names the patterns matched (all frozen now); a pattern
+        matching no parameter is a ConfigError. Compiled step programs are rebuilt on next use."""
+        names = match_names(self.parameter_aliases(), patterns, "freeze")
+        self._set_trainable([p for p in self.graph.params if p not in names])
+        return names
+
+    def unfreeze(self, *patterns: str) -> list[str]:
+        """Make matching parameters (frozen by freeze()) trainable again; returns their graph names."""
+        names = match_names(self.parameter_aliases(), patterns, "unfreeze")
+        self._set_trainable(self.graph.params + [p for p in self.frozen if p in names])
+        return names
+
+    def _state_as_imported(self) -> list[str]:
+        """state_names in the order they had before any freeze (frozen parameters back in place)."""
+        if not self.frozen:
+            return self.graph.state_names
+        order = {n: i for i, n in enumerate(self._state_order or ())}
+        params = sorted(self.graph.params + self.frozen, key=lambda n: order.get(n, len(order)))
+        return params + [b for b in self.graph.buffers if b not in self.frozen]
+
+    def _set_trainable(self, trainable: list[str]) -> None:
+        g = self.graph
+        if self._state_order is None:
+            self._state_order = list(g.params)
+        order = {n: i for i, n in enumerate(self._state_order)}
+        keep = set(trainable)
+        frozen = [p for p in g.params + self.frozen if p not in keep]
+        g.params = sorted(keep, key=lambda n: order.get(n, len(order)))
+        g.buffers = [b for b in g.buffers if b not in keep and b not in frozen] + frozen
+        self.frozen = sorted(frozen, key=lambda n: order.get(n, len(order)))
+        # Programs bake in which tensors get gradients and optimizer slots. A parameter's slots
+        # stay in the backend's state while it is frozen, as torch.optim keeps them.
+        self._programs.clear()
 
     # -- setup ----------------------------------------------------------------------------
     def compile(self, loss: str | Loss = "cross_entropy", optimizer: Optimizer | None = None,
@@ -139,7 +214,7 @@ class Model:
     def _feeds(self, x: np.ndarray, y: np.ndarray | None = None) -> dict[str, np.ndarray]:
         feeds = {self.input_name: np.asarray(x)}
         if y is not None:
-            feeds[TARGET] = np.asarray(y)
+            feeds[TARGET] = self.loss.targets(y) if self.loss is not None else np.asarray(y)
         return feeds
 
     # -- training and inference ----------------------------------------------------------
@@ -268,7 +343,7 @@ class Model:
         desc = {"inputs": list(g.inputs), "outputs": list(g.outputs),
                 "nodes": [[n.op, list(n.inputs), list(n.outputs)] for n in g.nodes],
                 "state": [[n, str(np.asarray(g.initializers[n]).dtype), list(np.shape(g.initializers[n]))]
-                          for n in g.state_names]}
+                          for n in self._state_as_imported()]}
         return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:16]
 
     def fit(self, train: tuple[np.ndarray, np.ndarray], valid: tuple[np.ndarray, np.ndarray] | None = None,

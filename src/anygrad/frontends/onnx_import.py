@@ -11,7 +11,7 @@ import os
 import re
 import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,10 @@ from ..model import Model
 from .init import fresh_init
 from .op_support import INFERENCE, OpSupport, by_level, op_support
 
-MIN_OPSET, MAX_OPSET = 13, 20
+# Files of these default-domain opsets load. MAX_OPSET is the newest opset whose changed ops all
+# pass ONNX's conformance cases here (value types anygrad cannot hold at any opset aside);
+# tests/test_onnx_import.py checks that against onnx's schemas and the expected-failure list.
+MIN_OPSET, MAX_OPSET = 13, 28
 DEFAULT_DOMAINS = ("", "ai.onnx")
 
 # ONNX element types anygrad can hold, and their numpy dtypes (one table, both directions).
@@ -142,8 +145,10 @@ def check_opset(model: onnx.ModelProto, source: str) -> int:
     if opset is None:
         raise ModelError(f"{source}: imports no default-domain ONNX opset")
     if not MIN_OPSET <= opset <= MAX_OPSET:
-        raise ModelError(f"{source} uses ONNX opset {opset}; anygrad supports opsets {MIN_OPSET}-{MAX_OPSET}. "
-                         "Re-export with torch.onnx.export(..., opset_version=17)")
+        why = "older than" if opset < MIN_OPSET else "newer than"
+        raise ModelError(f"{source} uses ONNX opset {opset}, {why} anygrad supports (opsets {MIN_OPSET}-{MAX_OPSET}). "
+                         "Re-export with torch.onnx.export(..., opset_version=17), or convert it with "
+                         f"onnx.version_converter.convert_version(model, {min(max(opset, MIN_OPSET), MAX_OPSET)})")
     return opset
 
 
@@ -207,10 +212,14 @@ def _constant_value(node: Node) -> np.ndarray:
     return np.array(v, table[key])
 
 
-def _value_info(vi: onnx.ValueInfoProto, source: str) -> TensorInfo:
+def _value_info(vi: onnx.ValueInfoProto, source: str, rank_known: bool = False) -> TensorInfo:
+    """The declared dtype and shape. A tensor declared without any shape gets shape None (rank
+    unknown, as opposed to () for a scalar) unless `rank_known` (outputs, which are inferred)."""
     tt = vi.type.tensor_type
     if not vi.type.HasField("tensor_type") or tt.elem_type not in ELEM_TYPES:
         raise ModelError(f"{source}: value '{vi.name}' is not a tensor of a supported element type")
+    if not tt.HasField("shape") and not rank_known:
+        return TensorInfo(ELEM_TYPES[tt.elem_type], None)  # type: ignore[arg-type]
     shape: list[int | str] = []
     for i, d in enumerate(tt.shape.dim):
         if d.HasField("dim_value"):
@@ -227,17 +236,29 @@ def to_graph(model: onnx.ModelProto, source: str) -> Graph:
     og = model.graph
     g = Graph(name=og.name or "graph")
     g.initializers = {t.name: _tensor(t, source) for t in og.initializer}
+    # What defines each value so far: a second definition is a corrupt graph, not a silent overwrite.
+    defined = {name: f"initializer '{name}'" for name in g.initializers}
+    defined.update((vi.name, f"graph input '{vi.name}'") for vi in og.input if vi.name not in defined)
     for i, onode in enumerate(og.node):
         op = onode.op_type if onode.domain in DEFAULT_DOMAINS else f"{onode.domain}.{onode.op_type}"
         node = Node(op, list(onode.input), list(onode.output), _attrs(onode, source), onode.name)
+        for out in filter(None, node.outputs):
+            if out in defined:
+                raise ModelError(f"{source}: {node.label} writes '{out}', which {defined[out]} already "
+                                 "defines; every value needs exactly one producer (a corrupt or hand-edited "
+                                 "graph?)")
+            defined[out] = node.label
         if op == "Constant":
             g.initializers[node.outputs[0]] = _constant_value(node)
         else:
             g.nodes.append(node)
     g.inputs = [vi.name for vi in og.input if vi.name not in g.initializers]
-    for vi in list(og.input) + list(og.output):
+    for vi in og.input:
         if vi.name not in g.initializers:
             g.info[vi.name] = _value_info(vi, source)
+    for vi in og.output:
+        if vi.name not in g.initializers:
+            g.info[vi.name] = _value_info(vi, source, rank_known=True)
     g.outputs = [vi.name for vi in og.output]
     return g
 
@@ -411,22 +432,36 @@ def _convert_proto(model: onnx.ModelProto, source: str,
     return model, g, constants
 
 
-def load_onnx(path: str | os.PathLike, init: str = "onnx", seed: int = 0) -> Model:
+def load_onnx(path: str | os.PathLike, init: str = "onnx", seed: int = 0, freeze: Sequence[str] = ()) -> Model:
     """Import an ONNX file as a trainable `anygrad.Model`.
 
     init="onnx" keeps the weights in the file; init="fresh" re-initialises them the way
-    PyTorch initialises each layer (seeded by `seed`).
+    PyTorch initialises each layer (seeded by `seed`). `freeze`: patterns of parameters not to
+    train (see Model.freeze). ONNX does not say which initializers are PyTorch buffers, so every
+    float tensor a gradient reaches is a parameter, a fixed positional-encoding table included:
+    freeze such tables here.
     """
     path = Path(path)
-    return from_model_proto(read_model(path), f"'{path}'", init, seed, origin_path=path)
+    model = from_model_proto(read_model(path), f"'{path}'", init, seed, origin_path=path, freeze=freeze)
+    for name in model.graph.inputs:
+        if model.graph.info[name].shape is None:  # the CLI, data pipeline and export need the rank
+            raise ModelError(f"'{path}': graph input '{name}' declares no shape, not even its rank; anygrad "
+                             "needs it. Declare it when exporting (torch.onnx.export does), or in the file: "
+                             "replace the input by onnx.helper.make_tensor_value_info("
+                             f"'{name}', <element type>, ['batch', ...])")
+    return model
 
 
 def from_model_proto(proto: onnx.ModelProto, source: str = "<model>", init: str = "onnx", seed: int = 0,
-                     strict_opset: bool = True, origin_path: Path | None = None) -> Model:
+                     strict_opset: bool = True, origin_path: Path | None = None,
+                     freeze: Sequence[str] = ()) -> Model:
     """Import an in-memory ONNX ModelProto (external data already loaded) as an `anygrad.Model`.
 
     `source` names the model in error messages. strict_opset=False accepts any default-domain
-    opset (the ONNX conformance backend runs every opset's node tests; files stay at 13-20).
+    opset (the ONNX conformance backend runs every opset's node tests; files stay within
+    MIN_OPSET-MAX_OPSET). An input declared without a shape (rank unknown) takes the shape of
+    whatever it is fed (`specialize`); load_onnx refuses such files instead, as its users
+    (CLI, data pipeline, export) rely on the declared rank.
     """
     if init not in ("onnx", "fresh"):
         raise ConfigError(f"init must be 'onnx' or 'fresh', not '{init}'")
@@ -452,6 +487,8 @@ def from_model_proto(proto: onnx.ModelProto, source: str = "<model>", init: str 
                         model.producer_name, torch_names(g))
     m = Model(g, source=str(origin_path or source))
     m.origin = origin
+    if freeze:
+        m.freeze(*([freeze] if isinstance(freeze, str) else freeze))
     return m
 
 
@@ -460,7 +497,7 @@ def from_model_proto(proto: onnx.ModelProto, source: str = "<model>", init: str 
 class TensorSummary:
     name: str
     dtype: str
-    shape: Shape
+    shape: Shape  # ("...",) for an input declared without any shape
 
 
 @dataclass
@@ -477,6 +514,7 @@ class ModelSummary:
     num_buffers: int
     unsupported: dict[str, list[str]]  # op type -> node names
     support: dict[str, OpSupport] = field(default_factory=dict)  # op type -> training / inference only / not
+    num_frozen: int = 0  # parameters summarize(freeze=...) took out of training (not in num_parameters)
 
     @property
     def supported(self) -> bool:
@@ -492,9 +530,10 @@ class ModelSummary:
         return self.supported and not self.inference_only
 
 
-def summarize(path: str | os.PathLike) -> ModelSummary:
+def summarize(path: str | os.PathLike, freeze: Sequence[str] = ()) -> ModelSummary:
     """What is in an ONNX file, without raising for unsupported ops or opsets (ModelError only
-    when the file cannot be read at all)."""
+    when the file cannot be read at all; ConfigError for a `freeze` pattern matching nothing).
+    With `freeze` (as load_onnx's), matching parameters count as frozen, not trainable."""
     path = Path(path)
     model, g, constants = _convert(path, strict_opset=False)
     opset = default_opset(model)
@@ -502,12 +541,19 @@ def summarize(path: str | os.PathLike) -> ModelSummary:
     missing = unsupported_ops(g)
     _untie_state(g)
     classify_state(g, constants)
+    frozen: list[str] = []
+    if freeze:
+        m = Model(g, source=str(path))
+        m.origin = OnnxOrigin(path, model.ir_version, {}, torch_names=torch_names(g))
+        frozen = m.freeze(*([freeze] if isinstance(freeze, str) else freeze))
     support = op_support(g)
 
     def tensors(names: list[str]) -> list[TensorSummary]:
-        return [TensorSummary(n, str(g.info[n].dtype), tuple(g.info[n].shape)) for n in names if n in g.info]
+        return [TensorSummary(n, str(g.info[n].dtype), tuple(g.info[n].shape) if g.info[n].shape is not None
+                              else ("...",)) for n in names if n in g.info]
 
     return ModelSummary(path, model.producer_name, model.ir_version, opset, ok, tensors(g.inputs),
                         tensors(g.outputs), g.op_histogram(),
                         int(sum(g.initializers[p].size for p in g.params)),
-                        int(sum(g.initializers[b].size for b in g.buffers)), missing, support)
+                        int(sum(g.initializers[b].size for b in g.buffers if b not in frozen)), missing, support,
+                        int(sum(g.initializers[p].size for p in frozen)))

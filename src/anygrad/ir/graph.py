@@ -19,7 +19,10 @@ Shape = tuple[Dim, ...]
 
 @dataclass
 class TensorInfo:
-    """What is known about a value at compile time: dtype, shape, and its value if constant."""
+    """What is known about a value at compile time: dtype, shape, and its value if constant.
+
+    shape is None only for a graph input declared without any shape (not even its rank, unlike
+    () for a scalar); `specialize` binds it to the shape it is fed."""
 
     dtype: np.dtype
     shape: Shape
@@ -35,7 +38,7 @@ class TensorInfo:
 
     @property
     def is_static(self) -> bool:
-        return all(isinstance(d, int) for d in self.shape)
+        return self.shape is not None and all(isinstance(d, int) for d in self.shape)
 
 
 def info_of(array: np.ndarray) -> TensorInfo:

@@ -83,6 +83,8 @@ def specialize(graph: Graph, input_shapes: Mapping[str, Shape]) -> Graph:
             raise ShapeError(f"the model has no input named '{name}' (inputs: {g.inputs})")
         declared = g.info[name].shape
         shape = tuple(int(d) for d in shape)
+        if declared is None:  # declared without a shape: it takes the shape it is fed
+            declared = shape
         if len(declared) != len(shape) or any(isinstance(d, int) and d != s for d, s in zip(declared, shape)):
             raise ShapeError(f"input '{name}' expects shape {tuple(declared)}, got {shape}")
         g.info[name] = TensorInfo(g.info[name].dtype, shape)

@@ -262,13 +262,27 @@ def _clip_grad_forward(node, ins):
 
 
 def _clip_grad(g: GradContext):
+    """PyTorch's clamp backward: x gets dy where min <= x <= max; a tensor bound gets the dy of
+    the elements it clipped, min only while min < max (when min >= max every element is max)."""
     bounds = {k: g.node.attr(k) for k in ("min", "max") if g.node.attr(k) is not None}
-    dx = g.op("ClipGrad", [g.dy, g.x[0], g.node.input(1), g.node.input(2)], **bounds)
-    return [dx, None, None]
+    x, lo, hi = g.x[0], g.node.input(1), g.node.input(2)
+    dx = g.op("ClipGrad", [g.dy, x, lo, hi], **bounds) if g.need(0) else None
+    zero = g.const(0.0, g.dtype(g.dy), "zero")
+    conditions = {1: lambda: [g.op("Less", [x, lo])] + ([g.op("Less", [lo, hi])] if hi else []),
+                  2: lambda: [g.op("Greater", [x, hi])] + ([g.op("Less", [hi, lo])] if lo else [])}
+    combine = {1: "And", 2: "Or"}
+    dbounds = []
+    for i in (1, 2):
+        if not g.need(i):
+            dbounds.append(None)
+            continue
+        first, *rest = conditions[i]()
+        mask = g.op(combine[i], [first, rest[0]]) if rest else first
+        dbounds.append(g.unbroadcast(g.op("Where", [mask, g.dy, zero]), g.shape(g.x[i])))
+    return [dx] + dbounds
 
 
-# The bounds are ONNX scalars, not trained: they get no gradient.
-defop("Clip", infer=same_as_first, forward=_clip_forward, grad=_clip_grad, nondiff=[1, 2])
+defop("Clip", infer=same_as_first, forward=_clip_forward, grad=_clip_grad)
 # dy where min <= x <= max (inclusive, as PyTorch's clamp), 0 elsewhere. Inputs: dy, x, min?, max?.
 defop("ClipGrad", infer=same_as_first, forward=_clip_grad_forward, internal=True)
 

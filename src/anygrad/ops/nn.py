@@ -619,6 +619,13 @@ def _bn_infer(node, ins):
         if ins[slot] is not None and tuple(ins[slot].shape) != (x.shape[1],):
             raise ShapeError(f"{node.label}: input {slot} has shape {tuple(ins[slot].shape)}, expected "
                              f"({x.shape[1]},)")
+    per_channel = [d for i, d in enumerate(x.shape) if i != 1]
+    if node.attr("training_mode", 0) and all(isinstance(d, int) for d in per_channel) \
+            and int(np.prod(per_channel)) == 1:  # batch statistics of one value: x - mean = 0, no variance
+        raise ShapeError(f"{node.label}: training needs more than 1 value per channel, got input shape "
+                         f"{tuple(x.shape)} (PyTorch: 'Expected more than 1 value per channel when training'). "
+                         "Train with batches of 2 or more; if the last batch of an epoch holds one sample, "
+                         "drop it (--drop-last, or fit(..., drop_last=True))")
     outs = [TensorInfo(x.dtype, x.shape)]
     for slot in (3, 4)[:len(node.outputs) - 1]:
         outs.append(TensorInfo(ins[slot].dtype, ins[slot].shape))
@@ -794,8 +801,14 @@ def _const_input(value, node: Node, slot: int, default):
     return np.asarray(value).reshape(()).item()
 
 
+def dropout_ratio(node: Node, value) -> float:
+    """The drop probability: input 1 (opset 12+), else the `ratio` attribute of opsets 7-11, else
+    0.5. `value` is input 1's TensorInfo (compile time) or array (run time), None when absent."""
+    return float(_const_input(value, node, 1, node.attr("ratio", 0.5)))
+
+
 def _dropout_infer(node, ins):
-    ratio = float(_const_input(ins[1] if len(ins) > 1 else None, node, 1, 0.5))
+    ratio = dropout_ratio(node, ins[1] if len(ins) > 1 else None)
     if not 0 <= ratio < 1:
         raise ShapeError(f"{node.label}: dropout ratio {ratio} must be in [0, 1)")
     x = ins[0]
@@ -809,7 +822,7 @@ def dropout_scale(ratio: float) -> np.float32:
 
 def _dropout_forward(node, ins):
     x = ins[0]
-    ratio = float(_const_input(ins[1] if len(ins) > 1 else None, node, 1, 0.5))
+    ratio = dropout_ratio(node, ins[1] if len(ins) > 1 else None)
     training = bool(_const_input(ins[2] if len(ins) > 2 else None, node, 2, False))
     if not training or ratio == 0:
         return [x.copy(), np.ones(x.shape, bool)]
@@ -824,7 +837,7 @@ def _dropout_forward(node, ins):
 
 
 def _dropout_grad(g: GradContext):
-    ratio = float(_const_input(g.info(g.x[1]) if g.node.input(1) else None, g.node, 1, 0.5))
+    ratio = dropout_ratio(g.node, g.info(g.x[1]) if g.node.input(1) else None)
     training = bool(_const_input(g.info(g.x[2]) if g.node.input(2) else None, g.node, 2, False))
     if not training or ratio == 0:
         return [g.dy]

@@ -94,6 +94,29 @@ def _grad_select(g: GradContext):
     return g.op("Mul", [share, mask])
 
 
+def _grad_prod(g: GradContext):
+    """dx = dy * (the product of the other elements of x's group). Built from exclusive running
+    products from both ends rather than y / x, so zeros are exact as in PyTorch's prod backward
+    (one zero: only it gets a gradient; two or more: none) instead of inf/nan."""
+    x, axes = g.x[0], _axes(g)
+    if not axes:  # noop_with_empty_axes: y is x
+        return expand_back(g, g.dy)
+    shape = g.shape(x)
+    kept = [i for i in range(len(shape)) if i not in axes]
+    perm = kept + list(axes)  # the reduced axes last, flattened into one
+    inverse = [perm.index(i) for i in range(len(shape))]
+    xt = g.op("Transpose", [x], perm=perm) if perm != sorted(perm) else x
+    group = int(np.prod([shape[a] for a in axes], dtype=np.int64))
+    flat = g.reshape(xt, tuple(shape[k] for k in kept) + (group,))
+    axis = g.const(np.array(len(kept), np.int64), np.int64, "axis")
+    before = g.op("CumProd", [flat, axis], exclusive=1)
+    after = g.op("CumProd", [flat, axis], exclusive=1, reverse=1)
+    dy = g.reshape(g.dy, tuple(shape[k] for k in kept) + (1,))
+    dflat = g.op("Mul", [g.op("Mul", [before, after]), dy])
+    dxt = g.reshape(dflat, tuple(shape[p] for p in perm))
+    return g.op("Transpose", [dxt], perm=inverse) if perm != sorted(perm) else dxt
+
+
 def _grad_l1(g: GradContext):
     return g.op("Mul", [kept_dims(g, g.dy), g.op("Sign", [g.x[0]])])
 
@@ -129,7 +152,7 @@ REDUCTIONS = {
     "ReduceMean": Reduction(lambda x, a, k: np.mean(x, axis=a, keepdims=k), _grad_mean),
     "ReduceMax": Reduction(lambda x, a, k: np.max(x, axis=a, keepdims=k, initial=_extreme(x, True)), _grad_select),
     "ReduceMin": Reduction(lambda x, a, k: np.min(x, axis=a, keepdims=k, initial=_extreme(x, False)), _grad_select),
-    "ReduceProd": Reduction(lambda x, a, k: np.prod(x, axis=a, keepdims=k), None),
+    "ReduceProd": Reduction(lambda x, a, k: np.prod(x, axis=a, keepdims=k), _grad_prod),
     "ReduceL1": Reduction(lambda x, a, k: np.sum(np.abs(x), axis=a, keepdims=k), _grad_l1),
     "ReduceL2": Reduction(lambda x, a, k: np.sqrt(np.sum(np.square(x), axis=a, keepdims=k)), _grad_l2),
     "ReduceSumSquare": Reduction(lambda x, a, k: np.sum(np.square(x), axis=a, keepdims=k), _grad_sum_square),

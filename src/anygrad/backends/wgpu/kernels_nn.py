@@ -321,7 +321,7 @@ def _const_scalar(c: Emit, node: Node, slot: int, default):
 
 @ew("Dropout", raw=(3,), ignore=(1, 2))
 def _dropout(c: Emit, n: Node, a: list, ot: list[str]) -> list[Val]:
-    ratio = float(_const_scalar(c, n, 1, 0.5))
+    ratio = float(_const_scalar(c, n, 1, n.attr("ratio", 0.5)))  # opsets 7-11: an attribute
     training = bool(_const_scalar(c, n, 2, False))
     x = a[0].expr
     if not training or ratio == 0:
