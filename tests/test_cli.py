@@ -302,3 +302,63 @@ def test_train_on_wgpu_matches_cpu(tmp_path, tiny_mnist):
     for a, b in zip(rows["cpu"], rows["wgpu"]):
         for key in ("train_loss", "train_accuracy", "valid_loss", "valid_accuracy"):
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-5), key
+
+
+# -- config files: every value checked by its setting's type; unset settings get the CLI defaults ------
+@pytest.mark.parametrize("record, key, expected", [
+    ({"epochs": "x"}, "epochs", "an integer"),
+    ({"batch_size": 1.5}, "batch_size", "an integer"),
+    ({"patience": "three"}, "patience", "an integer or null"),
+    ({"crop_padding": None}, "crop_padding", "an integer, got null"),
+    ({"seed": "abc"}, "seed", "an integer"),
+    ({"mean": {"r": 0.5}}, "mean", "a list of numbers or null"),
+    ({"scheduler_options": [1, 2]}, "scheduler_options", "an object of names and values"),
+    ({"lr": "abc"}, "lr", "a number or null"),
+    ({"hflip": "sometimes"}, "hflip", "true or false"),
+    ({"model": 3}, "model", "a string"),
+])
+def test_config_values_of_the_wrong_type(tmp_path, capsys, record, key, expected):
+    path = tmp_path / "conf.json"
+    path.write_text(json.dumps(record))
+    assert cli.main(["train", "--config", str(path), "--device", "cpu", "--artifacts", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"anygrad: error: {path}: setting '{key}' must be {expected}")
+    assert not (tmp_path / "r").exists()
+
+
+def test_config_values_are_converted_to_their_types():
+    from anygrad.train import TrainConfig
+    c = TrainConfig.from_dict({"patience": "3", "mean": "0.5,0.25", "std": [1, 2], "lr": "1e-3", "epochs": 2.0,
+                               "drop_last": "true", "valid_fraction": 0, "scheduler_options": {"T_max": "4"}})
+    assert (c.patience, c.mean, c.std, c.lr, c.epochs, c.drop_last, c.valid_fraction) == \
+        (3, [0.5, 0.25], [1.0, 2.0], 1e-3, 2, True, 0.0)
+    assert type(c.epochs) is int and type(c.lr) is float and c.scheduler_options == {"T_max": "4"}
+
+
+def test_config_with_unknown_keys(tmp_path, capsys):
+    path = tmp_path / "conf.json"
+    path.write_text(json.dumps({"epocs": 2, "frobnicate": 1, "resolved": {"device": "x"}, "_note": "mine"}))
+    assert cli.main(["train", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(path) in err
+    assert "'epocs' (did you mean 'epochs'?)" in err and "'frobnicate'" in err
+    assert "resolved" not in err.split("remove")[0] and "_note" not in err
+
+
+def test_partial_config_gets_the_command_line_defaults(tmp_path, tiny_mnist):
+    """A hand-written config naming a model but no loss trains with the automatic loss and the
+    own-model defaults; one naming no model gets the founding example's settings."""
+    own = tmp_path / "own.json"
+    own.write_text(json.dumps({"model": str(_mlp(tmp_path / "m.onnx", log_softmax=True)), "epochs": 1,
+                               "data_dir": str(tiny_mnist), "device": "cpu", "_note": "hand-written"}))
+    assert cli.main(["train", "--config", str(own), "--artifacts", str(tmp_path / "a"), "--quiet"]) == 0
+    config = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert {k: config[k] for k in ("loss", "optimizer", "lr", "batch_size")} == \
+        {"loss": "nll", "optimizer": "adam", "lr": 1e-3, "batch_size": 64}
+    founding = tmp_path / "founding.json"
+    founding.write_text(json.dumps({"epochs": 1, "data_dir": str(tiny_mnist), "device": "cpu"}))
+    assert cli.main(["train", "--config", str(founding), "--artifacts", str(tmp_path / "b"), "--quiet"]) == 0
+    config = json.loads((tmp_path / "b" / "config.json").read_text())
+    assert {k: config[k] for k in ("loss", "optimizer", "lr", "batch_size", "epochs")} == \
+        {"loss": "nll", "optimizer": "adagrad", "lr": 1.0, "batch_size": 1000, "epochs": 1}
+    assert Path(config["model"]).name == "mnist.onnx"

@@ -181,9 +181,18 @@ def _read_config(path: Path) -> dict[str, Any]:
     return record
 
 
-def _train_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """Settings from --resume DIR's config.json or --config FILE, then the command line's flags."""
+def _file_settings(path: Path) -> dict[str, Any]:
+    """The settings a config.json states (checked and converted to their types); the ones it
+    leaves out get the same defaults as on the command line."""
     from .train import TrainConfig
+    record = _read_config(path)
+    config = TrainConfig.from_dict(record, str(path))
+    return {k: getattr(config, k) for k in record if k in TrainConfig.__dataclass_fields__}
+
+
+def _train_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """Settings from --resume DIR's config.json or --config FILE, then the command line's flags,
+    then the defaults (the founding ones when no model is named) for whatever is still unset."""
     given = _given_settings(args)
     settings: dict[str, Any] = {}
     if args.resume:
@@ -191,11 +200,11 @@ def _train_settings(args: argparse.Namespace) -> dict[str, Any]:
         if not (run / "config.json").is_file():
             raise ConfigError(f"{run}: not a training run folder (no config.json); --resume takes the "
                               "--artifacts folder of an earlier `anygrad train`")
-        settings = vars(TrainConfig.from_dict(_read_config(run / "config.json"), str(run / "config.json")))
+        settings = _file_settings(run / "config.json")
         settings["artifacts_dir"] = str(run)
         given.pop("artifacts_dir", None)
     elif args.config:
-        settings = vars(TrainConfig.from_dict(_read_config(Path(args.config)), args.config))
+        settings = _file_settings(Path(args.config))
         settings["artifacts_dir"] = None  # a rerun writes a new folder unless --artifacts says otherwise
     settings.update(given)
     if not settings.get("model"):
@@ -203,7 +212,7 @@ def _train_settings(args: argparse.Namespace) -> dict[str, Any]:
         settings["model"] = str(Path(FOUNDING_MODEL))
         defaults = FOUNDING_DEFAULTS
     else:
-        defaults = MODEL_DEFAULTS if not (args.config or args.resume) else {}
+        defaults = MODEL_DEFAULTS
     for key, value in {**TRAIN_DEFAULTS, **defaults}.items():
         if settings.get(key) in (None, ""):
             settings[key] = value

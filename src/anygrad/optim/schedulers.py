@@ -27,69 +27,15 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
+from ..coerce import coerce_fields, to_float, to_int, to_lower_str
 from ..errors import ConfigError
 
 INTERVALS = ("epoch", "step")
 
 
 # -- option coercion: config files and the CLI hand over strings and loose numbers ---------------
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _to_float(v: Any) -> float:
-    if _is_number(v) or isinstance(v, str):
-        return float(v)
-    raise TypeError
-
-
-def _to_int(v: Any) -> int:
-    if isinstance(v, str):
-        v = float(v) if any(c in v for c in ".eE") else int(v)
-    if _is_number(v) and float(v).is_integer():
-        return int(v)
-    raise TypeError
-
-
-def _to_bool(v: Any) -> bool:
-    if isinstance(v, bool):
-        return v
-    words = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
-    if isinstance(v, str) and v.strip().lower() in words:
-        return words[v.strip().lower()]
-    if _is_number(v) and v in (0, 1):
-        return bool(v)
-    raise TypeError
-
-
-def _to_str(v: Any) -> str:
-    if isinstance(v, str):
-        return v.strip().lower()
-    raise TypeError
-
-
-def _to_int_list(v: Any) -> list[int]:
-    if isinstance(v, str):
-        v = [p for p in v.replace(";", ",").split(",") if p.strip()]
-    if isinstance(v, (list, tuple)):
-        return [_to_int(x) for x in v]
-    raise TypeError
-
-
-def _optional(conv: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    return lambda v: None if v is None else conv(v)
-
-
-# Keyed by the field annotation (a string under `from __future__ import annotations`).
-_COERCE: dict[str, tuple[Callable[[Any], Any], str]] = {
-    "float": (_to_float, "a number"),
-    "int": (_to_int, "an integer"),
-    "bool": (_to_bool, "true or false"),
-    "str": (_to_str, "a string"),
-    "list[int]": (_to_int_list, "a list of integers"),
-    "float | None": (_optional(_to_float), "a number or null"),
-    "int | None": (_optional(_to_int), "an integer or null"),
-}
+# Option words (mode, interval, anneal_strategy) are compared lower-cased: 'Max' is 'max'.
+_BASE = {"str": (to_lower_str, "a string", "strings")}
 
 
 # -- the interface ----------------------------------------------------------------------------------
@@ -109,14 +55,8 @@ class Scheduler:
     needs_metric: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            conv, what = _COERCE[f.type]
-            value = getattr(self, f.name)
-            try:
-                setattr(self, f.name, conv(value))
-            except (TypeError, ValueError):
-                raise ConfigError(f"scheduler '{self.name}': option {f.name} must be {what}, "
-                                  f"got {value!r}") from None
+        coerce_fields(self, lambda name, what, value: ConfigError(
+            f"scheduler '{self.name}': option {name} must be {what}, got {value!r}"), _BASE)
         self._require(self.interval in INTERVALS, f"interval must be one of {', '.join(INTERVALS)}, "
                       f"got {self.interval!r}")
         self._require(self.base_lr >= 0 and math.isfinite(self.base_lr),
@@ -176,7 +116,7 @@ class Scheduler:
             raise ConfigError(f"scheduler state is for '{state.get('name')}', not '{self.name}'; "
                               f"build the scheduler from the checkpoint's config")
         try:
-            steps, lr = _to_int(state["steps"]), _to_float(state["lr"])
+            steps, lr = to_int(state["steps"]), to_float(state["lr"])
             self._load_extra_state(state)
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError(f"scheduler '{self.name}': corrupt state ({e!r}); "
@@ -194,7 +134,7 @@ class Scheduler:
 
     def _check_step(self, step: int) -> int:
         try:
-            step = _to_int(step)
+            step = to_int(step)
         except (TypeError, ValueError):
             step = -1
         self._require(step >= 0, f"step must be an integer >= 0, got {step!r}")
@@ -512,9 +452,9 @@ class ReduceLROnPlateau(Scheduler):
 
     def _load_extra_state(self, state: dict[str, Any]) -> None:
         best = state["best"]
-        self.best = self._worse if best is None else _to_float(best)
-        self.num_bad_epochs = _to_int(state["num_bad_epochs"])
-        self.cooldown_counter = _to_int(state["cooldown_counter"])
+        self.best = self._worse if best is None else to_float(best)
+        self.num_bad_epochs = to_int(state["num_bad_epochs"])
+        self.cooldown_counter = to_int(state["cooldown_counter"])
 
 
 # -- the name table ------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ hold all device state, so `resume` continues a run bit for bit (on the CPU).
 from __future__ import annotations
 
 import csv
+import difflib
 import importlib
 import io
 import json
@@ -23,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ..coerce import coerce_fields, json_text
 from ..data.datasets import DataConfig
 from ..data.graph_input import input_statistics, plain_model
 from ..data.loader import DataLoader
@@ -39,6 +41,8 @@ Log = Callable[[str], None]
 # Settings that may differ between a run and its resumption (everything else must match).
 RESUMABLE_CHANGES = ("epochs", "log_every", "device", "artifacts_dir", "data_dir", "keep_checkpoints",
                      "checkpoint_every", "patience", "min_delta", "prefetch")
+# Keys of config.json that are not settings: what the run resolved them to (written by the run).
+BOOKKEEPING_KEYS = ("resolved",)
 # How batches are normalised: in the graph on the device (uint8 uploads), on the host, or not at all.
 NORMALIZE_MODES = ("device", "host", "none")
 
@@ -115,13 +119,27 @@ class TrainConfig:
                           crop_padding=self.crop_padding, hflip=self.hflip, prefetch=self.prefetch,
                           x_key=self.x_key, y_key=self.y_key)
 
+    def __post_init__(self) -> None:
+        # Every way in (a config file, fit(**settings), the constructor) gets the annotated types,
+        # so a wrong value fails here, naming the setting, not as a TypeError inside the loop.
+        coerce_fields(self, lambda name, what, value: ConfigError(
+            f"setting '{name}' must be {what}, got {json_text(value)}"))
+
     @classmethod
     def from_dict(cls, record: dict[str, Any], source: str = "config") -> TrainConfig:
-        """The settings in a config.json record (its extra keys, like "resolved", ignored)."""
-        names = {f.name for f in fields(cls)}
+        """The settings in a config.json record. Its bookkeeping keys ("resolved", and notes under
+        keys starting with "_") are skipped; any other unknown key is an error."""
+        names = [f.name for f in fields(cls)]
+        unknown = [k for k in record if k not in names and k not in BOOKKEEPING_KEYS and not k.startswith("_")]
+        if unknown:
+            hints = [f"'{k}' (did you mean '{m[0]}'?)" if (m := difflib.get_close_matches(k, names, 1)) else f"'{k}'"
+                     for k in unknown]
+            raise ConfigError(f"{source}: unknown setting{'s' * (len(unknown) > 1)} {', '.join(hints)}; remove "
+                              f"{'them' if len(unknown) > 1 else 'it'} (the settings are the fields of "
+                              "anygrad.train.TrainConfig; notes go under keys starting with '_')")
         try:
             return cls(**{k: v for k, v in record.items() if k in names})
-        except TypeError as e:
+        except ConfigError as e:
             raise ConfigError(f"{source}: {e}") from None
 
 
