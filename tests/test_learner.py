@@ -215,6 +215,44 @@ def test_plateau_is_fed_the_monitored_metric(tmp_path, monkeypatch):
     np.testing.assert_allclose([m.lr for m in result.history], want, rtol=1e-6)
 
 
+def _scripted_accuracy(monkeypatch, accuracies: list[float]):
+    """Replace validation by a scripted valid_accuracy per epoch (the loss stays flat)."""
+    values = iter(accuracies)
+
+    def fake(model, data, batch_size, transform=None):
+        s = trainer_mod._Sums()
+        s.add({"count": 1.0, "loss": 1.0, "accuracy": next(values)})
+        return s
+    monkeypatch.setattr(trainer_mod, "_validate", fake)
+
+
+def test_plateau_follows_the_direction_of_the_monitored_metric(tmp_path, monkeypatch):
+    """A rising accuracy is an improvement: plateau (mode from --monitor) keeps the rate, as
+    torch's ReduceLROnPlateau(mode="max") does; a falling one reduces it."""
+    rising = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
+    model, data = _small(tmp_path)
+    _scripted_accuracy(monkeypatch, rising)
+    result = fit(model, data, data, epochs=6, batch_size=8, monitor="valid_accuracy", scheduler="plateau",
+                 scheduler_options={"patience": 0, "factor": 0.5}, log=None)
+    assert [m.lr for m in result.history] == [0.1] * 6
+    assert model.lr == pytest.approx(0.1)
+    falling = [0.6, 0.5, 0.4, 0.3, 0.3, 0.2]
+    model, data = _small(tmp_path)
+    _scripted_accuracy(monkeypatch, falling)
+    result = fit(model, data, data, epochs=6, batch_size=8, monitor="valid_accuracy", scheduler="plateau",
+                 scheduler_options={"patience": 0, "factor": 0.5}, log=None)
+    want = _torch_lrs("ReduceLROnPlateau", 6, metrics=falling, mode="max", patience=0, factor=0.5)
+    np.testing.assert_allclose([m.lr for m in result.history], want, rtol=1e-6)
+    assert want[-1] < 0.1
+    # an explicit mode wins: "min" on a rising accuracy treats every epoch as worse
+    model, data = _small(tmp_path)
+    _scripted_accuracy(monkeypatch, rising)
+    result = fit(model, data, data, epochs=6, batch_size=8, monitor="valid_accuracy", scheduler="plateau",
+                 scheduler_options={"patience": 0, "factor": 0.5, "mode": "min"}, log=None)
+    want = _torch_lrs("ReduceLROnPlateau", 6, metrics=rising, mode="min", patience=0, factor=0.5)
+    np.testing.assert_allclose([m.lr for m in result.history], want, rtol=1e-6)
+
+
 def test_step_interval_scheduler(tmp_path):
     model, data = _small(tmp_path)  # 2 steps per epoch
     fit(model, data, None, epochs=3, batch_size=8, scheduler="cosine",

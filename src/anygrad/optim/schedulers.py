@@ -39,6 +39,17 @@ _BASE = {"str": (to_lower_str, "a string", "strings")}
 
 
 # -- the interface ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunFacts:
+    """What a training loop knows about the run a scheduler drives; it fills the options the user
+    leaves unset (see Scheduler.run_defaults) and lets a scheduler reject a run it cannot cover
+    before the first step (Scheduler.check_run)."""
+
+    epochs: int
+    updates_per_epoch: int  # optimizer updates per epoch (batches / accumulate, rounded up)
+    mode: str = "min"       # direction of the monitored metric: "min" (losses) or "max" (accuracies)
+
+
 @dataclass
 class Scheduler:
     """Base class. Dataclass fields are the configuration; `steps` and `lr` the running state.
@@ -65,6 +76,14 @@ class Scheduler:
         self.reset()
 
     # -- subclass hooks -----------------------------------------------------------------
+    @classmethod
+    def run_defaults(cls, run: RunFacts, options: dict[str, Any]) -> dict[str, Any]:
+        """Options taken from the run when `options` (the user's) do not set them."""
+        return {}
+
+    def check_run(self, run: RunFacts) -> None:
+        """Raise ConfigError when this schedule cannot drive the whole of `run`."""
+
     def _validate(self) -> None:
         """Raise ConfigError (through `_require`) for option values torch would reject or
         that make the schedule meaningless."""
@@ -394,6 +413,11 @@ class ReduceLROnPlateau(Scheduler):
     name = "plateau"
     needs_metric = True
 
+    @classmethod
+    def run_defaults(cls, run: RunFacts, options: dict[str, Any]) -> dict[str, Any]:
+        # The metric it is fed is the run's monitored one: an accuracy must rise, a loss fall.
+        return {"mode": run.mode}
+
     def _validate(self) -> None:
         self._require(self.mode in ("min", "max"), f"mode must be 'min' or 'max', got {self.mode!r}")
         self._require(self.threshold_mode in ("rel", "abs"),
@@ -476,9 +500,11 @@ def _canonical(name: str) -> str:
     return _ALIASES.get(key, key)
 
 
-def get_scheduler(name: str, base_lr: float, **options: Any) -> Scheduler:
+def get_scheduler(name: str, base_lr: float, *, run: RunFacts | None = None, **options: Any) -> Scheduler:
     """A scheduler by CLI/config name ("step", "multistep", "exponential", "cosine", "linear",
-    "onecycle", "plateau") with torch.optim.lr_scheduler's option names."""
+    "onecycle", "plateau") with torch.optim.lr_scheduler's option names. With `run` (what the
+    training loop knows), options left unset are taken from the run (plateau's mode from the
+    monitored metric) and a schedule too short for the run is an error now."""
     key = _canonical(name)
     if key not in SCHEDULERS:
         raise ConfigError(f"unknown learning-rate scheduler '{name}'; choose one of {', '.join(SCHEDULERS)}")
@@ -488,7 +514,12 @@ def get_scheduler(name: str, base_lr: float, **options: Any) -> Scheduler:
     if unknown:
         raise ConfigError(f"scheduler '{key}' does not take option(s) {', '.join(unknown)}; "
                           f"its options are {', '.join(sorted(known))}")
-    return cls(base_lr, **options)
+    if run is not None:
+        options = {**cls.run_defaults(run, options), **options}
+    scheduler = cls(base_lr, **options)
+    if run is not None:
+        scheduler.check_run(run)
+    return scheduler
 
 
 __all__ = [
@@ -499,6 +530,7 @@ __all__ = [
     "MultiStepLR",
     "OneCycleLR",
     "ReduceLROnPlateau",
+    "RunFacts",
     "Scheduler",
     "StepLR",
     "get_scheduler",

@@ -30,6 +30,7 @@ from ..data.graph_input import input_statistics, plain_model
 from ..data.loader import DataLoader
 from ..errors import AnygradError, ConfigError
 from ..model import Model
+from ..optim.schedulers import RunFacts, get_scheduler
 from . import checkpoint as ckpt
 from .monitor import Monitor
 from .report import EpochInfo, Reporter, RunInfo, StepInfo
@@ -409,10 +410,16 @@ class Learner:
         self.monitor = Monitor(config.monitor, config.mode, config.patience, config.min_delta)
         self.scheduler = None
         if config.scheduler:
-            from ..optim import get_scheduler
-            self.scheduler = get_scheduler(config.scheduler, base_lr=model.lr, **config.scheduler_options)
+            self.scheduler = get_scheduler(config.scheduler, base_lr=model.lr, run=self.run_facts(),
+                                           **config.scheduler_options)
             model.lr = self.scheduler.lr
         self.run = _Run()
+
+    def run_facts(self) -> RunFacts:
+        """What a scheduler may take from this run: its length in optimizer updates (an update
+        every `accumulate` batches, and one for the last partial group of an epoch) and the
+        direction of the monitored metric."""
+        return RunFacts(self.config.epochs, -(-self.steps // self.config.accumulate), self.monitor.mode)
 
     # -- checkpoints --------------------------------------------------------------------------
     def _meta(self) -> dict[str, Any]:
