@@ -226,10 +226,11 @@ def _check_dataset(name: str) -> None:
         raise ConfigError(f"unknown dataset '{name}'; choose one of {', '.join(dataset_names())}")
 
 
-def _train_data(config: Any, model: Any, console: Console) -> tuple[Any, Any, tuple, str]:
-    """(train, valid, per-batch transforms, source) through anygrad.data: stored images, augmented
-    batch by batch, and normalised on the device (uint8 batches, a prologue in the model's graph;
-    before compile) or on the host (float32 batches), as config.normalize says."""
+def _train_data(config: Any, model: Any, console: Console) -> tuple[Any, Any, tuple, str, dict[str, Any]]:
+    """(train, valid, per-batch transforms, source, resolved) through anygrad.data: stored images,
+    augmented batch by batch, and normalised on the device (uint8 batches, a prologue in the model's
+    graph; before compile) or on the host (float32 batches), as config.normalize says. `resolved`
+    records the normalisation and class names for config.json, where predict and eval find them."""
     from .data.graph_input import add_input_normalisation, can_normalise_in_graph
     dcfg = config.data_config()
     d = dcfg.load(seed=config.seed, log=console.line)
@@ -249,7 +250,10 @@ def _train_data(config: Any, model: Any, console: Console) -> tuple[Any, Any, tu
         "normalised on the host"
     augment = _augment_text(config.crop_padding, config.hflip)
     console.line(f"batches: {how}{stats}; augment {augment}; valid: {d.valid_from}")
-    return d.train, d.valid, (train_tf, valid_tf), d.source
+    normalisation = None if mean is None else {"mean": [float(v) for v in mean], "std": [float(v) for v in std],
+                                               "on": "device" if on_device else "host"}
+    resolved = {"normalisation": normalisation, "classes": list(d.classes)}
+    return d.train, d.valid, (train_tf, valid_tf), d.source, resolved
 
 
 def _floats_text(values: Any) -> str:
@@ -322,7 +326,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if config.weights:  # fine-tuning: every tensor comes from the state_dict, or it is an error
         model.load_state_dict(config.weights, strict=True)
     loss = _auto_loss(model) if config.loss == "auto" else config.loss
-    train, valid, transforms, source = _train_data(config, model, console)
+    train, valid, transforms, source, resolved = _train_data(config, model, console)
     model.compile(loss=loss, optimizer=optimizer, device=backend, seed=config.seed)
 
     artifacts = Path(config.artifacts_dir) if config.artifacts_dir else _default_artifacts(model_path.stem)
@@ -339,7 +343,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume:
         console.line(f"resuming from {artifacts / 'checkpoints'}")
     result = fit(model, train, valid, config, reporter=_reporter(args.quiet, config.log_every, console),
-                 resume=bool(args.resume), transforms=transforms)
+                 resume=bool(args.resume), transforms=transforms, resolved=resolved)
     console.line(f"artifacts: {result.artifacts_dir}")
     return EXIT_INTERRUPTED if result.interrupted else 0
 
@@ -376,29 +380,47 @@ def _inference_model(args: argparse.Namespace) -> tuple[Any, Any, str, str | Non
     return model, source, dataset, data_dir
 
 
+def _run_dataset(dataset: str, data_dir: str | None, run: dict[str, Any]) -> Any:
+    """The dataset, read as the run read it when it trained on it: its .npz keys, and its
+    held-out validation part (fraction and seed)."""
+    from .data import get_dataset
+    from .inference import run_for_dataset
+    own = run_for_dataset(run, dataset)
+    options = {k: own[k] for k in ("x_key", "y_key") if isinstance(own.get(k), str)}
+    return get_dataset(dataset, data_dir, valid_fraction=own.get("valid_fraction"), seed=int(own.get("seed") or 0),
+                       log=print, **options)
+
+
 def _eval_split(args: argparse.Namespace, dataset: str, data_dir: str | None,
                 run: dict[str, Any] | None = None) -> tuple[Any, Any, list[str]]:
     """(host transform, the split's arrays, class names); normalised as the run `run` (its config.json)
     was, when it trained on this dataset."""
-    from .data import DataConfig, get_dataset
-    data = get_dataset(dataset, data_dir, log=print)
-    own = run if run and run.get("dataset") == dataset else {}
-    config = DataConfig(dataset=dataset, normalize=own.get("normalize") != "none", mean=own.get("mean"),
-                        std=own.get("std"))
+    from .data import BatchTransform
+    from .inference import input_normalisation
+    data = _run_dataset(dataset, data_dir, run or {})
+    norm = input_normalisation(run or {}, dataset, lambda: data)
+    if args.split == "valid" and data.valid is None:
+        raise ConfigError(f"{dataset} has no validation split here (the run held none out: valid-fraction 0); "
+                          "use --split train")
     x, y = data.train if args.split == "train" else data.valid
     which = "train" if args.split == "train" else f"valid ({data.valid_from})"
-    print(f"data: {dataset} {which}, {len(y):,} samples from {data.source}")
-    return config.transform(data, train=False), (x, y), data.classes
+    print(f"data: {dataset} {which}, {len(y):,} samples from {data.source}; {norm.how}")
+    return BatchTransform(norm.mean, norm.std), (x, y), data.classes
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from .inference import class_names, fit_input, predict_batch, prepare_image
+    from .inference import fit_input, input_normalisation, predict_batch, prepare_image, run_class_names
     model, source, dataset, data_dir = _inference_model(args)
     true_label = None
     if args.image:
-        prepared = prepare_image(args.image, model, dataset)
+        loaded: list[Any] = []  # the dataset, read only when the run did not record what is needed
+
+        def data() -> Any:
+            loaded.append(loaded[0] if loaded else _run_dataset(dataset, data_dir, source.run_config))
+            return loaded[0]
+        prepared = prepare_image(args.image, model, dataset, input_normalisation(source.run_config, dataset, data))
         print(f"image: {args.image}: " + "; ".join(prepared.notes))
-        x, names = prepared.x, class_names(dataset)
+        x, names = prepared.x, run_class_names(source.run_config, dataset) or (loaded[0].classes if loaded else None)
     else:
         transform, (xs, ys), names = _eval_split(args, dataset, data_dir, source.run_config)
         if not -len(xs) <= args.index < len(xs):
@@ -467,7 +489,7 @@ def _add_predict(p: argparse.ArgumentParser) -> None:
     p.add_argument("--index", type=int, default=0, help="which sample of the split (default: 0)")
     p.add_argument("--image", metavar="FILE", help="classify your own image (PNG/JPEG; needs anygrad[image]): "
                    "resized to the model's input, greyscale for one channel, inverted when the background is "
-                   "white, normalised like --dataset")
+                   "white, normalised as the run was trained (its config.json)")
     p.add_argument("--top", type=int, default=3, help="how many classes to list (default: 3)")
 
 

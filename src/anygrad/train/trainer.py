@@ -275,8 +275,9 @@ def _onnx_exporter() -> Callable | None:
         return None
 
 
-def config_record(model: Model, config: TrainConfig) -> dict[str, Any]:
-    """config.json: the run's settings plus what the model and device resolved them to."""
+def config_record(model: Model, config: TrainConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """config.json: the run's settings plus what the model and device resolved them to, and
+    `extra`: what the caller resolved (the CLI: the data's normalisation and class names)."""
     record = asdict(config)
     record["resolved"] = {
         "model_source": model.source,
@@ -288,6 +289,8 @@ def config_record(model: Model, config: TrainConfig) -> dict[str, Any]:
         "device": model.backend.description if model.backend else None,
         "loss": {"name": model.loss.name, **model.loss.options} if model.loss else None,
         "optimizer": model.optimizer.config() if model.optimizer else None,
+        "scheduler": None,
+        **(extra or {}),
     }
     return record
 
@@ -389,10 +392,13 @@ class Learner:
     """One training run of a compiled model: the loop, its schedule, monitor and checkpoints."""
 
     def __init__(self, model: Model, train_data: Arrays, valid_data: Arrays | None, config: TrainConfig,
-                 reporter: Reporter, transforms: tuple[Transform | None, Transform | None] = (None, None)):
-        """`transforms`: per-batch input transforms (training, validation), e.g. a DataConfig's."""
+                 reporter: Reporter, transforms: tuple[Transform | None, Transform | None] = (None, None),
+                 resolved: dict[str, Any] | None = None):
+        """`transforms`: per-batch input transforms (training, validation), e.g. a DataConfig's.
+        `resolved`: what the caller resolved settings to, for config.json's "resolved" record."""
         self.model, self.train_data, self.valid_data, self.config, self.reporter = \
             model, train_data, valid_data, config, reporter
+        self.resolved = dict(resolved or {})
         self.valid_transform = transforms[1]
         model._require_compiled()
         if config.clip_grad_norm is not None or config.accumulate != 1:  # else keep what compile() set
@@ -490,7 +496,8 @@ class Learner:
         cfg, r, model = self.config, self.run, self.model
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            write_json(self.out_dir / "config.json", config_record(model, cfg))
+            extra = {**self.resolved, "scheduler": self.scheduler.config() if self.scheduler else None}
+            write_json(self.out_dir / "config.json", config_record(model, cfg, extra))
         self.reporter.run_begin(RunInfo(model=model.source, device=model.backend.description,
                                         epochs=cfg.epochs, steps_per_epoch=self.steps, batch_size=cfg.batch_size,
                                         start_epoch=r.epoch, artifacts_dir=str(self.out_dir) if self.out_dir else None))
@@ -582,19 +589,22 @@ class Learner:
 def fit(model: Model, train_data: Arrays, valid_data: Arrays | None = None, config: TrainConfig | None = None,
         *, reporter: Reporter | None = None, log: Log | None = print, progress: Log | None = None,
         resume: bool | str | Path = False, transforms: tuple[Transform | None, Transform | None] = (None, None),
-        **settings: Any) -> FitResult:
+        resolved: dict[str, Any] | None = None, **settings: Any) -> FitResult:
     """Train a compiled model for `config.epochs` epochs (TrainConfig fields may be passed as keywords).
 
     Progress goes to `reporter` (default: a LineReporter over `log` and `progress`). With
     `artifacts_dir`, metrics, weights and a checkpoint are written after every epoch; `resume`
     (True: the newest checkpoint there, or a checkpoint's .json path) continues a run.
+    `resolved` goes into config.json's "resolved" record (e.g. {"normalisation": {"mean": ...,
+    "std": ..., "on": "host"}, "classes": [...]}, which predict and eval read).
     """
     unknown = set(settings) - set(TrainConfig.__dataclass_fields__)
     if unknown:
         raise ConfigError(f"unknown training setting(s) {sorted(unknown)}")
     config = replace(config or TrainConfig(), **settings)
     config.check()
-    learner = Learner(model, train_data, valid_data, config, reporter or LineReporter(log, progress), transforms)
+    learner = Learner(model, train_data, valid_data, config, reporter or LineReporter(log, progress), transforms,
+                      resolved)
     if resume:
         learner.resume(None if resume is True else Path(resume))
     return learner.fit()
