@@ -431,7 +431,8 @@ class Learner:
     def _meta(self) -> dict[str, Any]:
         r = self.run
         return {"fingerprint": self.model.fingerprint(), "epoch": r.epoch, "step": r.step,
-                "global_step": r.global_step, "epoch_done": r.epoch_done, "micro_step": self.model.micro_step,
+                "global_step": r.global_step, "epoch_done": r.epoch_done, "stopped_early": r.stopped_early,
+                "micro_step": self.model.micro_step,
                 "steps_per_epoch": self.steps, "history": [_finite(asdict(m)) for m in r.history],
                 "sums": r.sums.state_dict(), "monitor": self.monitor.state_dict(),
                 "scheduler": self.scheduler.state_dict() if self.scheduler else None,
@@ -489,6 +490,11 @@ class Learner:
         if r.epoch_done:
             r.epoch, r.step, r.epoch_done = r.epoch + 1, 0, False
             r.sums = _Sums()
+        # A run that stopped early stays stopped: its monitor's wait already reached the patience.
+        # Under a larger --patience (now RESUMABLE) it has not, and the run goes on; --epochs alone
+        # does not restart it (the stop is about the metric, not the length). Older checkpoints
+        # without the flag: the monitor's state says it.
+        r.stopped_early = bool(m.get("stopped_early", True)) and self.monitor.should_stop
         return Path(path)
 
     # -- the loop -----------------------------------------------------------------------------------
@@ -501,20 +507,28 @@ class Learner:
         self.reporter.run_begin(RunInfo(model=model.source, device=model.backend.description,
                                         epochs=cfg.epochs, steps_per_epoch=self.steps, batch_size=cfg.batch_size,
                                         start_epoch=r.epoch, artifacts_dir=str(self.out_dir) if self.out_dir else None))
+        if r.stopped_early:  # resumed after an early stop (see resume): nothing to train
+            self.reporter.message(f"the run already stopped early at epoch {r.epoch - 1}: {cfg.monitor} has not "
+                                  f"improved for {self.monitor.wait} epochs (best {self.monitor.best:.6g} at epoch "
+                                  f"{self.monitor.best_epoch}); to train on, resume with a larger --patience")
+        elif r.epoch > cfg.epochs:
+            self.reporter.message(f"the run already finished its {cfg.epochs} epochs; to train on, resume with a "
+                                  "larger --epochs")
         warned = interrupted = False
+        trained = 0  # epochs finished by this call
         with _graceful_interrupt() as stop:
             while r.epoch <= cfg.epochs and not r.stopped_early:
                 if self._train_epoch(stop):
                     interrupted = True
                     break
                 self._end_epoch(warned)
-                warned = warned or self._diverged()
+                warned, trained = warned or self._diverged(), trained + 1
                 r.epoch, r.step, r.sums = r.epoch + 1, 0, _Sums()
         if interrupted:
             where = self.save_checkpoint()
             self.reporter.message(f"interrupted at epoch {r.epoch} step {r.step}/{self.steps}" + (
                 f"; checkpoint {where}; continue with: anygrad train --resume {self.out_dir}" if where else ""))
-        elif r.stopped_early:
+        elif r.stopped_early and trained:
             self.reporter.message(f"early stop: {cfg.monitor} has not improved for {self.monitor.wait} epochs "
                                   f"(best {self.monitor.best:.6g} at epoch {self.monitor.best_epoch})")
         self.reporter.run_end(stopped_early=r.stopped_early, interrupted=interrupted)
