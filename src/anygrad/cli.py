@@ -316,9 +316,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     config = TrainConfig.from_dict({**s, "model": str(model_path.resolve()) if model_path.exists() else str(model_path),
                                     "weights": str(Path(s["weights"]).resolve()) if s.get("weights") else None})
     config.check()
-    if config.scheduler:
-        from .optim import get_scheduler
-        get_scheduler(config.scheduler, base_lr=config.lr, **config.scheduler_options)  # bad options fail now
+    if config.scheduler:  # bad names and types fail now; values against the run when the Learner builds it
+        from .optim.schedulers import check_options
+        check_options(config.scheduler, config.scheduler_options)
     backend = get_backend(config.device)
 
     console = Console(quiet=args.quiet)

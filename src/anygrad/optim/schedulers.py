@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
-from ..coerce import coerce_fields, to_float, to_int, to_lower_str
+from ..coerce import coerce_fields, converter, to_float, to_int, to_lower_str
 from ..errors import ConfigError
 
 INTERVALS = ("epoch", "step")
@@ -310,8 +310,10 @@ class OneCycleLR(Scheduler):
 
     Warms up from max_lr/div_factor to max_lr over pct_start of total_steps, then anneals to
     max_lr/div_factor/final_div_factor (three_phase: back down to the initial rate first).
-    max_lr defaults to base_lr; total_steps may be given as epochs * steps_per_epoch. Note the
-    first rate is max_lr/div_factor, so set `model.lr = sched.lr` before training.
+    max_lr defaults to base_lr; total_steps may be given as epochs * steps_per_epoch. In a training
+    run (get_scheduler(..., run=...)) options left unset span the run: total_steps = its epochs x
+    its optimizer updates per epoch. Note the first rate is max_lr/div_factor, so set
+    `model.lr = sched.lr` before training.
     """
 
     max_lr: float | None = None
@@ -326,6 +328,24 @@ class OneCycleLR(Scheduler):
     interval: str = field(default="step", kw_only=True)
 
     name = "onecycle"
+
+    @classmethod
+    def run_defaults(cls, run: RunFacts, options: dict[str, Any]) -> dict[str, Any]:
+        # Without a length of its own, the cycle spans the run: its epochs, each of its optimizer
+        # updates a step (interval "step"), or each epoch one (interval "epoch").
+        if options.get("total_steps") is not None:
+            return {}
+        per_step = to_lower_str(options.get("interval", "step")) == "step"
+        return {"epochs": run.epochs, "steps_per_epoch": run.updates_per_epoch if per_step else 1}
+
+    def check_run(self, run: RunFacts) -> None:
+        needed = run.epochs * (run.updates_per_epoch if self.interval == "step" else 1)
+        what = "optimizer updates" if self.interval == "step" else "epochs"
+        self._require(self.total_steps >= needed,
+                      f"the run takes {needed} {what} ({run.epochs} epochs"
+                      + (f" x {run.updates_per_epoch} updates" if self.interval == "step" else "")
+                      + f") but the cycle has only total_steps={self.total_steps}; raise total_steps (or epochs, "
+                      "steps_per_epoch), or leave all three unset and the cycle spans the run")
 
     def _validate(self) -> None:
         if self.max_lr is None:
@@ -500,20 +520,33 @@ def _canonical(name: str) -> str:
     return _ALIASES.get(key, key)
 
 
-def get_scheduler(name: str, base_lr: float, *, run: RunFacts | None = None, **options: Any) -> Scheduler:
-    """A scheduler by CLI/config name ("step", "multistep", "exponential", "cosine", "linear",
-    "onecycle", "plateau") with torch.optim.lr_scheduler's option names. With `run` (what the
-    training loop knows), options left unset are taken from the run (plateau's mode from the
-    monitored metric) and a schedule too short for the run is an error now."""
+def check_options(name: str, options: dict[str, Any]) -> type[Scheduler]:
+    """The scheduler class for `name`, after checking that it takes each of `options` and that
+    each value has the option's type (ranges and run-dependent checks come when it is built)."""
     key = _canonical(name)
     if key not in SCHEDULERS:
         raise ConfigError(f"unknown learning-rate scheduler '{name}'; choose one of {', '.join(SCHEDULERS)}")
     cls = SCHEDULERS[key]
-    known = {f.name for f in fields(cls)} - {"base_lr"}
-    unknown = sorted(set(options) - known)
+    types = {f.name: str(f.type) for f in fields(cls) if f.name != "base_lr"}
+    unknown = sorted(set(options) - set(types))
     if unknown:
         raise ConfigError(f"scheduler '{key}' does not take option(s) {', '.join(unknown)}; "
-                          f"its options are {', '.join(sorted(known))}")
+                          f"its options are {', '.join(sorted(types))}")
+    for option, value in options.items():
+        conv, what = converter(types[option], _BASE)
+        try:
+            conv(value)
+        except (TypeError, ValueError, OverflowError):
+            raise ConfigError(f"scheduler '{key}': option {option} must be {what}, got {value!r}") from None
+    return cls
+
+
+def get_scheduler(name: str, base_lr: float, *, run: RunFacts | None = None, **options: Any) -> Scheduler:
+    """A scheduler by CLI/config name ("step", "multistep", "exponential", "cosine", "linear",
+    "onecycle", "plateau") with torch.optim.lr_scheduler's option names. With `run` (what the
+    training loop knows), options left unset are taken from the run (plateau's mode from the
+    monitored metric, onecycle's length) and a schedule too short for the run is an error now."""
+    cls = check_options(name, options)
     if run is not None:
         options = {**cls.run_defaults(run, options), **options}
     scheduler = cls(base_lr, **options)
@@ -533,5 +566,6 @@ __all__ = [
     "RunFacts",
     "Scheduler",
     "StepLR",
+    "check_options",
     "get_scheduler",
 ]

@@ -108,6 +108,9 @@ class TrainConfig:
             raise ConfigError(f"keep-checkpoints must be at least 1, got {self.keep_checkpoints}")
         if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
             raise ConfigError(f"clip-grad-norm must be positive, got {self.clip_grad_norm}")
+        metrics = [f.name for f in fields(EpochMetrics) if f.name != "epoch"]
+        if self.monitor not in metrics:
+            raise ConfigError(f"monitor: unknown metric '{self.monitor}'; choose one of {', '.join(metrics)}")
         Monitor(self.monitor, self.mode, self.patience, self.min_delta)  # raises on bad values
         if self.normalize not in NORMALIZE_MODES:
             raise ConfigError(f"normalize must be one of {', '.join(NORMALIZE_MODES)}, got {self.normalize!r}")
@@ -414,12 +417,40 @@ class Learner:
         self.out_dir = Path(config.artifacts_dir) if config.artifacts_dir else None
         self.ckpt_dir = self.out_dir / "checkpoints" if self.out_dir else None
         self.monitor = Monitor(config.monitor, config.mode, config.patience, config.min_delta)
+        self.notes: list[str] = []  # said when the run begins
         self.scheduler = None
         if config.scheduler:
             self.scheduler = get_scheduler(config.scheduler, base_lr=model.lr, run=self.run_facts(),
                                            **config.scheduler_options)
             model.lr = self.scheduler.lr
+        self._check_monitor()
         self.run = _Run()
+
+    def _unmonitorable(self) -> str | None:
+        """Why this run will have no value for the monitored metric, or None."""
+        metric, model = self.config.monitor, self.model
+        if metric.startswith("valid_") and (self.valid_data is None or len(self.valid_data[0]) == 0):
+            return "the run has no validation data (none given, or --valid-fraction 0)"
+        if metric.endswith(("_accuracy", "_top5")) and not model.loss.classification:
+            return f"the loss {model.loss.name} is not a classification loss, so no accuracy is counted"
+        if metric.endswith("_top5") and model.top_k is None:
+            return "top-5 accuracy is counted for classifiers of more than 5 classes only"
+        return None
+
+    def _check_monitor(self) -> None:
+        """Before the first step: a monitored metric the run will never have is an error when early
+        stopping or the plateau schedule depends on it, else a note (no best checkpoint)."""
+        why = self._unmonitorable()
+        if why is None:
+            return
+        users = (["--patience"] if self.config.patience is not None else []) + \
+            ([f"--scheduler {self.scheduler.name}"] if self.scheduler is not None and self.scheduler.needs_metric else [])
+        if users:
+            raise ConfigError(f"{' and '.join(users)} watch --monitor {self.config.monitor}, which this run cannot "
+                              f"measure: {why}; choose another --monitor (e.g. train_loss)")
+        if self.out_dir is not None:
+            self.notes.append(f"note: no best checkpoint: {why}, so '{self.config.monitor}' has no value "
+                              "(--monitor chooses another metric)")
 
     def run_facts(self) -> RunFacts:
         """What a scheduler may take from this run: its length in optimizer updates (an update
@@ -507,6 +538,8 @@ class Learner:
         self.reporter.run_begin(RunInfo(model=model.source, device=model.backend.description,
                                         epochs=cfg.epochs, steps_per_epoch=self.steps, batch_size=cfg.batch_size,
                                         start_epoch=r.epoch, artifacts_dir=str(self.out_dir) if self.out_dir else None))
+        for note in self.notes:
+            self.reporter.message(note)
         if r.stopped_early:  # resumed after an early stop (see resume): nothing to train
             self.reporter.message(f"the run already stopped early at epoch {r.epoch - 1}: {cfg.monitor} has not "
                                   f"improved for {self.monitor.wait} epochs (best {self.monitor.best:.6g} at epoch "
