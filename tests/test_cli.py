@@ -362,3 +362,84 @@ def test_partial_config_gets_the_command_line_defaults(tmp_path, tiny_mnist):
     assert {k: config[k] for k in ("loss", "optimizer", "lr", "batch_size", "epochs")} == \
         {"loss": "nll", "optimizer": "adagrad", "lr": 1.0, "batch_size": 1000, "epochs": 1}
     assert Path(config["model"]).name == "mnist.onnx"
+
+
+# -- paths: checked before anything loads, named for what they are -------------------------------------
+def _one_line_error(capsys, args: list[str]) -> str:
+    assert cli.main(args) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and captured.err.startswith("anygrad: error:"), captured.err
+    return captured.err
+
+
+def test_artifacts_folder_is_checked_before_loading(tmp_path, capsys, monkeypatch):
+    import anygrad
+    loaded = []
+    monkeypatch.setattr(anygrad, "load_onnx", lambda *a, **k: loaded.append(a))  # must not be reached
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    base = ["train", "--device", "cpu", "--data-dir", str(tmp_path)]
+    for artifacts in (afile, afile / "x"):
+        err = _one_line_error(capsys, [*base, "--artifacts", str(artifacts)])
+        assert f"--artifacts {artifacts}: {afile} is a file, not a folder" in err
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):  # root writes anyway: a folder on a read-only file system instead
+            locked = Path("/proc")
+        err = _one_line_error(capsys, [*base, "--artifacts", str(locked / "run" / "sub")])
+        assert f"cannot create {locked / 'run'}" in err and "choose a folder you can write to" in err
+    finally:
+        (tmp_path / "locked").chmod(0o700)
+    assert not loaded and afile.read_text() == "mine"
+
+
+def test_run_that_fails_before_training_leaves_no_folders(tmp_path, capsys):
+    (tmp_path / "empty.npz").write_bytes(b"")
+    err = _one_line_error(capsys, ["train", str(_mlp(tmp_path / "m.onnx")), "--dataset", "npz", "--data-dir",
+                                   str(tmp_path / "empty.npz"), "--device", "cpu", "--artifacts",
+                                   str(tmp_path / "new" / "run")])
+    assert f"{tmp_path / 'empty.npz'} is empty" in err
+    assert not (tmp_path / "new").exists()
+
+
+def test_paths_that_are_the_wrong_kind(tmp_path, tiny_mnist, capsys):
+    err = _one_line_error(capsys, ["info", str(tmp_path)])
+    assert f"{tmp_path} is a directory, not an ONNX model file" in err
+    err = _one_line_error(capsys, ["train", str(tmp_path), "--device", "cpu"])
+    assert "is a directory, not an ONNX model file" in err
+    afile = tmp_path / "f.bin"
+    afile.write_bytes(b"x")
+    err = _one_line_error(capsys, ["train", "--data-dir", str(afile), "--device", "cpu", "--artifacts",
+                                   str(tmp_path / "r")])
+    assert f"data folder {afile} is not a directory" in err
+    err = _one_line_error(capsys, ["train", "--dataset", "npz", "--data-dir", str(tmp_path), "--device", "cpu",
+                                   "--artifacts", str(tmp_path / "r")])
+    assert f"{tmp_path} is a directory; the npz dataset is one .npz file" in err
+
+
+def test_weights_that_are_no_state_dict(tmp_path, tiny_mnist, capsys):
+    args = ["train", str(_mlp(tmp_path / "m.onnx")), "--data-dir", str(tiny_mnist), "--device", "cpu",
+            "--artifacts", str(tmp_path / "r")]
+    err = _one_line_error(capsys, [*args, "--weights", str(FOUNDING_MODEL)])
+    assert "not a PyTorch checkpoint (.pt/.pth written by torch.save), a .safetensors or an .npz file" in err
+    assert "looks like an ONNX model" in err and "pickle" not in err
+    (tmp_path / "notes.pt").write_text("hello")
+    err = _one_line_error(capsys, [*args, "--weights", str(tmp_path / "notes.pt")])
+    assert "notes.pt: not a PyTorch checkpoint" in err and "ONNX" not in err
+    assert not (tmp_path / "r").exists()
+    # the real formats pass the check and load (names match: the model's own weights)
+    from safetensors.numpy import save_file
+    w = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(tmp_path / "m.onnx")).graph.initializer
+         if t.name != "shape"}
+    save_file(w, str(tmp_path / "w.safetensors"))
+    np.savez(tmp_path / "w.npz", **w)
+    for f in ("w.safetensors", "w.npz"):
+        assert cli.main([*args, "--weights", str(tmp_path / f), "--quiet", "--artifacts", str(tmp_path / f"run-{f}")]) == 0
+
+
+def test_mean_std_with_another_channel_count(tmp_path, tiny_mnist, capsys):
+    err = _one_line_error(capsys, ["train", "--data-dir", str(tiny_mnist), "--device", "cpu", "--mean", "0.1,0.2",
+                                   "--std", "0.3,0.3", "--artifacts", str(tmp_path / "r")])
+    assert "--mean/--std give 2 channels but the mnist images have 1" in err

@@ -7,6 +7,7 @@ anygrad cannot run yet.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -62,7 +63,7 @@ def _shape(shape: Any) -> str:
 
 def cmd_info(args: argparse.Namespace) -> int:
     from .frontends.onnx_import import summarize
-    s = summarize(args.model)
+    s = summarize(str(_not_a_folder(Path(args.model), "an ONNX model file")))
     out = [f"model: {s.path}" + (f"  (producer {s.producer}, opset {s.opset})" if s.producer else
                                  f"  (opset {s.opset})")]
     for title, values in (("inputs", s.inputs), ("outputs", s.outputs)):
@@ -300,15 +301,84 @@ def _reporter(quiet: bool, every: int, console: Console) -> Any:
     return make_reporter(quiet=quiet, every=every)
 
 
+def _not_a_folder(path: Path, what: str) -> Path:
+    """`path` for a file argument; a folder there is an error that says so (the loaders would
+    report it as missing)."""
+    if path.is_dir():
+        raise ConfigError(f"{path} is a directory, not {what}; give the file itself")
+    return path
+
+
+# Leading bytes of the state_dict files --weights reads (model.load_state_dict).
+_ZIP_MAGIC = b"PK\x03\x04"  # torch.save's zip format, and .npz
+_PICKLE_PROTOCOL = 0x80       # torch.save's legacy format starts with a pickle PROTO opcode
+
+
+def _check_weights_file(path: Path) -> None:
+    """Tell a file that is no state_dict (an ONNX model, a text file) from a damaged one before
+    the loader tries to unpickle it and reports a pickle detail."""
+    _not_a_folder(path, "a weights file")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(9)
+    except FileNotFoundError:
+        raise ConfigError(f"--weights {path}: no such file") from None
+    except OSError as e:
+        raise ConfigError(f"--weights {path}: cannot read it ({e.strerror or e})") from None
+    safetensors = len(head) == 9 and head[8:9] == b"{"  # 8-byte header length, then the JSON header
+    if head.startswith(_ZIP_MAGIC) or head[:1] == bytes([_PICKLE_PROTOCOL]) or safetensors:
+        return
+    onnx_hint = "; it looks like an ONNX model: give it as MODEL (anygrad train FILE.onnx)" \
+        if path.suffix == ".onnx" or head[:1] == b"\x08" else ""
+    raise ConfigError(f"--weights {path}: not a PyTorch checkpoint (.pt/.pth written by torch.save), a .safetensors "
+                      f"or an .npz file{onnx_hint}")
+
+
+def _make_artifacts_dir(path: Path) -> list[Path]:
+    """Create the run's folder (and missing parents) before anything slow happens, and check it
+    takes files: a bad --artifacts fails at once, not after loading data and model. Returns the
+    folders it created, outermost first, for removing them again if the run fails before it starts."""
+    missing, existing = [], path
+    while not os.path.lexists(existing) and existing != existing.parent:
+        missing.append(existing)
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"--artifacts {path}: {existing} is a file, not a folder; choose another --artifacts "
+                          "folder")
+    created: list[Path] = []
+    where = path
+    try:
+        for where in reversed(missing):
+            where.mkdir()
+            created.append(where)
+        where = path
+        probe = path / f".anygrad-write-test.{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        _remove_empty(created)
+        raise ConfigError(f"--artifacts {path}: cannot {'write into' if where == path and not missing else 'create'} "
+                          f"{where} ({e.strerror or e}); choose a folder you can write to") from None
+    return created
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove the folders `_make_artifacts_dir` created (innermost first) while they are empty."""
+    for folder in reversed(folders):
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
 def cmd_train(args: argparse.Namespace) -> int:
-    from . import load_onnx
     from .devices import get_backend
     from .losses import get_loss
     from .optim import get_optimizer
-    from .train import TrainConfig, fit
+    from .train import TrainConfig
 
     s = _train_settings(args)
-    model_path = Path(s["model"])
+    model_path = _not_a_folder(Path(s["model"]), "an ONNX model file")
     _check_dataset(s["dataset"])
     if s["loss"] != "auto":
         get_loss(s["loss"])  # fail on a bad name before any slow work
@@ -319,8 +389,21 @@ def cmd_train(args: argparse.Namespace) -> int:
     if config.scheduler:  # bad names and types fail now; values against the run when the Learner builds it
         from .optim.schedulers import check_options
         check_options(config.scheduler, config.scheduler_options)
+    if config.weights:
+        _check_weights_file(Path(config.weights))
     backend = get_backend(config.device)
+    artifacts = Path(config.artifacts_dir) if config.artifacts_dir else _default_artifacts(model_path.stem)
+    created = _make_artifacts_dir(artifacts)
+    try:
+        return _train(args, replace(config, artifacts_dir=str(artifacts)), model_path, optimizer, backend)
+    except BaseException:  # a run that never started leaves nothing behind (a started one keeps its files)
+        _remove_empty(created)
+        raise
 
+
+def _train(args: argparse.Namespace, config: Any, model_path: Path, optimizer: Any, backend: Any) -> int:
+    from . import load_onnx
+    from .train import fit
     console = Console(quiet=args.quiet)
     model = load_onnx(str(model_path), init=config.init)
     if config.weights:  # fine-tuning: every tensor comes from the state_dict, or it is an error
@@ -329,8 +412,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     train, valid, transforms, source, resolved = _train_data(config, model, console)
     model.compile(loss=loss, optimizer=optimizer, device=backend, seed=config.seed)
 
-    artifacts = Path(config.artifacts_dir) if config.artifacts_dir else _default_artifacts(model_path.stem)
-    config = replace(config, artifacts_dir=str(artifacts), data_dir=source, loss=loss)
+    config = replace(config, data_dir=source, loss=loss)
+    artifacts = Path(config.artifacts_dir)
     extras = [f"clip {config.clip_grad_norm:g}" if config.clip_grad_norm else "",
               f"accumulate {config.accumulate}" if config.accumulate > 1 else "",
               f"scheduler {config.scheduler}" if config.scheduler else "",
@@ -502,7 +585,7 @@ def _add_eval(p: argparse.ArgumentParser) -> None:
 def cmd_codegen(args: argparse.Namespace) -> int:
     from .codegen import write_code
     out = Path(args.output) if args.output else Path(f"{Path(args.model).stem}_model.py")
-    written = write_code(args.model, out, weights_out=args.weights_out, write_weights=not args.no_weights)
+    written = write_code(str(_not_a_folder(Path(args.model), "an ONNX model file")), out, weights_out=args.weights_out, write_weights=not args.no_weights)
     print(f"wrote {written.code}" + (f" and {written.weights}" if written.weights else ""))
     return 0
 

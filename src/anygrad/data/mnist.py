@@ -153,6 +153,11 @@ def _download_from_mirrors(file: MnistFile, folder: Path, mirrors: Sequence[str]
     return None, errors
 
 
+def folder_problem(folder: Path) -> str:
+    """Why `folder` is no folder to read from: it is missing, or something else is there."""
+    return "is not a directory" if folder.exists() else "does not exist"
+
+
 def _missing_message(folder: Path, names: Sequence[str], why: str) -> str:
     files = "\n".join(f"  {n}.gz" for n in names)
     return (f"{why}\nPut these MNIST files (gzip or uncompressed) into {folder}:\n{files}\n"
@@ -186,7 +191,8 @@ def load_mnist(data_dir: str | Path | None = None, cache_dir: str | Path | None 
     if data_dir is not None:
         folder = Path(data_dir).expanduser()
         if not folder.is_dir():
-            raise DataError(f"data folder {folder} does not exist; it should hold the four MNIST IDX files")
+            raise DataError(f"data folder {folder} {folder_problem(folder)}; it should be the folder holding the four MNIST "
+                            "IDX files")
         found = {role: find_file(folder, f.name) for role, f in MNIST_FILES.items()}
         missing = [MNIST_FILES[r].name for r, p in found.items() if p is None]
         if missing:

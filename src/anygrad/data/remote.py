@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DataError
-from .mnist import CACHE_ENV, default_cache_dir, download
+from .mnist import CACHE_ENV, default_cache_dir, download, folder_problem
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,8 @@ def locate(spec: RemoteSet, data_dir: str | Path | None = None, cache_dir: str |
     if data_dir is not None:
         folder = Path(data_dir).expanduser()
         if not folder.is_dir():
-            raise DataError(f"data folder {folder} does not exist; it should hold the {spec.key} files")
+            raise DataError(f"data folder {folder} {folder_problem(folder)}; it should be the folder holding the "
+                            f"{spec.key} files")
         found = {role: _find(folder, f) for role, f in spec.files.items()}
         missing = [r for r, p in found.items() if p is None]
         if missing:
