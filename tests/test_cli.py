@@ -155,7 +155,7 @@ def test_missing_data_offline(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("ANYGRAD_MNIST_MIRRORS", _closed_port_url())
     code = cli.main(["train", str(_mlp(tmp_path / "m.onnx")), "--device", "cpu", "--artifacts", str(tmp_path / "r")])
     err = capsys.readouterr().err
-    assert code == 2 and err.startswith("anygrad: error:")
+    assert code == 2 and err.startswith("anygrad: error:") and err.count("\n") == 1
     assert "could not download" in err and "--data-dir" in err and str(tmp_path / "cache" / "mnist") in err
     assert "train-images-idx3-ubyte.gz" in err
     assert not (tmp_path / "r").exists()  # nothing written for a run that never started
@@ -164,7 +164,32 @@ def test_missing_data_offline(tmp_path, monkeypatch, capsys):
 def test_data_dir_without_files(tmp_path, capsys):
     code = cli.main(["train", str(_mlp(tmp_path / "m.onnx")), "--data-dir", str(tmp_path), "--device", "cpu"])
     err = capsys.readouterr().err
-    assert code == 2 and "t10k-labels-idx1-ubyte" in err and str(tmp_path) in err
+    assert code == 2 and "t10k-labels-idx1-ubyte" in err and str(tmp_path) in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("args, words", [
+    (["train", "--frobnicate"], ["unrecognized arguments: --frobnicate", "see 'anygrad train --help'"]),
+    (["train", "--lr", "abc"], ["argument --lr: invalid float value: 'abc'", "see 'anygrad train --help'"]),
+    (["train", "--mean", "a"], ["argument --mean: expected comma-separated numbers"]),
+    (["plot"], ["the following arguments are required: DIR", "see 'anygrad plot --help'"]),
+    (["frob"], ["invalid choice: 'frob'", "see 'anygrad --help'"]),
+    ([], ["required: COMMAND"]),
+])
+def test_argparse_errors_are_one_line(args, words):
+    r = run_cli(*args)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("anygrad: error:"), r.stderr
+    assert all(w in r.stderr for w in words), r.stderr
+
+
+def test_a_multi_line_message_is_printed_on_one_line(monkeypatch, capsys):
+    from anygrad.errors import DataError
+
+    def fails(args):
+        raise DataError("files missing:\n  a.gz\n  b.gz\nor pass --data-dir")
+    monkeypatch.setitem(cli.COMMANDS, "devices", cli.Command("x", lambda p: None, fails))
+    assert cli.main(["devices"]) == 2
+    assert capsys.readouterr().err == "anygrad: error: files missing: a.gz; b.gz; or pass --data-dir\n"
 
 
 def test_keyboard_interrupt_is_caught(monkeypatch, capsys):

@@ -1,7 +1,7 @@
 """The `anygrad` command: info, train, devices.
 
 Every error a user can cause is an AnygradError; main() prints its message on one
-`anygrad: error:` line (no traceback) and exits 2. `anygrad info` exits 1 when the model uses ops
+`anygrad: error:` line (no traceback) and exits 2, as argparse's own errors do. `anygrad info` exits 1 when the model uses ops
 anygrad cannot run yet.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -691,9 +691,34 @@ COMMANDS: dict[str, Command] = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with errors in the CLI's one-line form: `anygrad: error: ...; see 'anygrad train
+    --help'` and exit code 2, without the usage block (subcommand parsers are this class too)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_ERROR, f"anygrad: error: {_one_line(message)}; see '{self.prog} --help'\n")
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
+        # argparse reports unknown flags from the top-level parser; the subcommand's help is the useful one
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            commands = [a for a in self._actions if isinstance(a, argparse._SubParsersAction)]
+            sub = commands[0].choices.get(getattr(parsed, commands[0].dest, None)) if commands else None
+            (sub or self).error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
+
+
+def _one_line(text: str) -> str:
+    """A message on one line: its lines joined ("; ", or a space after a colon)."""
+    out = ""
+    for line in filter(None, (line.strip() for line in str(text).splitlines())):
+        out += ("" if not out else " " if out.endswith(":") else "; ") + line
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
-    parser = argparse.ArgumentParser(prog="anygrad", description="Train PyTorch-written models (exported to "
+    parser = _Parser(prog="anygrad", description="Train PyTorch-written models (exported to "
                                      "ONNX) on any GPU through WebGPU, or on the CPU.")
     parser.add_argument("--version", action="version", version=f"anygrad {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -709,7 +734,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.run(args)
     except AnygradError as e:
-        print(f"anygrad: error: {e}", file=sys.stderr)
+        print(f"anygrad: error: {_one_line(e)}", file=sys.stderr)
     except KeyboardInterrupt:
         print("anygrad: error: interrupted", file=sys.stderr)
     return EXIT_ERROR
