@@ -255,15 +255,19 @@ def test_plateau_follows_the_direction_of_the_monitored_metric(tmp_path, monkeyp
 
 def test_step_interval_scheduler(tmp_path):
     model, data = _small(tmp_path)  # 2 steps per epoch
-    fit(model, data, None, epochs=3, batch_size=8, scheduler="cosine",
-        scheduler_options={"T_max": 10, "interval": "step"}, log=None)
+    result = fit(model, data, None, epochs=3, batch_size=8, scheduler="cosine",
+                 scheduler_options={"T_max": 10, "interval": "step"}, log=None)
     p = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([p], lr=0.1)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10)
+    used = []
     for _ in range(6):
+        used.append(opt.param_groups[0]["lr"])
         opt.step()
         sched.step()
     assert model.lr == pytest.approx(opt.param_groups[0]["lr"], rel=1e-6)
+    # the lr column holds the rate of each epoch's last step, as for epoch schedules
+    assert [m.lr for m in result.history] == pytest.approx(used[1::2], rel=1e-6)
 
 
 # -- top-5 accuracy ------------------------------------------------------------------------------------------
@@ -509,7 +513,8 @@ def test_onecycle_spans_the_run_in_optimizer_updates(tmp_path, monkeypatch):
         opt.step()
         sched.step()
     np.testing.assert_allclose(used, want, rtol=1e-6)
-    assert len(result.history) == 2
+    # metrics.jsonl's lr: the rate of each epoch's last optimizer step
+    assert [m.lr for m in result.history] == pytest.approx([want[2], want[5]], rel=1e-6)
 
 
 def test_run_dependent_settings_fail_before_training(tmp_path, tiny_mnist, capsys):

@@ -389,6 +389,7 @@ class _Run:
     history: list[EpochMetrics] = field(default_factory=list)
     sums: _Sums = field(default_factory=_Sums)
     stopped_early: bool = False
+    lr: float | None = None        # the rate of the epoch's latest optimizer step (metrics.jsonl's lr)
 
 
 class Learner:
@@ -463,7 +464,7 @@ class Learner:
         r = self.run
         return {"fingerprint": self.model.fingerprint(), "epoch": r.epoch, "step": r.step,
                 "global_step": r.global_step, "epoch_done": r.epoch_done, "stopped_early": r.stopped_early,
-                "micro_step": self.model.micro_step,
+                "lr": r.lr, "micro_step": self.model.micro_step,
                 "steps_per_epoch": self.steps, "history": [_finite(asdict(m)) for m in r.history],
                 "sums": r.sums.state_dict(), "monitor": self.monitor.state_dict(),
                 "scheduler": self.scheduler.state_dict() if self.scheduler else None,
@@ -508,6 +509,7 @@ class Learner:
             r = self.run
             r.epoch, r.step, r.global_step = int(m["epoch"]), int(m["step"]), int(m["global_step"])
             r.epoch_done = bool(m["epoch_done"])
+            r.lr = None if m.get("lr") is None else float(m["lr"])
             r.history = [EpochMetrics(**row) for row in m["history"]]
             r.sums.load_state_dict(m["sums"])
             self.model.micro_step = int(m["micro_step"])
@@ -577,6 +579,7 @@ class Learner:
         for step, (x, y) in enumerate(self.loader, 1):
             if step <= r.step:  # resumed mid-epoch: these were trained before
                 continue
+            r.lr = model.lr  # what this step's update (or its accumulation group's) uses
             model.train_step(x, y, flush=step == self.steps)
             r.step, r.global_step = step, r.global_step + 1
             if self.scheduler is not None and self.scheduler.interval == "step" and model.micro_step == 0:
@@ -597,7 +600,10 @@ class Learner:
 
     def _end_epoch(self, warned: bool) -> None:
         cfg, r, model = self.config, self.run, self.model
-        lr = float(f"{model.lr:.8g}")  # the float32 device value, without its binary tail (0.001, not 0.0010000000475)
+        # The rate of the epoch's last optimizer step, whether the schedule moves per epoch or per
+        # step (model.lr may already hold the next one); as the float32 device value without its
+        # binary tail (0.001, not 0.0010000000475).
+        lr = float(f"{r.lr if r.lr is not None else model.lr:.8g}")
         valid = _validate(model, self.valid_data, cfg.valid_batch_size or cfg.batch_size, self.valid_transform) \
             if self.valid_data is not None else _Sums()
         seconds = self._epoch_seconds
