@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -468,3 +469,28 @@ def test_mean_std_with_another_channel_count(tmp_path, tiny_mnist, capsys):
     err = _one_line_error(capsys, ["train", "--data-dir", str(tiny_mnist), "--device", "cpu", "--mean", "0.1,0.2",
                                    "--std", "0.3,0.3", "--artifacts", str(tmp_path / "r")])
     assert "--mean/--std give 2 channels but the mnist images have 1" in err
+
+
+# -- the founding example end to end, with the founding settings -------------------------------------------
+@pytest.mark.slow
+@pytest.mark.skipif(not SUBSET.is_dir(), reason="shared MNIST subset not checked out next to the repo")
+def test_founding_settings_end_to_end_then_predict(tmp_path):
+    """`anygrad train` without a model: the founding example with AdaGrad lr 1.0 and batch 1000
+    (3 of its 8 epochs, to stay quick) on the subset, then the issue's check: `anygrad predict
+    RUN --dataset mnist --index 12` names the true label, the one stored in the data."""
+    from anygrad.data import load_mnist
+    run = tmp_path / "run"
+    r = run_cli("train", "--data-dir", str(SUBSET), "--device", "cpu", "--epochs", "3", "--artifacts", str(run))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    config = json.loads((run / "config.json").read_text())
+    assert {k: config[k] for k in ("optimizer", "lr", "batch_size", "loss", "epochs")} == \
+        {"optimizer": "adagrad", "lr": 1.0, "batch_size": 1000, "loss": "nll", "epochs": 3}
+    assert Path(config["model"]).name == "mnist.onnx"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [row["epoch"] for row in rows] == [1, 2, 3] and rows[-1]["valid_accuracy"] > 0.7, rows
+
+    r = run_cli("predict", str(run), "--dataset", "mnist", "--index", "12", "--data-dir", str(SUBSET))
+    assert r.returncode == 0, r.stderr
+    predicted = int(re.search(r"^predicted: (\d)", r.stdout, re.MULTILINE)[1])
+    true = int(re.search(r"^true label: (\d)\s+\(correct\)", r.stdout, re.MULTILINE)[1])
+    assert predicted == true == int(load_mnist(SUBSET).test()[1][12]), r.stdout
