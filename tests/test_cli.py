@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -155,7 +156,7 @@ def test_missing_data_offline(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("ANYGRAD_MNIST_MIRRORS", _closed_port_url())
     code = cli.main(["train", str(_mlp(tmp_path / "m.onnx")), "--device", "cpu", "--artifacts", str(tmp_path / "r")])
     err = capsys.readouterr().err
-    assert code == 2 and err.startswith("anygrad: error:")
+    assert code == 2 and err.startswith("anygrad: error:") and err.count("\n") == 1
     assert "could not download" in err and "--data-dir" in err and str(tmp_path / "cache" / "mnist") in err
     assert "train-images-idx3-ubyte.gz" in err
     assert not (tmp_path / "r").exists()  # nothing written for a run that never started
@@ -164,7 +165,32 @@ def test_missing_data_offline(tmp_path, monkeypatch, capsys):
 def test_data_dir_without_files(tmp_path, capsys):
     code = cli.main(["train", str(_mlp(tmp_path / "m.onnx")), "--data-dir", str(tmp_path), "--device", "cpu"])
     err = capsys.readouterr().err
-    assert code == 2 and "t10k-labels-idx1-ubyte" in err and str(tmp_path) in err
+    assert code == 2 and "t10k-labels-idx1-ubyte" in err and str(tmp_path) in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("args, words", [
+    (["train", "--frobnicate"], ["unrecognized arguments: --frobnicate", "see 'anygrad train --help'"]),
+    (["train", "--lr", "abc"], ["argument --lr: invalid float value: 'abc'", "see 'anygrad train --help'"]),
+    (["train", "--mean", "a"], ["argument --mean: expected comma-separated numbers"]),
+    (["plot"], ["the following arguments are required: DIR", "see 'anygrad plot --help'"]),
+    (["frob"], ["invalid choice: 'frob'", "see 'anygrad --help'"]),
+    ([], ["required: COMMAND"]),
+])
+def test_argparse_errors_are_one_line(args, words):
+    r = run_cli(*args)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("anygrad: error:"), r.stderr
+    assert all(w in r.stderr for w in words), r.stderr
+
+
+def test_a_multi_line_message_is_printed_on_one_line(monkeypatch, capsys):
+    from anygrad.errors import DataError
+
+    def fails(args):
+        raise DataError("files missing:\n  a.gz\n  b.gz\nor pass --data-dir")
+    monkeypatch.setitem(cli.COMMANDS, "devices", cli.Command("x", lambda p: None, fails))
+    assert cli.main(["devices"]) == 2
+    assert capsys.readouterr().err == "anygrad: error: files missing: a.gz; b.gz; or pass --data-dir\n"
 
 
 def test_keyboard_interrupt_is_caught(monkeypatch, capsys):
@@ -302,3 +328,169 @@ def test_train_on_wgpu_matches_cpu(tmp_path, tiny_mnist):
     for a, b in zip(rows["cpu"], rows["wgpu"]):
         for key in ("train_loss", "train_accuracy", "valid_loss", "valid_accuracy"):
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-5), key
+
+
+# -- config files: every value checked by its setting's type; unset settings get the CLI defaults ------
+@pytest.mark.parametrize("record, key, expected", [
+    ({"epochs": "x"}, "epochs", "an integer"),
+    ({"batch_size": 1.5}, "batch_size", "an integer"),
+    ({"patience": "three"}, "patience", "an integer or null"),
+    ({"crop_padding": None}, "crop_padding", "an integer, got null"),
+    ({"seed": "abc"}, "seed", "an integer"),
+    ({"mean": {"r": 0.5}}, "mean", "a list of numbers or null"),
+    ({"scheduler_options": [1, 2]}, "scheduler_options", "an object of names and values"),
+    ({"lr": "abc"}, "lr", "a number or null"),
+    ({"hflip": "sometimes"}, "hflip", "true or false"),
+    ({"model": 3}, "model", "a string"),
+])
+def test_config_values_of_the_wrong_type(tmp_path, capsys, record, key, expected):
+    path = tmp_path / "conf.json"
+    path.write_text(json.dumps(record))
+    assert cli.main(["train", "--config", str(path), "--device", "cpu", "--artifacts", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"anygrad: error: {path}: setting '{key}' must be {expected}")
+    assert not (tmp_path / "r").exists()
+
+
+def test_config_values_are_converted_to_their_types():
+    from anygrad.train import TrainConfig
+    c = TrainConfig.from_dict({"patience": "3", "mean": "0.5,0.25", "std": [1, 2], "lr": "1e-3", "epochs": 2.0,
+                               "drop_last": "true", "valid_fraction": 0, "scheduler_options": {"T_max": "4"}})
+    assert (c.patience, c.mean, c.std, c.lr, c.epochs, c.drop_last, c.valid_fraction) == \
+        (3, [0.5, 0.25], [1.0, 2.0], 1e-3, 2, True, 0.0)
+    assert type(c.epochs) is int and type(c.lr) is float and c.scheduler_options == {"T_max": "4"}
+
+
+def test_config_with_unknown_keys(tmp_path, capsys):
+    path = tmp_path / "conf.json"
+    path.write_text(json.dumps({"epocs": 2, "frobnicate": 1, "resolved": {"device": "x"}, "_note": "mine"}))
+    assert cli.main(["train", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(path) in err
+    assert "'epocs' (did you mean 'epochs'?)" in err and "'frobnicate'" in err
+    assert "resolved" not in err.split("remove")[0] and "_note" not in err
+
+
+def test_partial_config_gets_the_command_line_defaults(tmp_path, tiny_mnist):
+    """A hand-written config naming a model but no loss trains with the automatic loss and the
+    own-model defaults; one naming no model gets the founding example's settings."""
+    own = tmp_path / "own.json"
+    own.write_text(json.dumps({"model": str(_mlp(tmp_path / "m.onnx", log_softmax=True)), "epochs": 1,
+                               "data_dir": str(tiny_mnist), "device": "cpu", "_note": "hand-written"}))
+    assert cli.main(["train", "--config", str(own), "--artifacts", str(tmp_path / "a"), "--quiet"]) == 0
+    config = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert {k: config[k] for k in ("loss", "optimizer", "lr", "batch_size")} == \
+        {"loss": "nll", "optimizer": "adam", "lr": 1e-3, "batch_size": 64}
+    founding = tmp_path / "founding.json"
+    founding.write_text(json.dumps({"epochs": 1, "data_dir": str(tiny_mnist), "device": "cpu"}))
+    assert cli.main(["train", "--config", str(founding), "--artifacts", str(tmp_path / "b"), "--quiet"]) == 0
+    config = json.loads((tmp_path / "b" / "config.json").read_text())
+    assert {k: config[k] for k in ("loss", "optimizer", "lr", "batch_size", "epochs")} == \
+        {"loss": "nll", "optimizer": "adagrad", "lr": 1.0, "batch_size": 1000, "epochs": 1}
+    assert Path(config["model"]).name == "mnist.onnx"
+
+
+# -- paths: checked before anything loads, named for what they are -------------------------------------
+def _one_line_error(capsys, args: list[str]) -> str:
+    assert cli.main(args) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and captured.err.startswith("anygrad: error:"), captured.err
+    return captured.err
+
+
+def test_artifacts_folder_is_checked_before_loading(tmp_path, capsys, monkeypatch):
+    import anygrad
+    loaded = []
+    monkeypatch.setattr(anygrad, "load_onnx", lambda *a, **k: loaded.append(a))  # must not be reached
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    base = ["train", "--device", "cpu", "--data-dir", str(tmp_path)]
+    for artifacts in (afile, afile / "x"):
+        err = _one_line_error(capsys, [*base, "--artifacts", str(artifacts)])
+        assert f"--artifacts {artifacts}: {afile} is a file, not a folder" in err
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):  # root writes anyway: a folder on a read-only file system instead
+            locked = Path("/proc")
+        err = _one_line_error(capsys, [*base, "--artifacts", str(locked / "run" / "sub")])
+        assert f"cannot create {locked / 'run'}" in err and "choose a folder you can write to" in err
+    finally:
+        (tmp_path / "locked").chmod(0o700)
+    assert not loaded and afile.read_text() == "mine"
+
+
+def test_run_that_fails_before_training_leaves_no_folders(tmp_path, capsys):
+    (tmp_path / "empty.npz").write_bytes(b"")
+    err = _one_line_error(capsys, ["train", str(_mlp(tmp_path / "m.onnx")), "--dataset", "npz", "--data-dir",
+                                   str(tmp_path / "empty.npz"), "--device", "cpu", "--artifacts",
+                                   str(tmp_path / "new" / "run")])
+    assert f"{tmp_path / 'empty.npz'} is empty" in err
+    assert not (tmp_path / "new").exists()
+
+
+def test_paths_that_are_the_wrong_kind(tmp_path, tiny_mnist, capsys):
+    err = _one_line_error(capsys, ["info", str(tmp_path)])
+    assert f"{tmp_path} is a directory, not an ONNX model file" in err
+    err = _one_line_error(capsys, ["train", str(tmp_path), "--device", "cpu"])
+    assert "is a directory, not an ONNX model file" in err
+    afile = tmp_path / "f.bin"
+    afile.write_bytes(b"x")
+    err = _one_line_error(capsys, ["train", "--data-dir", str(afile), "--device", "cpu", "--artifacts",
+                                   str(tmp_path / "r")])
+    assert f"data folder {afile} is not a directory" in err
+    err = _one_line_error(capsys, ["train", "--dataset", "npz", "--data-dir", str(tmp_path), "--device", "cpu",
+                                   "--artifacts", str(tmp_path / "r")])
+    assert f"{tmp_path} is a directory; the npz dataset is one .npz file" in err
+
+
+def test_weights_that_are_no_state_dict(tmp_path, tiny_mnist, capsys):
+    args = ["train", str(_mlp(tmp_path / "m.onnx")), "--data-dir", str(tiny_mnist), "--device", "cpu",
+            "--artifacts", str(tmp_path / "r")]
+    err = _one_line_error(capsys, [*args, "--weights", str(FOUNDING_MODEL)])
+    assert "not a PyTorch checkpoint (.pt/.pth written by torch.save), a .safetensors or an .npz file" in err
+    assert "looks like an ONNX model" in err and "pickle" not in err
+    (tmp_path / "notes.pt").write_text("hello")
+    err = _one_line_error(capsys, [*args, "--weights", str(tmp_path / "notes.pt")])
+    assert "notes.pt: not a PyTorch checkpoint" in err and "ONNX" not in err
+    assert not (tmp_path / "r").exists()
+    # the real formats pass the check and load (names match: the model's own weights)
+    from safetensors.numpy import save_file
+    w = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(tmp_path / "m.onnx")).graph.initializer
+         if t.name != "shape"}
+    save_file(w, str(tmp_path / "w.safetensors"))
+    np.savez(tmp_path / "w.npz", **w)
+    for f in ("w.safetensors", "w.npz"):
+        assert cli.main([*args, "--weights", str(tmp_path / f), "--quiet", "--artifacts", str(tmp_path / f"run-{f}")]) == 0
+
+
+def test_mean_std_with_another_channel_count(tmp_path, tiny_mnist, capsys):
+    err = _one_line_error(capsys, ["train", "--data-dir", str(tiny_mnist), "--device", "cpu", "--mean", "0.1,0.2",
+                                   "--std", "0.3,0.3", "--artifacts", str(tmp_path / "r")])
+    assert "--mean/--std give 2 channels but the mnist images have 1" in err
+
+
+# -- the founding example end to end, with the founding settings -------------------------------------------
+@pytest.mark.slow
+@pytest.mark.skipif(not SUBSET.is_dir(), reason="shared MNIST subset not checked out next to the repo")
+def test_founding_settings_end_to_end_then_predict(tmp_path):
+    """`anygrad train` without a model: the founding example with AdaGrad lr 1.0 and batch 1000
+    (3 of its 8 epochs, to stay quick) on the subset, then the issue's check: `anygrad predict
+    RUN --dataset mnist --index 12` names the true label, the one stored in the data."""
+    from anygrad.data import load_mnist
+    run = tmp_path / "run"
+    r = run_cli("train", "--data-dir", str(SUBSET), "--device", "cpu", "--epochs", "3", "--artifacts", str(run))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    config = json.loads((run / "config.json").read_text())
+    assert {k: config[k] for k in ("optimizer", "lr", "batch_size", "loss", "epochs")} == \
+        {"optimizer": "adagrad", "lr": 1.0, "batch_size": 1000, "loss": "nll", "epochs": 3}
+    assert Path(config["model"]).name == "mnist.onnx"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [row["epoch"] for row in rows] == [1, 2, 3] and rows[-1]["valid_accuracy"] > 0.7, rows
+
+    r = run_cli("predict", str(run), "--dataset", "mnist", "--index", "12", "--data-dir", str(SUBSET))
+    assert r.returncode == 0, r.stderr
+    predicted = int(re.search(r"^predicted: (\d)", r.stdout, re.MULTILINE)[1])
+    true = int(re.search(r"^true label: (\d)\s+\(correct\)", r.stdout, re.MULTILINE)[1])
+    assert predicted == true == int(load_mnist(SUBSET).test()[1][12]), r.stdout

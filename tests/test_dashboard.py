@@ -236,3 +236,40 @@ def test_live_dashboard_of_a_real_training_run(tmp_path: Path):
         assert any(line.startswith("done: 2 epochs") for line in screen.splitlines()), screen
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], check=False)
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux): "
+                    "the live dashboard is checked in a real terminal through tmux")
+@needs_subset
+def test_ctrl_c_in_a_terminal_leaves_a_clean_screen(tmp_path: Path):
+    """Ctrl-C typed into the terminal (tmux send-keys): the message prints above one intact view,
+    with no stray top border left from a redraw that lost count of its lines (the echoed "^C"
+    wrapped the full-width bottom line), and the terminal's echo setting is put back."""
+    script = REAL_RUN.split("cfg = DataConfig")[0]  # writes tiny.onnx
+    (tmp_path / "make.py").write_text(script)
+    subprocess.run([sys.executable, "make.py"], cwd=tmp_path, check=True)
+    session = f"anygrad-ctrlc-{tmp_path.name}"[:60]
+    src = Path(__file__).resolve().parents[1] / "src"
+    cmd = (f"cd {tmp_path} && env -u COLUMNS -u LINES PYTHONPATH={src} {sys.executable} -m anygrad.cli train "
+           f"tiny.onnx --data-dir {SUBSET} --device cpu --epochs 50 --batch-size 8 --log-every 5 --artifacts run; "
+           "echo EXIT=$?; stty -a | tr ' ;' '\\n\\n' | grep echoctl; sleep 60")
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "100", "-y", "40", cmd], check=True)
+    try:
+        deadline, screen = time.monotonic() + 120, ""
+        while time.monotonic() < deadline and not re.search(r"│\s+1\s+\d\.\d{4}", screen):  # epoch 1 in the table
+            time.sleep(0.3)
+            screen = _capture(session)
+        assert "╭" in screen, screen
+        subprocess.run(["tmux", "send-keys", "-t", session, "C-c"], check=True)
+        while time.monotonic() < deadline and "EXIT=" not in screen:
+            time.sleep(0.3)
+            screen = _capture(session)
+        assert "EXIT=130" in screen, screen
+        lines = screen.splitlines()
+        tops = [i for i, line in enumerate(lines) if line.startswith("╭")]
+        msg = next(i for i, line in enumerate(lines) if line.startswith("interrupted at epoch"))
+        assert len(tops) == 1 and msg < tops[0], screen
+        assert "continue with: anygrad train --resume run" in " ".join(lines[msg:msg + 2]), screen
+        assert "echoctl" in lines and "-echoctl" not in lines, screen  # the setting is back
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], check=False)

@@ -215,17 +215,59 @@ def test_plateau_is_fed_the_monitored_metric(tmp_path, monkeypatch):
     np.testing.assert_allclose([m.lr for m in result.history], want, rtol=1e-6)
 
 
+def _scripted_accuracy(monkeypatch, accuracies: list[float]):
+    """Replace validation by a scripted valid_accuracy per epoch (the loss stays flat)."""
+    values = iter(accuracies)
+
+    def fake(model, data, batch_size, transform=None):
+        s = trainer_mod._Sums()
+        s.add({"count": 1.0, "loss": 1.0, "accuracy": next(values)})
+        return s
+    monkeypatch.setattr(trainer_mod, "_validate", fake)
+
+
+def test_plateau_follows_the_direction_of_the_monitored_metric(tmp_path, monkeypatch):
+    """A rising accuracy is an improvement: plateau (mode from --monitor) keeps the rate, as
+    torch's ReduceLROnPlateau(mode="max") does; a falling one reduces it."""
+    rising = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
+    model, data = _small(tmp_path)
+    _scripted_accuracy(monkeypatch, rising)
+    result = fit(model, data, data, epochs=6, batch_size=8, monitor="valid_accuracy", scheduler="plateau",
+                 scheduler_options={"patience": 0, "factor": 0.5}, log=None)
+    assert [m.lr for m in result.history] == [0.1] * 6
+    assert model.lr == pytest.approx(0.1)
+    falling = [0.6, 0.5, 0.4, 0.3, 0.3, 0.2]
+    model, data = _small(tmp_path)
+    _scripted_accuracy(monkeypatch, falling)
+    result = fit(model, data, data, epochs=6, batch_size=8, monitor="valid_accuracy", scheduler="plateau",
+                 scheduler_options={"patience": 0, "factor": 0.5}, log=None)
+    want = _torch_lrs("ReduceLROnPlateau", 6, metrics=falling, mode="max", patience=0, factor=0.5)
+    np.testing.assert_allclose([m.lr for m in result.history], want, rtol=1e-6)
+    assert want[-1] < 0.1
+    # an explicit mode wins: "min" on a rising accuracy treats every epoch as worse
+    model, data = _small(tmp_path)
+    _scripted_accuracy(monkeypatch, rising)
+    result = fit(model, data, data, epochs=6, batch_size=8, monitor="valid_accuracy", scheduler="plateau",
+                 scheduler_options={"patience": 0, "factor": 0.5, "mode": "min"}, log=None)
+    want = _torch_lrs("ReduceLROnPlateau", 6, metrics=rising, mode="min", patience=0, factor=0.5)
+    np.testing.assert_allclose([m.lr for m in result.history], want, rtol=1e-6)
+
+
 def test_step_interval_scheduler(tmp_path):
     model, data = _small(tmp_path)  # 2 steps per epoch
-    fit(model, data, None, epochs=3, batch_size=8, scheduler="cosine",
-        scheduler_options={"T_max": 10, "interval": "step"}, log=None)
+    result = fit(model, data, None, epochs=3, batch_size=8, scheduler="cosine",
+                 scheduler_options={"T_max": 10, "interval": "step"}, log=None)
     p = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([p], lr=0.1)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10)
+    used = []
     for _ in range(6):
+        used.append(opt.param_groups[0]["lr"])
         opt.step()
         sched.step()
     assert model.lr == pytest.approx(opt.param_groups[0]["lr"], rel=1e-6)
+    # the lr column holds the rate of each epoch's last step, as for epoch schedules
+    assert [m.lr for m in result.history] == pytest.approx(used[1::2], rel=1e-6)
 
 
 # -- top-5 accuracy ------------------------------------------------------------------------------------------
@@ -443,3 +485,67 @@ def test_npz_colour_images_normalised_per_channel_on_the_device(tmp_path):
     assert stats["mean"] == pytest.approx(d.mean, abs=1e-6) and stats["std"] == pytest.approx(d.std, abs=1e-6)
     assert len(stats["mean"]) == 3 and stats["mean"][1] < stats["mean"][0]
     assert json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["valid_loss"] is not None
+
+
+# -- settings that depend on the run are checked before the first step -------------------------------------
+def test_onecycle_spans_the_run_in_optimizer_updates(tmp_path, monkeypatch):
+    """Without total_steps, onecycle takes epochs and steps_per_epoch from the run, counting optimizer
+    updates (5 batches, accumulate 2: updates after batches 2, 4 and 5): torch's OneCycleLR with
+    total_steps = 2 epochs x 3 updates gives the rate of every update, to the last one."""
+    path = _onnx(tmp_path / "m.onnx", [6, 5])
+    rng = np.random.default_rng(7)
+    data = rng.standard_normal((40, 6)).astype(np.float32), rng.integers(0, 5, 40).astype(np.int64)
+    model = anygrad.load_onnx(str(path)).compile("cross_entropy", get_optimizer("sgd", lr=0.1), "cpu")
+    used, real_step = [], model.train_step
+
+    def recording(x, y, flush=False):
+        if flush or model.micro_step + 1 == model.accumulate:  # this call applies an update
+            used.append(model.lr)
+        return real_step(x, y, flush=flush)
+    monkeypatch.setattr(model, "train_step", recording)
+    result = fit(model, data, None, epochs=2, batch_size=8, accumulate=2, scheduler="onecycle", log=None)
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=0.1)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=6)
+    want = []
+    for _ in range(6):
+        want.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    np.testing.assert_allclose(used, want, rtol=1e-6)
+    # metrics.jsonl's lr: the rate of each epoch's last optimizer step
+    assert [m.lr for m in result.history] == pytest.approx([want[2], want[5]], rel=1e-6)
+
+
+def test_run_dependent_settings_fail_before_training(tmp_path, tiny_mnist, capsys):
+    """Each is an error before the first step (no metrics written), not after an epoch."""
+    for extra, words in (
+            (["--scheduler", "onecycle", "--scheduler-opt", "total_steps=5"],
+             ["the run takes 12 optimizer updates (2 epochs x 6 updates)", "total_steps=5"]),
+            (["--monitor", "valid_accuracy", "--valid-fraction", "0", "--patience", "2"],
+             ["--patience watch --monitor valid_accuracy, which this run cannot measure", "no validation data"]),
+            (["--valid-fraction", "0", "--scheduler", "plateau"],
+             ["--scheduler plateau watch --monitor valid_loss", "no validation data"]),
+            (["--monitor", "train_top5", "--patience", "1", "--loss", "mse"], ["no accuracy"])):
+        model = tmp_path / "m.onnx"
+        if not model.exists():
+            _onnx(model, [784, 16, 10], input_shape=["N", 1, 28, 28])
+        run = tmp_path / "run"
+        code = cli.main(["train", str(model), "--data-dir", str(tiny_mnist), "--device", "cpu", "--epochs", "2",
+                         "--batch-size", "8", "--artifacts", str(run), "--quiet", *extra])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and err.startswith("anygrad: error:"), (extra, err)
+        assert all(w in err for w in words), (extra, err)
+        assert not (run / "metrics.jsonl").exists()
+
+
+def test_unknown_monitor_fails_before_anything_loads(tmp_path, capsys):
+    assert cli.main(["train", str(tmp_path / "absent.onnx"), "--monitor", "valid_acc", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown metric 'valid_acc'" in err and "valid_accuracy" in err and "absent.onnx" not in err
+
+
+def test_default_monitor_without_validation_is_a_note(tmp_path, tiny_mnist, capsys):
+    run = _train(tmp_path, tiny_mnist, "run", "--epochs", "1", "--valid-fraction", "0")
+    assert "note: no best checkpoint: the run has no validation data" in capsys.readouterr().out
+    assert not (run / "checkpoints" / "best.json").exists()

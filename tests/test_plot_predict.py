@@ -143,7 +143,7 @@ def test_log_probabilities_without_a_logsoftmax_node_are_recognised():
 
 # -- predict ---------------------------------------------------------------------------------------
 def _parse_predict(out: str) -> tuple[int, float, int | None]:
-    m = re.search(r"^predicted: (\d+)\s+probability ([\d.]+)$", out, re.MULTILINE)
+    m = re.search(r"^predicted: (\d+)(?: \([^)]*\))?\s+probability ([\d.]+)$", out, re.MULTILINE)
     t = re.search(r"^true label: (\d+)", out, re.MULTILINE)
     return int(m[1]), float(m[2]), int(t[1]) if t else None
 
@@ -288,3 +288,82 @@ def test_predict_and_eval_normalise_like_the_run(tmp_path, mnist_dir, capsys):
     loss = float(re.search(r"loss (\S+)", capsys.readouterr().out).group(1))
     logp = _ort(run / "model.onnx", normalize_images(x_test[:, None], (0.4,), (0.2,)))
     assert loss == pytest.approx(float(-logp[np.arange(N_TEST), y_test].mean()), abs=1e-3)
+
+
+# -- predict --image normalises like the run, whatever the run's dataset and settings ------------------
+def _digit_image(path: Path, seed: int = 3) -> np.ndarray:
+    """A dark-background 28x28 greyscale PNG (no inversion); returns its pixels."""
+    Image = pytest.importorskip("PIL.Image")
+    img = np.random.default_rng(seed).integers(0, 256, (28, 28), dtype=np.uint8)
+    img[:3], img[-3:], img[:, :3], img[:, -3:] = 0, 0, 0, 0
+    Image.fromarray(img).save(path)
+    return img
+
+
+def _image_folder(root: Path) -> np.ndarray:
+    """Two classes of 28x28 greyscale PNGs; returns all images (N, 1, 28, 28) in reading order."""
+    Image = pytest.importorskip("PIL.Image")
+    rng = np.random.default_rng(4)
+    images = []
+    for c in ("cat", "dog"):
+        (root / c).mkdir(parents=True)
+        for i in range(6):
+            img = rng.integers(0, 120 + 100 * (c == "dog"), (28, 28), dtype=np.uint8)
+            Image.fromarray(img).save(root / c / f"{i}.png")
+            images.append(img)
+    return np.stack(images)[:, None]
+
+
+def _npz_set(path: Path) -> np.ndarray:
+    rng = np.random.default_rng(6)
+    x = rng.integers(0, 180, (20, 1, 28, 28), dtype=np.uint8)
+    np.savez(path, images=x, labels=rng.integers(0, 10, 20))
+    return x
+
+
+@pytest.mark.parametrize("case", ["none", "device-mean", "host-mean", "imagefolder", "npz", "imagefolder-old-run"])
+def test_predict_image_normalises_like_the_run(tmp_path, mnist_dir, capsys, case):
+    """The image goes into model.onnx exactly as the run's batches went into training: pixels / 255
+    (--normalize none), the run's --mean/--std (on the device or the host), or the statistics
+    of an imagefolder/npz dataset (recorded in config.json; for runs that did not record them,
+    computed from the run's data folder)."""
+    from anygrad.data import normalize_images
+    from anygrad.data.datasets import _image_stats
+    folder, _x, _y = mnist_dir
+    data = ["--data-dir", str(folder)]
+    if case == "none":
+        flags, expect = [*data, "--normalize", "none"], None
+    elif case == "device-mean":
+        flags, expect = [*data, "--mean", "0.3", "--std", "0.6"], ((0.3,), (0.6,))
+    elif case == "host-mean":
+        flags, expect = [*data, "--mean", "0.3", "--std", "0.6", "--normalize", "host"], ((0.3,), (0.6,))
+    elif case.startswith("imagefolder"):
+        images = _image_folder(tmp_path / "folder")
+        flags, expect = ["--dataset", "imagefolder", "--data-dir", str(tmp_path / "folder")], _image_stats(images)
+    else:
+        images = _npz_set(tmp_path / "d.npz")
+        flags = ["--dataset", "npz", "--data-dir", str(tmp_path / "d.npz"), "--npz-keys", "images,labels"]
+        expect = _image_stats(images)
+    run = tmp_path / "run"
+    assert cli.main(["train", str(_mlp(tmp_path / "m.onnx")), "--device", "cpu", "--epochs", "1", "--batch-size",
+                     "10", "--optimizer", "sgd", "--lr", "0.01", "--artifacts", str(run), "--quiet", *flags]) == 0
+    config = json.loads((run / "config.json").read_text())
+    if case == "imagefolder-old-run":  # an older host-normalised run: no statistics nor classes recorded
+        del config["resolved"]["normalisation"], config["resolved"]["classes"]
+        config["resolved"]["normalised_on_device"] = None
+        (run / "config.json").write_text(json.dumps(config))
+    capsys.readouterr()
+    img = _digit_image(tmp_path / "digit.png")
+    assert cli.main(["predict", str(run), "--image", str(tmp_path / "digit.png")]) == 0
+    out = capsys.readouterr().out
+    x = img[None, None].astype(np.float32) / 255 if expect is None else normalize_images(img[None, None], *expect)
+    ref = np.exp(_ort(run / "model.onnx", x)[0])
+    label, prob, _ = _parse_predict(out)
+    assert prob == pytest.approx(float(ref.max()), abs=1e-4) and label == int(ref.argmax())
+    assert ("not normalised" in out) == (expect is None)
+    if case.startswith("imagefolder"):
+        assert re.search(r"^predicted: \d \((cat|dog)\)", out, re.MULTILINE)  # the run's class names
+    if case == "npz":  # eval reads the run's .npz keys and its held-out part, normalised like the run
+        assert cli.main(["eval", str(run), "--device", "cpu"]) == 0
+        out = capsys.readouterr().out
+        assert "2 samples" in out and "like the run" in out

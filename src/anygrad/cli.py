@@ -1,18 +1,19 @@
 """The `anygrad` command: info, train, devices.
 
 Every error a user can cause is an AnygradError; main() prints its message on one
-`anygrad: error:` line (no traceback) and exits 2. `anygrad info` exits 1 when the model uses ops
+`anygrad: error:` line (no traceback) and exits 2, as argparse's own errors do. `anygrad info` exits 1 when the model uses ops
 anygrad cannot run yet.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -62,7 +63,7 @@ def _shape(shape: Any) -> str:
 
 def cmd_info(args: argparse.Namespace) -> int:
     from .frontends.onnx_import import summarize
-    s = summarize(args.model)
+    s = summarize(str(_not_a_folder(Path(args.model), "an ONNX model file")))
     out = [f"model: {s.path}" + (f"  (producer {s.producer}, opset {s.opset})" if s.producer else
                                  f"  (opset {s.opset})")]
     for title, values in (("inputs", s.inputs), ("outputs", s.outputs)):
@@ -181,9 +182,18 @@ def _read_config(path: Path) -> dict[str, Any]:
     return record
 
 
-def _train_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """Settings from --resume DIR's config.json or --config FILE, then the command line's flags."""
+def _file_settings(path: Path) -> dict[str, Any]:
+    """The settings a config.json states (checked and converted to their types); the ones it
+    leaves out get the same defaults as on the command line."""
     from .train import TrainConfig
+    record = _read_config(path)
+    config = TrainConfig.from_dict(record, str(path))
+    return {k: getattr(config, k) for k in record if k in TrainConfig.__dataclass_fields__}
+
+
+def _train_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """Settings from --resume DIR's config.json or --config FILE, then the command line's flags,
+    then the defaults (the founding ones when no model is named) for whatever is still unset."""
     given = _given_settings(args)
     settings: dict[str, Any] = {}
     if args.resume:
@@ -191,11 +201,11 @@ def _train_settings(args: argparse.Namespace) -> dict[str, Any]:
         if not (run / "config.json").is_file():
             raise ConfigError(f"{run}: not a training run folder (no config.json); --resume takes the "
                               "--artifacts folder of an earlier `anygrad train`")
-        settings = vars(TrainConfig.from_dict(_read_config(run / "config.json"), str(run / "config.json")))
+        settings = _file_settings(run / "config.json")
         settings["artifacts_dir"] = str(run)
         given.pop("artifacts_dir", None)
     elif args.config:
-        settings = vars(TrainConfig.from_dict(_read_config(Path(args.config)), args.config))
+        settings = _file_settings(Path(args.config))
         settings["artifacts_dir"] = None  # a rerun writes a new folder unless --artifacts says otherwise
     settings.update(given)
     if not settings.get("model"):
@@ -203,7 +213,7 @@ def _train_settings(args: argparse.Namespace) -> dict[str, Any]:
         settings["model"] = str(Path(FOUNDING_MODEL))
         defaults = FOUNDING_DEFAULTS
     else:
-        defaults = MODEL_DEFAULTS if not (args.config or args.resume) else {}
+        defaults = MODEL_DEFAULTS
     for key, value in {**TRAIN_DEFAULTS, **defaults}.items():
         if settings.get(key) in (None, ""):
             settings[key] = value
@@ -217,10 +227,11 @@ def _check_dataset(name: str) -> None:
         raise ConfigError(f"unknown dataset '{name}'; choose one of {', '.join(dataset_names())}")
 
 
-def _train_data(config: Any, model: Any, console: Console) -> tuple[Any, Any, tuple, str]:
-    """(train, valid, per-batch transforms, source) through anygrad.data: stored images, augmented
-    batch by batch, and normalised on the device (uint8 batches, a prologue in the model's graph;
-    before compile) or on the host (float32 batches), as config.normalize says."""
+def _train_data(config: Any, model: Any, console: Console) -> tuple[Any, Any, tuple, str, dict[str, Any]]:
+    """(train, valid, per-batch transforms, source, resolved) through anygrad.data: stored images,
+    augmented batch by batch, and normalised on the device (uint8 batches, a prologue in the model's
+    graph; before compile) or on the host (float32 batches), as config.normalize says. `resolved`
+    records the normalisation and class names for config.json, where predict and eval find them."""
     from .data.graph_input import add_input_normalisation, can_normalise_in_graph
     dcfg = config.data_config()
     d = dcfg.load(seed=config.seed, log=console.line)
@@ -240,7 +251,10 @@ def _train_data(config: Any, model: Any, console: Console) -> tuple[Any, Any, tu
         "normalised on the host"
     augment = _augment_text(config.crop_padding, config.hflip)
     console.line(f"batches: {how}{stats}; augment {augment}; valid: {d.valid_from}")
-    return d.train, d.valid, (train_tf, valid_tf), d.source
+    normalisation = None if mean is None else {"mean": [float(v) for v in mean], "std": [float(v) for v in std],
+                                               "on": "device" if on_device else "host"}
+    resolved = {"normalisation": normalisation, "classes": list(d.classes)}
+    return d.train, d.valid, (train_tf, valid_tf), d.source, resolved
 
 
 def _floats_text(values: Any) -> str:
@@ -287,15 +301,84 @@ def _reporter(quiet: bool, every: int, console: Console) -> Any:
     return make_reporter(quiet=quiet, every=every)
 
 
+def _not_a_folder(path: Path, what: str) -> Path:
+    """`path` for a file argument; a folder there is an error that says so (the loaders would
+    report it as missing)."""
+    if path.is_dir():
+        raise ConfigError(f"{path} is a directory, not {what}; give the file itself")
+    return path
+
+
+# Leading bytes of the state_dict files --weights reads (model.load_state_dict).
+_ZIP_MAGIC = b"PK\x03\x04"  # torch.save's zip format, and .npz
+_PICKLE_PROTOCOL = 0x80       # torch.save's legacy format starts with a pickle PROTO opcode
+
+
+def _check_weights_file(path: Path) -> None:
+    """Tell a file that is no state_dict (an ONNX model, a text file) from a damaged one before
+    the loader tries to unpickle it and reports a pickle detail."""
+    _not_a_folder(path, "a weights file")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(9)
+    except FileNotFoundError:
+        raise ConfigError(f"--weights {path}: no such file") from None
+    except OSError as e:
+        raise ConfigError(f"--weights {path}: cannot read it ({e.strerror or e})") from None
+    safetensors = len(head) == 9 and head[8:9] == b"{"  # 8-byte header length, then the JSON header
+    if head.startswith(_ZIP_MAGIC) or head[:1] == bytes([_PICKLE_PROTOCOL]) or safetensors:
+        return
+    onnx_hint = "; it looks like an ONNX model: give it as MODEL (anygrad train FILE.onnx)" \
+        if path.suffix == ".onnx" or head[:1] == b"\x08" else ""
+    raise ConfigError(f"--weights {path}: not a PyTorch checkpoint (.pt/.pth written by torch.save), a .safetensors "
+                      f"or an .npz file{onnx_hint}")
+
+
+def _make_artifacts_dir(path: Path) -> list[Path]:
+    """Create the run's folder (and missing parents) before anything slow happens, and check it
+    takes files: a bad --artifacts fails at once, not after loading data and model. Returns the
+    folders it created, outermost first, for removing them again if the run fails before it starts."""
+    missing, existing = [], path
+    while not os.path.lexists(existing) and existing != existing.parent:
+        missing.append(existing)
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"--artifacts {path}: {existing} is a file, not a folder; choose another --artifacts "
+                          "folder")
+    created: list[Path] = []
+    where = path
+    try:
+        for where in reversed(missing):
+            where.mkdir()
+            created.append(where)
+        where = path
+        probe = path / f".anygrad-write-test.{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        _remove_empty(created)
+        raise ConfigError(f"--artifacts {path}: cannot {'write into' if where == path and not missing else 'create'} "
+                          f"{where} ({e.strerror or e}); choose a folder you can write to") from None
+    return created
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove the folders `_make_artifacts_dir` created (innermost first) while they are empty."""
+    for folder in reversed(folders):
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
 def cmd_train(args: argparse.Namespace) -> int:
-    from . import load_onnx
     from .devices import get_backend
     from .losses import get_loss
     from .optim import get_optimizer
-    from .train import TrainConfig, fit
+    from .train import TrainConfig
 
     s = _train_settings(args)
-    model_path = Path(s["model"])
+    model_path = _not_a_folder(Path(s["model"]), "an ONNX model file")
     _check_dataset(s["dataset"])
     if s["loss"] != "auto":
         get_loss(s["loss"])  # fail on a bad name before any slow work
@@ -303,21 +386,34 @@ def cmd_train(args: argparse.Namespace) -> int:
     config = TrainConfig.from_dict({**s, "model": str(model_path.resolve()) if model_path.exists() else str(model_path),
                                     "weights": str(Path(s["weights"]).resolve()) if s.get("weights") else None})
     config.check()
-    if config.scheduler:
-        from .optim import get_scheduler
-        get_scheduler(config.scheduler, base_lr=config.lr, **config.scheduler_options)  # bad options fail now
+    if config.scheduler:  # bad names and types fail now; values against the run when the Learner builds it
+        from .optim.schedulers import check_options
+        check_options(config.scheduler, config.scheduler_options)
+    if config.weights:
+        _check_weights_file(Path(config.weights))
     backend = get_backend(config.device)
+    artifacts = Path(config.artifacts_dir) if config.artifacts_dir else _default_artifacts(model_path.stem)
+    created = _make_artifacts_dir(artifacts)
+    try:
+        return _train(args, replace(config, artifacts_dir=str(artifacts)), model_path, optimizer, backend)
+    except BaseException:  # a run that never started leaves nothing behind (a started one keeps its files)
+        _remove_empty(created)
+        raise
 
+
+def _train(args: argparse.Namespace, config: Any, model_path: Path, optimizer: Any, backend: Any) -> int:
+    from . import load_onnx
+    from .train import fit
     console = Console(quiet=args.quiet)
     model = load_onnx(str(model_path), init=config.init)
     if config.weights:  # fine-tuning: every tensor comes from the state_dict, or it is an error
         model.load_state_dict(config.weights, strict=True)
     loss = _auto_loss(model) if config.loss == "auto" else config.loss
-    train, valid, transforms, source = _train_data(config, model, console)
+    train, valid, transforms, source, resolved = _train_data(config, model, console)
     model.compile(loss=loss, optimizer=optimizer, device=backend, seed=config.seed)
 
-    artifacts = Path(config.artifacts_dir) if config.artifacts_dir else _default_artifacts(model_path.stem)
-    config = replace(config, artifacts_dir=str(artifacts), data_dir=source, loss=loss)
+    config = replace(config, data_dir=source, loss=loss)
+    artifacts = Path(config.artifacts_dir)
     extras = [f"clip {config.clip_grad_norm:g}" if config.clip_grad_norm else "",
               f"accumulate {config.accumulate}" if config.accumulate > 1 else "",
               f"scheduler {config.scheduler}" if config.scheduler else "",
@@ -330,7 +426,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume:
         console.line(f"resuming from {artifacts / 'checkpoints'}")
     result = fit(model, train, valid, config, reporter=_reporter(args.quiet, config.log_every, console),
-                 resume=bool(args.resume), transforms=transforms)
+                 resume=bool(args.resume), transforms=transforms, resolved=resolved)
     console.line(f"artifacts: {result.artifacts_dir}")
     return EXIT_INTERRUPTED if result.interrupted else 0
 
@@ -367,29 +463,47 @@ def _inference_model(args: argparse.Namespace) -> tuple[Any, Any, str, str | Non
     return model, source, dataset, data_dir
 
 
+def _run_dataset(dataset: str, data_dir: str | None, run: dict[str, Any]) -> Any:
+    """The dataset, read as the run read it when it trained on it: its .npz keys, and its
+    held-out validation part (fraction and seed)."""
+    from .data import get_dataset
+    from .inference import run_for_dataset
+    own = run_for_dataset(run, dataset)
+    options = {k: own[k] for k in ("x_key", "y_key") if isinstance(own.get(k), str)}
+    return get_dataset(dataset, data_dir, valid_fraction=own.get("valid_fraction"), seed=int(own.get("seed") or 0),
+                       log=print, **options)
+
+
 def _eval_split(args: argparse.Namespace, dataset: str, data_dir: str | None,
                 run: dict[str, Any] | None = None) -> tuple[Any, Any, list[str]]:
     """(host transform, the split's arrays, class names); normalised as the run `run` (its config.json)
     was, when it trained on this dataset."""
-    from .data import DataConfig, get_dataset
-    data = get_dataset(dataset, data_dir, log=print)
-    own = run if run and run.get("dataset") == dataset else {}
-    config = DataConfig(dataset=dataset, normalize=own.get("normalize") != "none", mean=own.get("mean"),
-                        std=own.get("std"))
+    from .data import BatchTransform
+    from .inference import input_normalisation
+    data = _run_dataset(dataset, data_dir, run or {})
+    norm = input_normalisation(run or {}, dataset, lambda: data)
+    if args.split == "valid" and data.valid is None:
+        raise ConfigError(f"{dataset} has no validation split here (the run held none out: valid-fraction 0); "
+                          "use --split train")
     x, y = data.train if args.split == "train" else data.valid
     which = "train" if args.split == "train" else f"valid ({data.valid_from})"
-    print(f"data: {dataset} {which}, {len(y):,} samples from {data.source}")
-    return config.transform(data, train=False), (x, y), data.classes
+    print(f"data: {dataset} {which}, {len(y):,} samples from {data.source}; {norm.how}")
+    return BatchTransform(norm.mean, norm.std), (x, y), data.classes
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from .inference import class_names, fit_input, predict_batch, prepare_image
+    from .inference import fit_input, input_normalisation, predict_batch, prepare_image, run_class_names
     model, source, dataset, data_dir = _inference_model(args)
     true_label = None
     if args.image:
-        prepared = prepare_image(args.image, model, dataset)
+        loaded: list[Any] = []  # the dataset, read only when the run did not record what is needed
+
+        def data() -> Any:
+            loaded.append(loaded[0] if loaded else _run_dataset(dataset, data_dir, source.run_config))
+            return loaded[0]
+        prepared = prepare_image(args.image, model, dataset, input_normalisation(source.run_config, dataset, data))
         print(f"image: {args.image}: " + "; ".join(prepared.notes))
-        x, names = prepared.x, class_names(dataset)
+        x, names = prepared.x, run_class_names(source.run_config, dataset) or (loaded[0].classes if loaded else None)
     else:
         transform, (xs, ys), names = _eval_split(args, dataset, data_dir, source.run_config)
         if not -len(xs) <= args.index < len(xs):
@@ -458,7 +572,7 @@ def _add_predict(p: argparse.ArgumentParser) -> None:
     p.add_argument("--index", type=int, default=0, help="which sample of the split (default: 0)")
     p.add_argument("--image", metavar="FILE", help="classify your own image (PNG/JPEG; needs anygrad[image]): "
                    "resized to the model's input, greyscale for one channel, inverted when the background is "
-                   "white, normalised like --dataset")
+                   "white, normalised as the run was trained (its config.json)")
     p.add_argument("--top", type=int, default=3, help="how many classes to list (default: 3)")
 
 
@@ -471,7 +585,7 @@ def _add_eval(p: argparse.ArgumentParser) -> None:
 def cmd_codegen(args: argparse.Namespace) -> int:
     from .codegen import write_code
     out = Path(args.output) if args.output else Path(f"{Path(args.model).stem}_model.py")
-    written = write_code(args.model, out, weights_out=args.weights_out, write_weights=not args.no_weights)
+    written = write_code(str(_not_a_folder(Path(args.model), "an ONNX model file")), out, weights_out=args.weights_out, write_weights=not args.no_weights)
     print(f"wrote {written.code}" + (f" and {written.weights}" if written.weights else ""))
     return 0
 
@@ -577,9 +691,34 @@ COMMANDS: dict[str, Command] = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with errors in the CLI's one-line form: `anygrad: error: ...; see 'anygrad train
+    --help'` and exit code 2, without the usage block (subcommand parsers are this class too)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_ERROR, f"anygrad: error: {_one_line(message)}; see '{self.prog} --help'\n")
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
+        # argparse reports unknown flags from the top-level parser; the subcommand's help is the useful one
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            commands = [a for a in self._actions if isinstance(a, argparse._SubParsersAction)]
+            sub = commands[0].choices.get(getattr(parsed, commands[0].dest, None)) if commands else None
+            (sub or self).error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
+
+
+def _one_line(text: str) -> str:
+    """A message on one line: its lines joined ("; ", or a space after a colon)."""
+    out = ""
+    for line in filter(None, (line.strip() for line in str(text).splitlines())):
+        out += ("" if not out else " " if out.endswith(":") else "; ") + line
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
-    parser = argparse.ArgumentParser(prog="anygrad", description="Train PyTorch-written models (exported to "
+    parser = _Parser(prog="anygrad", description="Train PyTorch-written models (exported to "
                                      "ONNX) on any GPU through WebGPU, or on the CPU.")
     parser.add_argument("--version", action="version", version=f"anygrad {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -595,7 +734,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.run(args)
     except AnygradError as e:
-        print(f"anygrad: error: {e}", file=sys.stderr)
+        print(f"anygrad: error: {_one_line(e)}", file=sys.stderr)
     except KeyboardInterrupt:
         print("anygrad: error: interrupted", file=sys.stderr)
     return EXIT_ERROR

@@ -9,6 +9,7 @@ node (log of a softmax written by hand) is recognised by its values.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -193,6 +194,69 @@ def dataset_stats(dataset: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
     return mean, std
 
 
+def _canonical_dataset(name: Any) -> str:
+    from .data.datasets import ALIASES
+    text = str(name or "").lower()
+    return ALIASES.get(text, text)
+
+
+def run_for_dataset(run: dict[str, Any], dataset: str) -> dict[str, Any]:
+    """The run's config.json when it trained on `dataset` (so its normalisation applies), else {}."""
+    return run if run and _canonical_dataset(run.get("dataset") or "mnist") == _canonical_dataset(dataset) else {}
+
+
+@dataclass
+class Normalisation:
+    """How samples are normalised before the model sees them (uint8 pixels are scaled to [0, 1]
+    first); mean/std None: not normalised."""
+
+    mean: tuple[float, ...] | None
+    std: tuple[float, ...] | None
+    how: str  # for messages: "like the run (mean 0.4, std 0.2)"
+
+
+def _stats_text(mean: Any, std: Any) -> str:
+    return f"mean {', '.join(f'{m:g}' for m in mean)}, std {', '.join(f'{s:g}' for s in std)}"
+
+
+def input_normalisation(run: dict[str, Any], dataset: str, data: Callable[[], Any] | None = None) -> Normalisation:
+    """The normalisation the model was trained with, from the run's config.json `run` when it
+    trained on `dataset`: what the run recorded it resolved (normalised on the device or the host,
+    or not at all), else its settings (--normalize none, --mean/--std), else the dataset's
+    statistics: the known ones, or those of the data `data()` loads (imagefolder, npz)."""
+    own = run_for_dataset(run, dataset)
+    resolved = own.get("resolved") if isinstance(own.get("resolved"), dict) else {}
+    if "normalisation" in resolved:  # what the run used, wherever it normalised
+        n = resolved["normalisation"]
+        if n is None:
+            return Normalisation(None, None, "not normalised (pixels scaled to [0, 1]), like the run")
+        return Normalisation(tuple(n["mean"]), tuple(n["std"]), f"like the run ({_stats_text(n['mean'], n['std'])})")
+    if resolved.get("normalised_on_device"):  # runs written before "normalisation" was recorded
+        n = resolved["normalised_on_device"]
+        return Normalisation(tuple(n["mean"]), tuple(n["std"]), f"like the run ({_stats_text(n['mean'], n['std'])})")
+    if own.get("normalize") == "none":
+        return Normalisation(None, None, "not normalised (pixels scaled to [0, 1]), like the run")
+    if own.get("mean") and own.get("std"):
+        return Normalisation(tuple(own["mean"]), tuple(own["std"]),
+                             f"like the run ({_stats_text(own['mean'], own['std'])})")
+    if _canonical_dataset(dataset) in KNOWN_DATASETS:
+        mean, std = dataset_stats(dataset)
+        return Normalisation(mean, std, f"like {dataset} ({_stats_text(mean, std)})")
+    loaded = data() if data is not None else None
+    if loaded is None:
+        raise ConfigError(f"no known normalisation for dataset '{dataset}'; give the run folder (its config.json "
+                          "records it) or --data-dir with the dataset to compute it from")
+    if loaded.mean is None:
+        return Normalisation(None, None, f"not normalised, like {dataset} (no image statistics)")
+    return Normalisation(tuple(loaded.mean), tuple(loaded.std), f"like {dataset} ({_stats_text(loaded.mean, loaded.std)})")
+
+
+def run_class_names(run: dict[str, Any], dataset: str) -> list[str] | None:
+    """Class names: those the run recorded for its dataset, else the known dataset's."""
+    classes = (run_for_dataset(run, dataset).get("resolved") or {}).get("classes")
+    return [str(c) for c in classes] if isinstance(classes, list) and classes else class_names(dataset)
+
+
 # -- a user's own image ------------------------------------------------------------------------
 @dataclass
 class PreparedImage:
@@ -201,18 +265,25 @@ class PreparedImage:
     notes: list[str]
 
 
-def prepare_image(path: str | Path, model: Model, dataset: str = "mnist") -> PreparedImage:
+def prepare_image(path: str | Path, model: Model, dataset: str = "mnist",
+                  normalisation: Normalisation | None = None) -> PreparedImage:
     """Load an image the way the dataset's samples look: the model's HxW, grey when it takes one
-    channel, light digits on a dark background (inverted when the image's border is light), the
-    dataset's normalisation."""
+    channel, light digits on a dark background (inverted when the image's border is light),
+    normalised as `normalisation` says (default: the dataset's known statistics)."""
     from .data.imagefolder import load_image
-    from .data.transforms import normalize_images
+    from .data.transforms import BatchTransform
+    if normalisation is None:
+        normalisation = input_normalisation({}, dataset)
     shape = tuple(model.input_shape)
-    mean, std = dataset_stats(dataset)
     if len(shape) == 4 and all(isinstance(d, int) for d in shape[1:]):
         channels, size = shape[1], shape[2:]
     else:  # a flat input (N, 784): the dataset's own image size
-        channels, size = len(mean), (28, 28) if len(mean) == 1 else (32, 32)
+        channels = len(normalisation.mean) if normalisation.mean else 3 if _canonical_dataset(dataset) == "cifar-10" \
+            else 1
+        size = (28, 28) if channels == 1 else (32, 32)
+    if normalisation.mean is not None and len(normalisation.mean) not in (1, channels):
+        raise ConfigError(f"the model takes {channels}-channel images but the normalisation has "
+                          f"{len(normalisation.mean)} channels ({normalisation.how})")
     img = load_image(path, "L" if channels == 1 else "RGB", size)
     notes = [f"resized to {size[0]}x{size[1]}" + (", greyscale" if channels == 1 else ", RGB")]
     border = np.concatenate([img[:, 0, :].ravel(), img[:, -1, :].ravel(), img[:, :, 0].ravel(), img[:, :, -1].ravel()])
@@ -220,9 +291,8 @@ def prepare_image(path: str | Path, model: Model, dataset: str = "mnist") -> Pre
     if inverted:
         img = 255 - img
         notes.append("inverted (white background; the model was trained on light strokes on black)")
-    notes.append(f"normalised like {dataset} (mean {', '.join(f'{m:g}' for m in mean)}, "
-                 f"std {', '.join(f'{s:g}' for s in std)})")
-    x = normalize_images(img[None], mean, std)
+    notes.append(normalisation.how if normalisation.how.startswith("not") else f"normalised {normalisation.how}")
+    x = BatchTransform(normalisation.mean, normalisation.std)(img[None], np.zeros(1, np.int64), 0)
     return PreparedImage(fit_input(x, model), inverted, notes)
 
 

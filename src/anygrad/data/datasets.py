@@ -95,6 +95,10 @@ class DataConfig:
         std = tuple(self.std) if self.std is not None else data.std
         if not self.normalize or mean is None or std is None:
             return None, None
+        shape = data.sample_shape
+        if self.mean is not None and len(mean) != 1 and len(shape) == 3 and shape[0] != len(mean):
+            raise ConfigError(f"--mean/--std give {len(mean)} channels but the {data.name} images have {shape[0]} "
+                              f"(shape {shape}); give one value per channel, or one for all")
         return mean, std
 
     def transform(self, data: Dataset, seed: int = 0, train: bool = True, on_device: bool = False) -> BatchTransform:

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
+from .mnist import folder_problem
 
 EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
 
@@ -45,7 +46,7 @@ def read_image_folder(folder: str | Path, mode: str | None = None,
     """(images uint8 NCHW, labels int64, class names)."""
     folder = Path(folder).expanduser()
     if not folder.is_dir():
-        raise DataError(f"image folder {folder} does not exist")
+        raise DataError(f"image folder {folder} {folder_problem(folder)}; give the folder with one subfolder of images per class")
     classes = sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not classes:
         raise DataError(f"{folder} has no class subfolders; put the images of each class into "

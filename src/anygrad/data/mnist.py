@@ -153,10 +153,16 @@ def _download_from_mirrors(file: MnistFile, folder: Path, mirrors: Sequence[str]
     return None, errors
 
 
+def folder_problem(folder: Path) -> str:
+    """Why `folder` is no folder to read from: it is missing, or something else is there."""
+    return "is not a directory" if folder.exists() else "does not exist"
+
+
 def _missing_message(folder: Path, names: Sequence[str], why: str) -> str:
-    files = "\n".join(f"  {n}.gz" for n in names)
-    return (f"{why}\nPut these MNIST files (gzip or uncompressed) into {folder}:\n{files}\n"
-            f"or put all four into any folder and pass --data-dir FOLDER (data_dir= in Python).")
+    """One line (the CLI prints errors on one): why, which files to put where, the alternative."""
+    files = ", ".join(f"{n}.gz" for n in names)
+    return (f"{why}; put these MNIST files (gzip or uncompressed) into {folder}: {files}; "
+            f"or put all four into any folder and pass --data-dir FOLDER (data_dir= in Python)")
 
 
 # -- loading -------------------------------------------------------------------------------
@@ -186,11 +192,12 @@ def load_mnist(data_dir: str | Path | None = None, cache_dir: str | Path | None 
     if data_dir is not None:
         folder = Path(data_dir).expanduser()
         if not folder.is_dir():
-            raise DataError(f"data folder {folder} does not exist; it should hold the four MNIST IDX files")
+            raise DataError(f"data folder {folder} {folder_problem(folder)}; it should be the folder holding the four MNIST "
+                            "IDX files")
         found = {role: find_file(folder, f.name) for role, f in MNIST_FILES.items()}
         missing = [MNIST_FILES[r].name for r, p in found.items() if p is None]
         if missing:
-            raise DataError(_missing_message(folder, missing, f"MNIST files missing in {folder}."))
+            raise DataError(_missing_message(folder, missing, f"MNIST files missing in {folder}"))
         return MnistData(**_read_split(found), source=str(folder))
 
     folder = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
@@ -198,7 +205,7 @@ def load_mnist(data_dir: str | Path | None = None, cache_dir: str | Path | None 
     missing = [r for r, p in found.items() if p is None]
     if missing and not download:
         raise DataError(_missing_message(folder, [MNIST_FILES[r].name for r in missing],
-                                         f"MNIST is not in the cache {folder} and downloading is off."))
+                                         f"MNIST is not in the cache {folder} and downloading is off"))
     if missing:
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -212,7 +219,7 @@ def load_mnist(data_dir: str | Path | None = None, cache_dir: str | Path | None 
                 log(f"downloading {file.name}.gz into {folder}")
             found[role], errors = _download_from_mirrors(file, folder, mirror_list)
             if found[role] is None:  # the rest would fail the same way: stop here
-                why = (f"could not download {file.name}.gz from any mirror (offline?):\n"
-                       + "\n".join(f"  {e}" for e in errors or ["no mirrors given"]))
+                why = (f"could not download {file.name}.gz from any mirror (offline?): "
+                       + "; ".join(errors or ["no mirrors given"]))
                 raise DataError(_missing_message(folder, [MNIST_FILES[r].name for r in missing[i:]], why))
     return MnistData(**_read_split(found), source=str(folder))

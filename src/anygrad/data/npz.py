@@ -18,6 +18,10 @@ def read_npz(path: str | Path, x_key: str = "x", y_key: str = "y", x_valid_key: 
             arrays = {k: npz[k] for k in npz.files}
     except FileNotFoundError:
         raise DataError(f"{path}: no such .npz file") from None
+    except IsADirectoryError:
+        raise DataError(f"{path} is a directory; the npz dataset is one .npz file (--data-dir FILE.npz)") from None
+    except EOFError:  # np.load of an empty file
+        raise DataError(f"{path} is empty; the npz dataset is an .npz file written by numpy.savez") from None
     except (OSError, ValueError, zipfile.BadZipFile) as e:
         raise DataError(f"{path}: not a readable .npz file of plain arrays ({e})") from None
     missing = [k for k in (x_key, y_key) if k not in arrays]

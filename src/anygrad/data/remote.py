@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DataError
-from .mnist import CACHE_ENV, default_cache_dir, download
+from .mnist import CACHE_ENV, default_cache_dir, download, folder_problem
 
 
 @dataclass(frozen=True)
@@ -49,10 +49,10 @@ def _find(folder: Path, file: RemoteFile) -> Path | None:
 
 
 def _missing(spec: RemoteSet, folder: Path, roles: Sequence[str], why: str) -> str:
-    files = "\n".join(f"  {spec.files[r].name}" for r in roles)
-    return (f"{why}\nPut these {spec.key} files into {folder}:\n{files}\n"
-            f"or put them into any folder and pass --data-dir FOLDER (data_dir= in Python); "
-            f"mirrors can be set with {spec.mirrors_env}.")
+    """One line (the CLI prints errors on one): why, which files to put where, the alternatives."""
+    files = ", ".join(spec.files[r].name for r in roles)
+    return (f"{why}; put these {spec.key} files into {folder}: {files}; or put them into any folder and pass "
+            f"--data-dir FOLDER (data_dir= in Python); mirrors can be set with {spec.mirrors_env}")
 
 
 def locate(spec: RemoteSet, data_dir: str | Path | None = None, cache_dir: str | Path | None = None,
@@ -62,11 +62,12 @@ def locate(spec: RemoteSet, data_dir: str | Path | None = None, cache_dir: str |
     if data_dir is not None:
         folder = Path(data_dir).expanduser()
         if not folder.is_dir():
-            raise DataError(f"data folder {folder} does not exist; it should hold the {spec.key} files")
+            raise DataError(f"data folder {folder} {folder_problem(folder)}; it should be the folder holding the "
+                            f"{spec.key} files")
         found = {role: _find(folder, f) for role, f in spec.files.items()}
         missing = [r for r, p in found.items() if p is None]
         if missing:
-            raise DataError(_missing(spec, folder, missing, f"{spec.key} files missing in {folder}."))
+            raise DataError(_missing(spec, folder, missing, f"{spec.key} files missing in {folder}"))
         return found, folder  # type: ignore[return-value]
 
     folder = Path(cache_dir).expanduser() if cache_dir is not None else spec.cache_dir()
@@ -74,7 +75,7 @@ def locate(spec: RemoteSet, data_dir: str | Path | None = None, cache_dir: str |
     missing = [r for r, p in found.items() if p is None]
     if missing and not download_missing:
         raise DataError(_missing(spec, folder, missing, f"{spec.key} is not in the cache {folder} and "
-                                                        "downloading is off."))
+                                                        "downloading is off"))
     if missing:
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -95,7 +96,7 @@ def locate(spec: RemoteSet, data_dir: str | Path | None = None, cache_dir: str |
                 except (OSError, ValueError, urllib.error.URLError) as e:
                     errors.append(f"{url}: {getattr(e, 'reason', None) or e}")
             if found[role] is None:  # the rest would fail the same way: stop here
-                why = (f"could not download {file.name} from any mirror (offline?):\n"
-                       + "\n".join(f"  {e}" for e in errors or ["no mirrors given"]))
+                why = (f"could not download {file.name} from any mirror (offline?): "
+                       + "; ".join(errors or ["no mirrors given"]))
                 raise DataError(_missing(spec, folder, missing[i:], why))
     return found, folder  # type: ignore[return-value]

@@ -27,72 +27,29 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
+from ..coerce import coerce_fields, converter, to_float, to_int, to_lower_str
 from ..errors import ConfigError
 
 INTERVALS = ("epoch", "step")
 
 
 # -- option coercion: config files and the CLI hand over strings and loose numbers ---------------
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _to_float(v: Any) -> float:
-    if _is_number(v) or isinstance(v, str):
-        return float(v)
-    raise TypeError
-
-
-def _to_int(v: Any) -> int:
-    if isinstance(v, str):
-        v = float(v) if any(c in v for c in ".eE") else int(v)
-    if _is_number(v) and float(v).is_integer():
-        return int(v)
-    raise TypeError
-
-
-def _to_bool(v: Any) -> bool:
-    if isinstance(v, bool):
-        return v
-    words = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
-    if isinstance(v, str) and v.strip().lower() in words:
-        return words[v.strip().lower()]
-    if _is_number(v) and v in (0, 1):
-        return bool(v)
-    raise TypeError
-
-
-def _to_str(v: Any) -> str:
-    if isinstance(v, str):
-        return v.strip().lower()
-    raise TypeError
-
-
-def _to_int_list(v: Any) -> list[int]:
-    if isinstance(v, str):
-        v = [p for p in v.replace(";", ",").split(",") if p.strip()]
-    if isinstance(v, (list, tuple)):
-        return [_to_int(x) for x in v]
-    raise TypeError
-
-
-def _optional(conv: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    return lambda v: None if v is None else conv(v)
-
-
-# Keyed by the field annotation (a string under `from __future__ import annotations`).
-_COERCE: dict[str, tuple[Callable[[Any], Any], str]] = {
-    "float": (_to_float, "a number"),
-    "int": (_to_int, "an integer"),
-    "bool": (_to_bool, "true or false"),
-    "str": (_to_str, "a string"),
-    "list[int]": (_to_int_list, "a list of integers"),
-    "float | None": (_optional(_to_float), "a number or null"),
-    "int | None": (_optional(_to_int), "an integer or null"),
-}
+# Option words (mode, interval, anneal_strategy) are compared lower-cased: 'Max' is 'max'.
+_BASE = {"str": (to_lower_str, "a string", "strings")}
 
 
 # -- the interface ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunFacts:
+    """What a training loop knows about the run a scheduler drives; it fills the options the user
+    leaves unset (see Scheduler.run_defaults) and lets a scheduler reject a run it cannot cover
+    before the first step (Scheduler.check_run)."""
+
+    epochs: int
+    updates_per_epoch: int  # optimizer updates per epoch (batches / accumulate, rounded up)
+    mode: str = "min"       # direction of the monitored metric: "min" (losses) or "max" (accuracies)
+
+
 @dataclass
 class Scheduler:
     """Base class. Dataclass fields are the configuration; `steps` and `lr` the running state.
@@ -109,14 +66,8 @@ class Scheduler:
     needs_metric: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            conv, what = _COERCE[f.type]
-            value = getattr(self, f.name)
-            try:
-                setattr(self, f.name, conv(value))
-            except (TypeError, ValueError):
-                raise ConfigError(f"scheduler '{self.name}': option {f.name} must be {what}, "
-                                  f"got {value!r}") from None
+        coerce_fields(self, lambda name, what, value: ConfigError(
+            f"scheduler '{self.name}': option {name} must be {what}, got {value!r}"), _BASE)
         self._require(self.interval in INTERVALS, f"interval must be one of {', '.join(INTERVALS)}, "
                       f"got {self.interval!r}")
         self._require(self.base_lr >= 0 and math.isfinite(self.base_lr),
@@ -125,6 +76,14 @@ class Scheduler:
         self.reset()
 
     # -- subclass hooks -----------------------------------------------------------------
+    @classmethod
+    def run_defaults(cls, run: RunFacts, options: dict[str, Any]) -> dict[str, Any]:
+        """Options taken from the run when `options` (the user's) do not set them."""
+        return {}
+
+    def check_run(self, run: RunFacts) -> None:
+        """Raise ConfigError when this schedule cannot drive the whole of `run`."""
+
     def _validate(self) -> None:
         """Raise ConfigError (through `_require`) for option values torch would reject or
         that make the schedule meaningless."""
@@ -176,7 +135,7 @@ class Scheduler:
             raise ConfigError(f"scheduler state is for '{state.get('name')}', not '{self.name}'; "
                               f"build the scheduler from the checkpoint's config")
         try:
-            steps, lr = _to_int(state["steps"]), _to_float(state["lr"])
+            steps, lr = to_int(state["steps"]), to_float(state["lr"])
             self._load_extra_state(state)
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError(f"scheduler '{self.name}': corrupt state ({e!r}); "
@@ -194,7 +153,7 @@ class Scheduler:
 
     def _check_step(self, step: int) -> int:
         try:
-            step = _to_int(step)
+            step = to_int(step)
         except (TypeError, ValueError):
             step = -1
         self._require(step >= 0, f"step must be an integer >= 0, got {step!r}")
@@ -351,8 +310,10 @@ class OneCycleLR(Scheduler):
 
     Warms up from max_lr/div_factor to max_lr over pct_start of total_steps, then anneals to
     max_lr/div_factor/final_div_factor (three_phase: back down to the initial rate first).
-    max_lr defaults to base_lr; total_steps may be given as epochs * steps_per_epoch. Note the
-    first rate is max_lr/div_factor, so set `model.lr = sched.lr` before training.
+    max_lr defaults to base_lr; total_steps may be given as epochs * steps_per_epoch. In a training
+    run (get_scheduler(..., run=...)) options left unset span the run: total_steps = its epochs x
+    its optimizer updates per epoch. Note the first rate is max_lr/div_factor, so set
+    `model.lr = sched.lr` before training.
     """
 
     max_lr: float | None = None
@@ -367,6 +328,24 @@ class OneCycleLR(Scheduler):
     interval: str = field(default="step", kw_only=True)
 
     name = "onecycle"
+
+    @classmethod
+    def run_defaults(cls, run: RunFacts, options: dict[str, Any]) -> dict[str, Any]:
+        # Without a length of its own, the cycle spans the run: its epochs, each of its optimizer
+        # updates a step (interval "step"), or each epoch one (interval "epoch").
+        if options.get("total_steps") is not None:
+            return {}
+        per_step = to_lower_str(options.get("interval", "step")) == "step"
+        return {"epochs": run.epochs, "steps_per_epoch": run.updates_per_epoch if per_step else 1}
+
+    def check_run(self, run: RunFacts) -> None:
+        needed = run.epochs * (run.updates_per_epoch if self.interval == "step" else 1)
+        what = "optimizer updates" if self.interval == "step" else "epochs"
+        self._require(self.total_steps >= needed,
+                      f"the run takes {needed} {what} ({run.epochs} epochs"
+                      + (f" x {run.updates_per_epoch} updates" if self.interval == "step" else "")
+                      + f") but the cycle has only total_steps={self.total_steps}; raise total_steps (or epochs, "
+                      "steps_per_epoch), or leave all three unset and the cycle spans the run")
 
     def _validate(self) -> None:
         if self.max_lr is None:
@@ -454,6 +433,11 @@ class ReduceLROnPlateau(Scheduler):
     name = "plateau"
     needs_metric = True
 
+    @classmethod
+    def run_defaults(cls, run: RunFacts, options: dict[str, Any]) -> dict[str, Any]:
+        # The metric it is fed is the run's monitored one: an accuracy must rise, a loss fall.
+        return {"mode": run.mode}
+
     def _validate(self) -> None:
         self._require(self.mode in ("min", "max"), f"mode must be 'min' or 'max', got {self.mode!r}")
         self._require(self.threshold_mode in ("rel", "abs"),
@@ -512,9 +496,9 @@ class ReduceLROnPlateau(Scheduler):
 
     def _load_extra_state(self, state: dict[str, Any]) -> None:
         best = state["best"]
-        self.best = self._worse if best is None else _to_float(best)
-        self.num_bad_epochs = _to_int(state["num_bad_epochs"])
-        self.cooldown_counter = _to_int(state["cooldown_counter"])
+        self.best = self._worse if best is None else to_float(best)
+        self.num_bad_epochs = to_int(state["num_bad_epochs"])
+        self.cooldown_counter = to_int(state["cooldown_counter"])
 
 
 # -- the name table ------------------------------------------------------------------------------------
@@ -536,19 +520,39 @@ def _canonical(name: str) -> str:
     return _ALIASES.get(key, key)
 
 
-def get_scheduler(name: str, base_lr: float, **options: Any) -> Scheduler:
-    """A scheduler by CLI/config name ("step", "multistep", "exponential", "cosine", "linear",
-    "onecycle", "plateau") with torch.optim.lr_scheduler's option names."""
+def check_options(name: str, options: dict[str, Any]) -> type[Scheduler]:
+    """The scheduler class for `name`, after checking that it takes each of `options` and that
+    each value has the option's type (ranges and run-dependent checks come when it is built)."""
     key = _canonical(name)
     if key not in SCHEDULERS:
         raise ConfigError(f"unknown learning-rate scheduler '{name}'; choose one of {', '.join(SCHEDULERS)}")
     cls = SCHEDULERS[key]
-    known = {f.name for f in fields(cls)} - {"base_lr"}
-    unknown = sorted(set(options) - known)
+    types = {f.name: str(f.type) for f in fields(cls) if f.name != "base_lr"}
+    unknown = sorted(set(options) - set(types))
     if unknown:
         raise ConfigError(f"scheduler '{key}' does not take option(s) {', '.join(unknown)}; "
-                          f"its options are {', '.join(sorted(known))}")
-    return cls(base_lr, **options)
+                          f"its options are {', '.join(sorted(types))}")
+    for option, value in options.items():
+        conv, what = converter(types[option], _BASE)
+        try:
+            conv(value)
+        except (TypeError, ValueError, OverflowError):
+            raise ConfigError(f"scheduler '{key}': option {option} must be {what}, got {value!r}") from None
+    return cls
+
+
+def get_scheduler(name: str, base_lr: float, *, run: RunFacts | None = None, **options: Any) -> Scheduler:
+    """A scheduler by CLI/config name ("step", "multistep", "exponential", "cosine", "linear",
+    "onecycle", "plateau") with torch.optim.lr_scheduler's option names. With `run` (what the
+    training loop knows), options left unset are taken from the run (plateau's mode from the
+    monitored metric, onecycle's length) and a schedule too short for the run is an error now."""
+    cls = check_options(name, options)
+    if run is not None:
+        options = {**cls.run_defaults(run, options), **options}
+    scheduler = cls(base_lr, **options)
+    if run is not None:
+        scheduler.check_run(run)
+    return scheduler
 
 
 __all__ = [
@@ -559,7 +563,9 @@ __all__ = [
     "MultiStepLR",
     "OneCycleLR",
     "ReduceLROnPlateau",
+    "RunFacts",
     "Scheduler",
     "StepLR",
+    "check_options",
     "get_scheduler",
 ]

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import atexit
 import math
+import os
 import sys
 import time
+from collections.abc import Callable
 from typing import IO
 
 from .report import EpochInfo, Reporter, RunInfo, StepInfo
@@ -168,6 +170,43 @@ class PlainReporter(QuietReporter):
 
 
 # -- the live dashboard ---------------------------------------------------------------------------
+def _hide_control_echo() -> Callable[[], None] | None:
+    """Stop the terminal from echoing control keys (Ctrl-C as "^C") while the live view is drawn;
+    returns what puts the setting back (None where there is no such terminal setting).
+
+    The view ends in a line as wide as the terminal, which leaves the cursor waiting to wrap: an
+    echoed "^C" wraps it onto a new line that rich does not know of, so rich's next redraw (the
+    "interrupted ... continue with" message printed above the view) starts one line too low and
+    leaves the old top border behind. Without the echo its line count stays right. Only ECHOCTL
+    changes (SIGINT still arrives); if the process dies before restoring it, ^C just is not
+    shown in that terminal until `stty echoctl`."""
+    try:
+        import termios
+        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
+    except (ImportError, OSError):  # Windows, or no controlling terminal
+        return None
+    try:
+        before = termios.tcgetattr(fd)
+        if not before[3] & termios.ECHOCTL:
+            os.close(fd)
+            return None
+        quiet = list(before)
+        quiet[3] &= ~termios.ECHOCTL
+        termios.tcsetattr(fd, termios.TCSANOW, quiet)
+    except (termios.error, OSError):
+        os.close(fd)
+        return None
+
+    def restore() -> None:
+        try:
+            termios.tcsetattr(fd, termios.TCSANOW, before)
+        except (termios.error, OSError):
+            pass
+        finally:
+            os.close(fd)
+    return restore
+
+
 class LiveReporter:
     """A rich `Live` view: epoch and run progress with ETA, current metrics, a loss sparkline, the
     finished epochs. Messages print above it; the final view stays on screen after the run."""
@@ -194,6 +233,7 @@ class LiveReporter:
         self._epoch_task = self._run_task = None
         self._epoch_seen = 0
         self._prev: StepInfo | None = None
+        self._restore_echo: Callable[[], None] | None = None
 
     # -- rendering ------------------------------------------------------------------------------
     def _header(self):
@@ -275,6 +315,7 @@ class LiveReporter:
         self._epoch_seen = info.start_epoch
         self.live = Live(get_renderable=self.render, console=self.console, refresh_per_second=8,
                          transient=False, redirect_stdout=True, redirect_stderr=True)
+        self._restore_echo = _hide_control_echo() if self.console.is_terminal else None
         self.live.start()
         atexit.register(self._stop)  # an exception that skips run_end must not leave the cursor hidden
 
@@ -282,6 +323,9 @@ class LiveReporter:
         if self.live:
             self.live.stop()
             self.live = None
+        if self._restore_echo is not None:
+            self._restore_echo()
+            self._restore_echo = None
 
     def step(self, info: StepInfo) -> None:
         run = self.summary.run

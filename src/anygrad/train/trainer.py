@@ -8,6 +8,7 @@ hold all device state, so `resume` continues a run bit for bit (on the CPU).
 from __future__ import annotations
 
 import csv
+import difflib
 import importlib
 import io
 import json
@@ -23,11 +24,13 @@ from typing import Any
 
 import numpy as np
 
+from ..coerce import coerce_fields, json_text
 from ..data.datasets import DataConfig
 from ..data.graph_input import input_statistics, plain_model
 from ..data.loader import DataLoader
 from ..errors import AnygradError, ConfigError
 from ..model import Model
+from ..optim.schedulers import RunFacts, get_scheduler
 from . import checkpoint as ckpt
 from .monitor import Monitor
 from .report import EpochInfo, Reporter, RunInfo, StepInfo
@@ -39,6 +42,8 @@ Log = Callable[[str], None]
 # Settings that may differ between a run and its resumption (everything else must match).
 RESUMABLE_CHANGES = ("epochs", "log_every", "device", "artifacts_dir", "data_dir", "keep_checkpoints",
                      "checkpoint_every", "patience", "min_delta", "prefetch")
+# Keys of config.json that are not settings: what the run resolved them to (written by the run).
+BOOKKEEPING_KEYS = ("resolved",)
 # How batches are normalised: in the graph on the device (uint8 uploads), on the host, or not at all.
 NORMALIZE_MODES = ("device", "host", "none")
 
@@ -103,6 +108,9 @@ class TrainConfig:
             raise ConfigError(f"keep-checkpoints must be at least 1, got {self.keep_checkpoints}")
         if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
             raise ConfigError(f"clip-grad-norm must be positive, got {self.clip_grad_norm}")
+        metrics = [f.name for f in fields(EpochMetrics) if f.name != "epoch"]
+        if self.monitor not in metrics:
+            raise ConfigError(f"monitor: unknown metric '{self.monitor}'; choose one of {', '.join(metrics)}")
         Monitor(self.monitor, self.mode, self.patience, self.min_delta)  # raises on bad values
         if self.normalize not in NORMALIZE_MODES:
             raise ConfigError(f"normalize must be one of {', '.join(NORMALIZE_MODES)}, got {self.normalize!r}")
@@ -115,13 +123,27 @@ class TrainConfig:
                           crop_padding=self.crop_padding, hflip=self.hflip, prefetch=self.prefetch,
                           x_key=self.x_key, y_key=self.y_key)
 
+    def __post_init__(self) -> None:
+        # Every way in (a config file, fit(**settings), the constructor) gets the annotated types,
+        # so a wrong value fails here, naming the setting, not as a TypeError inside the loop.
+        coerce_fields(self, lambda name, what, value: ConfigError(
+            f"setting '{name}' must be {what}, got {json_text(value)}"))
+
     @classmethod
     def from_dict(cls, record: dict[str, Any], source: str = "config") -> TrainConfig:
-        """The settings in a config.json record (its extra keys, like "resolved", ignored)."""
-        names = {f.name for f in fields(cls)}
+        """The settings in a config.json record. Its bookkeeping keys ("resolved", and notes under
+        keys starting with "_") are skipped; any other unknown key is an error."""
+        names = [f.name for f in fields(cls)]
+        unknown = [k for k in record if k not in names and k not in BOOKKEEPING_KEYS and not k.startswith("_")]
+        if unknown:
+            hints = [f"'{k}' (did you mean '{m[0]}'?)" if (m := difflib.get_close_matches(k, names, 1)) else f"'{k}'"
+                     for k in unknown]
+            raise ConfigError(f"{source}: unknown setting{'s' * (len(unknown) > 1)} {', '.join(hints)}; remove "
+                              f"{'them' if len(unknown) > 1 else 'it'} (the settings are the fields of "
+                              "anygrad.train.TrainConfig; notes go under keys starting with '_')")
         try:
             return cls(**{k: v for k, v in record.items() if k in names})
-        except TypeError as e:
+        except ConfigError as e:
             raise ConfigError(f"{source}: {e}") from None
 
 
@@ -256,8 +278,9 @@ def _onnx_exporter() -> Callable | None:
         return None
 
 
-def config_record(model: Model, config: TrainConfig) -> dict[str, Any]:
-    """config.json: the run's settings plus what the model and device resolved them to."""
+def config_record(model: Model, config: TrainConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """config.json: the run's settings plus what the model and device resolved them to, and
+    `extra`: what the caller resolved (the CLI: the data's normalisation and class names)."""
     record = asdict(config)
     record["resolved"] = {
         "model_source": model.source,
@@ -269,6 +292,8 @@ def config_record(model: Model, config: TrainConfig) -> dict[str, Any]:
         "device": model.backend.description if model.backend else None,
         "loss": {"name": model.loss.name, **model.loss.options} if model.loss else None,
         "optimizer": model.optimizer.config() if model.optimizer else None,
+        "scheduler": None,
+        **(extra or {}),
     }
     return record
 
@@ -364,16 +389,20 @@ class _Run:
     history: list[EpochMetrics] = field(default_factory=list)
     sums: _Sums = field(default_factory=_Sums)
     stopped_early: bool = False
+    lr: float | None = None        # the rate of the epoch's latest optimizer step (metrics.jsonl's lr)
 
 
 class Learner:
     """One training run of a compiled model: the loop, its schedule, monitor and checkpoints."""
 
     def __init__(self, model: Model, train_data: Arrays, valid_data: Arrays | None, config: TrainConfig,
-                 reporter: Reporter, transforms: tuple[Transform | None, Transform | None] = (None, None)):
-        """`transforms`: per-batch input transforms (training, validation), e.g. a DataConfig's."""
+                 reporter: Reporter, transforms: tuple[Transform | None, Transform | None] = (None, None),
+                 resolved: dict[str, Any] | None = None):
+        """`transforms`: per-batch input transforms (training, validation), e.g. a DataConfig's.
+        `resolved`: what the caller resolved settings to, for config.json's "resolved" record."""
         self.model, self.train_data, self.valid_data, self.config, self.reporter = \
             model, train_data, valid_data, config, reporter
+        self.resolved = dict(resolved or {})
         self.valid_transform = transforms[1]
         model._require_compiled()
         if config.clip_grad_norm is not None or config.accumulate != 1:  # else keep what compile() set
@@ -389,18 +418,53 @@ class Learner:
         self.out_dir = Path(config.artifacts_dir) if config.artifacts_dir else None
         self.ckpt_dir = self.out_dir / "checkpoints" if self.out_dir else None
         self.monitor = Monitor(config.monitor, config.mode, config.patience, config.min_delta)
+        self.notes: list[str] = []  # said when the run begins
         self.scheduler = None
         if config.scheduler:
-            from ..optim import get_scheduler
-            self.scheduler = get_scheduler(config.scheduler, base_lr=model.lr, **config.scheduler_options)
+            self.scheduler = get_scheduler(config.scheduler, base_lr=model.lr, run=self.run_facts(),
+                                           **config.scheduler_options)
             model.lr = self.scheduler.lr
+        self._check_monitor()
         self.run = _Run()
+
+    def _unmonitorable(self) -> str | None:
+        """Why this run will have no value for the monitored metric, or None."""
+        metric, model = self.config.monitor, self.model
+        if metric.startswith("valid_") and (self.valid_data is None or len(self.valid_data[0]) == 0):
+            return "the run has no validation data (none given, or --valid-fraction 0)"
+        if metric.endswith(("_accuracy", "_top5")) and not model.loss.classification:
+            return f"the loss {model.loss.name} is not a classification loss, so no accuracy is counted"
+        if metric.endswith("_top5") and model.top_k is None:
+            return "top-5 accuracy is counted for classifiers of more than 5 classes only"
+        return None
+
+    def _check_monitor(self) -> None:
+        """Before the first step: a monitored metric the run will never have is an error when early
+        stopping or the plateau schedule depends on it, else a note (no best checkpoint)."""
+        why = self._unmonitorable()
+        if why is None:
+            return
+        users = (["--patience"] if self.config.patience is not None else []) + \
+            ([f"--scheduler {self.scheduler.name}"] if self.scheduler is not None and self.scheduler.needs_metric else [])
+        if users:
+            raise ConfigError(f"{' and '.join(users)} watch --monitor {self.config.monitor}, which this run cannot "
+                              f"measure: {why}; choose another --monitor (e.g. train_loss)")
+        if self.out_dir is not None:
+            self.notes.append(f"note: no best checkpoint: {why}, so '{self.config.monitor}' has no value "
+                              "(--monitor chooses another metric)")
+
+    def run_facts(self) -> RunFacts:
+        """What a scheduler may take from this run: its length in optimizer updates (an update
+        every `accumulate` batches, and one for the last partial group of an epoch) and the
+        direction of the monitored metric."""
+        return RunFacts(self.config.epochs, -(-self.steps // self.config.accumulate), self.monitor.mode)
 
     # -- checkpoints --------------------------------------------------------------------------
     def _meta(self) -> dict[str, Any]:
         r = self.run
         return {"fingerprint": self.model.fingerprint(), "epoch": r.epoch, "step": r.step,
-                "global_step": r.global_step, "epoch_done": r.epoch_done, "micro_step": self.model.micro_step,
+                "global_step": r.global_step, "epoch_done": r.epoch_done, "stopped_early": r.stopped_early,
+                "lr": r.lr, "micro_step": self.model.micro_step,
                 "steps_per_epoch": self.steps, "history": [_finite(asdict(m)) for m in r.history],
                 "sums": r.sums.state_dict(), "monitor": self.monitor.state_dict(),
                 "scheduler": self.scheduler.state_dict() if self.scheduler else None,
@@ -445,6 +509,7 @@ class Learner:
             r = self.run
             r.epoch, r.step, r.global_step = int(m["epoch"]), int(m["step"]), int(m["global_step"])
             r.epoch_done = bool(m["epoch_done"])
+            r.lr = None if m.get("lr") is None else float(m["lr"])
             r.history = [EpochMetrics(**row) for row in m["history"]]
             r.sums.load_state_dict(m["sums"])
             self.model.micro_step = int(m["micro_step"])
@@ -458,6 +523,11 @@ class Learner:
         if r.epoch_done:
             r.epoch, r.step, r.epoch_done = r.epoch + 1, 0, False
             r.sums = _Sums()
+        # A run that stopped early stays stopped: its monitor's wait already reached the patience.
+        # Under a larger --patience (now RESUMABLE) it has not, and the run goes on; --epochs alone
+        # does not restart it (the stop is about the metric, not the length). Older checkpoints
+        # without the flag: the monitor's state says it.
+        r.stopped_early = bool(m.get("stopped_early", True)) and self.monitor.should_stop
         return Path(path)
 
     # -- the loop -----------------------------------------------------------------------------------
@@ -465,24 +535,35 @@ class Learner:
         cfg, r, model = self.config, self.run, self.model
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            write_json(self.out_dir / "config.json", config_record(model, cfg))
+            extra = {**self.resolved, "scheduler": self.scheduler.config() if self.scheduler else None}
+            write_json(self.out_dir / "config.json", config_record(model, cfg, extra))
         self.reporter.run_begin(RunInfo(model=model.source, device=model.backend.description,
                                         epochs=cfg.epochs, steps_per_epoch=self.steps, batch_size=cfg.batch_size,
                                         start_epoch=r.epoch, artifacts_dir=str(self.out_dir) if self.out_dir else None))
+        for note in self.notes:
+            self.reporter.message(note)
+        if r.stopped_early:  # resumed after an early stop (see resume): nothing to train
+            self.reporter.message(f"the run already stopped early at epoch {r.epoch - 1}: {cfg.monitor} has not "
+                                  f"improved for {self.monitor.wait} epochs (best {self.monitor.best:.6g} at epoch "
+                                  f"{self.monitor.best_epoch}); to train on, resume with a larger --patience")
+        elif r.epoch > cfg.epochs:
+            self.reporter.message(f"the run already finished its {cfg.epochs} epochs; to train on, resume with a "
+                                  "larger --epochs")
         warned = interrupted = False
+        trained = 0  # epochs finished by this call
         with _graceful_interrupt() as stop:
             while r.epoch <= cfg.epochs and not r.stopped_early:
                 if self._train_epoch(stop):
                     interrupted = True
                     break
                 self._end_epoch(warned)
-                warned = warned or self._diverged()
+                warned, trained = warned or self._diverged(), trained + 1
                 r.epoch, r.step, r.sums = r.epoch + 1, 0, _Sums()
         if interrupted:
             where = self.save_checkpoint()
             self.reporter.message(f"interrupted at epoch {r.epoch} step {r.step}/{self.steps}" + (
                 f"; checkpoint {where}; continue with: anygrad train --resume {self.out_dir}" if where else ""))
-        elif r.stopped_early:
+        elif r.stopped_early and trained:
             self.reporter.message(f"early stop: {cfg.monitor} has not improved for {self.monitor.wait} epochs "
                                   f"(best {self.monitor.best:.6g} at epoch {self.monitor.best_epoch})")
         self.reporter.run_end(stopped_early=r.stopped_early, interrupted=interrupted)
@@ -498,6 +579,7 @@ class Learner:
         for step, (x, y) in enumerate(self.loader, 1):
             if step <= r.step:  # resumed mid-epoch: these were trained before
                 continue
+            r.lr = model.lr  # what this step's update (or its accumulation group's) uses
             model.train_step(x, y, flush=step == self.steps)
             r.step, r.global_step = step, r.global_step + 1
             if self.scheduler is not None and self.scheduler.interval == "step" and model.micro_step == 0:
@@ -518,7 +600,10 @@ class Learner:
 
     def _end_epoch(self, warned: bool) -> None:
         cfg, r, model = self.config, self.run, self.model
-        lr = float(f"{model.lr:.8g}")  # the float32 device value, without its binary tail (0.001, not 0.0010000000475)
+        # The rate of the epoch's last optimizer step, whether the schedule moves per epoch or per
+        # step (model.lr may already hold the next one); as the float32 device value without its
+        # binary tail (0.001, not 0.0010000000475).
+        lr = float(f"{r.lr if r.lr is not None else model.lr:.8g}")
         valid = _validate(model, self.valid_data, cfg.valid_batch_size or cfg.batch_size, self.valid_transform) \
             if self.valid_data is not None else _Sums()
         seconds = self._epoch_seconds
@@ -557,19 +642,22 @@ class Learner:
 def fit(model: Model, train_data: Arrays, valid_data: Arrays | None = None, config: TrainConfig | None = None,
         *, reporter: Reporter | None = None, log: Log | None = print, progress: Log | None = None,
         resume: bool | str | Path = False, transforms: tuple[Transform | None, Transform | None] = (None, None),
-        **settings: Any) -> FitResult:
+        resolved: dict[str, Any] | None = None, **settings: Any) -> FitResult:
     """Train a compiled model for `config.epochs` epochs (TrainConfig fields may be passed as keywords).
 
     Progress goes to `reporter` (default: a LineReporter over `log` and `progress`). With
     `artifacts_dir`, metrics, weights and a checkpoint are written after every epoch; `resume`
     (True: the newest checkpoint there, or a checkpoint's .json path) continues a run.
+    `resolved` goes into config.json's "resolved" record (e.g. {"normalisation": {"mean": ...,
+    "std": ..., "on": "host"}, "classes": [...]}, which predict and eval read).
     """
     unknown = set(settings) - set(TrainConfig.__dataclass_fields__)
     if unknown:
         raise ConfigError(f"unknown training setting(s) {sorted(unknown)}")
     config = replace(config or TrainConfig(), **settings)
     config.check()
-    learner = Learner(model, train_data, valid_data, config, reporter or LineReporter(log, progress), transforms)
+    learner = Learner(model, train_data, valid_data, config, reporter or LineReporter(log, progress), transforms,
+                      resolved)
     if resume:
         learner.resume(None if resume is True else Path(resume))
     return learner.fit()
