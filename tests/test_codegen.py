@@ -387,6 +387,30 @@ def test_generated_code_errors_are_anygrad_errors(tmp_path):
         module.Model.from_file()  # not written
 
 
+def test_code_written_without_weights_says_how_to_get_them(tmp_path, monkeypatch):
+    """The docstring of --no-weights code (the checked-in example's) gives a command that writes
+    the weights Model.from_file() reads, and a run's weights.safetensors loads too."""
+    from anygrad.train.trainer import save_weights
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(FOUNDING_MODEL, "mnist.onnx")
+    code = write_code("mnist.onnx", "mnist_model.py", write_weights=False).code.read_text()
+    assert "Regenerate it with: anygrad codegen mnist.onnx -o mnist_model.py --no-weights" in code
+    docstring = code.split('"""')[1]
+    command = re.search(r"^    (anygrad codegen .*)$", docstring, re.MULTILINE).group(1)
+    assert "--no-weights" not in command and "mnist_model.safetensors" in docstring
+    assert cli.main(command.split()[1:]) == 0  # what the docstring says to run
+    module = load_module(tmp_path / "mnist_model.py")
+    imported = anygrad.load_onnx("mnist.onnx")
+    x = np.random.default_rng(0).standard_normal((3, 1, 28, 28)).astype(np.float32)
+    expected = imported.predict(x)
+    np.testing.assert_allclose(module.Model.from_file().to_model().predict(x), expected, rtol=1e-6, atol=1e-6)
+    assert 'Model.from_file("runs/<run>/weights.safetensors")' in docstring
+    save_weights(imported, tmp_path)  # as a run writes them
+    model = module.Model.from_file(tmp_path / "weights.safetensors").to_model()
+    np.testing.assert_allclose(model.predict(x), expected, rtol=1e-6, atol=1e-6)
+
+
 # -- fine-tuning: anygrad train --weights ---------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_mnist(tmp_path_factory) -> Path:
