@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -386,6 +387,30 @@ def test_generated_code_errors_are_anygrad_errors(tmp_path):
         module.Model.from_file()  # not written
 
 
+def test_code_written_without_weights_says_how_to_get_them(tmp_path, monkeypatch):
+    """The docstring of --no-weights code (the checked-in example's) gives a command that writes
+    the weights Model.from_file() reads, and a run's weights.safetensors loads too."""
+    from anygrad.train.trainer import save_weights
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(FOUNDING_MODEL, "mnist.onnx")
+    code = write_code("mnist.onnx", "mnist_model.py", write_weights=False).code.read_text()
+    assert "Regenerate it with: anygrad codegen mnist.onnx -o mnist_model.py --no-weights" in code
+    docstring = code.split('"""')[1]
+    command = re.search(r"^    (anygrad codegen .*)$", docstring, re.MULTILINE).group(1)
+    assert "--no-weights" not in command and "mnist_model.safetensors" in docstring
+    assert cli.main(command.split()[1:]) == 0  # what the docstring says to run
+    module = load_module(tmp_path / "mnist_model.py")
+    imported = anygrad.load_onnx("mnist.onnx")
+    x = np.random.default_rng(0).standard_normal((3, 1, 28, 28)).astype(np.float32)
+    expected = imported.predict(x)
+    np.testing.assert_allclose(module.Model.from_file().to_model().predict(x), expected, rtol=1e-6, atol=1e-6)
+    assert 'Model.from_file("runs/<run>/weights.safetensors")' in docstring
+    save_weights(imported, tmp_path)  # as a run writes them
+    model = module.Model.from_file(tmp_path / "weights.safetensors").to_model()
+    np.testing.assert_allclose(model.predict(x), expected, rtol=1e-6, atol=1e-6)
+
+
 # -- fine-tuning: anygrad train --weights ---------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_mnist(tmp_path_factory) -> Path:
@@ -496,7 +521,7 @@ def test_constants_operators_and_generic_ops(tmp_path):
         helper.make_node("Mul", ["b", "vec"], ["c"]),
         helper.make_node("Unsqueeze", ["two", "axes"], ["two1"]),  # constants only: folded
         helper.make_node("Div", ["two1", "c"], ["d"]),
-        helper.make_node("Softplus", ["d"], ["e"]),  # no PyTorch form here: onnx_op
+        helper.make_node("Erf", ["d"], ["e"]),  # no PyTorch form here: onnx_op
         helper.make_node("MatMul", ["e", "w"], ["y"]),  # a Linear without bias (W.T stored)
     ]
     graph = helper.make_graph(
@@ -519,7 +544,7 @@ def test_constants_operators_and_generic_ops(tmp_path):
         "mul = pow_ * self.vec",
         "self.vec = nn.Parameter(",
         "div = F.constant(np.array([2.0], dtype=np.float32), mul) / mul",
-        'F.onnx_op("Softplus", div)',
+        'F.onnx_op("Erf", div)',
         "self.linear = nn.Linear(4, 3, bias=False)",
     ):
         assert text in code, text
@@ -590,3 +615,83 @@ def test_layer_options_survive_codegen(
     assert list(model.state_dict()) == list(net.state_dict())
     got = model.to_model().compile(loss="mse", device="cpu").predict(x)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+# -- the exporters' idioms (tests/zoo families, both exporters) -------------------------------------
+ZOO = REPO / "tests/zoo"
+
+
+def _zoo():
+    sys.path.insert(0, str(ZOO))
+    try:
+        import zoo_harness
+        import zoo_models
+    finally:
+        sys.path.remove(str(ZOO))
+    return zoo_harness, zoo_models
+
+
+# family -> (lines every exporter's code holds, the most F.onnx_op calls it may need). The dynamo
+# exporter writes a bias-free conv with a zero bias Expand(CastLike(0, x), Shape(W)[:1]), ReLU6
+# as Clip(x, CastLike(0), CastLike(6)), one shared batch-size chain for every view, and the
+# attention scale from Shape(q)[-1]: all of it folds or becomes layers and functions.
+ZOO_CODE = {
+    "resnet": ([r"nn\.Conv2d\(3, 8, 3, padding=1, bias=False\)", r"nn\.Conv2d\(8, 16, 1, stride=2, bias=False\)"], 0),
+    "mobilenet": ([r"nn\.Conv2d\(16, 16, 3, padding=1, groups=16, bias=False\)", r"F\.hardsigmoid\(",
+                   r"nn\.ReLU6\(\)|F\.relu6\(", r"nn\.Hardswish\(\)|F\.hardswish\("], 0),
+    # the masks and nn.MultiheadAttention's internals stay generic
+    "transformer": ([r"nn\.GELU\(\)|F\.gelu\(", r"\.shape\[\d\] \* 2, 8\]\)"], 22),
+}
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+@pytest.mark.parametrize("family", sorted(ZOO_CODE))
+def test_zoo_exports_become_layers_and_train_like_the_import(tmp_path, family, exporter):
+    harness, models = _zoo()
+    fam = models.FAMILIES[family]
+    net = harness.export(fam, tmp_path / "model.onnx", exporter)
+    module, written = generated(tmp_path / "model.onnx", tmp_path, f"{family}_model.py")
+    check_clean(written.code)
+    code = written.code.read_text()
+    lines, most_generic = ZOO_CODE[family]
+    for pattern in lines:
+        assert re.search(pattern, code), pattern
+    generic = re.findall(r'F\.onnx_op\(\s*"(\w+)"', code)
+    assert len(generic) <= most_generic, generic
+    assert not {"Conv", "CastLike"} & set(generic)
+    model = module.Model.from_file()
+    if family != "transformer":  # every weight is a layer's: PyTorch's names (the dynamo file
+        ours, theirs = list(model.state_dict()), list(net.state_dict())  # orders its weights its own way)
+        assert ours == theirs if exporter == "torchscript" else sorted(ours) == sorted(theirs)
+    x, y = fam.batches(1, seed=5)[0]
+    same_training(tmp_path / "model.onnx", model, x, [y, y], fam.loss)
+
+
+@pytest.mark.parametrize("bias", [0.0, 0.5])
+def test_a_constant_bias_is_dropped_only_when_zero(tmp_path, bias):
+    """Conv(x, W, Expand(CastLike(b, x), Shape(W)[:1])), hand-built: b = 0 is nn.Conv2d(bias=False),
+    another b stays a constant the conv adds."""
+    from onnx import TensorProto, helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 2, 3, 3)).astype(np.float32), "conv.weight")
+    consts = [numpy_helper.from_array(np.array(bias, np.float32), "b")]
+    nodes = [
+        helper.make_node("Shape", ["conv.weight"], ["s"], start=0, end=1),
+        helper.make_node("CastLike", ["b", "x"], ["b_like"]),
+        helper.make_node("Expand", ["b_like", "s"], ["zeros"]),
+        helper.make_node("Conv", ["x", "conv.weight", "zeros"], ["y"], pads=[1, 1, 1, 1]),
+    ]
+    graph = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2, 5, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 5, 5])], [w] + consts)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "conv.onnx"))
+    module, written = generated(tmp_path / "conv.onnx", tmp_path, "conv_model.py")
+    check_clean(written.code)
+    code = written.code.read_text()
+    assert ("nn.Conv2d(2, 4, 3, padding=1, bias=False)" in code) == (bias == 0.0)
+    assert "Shape" not in code and "CastLike" not in code  # folded either way
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, 2, 5, 5)).astype(np.float32)
+    same_training(tmp_path / "conv.onnx", module.Model.from_file(), x,
+                  [rng.standard_normal((3, 4, 5, 5)).astype(np.float32)], "mse")

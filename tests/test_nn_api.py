@@ -11,7 +11,10 @@ from hypothesis import strategies as st
 import anygrad
 import anygrad.nn.functional as F
 from anygrad import AnygradError, nn
+from anygrad.autodiff import gradients
+from anygrad.backends import NumpyBackend
 from anygrad.examples import FOUNDING_MODEL
+from anygrad.ir import Builder, specialize
 
 
 # -- the founding MNIST model, written twice ------------------------------------------------------
@@ -544,3 +547,342 @@ def test_layer_norm_composition_matches_the_op(monkeypatch):
     a, b = composed.state_dict(), fused.state_dict()
     for k in a:
         np.testing.assert_allclose(a[k], b[k], rtol=1e-4, atol=1e-6, err_msg=k)
+
+
+# -- more layers and functions: outputs and gradients against PyTorch ------------------------------
+def torch_like_gradients(ours: nn.Module, theirs: tnn.Module, x: np.ndarray, *, static: bool = False,
+                         seed: int = 0, rtol: float = 1e-5, atol: float = 1e-5) -> None:
+    """Load theirs' state into ours by name, then compare the output and the gradients of
+    sum(output * R) (R fixed, random) with respect to the input (when float) and every parameter.
+    The gradients come from anygrad's autodiff over the traced graph, run on the numpy backend.
+    The batch dim is traced symbolic unless `static` (a loss against constant targets)."""
+    ours.load_state_dict(numpy_state(theirs))
+    model = ours.to_model(input_shape=x.shape if static else (None,) + x.shape[1:], dtype=x.dtype)
+    g = specialize(model.graph, {"input": x.shape})
+    b = Builder(g, prefix="check")
+    r = np.random.default_rng(seed).standard_normal(b.shape("output")).astype(np.float32)
+    loss = b.op("ReduceSum", [b.op("Mul", ["output", b.const(r)])], keepdims=0)
+    wrt = (["input"] if x.dtype.kind == "f" else []) + list(g.params)
+    grads = gradients(g, loss, wrt)
+    g.outputs = ["output"] + [grads[w] for w in wrt]
+    got = NumpyBackend().compile(g).run({"input": x})
+
+    tx = torch.from_numpy(x).requires_grad_(x.dtype.kind == "f")
+    expected = theirs(tx)
+    (expected * torch.from_numpy(r)).sum().backward()
+    np.testing.assert_allclose(got["output"], expected.detach().numpy(), rtol=rtol, atol=atol, err_msg="output")
+    theirs_grads = {k: p.grad for k, p in theirs.named_parameters()} | {"input": tx.grad}
+    for w in wrt:
+        want = theirs_grads[w]
+        want = np.zeros(got[grads[w]].shape, np.float32) if want is None else want.numpy()
+        np.testing.assert_allclose(got[grads[w]], want, rtol=rtol, atol=atol * max(1.0, np.abs(want).max()),
+                                   err_msg=f"gradient of {w}")
+
+
+class Apply(nn.Module):
+    """Calls a function of x (a functional call, or a chain of layers in `layers`)."""
+
+    def __init__(self, fn, *layers):
+        super().__init__()
+        self.fn = fn
+        self.layers = nn.ModuleList(layers)
+
+    def forward(self, x):
+        return self.fn(x, *self.layers)
+
+
+class TorchApply(tnn.Module):
+    def __init__(self, fn, *layers):
+        super().__init__()
+        self.fn = fn
+        self.layers = tnn.ModuleList(layers)
+
+    def forward(self, x):
+        return self.fn(x, *self.layers)
+
+
+def layer(ours, theirs):
+    """A case that applies one layer: (our module, PyTorch's)."""
+    return lambda: (Apply(lambda x, m: m(x), ours()), TorchApply(lambda x, m: m(x), theirs()))
+
+
+def function(ours, theirs):
+    return lambda: (Apply(ours), TorchApply(theirs))
+
+
+def classes(*shape, k: int = 4, ignore: bool = False) -> np.ndarray:
+    t = np.random.default_rng(7).integers(0, k, shape)
+    if ignore:
+        t.reshape(-1)[::3] = -100  # every third sample ignored
+    return t.astype(np.int64)
+
+
+IMAGE = (2, 3, 6, 7)
+CLASS_WEIGHT = np.array([0.5, 2.0, 1.0, 1.5], np.float32)
+KEEP = np.random.default_rng(3).random((5, 5)) < 0.7  # a boolean attention mask
+np.fill_diagonal(KEEP, True)  # every query keeps a key (a row of -inf only gives nan)
+
+FUNCTIONS = {
+    # activations, as layers (PyTorch's defaults and options)
+    "relu6": (layer(nn.ReLU6, tnn.ReLU6), IMAGE),
+    "hardswish": (layer(nn.Hardswish, tnn.Hardswish), IMAGE),
+    "hardsigmoid": (layer(nn.Hardsigmoid, tnn.Hardsigmoid), IMAGE),
+    "hardtanh": (layer(lambda: nn.Hardtanh(-2.0, 1.5), lambda: tnn.Hardtanh(-2.0, 1.5)), IMAGE),
+    "softplus": (layer(nn.Softplus, tnn.Softplus), IMAGE),
+    "softplus_beta_threshold": (layer(lambda: nn.Softplus(2.0, 3.0), lambda: tnn.Softplus(2.0, 3.0)), IMAGE),
+    "prelu_one": (layer(nn.PReLU, tnn.PReLU), IMAGE),
+    "prelu_channels": (layer(lambda: nn.PReLU(3, init=0.1), lambda: tnn.PReLU(3, init=0.1)), IMAGE),
+    "prelu_2d": (layer(lambda: nn.PReLU(5), lambda: tnn.PReLU(5)), (4, 5)),
+    "mish": (layer(nn.Mish, tnn.Mish), IMAGE),
+    "selu": (layer(nn.SELU, tnn.SELU), IMAGE),
+    "elu": (layer(lambda: nn.ELU(0.7), lambda: tnn.ELU(0.7)), IMAGE),
+    "celu": (layer(lambda: nn.CELU(0.5), lambda: tnn.CELU(0.5)), IMAGE),
+    "silu": (layer(nn.SiLU, tnn.SiLU), IMAGE),
+    "gelu_tanh": (layer(lambda: nn.GELU(approximate="tanh"), lambda: tnn.GELU(approximate="tanh")), IMAGE),
+    "softsign": (layer(nn.Softsign, tnn.Softsign), IMAGE),
+    "logsigmoid": (layer(nn.LogSigmoid, tnn.LogSigmoid), IMAGE),
+    # functional forms
+    "f_activations": (function(
+        lambda x: F.relu6(x) + F.hardswish(x) * F.hardsigmoid(x) - F.hardtanh(x, -0.5, 0.5) + F.softplus(x, 0.5)
+        + F.mish(x) + F.selu(x) + F.elu(x, 0.3) + F.silu(x) + F.gelu(x) + F.celu(x, 2.0),
+        lambda x: TF.relu6(x) + TF.hardswish(x) * TF.hardsigmoid(x) - TF.hardtanh(x, -0.5, 0.5)
+        + TF.softplus(x, 0.5) + TF.mish(x) + TF.selu(x) + TF.elu(x, 0.3) + TF.silu(x) + TF.gelu(x) + TF.celu(x, 2.0),
+    ), IMAGE),
+    "logsigmoid_far_negative": (function(lambda x: F.logsigmoid(x * 60), lambda x: TF.logsigmoid(x * 60)), IMAGE),
+    # padding and resampling
+    "pad_constant_crop": (function(lambda x: F.pad(x, (1, -2, 0, 1), value=0.5),
+                                   lambda x: TF.pad(x, (1, -2, 0, 1), value=0.5)), IMAGE),
+    "pad_reflect": (function(lambda x: F.pad(x, (2, 1, 1, 3), mode="reflect"),
+                             lambda x: TF.pad(x, (2, 1, 1, 3), mode="reflect")), IMAGE),
+    "pad_replicate": (function(lambda x: F.pad(x, (2, 1, 1, 3), mode="replicate"),
+                               lambda x: TF.pad(x, (2, 1, 1, 3), mode="replicate")), IMAGE),
+    "pad_circular": (function(lambda x: F.pad(x, (2, 1, 1, 3), mode="circular"),
+                              lambda x: TF.pad(x, (2, 1, 1, 3), mode="circular")), IMAGE),
+    "nearest_scale": (function(lambda x: F.interpolate(x, scale_factor=2),
+                               lambda x: TF.interpolate(x, scale_factor=2)), IMAGE),
+    "nearest_size": (function(lambda x: F.interpolate(x, size=(4, 11)),
+                              lambda x: TF.interpolate(x, size=(4, 11))), IMAGE),
+    "nearest_exact": (function(lambda x: F.interpolate(x, size=(9, 5), mode="nearest-exact"),
+                               lambda x: TF.interpolate(x, size=(9, 5), mode="nearest-exact")), IMAGE),
+    "bilinear_scale": (function(lambda x: F.interpolate(x, scale_factor=(1.5, 2.0), mode="bilinear"),
+                                lambda x: TF.interpolate(x, scale_factor=(1.5, 2.0), mode="bilinear")), IMAGE),
+    "bilinear_align_corners": (function(
+        lambda x: F.interpolate(x, size=(11, 4), mode="bilinear", align_corners=True),
+        lambda x: TF.interpolate(x, size=(11, 4), mode="bilinear", align_corners=True)), IMAGE),
+    "upsample_layer": (layer(lambda: nn.Upsample(size=(5, 9), mode="bilinear"),
+                             lambda: tnn.Upsample(size=(5, 9), mode="bilinear")), IMAGE),
+    "linear_1d": (function(lambda x: F.interpolate(x, scale_factor=3, mode="linear", recompute_scale_factor=True),
+                           lambda x: TF.interpolate(x, scale_factor=3, mode="linear", recompute_scale_factor=True)),
+                  (2, 3, 5)),
+    # adaptive pools whose output does not divide the input (overlapping, uneven bins)
+    "adaptive_avg_uneven": (layer(lambda: nn.AdaptiveAvgPool2d((4, 3)), lambda: tnn.AdaptiveAvgPool2d((4, 3))), IMAGE),
+    "adaptive_max_uneven": (layer(lambda: nn.AdaptiveMaxPool2d((4, None)), lambda: tnn.AdaptiveMaxPool2d((4, None))),
+                            IMAGE),
+    "adaptive_max_larger": (layer(lambda: nn.AdaptiveMaxPool2d(9), lambda: tnn.AdaptiveMaxPool2d(9)), IMAGE),
+    "adaptive_max_global": (layer(lambda: nn.AdaptiveMaxPool2d(1), lambda: tnn.AdaptiveMaxPool2d(1)), IMAGE),
+    "adaptive_1d": (layer(lambda: nn.AdaptiveAvgPool1d(3), lambda: tnn.AdaptiveAvgPool1d(3)), (2, 3, 7)),
+    # batch statistics always (training and inference alike)
+    "batchnorm_no_running_stats": (layer(lambda: nn.BatchNorm2d(3, track_running_stats=False),
+                                         lambda: tnn.BatchNorm2d(3, track_running_stats=False)), IMAGE),
+    "batchnorm1d_no_running_stats": (layer(lambda: nn.BatchNorm1d(5, affine=False, track_running_stats=False),
+                                           lambda: tnn.BatchNorm1d(5, affine=False, track_running_stats=False)),
+                                     (4, 5)),
+    # losses inside forward (a scalar output; constant targets, so the batch is static)
+    "cross_entropy": (function(lambda x: F.cross_entropy(x, classes(2, 6, 7)),
+                               lambda x: TF.cross_entropy(x, torch.from_numpy(classes(2, 6, 7)))), (2, 4, 6, 7)),
+    "cross_entropy_weight_ignore": (function(
+        lambda x: F.cross_entropy(x, classes(6, ignore=True), weight=CLASS_WEIGHT),
+        lambda x: TF.cross_entropy(x, torch.from_numpy(classes(6, ignore=True)), torch.from_numpy(CLASS_WEIGHT)),
+    ), (6, 4)),
+    "cross_entropy_probabilities": (function(
+        lambda x: F.cross_entropy(x, F.softmax(x * 0.5, 1), reduction="sum"),
+        lambda x: TF.cross_entropy(x, torch.softmax(x * 0.5, 1), reduction="sum")), (6, 4)),
+    "nll_loss_none": (function(lambda x: F.nll_loss(F.log_softmax(x, 1), classes(6), reduction="none"),
+                               lambda x: TF.nll_loss(TF.log_softmax(x, 1), torch.from_numpy(classes(6)),
+                                                     reduction="none")), (6, 4)),
+    "mse_l1": (function(lambda x: F.mse_loss(x, x[:1] * 0.5) + F.l1_loss(x, np.float32(0.25), reduction="sum"),
+                        lambda x: TF.mse_loss(x, (x[:1] * 0.5).expand_as(x))
+                        + TF.l1_loss(x, torch.full_like(x, 0.25), reduction="sum")), (3, 4)),
+    "bce_with_logits": (function(
+        lambda x: F.binary_cross_entropy_with_logits(x * 30, F.sigmoid(x[:, :1]) * np.ones(4, np.float32),
+                                                     weight=CLASS_WEIGHT, pos_weight=CLASS_WEIGHT[::-1].copy()),
+        lambda x: TF.binary_cross_entropy_with_logits(x * 30, torch.sigmoid(x[:, :1]).expand(-1, 4),
+                                                      weight=torch.from_numpy(CLASS_WEIGHT),
+                                                      pos_weight=torch.from_numpy(CLASS_WEIGHT[::-1].copy()))),
+        (3, 4)),
+    # attention: (N, heads, L, E) from one input
+    "sdpa_causal": (function(lambda x: F.scaled_dot_product_attention(x, x * 0.5, x - 1, is_causal=True),
+                             lambda x: TF.scaled_dot_product_attention(x, x * 0.5, x - 1, is_causal=True)),
+                    (2, 2, 5, 4)),
+    "sdpa_bool_mask_scale": (function(
+        lambda x: F.scaled_dot_product_attention(x, x * 0.5, x - 1, attn_mask=KEEP, scale=0.3),
+        lambda x: TF.scaled_dot_product_attention(x, x * 0.5, x - 1, attn_mask=torch.from_numpy(KEEP), scale=0.3)),
+        (2, 2, 5, 4)),
+    "sdpa_float_mask": (function(
+        lambda x: F.scaled_dot_product_attention(x, x, x, attn_mask=np.where(KEEP, 0.5, -2.0).astype(np.float32)),
+        lambda x: TF.scaled_dot_product_attention(
+            x, x, x, attn_mask=torch.from_numpy(np.where(KEEP, 0.5, -2.0).astype(np.float32)))), (2, 2, 5, 4)),
+}
+
+
+LOSSES = ("cross_entropy", "nll_loss", "mse_l1", "bce")
+
+
+@pytest.mark.parametrize("name", sorted(FUNCTIONS))
+def test_function_outputs_and_gradients_match_pytorch(name):
+    make, shape = FUNCTIONS[name]
+    torch.manual_seed(0)
+    ours, theirs = make()
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    static = name.startswith(LOSSES)
+    torch_like_gradients(ours, theirs, x, static=static)
+
+
+def test_embedding_padding_row_gets_no_gradient_as_in_pytorch():
+    torch.manual_seed(0)
+    for padding_idx in (0, -2):  # negative: counted from the end, as in PyTorch
+        theirs = tnn.Embedding(7, 4, padding_idx=padding_idx)
+        ours = nn.Embedding(7, 4, padding_idx=padding_idx)
+        assert ours.padding_idx == theirs.padding_idx and not ours.weight.data[theirs.padding_idx].any()
+        idx = np.array([[1, 0, 5, 5], [0, 0, 6, 2]], np.int64)
+        torch_like_gradients(Apply(lambda x, m: m(x), ours), TorchApply(lambda x, m: m(x), theirs), idx)
+    # a padding row that is not zero cannot be expressed: refused, naming the option
+    ours.weight.data[5] = 1.0
+    with pytest.raises(AnygradError, match="padding_idx"):
+        ours.to_model(input_shape=(None, 4), dtype=np.int64)
+
+
+class InvertedResidual(nn.Module):
+    """MobileNetV2/V3 block: expand (1x1, BN, ReLU6), depthwise (3x3, BN, Hardswish), squeeze-excite
+    (Hardsigmoid gate), project (1x1, BN), residual."""
+
+    def __init__(self, c: int, expand: int):
+        super().__init__()
+        hidden = c * expand
+        self.expand = nn.Sequential(nn.Conv2d(c, hidden, 1, bias=False), nn.BatchNorm2d(hidden), nn.ReLU6(inplace=True))
+        self.depthwise = nn.Sequential(nn.Conv2d(hidden, hidden, 3, padding=1, groups=hidden, bias=False),
+                                       nn.BatchNorm2d(hidden), nn.Hardswish())
+        self.se = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(hidden, 4, 1), nn.ReLU(), nn.Conv2d(4, hidden, 1),
+                                nn.Hardsigmoid())
+        self.project = nn.Sequential(nn.Conv2d(hidden, c, 1, bias=False), nn.BatchNorm2d(c))
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d((2, 3)), nn.Flatten(), nn.Linear(c * 6, 5))
+
+    def forward(self, x):
+        h = self.depthwise(self.expand(x))
+        return self.head(x + self.project(h * self.se(h)))
+
+
+class TorchInvertedResidual(tnn.Module):
+    def __init__(self, c: int, expand: int):
+        super().__init__()
+        hidden = c * expand
+        self.expand = tnn.Sequential(tnn.Conv2d(c, hidden, 1, bias=False), tnn.BatchNorm2d(hidden),
+                                     tnn.ReLU6(inplace=True))
+        self.depthwise = tnn.Sequential(tnn.Conv2d(hidden, hidden, 3, padding=1, groups=hidden, bias=False),
+                                        tnn.BatchNorm2d(hidden), tnn.Hardswish())
+        self.se = tnn.Sequential(tnn.AdaptiveAvgPool2d(1), tnn.Conv2d(hidden, 4, 1), tnn.ReLU(),
+                                 tnn.Conv2d(4, hidden, 1), tnn.Hardsigmoid())
+        self.project = tnn.Sequential(tnn.Conv2d(hidden, c, 1, bias=False), tnn.BatchNorm2d(c))
+        self.head = tnn.Sequential(tnn.AdaptiveAvgPool2d((2, 3)), tnn.Flatten(), tnn.Linear(c * 6, 5))
+
+    def forward(self, x):
+        h = self.depthwise(self.expand(x))
+        return self.head(x + self.project(h * self.se(h)))
+
+
+def test_mobilenet_block_loads_a_torch_state_dict_and_trains_like_pytorch(tmp_path):
+    torch.manual_seed(4)
+    tnet = TorchInvertedResidual(4, 3)
+    randomise_bn(tnet, 5)
+    torch.save(tnet.state_dict(), tmp_path / "block.pt")
+    net = InvertedResidual(4, 3)
+    assert list(net.state_dict()) == list(tnet.state_dict())
+    net.load_state_dict(tmp_path / "block.pt")  # by PyTorch's names, read without torch
+    model = net.to_model(input_shape=(None, 4, 7, 7))
+    ops = model.graph.op_histogram()
+    assert ops["Clip"] == 1 and ops["HardSwish"] == 1 and ops["HardSigmoid"] == 1
+    x = np.random.default_rng(6).standard_normal((6, 4, 7, 7)).astype(np.float32) * 2
+    y = np.random.default_rng(7).integers(0, 5, 6).astype(np.int64)
+    model.compile(loss="cross_entropy", optimizer=anygrad.optim.SGD(lr=0.2), device="cpu")
+    with torch.no_grad():
+        expected = tnet.eval()(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(model.predict(x), expected, rtol=1e-5, atol=1e-5)
+    tnet.train()  # one SGD step on batch statistics, then every parameter and running statistic
+    opt = torch.optim.SGD(tnet.parameters(), lr=0.2)
+    loss = TF.cross_entropy(tnet(torch.from_numpy(x)), torch.from_numpy(y))
+    loss.backward()
+    opt.step()
+    assert model.train_on_batch(x, y) == pytest.approx(loss.item(), rel=1e-5)
+    state = model.state_dict()
+    for k, v in numpy_state(tnet).items():
+        if not k.endswith("num_batches_tracked"):
+            np.testing.assert_allclose(state[k], v, rtol=1e-4, atol=1e-5, err_msg=k)
+
+
+def test_batchnorm_without_running_stats_has_pytorchs_state_and_uses_batch_statistics():
+    ours, theirs = nn.BatchNorm2d(3, track_running_stats=False), tnn.BatchNorm2d(3, track_running_stats=False)
+    assert list(ours.state_dict()) == list(theirs.state_dict()) == ["weight", "bias"]
+    model = ours.to_model(input_shape=(None, 3, 4, 4)).compile(loss="mse", device="cpu")
+    x = np.random.default_rng(0).standard_normal((5, 3, 4, 4)).astype(np.float32) * 3 + 1
+    with torch.no_grad():  # eval mode: still the batch's statistics
+        np.testing.assert_allclose(model.predict(x), theirs.eval()(torch.from_numpy(x)).numpy(), rtol=1e-5,
+                                   atol=1e-5)
+
+
+MISUSE = {
+    "BatchNorm2d momentum=None": (lambda: nn.BatchNorm2d(3, momentum=None), "momentum=None"),
+    "Embedding max_norm": (lambda: nn.Embedding(5, 2, max_norm=1.0), "max_norm"),
+    "AdaptiveMaxPool2d indices": (lambda: nn.AdaptiveMaxPool2d(2, return_indices=True), "return_indices"),
+    "interpolate align_corners": (lambda: Apply(lambda x: F.interpolate(x, scale_factor=2, align_corners=True)),
+                                  "align_corners"),
+    "interpolate both sizes": (lambda: Apply(lambda x: F.interpolate(x, size=4, scale_factor=2)), "exactly one"),
+    "interpolate float32 size": (  # 7 * (31 / 7) is 31 in double, 30 in float32
+        lambda: Apply(lambda x: F.interpolate(F.pad(x, (1, 1, 1, 1)), scale_factor=31 / 7)), "recompute_scale"),
+    "pad mode": (lambda: Apply(lambda x: F.pad(x, (1, 1), mode="mirror")), "mode 'mirror'"),
+    "pad odd": (lambda: Apply(lambda x: F.pad(x, (1, 1, 1))), "pairs"),
+    "sdpa causal and mask": (lambda: Apply(lambda x: F.scaled_dot_product_attention(x, x, x, KEEP, is_causal=True)),
+                             "not both"),
+    "cross_entropy label_smoothing": (lambda: Apply(lambda x: F.cross_entropy(x, np.zeros(3, np.int64),
+                                                                             label_smoothing=0.1)),
+                                      "label_smoothing"),
+    "adaptive pool symbolic": (lambda: Apply(lambda x: F.adaptive_avg_pool2d(x.reshape(3, 1, 3, -1), 2)),
+                               "symbolic"),
+    "prelu slopes": (lambda: nn.PReLU(4), "slopes"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MISUSE))
+def test_unsupported_options_fail_naming_the_option(case):
+    make, message = MISUSE[case]
+    with pytest.raises(AnygradError, match=message):
+        make().to_model(input_shape=(3, 3, 5, 5) if "symbolic" not in case else (None, 3, 5, 3))
+
+
+class Everything(nn.Module):
+    """The new layers and functions in one model, for the ONNX round trip."""
+
+    def __init__(self):
+        super().__init__()
+        self.block = InvertedResidual(3, 2)
+        self.prelu = nn.PReLU(3)
+        self.norm = nn.BatchNorm2d(3, track_running_stats=False)
+        self.up = nn.Upsample(scale_factor=2, mode="bilinear", align_corners=True)
+
+    def forward(self, x):  # (N, 3, 5, 5)
+        h = self.norm(self.prelu(F.pad(x, (1, 1, 0, 2), mode="reflect")))  # (N, 3, 7, 7)
+        h = F.interpolate(self.up(h), size=(5, 5)) + F.mish(x) + F.softplus(x, 2.0, 1.0) + F.logsigmoid(x)
+        h = F.adaptive_max_pool2d(F.selu(h), (3, 4)) + F.celu(F.softsign(x[:, :, :3, :4]))
+        att = F.scaled_dot_product_attention(h, h, h, attn_mask=KEEP[:3, :3]) + F.scaled_dot_product_attention(
+            h, h, h, is_causal=True)
+        return F.log_softmax(self.block.head[2](att.flatten(1)[:, :18]), dim=1)
+
+
+def test_saved_onnx_with_the_new_functions_runs_in_onnxruntime(tmp_path):
+    import onnxruntime as ort
+
+    nn.manual_seed(2)
+    model = Everything().to_model(input_shape=(None, 3, 5, 5)).compile(device="cpu")
+    path = anygrad.save_onnx(model, tmp_path / "everything.onnx")
+    x = np.random.default_rng(0).standard_normal((3, 3, 5, 5)).astype(np.float32)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(sess.run(None, {"input": x})[0], model.predict(x), rtol=1e-5, atol=1e-5)

@@ -7,10 +7,14 @@ calls them in the graph's order. Traced, it gives the graph the ONNX importer gi
 same numbers, same gradients).
 
 How a node becomes code, first rule that applies:
-0. nodes whose inputs are all constants are computed now (exporters leave shape chains behind);
-1. a layer with weights (`_LAYERS`: Conv, ConvTranspose, Gemm/MatMul(+Add) as Linear,
-   BatchNormalization, LayerNormalization, Gather as Embedding) -> `self.<path>(x)`;
-2. a stateless op, or a group of nodes (`_COMPOSITES`: the exporter's GELU), with a PyTorch form
+0. nodes whose inputs are all constants are computed now, counting static shapes and dtypes as
+   constants (exporters leave shape chains behind: the dynamo exporter's zero bias of a
+   bias-free conv, its attention scale); a shape that holds the batch size becomes
+   `x.shape[0] * 2` inside `F.reshape`;
+1. a layer with weights (`_LAYERS`: Conv, ConvTranspose, Gemm/MatMul(+Add) as Linear (a constant
+   zero bias is no bias), BatchNormalization, LayerNormalization, Gather as Embedding) ->
+   `self.<path>(x)`;
+2. a stateless op, or a group of nodes (`_COMPOSITES`: the exporters' GELU), with a PyTorch form
    (`_FUNCTIONS`): a layer attribute when the exporter scoped it to a module of its own
    (`/pool/GlobalAveragePool` -> `self.pool = nn.AdaptiveAvgPool2d(1)`), else a functional call;
    arithmetic as operators, constant Slices as indexing (`x[:, :8]`), Concat as F.cat;
@@ -27,6 +31,7 @@ import builtins
 import contextlib
 import keyword
 import math
+import operator
 import os
 import re
 import textwrap
@@ -202,21 +207,24 @@ class _Graph:
         self.uses = g.consumers()
         self.producers = g.producers()
         self.folded: dict[str, np.ndarray] = {}  # outputs of nodes whose inputs are all constants
+        # values computed from shapes that depend on the batch size: one per stand-in size
+        self.per_batch: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.live = self._live()
         self.order = {name: i for i, name in enumerate(g.initializers)}
         origin = getattr(model, "origin", None)
         self.torch_names = {k: v.key for k, v in (origin.torch_names if origin else {}).items()}
 
     def _live(self) -> set[int]:
-        """ids of the nodes an output depends on (dead ones are not written)."""
+        """ids of the nodes an output depends on (dead ones are not written); a folded value is
+        a constant, so what only it reads is dead too."""
         producers = self.g.producers()
         live: set[int] = set()
-        todo = list(self.g.outputs)
+        todo = [o for o in self.g.outputs if o not in self.folded]
         while todo:
             n = producers.get(todo.pop())
             if n is not None and id(n) not in live:
                 live.add(id(n))
-                todo += [v for v in n.inputs if v]
+                todo += [v for v in n.inputs if v and v not in self.folded]
         return live
 
     def dim(self, v: str, k: int) -> tuple[int, int] | None:
@@ -225,6 +233,11 @@ class _Graph:
         if a is None or b is None or a.shape is None or b.shape is None or k >= len(a.shape):
             return None
         return int(a.shape[k]), int(b.shape[k])
+
+    def small(self, v: str) -> bool:
+        """Whether v's inferred shape is static and at most _PER_BATCH_LIMIT elements."""
+        inf = self.info.get(v)
+        return inf is not None and inf.shape is not None and inf.is_static and inf.size <= _PER_BATCH_LIMIT
 
     def rank(self, v: str) -> int | None:
         inf = self.info.get(v)
@@ -259,10 +272,22 @@ class _Graph:
         return key[: -len(suffix) - 1] if key.endswith("." + suffix) else ""
 
 
+def _bias(G: _Graph, v: str, size: int) -> str | None:
+    """The bias parameter of a layer ("" for none), or None when the input is not one. A constant
+    zero bias is none: the dynamo exporter writes a bias-free conv with a zero bias computed from
+    the weight's shape."""
+    if not v:
+        return ""
+    if G.param(v, 1) is not None:
+        return v if G.param(v).shape == (size,) else None
+    c = G.const(v)
+    return "" if c is not None and c.shape == (size,) and not np.any(c) else None
+
+
 def _conv(G: _Graph, n: Node) -> LayerUse | None:
     w = G.param(n.input(1))
-    b = n.input(2)
-    if w is None or w.ndim not in (3, 4) or (b and G.param(b, 1) is None):
+    b = None if w is None else _bias(G, n.input(2), w.shape[0])
+    if w is None or w.ndim not in (3, 4) or b is None:
         return None
     nd = w.ndim - 2
     auto_pad = n.attr("auto_pad", "NOTSET")
@@ -287,13 +312,8 @@ def _conv(G: _Graph, n: Node) -> LayerUse | None:
 
 def _conv_transpose(G: _Graph, n: Node) -> LayerUse | None:
     w = G.param(n.input(1))
-    b = n.input(2)
-    if (
-        w is None
-        or w.ndim not in (3, 4)
-        or (b and G.param(b, 1) is None)
-        or n.attr("output_shape") is not None
-    ):
+    b = None if w is None else _bias(G, n.input(2), w.shape[1] * int(n.attr("group", 1)))
+    if w is None or w.ndim not in (3, 4) or b is None or n.attr("output_shape") is not None:
         return None
     nd = w.ndim - 2
     pads = list(n.attr("pads", [0] * (2 * nd)))
@@ -329,7 +349,8 @@ def _gemm(G: _Graph, n: Node) -> LayerUse | None:
         return None
     transposed = not n.attr("transB", 0)  # Gemm computes x @ W: PyTorch's weight is W.T
     out_f = w.shape[1] if transposed else w.shape[0]
-    if c and (G.param(c, 1) is None or G.param(c).shape != (out_f,) or float(n.attr("beta", 1.0)) != 1.0):
+    c = _bias(G, c, out_f)
+    if c is None or (c and float(n.attr("beta", 1.0)) != 1.0):
         return None
     return LayerUse(
         _linear(n.input(1), w, transposed, c), n.input(0), n.outputs[0], [n], G.module_of(n.input(1))
@@ -494,8 +515,36 @@ def _alpha(fn: str, cls: str, default: float) -> Callable[[_Graph, Node], Functi
     return rule
 
 
-def _global_pool(G: _Graph, n: Node) -> Function | None:
-    return Function("adaptive_avg_pool2d", "1", "AdaptiveAvgPool2d") if G.rank(n.input(0)) == 4 else None
+def _global_pool(fn: str, cls: str) -> Callable[[_Graph, Node], Function | None]:
+    return lambda G, n: Function(fn, "1", cls) if G.rank(n.input(0)) == 4 else None
+
+
+def _clip(G: _Graph, n: Node) -> Function | None:
+    """Clip(x, 0, 6) is relu6, other constant bounds hardtanh (bounds as inputs or, before
+    opset 11, attributes)."""
+    bounds = []
+    for i, attr in ((1, "min"), (2, "max")):
+        c = G.const(n.input(i)) if n.input(i) else n.attr(attr)
+        if c is None or np.size(c) != 1:
+            return None
+        bounds.append(float(np.asarray(c).reshape(-1)[0]))
+    lo, hi = bounds
+    if (lo, hi) == (0.0, 6.0):
+        return Function("relu6", "", "ReLU6")
+    return Function("hardtanh", f"{_num(lo)}, {_num(hi)}", "Hardtanh") if lo <= hi else None
+
+
+def _hard_sigmoid(G: _Graph, n: Node) -> Function | None:
+    """PyTorch's hardsigmoid is HardSigmoid(alpha=1/6, beta=0.5); other slopes are generic."""
+    alpha, beta = float(n.attr("alpha", 0.2)), float(n.attr("beta", 0.5))
+    if np.float32(alpha) != np.float32(1 / 6) or np.float32(beta) != np.float32(0.5):
+        return None
+    return Function("hardsigmoid", "", "Hardsigmoid")
+
+
+def _selu(G: _Graph, n: Node) -> Function | None:
+    """SELU with ONNX's default constants (PyTorch's, in float32)."""
+    return None if n.attr("alpha") is not None or n.attr("gamma") is not None else Function("selu", "", "SELU")
 
 
 def _dropout(G: _Graph, n: Node) -> Function | None:
@@ -558,7 +607,15 @@ _FUNCTIONS: dict[str, Callable[[_Graph, Node], Function | None]] = {
     "Softmax": _softmax("softmax", "Softmax"),
     "LogSoftmax": _softmax("log_softmax", "LogSoftmax"),
     "Flatten": _flatten,
-    "GlobalAveragePool": _global_pool,
+    "GlobalAveragePool": _global_pool("adaptive_avg_pool2d", "AdaptiveAvgPool2d"),
+    "GlobalMaxPool": _global_pool("adaptive_max_pool2d", "AdaptiveMaxPool2d"),
+    "Clip": _clip,
+    "HardSwish": lambda G, n: Function("hardswish", "", "Hardswish"),
+    "HardSigmoid": _hard_sigmoid,
+    "Softplus": lambda G, n: Function("softplus", "", "Softplus"),
+    "Softsign": lambda G, n: Function("softsign", "", "Softsign"),
+    "Selu": _selu,
+    "Celu": _alpha("celu", "CELU", 1.0),
     "MaxPool": lambda G, n: _pool(G, n, "max_pool2d", "MaxPool2d"),
     "AveragePool": lambda G, n: _pool(G, n, "avg_pool2d", "AvgPool2d"),
     "Dropout": _dropout,
@@ -585,28 +642,80 @@ def _other(n: Node, v: str) -> str:
 
 
 def _gelu(G: _Graph, n: Node) -> Composite | None:
-    """x * (erf(x / sqrt 2) + 1) * 0.5: F.gelu as exported below opset 20."""
+    """x * (erf(x / sqrt 2) + 1) * 0.5: F.gelu as exported below opset 20 (the TorchScript
+    exporter multiplies by x first, the dynamo one by 0.5 first: exact either way)."""
     if n.op != "Div" or len(n.inputs) != 2 or not _is_number(G, n.inputs[1], math.sqrt(2.0)):
         return None
-    x, chain, v = n.inputs[0], [n], n.outputs[0]
-    for op, check in (("Erf", None), ("Add", 1.0), ("Mul", "x"), ("Mul", 0.5)):
-        nxt = G.only_use(v)
-        if nxt is None or nxt.op != op or (check is not None and len(nxt.inputs) != 2):
-            return None
-        other = _other(nxt, v) if check is not None else ""
-        if (check == "x" and other != x) or (isinstance(check, float) and not _is_number(G, other, check)):
-            return None
-        chain.append(nxt)
-        v = nxt.outputs[0]
-    return Composite(Function("gelu", "", "GELU"), x, v, chain)
+    x = n.inputs[0]
+    for last in ((("Mul", "x"), ("Mul", 0.5)), (("Mul", 0.5), ("Mul", "x"))):
+        chain, v = [n], n.outputs[0]
+        for op, check in (("Erf", None), ("Add", 1.0), *last):
+            nxt = G.only_use(v)
+            if nxt is None or nxt.op != op or (check is not None and len(nxt.inputs) != 2):
+                break
+            other = _other(nxt, v) if check is not None else ""
+            if (check == "x" and other != x) or (isinstance(check, float) and not _is_number(G, other, check)):
+                break
+            chain.append(nxt)
+            v = nxt.outputs[0]
+        else:
+            return Composite(Function("gelu", "", "GELU"), x, v, chain)
+    return None
 
 
 _COMPOSITES: dict[str, Callable[[_Graph, Node], Composite | None]] = {"Div": _gelu}
 
 
+# Integer arithmetic on a dim that stays symbolic in the generated code (dims are positive, so
+# ONNX's truncating Div is Python's floor division).
+_DIM_OPS: dict[str, tuple[Callable[[int, int], int], str]] = {
+    "Mul": (operator.mul, "*"), "Add": (operator.add, "+"), "Sub": (operator.sub, "-"), "Div": (operator.floordiv, "//"),
+}
+
+
+@dataclass(frozen=True)
+class _Dim:
+    """tensor.shape[k], then arithmetic with constants: `x.shape[0] * 2` (the dynamo exporter
+    computes nn.MultiheadAttention's batch * heads this way)."""
+
+    tensor: str
+    k: int
+    ops: tuple[tuple[str, int], ...] = ()
+
+    def values(self, G: _Graph) -> tuple[int, int] | None:
+        """The dim for both stand-in batch sizes."""
+        pair = G.dim(self.tensor, self.k)
+        for op, c in self.ops if pair is not None else ():
+            pair = (_DIM_OPS[op][0](pair[0], c), _DIM_OPS[op][0](pair[1], c))
+        return pair
+
+    def text(self, tensor: str) -> str:
+        out = f"{tensor}.shape[{self.k}]"
+        for i, (op, c) in enumerate(self.ops):
+            out = f"{f'({out})' if i else out} {_DIM_OPS[op][1]} {c}"
+        return out
+
+
+def _dim_arithmetic(G: _Graph, n: Node, chain: list[Node]) -> list[Any] | None:
+    """[dim op c] for a one-element shape and an int constant (c on either side of * and +)."""
+    sides = [G.const(v) for v in n.inputs]
+    k = 0 if sides[1] is not None else 1  # the dim's side
+    c = sides[1 - k]
+    if len(n.inputs) != 2 or c is None or c.size != 1 or c.dtype.kind not in "iu" or sides[k] is not None:
+        return None
+    if k == 1 and n.op not in ("Mul", "Add"):
+        return None
+    dims = _shape_dims(G, n.inputs[k], chain)
+    c = int(c.reshape(-1)[0])
+    if dims is None or len(dims) != 1 or not isinstance(dims[0], _Dim) or (n.op == "Div" and c <= 0):
+        return None
+    d = dims[0]
+    return [_Dim(d.tensor, d.k, d.ops + ((n.op, c),))]
+
+
 def _shape_dims(G: _Graph, v: str, chain: list[Node]) -> list[Any] | None:
-    """A shape computed from tensor shapes (Shape/Gather/Unsqueeze/Concat...), as Python dims:
-    ints, or (tensor, k) for tensor.shape[k]. `chain` collects the nodes it reads."""
+    """A shape computed from tensor shapes (Shape/Gather/Unsqueeze/Concat, arithmetic), as
+    Python dims: ints, or a _Dim for tensor.shape[k]. `chain` collects the nodes it reads."""
     c = G.const(v)
     if c is not None:
         return [int(d) for d in c.reshape(-1)] if c.dtype.kind in "iu" and c.ndim <= 1 else None
@@ -620,7 +729,7 @@ def _shape_dims(G: _Graph, v: str, chain: list[Node]) -> list[Any] | None:
         start, end = (
             max(0, min(rank, k + rank if k < 0 else k)) for k in (n.attr("start", 0), n.attr("end", rank))
         )
-        out = [(n.input(0), k) for k in range(start, end)]
+        out = [_Dim(n.input(0), k) for k in range(start, end)]
     elif n.op == "Gather" and int(n.attr("axis", 0)) == 0:
         src, idx = _shape_dims(G, n.input(0), chain), G.const(n.input(1))
         if src is None or idx is None or not all(-len(src) <= int(i) < len(src) for i in idx.reshape(-1)):
@@ -629,6 +738,18 @@ def _shape_dims(G: _Graph, v: str, chain: list[Node]) -> list[Any] | None:
     elif n.op in ("Unsqueeze", "Squeeze", "Cast", "Identity", "Reshape"):
         out = _shape_dims(G, n.input(0), chain)  # scalar or 1-D: the same list of dims here
         if out is None or (n.op != "Cast" and n.op != "Identity" and len(out) != 1):
+            return None
+    elif n.op == "Slice":  # Shape(x)[1:3] with constant bounds
+        src, bounds = _shape_dims(G, n.input(0), chain), [G.const(v) for v in n.inputs[1:]]
+        if src is None or len(bounds) < 2 or any(b is None or b.size != 1 for b in bounds):
+            return None
+        start, end, *rest = (int(b.reshape(-1)[0]) for b in bounds)
+        if rest[:1] not in ([], [0], [-1]) or rest[1:] not in ([], [1]):  # axis 0, step 1
+            return None
+        out = src[slice(start, end)]
+    elif n.op in _DIM_OPS:
+        out = _dim_arithmetic(G, n, chain)
+        if out is None:
             return None
     elif n.op == "Concat" and int(n.attr("axis", 0)) == 0:
         parts = [_shape_dims(G, i, chain) for i in n.inputs]
@@ -654,22 +775,36 @@ def _dynamic_reshape(G: _Graph, n: Node) -> tuple[list[Any], list[Node]] | None:
     x, unknown = n.input(0), 0
     for i, d in enumerate(dims):
         if d == 0 and not n.attr("allowzero", 0):
-            dims[i] = (x, i)  # ONNX's 0: this dim of the input
+            dims[i] = _Dim(x, i)  # ONNX's 0: this dim of the input
         elif d == 0:
             return None
-        elif d == -1 or (isinstance(d, tuple) and not _in_place(G, d, x, i)):
+        elif d == -1 or (isinstance(d, _Dim) and not _in_place(G, d, x, i)):
             unknown += 1
-    inside = {o for m in chain for o in m.outputs} | {n.input(1)}
-    ids = {id(m) for m in chain}
-    if unknown > 1 or any(u is not n and id(u) not in ids for o in inside for u, _ in G.uses.get(o, [])):
-        return None  # ambiguous, or the shape is used elsewhere too: written as it is
-    return dims, chain
+    return (dims, chain) if unknown <= 1 else None  # more than one unknown: ambiguous
 
 
-def _in_place(G: _Graph, d: tuple[str, int], x: str, i: int) -> bool:
-    """Whether the tracer writes `v.shape[k]` at position i of x's reshape as a number or as 0
-    (a static dim, or the same batch-dependent dim as x's own dim i), not as -1."""
-    pair, own = G.dim(*d), G.dim(x, i)
+def _private_chain_nodes(G: _Graph, reshapes: dict[int, tuple[list[Any], list[Node]]]) -> set[int]:
+    """The shape-chain nodes that only recognised reshapes (and other such chain nodes) read:
+    they need not be written. Exporters share one chain between several views (the dynamo
+    exporter's batch size for every head split); a chain node something else reads is written."""
+    skip = {id(m) for _, chain in reshapes.values() for m in chain}
+    nodes = {id(m): m for _, chain in reshapes.values() for m in chain}
+    while True:
+        readers = set(reshapes) | skip
+        needed = {
+            k for k in skip
+            if any(o in G.g.outputs or any(id(u) not in readers and id(u) in G.live for u, _ in G.uses.get(o, []))
+                   for o in nodes[k].outputs if o)
+        }
+        if not needed:
+            return skip
+        skip -= needed
+
+
+def _in_place(G: _Graph, d: _Dim, x: str, i: int) -> bool:
+    """Whether the tracer writes `d` at position i of x's reshape as a number or as 0 (a static
+    dim, or the same batch-dependent dim as x's own dim i), not as -1."""
+    pair, own = d.values(G), G.dim(x, i)
     return pair is not None and (pair[0] == pair[1] or pair == own)
 
 
@@ -682,6 +817,9 @@ _RANDOM = {
     "Multinomial",
     "Bernoulli",
 }
+# Inputs these ops read only for their shape or dtype: a static one makes the output a constant.
+_PER_BATCH_LIMIT = 1024  # elements of a batch-dependent value kept for folding what follows (shapes)
+_SHAPE_ONLY: dict[str, tuple[int, ...]] = {"Shape": (0,), "Size": (0,), "CastLike": (1,), "EyeLike": (0,)}
 _BINARY = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/", "Pow": "**", "MatMul": "@"}
 
 
@@ -921,6 +1059,11 @@ class _Writer:
     def forward(self) -> None:
         G = self.G
         nodes = [n for n in G.g.nodes if id(n) in G.live]
+        for node in nodes:  # constants first: the layer rules read them (a zero bias is no bias)
+            if not any(o in G.g.outputs for o in node.outputs):
+                self._fold(node)
+        G.live = G._live()  # what only folded nodes read is not written either
+        nodes = [n for n in nodes if id(n) in G.live]
         # Layer patterns first: a pattern may start before its anchor (Transpose(W) before MatMul).
         matches: dict[int, LayerUse] = {}
         held: set[int] = set()  # nodes waiting for their anchor's decision
@@ -936,10 +1079,10 @@ class _Writer:
                 held.update(id(m) for m in c.nodes if m is not node)
         reshapes: dict[int, tuple[list[Any], list[Node]]] = {}
         for node in nodes:
-            found = _dynamic_reshape(G, node) if node.op == "Reshape" else None
+            found = _dynamic_reshape(G, node) if node.op == "Reshape" and id(node) not in held else None
             if found is not None and not any(id(m) in held for m in found[1]):
                 reshapes[id(node)] = found
-                held.update(id(m) for m in found[1])
+        held.update(_private_chain_nodes(G, reshapes))
         done: set[int] = set()
         leaf_scopes = self.leaf_scopes = self._stateless_scopes()
         for node in nodes:
@@ -950,15 +1093,16 @@ class _Writer:
                 if node.inputs[0] in self.vars:
                     x = self.vars[node.inputs[0]]
                     text = ", ".join(
-                        f"{self.expr(d[0])}.shape[{d[1]}]" if isinstance(d, tuple) else str(d) for d in dims
+                        d.text(self.expr(d.tensor)) if isinstance(d, _Dim) else str(d) for d in dims
                     )
                     base = "_".join(_module_path(node.name) + [_op_part(node.name, node.op)])
                     self.assign(node.outputs[0], base, f"F.reshape({x}, [{text}])")
                     done.update(id(m) for m in chain)
                     continue
                 held.difference_update(id(m) for m in chain)
-                for m in chain:
-                    self._stateless(m, leaf_scopes)
+                for m in chain:  # written once, though other reshapes may share it
+                    if any(o and o not in self.vars for o in m.outputs):
+                        self._stateless(m, leaf_scopes)
                     done.add(id(m))
             c = self.composites.get(id(node))
             if c is not None:
@@ -1016,28 +1160,54 @@ class _Writer:
         return out
 
     def _fold(self, node: Node) -> bool:
-        """Compute a node whose inputs are all constants now (exporters leave such chains)."""
+        """Compute a node whose inputs are all constants now (exporters leave such chains).
+
+        Shapes count as constants where they are: a node is run for both stand-in batch sizes,
+        with the inputs it reads only for their shape or dtype (`_SHAPE_ONLY`) standing in as
+        zero-stride arrays, and folded when both runs agree. Small results that differ (a shape
+        holding the batch size) are kept per stand-in, so what is computed from their static
+        part folds too: the dynamo exporter's zero bias Expand(CastLike(0, x), Shape(W)[:1]),
+        the attention scale 1 / sqrt(Shape(q)[-1])."""
         G = self.G
         op = get_op(node.op)
         if op is None or op.forward is None or node.op in _RANDOM or not node.inputs:
             return False
-        values = [G.const(v) if v else None for v in node.inputs]
-        if any(v and a is None for v, a in zip(node.inputs, values)):
-            return False
-        try:
-            outs = op.run(node, values)
-        except Exception:  # noqa: BLE001  (not foldable here: written as a node instead)
-            return False
-        G.folded.update((o, np.asarray(a)) for o, a in zip(node.outputs, outs) if o)
-        return True
+        if any(v in G.per_batch for v in node.inputs) and not all(G.small(o) for o in node.outputs if o):
+            return False  # a batch-sized tensor, not a shape: not worth computing here
+        runs = []
+        for side, info in enumerate((G.info, G.info_alt)):
+            values = []
+            for i, v in enumerate(node.inputs):
+                a = G.const(v) if v else None
+                if a is None and v in G.per_batch:
+                    a = G.per_batch[v][side]
+                elif a is None and v and i in _SHAPE_ONLY.get(node.op, ()):
+                    inf = info.get(v)  # a zero-stride stand-in: only its shape and dtype are read
+                    a = None if inf is None or inf.shape is None else np.broadcast_to(
+                        np.zeros((), inf.dtype), tuple(int(d) for d in inf.shape))
+                if v and a is None:
+                    return False
+                values.append(a)
+            try:
+                runs.append([np.asarray(o) for o in op.run(node, values)])
+            except Exception:  # noqa: BLE001  (not foldable here: written as a node instead)
+                return False
+        a, b = runs
+        if all(x.shape == y.shape and x.dtype == y.dtype and np.array_equal(x, y) for x, y in zip(a, b)):
+            G.folded.update((o, x) for o, x in zip(node.outputs, a) if o)
+            return True
+        for o, x, y in zip(node.outputs, a, b):  # depends on the batch size: not a constant
+            if o and x.size <= _PER_BATCH_LIMIT and y.size <= _PER_BATCH_LIMIT:
+                G.per_batch[o] = (x, y)
+        return False
 
     def _stateless(self, node: Node, leaf_scopes: dict[str, Function]) -> None:
         G = self.G
         scope = ".".join(_module_path(node.name))
         base = "_".join(_module_path(node.name) + [_op_part(node.name, node.op)])
         ins = node.inputs
-        if not any(o in G.g.outputs for o in node.outputs) and self._fold(node):
-            return
+        if all(o in G.folded for o in node.outputs if o):
+            return  # computed before the walk
         if node.op == "Slice" and ins and self.is_tensor(ins[0]):
             index = self._index(node)
             if index is not None:
@@ -1169,11 +1339,14 @@ def generate(
     module: str = "model.py",
     weights: str = "model.safetensors",
     command: str | None = None,
+    weights_written: bool = True,
 ) -> Generated:
     """Python source of a `Model(anygrad.nn.Module)` for an imported model, and its state_dict.
 
     `source`, `module` and `weights` are the names written into the file (the ONNX file, the
-    generated file, the weights file relative to it); `command` how to regenerate it."""
+    generated file, the weights file relative to it); `command` how to regenerate it;
+    `weights_written` whether the weights file is written beside it (the docstring says where
+    weights come from otherwise)."""
     g = model.graph
     if not g.inputs:
         raise AnygradError(f"{source}: the graph has no inputs; nothing to generate a forward for")
@@ -1193,11 +1366,27 @@ def generate(
     command = command or f"anygrad codegen {source} -o {module}"
     first = g.info[g.inputs[0]]
     dtype = first.dtype.name
+    if weights_written:
+        weights_doc = f"""
+    model = Model.from_file()     # the weights of {source} (in {weights})"""
+    else:  # what from_file reads by default is not there: say how to get it, and what else loads
+        where = textwrap.fill(f"Written without its weights (--no-weights). To write them beside this file as {weights}, "
+                              "where Model.from_file() looks by default, run:", 96)
+        other = textwrap.fill("from_file also takes any state_dict file with PyTorch's names: the weights.safetensors "
+                              f"of an `anygrad train {source}` run, or a .pt/.pth saved by torch.save (read without "
+                              "torch).", 96)
+        weights_doc = f"""
+{where}
+
+    {command.replace(" --no-weights", "")}
+
+{other}
+
+    model = Model.from_file("runs/<run>/weights.safetensors")"""
     header = f'''"""PyTorch-style code for {source}, generated by `anygrad codegen`.
 
 Regenerate it with: {command}
-
-    model = Model.from_file()     # the weights of {source} (in {weights})
+{weights_doc}
     model = Model()               # fresh, initialised as PyTorch initialises these layers
     trainable = model.to_model()  # an anygrad.Model: compile, fit, predict, save ONNX
     model.load_from(trainable)    # trained weights back in; model.state_dict() has PyTorch names
@@ -1305,7 +1494,8 @@ def write_code(
     if command is None:  # file names only: the same text wherever it is generated from
         command = f"anygrad codegen {model_path.name} -o {out.name}"
         command += f" --weights-out {rel}" if rel != out.with_suffix(".safetensors").name else ""
-    generated = generate(model, model_path.name, out.name, rel, command)
+        command += "" if write_weights else " --no-weights"
+    generated = generate(model, model_path.name, out.name, rel, command, write_weights)
     if write_weights:
         save_safetensors(generated.state, weights)
     _write_text(out, generated.code)

@@ -85,6 +85,91 @@ def silu(x) -> Tensor:
     return x * x._unary("Sigmoid")
 
 
+def _scalar(x: Tensor, value: float) -> Tensor:
+    """A 0-d constant of x's dtype (Clip bounds, Pad values)."""
+    return x.tracer.const(np.array(value, x.dtype), x.dtype)
+
+
+def hardtanh(x, min_val: float = -1.0, max_val: float = 1.0) -> Tensor:
+    """Clip(x, min_val, max_val), as the exporter writes it. The gradient passes at the bounds
+    themselves (ONNX Clip's rule), where PyTorch's is zero: it differs only for inputs exactly
+    equal to a bound."""
+    x = _t(x)
+    if min_val > max_val:
+        raise ConfigError(f"hardtanh: min_val {min_val} must not be larger than max_val {max_val}")
+    return x.tracer.op("Clip", [x, _scalar(x, float(min_val)), _scalar(x, float(max_val))])
+
+
+def relu6(x) -> Tensor:
+    return hardtanh(x, 0.0, 6.0)
+
+
+def hardswish(x) -> Tensor:
+    return _t(x)._unary("HardSwish")
+
+
+def hardsigmoid(x) -> Tensor:
+    return _t(x)._unary("HardSigmoid", alpha=1.0 / 6.0, beta=0.5)
+
+
+# Above this threshold PyTorch's linear branch equals softplus to float32 precision
+# (log1p(exp(-t)) / t < 1e-10), so the exporter's plain Softplus is exact.
+_SOFTPLUS_EXACT_THRESHOLD = 20.0
+
+
+def softplus(x, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+    """log(1 + exp(beta x)) / beta; x itself where beta x > threshold (PyTorch's linear branch,
+    which the exporter drops: it is kept here when it changes the numbers)."""
+    x = _t(x)
+    if beta <= 0:
+        raise ConfigError(f"softplus: beta must be positive, got {beta}")
+    bx = x if beta == 1 else x * float(beta)
+    y = bx._unary("Softplus")
+    y = y if beta == 1 else y / float(beta)
+    if threshold >= _SOFTPLUS_EXACT_THRESHOLD:
+        return y
+    linear = x.tracer.op("Greater", [bx, _scalar(x, float(threshold))])
+    return x.tracer.op("Where", [linear, x, y])
+
+
+def mish(x) -> Tensor:
+    """x * tanh(softplus(x)), as the exporter writes it below opset 18."""
+    x = _t(x)
+    return x * x._unary("Softplus")._unary("Tanh")
+
+
+def selu(x) -> Tensor:
+    return _t(x)._unary("Selu")  # ONNX's default alpha and gamma are PyTorch's constants in float32
+
+
+def celu(x, alpha: float = 1.0) -> Tensor:
+    if alpha == 0:
+        raise ConfigError("celu: alpha must not be 0")
+    return _t(x)._unary("Celu", alpha=float(alpha))
+
+
+def softsign(x) -> Tensor:
+    return _t(x)._unary("Softsign")
+
+
+def logsigmoid(x) -> Tensor:
+    """-softplus(-x): the exporter's Log(Sigmoid(x)) underflows to -inf below x = -88."""
+    return -softplus(-_t(x))
+
+
+def prelu(x, weight) -> Tensor:
+    """PRelu with the slope over dim 1 (PyTorch's channel dim): a (C,) weight is reshaped to
+    (C, 1, ...) for inputs of rank 3 and more, so that it broadcasts as in PyTorch."""
+    x, w = _t(x), _t(weight)
+    rank, n = len(x.shape), int(np.prod(w.shape))
+    if n != 1 and (rank < 2 or int(x.shape[1]) != n):
+        raise ConfigError(f"prelu: {n} slopes for an input of shape {tuple(x.shape)}; give one slope, or "
+                          "one per channel (dim 1)")
+    if n != 1 and rank > 2:
+        w = reshape(w, [n] + [1] * (rank - 2))
+    return x.tracer.op("PRelu", [x, w])
+
+
 def softmax(x, dim: int) -> Tensor:
     x = _t(x)
     if dim is None:
@@ -195,21 +280,78 @@ def avg_pool2d(
     )
 
 
-def adaptive_avg_pool2d(x, output_size) -> Tensor:
-    """Output 1 is GlobalAveragePool; other sizes must divide the input (one AveragePool)."""
+def _adaptive_sizes(x: Tensor, output_size: Any, nd: int, what: str) -> tuple[list[int], list[int]]:
+    """(input spatial sizes, output sizes); None in output_size keeps the input's size."""
+    spatial = list(x.shape[2:])
+    if len(spatial) != nd:
+        raise ConfigError(f"{what} expects an input of rank {nd + 2} (N, C, {nd} spatial dims), "
+                          f"got shape {tuple(x.shape)}")
+    size = list(output_size) if isinstance(output_size, (tuple, list)) else [output_size] * nd
+    if len(size) != nd:
+        raise ConfigError(f"{what}: output_size must be an int or {nd} ints, got {output_size}")
+    if any(isinstance(s, SymInt) for s in spatial):
+        raise AnygradError(f"{what}: the input's spatial size {tuple(spatial)} depends on a symbolic "
+                           "dim; give the spatial dims as numbers in input_shape")
+    out = [int(s) if o is None else int(o) for o, s in zip(size, spatial)]
+    if any(o < 1 for o in out):
+        raise ConfigError(f"{what}: output_size {out} must be positive")
+    return [int(s) for s in spatial], out
+
+
+# adaptive pools: (global op, fixed-window op, reduction over one bin)
+_ADAPTIVE = {"avg": ("GlobalAveragePool", "AveragePool", "ReduceMean"),
+             "max": ("GlobalMaxPool", "MaxPool", "ReduceMax")}
+
+
+def _adaptive_pool(x, output_size, nd: int, kind: str) -> Tensor:
+    """PyTorch's adaptive pooling: output i of a dim of size n -> out reads the bin
+    [floor(i n / out), ceil((i + 1) n / out)). Output 1 is the global pool, sizes that divide
+    the input one pooling window (as the exporter writes both); other sizes are composed per dim
+    (bins are rectangles, so pooling dim by dim gives the same result): a Slice and a reduction
+    per bin, concatenated."""
     x = _t(x)
-    spatial = x.shape[2:]
-    size = output_size if isinstance(output_size, (tuple, list)) else (output_size, output_size)
-    out = [s if o is None else int(o) for o, s in zip(size, spatial)]  # None keeps the input size
+    global_op, window_op, reduce_op = _ADAPTIVE[kind]
+    spatial, out = _adaptive_sizes(x, output_size, nd, f"adaptive_{kind}_pool{nd}d")
     if all(o == 1 for o in out):
-        return x._unary("GlobalAveragePool")
-    if any(isinstance(s, SymInt) for s in spatial) or any(int(s) % int(o) for s, o in zip(spatial, out)):
-        raise AnygradError(
-            f"adaptive_avg_pool2d: output size {out} does not divide the input's spatial size "
-            f"{tuple(spatial)}; only 1 or exact divisors are supported"
-        )
-    kernel = [int(s) // int(o) for s, o in zip(spatial, out)]
-    return x.tracer.op("AveragePool", [x], kernel_shape=kernel, strides=kernel, pads=[0, 0, 0, 0])
+        return x._unary(global_op)
+    if all(s % o == 0 for s, o in zip(spatial, out)):
+        kernel = [s // o for s, o in zip(spatial, out)]
+        return x.tracer.op(window_op, [x], kernel_shape=kernel, strides=kernel, pads=[0] * (2 * nd))
+    for axis, (n, o) in enumerate(zip(spatial, out), start=2):
+        if n == o:
+            continue
+        bins = []
+        for i in range(o):
+            start, end = (i * n) // o, -((-(i + 1) * n) // o)
+            part = _slice(x, axis, start, end)
+            bins.append(part._unary(reduce_op, axes=[axis], keepdims=1))
+        x = bins[0] if len(bins) == 1 else x.tracer.op("Concat", bins, axis=axis)
+    return x
+
+
+def _slice(x: Tensor, axis: int, start: int, end: int) -> Tensor:
+    consts = [np.array([v], np.int64) for v in (start, end, axis)]
+    return x.tracer.op("Slice", [x] + [x.tracer.const(c, np.int64) for c in consts])
+
+
+def adaptive_avg_pool1d(x, output_size) -> Tensor:
+    return _adaptive_pool(x, output_size, 1, "avg")
+
+
+def adaptive_avg_pool2d(x, output_size) -> Tensor:
+    return _adaptive_pool(x, output_size, 2, "avg")
+
+
+def adaptive_max_pool1d(x, output_size, return_indices: bool = False) -> Tensor:
+    if return_indices:
+        raise ConfigError("adaptive_max_pool1d: return_indices=True is not supported")
+    return _adaptive_pool(x, output_size, 1, "max")
+
+
+def adaptive_max_pool2d(x, output_size, return_indices: bool = False) -> Tensor:
+    if return_indices:
+        raise ConfigError("adaptive_max_pool2d: return_indices=True is not supported")
+    return _adaptive_pool(x, output_size, 2, "max")
 
 
 def dropout(x, p: float = 0.5, training: bool = True) -> Tensor:
@@ -229,14 +371,26 @@ def batch_norm(
     weight=None,
     bias=None,
     training: bool = False,
-    momentum: float = 0.1,
+    momentum: float | None = 0.1,
     eps: float = 1e-5,
 ) -> Tensor:
-    """BatchNormalization; PyTorch's momentum m is ONNX's 1 - m (weight of the old statistics)."""
+    """BatchNormalization; PyTorch's momentum m is ONNX's 1 - m (weight of the old statistics).
+
+    Whether batch or running statistics are used is the Model's decision (training steps or
+    predict), as for an imported file, so `training` is not read. Without running statistics
+    (track_running_stats=False) the batch statistics are used always: composed from reductions."""
     x = _t(x)
-    if momentum is None:
-        raise ConfigError("batch_norm with momentum=None (cumulative average) is not supported")
     channels = int(x.shape[1])
+    if running_mean is None or running_var is None:
+        if (running_mean is None) != (running_var is None):
+            raise ConfigError("batch_norm: give both running_mean and running_var, or neither")
+        return _batch_statistics_norm(x, weight, bias, eps)
+    if momentum is None:
+        raise ConfigError(
+            "batch_norm: momentum=None (a cumulative average of the running statistics) cannot be "
+            "expressed by the BatchNormalization op, whose momentum is fixed; pass a number such as "
+            "momentum=0.1"
+        )
     scale = _t(weight) if weight is not None else x.tracer.const(np.ones(channels, np.float32))
     shift = _t(bias) if bias is not None else x.tracer.const(np.zeros(channels, np.float32))
     return x.tracer.op(
@@ -245,6 +399,21 @@ def batch_norm(
         epsilon=float(eps),
         momentum=float(1.0 - momentum),
     )
+
+
+def _batch_statistics_norm(x: Tensor, weight, bias, eps: float) -> Tensor:
+    """(x - mean) / sqrt(var + eps) * weight + bias over the batch and spatial dims (biased
+    variance, as PyTorch normalises), in training and inference alike."""
+    rank = len(x.shape)
+    axes = [0] + list(range(2, rank))
+    centered = x - mean(x, axes, keepdim=True)
+    y = centered / (mean(centered * centered, axes, keepdim=True) + float(eps))._unary("Sqrt")
+    per_channel = [int(x.shape[1])] + [1] * (rank - 2)  # (C, 1, ...) broadcasts over dim 1
+    if weight is not None:
+        y = y * (reshape(weight, per_channel) if rank > 2 else weight)
+    if bias is not None:
+        y = y + (reshape(bias, per_channel) if rank > 2 else bias)
+    return y
 
 
 def layer_norm(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5) -> Tensor:
@@ -268,9 +437,248 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5) -
     return y
 
 
-def embedding(indices, weight) -> Tensor:
-    idx, w = _t(indices), _t(weight)
-    return w.tracer.op("Gather", [w, idx], axis=0)
+def embedding(indices, weight, padding_idx: int | None = None, max_norm: float | None = None,
+              norm_type: float = 2.0, scale_grad_by_freq: bool = False, sparse: bool = False) -> Tensor:
+    """Gather(weight, indices). With padding_idx, that row gets no gradient (as in PyTorch):
+    the lookup is Where(indices == padding_idx, 0, row), which reads the padding row as the
+    zeros PyTorch initialises it to; a Parameter whose padding row is not zero is refused, as
+    the graph could not give its values. `sparse` only changes how PyTorch stores gradients."""
+    if max_norm is not None or scale_grad_by_freq:
+        option = "max_norm" if max_norm is not None else "scale_grad_by_freq"
+        raise ConfigError(f"embedding: {option} is not supported (it rewrites the weights or gradients "
+                          "outside the graph); leave it at its default")
+    w = _t(weight)
+    idx = _t(indices) if isinstance(indices, Operand) else as_tensor(np.asarray(indices, np.int64), w)
+    out = w.tracer.op("Gather", [w, idx], axis=0)
+    if padding_idx is None:
+        return out
+    rows = int(w.shape[0])
+    if not -rows <= padding_idx < rows:
+        raise ConfigError(f"embedding: padding_idx {padding_idx} is outside the {rows} embeddings")
+    padding_idx %= rows
+    data = getattr(weight, "data", None)  # a Parameter's values (a traced Tensor has none)
+    if isinstance(data, np.ndarray) and np.any(data[padding_idx] != 0):
+        raise AnygradError(
+            f"embedding: row {padding_idx} (padding_idx) of the weight is not zero; anygrad keeps the "
+            "padding row at zero, as PyTorch initialises it. Zero it before tracing "
+            "(module.weight.data[padding_idx] = 0) or drop padding_idx"
+        )
+    is_pad = unsqueeze(w.tracer.op("Equal", [idx, as_tensor(np.array(padding_idx, idx.dtype), idx)]), -1)
+    return w.tracer.op("Where", [is_pad, _scalar(w, 0.0), out])
+
+
+# -- padding and resampling ---------------------------------------------------------------------
+# PyTorch's pad modes -> ONNX Pad's ("circular" is composed: ONNX's "wrap" needs opset 19)
+_PAD_MODES = {"constant": "constant", "reflect": "reflect", "replicate": "edge"}
+
+
+def pad(x, pad: Sequence[int], mode: str = "constant", value: float | None = None) -> Tensor:
+    """PyTorch's F.pad: `pad` lists (before, after) pairs from the last dim backwards; negative
+    amounts crop. One Pad node with the amounts of every dim (ONNX's order: all befores, then
+    all afters), or slices and a Concat per dim for mode="circular"."""
+    x = _t(x)
+    amounts = [int(p) for p in pad]
+    rank = len(x.shape)
+    if len(amounts) % 2 or len(amounts) > 2 * rank:
+        raise ConfigError(f"pad: {len(amounts)} amounts for a tensor of rank {rank}; give (before, after) "
+                          "pairs for at most every dim, last dim first")
+    if mode != "constant" and value not in (None, 0, 0.0):
+        raise ConfigError(f"pad: value is only used with mode='constant', not '{mode}'")
+    per_dim = [(0, 0)] * rank
+    for k in range(len(amounts) // 2):
+        per_dim[rank - 1 - k] = (amounts[2 * k], amounts[2 * k + 1])
+    if mode == "circular":
+        return _circular_pad(x, per_dim)
+    if mode not in _PAD_MODES:
+        raise ConfigError(f"pad: mode '{mode}' is not supported; use one of constant, reflect, replicate, "
+                          "circular")
+    pads = x.tracer.const(np.array([b for b, _ in per_dim] + [a for _, a in per_dim], np.int64), np.int64)
+    ins = [x, pads] + ([_scalar(x, float(value))] if mode == "constant" and value else [])
+    return x.tracer.op("Pad", ins, mode=_PAD_MODES[mode])
+
+
+def _circular_pad(x: Tensor, per_dim: list[tuple[int, int]]) -> Tensor:
+    for axis, (before, after) in enumerate(per_dim):
+        if (before, after) == (0, 0):
+            continue
+        n = x.shape[axis]
+        if isinstance(n, SymInt) or max(before, after) > n or min(before, after) < 0:
+            raise ConfigError(f"pad: circular padding ({before}, {after}) of dim {axis} needs a static dim "
+                              f"of at least that size and no cropping (dim {axis} is {n})")
+        parts = ([_slice(x, axis, n - before, n)] if before else []) + [x] + (
+            [_slice(x, axis, 0, after)] if after else [])
+        x = x.tracer.op("Concat", parts, axis=axis)
+    return x
+
+
+# PyTorch's interpolate modes -> (spatial rank or None for any, ONNX Resize attributes); the
+# coordinate mode of the linear ones depends on align_corners.
+_INTERPOLATE = {
+    "nearest": (None, {"mode": "nearest", "coordinate_transformation_mode": "asymmetric",
+                       "nearest_mode": "floor"}),
+    # floor((dst + 0.5) * scale): round half up of half_pixel's source coordinate
+    "nearest-exact": (None, {"mode": "nearest", "coordinate_transformation_mode": "half_pixel",
+                             "nearest_mode": "round_prefer_ceil"}),
+    "linear": (1, {"mode": "linear"}),
+    "bilinear": (2, {"mode": "linear"}),
+    "trilinear": (3, {"mode": "linear"}),
+    "bicubic": (2, {"mode": "cubic", "cubic_coeff_a": -0.75}),
+}
+
+
+def interpolate(x, size=None, scale_factor=None, mode: str = "nearest", align_corners: bool | None = None,
+                recompute_scale_factor: bool | None = None, antialias: bool = False) -> Tensor:
+    """PyTorch's F.interpolate as one Resize node, as the exporter writes it: constant scales
+    for scale_factor (PyTorch then samples with 1/scale_factor, as Resize does), the sizes
+    Concat(Shape(x)[:2], size) for size (batch and channels stay as they are)."""
+    x = _t(x)
+    if mode not in _INTERPOLATE:
+        raise ConfigError(f"interpolate: mode '{mode}' is not supported; use one of {', '.join(_INTERPOLATE)}")
+    nd, attrs = _INTERPOLATE[mode]
+    spatial = list(x.shape[2:])
+    if nd is not None and len(spatial) != nd:
+        raise ConfigError(f"interpolate: mode '{mode}' needs an input with {nd} spatial dims, got shape "
+                          f"{tuple(x.shape)}")
+    attrs = dict(attrs)
+    if attrs["mode"] != "nearest":
+        attrs["coordinate_transformation_mode"] = "align_corners" if align_corners else "half_pixel"
+    elif align_corners is not None:
+        raise ConfigError("interpolate: align_corners is only for the linear and cubic modes (as in PyTorch)")
+    if antialias:
+        raise ConfigError("interpolate: antialias=True is not supported (Resize's antialias needs opset 18)")
+    if (size is None) == (scale_factor is None):
+        raise ConfigError("interpolate: give exactly one of size and scale_factor")
+    if any(isinstance(d, SymInt) for d in spatial):
+        raise AnygradError(f"interpolate: the input's spatial size {tuple(spatial)} depends on a symbolic dim; "
+                           "give the spatial dims as numbers in input_shape")
+    n = len(spatial)
+    if scale_factor is not None:
+        scales = [float(f) for f in (scale_factor if isinstance(scale_factor, (tuple, list)) else [scale_factor] * n)]
+        if len(scales) != n or any(f <= 0 for f in scales):
+            raise ConfigError(f"interpolate: scale_factor must be a positive number or {n} of them, got {scale_factor}")
+        # PyTorch's output size, computed in double; Resize computes it in float32
+        sizes = [math.floor(int(d) * f) for d, f in zip(spatial, scales)]
+        if recompute_scale_factor:  # PyTorch then samples as if the size had been given
+            size, scale_factor = sizes, None
+        elif sizes != [int(np.floor(np.float32(d) * np.float32(f))) for d, f in zip(spatial, scales)]:
+            raise ConfigError(f"interpolate: scale_factor {scale_factor} gives output size {sizes} in PyTorch but "
+                              "a different one in float32 (ONNX Resize); pass size= or recompute_scale_factor=True")
+    empty = x.tracer.const(np.zeros(0, np.float32))
+    if scale_factor is not None:
+        scales_const = x.tracer.const(np.array([1.0, 1.0] + scales, np.float32))
+        return x.tracer.op("Resize", [x, empty, scales_const], **attrs)
+    size = [int(s) for s in (size if isinstance(size, (tuple, list)) else [size] * n)]
+    if len(size) != n or any(s < 1 for s in size):
+        raise ConfigError(f"interpolate: size must be a positive int or {n} of them, got {size}")
+    leading = x.tracer.op("Shape", [x], start=0, end=2)
+    sizes_t = x.tracer.op("Concat", [leading, x.tracer.const(np.array(size, np.int64), np.int64)], axis=0)
+    return x.tracer.op("Resize", [x, empty, empty, sizes_t], **attrs)
+
+
+# -- losses (usable inside forward; the training loss itself is compile(loss=...)) ------------------
+_REDUCTIONS = ("mean", "sum", "none")
+
+
+def _reduction(reduction: str, what: str) -> str:
+    if reduction not in _REDUCTIONS:
+        raise ConfigError(f"{what}: reduction must be one of {', '.join(_REDUCTIONS)}, not '{reduction}'")
+    return reduction
+
+
+def _reduce(loss: Tensor, reduction: str) -> Tensor:
+    if reduction == "none":
+        return loss
+    return (mean if reduction == "mean" else sum)(loss)
+
+
+def _class_loss(op: str, what: str, x, target, weight, ignore_index: int, reduction: str) -> Tensor:
+    x = _t(x)
+    t = _t(target) if isinstance(target, Operand) else as_tensor(np.asarray(target, np.int64), x)
+    ins = [x, t] + ([_t(weight) if isinstance(weight, Operand) else as_tensor(np.asarray(weight, x.dtype), x)]
+                    if weight is not None else [])
+    return x.tracer.op(op, ins, ignore_index=int(ignore_index), reduction=_reduction(reduction, what))
+
+
+def cross_entropy(x, target, weight=None, ignore_index: int = -100, reduction: str = "mean",
+                  label_smoothing: float = 0.0) -> Tensor:
+    """SoftmaxCrossEntropyLoss over class scores (N, C, ...) and class indices (N, ...), as the
+    exporter writes it; class probabilities (a float target of x's shape) are composed from
+    LogSoftmax."""
+    if label_smoothing:
+        raise ConfigError("cross_entropy: label_smoothing is not supported inside forward (the ONNX op has "
+                          "none); for the training loss use compile(loss='cross_entropy', label_smoothing=...)")
+    x = _t(x)
+    target = target if isinstance(target, Operand) else np.asarray(target)
+    if np.dtype(target.dtype).kind == "f":  # class probabilities
+        if weight is not None:
+            raise ConfigError("cross_entropy: weight with class-probability targets is not supported")
+        per_sample = -sum(log_softmax(x, 1) * as_tensor(target, x), 1)
+        return _reduce(per_sample, _reduction(reduction, "cross_entropy"))
+    return _class_loss("SoftmaxCrossEntropyLoss", "cross_entropy", x, target, weight, ignore_index, reduction)
+
+
+def nll_loss(x, target, weight=None, ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+    return _class_loss("NegativeLogLikelihoodLoss", "nll_loss", x, target, weight, ignore_index, reduction)
+
+
+def mse_loss(x, target, reduction: str = "mean") -> Tensor:
+    d = _t(x) - target
+    return _reduce(d * d, _reduction(reduction, "mse_loss"))
+
+
+def l1_loss(x, target, reduction: str = "mean") -> Tensor:
+    return _reduce((_t(x) - target)._unary("Abs"), _reduction(reduction, "l1_loss"))
+
+
+def binary_cross_entropy_with_logits(x, target, weight=None, reduction: str = "mean", pos_weight=None) -> Tensor:
+    """PyTorch's stable form (1 - y) x + (1 + (p - 1) y) softplus(-x); the exporter's
+    Log(Sigmoid) form underflows for large |x|."""
+    x = _t(x)
+    y = as_tensor(target, x)
+    log_term = softplus(-x)
+    if pos_weight is not None:
+        log_term = ((y * (as_tensor(pos_weight, x) - 1.0)) + 1.0) * log_term
+    loss = (1.0 - y) * x + log_term
+    if weight is not None:
+        loss = loss * as_tensor(weight, x)
+    return _reduce(loss, _reduction(reduction, "binary_cross_entropy_with_logits"))
+
+
+# -- attention ------------------------------------------------------------------------------------
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale: float | None = None,
+                                 enable_gqa: bool = False) -> Tensor:
+    """softmax(q k^T * scale + mask) v, composed as the exporter writes it: q and k^T are each
+    scaled by sqrt(scale), a boolean mask becomes 0 / -inf added to the scores, is_causal a
+    constant lower-triangular one. dropout_p applies a Dropout node (active in training steps
+    only, as with `dropout_p=p if self.training else 0` in PyTorch)."""
+    q, k, v = _t(query), _t(key), _t(value)
+    if enable_gqa:
+        raise ConfigError("scaled_dot_product_attention: enable_gqa is not supported; repeat the key/value "
+                          "heads to the query's count instead")
+    if is_causal and attn_mask is not None:
+        raise ConfigError("scaled_dot_product_attention: pass attn_mask or is_causal, not both (as in PyTorch)")
+    e = q.shape[-1]
+    if isinstance(e, SymInt):
+        raise AnygradError("scaled_dot_product_attention: the embedding dim (last dim) must be static")
+    c = math.sqrt(1.0 / math.sqrt(int(e)) if scale is None else float(scale))
+    scores = (q * c) @ (transpose(k, -2, -1) * c)
+    if is_causal:
+        rows, cols = q.shape[-2], k.shape[-2]
+        if isinstance(rows, SymInt) or isinstance(cols, SymInt):
+            raise AnygradError("scaled_dot_product_attention: is_causal needs static sequence lengths; give "
+                               "them as numbers in input_shape")
+        keep = np.tril(np.ones((int(rows), int(cols)), bool))
+        scores = scores + np.where(keep, 0.0, -np.inf).astype(scores.dtype)
+    elif attn_mask is not None:
+        mask = attn_mask._t() if isinstance(attn_mask, Operand) else as_tensor(np.asarray(attn_mask), q)
+        if mask.dtype == np.bool_:  # True: take part in the attention
+            mask = q.tracer.op("Where", [mask, _scalar(q, 0.0), _scalar(q, -np.inf)])
+        scores = scores + mask
+    weights = softmax(scores, -1)
+    if dropout_p:
+        weights = dropout(weights, dropout_p)
+    return weights @ v
 
 
 # -- shape ----------------------------------------------------------------------------------------

@@ -224,31 +224,39 @@ class _BatchNorm(Module):
         self,
         num_features: int,
         eps: float = 1e-5,
-        momentum: float = 0.1,
+        momentum: float | None = 0.1,
         affine: bool = True,
         track_running_stats: bool = True,
     ):
         super().__init__()
-        if not track_running_stats:
-            raise ConfigError(f"{type(self).__name__}: track_running_stats=False is not supported")
-        if momentum is None:
-            raise ConfigError(f"{type(self).__name__}: momentum=None (cumulative average) is not supported")
+        if momentum is None and track_running_stats:
+            raise ConfigError(
+                f"{type(self).__name__}: momentum=None (a cumulative average of the running statistics) "
+                "cannot be expressed by the BatchNormalization op, whose momentum is fixed; pass a number "
+                "such as momentum=0.1"
+            )
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        self.track_running_stats = track_running_stats
         self.weight = _empty(num_features) if affine else None
         self.bias = _empty(num_features) if affine else None
-        self.running_mean = Buffer(np.zeros(num_features, np.float32))
-        self.running_var = Buffer(np.ones(num_features, np.float32))
-        # Kept for PyTorch's state_dict; the graph does not count (momentum is fixed).
-        self.num_batches_tracked = Buffer(np.array(0, np.int64))
+        if track_running_stats:
+            self.running_mean = Buffer(np.zeros(num_features, np.float32))
+            self.running_var = Buffer(np.ones(num_features, np.float32))
+            # Kept for PyTorch's state_dict; the graph does not count (momentum is fixed).
+            self.num_batches_tracked = Buffer(np.array(0, np.int64))
+        else:  # always batch statistics: no state, as PyTorch's None buffers
+            for name in ("running_mean", "running_var", "num_batches_tracked"):
+                self.register_buffer(name, None)
         self.reset_parameters()
 
     def reset_parameters(self, rng: np.random.Generator | None = None) -> None:
         if self.weight is not None:
             init.ones_(self.weight)
             init.zeros_(self.bias)
-        init.zeros_(self.running_mean)
-        init.ones_(self.running_var)
-        self.num_batches_tracked.data = np.array(0, np.int64)
+        if self.track_running_stats:
+            init.zeros_(self.running_mean)
+            init.ones_(self.running_var)
+            self.num_batches_tracked.data = np.array(0, np.int64)
 
     def forward(self, x):
         if len(x.shape) not in self.ranks:
@@ -268,7 +276,8 @@ class _BatchNorm(Module):
 
     def extra_repr(self) -> str:
         return (
-            f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.weight is not None}"
+            f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.weight is not None}, "
+            f"track_running_stats={self.track_running_stats}"
         )
 
 
@@ -302,19 +311,40 @@ class LayerNorm(Module):
 
 
 class Embedding(Module):
-    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None):
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        padding_idx: int | None = None,
+        max_norm: float | None = None,
+        norm_type: float = 2.0,
+        scale_grad_by_freq: bool = False,
+        sparse: bool = False,
+    ):
         super().__init__()
+        if max_norm is not None or scale_grad_by_freq:
+            option = "max_norm" if max_norm is not None else "scale_grad_by_freq"
+            raise ConfigError(f"Embedding: {option} is not supported (it rewrites the weights or gradients "
+                              "outside the graph); leave it at its default")
         if padding_idx is not None:
-            raise ConfigError("Embedding: padding_idx is not supported (its row would still be trained)")
-        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+            if not -num_embeddings <= padding_idx < num_embeddings:
+                raise ConfigError(f"Embedding: padding_idx {padding_idx} is outside the {num_embeddings} embeddings")
+            padding_idx %= num_embeddings
+        self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
         self.weight = _empty(num_embeddings, embedding_dim)
         self.reset_parameters()
 
     def reset_parameters(self, rng: np.random.Generator | None = None) -> None:
         init.normal_(self.weight, rng=rng)
+        if self.padding_idx is not None:  # PyTorch starts the padding row at zero
+            self.weight.data[self.padding_idx] = 0
 
     def forward(self, indices):
-        return F.embedding(indices, self.weight)
+        return F.embedding(indices, self.weight, self.padding_idx)
+
+    def extra_repr(self) -> str:
+        pad = f", padding_idx={self.padding_idx}" if self.padding_idx is not None else ""
+        return f"{self.num_embeddings}, {self.embedding_dim}{pad}"
 
 
 class Dropout(Module):
@@ -356,13 +386,58 @@ class AvgPool2d(Module):
         )
 
 
-class AdaptiveAvgPool2d(Module):
-    def __init__(self, output_size):
+class _AdaptivePool(Module):
+    fn = staticmethod(F.adaptive_avg_pool2d)
+
+    def __init__(self, output_size, return_indices: bool = False):
         super().__init__()
+        if return_indices:
+            raise ConfigError(f"{type(self).__name__}: return_indices=True is not supported")
         self.output_size = output_size
 
     def forward(self, x):
-        return F.adaptive_avg_pool2d(x, self.output_size)
+        return self.fn(x, self.output_size)
+
+    def extra_repr(self) -> str:
+        return f"output_size={self.output_size}"
+
+
+class AdaptiveAvgPool1d(_AdaptivePool):
+    fn = staticmethod(F.adaptive_avg_pool1d)
+
+    def __init__(self, output_size):
+        super().__init__(output_size)
+
+
+class AdaptiveAvgPool2d(_AdaptivePool):
+    fn = staticmethod(F.adaptive_avg_pool2d)
+
+    def __init__(self, output_size):
+        super().__init__(output_size)
+
+
+class AdaptiveMaxPool1d(_AdaptivePool):
+    fn = staticmethod(F.adaptive_max_pool1d)
+
+
+class AdaptiveMaxPool2d(_AdaptivePool):
+    fn = staticmethod(F.adaptive_max_pool2d)
+
+
+class Upsample(Module):
+    def __init__(self, size=None, scale_factor=None, mode: str = "nearest", align_corners: bool | None = None,
+                 recompute_scale_factor: bool | None = None):
+        super().__init__()
+        self.size, self.scale_factor, self.mode = size, scale_factor, mode
+        self.align_corners, self.recompute_scale_factor = align_corners, recompute_scale_factor
+
+    def forward(self, x):
+        return F.interpolate(x, self.size, self.scale_factor, self.mode, self.align_corners,
+                             self.recompute_scale_factor)
+
+    def extra_repr(self) -> str:
+        what = f"size={self.size}" if self.size is not None else f"scale_factor={self.scale_factor}"
+        return f"{what}, mode='{self.mode}'"
 
 
 # -- shape and activations ---------------------------------------------------------------------------
@@ -406,7 +481,36 @@ def _activation(name: str, fn, **defaults):
     )
 
 
+class PReLU(Module):
+    """A learned slope for negative inputs: one, or one per channel (dim 1)."""
+
+    def __init__(self, num_parameters: int = 1, init: float = 0.25):
+        super().__init__()
+        self.num_parameters, self.init = num_parameters, init
+        self.weight = _empty(num_parameters)
+        self.reset_parameters()
+
+    def reset_parameters(self, rng: np.random.Generator | None = None) -> None:
+        self.weight.data = np.full(self.num_parameters, self.init, np.float32)
+
+    def forward(self, x):
+        return F.prelu(x, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"num_parameters={self.num_parameters}"
+
+
 ReLU = _activation("ReLU", F.relu)
+ReLU6 = _activation("ReLU6", F.relu6)
+Hardtanh = _activation("Hardtanh", F.hardtanh, min_val=-1.0, max_val=1.0)
+Hardswish = _activation("Hardswish", F.hardswish)
+Hardsigmoid = _activation("Hardsigmoid", F.hardsigmoid)
+Softplus = _activation("Softplus", F.softplus, beta=1.0, threshold=20.0)
+Mish = _activation("Mish", F.mish)
+SELU = _activation("SELU", F.selu)
+CELU = _activation("CELU", F.celu, alpha=1.0)
+Softsign = _activation("Softsign", F.softsign)
+LogSigmoid = _activation("LogSigmoid", F.logsigmoid)
 LeakyReLU = _activation("LeakyReLU", F.leaky_relu, negative_slope=0.01)
 Sigmoid = _activation("Sigmoid", F.sigmoid)
 Tanh = _activation("Tanh", F.tanh)
