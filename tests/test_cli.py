@@ -494,3 +494,24 @@ def test_founding_settings_end_to_end_then_predict(tmp_path):
     predicted = int(re.search(r"^predicted: (\d)", r.stdout, re.MULTILINE)[1])
     true = int(re.search(r"^true label: (\d)\s+\(correct\)", r.stdout, re.MULTILINE)[1])
     assert predicted == true == int(load_mnist(SUBSET).test()[1][12]), r.stdout
+
+
+def test_freeze_keeps_matching_parameters_and_info_counts_them(tmp_path, tiny_mnist, capsys):
+    model = _mlp(tmp_path / "mlp.onnx")
+    run = tmp_path / "run"
+    assert cli.main(["train", str(model), "--data-dir", str(tiny_mnist), "--device", "cpu", "--epochs", "1",
+                     "--batch-size", "16", "--optimizer", "adam", "--lr", "0.01", "--freeze", "fc1.*",
+                     "--artifacts", str(run), "--quiet"]) == 0
+    assert json.loads((run / "config.json").read_text())["freeze"] == ["fc1.*"]
+    original = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(model)).graph.initializer}
+    weights = np.load(run / "weights.npz")
+    for name in ("fc1.weight", "fc1.bias"):
+        np.testing.assert_array_equal(weights[name], original[name])
+    assert not np.allclose(weights["fc2.weight"], original["fc2.weight"])
+
+    capsys.readouterr()
+    cli.main(["info", str(model), "--freeze", "fc1.*"])
+    assert f"parameters: {10 * 32 + 10:,} trainable, {784 * 32 + 32:,} frozen" in capsys.readouterr().out
+    assert cli.main(["train", str(model), "--data-dir", str(tiny_mnist), "--device", "cpu", "--freeze", "conv9.*",
+                     "--artifacts", str(tmp_path / "bad"), "--quiet"]) == 2
+    assert "conv9.*" in capsys.readouterr().err

@@ -63,13 +63,14 @@ def _shape(shape: Any) -> str:
 
 def cmd_info(args: argparse.Namespace) -> int:
     from .frontends.onnx_import import summarize
-    s = summarize(str(_not_a_folder(Path(args.model), "an ONNX model file")))
+    s = summarize(str(_not_a_folder(Path(args.model), "an ONNX model file")), freeze=args.freeze or ())
     out = [f"model: {s.path}" + (f"  (producer {s.producer}, opset {s.opset})" if s.producer else
                                  f"  (opset {s.opset})")]
     for title, values in (("inputs", s.inputs), ("outputs", s.outputs)):
         out.append(f"{title}:")
         out += [f"  {v.name}  {v.dtype}  {_shape(v.shape)}" for v in values]
-    out.append(f"parameters: {s.num_parameters:,}" + (f"  (+ {s.num_buffers:,} in buffers)" if s.num_buffers else ""))
+    out.append(f"parameters: {s.num_parameters:,} trainable" + (f", {s.num_frozen:,} frozen" if s.num_frozen else "")
+               + (f"  (+ {s.num_buffers:,} in buffers)" if s.num_buffers else ""))
     out.append(f"ops ({sum(s.op_histogram.values())} nodes):")
     width = max((len(op) for op in s.op_histogram), default=0)
     out += [f"  {op:<{width}}  {n}" for op, n in sorted(s.op_histogram.items(), key=lambda kv: (-kv[1], kv[0]))]
@@ -408,6 +409,8 @@ def _train(args: argparse.Namespace, config: Any, model_path: Path, optimizer: A
     model = load_onnx(str(model_path), init=config.init)
     if config.weights:  # fine-tuning: every tensor comes from the state_dict, or it is an error
         model.load_state_dict(config.weights, strict=True)
+    if config.freeze:  # after the weights, so patterns may use the state_dict's PyTorch names
+        model.freeze(*config.freeze)
     loss = _auto_loss(model) if config.loss == "auto" else config.loss
     train, valid, transforms, source, resolved = _train_data(config, model, console)
     model.compile(loss=loss, optimizer=optimizer, device=backend, seed=config.seed)
@@ -417,7 +420,8 @@ def _train(args: argparse.Namespace, config: Any, model_path: Path, optimizer: A
     extras = [f"clip {config.clip_grad_norm:g}" if config.clip_grad_norm else "",
               f"accumulate {config.accumulate}" if config.accumulate > 1 else "",
               f"scheduler {config.scheduler}" if config.scheduler else "",
-              f"from weights {Path(config.weights).name}" if config.weights else ""]
+              f"from weights {Path(config.weights).name}" if config.weights else "",
+              f"{model.num_frozen_parameters():,} frozen" if config.freeze else ""]
     console.line(f"training {model_path.name} ({model.num_parameters():,} parameters) on "
                  f"{backend.description}: {config.optimizer} lr {config.lr:g}, loss {loss}, batch {config.batch_size}, "
                  f"{config.epochs} epoch{'s' * (config.epochs != 1)}, seed {config.seed}"
@@ -601,6 +605,8 @@ def _add_codegen(p: argparse.ArgumentParser) -> None:
 # -- the command table ---------------------------------------------------------------------------
 def _add_info(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL.onnx", help="the ONNX file to describe")
+    p.add_argument("--freeze", action="append", metavar="PATTERN", help="count the parameters matching this "
+                   "glob as frozen, as `anygrad train --freeze` would (repeatable)")
 
 
 def _add_train(p: argparse.ArgumentParser) -> None:
@@ -645,6 +651,8 @@ def _add_train(p: argparse.ArgumentParser) -> None:
                    help="start from the file's weights (onnx, default) or PyTorch's default initialisation (fresh)")
     p.add_argument("--weights", metavar="FILE", help="fine-tune: start from the weights in a PyTorch state_dict "
                    "(.pt/.pth from torch.save, read without torch) or .safetensors; names must match (strict)")
+    p.add_argument("--freeze", action="append", metavar="PATTERN", help="do not train the parameters matching "
+                   "this glob over graph or PyTorch names (repeatable), e.g. 'conv1.*' or a buffer such as 'pe'")
     p.add_argument("--drop-last", action="store_true", default=None, help="skip the last partial batch of each epoch")
     p.add_argument("--clip-grad-norm", type=float, metavar="MAX", help="scale the gradients down to this global "
                    "2-norm (torch.nn.utils.clip_grad_norm_)")
