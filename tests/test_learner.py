@@ -549,3 +549,18 @@ def test_default_monitor_without_validation_is_a_note(tmp_path, tiny_mnist, caps
     run = _train(tmp_path, tiny_mnist, "run", "--epochs", "1", "--valid-fraction", "0")
     assert "note: no best checkpoint: the run has no validation data" in capsys.readouterr().out
     assert not (run / "checkpoints" / "best.json").exists()
+
+
+def test_a_last_batch_batchnorm_cannot_train_on_fails_before_training(tmp_path):
+    """BatchNorm1d cannot train on one sample (PyTorch raises too); with 5 samples at batch 4 the
+    run must refuse at once, not after an epoch, and train fine with drop_last."""
+    from anygrad.examples import FOUNDING_MODEL
+    model = anygrad.load_onnx(str(FOUNDING_MODEL)).compile(loss="nll", optimizer=get_optimizer("sgd", lr=0.01),
+                                                           device="cpu")
+    x = np.random.default_rng(0).standard_normal((5, 1, 28, 28)).astype(np.float32)
+    y = np.arange(5) % 10
+    before = model.state_dict()
+    with pytest.raises(anygrad.AnygradError, match=r"last batch of each epoch holds 1 sample .*drop-last"):
+        fit(model, (x, y), None, TrainConfig(epochs=1, batch_size=4), log=None)
+    assert all(np.array_equal(v, model.state_dict()[k]) for k, v in before.items())  # nothing trained
+    fit(model, (x, y), None, TrainConfig(epochs=1, batch_size=4, drop_last=True), log=None)

@@ -25,6 +25,7 @@ from .program import (
     build_inference,
     build_train_step,
     top_k_for,
+    training_forward,
 )
 
 
@@ -210,6 +211,10 @@ class Model:
                 graph = build_inference(self.graph, shapes)
             self._programs[key] = backend.compile(graph)
         return self._programs[key]
+
+    def check_training_shape(self, batch_shape: tuple) -> None:
+        """Raise the ShapeError a training step for this input shape would raise, without building it."""
+        training_forward(self.graph, {self.input_name: tuple(batch_shape)})
 
     def _feeds(self, x: np.ndarray, y: np.ndarray | None = None) -> dict[str, np.ndarray]:
         feeds = {self.input_name: np.asarray(x)}

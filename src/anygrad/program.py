@@ -92,6 +92,14 @@ def clip_grad_norm(b: Builder, grads: dict[str, str], max_norm: float) -> dict[s
     return {p: b.op("Mul", [grads[p], coef]) for p in names}
 
 
+def training_forward(model: Graph, input_shapes: dict[str, Shape]) -> Graph:
+    """The model in training mode (batch statistics, dropout drawing from the RNG state),
+    specialized to these input shapes: the forward half of every training step."""
+    g = set_training_mode(model, True)
+    _add_buffer(g, RNG_STATE, np.zeros(2, np.uint32))
+    return specialize(g, input_shapes)
+
+
 def build_train_step(model: Graph, input_shapes: dict[str, Shape], target_shape: Shape,
                      loss: Loss, optimizer: Optimizer, *, clip_norm: float | None = None,
                      accumulate: int = 1, phase: str = "step", top_k: int | None = None) -> Graph:
@@ -102,9 +110,7 @@ def build_train_step(model: Graph, input_shapes: dict[str, Shape], target_shape:
     """
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
-    g = set_training_mode(model, True)
-    _add_buffer(g, RNG_STATE, np.zeros(2, np.uint32))
-    g = specialize(g, input_shapes)
+    g = training_forward(model, input_shapes)
     b = Builder(g, prefix="step")
     out = _loss_and_metrics(g, b, g.outputs[0], loss, target_shape, top_k)
 

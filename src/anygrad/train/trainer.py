@@ -28,7 +28,7 @@ from ..coerce import coerce_fields, json_text
 from ..data.datasets import DataConfig
 from ..data.graph_input import input_statistics, plain_model
 from ..data.loader import DataLoader
-from ..errors import AnygradError, ConfigError
+from ..errors import AnygradError, ConfigError, ShapeError
 from ..model import Model
 from ..optim.schedulers import RunFacts, get_scheduler
 from . import checkpoint as ckpt
@@ -414,6 +414,7 @@ class Learner:
         if len(self.loader) == 0:
             raise ConfigError(f"no full batch of {config.batch_size} in {len(train_data[0])} training samples; "
                               "use a smaller batch size or keep the last partial batch (no drop_last)")
+        self._check_last_batch(len(train_data[0]) % config.batch_size if not config.drop_last else 0)
         self.steps = len(self.loader)
         self.log_every = config.log_every or max(1, self.steps // 10)
         self.out_dir = Path(config.artifacts_dir) if config.artifacts_dir else None
@@ -427,6 +428,19 @@ class Learner:
             model.lr = self.scheduler.lr
         self._check_monitor()
         self.run = _Run()
+
+    def _check_last_batch(self, size: int) -> None:
+        """Shape-check the training graph at the last partial batch now, not an epoch from now
+        (BatchNorm cannot train on a batch of one sample, as in PyTorch)."""
+        if size == 0:
+            return
+        x = self.train_data[0]
+        try:
+            self.model.check_training_shape((size,) + x.shape[1:])
+        except ShapeError as e:
+            raise ConfigError(f"the last batch of each epoch holds {size} sample{'s' * (size != 1)} ({len(x)} "
+                              f"samples, batch size {self.config.batch_size}), which the model cannot train on: "
+                              f"{e}") from None
 
     def _unmonitorable(self) -> str | None:
         """Why this run will have no value for the monitored metric, or None."""
