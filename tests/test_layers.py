@@ -1,0 +1,70 @@
+"""The layering of DESIGN.md, checked on the source: no module imports a layer above its own.
+
+Frontends produce Models, so in the code the layers run (bottom to top): leaf utilities, the IR,
+the training-graph builders, backends, the Model, the frontends and model builders, the product.
+The one sanctioned exception is the Model facade's convenience methods (fit, PyTorch weights),
+which import upward lazily inside the method so that users can call them on the object they hold.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "anygrad"
+
+LAYERS = [
+    {"errors", "rng", "coerce", "torchfile"},                   # leaf utilities (numpy only)
+    {"ir"},
+    {"ops", "autodiff", "losses", "optim", "program"},
+    {"backends", "devices"},
+    {"model"},
+    {"frontends", "nn", "data", "codegen"},                      # build Models from files and code
+    {"train", "inference", "plot"},
+    {"cli", "examples", "__init__"},
+]
+LEVEL = {name: i for i, names in enumerate(LAYERS) for name in names}
+# (importer, imported) pairs allowed upward, and only inside a function body (lazily).
+FACADE = {("model", "train"), ("model", "frontends")}
+
+
+def _unit(path: Path) -> str:
+    """The layer unit of a source file: its first component under anygrad/ (package or module)."""
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0].removesuffix(".py")
+
+
+def _imports(path: Path) -> list[tuple[str, bool, int]]:
+    """(imported unit, inside a function?, line) for each anygrad import of the file."""
+    tree = ast.parse(path.read_text())
+    in_function: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            in_function.update(id(n) for n in ast.walk(node) if n is not node)
+    depth = len(path.relative_to(PACKAGE).parts) - 1  # packages between anygrad/ and the file
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("anygrad")):
+            if node.level:  # relative: climb to anygrad/, then the module path names the unit
+                if node.level - 1 < depth:
+                    continue  # within the file's own package
+                parts = (node.module or "").split(".") if node.module else []
+            else:
+                parts = node.module.split(".")[1:]
+            units = [parts[0]] if parts and parts[0] else [a.name for a in node.names]
+            found += [(u, id(node) in in_function, node.lineno) for u in units]
+    return found
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    assert {p.stem for p in PACKAGE.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()} <= \
+        set(LEVEL), "a new top-level module: add it to LAYERS"
+    upward = []
+    for path in PACKAGE.rglob("*.py"):
+        unit = _unit(path)
+        for target, lazy, line in _imports(path):
+            if target not in LEVEL or LEVEL[target] <= LEVEL[unit]:
+                continue
+            if lazy and (unit, target) in FACADE:
+                continue
+            upward.append(f"{path.relative_to(PACKAGE)}:{line} ({unit}) imports {target}")
+    assert not upward, "\n".join(upward)
