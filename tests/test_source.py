@@ -1,4 +1,4 @@
-"""The layering of DESIGN.md, checked on the source: no module imports a layer above its own.
+"""The source as a whole: the layering of DESIGN.md (no module imports a layer above its own), and lint.
 
 Frontends produce Models, so in the code the layers run (bottom to top): leaf utilities, the IR,
 the training-graph builders, backends, the Model, the frontends and model builders, the product.
@@ -68,3 +68,18 @@ def test_no_module_imports_a_layer_above_its_own():
                 continue
             upward.append(f"{path.relative_to(PACKAGE)}:{line} ({unit}) imports {target}")
     assert not upward, "\n".join(upward)
+
+
+def test_the_source_is_lint_clean():
+    """`ruff check` (the rules of pyproject.toml) over everything the project ships or runs."""
+    import shutil
+    import subprocess
+
+    import pytest
+    ruff = shutil.which("ruff")
+    if ruff is None:
+        pytest.skip("ruff is not installed (it comes with the test extras)")
+    root = PACKAGE.parents[1]
+    r = subprocess.run([ruff, "check", "src", "tests", "benchmarks", "scripts", "examples"], cwd=root,
+                       capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stdout[-3000:]
