@@ -295,8 +295,8 @@ def _root_label(graph: Graph, r: Root, labels: dict[Root, str]) -> str:
 
 def _check_limits(graph: Graph, caps: AdapterCaps, kernels, root_of, nbytes,
                   labels: dict[Root, str] | None = None) -> None:
-    """Raise a DeviceError naming the value past an adapter limit, and what to change: a batch
-    size only when the value over the limit grows with the batch."""
+    """Raise a DeviceError naming the value or kernel past an adapter limit, and what to change:
+    a batch size only when the thing over the limit grows with the batch."""
     labels = labels or {}
     limit = caps.max_storage_binding_size
     batch = _batch_size(graph)
@@ -325,14 +325,29 @@ def _check_limits(graph: Graph, caps: AdapterCaps, kernels, root_of, nbytes,
             f"{_root_label(graph, r, labels)} needs {_size(b, up=True)} {have}. Its leading dimension is "
             f"not the batch{f' ({batch})' if batch else ''}, so a smaller batch may not shrink it: try "
             "one, or an adapter with a larger limit (`anygrad devices`), or device='cpu'.")
-    for _, kern in kernels:
+    max_wg = caps.max_workgroups_per_dim
+    for k, kern in kernels:
         n = len(kern.reads) + len(kern.writes)
         if n > caps.max_storage_buffers_per_stage:
             raise DeviceError(f"kernel {kern.name} binds {n} storage buffers; this adapter allows "
                               f"{caps.max_storage_buffers_per_stage} per shader stage. Use another device.")
-        if max(kern.workgroups) > caps.max_workgroups_per_dim:
-            raise DeviceError(f"kernel {kern.name} dispatches {kern.workgroups} workgroups; this adapter "
-                              f"allows {caps.max_workgroups_per_dim} per dimension. Use a smaller batch.")
+        widest = max(kern.workgroups)
+        if widest <= max_wg:
+            continue
+        node = graph.nodes[k]
+        outs = [o for o in node.outputs if o and o in graph.info]
+        grows = any(_batch_leading(graph, o, batch) and root_of.get(o, Root("temp", o)).kind not in _FIXED_ROOTS
+                    for o in outs)
+        what = (f"kernel {kern.name} of {node.label} dispatches {kern.workgroups} workgroups; this adapter's "
+                f"max-compute-workgroups-per-dimension is {max_wg}.")
+        if grows and batch:
+            fit = batch * max_wg // widest  # the grid grows in proportion to the batch
+            hint = (f"The largest batch that fits is about {fit}: use a batch size of at most {fit}, or another "
+                    "device." if fit else "Even a batch of 1 is too large: use another device or device='cpu'.")
+            raise DeviceError(f"{what} Its grid grows with the batch ({batch} now). {hint}")
+        shapes = ", ".join(f"'{o}' {tuple(shape_of(graph, o))}" for o in outs) or "its output"
+        raise DeviceError(f"{what} Its grid follows {shapes}, which does not depend on the batch, so a smaller "
+                          "batch does not help: use another device or device='cpu'.")
 
 
 def describe(plan: Plan) -> str:
