@@ -8,15 +8,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from wgpu_util import has_adapter
 
 from anygrad.data import load_mnist
 
 SUBSET = Path(__file__).resolve().parents[1].parent / "shared/datasets/mnist-subset"
 
 
-def _train_subset(run: Path, seed: int) -> dict:
+def _train_subset(run: Path, seed: int, device: str) -> dict:
     r = subprocess.run([sys.executable, "-m", "anygrad.cli", "train", "--data-dir", str(SUBSET),
-                        "--device", "cpu", "--epochs", "1", "--batch-size", "100", "--optimizer", "adagrad",
+                        "--device", device, "--epochs", "1", "--batch-size", "100", "--optimizer", "adagrad",
                         "--lr", "0.01", "--loss", "nll", "--seed", str(seed), "--artifacts", str(run)],
                        check=False, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -24,26 +25,33 @@ def _train_subset(run: Path, seed: int) -> dict:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 1 and rows[0]["epoch"] == 1
     assert "valid" in r.stdout and f"{rows[0]['valid_accuracy']:.4f}" in r.stdout
+    assert f"parameters) on {device}" in r.stdout  # trained on the device asked for
     return rows[0]
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not SUBSET.is_dir(), reason="shared MNIST subset not checked out next to the repo")
-def test_founding_example_learns_mnist(tmp_path):
-    """One epoch on the 6,000-image subset, AdaGrad lr 0.01, batch 100.
+@pytest.mark.parametrize("device", ["cpu", pytest.param("wgpu", marks=pytest.mark.wgpu)])
+def test_founding_example_learns_mnist(tmp_path, device):
+    """Issue 3's bar: one epoch on the 6,000-image subset, AdaGrad lr 0.01, batch 100, NLL loss,
+    reaches >= 93% valid accuracy, on the CPU and on wgpu (lavapipe in CI: 35-75 s an epoch).
 
     60 steps of this model are chaotic: AdaGrad's first step moves every weight by lr*sign(grad),
-    and the final BatchNorm1d's running statistics lag the fast-moving weights, so the valid
-    accuracy of one run is a draw from a wide distribution. Measured 2026-11-22 with the bundled
-    initial weights and one batch order: PyTorch in float64 without dropout scores 0.9494, and
-    0.9328 after adding 1e-7 to fc2.weight; over 6 dropout seeds PyTorch scored 0.906-0.952
-    (mean 0.931) and anygrad 0.862-0.949 (mean 0.924). A single seed is a coin toss at the 0.93
-    bar (anygrad's seed 0 is a low draw: 0.78-0.86 depending on float rounding), so the bar
-    applies to the median of seeds 0-2, and every seed must clearly learn.
+    so the valid accuracy of one run is a draw from a wide distribution. Measured 2026-11-23 over
+    seeds 0-19: PyTorch (its own shuffle and dropout masks, the bundled initial weights) scored a
+    median of 0.950 with 2 of 20 below 0.93 (0.894, 0.699); anygrad cpu a median of 0.948 with 2
+    of 20 below (0.727 at seed 0, 0.915 at seed 7). The low draws come from the final BatchNorm's
+    running statistics lagging the fast-moving weights after 60 steps: the trained seed-0 model
+    scores 0.960 when BatchNorm uses batch statistics instead, but PyTorch semantics (eval mode
+    uses running statistics) require them. So the bar applies to the median of seeds 0-2, and
+    every seed must clearly learn (chance is 0.10). wgpu rounds differently from numpy, so its
+    draw for a seed differs (seed 0 on lavapipe: 0.874); the bar is the same.
     """
-    rows = [_train_subset(tmp_path / f"run{seed}", seed) for seed in range(3)]
+    if device == "wgpu" and not has_adapter():
+        pytest.skip("no WebGPU adapter (install mesa-vulkan-drivers for lavapipe)")
+    rows = [_train_subset(tmp_path / f"run{seed}", seed, device) for seed in range(3)]
     accuracies = sorted(row["valid_accuracy"] for row in rows)
-    print("valid accuracy by seed:", [row["valid_accuracy"] for row in rows])
+    print(f"{device} valid accuracy by seed:", [row["valid_accuracy"] for row in rows])
     assert accuracies[1] >= 0.93, rows
     assert accuracies[0] >= 0.70, rows  # every seed clearly learns (chance is 0.10)
     assert all(row["train_loss"] < 1.0 for row in rows), rows

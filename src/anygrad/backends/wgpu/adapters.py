@@ -23,11 +23,23 @@ _API_RANK = {"Vulkan": 3, "Metal": 3, "D3D12": 3, "OpenGL": 1}
 # Device-name spellings -> wgpu backend_type.
 API_NAMES = {"vulkan": "Vulkan", "metal": "Metal", "dx12": "D3D12", "d3d12": "D3D12",
              "gl": "OpenGL", "opengl": "OpenGL"}
-# Limits worth showing and planning with.
-_KEY_LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size", "max-storage-buffers-per-shader-stage",
-               "max-compute-workgroup-storage-size", "max-compute-invocations-per-workgroup",
-               "max-compute-workgroups-per-dimension")
+# Limits worth showing and planning with, and how `anygrad devices` words them: byte sizes as
+# "<words> <size>", counts as "<count> <words>".
+_KEY_LIMITS = {"max-storage-buffer-binding-size": ("storage binding", True), "max-buffer-size": ("buffer", True),
+               "max-storage-buffers-per-shader-stage": ("storage buffers/stage", False),
+               "max-compute-workgroup-storage-size": ("workgroup storage", True),
+               "max-compute-invocations-per-workgroup": ("invocations/workgroup", False),
+               "max-compute-workgroups-per-dimension": ("workgroups/dim", False)}
 _KEY_FEATURES = ("shader-f16", "subgroup", "timestamp-query")
+
+
+def _bytes(n: int) -> str:
+    """A byte limit in the largest unit that divides it (or n + 1: 2**31 - 1 is '2 GiB - 1 byte')."""
+    for m, tail in ((n, ""), (n + 1, " - 1 byte")):
+        for unit, name in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+            if m >= unit and m % unit == 0:
+                return f"{m // unit} {name}{tail}"
+    return f"{n} bytes"
 
 
 @dataclass(frozen=True)
@@ -56,11 +68,24 @@ class AdapterInfo:
     def rank(self) -> tuple[int, int, int]:
         return (_TYPES.get(_type_key(self.type), ("", 0))[1], _API_RANK.get(self.backend, 0), -self.index)
 
-    def describe(self) -> str:
-        binding = self.limits.get("max-storage-buffer-binding-size", 0) >> 20
-        feats = ", ".join(f for f in _KEY_FEATURES if f in self.features) or "no optional features"
+    @property
+    def summary(self) -> str:
+        """One line: the device name to pass, the adapter, its API and kind (for error messages)."""
         return (f"wgpu:{self.index}  {self.name} ({self.backend}, {self.type}"
-                f"{', software' if self.is_software else ''}); max binding {binding} MiB; {feats}")
+                f"{', software' if self.is_software else ''})")
+
+    def describe(self) -> str:
+        """The summary, then the limits the planner and kernels work within and the optional
+        features anygrad uses, as `anygrad devices` prints them (a too-large batch or model names
+        one of these limits)."""
+        lim = self.limits
+        shown = [f"{words} {_bytes(lim[k])}" if size else f"{lim[k]} {words}"
+                 for k, (words, size) in _KEY_LIMITS.items() if k in lim]
+        ours = [f for f in _KEY_FEATURES if f in self.features]
+        others = len(self.features) - len(ours)
+        feats = (", ".join(ours) or "none of " + "/".join(_KEY_FEATURES)) + (f" (+{others} more)" if others else "")
+        pad = " " * (len(self.device_name) + 2)
+        return (f"{self.summary}\n{pad}limits: {', '.join(shown) or 'unknown'}\n{pad}features: {feats}")
 
     def __str__(self) -> str:
         return self.describe()
@@ -113,7 +138,7 @@ def best_adapter(include_software: bool = True, api: str | None = None) -> tuple
 def select_adapter(spec: str) -> tuple[AdapterInfo, Any]:
     """Resolve 'wgpu', 'wgpu:N' or 'wgpu:<api>' to an adapter, or raise DeviceError saying what exists."""
     found = _enumerate()
-    listing = "; ".join(i.describe() for i, _ in found) or "none"
+    listing = "; ".join(i.summary for i, _ in found) or "none"
     if not found:
         raise DeviceError("no WebGPU adapter found. Install a GPU driver with Vulkan, Metal or DX12 "
                           "support (on Linux without a GPU: Mesa's lavapipe, package mesa-vulkan-drivers), "

@@ -19,6 +19,7 @@ import numpy as np
 
 from ...errors import DeviceError
 from ...ir.graph import Graph
+from .fusion import PACKED
 from .kernel import LOWERINGS, AdapterCaps, Kernel
 from .wgsl import shape_of
 
@@ -106,11 +107,17 @@ def make_plan(graph: Graph, caps: AdapterCaps, state_names: set[str]) -> Plan:
     inputs = set(graph.inputs)
     # Fused optimizer updates: arenas of state, and gradients computed into their arena slices.
     arenas, gslice = [], {}
+    labels: dict[Root, str] = {}  # arena storage named by the parameters in it, for limit errors
     for node in graph.nodes:
         if node.op == "wgpu.FusedUpdate":
             arenas += node.attrs["arenas"]
+            for spec in node.attrs["arenas"]:
+                labels[Root("arena", spec.value)] = _members(spec.members, "parameter/state tensor")
+            labels[Root("garena", node.attrs["garena"])] = _members(node.attrs["arenas"][0].members,
+                                                                   "the gradient arena of parameter")
             for g, off in zip(node.attrs["grads"], node.attrs["offsets"]):
                 gslice[g] = Root("gslice", node.attrs["garena"], off * ELEM_BYTES)
+                labels[gslice[g]] = f"gradient '{g}'"
 
     def root(v: str) -> Root:
         r = resolve(v)
@@ -136,7 +143,7 @@ def make_plan(graph: Graph, caps: AdapterCaps, state_names: set[str]) -> Plan:
         size = scratch_bytes.get(v) or value_bytes(graph, v if v in graph.info else r.name)
         nbytes[r] = max(nbytes.get(r, 0), size)
 
-    _check_limits(graph, caps, kernels, root_of, nbytes)
+    _check_limits(graph, caps, kernels, root_of, nbytes, labels)
 
     # Liveness of temporaries over the kernel sequence.
     first: dict[Root, int] = {}
@@ -236,28 +243,111 @@ def _assign_slots(steps: list[Step], first, last, nbytes, inplaced: set[str]) ->
     return slot_of, sizes
 
 
-def _check_limits(graph: Graph, caps: AdapterCaps, kernels, root_of, nbytes) -> None:
+# Storage that never scales with the batch: parameters, optimizer state, constants, gradients
+# computed into a parameter arena. A smaller batch cannot make these fit.
+_FIXED_ROOTS = frozenset({"state", "const", "arena", "garena", "gslice"})
+
+
+def _members(names: tuple[str, ...], what: str) -> str:
+    listed = ", ".join(f"'{n}'" for n in names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return f"{what}{'s' if len(names) > 1 else ''} {listed}"
+
+
+def _batch_size(graph: Graph) -> int | None:
+    """The batch: the leading dim of the first graph input that has one (a packed byte input is
+    measured by the value it stands for, whose shape keeps the batch dim)."""
+    for name in graph.inputs:
+        shape = shape_of(graph, name.removeprefix(PACKED))
+        if shape:
+            return int(shape[0])
+    return None
+
+
+def _batch_leading(graph: Graph, name: str, batch: int | None) -> bool:
+    info = graph.info.get(name.removeprefix(PACKED))
+    return batch is not None and info is not None and len(info.shape) > 0 and int(info.shape[0]) == batch
+
+
+def _size(n: int, up: bool) -> str:
+    """Bytes in MiB (KiB below 1 MiB) to a tenth, rounded up for what a value needs and down for a
+    limit, so a need over the limit never prints as equal to it."""
+    for unit, name in ((1 << 20, "MiB"), (1 << 10, "KiB")):
+        if n >= unit:
+            tenths = -(-n * 10 // unit) if up else n * 10 // unit
+            return f"{tenths // 10}{f'.{tenths % 10}' if tenths % 10 else ''} {name}"
+    return f"{n} bytes"
+
+
+def _root_label(graph: Graph, r: Root, labels: dict[Root, str]) -> str:
+    """What a storage root is, in the user's words (parameter names, not arena ids)."""
+    if r in labels:
+        return labels[r]
+    if r.kind == "state":
+        return f"parameter/state tensor '{r.name}' (shape {tuple(shape_of(graph, r.name))})"
+    if r.kind == "const":
+        return f"constant '{r.name}' (shape {tuple(shape_of(graph, r.name))})"
+    base, _, k = r.name.rpartition("@")
+    if r.name not in graph.info and base and k.isdigit():  # lower_all's per-node scratch name
+        return f"a scratch buffer of {graph.nodes[int(k)].label}"
+    shape = shape_of(graph, r.name.removeprefix(PACKED)) if r.name.removeprefix(PACKED) in graph.info else None
+    return f"value '{r.name}'" + (f" (shape {tuple(shape)})" if shape is not None else "")
+
+
+def _check_limits(graph: Graph, caps: AdapterCaps, kernels, root_of, nbytes,
+                  labels: dict[Root, str] | None = None) -> None:
+    """Raise a DeviceError naming the value or kernel past an adapter limit, and what to change:
+    a batch size only when the thing over the limit grows with the batch."""
+    labels = labels or {}
     limit = caps.max_storage_binding_size
-    worst = max(nbytes.items(), key=lambda kv: kv[1], default=None)
-    if worst and worst[1] > limit:
-        batch = None
-        if graph.inputs and graph.info[graph.inputs[0]].shape:
-            batch = int(graph.info[graph.inputs[0]].shape[0])
-        hint = ""
-        if batch:
-            fit = max(0, batch * limit // worst[1])
-            hint = f" The largest batch that fits is about {fit}." if fit else " Even a batch of 1 does not fit."
-        raise DeviceError(f"value '{worst[0].name}' needs {worst[1] >> 20} MiB but this adapter's "
-                          f"max-storage-buffer-binding-size is {limit >> 20} MiB.{hint} Use a smaller batch "
-                          "or another device.")
-    for _, kern in kernels:
+    batch = _batch_size(graph)
+    over = sorted(((b, r) for r, b in nbytes.items() if b > limit), key=lambda t: (-t[0], t[1].name))
+    have = (f"but this adapter's max-storage-buffer-binding-size is {_size(limit, up=False)}")
+    fixed = [(b, r) for b, r in over if r.kind in _FIXED_ROOTS]
+    if fixed:
+        b, r = fixed[0]
+        raise DeviceError(
+            f"{_root_label(graph, r, labels)} needs {_size(b, up=True)} {have}, and its size does not "
+            "depend on the batch, so no batch size fits. Use an adapter with a larger limit (`anygrad "
+            "devices` lists each adapter's limits), device='cpu', or a model with a smaller layer.")
+    scaled = [(b, r) for b, r in over if _batch_leading(graph, r.name, batch)]
+    if scaled and batch:
+        per_sample = max(-(-b // batch) for b, _ in scaled)
+        fit = limit // per_sample
+        b, r = scaled[0]
+        hint = (f"The largest batch that fits is about {fit}: use a batch size of at most {fit}, or another "
+                "device." if fit else f"Even a batch of 1 needs {_size(per_sample, up=True)}: use another "
+                "device or device='cpu'.")
+        raise DeviceError(f"{_root_label(graph, r, labels)} needs {_size(b, up=True)} at batch {batch} "
+                          f"{have}. {hint}")
+    if over:
+        b, r = over[0]
+        raise DeviceError(
+            f"{_root_label(graph, r, labels)} needs {_size(b, up=True)} {have}. Its leading dimension is "
+            f"not the batch{f' ({batch})' if batch else ''}, so a smaller batch may not shrink it: try "
+            "one, or an adapter with a larger limit (`anygrad devices`), or device='cpu'.")
+    max_wg = caps.max_workgroups_per_dim
+    for k, kern in kernels:
         n = len(kern.reads) + len(kern.writes)
         if n > caps.max_storage_buffers_per_stage:
             raise DeviceError(f"kernel {kern.name} binds {n} storage buffers; this adapter allows "
                               f"{caps.max_storage_buffers_per_stage} per shader stage. Use another device.")
-        if max(kern.workgroups) > caps.max_workgroups_per_dim:
-            raise DeviceError(f"kernel {kern.name} dispatches {kern.workgroups} workgroups; this adapter "
-                              f"allows {caps.max_workgroups_per_dim} per dimension. Use a smaller batch.")
+        widest = max(kern.workgroups)
+        if widest <= max_wg:
+            continue
+        node = graph.nodes[k]
+        outs = [o for o in node.outputs if o and o in graph.info]
+        grows = any(_batch_leading(graph, o, batch) and root_of.get(o, Root("temp", o)).kind not in _FIXED_ROOTS
+                    for o in outs)
+        what = (f"kernel {kern.name} of {node.label} dispatches {kern.workgroups} workgroups; this adapter's "
+                f"max-compute-workgroups-per-dimension is {max_wg}.")
+        if grows and batch:
+            fit = batch * max_wg // widest  # the grid grows in proportion to the batch
+            hint = (f"The largest batch that fits is about {fit}: use a batch size of at most {fit}, or another "
+                    "device." if fit else "Even a batch of 1 is too large: use another device or device='cpu'.")
+            raise DeviceError(f"{what} Its grid grows with the batch ({batch} now). {hint}")
+        shapes = ", ".join(f"'{o}' {tuple(shape_of(graph, o))}" for o in outs) or "its output"
+        raise DeviceError(f"{what} Its grid follows {shapes}, which does not depend on the batch, so a smaller "
+                          "batch does not help: use another device or device='cpu'.")
 
 
 def describe(plan: Plan) -> str:

@@ -55,7 +55,7 @@ def _context(info: AdapterInfo, adapter: Any) -> _Context:
     try:
         device = adapter.request_device_sync(required_features=feats)
     except Exception as e:  # driver refuses: report, do not crash
-        raise DeviceError(f"could not open adapter {info.describe()}: {e}. Try another device "
+        raise DeviceError(f"could not open adapter {info.summary}: {e}. Try another device "
                           "(`anygrad devices`) or device='cpu'.") from e
     lim = device.limits
     caps = AdapterCaps(
@@ -226,7 +226,7 @@ class WgpuBackend(Backend):
                 text = str(e)
                 if "COMPUTE_SHADER" in text or "lost" in text.lower():
                     _CONTEXTS.pop(self.adapter.index, None)
-                    raise DeviceError(f"adapter {self.adapter.describe()} cannot run compute shaders "
+                    raise DeviceError(f"adapter {self.adapter.summary} cannot run compute shaders "
                                       f"({text.strip().splitlines()[-1]}); use another device (`anygrad "
                                       "devices`), e.g. its Vulkan/Metal/DX12 adapter, or device='cpu'") from e
                 raise RuntimeError(f"wgpu kernel {name} failed to compile: {e}\n--- WGSL ---\n{wgsl}") from e
@@ -522,7 +522,7 @@ class WgpuExecutable(Executable):
         whole step in one pass, mean of `repeat` runs (profiling.py). The kernels run 3*repeat
         times, so state advances: profile a throwaway model or backend."""
         if "timestamp-query" not in self.backend.device.features:
-            raise DeviceError(f"adapter {self.backend.adapter.describe()} has no 'timestamp-query' "
+            raise DeviceError(f"adapter {self.backend.adapter.summary} has no 'timestamp-query' "
                               "feature: no GPU profile (profile() times kernels by wall clock instead)")
         self._write_inputs(feeds)
         if self._dispatches is None or self._generation != self.backend.generation:
