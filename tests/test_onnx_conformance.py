@@ -38,7 +38,8 @@ def _has_adapter() -> bool:
         return False
 
 
-RUN_WGPU = os.environ.get("ANYGRAD_CONFORMANCE_WGPU", "1") != "0" and _has_adapter()
+WANT_WGPU = os.environ.get("ANYGRAD_CONFORMANCE_WGPU", "1") != "0"
+RUN_WGPU = WANT_WGPU and _has_adapter()
 # Edge cases (empty reductions, NaN/inf inputs) warn inside numpy kernels by design.
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
@@ -194,3 +195,10 @@ def test_unsupported_op_fails_with_the_importers_error():
 def test_devices():
     assert AnygradBackend.supports_device("CPU")
     assert not AnygradBackend.supports_device("CUDA")
+
+
+if WANT_WGPU and not RUN_WGPU:
+    def test_the_wgpu_half_has_an_adapter():
+        """Without an adapter the wgpu half is skipped, or fails under $ANYGRAD_REQUIRE_WGPU=1 (CI)."""
+        from wgpu_util import no_adapter
+        no_adapter()

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # zoo_models, zoo_harness
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # wgpu_util
 
+from wgpu_util import has_adapter, no_adapter
 from zoo_harness import export, torch_trajectory
 from zoo_models import FAMILIES
 
@@ -41,7 +43,6 @@ def zoo_reference(zoo_export):
 
 @pytest.fixture(scope="session")
 def wgpu_device():
-    from anygrad.devices import list_adapters
-    if not list_adapters():
-        pytest.skip("no WebGPU adapter on this machine (install mesa-vulkan-drivers for lavapipe)")
+    if not has_adapter():  # skips, or fails under $ANYGRAD_REQUIRE_WGPU=1 (CI)
+        no_adapter()
     return "wgpu"
