@@ -26,6 +26,14 @@ def test_describe_shows_key_limits_and_features():
     assert str(a) == a.describe()
 
 
+@pytest.mark.parametrize("n, text", [(128 << 20, "128 MiB"), ((1 << 31) - 4, "2 GiB - 4 bytes"),
+                                     ((1 << 31) + 1, "2 GiB + 1 byte"), (4094 << 20, "4094 MiB"),
+                                     (48 << 10, "48 KiB"), (1000, "1000 bytes")])
+def test_byte_limits_read_like_the_numbers_drivers_mean(n, text):
+    a = AdapterInfo(index=0, name="X", backend="Vulkan", type="discrete", limits={"max-buffer-size": n})
+    assert f"limits: buffer {text}" in a.describe()
+
+
 def test_describe_without_limits_or_features():
     a = AdapterInfo(index=0, name="Old", backend="OpenGL", type="cpu", limits={"max-buffer-size": 1000})
     assert a.summary == "wgpu:0  Old (OpenGL, cpu, software)"

@@ -34,11 +34,14 @@ _KEY_FEATURES = ("shader-f16", "subgroup", "timestamp-query")
 
 
 def _bytes(n: int) -> str:
-    """A byte limit in the largest unit that divides it (or n + 1: 2**31 - 1 is '2 GiB - 1 byte')."""
-    for m, tail in ((n, ""), (n + 1, " - 1 byte")):
-        for unit, name in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
-            if m >= unit and m % unit == 0:
-                return f"{m // unit} {name}{tail}"
+    """A byte limit in the largest unit it is a whole number of, give or take a few bytes
+    (drivers report 2**31 - 1 or 2**31 - 4): '2 GiB - 4 bytes', '128 MiB', '1000 bytes'."""
+    for unit, name in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        whole = round(n / unit)
+        off = n - whole * unit
+        if whole >= 1 and abs(off) < 16:
+            tail = f" {'-' if off < 0 else '+'} {abs(off)} byte{'s' * (abs(off) != 1)}" if off else ""
+            return f"{whole} {name}{tail}"
     return f"{n} bytes"
 
 
