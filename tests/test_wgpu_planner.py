@@ -10,24 +10,17 @@ import re
 
 import numpy as np
 import pytest
+from wgpu_util import make_graph
 
 from anygrad.backends.wgpu.fusion import prepare
 from anygrad.backends.wgpu.kernel import AdapterCaps
 from anygrad.backends.wgpu.planner import make_plan
 from anygrad.errors import AnygradError, DeviceError
-from anygrad.ir import Graph, Node, TensorInfo, specialize
+from anygrad.ir import Graph, Node
 
 F32 = np.dtype(np.float32)
 
 
-def _graph(nodes, inputs, outputs, info, inits=None, buffers=()) -> Graph:
-    g = Graph(inputs=list(inputs), outputs=list(outputs))
-    g.nodes = nodes
-    for k, v in info.items():
-        g.info[k] = TensorInfo(np.dtype(v[0]), v[1])
-    g.initializers = dict(inits or {})
-    g.buffers = list(buffers)
-    return specialize(g, {})
 
 
 def _plan(g: Graph, caps: AdapterCaps, fuse: bool = True):
@@ -37,7 +30,7 @@ def _plan(g: Graph, caps: AdapterCaps, fuse: bool = True):
 def _exp(batch: int, width: int = 1000, dtype=F32) -> Graph:
     nodes = [Node("Exp", ["x"], ["y"])] if dtype == F32 else \
         [Node("Cast", ["x"], ["xf"], {"to": 1}), Node("Exp", ["xf"], ["y"])]
-    return _graph(nodes, ["x"], ["y"], {"x": (dtype, (batch, width))})
+    return make_graph(nodes, ["x"], ["y"], {"x": (dtype, (batch, width))})
 
 
 def test_batch_scaled_value_names_the_largest_batch_that_fits():
@@ -70,7 +63,7 @@ def test_mib_figures_never_read_as_equal():
 
 @pytest.mark.parametrize("as_state", [True, False])
 def test_oversized_parameter_says_no_batch_fits(as_state):
-    g = _graph([Node("MatMul", ["x", "w"], ["y"])], ["x"], ["y"], {"x": (F32, (2, 100))},
+    g = make_graph([Node("MatMul", ["x", "w"], ["y"])], ["x"], ["y"], {"x": (F32, (2, 100))},
                {"w": np.zeros((100, 300), np.float32)}, buffers=["w"] if as_state else ())
     with pytest.raises(DeviceError) as e:
         _plan(g, AdapterCaps(max_storage_binding_size=100_000))
@@ -127,7 +120,7 @@ def test_workgroup_grid_limit_names_a_batch_when_the_grid_scales():
 
 
 def test_workgroup_grid_limit_that_does_not_scale_says_what_is_too_large():
-    g = _graph([Node("Exp", ["w"], ["e"]), Node("ReduceSum", ["e"], ["s"], {"keepdims": 0}),
+    g = make_graph([Node("Exp", ["w"], ["e"]), Node("ReduceSum", ["e"], ["s"], {"keepdims": 0}),
                 Node("Add", ["x", "s"], ["y"])], ["x"], ["y"], {"x": (F32, (2,))},
                {"w": np.zeros((100, 1000), np.float32)}, buffers=["w"])
     with pytest.raises(DeviceError) as e:

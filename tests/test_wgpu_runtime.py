@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from wgpu_util import assert_close, run_both, wgpu_backend
+from wgpu_util import assert_close, make_graph, run_both, wgpu_backend
 
 from anygrad.backends import NumpyBackend
 from anygrad.devices import get_backend, list_adapters
@@ -24,15 +24,6 @@ def wb():
     return wgpu_backend()
 
 
-def _graph(nodes, inputs, outputs, info, inits=None, buffers=(), updates=None) -> Graph:
-    g = Graph(inputs=list(inputs), outputs=list(outputs))
-    g.nodes = nodes
-    for k, v in info.items():
-        g.info[k] = TensorInfo(np.dtype(v[0]), v[1])
-    g.initializers = dict(inits or {})
-    g.buffers = list(buffers)
-    g.state_updates = dict(updates or {})
-    return specialize(g, {})
 
 
 # -- adapters and device names ------------------------------------------------------------------
@@ -91,7 +82,7 @@ def test_state_roundtrip(wb, value):
 # -- running graphs ---------------------------------------------------------------------------------
 def _counter_graph() -> Graph:
     """state c <- c + x; output y = c * 2 (reads the old value)."""
-    return _graph([Node("Add", ["c", "x"], ["c2"]), Node("Mul", ["c", "two"], ["y"])], ["x"], ["y"],
+    return make_graph([Node("Add", ["c", "x"], ["c2"]), Node("Mul", ["c", "two"], ["y"])], ["x"], ["y"],
                   {"x": (F32, (5,))}, {"c": np.zeros(5, np.float32), "two": np.array(2.0, np.float32)},
                   buffers=["c"], updates={"c2": "c"})
 
@@ -122,7 +113,7 @@ def test_in_place_only_when_safe(wb):
         else:
             assert exe.plan.inplace == {} and len(exe.plan.state_copies) == 1
     # Without the late reader the update is planned in place even unfused.
-    g2 = _graph([Node("Mul", ["c", "two"], ["y"]), Node("Add", ["c", "x"], ["c2"])], ["x"], ["y"],
+    g2 = make_graph([Node("Mul", ["c", "two"], ["y"]), Node("Add", ["c", "x"], ["c2"])], ["x"], ["y"],
                 {"x": (F32, (5,))}, {"c": np.ones(5, np.float32), "two": np.array(2.0, np.float32)},
                 buffers=["c"], updates={"c2": "c"})
     want, got, exe2 = run_both(g2, {"x": x}, state={"c": np.ones(5, np.float32)}, backend=wb, fuse=False)
@@ -132,7 +123,7 @@ def test_in_place_only_when_safe(wb):
 
 
 def test_set_state_with_new_shape_rebinds(wb):
-    g = _graph([Node("Mul", ["c", "x"], ["y"])], ["x"], ["y"], {"x": (F32, (3,))},
+    g = make_graph([Node("Mul", ["c", "x"], ["y"])], ["x"], ["y"], {"x": (F32, (3,))},
                {"c": np.ones(3, np.float32)}, buffers=["c"])
     exe = wb.compile(g)
     wb.set_state("c", np.ones(3, np.float32))
@@ -145,7 +136,7 @@ def test_set_state_with_new_shape_rebinds(wb):
 def test_fusion_merges_elementwise_chains(wb):
     nodes = [Node("Mul", ["x", "x"], ["a"]), Node("Add", ["a", "b"], ["c"]), Node("Relu", ["c"], ["d"]),
              Node("Sigmoid", ["d"], ["e"]), Node("Sub", ["e", "a"], ["y"])]
-    g = _graph(nodes, ["x"], ["y"], {"x": (F32, (4, 6))}, {"b": np.linspace(-1, 1, 6).astype(np.float32)})
+    g = make_graph(nodes, ["x"], ["y"], {"x": (F32, (4, 6))}, {"b": np.linspace(-1, 1, 6).astype(np.float32)})
     want, got, exe = run_both(g, {"x": np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)},
                               backend=wb)
     assert_close(want, got)
@@ -158,7 +149,7 @@ def test_reshape_is_an_alias_and_slots_are_reused(wb):
     nodes = [Node("Exp", ["x"], ["a"]), Node("Reshape", ["a", "shape"], ["b"]),
              Node("ReduceSum", ["b", "axes"], ["c"], {"keepdims": 0}), Node("Neg", ["c"], ["d"]),
              Node("ReduceSum", ["d", "axes0"], ["e"], {"keepdims": 0}), Node("Abs", ["e"], ["y"])]
-    g = _graph(nodes, ["x"], ["y"], {"x": (F32, (6, 5))},
+    g = make_graph(nodes, ["x"], ["y"], {"x": (F32, (6, 5))},
                {"shape": np.array([3, 10], np.int64), "axes": np.array([1], np.int64),
                 "axes0": np.array([0], np.int64)})
     want, got, exe = run_both(g, {"x": np.zeros((6, 5), np.float32) - 2}, backend=wb)
@@ -179,7 +170,7 @@ def test_fetch_inputs_state_and_outputs(wb):
 
 
 def test_integer_inputs_and_outputs(wb):
-    g = _graph([Node("Gather", ["w", "i"], ["y"], {"axis": 0}), Node("Cast", ["i"], ["j"], {"to": 7})],
+    g = make_graph([Node("Gather", ["w", "i"], ["y"], {"axis": 0}), Node("Cast", ["i"], ["j"], {"to": 7})],
                ["i"], ["y", "j"], {"i": (np.int64, (4,))}, {"w": np.arange(12, dtype=np.float32).reshape(6, 2)})
     want, got, _ = run_both(g, {"i": np.array([5, 0, -1, 2], np.int64)}, backend=wb)
     assert got["j"].dtype == np.int64
@@ -197,7 +188,7 @@ def test_bad_feeds(wb):
 def test_op_without_kernel_is_a_device_error_at_compile(wb, monkeypatch):
     from anygrad.backends.wgpu import LOWERINGS
     monkeypatch.delitem(LOWERINGS, "Softmax")  # as if Softmax had no wgpu kernel
-    g = _graph([Node("Softmax", ["x"], ["y"])], ["x"], ["y"], {"x": (F32, (3,))})
+    g = make_graph([Node("Softmax", ["x"], ["y"])], ["x"], ["y"], {"x": (F32, (3,))})
     with pytest.raises(DeviceError, match="no kernel for op.*Softmax"):
         wb.compile(g)
 
@@ -207,7 +198,7 @@ def test_errors_are_anygrad_errors():
 
 
 def test_node_a_kernel_cannot_take_is_a_device_error(wb):
-    g = _graph([Node("Det", ["x"], ["y"])], ["x"], ["y"], {"x": (F32, (40, 40))})  # Det: 32x32 at most
+    g = make_graph([Node("Det", ["x"], ["y"])], ["x"], ["y"], {"x": (F32, (40, 40))})  # Det: 32x32 at most
     with pytest.raises(DeviceError, match="Det node"):
         wb.compile(g)
 

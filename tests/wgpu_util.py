@@ -140,3 +140,15 @@ def check_wgpu(op: str, inputs: Sequence[np.ndarray | None], attrs: dict | None 
     want, got, exe = run_both(graph, feeds, fuse=fuse, state=init)
     assert_close(want, got, rtol, atol, what=op)
     return exe
+
+
+def make_graph(nodes, inputs, outputs, info, inits=None, buffers=(), updates=None) -> Graph:
+    """A specialized Graph from nodes and {name: (dtype, shape)} (constants in `inits`)."""
+    g = Graph(inputs=list(inputs), outputs=list(outputs))
+    g.nodes = nodes
+    for k, v in info.items():
+        g.info[k] = TensorInfo(np.dtype(v[0]), v[1])
+    g.initializers = dict(inits or {})
+    g.buffers = list(buffers)
+    g.state_updates = dict(updates or {})
+    return specialize(g, {})

@@ -195,12 +195,7 @@ class NumpyArray(Buildable, Deferred):
         _, shape, dtype, fortran, raw = state
         if not isinstance(dtype, NumpyDType) or not isinstance(raw, (bytes, bytearray)):
             raise FormatError("numpy array state needs a numeric dtype and raw bytes")
-        shape = _size(shape)
-        count = int(np.prod(shape, dtype=object))
-        if count * dtype.dtype.itemsize != len(raw):
-            raise FormatError(f"numpy array of shape {shape} does not match its {len(raw)} bytes")
-        flat = np.frombuffer(raw, dtype=dtype.dtype, count=count)
-        self.array = np.array(flat.reshape(shape, order="F" if fortran else "C"), order="C")
+        self.array = _array_of_bytes(raw, dtype.dtype, shape, "F" if fortran else "C")
 
     def value(self, byteorder: str) -> np.ndarray:
         if self.array is None:
@@ -219,12 +214,17 @@ def _numpy_frombuffer(buf: Any, dtype: Any, shape: Any, order: Any) -> np.ndarra
     an array (its bytes in-band). Only builds a numeric array of exactly the bytes given."""
     if not isinstance(buf, (bytes, bytearray)) or not isinstance(dtype, NumpyDType) or order not in ("C", "F"):
         raise FormatError("numpy _frombuffer needs raw bytes, a numeric dtype and order 'C' or 'F'")
+    return _array_of_bytes(buf, dtype.dtype, shape, order)
+
+
+def _array_of_bytes(raw: bytes | bytearray, dtype: np.dtype, shape: Any, order: str) -> np.ndarray:
+    """A C-ordered native-endian copy of an array stored as exactly these bytes."""
     shape = _size(shape)
     count = int(np.prod(shape, dtype=object))
-    if count * dtype.dtype.itemsize != len(buf):
-        raise FormatError(f"numpy array of shape {shape} does not match its {len(buf)} bytes")
-    flat = np.frombuffer(buf, dtype=dtype.dtype, count=count)
-    return np.array(flat.reshape(shape, order=order), dtype=dtype.dtype.newbyteorder("="), order="C")
+    if count * dtype.itemsize != len(raw):
+        raise FormatError(f"numpy array of shape {shape} does not match its {len(raw)} bytes")
+    flat = np.frombuffer(raw, dtype=dtype, count=count)
+    return np.array(flat.reshape(shape, order=order), dtype=dtype.newbyteorder("="), order="C")
 
 
 _NDARRAY = TensorType("numpy.ndarray")
