@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import anygrad.backends.numpy as nb
+from anygrad import _parallel
 from anygrad.backends import NumpyBackend
 from anygrad.ir import Graph, Node, TensorInfo, specialize
 
@@ -161,7 +162,7 @@ def test_conv_batch_chunks_on_threads(monkeypatch, threads, pads, strides):
     monkeypatch.setenv("ANYGRAD_NUMPY_THREADS", threads)
     monkeypatch.setattr(nn, "_COLS_BUDGET", 2000)  # a few samples per chunk: many chunks
     monkeypatch.setattr(nn, "_PARALLEL_MIN", 0)  # threads even for these small tensors
-    blas_before = nn._blas_threads()[0]() if nn._blas_threads() else None
+    blas_before = _parallel.blas_threads()[0]() if _parallel.blas_threads() else None
     rng = np.random.default_rng(2)
     x = rng.standard_normal((11, 4, 7, 6)).astype(np.float32)
     w = rng.standard_normal((6, 2, 3, 2)).astype(np.float32)
@@ -182,7 +183,7 @@ def test_conv_batch_chunks_on_threads(monkeypatch, threads, pads, strides):
     np.testing.assert_allclose(dw, wt.grad.numpy(), rtol=1e-4, atol=1e-4)
     assert y.dtype == dx.dtype == dw.dtype == np.float32
     if blas_before is not None:
-        assert nn._blas_threads()[0]() == blas_before  # the BLAS thread count is restored
+        assert _parallel.blas_threads()[0]() == blas_before  # the BLAS thread count is restored
 
 
 @pytest.mark.parametrize("threads", ["1", "3"])

@@ -16,16 +16,16 @@ Set `ANYGRAD_NUMPY_PROFILE=1` (or `executable.profile = {}`) to record seconds p
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from itertools import pairwise
 
 import numpy as np
 
+from .. import _parallel
 from ..errors import ShapeError
 from ..ir.graph import Graph, Node
 from ..ir.registry import get_op
@@ -58,41 +58,21 @@ INPLACE: dict[str, InplaceKernel] = {
 }
 
 # numpy runs a ufunc on one core; big same-shape elementwise work is split into contiguous
-# slices, one per core (ufuncs release the GIL). Below this size threads cost more than they save.
+# slices, one per worker (ufuncs release the GIL). Below this size threads cost more than they save.
 _SPLIT_MIN = 1 << 20
-_POOL: ThreadPoolExecutor | None = None
-
-
-def _forget_pool() -> None:
-    global _POOL
-    _POOL = None  # a forked child has none of the parent's worker threads
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool)
-
-
-def _cores() -> int:
-    if os.environ.get("ANYGRAD_NUMPY_THREADS"):
-        return max(1, int(os.environ["ANYGRAD_NUMPY_THREADS"]))
-    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(n, 8))
 
 
 def _run_split(kernel: InplaceKernel, node: Node, ins: list[np.ndarray]) -> list[np.ndarray]:
-    """An in-place kernel over equal-shape contiguous inputs, one flat slice per core."""
-    global _POOL
-    cores = _cores()
+    """An in-place kernel over equal-shape contiguous inputs, one flat slice per worker."""
     first = ins[0]
-    if (cores < 2 or first.size < _SPLIT_MIN or any(a.shape != first.shape for a in ins)
+    threads = _parallel.workers()
+    if (threads < 2 or first.size < _SPLIT_MIN or any(a.shape != first.shape for a in ins)
             or not all(a.flags.c_contiguous for a in ins)):
         return kernel(node, ins)
-    if _POOL is None or _POOL._max_workers < cores:
-        _POOL = ThreadPoolExecutor(cores, thread_name_prefix="anygrad-numpy")
     flat = [a.reshape(-1) for a in ins]
-    bounds = np.linspace(0, first.size, cores + 1).astype(int)
-    parts = [[a[lo:hi] for a in flat] for lo, hi in pairwise(bounds)]
-    list(_POOL.map(lambda part: kernel(node, part), parts))
+    parts = _parallel.ranges(first.size, threads)
+    _parallel.map_shares(lambda share: [kernel(node, [a[s] for a in flat]) for s in share], parts, threads,
+                         blas=False)
     return [first]
 
 
@@ -198,14 +178,17 @@ class NumpyExecutable(Executable):
         env.update(self.backend.state)
         for name in self.graph.inputs:
             env[name] = self._check_feed(name, feeds[name])
-        for step, (op, node, ins, outs) in enumerate(self.plan):
-            if self.profile is not None:
-                t0 = time.perf_counter()
-            self._store(env, outs, self._execute(step, op, node, ins, env))
-            if self.profile is not None:
-                self.profile[node.op] = self.profile.get(node.op, 0.0) + time.perf_counter() - t0
-            for dead in self.free[step]:
-                del env[dead]
+        # One BLAS thread for the whole step: the kernels split their BLAS work over the
+        # workers themselves (anygrad._parallel says why).
+        with _parallel.serial_blas() if _parallel.blas_workers() > 1 else contextlib.nullcontext():
+            for step, (op, node, ins, outs) in enumerate(self.plan):
+                if self.profile is not None:
+                    t0 = time.perf_counter()
+                self._store(env, outs, self._execute(step, op, node, ins, env))
+                if self.profile is not None:
+                    self.profile[node.op] = self.profile.get(node.op, 0.0) + time.perf_counter() - t0
+                for dead in self.free[step]:
+                    del env[dead]
         for produced, target in self.graph.state_updates.items():
             self.backend.state[target] = env[produced]
         return {f: np.asarray(env[f]) for f in (fetch if fetch is not None else self.graph.outputs)}
