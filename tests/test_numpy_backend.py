@@ -188,7 +188,7 @@ def test_conv_batch_chunks_on_threads(monkeypatch, threads, pads, strides):
 
 @pytest.mark.parametrize("threads", ["1", "3"])
 def test_batchnorm_batch_slices_on_threads(monkeypatch, threads):
-    """Training BatchNormalization and BatchNormGrad split over batch slices per thread agree
+    """Training BatchNormalization and BatchNormGrad split into batch blocks over threads agree
     with PyTorch in double (forward output, running statistics and all three gradients)."""
     torch = pytest.importorskip("torch")
     from anygrad.ir.graph import Node
@@ -196,6 +196,7 @@ def test_batchnorm_batch_slices_on_threads(monkeypatch, threads):
 
     monkeypatch.setenv("ANYGRAD_NUMPY_THREADS", threads)
     monkeypatch.setattr(nn, "_SPLIT_MIN", 16)
+    monkeypatch.setattr(nn, "_BLOCK", 100)  # blocks of one or two samples
     rng = np.random.default_rng(3)
     x = (rng.standard_normal((7, 3, 4, 5)) * 2 + 1).astype(np.float32)
     dy = rng.standard_normal(x.shape).astype(np.float32)

@@ -166,15 +166,6 @@ def _balanced(n: int, step: int, threads: int) -> int:
     return max(1, -(-n // chunks))
 
 
-def _over_batch(x: np.ndarray, fn: Callable[[slice], object]) -> list:
-    """fn(batch slice) for one contiguous slice of x's batch per worker; one slice when x is
-    small. For numpy work without BLAS (BatchNorm's passes), in batch order."""
-    n = x.shape[0]
-    threads = min(_parallel.workers(), n) if x.size >= _SPLIT_MIN else 1
-    return _parallel.map_shares(lambda parts: [fn(p) for p in parts], _parallel.ranges(n, threads), threads,
-                                blas=False)
-
-
 # -- Conv ------------------------------------------------------------------------------------
 def _conv_window(node: Node, x_shape, w_shape) -> Window:
     kernel = tuple(w_shape[2:])
@@ -640,10 +631,29 @@ def _channel_dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return _row_dots(a, b).sum(axis=0, dtype=np.float64)
 
 
+# Elements of a BatchNorm block: the several passes an op makes over a block (x, dY, a
+# temporary, dX: 4 MiB) then hit the cache instead of memory, and a block is big enough that
+# numpy's per-call cost (and the GIL each call takes) stays small. Measured on the 2-vCPU AMD
+# EPYC (1 MiB L2 per core, 32 MiB L3), BatchNormGrad on (1000, 24, 22, 22): 2^18 best, 2^15
+# 2x slower than unblocked. Per-row results do not depend on the blocks.
+_BLOCK = 1 << 18
+
+
+def _over_blocks(x: np.ndarray, fn: Callable[[slice], object]) -> list:
+    """fn(batch slice) for blocks of about _BLOCK elements of x, spread over the workers when x
+    is big; the results in batch order."""
+    n = x.shape[0]
+    step = max(1, min(n, _BLOCK // max(1, x.size // max(1, n))))
+    threads = _parallel.workers() if x.size >= _SPLIT_MIN else 1
+    return _parallel.map_shares(lambda blocks: [fn(s) for s in blocks],
+                                [slice(i, i + step) for i in range(0, n, step)], threads, blas=False)
+
+
 def _over_rows(x: np.ndarray, fn) -> np.ndarray:
-    """Per-channel double sums of fn(batch slice) -> (rows, C) computed on every core; the rows
-    are joined before the one double sum, so the result does not depend on the core count."""
-    return np.concatenate(_over_batch(x, fn)).sum(axis=0, dtype=np.float64)
+    """Per-channel double sums of fn(batch slice) -> (rows, C'), computed block by block on every
+    core; the rows are joined in batch order before the one double sum, so the result depends
+    neither on the blocks nor on the core count."""
+    return np.concatenate(_over_blocks(x, fn)).sum(axis=0, dtype=np.float64)
 
 
 def _per_channel(v: np.ndarray, like: np.ndarray) -> np.ndarray:
@@ -651,19 +661,26 @@ def _per_channel(v: np.ndarray, like: np.ndarray) -> np.ndarray:
     return _channel(np.asarray(v).astype(like.dtype), like.ndim)
 
 
-def _batch_stats(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(mean, biased variance, x - mean) over every axis but the channel axis; batch slices on
-    every core."""
-    n = x.size // x.shape[1]
-    mean = _over_rows(x, lambda s: _row_sums(x[s])) / n
+def _batch_stats(x: np.ndarray, dy: np.ndarray | None = None) -> tuple:
+    """(mean, biased variance, mean per channel) over every axis but the channel axis, two passes
+    over x (the variance of x - mean, never E[x^2] - mean^2). With dy, also (sum of dy, sum of
+    dy * (x - mean)) per channel, from the same two passes."""
+    n, c = x.size // x.shape[1], x.shape[1]
+    if dy is None:
+        mean = _over_rows(x, lambda s: _row_sums(x[s])) / n
+    else:
+        sums = _over_rows(x, lambda s: np.concatenate([_row_sums(x[s]), _row_sums(dy[s])], axis=1))
+        mean, dbias = sums[:c] / n, sums[c:]
     mean_c = _per_channel(mean, x)
-    centered = np.empty_like(x)
 
-    def center(s: slice) -> np.ndarray:
-        np.subtract(x[s], mean_c, out=centered[s])
-        return _row_dots(centered[s], centered[s])
+    def centered(s: slice) -> np.ndarray:
+        d = x[s] - mean_c  # a block: stays in cache
+        return _row_dots(d, d) if dy is None else np.concatenate([_row_dots(d, d), _row_dots(dy[s], d)], axis=1)
 
-    return mean, _over_rows(x, center) / n, centered
+    second = _over_rows(x, centered)
+    if dy is None:
+        return mean, second / n, mean_c
+    return mean, second[:c] / n, mean_c, dbias, second[c:]
 
 
 def _bn_forward(node, ins):
@@ -671,15 +688,17 @@ def _bn_forward(node, ins):
     eps = float(node.attr("epsilon", 1e-5))
     training = bool(node.attr("training_mode", 0))
     if training:
-        batch_mean, batch_var, y = _batch_stats(x)
+        batch_mean, batch_var, mean_c = _batch_stats(x)
         a_c, bias_c = _per_channel(scale * (1.0 / np.sqrt(batch_var + eps)), x), _per_channel(bias, x)
+        y = np.empty_like(x)
 
         def normalize(s: slice) -> list:
-            y[s] *= a_c  # in place on the centered copy: two passes in all
+            np.subtract(x[s], mean_c, out=y[s])  # then in place while the block is in cache
+            y[s] *= a_c
             y[s] += bias_c
             return []
 
-        _over_batch(y, normalize)
+        _over_blocks(x, normalize)
     else:
         a = scale * (1.0 / np.sqrt(var.astype(np.float64) + eps))
         y = x * _per_channel(a, x) + _per_channel(bias - mean * a, x)
@@ -704,32 +723,33 @@ def _bn_grad_forward(node, ins):
     eps = float(node.attr("epsilon", 1e-5))
     training = bool(node.attr("training", 1))
     if training:
-        _, var, centered = _batch_stats(x)
+        _, var, mean_c, dbias, dot = _batch_stats(x, dy)
     else:
-        var = ins[4].astype(np.float64)
-        centered = x - _per_channel(ins[3], x)
+        var, mean_c = ins[4].astype(np.float64), _per_channel(ins[3], x)
+        sums = _over_rows(x, lambda s: np.concatenate([_row_sums(dy[s]), _row_dots(dy[s], x[s] - mean_c)], axis=1))
+        dbias, dot = sums[:x.shape[1]], sums[x.shape[1]:]
     inv = 1.0 / np.sqrt(var + eps)
     k = scale * inv
-    dbias = _over_rows(x, lambda s: _row_sums(dy[s]))
-    dscale = _over_rows(x, lambda s: _row_dots(dy[s], centered[s])) * inv
+    dscale = dot * inv
     dparams = [dscale.astype(scale.dtype), dbias.astype(scale.dtype)]
     if not training:
         return [(dy * _per_channel(k, x)).astype(x.dtype)] + dparams
     # The batch statistics depend on x too (mean and variance terms of the chain rule):
-    # dx = k * (dy - dbias / n - xhat * dscale / n), with xhat = centered * inv.
+    # dx = k * (dy - dbias / n - xhat * dscale / n), with xhat = (x - mean) * inv.
     n = x.size // x.shape[1]
     alpha, beta, k_c = (_per_channel(-k * inv * dscale / n, x), _per_channel(-k * dbias / n, x),
                         _per_channel(k, x))
     dx = np.empty_like(x)
 
     def grad(s: slice) -> list:
-        centered[s] *= alpha
-        centered[s] += beta
+        d = x[s] - mean_c  # a block: stays in cache
+        d *= alpha
+        d += beta
         np.multiply(dy[s], k_c, out=dx[s])
-        dx[s] += centered[s]
+        dx[s] += d
         return []
 
-    _over_batch(x, grad)
+    _over_blocks(x, grad)
     return [dx] + dparams
 
 
