@@ -12,6 +12,13 @@ kernel zeroes every page on first touch, which costs as much as the op itself. T
 therefore asks glibc (once, on Linux) to keep large freed blocks in the heap for reuse; the
 process keeps its peak memory instead of returning it. `ANYGRAD_NUMPY_MALLOC=0` opts out.
 
+An in-place kernel whose other operands have its output's shape is also an epilogue: when its
+input 0 comes from an op that writes its output in batch blocks (`OpDef.blocked`: Conv,
+ConvGradInput, BatchNormalization, BatchNormGrad) and nothing else reads that output, the
+producer applies the kernel to each block while the block is in cache, and the consumer's step
+just passes the array on: one pass over memory less (a Relu after each Conv, a ReluGrad after
+each ConvGradInput). Same elementwise operations, same bits.
+
 Set `ANYGRAD_NUMPY_PROFILE=1` (or `executable.profile = {}`) to record seconds per op type.
 """
 from __future__ import annotations
@@ -141,6 +148,11 @@ class NumpyExecutable(Executable):
             step: INPLACE[n.op] for step, n in enumerate(graph.nodes)
             if n.op in INPLACE and n.inputs and n.inputs[0] in self.free[step]
             and n.inputs.count(n.inputs[0]) == 1 and self._fits(n)}
+        # producer step -> consumer step whose in-place kernel runs as the producer's epilogue
+        self.epilogue: dict[int, int] = self._epilogues()
+        self.passed_on = set(self.epilogue.values())
+        for step in self.passed_on:
+            del self.inplace[step]
         self.profile: dict[str, float] | None = {} if os.environ.get("ANYGRAD_NUMPY_PROFILE") else None
 
     def _fits(self, node: Node) -> bool:
@@ -151,6 +163,31 @@ class NumpyExecutable(Executable):
         return (out is not None and all(i is not None and i.dtype == out.dtype for i in ins)
                 and tuple(ins[0].shape) == tuple(out.shape))
 
+    def _epilogues(self) -> dict[int, int]:
+        """Producer/consumer pairs to fuse: the consumer's in-place kernel qualifies (above), its
+        input 0 is output 0 of a blocked op read by nothing else, and its other inputs have the
+        same shape (so a batch slice of each lines up with the block) and exist already when the
+        producer runs."""
+        graph, fused = self.graph, {}
+        made_at = {o: step for step, n in enumerate(graph.nodes) for o in n.outputs if o}
+        readers: dict[str, int] = {}
+        for n in graph.nodes:
+            for i in set(n.inputs):
+                readers[i] = readers.get(i, 0) + 1
+        for step in self.inplace:
+            node = graph.nodes[step]
+            producer = made_at.get(node.inputs[0])
+            if producer is None or producer in fused or readers[node.inputs[0]] != 1:
+                continue
+            source = graph.nodes[producer]
+            shape = tuple(graph.info[node.outputs[0]].shape)
+            if (get_op(source.op).blocked is None or source.outputs[0] != node.inputs[0] or not shape
+                    or any(tuple(graph.info[i].shape) != shape or made_at.get(i, -1) >= producer
+                           for i in node.inputs[1:])):
+                continue
+            fused[producer] = step
+        return fused
+
     def _check_feed(self, name: str, value: np.ndarray) -> np.ndarray:
         inf = self.input_info[name]
         value = np.asarray(value)
@@ -160,6 +197,13 @@ class NumpyExecutable(Executable):
         return value.astype(inf.dtype, copy=False)
 
     def _execute(self, step: int, op, node: Node, ins: list[str], env: dict) -> list[np.ndarray]:
+        if step in self.epilogue:
+            consumer = self.graph.nodes[self.epilogue[step]]
+            kernel, others = INPLACE[consumer.op], [env[i] for i in consumer.inputs[1:]]
+            return op.run_blocked(node, [env[i] for i in ins],
+                                  lambda s, block: kernel(consumer, [block] + [o[s] for o in others]))
+        if step in self.passed_on:
+            return [env[ins[0]]]  # the producer already applied this op
         kernel = self.inplace.get(step)
         if kernel is not None and _sole_owner(env, ins[0]):
             return _run_split(kernel, node, [env[i] for i in ins])

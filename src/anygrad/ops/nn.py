@@ -27,7 +27,7 @@ from ..errors import AnygradError, ShapeError, UnsupportedOpError
 from ..ir.builder import GradContext
 from ..ir.graph import Graph, Node, TensorInfo, info_of
 from ..ir.passes import RNG_STATE
-from ..ir.registry import defop
+from ..ir.registry import Epilogue, defop
 from ._util import norm_axis, same_as_first
 
 
@@ -235,6 +235,11 @@ class _Im2col:
         self.per_item = self.c * len(self.offsets) * self.q
         self.inside = (slice(None), slice(None)) + tuple(slice(b, b + i) for b, i in zip(win.begin, win.spatial))
 
+    def footprint(self, m: int) -> int:
+        """Elements a chunk touches per sample: padded input (or dX accumulator), columns, and
+        the M rows of GEMM output (or dY) at the q positions."""
+        return self.c * self.grid + self.per_item + m * self.q
+
     def scratch(self, step: int, dtype) -> tuple[_Scratch, _Scratch]:
         """A worker's buffers: its padded chunk (zeroed: the padding is never written) and columns."""
         return (_Scratch(step * self.c * self.grid + self.tail, dtype, zero=True),
@@ -266,14 +271,16 @@ class _Im2col:
         return a.reshape(a.shape[:-1] + (n,) + self.rows)[self.valid]
 
 
-def conv(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, win: Window, group: int) -> np.ndarray:
+def conv(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, win: Window, group: int,
+         epilogue: Epilogue | None = None) -> np.ndarray:
+    """Y = W * X (+ b); epilogue(batch slice, Y block) on each chunk once written (OpDef.blocked)."""
     n, m = x.shape[0], w.shape[0]
     im2col = _Im2col(x.shape, win, group)
     w3 = w.reshape(group, m // group, -1)
     y = np.empty((n, m) + win.out, x.dtype)  # owns its memory: the executor may reuse it in place
     bias = None if b is None else b.reshape((1, m) + (1,) * win.nd).astype(x.dtype, copy=False)
-    threads = _conv_threads(n, im2col.per_item)
-    step = _balanced(n, _chunk(n, im2col.per_item), threads)
+    threads = _conv_threads(n, im2col.footprint(m))
+    step = _balanced(n, _chunk(n, im2col.footprint(m)), threads)
 
     def work(starts: list[int]) -> list[None]:
         bufs, out_buf = im2col.scratch(step, x.dtype), _Scratch(m * step * im2col.q, x.dtype)
@@ -287,23 +294,27 @@ def conv(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, win: Window, group:
                 y[b0:b0 + bsz] = chunk
             else:  # transpose and bias in one pass while the chunk is in cache
                 np.add(chunk, bias, out=y[b0:b0 + bsz])
+            if epilogue is not None:
+                epilogue(slice(b0, b0 + bsz), y[b0:b0 + bsz])
         return [None] * len(starts)
 
     _parallel.map_shares(work, range(0, n, step), threads)
     return y
 
 
-def _conv_forward(node, ins):
+def _conv_forward(node, ins, epilogue: Epilogue | None = None):
     x, w = ins[0], ins[1]
     b = ins[2] if len(ins) > 2 else None
     return conv(x, w.astype(x.dtype, copy=False), b, _conv_window(node, x.shape, w.shape),
-                int(node.attr("group", 1)))
+                int(node.attr("group", 1)), epilogue)
 
 
-def conv_grad_input(dy: np.ndarray, w: np.ndarray, win: Window, group: int, x_shape) -> np.ndarray:
-    """dX: each output's gradient spread over its window (GEMM, then col2im tap by tap)."""
+def conv_grad_input(dy: np.ndarray, w: np.ndarray, win: Window, group: int, x_shape,
+                    epilogue: Epilogue | None = None) -> np.ndarray:
+    """dX: each output's gradient spread over its window (GEMM, then col2im tap by tap);
+    epilogue(batch slice, dX block) on each block once final (OpDef.blocked)."""
     if all(s == 1 for s in win.strides) and np.isfinite(w).all():
-        return _conv_grad_input_flat(dy, w, win, group, x_shape)
+        return _conv_grad_input_flat(dy, w, win, group, x_shape, epilogue)
     n, c = x_shape[:2]
     m = w.shape[0]
     p = math.prod(win.out)
@@ -322,10 +333,14 @@ def conv_grad_input(dy: np.ndarray, w: np.ndarray, win: Window, group: int, x_sh
         for idx, sl in win.taps():
             # Within one tap the outputs read distinct inputs, so a strided += is exact.
             target[sl] += dcols[(slice(None), slice(None)) + idx]
-    return win.crop(dxp)
+    dx = win.crop(dxp)
+    if epilogue is not None:
+        epilogue(slice(0, n), dx)
+    return dx
 
 
-def _conv_grad_input_flat(dy: np.ndarray, w: np.ndarray, win: Window, group: int, x_shape) -> np.ndarray:
+def _conv_grad_input_flat(dy: np.ndarray, w: np.ndarray, win: Window, group: int, x_shape,
+                          epilogue: Epilogue | None) -> np.ndarray:
     """conv_grad_input for stride 1, where every tap is a flat shift of the padded grid.
 
     dY is laid out channel-major on the whole padded grid (0 where no output is), so col2im is
@@ -340,8 +355,8 @@ def _conv_grad_input_flat(dy: np.ndarray, w: np.ndarray, win: Window, group: int
     grid, taps = im2col.grid, len(im2col.offsets)
     wt = np.ascontiguousarray(w.reshape(group, m // group, (c // group) * taps).transpose(0, 2, 1))
     dx = np.empty(x_shape, dy.dtype)
-    threads = _conv_threads(n, im2col.per_item)
-    step = _balanced(n, _chunk(n, im2col.per_item), threads)
+    threads = _conv_threads(n, im2col.footprint(m))
+    step = _balanced(n, _chunk(n, im2col.footprint(m)), threads)
 
     def work(starts: list[int]) -> list[None]:
         dy_buf = _Scratch(m * step * grid, dy.dtype, zero=True)  # 0 where no output is
@@ -362,6 +377,8 @@ def _conv_grad_input_flat(dy: np.ndarray, w: np.ndarray, win: Window, group: int
                 acc[:, off:off + size] += dcols[:, t]
             padded = acc[:, :size].reshape((c, dyc.shape[0]) + win.padded)
             dx[b0:b0 + dyc.shape[0]] = padded[im2col.inside].swapaxes(0, 1)
+            if epilogue is not None:
+                epilogue(slice(b0, b0 + dyc.shape[0]), dx[b0:b0 + dyc.shape[0]])
         return [None] * len(starts)
 
     _parallel.map_shares(work, range(0, n, step), threads)
@@ -373,7 +390,7 @@ def conv_grad_weight(dy: np.ndarray, x: np.ndarray, win: Window, group: int, w_s
     """dW = dY (as M x positions) @ columns^T, accumulated over batch chunks in batch order."""
     n, m = x.shape[0], w_shape[0]
     im2col = _Im2col(x.shape, win, group, flat)
-    step = _chunk(n, im2col.per_item)  # never the core count: the chunks fix the summation order
+    step = _chunk(n, im2col.footprint(m))  # never the core count: the chunks fix the summation order
 
     def work(starts: list[int]) -> list[np.ndarray]:
         bufs = im2col.scratch(step, x.dtype)
@@ -391,7 +408,7 @@ def conv_grad_weight(dy: np.ndarray, x: np.ndarray, win: Window, group: int, w_s
 
     dwt = np.zeros((group, (x.shape[1] // group) * math.prod(win.kernel), m // group), dy.dtype)
     # Chunk by chunk in batch order, whichever core computed it: the same bits on any core count.
-    for partial in _parallel.map_shares(work, range(0, n, step), _conv_threads(n, im2col.per_item)):
+    for partial in _parallel.map_shares(work, range(0, n, step), _conv_threads(n, im2col.footprint(m))):
         dwt += partial
     if im2col.flat and not np.isfinite(dwt).all():
         # A non-finite X or dY: the extra positions may have added 0 * inf = nan where the
@@ -417,18 +434,18 @@ def _conv_grad(g: GradContext):
     return [dx, dw, db]
 
 
-defop("Conv", infer=_conv_infer, forward=_conv_forward, grad=_conv_grad)
+defop("Conv", infer=_conv_infer, forward=_conv_forward, grad=_conv_grad, blocked=_conv_forward)
 
 
 def _grad_input_infer(node, ins):
     return [TensorInfo(ins[0].dtype, tuple(int(d) for d in node.attr("input_shape")))]
 
 
-def _conv_grad_input_forward(node, ins):
+def _conv_grad_input_forward(node, ins, epilogue: Epilogue | None = None):
     dy, w = ins
     shape = tuple(node.attr("input_shape"))
     return conv_grad_input(dy, w.astype(dy.dtype, copy=False), window(node, shape[2:], w.shape[2:]),
-                           int(node.attr("group", 1)), shape)
+                           int(node.attr("group", 1)), shape, epilogue)
 
 
 def _conv_grad_weight_forward(node, ins):
@@ -449,6 +466,7 @@ def _conv_grad_input_grad(g: GradContext):
 
 
 defop("ConvGradInput", infer=_grad_input_infer, forward=_conv_grad_input_forward, grad=_conv_grad_input_grad,
+      blocked=_conv_grad_input_forward,
       internal=True)
 defop("ConvGradWeight", internal=True, forward=_conv_grad_weight_forward,
       infer=lambda node, ins: [TensorInfo(ins[0].dtype, tuple(int(d) for d in node.attr("weight_shape")))])
@@ -683,7 +701,7 @@ def _batch_stats(x: np.ndarray, dy: np.ndarray | None = None) -> tuple:
     return mean, second[:c] / n, mean_c, dbias, second[c:]
 
 
-def _bn_forward(node, ins):
+def _bn_forward(node, ins, epilogue: Epilogue | None = None):
     x, scale, bias, mean, var = ins[:5]
     eps = float(node.attr("epsilon", 1e-5))
     training = bool(node.attr("training_mode", 0))
@@ -696,13 +714,16 @@ def _bn_forward(node, ins):
             np.subtract(x[s], mean_c, out=y[s])  # then in place while the block is in cache
             y[s] *= a_c
             y[s] += bias_c
+            if epilogue is not None:
+                epilogue(s, y[s])
             return []
 
         _over_blocks(x, normalize)
     else:
         a = scale * (1.0 / np.sqrt(var.astype(np.float64) + eps))
-        y = x * _per_channel(a, x) + _per_channel(bias - mean * a, x)
-    y = y.astype(x.dtype, copy=False)
+        y = (x * _per_channel(a, x) + _per_channel(bias - mean * a, x)).astype(x.dtype, copy=False)
+        if epilogue is not None:
+            epilogue(slice(0, x.shape[0]), y)
     if len(node.outputs) == 1:
         return [y]
     if not training:
@@ -717,7 +738,7 @@ def _bn_forward(node, ins):
     return [y, running_mean.astype(mean.dtype), running_var.astype(var.dtype)][:len(node.outputs)]
 
 
-def _bn_grad_forward(node, ins):
+def _bn_grad_forward(node, ins, epilogue: Epilogue | None = None):
     """(dX, dscale, dbias); batch statistics recomputed (training) or given (training=0)."""
     dy, x, scale = ins[:3]
     eps = float(node.attr("epsilon", 1e-5))
@@ -733,7 +754,10 @@ def _bn_grad_forward(node, ins):
     dscale = dot * inv
     dparams = [dscale.astype(scale.dtype), dbias.astype(scale.dtype)]
     if not training:
-        return [(dy * _per_channel(k, x)).astype(x.dtype)] + dparams
+        dx = (dy * _per_channel(k, x)).astype(x.dtype)
+        if epilogue is not None:
+            epilogue(slice(0, x.shape[0]), dx)
+        return [dx] + dparams
     # The batch statistics depend on x too (mean and variance terms of the chain rule):
     # dx = k * (dy - dbias / n - xhat * dscale / n), with xhat = (x - mean) * inv.
     n = x.size // x.shape[1]
@@ -747,6 +771,8 @@ def _bn_grad_forward(node, ins):
         d += beta
         np.multiply(dy[s], k_c, out=dx[s])
         dx[s] += d
+        if epilogue is not None:
+            epilogue(s, dx[s])
         return []
 
     _over_blocks(x, grad)
@@ -790,9 +816,9 @@ def _bn_grad_infer(node, ins):
             TensorInfo(ins[2].dtype, ins[2].shape)]
 
 
-defop("BatchNormalization", infer=_bn_infer, forward=_bn_forward, grad=_bn_grad, nondiff=[3, 4],
+defop("BatchNormalization", infer=_bn_infer, forward=_bn_forward, grad=_bn_grad, nondiff=[3, 4], blocked=_bn_forward,
       set_mode=_bn_set_mode)
-defop("BatchNormGrad", infer=_bn_grad_infer, forward=_bn_grad_forward, internal=True)
+defop("BatchNormGrad", infer=_bn_grad_infer, forward=_bn_grad_forward, internal=True, blocked=_bn_grad_forward)
 
 
 # -- Dropout -------------------------------------------------------------------------------------
