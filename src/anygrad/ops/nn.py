@@ -148,10 +148,18 @@ _PARALLEL_MIN = 5 << 20
 _SPLIT_MIN = 1 << 20  # elements below which BatchNorm's batch slices run on one thread
 
 
-def _chunk(n: int, per_item: int) -> int:
-    """Samples per batch chunk: set by the cache budget alone, never by the core count, so sums
-    over chunks (the weight gradient) come out the same on any machine."""
-    return max(1, min(n, _COLS_BUDGET // max(1, per_item)))
+# Positions (the GEMM's reduction length) per batch chunk of a weight gradient at most. A conv
+# with few channels has a small footprint per sample, so the budget alone would give it long
+# chunks, and its GEMM, with few output rows and columns, then streams its operands from L3
+# instead of L2 (MNIST conv1's weight gradient, 9 x 8 outputs: 16 GFLOP/s at 58K positions,
+# 74 at 7K, one core of the 2-vCPU AMD EPYC; the whole step 4% faster than without the cap).
+_COLS_MAX = 1 << 13
+
+
+def _chunk(n: int, per_item: int, q: int = 0) -> int:
+    """Samples per batch chunk (q: reduction positions per sample): set by the cache budget alone,
+    never by the core count, so sums over chunks (the weight gradient) are the same on any machine."""
+    return max(1, min(n, _COLS_BUDGET // max(1, per_item), _COLS_MAX // q if q else n))
 
 
 def _conv_threads(n: int, per_item: int) -> int:
@@ -390,7 +398,7 @@ def conv_grad_weight(dy: np.ndarray, x: np.ndarray, win: Window, group: int, w_s
     """dW = dY (as M x positions) @ columns^T, accumulated over batch chunks in batch order."""
     n, m = x.shape[0], w_shape[0]
     im2col = _Im2col(x.shape, win, group, flat)
-    step = _chunk(n, im2col.footprint(m))  # never the core count: the chunks fix the summation order
+    step = _chunk(n, im2col.footprint(m), im2col.q)  # never the core count: it fixes the summation order
 
     def work(starts: list[int]) -> list[np.ndarray]:
         bufs = im2col.scratch(step, x.dtype)
