@@ -36,6 +36,7 @@ from .. import _parallel
 from ..errors import ShapeError
 from ..ir.graph import Graph, Node
 from ..ir.registry import get_op
+from ..ops._util import maximum0
 from .base import Backend, Executable
 
 # Kernels that write output 0 into ins[0] (same shape and dtype, checked at compile time) and
@@ -44,7 +45,7 @@ InplaceKernel = Callable[[Node, list[np.ndarray]], list[np.ndarray]]
 
 
 def _relu_(node: Node, ins: list[np.ndarray]) -> list[np.ndarray]:
-    return [np.maximum(ins[0], 0, out=ins[0])]
+    return [maximum0(ins[0], out=ins[0])]
 
 
 def _relu_grad_(node: Node, ins: list[np.ndarray]) -> list[np.ndarray]:

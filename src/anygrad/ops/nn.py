@@ -286,7 +286,10 @@ def conv(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, win: Window, group:
     im2col = _Im2col(x.shape, win, group)
     w3 = w.reshape(group, m // group, -1)
     y = np.empty((n, m) + win.out, x.dtype)  # owns its memory: the executor may reuse it in place
-    bias = None if b is None else b.reshape((1, m) + (1,) * win.nd).astype(x.dtype, copy=False)
+    # The bias as one sample's output (M, *out): adding it to the (chunk, M * P) block is numpy's
+    # loop over two contiguous rows, not a broadcast over rows of out[-1] elements (2x faster).
+    bias = None if b is None else np.ascontiguousarray(
+        np.broadcast_to(b.astype(x.dtype, copy=False).reshape((m,) + (1,) * win.nd), (m,) + win.out)).reshape(-1)
     threads = _conv_threads(n, im2col.footprint(m))
     step = _balanced(n, _chunk(n, im2col.footprint(m)), threads)
 
@@ -297,11 +300,10 @@ def conv(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, win: Window, group:
             bsz = cols.shape[2] // im2col.q
             chunk = out_buf.view((group, m // group, cols.shape[2]))
             np.matmul(w3, cols, out=chunk)
-            chunk = im2col.outputs(chunk.reshape(m, -1), bsz).swapaxes(0, 1)
-            if bias is None:
-                y[b0:b0 + bsz] = chunk
-            else:  # transpose and bias in one pass while the chunk is in cache
-                np.add(chunk, bias, out=y[b0:b0 + bsz])
+            y[b0:b0 + bsz] = im2col.outputs(chunk.reshape(m, -1), bsz).swapaxes(0, 1)
+            if bias is not None:  # while the block is in cache
+                block = y[b0:b0 + bsz].reshape(bsz, -1)
+                np.add(block, bias, out=block)
             if epilogue is not None:
                 epilogue(slice(b0, b0 + bsz), y[b0:b0 + bsz])
         return [None] * len(starts)
