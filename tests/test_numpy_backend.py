@@ -263,3 +263,25 @@ def test_forked_child_runs_threaded_kernels(monkeypatch):
     with ctx.Pool(1) as pool:
         got = pool.apply_async(nn._batch_stats, (x,)).get(timeout=60)[1]
     np.testing.assert_allclose(got, want)
+
+
+def test_batchnorm_blocks_of_a_non_contiguous_input(monkeypatch):
+    """BatchNorm reshapes batch blocks in place: an input in another memory order must give the
+    same bits as its C-ordered copy."""
+    from anygrad.ir.graph import Node
+    from anygrad.ops import nn
+
+    monkeypatch.setattr(nn, "_BLOCK", 100)
+    rng = np.random.default_rng(5)
+    x = np.asfortranarray(rng.standard_normal((5, 3, 4, 4)).astype(np.float32))
+    dy = np.asfortranarray(rng.standard_normal(x.shape).astype(np.float32))
+    scale, bias = rng.standard_normal(3).astype(np.float32), rng.standard_normal(3).astype(np.float32)
+    fwd = Node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y", "rm", "rv"], {"training_mode": 1})
+    grad = Node("BatchNormGrad", ["dy", "x", "s"], ["dx", "ds", "db"])
+    state = [np.zeros(3, np.float32), np.ones(3, np.float32)]
+    for f, c in ((nn._bn_forward(fwd, [x, scale, bias, *state]),
+                  nn._bn_forward(fwd, [np.ascontiguousarray(x), scale, bias, *state])),
+                 (nn._bn_grad_forward(grad, [dy, x, scale]),
+                  nn._bn_grad_forward(grad, [np.ascontiguousarray(dy), np.ascontiguousarray(x), scale]))):
+        for a, b in zip(f, c):
+            np.testing.assert_array_equal(a, b)
