@@ -136,7 +136,12 @@ def map_shares(work: Callable[[list[T]], list[R]], items: Sequence[T], n: int | 
         return list(work(list(items))) if items else []
     with serial_blas() if blas else _nothing():
         futures = [_pool(len(parts) - 1).submit(work, part) for part in parts[1:]]
-        results = [work(parts[0])] + [f.result() for f in futures]
+        _local.worker = True  # the calling thread is a worker too until its share is done
+        try:
+            first = work(parts[0])
+        finally:
+            _local.worker = False
+        results = [first] + [f.result() for f in futures]
     out: list = [None] * len(items)
     for i, part_results in enumerate(results):
         out[i::len(parts)] = part_results
