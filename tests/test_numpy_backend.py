@@ -214,6 +214,25 @@ def test_conv_batch_chunks_on_threads(monkeypatch, threads, pads, strides):
         assert _parallel.blas_threads()[0]() == blas_before  # the BLAS thread count is restored
 
 
+def test_conv_weight_gradient_bits_do_not_depend_on_threads(monkeypatch):
+    """The weight gradient sums batch chunks in batch order, each on a single-threaded BLAS:
+    1, 2 and 3 workers give the same bits (a SIGKILL-resumed run must match the original)."""
+    from anygrad.ops import nn
+
+    monkeypatch.setattr(nn, "_PARALLEL_MIN", 0)
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((40, 16, 24, 24)).astype(np.float32)  # big enough for OpenBLAS to thread
+    dy = rng.standard_normal((40, 24, 22, 22)).astype(np.float32)
+    win = nn.Window((24, 24), (3, 3), (1, 1), (1, 1), (0, 0), (0, 0), (22, 22))
+    monkeypatch.setattr(nn, "_COLS_BUDGET", 6 * nn._Im2col(x.shape, win, 1).footprint(24))  # 7 chunks
+    got = []
+    for threads in ("1", "2", "3"):
+        monkeypatch.setenv("ANYGRAD_NUMPY_THREADS", threads)
+        got.append(nn.conv_grad_weight(dy, x, win, 1, (24, 16, 3, 3)))
+    np.testing.assert_array_equal(got[0], got[1])
+    np.testing.assert_array_equal(got[0], got[2])
+
+
 @pytest.mark.parametrize("threads", ["1", "3"])
 def test_batchnorm_batch_slices_on_threads(monkeypatch, threads):
     """Training BatchNormalization and BatchNormGrad split into batch blocks over threads agree

@@ -11,7 +11,7 @@ OpenBLAS's own threads busy-wait for a while after every multithreaded call, so 
 machine they take cores away from the workers of the next ops: measured on 2 vCPUs (MNIST CNN,
 batch 1000), a step ran ~20% faster with OpenBLAS at one thread. The numpy backend therefore
 makes BLAS single-threaded for a whole step (`serial_blas`), and the matmuls it runs split
-themselves over the workers (`matmul`). Without a way to set the BLAS thread count (a BLAS other
+themselves over the workers (`matmul`); ANYGRAD_NUMPY_THREADS=1 thus means one thread in all. Without a way to set the BLAS thread count (a BLAS other
 than OpenBLAS), work that calls BLAS runs on the calling thread only.
 
 Determinism: splitting never changes what is summed, nor in which order: pieces are disjoint

@@ -23,7 +23,6 @@ Set `ANYGRAD_NUMPY_PROFILE=1` (or `executable.profile = {}`) to record seconds p
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import sys
@@ -224,8 +223,8 @@ class NumpyExecutable(Executable):
         for name in self.graph.inputs:
             env[name] = self._check_feed(name, feeds[name])
         # One BLAS thread for the whole step: the kernels split their BLAS work over the
-        # workers themselves (anygrad._parallel says why).
-        with _parallel.serial_blas() if _parallel.blas_workers() > 1 else contextlib.nullcontext():
+        # workers themselves (anygrad._parallel says why), and ANYGRAD_NUMPY_THREADS=1 means one.
+        with _parallel.serial_blas():
             for step, (op, node, ins, outs) in enumerate(self.plan):
                 if self.profile is not None:
                     t0 = time.perf_counter()

@@ -422,8 +422,11 @@ def conv_grad_weight(dy: np.ndarray, x: np.ndarray, win: Window, group: int, w_s
         return partials
 
     dwt = np.zeros((group, (x.shape[1] // group) * math.prod(win.kernel), m // group), dy.dtype)
-    # Chunk by chunk in batch order, whichever core computed it: the same bits on any core count.
-    for partial in _parallel.map_shares(work, range(0, n, step), _conv_threads(n, im2col.footprint(m))):
+    # Chunk by chunk in batch order, whichever core computed it, each chunk's GEMM on a
+    # single-threaded BLAS even on one worker: the same bits on any core count.
+    with _parallel.serial_blas():
+        partials = _parallel.map_shares(work, range(0, n, step), _conv_threads(n, im2col.footprint(m)))
+    for partial in partials:
         dwt += partial
     if im2col.flat and not np.isfinite(dwt).all():
         # A non-finite X or dY: the extra positions may have added 0 * inf = nan where the
