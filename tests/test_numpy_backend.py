@@ -304,3 +304,16 @@ def test_batchnorm_blocks_of_a_non_contiguous_input(monkeypatch):
                   nn._bn_grad_forward(grad, [np.ascontiguousarray(dy), np.ascontiguousarray(x), scale]))):
         for a, b in zip(f, c):
             np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("a, b", [((0, 5), (5, 3)), ((4, 0), (0, 3)), ((300, 2000), (2000, 40)),
+                                  ((40, 2000), (2000, 3000)), ((2, 1, 200, 300), (5, 300, 400))])
+def test_split_matmul_matches_one_call(monkeypatch, a, b):
+    """Row or column blocks on the workers: the same bits as one single-threaded BLAS call."""
+    monkeypatch.setenv("ANYGRAD_NUMPY_THREADS", "3")
+    rng = np.random.default_rng(7)
+    x, y = rng.standard_normal(a).astype(np.float32), rng.standard_normal(b).astype(np.float32)
+    with _parallel.serial_blas():
+        got, want = _parallel.matmul(x, y), np.matmul(x, y)
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)

@@ -21,12 +21,13 @@ their order are fixed independently of the number of workers.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import math
 import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from typing import TypeVar
 
 import numpy as np
@@ -86,7 +87,7 @@ def blas_workers() -> int:
     return workers() if blas_threads() else 1
 
 
-@contextmanager
+@contextlib.contextmanager
 def serial_blas():
     """OpenBLAS at one thread inside, the previous count restored after (a no-op without it)."""
     controls = blas_threads()
@@ -134,7 +135,7 @@ def map_shares(work: Callable[[list[T]], list[R]], items: Sequence[T], n: int | 
     parts = shares(items, n)
     if len(parts) <= 1:
         return list(work(list(items))) if items else []
-    with serial_blas() if blas else _nothing():
+    with serial_blas() if blas else contextlib.nullcontext():
         futures = [_pool(len(parts) - 1).submit(work, part) for part in parts[1:]]
         _local.worker = True  # the calling thread is a worker too until its share is done
         try:
@@ -146,11 +147,6 @@ def map_shares(work: Callable[[list[T]], list[R]], items: Sequence[T], n: int | 
     for i, part_results in enumerate(results):
         out[i::len(parts)] = part_results
     return out
-
-
-@contextmanager
-def _nothing():
-    yield
 
 
 def ranges(n: int, parts: int, align: int = 1) -> list[slice]:
@@ -170,8 +166,7 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     so the result does not depend on the split."""
     n = blas_workers()
     if (n <= 1 or a.ndim < 2 or b.ndim < 2 or a.dtype != b.dtype or a.dtype.char not in "fd"
-            or 2 * a.shape[-2] * a.shape[-1] * b.shape[-1] * max(1, a.size // a.shape[-1] // a.shape[-2],
-                                                                   b.size // b.shape[-1] // b.shape[-2])
+            or 2 * a.shape[-2] * a.shape[-1] * b.shape[-1] * max(math.prod(a.shape[:-2]), math.prod(b.shape[:-2]))
             < _MATMUL_SPLIT_MIN):
         return np.matmul(a, b)
     out = np.empty(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]), a.dtype)
