@@ -150,7 +150,7 @@ _COLS_BUDGET = 1 << 19
 # never threaded 1,370.
 _PARALLEL_MIN = 5 << 20
 
-_SPLIT_MIN = 1 << 20  # elements below which BatchNorm's batch slices run on one thread
+_SPLIT_MIN = 1 << 20  # elements below which BatchNorm's batch blocks run on one thread
 
 
 # Positions (the GEMM's reduction length) per batch chunk of a weight gradient at most. A conv
@@ -174,7 +174,7 @@ def _conv_threads(n: int, per_item: int) -> int:
 def _balanced(n: int, step: int, threads: int) -> int:
     """The largest chunk size <= step that cuts n into a multiple of `threads` chunks, so that
     every worker gets as many (only where the chunking does not decide a summation order)."""
-    chunks = -(-n // step)
+    chunks = max(1, -(-n // step))
     chunks = -(-chunks // threads) * threads
     return max(1, -(-n // chunks))
 
