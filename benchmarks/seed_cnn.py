@@ -21,8 +21,9 @@ case: the median samples/s over --repeats passes with the spread (min-max), and
 PyTorch gets the same model (examples/mnist/model.py), its default init, torch.optim.Adagrad, eager
 mode with its defaults (cudnn.benchmark=False) and the whole data set already on its device;
 anygrad uploads each batch from host memory, as a training loop does. `--threads N` gives both
-frameworks N CPU threads: torch.set_num_threads(N), and OMP/OpenBLAS/MKL_NUM_THREADS=N, which BLAS
-reads only when numpy loads, so the script re-executes itself with them set. `--profile` adds a
+frameworks N CPU threads: torch.set_num_threads(N), OMP/OpenBLAS/MKL_NUM_THREADS=N, which BLAS
+reads only when numpy loads, so the script re-executes itself with them set, and
+ANYGRAD_NUMPY_THREADS=N (the numpy backend's worker threads). `--profile` adds a
 timestamp-query GPU profile of one wgpu step per batch size.
 """
 from __future__ import annotations
@@ -51,7 +52,9 @@ def synthetic(samples: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+# ANYGRAD_NUMPY_THREADS: the numpy backend's own worker threads (anygrad._parallel), which
+# would otherwise use every CPU whatever BLAS is told.
+THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "ANYGRAD_NUMPY_THREADS")
 
 
 @dataclass
@@ -252,8 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", action="store_true", help="GPU profile of one wgpu step (timestamp queries)")
     p.add_argument("--json", type=Path, help="write the results here")
     p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads for both frameworks (torch.set_num_threads and OMP/OpenBLAS/MKL_NUM_THREADS; "
-                   "the script re-executes itself to set the latter before numpy loads)")
+                   help="CPU threads for both frameworks (torch.set_num_threads, OMP/OpenBLAS/MKL_NUM_THREADS and "
+                   "ANYGRAD_NUMPY_THREADS; the script re-executes itself to set them before numpy loads)")
     args = p.parse_args(argv)
     if args.threads:
         pin_threads(args.threads, sys.argv[1:] if argv is None else argv)

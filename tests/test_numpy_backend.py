@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import anygrad.backends.numpy as nb
+from anygrad import _parallel
 from anygrad.backends import NumpyBackend
 from anygrad.ir import Graph, Node, TensorInfo, specialize
 
@@ -24,7 +25,7 @@ def _graph(nodes, inputs, outputs, shapes, dtypes=None) -> Graph:
 def _run(g: Graph, feeds: dict, inplace: bool = True) -> tuple[dict, nb.NumpyExecutable]:
     exe = NumpyBackend().compile(g)
     if not inplace:
-        exe.inplace = {}
+        exe.inplace, exe.epilogue, exe.passed_on = {}, {}, set()
     return exe.run(feeds), exe
 
 
@@ -52,6 +53,34 @@ def test_inplace_steps_are_chosen_and_exact():
     np.testing.assert_array_equal(x, x_copy)  # the caller's feed is untouched
     r = np.maximum(x * x, 0)
     np.testing.assert_array_equal(got["out"], x - (r + -r * (r > 0)))
+
+
+def test_epilogues_fuse_into_blocked_producers(monkeypatch):
+    """An in-place kernel after a producer that writes in batch blocks runs on each block (many
+    blocks on 2 threads here); bit-identical to the unfused, allocating run."""
+    from anygrad.ops import nn
+
+    monkeypatch.setenv("ANYGRAD_NUMPY_THREADS", "2")
+    for name, value in (("_COLS_BUDGET", 2000), ("_PARALLEL_MIN", 0), ("_BLOCK", 100), ("_SPLIT_MIN", 16)):
+        monkeypatch.setattr(nn, name, value)
+    window = {"kernel_shape": [3, 3], "strides": [1, 1], "dilations": [1, 1], "pads": [1, 1, 1, 1], "group": 1}
+    nodes = [Node("Conv", ["x", "w"], ["c"], {"pads": [1, 1, 1, 1]}),
+             Node("Relu", ["c"], ["r"]),                                  # into Conv
+             Node("ConvGradInput", ["r", "w"], ["dx"], {**window, "input_shape": [6, 2, 5, 5]}),
+             Node("ReluGrad", ["dx", "x"], ["g"]),                        # into ConvGradInput
+             Node("BatchNormGrad", ["g", "x", "s"], ["bx", "bs", "bb"]),
+             Node("Add", ["bx", "x"], ["out"])]                           # into BatchNormGrad
+    g = _graph(nodes, ["x", "w", "s"], ["out", "bs", "bb"], {"x": (6, 2, 5, 5), "w": (3, 2, 3, 3), "s": (2,)})
+    rng = np.random.default_rng(4)
+    feeds = {"x": rng.standard_normal((6, 2, 5, 5)).astype(np.float32),
+             "w": rng.standard_normal((3, 2, 3, 3)).astype(np.float32),
+             "s": rng.standard_normal(2).astype(np.float32)}
+    got, exe = _run(g, feeds)
+    ref, _ = _run(g, feeds, inplace=False)
+    assert {(g.nodes[p].op, g.nodes[c].op) for p, c in exe.epilogue.items()} == {
+        ("Conv", "Relu"), ("ConvGradInput", "ReluGrad"), ("BatchNormGrad", "Add")}
+    for k in ref:
+        np.testing.assert_array_equal(got[k], ref[k])
 
 
 def test_a_live_view_blocks_inplace():
@@ -161,7 +190,7 @@ def test_conv_batch_chunks_on_threads(monkeypatch, threads, pads, strides):
     monkeypatch.setenv("ANYGRAD_NUMPY_THREADS", threads)
     monkeypatch.setattr(nn, "_COLS_BUDGET", 2000)  # a few samples per chunk: many chunks
     monkeypatch.setattr(nn, "_PARALLEL_MIN", 0)  # threads even for these small tensors
-    blas_before = nn._blas_threads()[0]() if nn._blas_threads() else None
+    blas_before = _parallel.blas_threads()[0]() if _parallel.blas_threads() else None
     rng = np.random.default_rng(2)
     x = rng.standard_normal((11, 4, 7, 6)).astype(np.float32)
     w = rng.standard_normal((6, 2, 3, 2)).astype(np.float32)
@@ -182,12 +211,31 @@ def test_conv_batch_chunks_on_threads(monkeypatch, threads, pads, strides):
     np.testing.assert_allclose(dw, wt.grad.numpy(), rtol=1e-4, atol=1e-4)
     assert y.dtype == dx.dtype == dw.dtype == np.float32
     if blas_before is not None:
-        assert nn._blas_threads()[0]() == blas_before  # the BLAS thread count is restored
+        assert _parallel.blas_threads()[0]() == blas_before  # the BLAS thread count is restored
+
+
+def test_conv_weight_gradient_bits_do_not_depend_on_threads(monkeypatch):
+    """The weight gradient sums batch chunks in batch order, each on a single-threaded BLAS:
+    1, 2 and 3 workers give the same bits (a SIGKILL-resumed run must match the original)."""
+    from anygrad.ops import nn
+
+    monkeypatch.setattr(nn, "_PARALLEL_MIN", 0)
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((40, 16, 24, 24)).astype(np.float32)  # big enough for OpenBLAS to thread
+    dy = rng.standard_normal((40, 24, 22, 22)).astype(np.float32)
+    win = nn.Window((24, 24), (3, 3), (1, 1), (1, 1), (0, 0), (0, 0), (22, 22))
+    monkeypatch.setattr(nn, "_COLS_BUDGET", 6 * nn._Im2col(x.shape, win, 1).footprint(24))  # 7 chunks
+    got = []
+    for threads in ("1", "2", "3"):
+        monkeypatch.setenv("ANYGRAD_NUMPY_THREADS", threads)
+        got.append(nn.conv_grad_weight(dy, x, win, 1, (24, 16, 3, 3)))
+    np.testing.assert_array_equal(got[0], got[1])
+    np.testing.assert_array_equal(got[0], got[2])
 
 
 @pytest.mark.parametrize("threads", ["1", "3"])
 def test_batchnorm_batch_slices_on_threads(monkeypatch, threads):
-    """Training BatchNormalization and BatchNormGrad split over batch slices per thread agree
+    """Training BatchNormalization and BatchNormGrad split into batch blocks over threads agree
     with PyTorch in double (forward output, running statistics and all three gradients)."""
     torch = pytest.importorskip("torch")
     from anygrad.ir.graph import Node
@@ -195,6 +243,7 @@ def test_batchnorm_batch_slices_on_threads(monkeypatch, threads):
 
     monkeypatch.setenv("ANYGRAD_NUMPY_THREADS", threads)
     monkeypatch.setattr(nn, "_SPLIT_MIN", 16)
+    monkeypatch.setattr(nn, "_BLOCK", 100)  # blocks of one or two samples
     rng = np.random.default_rng(3)
     x = (rng.standard_normal((7, 3, 4, 5)) * 2 + 1).astype(np.float32)
     dy = rng.standard_normal(x.shape).astype(np.float32)
@@ -233,3 +282,38 @@ def test_forked_child_runs_threaded_kernels(monkeypatch):
     with ctx.Pool(1) as pool:
         got = pool.apply_async(nn._batch_stats, (x,)).get(timeout=60)[1]
     np.testing.assert_allclose(got, want)
+
+
+def test_batchnorm_blocks_of_a_non_contiguous_input(monkeypatch):
+    """BatchNorm reshapes batch blocks in place: an input in another memory order must give the
+    same bits as its C-ordered copy."""
+    from anygrad.ir.graph import Node
+    from anygrad.ops import nn
+
+    monkeypatch.setattr(nn, "_BLOCK", 100)
+    rng = np.random.default_rng(5)
+    x = np.asfortranarray(rng.standard_normal((5, 3, 4, 4)).astype(np.float32))
+    dy = np.asfortranarray(rng.standard_normal(x.shape).astype(np.float32))
+    scale, bias = rng.standard_normal(3).astype(np.float32), rng.standard_normal(3).astype(np.float32)
+    fwd = Node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y", "rm", "rv"], {"training_mode": 1})
+    grad = Node("BatchNormGrad", ["dy", "x", "s"], ["dx", "ds", "db"])
+    state = [np.zeros(3, np.float32), np.ones(3, np.float32)]
+    for f, c in ((nn._bn_forward(fwd, [x, scale, bias, *state]),
+                  nn._bn_forward(fwd, [np.ascontiguousarray(x), scale, bias, *state])),
+                 (nn._bn_grad_forward(grad, [dy, x, scale]),
+                  nn._bn_grad_forward(grad, [np.ascontiguousarray(dy), np.ascontiguousarray(x), scale]))):
+        for a, b in zip(f, c):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("a, b", [((0, 5), (5, 3)), ((4, 0), (0, 3)), ((300, 2000), (2000, 40)),
+                                  ((40, 2000), (2000, 3000)), ((2, 1, 200, 300), (5, 300, 400))])
+def test_split_matmul_matches_one_call(monkeypatch, a, b):
+    """Row or column blocks on the workers: the same bits as one single-threaded BLAS call."""
+    monkeypatch.setenv("ANYGRAD_NUMPY_THREADS", "3")
+    rng = np.random.default_rng(7)
+    x, y = rng.standard_normal(a).astype(np.float32), rng.standard_normal(b).astype(np.float32)
+    with _parallel.serial_blas():
+        got, want = _parallel.matmul(x, y), np.matmul(x, y)
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)

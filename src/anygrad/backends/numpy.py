@@ -12,6 +12,13 @@ kernel zeroes every page on first touch, which costs as much as the op itself. T
 therefore asks glibc (once, on Linux) to keep large freed blocks in the heap for reuse; the
 process keeps its peak memory instead of returning it. `ANYGRAD_NUMPY_MALLOC=0` opts out.
 
+An in-place kernel whose other operands have its output's shape is also an epilogue: when its
+input 0 comes from an op that writes its output in batch blocks (`OpDef.blocked`: Conv,
+ConvGradInput, BatchNormalization, BatchNormGrad) and nothing else reads that output, the
+producer applies the kernel to each block while the block is in cache, and the consumer's step
+just passes the array on: one pass over memory less (a Relu after each Conv, a ReluGrad after
+each ConvGradInput). Same elementwise operations, same bits.
+
 Set `ANYGRAD_NUMPY_PROFILE=1` (or `executable.profile = {}`) to record seconds per op type.
 """
 from __future__ import annotations
@@ -21,14 +28,14 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from itertools import pairwise
 
 import numpy as np
 
+from .. import _parallel
 from ..errors import ShapeError
 from ..ir.graph import Graph, Node
 from ..ir.registry import get_op
+from ..ops._util import maximum0
 from .base import Backend, Executable
 
 # Kernels that write output 0 into ins[0] (same shape and dtype, checked at compile time) and
@@ -37,7 +44,7 @@ InplaceKernel = Callable[[Node, list[np.ndarray]], list[np.ndarray]]
 
 
 def _relu_(node: Node, ins: list[np.ndarray]) -> list[np.ndarray]:
-    return [np.maximum(ins[0], 0, out=ins[0])]
+    return [maximum0(ins[0], out=ins[0])]
 
 
 def _relu_grad_(node: Node, ins: list[np.ndarray]) -> list[np.ndarray]:
@@ -58,41 +65,21 @@ INPLACE: dict[str, InplaceKernel] = {
 }
 
 # numpy runs a ufunc on one core; big same-shape elementwise work is split into contiguous
-# slices, one per core (ufuncs release the GIL). Below this size threads cost more than they save.
+# slices, one per worker (ufuncs release the GIL). Below this size threads cost more than they save.
 _SPLIT_MIN = 1 << 20
-_POOL: ThreadPoolExecutor | None = None
-
-
-def _forget_pool() -> None:
-    global _POOL
-    _POOL = None  # a forked child has none of the parent's worker threads
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool)
-
-
-def _cores() -> int:
-    if os.environ.get("ANYGRAD_NUMPY_THREADS"):
-        return max(1, int(os.environ["ANYGRAD_NUMPY_THREADS"]))
-    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(n, 8))
 
 
 def _run_split(kernel: InplaceKernel, node: Node, ins: list[np.ndarray]) -> list[np.ndarray]:
-    """An in-place kernel over equal-shape contiguous inputs, one flat slice per core."""
-    global _POOL
-    cores = _cores()
+    """An in-place kernel over equal-shape contiguous inputs, one flat slice per worker."""
     first = ins[0]
-    if (cores < 2 or first.size < _SPLIT_MIN or any(a.shape != first.shape for a in ins)
+    threads = _parallel.workers()
+    if (threads < 2 or first.size < _SPLIT_MIN or any(a.shape != first.shape for a in ins)
             or not all(a.flags.c_contiguous for a in ins)):
         return kernel(node, ins)
-    if _POOL is None or _POOL._max_workers < cores:
-        _POOL = ThreadPoolExecutor(cores, thread_name_prefix="anygrad-numpy")
     flat = [a.reshape(-1) for a in ins]
-    bounds = np.linspace(0, first.size, cores + 1).astype(int)
-    parts = [[a[lo:hi] for a in flat] for lo, hi in pairwise(bounds)]
-    list(_POOL.map(lambda part: kernel(node, part), parts))
+    parts = _parallel.ranges(first.size, threads)
+    _parallel.map_shares(lambda share: [kernel(node, [a[s] for a in flat]) for s in share], parts, threads,
+                         blas=False)
     return [first]
 
 
@@ -161,6 +148,11 @@ class NumpyExecutable(Executable):
             step: INPLACE[n.op] for step, n in enumerate(graph.nodes)
             if n.op in INPLACE and n.inputs and n.inputs[0] in self.free[step]
             and n.inputs.count(n.inputs[0]) == 1 and self._fits(n)}
+        # producer step -> consumer step whose in-place kernel runs as the producer's epilogue
+        self.epilogue: dict[int, int] = self._epilogues()
+        self.passed_on = set(self.epilogue.values())
+        for step in self.passed_on:
+            del self.inplace[step]
         self.profile: dict[str, float] | None = {} if os.environ.get("ANYGRAD_NUMPY_PROFILE") else None
 
     def _fits(self, node: Node) -> bool:
@@ -171,6 +163,31 @@ class NumpyExecutable(Executable):
         return (out is not None and all(i is not None and i.dtype == out.dtype for i in ins)
                 and tuple(ins[0].shape) == tuple(out.shape))
 
+    def _epilogues(self) -> dict[int, int]:
+        """Producer/consumer pairs to fuse: the consumer's in-place kernel qualifies (above), its
+        input 0 is output 0 of a blocked op read by nothing else, and its other inputs have the
+        same shape (so a batch slice of each lines up with the block) and exist already when the
+        producer runs."""
+        graph, fused = self.graph, {}
+        made_at = {o: step for step, n in enumerate(graph.nodes) for o in n.outputs if o}
+        readers: dict[str, int] = {}
+        for n in graph.nodes:
+            for i in set(n.inputs):
+                readers[i] = readers.get(i, 0) + 1
+        for step in self.inplace:
+            node = graph.nodes[step]
+            producer = made_at.get(node.inputs[0])
+            if producer is None or producer in fused or readers[node.inputs[0]] != 1:
+                continue
+            source = graph.nodes[producer]
+            shape = tuple(graph.info[node.outputs[0]].shape)
+            if (get_op(source.op).blocked is None or source.outputs[0] != node.inputs[0] or not shape
+                    or any(tuple(graph.info[i].shape) != shape or made_at.get(i, -1) >= producer
+                           for i in node.inputs[1:])):
+                continue
+            fused[producer] = step
+        return fused
+
     def _check_feed(self, name: str, value: np.ndarray) -> np.ndarray:
         inf = self.input_info[name]
         value = np.asarray(value)
@@ -180,6 +197,13 @@ class NumpyExecutable(Executable):
         return value.astype(inf.dtype, copy=False)
 
     def _execute(self, step: int, op, node: Node, ins: list[str], env: dict) -> list[np.ndarray]:
+        if step in self.epilogue:
+            consumer = self.graph.nodes[self.epilogue[step]]
+            kernel, others = INPLACE[consumer.op], [env[i] for i in consumer.inputs[1:]]
+            return op.run_blocked(node, [env[i] for i in ins],
+                                  lambda s, block: kernel(consumer, [block] + [o[s] for o in others]))
+        if step in self.passed_on:
+            return [env[ins[0]]]  # the producer already applied this op
         kernel = self.inplace.get(step)
         if kernel is not None and _sole_owner(env, ins[0]):
             return _run_split(kernel, node, [env[i] for i in ins])
@@ -198,14 +222,17 @@ class NumpyExecutable(Executable):
         env.update(self.backend.state)
         for name in self.graph.inputs:
             env[name] = self._check_feed(name, feeds[name])
-        for step, (op, node, ins, outs) in enumerate(self.plan):
-            if self.profile is not None:
-                t0 = time.perf_counter()
-            self._store(env, outs, self._execute(step, op, node, ins, env))
-            if self.profile is not None:
-                self.profile[node.op] = self.profile.get(node.op, 0.0) + time.perf_counter() - t0
-            for dead in self.free[step]:
-                del env[dead]
+        # One BLAS thread for the whole step: the kernels split their BLAS work over the
+        # workers themselves (anygrad._parallel says why), and ANYGRAD_NUMPY_THREADS=1 means one.
+        with _parallel.serial_blas():
+            for step, (op, node, ins, outs) in enumerate(self.plan):
+                if self.profile is not None:
+                    t0 = time.perf_counter()
+                self._store(env, outs, self._execute(step, op, node, ins, env))
+                if self.profile is not None:
+                    self.profile[node.op] = self.profile.get(node.op, 0.0) + time.perf_counter() - t0
+                for dead in self.free[step]:
+                    del env[dead]
         for produced, target in self.graph.state_updates.items():
             self.backend.state[target] = env[produced]
         return {f: np.asarray(env[f]) for f in (fetch if fetch is not None else self.graph.outputs)}

@@ -21,6 +21,8 @@ ForwardFn = Callable[[Node, list[np.ndarray]], Sequence[np.ndarray] | np.ndarray
 GradFn = Callable[["GradContext"], Sequence[str | None]]
 ModeFn = Callable[[Graph, Node, bool], None]
 ExpandFn = Callable[["Builder", Node], Sequence[str]]
+Epilogue = Callable[[slice, np.ndarray], None]
+BlockedFn = Callable[[Node, list[np.ndarray], Epilogue], Sequence[np.ndarray] | np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,11 @@ class OpDef:
               one). `specialize` replaces such nodes by their expansion, so autodiff and every
               backend only ever see the primitive ops; `forward` defaults to running the
               expansion, and `grad` is not needed.
+    blocked:  optional `forward` that writes output 0 (batch-major) in batch blocks and calls
+              epilogue(batch slice, block) on each block once it is final, while it is still in
+              cache; the epilogue changes the block in place. The numpy backend runs an
+              elementwise consumer of output 0 this way (a Relu after a Conv...), saving a pass
+              over memory.
     """
 
     name: str
@@ -53,6 +60,7 @@ class OpDef:
     internal: bool = False
     set_mode: ModeFn | None = None
     expand: ExpandFn | None = None
+    blocked: BlockedFn | None = None
 
     def run(self, node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
         out = self.forward(node, inputs)
@@ -60,13 +68,18 @@ class OpDef:
             return [np.asarray(o) for o in out]
         return [np.asarray(out)]
 
+    def run_blocked(self, node: Node, inputs: list[np.ndarray | None], epilogue: Epilogue) -> list[np.ndarray]:
+        out = self.blocked(node, inputs, epilogue)
+        return [np.asarray(o) for o in out] if isinstance(out, (list, tuple)) else [np.asarray(out)]
+
 
 _REGISTRY: dict[str, OpDef] = {}
 
 
 def defop(name: str, *, infer: InferFn, forward: ForwardFn | None = None, grad: GradFn | None = None,
           nondiff: Sequence[int] = (), foldable: bool = True, internal: bool = False,
-          set_mode: ModeFn | None = None, expand: ExpandFn | None = None) -> OpDef:
+          set_mode: ModeFn | None = None, expand: ExpandFn | None = None,
+          blocked: BlockedFn | None = None) -> OpDef:
     """Register an op. Redefining a name is a programming error."""
     if name in _REGISTRY:
         raise ValueError(f"op {name} registered twice")
@@ -74,7 +87,7 @@ def defop(name: str, *, infer: InferFn, forward: ForwardFn | None = None, grad: 
         if expand is None:
             raise ValueError(f"op {name} needs a forward kernel or an expansion")
         forward = _forward_by_expansion(expand)
-    op = OpDef(name, infer, forward, grad, frozenset(nondiff), foldable, internal, set_mode, expand)
+    op = OpDef(name, infer, forward, grad, frozenset(nondiff), foldable, internal, set_mode, expand, blocked)
     _REGISTRY[name] = op
     return op
 

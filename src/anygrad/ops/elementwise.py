@@ -13,7 +13,16 @@ import numpy as np
 from ..ir.builder import GradContext
 from ..ir.graph import Node, TensorInfo
 from ..ir.registry import defop
-from ._util import ONNX_CODES, broadcast_infer, broadcast_shape, is_float, onnx_dtype, same_as_first, slot
+from ._util import (
+    ONNX_CODES,
+    broadcast_infer,
+    broadcast_shape,
+    is_float,
+    maximum0,
+    onnx_dtype,
+    same_as_first,
+    slot,
+)
 
 
 # -- binary, broadcasting ------------------------------------------------------------------
@@ -110,7 +119,7 @@ UNARY = {
     "Log": (lambda n, x: np.log(x), lambda g: g.op("Div", [g.dy, g.x[0]])),
     "Sqrt": (lambda n, x: np.sqrt(x),
              lambda g: g.op("Div", [g.dy, g.op("Mul", [g.y[0], g.const(2.0, g.dtype(g.y[0]))])])),
-    "Relu": (lambda n, x: np.maximum(x, 0), lambda g: g.op("ReluGrad", [g.dy, g.y[0]])),
+    "Relu": (lambda n, x: maximum0(x), lambda g: g.op("ReluGrad", [g.dy, g.y[0]])),
     "LeakyRelu": (lambda n, x: np.where(x >= 0, x, x * np.float32(n.attr("alpha", 0.01))),
                   lambda g: g.op("LeakyReluGrad", [g.dy, g.x[0]], alpha=g.node.attr("alpha", 0.01))),
     "Sigmoid": (lambda n, x: _sigmoid(x), lambda g: g.op("SigmoidGrad", [g.dy, g.y[0]])),

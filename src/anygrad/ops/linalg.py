@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import _parallel
 from ..errors import ShapeError
 from ..ir.builder import GradContext
 from ..ir.graph import Node, TensorInfo
@@ -46,7 +47,7 @@ def _matmul_grad(g: GradContext):
 
 
 defop("MatMul", infer=_matmul_infer, grad=_matmul_grad,
-      forward=lambda node, ins: np.matmul(ins[0], ins[1]).astype(ins[0].dtype, copy=False))
+      forward=lambda node, ins: _parallel.matmul(ins[0], ins[1]).astype(ins[0].dtype, copy=False))
 
 
 def _gemm_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
@@ -67,7 +68,8 @@ def _gemm_forward(node: Node, ins):
     a, b = ins[0], ins[1]
     a = a.T if node.attr("transA", 0) else a
     b = b.T if node.attr("transB", 0) else b
-    y = np.float32(node.attr("alpha", 1.0)) * (a @ b) if node.attr("alpha", 1.0) != 1.0 else a @ b
+    ab = _parallel.matmul(a, b)
+    y = np.float32(node.attr("alpha", 1.0)) * ab if node.attr("alpha", 1.0) != 1.0 else ab
     if len(ins) > 2 and ins[2] is not None:
         beta = node.attr("beta", 1.0)
         y = y + (ins[2] if beta == 1.0 else np.float32(beta) * ins[2])

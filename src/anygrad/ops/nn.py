@@ -8,34 +8,29 @@ BatchNormGrad, DropoutGrad, SoftmaxGrad, LogSoftmaxGrad.
 
 The numpy Conv is im2col + one BLAS matmul per batch chunk (all groups in one stacked matmul);
 the chunk keeps the column matrix cache-sized instead of materialising it for the whole batch.
-Chunks (and BatchNorm's batch slices) are spread over the cores, each with a single-threaded
-BLAS; `ANYGRAD_NUMPY_THREADS` sets the number of workers (default: the CPUs this process may use).
+Stride-1 convolutions build "flat" columns (`_Im2col`): every tap is a shift of the flattened
+padded input, so im2col and col2im move long contiguous runs.
+Chunks (and BatchNorm's batch slices) are spread over the cores by `anygrad._parallel`, each
+with a single-threaded BLAS; `ANYGRAD_NUMPY_THREADS` sets the number of workers (default: the CPUs
+this process may use).
 """
 from __future__ import annotations
 
-import ctypes
 import itertools
 import math
-import os
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
+from numpy.lib.stride_tricks import as_strided, sliding_window_view
 
-from .. import rng
+from .. import _parallel, rng
 from ..errors import AnygradError, ShapeError, UnsupportedOpError
 from ..ir.builder import GradContext
 from ..ir.graph import Graph, Node, TensorInfo, info_of
 from ..ir.passes import RNG_STATE
-from ..ir.registry import defop
+from ..ir.registry import Epilogue, defop
 from ._util import norm_axis, same_as_first
-
-# Column-matrix elements per batch chunk (floats): big enough for efficient GEMMs, small enough
-# to stay cache-friendly (MNIST conv3 at batch 1000 would otherwise be 280 MB); measured best.
-_COLS_BUDGET = 1 << 21
 
 
 # -- window geometry -------------------------------------------------------------------------
@@ -137,109 +132,51 @@ def window(node: Node, spatial, kernel, ceil_mode: bool = False) -> Window:
     return Window(spatial, kernel, strides, dilations, begin, end, tuple(out))
 
 
-def _chunk(n: int, per_item: int) -> int:
-    return max(1, min(n, _COLS_BUDGET // max(1, per_item)))
-
-
-# -- batch chunks on every core ----------------------------------------------------------------
+# -- batch chunks and batch slices on every core ------------------------------------------------
 # numpy runs im2col copies and transposes on one core, and OpenBLAS gains little from threading
-# GEMMs this skinny. Each core instead takes its own batch chunks end to end (im2col, GEMM with a
-# single-threaded BLAS, scatter), which measured ~1.4x faster on 2 cores. Without a way to set
-# the BLAS thread count (a BLAS other than OpenBLAS), chunks run one after another.
-_BLAS_THREADS: tuple | None = None
-_POOL: ThreadPoolExecutor | None = None
+# GEMMs this skinny. Each worker (anygrad._parallel) instead takes its own share of the batch
+# chunks end to end (im2col, GEMM with a single-threaded BLAS, scatter) with its own scratch.
 
+# Elements (floats) a batch chunk of a convolution touches (`_Im2col.footprint`: its input,
+# columns and GEMM output): big enough for efficient GEMMs and few numpy calls, small enough to
+# stay in cache (MNIST conv3's columns at batch 1000 would otherwise be 300 MB). Measured on
+# the 2-vCPU AMD EPYC (1 MiB L2 per core, 32 MiB L3), MNIST CNN at batch 1000, one step:
+# 2^18 ~15% slower, 2^19 and 2^20 alike, 2^21 ~5% slower.
+_COLS_BUDGET = 1 << 19
 
-def _forget_pool() -> None:
-    global _POOL
-    _POOL = None  # a forked child has none of the parent's worker threads
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool)
-
-
-def _blas_threads() -> tuple | None:
-    """(get, set) of the OpenBLAS thread count numpy uses, found once; () when there is none."""
-    global _BLAS_THREADS
-    if _BLAS_THREADS is None:
-        _BLAS_THREADS = ()
-        try:
-            with open("/proc/self/maps") as maps:
-                paths = sorted({line.split()[-1] for line in maps if "openblas" in line.lower()})
-        except OSError:
-            paths = []
-        for path in paths:
-            try:
-                lib = ctypes.CDLL(path)
-            except OSError:
-                continue
-            for prefix, suffix in (("scipy_openblas", "64_"), ("scipy_openblas", ""), ("openblas", "64_"),
-                                   ("openblas", "")):
-                get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
-                put = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
-                if get is not None and put is not None:
-                    _BLAS_THREADS = (get, put)
-                    return _BLAS_THREADS
-    return _BLAS_THREADS
-
-
-def _cores() -> int:
-    if os.environ.get("ANYGRAD_NUMPY_THREADS"):
-        return max(1, int(os.environ["ANYGRAD_NUMPY_THREADS"]))
-    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(n, 8))
-
-
-@contextmanager
-def _single_threaded_blas():
-    get, put = _blas_threads()
-    before = get()
-    put(1)
-    try:
-        yield
-    finally:
-        put(before)
-
-
-def _over_chunks(n: int, step: int, workers: int, work: Callable[[list[int]], object]) -> list:
-    """work(chunk starts) on `workers` threads, each with its own share of the batch chunks."""
-    global _POOL
-    starts = list(range(0, n, step))
-    workers = min(workers, len(starts))
-    if workers <= 1:
-        return [work(starts)]
-    if _POOL is None or _POOL._max_workers < workers:
-        _POOL = ThreadPoolExecutor(workers, thread_name_prefix="anygrad-conv")
-    with _single_threaded_blas():
-        return list(_POOL.map(work, [starts[i::workers] for i in range(workers)]))
-
-
-_SPLIT_MIN = 1 << 20  # elements below which threads cost more than they save
-
-
-def _over_batch(x: np.ndarray, fn: Callable[[slice], object]) -> list:
-    """fn(batch slice) for one contiguous slice of x's batch per core; one slice when x is small."""
-    n = x.shape[0]
-    cores = min(_cores(), n) if _blas_threads() and x.size >= _SPLIT_MIN else 1
-    bounds = [n * i // cores for i in range(cores + 1)]
-    parts = [slice(lo, hi) for lo, hi in itertools.pairwise(bounds)]
-    if cores <= 1:
-        return [fn(p) for p in parts]
-    per_worker = _over_chunks(cores, 1, cores, lambda starts: [fn(parts[i]) for i in starts])
-    return [result for results in per_worker for result in results]
-
-
-# Column-matrix elements of a whole batch below which one thread is faster: on small batches
-# the workers wait on each other and on OpenBLAS's spinning threads. Measured on the MNIST CNN,
-# 2 cores: batch 64 (conv3: 4.5M) is faster on one thread, batch 1000 (conv1: 6.1M) on two.
+# Elements a convolution touches over the whole batch (`_Im2col.footprint`) below which it runs
+# on one thread: the workers would mostly wait on each other. Measured on the MNIST CNN at batch
+# 64, 2 vCPUs: 0 (always threaded) 1,650 samples/s, 5M 1,820 (conv3 threaded, conv1-2 not),
+# never threaded 1,370.
 _PARALLEL_MIN = 5 << 20
 
+_SPLIT_MIN = 1 << 20  # elements below which BatchNorm's batch blocks run on one thread
 
-def _chunk_plan(n: int, per_item: int) -> tuple[int, int]:
-    """(chunk size, workers): the workers share the cache budget, and every one gets a chunk."""
-    cores = _cores() if _blas_threads() and n * per_item >= _PARALLEL_MIN else 1
-    return max(1, min(-(-n // cores), _COLS_BUDGET // cores // max(1, per_item))), cores
+
+# Positions (the GEMM's reduction length) per batch chunk of a weight gradient at most. A conv
+# with few channels has a small footprint per sample, so the budget alone would give it long
+# chunks, and its GEMM, with few output rows and columns, then streams its operands from L3
+# instead of L2 (MNIST conv1's weight gradient, 9 x 8 outputs: 16 GFLOP/s at 58K positions,
+# 74 at 7K, one core of the 2-vCPU AMD EPYC; the whole step 4% faster than without the cap).
+_COLS_MAX = 1 << 13
+
+
+def _chunk(n: int, per_item: int, q: int = 0) -> int:
+    """Samples per batch chunk (q: reduction positions per sample): set by the cache budget alone,
+    never by the core count, so sums over chunks (the weight gradient) are the same on any machine."""
+    return max(1, min(n, _COLS_BUDGET // max(1, per_item), _COLS_MAX // q if q else n))
+
+
+def _conv_threads(n: int, per_item: int) -> int:
+    return _parallel.blas_workers() if n * per_item >= _PARALLEL_MIN else 1
+
+
+def _balanced(n: int, step: int, threads: int) -> int:
+    """The largest chunk size <= step that cuts n into a multiple of `threads` chunks, so that
+    every worker gets as many (only where the chunking does not decide a summation order)."""
+    chunks = max(1, -(-n // step))
+    chunks = -(-chunks // threads) * threads
+    return max(1, -(-n // chunks))
 
 
 # -- Conv ------------------------------------------------------------------------------------
@@ -268,69 +205,131 @@ def _conv_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
 
 
 class _Scratch:
-    """One buffer every batch chunk reuses: a fresh multi-MB array per chunk costs page faults."""
+    """One buffer every batch chunk of a worker reuses: a fresh multi-MB array per chunk costs
+    page faults. Zeroed when asked, once: positions no chunk writes (padding, the extra columns
+    of flat columns) then stay 0, since they sit at the same places whatever the chunk's size."""
 
-    def __init__(self, size: int, dtype: np.dtype):
-        self.data = np.empty(size, dtype)
+    def __init__(self, size: int, dtype: np.dtype, zero: bool = False):
+        self.data = np.zeros(size, dtype) if zero else np.empty(size, dtype)
 
     def view(self, shape: tuple[int, ...]) -> np.ndarray:
         return self.data[:math.prod(shape)].reshape(shape)
 
 
-def _columns(xp: np.ndarray, win: Window, group: int, scratch: _Scratch) -> np.ndarray:
-    """im2col of a padded batch chunk: (group, C/group * prod(kernel), B * prod(out))."""
-    nd = win.nd
-    view = sliding_window_view(xp, win.extent, axis=tuple(range(2, 2 + nd)))
-    view = view[(slice(None), slice(None))
-                + tuple(slice(None, (o - 1) * s + 1, s) for o, s in zip(win.out, win.strides))
-                + tuple(slice(None, None, d) for d in win.dilations)]
-    # (B, C, *out, *kernel) -> (C, *kernel, B, *out): rows are (channel, tap), columns pixels.
-    perm = (1,) + tuple(range(2 + nd, 2 + 2 * nd)) + (0,) + tuple(range(2, 2 + nd))
-    b, c = xp.shape[:2]
-    cols = scratch.view((c,) + win.kernel + (b,) + win.out)
-    np.copyto(cols, view.transpose(perm))
-    return cols.reshape(group, (c // group) * math.prod(win.kernel), b * math.prod(win.out))
+class _Im2col:
+    """A convolution's column matrix, one batch chunk at a time: (group, C/group * taps, chunk * q),
+    rows (channel, kernel tap), q columns (output positions) per sample.
+
+    Stride 1 (any dilation, any pads) uses flat columns: the positions are every element of the
+    first out[0] full rows of the padded grid (q = out[0] * prod(padded[1:])), the valid outputs
+    plus those past out[1:]. Tap t of position p then reads the padded input at p + offsets[t],
+    so each (channel, tap) row of a sample is ONE contiguous run of its padded input: im2col
+    copies long runs instead of numpy looping over rows of out[-1] elements (measured 3x faster
+    for MNIST's 3x3 convs on 24x24, for 9% more GEMM columns). `valid` drops the extra positions
+    from outputs; where they enter a sum, their dY is 0. Other strides gather the prod(out)
+    valid positions through a sliding-window view. whole_grid takes positions on all the padded
+    rows instead (q = prod(padded): one per padded input element, for conv_grad_input)."""
+
+    def __init__(self, x_shape, win: Window, group: int, flat: bool | None = None, whole_grid: bool = False):
+        self.win, self.group, self.c = win, group, x_shape[1]
+        self.flat = all(s == 1 for s in win.strides) if flat is None else flat
+        self.grid = math.prod(win.padded)
+        pitch = [math.prod(win.padded[i + 1:]) for i in range(win.nd)]
+        self.tap_steps = tuple(d * p for d, p in zip(win.dilations, pitch))  # flat step per kernel index
+        self.offsets = [sum(i * s for i, s in zip(idx, self.tap_steps))
+                        for idx in itertools.product(*(range(k) for k in win.kernel))]
+        if self.flat:
+            first = win.padded[0] if whole_grid else win.out[0]  # whole_grid: positions on every row
+            self.q, self.rows = first * pitch[0], (first,) + win.padded[1:]
+            self.valid = (Ellipsis,) + tuple(slice(0, o) for o in win.out)
+            self.tail = self.offsets[-1] + self.q - self.grid  # the last tap's reach past a grid
+        else:
+            self.q, self.rows, self.valid, self.tail = math.prod(win.out), win.out, (Ellipsis,), 0
+        self.per_item = self.c * len(self.offsets) * self.q
+        self.inside = (slice(None), slice(None)) + tuple(slice(b, b + i) for b, i in zip(win.begin, win.spatial))
+
+    def footprint(self, m: int) -> int:
+        """Elements a chunk touches per sample: padded input (or dX accumulator), columns, and
+        the M rows of GEMM output (or dY) at the q positions."""
+        return self.c * self.grid + self.per_item + m * self.q
+
+    def scratch(self, step: int, dtype) -> tuple[_Scratch, _Scratch]:
+        """A worker's buffers: its padded chunk (zeroed: the padding is never written) and columns."""
+        return (_Scratch(step * self.c * self.grid + self.tail, dtype, zero=True),
+                _Scratch(step * self.per_item, dtype))
+
+    def columns(self, x: np.ndarray, b0: int, step: int, bufs: tuple[_Scratch, _Scratch]) -> np.ndarray:
+        xbuf, cols_buf = bufs
+        xc = x[b0:b0 + step]
+        n, c = xc.shape[:2]
+        xp = xbuf.view((n, c) + self.win.padded)
+        xp[self.inside] = xc
+        if self.flat:  # (C, *kernel, chunk, q); the tail keeps the last sample's reads in xbuf
+            it = xbuf.data.itemsize
+            view = as_strided(xbuf.data, (c,) + self.win.kernel + (n, self.q),
+                              (self.grid * it,) + tuple(s * it for s in self.tap_steps) + (c * self.grid * it, it))
+        else:  # (B, C, *out, *kernel) -> (C, *kernel, B, *out)
+            nd, win = self.win.nd, self.win
+            view = sliding_window_view(xp, win.extent, axis=tuple(range(2, 2 + nd)))
+            view = view[(slice(None), slice(None))
+                        + tuple(slice(None, (o - 1) * s + 1, s) for o, s in zip(win.out, win.strides))
+                        + tuple(slice(None, None, d) for d in win.dilations)]
+            view = view.transpose((1,) + tuple(range(2 + nd, 2 + 2 * nd)) + (0,) + tuple(range(2, 2 + nd)))
+        cols = cols_buf.view(view.shape)
+        np.copyto(cols, view)
+        return cols.reshape(self.group, -1, n * self.q)
+
+    def outputs(self, a: np.ndarray, n: int) -> np.ndarray:
+        """The valid outputs of (..., n * q) as a view (..., n, *out)."""
+        return a.reshape(a.shape[:-1] + (n,) + self.rows)[self.valid]
 
 
-def conv(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, win: Window, group: int) -> np.ndarray:
-    n, c = x.shape[:2]
-    m = w.shape[0]
-    p = math.prod(win.out)
+def conv(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, win: Window, group: int,
+         epilogue: Epilogue | None = None) -> np.ndarray:
+    """Y = W * X (+ b); epilogue(batch slice, Y block) on each chunk once written (OpDef.blocked)."""
+    n, m = x.shape[0], w.shape[0]
+    im2col = _Im2col(x.shape, win, group)
     w3 = w.reshape(group, m // group, -1)
-    xp = win.pad(x)
     y = np.empty((n, m) + win.out, x.dtype)  # owns its memory: the executor may reuse it in place
-    y3 = y.reshape(n, m, p)
-    bias = None if b is None else b.reshape(1, m, 1).astype(x.dtype, copy=False)
-    step, workers = _chunk_plan(n, c * math.prod(win.kernel) * p)
+    # The bias as one sample's output (M, *out): adding it to the (chunk, M * P) block is numpy's
+    # loop over two contiguous rows, not a broadcast over rows of out[-1] elements (2x faster).
+    bias = None if b is None else np.ascontiguousarray(
+        np.broadcast_to(b.astype(x.dtype, copy=False).reshape((m,) + (1,) * win.nd), (m,) + win.out)).reshape(-1)
+    threads = _conv_threads(n, im2col.footprint(m))
+    step = _balanced(n, _chunk(n, im2col.footprint(m)), threads)
 
-    def work(starts: list[int]) -> None:
-        cols_buf = _Scratch(c * math.prod(win.kernel) * step * p, x.dtype)
-        out_buf = _Scratch(m * step * p, x.dtype)
+    def work(starts: list[int]) -> list[None]:
+        bufs, out_buf = im2col.scratch(step, x.dtype), _Scratch(m * step * im2col.q, x.dtype)
         for b0 in starts:
-            cols = _columns(xp[b0:b0 + step], win, group, cols_buf)
+            cols = im2col.columns(x, b0, step, bufs)
+            bsz = cols.shape[2] // im2col.q
             chunk = out_buf.view((group, m // group, cols.shape[2]))
             np.matmul(w3, cols, out=chunk)
-            chunk = chunk.reshape(m, -1, p).transpose(1, 0, 2)
-            if bias is None:
-                y3[b0:b0 + step] = chunk
-            else:  # transpose and bias in one pass while the chunk is in cache
-                np.add(chunk, bias, out=y3[b0:b0 + step])
+            y[b0:b0 + bsz] = im2col.outputs(chunk.reshape(m, -1), bsz).swapaxes(0, 1)
+            if bias is not None:  # while the block is in cache
+                block = y[b0:b0 + bsz].reshape(bsz, -1)
+                np.add(block, bias, out=block)
+            if epilogue is not None:
+                epilogue(slice(b0, b0 + bsz), y[b0:b0 + bsz])
+        return [None] * len(starts)
 
-    _over_chunks(n, step, workers, work)
+    _parallel.map_shares(work, range(0, n, step), threads)
     return y
 
 
-def _conv_forward(node, ins):
+def _conv_forward(node, ins, epilogue: Epilogue | None = None):
     x, w = ins[0], ins[1]
     b = ins[2] if len(ins) > 2 else None
     return conv(x, w.astype(x.dtype, copy=False), b, _conv_window(node, x.shape, w.shape),
-                int(node.attr("group", 1)))
+                int(node.attr("group", 1)), epilogue)
 
 
-def conv_grad_input(dy: np.ndarray, w: np.ndarray, win: Window, group: int, x_shape) -> np.ndarray:
-    """dX: each output's gradient spread over its window (GEMM, then col2im tap by tap)."""
-    if all(s == 1 for s in win.strides):
-        return _conv_grad_input_flat(dy, w, win, group, x_shape)
+def conv_grad_input(dy: np.ndarray, w: np.ndarray, win: Window, group: int, x_shape,
+                    epilogue: Epilogue | None = None) -> np.ndarray:
+    """dX: each output's gradient spread over its window (GEMM, then col2im tap by tap);
+    epilogue(batch slice, dX block) on each block once final (OpDef.blocked)."""
+    if all(s == 1 for s in win.strides) and np.isfinite(w).all():
+        return _conv_grad_input_flat(dy, w, win, group, x_shape, epilogue)
     n, c = x_shape[:2]
     m = w.shape[0]
     p = math.prod(win.out)
@@ -349,77 +348,91 @@ def conv_grad_input(dy: np.ndarray, w: np.ndarray, win: Window, group: int, x_sh
         for idx, sl in win.taps():
             # Within one tap the outputs read distinct inputs, so a strided += is exact.
             target[sl] += dcols[(slice(None), slice(None)) + idx]
-    return win.crop(dxp)
-
-
-def _conv_grad_input_flat(dy: np.ndarray, w: np.ndarray, win: Window, group: int, x_shape) -> np.ndarray:
-    """conv_grad_input for stride 1, where every tap is a flat shift of the padded grid.
-
-    dY is laid out channel-major on the padded grid (zeros where no output is), so col2im is one
-    long contiguous add per tap instead of numpy iterating over short rows (2x faster here)."""
-    n, c = x_shape[:2]
-    m = w.shape[0]
-    taps = math.prod(win.kernel)
-    grid = math.prod(win.padded)
-    pitch = [math.prod(win.padded[i + 1:]) for i in range(win.nd)]
-    offsets = [sum(i * d * p for i, d, p in zip(idx, win.dilations, pitch))
-               for idx in itertools.product(*(range(k) for k in win.kernel))]
-    wt = np.ascontiguousarray(w.reshape(group, m // group, (c // group) * taps).transpose(0, 2, 1))
-    outputs = (slice(None), slice(None)) + tuple(slice(0, o) for o in win.out)
-    inside = (slice(None), slice(None)) + tuple(slice(b, b + i) for b, i in zip(win.begin, win.spatial))
-    dx = np.empty(x_shape, dy.dtype)
-    step, workers = _chunk_plan(n, c * taps * grid)
-
-    def work(starts: list[int]) -> None:
-        dy_buf, cols_buf = _Scratch(m * step * grid, dy.dtype), _Scratch(c * taps * step * grid, dy.dtype)
-        acc_buf = _Scratch(c * (step * grid + offsets[-1]), dy.dtype)
-        for b0 in starts:
-            dyc = dy[b0:b0 + step]
-            bsz = dyc.shape[0]
-            size = bsz * grid
-            dyf = dy_buf.view((m, bsz) + win.padded)
-            dyf.fill(0)
-            dyf[outputs] = dyc.swapaxes(0, 1)
-            dcols = cols_buf.view((group, (c // group) * taps, size))
-            np.matmul(wt, dyf.reshape(group, m // group, size), out=dcols)
-            dcols = dcols.reshape(c, taps, size)
-            acc = acc_buf.view((c, size + offsets[-1]))
-            acc.fill(0)
-            for t, off in enumerate(offsets):
-                acc[:, off:off + size] += dcols[:, t]
-            dx[b0:b0 + bsz] = acc[:, :size].reshape((c, bsz) + win.padded)[inside].swapaxes(0, 1)
-
-    _over_chunks(n, step, workers, work)
+    dx = win.crop(dxp)
+    if epilogue is not None:
+        epilogue(slice(0, n), dx)
     return dx
 
 
-def conv_grad_weight(dy: np.ndarray, x: np.ndarray, win: Window, group: int, w_shape) -> np.ndarray:
-    """dW = dY (as M x pixels) @ columns^T, accumulated over batch chunks."""
-    n, c = x.shape[:2]
-    m = w_shape[0]
-    p = math.prod(win.out)
-    xp = win.pad(x)
-    _, workers = _chunk_plan(n, c * math.prod(win.kernel) * p)
-    step = _chunk(n, c * math.prod(win.kernel) * p)  # the chunking fixes the summation order
+def _conv_grad_input_flat(dy: np.ndarray, w: np.ndarray, win: Window, group: int, x_shape,
+                          epilogue: Epilogue | None) -> np.ndarray:
+    """conv_grad_input for stride 1, where every tap is a flat shift of the padded grid.
 
-    def work(starts: list[int]) -> list[tuple[int, np.ndarray]]:
-        cols_buf = _Scratch(c * math.prod(win.kernel) * step * p, x.dtype)
-        dy_buf = _Scratch(m * step * p, dy.dtype)
+    dY is laid out channel-major on the whole padded grid (0 where no output is), so col2im is
+    one long contiguous add per tap (the padded input at p + offsets[t] gets position p's tap t)
+    instead of numpy looping over short rows (2x faster here). Not on the rows-only positions of
+    `_Im2col`: their per-sample adds would be 3-D, which numpy runs 3x slower than these 2-D
+    ones (measured on MNIST's conv3). The extra positions add exact zeros (W finite: the caller
+    checks, since 0 * inf would not be 0)."""
+    n, c = x_shape[:2]
+    m = w.shape[0]
+    im2col = _Im2col(x_shape, win, group, whole_grid=True)
+    grid, taps = im2col.grid, len(im2col.offsets)
+    wt = np.ascontiguousarray(w.reshape(group, m // group, (c // group) * taps).transpose(0, 2, 1))
+    dx = np.empty(x_shape, dy.dtype)
+    threads = _conv_threads(n, im2col.footprint(m))
+    step = _balanced(n, _chunk(n, im2col.footprint(m)), threads)
+
+    def work(starts: list[int]) -> list[None]:
+        dy_buf = _Scratch(m * step * grid, dy.dtype, zero=True)  # 0 where no output is
+        cols_buf, acc_buf = _Scratch(step * im2col.per_item, dy.dtype), _Scratch(c * (step * grid + im2col.tail),
+                                                                                  dy.dtype)
+        for b0 in starts:
+            dyc = dy[b0:b0 + step]
+            size = dyc.shape[0] * grid
+            dyq = dy_buf.view((group, m // group, size))
+            im2col.outputs(dyq.reshape(m, -1), dyc.shape[0])[...] = dyc.swapaxes(0, 1)
+            dcols = cols_buf.view((group, (c // group) * taps, size))
+            np.matmul(wt, dyq, out=dcols)
+            dcols = dcols.reshape(c, taps, size)
+            acc = acc_buf.view((c, size + im2col.tail))
+            acc[:, :size] = dcols[:, 0]  # tap 0 is at offset 0
+            acc[:, size:] = 0
+            for t, off in enumerate(im2col.offsets[1:], start=1):
+                acc[:, off:off + size] += dcols[:, t]
+            padded = acc[:, :size].reshape((c, dyc.shape[0]) + win.padded)
+            dx[b0:b0 + dyc.shape[0]] = padded[im2col.inside].swapaxes(0, 1)
+            if epilogue is not None:
+                epilogue(slice(b0, b0 + dyc.shape[0]), dx[b0:b0 + dyc.shape[0]])
+        return [None] * len(starts)
+
+    _parallel.map_shares(work, range(0, n, step), threads)
+    return dx
+
+
+def conv_grad_weight(dy: np.ndarray, x: np.ndarray, win: Window, group: int, w_shape,
+                     flat: bool | None = None) -> np.ndarray:
+    """dW = dY (as M x positions) @ columns^T, accumulated over batch chunks in batch order."""
+    n, m = x.shape[0], w_shape[0]
+    im2col = _Im2col(x.shape, win, group, flat)
+    step = _chunk(n, im2col.footprint(m), im2col.q)  # never the core count: it fixes the summation order
+
+    def work(starts: list[int]) -> list[np.ndarray]:
+        bufs = im2col.scratch(step, x.dtype)
+        dy_buf = _Scratch(m * step * im2col.q, dy.dtype, zero=True)  # 0 at the extra positions
         partials = []
         for b0 in starts:
-            cols = _columns(xp[b0:b0 + step], win, group, cols_buf)
-            dyc = dy[b0:b0 + step].reshape(-1, group, m // group, p)
-            dyt = dy_buf.view((group, m // group, dyc.shape[0], p))
-            np.copyto(dyt, dyc.transpose(1, 2, 0, 3))
-            partials.append((b0, np.matmul(dyt.reshape(group, m // group, -1), cols.transpose(0, 2, 1))))
+            cols = im2col.columns(x, b0, step, bufs)
+            bsz = cols.shape[2] // im2col.q
+            dyq = dy_buf.view((group, m // group, bsz * im2col.q))
+            im2col.outputs(dyq.reshape(m, -1), bsz)[...] = dy[b0:b0 + bsz].swapaxes(0, 1)
+            # dW^T = columns @ dY^T: OpenBLAS runs this orientation 1.3-1.7x faster than
+            # dY @ columns^T on these shapes (measured on MNIST's conv2 and conv3, one core).
+            partials.append(np.matmul(cols, dyq.transpose(0, 2, 1)))
         return partials
 
-    dw = np.zeros((group, m // group, (c // group) * math.prod(win.kernel)), dy.dtype)
-    # Chunk by chunk in batch order, whichever core computed it: the same bits on any core count.
-    for _, partial in sorted((pair for part in _over_chunks(n, step, workers, work) for pair in part),
-                             key=lambda pair: pair[0]):
-        dw += partial
-    return dw.reshape(w_shape).astype(dy.dtype, copy=False)
+    dwt = np.zeros((group, (x.shape[1] // group) * math.prod(win.kernel), m // group), dy.dtype)
+    # Chunk by chunk in batch order, whichever core computed it, each chunk's GEMM on a
+    # single-threaded BLAS even on one worker: the same bits on any core count.
+    with _parallel.serial_blas():
+        partials = _parallel.map_shares(work, range(0, n, step), _conv_threads(n, im2col.footprint(m)))
+    for partial in partials:
+        dwt += partial
+    if im2col.flat and not np.isfinite(dwt).all():
+        # A non-finite X or dY: the extra positions may have added 0 * inf = nan where the
+        # exact sum has none. Recompute on the valid positions alone.
+        return conv_grad_weight(dy, x, win, group, w_shape, flat=False)
+    return dwt.transpose(0, 2, 1).reshape(w_shape).astype(dy.dtype, copy=False)
 
 
 def _explicit(node: Node, win: Window, **extra) -> dict:
@@ -439,18 +452,18 @@ def _conv_grad(g: GradContext):
     return [dx, dw, db]
 
 
-defop("Conv", infer=_conv_infer, forward=_conv_forward, grad=_conv_grad)
+defop("Conv", infer=_conv_infer, forward=_conv_forward, grad=_conv_grad, blocked=_conv_forward)
 
 
 def _grad_input_infer(node, ins):
     return [TensorInfo(ins[0].dtype, tuple(int(d) for d in node.attr("input_shape")))]
 
 
-def _conv_grad_input_forward(node, ins):
+def _conv_grad_input_forward(node, ins, epilogue: Epilogue | None = None):
     dy, w = ins
     shape = tuple(node.attr("input_shape"))
     return conv_grad_input(dy, w.astype(dy.dtype, copy=False), window(node, shape[2:], w.shape[2:]),
-                           int(node.attr("group", 1)), shape)
+                           int(node.attr("group", 1)), shape, epilogue)
 
 
 def _conv_grad_weight_forward(node, ins):
@@ -471,6 +484,7 @@ def _conv_grad_input_grad(g: GradContext):
 
 
 defop("ConvGradInput", infer=_grad_input_infer, forward=_conv_grad_input_forward, grad=_conv_grad_input_grad,
+      blocked=_conv_grad_input_forward,
       internal=True)
 defop("ConvGradWeight", internal=True, forward=_conv_grad_weight_forward,
       infer=lambda node, ins: [TensorInfo(ins[0].dtype, tuple(int(d) for d in node.attr("weight_shape")))])
@@ -653,10 +667,29 @@ def _channel_dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return _row_dots(a, b).sum(axis=0, dtype=np.float64)
 
 
+# Elements of a BatchNorm block: the several passes an op makes over a block (x, dY, a
+# temporary, dX: 4 MiB) then hit the cache instead of memory, and a block is big enough that
+# numpy's per-call cost (and the GIL each call takes) stays small. Measured on the 2-vCPU AMD
+# EPYC (1 MiB L2 per core, 32 MiB L3), BatchNormGrad on (1000, 24, 22, 22): 2^18 best, 2^15
+# 2x slower than unblocked. Per-row results do not depend on the blocks.
+_BLOCK = 1 << 18
+
+
+def _over_blocks(x: np.ndarray, fn: Callable[[slice], object]) -> list:
+    """fn(batch slice) for blocks of about _BLOCK elements of x, spread over the workers when x
+    is big; the results in batch order."""
+    n = x.shape[0]
+    step = max(1, min(n, _BLOCK // max(1, x.size // max(1, n))))
+    threads = _parallel.workers() if x.size >= _SPLIT_MIN else 1
+    return _parallel.map_shares(lambda blocks: [fn(s) for s in blocks],
+                                [slice(i, i + step) for i in range(0, n, step)], threads, blas=False)
+
+
 def _over_rows(x: np.ndarray, fn) -> np.ndarray:
-    """Per-channel double sums of fn(batch slice) -> (rows, C) computed on every core; the rows
-    are joined before the one double sum, so the result does not depend on the core count."""
-    return np.concatenate(_over_batch(x, fn)).sum(axis=0, dtype=np.float64)
+    """Per-channel double sums of fn(batch slice) -> (rows, C'), computed block by block on every
+    core; the rows are joined in batch order before the one double sum, so the result depends
+    neither on the blocks nor on the core count."""
+    return np.concatenate(_over_blocks(x, fn)).sum(axis=0, dtype=np.float64)
 
 
 def _per_channel(v: np.ndarray, like: np.ndarray) -> np.ndarray:
@@ -664,39 +697,64 @@ def _per_channel(v: np.ndarray, like: np.ndarray) -> np.ndarray:
     return _channel(np.asarray(v).astype(like.dtype), like.ndim)
 
 
-def _batch_stats(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(mean, biased variance, x - mean) over every axis but the channel axis; batch slices on
-    every core."""
-    n = x.size // x.shape[1]
-    mean = _over_rows(x, lambda s: _row_sums(x[s])) / n
-    mean_c = _per_channel(mean, x)
-    centered = np.empty_like(x)
-
-    def center(s: slice) -> np.ndarray:
-        np.subtract(x[s], mean_c, out=centered[s])
-        return _row_dots(centered[s], centered[s])
-
-    return mean, _over_rows(x, center) / n, centered
+def _sample_map(v: np.ndarray, like: np.ndarray) -> np.ndarray:
+    """Per-channel values spread over one sample, (C * positions,): an op between a (block, C *
+    positions) view and this map is numpy's loop over contiguous rows, 2x faster than
+    broadcasting (1, C, 1, ...) over rows of `positions` elements (MNIST's BatchNorm2d, 484)."""
+    return np.repeat(np.asarray(v).astype(like.dtype), like[:1, :1].size)
 
 
-def _bn_forward(node, ins):
+def _samples(a: np.ndarray, s: slice) -> np.ndarray:
+    """A batch block of a (contiguous) as (block, C * positions)."""
+    return a[s].reshape(len(range(*s.indices(a.shape[0]))), -1)
+
+
+def _batch_stats(x: np.ndarray, dy: np.ndarray | None = None) -> tuple:
+    """(mean, biased variance, mean as a `_sample_map`) over every axis but the channel axis, two passes
+    over x (the variance of x - mean, never E[x^2] - mean^2). With dy, also (sum of dy, sum of
+    dy * (x - mean)) per channel, from the same two passes."""
+    n, c = x.size // x.shape[1], x.shape[1]
+    if dy is None:
+        mean = _over_rows(x, lambda s: _row_sums(x[s])) / n
+    else:
+        sums = _over_rows(x, lambda s: np.concatenate([_row_sums(x[s]), _row_sums(dy[s])], axis=1))
+        mean, dbias = sums[:c] / n, sums[c:]
+    mean_m = _sample_map(mean, x)
+
+    def centered(s: slice) -> np.ndarray:
+        d = (_samples(x, s) - mean_m).reshape(x[s].shape)  # a block: stays in cache
+        return _row_dots(d, d) if dy is None else np.concatenate([_row_dots(d, d), _row_dots(dy[s], d)], axis=1)
+
+    second = _over_rows(x, centered)
+    if dy is None:
+        return mean, second / n, mean_m
+    return mean, second[:c] / n, mean_m, dbias, second[c:]
+
+
+def _bn_forward(node, ins, epilogue: Epilogue | None = None):
     x, scale, bias, mean, var = ins[:5]
     eps = float(node.attr("epsilon", 1e-5))
     training = bool(node.attr("training_mode", 0))
     if training:
-        batch_mean, batch_var, y = _batch_stats(x)
-        a_c, bias_c = _per_channel(scale * (1.0 / np.sqrt(batch_var + eps)), x), _per_channel(bias, x)
+        batch_mean, batch_var, mean_m = _batch_stats(x)
+        a_m, bias_m = _sample_map(scale * (1.0 / np.sqrt(batch_var + eps)), x), _sample_map(bias, x)
+        y = np.empty(x.shape, x.dtype)  # C order: its blocks are reshaped in place
 
         def normalize(s: slice) -> list:
-            y[s] *= a_c  # in place on the centered copy: two passes in all
-            y[s] += bias_c
+            block = _samples(y, s)
+            np.subtract(_samples(x, s), mean_m, out=block)  # then in place while it is in cache
+            block *= a_m
+            block += bias_m
+            if epilogue is not None:
+                epilogue(s, y[s])
             return []
 
-        _over_batch(y, normalize)
+        _over_blocks(x, normalize)
     else:
         a = scale * (1.0 / np.sqrt(var.astype(np.float64) + eps))
-        y = x * _per_channel(a, x) + _per_channel(bias - mean * a, x)
-    y = y.astype(x.dtype, copy=False)
+        y = (x * _per_channel(a, x) + _per_channel(bias - mean * a, x)).astype(x.dtype, copy=False)
+        if epilogue is not None:
+            epilogue(slice(0, x.shape[0]), y)
     if len(node.outputs) == 1:
         return [y]
     if not training:
@@ -711,38 +769,45 @@ def _bn_forward(node, ins):
     return [y, running_mean.astype(mean.dtype), running_var.astype(var.dtype)][:len(node.outputs)]
 
 
-def _bn_grad_forward(node, ins):
+def _bn_grad_forward(node, ins, epilogue: Epilogue | None = None):
     """(dX, dscale, dbias); batch statistics recomputed (training) or given (training=0)."""
     dy, x, scale = ins[:3]
     eps = float(node.attr("epsilon", 1e-5))
     training = bool(node.attr("training", 1))
     if training:
-        _, var, centered = _batch_stats(x)
+        _, var, mean_m, dbias, dot = _batch_stats(x, dy)
     else:
-        var = ins[4].astype(np.float64)
-        centered = x - _per_channel(ins[3], x)
+        var, mean_c = ins[4].astype(np.float64), _per_channel(ins[3], x)
+        sums = _over_rows(x, lambda s: np.concatenate([_row_sums(dy[s]), _row_dots(dy[s], x[s] - mean_c)], axis=1))
+        dbias, dot = sums[:x.shape[1]], sums[x.shape[1]:]
     inv = 1.0 / np.sqrt(var + eps)
     k = scale * inv
-    dbias = _over_rows(x, lambda s: _row_sums(dy[s]))
-    dscale = _over_rows(x, lambda s: _row_dots(dy[s], centered[s])) * inv
+    dscale = dot * inv
     dparams = [dscale.astype(scale.dtype), dbias.astype(scale.dtype)]
     if not training:
-        return [(dy * _per_channel(k, x)).astype(x.dtype)] + dparams
+        dx = (dy * _per_channel(k, x)).astype(x.dtype)
+        if epilogue is not None:
+            epilogue(slice(0, x.shape[0]), dx)
+        return [dx] + dparams
     # The batch statistics depend on x too (mean and variance terms of the chain rule):
-    # dx = k * (dy - dbias / n - xhat * dscale / n), with xhat = centered * inv.
+    # dx = k * (dy - dbias / n - xhat * dscale / n), with xhat = (x - mean) * inv.
     n = x.size // x.shape[1]
-    alpha, beta, k_c = (_per_channel(-k * inv * dscale / n, x), _per_channel(-k * dbias / n, x),
-                        _per_channel(k, x))
-    dx = np.empty_like(x)
+    alpha, beta, k_m = (_sample_map(-k * inv * dscale / n, x), _sample_map(-k * dbias / n, x),
+                        _sample_map(k, x))
+    dx = np.empty(x.shape, x.dtype)  # C order: its blocks are reshaped in place
 
     def grad(s: slice) -> list:
-        centered[s] *= alpha
-        centered[s] += beta
-        np.multiply(dy[s], k_c, out=dx[s])
-        dx[s] += centered[s]
+        d = _samples(x, s) - mean_m  # a block: stays in cache
+        d *= alpha
+        d += beta
+        block = _samples(dx, s)
+        np.multiply(_samples(dy, s), k_m, out=block)
+        block += d
+        if epilogue is not None:
+            epilogue(s, dx[s])
         return []
 
-    _over_batch(x, grad)
+    _over_blocks(x, grad)
     return [dx] + dparams
 
 
@@ -783,9 +848,9 @@ def _bn_grad_infer(node, ins):
             TensorInfo(ins[2].dtype, ins[2].shape)]
 
 
-defop("BatchNormalization", infer=_bn_infer, forward=_bn_forward, grad=_bn_grad, nondiff=[3, 4],
+defop("BatchNormalization", infer=_bn_infer, forward=_bn_forward, grad=_bn_grad, nondiff=[3, 4], blocked=_bn_forward,
       set_mode=_bn_set_mode)
-defop("BatchNormGrad", infer=_bn_grad_infer, forward=_bn_grad_forward, internal=True)
+defop("BatchNormGrad", infer=_bn_grad_infer, forward=_bn_grad_forward, internal=True, blocked=_bn_grad_forward)
 
 
 # -- Dropout -------------------------------------------------------------------------------------
