@@ -472,19 +472,20 @@ def test_mean_std_with_another_channel_count(tmp_path, tiny_mnist, capsys):
 @pytest.mark.slow
 @pytest.mark.skipif(not SUBSET.is_dir(), reason="shared MNIST subset not checked out next to the repo")
 def test_founding_settings_end_to_end_then_predict(tmp_path):
-    """`anygrad train` without a model: the founding example with AdaGrad lr 1.0 and batch 1000
-    (3 of its 8 epochs, to stay quick) on the subset, then the issue's check: `anygrad predict
-    RUN --dataset mnist --index 12` names the true label, the one stored in the data."""
+    """`anygrad train` without a model or settings: the founding run (AdaGrad lr 1.0, batch 1000,
+    8 epochs; ~20 s on 2 cores) on the subset, then the issue's check: `anygrad predict RUN
+    --dataset mnist --index 12` names the true label, the one stored in the data. Measured
+    2026-11-23: valid accuracy 0.926 after 8 epochs (0.69 after 3: the early epochs swing)."""
     from anygrad.data import load_mnist
     run = tmp_path / "run"
-    r = run_cli("train", "--data-dir", str(SUBSET), "--device", "cpu", "--epochs", "3", "--artifacts", str(run))
+    r = run_cli("train", "--data-dir", str(SUBSET), "--device", "cpu", "--artifacts", str(run))
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
     config = json.loads((run / "config.json").read_text())
     assert {k: config[k] for k in ("optimizer", "lr", "batch_size", "loss", "epochs")} == \
-        {"optimizer": "adagrad", "lr": 1.0, "batch_size": 1000, "loss": "nll", "epochs": 3}
+        {"optimizer": "adagrad", "lr": 1.0, "batch_size": 1000, "loss": "nll", "epochs": 8}
     assert Path(config["model"]).name == "mnist.onnx"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [row["epoch"] for row in rows] == [1, 2, 3] and rows[-1]["valid_accuracy"] > 0.7, rows
+    assert [row["epoch"] for row in rows] == list(range(1, 9)) and rows[-1]["valid_accuracy"] > 0.85, rows
 
     r = run_cli("predict", str(run), "--dataset", "mnist", "--index", "12", "--data-dir", str(SUBSET))
     assert r.returncode == 0, r.stderr
