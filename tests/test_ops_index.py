@@ -333,6 +333,27 @@ def test_resize_scales_vs_torch(case, h, w, sh, sw, seed):
              const=[2])
 
 
+@pytest.mark.parametrize("mode, torch_mode", [("linear", "bilinear"), ("cubic", "bicubic")])
+def test_resize_align_corners_with_a_fractional_length_follows_onnxruntime_and_torch(mode, torch_mode):
+    """Scale 0.6 of length 4 is 2.4: the output has 2 columns, and align_corners divides by 2 - 1
+    in onnxruntime and PyTorch, by 2.4 - 1 in ONNX's reference (a deliberate difference, listed
+    in the expected failures)."""
+    x = normal(3, (1, 2, 3, 4))
+    scales = np.array([1, 1, 0.6, 0.6], np.float32)
+    attrs = {"mode": mode, "coordinate_transformation_mode": "align_corners", "cubic_coeff_a": -0.75}
+    outs, _, _ = run_op("Resize", [x, None, scales], attrs, const=[2], grad=False)
+    node = helper.make_node("Resize", ["x", "", "scales"], ["y"], **attrs)
+    graph = helper.make_graph([node], "r", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(scales, "scales")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(outs[0], want, rtol=1e-5, atol=1e-6)
+    theirs = F.interpolate(torch.tensor(x, dtype=torch.float64), scale_factor=(0.6, 0.6), mode=torch_mode,
+                           align_corners=True)
+    np.testing.assert_allclose(outs[0], theirs.numpy(), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("case", range(len(TORCH_RESIZE)))
 @SETTINGS
 @given(h=st.integers(1, 5), w=st.integers(1, 5), oh=st.integers(1, 7), ow=st.integers(1, 7), seed=seeds)
