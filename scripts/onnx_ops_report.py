@@ -322,6 +322,8 @@ KNOWN_REASONS = {
     r"^test_resize_downsample_scales_(linear|cubic)_align_corners$":
         "align_corners: anygrad divides by the output size - 1, as onnxruntime and PyTorch do; the reference "
         "by the unrounded scaled length - 1",
+    r"^test_dft_inverse(_opset19)?$": "expected output: its own float32 noise (1.9e-7 where the exact inverse "
+                                      "is 0) exceeds the case's atol 1e-7; anygrad is within 1e-14 there",
 }
 
 

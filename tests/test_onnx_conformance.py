@@ -107,9 +107,9 @@ def test_max_opset_is_one_whose_changed_ops_pass():
     from anygrad.frontends.onnx_import import DEFAULT_DOMAINS, MAX_OPSET, MIN_OPSET
     from anygrad.ir.registry import get_op
     known = ("random: anygrad uses its counter-based RNG", "running_var: anygrad keeps PyTorch's unbiased",
-             "align_corners: anygrad divides by the output size")
-    # Wrong values at opsets 17-20, accepted before this check existed: fix them, then drop them here.
-    open_bugs = {"test_dft_inverse", "test_dft_inverse_opset19"}
+             "align_corners: anygrad divides by the output size", "expected output: its own float32 noise")
+    # Wrong values accepted before this check existed: fix them, then list them here no more.
+    open_bugs: set[str] = set()
     assert MAX_OPSET <= onnx.defs.onnx_opset_version()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
