@@ -349,6 +349,16 @@ def test_config_values_of_the_wrong_type(tmp_path, capsys, record, key, expected
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize("record, words", [({"epochs": 0}, "epochs must be at least 1"),
+                                           ({"monitor": "valid_acc"}, "unknown metric 'valid_acc'")])
+def test_config_values_out_of_range_name_the_file(tmp_path, capsys, record, words):
+    path = tmp_path / "conf.json"
+    path.write_text(json.dumps(record))
+    assert cli.main(["train", "--config", str(path), "--device", "cpu", "--artifacts", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"anygrad: error: {path}: ") and words in err, err
+
+
 def test_config_values_are_converted_to_their_types():
     from anygrad.train import TrainConfig
     c = TrainConfig.from_dict({"patience": "3", "mean": "0.5,0.25", "std": [1, 2], "lr": "1e-3", "epochs": 2.0,

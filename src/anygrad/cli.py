@@ -189,6 +189,10 @@ def _file_settings(path: Path) -> dict[str, Any]:
     from .train import TrainConfig
     record = _read_config(path)
     config = TrainConfig.from_dict(record, str(path))
+    try:  # values out of range too, while the file is still the one to name
+        config.check()
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
     return {k: getattr(config, k) for k in record if k in TrainConfig.__dataclass_fields__}
 
 
