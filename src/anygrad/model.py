@@ -291,8 +291,10 @@ class Model:
     # -- state ------------------------------------------------------------------------------
     @property
     def lr(self) -> float:
-        return float(self._require_compiled().get_state(LR_STATE)) if self.backend.has_state(LR_STATE) \
-            else float(self.optimizer.lr)
+        """The rate the next update uses. The host copy, which the setter and load_full_state keep
+        equal to the device's LR_STATE: reading that would cost a readback per call (per step)."""
+        self._require_compiled()
+        return float(self.optimizer.lr)
 
     @lr.setter
     def lr(self, value: float) -> None:
@@ -336,8 +338,8 @@ class Model:
             if info is not None and name in self.graph.state_names and tuple(info.shape) != tuple(value.shape):
                 raise ConfigError(f"saved '{name}' has shape {tuple(value.shape)}, the model's is {tuple(info.shape)}")
             backend.set_state(name, np.asarray(value))
-        if LR_STATE in state:
-            self.optimizer.lr = float(state[LR_STATE])
+        if LR_STATE in state and np.float32(self.optimizer.lr) != np.float32(state[LR_STATE]):
+            self.optimizer.lr = float(state[LR_STATE])  # else keep the host's exact value (0.002, not its float32)
 
     def fingerprint(self) -> str:
         """A hash of the graph's structure and its state names, shapes and dtypes (not values):
