@@ -181,7 +181,7 @@ class NumpyExecutable(Executable):
                 continue
             source = graph.nodes[producer]
             shape = tuple(graph.info[node.outputs[0]].shape)
-            if (get_op(source.op).blocked is None or source.outputs[0] != node.inputs[0] or not shape
+            if (not get_op(source.op).blocked or source.outputs[0] != node.inputs[0] or not shape
                     or any(tuple(graph.info[i].shape) != shape or made_at.get(i, -1) >= producer
                            for i in node.inputs[1:])):
                 continue
@@ -200,8 +200,8 @@ class NumpyExecutable(Executable):
         if step in self.epilogue:
             consumer = self.graph.nodes[self.epilogue[step]]
             kernel, others = INPLACE[consumer.op], [env[i] for i in consumer.inputs[1:]]
-            return op.run_blocked(node, [env[i] for i in ins],
-                                  lambda s, block: kernel(consumer, [block] + [o[s] for o in others]))
+            return op.run(node, [env[i] for i in ins],
+                          lambda s, block: kernel(consumer, [block] + [o[s] for o in others]))
         if step in self.passed_on:
             return [env[ins[0]]]  # the producer already applied this op
         kernel = self.inplace.get(step)

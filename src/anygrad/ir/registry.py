@@ -22,7 +22,6 @@ GradFn = Callable[["GradContext"], Sequence[str | None]]
 ModeFn = Callable[[Graph, Node, bool], None]
 ExpandFn = Callable[["Builder", Node], Sequence[str]]
 Epilogue = Callable[[slice, np.ndarray], None]
-BlockedFn = Callable[[Node, list[np.ndarray], Epilogue], Sequence[np.ndarray] | np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -44,11 +43,11 @@ class OpDef:
               one). `specialize` replaces such nodes by their expansion, so autodiff and every
               backend only ever see the primitive ops; `forward` defaults to running the
               expansion, and `grad` is not needed.
-    blocked:  optional `forward` that writes output 0 (batch-major) in batch blocks and calls
-              epilogue(batch slice, block) on each block once it is final, while it is still in
-              cache; the epilogue changes the block in place. The numpy backend runs an
-              elementwise consumer of output 0 this way (a Relu after a Conv...), saving a pass
-              over memory.
+    blocked:  `forward` accepts an `epilogue` keyword: it then writes output 0 (batch-major) in
+              batch blocks and calls epilogue(batch slice, block) on each block once it is final,
+              while it is still in cache; the epilogue changes the block in place (see `run`).
+              The numpy backend runs an elementwise consumer of output 0 this way (a Relu after a
+              Conv...), saving a pass over memory.
     """
 
     name: str
@@ -60,17 +59,15 @@ class OpDef:
     internal: bool = False
     set_mode: ModeFn | None = None
     expand: ExpandFn | None = None
-    blocked: BlockedFn | None = None
+    blocked: bool = False
 
-    def run(self, node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
-        out = self.forward(node, inputs)
+    def run(self, node: Node, inputs: list[np.ndarray | None],
+            epilogue: Epilogue | None = None) -> list[np.ndarray]:
+        """forward's outputs as a list of arrays; epilogue (only for a `blocked` op) is passed on."""
+        out = self.forward(node, inputs) if epilogue is None else self.forward(node, inputs, epilogue=epilogue)
         if isinstance(out, (list, tuple)):
             return [np.asarray(o) for o in out]
         return [np.asarray(out)]
-
-    def run_blocked(self, node: Node, inputs: list[np.ndarray | None], epilogue: Epilogue) -> list[np.ndarray]:
-        out = self.blocked(node, inputs, epilogue)
-        return [np.asarray(o) for o in out] if isinstance(out, (list, tuple)) else [np.asarray(out)]
 
 
 _REGISTRY: dict[str, OpDef] = {}
@@ -79,7 +76,7 @@ _REGISTRY: dict[str, OpDef] = {}
 def defop(name: str, *, infer: InferFn, forward: ForwardFn | None = None, grad: GradFn | None = None,
           nondiff: Sequence[int] = (), foldable: bool = True, internal: bool = False,
           set_mode: ModeFn | None = None, expand: ExpandFn | None = None,
-          blocked: BlockedFn | None = None) -> OpDef:
+          blocked: bool = False) -> OpDef:
     """Register an op. Redefining a name is a programming error."""
     if name in _REGISTRY:
         raise ValueError(f"op {name} registered twice")

@@ -452,7 +452,7 @@ def _conv_grad(g: GradContext):
     return [dx, dw, db]
 
 
-defop("Conv", infer=_conv_infer, forward=_conv_forward, grad=_conv_grad, blocked=_conv_forward)
+defop("Conv", infer=_conv_infer, forward=_conv_forward, grad=_conv_grad, blocked=True)
 
 
 def _grad_input_infer(node, ins):
@@ -484,8 +484,7 @@ def _conv_grad_input_grad(g: GradContext):
 
 
 defop("ConvGradInput", infer=_grad_input_infer, forward=_conv_grad_input_forward, grad=_conv_grad_input_grad,
-      blocked=_conv_grad_input_forward,
-      internal=True)
+      blocked=True, internal=True)
 defop("ConvGradWeight", internal=True, forward=_conv_grad_weight_forward,
       infer=lambda node, ins: [TensorInfo(ins[0].dtype, tuple(int(d) for d in node.attr("weight_shape")))])
 
@@ -848,9 +847,9 @@ def _bn_grad_infer(node, ins):
             TensorInfo(ins[2].dtype, ins[2].shape)]
 
 
-defop("BatchNormalization", infer=_bn_infer, forward=_bn_forward, grad=_bn_grad, nondiff=[3, 4], blocked=_bn_forward,
+defop("BatchNormalization", infer=_bn_infer, forward=_bn_forward, grad=_bn_grad, nondiff=[3, 4], blocked=True,
       set_mode=_bn_set_mode)
-defop("BatchNormGrad", infer=_bn_grad_infer, forward=_bn_grad_forward, internal=True, blocked=_bn_grad_forward)
+defop("BatchNormGrad", infer=_bn_grad_infer, forward=_bn_grad_forward, internal=True, blocked=True)
 
 
 # -- Dropout -------------------------------------------------------------------------------------
