@@ -61,8 +61,9 @@ def test_epilogues_fuse_into_blocked_producers(monkeypatch):
     from anygrad.ops import nn
 
     monkeypatch.setenv("ANYGRAD_NUMPY_THREADS", "2")
-    for name, value in (("_COLS_BUDGET", 2000), ("_PARALLEL_MIN", 0), ("_BLOCK", 100), ("_SPLIT_MIN", 16)):
+    for name, value in (("_COLS_BUDGET", 2000), ("_PARALLEL_MIN", 0), ("_BLOCK", 100)):
         monkeypatch.setattr(nn, name, value)
+    monkeypatch.setattr(_parallel, "SPLIT_MIN", 16)
     window = {"kernel_shape": [3, 3], "strides": [1, 1], "dilations": [1, 1], "pads": [1, 1, 1, 1], "group": 1}
     nodes = [Node("Conv", ["x", "w"], ["c"], {"pads": [1, 1, 1, 1]}),
              Node("Relu", ["c"], ["r"]),                                  # into Conv
@@ -166,7 +167,7 @@ def test_keep_freed_memory_is_idempotent():
 
 def test_split_inplace_kernels_match(monkeypatch):
     """Big in-place elementwise work is split into one flat slice per thread."""
-    monkeypatch.setattr(nb, "_SPLIT_MIN", 4)
+    monkeypatch.setattr(_parallel, "SPLIT_MIN", 4)
     monkeypatch.setenv("ANYGRAD_NUMPY_THREADS", "3")
     g = _chain()
     x = np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32)
@@ -242,7 +243,7 @@ def test_batchnorm_batch_slices_on_threads(monkeypatch, threads):
     from anygrad.ops import nn
 
     monkeypatch.setenv("ANYGRAD_NUMPY_THREADS", threads)
-    monkeypatch.setattr(nn, "_SPLIT_MIN", 16)
+    monkeypatch.setattr(_parallel, "SPLIT_MIN", 16)
     monkeypatch.setattr(nn, "_BLOCK", 100)  # blocks of one or two samples
     rng = np.random.default_rng(3)
     x = (rng.standard_normal((7, 3, 4, 5)) * 2 + 1).astype(np.float32)
@@ -275,7 +276,7 @@ def test_forked_child_runs_threaded_kernels(monkeypatch):
     from anygrad.ops import nn
 
     monkeypatch.setenv("ANYGRAD_NUMPY_THREADS", "2")
-    monkeypatch.setattr(nn, "_SPLIT_MIN", 16)
+    monkeypatch.setattr(_parallel, "SPLIT_MIN", 16)
     x = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4)
     want = nn._batch_stats(x)[1]  # creates the pool in this process
     ctx = multiprocessing.get_context("fork")

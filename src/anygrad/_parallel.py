@@ -156,6 +156,11 @@ def ranges(n: int, parts: int, align: int = 1) -> list[slice]:
     return [slice(lo, min(n, lo + step)) for lo in range(0, n, max(1, step))]
 
 
+# numpy runs a ufunc on one core; big elementwise work (the numpy backend's in-place kernels,
+# BatchNorm's batch blocks) is split over the workers (ufuncs release the GIL). Below this many
+# elements it runs on one thread: threads cost more than they save.
+SPLIT_MIN = 1 << 20
+
 # A matmul below this many flops runs as one call: a pool round trip costs ~20-50 us.
 _MATMUL_SPLIT_MIN = 1 << 23
 

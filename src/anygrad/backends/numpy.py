@@ -64,16 +64,12 @@ INPLACE: dict[str, InplaceKernel] = {
     "Mul": _binary_(np.multiply),
 }
 
-# numpy runs a ufunc on one core; big same-shape elementwise work is split into contiguous
-# slices, one per worker (ufuncs release the GIL). Below this size threads cost more than they save.
-_SPLIT_MIN = 1 << 20
-
-
 def _run_split(kernel: InplaceKernel, node: Node, ins: list[np.ndarray]) -> list[np.ndarray]:
-    """An in-place kernel over equal-shape contiguous inputs, one flat slice per worker."""
+    """An in-place kernel over equal-shape contiguous inputs, one flat slice per worker (when
+    big: `_parallel.SPLIT_MIN`)."""
     first = ins[0]
     threads = _parallel.workers()
-    if (threads < 2 or first.size < _SPLIT_MIN or any(a.shape != first.shape for a in ins)
+    if (threads < 2 or first.size < _parallel.SPLIT_MIN or any(a.shape != first.shape for a in ins)
             or not all(a.flags.c_contiguous for a in ins)):
         return kernel(node, ins)
     flat = [a.reshape(-1) for a in ins]

@@ -150,8 +150,6 @@ _COLS_BUDGET = 1 << 19
 # never threaded 1,370.
 _PARALLEL_MIN = 5 << 20
 
-_SPLIT_MIN = 1 << 20  # elements below which BatchNorm's batch blocks run on one thread
-
 
 # Positions (the GEMM's reduction length) per batch chunk of a weight gradient at most. A conv
 # with few channels has a small footprint per sample, so the budget alone would give it long
@@ -679,7 +677,7 @@ def _over_blocks(x: np.ndarray, fn: Callable[[slice], object]) -> list:
     is big; the results in batch order."""
     n = x.shape[0]
     step = max(1, min(n, _BLOCK // max(1, x.size // max(1, n))))
-    threads = _parallel.workers() if x.size >= _SPLIT_MIN else 1
+    threads = _parallel.workers() if x.size >= _parallel.SPLIT_MIN else 1
     return _parallel.map_shares(lambda blocks: [fn(s) for s in blocks],
                                 [slice(i, i + step) for i in range(0, n, step)], threads, blas=False)
 
