@@ -169,10 +169,10 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """np.matmul(a, b) with the output cut into row blocks (or column blocks, when it is wider
     than tall) computed on every worker; each output element is one BLAS dot product either way,
     so the result does not depend on the split."""
-    n = blas_workers()
-    if (n <= 1 or a.ndim < 2 or b.ndim < 2 or a.dtype != b.dtype or a.dtype.char not in "fd"
+    # The cheap checks first: most matmuls of a step are small, and blas_workers() asks the OS.
+    if (a.ndim < 2 or b.ndim < 2 or a.dtype != b.dtype or a.dtype.char not in "fd"
             or 2 * a.shape[-2] * a.shape[-1] * b.shape[-1] * max(math.prod(a.shape[:-2]), math.prod(b.shape[:-2]))
-            < _MATMUL_SPLIT_MIN):
+            < _MATMUL_SPLIT_MIN or (n := blas_workers()) <= 1):
         return np.matmul(a, b)
     out = np.empty(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]), a.dtype)
     rows = a.shape[-2] >= b.shape[-1]

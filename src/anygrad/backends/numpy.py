@@ -68,9 +68,8 @@ def _run_split(kernel: InplaceKernel, node: Node, ins: list[np.ndarray]) -> list
     """An in-place kernel over equal-shape contiguous inputs, one flat slice per worker (when
     big: `_parallel.SPLIT_MIN`)."""
     first = ins[0]
-    threads = _parallel.workers()
-    if (threads < 2 or first.size < _parallel.SPLIT_MIN or any(a.shape != first.shape for a in ins)
-            or not all(a.flags.c_contiguous for a in ins)):
+    if (first.size < _parallel.SPLIT_MIN or any(a.shape != first.shape for a in ins)
+            or not all(a.flags.c_contiguous for a in ins) or (threads := _parallel.workers()) < 2):
         return kernel(node, ins)
     flat = [a.reshape(-1) for a in ins]
     parts = _parallel.ranges(first.size, threads)
