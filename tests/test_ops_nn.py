@@ -396,9 +396,10 @@ def _run_dropout(x, ratio, state, salt=0, training=True):
 @given(shape=st.lists(st.integers(1, 40), min_size=1, max_size=3), ratio=st.floats(0.0, 0.95),
        training=st.booleans(), seed=st.integers(0, 2**32 - 1), counter=st.integers(0, 2**32 - 1))
 def test_dropout_matches_torch_scaling(shape, ratio, training, seed, counter):
-    """Training: the mask drops a `ratio` share (binomially), kept elements and their gradient are
-    scaled by 1/(1-ratio) as torch's dropout does (float64 reference on the same mask), and the
-    mask is the shared counter-based generator's. Inference: the identity, gradient included."""
+    """Training: the mask is the shared counter-based generator's and drops a `ratio` share
+    (within 5 binomial standard deviations); kept elements and their gradient are scaled by
+    1/(1-ratio), torch.nn.functional.dropout's formula, written out in torch in float64 on the
+    same mask. Inference: the identity, gradient included."""
     x = _randn(np.random.default_rng(seed), *shape)
     y, mask, dx, r = _run_dropout(x, ratio, [seed, counter], training=training)
     if not training:
@@ -415,17 +416,6 @@ def test_dropout_matches_torch_scaling(shape, ratio, training, seed, counter):
     (out * torch.tensor(r, dtype=torch.float64)).sum().backward()
     np.testing.assert_allclose(y, out.detach().numpy(), rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(dx, want.grad.numpy(), rtol=1e-6, atol=1e-7)
-
-
-def test_dropout_mask_statistics_match_torch():
-    """torch.nn.functional.dropout drops the same share and scales the same way."""
-    x = np.ones((400, 500), np.float32)
-    for ratio in (0.1, 0.5, 0.8):
-        y = _run_dropout(x, ratio, [11, 2])[0]
-        ref = F.dropout(torch.ones(400, 500, dtype=torch.float64), ratio, training=True).numpy()
-        np.testing.assert_allclose(np.unique(y), [0.0, 1 / (1 - ratio)], rtol=1e-6)
-        np.testing.assert_allclose(np.unique(ref), [0.0, 1 / (1 - ratio)], rtol=1e-12)
-        assert abs((y == 0).mean() - (ref == 0).mean()) < 0.01
 
 
 def test_dropout_mask_depends_on_seed_counter_salt_only():
