@@ -276,19 +276,20 @@ def _clip_grad(g: GradContext):
     bounds = {k: g.node.attr(k) for k in ("min", "max") if g.node.attr(k) is not None}
     x, lo, hi = g.x[0], g.node.input(1), g.node.input(2)
     dx = g.op("ClipGrad", [g.dy, x, lo, hi], **bounds) if g.need(0) else None
-    zero = g.const(0.0, g.dtype(g.dy), "zero")
-    conditions = {1: lambda: [g.op("Less", [x, lo])] + ([g.op("Less", [lo, hi])] if hi else []),
-                  2: lambda: [g.op("Greater", [x, hi])] + ([g.op("Less", [hi, lo])] if lo else [])}
-    combine = {1: "And", 2: "Or"}
-    dbounds = []
-    for i in (1, 2):
-        if not g.need(i):
-            dbounds.append(None)
-            continue
-        first, *rest = conditions[i]()
-        mask = g.op(combine[i], [first, rest[0]]) if rest else first
-        dbounds.append(g.unbroadcast(g.op("Where", [mask, g.dy, zero]), g.shape(g.x[i])))
-    return [dx] + dbounds
+    dlo = dhi = None
+    if g.need(1) or g.need(2):
+        zero = g.const(0.0, g.dtype(g.dy), "zero")
+    if g.need(1):  # x < min, while min < max
+        mask = g.op("Less", [x, lo])
+        if hi:
+            mask = g.op("And", [mask, g.op("Less", [lo, hi])])
+        dlo = g.unbroadcast(g.op("Where", [mask, g.dy, zero]), g.shape(lo))
+    if g.need(2):  # x > max, or max < min
+        mask = g.op("Greater", [x, hi])
+        if lo:
+            mask = g.op("Or", [mask, g.op("Less", [hi, lo])])
+        dhi = g.unbroadcast(g.op("Where", [mask, g.dy, zero]), g.shape(hi))
+    return [dx, dlo, dhi]
 
 
 defop("Clip", infer=same_as_first, forward=_clip_forward, grad=_clip_grad)
