@@ -13,7 +13,7 @@ import numpy as np
 from ... import rng
 from ...ir.graph import Graph, Node
 from ...ops._util import norm_axis
-from ...ops.nn import dropout_scale
+from ...ops.nn import dropout_ratio, dropout_scale
 from .kernel import AdapterCaps, Kernel, Scratch, lowering
 from .kernels_elementwise import Emit, Val, ew
 from .wgreduce import Part, reduce_code, shared_decl, use_subgroups
@@ -321,7 +321,7 @@ def _const_scalar(c: Emit, node: Node, slot: int, default):
 
 @ew("Dropout", raw=(3,), ignore=(1, 2))
 def _dropout(c: Emit, n: Node, a: list, ot: list[str]) -> list[Val]:
-    ratio = float(_const_scalar(c, n, 1, n.attr("ratio", 0.5)))  # opsets 7-11: an attribute
+    ratio = dropout_ratio(n, _const_scalar(c, n, 1, None))
     training = bool(_const_scalar(c, n, 2, False))
     x = a[0].expr
     if not training or ratio == 0:
