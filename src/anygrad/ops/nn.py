@@ -82,9 +82,13 @@ class Window:
             return x
         return np.pad(x, widths, constant_values=value)
 
+    @property
+    def interior(self) -> tuple[slice, ...]:
+        """Where the input lies in a padded (N, C, *padded) array."""
+        return (slice(None), slice(None)) + tuple(slice(b, b + i) for b, i in zip(self.begin, self.spatial))
+
     def crop(self, xp: np.ndarray) -> np.ndarray:
-        inside = tuple(slice(b, b + i) for b, i in zip(self.begin, self.spatial))
-        return xp[(slice(None), slice(None)) + inside]
+        return xp[self.interior]
 
     def attrs(self) -> dict:
         """Explicit attributes for the internal gradient ops (no auto_pad left to resolve)."""
@@ -244,7 +248,6 @@ class _Im2col:
         else:
             self.q, self.rows, self.valid, self.tail = math.prod(win.out), win.out, (Ellipsis,), 0
         self.per_item = self.c * len(self.offsets) * self.q
-        self.inside = (slice(None), slice(None)) + tuple(slice(b, b + i) for b, i in zip(win.begin, win.spatial))
 
     def footprint(self, m: int) -> int:
         """Elements a chunk touches per sample: padded input (or dX accumulator), columns, and
@@ -261,7 +264,7 @@ class _Im2col:
         xc = x[b0:b0 + step]
         n, c = xc.shape[:2]
         xp = xbuf.view((n, c) + self.win.padded)
-        xp[self.inside] = xc
+        xp[self.win.interior] = xc
         if self.flat:  # (C, *kernel, chunk, q); the tail keeps the last sample's reads in xbuf
             it = xbuf.data.itemsize
             view = as_strided(xbuf.data, (c,) + self.win.kernel + (n, self.q),
@@ -389,7 +392,7 @@ def _conv_grad_input_flat(dy: np.ndarray, w: np.ndarray, win: Window, group: int
             for t, off in enumerate(im2col.offsets[1:], start=1):
                 acc[:, off:off + size] += dcols[:, t]
             padded = acc[:, :size].reshape((c, dyc.shape[0]) + win.padded)
-            dx[b0:b0 + dyc.shape[0]] = padded[im2col.inside].swapaxes(0, 1)
+            dx[b0:b0 + dyc.shape[0]] = padded[win.interior].swapaxes(0, 1)
             if epilogue is not None:
                 epilogue(slice(b0, b0 + dyc.shape[0]), dx[b0:b0 + dyc.shape[0]])
         return [None] * len(starts)
@@ -703,7 +706,8 @@ def _sample_map(v: np.ndarray, like: np.ndarray) -> np.ndarray:
 
 def _samples(a: np.ndarray, s: slice) -> np.ndarray:
     """A batch block of a (contiguous) as (block, C * positions)."""
-    return a[s].reshape(len(range(*s.indices(a.shape[0]))), -1)
+    b = a[s]
+    return b.reshape(len(b), -1)
 
 
 def _batch_stats(x: np.ndarray, dy: np.ndarray | None = None) -> tuple:
