@@ -85,11 +85,6 @@ def silu(x) -> Tensor:
     return x * x._unary("Sigmoid")
 
 
-def _scalar(x: Tensor, value: float) -> Tensor:
-    """A 0-d constant of x's dtype (Clip bounds, Pad values)."""
-    return x.tracer.const(np.array(value, x.dtype), x.dtype)
-
-
 def hardtanh(x, min_val: float = -1.0, max_val: float = 1.0) -> Tensor:
     """Clip(x, min_val, max_val), as the exporter writes it. The gradient passes at the bounds
     themselves (ONNX Clip's rule), where PyTorch's is zero: it differs only for inputs exactly
@@ -97,7 +92,7 @@ def hardtanh(x, min_val: float = -1.0, max_val: float = 1.0) -> Tensor:
     x = _t(x)
     if min_val > max_val:
         raise ConfigError(f"hardtanh: min_val {min_val} must not be larger than max_val {max_val}")
-    return x.tracer.op("Clip", [x, _scalar(x, float(min_val)), _scalar(x, float(max_val))])
+    return x.tracer.op("Clip", [x, as_tensor(float(min_val), x), as_tensor(float(max_val), x)])
 
 
 def relu6(x) -> Tensor:
@@ -128,7 +123,7 @@ def softplus(x, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
     y = y if beta == 1 else y / float(beta)
     if threshold >= _SOFTPLUS_EXACT_THRESHOLD:
         return y
-    linear = x.tracer.op("Greater", [bx, _scalar(x, float(threshold))])
+    linear = x.tracer.op("Greater", [bx, as_tensor(float(threshold), x)])
     return x.tracer.op("Where", [linear, x, y])
 
 
@@ -464,7 +459,7 @@ def embedding(indices, weight, padding_idx: int | None = None, max_norm: float |
             "(module.weight.data[padding_idx] = 0) or drop padding_idx"
         )
     is_pad = unsqueeze(w.tracer.op("Equal", [idx, as_tensor(np.array(padding_idx, idx.dtype), idx)]), -1)
-    return w.tracer.op("Where", [is_pad, _scalar(w, 0.0), out])
+    return w.tracer.op("Where", [is_pad, as_tensor(0.0, w), out])
 
 
 # -- padding and resampling ---------------------------------------------------------------------
@@ -493,7 +488,7 @@ def pad(x, pad: Sequence[int], mode: str = "constant", value: float | None = Non
         raise ConfigError(f"pad: mode '{mode}' is not supported; use one of constant, reflect, replicate, "
                           "circular")
     pads = x.tracer.const(np.array([b for b, _ in per_dim] + [a for _, a in per_dim], np.int64), np.int64)
-    ins = [x, pads] + ([_scalar(x, float(value))] if mode == "constant" and value else [])
+    ins = [x, pads] + ([as_tensor(float(value), x)] if mode == "constant" and value else [])
     return x.tracer.op("Pad", ins, mode=_PAD_MODES[mode])
 
 
@@ -673,7 +668,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     elif attn_mask is not None:
         mask = attn_mask._t() if isinstance(attn_mask, Operand) else as_tensor(np.asarray(attn_mask), q)
         if mask.dtype == np.bool_:  # True: take part in the attention
-            mask = q.tracer.op("Where", [mask, _scalar(q, 0.0), _scalar(q, -np.inf)])
+            mask = q.tracer.op("Where", [mask, as_tensor(0.0, q), as_tensor(-np.inf, q)])
         scores = scores + mask
     weights = softmax(scores, -1)
     if dropout_p:
