@@ -132,7 +132,7 @@ def _read(source: Any, key: str | None) -> tuple[dict[str, np.ndarray], bool]:
         if path.suffix == ".npz":
             with np.load(path, allow_pickle=False) as f:
                 return {k: f[k] for k in f.files}, True
-        if path.suffix == ".safetensors" or torchfile.is_safetensors(path):
+        if torchfile.is_safetensors(path):
             return torchfile.load_safetensors(path), True
         return torchfile.load(path, key=key), False
     if not isinstance(source, Mapping):
@@ -340,12 +340,6 @@ def load_state_dict(model: Model, source: Any, strict: bool = True, key: str | N
         missing[k] = f"{k}{'' if k == g else f' (ONNX {g!r})'} {_shape(shape)}"
     unexpected = {k: f"{k} {_shape(shapes[k])}" for k in sd if k not in used and k not in tied
                   and not (k.endswith(NUM_BATCHES) and k[:-len(NUM_BATCHES)] in bn)}
-    certain = certain_names(model)
-    ambiguous = {}  # graph tensors that shape alone could pair with several keys
-    for g in (g for g in expected if g not in certain):
-        fits = [k for k in unexpected if _orient(k, graph.initializers[g].shape, shapes[k])]
-        if len(fits) > 1:
-            ambiguous[g] = f"{g} {_shape(graph.initializers[g].shape)} fits {', '.join(fits)}"
 
     if (strict and (missing or unexpected or mismatched)) or not values:
         why = "strict=True" if values else "no entry matches"
@@ -353,6 +347,12 @@ def load_state_dict(model: Model, source: Any, strict: bool = True, key: str | N
         for label, items in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", mismatched)):
             if items:
                 lines.append(f"  {label} ({len(items)}): " + "; ".join(items.values()))
+        certain = certain_names(model)
+        ambiguous = {}  # graph tensors that shape alone could pair with several keys
+        for g in (g for g in expected if g not in certain):
+            fits = [k for k in unexpected if _orient(k, graph.initializers[g].shape, shapes[k])]
+            if len(fits) > 1:
+                ambiguous[g] = f"{g} {_shape(graph.initializers[g].shape)} fits {', '.join(fits)}"
         if ambiguous:
             lines.append(f"  ambiguous ({len(ambiguous)}; no PyTorch name recorded, and shape alone cannot tell): "
                          + "; ".join(ambiguous.values()))
