@@ -59,6 +59,13 @@ _PLACEHOLDER = re.compile(r"^[pb]_(.+)$")  # torch.export names parameters p_*, 
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DataParallel / DDP, torch.compile
 
 
+def placeholder_path(name: str) -> str | None:
+    """The state_dict key, '.' spelt '_', in a torch.export placeholder name (p_fc_weight -> fc_weight);
+    None for other names."""
+    m = _PLACEHOLDER.match(name)
+    return m.group(1) if m else None
+
+
 @dataclass
 class TorchBinding:
     """What a Model learnt about its PyTorch counterpart beyond the importer's record."""
@@ -251,8 +258,7 @@ def match(model: Model, shapes: dict[str, tuple]) -> tuple[dict[str, TorchName],
         if g in shapes and g not in taken:
             take(g, _orient(g, shape, shapes[g]) or TorchName(g))
             continue
-        m = _PLACEHOLDER.match(g)
-        cands = [k for k in underscored.get(m.group(1), []) if k not in taken] if m else []
+        cands = [k for k in underscored.get(placeholder_path(g), []) if k not in taken]
         if len(cands) == 1:
             take(g, _orient(cands[0], shape, shapes[cands[0]]) or TorchName(cands[0]))
     # 4. unique shapes, one pass (no elimination chains, no order), for names not known for certain
