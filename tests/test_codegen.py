@@ -23,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import numpy_helper
 from torch import nn as tnn
+from zoo_util import zoo_modules
 
 import anygrad
 from anygrad import AnygradError, cli
@@ -618,19 +619,6 @@ def test_layer_options_survive_codegen(
 
 
 # -- the exporters' idioms (tests/zoo families, both exporters) -------------------------------------
-ZOO = REPO / "tests/zoo"
-
-
-def _zoo():
-    sys.path.insert(0, str(ZOO))
-    try:
-        import zoo_harness
-        import zoo_models
-    finally:
-        sys.path.remove(str(ZOO))
-    return zoo_harness, zoo_models
-
-
 # family -> (lines every exporter's code holds, the most F.onnx_op calls it may need). The dynamo
 # exporter writes a bias-free conv with a zero bias Expand(CastLike(0, x), Shape(W)[:1]), ReLU6
 # as Clip(x, CastLike(0), CastLike(6)), one shared batch-size chain for every view, and the
@@ -647,7 +635,7 @@ ZOO_CODE = {
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
 @pytest.mark.parametrize("family", sorted(ZOO_CODE))
 def test_zoo_exports_become_layers_and_train_like_the_import(tmp_path, family, exporter):
-    harness, models = _zoo()
+    harness, models = zoo_modules("zoo_harness", "zoo_models")
     fam = models.FAMILIES[family]
     net = harness.export(fam, tmp_path / "model.onnx", exporter)
     module, written = generated(tmp_path / "model.onnx", tmp_path, f"{family}_model.py")

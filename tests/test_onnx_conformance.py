@@ -108,8 +108,6 @@ def test_max_opset_is_one_whose_changed_ops_pass():
     from anygrad.ir.registry import get_op
     known = ("random: anygrad uses its counter-based RNG", "running_var: anygrad keeps PyTorch's unbiased",
              "align_corners: anygrad divides by the output size", "expected output: its own float32 noise")
-    # Wrong values accepted before this check existed: fix them, then list them here no more.
-    open_bugs: set[str] = set()
     assert MAX_OPSET <= onnx.defs.onnx_opset_version()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -128,8 +126,7 @@ def test_max_opset_is_one_whose_changed_ops_pass():
             problems.append(f"{schema.name}-{schema.since_version}: no node case")
         for c in at_version:
             why = failing.get(c.name, "").partition(": ")[2]
-            if why and c.name not in open_bugs and not why.startswith(("value types not supported", "unsupported: ",
-                                                                         *known)):
+            if why and not why.startswith(("value types not supported", "unsupported: ", *known)):
                 problems.append(f"{schema.name}-{schema.since_version}: {c.name} ({why})")
     assert not problems, f"MAX_OPSET {MAX_OPSET} admits ops that fail: {problems[:10]}"
 

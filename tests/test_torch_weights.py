@@ -14,6 +14,7 @@ import safetensors.numpy
 import safetensors.torch
 import torch
 import torch.nn.functional as F
+from zoo_util import zoo_modules
 
 import anygrad
 from anygrad.errors import AnygradError, ModelError
@@ -446,11 +447,8 @@ def test_from_torch_rejects_non_modules():
 # -- tied weights (a GPT whose lm_head.weight IS wte.weight) ---------------------------------------------
 def _zoo_family(name: str):
     """A family of the model zoo (tests/zoo/zoo_models.py): its GPT ties lm_head to wte."""
-    sys.path.insert(0, str(REPO / "tests" / "zoo"))
-    try:
-        return importlib.import_module("zoo_models").FAMILIES[name]
-    finally:
-        sys.path.remove(str(REPO / "tests" / "zoo"))
+    (zoo_models,) = zoo_modules("zoo_models")
+    return zoo_models.FAMILIES[name]
 
 
 GPT_FAMILY = _zoo_family("gpt")

@@ -24,8 +24,6 @@ def wb():
     return wgpu_backend()
 
 
-
-
 # -- adapters and device names ------------------------------------------------------------------
 def test_list_adapters_describes_each(wb):
     adapters = list_adapters()

@@ -698,10 +698,12 @@ class _Dim:
 
 def _dim_arithmetic(G: _Graph, n: Node, chain: list[Node]) -> list[Any] | None:
     """[dim op c] for a one-element shape and an int constant (c on either side of * and +)."""
+    if len(n.inputs) != 2:
+        return None
     sides = [G.const(v) for v in n.inputs]
     k = 0 if sides[1] is not None else 1  # the dim's side
     c = sides[1 - k]
-    if len(n.inputs) != 2 or c is None or c.size != 1 or c.dtype.kind not in "iu" or sides[k] is not None:
+    if c is None or c.size != 1 or c.dtype.kind not in "iu" or sides[k] is not None:
         return None
     if k == 1 and n.op not in ("Mul", "Add"):
         return None
@@ -1159,7 +1161,7 @@ class _Writer:
                 out[scope] = functions[0]
         return out
 
-    def _fold(self, node: Node) -> bool:
+    def _fold(self, node: Node) -> None:
         """Compute a node whose inputs are all constants now (exporters leave such chains).
 
         Shapes count as constants where they are: a node is run for both stand-in batch sizes,
@@ -1171,9 +1173,9 @@ class _Writer:
         G = self.G
         op = get_op(node.op)
         if op is None or op.forward is None or node.op in _RANDOM or not node.inputs:
-            return False
+            return
         if any(v in G.per_batch for v in node.inputs) and not all(G.small(o) for o in node.outputs if o):
-            return False  # a batch-sized tensor, not a shape: not worth computing here
+            return  # a batch-sized tensor, not a shape: not worth computing here
         runs = []
         for side, info in enumerate((G.info, G.info_alt)):
             values = []
@@ -1186,20 +1188,19 @@ class _Writer:
                     a = None if inf is None or inf.shape is None else np.broadcast_to(
                         np.zeros((), inf.dtype), tuple(int(d) for d in inf.shape))
                 if v and a is None:
-                    return False
+                    return
                 values.append(a)
             try:
                 runs.append([np.asarray(o) for o in op.run(node, values)])
             except Exception:  # noqa: BLE001  (not foldable here: written as a node instead)
-                return False
+                return
         a, b = runs
         if all(x.shape == y.shape and x.dtype == y.dtype and np.array_equal(x, y) for x, y in zip(a, b)):
             G.folded.update((o, x) for o, x in zip(node.outputs, a) if o)
-            return True
+            return
         for o, x, y in zip(node.outputs, a, b):  # depends on the batch size: not a constant
             if o and x.size <= _PER_BATCH_LIMIT and y.size <= _PER_BATCH_LIMIT:
                 G.per_batch[o] = (x, y)
-        return False
 
     def _stateless(self, node: Node, leaf_scopes: dict[str, Function]) -> None:
         G = self.G
@@ -1344,9 +1345,9 @@ def generate(
     """Python source of a `Model(anygrad.nn.Module)` for an imported model, and its state_dict.
 
     `source`, `module` and `weights` are the names written into the file (the ONNX file, the
-    generated file, the weights file relative to it); `command` how to regenerate it;
-    `weights_written` whether the weights file is written beside it (the docstring says where
-    weights come from otherwise)."""
+    generated file, the weights file relative to it); `command` how to regenerate it, less the
+    --no-weights added when the weights are not written; `weights_written` whether the weights file
+    is written beside it (the docstring says where weights come from otherwise)."""
     g = model.graph
     if not g.inputs:
         raise AnygradError(f"{source}: the graph has no inputs; nothing to generate a forward for")
@@ -1363,7 +1364,8 @@ def generate(
     returns = [w.resolve(w.expr(o) if w.is_tensor(o) else w.expr(o, like=inputs[0])) for o in g.outputs]
     init_lines = [f"self.{k} = {w.tree.render(v, 0)}" for k, v in w.tree.ordered(w.tree.root)]
     forward_lines = [w.resolve(line) for line in w.lines]
-    command = command or f"anygrad codegen {source} -o {module}"
+    base = command or f"anygrad codegen {source} -o {module}"
+    command = base if weights_written else f"{base} --no-weights"
     first = g.info[g.inputs[0]]
     dtype = first.dtype.name
     if weights_written:
@@ -1378,7 +1380,7 @@ def generate(
         weights_doc = f"""
 {where}
 
-    {command.replace(" --no-weights", "")}
+    {base}
 
 {other}
 
@@ -1476,7 +1478,8 @@ def write_code(
     command: str | None = None,
 ) -> Written:
     """`anygrad codegen`: import the ONNX file, write the Python module and (unless told not to)
-    the weights as .safetensors (default: beside the module, same stem)."""
+    the weights as .safetensors (default: beside the module, same stem). `command`, as generate's,
+    is written into the module's docstring."""
     from .frontends.onnx_import import load_onnx
     from .torchfile import save_safetensors
 
@@ -1494,7 +1497,6 @@ def write_code(
     if command is None:  # file names only: the same text wherever it is generated from
         command = f"anygrad codegen {model_path.name} -o {out.name}"
         command += f" --weights-out {rel}" if rel != out.with_suffix(".safetensors").name else ""
-        command += "" if write_weights else " --no-weights"
     generated = generate(model, model_path.name, out.name, rel, command, write_weights)
     if write_weights:
         save_safetensors(generated.state, weights)

@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import AnygradError, ConfigError, ModelError
 from ..model import Model
 from .onnx_import import load_onnx
-from .torch_weights import binding_of, load_state_dict, read_state_dict, recorded_names
+from .torch_weights import binding_of, load_state_dict, placeholder_path, read_state_dict, recorded_names
 
 DEFAULT_OPSET = 17
 
@@ -104,14 +104,15 @@ def _buffers_are_not_parameters(model: Model, module: Any, saved: set[str]) -> s
     graph = model.graph
     names = recorded_names(model)
     buffers = {k for k, _ in module.named_buffers()} - {k for k, _ in module.named_parameters()}
-    transient = {n for k in buffers - saved for n in (k, "b_" + k.replace(".", "_"))}  # dynamo: b_<name>
+    transient = buffers - saved
+    transient_paths = {k.replace(".", "_") for k in transient}  # as dynamo's placeholders spell them
     constants = set()
     for g in list(graph.params):
         key = names[g].key if g in names else g
         if key in buffers & saved:
             graph.params.remove(g)
             graph.buffers.append(g)
-        elif key in transient:
+        elif key in transient or placeholder_path(key) in transient_paths:
             graph.params.remove(g)
             constants.add(g)
     return constants

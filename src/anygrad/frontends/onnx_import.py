@@ -432,6 +432,11 @@ def _convert_proto(model: onnx.ModelProto, source: str,
     return model, g, constants
 
 
+def _patterns(freeze: str | Sequence[str]) -> Sequence[str]:
+    """`freeze` as a list of patterns: one string is one pattern, not its characters."""
+    return [freeze] if isinstance(freeze, str) else freeze
+
+
 def load_onnx(path: str | os.PathLike, init: str = "onnx", seed: int = 0, freeze: Sequence[str] = ()) -> Model:
     """Import an ONNX file as a trainable `anygrad.Model`.
 
@@ -488,7 +493,7 @@ def from_model_proto(proto: onnx.ModelProto, source: str = "<model>", init: str 
     m = Model(g, source=str(origin_path or source))
     m.origin = origin
     if freeze:
-        m.freeze(*([freeze] if isinstance(freeze, str) else freeze))
+        m.freeze(*_patterns(freeze))
     return m
 
 
@@ -545,7 +550,7 @@ def summarize(path: str | os.PathLike, freeze: Sequence[str] = ()) -> ModelSumma
     if freeze:
         m = Model(g, source=str(path))
         m.origin = OnnxOrigin(path, model.ir_version, {}, torch_names=torch_names(g))
-        frozen = m.freeze(*([freeze] if isinstance(freeze, str) else freeze))
+        frozen = m.freeze(*_patterns(freeze))
     support = op_support(g)
 
     def tensors(names: list[str]) -> list[TensorSummary]:

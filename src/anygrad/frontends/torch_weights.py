@@ -59,6 +59,13 @@ _PLACEHOLDER = re.compile(r"^[pb]_(.+)$")  # torch.export names parameters p_*, 
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DataParallel / DDP, torch.compile
 
 
+def placeholder_path(name: str) -> str | None:
+    """The state_dict key, '.' spelt '_', in a torch.export placeholder name (p_fc_weight -> fc_weight);
+    None for other names."""
+    m = _PLACEHOLDER.match(name)
+    return m.group(1) if m else None
+
+
 @dataclass
 class TorchBinding:
     """What a Model learnt about its PyTorch counterpart beyond the importer's record."""
@@ -132,7 +139,7 @@ def _read(source: Any, key: str | None) -> tuple[dict[str, np.ndarray], bool]:
         if path.suffix == ".npz":
             with np.load(path, allow_pickle=False) as f:
                 return {k: f[k] for k in f.files}, True
-        if path.suffix == ".safetensors" or torchfile.is_safetensors(path):
+        if torchfile.is_safetensors(path):
             return torchfile.load_safetensors(path), True
         return torchfile.load(path, key=key), False
     if not isinstance(source, Mapping):
@@ -251,8 +258,7 @@ def match(model: Model, shapes: dict[str, tuple]) -> tuple[dict[str, TorchName],
         if g in shapes and g not in taken:
             take(g, _orient(g, shape, shapes[g]) or TorchName(g))
             continue
-        m = _PLACEHOLDER.match(g)
-        cands = [k for k in underscored.get(m.group(1), []) if k not in taken] if m else []
+        cands = [k for k in underscored.get(placeholder_path(g), []) if k not in taken]
         if len(cands) == 1:
             take(g, _orient(cands[0], shape, shapes[cands[0]]) or TorchName(cands[0]))
     # 4. unique shapes, one pass (no elimination chains, no order), for names not known for certain
@@ -340,12 +346,6 @@ def load_state_dict(model: Model, source: Any, strict: bool = True, key: str | N
         missing[k] = f"{k}{'' if k == g else f' (ONNX {g!r})'} {_shape(shape)}"
     unexpected = {k: f"{k} {_shape(shapes[k])}" for k in sd if k not in used and k not in tied
                   and not (k.endswith(NUM_BATCHES) and k[:-len(NUM_BATCHES)] in bn)}
-    certain = certain_names(model)
-    ambiguous = {}  # graph tensors that shape alone could pair with several keys
-    for g in (g for g in expected if g not in certain):
-        fits = [k for k in unexpected if _orient(k, graph.initializers[g].shape, shapes[k])]
-        if len(fits) > 1:
-            ambiguous[g] = f"{g} {_shape(graph.initializers[g].shape)} fits {', '.join(fits)}"
 
     if (strict and (missing or unexpected or mismatched)) or not values:
         why = "strict=True" if values else "no entry matches"
@@ -353,6 +353,12 @@ def load_state_dict(model: Model, source: Any, strict: bool = True, key: str | N
         for label, items in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", mismatched)):
             if items:
                 lines.append(f"  {label} ({len(items)}): " + "; ".join(items.values()))
+        certain = certain_names(model)
+        ambiguous = {}  # graph tensors that shape alone could pair with several keys
+        for g in (g for g in expected if g not in certain):
+            fits = [k for k in unexpected if _orient(k, graph.initializers[g].shape, shapes[k])]
+            if len(fits) > 1:
+                ambiguous[g] = f"{g} {_shape(graph.initializers[g].shape)} fits {', '.join(fits)}"
         if ambiguous:
             lines.append(f"  ambiguous ({len(ambiguous)}; no PyTorch name recorded, and shape alone cannot tell): "
                          + "; ".join(ambiguous.values()))

@@ -85,11 +85,6 @@ def silu(x) -> Tensor:
     return x * x._unary("Sigmoid")
 
 
-def _scalar(x: Tensor, value: float) -> Tensor:
-    """A 0-d constant of x's dtype (Clip bounds, Pad values)."""
-    return x.tracer.const(np.array(value, x.dtype), x.dtype)
-
-
 def hardtanh(x, min_val: float = -1.0, max_val: float = 1.0) -> Tensor:
     """Clip(x, min_val, max_val), as the exporter writes it. The gradient passes at the bounds
     themselves (ONNX Clip's rule), where PyTorch's is zero: it differs only for inputs exactly
@@ -97,7 +92,7 @@ def hardtanh(x, min_val: float = -1.0, max_val: float = 1.0) -> Tensor:
     x = _t(x)
     if min_val > max_val:
         raise ConfigError(f"hardtanh: min_val {min_val} must not be larger than max_val {max_val}")
-    return x.tracer.op("Clip", [x, _scalar(x, float(min_val)), _scalar(x, float(max_val))])
+    return x.tracer.op("Clip", [x, as_tensor(float(min_val), x), as_tensor(float(max_val), x)])
 
 
 def relu6(x) -> Tensor:
@@ -128,7 +123,7 @@ def softplus(x, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
     y = y if beta == 1 else y / float(beta)
     if threshold >= _SOFTPLUS_EXACT_THRESHOLD:
         return y
-    linear = x.tracer.op("Greater", [bx, _scalar(x, float(threshold))])
+    linear = x.tracer.op("Greater", [bx, as_tensor(float(threshold), x)])
     return x.tracer.op("Where", [linear, x, y])
 
 
@@ -323,15 +318,22 @@ def _adaptive_pool(x, output_size, nd: int, kind: str) -> Tensor:
         bins = []
         for i in range(o):
             start, end = (i * n) // o, -((-(i + 1) * n) // o)
-            part = _slice(x, axis, start, end)
+            part = _slice(x, [start], [end], [axis])
             bins.append(part._unary(reduce_op, axes=[axis], keepdims=1))
         x = bins[0] if len(bins) == 1 else x.tracer.op("Concat", bins, axis=axis)
     return x
 
 
-def _slice(x: Tensor, axis: int, start: int, end: int) -> Tensor:
-    consts = [np.array([v], np.int64) for v in (start, end, axis)]
-    return x.tracer.op("Slice", [x] + [x.tracer.const(c, np.int64) for c in consts])
+def _slice(x: Tensor, starts: list[int], ends: list[int], axes: list[int], steps: list[int] | None = None) -> Tensor:
+    """ONNX Slice over `axes` (steps only when given: the input is optional)."""
+    consts = [starts, ends, axes] + ([steps] if steps is not None else [])
+    return x.tracer.op("Slice", [x] + [x.tracer.const(np.array(c, np.int64), np.int64) for c in consts])
+
+
+def _no_indices(who: str, return_indices: bool) -> None:
+    """Refuse adaptive max pooling's return_indices: the graph gives the values only."""
+    if return_indices:
+        raise ConfigError(f"{who}: return_indices=True is not supported")
 
 
 def adaptive_avg_pool1d(x, output_size) -> Tensor:
@@ -343,14 +345,12 @@ def adaptive_avg_pool2d(x, output_size) -> Tensor:
 
 
 def adaptive_max_pool1d(x, output_size, return_indices: bool = False) -> Tensor:
-    if return_indices:
-        raise ConfigError("adaptive_max_pool1d: return_indices=True is not supported")
+    _no_indices("adaptive_max_pool1d", return_indices)
     return _adaptive_pool(x, output_size, 1, "max")
 
 
 def adaptive_max_pool2d(x, output_size, return_indices: bool = False) -> Tensor:
-    if return_indices:
-        raise ConfigError("adaptive_max_pool2d: return_indices=True is not supported")
+    _no_indices("adaptive_max_pool2d", return_indices)
     return _adaptive_pool(x, output_size, 2, "max")
 
 
@@ -437,25 +437,34 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5) -
     return y
 
 
+def _embedding_options(who: str, max_norm: float | None, scale_grad_by_freq: bool) -> None:
+    """Refuse the Embedding options the graph cannot express."""
+    if max_norm is not None or scale_grad_by_freq:
+        option = "max_norm" if max_norm is not None else "scale_grad_by_freq"
+        raise ConfigError(f"{who}: {option} is not supported (it rewrites the weights or gradients "
+                          "outside the graph); leave it at its default")
+
+
+def _padding_row(who: str, padding_idx: int, rows: int) -> int:
+    """padding_idx as a row of a table of `rows` (a negative one counts from the end, as in PyTorch)."""
+    if not -rows <= padding_idx < rows:
+        raise ConfigError(f"{who}: padding_idx {padding_idx} is outside the {rows} embeddings")
+    return padding_idx % rows
+
+
 def embedding(indices, weight, padding_idx: int | None = None, max_norm: float | None = None,
               norm_type: float = 2.0, scale_grad_by_freq: bool = False, sparse: bool = False) -> Tensor:
     """Gather(weight, indices). With padding_idx, that row gets no gradient (as in PyTorch):
     the lookup is Where(indices == padding_idx, 0, row), which reads the padding row as the
     zeros PyTorch initialises it to; a Parameter whose padding row is not zero is refused, as
     the graph could not give its values. `sparse` only changes how PyTorch stores gradients."""
-    if max_norm is not None or scale_grad_by_freq:
-        option = "max_norm" if max_norm is not None else "scale_grad_by_freq"
-        raise ConfigError(f"embedding: {option} is not supported (it rewrites the weights or gradients "
-                          "outside the graph); leave it at its default")
+    _embedding_options("embedding", max_norm, scale_grad_by_freq)
     w = _t(weight)
     idx = _t(indices) if isinstance(indices, Operand) else as_tensor(np.asarray(indices, np.int64), w)
     out = w.tracer.op("Gather", [w, idx], axis=0)
     if padding_idx is None:
         return out
-    rows = int(w.shape[0])
-    if not -rows <= padding_idx < rows:
-        raise ConfigError(f"embedding: padding_idx {padding_idx} is outside the {rows} embeddings")
-    padding_idx %= rows
+    padding_idx = _padding_row("embedding", padding_idx, int(w.shape[0]))
     data = getattr(weight, "data", None)  # a Parameter's values (a traced Tensor has none)
     if isinstance(data, np.ndarray) and np.any(data[padding_idx] != 0):
         raise AnygradError(
@@ -464,7 +473,7 @@ def embedding(indices, weight, padding_idx: int | None = None, max_norm: float |
             "(module.weight.data[padding_idx] = 0) or drop padding_idx"
         )
     is_pad = unsqueeze(w.tracer.op("Equal", [idx, as_tensor(np.array(padding_idx, idx.dtype), idx)]), -1)
-    return w.tracer.op("Where", [is_pad, _scalar(w, 0.0), out])
+    return w.tracer.op("Where", [is_pad, as_tensor(0.0, w), out])
 
 
 # -- padding and resampling ---------------------------------------------------------------------
@@ -493,7 +502,7 @@ def pad(x, pad: Sequence[int], mode: str = "constant", value: float | None = Non
         raise ConfigError(f"pad: mode '{mode}' is not supported; use one of constant, reflect, replicate, "
                           "circular")
     pads = x.tracer.const(np.array([b for b, _ in per_dim] + [a for _, a in per_dim], np.int64), np.int64)
-    ins = [x, pads] + ([_scalar(x, float(value))] if mode == "constant" and value else [])
+    ins = [x, pads] + ([as_tensor(float(value), x)] if mode == "constant" and value else [])
     return x.tracer.op("Pad", ins, mode=_PAD_MODES[mode])
 
 
@@ -505,8 +514,8 @@ def _circular_pad(x: Tensor, per_dim: list[tuple[int, int]]) -> Tensor:
         if isinstance(n, SymInt) or max(before, after) > n or min(before, after) < 0:
             raise ConfigError(f"pad: circular padding ({before}, {after}) of dim {axis} needs a static dim "
                               f"of at least that size and no cropping (dim {axis} is {n})")
-        parts = ([_slice(x, axis, n - before, n)] if before else []) + [x] + (
-            [_slice(x, axis, 0, after)] if after else [])
+        parts = ([_slice(x, [n - before], [n], [axis])] if before else []) + [x] + (
+            [_slice(x, [0], [after], [axis])] if after else [])
         x = x.tracer.op("Concat", parts, axis=axis)
     return x
 
@@ -673,7 +682,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     elif attn_mask is not None:
         mask = attn_mask._t() if isinstance(attn_mask, Operand) else as_tensor(np.asarray(attn_mask), q)
         if mask.dtype == np.bool_:  # True: take part in the attention
-            mask = q.tracer.op("Where", [mask, _scalar(q, 0.0), _scalar(q, -np.inf)])
+            mask = q.tracer.op("Where", [mask, as_tensor(0.0, q), as_tensor(-np.inf, q)])
         scores = scores + mask
     weights = softmax(scores, -1)
     if dropout_p:
@@ -782,8 +791,7 @@ def getitem(x: Tensor, index: Any) -> Tensor:
         raise AnygradError(f"too many indices for a tensor of rank {rank}")
     y = x
     if axes:
-        consts = [np.array(v, np.int64) for v in (starts, ends, axes, steps)]
-        y = x.tracer.op("Slice", [x] + [x.tracer.const(c, np.int64) for c in consts])
+        y = _slice(x, starts, ends, axes, steps)
     if squeeze_axes:
         y = y.tracer.op("Squeeze", [y, _axes_const(y, squeeze_axes)])
     if unsqueeze_at:

@@ -322,14 +322,9 @@ class Embedding(Module):
         sparse: bool = False,
     ):
         super().__init__()
-        if max_norm is not None or scale_grad_by_freq:
-            option = "max_norm" if max_norm is not None else "scale_grad_by_freq"
-            raise ConfigError(f"Embedding: {option} is not supported (it rewrites the weights or gradients "
-                              "outside the graph); leave it at its default")
+        F._embedding_options("Embedding", max_norm, scale_grad_by_freq)
         if padding_idx is not None:
-            if not -num_embeddings <= padding_idx < num_embeddings:
-                raise ConfigError(f"Embedding: padding_idx {padding_idx} is outside the {num_embeddings} embeddings")
-            padding_idx %= num_embeddings
+            padding_idx = F._padding_row("Embedding", padding_idx, num_embeddings)
         self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
         self.weight = _empty(num_embeddings, embedding_dim)
         self.reset_parameters()
@@ -387,12 +382,11 @@ class AvgPool2d(Module):
 
 
 class _AdaptivePool(Module):
-    fn = staticmethod(F.adaptive_avg_pool2d)
+    fn: Any  # the functional form: each subclass names its own
 
     def __init__(self, output_size, return_indices: bool = False):
         super().__init__()
-        if return_indices:
-            raise ConfigError(f"{type(self).__name__}: return_indices=True is not supported")
+        F._no_indices(type(self).__name__, return_indices)
         self.output_size = output_size
 
     def forward(self, x):

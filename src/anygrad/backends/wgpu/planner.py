@@ -19,6 +19,7 @@ import numpy as np
 
 from ...errors import DeviceError
 from ...ir.graph import Graph
+from .adapters import _bytes
 from .fusion import PACKED
 from .kernel import LOWERINGS, AdapterCaps, Kernel
 from .wgsl import shape_of
@@ -268,12 +269,12 @@ def _batch_leading(graph: Graph, name: str, batch: int | None) -> bool:
     return batch is not None and info is not None and len(info.shape) > 0 and int(info.shape[0]) == batch
 
 
-def _size(n: int, up: bool) -> str:
-    """Bytes in MiB (KiB below 1 MiB) to a tenth, rounded up for what a value needs and down for a
-    limit, so a need over the limit never prints as equal to it."""
+def _size(n: int) -> str:
+    """What a value needs, in MiB (KiB below 1 MiB) to a tenth, rounded up, so a need over the limit
+    (written exactly, by adapters' _bytes) never prints as equal to it."""
     for unit, name in ((1 << 20, "MiB"), (1 << 10, "KiB")):
         if n >= unit:
-            tenths = -(-n * 10 // unit) if up else n * 10 // unit
+            tenths = -(-n * 10 // unit)
             return f"{tenths // 10}{f'.{tenths % 10}' if tenths % 10 else ''} {name}"
     return f"{n} bytes"
 
@@ -301,12 +302,12 @@ def _check_limits(graph: Graph, caps: AdapterCaps, kernels, root_of, nbytes,
     limit = caps.max_storage_binding_size
     batch = _batch_size(graph)
     over = sorted(((b, r) for r, b in nbytes.items() if b > limit), key=lambda t: (-t[0], t[1].name))
-    have = (f"but this adapter's max-storage-buffer-binding-size is {_size(limit, up=False)}")
+    have = (f"but this adapter's max-storage-buffer-binding-size is {_bytes(limit)}")
     fixed = [(b, r) for b, r in over if r.kind in _FIXED_ROOTS]
     if fixed:
         b, r = fixed[0]
         raise DeviceError(
-            f"{_root_label(graph, r, labels)} needs {_size(b, up=True)} {have}, and its size does not "
+            f"{_root_label(graph, r, labels)} needs {_size(b)} {have}, and its size does not "
             "depend on the batch, so no batch size fits. Use an adapter with a larger limit (`anygrad "
             "devices` lists each adapter's limits), device='cpu', or a model with a smaller layer.")
     scaled = [(b, r) for b, r in over if _batch_leading(graph, r.name, batch)]
@@ -315,14 +316,14 @@ def _check_limits(graph: Graph, caps: AdapterCaps, kernels, root_of, nbytes,
         fit = limit // per_sample
         b, r = scaled[0]
         hint = (f"The largest batch that fits is about {fit}: use a batch size of at most {fit}, or another "
-                "device." if fit else f"Even a batch of 1 needs {_size(per_sample, up=True)}: use another "
+                "device." if fit else f"Even a batch of 1 needs {_size(per_sample)}: use another "
                 "device or device='cpu'.")
-        raise DeviceError(f"{_root_label(graph, r, labels)} needs {_size(b, up=True)} at batch {batch} "
+        raise DeviceError(f"{_root_label(graph, r, labels)} needs {_size(b)} at batch {batch} "
                           f"{have}. {hint}")
     if over:
         b, r = over[0]
         raise DeviceError(
-            f"{_root_label(graph, r, labels)} needs {_size(b, up=True)} {have}. Its leading dimension is "
+            f"{_root_label(graph, r, labels)} needs {_size(b)} {have}. Its leading dimension is "
             f"not the batch{f' ({batch})' if batch else ''}, so a smaller batch may not shrink it: try "
             "one, or an adapter with a larger limit (`anygrad devices`), or device='cpu'.")
     max_wg = caps.max_workgroups_per_dim
