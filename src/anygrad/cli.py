@@ -227,8 +227,8 @@ def _train_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def _check_dataset(name: str) -> None:
     from .data import dataset_names
-    from .data.datasets import ALIASES
-    if ALIASES.get(name.lower(), name.lower()) not in dataset_names():
+    from .data.datasets import canonical_name
+    if canonical_name(name) not in dataset_names():
         raise ConfigError(f"unknown dataset '{name}'; choose one of {', '.join(dataset_names())}")
 
 
