@@ -279,9 +279,11 @@ def _onnx_exporter() -> Callable | None:
         return None
 
 
-def config_record(model: Model, config: TrainConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """config.json: the run's settings plus what the model and device resolved them to, and
-    `extra`: what the caller resolved (the CLI: the data's normalisation and class names)."""
+def config_record(model: Model, config: TrainConfig, extra: dict[str, Any] | None = None, *,
+                  scheduler: dict[str, Any] | None) -> dict[str, Any]:
+    """config.json: the run's settings plus what the model and device resolved them to, the
+    schedule (`scheduler`: its config(), None without one), and `extra`: what the caller resolved
+    (the CLI: the data's normalisation and class names)."""
     record = asdict(config)
     record["resolved"] = {
         "model_source": model.source,
@@ -293,7 +295,7 @@ def config_record(model: Model, config: TrainConfig, extra: dict[str, Any] | Non
         "device": model.backend.description if model.backend else None,
         "loss": {"name": model.loss.name, **model.loss.options} if model.loss else None,
         "optimizer": model.optimizer.config() if model.optimizer else None,
-        "scheduler": None,
+        "scheduler": scheduler,
         **(extra or {}),
     }
     return record
@@ -550,8 +552,8 @@ class Learner:
         cfg, r, model = self.config, self.run, self.model
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            extra = {**self.resolved, "scheduler": self.scheduler.config() if self.scheduler else None}
-            write_json(self.out_dir / "config.json", config_record(model, cfg, extra))
+            write_json(self.out_dir / "config.json", config_record(
+                model, cfg, self.resolved, scheduler=self.scheduler.config() if self.scheduler else None))
         self.reporter.run_begin(RunInfo(model=model.source, device=model.backend.description,
                                         epochs=cfg.epochs, steps_per_epoch=self.steps, batch_size=cfg.batch_size,
                                         start_epoch=r.epoch, artifacts_dir=str(self.out_dir) if self.out_dir else None))
