@@ -455,15 +455,21 @@ class Learner:
             return "top-5 accuracy is counted for classifiers of more than 5 classes only"
         return None
 
+    @property
+    def _metric_needed(self) -> bool:
+        """Whether early stopping or the schedule reads the monitored metric (so the run must have it)."""
+        return self.config.patience is not None or (self.scheduler is not None and self.scheduler.needs_metric)
+
     def _check_monitor(self) -> None:
         """Before the first step: a monitored metric the run will never have is an error when early
         stopping or the plateau schedule depends on it, else a note (no best checkpoint)."""
         why = self._unmonitorable()
         if why is None:
             return
-        users = (["--patience"] if self.config.patience is not None else []) + \
-            ([f"--scheduler {self.scheduler.name}"] if self.scheduler is not None and self.scheduler.needs_metric else [])
-        if users:
+        if self._metric_needed:
+            users = (["--patience"] if self.config.patience is not None else []) + \
+                ([f"--scheduler {self.scheduler.name}"] if self.scheduler is not None and self.scheduler.needs_metric
+                 else [])
             raise ConfigError(f"{' and '.join(users)} watch --monitor {self.config.monitor}, which this run cannot "
                               f"measure: {why}; choose another --monitor (e.g. train_loss)")
         if self.out_dir is not None:
@@ -644,11 +650,7 @@ class Learner:
             r.epoch_done = False
 
     def _monitorable(self, row: dict[str, Any]) -> bool:
-        """Whether the monitored metric can be read; an error only when something depends on it."""
-        needs = self.config.patience is not None or (self.scheduler is not None and self.scheduler.needs_metric)
-        if needs:
-            self.monitor.value(row)  # raises a clear ConfigError
-            return True
+        """Whether the monitored metric has a value (always, when _check_monitor found it needed)."""
         return row.get(self.config.monitor) is not None
 
     def _diverged(self) -> bool:
