@@ -573,20 +573,20 @@ class Learner:
             self.reporter.message(f"the run already finished its {cfg.epochs} epochs; to train on, resume with a "
                                   "larger --epochs")
         warned = interrupted = False
-        trained = 0  # epochs finished by this call
+        already_stopped = r.stopped_early
         with _graceful_interrupt() as stop:
             while r.epoch <= cfg.epochs and not r.stopped_early:
                 if self._train_epoch(stop):
                     interrupted = True
                     break
                 self._end_epoch(warned)
-                warned, trained = warned or self._diverged(), trained + 1
+                warned = warned or self._diverged()
                 r.epoch, r.step, r.sums = r.epoch + 1, 0, _Sums()
         if interrupted:
             where = self.save_checkpoint()
             self.reporter.message(f"interrupted at epoch {r.epoch} step {r.step}/{self.steps}" + (
                 f"; checkpoint {where}; continue with: anygrad train --resume {self.out_dir}" if where else ""))
-        elif r.stopped_early and trained:
+        elif r.stopped_early and not already_stopped:
             self.reporter.message(f"early stop: {cfg.monitor} has not improved for {self.monitor.wait} epochs "
                                   f"(best {self.monitor.best:.6g} at epoch {self.monitor.best_epoch})")
         self.reporter.run_end(stopped_early=r.stopped_early, interrupted=interrupted)
