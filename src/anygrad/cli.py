@@ -331,7 +331,6 @@ def _make_artifacts_dir(path: Path) -> list[Path]:
         for where in reversed(missing):
             where.mkdir()
             created.append(where)
-        where = path
         probe = path / f".anygrad-write-test.{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
@@ -481,14 +480,16 @@ def cmd_predict(args: argparse.Namespace) -> int:
     model, source, dataset, data_dir = _inference_model(args)
     true_label = None
     if args.image:
-        loaded: list[Any] = []  # the dataset, read only when the run did not record what is needed
+        loaded: Any = None  # the dataset, read only when the run did not record what is needed
 
         def data() -> Any:
-            loaded.append(loaded[0] if loaded else _run_dataset(dataset, data_dir, source.run_config))
-            return loaded[0]
+            nonlocal loaded
+            if loaded is None:
+                loaded = _run_dataset(dataset, data_dir, source.run_config)
+            return loaded
         prepared = prepare_image(args.image, model, dataset, input_normalisation(source.run_config, dataset, data))
         print(f"image: {args.image}: " + "; ".join(prepared.notes))
-        x, names = prepared.x, run_class_names(source.run_config, dataset) or (loaded[0].classes if loaded else None)
+        x, names = prepared.x, run_class_names(source.run_config, dataset) or (loaded.classes if loaded is not None else None)
     else:
         transform, (xs, ys), names = _eval_split(args, dataset, data_dir, source.run_config)
         if not -len(xs) <= args.index < len(xs):
