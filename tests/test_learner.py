@@ -134,13 +134,14 @@ def test_accumulation_flushes_at_epoch_end(tmp_path):
 
 
 # -- early stopping, schedulers: a scripted validation metric ------------------------------------------------
-def _scripted(monkeypatch, losses: list[float]):
-    """Replace validation by a scripted valid_loss per epoch."""
-    values = iter(losses)
+def _scripted(monkeypatch, values: list[float], key: str = "loss"):
+    """Replace validation by a scripted valid_<key> ("loss" or "accuracy") per epoch; the other
+    stays flat (loss 1.0, accuracy 0.5)."""
+    scripted = iter(values)
 
     def fake(model, data, batch_size, transform=None):
         s = trainer_mod._Sums()
-        s.add({"count": 1.0, "loss": next(values), "accuracy": 0.5})
+        s.add({"count": 1.0, "loss": 1.0, "accuracy": 0.5, key: next(scripted)})
         return s
     monkeypatch.setattr(trainer_mod, "_validate", fake)
 
@@ -215,30 +216,19 @@ def test_plateau_is_fed_the_monitored_metric(tmp_path, monkeypatch):
     np.testing.assert_allclose([m.lr for m in result.history], want, rtol=1e-6)
 
 
-def _scripted_accuracy(monkeypatch, accuracies: list[float]):
-    """Replace validation by a scripted valid_accuracy per epoch (the loss stays flat)."""
-    values = iter(accuracies)
-
-    def fake(model, data, batch_size, transform=None):
-        s = trainer_mod._Sums()
-        s.add({"count": 1.0, "loss": 1.0, "accuracy": next(values)})
-        return s
-    monkeypatch.setattr(trainer_mod, "_validate", fake)
-
-
 def test_plateau_follows_the_direction_of_the_monitored_metric(tmp_path, monkeypatch):
     """A rising accuracy is an improvement: plateau (mode from --monitor) keeps the rate, as
     torch's ReduceLROnPlateau(mode="max") does; a falling one reduces it."""
     rising = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
     model, data = _small(tmp_path)
-    _scripted_accuracy(monkeypatch, rising)
+    _scripted(monkeypatch, rising, "accuracy")
     result = fit(model, data, data, epochs=6, batch_size=8, monitor="valid_accuracy", scheduler="plateau",
                  scheduler_options={"patience": 0, "factor": 0.5}, log=None)
     assert [m.lr for m in result.history] == [0.1] * 6
     assert model.lr == pytest.approx(0.1)
     falling = [0.6, 0.5, 0.4, 0.3, 0.3, 0.2]
     model, data = _small(tmp_path)
-    _scripted_accuracy(monkeypatch, falling)
+    _scripted(monkeypatch, falling, "accuracy")
     result = fit(model, data, data, epochs=6, batch_size=8, monitor="valid_accuracy", scheduler="plateau",
                  scheduler_options={"patience": 0, "factor": 0.5}, log=None)
     want = _torch_lrs("ReduceLROnPlateau", 6, metrics=falling, mode="max", patience=0, factor=0.5)
@@ -246,7 +236,7 @@ def test_plateau_follows_the_direction_of_the_monitored_metric(tmp_path, monkeyp
     assert want[-1] < 0.1
     # an explicit mode wins: "min" on a rising accuracy treats every epoch as worse
     model, data = _small(tmp_path)
-    _scripted_accuracy(monkeypatch, rising)
+    _scripted(monkeypatch, rising, "accuracy")
     result = fit(model, data, data, epochs=6, batch_size=8, monitor="valid_accuracy", scheduler="plateau",
                  scheduler_options={"patience": 0, "factor": 0.5, "mode": "min"}, log=None)
     want = _torch_lrs("ReduceLROnPlateau", 6, metrics=rising, mode="min", patience=0, factor=0.5)

@@ -231,19 +231,14 @@ def _with_dir(config, path: Path):
 
 # -- an early-stopped run stays stopped on resume, unless a larger --patience lets it go on ------------------
 def test_resuming_an_early_stopped_run(tmp_path, monkeypatch):
+    from test_learner import _scripted
+
     import anygrad
     from anygrad.optim import get_optimizer
     from anygrad.train import TrainConfig, fit
     from anygrad.train import checkpoint as ckpt
-    from anygrad.train import trainer as trainer_mod
 
-    losses = iter([1.0, 0.9, 0.95, 0.97, 0.8, 0.7, 0.6, 0.5])  # best at 2; 2 bad epochs stop a patience-2 run
-
-    def scripted(model, data, batch_size, transform=None):
-        s = trainer_mod._Sums()
-        s.add({"count": 1.0, "loss": next(losses)})
-        return s
-    monkeypatch.setattr(trainer_mod, "_validate", scripted)
+    _scripted(monkeypatch, [1.0, 0.9, 0.95, 0.97, 0.8, 0.7, 0.6, 0.5])  # best at 2; 2 bad epochs stop patience 2
     model_path = _mlp(tmp_path / "mlp.onnx", hidden=8)
     rng = np.random.default_rng(2)
     data = rng.standard_normal((16, 1, 28, 28)).astype(np.float32), rng.integers(0, 10, 16).astype(np.int64)
@@ -254,19 +249,19 @@ def test_resuming_an_early_stopped_run(tmp_path, monkeypatch):
         messages: list[str] = []
         config = TrainConfig(**{"epochs": 6, "batch_size": 8, "patience": 2, "artifacts_dir": str(run), **settings})
         result = fit(model, data, data, config, log=messages.append, resume=resume)
-        return result, messages, model.state_dict()
+        return result, messages
 
-    result, messages, _ = train(False)
+    result, messages = train(False)
     assert result.stopped_early and [m.epoch for m in result.history] == [1, 2, 3, 4]
     assert ckpt.read(ckpt.latest(run / "checkpoints")).meta["stopped_early"] is True
     weights = (run / "weights.npz").read_bytes()
 
     for settings in ({}, {"epochs": 10}):  # the same run, or only longer: still stopped, nothing trained
-        result, messages, _ = train(True, **settings)
+        result, messages = train(True, **settings)
         assert result.stopped_early and [m.epoch for m in result.history] == [1, 2, 3, 4]
         assert any("already stopped early at epoch 4" in m and "larger --patience" in m for m in messages)
         assert (run / "weights.npz").read_bytes() == weights and len((run / "metrics.jsonl").read_text().splitlines()) == 4
 
-    result, messages, _ = train(True, patience=3)  # one more bad epoch allowed: epoch 5 improves, and on
+    result, messages = train(True, patience=3)  # one more bad epoch allowed: epoch 5 improves, and on
     assert not result.stopped_early and [m.epoch for m in result.history] == [1, 2, 3, 4, 5, 6]
     assert not any("already stopped" in m for m in messages)

@@ -204,6 +204,12 @@ def test_bad_sources(onnx_files, bad):
         fresh(onnx_files["packaged"]).load_state_dict(bad)
 
 
+def test_an_onnx_file_as_weights_is_named(onnx_files):
+    with pytest.raises(ModelError, match="not a PyTorch checkpoint .* looks like an ONNX model") as e:
+        fresh(onnx_files["packaged"]).load_state_dict(FOUNDING_MODEL)
+    assert "pickle" not in str(e.value)
+
+
 # -- names the importer could not record --------------------------------------------------------------
 class MLP(torch.nn.Module):
     def __init__(self, widths=(8, 16, 4)):

@@ -437,6 +437,12 @@ def test_unreadable_files(tmp_path):
     (tmp_path / "text.pt").write_text("hello world\n")
     with pytest.raises(ModelError, match="text.pt"):
         load(tmp_path / "text.pt")
+    with pytest.raises(ModelError, match=r"text.pt: not a PyTorch checkpoint \(.pt/.pth written by torch.save\), "
+                                         r"a .safetensors or an .npz file$"):
+        load(tmp_path / "text.pt")
+    (tmp_path / "model.bin").write_bytes(b"\x08\x07\x12\x07pytorch")  # how an ONNX ModelProto starts
+    with pytest.raises(ModelError, match=r"model.bin: not a PyTorch checkpoint .* looks like an ONNX model"):
+        load_raw(tmp_path / "model.bin")
     (tmp_path / "empty.pt").write_bytes(b"")
     with pytest.raises(ModelError, match="empty.pt"):
         load(tmp_path / "empty.pt")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from wgpu_util import has_adapter
+from wgpu_util import has_adapter, no_adapter
 
 from anygrad.data import load_mnist
 
@@ -48,7 +48,7 @@ def test_founding_example_learns_mnist(tmp_path, device):
     draw for a seed differs (seed 0 on lavapipe: 0.874); the bar is the same.
     """
     if device == "wgpu" and not has_adapter():
-        pytest.skip("no WebGPU adapter (install mesa-vulkan-drivers for lavapipe)")
+        no_adapter()
     rows = [_train_subset(tmp_path / f"run{seed}", seed, device) for seed in range(3)]
     accuracies = sorted(row["valid_accuracy"] for row in rows)
     print(f"{device} valid accuracy by seed:", [row["valid_accuracy"] for row in rows])

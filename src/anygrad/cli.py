@@ -227,8 +227,8 @@ def _train_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def _check_dataset(name: str) -> None:
     from .data import dataset_names
-    from .data.datasets import ALIASES
-    if ALIASES.get(name.lower(), name.lower()) not in dataset_names():
+    from .data.datasets import canonical_name
+    if canonical_name(name) not in dataset_names():
         raise ConfigError(f"unknown dataset '{name}'; choose one of {', '.join(dataset_names())}")
 
 
@@ -314,31 +314,6 @@ def _not_a_folder(path: Path, what: str) -> Path:
     return path
 
 
-# Leading bytes of the state_dict files --weights reads (model.load_state_dict).
-_ZIP_MAGIC = b"PK\x03\x04"  # torch.save's zip format, and .npz
-_PICKLE_PROTOCOL = 0x80       # torch.save's legacy format starts with a pickle PROTO opcode
-
-
-def _check_weights_file(path: Path) -> None:
-    """Tell a file that is no state_dict (an ONNX model, a text file) from a damaged one before
-    the loader tries to unpickle it and reports a pickle detail."""
-    _not_a_folder(path, "a weights file")
-    try:
-        with open(path, "rb") as f:
-            head = f.read(9)
-    except FileNotFoundError:
-        raise ConfigError(f"--weights {path}: no such file") from None
-    except OSError as e:
-        raise ConfigError(f"--weights {path}: cannot read it ({e.strerror or e})") from None
-    safetensors = len(head) == 9 and head[8:9] == b"{"  # 8-byte header length, then the JSON header
-    if head.startswith(_ZIP_MAGIC) or head[:1] == bytes([_PICKLE_PROTOCOL]) or safetensors:
-        return
-    onnx_hint = "; it looks like an ONNX model: give it as MODEL (anygrad train FILE.onnx)" \
-        if path.suffix == ".onnx" or head[:1] == b"\x08" else ""
-    raise ConfigError(f"--weights {path}: not a PyTorch checkpoint (.pt/.pth written by torch.save), a .safetensors "
-                      f"or an .npz file{onnx_hint}")
-
-
 def _make_artifacts_dir(path: Path) -> list[Path]:
     """Create the run's folder (and missing parents) before anything slow happens, and check it
     takes files: a bad --artifacts fails at once, not after loading data and model. Returns the
@@ -356,7 +331,6 @@ def _make_artifacts_dir(path: Path) -> list[Path]:
         for where in reversed(missing):
             where.mkdir()
             created.append(where)
-        where = path
         probe = path / f".anygrad-write-test.{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
@@ -394,8 +368,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     if config.scheduler:  # bad names and types fail now; values against the run when the Learner builds it
         from .optim.schedulers import check_options
         check_options(config.scheduler, config.scheduler_options)
-    if config.weights:
-        _check_weights_file(Path(config.weights))
+    if config.weights:  # its content is checked when the model loads it (torchfile names the file's kind)
+        weights = _not_a_folder(Path(config.weights), "a weights file")
+        if not weights.exists():
+            raise ConfigError(f"--weights {weights}: no such file")
     backend = get_backend(config.device)
     artifacts = Path(config.artifacts_dir) if config.artifacts_dir else _default_artifacts(model_path.stem)
     created = _make_artifacts_dir(artifacts)
@@ -504,14 +480,16 @@ def cmd_predict(args: argparse.Namespace) -> int:
     model, source, dataset, data_dir = _inference_model(args)
     true_label = None
     if args.image:
-        loaded: list[Any] = []  # the dataset, read only when the run did not record what is needed
+        loaded: Any = None  # the dataset, read only when the run did not record what is needed
 
         def data() -> Any:
-            loaded.append(loaded[0] if loaded else _run_dataset(dataset, data_dir, source.run_config))
-            return loaded[0]
+            nonlocal loaded
+            if loaded is None:
+                loaded = _run_dataset(dataset, data_dir, source.run_config)
+            return loaded
         prepared = prepare_image(args.image, model, dataset, input_normalisation(source.run_config, dataset, data))
         print(f"image: {args.image}: " + "; ".join(prepared.notes))
-        x, names = prepared.x, run_class_names(source.run_config, dataset) or (loaded[0].classes if loaded else None)
+        x, names = prepared.x, run_class_names(source.run_config, dataset) or (loaded.classes if loaded is not None else None)
     else:
         transform, (xs, ys), names = _eval_split(args, dataset, data_dir, source.run_config)
         if not -len(xs) <= args.index < len(xs):

@@ -130,17 +130,25 @@ def converter(annotation: str, base: dict[str, tuple[Converter, str, str]] | Non
     raise NotImplementedError(f"no converter for the annotation {annotation!r}")
 
 
-def coerce_fields(obj: Any, error: Callable[[str, str, Any], Exception],
-                  base: dict[str, tuple[Converter, str, str]] | None = None) -> None:
+ErrorBuilder = Callable[[str, str, Any], Exception]  # (name, expected, value) -> the exception to raise
+
+
+def convert(name: str, annotation: str, value: Any, error: ErrorBuilder,
+            base: dict[str, tuple[Converter, str, str]] | None = None) -> Any:
+    """The setting `name`'s `value` converted to the type `annotation` names (see `converter`);
+    `error(name, expected, value)` builds the exception when it does not convert."""
+    conv, what = converter(annotation, base)
+    try:
+        return conv(value)
+    except (TypeError, ValueError, OverflowError):
+        raise error(name, what, value) from None
+
+
+def coerce_fields(obj: Any, error: ErrorBuilder, base: dict[str, tuple[Converter, str, str]] | None = None) -> None:
     """Convert every field of the dataclass instance `obj` in place to its annotated type;
     `error(name, expected, value)` builds the exception for a value that does not convert."""
     for f in fields(obj):
-        conv, what = converter(str(f.type), base)
-        value = getattr(obj, f.name)
-        try:
-            setattr(obj, f.name, conv(value))
-        except (TypeError, ValueError, OverflowError):
-            raise error(f.name, what, value) from None
+        setattr(obj, f.name, convert(f.name, str(f.type), getattr(obj, f.name), error, base))
 
 
 def json_text(value: Any) -> str:

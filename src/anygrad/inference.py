@@ -179,30 +179,25 @@ def fit_input(x: np.ndarray, model: Model) -> np.ndarray:
 
 def class_names(dataset: str) -> list[str] | None:
     from .data.cifar import CLASSES
-    from .data.datasets import ALIASES, FASHION_CLASSES
-    name = ALIASES.get(dataset.lower(), dataset.lower())
+    from .data.datasets import FASHION_CLASSES, canonical_name
+    name = canonical_name(dataset)
     return {"fashion-mnist": list(FASHION_CLASSES), "cifar-10": list(CLASSES)}.get(name) or \
         (KNOWN_DATASETS[name][2] if name in KNOWN_DATASETS else None)
 
 
 def dataset_stats(dataset: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    from .data.datasets import ALIASES
-    name = ALIASES.get(dataset.lower(), dataset.lower())
+    from .data.datasets import canonical_name
+    name = canonical_name(dataset)
     if name not in KNOWN_DATASETS:
         raise ConfigError(f"no known normalisation for dataset '{dataset}'; use one of {', '.join(KNOWN_DATASETS)}")
     mean, std, _ = KNOWN_DATASETS[name]
     return mean, std
 
 
-def _canonical_dataset(name: Any) -> str:
-    from .data.datasets import ALIASES
-    text = str(name or "").lower()
-    return ALIASES.get(text, text)
-
-
 def run_for_dataset(run: dict[str, Any], dataset: str) -> dict[str, Any]:
     """The run's config.json when it trained on `dataset` (so its normalisation applies), else {}."""
-    return run if run and _canonical_dataset(run.get("dataset") or "mnist") == _canonical_dataset(dataset) else {}
+    from .data.datasets import canonical_name
+    return run if run and canonical_name(str(run.get("dataset") or "mnist")) == canonical_name(dataset) else {}
 
 
 @dataclass
@@ -219,6 +214,14 @@ def _stats_text(mean: Any, std: Any) -> str:
     return f"mean {', '.join(f'{m:g}' for m in mean)}, std {', '.join(f'{s:g}' for s in std)}"
 
 
+def _like_the_run(stats: dict[str, Any] | None) -> Normalisation:
+    """The run's own normalisation: `stats` holds its "mean" and "std"; None: not normalised."""
+    if stats is None:
+        return Normalisation(None, None, "not normalised (pixels scaled to [0, 1]), like the run")
+    mean, std = stats["mean"], stats["std"]
+    return Normalisation(tuple(mean), tuple(std), f"like the run ({_stats_text(mean, std)})")
+
+
 def input_normalisation(run: dict[str, Any], dataset: str, data: Callable[[], Any] | None = None) -> Normalisation:
     """The normalisation the model was trained with, from the run's config.json `run` when it
     trained on `dataset`: what the run recorded it resolved (normalised on the device or the host,
@@ -227,19 +230,15 @@ def input_normalisation(run: dict[str, Any], dataset: str, data: Callable[[], An
     own = run_for_dataset(run, dataset)
     resolved = own.get("resolved") if isinstance(own.get("resolved"), dict) else {}
     if "normalisation" in resolved:  # what the run used, wherever it normalised
-        n = resolved["normalisation"]
-        if n is None:
-            return Normalisation(None, None, "not normalised (pixels scaled to [0, 1]), like the run")
-        return Normalisation(tuple(n["mean"]), tuple(n["std"]), f"like the run ({_stats_text(n['mean'], n['std'])})")
+        return _like_the_run(resolved["normalisation"])
     if resolved.get("normalised_on_device"):  # runs written before "normalisation" was recorded
-        n = resolved["normalised_on_device"]
-        return Normalisation(tuple(n["mean"]), tuple(n["std"]), f"like the run ({_stats_text(n['mean'], n['std'])})")
+        return _like_the_run(resolved["normalised_on_device"])
     if own.get("normalize") == "none":
-        return Normalisation(None, None, "not normalised (pixels scaled to [0, 1]), like the run")
+        return _like_the_run(None)
     if own.get("mean") and own.get("std"):
-        return Normalisation(tuple(own["mean"]), tuple(own["std"]),
-                             f"like the run ({_stats_text(own['mean'], own['std'])})")
-    if _canonical_dataset(dataset) in KNOWN_DATASETS:
+        return _like_the_run(own)
+    from .data.datasets import canonical_name
+    if canonical_name(dataset) in KNOWN_DATASETS:
         mean, std = dataset_stats(dataset)
         return Normalisation(mean, std, f"like {dataset} ({_stats_text(mean, std)})")
     loaded = data() if data is not None else None
@@ -270,6 +269,7 @@ def prepare_image(path: str | Path, model: Model, dataset: str = "mnist",
     """Load an image the way the dataset's samples look: the model's HxW, grey when it takes one
     channel, light digits on a dark background (inverted when the image's border is light),
     normalised as `normalisation` says (default: the dataset's known statistics)."""
+    from .data.datasets import canonical_name
     from .data.imagefolder import load_image
     from .data.transforms import BatchTransform
     if normalisation is None:
@@ -278,8 +278,8 @@ def prepare_image(path: str | Path, model: Model, dataset: str = "mnist",
     if len(shape) == 4 and all(isinstance(d, int) for d in shape[1:]):
         channels, size = shape[1], shape[2:]
     else:  # a flat input (N, 784): the dataset's own image size
-        channels = len(normalisation.mean) if normalisation.mean else 3 if _canonical_dataset(dataset) == "cifar-10" \
-            else 1
+        known = KNOWN_DATASETS.get(canonical_name(dataset))  # (mean, std, classes): a mean per channel
+        channels = len(normalisation.mean) if normalisation.mean else len(known[0]) if known else 1
         size = (28, 28) if channels == 1 else (32, 32)
     if normalisation.mean is not None and len(normalisation.mean) not in (1, channels):
         raise ConfigError(f"the model takes {channels}-channel images but the normalisation has "

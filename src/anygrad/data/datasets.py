@@ -242,6 +242,11 @@ ALIASES = {"fashion_mnist": "fashion-mnist", "fashionmnist": "fashion-mnist", "c
            "cifar": "cifar-10", "image-folder": "imagefolder", "folder": "imagefolder"}
 
 
+def canonical_name(name: str) -> str:
+    """A dataset's name as DATASETS and KNOWN_DATASETS spell it (lower case, aliases resolved)."""
+    return ALIASES.get(name.lower(), name.lower())
+
+
 def dataset_names() -> list[str]:
     return list(DATASETS)
 
@@ -255,7 +260,7 @@ def get_dataset(name: str, data_dir: str | Path | None = None, *, valid_fraction
     data when it has none); a number always holds out that part of the training data (seeded by
     `seed`); 0 means no validation. Other options: cache_dir, download, mirrors (remote sets).
     """
-    key_name = ALIASES.get(name.lower(), name.lower())
+    key_name = canonical_name(name)
     if key_name not in DATASETS:
         raise ConfigError(f"unknown dataset '{name}'; choose one of {', '.join(DATASETS)}")
     data = DATASETS[key_name](str(data_dir) if data_dir is not None else None, log, **options)

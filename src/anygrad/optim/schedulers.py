@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
-from ..coerce import coerce_fields, converter, to_float, to_int, to_lower_str
+from ..coerce import ErrorBuilder, coerce_fields, convert, to_float, to_int, to_lower_str
 from ..errors import ConfigError
 
 INTERVALS = ("epoch", "step")
@@ -36,6 +36,12 @@ INTERVALS = ("epoch", "step")
 # -- option coercion: config files and the CLI hand over strings and loose numbers ---------------
 # Option words (mode, interval, anneal_strategy) are compared lower-cased: 'Max' is 'max'.
 _BASE = {"str": (to_lower_str, "a string", "strings")}
+
+
+def _option_error(scheduler: str) -> ErrorBuilder:
+    """The error for an option value of the wrong type (by coerce.convert)."""
+    return lambda option, what, value: ConfigError(
+        f"scheduler '{scheduler}': option {option} must be {what}, got {value!r}")
 
 
 # -- the interface ----------------------------------------------------------------------------------
@@ -66,8 +72,7 @@ class Scheduler:
     needs_metric: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        coerce_fields(self, lambda name, what, value: ConfigError(
-            f"scheduler '{self.name}': option {name} must be {what}, got {value!r}"), _BASE)
+        coerce_fields(self, _option_error(self.name), _BASE)
         self._require(self.interval in INTERVALS, f"interval must be one of {', '.join(INTERVALS)}, "
                       f"got {self.interval!r}")
         self._require(self.base_lr >= 0 and math.isfinite(self.base_lr),
@@ -533,11 +538,7 @@ def check_options(name: str, options: dict[str, Any]) -> type[Scheduler]:
         raise ConfigError(f"scheduler '{key}' does not take option(s) {', '.join(unknown)}; "
                           f"its options are {', '.join(sorted(types))}")
     for option, value in options.items():
-        conv, what = converter(types[option], _BASE)
-        try:
-            conv(value)
-        except (TypeError, ValueError, OverflowError):
-            raise ConfigError(f"scheduler '{key}': option {option} must be {what}, got {value!r}") from None
+        convert(option, types[option], value, _option_error(key), _BASE)
     return cls
 
 

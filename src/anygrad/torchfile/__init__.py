@@ -45,12 +45,30 @@ def _guarded(path: Path, read: Callable[[], Any]) -> Any:
         raise ModelError(f"{path}: not a readable PyTorch checkpoint ({type(e).__name__}: {detail})") from e
 
 
+_PICKLE_PROTO = b"\x80"  # the legacy format starts with a pickle PROTO opcode
+_ONNX_START = b"\x08"  # an ONNX ModelProto starts with field 1 (ir_version), a varint
+
+
 def _read(path: Path) -> Any:
     with open(path, "rb") as f:
         magic = f.read(4)
     if magic == _ZIP_MAGIC:
         return read_zip(path)
-    return read_legacy(path.read_bytes())
+    data = path.read_bytes()
+    if data[:1] != _PICKLE_PROTO and data[257:262] != b"ustar":  # (read_legacy names the tar format)
+        raise FormatError(_not_a_checkpoint(path, data))
+    return read_legacy(data)
+
+
+def _not_a_checkpoint(path: Path, data: bytes) -> str:
+    """What a file that starts like no checkpoint is (an ONNX model, a text file), before the
+    unpickler tries it and reports a pickle detail."""
+    if data[8:10] == b'{"':
+        return "a safetensors file, not a torch.save one: read it with load or load_safetensors"
+    onnx_hint = ("; it looks like an ONNX model: load it with anygrad.load_onnx (on the command line, "
+                 "give it as MODEL: anygrad train FILE.onnx)") \
+        if path.suffix == ".onnx" or data[:1] == _ONNX_START else ""
+    return f"not a PyTorch checkpoint (.pt/.pth written by torch.save), a .safetensors or an .npz file{onnx_hint}"
 
 
 def is_safetensors(path: Path) -> bool:

@@ -279,9 +279,11 @@ def _onnx_exporter() -> Callable | None:
         return None
 
 
-def config_record(model: Model, config: TrainConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """config.json: the run's settings plus what the model and device resolved them to, and
-    `extra`: what the caller resolved (the CLI: the data's normalisation and class names)."""
+def config_record(model: Model, config: TrainConfig, extra: dict[str, Any] | None = None, *,
+                  scheduler: dict[str, Any] | None) -> dict[str, Any]:
+    """config.json: the run's settings plus what the model and device resolved them to, the
+    schedule (`scheduler`: its config(), None without one), and `extra`: what the caller resolved
+    (the CLI: the data's normalisation and class names)."""
     record = asdict(config)
     record["resolved"] = {
         "model_source": model.source,
@@ -293,7 +295,7 @@ def config_record(model: Model, config: TrainConfig, extra: dict[str, Any] | Non
         "device": model.backend.description if model.backend else None,
         "loss": {"name": model.loss.name, **model.loss.options} if model.loss else None,
         "optimizer": model.optimizer.config() if model.optimizer else None,
-        "scheduler": None,
+        "scheduler": scheduler,
         **(extra or {}),
     }
     return record
@@ -453,15 +455,21 @@ class Learner:
             return "top-5 accuracy is counted for classifiers of more than 5 classes only"
         return None
 
+    @property
+    def _metric_needed(self) -> bool:
+        """Whether early stopping or the schedule reads the monitored metric (so the run must have it)."""
+        return self.config.patience is not None or (self.scheduler is not None and self.scheduler.needs_metric)
+
     def _check_monitor(self) -> None:
         """Before the first step: a monitored metric the run will never have is an error when early
         stopping or the plateau schedule depends on it, else a note (no best checkpoint)."""
         why = self._unmonitorable()
         if why is None:
             return
-        users = (["--patience"] if self.config.patience is not None else []) + \
-            ([f"--scheduler {self.scheduler.name}"] if self.scheduler is not None and self.scheduler.needs_metric else [])
-        if users:
+        if self._metric_needed:
+            users = (["--patience"] if self.config.patience is not None else []) + \
+                ([f"--scheduler {self.scheduler.name}"] if self.scheduler is not None and self.scheduler.needs_metric
+                 else [])
             raise ConfigError(f"{' and '.join(users)} watch --monitor {self.config.monitor}, which this run cannot "
                               f"measure: {why}; choose another --monitor (e.g. train_loss)")
         if self.out_dir is not None:
@@ -550,8 +558,8 @@ class Learner:
         cfg, r, model = self.config, self.run, self.model
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            extra = {**self.resolved, "scheduler": self.scheduler.config() if self.scheduler else None}
-            write_json(self.out_dir / "config.json", config_record(model, cfg, extra))
+            write_json(self.out_dir / "config.json", config_record(
+                model, cfg, self.resolved, scheduler=self.scheduler.config() if self.scheduler else None))
         self.reporter.run_begin(RunInfo(model=model.source, device=model.backend.description,
                                         epochs=cfg.epochs, steps_per_epoch=self.steps, batch_size=cfg.batch_size,
                                         start_epoch=r.epoch, artifacts_dir=str(self.out_dir) if self.out_dir else None))
@@ -565,20 +573,20 @@ class Learner:
             self.reporter.message(f"the run already finished its {cfg.epochs} epochs; to train on, resume with a "
                                   "larger --epochs")
         warned = interrupted = False
-        trained = 0  # epochs finished by this call
+        already_stopped = r.stopped_early
         with _graceful_interrupt() as stop:
             while r.epoch <= cfg.epochs and not r.stopped_early:
                 if self._train_epoch(stop):
                     interrupted = True
                     break
                 self._end_epoch(warned)
-                warned, trained = warned or self._diverged(), trained + 1
+                warned = warned or self._diverged()
                 r.epoch, r.step, r.sums = r.epoch + 1, 0, _Sums()
         if interrupted:
             where = self.save_checkpoint()
             self.reporter.message(f"interrupted at epoch {r.epoch} step {r.step}/{self.steps}" + (
                 f"; checkpoint {where}; continue with: anygrad train --resume {self.out_dir}" if where else ""))
-        elif r.stopped_early and trained:
+        elif r.stopped_early and not already_stopped:
             self.reporter.message(f"early stop: {cfg.monitor} has not improved for {self.monitor.wait} epochs "
                                   f"(best {self.monitor.best:.6g} at epoch {self.monitor.best_epoch})")
         self.reporter.run_end(stopped_early=r.stopped_early, interrupted=interrupted)
@@ -642,11 +650,7 @@ class Learner:
             r.epoch_done = False
 
     def _monitorable(self, row: dict[str, Any]) -> bool:
-        """Whether the monitored metric can be read; an error only when something depends on it."""
-        needs = self.config.patience is not None or (self.scheduler is not None and self.scheduler.needs_metric)
-        if needs:
-            self.monitor.value(row)  # raises a clear ConfigError
-            return True
+        """Whether the monitored metric has a value (always, when _check_monitor found it needed)."""
         return row.get(self.config.monitor) is not None
 
     def _diverged(self) -> bool:
