@@ -382,6 +382,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise
 
 
+def _padding_spec(spec: str) -> tuple[str, int]:
+    """'TABLE:ROW' of --padding-idx -> (table, row)."""
+    table, _, row = str(spec).rpartition(":")
+    try:
+        return table, int(row)
+    except ValueError:
+        raise ConfigError(f"--padding-idx takes TABLE:ROW, such as 'embed_tokens.weight:1', not {spec!r}") from None
+
+
 def _train(args: argparse.Namespace, config: Any, model_path: Path, optimizer: Any, backend: Any) -> int:
     from . import load_onnx
     from .train import fit
@@ -391,6 +400,8 @@ def _train(args: argparse.Namespace, config: Any, model_path: Path, optimizer: A
         model.load_state_dict(config.weights, strict=True)
     if config.freeze:  # after the weights, so patterns may use the state_dict's PyTorch names
         model.freeze(*config.freeze)
+    for spec in config.padding_idx:
+        model.set_padding_idx(*_padding_spec(spec))
     loss = _auto_loss(model) if config.loss == "auto" else config.loss
     train, valid, transforms, source, resolved = _train_data(config, model, console)
     model.compile(loss=loss, optimizer=optimizer, device=backend, seed=config.seed)
@@ -635,6 +646,9 @@ def _add_train(p: argparse.ArgumentParser) -> None:
                    "(.pt/.pth from torch.save, read without torch) or .safetensors; names must match (strict)")
     p.add_argument("--freeze", action="append", metavar="PATTERN", help="do not train the parameters matching "
                    "this glob over graph or PyTorch names (repeatable), e.g. 'conv1.*' or a buffer such as 'pe'")
+    p.add_argument("--padding-idx", action="append", metavar="TABLE:ROW", help="give lookups of this row of this "
+                   "embedding table no gradient, as nn.Embedding(padding_idx=ROW) does (ONNX cannot say so; "
+                   "repeatable), e.g. 'embed_tokens.weight:1'")
     p.add_argument("--drop-last", action="store_true", default=None, help="skip the last partial batch of each epoch")
     p.add_argument("--clip-grad-norm", type=float, metavar="MAX", help="scale the gradients down to this global "
                    "2-norm (torch.nn.utils.clip_grad_norm_)")

@@ -59,7 +59,10 @@ def _node(node: Node, opset: int) -> onnx.NodeProto:
     except onnx.defs.SchemaError:  # not an ONNX op: attribute types from the Python values
         schema_attrs = {}
     attrs = []
+    op = get_op(node.op)
     for key, value in node.attrs.items():
+        if op is not None and key in op.grad_attrs:
+            continue  # anygrad's gradient semantics (padding_idx): nothing for inference to read
         kind = int(schema_attrs[key].type) if key in schema_attrs else _guess_type(value)
         if kind not in _ENCODE:
             raise ModelError(f"{node.label}: cannot write attribute '{key}' to ONNX")
