@@ -91,7 +91,7 @@ def _feeds(args: tuple, kwargs: dict, names: list[str]) -> dict[str, np.ndarray]
     return {n: v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v) for n, v in zip(names, values)}
 
 
-def from_torch(module: Any, example_input: Any, *, dynamo: bool = False, opset: int = DEFAULT_OPSET,
+def from_torch(module: Any, example_input: Any, *, dynamo: bool = True, opset: int = DEFAULT_OPSET,
                path: str | os.PathLike | None = None, output_name: str = "output",
                check: bool = True) -> Model:
     """Export `module` (an nn.Module) to ONNX in training mode and import it as a trainable Model
@@ -101,7 +101,9 @@ def from_torch(module: Any, example_input: Any, *, dynamo: bool = False, opset: 
     of keyword arguments, each with a batch dim of 2 or more (BatchNorm cannot normalise one
     sample in training mode); the batch dim stays symbolic. Graph inputs are named after the
     forward's parameters (`forward(self, ids, mask)` gives inputs 'ids' and 'mask'). `dynamo`
-    picks the torch.export-based exporter. With `path` the ONNX file is kept there, else it is
+    (default) picks the torch.export-based exporter, which torch 2.9+ makes its default and which
+    exports what TorchScript cannot (Hugging Face Llama, Qwen, GPT-2); dynamo=False the deprecated
+    TorchScript one. With `path` the ONNX file is kept there, else it is
     temporary. The module is left as it was (its mode and state, which tracing in training mode
     moves).
 

@@ -85,11 +85,31 @@ def inference_graph(model) -> Graph:
     """The model's graph in inference mode with the current state, internal ops removed."""
     g = set_training_mode(model.sync_to_graph() if model.backend is not None else model.graph, False)
     g.state_updates = {}
+    _drop_dropout(g)
     g.dce()
     internal = sorted({n.op for n in g.nodes if get_op(n.op) is None or get_op(n.op).internal})
     if internal:
         raise ModelError(f"cannot write ONNX: the inference graph still uses internal op(s) {internal}")
     return g
+
+
+def _drop_dropout(g: Graph) -> None:
+    """Inference-mode Dropout is the identity: the exported file has none (as PyTorch's eval export).
+    Readers of its output read its input instead; a graph output keeps its name through an Identity."""
+    outputs = set(g.outputs)
+    read = {v for n in g.nodes for v in n.inputs} | outputs
+    rename: dict[str, str] = {}
+    kept = []
+    for n in g.nodes:
+        n.inputs = [rename.get(v, v) for v in n.inputs]
+        mask_read = len(n.outputs) > 1 and n.outputs[1] in read
+        if n.op != "Dropout" or mask_read:
+            kept.append(n)
+        elif n.outputs[0] in outputs:
+            kept.append(Node("Identity", [n.inputs[0]], [n.outputs[0]], name=n.name))
+        else:
+            rename[n.outputs[0]] = n.inputs[0]
+    g.nodes = kept
 
 
 def to_onnx(model) -> onnx.ModelProto:
