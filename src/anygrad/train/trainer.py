@@ -68,6 +68,7 @@ class TrainConfig:
     optimizer: str = ""
     lr: float | None = None
     device: str = ""
+    limits: str | None = None            # a wgpu limits profile to train within (backends/wgpu/limits.py)
     init: str = ""
     weights: str | None = None           # state_dict file loaded right after the model (fine-tuning)
     freeze: list[str] = field(default_factory=list)  # parameter patterns not to train (Model.freeze)
