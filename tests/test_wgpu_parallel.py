@@ -5,6 +5,8 @@ large-shape paths reached on small shapes by lowering the module thresholds, and
 give the same bits on a second run."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from wgpu_util import assert_close, op_graph, run_both, wgpu_backend
@@ -90,3 +92,71 @@ def test_reduce_default_thresholds_bias_gradient_shape(backend):
                 kernels=[":cols"], rtol=3e-4, atol=1e-4)
     first = next(st.kernel for st in exe.plan.steps if st.kernel.name == "ReduceSum:cols")
     assert first.workgroups[0] * 256 >= 40 * 64  # 40 outputs x 64 chunks of 32 rows
+
+
+# -- grids past the per-dimension limit --------------------------------------------------------------
+@pytest.fixture
+def tiny_grid_backend():
+    """A backend whose adapter limit reads 3 workgroups per dimension (27 per dispatch)."""
+    b = wgpu_backend()
+    b.caps = replace(b.caps, max_workgroups_per_dim=3)
+    return b
+
+
+@pytest.mark.parametrize("op,inputs,attrs", [
+    ("Exp", lambda: [randn(40, 50)], {}),                                    # 8 workgroups, flat ids
+    ("ReduceSum", lambda: [randn(20, 300), np.array([1], np.int64)], {"keepdims": 0}),  # barriers
+    ("Softmax", lambda: [randn(20, 70)], {"axis": 1}),
+    ("BatchNormalization", lambda: [randn(6, 3, 10, 10), randn(3), randn(3), np.zeros(3, np.float32),
+                                    np.ones(3, np.float32)], {"training_mode": 1}),
+])
+def test_grid_fold_runs_every_kernel_within_the_limit(tiny_grid_backend, op, inputs, attrs):
+    ins = inputs()
+    n_out = 3 if op == "BatchNormalization" else 1
+    graph, feeds = op_graph(op, ins, attrs, n_outputs=n_out, const=(3, 4) if n_out == 3 else ())
+    want, got, exe = run_both(graph, feeds, backend=tiny_grid_backend)
+    assert_close(want, got, 2e-4, 1e-5, what=op)
+    grids = [st.kernel.workgroups for st in exe.plan.steps]
+    assert all(max(g) <= 3 for g in grids), grids
+    assert any(g[1] > 1 or g[2] > 1 for g in grids), grids  # something was folded
+
+
+def test_grid_fold_keeps_ids_of_a_3d_grid():
+    """The folded kernel sees the workgroup_id / num_workgroups / global_invocation_id of the grid
+    it was written for: a kernel writing them per invocation, compared with numpy."""
+    from anygrad.backends.wgpu.gridfold import fold_kernel
+    from anygrad.backends.wgpu.kernel import Kernel
+    from anygrad.backends.wgpu.wgsl import bindings, shader
+
+    b = wgpu_backend()
+    X, Y, Z, W = 5, 4, 3, 2
+    n = X * Y * Z * W
+    body = f"""  let k = ((wid.z * nwg.y + wid.y) * nwg.x + wid.x) * {W}u + lid.x;
+  out[k * 4u] = gid.x; out[k * 4u + 1u] = gid.y; out[k * 4u + 2u] = gid.z; out[k * 4u + 3u] = nwg.x * 100u + nwg.y * 10u + nwg.z;"""
+    kern = Kernel("ids", shader(bindings([], [("out", "u32")]), body, wg=W), (X, Y, Z), (), ("ids",))
+    folded = fold_kernel(kern, 4)
+    assert max(folded.workgroups) <= 4 and np.prod(folded.workgroups) >= X * Y * Z
+    got = _run_raw(b, folded, n * 4).reshape(Z, Y, X, W, 4)
+    z, y, x, w = np.meshgrid(np.arange(Z), np.arange(Y), np.arange(X), np.arange(W), indexing="ij")
+    np.testing.assert_array_equal(got[..., 0], x * W + w)
+    np.testing.assert_array_equal(got[..., 1], y)
+    np.testing.assert_array_equal(got[..., 2], z)
+    assert (got[..., 3] == X * 100 + Y * 10 + Z).all()
+
+
+def _run_raw(b, kern, n_u32: int) -> np.ndarray:
+    """Dispatch one kernel with a single u32 output buffer and read it back."""
+    import wgpu
+    buf = b.create_buffer(n_u32 * 4, b.storage_usage, "out")
+    pipe = b.pipeline(kern.wgsl, kern.entry, (False,), kern.name)
+    bgl, _ = b.layout((False,))
+    bg = b.device.create_bind_group(layout=bgl, entries=[{"binding": 0, "resource": {"buffer": buf}}])
+    enc = b.device.create_command_encoder()
+    cpass = enc.begin_compute_pass()
+    cpass.set_pipeline(pipe)
+    cpass.set_bind_group(0, bg)
+    cpass.dispatch_workgroups(*kern.workgroups)
+    cpass.end()
+    b.device.queue.submit([enc.finish()])
+    del wgpu
+    return np.frombuffer(b.read(buf, n_u32 * 4), np.uint32).copy()
