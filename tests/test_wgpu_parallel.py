@@ -12,7 +12,6 @@ import pytest
 from wgpu_util import assert_close, op_graph, run_both, wgpu_backend
 
 from anygrad.backends.wgpu import kernels_reduce
-from anygrad.backends.wgpu.kernel import AdapterCaps
 
 pytestmark = pytest.mark.wgpu
 
@@ -160,3 +159,33 @@ def _run_raw(b, kern, n_u32: int) -> np.ndarray:
     b.device.queue.submit([enc.finish()])
     del wgpu
     return np.frombuffer(b.read(buf, n_u32 * 4), np.uint32).copy()
+
+
+# -- embedding gradient: counting sort + segmented sums -------------------------------------------------
+@pytest.fixture(params=[8, 3], ids=["radix8", "radix3"])
+def radix_bits(request, monkeypatch):
+    """8 bits a pass (the default), and 3 (several passes on a small vocabulary: odd and even
+    ping-pong, keys wider than one pass)."""
+    from anygrad.backends.wgpu import segments
+    monkeypatch.setattr(segments, "BITS", request.param)
+
+
+@pytest.mark.parametrize("data_shape,axis,idx", [
+    ((50, 6), 0, lambda: RNG.integers(-50, 50, size=(3, 300))),         # 900 tokens: several blocks
+    ((4, 300, 5), 1, lambda: RNG.integers(0, 300, size=(700,))),         # outer > 1, 2 passes at 8 bits
+    ((7, 3), 0, lambda: np.full((600,), 2)),                              # one hot row (all equal)
+    ((1000,), 0, lambda: RNG.integers(0, 1000, size=(33,))),              # inner 1, sparse
+])
+def test_gather_grad_sorted_segments(backend, radix_bits, data_shape, axis, idx):
+    exe = check(backend, "Gather", [randn(*data_shape), idx().astype(np.int64)], {"axis": axis},
+                kernels=["GatherGrad:sort.scatter", "GatherGrad:sum"], rtol=1e-5, atol=1e-6)
+    assert not any(st.kernel.name == "GatherGrad" for st in exe.plan.steps)
+
+
+def test_gather_grad_matches_sequential_scatter_add_bits(backend):
+    """Each row sums in index order: bit-identical to numpy's np.add.at."""
+    graph, feeds = op_graph("Gather", [randn(40, 3), RNG.integers(0, 40, size=(2000,)).astype(np.int64)],
+                            {"axis": 0})
+    want, got, _ = run_both(graph, feeds, backend=backend)
+    grad = graph.outputs[-1]
+    assert np.asarray(got[grad]).tobytes() == np.asarray(want[grad]).tobytes()
