@@ -189,3 +189,20 @@ def test_gather_grad_matches_sequential_scatter_add_bits(backend):
     want, got, _ = run_both(graph, feeds, backend=backend)
     grad = graph.outputs[-1]
     assert np.asarray(got[grad]).tobytes() == np.asarray(want[grad]).tobytes()
+
+
+@pytest.mark.parametrize("dshape,ishape,axis", [((40, 6), (700, 6), 0), ((3, 300), (3, 500), 1),
+                                                ((2, 3, 5), (2, 2, 7), 2)])
+def test_gather_elements_grad_sorted_segments(backend, radix_bits, dshape, ishape, axis):
+    idx = RNG.integers(-dshape[axis], dshape[axis], size=ishape).astype(np.int64)
+    check(backend, "GatherElements", [randn(*dshape), idx], {"axis": axis},
+          kernels=["GatherElementsGrad:sort.scatter", "GatherElementsGrad:sum"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dshape,ishape,b", [((30, 5), (600, 1), 0), ((4, 5, 3), (300, 2), 0),
+                                             ((3, 4, 5), (3, 200, 1), 1)])
+def test_gather_nd_grad_sorted_segments(backend, radix_bits, dshape, ishape, b):
+    k = ishape[-1]
+    idx = np.stack([RNG.integers(-dshape[b + t], dshape[b + t], size=ishape[:-1]) for t in range(k)], -1)
+    check(backend, "GatherND", [randn(*dshape), idx.astype(np.int64)], {"batch_dims": b},
+          kernels=["GatherNDGrad:sort.scatter", "GatherNDGrad:sum"], rtol=1e-5, atol=1e-6)

@@ -3,21 +3,24 @@ ops/metrics.py): GatherElements, GatherND, ScatterElements, ScatterND and their 
 CountTopK, OneHot, CumSum/CumProd, Trilu, DepthToSpace/SpaceToDepth, and the elementwise Mod, IsNaN,
 IsInf.
 
-WGSL has no float atomics, so every scatter is a gather seen from the destination: one
-invocation per output element loops over the indices that could land on it and combines the
-matches in index order. That makes repeated indices deterministic (the last write wins for
-reduction 'none', as in numpy) at the cost of a loop over the index tensor per element, which is
-fine at the sizes these ops see in models (embeddings go through Gather/GatherGrad instead).
+WGSL has no float atomics, so every scatter is a gather seen from the destination, combining
+the matches in index order: repeated indices are deterministic (the last write wins for
+reduction 'none', as in numpy). The gradients (GatherElementsGrad, GatherNDGrad) first sort the
+index positions by destination on the GPU (segments.py), so each destination reads only its own
+entries. The forward scatters loop over the indices that could land on each element, fine at the
+sizes they see in models.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from ...ir.graph import Graph, Node
 from ...ops._util import ints_of, norm_axis
 from .kernel import AdapterCaps, Kernel, lowering
 from .kernels_elementwise import Emit, Val, ew
 from .kernels_shape import affine_copy
+from .segments import sorted_segments
 from .wgsl import bindings, flat_id, grid, literal, shader, shape_of, strides, vtype
 
 
@@ -85,14 +88,38 @@ def _element_matches(ds, ishape, axis: int, ity: str, combine: str) -> str:
 
 @lowering("GatherElementsGrad")
 def lower_gather_elements_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    """Index elements sorted by the dx element they address (segments.py), then each dx element
+    sums its own dy entries in index order: O(|idx| + |dx|) work."""
     dy, idx = node.inputs[:2]
     ds = tuple(int(d) for d in node.attr("shape"))
     ishape = shape_of(graph, idx)
     axis = norm_axis(int(node.attr("axis")), len(ds))
-    body = "  var acc = 0.0;\n" + _element_matches(ds, ishape, axis, vtype(graph, idx), "acc += dy[j];") + \
-        "\n  dx[i] = acc;"
-    return [_kernel("GatherElementsGrad", math.prod(ds), body,
-                    [("dy", "f32", dy), ("ix", vtype(graph, idx), idx)], [("dx", "f32", node.outputs[0])])]
+    ity = vtype(graph, idx)
+    coords = [f"c{d}" for d in range(len(ds))]
+    coords[axis] = "u32(k)"
+    key = f"""fn seg_key(j: u32) -> u32 {{
+  {_coords('j', ishape)}
+  let k = {_index(ity, 'ix[j]', ds[axis])};
+  if (k < 0 || k >= {ds[axis]}) {{ return {math.prod(ds)}u; }}
+  return {_dot(coords, ds)};
+}}"""
+    return _segment_sums("GatherElementsGrad", math.prod(ishape), math.prod(ds), 1, key, dy, idx, ity,
+                         node.outputs[0])
+
+
+def _segment_sums(name: str, q: int, n_keys: int, inner: int, key_fn: str, dy: str, idx: str, ity: str,
+                  dx: str) -> list[Kernel]:
+    """dx[r * inner + w] = sum of dy[j * inner + w] over the positions j whose seg_key is r, in
+    increasing j (a scatter-add seen from its destination, without a scan of every index)."""
+    seg = sorted_segments(name, q, n_keys, key_fn, [("ix", ity, idx)])
+    body = f"""  let r = i / {inner}u;
+  let w = i % {inner}u;
+  var acc = 0.0;
+  for (var s = starts[r]; s < starts[r + 1u]; s += 1u) {{ acc += dy[order[s] * {inner}u + w]; }}
+  dx[i] = acc;"""
+    k = _kernel(f"{name}:sum", n_keys * inner, body,
+                [("dy", "f32", dy), ("order", "u32", seg.order), ("starts", "u32", seg.starts)], [("dx", "f32", dx)])
+    return seg.kernels + [replace(k, scratch=seg.scratch)]
 
 
 def _reduction(node: Node) -> str:
@@ -162,14 +189,25 @@ def _nd_matches(ds, ishape, b: int, ity: str, combine: str) -> str:
 
 @lowering("GatherNDGrad")
 def lower_gather_nd_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    """Index rows sorted by the slice of dx they address (segments.py), then each dx element sums
+    its slice's dy rows in index order: O(rows + slices) sort, O(|dx| + |dy|) sums."""
     dy, idx = node.inputs[:2]
     ds = tuple(int(d) for d in node.attr("shape"))
     ishape = shape_of(graph, idx)
     ity = vtype(graph, idx)
-    body = "  var acc = 0.0;\n" + _nd_matches(ds, ishape, int(node.attr("batch_dims", 0)), ity, "acc += dy[uo];") \
-        + "\n  dx[i] = acc;"
-    return [_kernel("GatherNDGrad", math.prod(ds), body, [("dy", "f32", dy), ("ix", ity, idx)],
-                    [("dx", "f32", node.outputs[0])])]
+    b = int(node.attr("batch_dims", 0))
+    k = ishape[-1]
+    lead = ds[b:b + k]
+    n_slots = math.prod(lead)
+    per_batch_q = math.prod(ishape[b:-1])
+    checks = " || ".join(f"{_index(ity, f'ix[j * {k}u + {t}u]', lead[t])} >= {lead[t]} || "
+                         f"{_index(ity, f'ix[j * {k}u + {t}u]', lead[t])} < 0" for t in range(k)) or "false"
+    key = f"""fn seg_key(j: u32) -> u32 {{
+  if ({checks}) {{ return {math.prod(ds[:b + k])}u; }}
+  return (j / {per_batch_q}u) * {n_slots}u + {_nd_offset(ity, 'j', k, lead)};
+}}"""
+    return _segment_sums("GatherNDGrad", math.prod(ishape[:-1]), math.prod(ds[:b + k]), math.prod(ds[b + k:]),
+                         key, dy, idx, ity, node.outputs[0])
 
 
 @lowering("ScatterND")
