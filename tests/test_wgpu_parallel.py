@@ -206,3 +206,19 @@ def test_gather_nd_grad_sorted_segments(backend, radix_bits, dshape, ishape, b):
     idx = np.stack([RNG.integers(-dshape[b + t], dshape[b + t], size=ishape[:-1]) for t in range(k)], -1)
     check(backend, "GatherND", [randn(*dshape), idx.astype(np.int64)], {"batch_dims": b},
           kernels=["GatherNDGrad:sort.scatter", "GatherNDGrad:sum"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("reduction", ["none", "add", "mul", "max"])
+def test_scatters_visit_only_their_segment(backend, radix_bits, reduction):
+    """ScatterElements / ScatterND (forward, and on the gradient paths of scatters) through the
+    sorted segments, with many repeated destinations over several sort blocks."""
+    grad = reduction in ("none", "add")
+    upd = (1.0 + 0.01 * randn(600, 4)).astype(np.float32)  # products of many updates stay near 1
+    idx = RNG.integers(-20, 20, size=(600, 4)).astype(np.int64)
+    check(backend, "ScatterElements", [randn(20, 4), idx, upd], {"axis": 0, "reduction": reduction},
+          kernels=["ScatterElements:seg"], grad=grad, rtol=1e-4, atol=1e-5)
+    idx_nd = RNG.integers(-30, 30, size=(500, 1)).astype(np.int64)
+    upd_nd = (1.0 + 0.01 * randn(500, 3)).astype(np.float32)
+    check(backend, "ScatterND", [randn(30, 3), idx_nd, upd_nd], {"reduction": reduction},
+          kernels=["ScatterND:seg"] + (["ScatterNDMulGrad:seg"] if reduction == "mul" else []),
+          grad=grad or reduction == "mul", rtol=1e-4, atol=1e-5)
