@@ -222,3 +222,17 @@ def test_scatters_visit_only_their_segment(backend, radix_bits, reduction):
     check(backend, "ScatterND", [randn(30, 3), idx_nd, upd_nd], {"reduction": reduction},
           kernels=["ScatterND:seg"] + (["ScatterNDMulGrad:seg"] if reduction == "mul" else []),
           grad=grad or reduction == "mul", rtol=1e-4, atol=1e-5)
+
+
+# -- pooling gradients: window maxima once, then a gather ------------------------------------------
+@pytest.mark.parametrize("xs,attrs,kernel", [
+    ((3, 4, 16, 16), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}, "MaxPoolGrad:gather"),
+    ((1, 2, 9, 7), {"kernel_shape": [3, 2], "strides": [2, 1], "dilations": [2, 1], "ceil_mode": 1},
+     "MaxPoolGrad:gather"),
+    ((2, 2, 5, 6, 7), {"kernel_shape": [2, 3, 2], "strides": [2, 2, 1], "pads": [1, 1, 0, 0, 1, 1]},
+     "MaxPoolGrad[nd]:gather"),
+])
+def test_max_pool_grad_gathers_from_window_maxima(backend, xs, attrs, kernel):
+    x = np.round(randn(*xs) * 2) / 2  # ties: only the first maximum of a window gets its gradient
+    exe = check(backend, "MaxPool", [x], attrs, kernels=[kernel.replace("gather", "argmax"), kernel])
+    assert len([st for st in exe.plan.steps if "MaxPoolGrad" in st.kernel.name]) == 2
