@@ -236,3 +236,20 @@ def test_max_pool_grad_gathers_from_window_maxima(backend, xs, attrs, kernel):
     x = np.round(randn(*xs) * 2) / 2  # ties: only the first maximum of a window gets its gradient
     exe = check(backend, "MaxPool", [x], attrs, kernels=[kernel.replace("gather", "argmax"), kernel])
     assert len([st for st in exe.plan.steps if "MaxPoolGrad" in st.kernel.name]) == 2
+
+
+# -- BatchNorm statistics: channels split until the reduction has enough workgroups -------------------
+def test_batchnorm_few_channels_split_into_partials(backend, monkeypatch):
+    from anygrad.backends.wgpu import kernels_nn
+    monkeypatch.setattr(kernels_nn, "MIN_PER_GROUP", 16)
+    monkeypatch.setattr(kernels_nn, "TARGET_GROUPS", 24)  # 3 channels x 8 partials
+    c = 3
+    graph, feeds = op_graph("BatchNormalization", [randn(4, c, 10, 10), randn(c), randn(c),
+                                                   np.zeros(c, np.float32), np.ones(c, np.float32)],
+                            {"training_mode": 1}, n_outputs=3, const=(3, 4))
+    want, got, exe = run_both(graph, feeds, backend=backend)
+    assert_close(want, got, 2e-4, 1e-5, what="BatchNormalization")
+    partial = [st.kernel for st in exe.plan.steps if st.kernel.name.endswith(":partial")]
+    assert partial and all(k.workgroups[0] == c * 8 for k in partial), [k.workgroups for k in partial]
+    again = exe.run(feeds)
+    assert all(np.asarray(got[k]).tobytes() == np.asarray(again[k]).tobytes() for k in got)
