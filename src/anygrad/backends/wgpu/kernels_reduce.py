@@ -169,10 +169,10 @@ def reduce_kernels(name: str, x: str, y: str, shape: tuple[int, ...], axes: tupl
   y[i] = acc;"""
         first = Kernel(f"{name}:cols", shader(decls, body, helpers=helpers), grid(parts * n_out), (x,) + more,
                        (part,), scratch=sc)
-        return [first] + reduce_kernels(name, part, y, (parts, n_out), (0,), ty, rest, caps, aux, sc)
+        return [first] + reduce_kernels(f"{name}:partials", part, y, (parts, n_out), (0,), ty, rest, caps, aux, sc)
     wg = 256 if n_red >= 256 else 64
     sg = use_subgroups(caps)
-    parts = max(1, min(-(-n_red // PER_GROUP), -(-TARGET_GROUPS // n_out)))
+    parts = max(1, min(n_red // PER_GROUP, -(-TARGET_GROUPS // n_out)))
     if parts == 1:
         head = (f"  {group_id()}\n  if (g >= {n_out}u) {{ return; }}\n  let o = g;\n  let b = base_of(g);\n"
                 f"  let lo = 0u;\n  let hi = {n_red}u;")
@@ -187,7 +187,7 @@ def reduce_kernels(name: str, x: str, y: str, shape: tuple[int, ...], axes: tupl
             f"  let b = base_of(o);\n  let lo = (g % {parts}u) * {chunk}u;\n  let hi = min(lo + {chunk}u, {n_red}u);")
     src = _wg_shader(decls, helpers, ty, wg, comb.op, init, head, step, "y[g] = acc;", sg)
     first = Kernel(f"{name}:split", src, groups_grid(n_out * parts), (x,) + more, (part,), scratch=sc)
-    return [first] + reduce_kernels(name, part, y, (n_out, parts), (1,), ty, rest, caps, aux, sc)
+    return [first] + reduce_kernels(f"{name}:partials", part, y, (n_out, parts), (1,), ty, rest, caps, aux, sc)
 
 
 @lowering(*COMBINE)
