@@ -196,7 +196,7 @@ def test_gather_grad_matches_sequential_scatter_add_bits(backend):
 def test_gather_elements_grad_sorted_segments(backend, radix_bits, dshape, ishape, axis):
     idx = RNG.integers(-dshape[axis], dshape[axis], size=ishape).astype(np.int64)
     check(backend, "GatherElements", [randn(*dshape), idx], {"axis": axis},
-          kernels=["GatherElementsGrad:sort.scatter", "GatherElementsGrad:sum"], rtol=1e-5, atol=1e-6)
+          kernels=["GatherElementsGrad:sort.scatter", "GatherElementsGrad:seg"], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("dshape,ishape,b", [((30, 5), (600, 1), 0), ((4, 5, 3), (300, 2), 0),
@@ -205,7 +205,7 @@ def test_gather_nd_grad_sorted_segments(backend, radix_bits, dshape, ishape, b):
     k = ishape[-1]
     idx = np.stack([RNG.integers(-dshape[b + t], dshape[b + t], size=ishape[:-1]) for t in range(k)], -1)
     check(backend, "GatherND", [randn(*dshape), idx.astype(np.int64)], {"batch_dims": b},
-          kernels=["GatherNDGrad:sort.scatter", "GatherNDGrad:sum"], rtol=1e-5, atol=1e-6)
+          kernels=["GatherNDGrad:sort.scatter", "GatherNDGrad:seg"], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("reduction", ["none", "add", "mul", "max"])
