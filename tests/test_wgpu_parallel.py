@@ -253,3 +253,9 @@ def test_batchnorm_few_channels_split_into_partials(backend, monkeypatch):
     assert partial and all(k.workgroups[0] == c * 8 for k in partial), [k.workgroups for k in partial]
     again = exe.run(feeds)
     assert all(np.asarray(got[k]).tobytes() == np.asarray(again[k]).tobytes() for k in got)
+
+
+@pytest.mark.parametrize("shape,axes", [((3, 0), (1,)), ((0, 4), (1,)), ((0, 40), (0,))])
+def test_reduce_empty(backend, small_reduce, shape, axes):
+    check(backend, "ReduceSum", [np.zeros(shape, np.float32), np.array(axes, np.int64)], {"keepdims": 0},
+          grad=False, feed=(0,))

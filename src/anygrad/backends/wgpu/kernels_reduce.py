@@ -143,9 +143,9 @@ def reduce_kernels(name: str, x: str, y: str, shape: tuple[int, ...], axes: tupl
     rest = Combine(comb.init, comb.op, post=comb.post.replace("{n}", literal(n_red, ty)))
     rows = bool(reduced) and reduced[-1][1] == 1 and n_red > SHORT
     if not rows:
-        parts = max(1, min(-(-TARGET_THREADS // n_out), -(-n_red // MIN_CHUNK)))
-        chunk = -(-n_red // parts)
-        parts = -(-n_red // chunk)
+        parts = max(1, min(-(-TARGET_THREADS // max(1, n_out)), -(-n_red // MIN_CHUNK)))
+        chunk = max(1, -(-n_red // parts))
+        parts = max(1, -(-n_red // chunk))  # empty outputs or an empty reduction: one serial pass
         if parts == 1:
             body = f"""  {flat_id()}
   if (i >= {n_out}u) {{ return; }}
@@ -172,7 +172,7 @@ def reduce_kernels(name: str, x: str, y: str, shape: tuple[int, ...], axes: tupl
         return [first] + reduce_kernels(f"{name}:partials", part, y, (parts, n_out), (0,), ty, rest, caps, aux, sc)
     wg = 256 if n_red >= 256 else 64
     sg = use_subgroups(caps)
-    parts = max(1, min(n_red // PER_GROUP, -(-TARGET_GROUPS // n_out)))
+    parts = max(1, min(n_red // PER_GROUP, -(-TARGET_GROUPS // max(1, n_out))))
     if parts == 1:
         head = (f"  {group_id()}\n  if (g >= {n_out}u) {{ return; }}\n  let o = g;\n  let b = base_of(g);\n"
                 f"  let lo = 0u;\n  let hi = {n_red}u;")
