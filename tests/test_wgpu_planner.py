@@ -107,14 +107,15 @@ def test_training_step_largest_batch_is_right():
 
 
 def test_workgroup_grid_limit_names_a_batch_when_the_grid_scales():
-    caps = AdapterCaps(max_workgroups_per_dim=100)  # Exp over 64 x 1000: 250 workgroups of 256
-    with pytest.raises(DeviceError, match=r"max-compute-workgroups-per-dimension is 100\. .*\(64 now\)\. The "
-                                          r"largest batch that fits is about 25") as e:
+    # Exp over 64 x 1000: 250 workgroups of 256; grids fold into 3-D, so 5 per dimension hold 125.
+    caps = AdapterCaps(max_workgroups_per_dim=5)
+    with pytest.raises(DeviceError, match=r"max-compute-workgroups-per-dimension is 5, .*\(64 now\)\. The "
+                                          r"largest batch that fits is about 32") as e:
         _plan(_exp(64), caps, fuse=False)
     assert "Exp node" in str(e.value)
-    _plan(_exp(25), caps, fuse=False)
+    _plan(_exp(32), caps, fuse=False)
     with pytest.raises(DeviceError):
-        _plan(_exp(26), caps, fuse=False)
+        _plan(_exp(33), caps, fuse=False)
 
 
 def test_workgroup_grid_limit_that_does_not_scale_says_what_is_too_large():
@@ -122,6 +123,6 @@ def test_workgroup_grid_limit_that_does_not_scale_says_what_is_too_large():
                 Node("Add", ["x", "s"], ["y"])], ["x"], ["y"], {"x": (F32, (2,))},
                {"w": np.zeros((100, 1000), np.float32)}, buffers=["w"])
     with pytest.raises(DeviceError) as e:
-        _plan(g, AdapterCaps(max_workgroups_per_dim=100), fuse=False)
+        _plan(g, AdapterCaps(max_workgroups_per_dim=5), fuse=False)
     msg = str(e.value)
     assert "'e' (100, 1000)" in msg and "does not depend on the batch" in msg and "largest batch" not in msg

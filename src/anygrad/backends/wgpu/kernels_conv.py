@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from ...errors import UnsupportedOpError
 from ...ir.graph import Graph, Node
 from ...ops.nn import window
-from .kernel import AdapterCaps, Kernel, lowering
+from .kernel import AdapterCaps, Kernel, Scratch, lowering
 from .kernels_conv_nd import CONV_ND
 from .kernels_gemm import (
     EPILOGUES,
@@ -38,7 +38,8 @@ from .kernels_gemm import (
     variant_of,
 )
 from .kernels_pool_nd import LOWEST, POOL_ND
-from .wgsl import vtype
+from .wgsl import bindings, flat_id, shader, vtype
+from .wgsl import grid as thread_grid
 
 NEG_INF = "bitcast<f32>(0xff800000u)"
 
@@ -373,15 +374,25 @@ def lower_max_pool(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
 
 @lowering("MaxPoolGrad")
 def lower_max_pool_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    """Two gathers: each window's first maximum once (one invocation per output), then each input
+    element sums the dy of the windows covering it whose maximum it is. Work O(outputs x taps +
+    inputs x taps), not a window's maximum recomputed for every input it covers."""
     if len(static_shape(graph, node.inputs[1], node)) > 4:
         return POOL_ND[node.op](node, graph)
     dy, x = node.inputs[0], node.inputs[1]
     g = _pool_geo(node, static_shape(graph, x, node))
-    inner = f"      if (first_max(base, oy, ox) == pix) {{ acc = acc + DY[obase + oy * {u(g.OW)} + ox]; }}"
-    body = f"  {_in_coords(g)}\n  var acc = 0.0;{_windows_over(g, inner)}\n  DX[i] = acc;"
-    k = flat_kernel("MaxPoolGrad", [dy, x], ["DY", "X"], node.outputs[0], "DX", g.B * g.C * g.HW, body, caps)
-    wgsl = k.wgsl.replace("@compute", _argmax_fn(g) + "\n@compute", 1)
-    return [Kernel(k.name, wgsl, k.workgroups, k.reads, k.writes)]
+    arg = f"maxpool.arg.{node.outputs[0]}"
+    sc = (Scratch(arg, g.B * g.C * g.P, "u32"),)
+    n_out, n_in = g.B * g.C * g.P, g.B * g.C * g.HW
+    body = f"  {flat_id()}\n  if (i >= {u(n_out)}) {{ return; }}\n  {_out_coords(g)}\n  ARG[i] = first_max(base, oy, ox);"
+    first = Kernel("MaxPoolGrad:argmax", shader(bindings([("X", "f32")], [("ARG", "u32")]), body,
+                                                helpers=_argmax_fn(g)), thread_grid(n_out), (x,), (arg,), scratch=sc)
+    inner = f"      let o = obase + oy * {u(g.OW)} + ox; if (ARG[o] == pix) {{ acc = acc + DY[o]; }}"
+    body = (f"  {flat_id()}\n  if (i >= {u(n_in)}) {{ return; }}\n  {_in_coords(g)}\n  var acc = 0.0;"
+            f"{_windows_over(g, inner)}\n  DX[i] = acc;")
+    second = Kernel("MaxPoolGrad:gather", shader(bindings([("DY", "f32"), ("ARG", "u32")], [("DX", "f32")]), body),
+                    thread_grid(n_in), (dy, arg), (node.outputs[0],), scratch=sc)
+    return [first, second]
 
 
 def _count_fns(g: Geo, include_pad: bool) -> str:

@@ -3,21 +3,24 @@ ops/metrics.py): GatherElements, GatherND, ScatterElements, ScatterND and their 
 CountTopK, OneHot, CumSum/CumProd, Trilu, DepthToSpace/SpaceToDepth, and the elementwise Mod, IsNaN,
 IsInf.
 
-WGSL has no float atomics, so every scatter is a gather seen from the destination: one
-invocation per output element loops over the indices that could land on it and combines the
-matches in index order. That makes repeated indices deterministic (the last write wins for
-reduction 'none', as in numpy) at the cost of a loop over the index tensor per element, which is
-fine at the sizes these ops see in models (embeddings go through Gather/GatherGrad instead).
+WGSL has no float atomics, so every scatter is a gather seen from the destination, combining
+the matches in index order: repeated indices are deterministic (the last write wins for
+reduction 'none', as in numpy). The gradients (GatherElementsGrad, GatherNDGrad) first sort the
+index positions by destination on the GPU (segments.py), so each destination reads only its own
+entries. The forward scatters loop over the indices that could land on each element, fine at the
+sizes they see in models.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from ...ir.graph import Graph, Node
 from ...ops._util import ints_of, norm_axis
 from .kernel import AdapterCaps, Kernel, lowering
 from .kernels_elementwise import Emit, Val, ew
 from .kernels_shape import affine_copy
+from .segments import sorted_segments
 from .wgsl import bindings, flat_id, grid, literal, shader, shape_of, strides, vtype
 
 
@@ -68,31 +71,48 @@ def lower_gather_elements(node: Node, graph: Graph, caps: AdapterCaps) -> list[K
                     [("y", ty, node.outputs[0])])]
 
 
-def _element_matches(ds, ishape, axis: int, ity: str, combine: str) -> str:
-    """Loop over the index elements that share output element i's coordinates off `axis` and
-    whose index along `axis` is i's: runs `combine` (with `j`, the flat index element) for each."""
+def _element_key(ds, ishape, axis: int, ity: str) -> str:
+    """seg_key(j): the flat data element index element j addresses (its own coordinates off
+    `axis`, its index value on it), or the element count when the index is out of range."""
     coords = [f"c{d}" for d in range(len(ds))]
-    coords[axis] = "t"
-    inside = " && ".join(f"c{d} < {e}u" for d, e in enumerate(ishape) if d != axis and e != ds[d]) or "true"
-    return f"""  {_coords('i', ds)}
-  if ({inside}) {{
-    for (var t = 0u; t < {ishape[axis]}u; t += 1u) {{
-      let j = {_dot(coords, ishape)};
-      if (u32({_index(ity, 'ix[j]', ds[axis])}) == c{axis}) {{ {combine} }}
-    }}
-  }}"""
+    coords[axis] = "u32(k)"
+    return f"""fn seg_key(j: u32) -> u32 {{
+  {_coords('j', ishape)}
+  let k = {_index(ity, 'ix[j]', ds[axis])};
+  if (k < 0 || k >= {ds[axis]}) {{ return {math.prod(ds)}u; }}
+  return {_dot(coords, ds)};
+}}"""
 
 
 @lowering("GatherElementsGrad")
 def lower_gather_elements_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    """Index elements sorted by the dx element they address (segments.py), then each dx element
+    sums its own dy entries in index order: O(|idx| + |dx|) work."""
     dy, idx = node.inputs[:2]
     ds = tuple(int(d) for d in node.attr("shape"))
     ishape = shape_of(graph, idx)
     axis = norm_axis(int(node.attr("axis")), len(ds))
-    body = "  var acc = 0.0;\n" + _element_matches(ds, ishape, axis, vtype(graph, idx), "acc += dy[j];") + \
-        "\n  dx[i] = acc;"
-    return [_kernel("GatherElementsGrad", math.prod(ds), body,
-                    [("dy", "f32", dy), ("ix", vtype(graph, idx), idx)], [("dx", "f32", node.outputs[0])])]
+    ity = vtype(graph, idx)
+    return _segment_scatter("GatherElementsGrad", math.prod(ishape), math.prod(ds), 1,
+                            _element_key(ds, ishape, axis, ity), idx, ity, [("dy", "f32", dy)], "0.0",
+                            "v = v + dy[j];", ("dx", "f32", node.outputs[0]))
+
+
+def _segment_scatter(name: str, q: int, n_keys: int, inner: int, key_fn: str, idx: str, ity: str,
+                     reads: list[tuple[str, str, str]], init: str, combine: str,
+                     out: tuple[str, str, str]) -> list[Kernel]:
+    """out[r * inner + w] = `init` combined (`combine`: updates `v` from position `j` and `w`) with
+    every position j whose seg_key is r, in increasing j: a scatter seen from its destination,
+    each destination visiting only its own positions (segments.py sorts them on the GPU)."""
+    seg = sorted_segments(name, q, n_keys, key_fn, [("ix", ity, idx)])
+    body = f"""  let r = i / {inner}u;
+  let w = i % {inner}u;
+  var v = {init};
+  for (var s = starts[r]; s < starts[r + 1u]; s += 1u) {{ let j = order[s]; {combine} }}
+  {out[0]}[i] = v;"""
+    k = _kernel(f"{name}:seg", n_keys * inner, body,
+                reads + [("order", "u32", seg.order), ("starts", "u32", seg.starts)], [out])
+    return seg.kernels + [replace(k, scratch=seg.scratch)]
 
 
 def _reduction(node: Node) -> str:
@@ -110,12 +130,11 @@ def lower_scatter_elements(node: Node, graph: Graph, caps: AdapterCaps) -> list[
     data, idx, upd = node.inputs[:3]
     ds, ishape = shape_of(graph, data), shape_of(graph, idx)
     axis = _axis(node, len(ds))
-    ty = vtype(graph, data)
+    ty, ity = vtype(graph, data), vtype(graph, idx)
     comb = _COMBINE[_reduction(node)].format(u=f"{ty}(up[j])")
-    body = "  var v = x[i];\n" + _element_matches(ds, ishape, axis, vtype(graph, idx), comb) + "\n  y[i] = v;"
-    return [_kernel("ScatterElements", math.prod(ds), body,
-                    [("x", ty, data), ("ix", vtype(graph, idx), idx), ("up", vtype(graph, upd), upd)],
-                    [("y", ty, node.outputs[0])])]
+    return _segment_scatter("ScatterElements", math.prod(ishape), math.prod(ds), 1,
+                            _element_key(ds, ishape, axis, ity), idx, ity,
+                            [("x", ty, data), ("up", vtype(graph, upd), upd)], "x[i]", comb, ("y", ty, node.outputs[0]))
 
 
 # -- GatherND / its gradient / ScatterND -------------------------------------------------------
@@ -143,68 +162,75 @@ def lower_gather_nd(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]
     return [_kernel("GatherND", n, body, [("x", ty, data), ("ix", ity, idx)], [("y", ty, node.outputs[0])])]
 
 
-def _nd_matches(ds, ishape, b: int, ity: str, combine: str) -> str:
-    """For output element i of a tensor of shape ds: loop over the index rows of i's batch that
-    address i's slice, running `combine` with `u` = the update's flat offset."""
+def _nd_key(ds, ishape, b: int, ity: str) -> str:
+    """seg_key(j): the slice (batch x addressed slot, flat) index row j addresses, or the slice
+    count when an index is out of range."""
     k = ishape[-1]
-    inner = math.prod(ds[b + k:])
-    per_batch_q = math.prod(ishape[b:-1])
     lead = ds[b:b + k]
-    return f"""  let bt = i / {math.prod(ds[b:])}u;
-  let within = i % {math.prod(ds[b:])}u;
-  let slot_ = within / {inner}u;
-  let w = within % {inner}u;
-  for (var r = 0u; r < {per_batch_q}u; r += 1u) {{
-    let q = bt * {per_batch_q}u + r;
-    if (({_nd_offset(ity, 'q', k, lead)}) == slot_) {{ let uo = q * {inner}u + w; {combine} }}
-  }}"""
+    bad = " || ".join(f"{_index(ity, f'ix[j * {k}u + {t}u]', lead[t])} < 0 || "
+                      f"{_index(ity, f'ix[j * {k}u + {t}u]', lead[t])} >= {lead[t]}" for t in range(k)) or "false"
+    return f"""fn seg_key(j: u32) -> u32 {{
+  if ({bad}) {{ return {math.prod(ds[:b + k])}u; }}
+  return (j / {math.prod(ishape[b:-1])}u) * {math.prod(lead)}u + {_nd_offset(ity, 'j', k, lead)};
+}}"""
+
+
+def _nd_scatter(name: str, ds, ishape, b: int, idx: str, ity: str, reads, init: str, combine: str,
+                out) -> list[Kernel]:
+    k = ishape[-1]
+    return _segment_scatter(name, math.prod(ishape[:-1]), math.prod(ds[:b + k]), math.prod(ds[b + k:]),
+                            _nd_key(ds, ishape, b, ity), idx, ity, reads, init, combine, out)
 
 
 @lowering("GatherNDGrad")
 def lower_gather_nd_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    """Index rows sorted by the slice of dx they address (segments.py), then each dx element sums
+    its slice's dy rows in index order: O(rows + slices) sort, O(|dx| + |dy|) sums."""
     dy, idx = node.inputs[:2]
     ds = tuple(int(d) for d in node.attr("shape"))
     ishape = shape_of(graph, idx)
-    ity = vtype(graph, idx)
-    body = "  var acc = 0.0;\n" + _nd_matches(ds, ishape, int(node.attr("batch_dims", 0)), ity, "acc += dy[uo];") \
-        + "\n  dx[i] = acc;"
-    return [_kernel("GatherNDGrad", math.prod(ds), body, [("dy", "f32", dy), ("ix", ity, idx)],
-                    [("dx", "f32", node.outputs[0])])]
+    inner = math.prod(ds[int(node.attr("batch_dims", 0)) + ishape[-1]:])
+    return _nd_scatter("GatherNDGrad", ds, ishape, int(node.attr("batch_dims", 0)), idx, vtype(graph, idx),
+                       [("dy", "f32", dy)], "0.0", f"v = v + dy[j * {inner}u + w];", ("dx", "f32", node.outputs[0]))
 
 
 @lowering("ScatterND")
 def lower_scatter_nd(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     data, idx, upd = node.inputs[:3]
     ds, ishape = shape_of(graph, data), shape_of(graph, idx)
-    ty, ity = vtype(graph, data), vtype(graph, idx)
-    comb = _COMBINE[_reduction(node)].format(u=f"{ty}(up[uo])")
-    body = "  var v = x[i];\n" + _nd_matches(ds, ishape, 0, ity, comb) + "\n  y[i] = v;"
-    return [_kernel("ScatterND", math.prod(ds), body,
-                    [("x", ty, data), ("ix", ity, idx), ("up", vtype(graph, upd), upd)],
-                    [("y", ty, node.outputs[0])])]
+    ty = vtype(graph, data)
+    inner = math.prod(ds[ishape[-1]:])
+    comb = _COMBINE[_reduction(node)].format(u=f"{ty}(up[j * {inner}u + w])")
+    return _nd_scatter("ScatterND", ds, ishape, 0, idx, vtype(graph, idx),
+                       [("x", ty, data), ("up", vtype(graph, upd), upd)], "x[i]", comb, ("y", ty, node.outputs[0]))
 
 
 @lowering("ScatterNDMulGrad")
 def lower_scatter_nd_mul_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
-    """d update j = dy * data at j's place, times the other updates landing on the same place."""
+    """d update j = dy * data at j's place, times the other updates landing on the same place
+    (its place's segment of the sorted index rows, in index order)."""
     dy, data, idx, upd = node.inputs[:4]
     ds, ishape = shape_of(graph, data), shape_of(graph, idx)
     ity = vtype(graph, idx)
     k = ishape[-1]
     inner = math.prod(ds[k:])
     q_all = math.prod(ishape[:-1])
-    lead = ds[:k]
+    seg = sorted_segments("ScatterNDMulGrad", q_all, math.prod(ds[:k]), _nd_key(ds, ishape, 0, ity),
+                          [("ix", ity, idx)])
     body = f"""  let q = i / {inner}u;
   let w = i % {inner}u;
-  let place = {_nd_offset(ity, 'q', k, lead)};
+  let place = seg_key(q);
   var acc = dy[place * {inner}u + w] * x[place * {inner}u + w];
-  for (var r = 0u; r < {q_all}u; r += 1u) {{
-    if (r != q && ({_nd_offset(ity, 'r', k, lead)}) == place) {{ acc = acc * up[r * {inner}u + w]; }}
+  for (var s = starts[place]; s < starts[place + 1u]; s += 1u) {{
+    let r = order[s];
+    if (r != q) {{ acc = acc * up[r * {inner}u + w]; }}
   }}
   y[i] = acc;"""
-    return [_kernel("ScatterNDMulGrad", math.prod(shape_of(graph, upd)), body,
-                    [("dy", "f32", dy), ("x", "f32", data), ("ix", ity, idx), ("up", "f32", upd)],
-                    [("y", "f32", node.outputs[0])])]
+    kern = _kernel("ScatterNDMulGrad:seg", math.prod(shape_of(graph, upd)), body,
+                   [("dy", "f32", dy), ("x", "f32", data), ("ix", ity, idx), ("up", "f32", upd),
+                    ("order", "u32", seg.order), ("starts", "u32", seg.starts)],
+                   [("y", "f32", node.outputs[0])], helpers=_nd_key(ds, ishape, 0, ity))
+    return seg.kernels + [replace(kern, scratch=seg.scratch)]
 
 
 # -- TopK, CountTopK ---------------------------------------------------------------------------

@@ -104,10 +104,13 @@ def lower_softmax(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
 # -- BatchNormalization ----------------------------------------------------------------------------
 # Per-channel statistics in one pass: sums of (x - k) and (x - k)^2 (and dy, dy * (x - k) for the
 # gradient) with k = the channel's first element, so var = E[(x-k)^2] - E[x-k]^2 keeps its
-# precision. A long channel is split over several workgroups whose partial sums a second kernel
-# combines; a short one is summed and combined by one workgroup.
-SPLIT_MIN = 1 << 14
-PER_GROUP = 4096
+# precision. A channel is split over several workgroups whose partial sums a second kernel
+# combines, enough of them that the whole reduction has TARGET_GROUPS workgroups (few channels,
+# or few channels x long ones) and each takes at least MIN_PER_GROUP elements; a short one is
+# summed and combined by one workgroup.
+PER_GROUP = 4096       # a long channel gets a workgroup per this many elements (at most 256)
+MIN_PER_GROUP = 1024   # no workgroup takes fewer
+TARGET_GROUPS = 512
 
 
 def _bn_geometry(shape: tuple[int, ...]) -> tuple[int, int, int]:
@@ -116,9 +119,8 @@ def _bn_geometry(shape: tuple[int, ...]) -> tuple[int, int, int]:
 
 
 def _parts(c: int, count: int) -> int:
-    if count < SPLIT_MIN or c >= 512:
-        return 1
-    return min(256, -(-count // PER_GROUP))
+    want = max(-(-count // PER_GROUP), -(-TARGET_GROUPS // c))
+    return max(1, min(256, want, count // MIN_PER_GROUP))
 
 
 def channel_stats(name: str, n: int, c: int, s: int, reads: list[tuple[str, str, str]], shift: str,

@@ -2,16 +2,18 @@
 sends 3-D pools here; its own kernels handle 1-D and 2-D).
 
 Same scheme as the 2-D kernels: one invocation per output (forward) or per input element
-(gradients: it gathers from every window that covers it, so no atomics and deterministic sums).
+(gradients: it gathers from every window that covers it, so no atomics and deterministic sums;
+MaxPoolGrad first finds each window's maximum once, one invocation per output).
 Window geometry comes from `anygrad.ops.nn.window`, the code the numpy reference uses.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from ...ir.graph import Graph, Node
 from ...ops.nn import window
-from .kernel import Kernel
+from .kernel import Kernel, Scratch
 from .wgsl import bindings, flat_id, grid, shader, shape_of, vtype
 
 NEG_INF = "bitcast<f32>(0xff800000u)"
@@ -107,8 +109,10 @@ def _count_fn(w, include_pad: bool) -> str:
 
 
 def _kernel(name: str, n: int, body: str, reads: list[tuple[str, str]], write: tuple[str, str],
-            helpers: str = "", ty: str = "f32") -> Kernel:
-    src = shader(bindings([(v, ty) for v, _ in reads], [(write[0], ty)]),
+            helpers: str = "", ty: str = "f32", types: tuple[str, ...] = ()) -> Kernel:
+    """One invocation per element i < n; every buffer of type `ty`, or `types` (reads, then the write)."""
+    types = types or (ty,) * (len(reads) + 1)
+    src = shader(bindings([(v, t) for (v, _), t in zip(reads, types)], [(write[0], types[-1])]),
                  f"  {flat_id()}\n  if (i >= {n}u) {{ return; }}\n{body}", helpers=helpers)
     return Kernel(name, src, grid(n), tuple(x for _, x in reads), (write[1],))
 
@@ -131,19 +135,29 @@ def max_pool(node: Node, graph: Graph) -> list[Kernel]:
 
 
 def max_pool_grad(node: Node, graph: Graph) -> list[Kernel]:
+    """Each window's first maximum once (per output), then each input gathers the dy of the
+    windows covering it whose maximum it is."""
     dy, x = node.inputs[:2]
     xs = shape_of(graph, x)
     w = _geo(node, xs)
     P, S = math.prod(w.out), math.prod(w.spatial)
     args = ", ".join(f"o{d}" for d in range(len(w.kernel)))
-    inner = f"if (first_max(base, {args}) == pix) {{ acc += DY[obase + {_flat('o', w.out)}]; }}"
-    body = f"""  let img = i / {S}u; let base = img * {S}u; let obase = img * {P}u; let pix = i % {S}u;
+    arg = f"maxpool.arg.{node.outputs[0]}"
+    sc = (Scratch(arg, _outer(xs) * P, "u32"),)
+    body = f"""  let img = i / {P}u; let base = img * {S}u; let pix = i % {P}u;
+  {_coords('pix', w.out, 'o')}
+  ARG[i] = first_max(base, {args});"""
+    first = _kernel("MaxPoolGrad[nd]:argmax", _outer(xs) * P, body, [("X", x)], ("ARG", arg), helpers=_first_max(w),
+                    types=("f32", "u32"))
+    inner = f"let o = obase + {_flat('o', w.out)}; if (ARG[o] == pix) {{ acc += DY[o]; }}"
+    body = f"""  let img = i / {S}u; let obase = img * {P}u; let pix = i % {S}u;
   {_coords('pix', w.spatial, 'c')}
   var acc = 0.0;
 {_windows_over(w, inner)}
   DX[i] = acc;"""
-    return [_kernel("MaxPoolGrad[nd]", _outer(xs) * S, body, [("DY", dy), ("X", x)], ("DX", node.outputs[0]),
-                    helpers=_first_max(w))]
+    second = _kernel("MaxPoolGrad[nd]:gather", _outer(xs) * S, body, [("DY", dy), ("ARG", arg)],
+                     ("DX", node.outputs[0]), types=("f32", "u32", "f32"))
+    return [replace(first, scratch=sc), replace(second, scratch=sc)]
 
 
 def average_pool(node: Node, graph: Graph) -> list[Kernel]:

@@ -1,9 +1,11 @@
 """Reductions over arbitrary axes (ReduceSum, ReduceMean, ReduceMax, ...).
 
 The input is viewed as kept dims x reduced dims (adjacent dims of one kind merged, size-1 dims
-dropped). Many outputs with short reductions: one invocation per output, a serial loop. Few
-outputs with long reductions: one workgroup per output, strided partial sums then a workgroup
-combine (wgreduce.py: subgroup ops where the adapter has them, else a tree in workgroup memory).
+dropped), n_out x n_red. Both axes are split so that every shape has enough parallelism: the
+reduced axis into chunks whose partial results a second pass (the same scheme, on a smaller
+shape) combines. Within a chunk, either one invocation sums it serially (kept axes innermost:
+neighbouring invocations read neighbouring outputs) or one workgroup strides over it and
+combines (wgreduce.py: subgroup ops where the adapter has them, else a tree in workgroup memory).
 """
 from __future__ import annotations
 
@@ -88,8 +90,12 @@ def offset_fn(name: str, dims: list[tuple[int, int]]) -> str:
     return "\n".join(lines)
 
 
-SPLIT_MIN = 1 << 14   # reductions longer than this split over several workgroups per output
-PER_GROUP = 4096      # elements each workgroup of a split reduction takes
+# Every reduction aims for at least this much parallelism, whatever its shape (n_out x n_red).
+TARGET_THREADS = 1 << 16  # invocations of a column reduction (one invocation per output and chunk)
+TARGET_GROUPS = 512       # workgroups of a row reduction (one workgroup per output and chunk)
+MIN_CHUNK = 32            # shortest run of the reduced axis one invocation sums
+PER_GROUP = 4096          # fewest elements a workgroup of a split row reduction takes
+SHORT = 32                # reductions this short are one invocation's serial loop
 
 
 def _wg_shader(decls: str, helpers: str, ty: str, wg: int, combine: str, init: str, head: str, loop: str,
@@ -108,7 +114,17 @@ def _wg_shader(decls: str, helpers: str, ty: str, wg: int, combine: str, init: s
 def reduce_kernels(name: str, x: str, y: str, shape: tuple[int, ...], axes: tuple[int, ...], ty: str,
                    comb: Combine, caps: AdapterCaps, aux: str = "", scratch: tuple = ()) -> list[Kernel]:
     """Kernels reducing x over axes into y. `aux`: an extra per-output f32 input, bound as `m`
-    (pre/post may use m[o], o being the output index)."""
+    (pre/post may use m[o], o being the output index).
+
+    Two layouts, by which axis is contiguous in memory:
+    - columns (the kept axes are innermost, e.g. a bias gradient summing rows, or a short
+      reduction): one invocation per output and chunk of the reduced axis, neighbours reading
+      neighbouring outputs; chunks are added up by the same scheme on the n_chunks x n_out partials.
+    - rows (the reduced axes are innermost): one workgroup per output and chunk, its invocations
+      striding over the chunk, then a workgroup combine; partials n_out x n_chunks again by the
+      same scheme.
+    Chunk counts depend only on the shape, so the order of every sum is fixed: same bits each run.
+    """
     kept, reduced = split_dims(shape, axes)
     n_out = 1
     for e, _ in kept:
@@ -123,43 +139,55 @@ def reduce_kernels(name: str, x: str, y: str, shape: tuple[int, ...], axes: tupl
     init = _init(comb.init, ty)
     step = comb.op.format(a="acc", b=comb.pre.format(x="x[b + red_of(r)]"))
     post = comb.post.format(x="acc", n=literal(n_red, ty))
-    if n_out >= 1024 or n_red <= 32:
-        body = f"""  {flat_id()}
+    # The partials' own reduction: plain combine, and the total's post with the original count.
+    rest = Combine(comb.init, comb.op, post=comb.post.replace("{n}", literal(n_red, ty)))
+    rows = bool(reduced) and reduced[-1][1] == 1 and n_red > SHORT
+    if not rows:
+        parts = max(1, min(-(-TARGET_THREADS // max(1, n_out)), -(-n_red // MIN_CHUNK)))
+        chunk = max(1, -(-n_red // parts))
+        parts = max(1, -(-n_red // chunk))  # empty outputs or an empty reduction: one serial pass
+        if parts == 1:
+            body = f"""  {flat_id()}
   if (i >= {n_out}u) {{ return; }}
   let o = i;
   let b = base_of(i);
   var acc: {ty} = {init};
   for (var r = 0u; r < {n_red}u; r += 1u) {{ acc = {step}; }}
   y[i] = {post};"""
-        return [Kernel(f"{name}:serial", shader(decls, body, helpers=helpers), grid(n_out), (x,) + more, (y,),
-                       scratch=scratch)]
+            return [Kernel(f"{name}:serial", shader(decls, body, helpers=helpers), grid(n_out), (x,) + more,
+                           (y,), scratch=scratch)]
+        part = f"reduce.parts.{y}"
+        sc = (Scratch(part, parts * n_out, ty),) + tuple(scratch)
+        body = f"""  {flat_id()}
+  if (i >= {parts * n_out}u) {{ return; }}
+  let o = i % {n_out}u;
+  let b = base_of(o);
+  let lo = (i / {n_out}u) * {chunk}u;
+  let hi = min(lo + {chunk}u, {n_red}u);
+  var acc: {ty} = {init};
+  for (var r = lo; r < hi; r += 1u) {{ acc = {step}; }}
+  y[i] = acc;"""
+        first = Kernel(f"{name}:cols", shader(decls, body, helpers=helpers), grid(parts * n_out), (x,) + more,
+                       (part,), scratch=sc)
+        return [first] + reduce_kernels(f"{name}:partials", part, y, (parts, n_out), (0,), ty, rest, caps, aux, sc)
     wg = 256 if n_red >= 256 else 64
     sg = use_subgroups(caps)
-    parts = 1
-    if n_red >= SPLIT_MIN and n_out < 256:
-        parts = min(256, -(-n_red // PER_GROUP))
+    parts = max(1, min(n_red // PER_GROUP, -(-TARGET_GROUPS // max(1, n_out))))
     if parts == 1:
         head = (f"  {group_id()}\n  if (g >= {n_out}u) {{ return; }}\n  let o = g;\n  let b = base_of(g);\n"
                 f"  let lo = 0u;\n  let hi = {n_red}u;")
         src = _wg_shader(decls, helpers, ty, wg, comb.op, init, head, step, f"y[g] = {post};", sg)
         return [Kernel(f"{name}:wg", src, groups_grid(n_out), (x,) + more, (y,), scratch=scratch)]
-    # Two stages: n_out x parts workgroups write partials, then one workgroup per output combines them.
+    # n_out x parts workgroups write partials (output-major: the next pass reduces rows again).
     chunk = -(-n_red // parts)
+    parts = -(-n_red // chunk)
     part = f"reduce.parts.{y}"
-    head = (f"  {group_id()}\n  if (g >= {n_out * parts}u) {{ return; }}\n  let o = g / {parts}u;\n  let b = base_of(o);\n"
-            f"  let lo = (g % {parts}u) * {chunk}u;\n  let hi = min(lo + {chunk}u, {n_red}u);")
+    sc = (Scratch(part, n_out * parts, ty),) + tuple(scratch)
+    head = (f"  {group_id()}\n  if (g >= {n_out * parts}u) {{ return; }}\n  let o = g / {parts}u;\n"
+            f"  let b = base_of(o);\n  let lo = (g % {parts}u) * {chunk}u;\n  let hi = min(lo + {chunk}u, {n_red}u);")
     src = _wg_shader(decls, helpers, ty, wg, comb.op, init, head, step, "y[g] = acc;", sg)
-    stage1 = Kernel(f"{name}:split", src,
-                    groups_grid(n_out * parts), (x,) + more, (part,),
-                    scratch=(Scratch(part, n_out * parts, ty),) + tuple(scratch))
-    wg2 = 64
-    head = f"  {group_id()}\n  if (g >= {n_out}u) {{ return; }}\n  let o = g;\n  let lo = g * {parts}u;\n  let hi = lo + {parts}u;"
-    src = _wg_shader(decls, helpers, ty, wg2, comb.op, init, head, comb.op.format(a="acc", b="x[r]"),
-                     f"y[g] = {post};", sg)
-    stage2 = Kernel(f"{name}:combine", src,
-                    groups_grid(n_out), (part,) + more, (y,),
-                    scratch=(Scratch(part, n_out * parts, ty),) + tuple(scratch))
-    return [stage1, stage2]
+    first = Kernel(f"{name}:split", src, groups_grid(n_out * parts), (x,) + more, (part,), scratch=sc)
+    return [first] + reduce_kernels(f"{name}:partials", part, y, (n_out, parts), (1,), ty, rest, caps, aux, sc)
 
 
 @lowering(*COMBINE)

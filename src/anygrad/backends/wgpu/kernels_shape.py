@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from ...ir.graph import Graph, Node
 from ...ops.shape import slice_bounds, slice_len, split_sizes
 from .kernel import AdapterCaps, Kernel, lowering
+from .segments import sorted_segments
 from .wgsl import bindings, flat_id, grid, literal, shader, shape_of, strides, vtype
 
 
@@ -139,26 +140,32 @@ def lower_gather(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
 
 @lowering("GatherGrad")
 def lower_gather_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
-    """Scatter-add without atomics: every dx element sums the dy rows whose index points at it."""
+    """Scatter-add without atomics: the index positions sorted by the row they address
+    (segments.py), then every dx element sums its row's dy entries in index order.
+    Work O(q + a) for the sort, O(outer x (a + q) x inner) for the sums."""
     dy, idx = node.inputs[:2]
     dx = node.outputs[0]
     shape = tuple(int(d) for d in node.attr("shape"))
     outer, a, q, inner = _gather_geometry(node, shape, math.prod(shape_of(graph, idx)))
+    key = f"""fn seg_key(j: u32) -> u32 {{
+  var k = i32(ix[j]);
+  if (k < 0) {{ k += {a}; }}
+  return select({a}u, u32(k), k >= 0 && k < {a});
+}}"""
+    seg = sorted_segments("GatherGrad", q, a, key, [("ix", vtype(graph, idx), idx)])
     n = outer * a * inner
     body = f"""  {flat_id()}
   if (i >= {n}u) {{ return; }}
   let o = i / {a * inner}u;
   let r = (i / {inner}u) % {a}u;
   let w = i % {inner}u;
+  let row = o * {q * inner}u + w;
   var acc = 0.0;
-  for (var j = 0u; j < {q}u; j += 1u) {{
-    var k = i32(ix[j]);
-    if (k < 0) {{ k += {a}; }}
-    if (u32(k) == r) {{ acc += dy[o * {q * inner}u + j * {inner}u + w]; }}
-  }}
+  for (var s = starts[r]; s < starts[r + 1u]; s += 1u) {{ acc += dy[row + order[s] * {inner}u]; }}
   dx[i] = acc;"""
-    decls = bindings([("dy", "f32"), ("ix", vtype(graph, idx))], [("dx", "f32")])
-    return [Kernel("GatherGrad", shader(decls, body), grid(n), (dy, idx), (dx,))]
+    decls = bindings([("dy", "f32"), ("order", "u32"), ("starts", "u32")], [("dx", "f32")])
+    return seg.kernels + [Kernel("GatherGrad:sum", shader(decls, body), grid(n), (dy, seg.order, seg.starts), (dx,),
+                                 scratch=seg.scratch)]
 
 
 # -- per-axis index tables: Tile, Pad, PadGrad ----------------------------------------------------------

@@ -21,6 +21,7 @@ from ...errors import DeviceError
 from ...ir.graph import Graph
 from .adapters import _bytes
 from .fusion import PACKED
+from .gridfold import fold_kernel
 from .kernel import LOWERINGS, AdapterCaps, Kernel
 from .wgsl import shape_of
 
@@ -87,7 +88,8 @@ def lower_all(graph: Graph, caps: AdapterCaps) -> tuple[list[tuple[int, Kernel]]
                 scratch_bytes[ren[sc.name]] = max(scratch_bytes.get(ren[sc.name], 0),
                                                   max(ELEM_BYTES, int(sc.elements) * ELEM_BYTES))
         for kern in node_kernels:
-            kernels.append((k, _rename(kern, ren) if ren else kern))
+            kern = _rename(kern, ren) if ren else kern
+            kernels.append((k, fold_kernel(kern, caps.max_workgroups_per_dim)))
     return kernels, alias, scratch_bytes
 
 
@@ -414,17 +416,18 @@ def _check_limits(graph: Graph, caps: AdapterCaps, kernels, root_of, nbytes,
         if n > caps.max_storage_buffers_per_stage:
             raise DeviceError(f"kernel {kern.name} binds {n} storage buffers; this adapter allows "
                               f"{caps.max_storage_buffers_per_stage} per shader stage. Use another device.")
-        widest = max(kern.workgroups)
-        if widest <= max_wg:
+        if max(kern.workgroups) <= max_wg:
             continue
+        # lower_all folded every grid that a 3-D dispatch can hold (gridfold.py): this one holds more.
+        total, room = int(np.prod(kern.workgroups)), max_wg ** 3
         node = graph.nodes[k]
         outs = [o for o in node.outputs if o and o in graph.info]
         grows = any(_batch_leading(graph, o, batch) and root_of.get(o, Root("temp", o)).kind not in _FIXED_ROOTS
                     for o in outs)
-        what = (f"kernel {kern.name} of {node.label} dispatches {kern.workgroups} workgroups; this adapter's "
-                f"max-compute-workgroups-per-dimension is {max_wg}.")
+        what = (f"kernel {kern.name} of {node.label} needs {total} workgroups {kern.workgroups}; this adapter's "
+                f"max-compute-workgroups-per-dimension is {max_wg}, so a dispatch holds at most {room}.")
         if grows and batch:
-            fit = batch * max_wg // widest  # the grid grows in proportion to the batch
+            fit = batch * room // total  # the grid grows in proportion to the batch
             hint = (f"The largest batch that fits is about {fit}: use a batch size of at most {fit}, or another "
                     "device." if fit else "Even a batch of 1 is too large: use another device or device='cpu'.")
             raise DeviceError(f"{what} Its grid grows with the batch ({batch} now). {hint}")
