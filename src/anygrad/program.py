@@ -63,12 +63,16 @@ def _loss_and_metrics(g: Graph, b: Builder, output: str, loss: Loss, target_shap
     if loss.classification:  # the layout the loss accepted: (N, T) targets for (N*T, C) logits
         out_shape = b.shape(output)
         target = _matching_target(b, loss.name, TARGET, (out_shape[0],) + tuple(out_shape[2:]))
-    correct = b.op("CountCorrect", [output, target]) if loss.classification else None
+    correct = top = None
+    if loss.classification and top_k is not None:  # one read of the scores for both counts
+        correct, top = b.ops("CountCorrect", [output, target], 2, k=int(top_k))
+    elif loss.classification:
+        correct = b.op("CountCorrect", [output, target])
     # Device-side running sums, read back only when the trainer asks.
     for name in METRIC_STATE:
         _add_buffer(g, name, np.zeros((), np.float32))
-    if top_k is not None and loss.classification:
-        g.state_updates[b.op("Add", [TOPK_SUM, b.op("CountTopK", [output, target], k=int(top_k))])] = TOPK_SUM
+    if top is not None:
+        g.state_updates[b.op("Add", [TOPK_SUM, top])] = TOPK_SUM
     n = float(b.shape(output)[0]) if b.shape(output) else 1.0
     batch_loss = b.op("Mul", [loss_value, b.const(n)])
     g.state_updates[b.op("Add", [LOSS_SUM, batch_loss])] = LOSS_SUM

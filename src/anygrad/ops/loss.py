@@ -23,6 +23,7 @@ from ..ir.builder import GradContext
 from ..ir.graph import Node, TensorInfo
 from ..ir.registry import defop
 from ._util import broadcast_infer
+from .metrics import count_top_k
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -183,14 +184,23 @@ def _count_correct_infer(node: Node, ins):
     if out.rank < 2 or tuple(target.shape) != (out.shape[0],) + tuple(out.shape[2:]):
         raise ShapeError(f"{node.label}: accuracy needs output (N, C, ...) and class-index targets "
                          f"(N, ...); got {tuple(out.shape)} and {tuple(target.shape)}")
-    return [TensorInfo(np.dtype(np.float32), ())]
+    if len(node.outputs) > 1 and int(node.attr("k", 0)) < 1:
+        raise ShapeError(f"{node.label}: the top-k count (second output) needs an attribute k >= 1")
+    return [TensorInfo(np.dtype(np.float32), ())] * max(1, len(node.outputs))
 
 
 def _count_correct(node: Node, ins):
+    """Samples whose highest score is the target's class; with a second output, also samples
+    whose target is among the k highest scores (CountTopK's rule: ties never depend on a sort)."""
     out, target = ins
-    return np.asarray(np.count_nonzero(np.argmax(out, axis=1) == target), np.float32)
+    correct = np.asarray(np.count_nonzero(np.argmax(out, axis=1) == target), np.float32)
+    if len(node.outputs) < 2:
+        return [correct]
+    return [correct, count_top_k(out, target, int(node.attr("k")))]
 
 
+# CountCorrect(output (N, C, ...), target (N, ...) int) -> correct [, top-k count (attribute k)]:
+# both metrics from one read of the scores, which a vocabulary-sized output makes worth it.
 defop("CountCorrect", infer=_count_correct_infer, forward=_count_correct, internal=True,
       foldable=False, nondiff=[0, 1])
 
