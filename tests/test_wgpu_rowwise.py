@@ -165,3 +165,21 @@ def test_softmax_rows(backend, split, op, shape, axis):
     names = check(backend, op, [x], {"axis": axis}, rtol=2e-4, atol=2e-5, kernels=kernels)
     if not split or length <= rowsplit.SERIAL_MAX:
         assert len([n for n in names if n.startswith(op)]) == 2, names  # one kernel each way
+
+
+# -- LayerNorm and its gradient -------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape,kind", [((40, 48), "row"), ((5, 300), "row-wg"), ((3, 2100), "row-wg")])
+def test_layer_norm_one_read_per_row(backend, shape, kind):
+    """Statistics from sums shifted by the row's first element, in one read: rows far from zero
+    (mean 50, std 0.5) keep their variance; the gradient's four sums share one combine."""
+    d = shape[-1]
+    x = randn(*shape) * 0.5 + 50
+    names = check(backend, "LayerNormalization", [x, randn(d), randn(d)], {"axis": -1}, n_outputs=3,
+                  rtol=1e-3, atol=1e-4, kernels=(f"LayerNorm:{kind}", f"LayerNormGrad:{kind}"))
+    grad = next(k for k in names if k.startswith("LayerNormGrad:row"))
+    assert grad.endswith(kind)
+
+
+def test_group_norm_one_read_per_row(backend):
+    check(backend, "GroupNormalization", [randn(2, 4, 90) + 3, randn(4), randn(4)], {"num_groups": 2},
+          rtol=5e-4, atol=5e-5, kernels=("GroupNormalization:row-wg", "GroupNormGrad:row-wg"))
