@@ -183,3 +183,62 @@ def test_layer_norm_one_read_per_row(backend, shape, kind):
 def test_group_norm_one_read_per_row(backend):
     check(backend, "GroupNormalization", [randn(2, 4, 90) + 3, randn(4), randn(4)], {"num_groups": 2},
           rtol=5e-4, atol=5e-5, kernels=("GroupNormalization:row-wg", "GroupNormGrad:row-wg"))
+
+
+# -- a whole training step over a vocabulary -------------------------------------------------------------------
+def _vocab_step():
+    """Linear 16 -> 300 classes, label-smoothed cross-entropy with ignored targets, SGD with
+    momentum, top-5 counted: the step program as the trainer builds it."""
+    from anygrad.ir import Graph, Node, TensorInfo
+    from anygrad.losses import cross_entropy
+    from anygrad.optim import SGD
+    from anygrad.program import build_train_step
+
+    g = Graph(name="vocab", inputs=["x"], outputs=["logits"])
+    g.info["x"] = TensorInfo(np.dtype(np.float32), (12, 16))
+    g.initializers = {"W": (RNG.standard_normal((16, 300)) * 0.5).astype(np.float32),
+                      "b": (RNG.standard_normal(300) * 0.1).astype(np.float32)}
+    g.params = ["W", "b"]
+    g.nodes = [Node("Gemm", ["x", "W", "b"], ["logits"])]
+    return build_train_step(g, {"x": (12, 16)}, (12,), cross_entropy(label_smoothing=0.1),
+                            SGD(lr=0.1, momentum=0.9), top_k=5)
+
+
+def test_vocabulary_step_matches_numpy_and_repeats_bits(backend, split):
+    """The step counts correct and top-5 with one CountCorrect node (one read of the logits);
+    loss, both counts and the updated weights match numpy over two steps, and a rerun from the
+    same state gives the same bits."""
+    from anygrad.backends import NumpyBackend
+    from anygrad.program import TARGET, TOPK_SUM
+
+    step = _vocab_step()
+    counts = [n for n in step.nodes if n.op in ("CountCorrect", "CountTopK")]
+    assert [(n.op, len(n.outputs)) for n in counts] == [("CountCorrect", 2)]
+    state = {name: np.asarray(step.initializers[name]) for name in step.params + step.buffers}
+    x = RNG.standard_normal((12, 16)).astype(np.float32)
+    t = RNG.integers(0, 300, 12).astype(np.int64)
+    t[::5] = -100
+    logits = x @ state["W"] + state["b"]
+    t[1::5] = np.argmax(logits[1::5], axis=1)  # some hits for sure
+    feeds = {"x": x, TARGET: t}
+
+    def run(b, steps=2):
+        for name, value in state.items():
+            b.set_state(name, value)
+        exe = b.compile(step)
+        outs = [exe.run(feeds) for _ in range(steps)]
+        return outs, {name: np.asarray(b.get_state(name)) for name in state}
+
+    want, want_state = run(NumpyBackend())
+    got, got_state = run(backend)
+    for w, g_ in zip(want, got):
+        assert_close(w, g_, rtol=2e-4, atol=2e-5, what="step")
+    for name in state:
+        np.testing.assert_allclose(got_state[name], want_state[name], rtol=2e-4, atol=2e-5, err_msg=name)
+    assert want_state[TOPK_SUM] > 0
+    again, again_state = run(backend)
+    for a, g_ in zip(again, got):
+        for k, v in g_.items():
+            np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(v), err_msg=f"{k}: rerun differs")
+    for name in state:
+        np.testing.assert_array_equal(again_state[name], got_state[name], err_msg=f"{name}: rerun differs")

@@ -42,7 +42,7 @@ def _row_kernel(name: str, spec: RowSpec, sums: list[tuple[str, str]], post: str
     reads/writes: (var, value) bindings (all f32); sg: subgroup ops (wgreduce.py)."""
     d, rows = spec.d, spec.rows
     elem = f"let e = row * {d}u + k; let p = {spec.param};"
-    serial = d <= SERIAL_MAX or rows >= 8192
+    serial = d <= SERIAL_MAX  # else a workgroup per row, however many rows: coalesced reads
     wg = 256 if d >= 2048 else 64
     if serial:
         lines = [f"  {flat_id(64)}", f"  if (i >= {rows}u) {{ return; }}", "  let row = i;"]
