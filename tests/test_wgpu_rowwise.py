@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from wgpu_util import assert_close, op_graph, run_both, wgpu_backend
 
-from anygrad.backends.wgpu import rowsplit
+from anygrad.backends.wgpu import kernels_norm, rowsplit
 
 pytestmark = pytest.mark.wgpu
 
@@ -169,15 +169,22 @@ def test_softmax_rows(backend, split, op, shape, axis):
 
 # -- LayerNorm and its gradient -------------------------------------------------------------------------------
 @pytest.mark.parametrize("shape,kind", [((40, 48), "row"), ((5, 300), "row-wg"), ((3, 2100), "row-wg")])
-def test_layer_norm_one_read_per_row(backend, shape, kind):
+@pytest.mark.parametrize("sliced", [False, True])
+def test_layer_norm_one_read_per_row(backend, monkeypatch, shape, kind, sliced):
     """Statistics from sums shifted by the row's first element, in one read: rows far from zero
-    (mean 50, std 0.5) keep their variance; the gradient's four sums share one combine."""
+    (mean 50, std 0.5) keep their variance; the gradient's four sums share one combine. dscale
+    and dbias: 64 neighbouring entries per workgroup, over every row or (sliced) over slices of
+    one row each, added in order by a second kernel."""
+    if sliced:
+        monkeypatch.setattr(kernels_norm, "COL_MIN_SLICE", 1)
     d = shape[-1]
     x = randn(*shape) * 0.5 + 50
     names = check(backend, "LayerNormalization", [x, randn(d), randn(d)], {"axis": -1}, n_outputs=3,
-                  rtol=1e-3, atol=1e-4, kernels=(f"LayerNorm:{kind}", f"LayerNormGrad:{kind}"))
+                  rtol=1e-3, atol=1e-4, kernels=(f"LayerNorm:{kind}", f"LayerNormGrad:{kind}",
+                                                 "LayerNormGrad:dy:cols", "LayerNormGrad:dy_xhat:cols"))
     grad = next(k for k in names if k.startswith("LayerNormGrad:row"))
     assert grad.endswith(kind)
+    assert ("LayerNormGrad:dy:cols-sum" in names) == sliced
 
 
 def test_group_norm_one_read_per_row(backend):

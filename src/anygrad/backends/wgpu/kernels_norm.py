@@ -93,6 +93,54 @@ def _param_sum(name: str, n_out: int, count: int, prelude: str, term: str, reads
     return Kernel(f"{name}:wg", src, groups_grid(n_out), tuple(v for _, v in reads), (out,), scratch=tuple(scratch))
 
 
+COL_TILE = 64       # parameter entries per workgroup, consecutive in memory (LayerNorm's rows)
+COL_LANES = 4       # rows a workgroup sums side by side for each entry
+COL_GROUPS = 1024   # slice the rows until about this many workgroups run
+COL_MIN_SLICE = 64  # ... but never into slices shorter than this
+
+
+def _column_sum(name: str, n_out: int, count: int, prelude: str, term: str, reads: list[tuple[str, str]],
+                out: str, scratch=()) -> list[Kernel]:
+    """out[o] = sum over q < count of `term`, when entry o of row q sits next to entry o + 1
+    (LayerNorm's dscale / dbias): 64 neighbouring entries per workgroup, so its reads coalesce,
+    rows sliced over workgroups; the slices' sums are added in order by a second kernel."""
+    tiles = -(-n_out // COL_TILE)
+    slices = max(1, min(-(-COL_GROUPS // tiles), -(-count // COL_MIN_SLICE)))
+    per = -(-count // slices)
+    slices = -(-count // per)
+    part = f"{out}.slices"
+    sc = tuple(scratch) + ((Scratch(part, slices * n_out),) if slices > 1 else ())
+    lanes = " + ".join(f"sh[lid.x + {k * COL_TILE}u]" for k in range(COL_LANES))
+    dest = "y[o]" if slices == 1 else f"part[slice * {n_out}u + o]"
+    body = f"""  {group_id()}
+  if (g >= {tiles * slices}u) {{ return; }}
+  let slice = g / {tiles}u;
+  let o = (g % {tiles}u) * {COL_TILE}u + lid.x % {COL_TILE}u;
+  let lo = slice * {per}u;
+  let hi = min(lo + {per}u, {count}u);
+  var acc = 0.0;
+  if (o < {n_out}u) {{
+    for (var q = lo + lid.x / {COL_TILE}u; q < hi; q += {COL_LANES}u) {{ {prelude} acc += {term}; }}
+  }}
+  sh[lid.x] = acc;
+  workgroupBarrier();
+  if (lid.x < {COL_TILE}u && o < {n_out}u) {{ {dest} = {lanes}; }}"""
+    decls = bindings([(v, "f32") for v, _ in reads], [("part" if slices > 1 else "y", "f32")])
+    src = shader(decls, body, wg=COL_TILE * COL_LANES, shared=f"var<workgroup> sh: array<f32, {COL_TILE * COL_LANES}>;")
+    first = Kernel(f"{name}:cols", src, groups_grid(tiles * slices), tuple(v for _, v in reads),
+                   (part if slices > 1 else out,), scratch=sc)
+    if slices == 1:
+        return [first]
+    body2 = f"""  {flat_id()}
+  if (i >= {n_out}u) {{ return; }}
+  var acc = 0.0;
+  for (var k = 0u; k < {slices}u; k += 1u) {{ acc += part[k * {n_out}u + i]; }}
+  y[i] = acc;"""
+    second = Kernel(f"{name}:cols-sum", shader(bindings([("part", "f32")], [("y", "f32")]), body2), grid(n_out),
+                    (part,), (out,), scratch=sc)
+    return [first, second]
+
+
 _STAT_SUMS = [("s1", "X[e] - K"), ("s2", "(X[e] - K) * (X[e] - K)")]
 
 
@@ -143,12 +191,13 @@ def lower_layer_norm_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[K
         # (output, entries, count, prelude giving e and row from o, q)
         (dscale, "dy_xhat", spec.d, spec.rows, f"let row = q; let e = q * {spec.d}u + o;"),
         (dbias, "dy", spec.d, spec.rows, f"let row = q; let e = q * {spec.d}u + o;"),
-    ], use_subgroups(caps))
+    ], use_subgroups(caps), columns=True)
 
 
 def _norm_grad(name: str, spec: RowSpec, eps: str, dy: str, x: str, scale: str, dx: str, sums: list,
-               sg: bool) -> list[Kernel]:
-    """dx by rows (keeping mean and 1/std per row in a scratch), then each parameter gradient."""
+               sg: bool, columns: bool = False) -> list[Kernel]:
+    """dx by rows (keeping mean and 1/std per row in a scratch), then each parameter gradient
+    (columns: entries are neighbours in memory, summed by _column_sum)."""
     st = f"normgrad.{dx or sums[0][0]}"
     sc = (Scratch(st, 2 * spec.rows),)
     row_sums = _STAT_SUMS + [("s3", "DY[e] * SC[p]"), ("s4", "DY[e] * SC[p] * (X[e] - K)")]
@@ -167,8 +216,11 @@ def _norm_grad(name: str, spec: RowSpec, eps: str, dy: str, x: str, scale: str, 
             continue
         term = "DY[e] * (X[e] - ST[2u * row]) * ST[2u * row + 1u]" if what == "dy_xhat" else "DY[e]"
         reads = [("DY", dy), ("X", x), ("ST", st)] if what == "dy_xhat" else [("DY", dy)]
-        kernels.append(_param_sum(f"{name}:{what}", n_out, count, prelude, term, reads, out,
-                                  scratch=sc if what == "dy_xhat" else (), sg=sg))
+        own = sc if what == "dy_xhat" else ()
+        if columns:
+            kernels += _column_sum(f"{name}:{what}", n_out, count, prelude, term, reads, out, scratch=own)
+        else:
+            kernels.append(_param_sum(f"{name}:{what}", n_out, count, prelude, term, reads, out, scratch=own, sg=sg))
     return kernels
 
 
