@@ -121,6 +121,30 @@ def test_short_rows_take_one_invocation(backend):
           kernels=("CrossEntropy:stats", "CrossEntropy:rows", "CrossEntropy:sum"))
 
 
+# -- CrossEntropyMetrics: the loss with the counts, the gradient reusing its log-sum-exp -------------------
+@pytest.mark.parametrize("reduction,smooth,log_input", [("mean", 0.0, 0), ("sum", 0.1, 0), ("none", 0.0, 0),
+                                                        ("mean", 0.2, 1)])
+def test_cross_entropy_metrics(backend, split, reduction, smooth, log_input):
+    """Loss, per-row log-sum-exp, correct and top-3 counts from one statistics kernel, and the
+    gradient without one. ignore_index 3 is a real class: the loss skips those rows, the counts
+    do not (CountCorrect compares with the raw targets)."""
+    n, c = 30, 120
+    x = randn(n, c) * 2
+    x[1, 3] = x[1].max() + 1  # row 1 (target 3, ignored by the loss) is a hit
+    if log_input:
+        x = x - np.log(np.exp(x).sum(axis=1, keepdims=True))
+    t = targets(n, c)
+    t[::4] = np.argmax(x[::4], axis=1)
+    t[1::6] = 3
+    attrs = {"log_input": log_input, "reduction": reduction, "ignore_index": 3, "k": 3}
+    if smooth:
+        attrs["label_smoothing"] = smooth
+    names = check(backend, "CrossEntropyMetrics", [x, t, randn(c, lo=0.1)], attrs, const=[2], n_outputs=4,
+                  rtol=3e-4, atol=3e-5, kernels=(f"CrossEntropyMetrics:{stats_kernel(split)}",
+                                                 "CrossEntropyMetrics:sum", "CrossEntropyGrad:dx"))
+    assert not any(n.startswith("CrossEntropyGrad:") and n.endswith(("stats", "partial")) for n in names)
+
+
 # -- CountCorrect and its top-k output -------------------------------------------------------------------
 @pytest.mark.parametrize("k_out", [False, True])
 def test_count_correct_and_top_k(backend, split, k_out):
@@ -212,15 +236,19 @@ def _vocab_step():
 
 
 def test_vocabulary_step_matches_numpy_and_repeats_bits(backend, split):
-    """The step counts correct and top-5 with one CountCorrect node (one read of the logits);
-    loss, both counts and the updated weights match numpy over two steps, and a rerun from the
-    same state gives the same bits."""
+    """The step's loss node counts correct and top-5 too (CrossEntropyMetrics: one read of the
+    logits forward, one more for the gradient, which reuses the forward's log-sum-exp); loss,
+    both counts and the updated weights match numpy over two steps, and a rerun from the same
+    state gives the same bits."""
     from anygrad.backends import NumpyBackend
     from anygrad.program import TARGET, TOPK_SUM
 
     step = _vocab_step()
-    counts = [n for n in step.nodes if n.op in ("CountCorrect", "CountTopK")]
-    assert [(n.op, len(n.outputs)) for n in counts] == [("CountCorrect", 2)]
+    ops = [n.op for n in step.nodes]
+    assert "CountCorrect" not in ops and "CountTopK" not in ops and "CrossEntropy" not in ops
+    fused = next(n for n in step.nodes if n.op == "CrossEntropyMetrics")
+    grad = next(n for n in step.nodes if n.op == "CrossEntropyGrad")
+    assert len(fused.outputs) == 4 and grad.inputs[4] == fused.outputs[1]  # the gradient reuses the lse
     state = {name: np.asarray(step.initializers[name]) for name in step.params + step.buffers}
     x = RNG.standard_normal((12, 16)).astype(np.float32)
     t = RNG.integers(0, 300, 12).astype(np.int64)
@@ -238,6 +266,10 @@ def test_vocabulary_step_matches_numpy_and_repeats_bits(backend, split):
 
     want, want_state = run(NumpyBackend())
     got, got_state = run(backend)
+    names = [st.kernel.name for st in backend.compile(step).plan.steps]
+    reads_logits = [n for n in names if n.startswith(("CrossEntropy", "CountCorrect"))
+                    and n.endswith((":stats", ":partial", ":dx"))]
+    assert reads_logits == [f"CrossEntropyMetrics:{stats_kernel(split)}", "CrossEntropyGrad:dx"], names
     for w, g_ in zip(want, got):
         assert_close(w, g_, rtol=2e-4, atol=2e-5, what="step")
     for name in state:

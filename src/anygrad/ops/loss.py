@@ -123,6 +123,7 @@ def _class_loss_forward(node: Node, ins):
 def _class_loss_grad_forward(node: Node, ins):
     dy, x, target = ins[0], ins[1], ins[2]
     weight = ins[3] if len(ins) > 3 else None
+    lse = ins[4] if len(ins) > 4 else None  # the forward's per-sample log-sum-exp, when it kept one
     q, wt = _class_weights(node, x, target, weight)
     reduction = _reduction(node)
     if reduction == "mean":
@@ -135,7 +136,7 @@ def _class_loss_grad_forward(node: Node, ins):
     if node.attr("log_input", 0):
         dx = -q * scale
     else:
-        p = np.exp(_log_softmax(x))
+        p = np.exp(_log_softmax(x) if lse is None else x - _class_axis(lse))
         dx = (p * q.sum(axis=1, keepdims=True) - q) * scale
     return dx.astype(x.dtype)
 
@@ -146,11 +147,13 @@ def _class_loss_grad(log_input: int):
             return [None] * len(g.x)
         attrs = {k: v for k, v in g.node.attrs.items() if k in ("reduction", "ignore_index", "label_smoothing")}
         weight = [g.x[2]] if len(g.x) > 2 and g.x[2] else []
+        if g.node.op == "CrossEntropyMetrics" and not log_input:  # reuse the forward's log-sum-exp
+            weight = (weight or [""]) + [g.y[1]]
         terms = []
         if g.dys[0] is not None:
             terms.append(g.op("CrossEntropyGrad", [g.dys[0], g.x[0], g.x[1]] + weight,
                               log_input=log_input, **attrs))
-        if len(g.dys) > 1 and g.dys[1] is not None:  # SoftmaxCrossEntropyLoss's log_prob output
+        if g.node.op != "CrossEntropyMetrics" and len(g.dys) > 1 and g.dys[1] is not None:  # SCE's log_prob
             dlogp = g.dys[1]
             axis = g.const(np.array([1], np.int64), np.int64, "axes")
             total = g.op("ReduceSum", [dlogp, axis], keepdims=1)
@@ -176,6 +179,32 @@ defop("CrossEntropy", infer=_class_loss_infer, forward=_class_loss_forward, inte
       grad=lambda g: _class_loss_grad(int(g.node.attr("log_input", 0)))(g), nondiff=[1, 2])
 defop("CrossEntropyGrad", infer=lambda node, ins: [TensorInfo(ins[1].dtype, ins[1].shape)],
       forward=_class_loss_grad_forward, internal=True)
+
+
+# CrossEntropyMetrics(x, target[, weight]) -> (loss, per-sample log-sum-exp, correct[, top-k count]):
+# CrossEntropy (same attributes) with CountCorrect's counts (attribute k for the top-k one) from the
+# same read of the scores; the gradient reuses the log-sum-exp instead of a second softmax.
+def _metrics_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
+    loss = _class_loss_infer(Node(node.op, node.inputs, node.outputs[:1], node.attrs, node.name), ins)[0]
+    counts = _count_correct_infer(Node(node.op, node.inputs[:2], node.outputs[2:], node.attrs, node.name), ins[:2])
+    x = ins[0]
+    return [loss, TensorInfo(x.dtype, (x.shape[0],) + tuple(x.shape[2:]))] + counts
+
+
+def _metrics_forward(node: Node, ins):
+    x = ins[0]
+    loss = _class_loss_forward(Node(node.op, node.inputs, node.outputs[:1], node.attrs, node.name), ins)[0]
+    if node.attr("log_input", 0):
+        lse = np.zeros((x.shape[0],) + x.shape[2:], x.dtype)
+    else:
+        m = x.max(axis=1)
+        lse = (m + np.log(np.exp(x - _class_axis(m)).sum(axis=1))).astype(x.dtype)
+    counts = _count_correct(Node(node.op, node.inputs[:2], node.outputs[2:], node.attrs, node.name), ins[:2])
+    return [loss, lse] + counts
+
+
+defop("CrossEntropyMetrics", infer=_metrics_infer, forward=_metrics_forward, internal=True, foldable=False,
+      grad=lambda g: _class_loss_grad(int(g.node.attr("log_input", 0)))(g), nondiff=[1, 2])
 
 
 # -- accuracy ---------------------------------------------------------------------------------

@@ -85,29 +85,42 @@ def _class_inputs(graph: Graph, x: str, target: str, weight: str, wtot: str) -> 
     return reads
 
 
-def _row_stats(name: str, cl: ClassLoss, r: Rows, reads, rec: str, sg: bool) -> tuple[list[Kernel], Stats | None]:
-    """The per-row softmax statistics (and, with label smoothing, sum_c w_c (x_c - x_t)) a
-    class loss needs: the split-row partial kernel, or nothing for NLL without smoothing."""
+def _row_stats(name: str, cl: ClassLoss, r: Rows, reads, rec: str, counts: int,
+               sg: bool) -> tuple[list[Kernel], Stats | None]:
+    """The per-row statistics a class loss needs from one read of the scores: softmax max and
+    sum (not for NLL), sum_c w_c (x_c - x_t) with label smoothing, the argmax and the count of
+    classes above the target's for `counts` of (correct, top-k). None: nothing to read."""
     sums = (f"{cl.w_k()} * (v - pk)",) if cl.smooth else ()
-    st = Stats(softmax=not cl.log_input, sums=sums)
-    if not st.softmax and not sums:
+    st = Stats(softmax=not cl.log_input, argmax=counts > 0, greater="pk" if counts > 1 else "", sums=sums)
+    if not (st.softmax or st.argmax or sums):
         return [], None
-    prelude = cl.target(r.length) + f"\n  let pk = x[base + ts * {r.inner}u];"
+    prelude = cl.target(r.length) + "\n" + _picked(r)
     return [partial_kernel(name, r, st, "x", reads, prelude, rec, sg)], st
+
+
+def _picked(r: Rows) -> str:
+    """tv (the target is a class) and pk (its score, or the row's first when it is not)."""
+    return (f"  let tv = t >= 0 && t < {r.length};\n"
+            f"  let pk = x[base + select(0u, u32(t), tv) * {r.inner}u];")
 
 
 def _lse(st: Stats | None) -> str:
     return "r_m + log(r_s)" if st is not None and st.softmax else "0.0"
 
 
-@lowering("CrossEntropy", "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss")
+@lowering("CrossEntropy", "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss", "CrossEntropyMetrics")
 def lower_class_loss(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     """Statistics per (row, chunk of classes), then per row the loss term and weight (and its
-    log-sum-exp when log-probabilities are an output), then the sums over rows."""
+    log-sum-exp when log-probabilities or the fused op's row output need it, and the hits for
+    CrossEntropyMetrics' counts), then the sums over rows."""
     x, target = node.inputs[0], node.inputs[1]
     weight = node.input(2)
     loss = node.outputs[0]
-    logp_out = node.outputs[1] if len(node.outputs) > 1 and node.outputs[1] else ""
+    fused = node.op == "CrossEntropyMetrics"
+    outs = list(node.outputs) + ["", "", ""]
+    logp_out = "" if fused else outs[1]
+    lse_out = outs[1] if fused else (f"ce.lse.{loss}" if logp_out else "")
+    count_outs = [v for v in outs[2:4] if v] if fused else []
     cl = ClassLoss.of(node, weight)
     r = _rows(graph, x)
     sg = use_subgroups(caps)
@@ -117,42 +130,50 @@ def lower_class_loss(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel
         kernels.append(_weight_total(weight, r.length, wtot, sg))
     reads = _class_inputs(graph, x, target, weight, wtot)
     rec = f"ce.rec.{loss}"
-    stat_kernels, st = _row_stats(node.op, cl, r, reads, rec, sg)
+    k = int(node.attr("k", 0))
+    stat_kernels, st = _row_stats(node.op, cl, r, reads, rec, len(count_outs), sg)
     kernels += stat_kernels
-    lse_buf = f"ce.lse.{loss}"
     lp = f"(x[base + ts * {r.inner}u] - lse)"
-    if cl.smooth:  # -sum_c q_c logp_c, q from ops/loss.py; sum_c w_c logp_c = r_sum0 + (x_t - lse) * sum_c w_c
+    if cl.smooth:  # -sum_c q_c logp_c, q from ops/loss.py; sum_c w_c logp_c = r_sum0 + (pk - lse) * sum_c w_c
         okf = "select(0.0, 1.0, ok)"
-        term = (f"  let lp_t = {lp};\n  s0 = -{literal(cl.smooth / r.length, 'f32')} * {okf} * "
-                f"(r_sum0 + lp_t * {cl.weight_total(r.length)}) - {literal(1 - cl.smooth, 'f32')} * wt * lp_t;")
+        term = (f"  s0 = -{literal(cl.smooth / r.length, 'f32')} * {okf} * (r_sum0 + (pk - lse) * "
+                f"{cl.weight_total(r.length)}) - {literal(1 - cl.smooth, 'f32')} * wt * {lp};")
     else:
         term = f"  s0 = select(0.0, -wt * {lp}, ok);"  # an ignored row's -inf log-probability stays out
-    per_row = "\n".join([cl.target(r.length), f"  let base = {r.base('row')};",
-                         combine_code(r, st) if st is not None else "", f"  let lse = {_lse(st)};", term,
-                         "  s1 = wt;"])
+    per_row = [cl.target(r.length), f"  let base = {r.base('row')};", _picked(r),
+               combine_code(r, st) if st is not None else "", f"  let lse = {_lse(st)};", term, "  s1 = wt;"]
+    if count_outs:
+        per_row.append("  s2 = select(0.0, 1.0, tv && u32(t) == r_arg);")
+    if len(count_outs) > 1:
+        per_row.append(f"  s3 = select(0.0, 1.0, tv && r_cnt < {k}u);")
     row_reads = reads + ([("rec", "f32", rec)] if st is not None else [])
     row_writes = []
-    if logp_out:
-        per_row += "\n  lse_out[row] = lse;"
-        row_writes.append(("lse_out", "f32", lse_buf))
+    if lse_out:
+        per_row.append("  lse_out[row] = lse;")
+        row_writes.append(("lse_out", "f32", lse_out))
     scratch = (Scratch(rec, r.rows * parts(r) * st.width),) if st is not None else ()
-    scratch += (Scratch(lse_buf, r.rows),) if logp_out else ()
+    scratch += (Scratch(lse_out, r.rows),) if logp_out else ()
     scratch += (Scratch(wtot, 1),) if wtot else ()
+    final, final_writes = [], []
     if cl.reduction == "none":
-        per_row += "\n  y[row] = s0;"
-        kernels += row_pass(node.op, r.rows, row_reads, row_writes + [("y", "f32", loss)], per_row, [], "", [], [],
-                            scratch, sg)
+        per_row.append("  y[row] = s0;")
+        row_writes.append(("y", "f32", loss))
     else:
-        final = "    y[0] = t0 / t1;" if cl.reduction == "mean" else "    y[0] = t0;"
-        kernels += row_pass(node.op, r.rows, row_reads, row_writes, per_row, ["s0", "s1"], final, [],
-                            [("y", "f32", loss)], scratch, sg)
+        final.append("    y[0] = t0 / t1;" if cl.reduction == "mean" else "    y[0] = t0;")
+        final_writes.append(("y", "f32", loss))
+    for j, v in enumerate(count_outs):
+        final.append(f"    y{j}[0] = t{2 + j};")
+        final_writes.append((f"y{j}", "f32", v))
+    sums = ["s0", "s1"] + [f"s{2 + j}" for j in range(len(count_outs))] if final else []
+    kernels += row_pass(node.op, r.rows, row_reads, row_writes, "\n".join(per_row), sums, "\n".join(final), [],
+                        final_writes, scratch, sg)
     if logp_out:
         n = r.rows * r.length
         body = f"""  {flat_id()}
   if (i >= {n}u) {{ return; }}
   y[i] = x[i] - lse[{r.row_of('i')}];"""
         kernels.append(Kernel(f"{node.op}:logp", shader(bindings([("x", "f32"), ("lse", "f32")], [("y", "f32")]), body),
-                              grid(n), (x, lse_buf), (logp_out,), scratch=scratch))
+                              grid(n), (x, lse_out), (logp_out,), scratch=scratch))
     return kernels
 
 
@@ -171,8 +192,9 @@ def lower_class_loss_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[K
     if wtot:
         kernels.append(_weight_total(weight, r.length, wtot, sg))
     reads = _class_inputs(graph, x, target, weight, wtot)
-    st = Stats(softmax=True) if not cl.log_input else None
-    rec, lse_buf, scale_buf = f"ceg.rec.{dx}", f"ceg.lse.{dx}", f"ceg.scale.{dx}"
+    lse_in = node.input(4)  # the forward's per-row log-sum-exp (CrossEntropyMetrics): no statistics pass
+    st = Stats(softmax=True) if not cl.log_input and not lse_in else None
+    rec, lse_buf, scale_buf = f"ceg.rec.{dx}", lse_in or f"ceg.lse.{dx}", f"ceg.scale.{dx}"
     scratch = (Scratch(wtot, 1),) if wtot else ()
     if st is not None:
         prelude = ""
@@ -215,7 +237,7 @@ def lower_class_loss_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[K
   let sc = {sc};
   dx[e] = {grad};"""
     dreads = reads + [("dy", "f32", dy)]
-    if st is not None:
+    if not cl.log_input:
         dreads.append(("lse", "f32", lse_buf))
     if cl.reduction == "mean":
         dreads.append(("scale", "f32", scale_buf))
