@@ -11,6 +11,12 @@ label smoothing divides by the same weight sum). `logp` is the input itself for 
 of the input for softmax cross-entropy. The gradient is -q * scale (NLL) or
 (softmax * sum_c q - q) * scale (softmax), with scale = dy / weight sum for `mean`.
 
+CrossEntropyMetrics is CrossEntropy that also returns each sample's log-sum-exp and the
+accuracy counts (CountCorrect's, on the raw targets): the training step builds it when its loss
+is a CrossEntropy over the model output, so a backend reads vocabulary-sized logits once for
+the loss and the metrics, and the gradient (CrossEntropyGrad's optional input 4) needs no second
+softmax pass.
+
 Elementwise losses (BCE with logits, absolute error) are elementwise internal ops; losses.py
 takes their mean with ReduceSum, so a backend only needs one reduction kernel for them.
 """
