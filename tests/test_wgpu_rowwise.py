@@ -217,13 +217,21 @@ def test_group_norm_one_read_per_row(backend):
 
 
 # -- a whole training step over a vocabulary -------------------------------------------------------------------
-def _vocab_step():
+def _vocab_step(fused: bool = True):
     """Linear 16 -> 300 classes, label-smoothed cross-entropy with ignored targets, SGD with
-    momentum, top-5 counted: the step program as the trainer builds it."""
+    momentum, top-5 counted: the step program as the trainer builds it. fused=False: the loss
+    is scaled by 1 after the CrossEntropy node, so the step counts with a CountCorrect node."""
+    import dataclasses
+
     from anygrad.ir import Graph, Node, TensorInfo
     from anygrad.losses import cross_entropy
     from anygrad.optim import SGD
     from anygrad.program import build_train_step
+
+    loss = cross_entropy(label_smoothing=0.1)
+    if not fused:
+        build = loss.build
+        loss = dataclasses.replace(loss, build=lambda b, out, t: b.op("Mul", [build(b, out, t), b.const(1.0)]))
 
     g = Graph(name="vocab", inputs=["x"], outputs=["logits"])
     g.info["x"] = TensorInfo(np.dtype(np.float32), (12, 16))
@@ -231,11 +239,11 @@ def _vocab_step():
                       "b": (RNG.standard_normal(300) * 0.1).astype(np.float32)}
     g.params = ["W", "b"]
     g.nodes = [Node("Gemm", ["x", "W", "b"], ["logits"])]
-    return build_train_step(g, {"x": (12, 16)}, (12,), cross_entropy(label_smoothing=0.1),
-                            SGD(lr=0.1, momentum=0.9), top_k=5)
+    return build_train_step(g, {"x": (12, 16)}, (12,), loss, SGD(lr=0.1, momentum=0.9), top_k=5)
 
 
-def test_vocabulary_step_matches_numpy_and_repeats_bits(backend, split):
+@pytest.mark.parametrize("fused", [True, False])
+def test_vocabulary_step_matches_numpy_and_repeats_bits(backend, split, fused):
     """The step's loss node counts correct and top-5 too (CrossEntropyMetrics: one read of the
     logits forward, one more for the gradient, which reuses the forward's log-sum-exp); loss,
     both counts and the updated weights match numpy over two steps, and a rerun from the same
@@ -243,12 +251,16 @@ def test_vocabulary_step_matches_numpy_and_repeats_bits(backend, split):
     from anygrad.backends import NumpyBackend
     from anygrad.program import TARGET, TOPK_SUM
 
-    step = _vocab_step()
+    step = _vocab_step(fused)
     ops = [n.op for n in step.nodes]
-    assert "CountCorrect" not in ops and "CountTopK" not in ops and "CrossEntropy" not in ops
-    fused = next(n for n in step.nodes if n.op == "CrossEntropyMetrics")
+    assert "CountTopK" not in ops
     grad = next(n for n in step.nodes if n.op == "CrossEntropyGrad")
-    assert len(fused.outputs) == 4 and grad.inputs[4] == fused.outputs[1]  # the gradient reuses the lse
+    if fused:
+        assert "CountCorrect" not in ops and "CrossEntropy" not in ops
+        node = next(n for n in step.nodes if n.op == "CrossEntropyMetrics")
+        assert len(node.outputs) == 4 and grad.inputs[4] == node.outputs[1]  # the gradient reuses the lse
+    else:  # both counts from one CountCorrect node
+        assert [len(n.outputs) for n in step.nodes if n.op == "CountCorrect"] == [2] and len(grad.inputs) == 3
     state = {name: np.asarray(step.initializers[name]) for name in step.params + step.buffers}
     x = RNG.standard_normal((12, 16)).astype(np.float32)
     t = RNG.integers(0, 300, 12).astype(np.int64)
@@ -269,7 +281,8 @@ def test_vocabulary_step_matches_numpy_and_repeats_bits(backend, split):
     names = [st.kernel.name for st in backend.compile(step).plan.steps]
     reads_logits = [n for n in names if n.startswith(("CrossEntropy", "CountCorrect"))
                     and n.endswith((":stats", ":partial", ":dx"))]
-    assert reads_logits == [f"CrossEntropyMetrics:{stats_kernel(split)}", "CrossEntropyGrad:dx"], names
+    if fused:
+        assert reads_logits == [f"CrossEntropyMetrics:{stats_kernel(split)}", "CrossEntropyGrad:dx"], names
     for w, g_ in zip(want, got):
         assert_close(w, g_, rtol=2e-4, atol=2e-5, what="step")
     for name in state:
