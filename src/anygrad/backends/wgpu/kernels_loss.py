@@ -242,8 +242,10 @@ def lower_class_loss_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[K
     if cl.reduction == "mean":
         dreads.append(("scale", "f32", scale_buf))
     decls = bindings([(v, ty) for v, ty, _ in dreads], [("dx", "f32")])
+    # Each invocation reads the logits only at the element it writes: dx may take their storage
+    # once a planner lets temporaries share (they are dead after this kernel in a training step).
     kernels.append(Kernel("CrossEntropyGrad:dx", shader(decls, body), grid(n), tuple(v for _, _, v in dreads), (dx,),
-                          scratch=scratch))
+                          scratch=scratch, inplace=(x,)))
     return kernels
 
 
