@@ -191,6 +191,19 @@ def test_softmax_rows(backend, split, op, shape, axis):
         assert len([n for n in names if n.startswith(op)]) == 2, names  # one kernel each way
 
 
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("length", [40, 300])
+def test_softmax_masked_rows(backend, split, op, length):
+    """Attention masks fill with the lowest f32 (torch.finfo.min): half-masked rows, and a fully
+    masked row, which is uniform (numpy's answer), not 0/0."""
+    x = randn(6, length)
+    lowest = np.finfo(np.float32).min
+    x[:, length // 2:] = lowest
+    x[2, :] = lowest
+    x[4, :7] = lowest
+    check(backend, op, [x], {"axis": -1}, rtol=2e-4, atol=2e-5, grad=False, feed=[0])
+
+
 # -- LayerNorm and its gradient -------------------------------------------------------------------------------
 @pytest.mark.parametrize("shape,kind", [((40, 48), "row"), ((5, 300), "row-wg"), ((3, 2100), "row-wg")])
 @pytest.mark.parametrize("sliced", [False, True])

@@ -23,7 +23,7 @@ from .wgsl import bindings, flat_id, grid, group_id, groups_grid, shader
 SERIAL_MAX = 64        # rows up to this long: one invocation per row, no workgroup reduction
 SPLIT_MIN = 4096       # a row is split only into chunks of at least this many elements
 TARGET_GROUPS = 2048   # split rows until about this many workgroups run
-NEG = "-3.4e38"        # below any finite f32 a row holds: the max's starting value
+NEG = "-3.4028234663852886e38"  # the lowest finite f32 (masks use it): the max's starting value
 NONE = "0xffffffffu"   # no index yet
 
 
@@ -91,11 +91,12 @@ def _accumulate(r: Rows, st: Stats, src: str, lo: str, hi: str, step: str) -> st
     lines = [f"  var a_m = {NEG};", "  var a_s = 0.0;", f"  var a_arg = {NONE};", "  var a_cnt = 0u;"]
     lines += [f"  var a_sum{j} = 0.0;" for j in range(len(st.sums))]
     body = [f"let e = base + k * {r.inner}u;", f"let v = {src}[e];"]
+    # The first element always starts the max (a row may hold only the lowest f32, or -inf).
     if st.softmax:  # online softmax: rescale the sum when the max grows
-        body.append("if (v > a_m) { a_s = a_s * exp(a_m - v) + 1.0; a_m = v; a_arg = k; } "
-                    "else { a_s += exp(v - a_m); }")
+        body.append(f"if (v > a_m || a_arg == {NONE}) {{ a_s = select(0.0, a_s * exp(a_m - v), a_arg != {NONE}) "
+                    "+ 1.0; a_m = v; a_arg = k; } else { a_s += exp(v - a_m); }")
     elif st.argmax:
-        body.append("if (v > a_m) { a_m = v; a_arg = k; }")
+        body.append(f"if (v > a_m || a_arg == {NONE}) {{ a_m = v; a_arg = k; }}")
     if st.greater:
         body.append(f"a_cnt += select(0u, 1u, v > {st.greater});")
     body += [f"a_sum{j} += {term};" for j, term in enumerate(st.sums)]
@@ -115,7 +116,7 @@ def _group_parts(st: Stats) -> tuple[list[Part], list[Part]]:
     first = [Part("a_m", "r_m", "max({a}, {b})", NEG)] if st.softmax or st.argmax else []
     rest = []
     if st.softmax:
-        rest.append(Part("a_s * exp(a_m - r_m)", "r_s"))
+        rest.append(Part(f"select(0.0, a_s * exp(a_m - r_m), a_arg != {NONE})", "r_s"))  # idle lanes add 0
     if st.argmax:
         rest.append(Part(f"select({NONE}, a_arg, a_m == r_m)", "r_arg", "min({a}, {b})", NONE, "u32"))
     if st.greater:
@@ -176,8 +177,8 @@ def combine_code(r: Rows, st: Stats, rec: str = "rec") -> str:
         out = [f"  let rb = row * {w}u;", f"  let r_m = {rec}[rb];", f"  let r_s = {rec}[rb + 1u];",
                f"  let r_arg = u32({rec}[rb + 2u]);", f"  let r_cnt = u32({rec}[rb + 3u]);"]
         return "\n".join(out + [f"  let r_sum{j} = {rec}[rb + {4 + j}u];" for j in range(len(st.sums))])
-    lines = [f"  let rb = row * {p * w}u;", f"  var c_m = {NEG};",
-             f"  for (var q = 0u; q < {p}u; q += 1u) {{ c_m = max(c_m, {rec}[rb + q * {w}u]); }}",
+    lines = [f"  let rb = row * {p * w}u;", f"  var c_m = {rec}[rb];",
+             f"  for (var q = 1u; q < {p}u; q += 1u) {{ c_m = max(c_m, {rec}[rb + q * {w}u]); }}",
              "  var c_s = 0.0;", f"  var c_arg = {NONE};", "  var c_cnt = 0u;"]
     lines += [f"  var c_sum{j} = 0.0;" for j in range(len(st.sums))]
     step = [f"let o = rb + q * {w}u;", f"let mq = {rec}[o];", f"c_s += {rec}[o + 1u] * exp(mq - c_m);",
