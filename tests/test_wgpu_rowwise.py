@@ -194,14 +194,19 @@ def test_softmax_rows(backend, split, op, shape, axis):
 @pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
 @pytest.mark.parametrize("length", [40, 300])
 def test_softmax_masked_rows(backend, split, op, length):
-    """Attention masks fill with the lowest f32 (torch.finfo.min): half-masked rows, and a fully
-    masked row, which is uniform (numpy's answer), not 0/0."""
+    """Attention masks fill with the lowest f32 (torch.finfo.min) or -inf: half-masked rows, a
+    fully masked row (uniform, numpy's answer, not 0/0), -inf before the first finite element."""
     x = randn(6, length)
     lowest = np.finfo(np.float32).min
     x[:, length // 2:] = lowest
     x[2, :] = lowest
     x[4, :7] = lowest
-    check(backend, op, [x], {"axis": -1}, rtol=2e-4, atol=2e-5, grad=False, feed=[0])
+    x[5, :3] = -np.inf  # masked leading elements, then finite ones
+    graph, feeds = op_graph(op, [x], {"axis": -1}, grad=False, feed=[0])
+    want, got, _ = run_both(graph, feeds, backend=backend)
+    # LogSoftmax's outputs reach -inf and ~-3.4e38: no scale-relative atol (assert_close's) here
+    np.testing.assert_allclose(got["out0"], want["out0"], rtol=2e-4, atol=2e-5)
+    assert np.isfinite(want["out0"][2]).all() and np.isinf(want["out0"][5, :3]).all() == (op == "LogSoftmax")
 
 
 # -- LayerNorm and its gradient -------------------------------------------------------------------------------

@@ -91,10 +91,11 @@ def _accumulate(r: Rows, st: Stats, src: str, lo: str, hi: str, step: str) -> st
     lines = [f"  var a_m = {NEG};", "  var a_s = 0.0;", f"  var a_arg = {NONE};", "  var a_cnt = 0u;"]
     lines += [f"  var a_sum{j} = 0.0;" for j in range(len(st.sums))]
     body = [f"let e = base + k * {r.inner}u;", f"let v = {src}[e];"]
-    # The first element always starts the max (a row may hold only the lowest f32, or -inf).
+    # The first element always starts the max (a row may hold only the lowest f32, or -inf);
+    # an element equal to the max adds exp(0) even when both are -inf (masked leading elements).
     if st.softmax:  # online softmax: rescale the sum when the max grows
         body.append(f"if (v > a_m || a_arg == {NONE}) {{ a_s = select(0.0, a_s * exp(a_m - v), a_arg != {NONE}) "
-                    "+ 1.0; a_m = v; a_arg = k; } else { a_s += exp(v - a_m); }")
+                    "+ 1.0; a_m = v; a_arg = k; } else { a_s += select(exp(v - a_m), 1.0, v == a_m); }")
     elif st.argmax:
         body.append(f"if (v > a_m || a_arg == {NONE}) {{ a_m = v; a_arg = k; }}")
     if st.greater:
