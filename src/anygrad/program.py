@@ -13,8 +13,8 @@ import numpy as np
 
 from .autodiff import gradients
 from .ir.builder import Builder
-from .ir.graph import Graph, Shape, TensorInfo, info_of
-from .ir.passes import RNG_STATE, infer_shapes, set_training_mode, specialize
+from .ir.graph import Graph, Node, Shape, TensorInfo, info_of
+from .ir.passes import RNG_STATE, infer_node, infer_shapes, set_training_mode, specialize
 from .losses import Loss, _matching_target
 from .optim.base import LR_STATE, STEP_STATE, Optimizer
 
@@ -63,12 +63,14 @@ def _loss_and_metrics(g: Graph, b: Builder, output: str, loss: Loss, target_shap
     if loss.classification:  # the layout the loss accepted: (N, T) targets for (N*T, C) logits
         out_shape = b.shape(output)
         target = _matching_target(b, loss.name, TARGET, (out_shape[0],) + tuple(out_shape[2:]))
-    correct = b.op("CountCorrect", [output, target]) if loss.classification else None
+    correct = top = None
+    if loss.classification:
+        correct, top = _with_loss(g, b, loss_value, output, top_k) or _count_correct(b, output, target, top_k)
     # Device-side running sums, read back only when the trainer asks.
     for name in METRIC_STATE:
         _add_buffer(g, name, np.zeros((), np.float32))
-    if top_k is not None and loss.classification:
-        g.state_updates[b.op("Add", [TOPK_SUM, b.op("CountTopK", [output, target], k=int(top_k))])] = TOPK_SUM
+    if top is not None:
+        g.state_updates[b.op("Add", [TOPK_SUM, top])] = TOPK_SUM
     n = float(b.shape(output)[0]) if b.shape(output) else 1.0
     batch_loss = b.op("Mul", [loss_value, b.const(n)])
     g.state_updates[b.op("Add", [LOSS_SUM, batch_loss])] = LOSS_SUM
@@ -76,6 +78,29 @@ def _loss_and_metrics(g: Graph, b: Builder, output: str, loss: Loss, target_shap
     if correct is not None:
         g.state_updates[b.op("Add", [CORRECT_SUM, correct])] = CORRECT_SUM
     return StepOutputs(loss_value, correct)
+
+
+def _count_correct(b: Builder, output: str, target: str, top_k: int | None) -> tuple[str, str | None]:
+    """(correct, top-k count or None) from one CountCorrect node: one read of the scores."""
+    if top_k is None:
+        return b.op("CountCorrect", [output, target]), None
+    correct, top = b.ops("CountCorrect", [output, target], 2, k=int(top_k))
+    return correct, top
+
+
+def _with_loss(g: Graph, b: Builder, loss_value: str, output: str, top_k: int | None) -> tuple | None:
+    """When the loss is one CrossEntropy node over the model output, make it CrossEntropyMetrics:
+    the counts come from the loss's own read of the scores, and its gradient reuses the softmax
+    statistics. Returns (correct, top-k count or None), or None to count separately."""
+    node = next((n for n in g.nodes if loss_value in n.outputs), None)
+    if node is None or node.op != "CrossEntropy" or node.inputs[0] != output or len(node.outputs) != 1:
+        return None
+    extra = [g.fresh(f"{b.prefix}.{what}") for what in ("row_lse", "correct", "topk")[:3 if top_k else 2]]
+    fused = Node("CrossEntropyMetrics", list(node.inputs), [loss_value] + extra,
+                 {**node.attrs, **({"k": int(top_k)} if top_k else {})}, node.name)
+    g.nodes[g.nodes.index(node)] = fused
+    infer_node(g, fused)
+    return extra[1], extra[2] if top_k else None
 
 
 def clip_grad_norm(b: Builder, grads: dict[str, str], max_norm: float) -> dict[str, str]:

@@ -11,6 +11,12 @@ label smoothing divides by the same weight sum). `logp` is the input itself for 
 of the input for softmax cross-entropy. The gradient is -q * scale (NLL) or
 (softmax * sum_c q - q) * scale (softmax), with scale = dy / weight sum for `mean`.
 
+CrossEntropyMetrics is CrossEntropy that also returns each sample's log-sum-exp and the
+accuracy counts (CountCorrect's, on the raw targets): the training step builds it when its loss
+is a CrossEntropy over the model output, so a backend reads vocabulary-sized logits once for
+the loss and the metrics, and the gradient (CrossEntropyGrad's optional input 4) needs no second
+softmax pass.
+
 Elementwise losses (BCE with logits, absolute error) are elementwise internal ops; losses.py
 takes their mean with ReduceSum, so a backend only needs one reduction kernel for them.
 """
@@ -23,6 +29,7 @@ from ..ir.builder import GradContext
 from ..ir.graph import Node, TensorInfo
 from ..ir.registry import defop
 from ._util import broadcast_infer
+from .metrics import count_top_k
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -122,6 +129,7 @@ def _class_loss_forward(node: Node, ins):
 def _class_loss_grad_forward(node: Node, ins):
     dy, x, target = ins[0], ins[1], ins[2]
     weight = ins[3] if len(ins) > 3 else None
+    lse = ins[4] if len(ins) > 4 else None  # the forward's per-sample log-sum-exp, when it kept one
     q, wt = _class_weights(node, x, target, weight)
     reduction = _reduction(node)
     if reduction == "mean":
@@ -134,7 +142,7 @@ def _class_loss_grad_forward(node: Node, ins):
     if node.attr("log_input", 0):
         dx = -q * scale
     else:
-        p = np.exp(_log_softmax(x))
+        p = np.exp(_log_softmax(x) if lse is None else x - _class_axis(lse))
         dx = (p * q.sum(axis=1, keepdims=True) - q) * scale
     return dx.astype(x.dtype)
 
@@ -145,11 +153,13 @@ def _class_loss_grad(log_input: int):
             return [None] * len(g.x)
         attrs = {k: v for k, v in g.node.attrs.items() if k in ("reduction", "ignore_index", "label_smoothing")}
         weight = [g.x[2]] if len(g.x) > 2 and g.x[2] else []
+        if g.node.op == "CrossEntropyMetrics" and not log_input:  # reuse the forward's log-sum-exp
+            weight = (weight or [""]) + [g.y[1]]
         terms = []
         if g.dys[0] is not None:
             terms.append(g.op("CrossEntropyGrad", [g.dys[0], g.x[0], g.x[1]] + weight,
                               log_input=log_input, **attrs))
-        if len(g.dys) > 1 and g.dys[1] is not None:  # SoftmaxCrossEntropyLoss's log_prob output
+        if g.node.op != "CrossEntropyMetrics" and len(g.dys) > 1 and g.dys[1] is not None:  # SCE's log_prob
             dlogp = g.dys[1]
             axis = g.const(np.array([1], np.int64), np.int64, "axes")
             total = g.op("ReduceSum", [dlogp, axis], keepdims=1)
@@ -177,20 +187,55 @@ defop("CrossEntropyGrad", infer=lambda node, ins: [TensorInfo(ins[1].dtype, ins[
       forward=_class_loss_grad_forward, internal=True)
 
 
+# CrossEntropyMetrics(x, target[, weight]) -> (loss, per-sample log-sum-exp, correct[, top-k count]):
+# CrossEntropy (same attributes) with CountCorrect's counts (attribute k for the top-k one) from the
+# same read of the scores; the gradient reuses the log-sum-exp instead of a second softmax.
+def _metrics_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
+    loss = _class_loss_infer(Node(node.op, node.inputs, node.outputs[:1], node.attrs, node.name), ins)[0]
+    counts = _count_correct_infer(Node(node.op, node.inputs[:2], node.outputs[2:], node.attrs, node.name), ins[:2])
+    x = ins[0]
+    return [loss, TensorInfo(x.dtype, (x.shape[0],) + tuple(x.shape[2:]))] + counts
+
+
+def _metrics_forward(node: Node, ins):
+    x = ins[0]
+    loss = _class_loss_forward(Node(node.op, node.inputs, node.outputs[:1], node.attrs, node.name), ins)[0]
+    if node.attr("log_input", 0):
+        lse = np.zeros((x.shape[0],) + x.shape[2:], x.dtype)
+    else:
+        m = x.max(axis=1)
+        lse = (m + np.log(np.exp(x - _class_axis(m)).sum(axis=1))).astype(x.dtype)
+    counts = _count_correct(Node(node.op, node.inputs[:2], node.outputs[2:], node.attrs, node.name), ins[:2])
+    return [loss, lse] + counts
+
+
+defop("CrossEntropyMetrics", infer=_metrics_infer, forward=_metrics_forward, internal=True, foldable=False,
+      grad=lambda g: _class_loss_grad(int(g.node.attr("log_input", 0)))(g), nondiff=[1, 2])
+
+
 # -- accuracy ---------------------------------------------------------------------------------
 def _count_correct_infer(node: Node, ins):
     out, target = ins
     if out.rank < 2 or tuple(target.shape) != (out.shape[0],) + tuple(out.shape[2:]):
         raise ShapeError(f"{node.label}: accuracy needs output (N, C, ...) and class-index targets "
                          f"(N, ...); got {tuple(out.shape)} and {tuple(target.shape)}")
-    return [TensorInfo(np.dtype(np.float32), ())]
+    if len(node.outputs) > 1 and int(node.attr("k", 0)) < 1:
+        raise ShapeError(f"{node.label}: the top-k count (second output) needs an attribute k >= 1")
+    return [TensorInfo(np.dtype(np.float32), ())] * max(1, len(node.outputs))
 
 
 def _count_correct(node: Node, ins):
+    """Samples whose highest score is the target's class; with a second output, also samples
+    whose target is among the k highest scores (CountTopK's rule: ties never depend on a sort)."""
     out, target = ins
-    return np.asarray(np.count_nonzero(np.argmax(out, axis=1) == target), np.float32)
+    correct = np.asarray(np.count_nonzero(np.argmax(out, axis=1) == target), np.float32)
+    if len(node.outputs) < 2:
+        return [correct]
+    return [correct, count_top_k(out, target, int(node.attr("k")))]
 
 
+# CountCorrect(output (N, C, ...), target (N, ...) int) -> correct [, top-k count (attribute k)]:
+# both metrics from one read of the scores, which a vocabulary-sized output makes worth it.
 defop("CountCorrect", infer=_count_correct_infer, forward=_count_correct, internal=True,
       foldable=False, nondiff=[0, 1])
 

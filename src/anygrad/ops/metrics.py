@@ -20,11 +20,14 @@ def _count_top_k_infer(node: Node, ins):
 
 
 def _count_top_k(node: Node, ins):
+    out, target = ins
+    return count_top_k(out, target, int(node.attr("k", 5)))
+
+
+def count_top_k(out: np.ndarray, target: np.ndarray, k: int) -> np.ndarray:
     """Samples whose target class is among the k highest scores. A target tied with other
     classes counts as in the top k when fewer than k classes score strictly higher (so the
     result never depends on how a sort breaks ties, which differs between devices)."""
-    out, target = ins
-    k = int(node.attr("k", 5))
     idx = np.expand_dims(np.asarray(target, np.int64), 1)
     valid = (idx >= 0) & (idx < out.shape[1])
     picked = np.take_along_axis(out, np.where(valid, idx, 0), axis=1)

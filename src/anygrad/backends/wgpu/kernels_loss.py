@@ -1,221 +1,282 @@
 """Class-index losses (CrossEntropy, NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss), their
-gradient, CountCorrect and ArgMax/ArgMin, plus the elementwise losses as table rows.
+gradient, CountCorrect (with its optional top-k output) and ArgMax/ArgMin, plus the elementwise
+losses as table rows.
 
-Per sample (class axis 1, spatial dims allowed) one invocation computes log-probabilities and
-the weighted loss term; one workgroup then sums the terms and the weights. A target outside
-[0, C) cannot raise on a GPU: it counts as ignored (the numpy backend raises DataError).
+A sample is a row along the class axis (spatial dims allowed). Its softmax statistics (online
+max and sum of exp, split across workgroups for long rows that are few: rowsplit.py), the
+argmax and the count of classes above the target's come from one read of the scores; one
+invocation per row then finishes the row (loss term, weight, log-sum-exp, hits) and the rows
+are summed per workgroup and then by one workgroup, in a fixed order. The gradient recomputes
+the per-row log-sum-exp the same way and writes every element of dx in parallel. A target
+outside [0, C) cannot raise on a GPU: it counts as ignored (the numpy backend raises DataError).
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from ...ir.graph import Graph, Node
 from ...ops.loss import _reduction
 from .kernel import AdapterCaps, Kernel, Scratch, lowering
 from .kernels_elementwise import ew
+from .rowsplit import ROWS_WG, Rows, Stats, combine_code, partial_kernel, parts, row_pass
 from .wgreduce import Part, reduce_code, shared_decl, use_subgroups
 from .wgsl import bindings, flat_id, grid, literal, shader, shape_of, vtype
 
-_SUM_WG = 256
 
-
-def _geometry(graph: Graph, x: str) -> tuple[int, int, int]:
-    """(N, C, S) of a class-score tensor (N, C, spatial...)."""
+def _rows(graph: Graph, x: str) -> Rows:
+    """Rows along the class axis of a class-score tensor (N, C, spatial...): one per sample."""
     shape = shape_of(graph, x)
-    return shape[0], shape[1], math.prod(shape[2:])
+    return Rows(shape[0] * math.prod(shape[2:]), shape[1], math.prod(shape[2:]))
 
 
-def _sample_prelude(n: int, c: int, s: int, node: Node, has_weight: bool) -> str:
-    """Defines for sample i: base (flat index of class 0), t (target), ok (not ignored), wt."""
-    ignore = node.attr("ignore_index")
-    ignored = f" && tgt[i] != {literal(ignore, 'i32')}" if ignore is not None else ""
-    w_at = "w[u32(t)]" if has_weight else "1.0"
-    return f"""  let base = (i / {s}u) * {c * s}u + i % {s}u;
-  let t = tgt[i];
+@dataclass(frozen=True)
+class ClassLoss:
+    """What a class-index loss node asks for (ops/loss.py's module docstring has the formulas)."""
+
+    log_input: bool
+    reduction: str
+    smooth: float
+    ignore_index: int | None
+    weighted: bool
+
+    @staticmethod
+    def of(node: Node, weight: str) -> ClassLoss:
+        log_input = {"NegativeLogLikelihoodLoss": True, "SoftmaxCrossEntropyLoss": False}.get(
+            node.op, bool(node.attr("log_input", 0)))
+        ignore = node.attr("ignore_index")
+        return ClassLoss(log_input, _reduction(node), float(node.attr("label_smoothing", 0.0)),
+                         None if ignore is None else int(ignore), bool(weight))
+
+    def target(self, c: int, row: str = "row") -> str:
+        """Lets of sample `row`: t (target), ok (in [0, C) and not ignored), wt (its weight, 0 if not ok)."""
+        ignored = f" && t != {literal(self.ignore_index, 'i32')}" if self.ignore_index is not None else ""
+        return f"""  let t = i32(tgt[{row}]);
   let ok = t >= 0 && t < {c}{ignored};
-  var wt = 0.0;
-  if (ok) {{ wt = {w_at}; }}"""
+  let ts = select(0u, u32(t), ok);
+  let wt = select(0.0, {"w[ts]" if self.weighted else "1.0"}, ok);"""
+
+    def w_k(self) -> str:
+        return "w[k]" if self.weighted else "1.0"
+
+    def weight_total(self, c: int) -> str:
+        """sum_c w_c: a literal, or the scalar the weight-total kernel leaves in `wtot`."""
+        return "wtot[0]" if self.weighted else literal(c, "f32")
 
 
-def _logp_fn(log_input: bool, c: int, s: int) -> str:
-    """fn logp(base, k) and the row's shift/log-sum (for softmax inputs)."""
-    if log_input:
-        return ""
-    return f"""fn row_lse(base: u32) -> f32 {{
-  var m = x[base];
-  for (var k = 1u; k < {c}u; k += 1u) {{ m = max(m, x[base + k * {s}u]); }}
-  var e = 0.0;
-  for (var k = 0u; k < {c}u; k += 1u) {{ e += exp(x[base + k * {s}u] - m); }}
-  return m + log(e);
-}}"""
+def _weight_total(w: str, c: int, out: str, sg: bool) -> Kernel:
+    """sum_c w[c] into out[0] (label smoothing with class weights needs it once, not per row)."""
+    total = Part("acc", "total")
+    body = f"""  var acc = 0.0;
+  for (var k = lid.x; k < {c}u; k += {ROWS_WG}u) {{ acc += w[k]; }}
+{reduce_code([total], ROWS_WG, sg)}
+  if (lid.x == 0u) {{ y[0] = total; }}"""
+    src = shader(bindings([("w", "f32")], [("y", "f32")]), body, wg=ROWS_WG, shared=shared_decl([total], ROWS_WG),
+                 subgroups=sg)
+    return Kernel("CrossEntropy:weight-total", src, (1, 1, 1), (w,), (out,), scratch=(Scratch(out, 1),))
 
 
-def _class_loss_attrs(node: Node) -> tuple[bool, str, float]:
-    log_input = {"NegativeLogLikelihoodLoss": True, "SoftmaxCrossEntropyLoss": False}.get(
-        node.op, bool(node.attr("log_input", 0)))
-    return log_input, _reduction(node), float(node.attr("label_smoothing", 0.0))
+def _class_inputs(graph: Graph, x: str, target: str, weight: str, wtot: str) -> list[tuple[str, str, str]]:
+    reads = [("x", "f32", x), ("tgt", vtype(graph, target), target)]
+    if weight:
+        reads.append(("w", "f32", weight))
+    if wtot:
+        reads.append(("wtot", "f32", wtot))
+    return reads
 
 
-@lowering("CrossEntropy", "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss")
+def _row_stats(name: str, cl: ClassLoss, r: Rows, reads, rec: str, counts: int,
+               sg: bool) -> tuple[list[Kernel], Stats | None]:
+    """The per-row statistics a class loss needs from one read of the scores: softmax max and
+    sum (not for NLL), sum_c w_c (x_c - x_t) with label smoothing, the argmax and the count of
+    classes above the target's for `counts` of (correct, top-k). None: nothing to read."""
+    sums = (f"{cl.w_k()} * (v - pk)",) if cl.smooth else ()
+    st = Stats(softmax=not cl.log_input, argmax=counts > 0, greater="pk" if counts > 1 else "", sums=sums)
+    if not (st.softmax or st.argmax or sums):
+        return [], None
+    prelude = cl.target(r.length) + "\n" + _picked(r)
+    return [partial_kernel(name, r, st, "x", reads, prelude, rec, sg)], st
+
+
+def _picked(r: Rows) -> str:
+    """tv (the target is a class) and pk (its score, or the row's first when it is not)."""
+    return (f"  let tv = t >= 0 && t < {r.length};\n"
+            f"  let pk = x[base + select(0u, u32(t), tv) * {r.inner}u];")
+
+
+def _lse(st: Stats | None) -> str:
+    return "r_m + log(r_s)" if st is not None and st.softmax else "0.0"
+
+
+@lowering("CrossEntropy", "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss", "CrossEntropyMetrics")
 def lower_class_loss(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    """Statistics per (row, chunk of classes), then per row the loss term and weight (and its
+    log-sum-exp when log-probabilities or the fused op's row output need it, and the hits for
+    CrossEntropyMetrics' counts), then the sums over rows."""
     x, target = node.inputs[0], node.inputs[1]
     weight = node.input(2)
     loss = node.outputs[0]
-    logp_out = node.outputs[1] if len(node.outputs) > 1 and node.outputs[1] else ""
-    log_input, reduction, smooth = _class_loss_attrs(node)
-    n, c, s = _geometry(graph, x)
-    samples = n * s
-    terms = f"ce.terms.{loss}"
-    reads = [("x", "f32"), ("tgt", "i32")] + ([("w", "f32")] if weight else [])
-    writes = [("terms", "f32")] + ([("logp", "f32")] if logp_out else [])
-    lse = "0.0" if log_input else "row_lse(base)"
-    wsum = "1.0" if not weight else "wsum_"
-    # Per-sample term: -sum_c q_c logp_c, with q from the module docstring of ops/loss.py.
-    if smooth:
-        w_c = "w[k]" if weight else "1.0"
-        term = f"""  var acc = 0.0;
-  for (var k = 0u; k < {c}u; k += 1u) {{
-    let lp = x[base + k * {s}u] - lse;
-    var q = {literal(smooth / c, 'f32')} * {w_c} * select(0.0, 1.0, ok);
-    if (ok && u32(t) == k) {{ q += {literal(1 - smooth, 'f32')} * wt; }}
-    acc -= q * lp;
-  }}"""
+    fused = node.op == "CrossEntropyMetrics"
+    outs = list(node.outputs) + ["", "", ""]
+    logp_out = "" if fused else outs[1]
+    lse_out = outs[1] if fused else (f"ce.lse.{loss}" if logp_out else "")
+    count_outs = [v for v in outs[2:4] if v] if fused else []
+    cl = ClassLoss.of(node, weight)
+    r = _rows(graph, x)
+    sg = use_subgroups(caps)
+    kernels = []
+    wtot = f"ce.wtot.{loss}" if cl.smooth and weight else ""
+    if wtot:
+        kernels.append(_weight_total(weight, r.length, wtot, sg))
+    reads = _class_inputs(graph, x, target, weight, wtot)
+    rec = f"ce.rec.{loss}"
+    k = int(node.attr("k", 0))
+    stat_kernels, st = _row_stats(node.op, cl, r, reads, rec, len(count_outs), sg)
+    kernels += stat_kernels
+    lp = f"(x[base + ts * {r.inner}u] - lse)"
+    if cl.smooth:  # -sum_c q_c logp_c, q from ops/loss.py; sum_c w_c logp_c = r_sum0 + (pk - lse) * sum_c w_c
+        okf = "select(0.0, 1.0, ok)"
+        term = (f"  s0 = -{literal(cl.smooth / r.length, 'f32')} * {okf} * (r_sum0 + (pk - lse) * "
+                f"{cl.weight_total(r.length)}) - {literal(1 - cl.smooth, 'f32')} * wt * {lp};")
     else:
-        term = f"""  var acc = 0.0;
-  if (ok) {{ acc = -wt * (x[base + u32(t) * {s}u] - lse); }}"""
-    store_logp = ""
+        term = f"  s0 = select(0.0, -wt * {lp}, ok);"  # an ignored row's -inf log-probability stays out
+    per_row = [cl.target(r.length), f"  let base = {r.base('row')};", _picked(r),
+               combine_code(r, st) if st is not None else "", f"  let lse = {_lse(st)};", term, "  s1 = wt;"]
+    if count_outs:
+        per_row.append("  s2 = select(0.0, 1.0, tv && u32(t) == r_arg);")
+    if len(count_outs) > 1:
+        per_row.append(f"  s3 = select(0.0, 1.0, tv && r_cnt < {k}u);")
+    row_reads = reads + ([("rec", "f32", rec)] if st is not None else [])
+    row_writes = []
+    if lse_out:
+        per_row.append("  lse_out[row] = lse;")
+        row_writes.append(("lse_out", "f32", lse_out))
+    scratch = (Scratch(rec, r.rows * parts(r) * st.width),) if st is not None else ()
+    scratch += (Scratch(lse_out, r.rows),) if logp_out else ()
+    scratch += (Scratch(wtot, 1),) if wtot else ()
+    final, final_writes = [], []
+    if cl.reduction == "none":
+        per_row.append("  y[row] = s0;")
+        row_writes.append(("y", "f32", loss))
+    else:
+        final.append("    y[0] = t0 / t1;" if cl.reduction == "mean" else "    y[0] = t0;")
+        final_writes.append(("y", "f32", loss))
+    for j, v in enumerate(count_outs):
+        final.append(f"    y{j}[0] = t{2 + j};")
+        final_writes.append((f"y{j}", "f32", v))
+    sums = ["s0", "s1"] + [f"s{2 + j}" for j in range(len(count_outs))] if final else []
+    kernels += row_pass(node.op, r.rows, row_reads, row_writes, "\n".join(per_row), sums, "\n".join(final), [],
+                        final_writes, scratch, sg)
     if logp_out:
-        store_logp = f"  for (var k = 0u; k < {c}u; k += 1u) {{ logp[base + k * {s}u] = x[base + k * {s}u] - lse; }}"
-    body = f"""  {flat_id()}
-  if (i >= {samples}u) {{ return; }}
-{_sample_prelude(n, c, s, node, bool(weight))}
-  let lse = {lse};
-{term}
-  terms[i] = acc;
-  terms[{samples}u + i] = wt;
-{store_logp}"""
-    del wsum
-    k1 = Kernel(f"{node.op}:terms", shader(bindings(reads, writes), body, helpers=_logp_fn(log_input, c, s)),
-                grid(samples), tuple(v for v in (x, target, weight) if v), (terms,) + ((logp_out,) if logp_out else ()),
-                scratch=(Scratch(terms, 2 * samples),))
-    if reduction == "none":
+        n = r.rows * r.length
         body = f"""  {flat_id()}
-  if (i >= {samples}u) {{ return; }}
-  y[i] = terms[i];"""
-        k2 = Kernel(f"{node.op}:copy", shader(bindings([("terms", "f32")], [("y", "f32")]), body), grid(samples),
-                    (terms,), (loss,), scratch=(Scratch(terms, 2 * samples),))
-        return [k1, k2]
-    final = "a_total / b_total" if reduction == "mean" else "a_total"
-    k2 = Kernel(f"{node.op}:sum", _pair_sum_shader(samples, final, use_subgroups(caps)), (1, 1, 1), (terms,),
-                (loss,),
-                scratch=(Scratch(terms, 2 * samples),))
-    return [k1, k2]
-
-
-def _pair_sum_shader(count: int, final: str, sg: bool) -> str:
-    """One workgroup: a = sum terms[0:count], b = sum terms[count:2count]; y[0] = final."""
-    wg = _SUM_WG
-    totals = [Part("a", "a_total"), Part("b", "b_total")]
-    body = f"""  var a = 0.0;
-  var b = 0.0;
-  for (var k = lid.x; k < {count}u; k += {wg}u) {{ a += terms[k]; b += terms[{count}u + k]; }}
-{reduce_code(totals, wg, sg)}
-  if (lid.x == 0u) {{
-    y[0] = {final};
-  }}"""
-    return shader(bindings([("terms", "f32")], [("y", "f32")]), body, wg=wg, shared=shared_decl(totals, wg),
-                  subgroups=sg)
+  if (i >= {n}u) {{ return; }}
+  y[i] = x[i] - lse[{r.row_of('i')}];"""
+        kernels.append(Kernel(f"{node.op}:logp", shader(bindings([("x", "f32"), ("lse", "f32")], [("y", "f32")]), body),
+                              grid(n), (x, lse_out), (logp_out,), scratch=scratch))
+    return kernels
 
 
 @lowering("CrossEntropyGrad")
 def lower_class_loss_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    """Per row: the log-sum-exp (split rows: from per-chunk statistics) and the weight, summed
+    for `mean`; then every element of dx at once, reading the logits one more time."""
     dy, x, target = node.inputs[:3]
     weight = node.input(3)
     dx = node.outputs[0]
-    log_input, reduction, smooth = _class_loss_attrs(node)
-    n, c, s = _geometry(graph, x)
-    samples = n * s
-    scr = f"ceg.{dx}"
+    cl = ClassLoss.of(node, weight)
+    r = _rows(graph, x)
+    sg = use_subgroups(caps)
     kernels = []
-    reads = [("dy", "f32"), ("x", "f32"), ("tgt", "i32")] + ([("w", "f32")] if weight else [])
-    inputs = (dy, x, target) + ((weight,) if weight else ())
-    if reduction == "mean":
-        # scale = dy / sum(w[t]) over samples not ignored (0 when all are ignored).
-        sg = use_subgroups(caps)
-        weights = Part("b", "total")
-        body = f"""  var b = 0.0;
-  for (var i = lid.x; i < {samples}u; i += {_SUM_WG}u) {{
-{_sample_prelude(n, c, s, node, bool(weight))}
-    b += wt;
-  }}
-{reduce_code([weights], _SUM_WG, sg)}
-  if (lid.x == 0u) {{
-    scale[0] = select(0.0, dy[0] / total, total != 0.0);
-  }}"""
-        decls = bindings(reads, [("scale", "f32")])
-        kernels.append(Kernel("CrossEntropyGrad:scale",
-                              shader(decls, body, wg=_SUM_WG, shared=shared_decl([weights], _SUM_WG),
-                                     subgroups=sg),
-                              (1, 1, 1), inputs, (scr,), scratch=(Scratch(scr, 1),)))
-        scale_expr = "scale[0]"
-        reads2 = reads + [("scale", "f32")]
-        inputs2 = inputs + (scr,)
-    else:
-        scale_expr = "dy[i]" if reduction == "none" else "dy[0]"
-        reads2, inputs2 = reads, inputs
-    w_c = "w[k]" if weight else "1.0"
-    q = f"select(0.0, {literal(1 - smooth, 'f32')} * wt, ok && u32(t) == k)"
-    if smooth:
-        q += f" + {literal(smooth / c, 'f32')} * {w_c} * select(0.0, 1.0, ok)"
-    if log_input:
+    wtot = f"ceg.wtot.{dx}" if cl.smooth and weight else ""
+    if wtot:
+        kernels.append(_weight_total(weight, r.length, wtot, sg))
+    reads = _class_inputs(graph, x, target, weight, wtot)
+    lse_in = node.input(4)  # the forward's per-row log-sum-exp (CrossEntropyMetrics): no statistics pass
+    st = Stats(softmax=True) if not cl.log_input and not lse_in else None
+    rec, lse_buf, scale_buf = f"ceg.rec.{dx}", lse_in or f"ceg.lse.{dx}", f"ceg.scale.{dx}"
+    scratch = (Scratch(wtot, 1),) if wtot else ()
+    if st is not None:
+        prelude = ""
+        kernels.append(partial_kernel("CrossEntropyGrad", r, st, "x", reads, prelude, rec, sg))
+        scratch += (Scratch(rec, r.rows * parts(r) * st.width), Scratch(lse_buf, r.rows))
+    if cl.reduction == "mean":
+        scratch += (Scratch(scale_buf, 1),)
+    if st is not None or cl.reduction == "mean":
+        per_row = [cl.target(r.length)]
+        row_writes = []
+        if st is not None:
+            per_row += [combine_code(r, st), f"  lse_out[row] = {_lse(st)};"]
+            row_writes.append(("lse_out", "f32", lse_buf))
+        sums = []
+        if cl.reduction == "mean":  # scale = dy / sum of w[t] over samples not ignored (0 if none)
+            per_row.append("  s0 = wt;")
+            sums = ["s0"]
+        final = "    scale[0] = select(0.0, dy[0] / t0, t0 != 0.0);"
+        kernels += row_pass("CrossEntropyGrad", r.rows, reads + ([("rec", "f32", rec)] if st is not None else []),
+                            row_writes, "\n".join(per_row), sums, final, [("dy", "f32", dy)],
+                            [("scale", "f32", scale_buf)], scratch, sg)
+    sc = {"mean": "scale[0]", "sum": "dy[0]", "none": "dy[row]"}[cl.reduction]
+    okf = "select(0.0, 1.0, ok)"
+    q = f"select(0.0, {literal(1 - cl.smooth, 'f32')} * wt, ok && ts == k)"
+    if cl.smooth:
+        q += f" + {literal(cl.smooth / r.length, 'f32')} * {cl.w_k()} * {okf}"
+    if cl.log_input:
         grad = f"-({q}) * sc"
-        pre = ""
     else:
-        wsum = "wsum_c" if weight else literal(c, "f32")
-        qsum = f"{literal(1 - smooth, 'f32')} * wt + {literal(smooth / c, 'f32')} * {wsum} * select(0.0, 1.0, ok)" \
-            if smooth else "wt"
-        grad = f"(exp(x[base + k * {s}u] - lse) * qsum - ({q})) * sc"
-        pre = f"  let lse = row_lse(base);\n  let qsum = {qsum};"
-        if weight and smooth:
-            pre = (f"  var wsum_c = 0.0;\n  for (var k = 0u; k < {c}u; k += 1u) {{ wsum_c += w[k]; }}\n" + pre)
+        qsum = (f"{literal(1 - cl.smooth, 'f32')} * wt + {literal(cl.smooth / r.length, 'f32')} * "
+                f"{cl.weight_total(r.length)} * {okf}") if cl.smooth else "wt"
+        grad = f"(exp(x[e] - lse[row]) * ({qsum}) - ({q})) * sc"
+    n = r.rows * r.length
     body = f"""  {flat_id()}
-  if (i >= {samples}u) {{ return; }}
-{_sample_prelude(n, c, s, node, bool(weight))}
-  let sc = {scale_expr};
-{pre}
-  for (var k = 0u; k < {c}u; k += 1u) {{ dx[base + k * {s}u] = {grad}; }}"""
-    kernels.append(Kernel("CrossEntropyGrad:dx",
-                          shader(bindings(reads2, [("dx", "f32")]), body, helpers=_logp_fn(log_input, c, s)),
-                          grid(samples), inputs2, (dx,), scratch=(Scratch(scr, 1),) if reduction == "mean" else ()))
+  let e = i;
+  if (e >= {n}u) {{ return; }}
+  let row = {r.row_of('e')};
+  let k = {r.index_of('e')};
+{cl.target(r.length)}
+  let sc = {sc};
+  dx[e] = {grad};"""
+    dreads = reads + [("dy", "f32", dy)]
+    if not cl.log_input:
+        dreads.append(("lse", "f32", lse_buf))
+    if cl.reduction == "mean":
+        dreads.append(("scale", "f32", scale_buf))
+    decls = bindings([(v, ty) for v, ty, _ in dreads], [("dx", "f32")])
+    # Each invocation reads the logits only at the element it writes: dx may take their storage
+    # once a planner lets temporaries share (they are dead after this kernel in a training step).
+    kernels.append(Kernel("CrossEntropyGrad:dx", shader(decls, body), grid(n), tuple(v for _, _, v in dreads), (dx,),
+                          scratch=scratch, inplace=(x,)))
     return kernels
 
 
 @lowering("CountCorrect")
 def lower_count_correct(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    """Per (row, chunk of classes) the first index of the max (and, for the top-k output, how
+    many classes score above the target's), then per row the hits, summed over rows."""
     out, target = node.inputs[:2]
-    n, c, s = _geometry(graph, out)
-    samples = n * s
-    wg = _SUM_WG
-    tty = vtype(graph, target)
+    r = _rows(graph, out)
     sg = use_subgroups(caps)
-    count = Part("hits", "total", init="0u", ty="u32")
-    body = f"""  var hits = 0u;
-  for (var i = lid.x; i < {samples}u; i += {wg}u) {{
-    let base = (i / {s}u) * {c * s}u + i % {s}u;
-    var best = x[base];
-    var arg = 0u;
-    for (var k = 1u; k < {c}u; k += 1u) {{
-      let v = x[base + k * {s}u];
-      if (v > best) {{ best = v; arg = k; }}
-    }}
-    if ({tty}(arg) == tgt[i]) {{ hits += 1u; }}
-  }}
-{reduce_code([count], wg, sg)}
-  if (lid.x == 0u) {{ y[0] = f32(total); }}"""
-    decls = bindings([("x", "f32"), ("tgt", tty)], [("y", "f32")])
-    src = shader(decls, body, wg=wg, shared=shared_decl([count], wg), subgroups=sg)
-    return [Kernel("CountCorrect", src,
-                   (1, 1, 1), (out, target), (node.outputs[0],))]
+    top_k = len(node.outputs) > 1 and bool(node.outputs[1])
+    tty = vtype(graph, target)
+    reads = [("x", "f32", out), ("tgt", tty, target)]
+    st = Stats(argmax=True, greater="pk" if top_k else "")
+    prelude = (f"""  let t = i32(tgt[row]);
+  let ok = t >= 0 && t < {r.length};
+  let pk = x[base + select(0u, u32(t), ok) * {r.inner}u];""")
+    rec = f"cc.rec.{node.outputs[0]}"
+    kernels = [partial_kernel("CountCorrect", r, st, "x", reads, prelude, rec, sg)]
+    per_row = [f"  let base = {r.base('row')};", combine_code(r, st), "  let t = i32(tgt[row]);",
+               "  s0 = select(0.0, 1.0, t >= 0 && u32(t) == r_arg);"]
+    writes = [("y", "f32", node.outputs[0])]
+    final = "    y[0] = t0;"
+    if top_k:
+        per_row.append(f"  s1 = select(0.0, 1.0, t >= 0 && t < {r.length} && r_cnt < {int(node.attr('k', 5))}u);")
+        writes.append(("yk", "f32", node.outputs[1]))
+        final += " yk[0] = t1;"
+    kernels += row_pass("CountCorrect", r.rows, reads + [("rec", "f32", rec)], [], "\n".join(per_row),
+                        ["s0", "s1"] if top_k else ["s0"], final, [], writes,
+                        (Scratch(rec, r.rows * parts(r) * st.width),), sg)
+    return kernels
 
 
 @lowering("ArgMax", "ArgMin")

@@ -14,8 +14,10 @@ from ... import rng
 from ...ir.graph import Graph, Node
 from ...ops._util import norm_axis
 from ...ops.nn import dropout_ratio, dropout_scale
+from . import rowsplit
 from .kernel import AdapterCaps, Kernel, Scratch, lowering
 from .kernels_elementwise import Emit, Val, ew
+from .rowsplit import Rows, Stats
 from .wgreduce import Part, reduce_code, shared_decl, use_subgroups
 from .wgsl import bindings, flat_id, grid, group_id, groups_grid, literal, shader, shape_of
 
@@ -27,78 +29,66 @@ def rows(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
     return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
 
 
-_ROW_HEAD = """  {flat_id}
-  if (i >= {n_rows}u) {{ return; }}
-  let base = (i / {inner}u) * {a}u * {inner}u + i % {inner}u;"""
-
-# body per op: `at(k)` is the flat index of element k of the row.
-_ROW_BODY = {
-    "Softmax": """  var m = x0[at(0u)];
-  for (var k = 1u; k < {a}u; k += 1u) {{ m = max(m, x0[at(k)]); }}
-  var s = 0.0;
-  for (var k = 0u; k < {a}u; k += 1u) {{ s += exp(x0[at(k)] - m); }}
-  for (var k = 0u; k < {a}u; k += 1u) {{ y0[at(k)] = exp(x0[at(k)] - m) / s; }}""",
-    "LogSoftmax": """  var m = x0[at(0u)];
-  for (var k = 1u; k < {a}u; k += 1u) {{ m = max(m, x0[at(k)]); }}
-  var s = 0.0;
-  for (var k = 0u; k < {a}u; k += 1u) {{ s += exp(x0[at(k)] - m); }}
-  let ls = log(s);
-  for (var k = 0u; k < {a}u; k += 1u) {{ y0[at(k)] = (x0[at(k)] - m) - ls; }}""",
-    "SoftmaxGrad": """  var s = 0.0;
-  for (var k = 0u; k < {a}u; k += 1u) {{ s += x0[at(k)] * x1[at(k)]; }}
-  for (var k = 0u; k < {a}u; k += 1u) {{ y0[at(k)] = x1[at(k)] * (x0[at(k)] - s); }}""",
-    "LogSoftmaxGrad": """  var s = 0.0;
-  for (var k = 0u; k < {a}u; k += 1u) {{ s += x0[at(k)]; }}
-  for (var k = 0u; k < {a}u; k += 1u) {{ y0[at(k)] = x0[at(k)] - exp(x1[at(k)]) * s; }}""",
+# Per op: the statistics of a row (rowsplit.py: v is x0's element, e its flat index) and the
+# store of each element from them. x0 is the input (the forward ops) or dy (the gradients, x1 is
+# the forward's output).
+_ROWWISE = {
+    "Softmax": (Stats(softmax=True), "exp(x0[e] - r_m) / r_s"),
+    "LogSoftmax": (Stats(softmax=True), "(x0[e] - r_m) - log(r_s)"),
+    "SoftmaxGrad": (Stats(sums=("v * x1[e]",)), "x1[e] * (x0[e] - r_sum0)"),
+    "LogSoftmaxGrad": (Stats(sums=("v",)), "x0[e] - exp(x1[e]) * r_sum0"),
 }
 
 
-# Long rows: one workgroup per row, strided loops and workgroup combines (wgreduce.py).
-_ROW_WG = 256
-_WG_PASSES = {
-    # op: [(accumulate expr, init, combine "{a} op {b}")...], final store expr ({r0}, {r1}: the totals)
-    "Softmax": ([("x0[at(k)]", "-3.4e38", "max({a}, {b})"), ("exp(x0[at(k)] - r0)", "0.0", "{a} + {b}")],
-                "exp(x0[at(k)] - r0) / r1"),
-    "LogSoftmax": ([("x0[at(k)]", "-3.4e38", "max({a}, {b})"), ("exp(x0[at(k)] - r0)", "0.0", "{a} + {b}")],
-                   "(x0[at(k)] - r0) - log(r1)"),
-    "SoftmaxGrad": ([("x0[at(k)] * x1[at(k)]", "0.0", "{a} + {b}")], "x1[at(k)] * (x0[at(k)] - r0)"),
-    "LogSoftmaxGrad": ([("x0[at(k)]", "0.0", "{a} + {b}")], "x0[at(k)] - exp(x1[at(k)]) * r0"),
-}
-
-
-def _row_workgroup_body(op: str, a: int, inner: int, n_rows: int, sg: bool) -> tuple[str, str]:
-    """(body, workgroup declarations): the passes one after another, reusing one f32 array."""
-    passes, store = _WG_PASSES[op]
-    wg = _ROW_WG
-    lines = [f"  {group_id()}", f"  if (g >= {n_rows}u) {{ return; }}",
-             f"  base_ = (g / {inner}u) * {a * inner}u + g % {inner}u;"]
-    parts = [Part(f"acc{j}", f"r{j}", comb, init) for j, (_, init, comb) in enumerate(passes)]
-    for j, ((expr, init, comb), part) in enumerate(zip(passes, parts)):
-        lines += [f"  var acc{j} = {init};",
-                  f"  for (var k = lid.x; k < {a}u; k += {wg}u) {{ acc{j} = {comb.format(a=f'acc{j}', b=expr)}; }}",
-                  reduce_code([part], wg, sg)]
-    lines.append(f"  for (var k = lid.x; k < {a}u; k += {wg}u) {{ y0[at(k)] = {store}; }}")
-    return "\n".join(lines), shared_decl(parts[:1], wg)
-
-
-@lowering(*_ROW_BODY)
+@lowering(*_ROWWISE)
 def lower_softmax(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    """One read of a row for its statistics (online max and sum of exp for the forward ops, one
+    sum for the gradients), then the row's elements written. A row a workgroup (or, when short,
+    an invocation) takes whole is one kernel; long rows that are few are split across
+    workgroups: partial statistics, a per-row combine, then every element at once."""
     shape = shape_of(graph, node.inputs[0])
     axis = norm_axis(int(node.attr("axis", -1)), len(shape))
     outer, a, inner = rows(shape, axis)
-    n_rows = outer * inner
-    ins = list(node.inputs[:2] if node.op.endswith("Grad") else node.inputs[:1])
-    decls = bindings([(f"x{k}", "f32") for k in range(len(ins))], [("y0", "f32")])
-    helper = f"var<private> base_: u32;\nfn at(k: u32) -> u32 {{ return base_ + k * {inner}u; }}"
-    if a >= 512 and n_rows < 65535 * 64:
-        sg = use_subgroups(caps)
-        body, shared = _row_workgroup_body(node.op, a, inner, n_rows, sg)
-        src = shader(decls, body, wg=_ROW_WG, helpers=helper, shared=shared, subgroups=sg)
-        return [Kernel(f"{node.op}:row-wg", src, groups_grid(n_rows), tuple(ins), (node.outputs[0],))]
-    body = _ROW_HEAD.format(flat_id=flat_id(), n_rows=n_rows, inner=inner, a=a) + "\n  base_ = base;\n"
-    body += _ROW_BODY[node.op].format(a=a)
-    return [Kernel(f"{node.op}:row", shader(decls, body, helpers=helper), grid(n_rows), tuple(ins),
-                   (node.outputs[0],))]
+    r = Rows(outer * inner, a, inner)
+    st, store = _ROWWISE[node.op]
+    ins = tuple(node.inputs[:2] if node.op.endswith("Grad") else node.inputs[:1])
+    reads = [(f"x{k}", "f32", v) for k, v in enumerate(ins)]
+    sg = use_subgroups(caps)
+    p = rowsplit.parts(r)
+    if p == 1:
+        n_lanes = rowsplit.lanes(r, 1)
+        code, shared = rowsplit.stats_code(r, st, "x0", n_lanes, "0u", f"{a}u", sg)
+        if n_lanes == 1:
+            head = [f"  {flat_id(64)}", f"  if (i >= {r.rows}u) {{ return; }}", "  let row = i;"]
+            start, step = "0u", "1u"
+        else:
+            head = [f"  {group_id()}", f"  if (g >= {r.rows}u) {{ return; }}", "  let row = g;"]
+            start, step = "lid.x", f"{n_lanes}u"
+        write = f"  for (var k = {start}; k < {a}u; k += {step}) {{ let e = base + k * {inner}u; y0[e] = {store}; }}"
+        body = "\n".join(head + [f"  let base = {r.base('row')};", code, write])
+        decls = bindings([(v, ty) for v, ty, _ in reads], [("y0", "f32")])
+        src = shader(decls, body, wg=64 if n_lanes == 1 else n_lanes, shared=shared, subgroups=sg and n_lanes > 1)
+        dims = grid(r.rows, 64) if n_lanes == 1 else groups_grid(r.rows)
+        return [Kernel(f"{node.op}:{'row' if n_lanes == 1 else 'row-wg'}", src, dims, ins, (node.outputs[0],))]
+    y = node.outputs[0]
+    rec, stats = f"rows.rec.{y}", f"rows.stats.{y}"
+    scratch = (Scratch(rec, r.rows * p * st.width), Scratch(stats, 3 * r.rows))
+    kernels = [rowsplit.partial_kernel(node.op, r, st, "x0", reads, "", rec, sg)]
+    keep = "  st[3u * row] = r_m; st[3u * row + 1u] = r_s;" + (" st[3u * row + 2u] = r_sum0;" if st.sums else "")
+    kernels += rowsplit.row_pass(node.op, r.rows, [("rec", "f32", rec)], [("st", "f32", stats)],
+                                 rowsplit.combine_code(r, st) + "\n" + keep, [], "", [], [], scratch, sg)
+    n = r.rows * a
+    body = f"""  {flat_id()}
+  let e = i;
+  if (e >= {n}u) {{ return; }}
+  let row = {r.row_of('e')};
+  let r_m = st[3u * row];
+  let r_s = st[3u * row + 1u];
+  {"let r_sum0 = st[3u * row + 2u];" if st.sums else ""}
+  y0[e] = {store};"""
+    decls = bindings([(v, ty) for v, ty, _ in reads] + [("st", "f32")], [("y0", "f32")])
+    kernels.append(Kernel(f"{node.op}:write", shader(decls, body), grid(n), ins + (stats,), (y,), scratch=scratch))
+    return kernels
 
 
 # -- BatchNormalization ----------------------------------------------------------------------------

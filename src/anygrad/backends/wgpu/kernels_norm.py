@@ -2,12 +2,12 @@
 their backward ops LayerNormGrad / GroupNormGrad (formulas: anygrad/ops/norm.py).
 
 All of them standardise contiguous rows: LayerNorm's rows are x.shape[:axis] x (the rest),
-GroupNorm's are (N x groups) x (channels of the group x spatial). One kernel per row computes
-the statistics in passes (mean, then the variance of the centred values, so no cancellation)
-and writes every element of the row: a workgroup per row with workgroup sums (wgreduce.py) for
-long rows, one invocation per row with serial loops for short ones. Parameter gradients (sums
-over rows, per scale/bias entry) are a second kernel reading the per-row statistics the first
-one left in a scratch buffer.
+GroupNorm's are (N x groups) x (channels of the group x spatial). One kernel per row reads the
+row once for every sum it needs (shifted by the row's first element, so the variance keeps its
+precision; the gradient's four sums together) and then writes every element of the row: a
+workgroup per row with one workgroup combine (wgreduce.py) for long rows, one invocation per row
+with serial loops for short ones. Parameter gradients (sums over rows, per scale/bias entry) are
+a second kernel reading the per-row statistics the first one left in a scratch buffer.
 """
 from __future__ import annotations
 
@@ -33,38 +33,35 @@ class RowSpec:
     param: str
 
 
-def _row_kernel(name: str, spec: RowSpec, passes: list[tuple[str, str, str]], store: str,
+def _row_kernel(name: str, spec: RowSpec, sums: list[tuple[str, str]], post: str, store: str,
                 reads: list[tuple[str, str]], writes: list[tuple[str, str]], scratch=(),
                 sg: bool = False) -> Kernel:
-    """passes: (let-name, WGSL term in `e`, `p`, `k` and earlier lets, statement after) ->
-    `let name = mean of the term over the row`; store: statements per element (e, p, k) after
-    every pass; reads/writes: (var, value) bindings (all f32); sg: subgroup ops (wgreduce.py)."""
+    """sums: (name, WGSL term in `e`, `p`, `k` and K, the row's first element) -> `let name` =
+    the term summed over the row, all in one read of the row (one workgroup combine for all);
+    post: statements after the sums; store: statements per element (e, p, k) after post;
+    reads/writes: (var, value) bindings (all f32); sg: subgroup ops (wgreduce.py)."""
     d, rows = spec.d, spec.rows
-    fd = literal(d, "f32")
     elem = f"let e = row * {d}u + k; let p = {spec.param};"
-    serial = d <= SERIAL_MAX or rows >= 8192
+    serial = d <= SERIAL_MAX  # else a workgroup per row, however many rows: coalesced reads
     wg = 256 if d >= 2048 else 64
-    lines = []
     if serial:
-        lines += [f"  {flat_id(64)}", f"  if (i >= {rows}u) {{ return; }}", "  let row = i;"]
+        lines = [f"  {flat_id(64)}", f"  if (i >= {rows}u) {{ return; }}", "  let row = i;"]
+        start, step = "0u", "1u"
     else:
-        lines += [f"  {group_id()}", f"  if (g >= {rows}u) {{ return; }}", "  let row = g;"]
-    for j, (let, term, post) in enumerate(passes):
-        if serial:
-            lines += ["  var acc = 0.0;" if j == 0 else "  acc = 0.0;",
-                      f"  for (var k = 0u; k < {d}u; k += 1u) {{ {elem} acc += {term}; }}",
-                      f"  let {let} = acc / {fd};"]
-        else:
-            lines += ["  var acc = 0.0;" if j == 0 else "  acc = 0.0;",
-                      f"  for (var k = lid.x; k < {d}u; k += {wg}u) {{ {elem} acc += {term}; }}",
-                      reduce_code([Part("acc", f"{let}_sum")], wg, sg),
-                      f"  let {let} = {let}_sum / {fd};"]
-        if post:
-            lines.append(f"  {post}")
-    start, step = ("0u", "1u") if serial else ("lid.x", f"{wg}u")
-    lines.append(f"  for (var k = {start}; k < {d}u; k += {step}) {{ {elem} {store} }}")
+        lines = [f"  {group_id()}", f"  if (g >= {rows}u) {{ return; }}", "  let row = g;"]
+        start, step = "lid.x", f"{wg}u"
+    lines.append(f"  let K = X[row * {d}u];")
+    lines += [f"  var a_{n} = 0.0;" for n, _ in sums]
+    acc = " ".join(f"a_{n} += {term};" for n, term in sums)
+    lines.append(f"  for (var k = {start}; k < {d}u; k += {step}) {{ {elem} {acc} }}")
+    parts = [Part(f"a_{n}", n) for n, _ in sums]
+    if serial:
+        lines += [f"  let {n} = a_{n};" for n, _ in sums]
+    else:
+        lines.append(reduce_code(parts, wg, sg))
+    lines += [post, f"  for (var k = {start}; k < {d}u; k += {step}) {{ {elem} {store} }}"]
     decls = bindings([(v, "f32") for v, _ in reads], [(v, "f32") for v, _ in writes])
-    shared = "" if serial else shared_decl([Part("acc", "total")], wg)
+    shared = "" if serial else shared_decl(parts, wg)
     src = shader(decls, "\n".join(lines), wg=64 if serial else wg, shared=shared, subgroups=sg and not serial)
     return Kernel(f"{name}:{'row' if serial else 'row-wg'}", src, grid(rows, 64) if serial else groups_grid(rows),
                   tuple(val for _, val in reads), tuple(val for _, val in writes), scratch=tuple(scratch))
@@ -96,9 +93,63 @@ def _param_sum(name: str, n_out: int, count: int, prelude: str, term: str, reads
     return Kernel(f"{name}:wg", src, groups_grid(n_out), tuple(v for _, v in reads), (out,), scratch=tuple(scratch))
 
 
-def _stat_passes(eps: str) -> list[tuple[str, str, str]]:
-    """mean, then the variance of the centred values (no cancellation), then 1/std as `inv`."""
-    return [("mean", "X[e]", ""), ("var_", "(X[e] - mean) * (X[e] - mean)", f"let inv = 1.0 / sqrt(var_ + {eps});")]
+COL_TILE = 64       # parameter entries per workgroup, consecutive in memory (LayerNorm's rows)
+COL_LANES = 4       # rows a workgroup sums side by side for each entry
+COL_GROUPS = 1024   # slice the rows until about this many workgroups run
+COL_MIN_SLICE = 64  # ... but never into slices shorter than this
+
+
+def _column_sum(name: str, n_out: int, count: int, prelude: str, term: str, reads: list[tuple[str, str]],
+                out: str, scratch=()) -> list[Kernel]:
+    """out[o] = sum over q < count of `term`, when entry o of row q sits next to entry o + 1
+    (LayerNorm's dscale / dbias): 64 neighbouring entries per workgroup, so its reads coalesce,
+    rows sliced over workgroups; the slices' sums are added in order by a second kernel."""
+    tiles = -(-n_out // COL_TILE)
+    slices = max(1, min(-(-COL_GROUPS // tiles), -(-count // COL_MIN_SLICE)))
+    per = -(-count // slices)
+    slices = -(-count // per)
+    part = f"{out}.slices"
+    sc = tuple(scratch) + ((Scratch(part, slices * n_out),) if slices > 1 else ())
+    lanes = " + ".join(f"sh[lid.x + {k * COL_TILE}u]" for k in range(COL_LANES))
+    dest = "y[o]" if slices == 1 else f"part[slice * {n_out}u + o]"
+    body = f"""  {group_id()}
+  if (g >= {tiles * slices}u) {{ return; }}
+  let slice = g / {tiles}u;
+  let o = (g % {tiles}u) * {COL_TILE}u + lid.x % {COL_TILE}u;
+  let lo = slice * {per}u;
+  let hi = min(lo + {per}u, {count}u);
+  var acc = 0.0;
+  if (o < {n_out}u) {{
+    for (var q = lo + lid.x / {COL_TILE}u; q < hi; q += {COL_LANES}u) {{ {prelude} acc += {term}; }}
+  }}
+  sh[lid.x] = acc;
+  workgroupBarrier();
+  if (lid.x < {COL_TILE}u && o < {n_out}u) {{ {dest} = {lanes}; }}"""
+    decls = bindings([(v, "f32") for v, _ in reads], [("part" if slices > 1 else "y", "f32")])
+    src = shader(decls, body, wg=COL_TILE * COL_LANES, shared=f"var<workgroup> sh: array<f32, {COL_TILE * COL_LANES}>;")
+    first = Kernel(f"{name}:cols", src, groups_grid(tiles * slices), tuple(v for _, v in reads),
+                   (part if slices > 1 else out,), scratch=sc)
+    if slices == 1:
+        return [first]
+    body2 = f"""  {flat_id()}
+  if (i >= {n_out}u) {{ return; }}
+  var acc = 0.0;
+  for (var k = 0u; k < {slices}u; k += 1u) {{ acc += part[k * {n_out}u + i]; }}
+  y[i] = acc;"""
+    second = Kernel(f"{name}:cols-sum", shader(bindings([("part", "f32")], [("y", "f32")]), body2), grid(n_out),
+                    (part,), (out,), scratch=sc)
+    return [first, second]
+
+
+_STAT_SUMS = [("s1", "X[e] - K"), ("s2", "(X[e] - K) * (X[e] - K)")]
+
+
+def _stat_post(d: int, eps: str) -> str:
+    """mean and 1/std (`inv`) from sums shifted by the row's first element K, which keeps the
+    variance's precision when the mean is far from zero (as BatchNorm's statistics do)."""
+    fd = literal(d, "f32")
+    return (f"  let m1 = s1 / {fd};\n  let mean = K + m1;\n"
+            f"  let inv = 1.0 / sqrt(max(s2 / {fd} - m1 * m1, 0.0) + {eps});")
 
 
 # -- LayerNormalization -----------------------------------------------------------------------
@@ -126,7 +177,8 @@ def lower_layer_norm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel
     if outs[1]:
         writes.append(("IS", outs[1]))
         store += " if (k == 0u) { IS[row] = inv; }"
-    return [_row_kernel("LayerNorm", spec, _stat_passes(eps), store, reads, writes, sg=use_subgroups(caps))]
+    return [_row_kernel("LayerNorm", spec, _STAT_SUMS, _stat_post(spec.d, eps), store, reads, writes,
+                        sg=use_subgroups(caps))]
 
 
 @lowering("LayerNormGrad")
@@ -139,30 +191,36 @@ def lower_layer_norm_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[K
         # (output, entries, count, prelude giving e and row from o, q)
         (dscale, "dy_xhat", spec.d, spec.rows, f"let row = q; let e = q * {spec.d}u + o;"),
         (dbias, "dy", spec.d, spec.rows, f"let row = q; let e = q * {spec.d}u + o;"),
-    ], use_subgroups(caps))
+    ], use_subgroups(caps), columns=True)
 
 
 def _norm_grad(name: str, spec: RowSpec, eps: str, dy: str, x: str, scale: str, dx: str, sums: list,
-               sg: bool) -> list[Kernel]:
-    """dx by rows (keeping mean and 1/std per row in a scratch), then each parameter gradient."""
+               sg: bool, columns: bool = False) -> list[Kernel]:
+    """dx by rows (keeping mean and 1/std per row in a scratch), then each parameter gradient
+    (columns: entries are neighbours in memory, summed by _column_sum)."""
     st = f"normgrad.{dx or sums[0][0]}"
     sc = (Scratch(st, 2 * spec.rows),)
-    passes = _stat_passes(eps) + [("mg", "DY[e] * SC[p]", ""),
-                                  ("mgx", "DY[e] * SC[p] * (X[e] - mean) * inv", "")]
+    row_sums = _STAT_SUMS + [("s3", "DY[e] * SC[p]"), ("s4", "DY[e] * SC[p] * (X[e] - K)")]
+    fd = literal(spec.d, "f32")
+    # mg = mean(dy * scale), mgx = mean(dy * scale * xhat) = inv * (s4 - (mean - K) * s3) / d
+    post = _stat_post(spec.d, eps) + f"\n  let mg = s3 / {fd};\n  let mgx = inv * (s4 - m1 * s3) / {fd};"
     store = "if (k == 0u) { ST[2u * row] = mean; ST[2u * row + 1u] = inv; }"
     writes = [("ST", st)]
     if dx:
         store += " DX[e] = inv * (DY[e] * SC[p] - mg - (X[e] - mean) * inv * mgx);"
         writes.append(("DX", dx))
-    kernels = [_row_kernel(name, spec, passes, store, [("DY", dy), ("X", x), ("SC", scale)], writes,
+    kernels = [_row_kernel(name, spec, row_sums, post, store, [("DY", dy), ("X", x), ("SC", scale)], writes,
                            scratch=sc, sg=sg)]
     for out, what, n_out, count, prelude in sums:
         if not out:
             continue
         term = "DY[e] * (X[e] - ST[2u * row]) * ST[2u * row + 1u]" if what == "dy_xhat" else "DY[e]"
         reads = [("DY", dy), ("X", x), ("ST", st)] if what == "dy_xhat" else [("DY", dy)]
-        kernels.append(_param_sum(f"{name}:{what}", n_out, count, prelude, term, reads, out,
-                                  scratch=sc if what == "dy_xhat" else (), sg=sg))
+        own = sc if what == "dy_xhat" else ()
+        if columns:
+            kernels += _column_sum(f"{name}:{what}", n_out, count, prelude, term, reads, out, scratch=own)
+        else:
+            kernels.append(_param_sum(f"{name}:{what}", n_out, count, prelude, term, reads, out, scratch=own, sg=sg))
     return kernels
 
 
@@ -190,7 +248,7 @@ def lower_group_norm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel
     spec = _gn_spec(n, c, s, groups, shape_of(graph, scale)[0])
     bspec = _gn_spec(n, c, s, groups, shape_of(graph, bias)[0])
     store = f"let pb = {bspec.param}; Y[e] = (X[e] - mean) * inv * SC[p] + B[pb];"
-    return [_row_kernel(node.op, spec, _stat_passes(eps), store, [("X", x), ("SC", scale), ("B", bias)],
+    return [_row_kernel(node.op, spec, _STAT_SUMS, _stat_post(spec.d, eps), store, [("X", x), ("SC", scale), ("B", bias)],
                         [("Y", node.outputs[0])], sg=use_subgroups(caps))]
 
 
