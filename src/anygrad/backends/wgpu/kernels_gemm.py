@@ -27,8 +27,13 @@ import numpy as np
 from ...errors import ShapeError
 from ...ir.graph import Graph, Node
 from .kernel import AdapterCaps, Kernel, Scratch, lowering
+from .kernels_elementwise import EW, Emit, Val
 
 EPILOGUES = {None: "y", "relu": "max(y, 0.0)"}
+# Activations a MatMul/Gemm applies in its epilogue (attrs `_epilogue` = the op, `_epilogue_attrs`),
+# evaluated by the op's elementwise table row; Relu keeps the short `"relu"` key the convs share.
+EPILOGUE_ACTIVATIONS = frozenset({"Gelu", "Sigmoid", "Tanh", "LeakyRelu", "Elu", "Selu", "Celu", "Softplus",
+                                  "Softsign", "HardSigmoid", "HardSwish", "Mish"})
 
 
 # -- WGSL literal helpers -------------------------------------------------------------------------
@@ -84,7 +89,8 @@ class Output:
     contig: bool = False     # c..c+3 consecutive for c % 4 == 0 (requires N % 4 == 0)
     alpha: float = 1.0
     bias: str = ""           # WGSL f32 expression of (bt, r, c) added after alpha
-    epilogue: str | None = None
+    epilogue: str | None = None   # a key of EPILOGUES, or an op of EPILOGUE_ACTIVATIONS
+    epilogue_attrs: tuple = ()    # that op's attributes, as sorted (name, value) pairs
 
 
 @dataclass(frozen=True)
@@ -221,11 +227,22 @@ def _loader(fn: str, op: Operand, vec4: bool) -> str:
     return "\n".join(out)
 
 
+def _activation(out: Output) -> tuple[str, str, str]:
+    """(helper functions, statements, result expression) applying out.epilogue to `y`."""
+    if out.epilogue in EPILOGUES:
+        return "", "", EPILOGUES[out.epilogue]
+    c = Emit()
+    node = Node(out.epilogue, ["y"], ["z"], dict(out.epilogue_attrs))
+    (v,) = EW[out.epilogue].emit(c, node, [Val("y", "f32")], ["f32"])
+    return "\n".join(c.helpers.values()), "\n".join(c.lines) + "\n", v.expr
+
+
 def _epi_fn(out: Output, with_bias: bool) -> str:
     bias = f"  y = y + {out.bias};\n" if (with_bias and out.bias) else ""
     alpha = f" * {f(out.alpha)}" if out.alpha != 1.0 else ""
-    return (f"fn epi(bt: u32, r: u32, c: u32, v: f32) -> f32 {{\n  var y = v{alpha};\n{bias}"
-            f"  return {EPILOGUES[out.epilogue]};\n}}")
+    helpers, lines, result = _activation(out)
+    return (f"{helpers}\nfn epi(bt: u32, r: u32, c: u32, v: f32) -> f32 {{\n  var y = v{alpha};\n{bias}"
+            f"{lines}  return {result};\n}}")
 
 
 def _store_fn(out: Output, M: int, N: int) -> str:
@@ -648,27 +665,47 @@ def _batch_offset(out_batch: tuple[int, ...], own: tuple[int, ...], mat: int) ->
     return " + ".join(terms) if terms else "0u"
 
 
+def epilogue_of(node: Node) -> dict:
+    """The Output fields of a node's fused activation (attrs set by fusion.fuse_epilogues)."""
+    return {"epilogue": node.attr("_epilogue"),
+            "epilogue_attrs": tuple(sorted((node.attr("_epilogue_attrs") or {}).items()))}
+
+
+def _stored(M: int, K: int, off: str, trans: bool) -> Operand:
+    """A logical M x K operand stored as M x K, or (trans) as K x M, read transposed in the loads."""
+    if trans:
+        return Operand("", M, K, f"{off} + c * {u(M)} + r", contig=0)
+    return Operand("", M, K, f"{off} + r * {u(K)} + c", contig=1)
+
+
 @lowering("MatMul")
 def lower_matmul(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    """Batched, broadcasting MatMul. Attrs `_transA` / `_transB` (set by fusion.fold_transposes)
+    say an operand is stored with its last two axes swapped: the loads read it transposed.
+    An optional third input (fusion.fuse_epilogues) is a bias along the output's last axis."""
     sa = static_shape(graph, node.inputs[0], node)
     sb = static_shape(graph, node.inputs[1], node)
+    ta, tb = bool(node.attr("_transA", 0)), bool(node.attr("_transB", 0))
     a2 = (1,) + sa if len(sa) == 1 else sa
     b2 = sb + (1,) if len(sb) == 1 else sb
-    M, K, N = a2[-2], a2[-1], b2[-1]
+    M, K = (a2[-1], a2[-2]) if ta else (a2[-2], a2[-1])
+    N = b2[-2] if tb else b2[-1]
     ba, bb = a2[:-2], b2[:-2]
     out_batch = tuple(np.broadcast_shapes(ba, bb))
-    if int(np.prod(bb, dtype=np.int64)) == 1:
+    if int(np.prod(bb, dtype=np.int64)) == 1 and not ta:
         # B is one matrix: A's batch folds into M (rows are contiguous) -> one big GEMM
         M, out_batch, ba = M * int(np.prod(ba, dtype=np.int64)), (), ()
     batch = int(np.prod(out_batch, dtype=np.int64))
-    off_a = _batch_offset(out_batch, ba, M * K)
-    off_b = _batch_offset(out_batch, bb, K * N)
-    a = Operand("A", M, K, f"{off_a} + r * {u(K)} + c", contig=1)
-    b = Operand("B", K, N, f"{off_b} + r * {u(N)} + c", contig=1)
-    out = Output("Y", f"bt * {u(M * N)} + r * {u(N)} + c", contig=N % 4 == 0,
-                 epilogue=node.attr("_epilogue"))
-    spec = GemmSpec("MatMul", M, N, K, batch, a, b, out,
-                    (Binding(node.inputs[0], "A"), Binding(node.inputs[1], "B")), Binding(node.outputs[0], "Y"))
+    a = replace(_stored(M, K, _batch_offset(out_batch, ba, M * K), ta), var="A")
+    b = replace(_stored(K, N, _batch_offset(out_batch, bb, K * N), tb), var="B")
+    reads = [Binding(node.inputs[0], "A"), Binding(node.inputs[1], "B")]
+    bias = ""
+    if node.input(2):
+        sc = static_shape(graph, node.inputs[2], node)
+        bias = f"Cb[c * {u(1 if sc and sc[-1] != 1 else 0)}]"
+        reads.append(Binding(node.inputs[2], "Cb"))
+    out = Output("Y", f"bt * {u(M * N)} + r * {u(N)} + c", contig=N % 4 == 0, bias=bias, **epilogue_of(node))
+    spec = GemmSpec("MatMul", M, N, K, batch, a, b, out, tuple(reads), Binding(node.outputs[0], "Y"))
     return gemm_kernels(spec, caps, **variant_of(node))
 
 
@@ -694,6 +731,6 @@ def lower_gemm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
         bias = f"Cb[r * {u(sr)} + c * {u(scc)}]" + (f" * {f(beta)}" if beta != 1.0 else "")
         reads.append(Binding(node.inputs[2], "Cb"))
     out = Output("Y", f"r * {u(N)} + c", contig=N % 4 == 0, alpha=node.attr("alpha", 1.0), bias=bias,
-                 epilogue=node.attr("_epilogue"))
+                 **epilogue_of(node))
     spec = GemmSpec("Gemm", M, N, K, 1, a, b, out, tuple(reads), Binding(node.outputs[0], "Y"))
     return gemm_kernels(spec, caps, **variant_of(node))
