@@ -85,3 +85,69 @@ def test_shared_weight_gradient_is_one_gemm_with_transposed_operand():
     gemms = [n for n in graph.nodes if n.op == "Gemm"]
     assert any(n.attr("transA") == 1 and graph.info[n.inputs[0]].shape == (128, 32)
                and graph.info[n.inputs[1]].shape == (128, 48) for n in gemms)
+
+
+# -- planned memory of a GPT-style step --------------------------------------------------------
+T, D, H, V = 2, 48, 128, 1024   # tokens, model width, MLP width, vocabulary
+
+
+def _gpt_like_step(batch: int) -> Graph:
+    """Embedding-sized input (batch, T, D) -> Linear(D, H) + bias -> Gelu -> Linear(H, D) -> head
+    Linear(D, V), weights stored (out, in) and applied as x @ W.T as the exporters write them, and
+    the gradients of a sum-of-squares loss for every weight."""
+    f32 = np.dtype(np.float32)
+    g = Graph(name="gpt_like")
+    g.inputs = ["x"]
+    g.info["x"] = TensorInfo(f32, (batch, T, D))
+    rng = np.random.default_rng(0)
+    weights = {"w1": (H, D), "b1": (H,), "w2": (D, H), "w3": (V, D)}
+    for name, shape in weights.items():
+        g.initializers[name] = rng.standard_normal(shape).astype(np.float32)
+    g.params = list(weights)
+    g.nodes = [Node("Transpose", ["w1"], ["w1t"], {"perm": [1, 0]}, name="t1"),
+               Node("MatMul", ["x", "w1t"], ["h0"], name="fc1"),
+               Node("Add", ["h0", "b1"], ["h1"], name="bias1"),
+               Node("Gelu", ["h1"], ["h2"], name="gelu"),
+               Node("Transpose", ["w2"], ["w2t"], {"perm": [1, 0]}, name="t2"),
+               Node("MatMul", ["h2", "w2t"], ["h3"], name="fc2"),
+               Node("Transpose", ["w3"], ["w3t"], {"perm": [1, 0]}, name="t3"),
+               Node("MatMul", ["h3", "w3t"], ["logits"], name="head"),
+               Node("Mul", ["logits", "logits"], ["sq"], name="sq"),
+               Node("ReduceSum", ["sq"], ["loss"], {"keepdims": 0}, name="loss")]
+    g.outputs = ["loss"]
+    s = specialize(g, {"x": (batch, T, D)})
+    grads = gradients(s, "loss", list(weights))
+    s.outputs = ["loss"] + [grads[w] for w in weights]
+    return s
+
+
+def test_gpt_like_step_has_no_per_sample_weight_gradient():
+    graph = _gpt_like_step(6)
+    shapes = _value_shapes(graph)
+    for d_in, d_out in [(D, H), (H, D), (D, V), (H, V)]:
+        for shape in [(6, d_in, d_out), (6, d_out, d_in)]:
+            assert shape not in shapes
+
+
+def test_gpt_like_step_planned_bytes_grow_with_tokens_not_weights():
+    """The wgpu planner's temporaries grow by about a few activations per sample, never by a
+    weight-sized gradient per sample (the head's D x V alone is 192 KiB a sample)."""
+    pytest.importorskip("wgpu")
+    from anygrad.backends.wgpu.fusion import prepare
+    from anygrad.backends.wgpu.kernel import AdapterCaps
+    from anygrad.backends.wgpu.planner import make_plan
+    from anygrad.backends.wgpu.runtime import EPILOGUE_SUPPORT
+
+    caps = AdapterCaps()
+
+    def planned(batch: int) -> int:
+        graph = _gpt_like_step(batch)
+        prepared = prepare(graph, caps, EPILOGUE_SUPPORT)
+        plan = make_plan(prepared, caps, set())
+        return sum(plan.slot_bytes)
+
+    small, large = planned(4), planned(12)
+    per_sample = (large - small) / 8
+    activations = T * (D + H + H + D + V) * 4       # one sample's forward values, in bytes
+    assert per_sample <= 4 * activations, (per_sample, activations)
+    assert per_sample < D * V * 4 / 4
