@@ -462,11 +462,12 @@ def prepare(graph: Graph, caps: AdapterCaps, supports_epilogue: set[str], fuse: 
     inference_dropout_to_identity(g)
     pack_byte_inputs(g)  # not an optimisation: the runtime uploads those inputs packed either way
     if fuse:
+        # first, so that the optimizer grouping sees the GEMMs that now read the weights directly
+        fold_transposes(g, protected)
         group_updates(g, caps)
         # Gradients computed into their arena slice are read only through FusedUpdate's attrs.
         claimed = {v for n in g.nodes if n.op == FUSED_UPDATE for v in n.attrs["grads"]}
         protected = set(g.outputs) | set(g.state_updates) | claimed
-        fold_transposes(g, protected)
         fuse_epilogues(g, protected, supports_epilogue)
         fuse_elementwise(g, caps, protected)
     return g
