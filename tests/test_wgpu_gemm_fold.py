@@ -19,12 +19,13 @@ def rnd(*shape, seed=0):
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
-def _graph(inputs: dict[str, np.ndarray], nodes: list[Node], out: str, grad: bool):
+def _graph(inputs: dict[str, np.ndarray], nodes: list[Node], out: str, grad: bool, consts: dict | None = None):
     """A specialized graph of `nodes` (and the gradients of sum(out * R) for every input)."""
     g = Graph(name="fold")
     for name, a in inputs.items():
         g.inputs.append(name)
         g.info[name] = TensorInfo(F32, a.shape)
+    g.initializers.update(consts or {})
     g.nodes = nodes
     g.outputs = [out]
     s = specialize(g, {})
@@ -74,7 +75,34 @@ def test_attention_scores_read_k_transposed():
     exe = _run(_graph(feeds, nodes, "o", grad=True), feeds)
     names = _kernel_names(exe)
     assert not any(n.startswith("Transpose") for n in names), names
-    assert any(n.op == "MatMul" and n.attr("_transB") for n in exe.prepared.nodes)
+    assert any(n.op == "MatMul" and n.attr("_permB") == [0, 1, 3, 2] for n in exe.prepared.nodes)
+
+
+@pytest.mark.parametrize("k_perm", [[0, 2, 3, 1], None])
+def test_attention_head_split_and_merge_fold(k_perm):
+    """The exporters' multi-head attention: (B, T, H*d) -> Reshape -> Transpose(0, 2, 1, 3) into the
+    score and value MatMuls (K^T as one Transpose(0, 2, 3, 1), or a head split then a swap), and
+    the context's Transpose(0, 2, 1, 3) -> Reshape back: no Transpose kernel forward or backward."""
+    B, T, H, d = 2, 5, 3, 4
+    feeds = {"q": rnd(B, T, H * d, seed=30), "k": rnd(B, T, H * d, seed=31), "v": rnd(B, T, H * d, seed=32)}
+    nodes = []
+    for x in "qkv":
+        nodes.append(Node("Reshape", [x, "heads"], [f"{x}4"], name=f"r{x}"))
+        if x == "k" and k_perm:
+            nodes.append(Node("Transpose", ["k4"], ["kt"], {"perm": k_perm}, name="tk"))
+        else:
+            nodes.append(Node("Transpose", [f"{x}4"], [f"{x}h"], {"perm": [0, 2, 1, 3]}, name=f"t{x}"))
+    if not k_perm:
+        nodes.append(Node("Transpose", ["kh"], ["kt"], {"perm": [0, 1, 3, 2]}, name="tkt"))
+    nodes += [Node("MatMul", ["qh", "kt"], ["s"], name="qk"),
+              Node("Softmax", ["s"], ["p"], {"axis": -1}, name="softmax"),
+              Node("MatMul", ["p", "vh"], ["o"], name="pv"),
+              Node("Transpose", ["o"], ["ot"], {"perm": [0, 2, 1, 3]}, name="to"),
+              Node("Reshape", ["ot", "merged"], ["y"], name="ry")]
+    consts = {"heads": np.array([B, T, H, d], np.int64), "merged": np.array([B, T, H * d], np.int64)}
+    exe = _run(_graph(feeds, nodes, "y", grad=True, consts=consts), feeds)
+    names = _kernel_names(exe)
+    assert not any(n.startswith("Transpose") for n in names), names
 
 
 @pytest.mark.parametrize("ta,tb", [(0, 0), (0, 1), (1, 0), (1, 1)])
@@ -168,5 +196,27 @@ def test_matmul_transposed_operands(sa, sb, ta, tb, variant):
         nodes.append(_swap("b", len(sb), "bt"))
     nodes.append(Node("MatMul", ["at" if ta else "a", "bt" if tb else "b"], ["y"], {"_gemm_variant": variant},
                       name="mm"))
+    exe = _run(_graph(feeds, nodes, "y", grad=False), feeds)
+    assert [n.op for n in exe.prepared.nodes] == ["MatMul"]
+
+
+@pytest.mark.parametrize("variant", ["register", "shared", "dot"])
+@pytest.mark.parametrize("sa,pa,sb,pb,py", [
+    ((2, 5, 3, 4), [0, 2, 1, 3], (2, 6, 3, 4), [0, 2, 3, 1], [0, 2, 1, 3]),   # head split in, merge out
+    ((5, 2, 4), [1, 0, 2], (4, 6), None, [1, 0, 2]),                          # (T, B, d) layouts
+    ((4, 2, 5), [1, 2, 0], (3, 4), [1, 0], [2, 0, 1]),                        # no contiguous axis of A
+    ((2, 3, 5, 8), None, (8, 4), None, [1, 0, 2, 3]),                         # batch folded into M, then permuted out
+])
+def test_matmul_any_operand_and_result_layout(sa, pa, sb, pb, py, variant):
+    """MatMul reading its operands through any Transpose and storing its result permuted."""
+    feeds = {"a": rnd(*sa, seed=22), "b": rnd(*sb, seed=23)}
+    nodes = []
+    ins = []
+    for x, perm in (("a", pa), ("b", pb)):
+        if perm is not None:
+            nodes.append(Node("Transpose", [x], [x + "t"], {"perm": perm}, name="t" + x))
+        ins.append(x + "t" if perm is not None else x)
+    nodes += [Node("MatMul", ins, ["m"], {"_gemm_variant": variant}, name="mm"),
+              Node("Transpose", ["m"], ["y"], {"perm": py}, name="ty")]
     exe = _run(_graph(feeds, nodes, "y", grad=False), feeds)
     assert [n.op for n in exe.prepared.nodes] == ["MatMul"]

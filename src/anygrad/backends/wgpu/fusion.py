@@ -5,8 +5,8 @@
   a node may join a group only when no node outside the group, placed before it, reads a value
   the group produces (that reader would otherwise run before the group's kernel); this also rules
   out cycles. Independent groups of one shape then merge the same way (horizontal fusion).
-- Transposes of the last two axes feeding or read from a MatMul/Gemm become operand layouts
-  (transA/transB): the GEMM's loads read the operand transposed, no Transpose kernel.
+- Transposes feeding or read from a MatMul/Gemm become operand and result layouts (transA/transB,
+  _permA/_permB/_permY): the GEMM's loads and stores do the transposition, no Transpose kernel.
 - GEMM -> Add(bias) -> activation and Conv -> Relu: bias and activation run in the GEMM's
   epilogue (a third input, attrs `_epilogue`/`_epilogue_attrs`).
 - Optimizer updates of one kind become one `wgpu.FusedUpdate` over arenas (see group_updates).
@@ -32,15 +32,28 @@ MAX_GROUP = 48          # members per kernel: keeps shaders small and compile ti
 
 
 GEMM_OPS = frozenset({"MatMul", "Gemm"})
-_TRANS = {"Gemm": ("transA", "transB"), "MatMul": ("_transA", "_transB")}
+_TRANS = {"Gemm": ("transA", "transB"), "MatMul": ("_permA", "_permB")}
+
+
+def _perm_of(graph: Graph, node: Node) -> list[int]:
+    rank = len(shape_of(graph, node.inputs[0]))
+    perm = node.attr("perm")
+    return list(perm) if perm is not None else list(range(rank))[::-1]
+
+
+def _swap(rank: int) -> list[int]:
+    return list(range(rank - 2)) + [rank - 1, rank - 2]
 
 
 def _swaps_last_two(graph: Graph, node: Node) -> bool:
     """A Transpose exchanging the last two axes and keeping the others (x.T, K^T, W.T)."""
     rank = len(shape_of(graph, node.inputs[0]))
-    perm = node.attr("perm")
-    perm = list(perm) if perm is not None else list(range(rank))[::-1]
-    return rank >= 2 and perm == list(range(rank - 2)) + [rank - 1, rank - 2]
+    return rank >= 2 and _perm_of(graph, node) == _swap(rank)
+
+
+def _then(first: list[int] | None, second: list[int]) -> list[int]:
+    """The perm of transpose(transpose(x, first), second)."""
+    return list(second) if first is None else [int(first[i]) for i in second]
 
 
 def _has_bias(node: Node) -> bool:
@@ -60,20 +73,66 @@ def _matrix_alias(graph: Graph, n: Node | None) -> bool:
             and shape_of(graph, n.inputs[0])[-2:] == shape_of(graph, n.outputs[0])[-2:])
 
 
-def fold_transposes(graph: Graph, protected: set[str]) -> None:
-    """Transposes of the last two axes around GEMMs become operand layouts, not kernels.
+def _swapped_operands(graph: Graph, p: Node) -> None:
+    """Rewrite GEMM p to compute its result transposed: (A B)^T = B^T A^T."""
+    ka, kb = _TRANS[p.op]
+    a, b = p.inputs[0], p.inputs[1]
+    if p.op == "Gemm":
+        ta, tb = p.attr(ka, 0), p.attr(kb, 0)
+        p.attrs[ka], p.attrs[kb] = 1 - tb, 1 - ta
+    else:
+        pa, pb = p.attr(ka), p.attr(kb)
+        ra, rb = len(shape_of(graph, a)), len(shape_of(graph, b))
+        p.attrs[ka], p.attrs[kb] = _then(pb, _swap(rb)), _then(pa, _swap(ra))
+    p.inputs[0], p.inputs[1] = b, a
 
-    - A transposed GEMM result, (A B)^T = B^T A^T, is the GEMM with its operands swapped and
-      transposed (the weight gradient of `x @ W.T`, through the gradient of the Transpose).
-    - A transposed operand is read transposed by the GEMM's loads (attrs transA/transB on Gemm,
-      _transA/_transB on MatMul): `x @ W.T`, attention's K^T, the gradients' dy @ W^T.
+
+def _read_through(graph: Graph, n: Node, slot: int, producers: dict) -> bool:
+    """Make GEMM n read the Transpose feeding its operand `slot` (maybe through matrix reshapes)
+    from the Transpose's input instead. False when there is none to fold."""
+    key = _TRANS[n.op][slot]
+    v = n.inputs[slot]
+    via_alias = False
+    while _is_matrix(graph, v) and _matrix_alias(graph, producers.get(v)):
+        v, via_alias = producers[v].inputs[0], True
+    t = producers.get(v)
+    if t is None or t.op != "Transpose" or len(shape_of(graph, t.inputs[0])) < 2:
+        return False
+    rank = len(shape_of(graph, t.inputs[0]))
+    if n.op == "Gemm" or via_alias:
+        # a 2-D operand (Gemm) or a matrix seen through reshapes: only a swap, which toggles
+        cur = n.attr(key)
+        cur_rank = len(shape_of(graph, n.inputs[slot]))
+        swapped = bool(cur) if n.op == "Gemm" else cur is not None and list(cur) == _swap(cur_rank)
+        if not _swaps_last_two(graph, t) or (n.op == "MatMul" and cur is not None and not swapped):
+            return False
+        if n.op == "Gemm":
+            n.attrs[key] = 1 - n.attr(key, 0)
+        else:
+            n.attrs[key] = None if swapped else _swap(rank)
+    else:
+        n.attrs[key] = _then(_perm_of(graph, t), n.attr(key) or list(range(rank)))
+    n.inputs[slot] = t.inputs[0]
+    return True
+
+
+def fold_transposes(graph: Graph, protected: set[str]) -> None:
+    """Transposes around GEMMs become operand and result layouts, not kernels.
+
+    - A transposed GEMM result: for a swap of the last two axes, (A B)^T = B^T A^T, the GEMM with
+      its operands swapped and transposed (the weight gradient of `x @ W.T`, through the gradient
+      of the Transpose); any other perm of a MatMul result becomes its stored layout (`_permY`,
+      attention's head merge).
+    - A transposed operand is read through the Transpose by the GEMM's loads: Gemm's own
+      transA/transB for a 2-D swap, MatMul's `_permA`/`_permB` for any perm (x @ W.T,
+      attention's K^T and head split, the gradients' dy @ W^T).
     Reshapes that only add or drop leading 1s between a single matrix and the GEMM are looked
     through. A Transpose nothing else reads is then dropped."""
     users = graph.consumers()
     producers = graph.producers()
     drop = set()
     for n in graph.nodes:
-        if n.op != "Transpose" or not _swaps_last_two(graph, n):
+        if n.op != "Transpose":
             continue
         chain, v = [], n.inputs[0]
         while _matrix_alias(graph, producers.get(v)) and len(users.get(v, [])) == 1 and v not in protected:
@@ -81,31 +140,24 @@ def fold_transposes(graph: Graph, protected: set[str]) -> None:
             v = producers[v].inputs[0]
         p = producers.get(v)
         if (p is None or p.op not in GEMM_OPS or _has_bias(p) or v in protected or len(users.get(v, [])) != 1
-                or any(len(shape_of(graph, x)) < 2 for x in p.inputs[:2])
-                or (chain and not _is_matrix(graph, n.inputs[0]))):
+                or any(len(shape_of(graph, x)) < 2 for x in p.inputs[:2]) or p.attr("_permY") is not None):
             continue
-        ka, kb = _TRANS[p.op]
-        ta, tb = p.attr(ka, 0), p.attr(kb, 0)
-        p.inputs[0], p.inputs[1] = p.inputs[1], p.inputs[0]
-        p.attrs[ka], p.attrs[kb] = 1 - tb, 1 - ta
+        if _swaps_last_two(graph, n) and (not chain or _is_matrix(graph, n.inputs[0])):
+            _swapped_operands(graph, p)
+        elif p.op == "MatMul" and not chain:
+            p.attrs["_permY"] = _perm_of(graph, n)
+        else:
+            continue
         p.outputs[0] = n.outputs[0]
+        producers[n.outputs[0]] = p   # a Transpose of this one may fold next
         drop |= {id(n)} | {id(c) for c in chain}
     graph.nodes = [n for n in graph.nodes if id(n) not in drop]
     producers = graph.producers()
     for n in graph.nodes:
-        if n.op not in GEMM_OPS:
-            continue
-        for slot, key in enumerate(_TRANS[n.op]):
-            while True:  # a transpose of a transpose folds twice (dq = ds @ (K^T)^T)
-                v = n.inputs[slot]
-                matrix = _is_matrix(graph, v)
-                while matrix and _matrix_alias(graph, producers.get(v)):
-                    v = producers[v].inputs[0]
-                t = producers.get(v)
-                if t is None or t.op != "Transpose" or not _swaps_last_two(graph, t):
-                    break
-                n.inputs[slot] = t.inputs[0]
-                n.attrs[key] = 1 - n.attr(key, 0)
+        if n.op in GEMM_OPS:
+            for slot in (0, 1):
+                while _read_through(graph, n, slot, producers):  # K^T^T folds twice (dq = ds @ K)
+                    pass
     # the Transposes (and reshapes of them) nothing reads any more
     dead = True
     while dead:
