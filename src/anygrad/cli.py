@@ -85,8 +85,35 @@ def cmd_info(args: argparse.Namespace) -> int:
         if s.inference_only:
             out.append("anygrad can run this model (predict, eval) but cannot train it: a parameter's gradient "
                        "would have to pass through ops without a gradient rule")
+    if args.batch_size is not None and s.supported and not s.inference_only:
+        out += _memory_lines(args)
     print("\n".join(out))
     return 0 if s.supported else EXIT_UNSUPPORTED
+
+
+def _memory_lines(args: argparse.Namespace) -> list[str]:
+    """The training step's device memory at --batch-size, planned as `train` would compile it."""
+    from . import load_onnx
+    from .devices import get_backend
+    from .losses import get_loss
+    from .optim import get_optimizer
+    from .program import build_train_step
+    if args.batch_size < 1:
+        raise ConfigError(f"--batch-size must be at least 1, got {args.batch_size}")
+    backend = get_backend(args.device or "wgpu", limits=args.limits)
+    if not hasattr(backend, "memory_report"):
+        return [f"memory: the report needs a wgpu device; {backend.name} has no device memory to plan"]
+    model = load_onnx(args.model, freeze=args.freeze or ())
+    loss = get_loss(args.loss or _auto_loss(model))
+    out = model.graph.info[model.graph.outputs[0]].shape
+    shape = (args.batch_size,) + tuple(model.input_shape[1:])
+    target = ((args.batch_size,) + tuple(out[2:])) if loss.classification else (args.batch_size,) + tuple(out[1:])
+    if any(not isinstance(d, int) for d in shape + target):
+        return ["memory: the model's input or output has symbolic dims besides the batch; no report"]
+    step = build_train_step(model.graph, {model.input_name: shape}, target, loss, get_optimizer(args.optimizer))
+    report = backend.memory_report(step)
+    return [f"training step at batch {args.batch_size} on {backend.description} ({args.optimizer}, {loss.name}):"] + [
+        f"  {line}" for line in report.lines()]
 
 
 def _node_counts(ops: dict[str, Any]) -> str:
@@ -372,7 +399,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         weights = _not_a_folder(Path(config.weights), "a weights file")
         if not weights.exists():
             raise ConfigError(f"--weights {weights}: no such file")
-    backend = get_backend(config.device)
+    backend = get_backend(config.device, limits=config.limits)
     artifacts = Path(config.artifacts_dir) if config.artifacts_dir else _default_artifacts(model_path.stem)
     created = _make_artifacts_dir(artifacts)
     try:
@@ -380,6 +407,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     except BaseException:  # a run that never started leaves nothing behind (a started one keeps its files)
         _remove_empty(created)
         raise
+
+
+def _padding_spec(spec: str) -> tuple[str, int]:
+    """'TABLE:ROW' of --padding-idx -> (table, row)."""
+    table, _, row = str(spec).rpartition(":")
+    try:
+        return table, int(row)
+    except ValueError:
+        raise ConfigError(f"--padding-idx takes TABLE:ROW, such as 'embed_tokens.weight:1', not {spec!r}") from None
 
 
 def _train(args: argparse.Namespace, config: Any, model_path: Path, optimizer: Any, backend: Any) -> int:
@@ -391,6 +427,8 @@ def _train(args: argparse.Namespace, config: Any, model_path: Path, optimizer: A
         model.load_state_dict(config.weights, strict=True)
     if config.freeze:  # after the weights, so patterns may use the state_dict's PyTorch names
         model.freeze(*config.freeze)
+    for spec in config.padding_idx:
+        model.set_padding_idx(*_padding_spec(spec))
     loss = _auto_loss(model) if config.loss == "auto" else config.loss
     train, valid, transforms, source, resolved = _train_data(config, model, console)
     model.compile(loss=loss, optimizer=optimizer, device=backend, seed=config.seed)
@@ -589,6 +627,12 @@ def _add_info(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL.onnx", help="the ONNX file to describe")
     p.add_argument("--freeze", action="append", metavar="PATTERN", help="count the parameters matching this "
                    "glob as frozen, as `anygrad train --freeze` would (repeatable)")
+    p.add_argument("--batch-size", type=int, metavar="N", help="also plan the training step at this batch and "
+                   "print its device memory: parameters, optimizer state, activations, workspace")
+    p.add_argument("--device", help="the wgpu device to plan for (default: wgpu)")
+    p.add_argument("--limits", metavar="PROFILE", help="plan under a limits profile: webgpu-default, uhd630, m1-8gb")
+    p.add_argument("--optimizer", default="adam", help="the optimizer whose state to count (default: adam)")
+    p.add_argument("--loss", help="the loss (default: nll after LogSoftmax, else cross_entropy)")
 
 
 def _add_train(p: argparse.ArgumentParser) -> None:
@@ -635,6 +679,11 @@ def _add_train(p: argparse.ArgumentParser) -> None:
                    "(.pt/.pth from torch.save, read without torch) or .safetensors; names must match (strict)")
     p.add_argument("--freeze", action="append", metavar="PATTERN", help="do not train the parameters matching "
                    "this glob over graph or PyTorch names (repeatable), e.g. 'conv1.*' or a buffer such as 'pe'")
+    p.add_argument("--limits", metavar="PROFILE", help="train within a weaker adapter's limits on this one: "
+                   "webgpu-default, uhd630, m1-8gb (binding and buffer sizes, workgroup limits, a memory budget)")
+    p.add_argument("--padding-idx", action="append", metavar="TABLE:ROW", help="give lookups of this row of this "
+                   "embedding table no gradient, as nn.Embedding(padding_idx=ROW) does (ONNX cannot say so; "
+                   "repeatable), e.g. 'embed_tokens.weight:1'")
     p.add_argument("--drop-last", action="store_true", default=None, help="skip the last partial batch of each epoch")
     p.add_argument("--clip-grad-norm", type=float, metavar="MAX", help="scale the gradients down to this global "
                    "2-norm (torch.nn.utils.clip_grad_norm_)")

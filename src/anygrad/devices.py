@@ -13,7 +13,10 @@ from .errors import ConfigError
 __all__ = ["AdapterInfo", "get_backend", "list_adapters"]
 
 
-def get_backend(device: str = "auto") -> Backend:
+def get_backend(device: str = "auto", limits: str | None = None) -> Backend:
+    """The backend for a device name. `limits`: a wgpu limits profile (webgpu-default, uhd630,
+    m1-8gb; see anygrad.backends.wgpu.limits) to train as on that hardware; None: the
+    ANYGRAD_WGPU_LIMITS variable, else the adapter's own limits. The CPU has none."""
     device = (device or "auto").strip().lower()
     if device in ("cpu", "numpy"):
         return NumpyBackend()
@@ -26,8 +29,8 @@ def get_backend(device: str = "auto") -> Backend:
                               f"only a software adapter ({soft[0].name}) was found")
             return NumpyBackend()
         from .backends.wgpu import WgpuBackend
-        return WgpuBackend(f"wgpu:{pick[0].index}")
+        return WgpuBackend(f"wgpu:{pick[0].index}", limits=limits)
     if device == "wgpu" or device.startswith("wgpu:"):
         from .backends.wgpu import WgpuBackend
-        return WgpuBackend(device)
+        return WgpuBackend(device, limits=limits)
     raise ConfigError(f"unknown device '{device}'; use auto, cpu, wgpu, wgpu:N or wgpu:vulkan|metal|dx12|gl")

@@ -47,6 +47,18 @@ def match_names(aliases: Mapping[str, Iterable[str]], patterns: Iterable[str], w
     return [key for key in aliases if key in matched]
 
 
+def _identities_of(graph: Graph, name: str) -> set[str]:
+    """Values that are `name` passed through Identity nodes (how exporters spell a tied tensor)."""
+    same, grown = {name}, True
+    while grown:
+        grown = False
+        for n in graph.nodes:
+            if n.op == "Identity" and n.inputs[0] in same and n.outputs[0] not in same:
+                same.add(n.outputs[0])
+                grown = True
+    return same - {name}
+
+
 class Model:
     """A model imported from ONNX (or built with anygrad.nn), trainable on any backend."""
 
@@ -88,13 +100,18 @@ class Model:
 
     # -- freezing -----------------------------------------------------------------------------
     def parameter_aliases(self) -> dict[str, set[str]]:
-        """Graph name -> the names a pattern may use for it: the graph name and the PyTorch
-        state_dict key the importer (or the last load_state_dict) recorded."""
+        """Graph name -> the names a pattern may use for it: the graph name, the PyTorch
+        state_dict key the importer (or the last load_state_dict) recorded, and the other keys of
+        a tied tensor."""
         known: dict[str, Any] = dict(getattr(self.origin, "torch_names", None) or {})
         known.update(getattr(self.torch_binding, "names", None) or {})
         trainable = set(self.graph.params + self.frozen)
-        return {n: {n} | ({known[n].key} if n in known else set())
-                for n in self._state_as_imported() if n in trainable}
+        aliases = {n: {n} | ({known[n].key} if n in known else set())
+                   for n in self._state_as_imported() if n in trainable}
+        tied = getattr(self.torch_binding, "aliases", None) or {}  # key -> key of the same tensor
+        for names in aliases.values():
+            names |= {k for k, same in tied.items() if same in names}
+        return aliases
 
     def freeze(self, *patterns: str) -> list[str]:
         """Stop training the parameters that match any of `patterns`, like requires_grad_(False):
@@ -111,6 +128,30 @@ class Model:
         names = match_names(self.parameter_aliases(), patterns, "unfreeze")
         self._set_trainable(self.graph.params + [p for p in self.frozen if p in names])
         return names
+
+    def set_padding_idx(self, name: str, index: int) -> list[str]:
+        """Give the embedding table `name` (a graph or PyTorch name, or a glob) PyTorch's
+        `nn.Embedding(padding_idx=index)` semantics, which an ONNX file cannot carry: lookups of
+        row `index` pass no gradient back (the row keeps its values unless something else, a tied
+        output layer, trains it). Marks every row lookup (Gather on axis 0) of the table; returns
+        the graph names of the tables. Compiled step programs are rebuilt on next use."""
+        tables = match_names(self.parameter_aliases(), [name], "padding_idx")
+        marked = []
+        for table in tables:
+            rows = int(self.graph.initializers[table].shape[0])
+            if not isinstance(index, (int, np.integer)) or not -rows <= index < rows:
+                raise ConfigError(f"padding_idx for '{name}': {index!r} is not a row of its {rows} embeddings")
+            reads = {table} | _identities_of(self.graph, table)
+            lookups = [n for n in self.graph.nodes if n.op == "Gather" and n.inputs[0] in reads
+                       and n.attr("axis", 0) in (0, -len(self.graph.initializers[table].shape))]
+            if not lookups:
+                raise ConfigError(f"padding_idx for '{name}': the graph never looks up rows of '{table}' "
+                                  "(no Gather on axis 0 reads it), so it is not an embedding table")
+            for n in lookups:
+                n.attrs["padding_idx"] = int(index) % rows
+            marked.append(table)
+        self._programs.clear()
+        return marked
 
     def _state_as_imported(self) -> list[str]:
         """state_names in the order they had before any freeze (frozen parameters back in place)."""
@@ -137,7 +178,7 @@ class Model:
     # -- setup ----------------------------------------------------------------------------
     def compile(self, loss: str | Loss = "cross_entropy", optimizer: Optimizer | None = None,
                 device: str | Backend = "cpu", seed: int = 0, *, clip_norm: float | None = None,
-                accumulate: int = 1, **loss_options: Any) -> Model:
+                accumulate: int = 1, limits: str | None = None, **loss_options: Any) -> Model:
         from .devices import get_backend
         self.loss = get_loss(loss, **loss_options) if isinstance(loss, str) else loss
         if optimizer is None:
@@ -145,7 +186,7 @@ class Model:
             optimizer = SGD(lr=0.01)
         self.optimizer = optimizer
         state = self.state_dict() if self.backend is not None else None
-        self.backend = device if isinstance(device, Backend) else get_backend(device)
+        self.backend = device if isinstance(device, Backend) else get_backend(device, limits=limits)
         self.seed = seed
         self._programs.clear()
         for name in self.graph.state_names:

@@ -9,18 +9,28 @@ state_dict is copied with its shared storages, so both names of a tied tensor st
 from __future__ import annotations
 
 import copy
+import inspect
 import os
 import tempfile
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..backends.numpy import NumpyBackend
 from ..errors import AnygradError, ConfigError, ModelError
 from ..model import Model
+from ..program import build_inference
 from .onnx_import import load_onnx
-from .torch_weights import binding_of, load_state_dict, placeholder_path, read_state_dict, recorded_names
+from .torch_weights import (
+    binding_of,
+    load_state_dict,
+    placeholder_path,
+    read_state_dict,
+    recorded_names,
+)
 
 DEFAULT_OPSET = 17
 
@@ -39,40 +49,80 @@ def to_torch_tensors(state: dict[str, np.ndarray]) -> dict[str, Any]:
     return {k: torch.from_numpy(np.array(v)) for k, v in state.items()}
 
 
-def _export(module: Any, args: tuple, path: Path, dynamo: bool, opset: int,
+def _export(module: Any, args: tuple, kwargs: dict, path: Path, dynamo: bool, opset: int,
             input_names: list[str], output_names: list[str]) -> None:
     torch = _torch()
     axes = {n: {0: "batch"} for n in input_names + output_names}
     options = {"optimize": False} if dynamo else {}  # the dynamo optimizer fuses BatchNorm into Gemm
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # deprecation and tracer notes about the exporter, not the model
-        torch.onnx.export(module, args, str(path), dynamo=dynamo, opset_version=opset,
+        torch.onnx.export(module, args, str(path), kwargs=kwargs or None, dynamo=dynamo, opset_version=opset,
                           training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
                           input_names=input_names, output_names=output_names, dynamic_axes=axes, **options)
 
 
-def from_torch(module: Any, example_input: Any, *, dynamo: bool = False, opset: int = DEFAULT_OPSET,
-               path: str | os.PathLike | None = None, input_name: str = "input",
-               output_name: str = "output") -> Model:
+def _examples(module: Any, example_input: Any) -> tuple[tuple, dict, list[str]]:
+    """(positional examples, keyword examples, graph input names): inputs are named after the
+    forward's parameters (`forward(self, ids, mask)` -> 'ids', 'mask'), keyword examples by their
+    keys, in the order forward declares them."""
+    if isinstance(example_input, Mapping):
+        kwargs, args = dict(example_input), ()
+    else:
+        args = tuple(example_input) if isinstance(example_input, (tuple, list)) else (example_input,)
+        kwargs = {}
+    try:
+        params = [p for p in inspect.signature(module.forward).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    except (TypeError, ValueError):  # a forward without a signature (a C extension, a wrapped call)
+        params = []
+    positional = [p.name for p in params if p.kind != p.KEYWORD_ONLY]
+    names = positional[:len(args)] if len(positional) >= len(args) else [f"input{i}" for i in range(len(args))]
+    unknown = [k for k in kwargs if k not in {p.name for p in params}]
+    if unknown and not any(p.kind == p.VAR_KEYWORD for p in inspect.signature(module.forward).parameters.values()):
+        raise ConfigError(f"from_torch: {type(module).__name__}.forward takes no argument named "
+                          f"{', '.join(map(repr, unknown))}; it takes {', '.join(p.name for p in params) or 'none'}")
+    order = {p.name: i for i, p in enumerate(params)}
+    names += sorted(kwargs, key=lambda k: order.get(k, len(order)))
+    return args, kwargs, names
+
+
+def _feeds(args: tuple, kwargs: dict, names: list[str]) -> dict[str, np.ndarray]:
+    values = list(args) + [kwargs[k] for k in names[len(args):]]
+    return {n: v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v) for n, v in zip(names, values)}
+
+
+def from_torch(module: Any, example_input: Any, *, dynamo: bool = True, opset: int = DEFAULT_OPSET,
+               path: str | os.PathLike | None = None, output_name: str = "output",
+               check: bool = True) -> Model:
     """Export `module` (an nn.Module) to ONNX in training mode and import it as a trainable Model
     with the module's current weights.
 
-    `example_input` is one tensor (or a tuple of them) with a batch dim of 2 or more (BatchNorm
-    cannot normalise one sample in training mode); the batch dim stays symbolic. `dynamo` picks the
-    torch.export-based exporter. With `path` the ONNX file is kept there, else it is temporary.
-    The module is left as it was (its mode and state, which tracing in training mode moves)."""
+    `example_input` is one tensor, a tuple of them (the forward's positional arguments) or a dict
+    of keyword arguments, each with a batch dim of 2 or more (BatchNorm cannot normalise one
+    sample in training mode); the batch dim stays symbolic. Graph inputs are named after the
+    forward's parameters (`forward(self, ids, mask)` gives inputs 'ids' and 'mask'). `dynamo`
+    (default) picks the torch.export-based exporter, which torch 2.9+ makes its default and which
+    exports what TorchScript cannot (Hugging Face Llama, Qwen, GPT-2); dynamo=False the deprecated
+    TorchScript one. With `path` the ONNX file is kept there, else it is
+    temporary. The module is left as it was (its mode and state, which tracing in training mode
+    moves).
+
+    What ONNX cannot say is carried from the module: buffers are not trained, and an
+    `nn.Embedding(padding_idx=i)` passes no gradient to row i. With `check` (default), the
+    imported model's inference output is compared with the module's in eval mode on the example
+    input; a difference beyond float32 noise is a ModelError naming the first parameter that
+    differs, so a wrongly bound model is never trained silently."""
     torch = _torch()
     if not isinstance(module, torch.nn.Module):
         raise ConfigError(f"from_torch needs a torch.nn.Module, not {type(module).__name__}")
-    args = tuple(example_input) if isinstance(example_input, (tuple, list)) else (example_input,)
-    input_names = [input_name] if len(args) == 1 else [f"{input_name}{i}" for i in range(len(args))]
+    args, kwargs, input_names = _examples(module, example_input)
     pristine = copy.deepcopy(module.state_dict())  # deepcopy keeps tied tensors sharing one storage
     modes = {m: m.training for m in module.modules()}  # submodules may differ (a frozen BatchNorm in eval)
     with tempfile.TemporaryDirectory(prefix="anygrad-") as tmp:
         file = Path(path) if path is not None else Path(tmp) / "model.onnx"
         module.train(True)
         try:
-            _export(module, args, file, dynamo, opset, input_names, [output_name])
+            _export(module, args, kwargs, file, dynamo, opset, input_names, [output_name])
         except AnygradError:
             raise
         except Exception as e:  # the exporter fails in many ways: say which, and for which module
@@ -93,7 +143,85 @@ def from_torch(module: Any, example_input: Any, *, dynamo: bool = False, opset: 
     # Parameters the forward pass never uses are not in the graph; keep them so the exported
     # state_dict still loads into the module with strict=True.
     binding_of(model).extra = {k: state[k] for k in result.unexpected}
+    _carry_padding_idx(model, module)
+    if check:
+        _check_forward(model, module, args, kwargs, input_names, state)
     return model
+
+
+def _graph_names_of(model: Model) -> dict[str, str]:
+    """PyTorch key -> graph name, for every name the model knows a graph tensor by (tied aliases too)."""
+    out = {k: g for g, keys in model.parameter_aliases().items() for k in keys}
+    for g in model.graph.buffers:
+        out.setdefault(g, g)
+    for key, same in binding_of(model).aliases.items():
+        if same in out:
+            out.setdefault(key, out[same])
+    return out
+
+
+def _carry_padding_idx(model: Model, module: Any) -> None:
+    """nn.Embedding(padding_idx): the exported Gather cannot say that row gets no gradient."""
+    torch = _torch()
+    names_of: dict[int, list[str]] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(p), []).append(name)
+    graph_name = _graph_names_of(model)
+    for m in module.modules():
+        if isinstance(m, torch.nn.Embedding) and m.padding_idx is not None:
+            tables = {graph_name[k] for k in names_of.get(id(m.weight), []) if k in graph_name}
+            for table in sorted(tables):  # none: the forward never looks this table up
+                model.set_padding_idx(table, m.padding_idx)
+
+
+def _check_forward(model: Model, module: Any, args: tuple, kwargs: dict, input_names: list[str],
+                   state: dict[str, np.ndarray]) -> None:
+    """The imported model's inference output against the module's, in eval mode, on the examples."""
+    torch = _torch()
+    modes = {m: m.training for m in module.modules()}
+    module.eval()
+    try:
+        with torch.no_grad():
+            expected = module(*args, **kwargs)
+    finally:
+        for m, training in modes.items():
+            m.training = training
+    expected = getattr(expected, "logits", expected)
+    if isinstance(expected, (tuple, list)):
+        expected = expected[0]
+    if not hasattr(expected, "detach"):
+        return  # an output structure the single-output graph does not mirror: nothing to compare
+    expected = expected.detach().cpu().double().numpy()
+    feeds = _feeds(args, kwargs, input_names)
+    graph = build_inference(model.graph, {n: tuple(v.shape) for n, v in feeds.items()})
+    got = NumpyBackend().compile(graph).run(feeds)[graph.outputs[0]]
+    if got.shape != expected.shape:
+        raise ModelError(f"from_torch: {type(module).__name__} returns shape {expected.shape} in eval mode, "
+                         f"but the imported model returns {got.shape}")
+    scale = max(1.0, float(np.abs(expected).max(initial=0.0)))
+    diff = float(np.abs(got.astype(np.float64) - expected).max(initial=0.0))
+    if not diff <= FORWARD_TOLERANCE * scale:
+        raise ModelError(f"from_torch: the imported {type(module).__name__} differs from the module by {diff:.3g} "
+                         f"on the example input (float32 noise is below {FORWARD_TOLERANCE * scale:.1g}): "
+                         f"{_first_difference(model, state)}. Please report this with the model's code")
+
+
+FORWARD_TOLERANCE = 1e-4  # relative to the output's scale: float32 noise through deep models stays far below
+
+
+def _first_difference(model: Model, state: dict[str, np.ndarray]) -> str:
+    """The first graph tensor whose bound value is not the module's tensor (or why none is)."""
+    names = recorded_names(model)
+    for g in model.graph.state_names:
+        tn = names.get(g)
+        if tn is None or tn.key not in state:
+            continue
+        ours = model.graph.initializers[g]
+        theirs = np.asarray(state[tn.key])
+        theirs = theirs.T if tn.transpose and theirs.ndim == 2 else theirs
+        if ours.shape != theirs.shape or not np.array_equal(ours, theirs.astype(ours.dtype)):
+            return f"parameter '{tn.key}' (ONNX '{g}') is bound differently from the module's tensor"
+    return "every parameter holds the module's values, so an op computes differently"
 
 
 def _buffers_are_not_parameters(model: Model, module: Any, saved: set[str]) -> set[str]:

@@ -59,7 +59,10 @@ def _node(node: Node, opset: int) -> onnx.NodeProto:
     except onnx.defs.SchemaError:  # not an ONNX op: attribute types from the Python values
         schema_attrs = {}
     attrs = []
+    op = get_op(node.op)
     for key, value in node.attrs.items():
+        if op is not None and key in op.grad_attrs:
+            continue  # anygrad's gradient semantics (padding_idx): nothing for inference to read
         kind = int(schema_attrs[key].type) if key in schema_attrs else _guess_type(value)
         if kind not in _ENCODE:
             raise ModelError(f"{node.label}: cannot write attribute '{key}' to ONNX")
@@ -82,11 +85,31 @@ def inference_graph(model) -> Graph:
     """The model's graph in inference mode with the current state, internal ops removed."""
     g = set_training_mode(model.sync_to_graph() if model.backend is not None else model.graph, False)
     g.state_updates = {}
+    _drop_dropout(g)
     g.dce()
     internal = sorted({n.op for n in g.nodes if get_op(n.op) is None or get_op(n.op).internal})
     if internal:
         raise ModelError(f"cannot write ONNX: the inference graph still uses internal op(s) {internal}")
     return g
+
+
+def _drop_dropout(g: Graph) -> None:
+    """Inference-mode Dropout is the identity: the exported file has none (as PyTorch's eval export).
+    Readers of its output read its input instead; a graph output keeps its name through an Identity."""
+    outputs = set(g.outputs)
+    read = {v for n in g.nodes for v in n.inputs} | outputs
+    rename: dict[str, str] = {}
+    kept = []
+    for n in g.nodes:
+        n.inputs = [rename.get(v, v) for v in n.inputs]
+        mask_read = len(n.outputs) > 1 and n.outputs[1] in read
+        if n.op != "Dropout" or mask_read:
+            kept.append(n)
+        elif n.outputs[0] in outputs:
+            kept.append(Node("Identity", [n.inputs[0]], [n.outputs[0]], name=n.name))
+        else:
+            rename[n.outputs[0]] = n.inputs[0]
+    g.nodes = kept
 
 
 def to_onnx(model) -> onnx.ModelProto:

@@ -11,7 +11,7 @@ import os
 import re
 import warnings
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -396,17 +396,34 @@ def torch_names(g: Graph) -> dict[str, TorchName]:
     module (`/fc1/MatMul`), which names weights the exporter renamed.
     """
     out: dict[str, TorchName] = {}
+    folded = folded_linear_weights(g)
     for n in g.nodes:
         for slot, v in enumerate(n.inputs):
             if v not in g.state_names or v in out:
                 continue
-            transpose = (n.op == "MatMul" and slot == 1) or (n.op == "Gemm" and slot == 1 and not n.attr("transB", 0))
             if _STATE_DICT_KEY.match(v):
-                out[v] = TorchName(v, transpose)
-            elif (n.op, slot) in _PARAM_SUFFIX and n.name.startswith("/") and n.name.count("/") >= 2:
+                # The exporter stores a tensor under its state_dict name only as the module holds it:
+                # a GPT-2 Conv1D weight (in, out) read by Gemm(transB=0) is not a transposed Linear.
+                out[v] = TorchName(v)
+            elif ((n.op, slot) in _PARAM_SUFFIX and n.name.startswith("/") and n.name.count("/") >= 2
+                  and folded.get(v) is not None):
                 scope = ".".join(n.name.strip("/").split("/")[:-1])
-                out[v] = TorchName(f"{scope}.{_PARAM_SUFFIX[n.op, slot]}", transpose)
+                out[v] = TorchName(f"{scope}.{_PARAM_SUFFIX[n.op, slot]}", folded[v])
     return out
+
+
+def folded_linear_weights(g: Graph) -> dict[str, bool | None]:
+    """Renamed initializers (constant-folded by the exporter) -> whether the graph reads them as a
+    Linear's weight.T: True when every use multiplies from the right as stored (MatMul, or Gemm
+    without transB), where the folded Transpose of `x @ weight.T` ends up; False when no use does;
+    None when the uses disagree, and the orientation cannot be told from the graph."""
+    uses: dict[str, set[bool]] = {}
+    for n in g.nodes:
+        for slot, v in enumerate(n.inputs):
+            if v in g.initializers and not _STATE_DICT_KEY.match(v):
+                right = slot == 1 and (n.op == "MatMul" or (n.op == "Gemm" and not n.attr("transB", 0)))
+                uses.setdefault(v, set()).add(right)
+    return {v: next(iter(kinds)) if len(kinds) == 1 else None for v, kinds in uses.items()}
 
 
 def _convert(path: Path, strict_opset: bool = True) -> tuple[onnx.ModelProto, Graph, set[str]]:
@@ -437,14 +454,17 @@ def _patterns(freeze: str | Sequence[str]) -> Sequence[str]:
     return [freeze] if isinstance(freeze, str) else freeze
 
 
-def load_onnx(path: str | os.PathLike, init: str = "onnx", seed: int = 0, freeze: Sequence[str] = ()) -> Model:
+def load_onnx(path: str | os.PathLike, init: str = "onnx", seed: int = 0, freeze: Sequence[str] = (),
+              padding_idx: Mapping[str, int] | None = None) -> Model:
     """Import an ONNX file as a trainable `anygrad.Model`.
 
     init="onnx" keeps the weights in the file; init="fresh" re-initialises them the way
     PyTorch initialises each layer (seeded by `seed`). `freeze`: patterns of parameters not to
     train (see Model.freeze). ONNX does not say which initializers are PyTorch buffers, so every
     float tensor a gradient reaches is a parameter, a fixed positional-encoding table included:
-    freeze such tables here.
+    freeze such tables here. `padding_idx`: embedding table (graph or PyTorch name) -> the row
+    PyTorch's `nn.Embedding(padding_idx=...)` gives no gradient, which ONNX cannot say either
+    (see Model.set_padding_idx).
     """
     path = Path(path)
     model = from_model_proto(read_model(path), f"'{path}'", init, seed, origin_path=path, freeze=freeze)
@@ -454,6 +474,8 @@ def load_onnx(path: str | os.PathLike, init: str = "onnx", seed: int = 0, freeze
                              "needs it. Declare it when exporting (torch.onnx.export does), or in the file: "
                              "replace the input by onnx.helper.make_tensor_value_info("
                              f"'{name}', <element type>, ['batch', ...])")
+    for table, row in (padding_idx or {}).items():
+        model.set_padding_idx(table, row)
     return model
 
 

@@ -17,9 +17,13 @@ first that applies:
    with a certain name (`fc2.weight` in the file, or learnt by a load) never matches another key,
    as in PyTorch: a renamed key is missing + unexpected, not loaded.
 
-2-D weights are transposed when the shapes say so; a square one when the importer recorded it, or
-(rule 4) when it is the right operand of a MatMul (a Linear exported as MatMul holds weight.T).
-Matches by rules 3 and 4 are remembered (`Model.torch_binding`) for the way back out.
+A tensor is bound only in the orientation the graph reads it, never as the shapes happen to fit:
+one the exporter stored under its state_dict name or a placeholder name is the module's tensor as
+held (a GPT-2 Conv1D weight is (in, out), a Linear's (out, in)); a renamed (constant-folded) one
+is a Linear's weight.T when the graph multiplies by it from the right as stored, where the folded
+`x @ weight.T` ends up (`onnx_import.folded_linear_weights`). A checkpoint tensor in the other
+orientation is mis-shaped, and a renamed tensor whose uses disagree is left unmatched. Matches by
+rules 3 and 4 are remembered (`Model.torch_binding`) for the way back out.
 
 Tied weights (a GPT's `lm_head.weight` that IS `wte.weight`) reach the graph as one tensor under
 one of their names. A key the graph does not use is accepted as another name of a key it does use
@@ -49,7 +53,7 @@ from ..errors import ModelError
 from ..optim.base import STEP_STATE
 from ..torchfile import MAX_NESTING
 from ..torchfile.tensors import FormatError
-from .onnx_import import TorchName
+from .onnx_import import TorchName, folded_linear_weights
 
 if TYPE_CHECKING:
     from ..model import Model
@@ -217,15 +221,19 @@ def certain_names(model: Model) -> set[str]:
     return certain | (set(binding.names) if binding is not None else set())
 
 
-def _orient(key: str, graph_shape: tuple, key_shape: tuple, hint: bool = False) -> TorchName | None:
-    """The TorchName if `key`'s tensor fits the graph tensor as is or transposed (None if neither)."""
-    plain = graph_shape == key_shape
-    flipped = len(key_shape) == 2 and graph_shape == key_shape[::-1]
-    if plain and flipped:  # square: only the importer knows
-        return TorchName(key, hint)
-    if plain or flipped:
-        return TorchName(key, flipped)
-    return None
+def _fits(graph_shape: tuple, key_shape: tuple, transpose: bool | None) -> bool:
+    """Whether a checkpoint tensor of `key_shape` is the graph tensor read in that orientation."""
+    if transpose is None:  # the graph cannot say: nothing is bound
+        return False
+    return graph_shape == (key_shape[::-1] if transpose and len(key_shape) == 2 else key_shape)
+
+
+def orientations(model: Model) -> dict[str, bool | None]:
+    """Graph tensor -> whether it holds its PyTorch tensor transposed, as the graph says (None:
+    its uses disagree). Recorded names know; a tensor the exporter renamed is told by its uses."""
+    folded = folded_linear_weights(model.graph)
+    known = recorded_names(model)
+    return {g: known[g].transpose if g in known else folded.get(g, False) for g in model.graph.state_names}
 
 
 def match(model: Model, shapes: dict[str, tuple]) -> tuple[dict[str, TorchName], dict[str, str]]:
@@ -243,47 +251,41 @@ def match(model: Model, shapes: dict[str, tuple]) -> tuple[dict[str, TorchName],
         out[g] = tn
         taken.add(tn.key)
 
-    # 1. recorded names (a key may feed several graph tensors: untied BatchNorm copies)
-    for g, shape in gshape.items():
+    # 1. recorded names, in their recorded orientation (a key may feed several graph tensors:
+    # untied BatchNorm copies)
+    for g in gshape:
         tn = known.get(g)
         if tn is not None and tn.key in shapes:
-            take(g, _orient(tn.key, shape, shapes[tn.key], tn.transpose) or tn)
-    # 2. the graph name is a key; 3. dynamo placeholder names
+            take(g, tn)
+    # 2. the graph name is a key; 3. dynamo placeholder names: the module's tensors as held
     underscored: dict[str, list[str]] = {}
     for k in shapes:
         underscored.setdefault(k.replace(".", "_"), []).append(k)
-    for g, shape in gshape.items():
+    for g in gshape:
         if g in out:
             continue
         if g in shapes and g not in taken:
-            take(g, _orient(g, shape, shapes[g]) or TorchName(g))
+            take(g, TorchName(g))
             continue
         cands = [k for k in underscored.get(placeholder_path(g), []) if k not in taken]
         if len(cands) == 1:
-            take(g, _orient(cands[0], shape, shapes[cands[0]]) or TorchName(cands[0]))
-    # 4. unique shapes, one pass (no elimination chains, no order), for names not known for certain
+            take(g, TorchName(cands[0]))
+    # 4. unique shapes, in the orientation the graph reads the tensor, one pass (no elimination
+    # chains, no order), for names not known for certain
     certain = certain_names(model)
+    orient = orientations(model)
     left_g = [g for g in gshape if g not in out and g not in certain]
     left_k = [k for k in shapes if k not in taken and not k.endswith(NUM_BATCHES)]
-    fits = {g: [k for k in left_k if _orient(k, gshape[g], shapes[k]) is not None] for g in left_g}
+    fits = {g: [k for k in left_k if _fits(gshape[g], shapes[k], orient[g])] for g in left_g}
     fitted_by: dict[str, list[str]] = {}
     for g, ks in fits.items():
         for k in ks:
             fitted_by.setdefault(k, []).append(g)
-    matmul_weights = _matmul_weights(graph)
     for g, ks in fits.items():
         if len(ks) == 1 and len(fitted_by[ks[0]]) == 1:
-            hint = known[g].transpose if g in known else g in matmul_weights
-            take(g, _orient(ks[0], gshape[g], shapes[ks[0]], hint))
+            take(g, TorchName(ks[0], bool(orient[g])))
     expected = {g: known[g].key if g in known else g for g in gshape if g not in out}
     return out, expected
-
-
-def _matmul_weights(graph) -> set[str]:
-    """Tensors multiplied from the right as stored: an exporter that folded a Linear's
-    transposition holds weight.T there (the importer's rule for square shapes)."""
-    return {n.inputs[1] for n in graph.nodes if len(n.inputs) > 1
-            and (n.op == "MatMul" or (n.op == "Gemm" and not n.attr("transB", 0)))}
 
 
 def _bn_prefixes(keys) -> set[str]:
@@ -354,11 +356,16 @@ def load_state_dict(model: Model, source: Any, strict: bool = True, key: str | N
             if items:
                 lines.append(f"  {label} ({len(items)}): " + "; ".join(items.values()))
         certain = certain_names(model)
-        ambiguous = {}  # graph tensors that shape alone could pair with several keys
+        orient = orientations(model)
+        ambiguous = {}  # graph tensors that shape alone could pair with several keys, or none
         for g in (g for g in expected if g not in certain):
-            fits = [k for k in unexpected if _orient(k, graph.initializers[g].shape, shapes[k])]
+            gs = tuple(graph.initializers[g].shape)
+            if orient[g] is None:
+                ambiguous[g] = f"{g} {_shape(gs)} is read both as stored and transposed"
+                continue
+            fits = [k for k in unexpected if _fits(gs, shapes[k], orient[g])]
             if len(fits) > 1:
-                ambiguous[g] = f"{g} {_shape(graph.initializers[g].shape)} fits {', '.join(fits)}"
+                ambiguous[g] = f"{g} {_shape(gs)} fits {', '.join(fits)}"
         if ambiguous:
             lines.append(f"  ambiguous ({len(ambiguous)}; no PyTorch name recorded, and shape alone cannot tell): "
                          + "; ".join(ambiguous.values()))

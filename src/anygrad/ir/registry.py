@@ -43,6 +43,8 @@ class OpDef:
               one). `specialize` replaces such nodes by their expansion, so autodiff and every
               backend only ever see the primitive ops; `forward` defaults to running the
               expansion, and `grad` is not needed.
+    grad_attrs: anygrad's own attributes that only the gradient rule reads (Gather's padding_idx:
+              PyTorch semantics an ONNX file cannot carry); never written to ONNX.
     blocked:  `forward` accepts an `epilogue` keyword: it then writes output 0 (batch-major) in
               batch blocks and calls epilogue(batch slice, block) on each block once it is final,
               while it is still in cache; the epilogue changes the block in place (see `run`).
@@ -60,6 +62,7 @@ class OpDef:
     set_mode: ModeFn | None = None
     expand: ExpandFn | None = None
     blocked: bool = False
+    grad_attrs: frozenset[str] = field(default_factory=frozenset)
 
     def run(self, node: Node, inputs: list[np.ndarray | None],
             epilogue: Epilogue | None = None) -> list[np.ndarray]:
@@ -76,7 +79,7 @@ _REGISTRY: dict[str, OpDef] = {}
 def defop(name: str, *, infer: InferFn, forward: ForwardFn | None = None, grad: GradFn | None = None,
           nondiff: Sequence[int] = (), foldable: bool = True, internal: bool = False,
           set_mode: ModeFn | None = None, expand: ExpandFn | None = None,
-          blocked: bool = False) -> OpDef:
+          blocked: bool = False, grad_attrs: Sequence[str] = ()) -> OpDef:
     """Register an op. Redefining a name is a programming error."""
     if name in _REGISTRY:
         raise ValueError(f"op {name} registered twice")
@@ -84,7 +87,8 @@ def defop(name: str, *, infer: InferFn, forward: ForwardFn | None = None, grad: 
         if expand is None:
             raise ValueError(f"op {name} needs a forward kernel or an expansion")
         forward = _forward_by_expansion(expand)
-    op = OpDef(name, infer, forward, grad, frozenset(nondiff), foldable, internal, set_mode, expand, blocked)
+    op = OpDef(name, infer, forward, grad, frozenset(nondiff), foldable, internal, set_mode, expand, blocked,
+               frozenset(grad_attrs))
     _REGISTRY[name] = op
     return op
 

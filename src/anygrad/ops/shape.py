@@ -12,7 +12,7 @@ from ..errors import ShapeError, UnsupportedOpError
 from ..ir.builder import Builder, GradContext
 from ..ir.graph import Node, TensorInfo, info_of
 from ..ir.registry import defop
-from ._util import axes_of, broadcast_shape, const_ints, dim_prod, ints_of, norm_axis, slot
+from ._util import ONNX_CODES, axes_of, broadcast_shape, const_ints, dim_prod, ints_of, norm_axis, slot
 
 
 def reshape_target(node: Node, in_shape: tuple, spec: list[int]) -> tuple[int, ...]:
@@ -444,10 +444,23 @@ def _gather_forward(node, ins):
 def _gather_grad(g: GradContext):
     shape = g.shape(g.x[0])
     axis = _gather_axis(g.node, len(shape))
-    return [g.op("GatherGrad", [g.dy, g.x[1]], axis=axis, shape=list(shape)), None]
+    dy, idx = g.dy, g.x[1]
+    pad = g.node.attr(PADDING_IDX)
+    if pad is not None:  # nn.Embedding(padding_idx): lookups of that row pass no gradient back
+        keep = g.op("Cast", [g.op("Not", [g.op("Equal", [idx, g.const(pad, g.dtype(idx), "padding_idx")])])],
+                    to=ONNX_CODES[np.dtype(g.dtype(dy))])
+        tail = len(shape) - axis - 1
+        keep = g.reshape(keep, g.shape(idx) + (1,) * tail) if tail else keep
+        dy = g.op("Mul", [dy, keep])
+    return [g.op("GatherGrad", [dy, idx], axis=axis, shape=list(shape)), None]
 
 
-defop("Gather", infer=_gather_infer, forward=_gather_forward, grad=_gather_grad, nondiff=[1])
+# PADDING_IDX: the row an embedding lookup (Gather on axis 0) treats as PyTorch's padding_idx.
+# Forward is unchanged, so a padding row that is not zero (a fine-tuned checkpoint) still reads
+# as its values, as in PyTorch.
+PADDING_IDX = "padding_idx"
+defop("Gather", infer=_gather_infer, forward=_gather_forward, grad=_gather_grad, nondiff=[1],
+      grad_attrs=[PADDING_IDX])
 
 
 def _gather_grad_forward(node, ins):

@@ -68,9 +68,11 @@ class TrainConfig:
     optimizer: str = ""
     lr: float | None = None
     device: str = ""
+    limits: str | None = None            # a wgpu limits profile to train within (backends/wgpu/limits.py)
     init: str = ""
     weights: str | None = None           # state_dict file loaded right after the model (fine-tuning)
     freeze: list[str] = field(default_factory=list)  # parameter patterns not to train (Model.freeze)
+    padding_idx: list[str] = field(default_factory=list)  # 'TABLE:ROW' (Model.set_padding_idx)
     # -- data (anygrad.data.DataConfig): split, normalisation, augmentation, prefetching
     valid_fraction: float | None = None  # None: the set's own validation split (else 0.1 of train)
     normalize: str = "device"            # device, host, none (see NORMALIZE_MODES)

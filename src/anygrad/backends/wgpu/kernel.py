@@ -56,6 +56,8 @@ class AdapterCaps:
     has_subgroups: bool = False
     has_f16: bool = False
     is_cpu: bool = False                # lavapipe / software: prefer register-only variants
+    memory_budget: int | None = None    # bytes one step may hold on the device (a limits profile's)
+    limits_profile: str = ""            # the limits.PROFILES entry the device was created under
 
 
 Lowering = Callable[[Node, Graph, AdapterCaps], list[Kernel]]

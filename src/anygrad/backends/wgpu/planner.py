@@ -196,7 +196,89 @@ def make_plan(graph: Graph, caps: AdapterCaps, state_names: set[str]) -> Plan:
 
     slot_of, slot_bytes = _assign_slots(steps, first, last, nbytes, set(inplace))
     nbytes = {r: b for r, b in nbytes.items() if not (r.kind == "temp" and r.name in inplace)}
-    return Plan(steps, nbytes, slot_of, slot_bytes, root_of, copies, inplace, graph, arenas)
+    plan = Plan(steps, nbytes, slot_of, slot_bytes, root_of, copies, inplace, graph, arenas)
+    if caps.memory_budget is not None:
+        _check_budget(plan, caps)
+    return plan
+
+
+# -- memory ------------------------------------------------------------------------------------------
+OPTIMIZER_PREFIXES = ("optim.", "accum.")  # program.py's names of optimizer slots and accumulators
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """Device bytes one compiled step holds, by what they are for."""
+
+    parameters: int       # trainable tensors (params, frozen ones included)
+    optimizer_state: int  # optimizer slots, gradient-accumulation buffers
+    buffers: int          # other state: BatchNorm statistics, counters, metric sums
+    activations: int      # temporaries after liveness reuse: activations, gradients, workspace
+    inputs: int           # the batch
+    constants: int
+
+    @property
+    def total(self) -> int:
+        return (self.parameters + self.optimizer_state + self.buffers + self.activations + self.inputs
+                + self.constants)
+
+    @property
+    def per_batch(self) -> int:
+        """The part that grows with the batch (temporaries and inputs)."""
+        return self.activations + self.inputs
+
+    def lines(self) -> list[str]:
+        parts = [("parameters", self.parameters), ("optimizer state", self.optimizer_state),
+                 ("buffers", self.buffers), ("activations and gradients", self.activations),
+                 ("inputs", self.inputs), ("constants", self.constants)]
+        return [f"{name}: {_size(n)}" for name, n in parts] + [f"peak: {_size(self.total)}"]
+
+
+def memory_report(plan: Plan) -> MemoryReport:
+    graph = plan.graph
+    params = set(graph.params) if graph is not None else set()
+
+    def kind(state: str) -> str:
+        if state in params:
+            return "parameters"
+        return "optimizer_state" if state.startswith(OPTIMIZER_PREFIXES) else "buffers"
+
+    members = {spec.value: spec.members for spec in plan.arenas}
+    packed = {m for ms in members.values() for m in ms}  # lives in its arena, counted there
+    sums = dict.fromkeys(("parameters", "optimizer_state", "buffers", "activations", "inputs", "constants"), 0)
+    for r, n in plan.nbytes.items():
+        if r.kind == "state" and r.name not in packed:
+            sums[kind(r.name)] += n
+        elif r.kind == "arena":  # packed state: counted by what its first member is
+            sums[kind(members.get(r.name, ("",))[0])] += n
+        elif r.kind == "garena":
+            sums["activations"] += n  # the gradients of a fused update
+        elif r.kind == "input":
+            sums["inputs"] += n
+        elif r.kind == "const":
+            sums["constants"] += n
+    sums["activations"] += sum(plan.slot_bytes)
+    return MemoryReport(**sums)
+
+
+def _check_budget(plan: Plan, caps: AdapterCaps) -> None:
+    """A limits profile's memory budget: refuse a step that would not fit, naming the batch that does."""
+    report = memory_report(plan)
+    budget = caps.memory_budget
+    if report.total <= budget:
+        return
+    batch = _batch_size(plan.graph) if plan.graph is not None else None
+    fixed = report.total - report.per_batch
+    what = (f"the training step needs {_size(report.total)} on the device ({', '.join(report.lines()[:-1])}) but "
+            f"the '{caps.limits_profile}' limits profile allows {_size(budget)}.")
+    if fixed >= budget:
+        raise DeviceError(f"{what} Its parameters and state alone need {_size(fixed)}, so no batch size fits: "
+                          "freeze some parameters, use a smaller model, or an optimizer with less state (sgd).")
+    # Temporaries grow about linearly with the batch, not exactly (slots are reused by liveness):
+    # a 10% margin keeps the batch named here inside the budget.
+    fit = int(0.9 * batch * (budget - fixed) / report.per_batch) if batch and report.per_batch else 0
+    hint = (f"The largest batch that fits is about {fit}." if fit else "Even a batch of 1 does not fit.")
+    raise DeviceError(f"{what} {hint}")
 
 
 def _inplace_safe(kernels, root_of, temp: Root, state: Root, first_write, last_read) -> bool:

@@ -20,7 +20,8 @@ from ..base import Backend, Executable
 from .adapters import AdapterInfo, select_adapter
 from .fusion import packed_name, prepare
 from .kernel import LOWERINGS, AdapterCaps
-from .planner import Plan, Root, make_plan, value_bytes
+from .limits import LimitsProfile, get_profile
+from .planner import MemoryReport, Plan, Root, make_plan, memory_report, value_bytes
 from .profiling import StepProfile, live_profiler, profile_dispatches
 from .wgsl import np_device_dtype
 
@@ -46,15 +47,17 @@ class _Context:
     layouts: dict
 
 
-_CONTEXTS: dict[int, _Context] = {}
+_CONTEXTS: dict[tuple[int, str], _Context] = {}
 
 
-def _context(info: AdapterInfo, adapter: Any) -> _Context:
-    if info.index in _CONTEXTS:
-        return _CONTEXTS[info.index]
+def _context(info: AdapterInfo, adapter: Any, profile: LimitsProfile | None = None) -> _Context:
+    key = (info.index, profile.name if profile else "")
+    if key in _CONTEXTS:
+        return _CONTEXTS[key]
     feats = [f for f in _FEATURES if f in adapter.features]
+    limits = profile.required_limits(dict(adapter.limits)) if profile else None
     try:
-        device = adapter.request_device_sync(required_features=feats)
+        device = adapter.request_device_sync(required_features=feats, required_limits=limits)
     except Exception as e:  # driver refuses: report, do not crash
         raise DeviceError(f"could not open adapter {info.summary}: {e}. Try another device "
                           "(`anygrad devices`) or device='cpu'.") from e
@@ -66,9 +69,10 @@ def _context(info: AdapterInfo, adapter: Any) -> _Context:
         max_invocations_per_workgroup=int(lim["max-compute-invocations-per-workgroup"]),
         max_workgroups_per_dim=int(lim["max-compute-workgroups-per-dimension"]),
         has_subgroups="subgroup" in device.features, has_f16="shader-f16" in device.features,
-        is_cpu=info.is_software)
+        is_cpu=info.is_software, memory_budget=profile.memory_budget if profile else None,
+        limits_profile=profile.name if profile else "")
     ctx = _Context(info, device, caps, {}, {})
-    _CONTEXTS[info.index] = ctx
+    _CONTEXTS[key] = ctx
     return ctx
 
 
@@ -120,10 +124,12 @@ class WgpuBackend(Backend):
 
     name = "wgpu"
 
-    def __init__(self, device: str = "wgpu"):
+    def __init__(self, device: str = "wgpu", limits: str | None = None):
+        """`limits`: a limits profile (limits.PROFILES) the device is created with, so that it
+        enforces a weaker adapter's limits; None: ANYGRAD_WGPU_LIMITS, else the adapter's own."""
         info, adapter = select_adapter(device)
         self.adapter = info
-        self.ctx = _context(info, adapter)
+        self.ctx = _context(info, adapter, get_profile(limits))
         self.device = self.ctx.device
         self.caps = self.ctx.caps
         self.state: dict[str, _StateBuf] = {}
@@ -132,7 +138,8 @@ class WgpuBackend(Backend):
 
     @property
     def description(self) -> str:
-        return f"wgpu: {self.adapter.name} ({self.adapter.backend}, {self.adapter.type})"
+        limits = f", limits {self.caps.limits_profile}" if self.caps.limits_profile else ""
+        return f"wgpu: {self.adapter.name} ({self.adapter.backend}, {self.adapter.type}{limits})"
 
     # -- buffers ------------------------------------------------------------------------------
     def create_buffer(self, nbytes: int, usage: int, label: str = "") -> Any:
@@ -234,6 +241,12 @@ class WgpuBackend(Backend):
         return self.ctx.pipelines[key]
 
     # -- compile ----------------------------------------------------------------------------------
+    def memory_report(self, graph: Graph, fuse: bool = True) -> MemoryReport:
+        """The device memory compiling `graph` would hold, planned as compile plans it, without
+        building a pipeline or allocating a buffer (`anygrad info --batch-size`)."""
+        prepared = prepare(graph, self.caps, EPILOGUE_SUPPORT & set(LOWERINGS), fuse=fuse)
+        return memory_report(make_plan(prepared, self.caps, set(graph.state_names) | set(self.state)))
+
     def compile(self, graph: Graph, fuse: bool = True) -> WgpuExecutable:
         for name in graph.state_names:
             if name not in self.state and name in graph.initializers:

@@ -1,0 +1,97 @@
+"""Limits profiles: the limits of weaker adapters, asked of any adapter so that it enforces them.
+
+A profile lowers what the wgpu device is created with (`required_limits`), so validation refuses
+what that hardware would refuse, and gives the planner a memory budget for one training step.
+CI trains on lavapipe under `webgpu-default`; a user picks `--limits uhd630` to see whether a
+model fits a laptop before buying time on one. A profile never raises a limit above the adapter's.
+
+Each number says where it comes from. Where a vendor reports several values (drivers, OSes), the
+profile takes the lowest that users meet.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+
+from ...errors import ConfigError
+
+ENV = "ANYGRAD_WGPU_LIMITS"
+GiB, MiB = 1 << 30, 1 << 20
+
+
+@dataclass(frozen=True)
+class LimitsProfile:
+    name: str
+    description: str
+    # WebGPU limit names, as wgpu-py spells them with '-' (see WEBGPU_NAMES)
+    max_storage_buffer_binding_size: int
+    max_buffer_size: int
+    max_storage_buffers_per_shader_stage: int
+    max_compute_workgroup_storage_size: int
+    max_compute_invocations_per_workgroup: int
+    max_compute_workgroups_per_dimension: int
+    memory_budget: int | None = None  # bytes one compiled step may hold on the device (None: no budget)
+
+    def device_limits(self) -> dict[str, int]:
+        """The profile as wgpu-py's `required_limits` keys."""
+        return {f.name.replace("_", "-"): getattr(self, f.name) for f in fields(self)
+                if f.name.startswith("max_")}
+
+    def required_limits(self, adapter_limits: dict[str, int]) -> dict[str, int]:
+        """What to ask the device for: the adapter's limits, lowered to the profile's (never raised)."""
+        out = {k: int(v) for k, v in adapter_limits.items() if isinstance(v, int)}
+        for key, value in self.device_limits().items():
+            if key in out:
+                out[key] = min(out[key], value)
+        return out
+
+
+PROFILES: dict[str, LimitsProfile] = {p.name: p for p in (
+    # The WebGPU spec's default limits (W3C WebGPU, "Limits" table: maxStorageBufferBindingSize
+    # 134217728, maxBufferSize 268435456, maxStorageBuffersPerShaderStage 8,
+    # maxComputeWorkgroupStorageSize 16384, maxComputeInvocationsPerWorkgroup 256,
+    # maxComputeWorkgroupsPerDimension 65535): what every WebGPU adapter guarantees, and what a
+    # browser hands out unless more is asked for. No memory statement: no budget.
+    LimitsProfile("webgpu-default", "WebGPU's guaranteed minimum (every adapter has at least this)",
+                  128 * MiB, 256 * MiB, 8, 16384, 256, 65535),
+    # Intel UHD Graphics 630 (Gen9.5 GT2, 2017-2020 laptops and desktops), Vulkan on Windows:
+    # - storage binding 1 GiB: the driver's maxStorageBufferRange (2^30), measured with vulkaninfo
+    #   and recorded in issue 13; the buffer size is kept at the same 1 GiB, as one allocation on
+    #   that driver is not allowed to be larger than one binding in practice;
+    # - 32 KiB workgroup storage and 1024 invocations: Gen9's shared local memory per workgroup
+    #   and maximum workgroup size (maxComputeSharedMemorySize 32768,
+    #   maxComputeWorkGroupInvocations 1024);
+    # - 8 storage buffers per stage: WebGPU's floor, which wgpu reports on adapters whose
+    #   descriptor limits it cannot map (the tinygrad #1461 crashes were at this limit);
+    # - memory budget 3 GiB: the iGPU shares system RAM and Windows caps shared GPU memory at half
+    #   of it; an 8 GB laptop then has 4 GiB, less about 1 GiB the desktop keeps.
+    LimitsProfile("uhd630", "Intel UHD Graphics 630, Vulkan, 8 GB laptop",
+                  1 * GiB, 1 * GiB, 8, 32768, 1024, 65535, memory_budget=3 * GiB),
+    # Apple M1 with 8 GB under Metal:
+    # - 32 KiB threadgroup memory and 1024 threads per threadgroup: Metal feature set tables
+    #   (Apple7 family);
+    # - 31 buffer slots in a Metal argument table; wgpu reports that as storage buffers per stage;
+    # - binding and buffer 2 GiB - 1: wgpu's cap for any adapter (bindings are u32 offsets);
+    # - memory budget 5.3 GiB: the recommendedMaxWorkingSetSize Metal reports on 8 GB M1
+    #   machines (5,461 MiB, as llama.cpp prints at start-up); Metal has already left the OS
+    #   its share.
+    LimitsProfile("m1-8gb", "Apple M1, 8 GB, Metal",
+                  2 * GiB - 1, 2 * GiB - 1, 31, 32768, 1024, 65535, memory_budget=5461 * MiB),
+)}
+
+
+def get_profile(name: str | None) -> LimitsProfile | None:
+    """The profile called `name` (None or '' or 'adapter': none, the adapter's own limits);
+    without a name, the one ANYGRAD_WGPU_LIMITS names (tests and CI set it)."""
+    if name is None:
+        name = os.environ.get(ENV, "")
+    name = name.strip().lower()
+    if name in ("", "adapter", "none"):
+        return None
+    if name not in PROFILES:
+        raise ConfigError(f"unknown limits profile '{name}'; choose one of {', '.join(PROFILES)} "
+                          "(or 'adapter' for the adapter's own limits)")
+    return PROFILES[name]
+
+
+__all__ = ["ENV", "PROFILES", "LimitsProfile", "get_profile"]
