@@ -5,7 +5,10 @@
   a node may join a group only when no node outside the group, placed before it, reads a value
   the group produces (that reader would otherwise run before the group's kernel); this also rules
   out cycles. Independent groups of one shape then merge the same way (horizontal fusion).
-- GEMM/Conv -> Relu: the Relu runs in the GEMM's epilogue (attr `_epilogue`).
+- Transposes feeding or read from a MatMul/Gemm become operand and result layouts (transA/transB,
+  _permA/_permB/_permY): the GEMM's loads and stores do the transposition, no Transpose kernel.
+- GEMM -> Add(bias) -> activation and Conv -> Relu: bias and activation run in the GEMM's
+  epilogue (a third input, attrs `_epilogue`/`_epilogue_attrs`).
 - Optimizer updates of one kind become one `wgpu.FusedUpdate` over arenas (see group_updates).
 - Dropout outside training becomes an Identity, which the planner aliases.
 - Graph inputs of 1-byte elements (uint8 images) are uploaded four per u32 word and unpacked by an
@@ -21,28 +24,224 @@ import numpy as np
 from ...ir.graph import Graph, Node, TensorInfo
 from .kernel import AdapterCaps
 from .kernels_elementwise import UNPACK_BYTES, bound_count, is_elementwise, make_fused
+from .kernels_gemm import EPILOGUE_ACTIVATIONS
 from .kernels_optim import COPY, FUSED_UPDATE, UPDATE_OPS
 from .wgsl import shape_of
 
 MAX_GROUP = 48          # members per kernel: keeps shaders small and compile times short
 
 
-def fuse_epilogues(graph: Graph, protected: set[str], supports_epilogue: set[str]) -> None:
-    """(Gemm|Conv) -> Relu where the pre-activation has no other use: the GEMM applies the Relu."""
+GEMM_OPS = frozenset({"MatMul", "Gemm"})
+_TRANS = {"Gemm": ("transA", "transB"), "MatMul": ("_permA", "_permB")}
+
+
+def _perm_of(graph: Graph, node: Node) -> list[int]:
+    rank = len(shape_of(graph, node.inputs[0]))
+    perm = node.attr("perm")
+    return list(perm) if perm is not None else list(range(rank))[::-1]
+
+
+def _swap(rank: int) -> list[int]:
+    return list(range(rank - 2)) + [rank - 1, rank - 2]
+
+
+def _swaps_last_two(graph: Graph, node: Node) -> bool:
+    """A Transpose exchanging the last two axes and keeping the others (x.T, K^T, W.T)."""
+    rank = len(shape_of(graph, node.inputs[0]))
+    return rank >= 2 and _perm_of(graph, node) == _swap(rank)
+
+
+def _then(first: list[int] | None, second: list[int]) -> list[int]:
+    """The perm of transpose(transpose(x, first), second)."""
+    return list(second) if first is None else [int(first[i]) for i in second]
+
+
+def _has_bias(node: Node) -> bool:
+    return bool(node.input(2))
+
+
+def _is_matrix(graph: Graph, v: str) -> bool:
+    shape = shape_of(graph, v)
+    return len(shape) >= 2 and int(np.prod(shape[:-2], dtype=np.int64)) == 1
+
+
+def _matrix_alias(graph: Graph, n: Node | None) -> bool:
+    """A Reshape-like node between two single matrices of one shape (leading 1s added or dropped),
+    which the gradient rules leave between a GEMM and a Transpose."""
+    return (n is not None and n.op in ALIAS_LIKE and bool(n.inputs) and _is_matrix(graph, n.inputs[0])
+            and _is_matrix(graph, n.outputs[0])
+            and shape_of(graph, n.inputs[0])[-2:] == shape_of(graph, n.outputs[0])[-2:])
+
+
+def _swapped_operands(graph: Graph, p: Node) -> None:
+    """Rewrite GEMM p to compute its result transposed: (A B)^T = B^T A^T."""
+    ka, kb = _TRANS[p.op]
+    a, b = p.inputs[0], p.inputs[1]
+    if p.op == "Gemm":
+        ta, tb = p.attr(ka, 0), p.attr(kb, 0)
+        p.attrs[ka], p.attrs[kb] = 1 - tb, 1 - ta
+    else:
+        pa, pb = p.attr(ka), p.attr(kb)
+        ra, rb = len(shape_of(graph, a)), len(shape_of(graph, b))
+        p.attrs[ka], p.attrs[kb] = _then(pb, _swap(rb)), _then(pa, _swap(ra))
+    p.inputs[0], p.inputs[1] = b, a
+
+
+def _read_through(graph: Graph, n: Node, slot: int, producers: dict) -> bool:
+    """Make GEMM n read the Transpose feeding its operand `slot` (maybe through matrix reshapes)
+    from the Transpose's input instead. False when there is none to fold."""
+    key = _TRANS[n.op][slot]
+    v = n.inputs[slot]
+    via_alias = False
+    while _is_matrix(graph, v) and _matrix_alias(graph, producers.get(v)):
+        v, via_alias = producers[v].inputs[0], True
+    t = producers.get(v)
+    if t is None or t.op != "Transpose" or len(shape_of(graph, t.inputs[0])) < 2:
+        return False
+    rank = len(shape_of(graph, t.inputs[0]))
+    if n.op == "Gemm" or via_alias:
+        # a 2-D operand (Gemm) or a matrix seen through reshapes: only a swap, which toggles
+        cur = n.attr(key)
+        cur_rank = len(shape_of(graph, n.inputs[slot]))
+        swapped = bool(cur) if n.op == "Gemm" else cur is not None and list(cur) == _swap(cur_rank)
+        if not _swaps_last_two(graph, t) or (n.op == "MatMul" and cur is not None and not swapped):
+            return False
+        if n.op == "Gemm":
+            n.attrs[key] = 1 - n.attr(key, 0)
+        else:
+            n.attrs[key] = None if swapped else _swap(rank)
+    else:
+        n.attrs[key] = _then(_perm_of(graph, t), n.attr(key) or list(range(rank)))
+    n.inputs[slot] = t.inputs[0]
+    return True
+
+
+def fold_transposes(graph: Graph, protected: set[str]) -> None:
+    """Transposes around GEMMs become operand and result layouts, not kernels.
+
+    - A transposed GEMM result: for a swap of the last two axes, (A B)^T = B^T A^T, the GEMM with
+      its operands swapped and transposed (the weight gradient of `x @ W.T`, through the gradient
+      of the Transpose); any other perm of a MatMul result becomes its stored layout (`_permY`,
+      attention's head merge).
+    - A transposed operand is read through the Transpose by the GEMM's loads: Gemm's own
+      transA/transB for a 2-D swap, MatMul's `_permA`/`_permB` for any perm (x @ W.T,
+      attention's K^T and head split, the gradients' dy @ W^T).
+    Reshapes that only add or drop leading 1s between a single matrix and the GEMM are looked
+    through. A Transpose nothing else reads is then dropped."""
     users = graph.consumers()
     producers = graph.producers()
     drop = set()
     for n in graph.nodes:
-        if n.op != "Relu" or len(n.inputs) != 1:
+        if n.op != "Transpose":
             continue
-        p = producers.get(n.inputs[0])
-        if (p is None or p.op not in supports_epilogue or p.attr("_epilogue") is not None
-                or len(users.get(n.inputs[0], [])) != 1 or n.inputs[0] in protected):
+        chain, v = [], n.inputs[0]
+        while _matrix_alias(graph, producers.get(v)) and len(users.get(v, [])) == 1 and v not in protected:
+            chain.append(producers[v])
+            v = producers[v].inputs[0]
+        p = producers.get(v)
+        if (p is None or p.op not in GEMM_OPS or _has_bias(p) or v in protected or len(users.get(v, [])) != 1
+                or any(len(shape_of(graph, x)) < 2 for x in p.inputs[:2]) or p.attr("_permY") is not None):
             continue
-        p.attrs["_epilogue"] = "relu"
+        if _swaps_last_two(graph, n) and (not chain or _is_matrix(graph, n.inputs[0])):
+            _swapped_operands(graph, p)
+        elif p.op == "MatMul" and not chain:
+            p.attrs["_permY"] = _perm_of(graph, n)
+        else:
+            continue
         p.outputs[0] = n.outputs[0]
-        drop.add(id(n))
+        producers[n.outputs[0]] = p   # a Transpose of this one may fold next
+        drop |= {id(n)} | {id(c) for c in chain}
     graph.nodes = [n for n in graph.nodes if id(n) not in drop]
+    producers = graph.producers()
+    for n in graph.nodes:
+        if n.op in GEMM_OPS:
+            for slot in (0, 1):
+                while _read_through(graph, n, slot, producers):  # K^T^T folds twice (dq = ds @ K)
+                    pass
+    # the Transposes (and reshapes of them) nothing reads any more
+    dead = True
+    while dead:
+        users = graph.consumers()
+        dead = {id(n) for n in graph.nodes if (n.op == "Transpose" or n.op in ALIAS_LIKE)
+                and n.outputs[0] not in protected and not users.get(n.outputs[0])}
+        graph.nodes = [n for n in graph.nodes if id(n) not in dead]
+
+
+def _bias_fits(graph: Graph, gemm: Node, bias: str, out: str) -> bool:
+    """A bias the GEMM can add per output element: along the last axis for MatMul (Linear's
+    bias), any shape broadcasting to the 2-D output for Gemm; never one that grows the output."""
+    info = graph.info.get(bias)
+    if info is None or np.dtype(info.dtype) != np.float32:
+        return False
+    y, sb = shape_of(graph, gemm.outputs[0]), shape_of(graph, bias)
+    if shape_of(graph, out) != y or len(sb) > len(y):
+        return False
+    if gemm.op == "MatMul":
+        return all(d == 1 for d in sb[:-1]) and (not sb or sb[-1] in (1, y[-1]))
+    return all(d in (1, e) for d, e in zip(sb[::-1], y[::-1]))
+
+
+def fuse_epilogues(graph: Graph, protected: set[str], supports_epilogue: set[str]) -> None:
+    """A GEMM's bias Add and activation run in its epilogue when nothing else reads the values
+    in between: MatMul/Gemm -> Add(bias) -> activation (Relu, Gelu, ... see EPILOGUE_ACTIVATIONS),
+    Conv -> Relu. The fused GEMM takes the place of the last node it absorbs."""
+    users = graph.consumers()
+    producers = graph.producers()
+    replaced: dict[int, Node] = {}   # id(absorbed node) -> the GEMM now standing in its place
+    moved = set()                    # ids of GEMMs moved to a later place
+
+    def sole_input(v: str) -> Node | None:
+        p = producers.get(v)
+        if p is None or len(users.get(v, [])) != 1 or v in protected:
+            return None
+        return p
+
+    for n in graph.nodes:
+        if n.op == "Add" and len(n.inputs) == 2:
+            for slot in (0, 1):
+                p = sole_input(n.inputs[slot])
+                bias = n.inputs[1 - slot]
+                if (p is None or p.op not in GEMM_OPS & supports_epilogue or _has_bias(p)
+                        or p.attr("_epilogue") is not None or not _bias_fits(graph, p, bias, n.outputs[0])):
+                    continue
+                p.inputs[2:] = [bias]
+                if p.op == "Gemm":
+                    p.attrs["beta"] = 1.0
+                p.outputs[0] = n.outputs[0]
+                replaced[id(n)] = p
+                moved.add(id(p))
+                producers[n.outputs[0]] = p
+                break
+            continue
+        if len(n.inputs) != 1:
+            continue
+        p = sole_input(n.inputs[0])
+        if p is None or p.op not in supports_epilogue or p.attr("_epilogue") is not None:
+            continue
+        if n.op == "Relu":
+            p.attrs["_epilogue"] = "relu"
+        elif n.op in EPILOGUE_ACTIVATIONS and p.op in GEMM_OPS and np.dtype(graph.info[n.outputs[0]].dtype) == np.float32:
+            p.attrs["_epilogue"] = n.op
+            p.attrs["_epilogue_attrs"] = dict(n.attrs)
+        else:
+            continue
+        p.outputs[0] = n.outputs[0]
+        replaced[id(n)] = p
+        moved.add(id(p))
+        producers[n.outputs[0]] = p
+    # each fused GEMM runs where the last node it absorbed ran (its bias may be computed late)
+    final = {id(p): nid for nid, p in replaced.items()}
+    nodes = []
+    for n in graph.nodes:
+        if id(n) in moved:
+            continue
+        if id(n) in replaced:
+            p = replaced[id(n)]
+            if final[id(p)] == id(n):
+                nodes.append(p)
+            continue
+        nodes.append(n)
+    graph.nodes = nodes
 
 
 def fuse_elementwise(graph: Graph, caps: AdapterCaps, protected: set[str]) -> None:
@@ -315,6 +514,8 @@ def prepare(graph: Graph, caps: AdapterCaps, supports_epilogue: set[str], fuse: 
     inference_dropout_to_identity(g)
     pack_byte_inputs(g)  # not an optimisation: the runtime uploads those inputs packed either way
     if fuse:
+        # first, so that the optimizer grouping sees the GEMMs that now read the weights directly
+        fold_transposes(g, protected)
         group_updates(g, caps)
         # Gradients computed into their arena slice are read only through FusedUpdate's attrs.
         claimed = {v for n in g.nodes if n.op == FUSED_UPDATE for v in n.attrs["grads"]}

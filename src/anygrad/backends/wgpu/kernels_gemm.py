@@ -27,8 +27,13 @@ import numpy as np
 from ...errors import ShapeError
 from ...ir.graph import Graph, Node
 from .kernel import AdapterCaps, Kernel, Scratch, lowering
+from .kernels_elementwise import EW, Emit, Val
 
 EPILOGUES = {None: "y", "relu": "max(y, 0.0)"}
+# Activations a MatMul/Gemm applies in its epilogue (attrs `_epilogue` = the op, `_epilogue_attrs`),
+# evaluated by the op's elementwise table row; Relu keeps the short `"relu"` key the convs share.
+EPILOGUE_ACTIVATIONS = frozenset({"Gelu", "Sigmoid", "Tanh", "LeakyRelu", "Elu", "Selu", "Celu", "Softplus",
+                                  "Softsign", "HardSigmoid", "HardSwish", "Mish"})
 
 
 # -- WGSL literal helpers -------------------------------------------------------------------------
@@ -84,7 +89,8 @@ class Output:
     contig: bool = False     # c..c+3 consecutive for c % 4 == 0 (requires N % 4 == 0)
     alpha: float = 1.0
     bias: str = ""           # WGSL f32 expression of (bt, r, c) added after alpha
-    epilogue: str | None = None
+    epilogue: str | None = None   # a key of EPILOGUES, or an op of EPILOGUE_ACTIVATIONS
+    epilogue_attrs: tuple = ()    # that op's attributes, as sorted (name, value) pairs
 
 
 @dataclass(frozen=True)
@@ -221,11 +227,22 @@ def _loader(fn: str, op: Operand, vec4: bool) -> str:
     return "\n".join(out)
 
 
+def _activation(out: Output) -> tuple[str, str, str]:
+    """(helper functions, statements, result expression) applying out.epilogue to `y`."""
+    if out.epilogue in EPILOGUES:
+        return "", "", EPILOGUES[out.epilogue]
+    c = Emit()
+    node = Node(out.epilogue, ["y"], ["z"], dict(out.epilogue_attrs))
+    (v,) = EW[out.epilogue].emit(c, node, [Val("y", "f32")], ["f32"])
+    return "\n".join(c.helpers.values()), "\n".join(c.lines) + "\n", v.expr
+
+
 def _epi_fn(out: Output, with_bias: bool) -> str:
     bias = f"  y = y + {out.bias};\n" if (with_bias and out.bias) else ""
     alpha = f" * {f(out.alpha)}" if out.alpha != 1.0 else ""
-    return (f"fn epi(bt: u32, r: u32, c: u32, v: f32) -> f32 {{\n  var y = v{alpha};\n{bias}"
-            f"  return {EPILOGUES[out.epilogue]};\n}}")
+    helpers, lines, result = _activation(out)
+    return (f"{helpers}\nfn epi(bt: u32, r: u32, c: u32, v: f32) -> f32 {{\n  var y = v{alpha};\n{bias}"
+            f"{lines}  return {result};\n}}")
 
 
 def _store_fn(out: Output, M: int, N: int) -> str:
@@ -634,48 +651,133 @@ def variant_of(node: Node) -> dict:
     return {"variant": node.attr("_gemm_variant"), "block": node.attr("_gemm_block"), "kt": node.attr("_gemm_kt")}
 
 
-def _batch_offset(out_batch: tuple[int, ...], own: tuple[int, ...], mat: int) -> str:
+def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return tuple(reversed(out))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A logical tensor (the MatMul's view of an operand or its result) over stored memory: the
+    logical shape and, per logical dim, its element stride in the stored buffer. A stored tensor
+    read through `perm` (logical = transpose(stored, perm)) has stride stored_stride[perm[i]]."""
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+
+    @staticmethod
+    def of(stored: tuple[int, ...], perm=None) -> Layout:
+        st = _strides(stored)
+        perm = list(perm) if perm is not None else list(range(len(stored)))
+        return Layout(tuple(stored[p] for p in perm), tuple(st[p] for p in perm))
+
+    @staticmethod
+    def stored_as(logical: tuple[int, ...], perm) -> Layout:
+        """A logical result stored as transpose(logical, perm)."""
+        if perm is None:
+            return Layout.of(logical)
+        st = _strides(tuple(logical[p] for p in perm))
+        where = np.argsort(perm)
+        return Layout(tuple(logical), tuple(st[where[j]] for j in range(len(logical))))
+
+    def padded(self, rank: int) -> Layout:
+        """The same tensor with leading 1s added or (size-1 ones only) dropped to `rank` dims."""
+        k = rank - len(self.shape)
+        if k < 0:
+            assert all(d == 1 for d in self.shape[:-k])
+            return Layout(self.shape[-k:], self.strides[-k:])
+        return Layout((1,) * k + self.shape, (0,) * k + self.strides)
+
+    def rows_collapse(self) -> bool:
+        """Whether the batch dims and the rows are one run of rows (they fold into M)."""
+        dims = [(d, st) for d, st in zip(self.shape[:-1], self.strides[:-1]) if d != 1]
+        return all(dims[i][1] == dims[i + 1][1] * dims[i + 1][0] for i in range(len(dims) - 1))
+
+    def row_stride(self) -> int:
+        dims = [st for d, st in zip(self.shape[:-1], self.strides[:-1]) if d != 1]
+        return dims[-1] if dims else 0
+
+
+def _batch_offset(out_batch: tuple[int, ...], own: Layout) -> str:
     """WGSL offset of this operand's matrix for flat output batch index bt (broadcast dims stride 0)."""
-    own = (1,) * (len(out_batch) - len(own)) + tuple(own)
+    own = own.padded(len(out_batch))
     terms = []
-    stride = mat
     inner = 1
     for d in reversed(range(len(out_batch))):
-        if own[d] != 1:
-            terms.append(f"((bt / {u(inner)}) % {u(out_batch[d])}) * {u(stride)}")
-            stride *= own[d]
+        if own.shape[d] != 1:
+            terms.append(f"((bt / {u(inner)}) % {u(out_batch[d])}) * {u(own.strides[d])}")
         inner *= out_batch[d]
     return " + ".join(terms) if terms else "0u"
 
 
+def _operand(var: str, lay: Layout, off: str, rows: int | None = None, row_stride: int | None = None) -> Operand:
+    """Element (r, c) of a logical matrix (the last two dims of lay) at `off`; vec4 loads along
+    whichever logical axis is contiguous in memory."""
+    rs = lay.strides[-2] if row_stride is None else row_stride
+    cs = lay.strides[-1]
+    contig = 1 if cs == 1 else 0 if rs == 1 else None
+    return Operand(var, rows or lay.shape[-2], lay.shape[-1], f"{off} + r * {u(rs)} + c * {u(cs)}", contig=contig)
+
+
+def epilogue_of(node: Node) -> dict:
+    """The Output fields of a node's fused activation (attrs set by fusion.fuse_epilogues)."""
+    return {"epilogue": node.attr("_epilogue"),
+            "epilogue_attrs": tuple(sorted((node.attr("_epilogue_attrs") or {}).items()))}
+
+
 @lowering("MatMul")
 def lower_matmul(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    """Batched, broadcasting MatMul over operands and a result in any layout.
+
+    Attrs `_permA` / `_permB` (set by fusion.fold_transposes): the operand is stored untransposed
+    and the MatMul reads transpose(stored, perm), so a Transpose feeding it costs no kernel (x @ W.T,
+    attention's K^T and its head split). `_permY`: the result is stored as transpose(result, perm)
+    (attention's head merge). An optional third input (fusion.fuse_epilogues) is a bias along the
+    result's last axis."""
     sa = static_shape(graph, node.inputs[0], node)
     sb = static_shape(graph, node.inputs[1], node)
-    a2 = (1,) + sa if len(sa) == 1 else sa
-    b2 = sb + (1,) if len(sb) == 1 else sb
-    M, K, N = a2[-2], a2[-1], b2[-1]
-    ba, bb = a2[:-2], b2[:-2]
-    out_batch = tuple(np.broadcast_shapes(ba, bb))
-    if int(np.prod(bb, dtype=np.int64)) == 1:
-        # B is one matrix: A's batch folds into M (rows are contiguous) -> one big GEMM
-        M, out_batch, ba = M * int(np.prod(ba, dtype=np.int64)), (), ()
+    la = Layout.of(sa, node.attr("_permA")) if len(sa) > 1 else Layout((1,) + sa, (0, 1))
+    lb = Layout.of(sb, node.attr("_permB")) if len(sb) > 1 else Layout(sb + (1,), (1, 0))
+    M, K, N = la.shape[-2], la.shape[-1], lb.shape[-1]
+    out_batch = tuple(np.broadcast_shapes(la.shape[:-2], lb.shape[:-2]))
+    perm_y = node.attr("_permY")
+    if perm_y is not None:  # the batch rank the perm was written for (operands seen through reshapes
+        # of single matrices may have gained or lost leading 1s since)
+        out_batch = Layout(out_batch, (0,) * len(out_batch)).padded(len(perm_y) - 2).shape
+    ly = Layout.stored_as(out_batch + (M, N), perm_y)
+    if (int(np.prod(lb.shape[:-2], dtype=np.int64)) == 1 and la.rows_collapse() and ly.rows_collapse()
+            and M * int(np.prod(out_batch, dtype=np.int64)) > M):
+        # B is one matrix and A's and Y's rows run on across the batch: the batch folds into M
+        rows = M * int(np.prod(out_batch, dtype=np.int64))
+        a = _operand("A", la, "0u", rows, la.row_stride())
+        ly_rs, y_off = ly.row_stride(), "0u"
+        out_batch = ()
+        M = rows
+    else:
+        a = _operand("A", la, _batch_offset(out_batch, Layout(la.shape[:-2], la.strides[:-2])))
+        ly_rs, y_off = ly.strides[-2], _batch_offset(out_batch, Layout(ly.shape[:-2], ly.strides[:-2]))
+    b = _operand("B", lb, _batch_offset(out_batch, Layout(lb.shape[:-2], lb.strides[:-2])))
     batch = int(np.prod(out_batch, dtype=np.int64))
-    off_a = _batch_offset(out_batch, ba, M * K)
-    off_b = _batch_offset(out_batch, bb, K * N)
-    a = Operand("A", M, K, f"{off_a} + r * {u(K)} + c", contig=1)
-    b = Operand("B", K, N, f"{off_b} + r * {u(N)} + c", contig=1)
-    out = Output("Y", f"bt * {u(M * N)} + r * {u(N)} + c", contig=N % 4 == 0,
-                 epilogue=node.attr("_epilogue"))
-    spec = GemmSpec("MatMul", M, N, K, batch, a, b, out,
-                    (Binding(node.inputs[0], "A"), Binding(node.inputs[1], "B")), Binding(node.outputs[0], "Y"))
+    reads = [Binding(node.inputs[0], "A"), Binding(node.inputs[1], "B")]
+    bias = ""
+    if node.input(2):
+        sc = static_shape(graph, node.inputs[2], node)
+        bias = f"Cb[c * {u(1 if sc and sc[-1] != 1 else 0)}]"
+        reads.append(Binding(node.inputs[2], "Cb"))
+    out = Output("Y", f"{y_off} + r * {u(ly_rs)} + c * {u(ly.strides[-1])}",
+                 contig=N % 4 == 0 and ly.strides[-1] == 1, bias=bias, **epilogue_of(node))
+    spec = GemmSpec("MatMul", M, N, K, batch, a, b, out, tuple(reads), Binding(node.outputs[0], "Y"))
     return gemm_kernels(spec, caps, **variant_of(node))
 
 
 @lowering("Gemm")
 def lower_gemm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
-    sa = static_shape(graph, node.inputs[0], node)
-    sb = static_shape(graph, node.inputs[1], node)
+    # operands are matrices, maybe with leading 1s (fusion.fold_transposes looks through reshapes)
+    sa = static_shape(graph, node.inputs[0], node)[-2:]
+    sb = static_shape(graph, node.inputs[1], node)[-2:]
     ta, tb = node.attr("transA", 0), node.attr("transB", 0)
     M, K = (sa[1], sa[0]) if ta else sa
     N = sb[0] if tb else sb[1]
@@ -694,6 +796,6 @@ def lower_gemm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
         bias = f"Cb[r * {u(sr)} + c * {u(scc)}]" + (f" * {f(beta)}" if beta != 1.0 else "")
         reads.append(Binding(node.inputs[2], "Cb"))
     out = Output("Y", f"r * {u(N)} + c", contig=N % 4 == 0, alpha=node.attr("alpha", 1.0), bias=bias,
-                 epilogue=node.attr("_epilogue"))
+                 **epilogue_of(node))
     spec = GemmSpec("Gemm", M, N, K, 1, a, b, out, tuple(reads), Binding(node.outputs[0], "Y"))
     return gemm_kernels(spec, caps, **variant_of(node))

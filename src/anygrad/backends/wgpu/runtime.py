@@ -26,7 +26,8 @@ from .profiling import StepProfile, live_profiler, profile_dispatches
 from .wgsl import np_device_dtype
 
 _FEATURES = ("shader-f16", "subgroup", "timestamp-query")
-# Op types whose lowering applies a fused Relu when the node carries attrs["_epilogue"] == "relu".
+# Op types whose lowering applies a fused epilogue (attrs["_epilogue"]: "relu" for all three; MatMul and
+# Gemm also a bias and the activations of kernels_gemm.EPILOGUE_ACTIVATIONS).
 EPILOGUE_SUPPORT: set[str] = {"Gemm", "Conv", "MatMul"}
 
 

@@ -1,0 +1,222 @@
+"""GEMMs reading transposed operands, writing transposed results, and applying bias and activation
+epilogues on wgpu, against the numpy backend (forward and gradients). The graphs are the patterns
+the exporters produce: `x @ W.T` over (batch, tokens, d), attention's `Q @ K^T`, a Gemm fed by a
+Transpose, and Linear -> bias -> activation."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from wgpu_util import assert_close, run_both
+
+from anygrad.autodiff import gradients
+from anygrad.ir import Builder, Graph, Node, TensorInfo, specialize
+
+pytestmark = pytest.mark.wgpu
+F32 = np.dtype(np.float32)
+
+
+def rnd(*shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _graph(inputs: dict[str, np.ndarray], nodes: list[Node], out: str, grad: bool, consts: dict | None = None):
+    """A specialized graph of `nodes` (and the gradients of sum(out * R) for every input)."""
+    g = Graph(name="fold")
+    for name, a in inputs.items():
+        g.inputs.append(name)
+        g.info[name] = TensorInfo(F32, a.shape)
+    g.initializers.update(consts or {})
+    g.nodes = nodes
+    g.outputs = [out]
+    s = specialize(g, {})
+    if grad:
+        b = Builder(s, prefix="check")
+        r = rnd(*b.shape(out), seed=99)
+        loss = b.op("ReduceSum", [b.op("Mul", [out, b.const(r)])], keepdims=0)
+        gr = gradients(s, loss, list(inputs))
+        s.outputs = [out] + [gr[n] for n in inputs]
+    return s
+
+
+def _kernel_names(exe) -> list[str]:
+    return [st.kernel.name for st in exe.plan.steps]
+
+
+def _run(graph: Graph, feeds: dict):
+    want, got, exe = run_both(graph, feeds)
+    assert_close(want, got, rtol=2e-4, atol=2e-5)
+    return exe
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_with_transposed_weight_has_no_transpose_kernel(bias):
+    """y = x @ W.T (+ b) over (batch, tokens, d), as both exporters write a Linear on 3-D input;
+    its input gradient reads W transposed, and dW = (x^T dy)^T is computed as dy^T x directly."""
+    feeds = {"x": rnd(2, 5, 6, seed=1), "W": rnd(7, 6, seed=2)} | ({"b": rnd(7, seed=3)} if bias else {})
+    nodes = [Node("Transpose", ["W"], ["Wt"], {"perm": [1, 0]}, name="t"),
+             Node("MatMul", ["x", "Wt"], ["xw"], name="mm")]
+    if bias:
+        nodes.append(Node("Add", ["xw", "b"], ["y"], name="add"))
+    exe = _run(_graph(feeds, nodes, "y" if bias else "xw", grad=True), feeds)
+    names = _kernel_names(exe)
+    assert not any(n.startswith("Transpose") for n in names), names
+    assert not any(n.op == "Transpose" for n in exe.prepared.nodes)
+    if bias:  # the bias Add runs in the forward GEMM's epilogue
+        (mm,) = [n for n in exe.prepared.nodes if n.outputs[0] == "y"]
+        assert mm.op == "MatMul" and mm.inputs[2] == "b"
+
+
+def test_attention_scores_read_k_transposed():
+    """Q @ K^T with K^T a Transpose of the last two axes of (B, H, T, d); gradients included."""
+    feeds = {"q": rnd(2, 3, 5, 4, seed=4), "k": rnd(2, 3, 6, 4, seed=5), "v": rnd(2, 3, 6, 8, seed=6)}
+    nodes = [Node("Transpose", ["k"], ["kt"], {"perm": [0, 1, 3, 2]}, name="t"),
+             Node("MatMul", ["q", "kt"], ["s"], name="qk"),
+             Node("MatMul", ["s", "v"], ["o"], name="sv")]
+    exe = _run(_graph(feeds, nodes, "o", grad=True), feeds)
+    names = _kernel_names(exe)
+    assert not any(n.startswith("Transpose") for n in names), names
+    assert any(n.op == "MatMul" and n.attr("_permB") == [0, 1, 3, 2] for n in exe.prepared.nodes)
+
+
+@pytest.mark.parametrize("k_perm", [[0, 2, 3, 1], None])
+def test_attention_head_split_and_merge_fold(k_perm):
+    """The exporters' multi-head attention: (B, T, H*d) -> Reshape -> Transpose(0, 2, 1, 3) into the
+    score and value MatMuls (K^T as one Transpose(0, 2, 3, 1), or a head split then a swap), and
+    the context's Transpose(0, 2, 1, 3) -> Reshape back: no Transpose kernel forward or backward."""
+    B, T, H, d = 2, 5, 3, 4
+    feeds = {"q": rnd(B, T, H * d, seed=30), "k": rnd(B, T, H * d, seed=31), "v": rnd(B, T, H * d, seed=32)}
+    nodes = []
+    for x in "qkv":
+        nodes.append(Node("Reshape", [x, "heads"], [f"{x}4"], name=f"r{x}"))
+        if x == "k" and k_perm:
+            nodes.append(Node("Transpose", ["k4"], ["kt"], {"perm": k_perm}, name="tk"))
+        else:
+            nodes.append(Node("Transpose", [f"{x}4"], [f"{x}h"], {"perm": [0, 2, 1, 3]}, name=f"t{x}"))
+    if not k_perm:
+        nodes.append(Node("Transpose", ["kh"], ["kt"], {"perm": [0, 1, 3, 2]}, name="tkt"))
+    nodes += [Node("MatMul", ["qh", "kt"], ["s"], name="qk"),
+              Node("Softmax", ["s"], ["p"], {"axis": -1}, name="softmax"),
+              Node("MatMul", ["p", "vh"], ["o"], name="pv"),
+              Node("Transpose", ["o"], ["ot"], {"perm": [0, 2, 1, 3]}, name="to"),
+              Node("Reshape", ["ot", "merged"], ["y"], name="ry")]
+    consts = {"heads": np.array([B, T, H, d], np.int64), "merged": np.array([B, T, H * d], np.int64)}
+    exe = _run(_graph(feeds, nodes, "y", grad=True, consts=consts), feeds)
+    names = _kernel_names(exe)
+    assert not any(n.startswith("Transpose") for n in names), names
+
+
+@pytest.mark.parametrize("ta,tb", [(0, 0), (0, 1), (1, 0), (1, 1)])
+def test_gemm_fed_by_transposes(ta, tb):
+    """Transposed operands flip the Gemm's own transA/transB; a transposed result swaps operands."""
+    feeds = {"a": rnd(5, 7, seed=7), "b": rnd(7, 3, seed=8) if not tb else rnd(3, 7, seed=8)}
+    a_in = "a"
+    nodes = []
+    if ta:  # feed A^T and let Gemm transpose it back
+        nodes.append(Node("Transpose", ["a"], ["at"], {"perm": [1, 0]}, name="ta"))
+        a_in = "at"
+    nodes += [Node("Gemm", [a_in, "b"], ["g"], {"transA": ta, "transB": tb, "alpha": 0.5}, name="gemm"),
+              Node("Transpose", ["g"], ["y"], {"perm": [1, 0]}, name="ty")]
+    exe = _run(_graph(feeds, nodes, "y", grad=True), feeds)
+    assert not any(n.startswith("Transpose") for n in _kernel_names(exe))
+
+
+def test_transpose_read_elsewhere_is_kept():
+    """A Transpose whose result something else reads still runs (its readers need it stored)."""
+    feeds = {"x": rnd(4, 6, seed=9), "W": rnd(5, 6, seed=10)}
+    nodes = [Node("Transpose", ["W"], ["Wt"], {"perm": [1, 0]}, name="t"),
+             Node("MatMul", ["x", "Wt"], ["y"], name="mm"),
+             Node("Relu", ["Wt"], ["r"], name="relu"),
+             Node("ReduceSum", ["r"], ["rs"], {"keepdims": 0}, name="rs"),
+             Node("Add", ["y", "rs"], ["z"], name="add")]
+    _run(_graph(feeds, nodes, "z", grad=False), feeds)
+
+
+ACTIVATIONS = [("Relu", {}), ("Gelu", {}), ("Gelu", {"approximate": "tanh"}), ("Sigmoid", {}), ("Tanh", {}),
+               ("LeakyRelu", {"alpha": 0.1}), ("Elu", {"alpha": 0.7}), ("Softplus", {}), ("HardSwish", {})]
+
+
+@pytest.mark.parametrize("variant", ["register", "shared", "dot"])
+@pytest.mark.parametrize("act,attrs", ACTIVATIONS, ids=[a + str(k) for a, k in ACTIVATIONS])
+def test_matmul_bias_activation_epilogue(act, attrs, variant):
+    """Linear -> Add(bias) -> activation at inference: one GEMM kernel, nothing else."""
+    feeds = {"x": rnd(2, 3, 9, seed=11), "W": rnd(9, 10, seed=12), "b": rnd(10, seed=13)}
+    nodes = [Node("MatMul", ["x", "W"], ["xw"], {"_gemm_variant": variant}, name="mm"),
+             Node("Add", ["b", "xw"], ["pre"], name="add"),
+             Node(act, ["pre"], ["y"], attrs, name="act")]
+    exe = _run(_graph(feeds, nodes, "y", grad=False), feeds)
+    assert [n.op for n in exe.prepared.nodes] == ["MatMul"]
+    assert all(n.startswith("MatMul") for n in _kernel_names(exe))
+
+
+@pytest.mark.parametrize("cshape", [(10,), (1, 10), (6, 1), (1,)])
+def test_gemm_bias_add_and_gelu_fold_into_gemm(cshape):
+    feeds = {"x": rnd(6, 9, seed=14), "W": rnd(10, 9, seed=15), "c": rnd(*cshape, seed=16)}
+    nodes = [Node("Gemm", ["x", "W"], ["g"], {"transB": 1, "alpha": 1.5}, name="gemm"),
+             Node("Add", ["g", "c"], ["pre"], name="add"),
+             Node("Gelu", ["pre"], ["y"], name="act")]
+    exe = _run(_graph(feeds, nodes, "y", grad=False), feeds)
+    assert [n.op for n in exe.prepared.nodes] == ["Gemm"]
+
+
+def test_training_linear_gelu_fuses_bias_not_activation():
+    """In training the pre-activation is read again by the Gelu gradient: the bias still fuses into
+    the GEMM, the activation stays a separate (elementwise) kernel; all gradients match numpy."""
+    feeds = {"x": rnd(2, 4, 8, seed=17), "W": rnd(8, 12, seed=18), "b": rnd(12, seed=19)}
+    nodes = [Node("MatMul", ["x", "W"], ["xw"], name="mm"),
+             Node("Add", ["xw", "b"], ["pre"], name="add"),
+             Node("Gelu", ["pre"], ["y"], name="act")]
+    exe = _run(_graph(feeds, nodes, "y", grad=True), feeds)
+    (mm,) = [n for n in exe.prepared.nodes if n.outputs[0] == "pre"]
+    assert mm.op == "MatMul" and mm.inputs[2:] == ["b"]
+
+
+def _swap(x: str, rank: int, out: str) -> Node:
+    return Node("Transpose", [x], [out], {"perm": list(range(rank - 2)) + [rank - 1, rank - 2]}, name=f"t{x}")
+
+
+@pytest.mark.parametrize("variant", ["register", "shared", "dot"])
+@pytest.mark.parametrize("sa,sb,ta,tb", [
+    ((2, 3, 5, 4), (4, 6), True, False),      # A's batch cannot fold into M when A is read transposed
+    ((2, 3, 5, 4), (4, 6), True, True),
+    ((2, 3, 5, 4), (3, 4, 6), False, True),   # B broadcast over the leading batch dim
+    ((2, 1, 5, 4), (3, 4, 6), True, True),    # both broadcast
+    ((5, 4), (2, 4, 6), True, False),
+    ((8, 12), (12, 8), True, True),
+    ((3, 7), (7,), True, False),              # a 1-D operand beside a transposed one
+    ((7,), (2, 7, 5), False, True),
+])
+def test_matmul_transposed_operands(sa, sb, ta, tb, variant):
+    """MatMul reading A and/or B through a Transpose of their last two axes (stored as the swap)."""
+    swap = {True: lambda s: s[:-2] + (s[-1], s[-2]), False: lambda s: s}
+    feeds = {"a": rnd(*swap[ta](sa), seed=20), "b": rnd(*swap[tb](sb), seed=21)}
+    nodes = []
+    if ta:
+        nodes.append(_swap("a", len(sa), "at"))
+    if tb:
+        nodes.append(_swap("b", len(sb), "bt"))
+    nodes.append(Node("MatMul", ["at" if ta else "a", "bt" if tb else "b"], ["y"], {"_gemm_variant": variant},
+                      name="mm"))
+    exe = _run(_graph(feeds, nodes, "y", grad=False), feeds)
+    assert [n.op for n in exe.prepared.nodes] == ["MatMul"]
+
+
+@pytest.mark.parametrize("variant", ["register", "shared", "dot"])
+@pytest.mark.parametrize("sa,pa,sb,pb,py", [
+    ((2, 5, 3, 4), [0, 2, 1, 3], (2, 6, 3, 4), [0, 2, 3, 1], [0, 2, 1, 3]),   # head split in, merge out
+    ((5, 2, 4), [1, 0, 2], (4, 6), None, [1, 0, 2]),                          # (T, B, d) layouts
+    ((4, 2, 5), [1, 2, 0], (3, 4), [1, 0], [2, 0, 1]),                        # no contiguous axis of A
+    ((2, 3, 5, 8), None, (8, 4), None, [1, 0, 2, 3]),                         # batch folded into M, then permuted out
+])
+def test_matmul_any_operand_and_result_layout(sa, pa, sb, pb, py, variant):
+    """MatMul reading its operands through any Transpose and storing its result permuted."""
+    feeds = {"a": rnd(*sa, seed=22), "b": rnd(*sb, seed=23)}
+    nodes = []
+    ins = []
+    for x, perm in (("a", pa), ("b", pb)):
+        if perm is not None:
+            nodes.append(Node("Transpose", [x], [x + "t"], {"perm": perm}, name="t" + x))
+        ins.append(x + "t" if perm is not None else x)
+    nodes += [Node("MatMul", ins, ["m"], {"_gemm_variant": variant}, name="mm"),
+              Node("Transpose", ["m"], ["y"], {"perm": py}, name="ty")]
+    exe = _run(_graph(feeds, nodes, "y", grad=False), feeds)
+    assert [n.op for n in exe.prepared.nodes] == ["MatMul"]
