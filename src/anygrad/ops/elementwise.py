@@ -271,8 +271,9 @@ def _clip_grad_forward(node, ins):
 
 
 def _clip_grad(g: GradContext):
-    """PyTorch's clamp backward: x gets dy where min <= x <= max; a tensor bound gets the dy of
-    the elements it clipped, min only while min < max (when min >= max every element is max)."""
+    """PyTorch's clamp backward (its conventions up to 2.13): x gets dy where min <= x <= max; a
+    tensor bound gets the dy of the elements it clipped, min only while min < max (when min >= max
+    every clipped element is max)."""
     bounds = {k: g.node.attr(k) for k in ("min", "max") if g.node.attr(k) is not None}
     x, lo, hi = g.x[0], g.node.input(1), g.node.input(2)
     dx = g.op("ClipGrad", [g.dy, x, lo, hi], **bounds) if g.need(0) else None
@@ -284,10 +285,10 @@ def _clip_grad(g: GradContext):
         if hi:
             mask = g.op("And", [mask, g.op("Less", [lo, hi])])
         dlo = g.unbroadcast(g.op("Where", [mask, g.dy, zero]), g.shape(lo))
-    if g.need(2):  # x > max, or max < min
+    if g.need(2):  # x > max, or x < min while max <= min (every clipped element is max then)
         mask = g.op("Greater", [x, hi])
         if lo:
-            mask = g.op("Or", [mask, g.op("Less", [hi, lo])])
+            mask = g.op("Or", [mask, g.op("And", [g.op("Not", [g.op("Greater", [hi, lo])]), g.op("Less", [x, lo])])])
         dhi = g.unbroadcast(g.op("Where", [mask, g.dy, zero]), g.shape(hi))
     return [dx, dlo, dhi]
 
