@@ -18,6 +18,7 @@ import numpy as np
 
 from .errors import ConfigError, ModelError
 from .model import Model
+from .torchfile import read_npz_arrays
 
 # Per dataset: normalisation and class names, usable without loading the data (for --image).
 KNOWN_DATASETS: dict[str, tuple[tuple[float, ...], tuple[float, ...], list[str] | None]] = {
@@ -115,11 +116,7 @@ def resolve_model(spec: str | Path) -> ModelSource:
 
 
 def _weights_source(path: Path, config: dict[str, Any]) -> ModelSource:
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            weights = {k: npz[k] for k in npz.files}
-    except (OSError, ValueError) as e:
-        raise ModelError(f"{path}: cannot read the weights ({e})") from None
+    weights = read_npz_arrays(path, ModelError)  # bounded: a corrupt archive or a zip bomb is a ModelError
     return ModelSource(_run_model_path(config, path), weights, str(path), config)
 
 

@@ -1,29 +1,25 @@
-"""A dataset in one .npz file: arrays under configurable keys, read without pickle."""
+"""A dataset in one .npz file: arrays under configurable keys, read without pickle, with bounds
+(torchfile's npz reader: a deflate bomb or a corrupt archive is a DataError naming the file)."""
 from __future__ import annotations
 
-import zipfile
+import os
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import DataError
+from ..torchfile.npzfile import read_npz_arrays
 
 
 def read_npz(path: str | Path, x_key: str = "x", y_key: str = "y", x_valid_key: str = "x_valid",
              y_valid_key: str = "y_valid") -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray] | None]:
     """(train, valid or None). Validation arrays are used when both of their keys are present."""
     path = Path(path).expanduser()
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such .npz file") from None
-    except IsADirectoryError:
-        raise DataError(f"{path} is a directory; the npz dataset is one .npz file (--data-dir FILE.npz)") from None
-    except EOFError:  # np.load of an empty file
-        raise DataError(f"{path} is empty; the npz dataset is an .npz file written by numpy.savez") from None
-    except (OSError, ValueError, zipfile.BadZipFile) as e:
-        raise DataError(f"{path}: not a readable .npz file of plain arrays ({e})") from None
+    if not os.path.lexists(path):  # (False, not an exception, for a name too long or with a NUL)
+        raise DataError(f"{path}: no such .npz file")
+    if os.path.isdir(path):
+        raise DataError(f"{path} is a directory; the npz dataset is one .npz file (--data-dir FILE.npz)")
+    arrays = read_npz_arrays(path, DataError)
     missing = [k for k in (x_key, y_key) if k not in arrays]
     if missing:
         raise DataError(f"{path} has no array {' or '.join(repr(k) for k in missing)} (it holds "

@@ -138,11 +138,11 @@ def _read(source: Any, key: str | None) -> tuple[dict[str, np.ndarray], bool]:
     from .. import torchfile
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
-        if not path.is_file():
+        if not os.path.lexists(path):
             raise ModelError(f"{path}: no such weights file")
+        torchfile.check_regular(path)  # a folder, a FIFO or a device is refused before any read
         if path.suffix == ".npz":
-            with np.load(path, allow_pickle=False) as f:
-                return {k: f[k] for k in f.files}, True
+            return torchfile.read_npz_arrays(path), True
         if torchfile.is_safetensors(path):
             return torchfile.load_safetensors(path), True
         return torchfile.load(path, key=key), False

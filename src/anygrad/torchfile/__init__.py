@@ -18,11 +18,14 @@ import numpy as np
 
 from ..errors import AnygradError, ModelError
 from .legacy import read_legacy
+from .npzfile import read_npz_arrays
+from .safe_io import check_regular, open_regular, read_into
 from .safetensors_io import load_safetensors, save_safetensors
 from .tensors import FormatError
 from .zipformat import read_zip
 
-__all__ = ["find_state_dict", "is_safetensors", "load", "load_raw", "load_safetensors", "save_safetensors"]
+__all__ = ["find_state_dict", "is_safetensors", "load", "load_raw", "load_safetensors", "read_npz_arrays",
+           "save_safetensors"]
 
 # Where training scripts usually keep the weights inside a checkpoint dict, most likely first.
 STATE_DICT_KEYS = ("state_dict", "model_state_dict", "model", "module", "net", "network", "weights",
@@ -50,13 +53,14 @@ _ONNX_START = b"\x08"  # an ONNX ModelProto starts with field 1 (ir_version), a 
 
 
 def _read(path: Path) -> Any:
-    with open(path, "rb") as f:
+    with open_regular(path) as f:  # never a FIFO or a device (which block or never end)
         magic = f.read(4)
-    if magic == _ZIP_MAGIC:
-        return read_zip(path)
-    data = path.read_bytes()
+        f.seek(0)
+        if magic == _ZIP_MAGIC:
+            return read_zip(f)
+        data = read_into(f, os.fstat(f.fileno()).st_size)  # writable: arrays share the storages' bytes
     if data[:1] != _PICKLE_PROTO and data[257:262] != b"ustar":  # (read_legacy names the tar format)
-        raise FormatError(_not_a_checkpoint(path, data))
+        raise FormatError(_not_a_checkpoint(path, bytes(data[:300])))
     return read_legacy(data)
 
 
@@ -76,9 +80,9 @@ def is_safetensors(path: Path) -> bool:
     if path.suffix == ".safetensors":
         return True
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             return f.read(10)[8:] == b'{"'
-    except OSError:
+    except (OSError, AnygradError):
         return False
 
 

@@ -96,7 +96,7 @@ def _rebuild_parameter_with_state(data: Any, requires_grad: Any, backward_hooks:
 
 def _rebuild_from_type_v2(func: Any, new_type: Any, args: Any, state: Any) -> TensorRef:
     # Tensors with Python attributes pickle as this; the attributes (state) are dropped.
-    if func not in _TENSOR_REBUILDS_SET or not isinstance(new_type, TensorType) or not isinstance(args, tuple):
+    if not any(func is g for g in _TENSOR_REBUILDS.values()) or not isinstance(new_type, TensorType) or not isinstance(args, tuple):
         raise FormatError(f"_rebuild_from_type_v2 with {short_repr(func)} / {short_repr(new_type)} is not allowed")
     return _tensor_arg(func(*args))
 
@@ -197,7 +197,7 @@ class NumpyArray(Buildable, Deferred):
             raise FormatError("numpy array state needs a numeric dtype and raw bytes")
         self.array = _array_of_bytes(raw, dtype.dtype, shape, "F" if fortran else "C")
 
-    def value(self, byteorder: str) -> np.ndarray:
+    def value(self, byteorder: str, budget: Any = None) -> np.ndarray:
         if self.array is None:
             raise FormatError("numpy array without data")
         return self.array
@@ -236,7 +236,17 @@ _TENSOR_REBUILDS = {
         ("_rebuild_tensor_v3", _rebuild_tensor_v3), ("_rebuild_parameter", _rebuild_parameter),
         ("_rebuild_parameter_with_state", _rebuild_parameter_with_state)]
 }
-_TENSOR_REBUILDS_SET = set(_TENSOR_REBUILDS.values())
+
+
+def _pair_keys(items: Any = ()) -> list[Any]:
+    """The keys OrderedDict(items) will hash (what is not a pair is refused by OrderedDict itself)."""
+    if not isinstance(items, (list, tuple)):
+        return []
+    return [p[0] for p in items if isinstance(p, (list, tuple)) and len(p) == 2]
+
+
+def _members(items: Any = ()) -> Any:
+    return items if isinstance(items, (list, tuple, set, frozenset)) else ()
 
 ALLOWED: dict[tuple[str, str], Any] = {
     **{("torch._utils", name): g for name, g in _TENSOR_REBUILDS.items()},
@@ -251,12 +261,13 @@ ALLOWED: dict[tuple[str, str], Any] = {
     ("torch.nn.parameter", "Parameter"): TensorType("torch.nn.Parameter"),
     ("torch", "Size"): SafeGlobal("torch.Size", _size),
     ("torch", "device"): SafeGlobal("torch.device", _device),
-    ("collections", "OrderedDict"): SafeGlobal("collections.OrderedDict", _ordered_dict),
+    ("collections", "OrderedDict"): SafeGlobal("collections.OrderedDict", _ordered_dict, _pair_keys),
     ("_codecs", "encode"): SafeGlobal("_codecs.encode", _codecs_encode),
     **{(mod, name): SafeGlobal(f"builtins.{name}", fn)
        for mod in ("builtins", "__builtin__")
-       for name, fn in [("set", _collection(set)), ("frozenset", _collection(frozenset)), ("slice", _slice),
-                        ("complex", _complex), ("bytearray", _bytearray)]},
+       for name, fn in [("slice", _slice), ("complex", _complex), ("bytearray", _bytearray)]},
+    **{(mod, name): SafeGlobal(f"builtins.{name}", _collection(kind), _members)
+       for mod in ("builtins", "__builtin__") for name, kind in [("set", set), ("frozenset", frozenset)]},
     **{(mod, name): g for mod in ("numpy.core.multiarray", "numpy._core.multiarray")
        for name, g in [("scalar", SafeGlobal("numpy.core.multiarray.scalar", _numpy_scalar)),
                        ("_reconstruct", SafeGlobal("numpy.core.multiarray._reconstruct", NumpyArray))]},

@@ -30,7 +30,7 @@ def _plain_pickle(data: bytes, pos: int) -> tuple[Any, int]:
     return u.load(), u.pos
 
 
-def read_legacy(data: bytes) -> Any:
+def read_legacy(data: bytes | bytearray) -> Any:
     if data[257:262] == b"ustar":
         raise FormatError("this is a tar-format checkpoint (PyTorch < 0.4); load and re-save it with a "
                           "recent PyTorch")
@@ -86,4 +86,4 @@ def read_legacy(data: bytes) -> Any:
             raise FormatError(f"storage {key} claims {count} elements, more than the file holds")
         storage.data = memoryview(data)[pos + 8:pos + 8 + nbytes]
         pos += 8 + nbytes
-    return resolve(obj, byteorder)
+    return resolve(obj, byteorder, sum(len(s.data) for s in storages.values() if s.data is not None))

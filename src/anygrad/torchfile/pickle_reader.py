@@ -9,23 +9,32 @@ call. This one is a separate, small implementation of the pickle opcodes (protoc
   replacements created; NEWOBJ, OBJ, INST, EXT* and out-of-band buffers are refused outright.
 - Every length is checked against the bytes that are really there, so a corrupt stream ends in a
   `FormatError` instead of a huge allocation.
+- Containers are measured as they are built: nesting deeper than MAX_DEPTH is refused at once (hashing
+  a tuple nested a million deep overflows the C stack: a crash no `except` can catch), and every dict
+  key or set member is hashed by the machine first, against a budget (a tuple of tuples shared through
+  the memo costs exponential time to hash) and against hash collisions (ints that differ by 2**61-1
+  hash alike: 50k of them make a dict take quadratic time).
 """
 from __future__ import annotations
 
 import _compat_pickle
 import codecs
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from .tensors import FormatError
 
 
 class SafeGlobal:
-    """An allowlisted global: a plain function the pickle may call through REDUCE."""
+    """An allowlisted global: a plain function the pickle may call through REDUCE.
 
-    def __init__(self, qualname: str, fn: Callable[..., Any]):
-        self.qualname, self.fn = qualname, fn
+    `keys_of(*args)` names what `fn` will hash (the keys of an OrderedDict, the members of a set),
+    so that the machine can vet them (see `Unpickler.admit`) before `fn` runs."""
+
+    def __init__(self, qualname: str, fn: Callable[..., Any],
+                 keys_of: Callable[..., Iterable[Any]] | None = None):
+        self.qualname, self.fn, self.keys_of = qualname, fn, keys_of
 
     def __call__(self, *args: Any) -> Any:
         return self.fn(*args)
@@ -47,6 +56,16 @@ class _Mark:
 
 _MARK = _Mark()
 _PROTO_MAX = 5
+
+# Far beyond any real checkpoint (a state_dict nests a few levels), far below what overflows the C stack.
+MAX_DEPTH = 200
+# Distinct keys of one dict or set that share one hash value: CPython compares each new one with all
+# the others, so n such keys cost n**2 / 2 comparisons. Random string hashes almost never share one.
+MAX_COLLISIONS = 32
+# Hashing work (tuple elements and int digits visited) a pickle may cause: a multiple of its size.
+HASH_WORK_PER_BYTE, HASH_WORK_FLOOR = 64, 1 << 22
+_SATURATE = 1 << 62
+_CONTAINERS = (tuple, list, dict, set, frozenset)
 _OPS: dict[int, Callable[[Unpickler], None]] = {}
 
 
@@ -60,14 +79,18 @@ def _op(code: bytes) -> Callable:
 class Unpickler:
     """Run one pickle from `buf[pos:]`; `load()` returns the object and leaves `pos` after STOP."""
 
-    def __init__(self, buf: bytes, allowed: Mapping[tuple[str, str], Any],
+    def __init__(self, buf: bytes | bytearray, allowed: Mapping[tuple[str, str], Any],
                  persistent_load: Callable[[Any], Any], pos: int = 0, encoding: str = "utf-8"):
-        self.buf, self.pos = bytes(buf), pos
+        self.buf, self.pos = buf if isinstance(buf, (bytes, bytearray)) else bytes(buf), pos
         self.allowed, self.persistent_load, self.encoding = allowed, persistent_load, encoding
         self.stack: list[Any] = []
         self.metastack: list[list[Any]] = []
         self.memo: dict[Any, Any] = {}
         self.result: Any = _MARK
+        # id -> (container, nesting depth, hashing work): the container is held so its id stays its own
+        self.shapes: dict[int, tuple[Any, int, int]] = {}
+        self.hash_counts: dict[int, tuple[Any, dict[int, int]]] = {}  # id -> (dict/set, hash -> #keys)
+        self.hash_budget = HASH_WORK_PER_BYTE * len(self.buf) + HASH_WORK_FLOOR
 
     # ---- the byte stream -------------------------------------------------------------------------
     def read(self, n: int) -> bytes:
@@ -75,13 +98,13 @@ class Unpickler:
             raise FormatError(f"pickle data is truncated (wanted {n} bytes at offset {self.pos})")
         out = self.buf[self.pos:self.pos + n]
         self.pos += n
-        return out
+        return out if type(out) is bytes else bytes(out)
 
     def readline(self) -> bytes:
         end = self.buf.find(b"\n", self.pos)
         if end < 0:
             raise FormatError("pickle data is truncated (unterminated text argument)")
-        line, self.pos = self.buf[self.pos:end], end + 1
+        line, self.pos = bytes(self.buf[self.pos:end]), end + 1
         return line
 
     def unpack(self, fmt: str) -> Any:
@@ -112,6 +135,74 @@ class Unpickler:
             raise FormatError("pickle MARK missing")
         items, self.stack = self.stack, self.metastack.pop()
         return items
+
+    # ---- measuring containers and vetting keys -----------------------------------------------------
+    def measure(self, x: Any) -> tuple[int, int]:
+        """(nesting depth, work to hash it) of a value on the stack."""
+        if type(x) is int:
+            return 0, x.bit_length() // 30 + 1  # ints do not cache their hash: each hash reads every digit
+        if isinstance(x, _CONTAINERS):
+            known = self.shapes.get(id(x))
+            if known is not None:
+                return known[1], known[2]
+            return self.record(x, x.values() if isinstance(x, dict) else x)
+        return 0, 1
+
+    def record(self, container: Any, items: Iterable[Any]) -> tuple[int, int]:
+        """Measure a container as it is built from `items` (refusing one nested too deep)."""
+        depth, work = 1, 1
+        for item in items:
+            d, w = self.measure(item)
+            depth, work = max(depth, d + 1), min(work + w, _SATURATE)
+        self.check_depth(depth)
+        self.shapes[id(container)] = (container, depth, work)
+        return depth, work
+
+    def grow(self, container: Any, item: Any) -> None:
+        """`item` was put into the mutable `container`: it is at least one level deeper than it."""
+        depth, work = self.measure(container)
+        d, w = self.measure(item)
+        if d + 1 > depth:
+            self.check_depth(d + 1)
+        self.shapes[id(container)] = (container, max(depth, d + 1), min(work + w, _SATURATE))
+
+    @staticmethod
+    def check_depth(depth: int) -> None:
+        if depth > MAX_DEPTH:
+            raise FormatError(f"pickle containers are nested more than {MAX_DEPTH} levels deep; a checkpoint "
+                              "nests a few (is the file corrupt or hostile?)")
+
+    def admit(self, target: dict | set, key: Any) -> None:
+        """Vet `key` before it is hashed into `target`: bounded depth (tuples hash recursively in C),
+        bounded total hashing work, and few keys sharing one hash value."""
+        _, work = self.measure(key)
+        self.hash_budget -= work
+        if self.hash_budget < 0:
+            raise FormatError("pickle dict keys or set members take too long to hash (deeply shared tuples "
+                              "or huge ints used as keys); is the file corrupt or hostile?")
+        try:
+            h = hash(key)
+        except TypeError:
+            raise FormatError(f"pickle uses an unhashable {type(key).__name__} as a dict key or set member") from None
+        if key in target:
+            return
+        counts = self.hash_counts.setdefault(id(target), (target, {}))[1]
+        n = counts.get(h, 0) + 1
+        if n > MAX_COLLISIONS:
+            raise FormatError(f"pickle dict or set has more than {MAX_COLLISIONS} keys with one hash value "
+                              "(a hash-collision attack); refusing it")
+        counts[h] = n
+        self.hash_budget -= work * n  # comparing with the others that share the hash
+
+    def hashed(self, kind: type, keys: Iterable[Any]) -> Any:
+        """A set or frozenset of `keys`, each vetted by `admit`."""
+        out: set = set()
+        for k in keys:
+            self.admit(out, k)
+            out.add(k)
+        result = out if kind is set else frozenset(out)
+        self.record(result, result)
+        return result
 
     def resolve(self, module: Any, name: Any) -> Any:
         if not isinstance(module, str) or not isinstance(name, str):
@@ -178,6 +269,15 @@ def _dup(u: Unpickler) -> None:
     u.stack.append(u.top())
 
 
+_MEMO_MAX = 1 << 32  # binary opcodes cannot name more; a text PUT/GET could name colliding huge ints
+
+
+def _memo_key(key: int) -> int:
+    if not 0 <= key < _MEMO_MAX:
+        raise FormatError(f"pickle memo index {key:.40} is out of range")
+    return key
+
+
 def _get(u: Unpickler, key: Any) -> None:
     if key not in u.memo:
         raise FormatError(f"pickle memo entry {key!r:.40} is missing")
@@ -188,10 +288,10 @@ def _put(u: Unpickler, key: Any) -> None:
     u.memo[key] = u.top()
 
 
-_op(b"g")(lambda u: _get(u, int(u.readline())))
+_op(b"g")(lambda u: _get(u, _memo_key(int(u.readline()))))
 _op(b"h")(lambda u: _get(u, u.read(1)[0]))
 _op(b"j")(lambda u: _get(u, u.unpack("<I")))
-_op(b"p")(lambda u: _put(u, int(u.readline())))
+_op(b"p")(lambda u: _put(u, _memo_key(int(u.readline()))))
 _op(b"q")(lambda u: _put(u, u.read(1)[0]))
 _op(b"r")(lambda u: _put(u, u.unpack("<I")))
 _op(b"\x94")(lambda u: _put(u, len(u.memo)))  # MEMOIZE
@@ -246,30 +346,52 @@ _op(b"\x8c")(lambda u: _push(u, u.read(u.read(1)[0]).decode("utf-8", "surrogatep
 _op(b"\x8d")(lambda u: _push(u, u.read(u.unpack("<Q")).decode("utf-8", "surrogatepass")))
 
 # ---- containers ----------------------------------------------------------------------------------
-_op(b")")(lambda u: _push(u, ()))
-_op(b"]")(lambda u: _push(u, []))
-_op(b"}")(lambda u: _push(u, {}))
-_op(b"\x8f")(lambda u: _push(u, set()))
-_op(b"t")(lambda u: _push(u, tuple(u.pop_mark())))
-_op(b"l")(lambda u: _push(u, u.pop_mark()))
-_op(b"\x91")(lambda u: _push(u, frozenset(u.pop_mark())))
+def _new(u: Unpickler, container: Any, items: Iterable[Any] = ()) -> None:
+    u.record(container, items)
+    u.stack.append(container)
+
+
+_op(b")")(lambda u: _new(u, ()))
+_op(b"]")(lambda u: _new(u, []))
+_op(b"}")(lambda u: _new(u, {}))
+_op(b"\x8f")(lambda u: _new(u, set()))
+
+
+@_op(b"t")
+def _tuple(u: Unpickler) -> None:
+    t = tuple(u.pop_mark())
+    _new(u, t, t)
+
+
+@_op(b"l")
+def _list(u: Unpickler) -> None:
+    items = u.pop_mark()
+    _new(u, items, items)
+
+
+@_op(b"\x91")
+def _frozenset(u: Unpickler) -> None:
+    u.stack.append(u.hashed(frozenset, u.pop_mark()))
 
 
 @_op(b"\x85")
 def _tuple1(u: Unpickler) -> None:
-    u.stack.append((u.pop(),))
+    t = (u.pop(),)
+    _new(u, t, t)
 
 
 @_op(b"\x86")
 def _tuple2(u: Unpickler) -> None:
     b, a = u.pop(), u.pop()
-    u.stack.append((a, b))
+    t = (a, b)
+    _new(u, t, t)
 
 
 @_op(b"\x87")
 def _tuple3(u: Unpickler) -> None:
     c, b, a = u.pop(), u.pop(), u.pop()
-    u.stack.append((a, b, c))
+    t = (a, b, c)
+    _new(u, t, t)
 
 
 def _target(u: Unpickler, kind: type | tuple[type, ...]) -> Any:
@@ -282,13 +404,18 @@ def _target(u: Unpickler, kind: type | tuple[type, ...]) -> Any:
 @_op(b"a")
 def _append(u: Unpickler) -> None:
     item = u.pop()
-    _target(u, list).append(item)
+    target = _target(u, list)
+    u.grow(target, item)
+    target.append(item)
 
 
 @_op(b"e")
 def _appends(u: Unpickler) -> None:
     items = u.pop_mark()
-    _target(u, list).extend(items)
+    target = _target(u, list)
+    for item in items:
+        u.grow(target, item)
+    target.extend(items)
 
 
 def _set_items(u: Unpickler, items: list[Any]) -> None:
@@ -296,6 +423,9 @@ def _set_items(u: Unpickler, items: list[Any]) -> None:
         raise FormatError("pickle SETITEMS has an odd number of entries")
     target = _target(u, dict)
     for k, v in zip(items[::2], items[1::2]):
+        u.admit(target, k)
+        u.grow(target, k)
+        u.grow(target, v)
         target[k] = v
 
 
@@ -311,14 +441,18 @@ _op(b"u")(lambda u: _set_items(u, u.pop_mark()))
 @_op(b"d")
 def _dict(u: Unpickler) -> None:
     items = u.pop_mark()
-    u.stack.append({})
+    _new(u, {})
     _set_items(u, items)
 
 
 @_op(b"\x90")
 def _additems(u: Unpickler) -> None:
     items = u.pop_mark()
-    _target(u, set).update(items)
+    target = _target(u, set)
+    for item in items:
+        u.admit(target, item)
+        u.grow(target, item)
+        target.add(item)
 
 
 # ---- the only places where the stream names or calls anything ------------------------------------
@@ -348,7 +482,15 @@ def _reduce(u: Unpickler) -> None:
         raise FormatError(f"pickle REDUCE on {type(func).__name__}, which is not an allowed global")
     if not isinstance(args, tuple):
         raise FormatError(f"pickle REDUCE arguments for {func.qualname} must be a tuple")
-    u.stack.append(func(*args))
+    if func.keys_of is not None:
+        scratch: set = set()
+        for key in func.keys_of(*args):
+            u.admit(scratch, key)
+            scratch.add(key)
+    out = func(*args)
+    if isinstance(out, _CONTAINERS):
+        u.record(out, out.values() if isinstance(out, dict) else out)
+    u.stack.append(out)
 
 
 @_op(b"b")

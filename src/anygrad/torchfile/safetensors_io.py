@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AnygradError, ModelError
+from .safe_io import check_regular
 from .tensors import WIDEN
 
 # safetensors dtype -> (raw numpy dtype of its bits, torch dtype name in WIDEN)
@@ -57,6 +58,7 @@ def load_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """Read every tensor of a .safetensors file as numpy (BF16 and F8 widened to float32)."""
     st = _package()
     path = Path(path)
+    check_regular(path)  # a FIFO or a device would block or never end
     try:
         header, data_start = _header(path)
         widen = {k for k, v in header.items() if k != "__metadata__" and v.get("dtype") in _WIDENED}

@@ -50,6 +50,27 @@ UNSUPPORTED_DTYPES = ("complex32", "chalf", "float8_e4m3fnuz", "float8_e5m2fnuz"
 
 # A view may repeat storage elements (stride 0); refuse copies that blow up far beyond the file.
 MAX_EXPANDED_BYTES = 1 << 28
+# All the bytes copied out of storages (strided or overlapping views, widened bfloat16 and float8,
+# byte-swapped tensors) may take this many times the storages' own bytes, plus a floor: float8
+# widened to float32 takes 4x; twelve stride-0 views of one element, or hundreds of overlapping
+# strided views of one storage, would take gigabytes from a file of kilobytes.
+MAX_COPY_FACTOR, MAX_COPY_FLOOR = 4, 64 << 20
+
+
+class CopyBudget:
+    """What `materialize` may still allocate for the tensors of one file."""
+
+    def __init__(self, storage_bytes: int):
+        self.limit = MAX_COPY_FACTOR * storage_bytes + MAX_COPY_FLOOR
+        self.left = self.limit
+
+    def spend(self, nbytes: int, what: str) -> None:
+        self.left -= nbytes
+        if self.left < 0:
+            raise FormatError(
+                f"the tensors would take more than {self.limit >> 20} MiB once copied out of the file's storages "
+                f"({MAX_COPY_FACTOR}x their size plus {MAX_COPY_FLOOR >> 20} MiB), {what} among them: overlapping or "
+                "repeating (stride 0) views blow a small file up; is it corrupt or hostile?")
 
 
 @dataclass(eq=False)
@@ -80,7 +101,7 @@ class Storage:
 class Deferred:
     """A value recorded while unpickling and produced once all storages are read."""
 
-    def value(self, byteorder: str) -> Any:
+    def value(self, byteorder: str, budget: CopyBudget | None = None) -> Any:
         raise NotImplementedError
 
 
@@ -93,8 +114,8 @@ class TensorRef(Deferred):
     stride: tuple[int, ...]
     dtype: str
 
-    def value(self, byteorder: str) -> np.ndarray:
-        return materialize(self, byteorder)
+    def value(self, byteorder: str, budget: CopyBudget | None = None) -> np.ndarray:
+        return materialize(self, byteorder, budget)
 
     def view(self) -> tuple:
         """What makes two tensors one and the same (tied weights saved under two names): the same
@@ -148,8 +169,19 @@ WIDEN = {"bfloat16": bfloat16_to_float32, "float8_e5m2": float8_e5m2_to_float32,
          "float8_e4m3fn": float8_e4m3fn_to_float32}
 
 
-def materialize(ref: TensorRef, byteorder: str) -> np.ndarray:
-    """Copy the (offset, size, stride) view of its storage into a contiguous array."""
+def _c_contiguous(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    expected = 1
+    for n, st in zip(reversed(size), reversed(stride)):
+        if n != 1 and st != expected:
+            return False
+        expected *= n
+    return True
+
+
+def materialize(ref: TensorRef, byteorder: str, budget: CopyBudget | None = None) -> np.ndarray:
+    """The (offset, size, stride) view of its storage as an array: a view sharing the storage's
+    buffer when the tensor is contiguous in it (as torch's views share storage), else a contiguous
+    copy (strided, repeating or byte-swapped views, widened dtypes), paid from `budget`."""
     if ref.dtype not in RAW_DTYPES:
         raise FormatError(f"tensors of dtype {ref.dtype} are not supported")
     raw_dtype = np.dtype(RAW_DTYPES[ref.dtype]).newbyteorder(byteorder)
@@ -157,31 +189,38 @@ def materialize(ref: TensorRef, byteorder: str) -> np.ndarray:
     n_avail = len(buf) // raw_dtype.itemsize
     flat = np.frombuffer(buf, dtype=raw_dtype, count=n_avail)
     numel = int(np.prod(ref.size, dtype=object)) if ref.size else 1
-    if numel == 0:
-        out = np.zeros(ref.size, dtype=raw_dtype)
-    else:
-        last = ref.offset + sum((n - 1) * s for n, s in zip(ref.size, ref.stride))
-        if last >= n_avail:
-            raise FormatError(
-                f"tensor view (offset {ref.offset}, size {ref.size}, stride {ref.stride}) reads element "
-                f"{last} of storage {ref.storage.key}, which holds {n_avail} elements of {ref.dtype}")
-        if numel > n_avail and numel * raw_dtype.itemsize > MAX_EXPANDED_BYTES:
-            raise FormatError(f"tensor of size {ref.size} expands storage {ref.storage.key} beyond 256 MiB")
-        view = np.lib.stride_tricks.as_strided(
-            flat[ref.offset:], shape=ref.size, strides=[s * raw_dtype.itemsize for s in ref.stride],
-            writeable=False)
-        out = np.array(view, dtype=raw_dtype.newbyteorder("="), order="C")
     widen = WIDEN.get(ref.dtype)
+    if numel == 0:
+        out = np.zeros(ref.size, dtype=raw_dtype.newbyteorder("="))
+        return out if widen is None else widen(out)
+    last = ref.offset + sum((n - 1) * s for n, s in zip(ref.size, ref.stride))
+    if last >= n_avail:
+        raise FormatError(
+            f"tensor view (offset {ref.offset}, size {ref.size}, stride {ref.stride}) reads element "
+            f"{last} of storage {ref.storage.key}, which holds {n_avail} elements of {ref.dtype}")
+    if widen is None and raw_dtype.isnative and _c_contiguous(ref.size, ref.stride):
+        return flat[ref.offset:ref.offset + numel].reshape(ref.size)
+    if numel > n_avail and numel * raw_dtype.itemsize > MAX_EXPANDED_BYTES:
+        raise FormatError(f"tensor of size {ref.size} expands storage {ref.storage.key} beyond 256 MiB")
+    if budget is not None:
+        budget.spend(numel * (4 if widen is not None else raw_dtype.itemsize),
+                     f"a tensor of size {ref.size} over storage {ref.storage.key}")
+    view = np.lib.stride_tricks.as_strided(
+        flat[ref.offset:], shape=ref.size, strides=[s * raw_dtype.itemsize for s in ref.stride],
+        writeable=False)
+    out = np.array(view, dtype=raw_dtype.newbyteorder("="), order="C")
     return out if widen is None else widen(out)
 
 
-def resolve(obj: Any, byteorder: str) -> Any:
-    """Replace every Deferred in the unpickled tree by its value.
+def resolve(obj: Any, byteorder: str, storage_bytes: int = 0) -> Any:
+    """Replace every Deferred in the unpickled tree by its value (copies bounded by `CopyBudget`
+    of the file's `storage_bytes`).
 
     Objects are visited once (by identity), so a tensor or container referenced twice stays one object
     and shared sub-trees do not blow up; containers are updated in place, tuples rebuilt. Tensors that
     are the same view of the same storage (a tied weight under two names) become one array, as they
-    are one tensor in PyTorch; other views of a storage become separate arrays."""
+    are one tensor in PyTorch; other views of a storage share its buffer where they can."""
+    budget = CopyBudget(storage_bytes)
     done: dict[int, tuple[Any, Any]] = {}  # id -> (original, result); keeps originals alive
     views: dict[tuple, np.ndarray] = {}
 
@@ -192,10 +231,10 @@ def resolve(obj: Any, byteorder: str) -> Any:
         if isinstance(x, TensorRef):
             key = x.view()
             if key not in views:
-                views[key] = x.value(byteorder)
+                views[key] = x.value(byteorder, budget)
             out = views[key]
         elif isinstance(x, Deferred):
-            out = x.value(byteorder)
+            out = x.value(byteorder, budget)
         elif isinstance(x, dict):
             done[id(x)] = (x, x)
             for k in list(x):

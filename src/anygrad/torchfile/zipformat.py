@@ -10,15 +10,16 @@ bytes of deflate can claim gigabytes (a zip bomb), while a stored member is neve
 """
 from __future__ import annotations
 
+import os
 import re
 import zipfile
-from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from .allowlist import ALLOWED, StorageType
 from .pickle_reader import Unpickler
+from .safe_io import read_into
 from .tensors import RAW_DTYPES, FormatError, Storage, resolve, short_repr
 
 _PICKLE = re.compile(r"([^/]+)/data\.pkl")
@@ -35,21 +36,30 @@ def _top_folder(names: list[str]) -> str:
     return tops[0]
 
 
-def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
+def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, file_size: int) -> bytearray:
+    """A stored member's bytes, in a writable buffer (arrays share the storages' bytes)."""
     if info.compress_type != zipfile.ZIP_STORED:
         raise FormatError(f"{info.filename} is compressed; torch.save writes checkpoints uncompressed and "
                           "anygrad refuses compressed ones (they can inflate without bound): load it with "
                           "torch and save it again with torch.save, or re-zip it without compression (zip -0)")
-    return zf.read(info)
+    if info.file_size != info.compress_size or info.file_size > file_size:
+        raise FormatError(f"{info.filename} claims {info.file_size} bytes, more than the archive holds")
+    with zf.open(info) as member:
+        data = read_into(member, info.file_size)
+        if len(data) != info.file_size or member.read(1):
+            raise FormatError(f"{info.filename} does not hold the {info.file_size} bytes its header claims")
+    return data
 
 
-def read_zip(path: Path) -> Any:
-    with zipfile.ZipFile(path) as zf:
+def read_zip(f: BinaryIO) -> Any:
+    """The object of a zip checkpoint, from its file opened for reading."""
+    file_size = os.fstat(f.fileno()).st_size
+    with zipfile.ZipFile(f) as zf:
         names = zf.namelist()
         top = _top_folder(names)
         byteorder = "<"
         if f"{top}/byteorder" in names:
-            text = _read_member(zf, zf.getinfo(f"{top}/byteorder")).decode("ascii").strip()
+            text = bytes(_read_member(zf, zf.getinfo(f"{top}/byteorder"), file_size)).decode("ascii").strip()
             if text not in _BYTEORDER:
                 raise FormatError(f"unknown byteorder {text!r:.20}")
             byteorder = _BYTEORDER[text]
@@ -70,8 +80,9 @@ def read_zip(path: Path) -> Any:
                     raise FormatError(f"storage file {top}/data/{key} is missing from the archive") from None
                 if info.file_size < nbytes:
                     raise FormatError(f"storage {key} holds {info.file_size} bytes, {nbytes} expected")
-                storages[key] = Storage(stype.dtype, numel, key, _read_member(zf, info))
+                storages[key] = Storage(stype.dtype, numel, key, _read_member(zf, info, file_size))
             return storages[key]
 
-        obj = Unpickler(_read_member(zf, zf.getinfo(f"{top}/data.pkl")), ALLOWED, persistent_load).load()
-        return resolve(obj, byteorder)
+        pickled = bytes(_read_member(zf, zf.getinfo(f"{top}/data.pkl"), file_size))
+        obj = Unpickler(pickled, ALLOWED, persistent_load).load()
+        return resolve(obj, byteorder, sum(len(s.data or b"") for s in storages.values()))
