@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx.inliner  # a submodule `import onnx` does not load
+from google.protobuf.descriptor import FieldDescriptor
 from onnx import AttributeProto, TensorProto, numpy_helper
 
 from ..errors import ConfigError, ModelError
@@ -25,6 +27,7 @@ from ..ir.graph import Graph, Node, Shape, TensorInfo
 from ..ir.passes import check_supported, unsupported_ops
 from ..ir.registry import get_op
 from ..model import Model
+from ..torchfile.safe_io import open_regular
 from .init import fresh_init
 from .op_support import INFERENCE, OpSupport, by_level, op_support
 
@@ -95,6 +98,9 @@ def _check_external_data(model: onnx.ModelProto, path: Path) -> None:
         if t.data_location != TensorProto.EXTERNAL:
             continue
         location = next((e.value for e in t.external_data if e.key == "location"), "")
+        if "\0" in location:  # (the OS cannot even look such a path up)
+            raise ModelError(f"{path}: tensor '{t.name}' keeps its data at {location!r}, a path with a NUL "
+                             "character; the file is corrupt")
         rel = Path(location)
         if not location or rel.is_absolute() or location.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", location):
             raise ModelError(f"{path}: tensor '{t.name}' keeps its data at '{location}', an absolute or "
@@ -111,10 +117,14 @@ def _check_external_data(model: onnx.ModelProto, path: Path) -> None:
 def read_model(path: str | os.PathLike) -> onnx.ModelProto:
     """Parse and sanity-check an ONNX file (and its external data); ModelError when unreadable."""
     path = Path(path)
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise ModelError(f"{path}: no such model file")
     try:
-        model = onnx.load_model(str(path), load_external_data=False)
+        with open_regular(path) as f:  # never a FIFO or a device, which would block or never end
+            data = f.read()
+        model = onnx.load_model_from_string(data)
+    except ModelError:
+        raise
     except Exception as e:  # noqa: BLE001  (protobuf DecodeError and friends: any failure is a bad file)
         raise ModelError(f"{path}: not a readable ONNX model (corrupt or truncated?): "
                          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")) from None
@@ -122,6 +132,7 @@ def read_model(path: str | os.PathLike) -> onnx.ModelProto:
     if model.ir_version <= 0 or not model.opset_import or not model.HasField("graph") or not model.graph.output:
         raise ModelError(f"{path}: not an ONNX model (no IR version, opset or graph outputs); "
                          "is it corrupt, truncated, or another format?")
+    _check_strings(model, str(path))
     _check_external_data(model, path)
     try:
         onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
@@ -133,6 +144,22 @@ def read_model(path: str | os.PathLike) -> onnx.ModelProto:
         except Exception as e:  # noqa: BLE001
             raise ModelError(f"{path}: cannot inline the model's local functions: {e}") from None
     return model
+
+
+def _check_strings(message: Any, source: str) -> None:
+    """Every string field of the file is valid UTF-8. protobuf hands a string field that is not as
+    `bytes`, which would then travel as a value name through the whole program."""
+    todo = [message]
+    while todo:
+        m = todo.pop()
+        for fd, value in m.ListFields():
+            if fd.type == FieldDescriptor.TYPE_MESSAGE:
+                todo.extend(value if fd.is_repeated else [value])
+            elif fd.type == FieldDescriptor.TYPE_STRING:
+                for v in (value if fd.is_repeated else [value]):
+                    if not isinstance(v, str):
+                        raise ModelError(f"{source}: {type(m).__name__}.{fd.name} holds {bytes(v)[:40]!r}, which is "
+                                         "not UTF-8 text as ONNX requires (a corrupt or hand-edited file?)")
 
 
 def default_opset(model: onnx.ModelProto) -> int | None:
@@ -200,15 +227,18 @@ def check_attrs(g: Graph, source: str) -> None:
                                  "(control flow / subgraphs), which anygrad does not support")
 
 
-def _constant_value(node: Node) -> np.ndarray:
+def _constant_value(node: Node, source: str) -> np.ndarray:
     """The value of an ONNX Constant node, whichever attribute holds it."""
+    if len(node.attrs) != 1:
+        raise ModelError(f"{source}: {node.label} has attributes {sorted(node.attrs)}; a Constant has exactly one")
     (key, v), = node.attrs.items()
     if key == "value":
         return v
     table = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64,
              "value_ints": np.int64}
     if key not in table:
-        raise ModelError(f"{node.label}: Constant with attribute '{key}' is not supported")
+        raise ModelError(f"{source}: {node.label}: Constant with attribute '{key}' is not supported (anygrad "
+                         "reads tensor, float and int constants)")
     return np.array(v, table[key])
 
 
@@ -249,7 +279,7 @@ def to_graph(model: onnx.ModelProto, source: str) -> Graph:
                                  "graph?)")
             defined[out] = node.label
         if op == "Constant":
-            g.initializers[node.outputs[0]] = _constant_value(node)
+            g.initializers[node.outputs[0]] = _constant_value(node, source)
         else:
             g.nodes.append(node)
     g.inputs = [vi.name for vi in og.input if vi.name not in g.initializers]
@@ -434,6 +464,7 @@ def _convert_proto(model: onnx.ModelProto, source: str,
                    strict_opset: bool = True) -> tuple[onnx.ModelProto, Graph, set[str]]:
     if strict_opset:
         check_opset(model, source)
+    _check_strings(model, source)  # (again: a ModelProto may come from memory, not read_model)
     try:
         g = to_graph(model, source)
         _split_sequences_to_slices(g)

@@ -6,6 +6,8 @@ Shape->Gather->Unsqueeze->Concat->Reshape chains exporters emit for `x.view(x.si
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from ..errors import ShapeError, UnsupportedOpError
@@ -286,11 +288,26 @@ def _fill_value(node: Node) -> np.ndarray:
     return value.reshape(())
 
 
+def _memory_bytes() -> int:
+    """This machine's physical memory (64 GiB where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return 1 << 36
+
+
 def _cos_infer(node, ins):
     shape = tuple(const_ints(ins[0], "shape", node))
     if any(d < 0 for d in shape):
         raise ShapeError(f"{node.label}: negative dimension in shape {shape}")
-    return [TensorInfo(_fill_value(node).dtype, shape)]
+    dtype = _fill_value(node).dtype
+    # the shape comes from the file: one that no memory can hold is refused before numpy tries
+    nbytes, memory = int(np.prod(shape, dtype=object)) * dtype.itemsize, _memory_bytes()
+    if nbytes > memory:
+        raise ShapeError(f"{node.label}: a {dtype} tensor of shape {shape} would take {nbytes / 2**30:.4g} GiB, "
+                         f"more than this machine's memory ({memory / 2**30:.4g} GiB); is the model's shape "
+                         "input right?")
+    return [TensorInfo(dtype, shape)]
 
 
 defop("ConstantOfShape", infer=_cos_infer, nondiff=[0],
