@@ -274,7 +274,7 @@ _MEMO_MAX = 1 << 32  # binary opcodes cannot name more; a text PUT/GET could nam
 
 def _memo_key(key: int) -> int:
     if not 0 <= key < _MEMO_MAX:
-        raise FormatError(f"pickle memo index {key:.40} is out of range")
+        raise FormatError(f"pickle memo index {str(key)[:40]} is out of range")
     return key
 
 
