@@ -24,8 +24,8 @@ from .safetensors_io import load_safetensors, save_safetensors
 from .tensors import FormatError
 from .zipformat import read_zip
 
-__all__ = ["find_state_dict", "is_safetensors", "load", "load_raw", "load_safetensors", "read_npz_arrays",
-           "save_safetensors"]
+__all__ = ["check_regular", "find_state_dict", "is_safetensors", "load", "load_raw", "load_safetensors",
+           "open_regular", "read_npz_arrays", "save_safetensors"]
 
 # Where training scripts usually keep the weights inside a checkpoint dict, most likely first.
 STATE_DICT_KEYS = ("state_dict", "model_state_dict", "model", "module", "net", "network", "weights",
