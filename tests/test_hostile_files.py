@@ -237,7 +237,7 @@ def test_corrupt_npz_is_an_anygrad_error_naming_the_file(tmp_path):
 def test_fifo_and_devices_are_refused_without_blocking(tmp_path):
     fifo = tmp_path / "model.pt"
     os.mkfifo(fifo)
-    for suffix in (".npz", ".onnx", ".safetensors"):
+    for suffix in (".npz", ".onnx", ".safetensors", ".json"):
         os.mkfifo(tmp_path / f"pipe{suffix}")
     done = run_isolated(f"""
         from pathlib import Path
@@ -246,13 +246,15 @@ def test_fifo_and_devices_are_refused_without_blocking(tmp_path):
         from anygrad.errors import AnygradError
         from anygrad.frontends.onnx_import import load_onnx
         from anygrad.frontends.torch_weights import read_state_dict
+        from anygrad.inference import resolve_model
         d = Path({str(tmp_path)!r})
         cases = [(torchfile.load, d / "model.pt"), (torchfile.load_raw, d / "model.pt"),
                  (torchfile.load, "/dev/zero"), (torchfile.load_raw, "/dev/zero"),
                  (torchfile.load_safetensors, d / "pipe.safetensors"), (torchfile.load, d / "pipe.safetensors"),
                  (torchfile.read_npz_arrays, d / "pipe.npz"), (torchfile.read_npz_arrays, "/dev/zero"),
                  (read_npz, d / "pipe.npz"), (read_state_dict, d / "pipe.npz"), (read_state_dict, "/dev/zero"),
-                 (load_onnx, d / "pipe.onnx"), (load_onnx, "/dev/zero")]
+                 (load_onnx, d / "pipe.onnx"), (load_onnx, "/dev/zero"), (resolve_model, d / "pipe.json"),
+                 (resolve_model, d / "pipe.npz")]
         for read, path in cases:
             try:
                 read(path)
@@ -261,6 +263,6 @@ def test_fifo_and_devices_are_refused_without_blocking(tmp_path):
         """, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
-    assert len(lines) == 13, done.stdout
-    assert sum("is a FIFO (named pipe), not a regular file" in line for line in lines) == 8, done.stdout
+    assert len(lines) == 15, done.stdout
+    assert sum("is a FIFO (named pipe), not a regular file" in line for line in lines) == 10, done.stdout
     assert sum("/dev/zero is a character device, not a regular file" in line for line in lines) == 5, done.stdout

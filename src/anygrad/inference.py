@@ -18,7 +18,7 @@ import numpy as np
 
 from .errors import ConfigError, ModelError
 from .model import Model
-from .torchfile import read_npz_arrays
+from .torchfile import check_regular, read_npz_arrays
 
 # Per dataset: normalisation and class names, usable without loading the data (for --image).
 KNOWN_DATASETS: dict[str, tuple[tuple[float, ...], tuple[float, ...], list[str] | None]] = {
@@ -104,6 +104,7 @@ def resolve_model(spec: str | Path) -> ModelSource:
             return _weights_source(path / "weights.npz", config)
         raise ModelError(f"{path} holds no model.onnx, no checkpoints/ and no weights.npz; is it a run folder "
                          "(anygrad train --artifacts DIR)?")
+    check_regular(path, ConfigError)  # a FIFO or a device would block or never end
     if path.suffix == ".onnx":
         config_file = path.parent / "config.json"
         return ModelSource(path, None, str(path), _read_json(config_file) if config_file.is_file() else {})
