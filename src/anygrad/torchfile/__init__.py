@@ -172,7 +172,9 @@ def load(path: str | os.PathLike, key: str | None = None) -> dict[str, np.ndarra
     ...}); `key` names the entry to use, otherwise it is found (see `find_state_dict`). bfloat16
     tensors come back as float32, every other dtype as itself. One tensor saved under several names
     (tied weights: the same view of one storage) comes back as one array under each name; other
-    views and shared storages come back as separate contiguous arrays."""
+    views contiguous in a shared storage share its memory (as torch's views do), and strided views
+    are copied into contiguous arrays, within a budget of a few times the file's storages (a small
+    file of overlapping or stride-0 views is refused instead of taking gigabytes)."""
     path = Path(path)
     if is_safetensors(path):
         return load_safetensors(path)

@@ -82,6 +82,7 @@ class Unpickler:
     def __init__(self, buf: bytes | bytearray, allowed: Mapping[tuple[str, str], Any],
                  persistent_load: Callable[[Any], Any], pos: int = 0, encoding: str = "utf-8"):
         self.buf, self.pos = buf if isinstance(buf, (bytes, bytearray)) else bytes(buf), pos
+        self.view = memoryview(self.buf)  # slices of it copy once, to bytes
         self.allowed, self.persistent_load, self.encoding = allowed, persistent_load, encoding
         self.stack: list[Any] = []
         self.metastack: list[list[Any]] = []
@@ -96,15 +97,15 @@ class Unpickler:
     def read(self, n: int) -> bytes:
         if n < 0 or self.pos + n > len(self.buf):
             raise FormatError(f"pickle data is truncated (wanted {n} bytes at offset {self.pos})")
-        out = self.buf[self.pos:self.pos + n]
+        out = bytes(self.view[self.pos:self.pos + n])
         self.pos += n
-        return out if type(out) is bytes else bytes(out)
+        return out
 
     def readline(self) -> bytes:
         end = self.buf.find(b"\n", self.pos)
         if end < 0:
             raise FormatError("pickle data is truncated (unterminated text argument)")
-        line, self.pos = bytes(self.buf[self.pos:end]), end + 1
+        line, self.pos = bytes(self.view[self.pos:end]), end + 1
         return line
 
     def unpack(self, fmt: str) -> Any:
@@ -141,21 +142,30 @@ class Unpickler:
         """(nesting depth, work to hash it) of a value on the stack."""
         if type(x) is int:
             return 0, x.bit_length() // 30 + 1  # ints do not cache their hash: each hash reads every digit
+        known = self.shapes.get(id(x))
+        if known is not None:
+            return known[1], known[2]
         if isinstance(x, _CONTAINERS):
-            known = self.shapes.get(id(x))
-            if known is not None:
-                return known[1], known[2]
             return self.record(x, x.values() if isinstance(x, dict) else x)
         return 0, 1
 
     def record(self, container: Any, items: Iterable[Any]) -> tuple[int, int]:
         """Measure a container as it is built from `items` (refusing one nested too deep)."""
         depth, work = 1, 1
+        shapes = self.shapes
         for item in items:
-            d, w = self.measure(item)
-            depth, work = max(depth, d + 1), min(work + w, _SATURATE)
-        self.check_depth(depth)
-        self.shapes[id(container)] = (container, depth, work)
+            if type(item) is int:
+                work += item.bit_length() // 30 + 1
+                continue
+            known = shapes.get(id(item))
+            d, w = (known[1], known[2]) if known is not None else self.measure(item)
+            if d >= depth:
+                depth = d + 1
+            work += w
+        work = min(work, _SATURATE)
+        if depth > MAX_DEPTH:
+            self.check_depth(depth)
+        shapes[id(container)] = (container, depth, work)
         return depth, work
 
     def grow(self, container: Any, item: Any) -> None:

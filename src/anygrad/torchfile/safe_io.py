@@ -18,6 +18,9 @@ _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
+_CHUNK = 16 << 20
+
+
 def _kind(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
@@ -72,7 +75,7 @@ def read_into(f: BinaryIO, size: int) -> bytearray:
     buf = bytearray(size)
     view, got = memoryview(buf), 0
     while got < size:
-        n = f.readinto(view[got:])
+        n = f.readinto(view[got:got + _CHUNK])  # (a zip member's readinto reads into a temporary first)
         if not n:
             break
         got += n
