@@ -137,3 +137,23 @@ def test_toposort_still_reports_cycles_and_missing_values():
     g.nodes = [Node("Relu", ["nowhere"], ["b"], {}, "one")]
     with pytest.raises(AnygradError, match=r"uses value\(s\) \['nowhere'\] that nothing produces"):
         g.toposort()
+
+
+def test_split_to_sequence_rewrite_keeps_working(tmp_path):
+    """(The rewrite into Slices found each SequenceAt with list.index: quadratic in the graph.)"""
+    x = h.make_tensor_value_info("x", T.FLOAT, ["batch", 6])
+    split = h.make_tensor("split", T.INT64, [3], [1, 2, 3])
+    nodes = [h.make_node("SplitToSequence", ["x", "split"], ["seq"], axis=1)]
+    for i in (2, 0):
+        nodes.append(h.make_node("SequenceAt", ["seq", f"pos{i}"], [f"part{i}"]))
+    nodes.append(h.make_node("ReduceSum", ["part2"], ["s2"], keepdims=1))
+    nodes.append(h.make_node("Mul", ["part0", "s2"], ["y"]))
+    inits = [split, h.make_tensor("pos2", T.INT64, [], [2]), h.make_tensor("pos0", T.INT64, [], [0])]
+    m = make(nodes, inputs=[x], outputs=[h.make_tensor_value_info("y", T.FLOAT, ["batch", 1])], inits=inits)
+    path = tmp_path / "split.onnx"
+    onnx.save(m, path)
+    xv = np.arange(12, dtype=np.float32).reshape(2, 6)
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": xv})[0]
+    model = load_onnx(path)
+    assert "SequenceAt" not in model.graph.op_histogram()
+    np.testing.assert_allclose(model.predict(xv), want, rtol=1e-6)

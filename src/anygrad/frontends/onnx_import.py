@@ -302,6 +302,7 @@ def _split_sequences_to_slices(g: Graph) -> None:
         for i in n.inputs:
             readers.setdefault(i, []).append(n)
     drop: set[int] = set()
+    position = {id(n): k for k, n in enumerate(g.nodes)}  # (list.index per rewrite would be quadratic)
     for n in g.nodes:
         if n.op != "SplitToSequence" or n.outputs[0] in g.outputs:
             continue
@@ -332,7 +333,7 @@ def _split_sequences_to_slices(g: Graph) -> None:
             rewritten.append((u, Node("Slice", [n.inputs[0], *consts], list(u.outputs), {}, u.name)))
         else:
             for u, s in rewritten:
-                g.nodes[g.nodes.index(u)] = s
+                g.nodes[position[id(u)]] = s
             drop.add(id(n))
     g.nodes = [n for n in g.nodes if id(n) not in drop]
 
