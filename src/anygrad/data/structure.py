@@ -158,6 +158,8 @@ def signature(tree: Tree) -> Any:
         return ("dict", tuple((k, signature(v)) for k, v in tree.items()))
     if isinstance(tree, tuple):
         return ("tuple", tuple(signature(v) for v in tree))
+    if tree is None:
+        return ("none",)
     return ("array", tuple(tree.shape), tree.dtype.kind)
 
 
@@ -167,7 +169,10 @@ def describe(sig: Any) -> str:
         return "{" + ", ".join(f"'{k}': {describe(v)}" for k, v in sig[1]) + "}"
     if kind == "tuple":
         return "(" + ", ".join(describe(v) for v in sig[1]) + ("," if len(sig[1]) == 1 else "") + ")"
-    return f"array{sig[1]}"
+    if kind == "none":
+        return "no targets"
+    kinds = {"b": "bool", "i": "int", "u": "uint", "f": "float"}
+    return f"{kinds.get(sig[2], sig[2])} array{sig[1]}"
 
 
 def leaves(tree: Tree) -> list[np.ndarray]:
