@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import anygrad
 from anygrad import cli
-from anygrad.data import TokenBlocks, TokenWindows, batch_source
+from anygrad.data import DatasetSamples, TokenBlocks, TokenWindows, batch_source
 from anygrad.data.structure import Layout, collate, split
 from anygrad.errors import AnygradError, ConfigError, DataError
 from anygrad.train.checkpoint import CheckpointError
@@ -162,10 +162,14 @@ def test_every_source_gives_the_weights_of_arrays(tmp_path):
                    torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y)), batch_size=BATCH),
                "memmap": (np.memmap(tmp_path / "x.f32", np.float32, "r", shape=x.shape), y),
                ".npy files": (tmp_path / "x.npy", str(tmp_path / "y.npy")),
-               "tensors": (torch.from_numpy(x), torch.from_numpy(y))}
+               "tensors": (torch.from_numpy(x), torch.from_numpy(y)),
+               "a list of samples, wrapped": DatasetSamples([(x[i], y[i]) for i in range(N)])}
     for name, data in sources.items():
         _same(_fit(data, shuffle=False), want), name
     assert hf.calls == 2 * 6  # a batch's rows in one __getitems__ call
+    lines: list[str] = []
+    _model().fit(HFLike(x, y), epochs=2, batch_size=BATCH, log=lines.append)
+    assert sum("idx name no input of the model" in line for line in lines) == 1
     # shuffled: an indexable dataset gets the very permutation arrays get, from (seed, epoch)
     shuffled = _fit((x, y), shuffle=True, seed=5)
     assert shuffled["0.weight"].tobytes() != want["0.weight"].tobytes()

@@ -83,9 +83,10 @@ def _name(data: Any) -> str:
 class DatasetSamples(Samples):
     """An indexable dataset: `dataset[i]` is one sample (a tuple, a dict or an array), collated
     into batches of the same structure. A `__getitems__` method (torch and Hugging Face datasets
-    have one) fetches a batch's samples in one call."""
+    have one) fetches a batch's samples in one call. Wrap a list of samples in it to have anygrad
+    batch them (a plain list is read as a list of batches). `layout` None: the run's."""
 
-    def __init__(self, dataset: Any, layout: Layout):
+    def __init__(self, dataset: Any, layout: Layout | None = None):
         self.dataset, self.layout = dataset, layout
         try:
             self.n = len(dataset)
@@ -108,7 +109,7 @@ class DatasetSamples(Samples):
                             f"{e}") from e
         if len(items) != len(idx):
             raise DataError(f"{self.what}: __getitems__ returned {len(items)} samples for {len(idx)} indices")
-        return collate(items, idx, self.layout)
+        return collate(items, idx, self.layout or Layout())
 
 
 class IterableBatches(BatchSource):
@@ -180,6 +181,8 @@ def batch_source(data: Any, *, batch_size: int, shuffle: bool = True, seed: int 
             data.prefetch = True
         return data
     if isinstance(data, Samples):
+        if isinstance(data, DatasetSamples) and data.layout is None:
+            data.layout = layout
         return DataLoader(data, None, batch_size, shuffle, seed, drop_last, transform, prefetch)
     if isinstance(data, (str, PathLike)):
         data = load_npy(data)

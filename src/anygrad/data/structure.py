@@ -214,7 +214,8 @@ def batch_size_of(x: Tree, y: Tree | None, where: str) -> int:
     for a in arrays:
         if a.ndim == 0:
             raise DataError(f"{where}: holds a single number where a batch needs an array with a batch axis; "
-                            "give batches (or an indexable dataset, which anygrad batches)")
+                            "give batches, or samples in an indexable dataset, which anygrad batches (a list of "
+                            "samples: anygrad.data.DatasetSamples(samples))")
         sizes.add(a.shape[0])
     if len(sizes) != 1:
         raise DataError(f"{where}: its arrays disagree on the batch size ({', '.join(map(str, sorted(sizes)))}); "
