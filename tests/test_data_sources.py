@@ -48,8 +48,8 @@ def _weights(model: anygrad.Model) -> dict[str, np.ndarray]:
 
 def _same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
     assert set(a) == set(b)
-    for k in a:
-        assert a[k].tobytes() == b[k].tobytes(), k
+    for k, v in a.items():
+        assert v.tobytes() == b[k].tobytes(), k
 
 
 def _fit(data, **settings) -> dict[str, np.ndarray]:
@@ -166,6 +166,8 @@ def test_every_source_gives_the_weights_of_arrays(tmp_path):
                "a list of samples, wrapped": DatasetSamples([(x[i], y[i]) for i in range(N)])}
     for name, data in sources.items():
         _same(_fit(data, shuffle=False), want), name
+    for data in (generator, batches, Indexable(x, y)):  # the background prefetch serves every source
+        _same(_fit(data, shuffle=False, prefetch=True), want)
     assert hf.calls == 2 * 6  # a batch's rows in one __getitems__ call
     lines: list[str] = []
     _model().fit(HFLike(x, y), epochs=2, batch_size=BATCH, log=lines.append)
@@ -193,7 +195,7 @@ def test_a_mapped_file_is_read_batch_by_batch(tmp_path):
     """A memmap is indexed, never loaded whole: batches come out as plain arrays of their rows."""
     rows = 2**20  # 16 MiB of float32 rows, sparse on disk (zeros) except the first N
     mx = np.memmap(tmp_path / "big.f32", np.float32, "w+", shape=(rows, D))
-    x, y = _data()
+    x, _ = _data()
     mx[:N] = x
     mx.flush()
     del mx
@@ -228,7 +230,7 @@ class CrashingIndexable(Indexable):
 
 def test_indexable_source_resumes_mid_epoch_bit_for_bit(tmp_path):
     x, y = _data()
-    settings = dict(epochs=2, batch_size=BATCH, seed=3, checkpoint_every=4, log=None)
+    settings = {"epochs": 2, "batch_size": BATCH, "seed": 3, "checkpoint_every": 4, "log": None}
     whole = _model()
     whole.fit(Indexable(x, y), artifacts_dir=str(tmp_path / "whole"), **settings)
     with pytest.raises(Crash):  # dies in epoch 2, after the checkpoint at global step 8 (epoch 2, step 2)
@@ -243,7 +245,7 @@ def test_indexable_source_resumes_mid_epoch_bit_for_bit(tmp_path):
 def test_iterable_resumes_at_the_epoch_boundary_and_says_so(tmp_path):
     x, y = _data()
     batches = [(x[i:i + BATCH], y[i:i + BATCH]) for i in range(0, N, BATCH)]
-    settings = dict(epochs=2, batch_size=BATCH, checkpoint_every=2)
+    settings = {"epochs": 2, "batch_size": BATCH, "checkpoint_every": 2}
     whole = _model()
     whole.fit(batches, artifacts_dir=str(tmp_path / "whole"), log=None, **settings)
     calls = {"n": 0}
@@ -329,7 +331,7 @@ def test_token_windows_and_blocks(tmp_path):
     assert x.dtype == y.dtype == np.int64 and x.shape == y.shape == (4, 10)
     np.testing.assert_array_equal(y, x + 1)  # y is x shifted by one token
     assert x.min() >= 0 and y.max() <= 999
-    assert [b[0].tolist() for b in w.epoch_batches(0, 5)][0] == x.tolist()  # resumable at any step
+    assert next(w.epoch_batches(0, 5))[0].tolist() == x.tolist()  # resumable at any step
     assert not np.array_equal(next(iter(w.epoch_batches(1)))[0], batches[0][0])  # each epoch its own windows
     blocks = TokenBlocks(tokens, 10)
     assert len(blocks) == 99

@@ -78,7 +78,7 @@ def _leaf(value: Any, where: str) -> np.ndarray:
         except (TypeError, RuntimeError) as e:  # bfloat16 and other dtypes numpy lacks
             raise DataError(f"{where}: a torch tensor of dtype {t.dtype} has no numpy form ({e}); convert it "
                             "(e.g. .float()) in the dataset") from None
-    elif isinstance(value, (bool, int, float, np.number, np.bool_)) or isinstance(value, list):
+    elif isinstance(value, (bool, int, float, np.number, np.bool_, list)):
         try:
             array = np.asarray(value)
         except (ValueError, TypeError, OverflowError):

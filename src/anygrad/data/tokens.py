@@ -180,7 +180,7 @@ def token_split(path: str | PathLike, block_size: int, valid_fraction: float | N
     fraction = 0.1 if valid_fraction is None else float(valid_fraction)
     if not 0 <= fraction < 1:
         raise ConfigError(f"valid-fraction must be in [0, 1), got {fraction}")
-    cut = len(tokens) - int(round(len(tokens) * fraction))
+    cut = len(tokens) - round(len(tokens) * fraction)
     if fraction and len(tokens) - cut < block_size + 1:
         raise DataError(f"{p}: the held-out {fraction:g} of {len(tokens):,} tokens is shorter than one window of "
                         f"{block_size + 1}; use a larger --valid-fraction, a smaller --block-size, or 0")
@@ -203,6 +203,6 @@ def token_run_data(data_dir: str | None, block_size: int | None, valid_fraction:
                           "sequence length the model takes)")
     train, valid, source = token_split(data_dir, block_size, valid_fraction)
     record = {"tokens": {"file": str(source), "dtype": str(train.tokens.dtype), "block_size": int(block_size),
-                         "train_tokens": int(len(train.tokens)),
-                         "valid_tokens": int(len(valid.tokens)) if valid is not None else 0}}
+                         "train_tokens": len(train.tokens),
+                         "valid_tokens": len(valid.tokens) if valid is not None else 0}}
     return train, valid, source, record
