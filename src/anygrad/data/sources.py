@@ -114,7 +114,10 @@ class DatasetSamples(Samples):
 
 class IterableBatches(BatchSource):
     """Batches from a re-iterable (a list, a torch DataLoader) or a zero-argument callable that
-    returns a fresh iterator each epoch (a generator function), in the order they come."""
+    returns a fresh iterator each epoch (a generator function), in the order they come: anygrad's
+    shuffle and seed do not reach them (a torch DataLoader shuffles with its own generator). One
+    without a length (a generator function) is run once more, at the start, to count its batches,
+    which progress, schedules and checkpoints need."""
 
     positionable = False
 
