@@ -255,8 +255,8 @@ def _train_settings(args: argparse.Namespace) -> dict[str, Any]:
 def _check_dataset(name: str) -> None:
     from .data import dataset_names
     from .data.datasets import canonical_name
-    if canonical_name(name) not in dataset_names():
-        raise ConfigError(f"unknown dataset '{name}'; choose one of {', '.join(dataset_names())}")
+    if canonical_name(name) not in dataset_names() and name != "tokens":
+        raise ConfigError(f"unknown dataset '{name}'; choose one of {', '.join(dataset_names() + ['tokens'])}")
 
 
 def _train_data(config: Any, model: Any, console: Console) -> tuple[Any, Any, tuple, str, dict[str, Any]]:
@@ -265,6 +265,12 @@ def _train_data(config: Any, model: Any, console: Console) -> tuple[Any, Any, tu
     graph; before compile) or on the host (float32 batches), as config.normalize says. `resolved`
     records the normalisation and class names for config.json, where predict and eval find them."""
     from .data.graph_input import add_input_normalisation, can_normalise_in_graph
+    if config.dataset == "tokens":  # a language model on a token file: random windows (anygrad.data.tokens)
+        from .data.tokens import token_run_data
+        train, valid, source, resolved = token_run_data(config.data_dir, config.block_size, config.valid_fraction)
+        console.line(f"data: {train.tokens.dtype} tokens, {len(train.tokens):,} train / "
+                     f"{len(valid.tokens) if valid is not None else 0:,} valid, windows of {config.block_size} + 1")
+        return train, valid, (None, None), source, resolved
     dcfg = config.data_config()
     d = dcfg.load(seed=config.seed, log=console.line)
     mean, std = dcfg.stats(d)
@@ -444,7 +450,8 @@ def _train(args: argparse.Namespace, config: Any, model_path: Path, optimizer: A
                  f"{backend.description}: {config.optimizer} lr {config.lr:g}, loss {loss}, batch {config.batch_size}, "
                  f"{config.epochs} epoch{'s' * (config.epochs != 1)}, seed {config.seed}"
                  + "".join(f", {e}" for e in extras if e))
-    console.line(f"data: {len(train[1]):,} train / {len(valid[1]) if valid else 0:,} valid samples from {source}")
+    if isinstance(train, tuple):
+        console.line(f"data: {len(train[1]):,} train / {len(valid[1]) if valid else 0:,} valid samples from {source}")
     if args.resume:
         console.line(f"resuming from {artifacts / 'checkpoints'}")
     result = fit(model, train, valid, config, reporter=_reporter(args.quiet, config.log_every, console),
@@ -646,7 +653,9 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", help="take every setting from a run's config.json (flags override)")
     p.add_argument("--resume", metavar="DIR", help="continue the run in DIR (its --artifacts folder) from its "
                    "newest checkpoint; --epochs may extend it")
-    p.add_argument("--dataset", help="dataset name (default: mnist)")
+    p.add_argument("--dataset", help="dataset name (default: mnist); tokens: a language model on a flat token "
+                   "file (--data-dir FILE.bin of uint16 ids as nanoGPT writes, or FILE.npy of any integer "
+                   "dtype; --block-size T)")
     p.add_argument("--data-dir", metavar="DIR", help="folder holding the dataset files (default: cache, "
                    "downloading when missing)")
     p.add_argument("--valid-fraction", type=float, metavar="F", help="hold out this part of the training data "
@@ -659,6 +668,8 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mean", type=_float_list, metavar="M[,M...]", help="per-channel mean in [0, 1] pixel units "
                    "(default: the dataset's)")
     p.add_argument("--std", type=_float_list, metavar="S[,S...]", help="per-channel std (default: the dataset's)")
+    p.add_argument("--block-size", type=int, metavar="T", help="tokens dataset: tokens per training window "
+                   "(the model's sequence length); windows of T + 1 tokens give inputs w[:-1], targets w[1:]")
     p.add_argument("--npz-keys", metavar="X,Y", help="array names of inputs and targets in an .npz dataset "
                    "(default: x,y)")
     p.add_argument("--prefetch", action="store_true", default=None, help="prepare the next batch in a background "

@@ -27,7 +27,10 @@ import numpy as np
 from ..coerce import coerce_fields, json_text
 from ..data.datasets import DataConfig
 from ..data.graph_input import input_statistics, plain_model
-from ..data.loader import DataLoader
+from ..data.loader import BatchSource, DataLoader
+from ..data.sources import batch_source, layout_for
+from ..data.structure import unwrap_single
+from ..data.tokens import TokenWindows
 from ..errors import AnygradError, ConfigError, ShapeError
 from ..model import Model
 from ..optim.schedulers import RunFacts, get_scheduler
@@ -36,6 +39,9 @@ from .monitor import Monitor
 from .report import EpochInfo, Reporter, RunInfo, StepInfo
 
 Arrays = tuple[np.ndarray, np.ndarray]
+# What fit trains on: (inputs, targets) arrays or .npy files, an indexable dataset, an iterable of
+# batches, a generator function, a BatchSource (see anygrad.data.sources).
+Data = Any
 Transform = Callable[[np.ndarray, np.ndarray, int], np.ndarray]  # (x batch, sample indices, epoch) -> x
 Log = Callable[[str], None]
 
@@ -83,6 +89,8 @@ class TrainConfig:
     prefetch: bool = False               # prepare the next batch in a background thread
     x_key: str = "x"                     # .npz array names
     y_key: str = "y"
+    block_size: int | None = None        # tokens per window of the tokens dataset (anygrad.data.tokens)
+    target_keys: list[str] | None = None  # keys of dict samples that are targets (None: labels, label, y, ...)
     # -- the step program
     clip_grad_norm: float | None = None  # max global 2-norm of the gradients
     accumulate: int = 1                  # batches per optimizer update
@@ -373,14 +381,52 @@ def _graceful_interrupt() -> Iterator[_StopFlag]:
 
 
 # -- the loop -------------------------------------------------------------------------------------
-def _validate(model: Model, data: Arrays, batch_size: int, transform: Transform | None = None) -> _Sums:
-    """Loss and accuracy over `data` in inference mode (eval programs, one per batch shape)."""
+def _validate(model: Model, data: Data, batch_size: int, transform: Transform | None = None) -> _Sums:
+    """Loss and accuracy over `data` (any source fit takes, or a BatchSource) in inference mode
+    (eval programs, one per batch shape)."""
     model.reset_metrics()
     sums = _Sums()
-    for x, y in DataLoader(*data, batch_size=batch_size, shuffle=False, transform=transform):
-        model.eval_step(x, y)
+    source = data if isinstance(data, BatchSource) else batch_source(
+        data, batch_size=batch_size, shuffle=False, transform=transform, layout=_layout(model, None),
+        role="validation data")
+    for x, y in source.epoch_batches(0):
+        model.eval_step(_inputs(model, x), y)
     sums.add(model.read_metrics(reset=True))
     return sums
+
+
+def _layout(model: Model, target_keys: Any) -> Any:
+    """How dict samples split for this model: a loss computed in the graph takes no targets."""
+    return layout_for(getattr(model.loss, "name", None) == "output", target_keys)
+
+
+def _inputs(model: Model, x: Any, dropped: set[str] | None = None) -> Any:
+    """A batch's inputs as the model takes them: the structure as given ({name: array} or a
+    tuple in graph order), a one-input model's single array unwrapped. Dict keys that name no
+    graph input are left out when others do (as Hugging Face's Trainer drops unused columns,
+    such as 'idx' or 'text'); `dropped` collects them."""
+    names = model.graph.inputs
+    if isinstance(x, dict):
+        known = [k for k in x if k in names]
+        if known and len(known) < len(x):
+            if dropped is not None:
+                dropped.update(k for k in x if k not in names)
+            x = {k: x[k] for k in known}
+    return unwrap_single(x, len(names))
+
+
+def _with_last(batches: Iterator[Any]) -> Iterator[tuple[Any, bool]]:
+    """(batch, is_last) pairs, one batch ahead: the last batch of an epoch flushes an accumulation
+    group, also when an iterable's epoch is not as long as its first one."""
+    it = iter(batches)
+    try:
+        ahead = next(it)
+    except StopIteration:
+        return
+    for item in it:
+        yield ahead, False
+        ahead = item
+    yield ahead, True
 
 
 @dataclass
@@ -400,7 +446,7 @@ class _Run:
 class Learner:
     """One training run of a compiled model: the loop, its schedule, monitor and checkpoints."""
 
-    def __init__(self, model: Model, train_data: Arrays, valid_data: Arrays | None, config: TrainConfig,
+    def __init__(self, model: Model, train_data: Data, valid_data: Data | None, config: TrainConfig,
                  reporter: Reporter, transforms: tuple[Transform | None, Transform | None] = (None, None),
                  resolved: dict[str, Any] | None = None):
         """`transforms`: per-batch input transforms (training, validation), e.g. a DataConfig's.
@@ -412,13 +458,23 @@ class Learner:
         model._require_compiled()
         if config.clip_grad_norm is not None or config.accumulate != 1:  # else keep what compile() set
             model.configure_step(clip_norm=config.clip_grad_norm, accumulate=config.accumulate)
-        self.loader = DataLoader(*train_data, batch_size=config.batch_size, shuffle=config.shuffle,
-                                 seed=config.seed, drop_last=config.drop_last, transform=transforms[0],
-                                 prefetch=config.prefetch)
+        layout = _layout(model, config.target_keys)
+        self.loader = batch_source(train_data, batch_size=config.batch_size, shuffle=config.shuffle,
+                                   seed=config.seed, drop_last=config.drop_last, transform=transforms[0],
+                                   prefetch=config.prefetch, layout=layout)
+        if isinstance(self.loader, TokenWindows):
+            self.loader.bind(config.batch_size, config.seed)
+        if valid_data is not None and not isinstance(valid_data, BatchSource):
+            valid_data = batch_source(valid_data, batch_size=config.valid_batch_size or config.batch_size,
+                                      shuffle=False, transform=transforms[1], layout=layout, role="validation data")
+            self.valid_data = valid_data
+        n = self.loader.n_samples
         if len(self.loader) == 0:
-            raise ConfigError(f"no full batch of {config.batch_size} in {len(train_data[0])} training samples; "
-                              "use a smaller batch size or keep the last partial batch (no drop_last)")
-        self._check_last_batch(len(train_data[0]) % config.batch_size if not config.drop_last else 0)
+            raise ConfigError(f"no full batch of {config.batch_size} in {n if n is not None else 'the'} training "
+                              "samples; use a smaller batch size or keep the last partial batch (no drop_last)"
+                              if n is not None else f"{self.loader.what} yielded no batches")
+        if n is not None and self.loader.sample_shape is not None and isinstance(self.loader, DataLoader):
+            self._check_last_batch(n % config.batch_size if not config.drop_last else 0)
         self.steps = len(self.loader)
         self.log_every = config.log_every or max(1, self.steps // 10)
         self.out_dir = Path(config.artifacts_dir) if config.artifacts_dir else None
@@ -431,6 +487,12 @@ class Learner:
                                            **config.scheduler_options)
             model.lr = self.scheduler.lr
         self._check_monitor()
+        self._length_noted = False
+        self._dropped: set[str] = set()
+        if not self.loader.positionable and self.out_dir is not None:
+            self.notes.append(f"note: {self.loader.what} is an iterable, which cannot be positioned mid-epoch: "
+                              "checkpoints are written at epoch ends only, and a resumed run restarts an "
+                              "interrupted epoch from its beginning with the weights it began with")
         self.run = _Run()
 
     def _check_last_batch(self, size: int) -> None:
@@ -438,18 +500,18 @@ class Learner:
         (BatchNorm cannot train on a batch of one sample, as in PyTorch)."""
         if size == 0:
             return
-        x = self.train_data[0]
+        n, shape = self.loader.n_samples, tuple(self.loader.sample_shape)
         try:
-            self.model.check_training_shape((size,) + x.shape[1:])
+            self.model.check_training_shape((size,) + shape)
         except ShapeError as e:
-            raise ConfigError(f"the last batch of each epoch holds {size} sample{'s' * (size != 1)} ({len(x)} "
+            raise ConfigError(f"the last batch of each epoch holds {size} sample{'s' * (size != 1)} ({n} "
                               f"samples, batch size {self.config.batch_size}), which the model cannot train on: "
                               f"{e}") from None
 
     def _unmonitorable(self) -> str | None:
         """Why this run will have no value for the monitored metric, or None."""
         metric, model = self.config.monitor, self.model
-        if metric.startswith("valid_") and (self.valid_data is None or len(self.valid_data[0]) == 0):
+        if metric.startswith("valid_") and (self.valid_data is None or len(self.valid_data) == 0):
             return "the run has no validation data (none given, or --valid-fraction 0)"
         if metric.endswith(("_accuracy", "_top5")) and not model.loss.classification:
             return f"the loss {model.loss.name} is not a classification loss, so no accuracy is counted"
@@ -526,6 +588,10 @@ class Learner:
         if diff:
             raise ckpt.CheckpointError(f"{path}: the checkpoint was made with different settings: " + ", ".join(
                 f"{k} {saved[k]!r} (now {now[k]!r})" for k in diff) + "; resume with the run's own config.json")
+        if not self.loader.positionable and not m.get("epoch_done") and int(m.get("step", 0) or 0) > 0:
+            raise ckpt.CheckpointError(f"{path} was written mid-epoch (epoch {m.get('epoch')}, step {m.get('step')}),"
+                                       f" but {self.loader.what} is an iterable, which cannot be positioned there; "
+                                       "resume from a checkpoint written at an epoch end")
         if m.get("steps_per_epoch") != self.steps:
             raise ckpt.CheckpointError(f"{path}: the run had {m.get('steps_per_epoch')} steps per epoch, this "
                                        f"one {self.steps}: the training data differ")
@@ -584,7 +650,12 @@ class Learner:
                 self._end_epoch(warned)
                 warned = warned or self._diverged()
                 r.epoch, r.step, r.sums = r.epoch + 1, 0, _Sums()
-        if interrupted:
+        if interrupted and not self.loader.positionable:
+            self.reporter.message(f"interrupted at epoch {r.epoch} step {r.step}/{self.steps}; {self.loader.what} "
+                                  "cannot resume mid-epoch, so no checkpoint of this step" + (
+                                      f"; anygrad train --resume {self.out_dir} restarts epoch {r.epoch} from the "
+                                      f"checkpoint of epoch {r.epoch - 1}" if self.out_dir and r.epoch > 1 else ""))
+        elif interrupted:
             where = self.save_checkpoint()
             self.reporter.message(f"interrupted at epoch {r.epoch} step {r.step}/{self.steps}" + (
                 f"; checkpoint {where}; continue with: anygrad train --resume {self.out_dir}" if where else ""))
@@ -594,21 +665,34 @@ class Learner:
         self.reporter.run_end(stopped_early=r.stopped_early, interrupted=interrupted)
         return FitResult(r.history, self.out_dir, r.stopped_early, interrupted, self.monitor.best_epoch)
 
+    def _inputs(self, x: Any) -> Any:
+        dropped: set[str] = set()
+        x = _inputs(self.model, x, dropped)
+        if dropped - self._dropped:
+            self._dropped |= dropped
+            self.reporter.message(f"note: the data's {', '.join(sorted(dropped))} name no input of the model "
+                                  f"(inputs: {', '.join(self.model.graph.inputs)}); left out")
+        return x
+
     def _train_epoch(self, stop: _StopFlag) -> bool:
         """Train the rest of epoch r.epoch; True when interrupted."""
         cfg, r, model = self.config, self.run, self.model
         start, done_before = time.perf_counter(), r.sums.count
-        self.loader.epoch = r.epoch - 1  # the permutation is a function of (seed, epoch)
         if r.step == 0:
             model.reset_metrics()
-        for step, (x, y) in enumerate(self.loader, 1):
-            if step <= r.step:  # resumed mid-epoch: these were trained before
-                continue
+        # A positionable source starts mid-epoch (after a resume) at batch r.step, the batches being
+        # a function of (seed, epoch, position); an iterable starts epochs at their beginning only.
+        batches = self.loader.epoch_batches(r.epoch - 1, r.step)
+        for step, ((x, y), last) in enumerate(_with_last(batches), r.step + 1):
             r.lr = model.lr  # what this step's update (or its accumulation group's) uses
-            model.train_step(x, y, flush=step == self.steps)
+            model.train_step(self._inputs(x), y, flush=last)
             r.step, r.global_step = step, r.global_step + 1
             if self.scheduler is not None and self.scheduler.interval == "step" and model.micro_step == 0:
                 model.lr = self.scheduler.step()
+            if last and step != self.steps and not self._length_noted:
+                self._length_noted = True
+                self.reporter.message(f"note: epoch {r.epoch} of {self.loader.what} had {step} batches, the first "
+                                      f"{self.steps}; progress and schedules count {self.steps} per epoch")
             if step % self.log_every == 0 and step < self.steps:
                 r.sums.add(model.read_metrics(reset=True))
                 rate = (r.sums.count - done_before) / max(time.perf_counter() - start, 1e-9)
@@ -616,7 +700,8 @@ class Learner:
                                             r.sums.accuracy, model.lr, rate))
             if stop.requested:
                 return True
-            if cfg.checkpoint_every and r.global_step % cfg.checkpoint_every == 0 and step < self.steps:
+            if cfg.checkpoint_every and r.global_step % cfg.checkpoint_every == 0 and step < self.steps \
+                    and self.loader.positionable:
                 self.save_checkpoint()
         r.sums.add(model.read_metrics(reset=True))
         self._epoch_seconds = time.perf_counter() - start
@@ -660,11 +745,18 @@ class Learner:
         return m is not None and any(v is not None and not np.isfinite(v) for v in (m.train_loss, m.valid_loss))
 
 
-def fit(model: Model, train_data: Arrays, valid_data: Arrays | None = None, config: TrainConfig | None = None,
+def fit(model: Model, train_data: Data, valid_data: Data | None = None, config: TrainConfig | None = None,
         *, reporter: Reporter | None = None, log: Log | None = print, progress: Log | None = None,
         resume: bool | str | Path = False, transforms: tuple[Transform | None, Transform | None] = (None, None),
         resolved: dict[str, Any] | None = None, **settings: Any) -> FitResult:
     """Train a compiled model for `config.epochs` epochs (TrainConfig fields may be passed as keywords).
+
+    `train_data` and `valid_data`: (inputs, targets) arrays, memmaps or .npy paths; an indexable
+    dataset (a torch or Hugging Face Dataset, anything with __len__ and __getitem__), batched and
+    shuffled by anygrad from (seed, epoch); a list of batches, a generator function or a torch
+    DataLoader, whose batches come as they are; or anygrad.data.TokenWindows. Samples and batches
+    are arrays, (inputs, targets) tuples or dicts, whose `target_keys` (default labels, label, y,
+    target, targets; none for loss='output') are the targets. See anygrad.data.sources.
 
     Progress goes to `reporter` (default: a LineReporter over `log` and `progress`). With
     `artifacts_dir`, metrics, weights and a checkpoint are written after every epoch; `resume`
