@@ -22,6 +22,7 @@ from .errors import AnygradError, ConfigError
 EXIT_ERROR = 2
 EXIT_UNSUPPORTED = 1
 EXIT_INTERRUPTED = 130  # stopped by Ctrl-C after writing a checkpoint
+EXIT_DIVERGED = 3       # --on-nan stop ended the run: a loss or weight was not finite
 
 # Settings the founding example was trained with; the defaults when no MODEL is given.
 FOUNDING_DEFAULTS = {"optimizer": "adagrad", "lr": 1.0, "batch_size": 1000, "epochs": 8, "loss": "nll"}
@@ -131,30 +132,14 @@ def _support_lines(s: Any) -> list[str]:
 
 
 # -- train ---------------------------------------------------------------------------------------
-def _fit_input(x: np.ndarray, shape: tuple, input_name: str) -> np.ndarray:
-    """Dataset samples reshaped to the model's input, when only the layout differs ((1,28,28) vs (784,))."""
-    want = tuple(shape[1:])
-    if all(isinstance(d, int) for d in want) and tuple(x.shape[1:]) != want:
-        if int(np.prod(want)) != int(np.prod(x.shape[1:])):
-            raise ConfigError(f"the model's input '{input_name}' takes samples of shape {want}, but the dataset "
-                              f"holds {tuple(x.shape[1:])}; choose a model made for this dataset")
-        return x.reshape((len(x),) + want)
-    return x
-
-
 def _auto_loss(model: Any) -> str:
-    """nll when the model already ends in LogSoftmax (as the founding example does), else cross_entropy."""
-    producer = model.graph.producers().get(model.graph.outputs[0])
-    return "nll" if producer is not None and producer.op == "LogSoftmax" else "cross_entropy"
+    from .train.run import auto_loss
+    return auto_loss(model)
 
 
-def _default_artifacts(model_name: str) -> Path:
-    base = Path("runs") / f"{model_name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    path, n = base, 1
-    while path.exists():
-        n += 1
-        path = base.with_name(f"{base.name}-{n}")
-    return path
+def _padding_spec(spec: str) -> tuple[str, int]:
+    from .train.run import padding_spec
+    return padding_spec(spec)
 
 
 # Flags of `anygrad train` -> TrainConfig fields (the rest have the same name). Defaults live in
@@ -259,45 +244,6 @@ def _check_dataset(name: str) -> None:
         raise ConfigError(f"unknown dataset '{name}'; choose one of {', '.join(dataset_names())}")
 
 
-def _train_data(config: Any, model: Any, console: Console) -> tuple[Any, Any, tuple, str, dict[str, Any]]:
-    """(train, valid, per-batch transforms, source, resolved) through anygrad.data: stored images,
-    augmented batch by batch, and normalised on the device (uint8 batches, a prologue in the model's
-    graph; before compile) or on the host (float32 batches), as config.normalize says. `resolved`
-    records the normalisation and class names for config.json, where predict and eval find them."""
-    from .data.graph_input import add_input_normalisation, can_normalise_in_graph
-    dcfg = config.data_config()
-    d = dcfg.load(seed=config.seed, log=console.line)
-    mean, std = dcfg.stats(d)
-    on_device = config.normalize == "device" and mean is not None and d.train[0].dtype == np.uint8 \
-        and can_normalise_in_graph(model, mean)
-    if on_device:
-        add_input_normalisation(model, mean, std)
-    shape, name = model.input_shape, model.input_name
-
-    def fitted(transform: Callable) -> Callable:
-        return lambda x, idx, epoch: _fit_input(transform(x, idx, epoch), shape, name)
-    train_tf, valid_tf = (fitted(dcfg.transform(d, config.seed, train=t, on_device=on_device)) for t in (True, False))
-    train_tf(d.train[0][:1], np.arange(1), 0)  # a dataset that does not fit the model fails now, clearly
-    stats = "" if mean is None else f" (mean {_floats_text(mean)} std {_floats_text(std)})"
-    how = "not normalised" if mean is None else "uint8, normalised on the device" if on_device else \
-        "normalised on the host"
-    augment = _augment_text(config.crop_padding, config.hflip)
-    console.line(f"batches: {how}{stats}; augment {augment}; valid: {d.valid_from}")
-    normalisation = None if mean is None else {"mean": [float(v) for v in mean], "std": [float(v) for v in std],
-                                               "on": "device" if on_device else "host"}
-    resolved = {"normalisation": normalisation, "classes": list(d.classes)}
-    return d.train, d.valid, (train_tf, valid_tf), d.source, resolved
-
-
-def _floats_text(values: Any) -> str:
-    return ",".join(f"{v:.4g}" for v in values)
-
-
-def _augment_text(crop_padding: int, hflip: bool) -> str:
-    parts = ([f"crop:{crop_padding}"] if crop_padding else []) + (["hflip"] if hflip else [])
-    return ",".join(parts) or "none"
-
-
 def _parse_augment(spec: str) -> dict[str, Any]:
     """--augment crop:4,hflip -> {crop_padding: 4, hflip: True}; 'none' turns both off."""
     out: dict[str, Any] = {"crop_padding": 0, "hflip": False}
@@ -377,20 +323,28 @@ def _remove_empty(folders: list[Path]) -> None:
             return
 
 
+# Paths a run records: stored absolute (a later `predict` or `eval` may run from another folder),
+# and as typed under config.json's resolved.paths_as_typed, for messages.
+_PATH_SETTINGS = ("model", "weights", "data_dir", "artifacts_dir")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from .devices import get_backend
     from .losses import get_loss
     from .optim import get_optimizer
     from .train import TrainConfig
+    from .train.run import RunConfig, default_artifacts, run
 
     s = _train_settings(args)
     model_path = _not_a_folder(Path(s["model"]), "an ONNX model file")
     _check_dataset(s["dataset"])
     if s["loss"] != "auto":
         get_loss(s["loss"])  # fail on a bad name before any slow work
-    optimizer = get_optimizer(s["optimizer"], lr=s["lr"])
-    config = TrainConfig.from_dict({**s, "model": str(model_path.resolve()) if model_path.exists() else str(model_path),
-                                    "weights": str(Path(s["weights"]).resolve()) if s.get("weights") else None})
+    get_optimizer(s["optimizer"], lr=s["lr"])
+    if not s.get("artifacts_dir"):
+        s["artifacts_dir"] = str(default_artifacts(model_path.stem))
+    typed = {k: str(s[k]) for k in _PATH_SETTINGS if s.get(k)}
+    config = TrainConfig.from_dict({**s, **{k: _absolute(v) for k, v in typed.items()}})
     config.check()
     if config.scheduler:  # bad names and types fail now; values against the run when the Learner builds it
         from .optim.schedulers import check_options
@@ -398,59 +352,28 @@ def cmd_train(args: argparse.Namespace) -> int:
     if config.weights:  # its content is checked when the model loads it (torchfile names the file's kind)
         weights = _not_a_folder(Path(config.weights), "a weights file")
         if not weights.exists():
-            raise ConfigError(f"--weights {weights}: no such file")
-    backend = get_backend(config.device, limits=config.limits)
-    artifacts = Path(config.artifacts_dir) if config.artifacts_dir else _default_artifacts(model_path.stem)
-    created = _make_artifacts_dir(artifacts)
+            raise ConfigError(f"--weights {typed['weights']}: no such file")
+    get_backend(config.device, limits=config.limits)  # a bad --device fails before the folder is made
+    created = _make_artifacts_dir(Path(config.artifacts_dir))
+    console = Console(quiet=args.quiet)
     try:
-        return _train(args, replace(config, artifacts_dir=str(artifacts)), model_path, optimizer, backend)
+        result = run(RunConfig(config, resume=bool(args.resume), overwrite=bool(args.overwrite),
+                               reporter=_reporter(args.quiet, config.log_every, console), log=console.line,
+                               typed_paths={k: v for k, v in typed.items() if _absolute(v) != v}))
     except BaseException:  # a run that never started leaves nothing behind (a started one keeps its files)
         _remove_empty(created)
         raise
-
-
-def _padding_spec(spec: str) -> tuple[str, int]:
-    """'TABLE:ROW' of --padding-idx -> (table, row)."""
-    table, _, row = str(spec).rpartition(":")
-    try:
-        return table, int(row)
-    except ValueError:
-        raise ConfigError(f"--padding-idx takes TABLE:ROW, such as 'embed_tokens.weight:1', not {spec!r}") from None
-
-
-def _train(args: argparse.Namespace, config: Any, model_path: Path, optimizer: Any, backend: Any) -> int:
-    from . import load_onnx
-    from .train import fit
-    console = Console(quiet=args.quiet)
-    model = load_onnx(str(model_path), init=config.init)
-    if config.weights:  # fine-tuning: every tensor comes from the state_dict, or it is an error
-        model.load_state_dict(config.weights, strict=True)
-    if config.freeze:  # after the weights, so patterns may use the state_dict's PyTorch names
-        model.freeze(*config.freeze)
-    for spec in config.padding_idx:
-        model.set_padding_idx(*_padding_spec(spec))
-    loss = _auto_loss(model) if config.loss == "auto" else config.loss
-    train, valid, transforms, source, resolved = _train_data(config, model, console)
-    model.compile(loss=loss, optimizer=optimizer, device=backend, seed=config.seed)
-
-    config = replace(config, data_dir=source, loss=loss)
-    artifacts = Path(config.artifacts_dir)
-    extras = [f"clip {config.clip_grad_norm:g}" if config.clip_grad_norm else "",
-              f"accumulate {config.accumulate}" if config.accumulate > 1 else "",
-              f"scheduler {config.scheduler}" if config.scheduler else "",
-              f"from weights {Path(config.weights).name}" if config.weights else "",
-              f"{model.num_frozen_parameters():,} frozen" if config.freeze else ""]
-    console.line(f"training {model_path.name} ({model.num_parameters():,} parameters) on "
-                 f"{backend.description}: {config.optimizer} lr {config.lr:g}, loss {loss}, batch {config.batch_size}, "
-                 f"{config.epochs} epoch{'s' * (config.epochs != 1)}, seed {config.seed}"
-                 + "".join(f", {e}" for e in extras if e))
-    console.line(f"data: {len(train[1]):,} train / {len(valid[1]) if valid else 0:,} valid samples from {source}")
-    if args.resume:
-        console.line(f"resuming from {artifacts / 'checkpoints'}")
-    result = fit(model, train, valid, config, reporter=_reporter(args.quiet, config.log_every, console),
-                 resume=bool(args.resume), transforms=transforms, resolved=resolved)
     console.line(f"artifacts: {result.artifacts_dir}")
+    if result.diverged:
+        print(f"anygrad: error: {result.diverged} (--on-nan stop); the newest checkpoint holds the last finite "
+              f"state; start again with a smaller --lr (or --clip-grad-norm), or use --on-nan skip", file=sys.stderr)
+        return EXIT_DIVERGED
     return EXIT_INTERRUPTED if result.interrupted else 0
+
+
+def _absolute(path: str) -> str:
+    """`path` made absolute without resolving links (what the user named stays recognisable)."""
+    return os.path.abspath(os.path.expanduser(path))
 
 
 # -- devices -------------------------------------------------------------------------------------
@@ -663,8 +586,9 @@ def _add_train(p: argparse.ArgumentParser) -> None:
                    "(default: x,y)")
     p.add_argument("--prefetch", action="store_true", default=None, help="prepare the next batch in a background "
                    "thread while the device works")
-    p.add_argument("--epochs", type=int)
-    p.add_argument("--batch-size", type=int)
+    p.add_argument("--epochs", type=int, metavar="N", help="epochs to train (default: 1; founding example 8)")
+    p.add_argument("--batch-size", type=int, metavar="N", help="samples per step (default: 64; founding example "
+                   "1000)")
     p.add_argument("--valid-batch-size", type=int, metavar="N", help="validation batch size (default: batch-size)")
     p.add_argument("--optimizer", metavar="NAME", help="sgd, adam, adamw, adagrad, adadelta, rmsprop")
     p.add_argument("--lr", type=float, help="learning rate")
@@ -672,7 +596,15 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", help="auto, cpu, wgpu, wgpu:N, wgpu:vulkan|metal|dx12|gl "
                    "(default: auto, the best available)")
     p.add_argument("--seed", type=int, help="seed of the shuffles and dropout (default: 0)")
-    p.add_argument("--artifacts", metavar="DIR", help="output folder (default: runs/<model>-<timestamp>)")
+    p.add_argument("--artifacts", metavar="DIR", help="output folder (default: runs/<model>-<timestamp>); one "
+                   "that holds another run is refused unless --overwrite")
+    p.add_argument("--overwrite", action="store_true", help="replace the run already in --artifacts (its "
+                   "config, metrics, weights and checkpoints)")
+    p.add_argument("--on-nan", choices=("stop", "skip", "warn"), help="when the loss, a weight or a statistic "
+                   "turns NaN or infinite: stop (default; keeps the last finite checkpoint, exit code 3), skip "
+                   "(go back to the last finite state and go on), warn (go on)")
+    p.add_argument("--export", choices=("best", "last"), help="which weights weights.* and model.onnx hold at "
+                   "the end: the best epoch's by --monitor (default), or the last epoch's")
     p.add_argument("--init", choices=("onnx", "fresh"),
                    help="start from the file's weights (onnx, default) or PyTorch's default initialisation (fresh)")
     p.add_argument("--weights", metavar="FILE", help="fine-tune: start from the weights in a PyTorch state_dict "
@@ -735,7 +667,22 @@ class _Parser(argparse.ArgumentParser):
     --help'` and exit code 2, without the usage block (subcommand parsers are this class too)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_ERROR, f"anygrad: error: {_one_line(message)}; see '{self.prog} --help'\n")
+        import re
+        typo = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if typo:  # a mistyped command or choice: the nearest one
+            import difflib
+            match = difflib.get_close_matches(typo[1], re.findall(r"'([^']*)'", typo[2]), 1, 0.6)
+            message += f" (did you mean {match[0]}?)" if match else ""
+        self.exit(EXIT_ERROR, f"anygrad: error: {_short(_one_line(message), 400)}; see '{self.prog} --help'\n")
+
+    def _suggest(self, word: str) -> str:
+        """" (did you mean --batch-size?)" for a mistyped option or command, else ""."""
+        import difflib
+        name, _, _ = word.partition("=")
+        choices = [o for a in self._actions for o in a.option_strings] if name.startswith("-") else \
+            [c for a in self._actions if isinstance(a, argparse._SubParsersAction) for c in a.choices]
+        match = difflib.get_close_matches(name, choices, 1, 0.6)
+        return f" (did you mean {match[0]}?)" if match else ""
 
     def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
         # argparse reports unknown flags from the top-level parser; the subcommand's help is the useful one
@@ -743,7 +690,8 @@ class _Parser(argparse.ArgumentParser):
         if extras:
             commands = [a for a in self._actions if isinstance(a, argparse._SubParsersAction)]
             sub = commands[0].choices.get(getattr(parsed, commands[0].dest, None)) if commands else None
-            (sub or self).error(f"unrecognized arguments: {' '.join(extras)}")
+            parser = sub or self
+            parser.error(f"unrecognized arguments: {' '.join(extras)}{parser._suggest(extras[0])}")
         return parsed
 
 
@@ -769,14 +717,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        parser = build_parser()
+        if not (sys.argv[1:] if argv is None else list(argv)):  # `anygrad` alone: what it can do
+            parser.print_help()
+            return 0
+        args = parser.parse_args(argv)
         return args.run(args)
     except AnygradError as e:
         print(f"anygrad: error: {_one_line(e)}", file=sys.stderr)
-    except KeyboardInterrupt:
-        print("anygrad: error: interrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # before training started (a run checkpoints and returns 130 itself)
+        print("anygrad: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except OSError as e:  # a file the command had to write or read, failing outside its own checks
+        where = f"{_short(e.filename)}: " if e.filename else ""
+        print(f"anygrad: error: {where}{e.strerror or e}; check the path and its folder's permissions and free "
+              "space", file=sys.stderr)
+    except RecursionError:
+        print("anygrad: error: an input is nested too deeply to read", file=sys.stderr)
     return EXIT_ERROR
+
+
+def _short(path: Any, limit: int = 200) -> str:
+    """A path for a message, its middle elided when very long (a 100k-character argument)."""
+    text = str(path)
+    return text if len(text) <= limit else f"{text[:limit // 2]}...{text[-limit // 2:]} ({len(text):,} characters)"
 
 
 if __name__ == "__main__":

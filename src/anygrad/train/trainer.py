@@ -29,9 +29,11 @@ from ..data.datasets import DataConfig
 from ..data.graph_input import input_statistics, plain_model
 from ..data.loader import DataLoader
 from ..errors import AnygradError, ConfigError, ShapeError
+from ..fsutil import atomic_write
 from ..model import Model
 from ..optim.schedulers import RunFacts, get_scheduler
 from . import checkpoint as ckpt
+from .guard import ON_NAN, Diverged, Guard, nonfinite_entries
 from .monitor import Monitor
 from .report import EpochInfo, Reporter, RunInfo, StepInfo
 
@@ -41,7 +43,7 @@ Log = Callable[[str], None]
 
 # Settings that may differ between a run and its resumption (everything else must match).
 RESUMABLE_CHANGES = ("epochs", "log_every", "device", "artifacts_dir", "data_dir", "keep_checkpoints",
-                     "checkpoint_every", "patience", "min_delta", "prefetch")
+                     "checkpoint_every", "patience", "min_delta", "prefetch", "on_nan", "export")
 # Keys of config.json that are not settings: what the run resolved them to (written by the run).
 BOOKKEEPING_KEYS = ("resolved",)
 # How batches are normalised: in the graph on the device (uint8 uploads), on the host, or not at all.
@@ -97,6 +99,9 @@ class TrainConfig:
     # -- checkpoints
     keep_checkpoints: int = 2
     checkpoint_every: int = 0            # also every N steps within an epoch (0: at epoch ends only)
+    # -- safety (train/guard.py, train/run.py)
+    on_nan: str = "stop"                 # a non-finite loss or state: stop, skip (go back), warn
+    export: str = "best"                 # weights.* and model.onnx at the end: the best epoch's, or the last's
 
     def check(self) -> None:
         for name in ("epochs", "batch_size", "accumulate"):
@@ -109,6 +114,12 @@ class TrainConfig:
                 raise ConfigError(f"{name.replace('_', '-')} must be 0 or positive, got {getattr(self, name)}")
         if self.keep_checkpoints < 1:
             raise ConfigError(f"keep-checkpoints must be at least 1, got {self.keep_checkpoints}")
+        if self.lr is not None and not (np.isfinite(self.lr) and self.lr >= 0):
+            raise ConfigError(f"lr must be a finite number >= 0, got {self.lr}")
+        if self.on_nan not in ON_NAN:
+            raise ConfigError(f"on-nan must be one of {', '.join(ON_NAN)}, got {self.on_nan!r}")
+        if self.export not in ("best", "last"):
+            raise ConfigError(f"export must be best or last, got {self.export!r}")
         if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
             raise ConfigError(f"clip-grad-norm must be positive, got {self.clip_grad_norm}")
         metrics = [f.name for f in fields(EpochMetrics) if f.name != "epoch"]
@@ -171,6 +182,8 @@ class FitResult:
     stopped_early: bool = False
     interrupted: bool = False
     best_epoch: int | None = None
+    diverged: str | None = None          # what was not finite, when --on-nan stop ended the run
+    exported_epoch: int | None = None    # whose weights weights.* hold (train/run.py exports the best)
 
     @property
     def last(self) -> EpochMetrics | None:
@@ -218,18 +231,8 @@ class _Sums:
 
 
 # -- artifacts ------------------------------------------------------------------------------------
-def _atomic_write(path: Path, write: Callable[[Any], None], mode: str = "w") -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, mode) as f:
-            write(f)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def write_json(path: Path, obj: Any) -> None:
-    _atomic_write(path, lambda f: f.write(json.dumps(obj, indent=2, default=str) + "\n"))
+    atomic_write(path, json.dumps(obj, indent=2, default=str) + "\n")
 
 
 def _finite(row: dict[str, Any]) -> dict[str, Any]:
@@ -239,12 +242,12 @@ def _finite(row: dict[str, Any]) -> dict[str, Any]:
 
 def write_metrics(path: Path, history: list[EpochMetrics]) -> None:
     """metrics.jsonl and, next to it, metrics.csv (same rows; empty cells for null)."""
-    _atomic_write(path, lambda f: f.writelines(json.dumps(_finite(asdict(m))) + "\n" for m in history))
+    atomic_write(path, "".join(json.dumps(_finite(asdict(m))) + "\n" for m in history))
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=[f.name for f in fields(EpochMetrics)], lineterminator="\n")
     writer.writeheader()
     writer.writerows(_finite(asdict(m)) for m in history)
-    _atomic_write(path.with_suffix(".csv"), lambda f: f.write(buf.getvalue()))
+    atomic_write(path.with_suffix(".csv"), buf.getvalue())
 
 
 def save_weights(model: Model, directory: Path) -> list[Path]:
@@ -252,7 +255,7 @@ def save_weights(model: Model, directory: Path) -> list[Path]:
     the model knows them) and, when the ONNX exporter is present, model.onnx."""
     written = [directory / "weights.npz"]
     state = model.state_dict()
-    _atomic_write(written[0], lambda f: np.savez(f, **state), "wb")
+    atomic_write(written[0], lambda f: np.savez(f, **state))
     written.append(_save_safetensors(model, state, directory / "weights.safetensors"))
     export = _onnx_exporter()
     if export is not None:  # the user's float input, without a uint8 normalisation prologue
@@ -432,6 +435,7 @@ class Learner:
             model.lr = self.scheduler.lr
         self._check_monitor()
         self.run = _Run()
+        self.guard = Guard(config.on_nan, model.state_dict, model.full_state, model.load_full_state)
 
     def _check_last_batch(self, size: int) -> None:
         """Shape-check the training graph at the last partial batch now, not an epoch from now
@@ -499,6 +503,9 @@ class Learner:
         if self.ckpt_dir is None:
             return None
         state, meta = self.model.full_state(), self._meta()
+        bad = nonfinite_entries({k: v for k, v in state.items() if not k.startswith("anygrad.metric")})
+        if bad and self.config.on_nan != "warn":  # never a non-finite checkpoint: the last one stays the newest
+            raise Diverged(f"{', '.join(bad[:3])} hold NaN or infinite values")
         path = ckpt.write(self.ckpt_dir, f"{ckpt.PREFIX}{self.run.global_step:08d}", state, meta)
         ckpt.prune(self.ckpt_dir, self.config.keep_checkpoints)
         if best:
@@ -516,6 +523,8 @@ class Learner:
                                            "before its first checkpoint, so start it again")
         c = ckpt.read(Path(path))
         m = c.meta
+        ckpt.validate(c, self.steps, {**self.model.state_dict(), "anygrad.lr": np.zeros((), np.float32)},
+                      allow_nonfinite=self.config.on_nan == "warn")
         if m.get("fingerprint") != self.model.fingerprint():
             raise ckpt.CheckpointError(f"{path}: this checkpoint belongs to another model (fingerprint "
                                        f"{m.get('fingerprint')}, this model's is {self.model.fingerprint()}); "
@@ -576,23 +585,36 @@ class Learner:
                                   "larger --epochs")
         warned = interrupted = False
         already_stopped = r.stopped_early
+        diverged = None
         with _graceful_interrupt() as stop:
-            while r.epoch <= cfg.epochs and not r.stopped_early:
-                if self._train_epoch(stop):
-                    interrupted = True
-                    break
-                self._end_epoch(warned)
-                warned = warned or self._diverged()
-                r.epoch, r.step, r.sums = r.epoch + 1, 0, _Sums()
-        if interrupted:
-            where = self.save_checkpoint()
+            try:
+                while r.epoch <= cfg.epochs and not r.stopped_early:
+                    if self._train_epoch(stop):
+                        interrupted = True
+                        break
+                    self._end_epoch(warned)
+                    warned = warned or self._diverged()
+                    r.epoch, r.step, r.sums = r.epoch + 1, 0, _Sums()
+            except Diverged as e:
+                diverged = f"the run diverged at epoch {r.epoch} step {r.step}: {e}"
+        if diverged:
+            last = ckpt.latest(self.ckpt_dir) if self.ckpt_dir is not None else None
+            self.reporter.message(f"{diverged}; stopped (--on-nan stop)" + (
+                f"; the newest checkpoint {last} holds the last finite state" if last else ""))
+        elif interrupted:
+            try:
+                where = self.save_checkpoint()
+            except Diverged as e:  # stopped between two checks, after the state went non-finite
+                where, diverged = None, f"the run diverged before epoch {r.epoch} step {r.step}: {e}"
+                self.reporter.message(f"{diverged}; no checkpoint written (--on-nan stop)")
             self.reporter.message(f"interrupted at epoch {r.epoch} step {r.step}/{self.steps}" + (
                 f"; checkpoint {where}; continue with: anygrad train --resume {self.out_dir}" if where else ""))
         elif r.stopped_early and not already_stopped:
             self.reporter.message(f"early stop: {cfg.monitor} has not improved for {self.monitor.wait} epochs "
                                   f"(best {self.monitor.best:.6g} at epoch {self.monitor.best_epoch})")
         self.reporter.run_end(stopped_early=r.stopped_early, interrupted=interrupted)
-        return FitResult(r.history, self.out_dir, r.stopped_early, interrupted, self.monitor.best_epoch)
+        return FitResult(r.history, self.out_dir, r.stopped_early, interrupted, self.monitor.best_epoch, diverged,
+                         r.history[-1].epoch if r.history else None)
 
     def _train_epoch(self, stop: _StopFlag) -> bool:
         """Train the rest of epoch r.epoch; True when interrupted."""
@@ -601,6 +623,7 @@ class Learner:
         self.loader.epoch = r.epoch - 1  # the permutation is a function of (seed, epoch)
         if r.step == 0:
             model.reset_metrics()
+        self.guard.remember(r.global_step)
         for step, (x, y) in enumerate(self.loader, 1):
             if step <= r.step:  # resumed mid-epoch: these were trained before
                 continue
@@ -610,15 +633,17 @@ class Learner:
             if self.scheduler is not None and self.scheduler.interval == "step" and model.micro_step == 0:
                 model.lr = self.scheduler.step()
             if step % self.log_every == 0 and step < self.steps:
-                r.sums.add(model.read_metrics(reset=True))
+                r.sums.add(self._checked(model.read_metrics(reset=True)))
                 rate = (r.sums.count - done_before) / max(time.perf_counter() - start, 1e-9)
                 self.reporter.step(StepInfo(r.epoch, step, self.steps, r.global_step, r.sums.mean_loss,
                                             r.sums.accuracy, model.lr, rate))
             if stop.requested:
                 return True
             if cfg.checkpoint_every and r.global_step % cfg.checkpoint_every == 0 and step < self.steps:
+                if step % self.log_every:  # not checked at this step yet
+                    r.sums.add(self._checked(model.read_metrics(reset=True)))
                 self.save_checkpoint()
-        r.sums.add(model.read_metrics(reset=True))
+        r.sums.add(self._checked(model.read_metrics(reset=True)))
         self._epoch_seconds = time.perf_counter() - start
         self._epoch_samples = r.sums.count - done_before
         return False
@@ -650,6 +675,26 @@ class Learner:
             r.step, r.epoch_done = self.steps, True
             self.save_checkpoint(best=best)
             r.epoch_done = False
+
+    def _checked(self, read: dict[str, float]) -> dict[str, float]:
+        """A metric read, after the divergence check (--on-nan): passed on when all is finite or
+        the mode is warn; stop raises Diverged; skip restores the last finite state and drops it."""
+        problem = self.guard.problem(read.get("loss") if read.get("count") else None)
+        if problem is None:
+            self.guard.remember(self.run.global_step)
+            return read
+        if self.config.on_nan == "stop":
+            raise Diverged(problem)
+        if self.config.on_nan == "skip":
+            skipped = self.guard.restore(self.run.global_step)
+            self.reporter.message(f"warning: {problem} at epoch {self.run.epoch} step {self.run.step}; skipped "
+                                  f"{skipped} (--on-nan skip)")
+            return {"count": 0.0}
+        if not self.guard.warned:
+            self.guard.warned = True
+            self.reporter.message(f"warning: {problem} at epoch {self.run.epoch} step {self.run.step}; training "
+                                  "goes on (--on-nan warn)")
+        return read
 
     def _monitorable(self, row: dict[str, Any]) -> bool:
         """Whether the monitored metric has a value (always, when _check_monitor found it needed)."""
