@@ -336,6 +336,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .train.run import RunConfig, default_artifacts, run
 
     s = _train_settings(args)
+    given = set(_given_settings(args)) | (set(_read_config(Path(args.resume) / "config.json")) if args.resume else
+                                          set(_read_config(Path(args.config))) if args.config else set())
     model_path = _not_a_folder(Path(s["model"]), "an ONNX model file")
     _check_dataset(s["dataset"])
     if s["loss"] != "auto":
@@ -359,7 +361,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         result = run(RunConfig(config, resume=bool(args.resume), overwrite=bool(args.overwrite),
                                reporter=_reporter(args.quiet, config.log_every, console), log=console.line,
-                               typed_paths={k: v for k, v in typed.items() if _absolute(v) != v}))
+                               typed_paths={k: v for k, v in typed.items() if _absolute(v) != v},
+                               defaulted=tuple(k for k in ("batch_size",) if k not in given)))
     except BaseException:  # a run that never started leaves nothing behind (a started one keeps its files)
         _remove_empty(created)
         raise
@@ -403,6 +406,13 @@ def _inference_model(args: argparse.Namespace) -> tuple[Any, Any, str, str | Non
     data_dir = args.data_dir
     if data_dir is None and dataset == source.run_config.get("dataset"):
         data_dir = source.run_config.get("data_dir")  # the folder the run was trained from
+        if isinstance(data_dir, str) and data_dir and not os.path.exists(data_dir):
+            resolved = source.run_config.get("resolved")
+            typed = resolved.get("paths_as_typed") if isinstance(resolved, dict) else None
+            typed = typed.get("data_dir") if isinstance(typed, dict) else None
+            raise ConfigError(f"the data folder {data_dir!r} comes from the run's config.json ({source.description}"
+                              + (f"; typed as {typed!r}" if typed else "") + ") and does not exist here; give "
+                              "--data-dir DIR")
     compile_for_inference(model, args.device)
     print(f"model: {source.description} (outputs {output_kind(model)}) on {model.backend.description}")
     return model, source, dataset, data_dir

@@ -44,6 +44,7 @@ class RunConfig:
     reporter: Reporter | None = None  # default: a LineReporter over `log`
     log: Log | None = print     # lines about the model, the data and the folder
     typed_paths: dict[str, str] | None = None  # settings' paths as the user typed them (config.json notes them)
+    defaulted: tuple[str, ...] = ()  # settings nobody gave (defaults): softer checks, e.g. batch_size vs data
 
 
 def default_artifacts(model_name: str) -> Path:
@@ -68,7 +69,7 @@ def run(rc: RunConfig) -> FitResult:
         config = replace(config, artifacts_dir=str(default_artifacts(Path(config.model).stem)))
     folder = Path(config.artifacts_dir)
     with RunFolder(folder, resume=rc.resume, overwrite=rc.overwrite, log=log):
-        model, train, valid, transforms, resolved, config = _prepare(config, log)
+        model, train, valid, transforms, resolved, config = _prepare(config, log, "batch_size" in rc.defaulted)
         if rc.typed_paths:
             resolved["paths_as_typed"] = dict(rc.typed_paths)
         if rc.resume:
@@ -145,7 +146,7 @@ def json_text(obj: Any) -> str:
 
 
 # -- model and data ---------------------------------------------------------------------------------
-def _prepare(config: TrainConfig, log: Log) -> tuple[Any, Any, Any, tuple, dict[str, Any], TrainConfig]:
+def _prepare(config: TrainConfig, log: Log, default_batch: bool = False) -> tuple[Any, Any, Any, tuple, dict[str, Any], TrainConfig]:
     """The compiled model, the data and its transforms, what was resolved (for config.json), and the
     config with the data folder and loss as resolved."""
     from .. import load_onnx
@@ -163,6 +164,9 @@ def _prepare(config: TrainConfig, log: Log) -> tuple[Any, Any, Any, tuple, dict[
         model.set_padding_idx(*padding_spec(spec))
     loss = auto_loss(model) if config.loss in ("auto", "") else config.loss
     train, valid, transforms, source, resolved = train_data(config, model, log)
+    if config.batch_size > len(train[1]) and not default_batch:
+        raise ConfigError(f"batch-size {config.batch_size} is larger than the {len(train[1]):,} training samples; "
+                          f"choose at most {len(train[1])}")
     model.compile(loss=loss, optimizer=optimizer, device=backend, seed=config.seed)
     # the folder the data came from, absolute: predict and eval may run from elsewhere
     config = replace(config, data_dir=str(Path(source).absolute()) if source and Path(source).exists() else source,
@@ -176,7 +180,7 @@ def _prepare(config: TrainConfig, log: Log) -> tuple[Any, Any, Any, tuple, dict[
         f"{backend.description}: {config.optimizer} lr {optimizer.lr:g}, loss {loss}, batch {config.batch_size}, "
         f"{config.epochs} epoch{'s' * (config.epochs != 1)}, seed {config.seed}" + "".join(f", {e}" for e in extras if e))
     log(f"data: {len(train[1]):,} train / {len(valid[1]) if valid else 0:,} valid samples from {source}")
-    if backend.name != "numpy":
+    if str(backend.name).startswith("wgpu"):
         log("the first steps compile the device's shaders (seconds to a minute); progress follows")
     return model, train, valid, transforms, resolved, config
 
@@ -226,9 +230,6 @@ def train_data(config: TrainConfig, model: Any, log: Log) -> tuple[Any, Any, tup
         return lambda x, idx, epoch: fit_input(transform(x, idx, epoch), shape, name)
     train_tf, valid_tf = (fitted(dcfg.transform(d, config.seed, train=t, on_device=on_device)) for t in (True, False))
     train_tf(d.train[0][:1], np.arange(1), 0)  # a dataset that does not fit the model fails now, clearly
-    if config.batch_size > len(d.train[1]):
-        raise ConfigError(f"batch-size {config.batch_size} is larger than the {len(d.train[1]):,} training samples; "
-                          f"choose at most {len(d.train[1])}")
     stats = "" if mean is None else f" (mean {_floats_text(mean)} std {_floats_text(std)})"
     how = "not normalised" if mean is None else "uint8, normalised on the device" if on_device else \
         "normalised on the host"

@@ -523,8 +523,6 @@ class Learner:
                                            "before its first checkpoint, so start it again")
         c = ckpt.read(Path(path))
         m = c.meta
-        ckpt.validate(c, self.steps, {**self.model.state_dict(), "anygrad.lr": np.zeros((), np.float32)},
-                      allow_nonfinite=self.config.on_nan == "warn")
         if m.get("fingerprint") != self.model.fingerprint():
             raise ckpt.CheckpointError(f"{path}: this checkpoint belongs to another model (fingerprint "
                                        f"{m.get('fingerprint')}, this model's is {self.model.fingerprint()}); "
@@ -538,6 +536,8 @@ class Learner:
         if m.get("steps_per_epoch") != self.steps:
             raise ckpt.CheckpointError(f"{path}: the run had {m.get('steps_per_epoch')} steps per epoch, this "
                                        f"one {self.steps}: the training data differ")
+        ckpt.validate(c, self.steps, {**self.model.state_dict(), "anygrad.lr": np.zeros((), np.float32)},
+                      allow_nonfinite=self.config.on_nan == "warn")
         try:
             self.model.load_full_state(c.state)
             r = self.run
