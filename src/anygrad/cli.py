@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from .errors import AnygradError, ConfigError
+from .errors import AnygradError, ConfigError, ModelError
 
 EXIT_ERROR = 2
 EXIT_UNSUPPORTED = 1
@@ -28,6 +28,9 @@ EXIT_DIVERGED = 3       # --on-nan stop ended the run: a loss or weight was not 
 FOUNDING_DEFAULTS = {"optimizer": "adagrad", "lr": 1.0, "batch_size": 1000, "epochs": 8, "loss": "nll"}
 # Defaults for a user's own model: a safe optimizer; the loss follows the model's output.
 MODEL_DEFAULTS = {"optimizer": "adam", "lr": 1e-3, "batch_size": 64, "epochs": 1, "loss": "auto"}
+# predict and eval: the CPU, for both (a trained model's forward pass is quick there, and no shader
+# compilation comes first); --device auto picks a GPU.
+INFERENCE_DEVICE = "cpu"
 
 
 class Console:
@@ -64,6 +67,10 @@ def _shape(shape: Any) -> str:
 
 def cmd_info(args: argparse.Namespace) -> int:
     from .frontends.onnx_import import summarize
+    unused = [f"--{k}" for k in ("device", "limits", "loss") if getattr(args, k) is not None]
+    if unused and args.batch_size is None:
+        raise ConfigError(f"{', '.join(unused)} describe the training step whose memory `info` plans at "
+                          "--batch-size N; give --batch-size too")
     s = summarize(str(_not_a_folder(Path(args.model), "an ONNX model file")), freeze=args.freeze or ())
     out = [f"model: {s.path}" + (f"  (producer {s.producer}, opset {s.opset})" if s.producer else
                                  f"  (opset {s.opset})")]
@@ -329,7 +336,6 @@ _PATH_SETTINGS = ("model", "weights", "data_dir", "artifacts_dir")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from .devices import get_backend
     from .losses import get_loss
     from .optim import get_optimizer
     from .train import TrainConfig
@@ -355,7 +361,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         weights = _not_a_folder(Path(config.weights), "a weights file")
         if not weights.exists():
             raise ConfigError(f"--weights {typed['weights']}: no such file")
-    get_backend(config.device, limits=config.limits)  # a bad --device fails before the folder is made
+    if not Path(config.model).exists():
+        raise ModelError(f"{_short(typed['model'])}: no such model file")
     created = _make_artifacts_dir(Path(config.artifacts_dir))
     console = Console(quiet=args.quiet)
     try:
@@ -448,6 +455,10 @@ def _eval_split(args: argparse.Namespace, dataset: str, data_dir: str | None,
 
 def cmd_predict(args: argparse.Namespace) -> int:
     from .inference import fit_input, input_normalisation, predict_batch, prepare_image, run_class_names
+    if args.index < 0:
+        raise ConfigError(f"--index counts samples from 0, got {args.index}")
+    if args.top < 1:
+        raise ConfigError(f"--top must be at least 1, got {args.top}")
     model, source, dataset, data_dir = _inference_model(args)
     true_label = None
     if args.image:
@@ -463,9 +474,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
         x, names = prepared.x, run_class_names(source.run_config, dataset) or (loaded.classes if loaded is not None else None)
     else:
         transform, (xs, ys), names = _eval_split(args, dataset, data_dir, source.run_config)
-        if not -len(xs) <= args.index < len(xs):
-            raise ConfigError(f"--index {args.index} is outside the {len(xs)} samples of the {args.split} split")
-        i = args.index % len(xs)
+        if args.index >= len(xs):
+            raise ConfigError(f"--index {args.index} is outside the {len(xs)} samples of the {args.split} split "
+                              f"(0 to {len(xs) - 1})")
+        i = args.index
         x = fit_input(transform(xs[i:i + 1], np.array([i]), 0), model)
         true_label = int(ys[i])
     probs = predict_batch(model, x)[0]
@@ -487,6 +499,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from .inference import evaluate, fit_input
+    if args.batch_size < 1:
+        raise ConfigError(f"--batch-size must be at least 1, got {args.batch_size}")
     model, source, dataset, data_dir = _inference_model(args)
     transform, (x, y), names = _eval_split(args, dataset, data_dir, source.run_config)
     x = fit_input(transform(x, np.arange(len(x)), 0), model)
@@ -525,7 +539,7 @@ def _add_plot(p: argparse.ArgumentParser) -> None:
 
 
 def _add_predict(p: argparse.ArgumentParser) -> None:
-    _add_inference_args(p, "cpu")
+    _add_inference_args(p, INFERENCE_DEVICE)
     p.add_argument("--index", type=int, default=0, help="which sample of the split (default: 0)")
     p.add_argument("--image", metavar="FILE", help="classify your own image (PNG/JPEG; needs anygrad[image]): "
                    "resized to the model's input, greyscale for one channel, inverted when the background is "
@@ -534,8 +548,8 @@ def _add_predict(p: argparse.ArgumentParser) -> None:
 
 
 def _add_eval(p: argparse.ArgumentParser) -> None:
-    _add_inference_args(p, "auto")
-    p.add_argument("--batch-size", type=int, default=500)
+    _add_inference_args(p, INFERENCE_DEVICE)
+    p.add_argument("--batch-size", type=int, default=500, metavar="N", help="samples per forward pass (default: 500)")
 
 
 # -- codegen (anygrad.codegen) ------------------------------------------------------------------
@@ -683,7 +697,7 @@ class _Parser(argparse.ArgumentParser):
             import difflib
             match = difflib.get_close_matches(typo[1], re.findall(r"'([^']*)'", typo[2]), 1, 0.6)
             message += f" (did you mean {match[0]}?)" if match else ""
-        self.exit(EXIT_ERROR, f"anygrad: error: {_short(_one_line(message), 400)}; see '{self.prog} --help'\n")
+        self.exit(EXIT_ERROR, f"anygrad: error: {_elide_words(_one_line(message))}; see '{self.prog} --help'\n")
 
     def _suggest(self, word: str) -> str:
         """" (did you mean --batch-size?)" for a mistyped option or command, else ""."""
@@ -735,7 +749,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         return args.run(args)
     except AnygradError as e:
-        print(f"anygrad: error: {_one_line(e)}", file=sys.stderr)
+        print(f"anygrad: error: {_elide_words(_one_line(e))}", file=sys.stderr)
     except KeyboardInterrupt:  # before training started (a run checkpoints and returns 130 itself)
         print("anygrad: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -748,9 +762,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     return EXIT_ERROR
 
 
+def _elide_words(text: str) -> str:
+    """A message with each very long word (a 100k-character path) shortened as _short does."""
+    import re
+    return re.sub(r"\S{201,}", lambda m: _short(m[0]), _short(text, 100_000))
+
+
 def _short(path: Any, limit: int = 200) -> str:
-    """A path for a message, its middle elided when very long (a 100k-character argument)."""
-    text = str(path)
+    """A path for a message, its middle elided when very long (a 100k-character argument), and
+    printable (an undecodable byte of a file name shown as \\udcff, not a UnicodeEncodeError)."""
+    text = str(path).encode("utf-8", "backslashreplace").decode("utf-8")
     return text if len(text) <= limit else f"{text[:limit // 2]}...{text[-limit // 2:]} ({len(text):,} characters)"
 
 

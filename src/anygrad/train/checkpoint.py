@@ -132,6 +132,11 @@ def read(path: Path) -> Checkpoint:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not an anygrad checkpoint (format {meta.get('format') if isinstance(meta, dict) else None!r}, "
                               f"expected {FORMAT!r})")
+    config = meta.get("config", {})
+    if not isinstance(config, dict) or not all(isinstance(config.get(k, ""), (str, type(None)))
+                                               for k in ("model", "dataset", "data_dir")):
+        raise CheckpointError(f"{path}: corrupt checkpoint record (its 'config' entry is not a record of the run's "
+                              "settings); delete it to resume from an older checkpoint")
     name = meta.get("arrays")
     if not isinstance(name, str) or not name.endswith(".npz") or Path(name).name != name:
         raise CheckpointError(f"{path}: corrupt checkpoint record (its 'arrays' entry {name!r} is not an .npz "
