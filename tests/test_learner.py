@@ -139,7 +139,7 @@ def _scripted(monkeypatch, values: list[float], key: str = "loss"):
     stays flat (loss 1.0, accuracy 0.5)."""
     scripted = iter(values)
 
-    def fake(model, data, batch_size, transform=None):
+    def fake(model, data, batch_size, transform=None, **_):
         s = trainer_mod._Sums()
         s.add({"count": 1.0, "loss": 1.0, "accuracy": 0.5, key: next(scripted)})
         return s

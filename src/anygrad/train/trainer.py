@@ -35,7 +35,8 @@ from ..optim.schedulers import RunFacts, get_scheduler
 from . import checkpoint as ckpt
 from .guard import ON_NAN, Diverged, Guard, nonfinite_entries
 from .monitor import Monitor
-from .report import EpochInfo, Reporter, RunInfo, StepInfo
+from .report import EpochInfo, Reporter, RunInfo, StepInfo, ValidInfo
+from .steplog import StepLog
 
 Arrays = tuple[np.ndarray, np.ndarray]
 Transform = Callable[[np.ndarray, np.ndarray, int], np.ndarray]  # (x batch, sample indices, epoch) -> x
@@ -354,9 +355,10 @@ class _StopFlag:
 
 
 @contextmanager
-def _graceful_interrupt() -> Iterator[_StopFlag]:
+def _graceful_interrupt(acknowledge: Callable[[], None] | None = None) -> Iterator[_StopFlag]:
     """The first SIGINT asks the loop to stop after the current step (a step interrupted halfway
-    would leave the device state half updated); a second one interrupts at once."""
+    would leave the device state half updated), said at once by `acknowledge`; a second one
+    interrupts at once."""
     flag = _StopFlag()
     if threading.current_thread() is not threading.main_thread():
         yield flag
@@ -367,6 +369,8 @@ def _graceful_interrupt() -> Iterator[_StopFlag]:
         if flag.requested:
             raise KeyboardInterrupt
         flag.requested = True
+        if acknowledge is not None:
+            acknowledge()
 
     signal.signal(signal.SIGINT, handler)
     try:
@@ -376,12 +380,17 @@ def _graceful_interrupt() -> Iterator[_StopFlag]:
 
 
 # -- the loop -------------------------------------------------------------------------------------
-def _validate(model: Model, data: Arrays, batch_size: int, transform: Transform | None = None) -> _Sums:
-    """Loss and accuracy over `data` in inference mode (eval programs, one per batch shape)."""
+def _validate(model: Model, data: Arrays, batch_size: int, transform: Transform | None = None,
+              on_batch: Callable[[int, int], None] | None = None) -> _Sums:
+    """Loss and accuracy over `data` in inference mode (eval programs, one per batch shape);
+    `on_batch(done, total)` after each batch (the validation progress bar)."""
     model.reset_metrics()
     sums = _Sums()
-    for x, y in DataLoader(*data, batch_size=batch_size, shuffle=False, transform=transform):
+    loader = DataLoader(*data, batch_size=batch_size, shuffle=False, transform=transform)
+    for i, (x, y) in enumerate(loader, 1):
         model.eval_step(x, y)
+        if on_batch is not None:
+            on_batch(i, len(loader))
     sums.add(model.read_metrics(reset=True))
     return sums
 
@@ -436,6 +445,9 @@ class Learner:
         self._check_monitor()
         self.run = _Run()
         self.guard = Guard(config.on_nan, model.state_dict, model.full_state, model.load_full_state)
+        self.steplog = StepLog(self.out_dir) if self.out_dir is not None else None
+        n_valid = len(valid_data[0]) if valid_data is not None else 0
+        self._valid_steps = -(-n_valid // (config.valid_batch_size or config.batch_size))
 
     def _check_last_batch(self, size: int) -> None:
         """Shape-check the training graph at the last partial batch now, not an epoch from now
@@ -571,9 +583,12 @@ class Learner:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             write_json(self.out_dir / "config.json", config_record(
                 model, cfg, self.resolved, scheduler=self.scheduler.config() if self.scheduler else None))
+        if self.out_dir is not None:  # per-step rows past the checkpoint resumed from are another history
+            self.steplog.truncate(r.global_step)
         self.reporter.run_begin(RunInfo(model=model.source, device=model.backend.description,
                                         epochs=cfg.epochs, steps_per_epoch=self.steps, batch_size=cfg.batch_size,
-                                        start_epoch=r.epoch, artifacts_dir=str(self.out_dir) if self.out_dir else None))
+                                        start_epoch=r.epoch, artifacts_dir=str(self.out_dir) if self.out_dir else None,
+                                        valid_steps=self._valid_steps))
         for note in self.notes:
             self.reporter.message(note)
         if r.stopped_early:  # resumed after an early stop (see resume): nothing to train
@@ -586,7 +601,8 @@ class Learner:
         warned = interrupted = False
         already_stopped = r.stopped_early
         diverged = None
-        with _graceful_interrupt() as stop:
+        with _graceful_interrupt(lambda: self.reporter.message(
+                "stopping after this step, then writing a checkpoint (Ctrl-C again stops at once)")) as stop:
             try:
                 while r.epoch <= cfg.epochs and not r.stopped_early:
                     if self._train_epoch(stop):
@@ -597,22 +613,25 @@ class Learner:
                     r.epoch, r.step, r.sums = r.epoch + 1, 0, _Sums()
             except Diverged as e:
                 diverged = f"the run diverged at epoch {r.epoch} step {r.step}: {e}"
+        closing = []  # said below the final view: what stopped the run and how to go on
         if diverged:
             last = ckpt.latest(self.ckpt_dir) if self.ckpt_dir is not None else None
-            self.reporter.message(f"{diverged}; stopped (--on-nan stop)" + (
+            closing.append(f"{diverged}; stopped (--on-nan stop)" + (
                 f"; the newest checkpoint {last} holds the last finite state" if last else ""))
         elif interrupted:
             try:
                 where = self.save_checkpoint()
             except Diverged as e:  # stopped between two checks, after the state went non-finite
                 where, diverged = None, f"the run diverged before epoch {r.epoch} step {r.step}: {e}"
-                self.reporter.message(f"{diverged}; no checkpoint written (--on-nan stop)")
-            self.reporter.message(f"interrupted at epoch {r.epoch} step {r.step}/{self.steps}" + (
+                closing.append(f"{diverged}; no checkpoint written (--on-nan stop)")
+            closing.append(f"interrupted at epoch {r.epoch} step {r.step}/{self.steps}" + (
                 f"; checkpoint {where}; continue with: anygrad train --resume {self.out_dir}" if where else ""))
         elif r.stopped_early and not already_stopped:
             self.reporter.message(f"early stop: {cfg.monitor} has not improved for {self.monitor.wait} epochs "
                                   f"(best {self.monitor.best:.6g} at epoch {self.monitor.best_epoch})")
         self.reporter.run_end(stopped_early=r.stopped_early, interrupted=interrupted)
+        for text in closing:
+            self.reporter.message(text)
         return FitResult(r.history, self.out_dir, r.stopped_early, interrupted, self.monitor.best_epoch, diverged,
                          r.history[-1].epoch if r.history else None)
 
@@ -635,8 +654,11 @@ class Learner:
             if step % self.log_every == 0 and step < self.steps:
                 r.sums.add(self._checked(model.read_metrics(reset=True)))
                 rate = (r.sums.count - done_before) / max(time.perf_counter() - start, 1e-9)
-                self.reporter.step(StepInfo(r.epoch, step, self.steps, r.global_step, r.sums.mean_loss,
-                                            r.sums.accuracy, model.lr, rate))
+                info = StepInfo(r.epoch, step, self.steps, r.global_step, r.sums.mean_loss, r.sums.accuracy,
+                                model.lr, rate)
+                self.reporter.step(info)
+                if self.out_dir is not None:
+                    self.steplog.add(info)
             if stop.requested:
                 return True
             if cfg.checkpoint_every and r.global_step % cfg.checkpoint_every == 0 and step < self.steps:
@@ -654,8 +676,10 @@ class Learner:
         # step (model.lr may already hold the next one); as the float32 device value without its
         # binary tail (0.001, not 0.0010000000475).
         lr = float(f"{r.lr if r.lr is not None else model.lr:.8g}")
-        valid = _validate(model, self.valid_data, cfg.valid_batch_size or cfg.batch_size, self.valid_transform) \
-            if self.valid_data is not None else _Sums()
+        shown = getattr(self.reporter, "validation", None)
+        on_batch = None if shown is None else lambda i, n: shown(ValidInfo(r.epoch, i, n))
+        valid = _validate(model, self.valid_data, cfg.valid_batch_size or cfg.batch_size, self.valid_transform,
+                          on_batch=on_batch) if self.valid_data is not None else _Sums()
         seconds = self._epoch_seconds
         metrics = EpochMetrics(r.epoch, r.sums.mean_loss, r.sums.accuracy, valid.mean_loss, valid.accuracy,
                                round(seconds, 3), r.sums.top_accuracy, valid.top_accuracy, lr,
