@@ -261,3 +261,18 @@ def test_relative_paths_are_stored_absolute_and_as_typed(tmp_path, model, data, 
     (data.parent / "rel-run" / "config.json").write_text(json.dumps(config))
     err = _error(capsys, ["predict", str(data.parent / "rel-run"), "--device", "cpu"])
     assert "gone" in err and "config.json" in err
+
+
+# -- item 16: no RuntimeWarning from ReduceLogSumExp over an all -inf row ------------------------------------------
+def test_logsumexp_of_minus_inf_rows_warns_nothing():
+    import warnings
+
+    from anygrad.ops.reduce import _logsumexp
+    x = np.array([[-np.inf, -np.inf], [0.0, 1.0]], np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = _logsumexp(x, (1,), False)
+    assert out[0] == -np.inf and np.isclose(out[1], np.log(1 + np.e))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _logsumexp(np.zeros((2, 0), np.float32), (1,), False).tolist() == [-np.inf, -np.inf]
