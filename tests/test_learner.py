@@ -173,7 +173,7 @@ def test_early_stopping_on_a_max_metric(tmp_path, monkeypatch):
     accs = iter([0.1, 0.5, 0.4, 0.45, 0.6, 0.7])
     real = trainer_mod._validate
 
-    def fake(model, d, b, transform=None):
+    def fake(model, d, b, transform=None, **_):
         s = real(model, d, b, transform)
         s.correct = next(accs) * s.count
         return s

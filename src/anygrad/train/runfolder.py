@@ -70,7 +70,7 @@ class RunFolder:
         self.folder, self.resume, self.overwrite, self.log = Path(folder), resume, overwrite, log
         self._fd: int | None = None
 
-    def __enter__(self) -> RunFolder:
+    def __enter__(self) -> RunFolder:  # noqa: PYI034 (Python 3.10 has no typing.Self)
         self.folder.mkdir(parents=True, exist_ok=True)
         self._lock()
         try:

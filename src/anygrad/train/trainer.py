@@ -12,7 +12,6 @@ import difflib
 import importlib
 import io
 import json
-import os
 import signal
 import threading
 import time
