@@ -164,7 +164,7 @@ def latest(directory: Path) -> Path | None:
 
 
 # -- what a resume may trust -----------------------------------------------------------------------
-_HISTORY_KEYS = ("epoch", "train_loss", "valid_loss", "seconds")
+_HISTORY_KEYS = ("epoch",)  # the metric names belong to the trainer (EpochMetrics checks them on load)
 
 
 def _int(meta: dict[str, Any], key: str, low: int, high: int | None, where: str) -> int:
