@@ -235,7 +235,8 @@ def _tamper(run: Path, meta: dict | None = None, drop: str | None = None, nan: s
     ({"meta": {"step": 10**9}}, "'step' is 1000000000"),
     ({"meta": {"epoch": "x"}}, "'epoch' is 'x'"),
     ({"meta": {"global_step": 3}}, "'global_step' is 3"),
-    ({"meta": {"history": [{"epoch": 1}]}}, "'history'"),
+    ({"meta": {"history": [{"epoch": 1, "train_loss": "low"}]}}, "'history'"),
+    ({"meta": {"history": []}}, "'history' holds 0 epochs"),
     ({"meta": {"monitor": {"best": None, "best_epoch": 99, "wait": 0}}}, "'monitor'"),
     ({"meta": {"lr": "fast"}}, "'lr'"),
     ({"drop": "anygrad.lr"}, "lacks the entry 'anygrad.lr'"),
@@ -276,3 +277,13 @@ def test_logsumexp_of_minus_inf_rows_warns_nothing():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert _logsumexp(np.zeros((2, 0), np.float32), (1,), False).tolist() == [-np.inf, -np.inf]
+
+
+def test_guard_sees_a_statistic_overflow_while_the_loss_is_finite():
+    """--lr 1e6 with BatchNorm: the running variance overflows before the loss does."""
+    from anygrad.train.guard import Guard
+    state = {"bn.running_var": np.array([1.0, np.inf], np.float32), "step": np.array([3], np.int64)}
+    guard = Guard("stop", lambda: state, lambda: state, lambda s: None)
+    assert guard.problem(0.5) == "bn.running_var holds NaN or infinite values"
+    state["bn.running_var"][1] = 2.0
+    assert guard.problem(0.5) is None and guard.problem(float("nan")) == "the loss is nan"

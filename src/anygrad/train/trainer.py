@@ -661,7 +661,7 @@ class Learner:
             if stop.requested:
                 return True
             if cfg.checkpoint_every and r.global_step % cfg.checkpoint_every == 0 and step < self.steps:
-                if step % self.log_every:  # not checked at this step yet
+                if step % self.log_every and cfg.on_nan == "skip":  # go back before checkpointing a NaN
                     r.sums.add(self._checked(model.read_metrics(reset=True)))
                 self.save_checkpoint()
         r.sums.add(self._checked(model.read_metrics(reset=True)))
