@@ -91,3 +91,17 @@ def test_steps_are_written_to_metrics_steps_csv_and_resume_drops_later_rows(tmp_
         f.write("3,2,12,1.0,0.5,0.01,10\n")
     fit(_model(tmp_path), (x, y), (x, y), config, log=None, resume=True)  # finished: nothing to train
     assert len(list(csv.DictReader(path.open()))) == 4
+
+
+def test_plot_draws_the_step_curve(tmp_path):
+    import pytest
+    pytest.importorskip("matplotlib")
+    from anygrad.plot import plot_run, read_steps
+    x, y = _data()
+    run = tmp_path / "run"
+    fit(_model(tmp_path), (x, y), (x, y), TrainConfig(epochs=2, batch_size=8, log_every=1, artifacts_dir=str(run)),
+        log=None)
+    steps = read_steps(run)
+    assert len(steps) == 8 and steps[0]["steps"] == 5  # 4 reads per epoch (the last step is the epoch's own read)
+    written = plot_run(run, tmp_path / "plots")
+    assert [p.name for p in written] == ["loss.png", "accuracy.png"] and all(p.stat().st_size > 0 for p in written)

@@ -1,7 +1,8 @@
 """metrics_steps.csv: the running metrics at every progress read, for curves of short runs.
 
 metrics.jsonl has one row per epoch, too few to plot a run of two epochs. This file gets a row
-each time the loop reads the device's metric sums (every `log_every` steps). Rows are appended
+each time the loop reads the device's metric sums (every `log_every` steps): the running means of
+the epoch so far (loss, accuracy), the rate and the throughput. Rows are appended
 (one write each, flushed); a run resumed from a checkpoint first drops the rows past that
 checkpoint's step, so the file tells one history, as metrics.jsonl does.
 """
@@ -15,7 +16,7 @@ from ..fsutil import atomic_write
 from .report import StepInfo
 
 NAME = "metrics_steps.csv"
-FIELDS = ("epoch", "step", "global_step", "loss", "accuracy", "lr", "samples_per_s")
+FIELDS = ("epoch", "step", "steps", "global_step", "loss", "accuracy", "lr", "samples_per_s")
 
 
 class StepLog:
@@ -34,7 +35,8 @@ class StepLog:
         atomic_write(self.path, _csv(kept, header=True))
 
     def add(self, info: StepInfo) -> None:
-        row = {"epoch": info.epoch, "step": info.step, "global_step": info.global_step, "loss": info.loss,
+        row = {"epoch": info.epoch, "step": info.step, "steps": info.steps, "global_step": info.global_step,
+               "loss": info.loss,
                "accuracy": info.accuracy, "lr": f"{info.lr:.8g}", "samples_per_s": round(info.samples_per_s, 1)}
         new = not self.path.is_file()
         with open(self.path, "a") as f:
