@@ -201,6 +201,9 @@ def test_divergence_skip_and_warn(tmp_path, model, data, capsys):
         args[args.index("--lr") + 1] = "1e30"
         assert cli.main(args) == code
         assert words in capsys.readouterr().out
+        with np.load(run / "weights.npz") as w:
+            finite = all(np.isfinite(w[k]).all() for k in w.files)
+        assert finite == (mode == "skip")  # skip went back to the last finite state each time
 
 
 @pytest.mark.parametrize("lr", ["inf", "nan", "-1"])

@@ -51,6 +51,9 @@ class Guard:
     skipped_steps: int = 0
     _snapshot: dict[str, np.ndarray] | None = None
     _snapshot_step: int = 0
+    _snapshot_micro: int = 0
+
+    # micro_step (batches into an accumulation group) lives on the host: kept beside the copy
 
     def problem(self, loss: float | None) -> str | None:
         """What is non-finite now (the loss of the last read, then the state), or None."""
@@ -58,17 +61,18 @@ class Guard:
         bad_loss = loss is not None and not np.isfinite(loss)
         return describe(loss, names) if bad_loss or names else None
 
-    def remember(self, global_step: int) -> None:
+    def remember(self, global_step: int, micro_step: int = 0) -> None:
         """In skip mode, keep a copy of the (finite) state to go back to."""
         if self.mode == "skip":
             self._snapshot = {k: np.array(v, copy=True) for k, v in self.full_state().items()}
-            self._snapshot_step = global_step
+            self._snapshot_step, self._snapshot_micro = global_step, micro_step
 
-    def restore(self, global_step: int) -> str:
-        """Skip mode: back to the last finite state; returns what was skipped, in words."""
+    def restore(self, global_step: int) -> tuple[str, int]:
+        """Skip mode: back to the last finite state; returns what was skipped, in words, and the
+        micro_step to go on with."""
         if self._snapshot is None:
             raise Diverged("no finite state to go back to")
         self.load_full_state(self._snapshot)
         skipped = global_step - self._snapshot_step
         self.skipped_steps += skipped
-        return f"{skipped} step{'s' * (skipped != 1)} after global step {self._snapshot_step}"
+        return f"{skipped} step{'s' * (skipped != 1)} after global step {self._snapshot_step}", self._snapshot_micro

@@ -641,7 +641,7 @@ class Learner:
         self.loader.epoch = r.epoch - 1  # the permutation is a function of (seed, epoch)
         if r.step == 0:
             model.reset_metrics()
-        self.guard.remember(r.global_step)
+        self.guard.remember(r.global_step, model.micro_step)
         for step, (x, y) in enumerate(self.loader, 1):
             if step <= r.step:  # resumed mid-epoch: these were trained before
                 continue
@@ -704,12 +704,12 @@ class Learner:
         the mode is warn; stop raises Diverged; skip restores the last finite state and drops it."""
         problem = self.guard.problem(read.get("loss") if read.get("count") else None)
         if problem is None:
-            self.guard.remember(self.run.global_step)
+            self.guard.remember(self.run.global_step, self.model.micro_step)
             return read
         if self.config.on_nan == "stop":
             raise Diverged(problem)
         if self.config.on_nan == "skip":
-            skipped = self.guard.restore(self.run.global_step)
+            skipped, self.model.micro_step = self.guard.restore(self.run.global_step)
             self.reporter.message(f"warning: {problem} at epoch {self.run.epoch} step {self.run.step}; skipped "
                                   f"{skipped} (--on-nan skip)")
             return {"count": 0.0}
