@@ -9,24 +9,27 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 import numpy as np
 
-from .errors import AnygradError, ConfigError
+from .errors import AnygradError, ConfigError, ModelError
 
 EXIT_ERROR = 2
 EXIT_UNSUPPORTED = 1
 EXIT_INTERRUPTED = 130  # stopped by Ctrl-C after writing a checkpoint
+EXIT_DIVERGED = 3       # --on-nan stop ended the run: a loss or weight was not finite
 
 # Settings the founding example was trained with; the defaults when no MODEL is given.
 FOUNDING_DEFAULTS = {"optimizer": "adagrad", "lr": 1.0, "batch_size": 1000, "epochs": 8, "loss": "nll"}
 # Defaults for a user's own model: a safe optimizer; the loss follows the model's output.
 MODEL_DEFAULTS = {"optimizer": "adam", "lr": 1e-3, "batch_size": 64, "epochs": 1, "loss": "auto"}
+# predict and eval: the CPU, for both (a trained model's forward pass is quick there, and no shader
+# compilation comes first); --device auto picks a GPU.
+INFERENCE_DEVICE = "cpu"
 
 
 class Console:
@@ -63,6 +66,10 @@ def _shape(shape: Any) -> str:
 
 def cmd_info(args: argparse.Namespace) -> int:
     from .frontends.onnx_import import summarize
+    unused = [f"--{k}" for k in ("device", "limits", "loss") if getattr(args, k) is not None]
+    if unused and args.batch_size is None:
+        raise ConfigError(f"{', '.join(unused)} describe the training step whose memory `info` plans at "
+                          "--batch-size N; give --batch-size too")
     s = summarize(str(_not_a_folder(Path(args.model), "an ONNX model file")), freeze=args.freeze or ())
     out = [f"model: {s.path}" + (f"  (producer {s.producer}, opset {s.opset})" if s.producer else
                                  f"  (opset {s.opset})")]
@@ -131,30 +138,14 @@ def _support_lines(s: Any) -> list[str]:
 
 
 # -- train ---------------------------------------------------------------------------------------
-def _fit_input(x: np.ndarray, shape: tuple, input_name: str) -> np.ndarray:
-    """Dataset samples reshaped to the model's input, when only the layout differs ((1,28,28) vs (784,))."""
-    want = tuple(shape[1:])
-    if all(isinstance(d, int) for d in want) and tuple(x.shape[1:]) != want:
-        if int(np.prod(want)) != int(np.prod(x.shape[1:])):
-            raise ConfigError(f"the model's input '{input_name}' takes samples of shape {want}, but the dataset "
-                              f"holds {tuple(x.shape[1:])}; choose a model made for this dataset")
-        return x.reshape((len(x),) + want)
-    return x
-
-
 def _auto_loss(model: Any) -> str:
-    """nll when the model already ends in LogSoftmax (as the founding example does), else cross_entropy."""
-    producer = model.graph.producers().get(model.graph.outputs[0])
-    return "nll" if producer is not None and producer.op == "LogSoftmax" else "cross_entropy"
+    from .train.run import auto_loss
+    return auto_loss(model)
 
 
-def _default_artifacts(model_name: str) -> Path:
-    base = Path("runs") / f"{model_name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    path, n = base, 1
-    while path.exists():
-        n += 1
-        path = base.with_name(f"{base.name}-{n}")
-    return path
+def _padding_spec(spec: str) -> tuple[str, int]:
+    from .train.run import padding_spec
+    return padding_spec(spec)
 
 
 # Flags of `anygrad train` -> TrainConfig fields (the rest have the same name). Defaults live in
@@ -199,11 +190,13 @@ def _scheduler_options(pairs: list[str]) -> dict[str, str]:
 
 def _read_config(path: Path) -> dict[str, Any]:
     import json
-    try:
-        record = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such config file") from None
-    except (OSError, ValueError) as e:
+
+    from .torchfile.safe_io import read_regular
+    if not path.exists():
+        raise ConfigError(f"{path}: no such config file")
+    try:  # a regular file only: --config on a FIFO must not block
+        record = json.loads(bytes(read_regular(path, ConfigError, limit=16 << 20)).decode())
+    except (OSError, ValueError, RecursionError) as e:
         raise ConfigError(f"{path}: cannot read the config ({e})") from None
     if not isinstance(record, dict):
         raise ConfigError(f"{path}: a config file holds one JSON object of settings")
@@ -257,51 +250,6 @@ def _check_dataset(name: str) -> None:
     from .data.datasets import canonical_name
     if canonical_name(name) not in dataset_names() and name != "tokens":
         raise ConfigError(f"unknown dataset '{name}'; choose one of {', '.join(dataset_names() + ['tokens'])}")
-
-
-def _train_data(config: Any, model: Any, console: Console) -> tuple[Any, Any, tuple, str, dict[str, Any]]:
-    """(train, valid, per-batch transforms, source, resolved) through anygrad.data: stored images,
-    augmented batch by batch, and normalised on the device (uint8 batches, a prologue in the model's
-    graph; before compile) or on the host (float32 batches), as config.normalize says. `resolved`
-    records the normalisation and class names for config.json, where predict and eval find them."""
-    from .data.graph_input import add_input_normalisation, can_normalise_in_graph
-    if config.dataset == "tokens":  # a language model on a token file: random windows (anygrad.data.tokens)
-        from .data.tokens import token_run_data
-        train, valid, source, resolved = token_run_data(config.data_dir, config.block_size, config.valid_fraction)
-        console.line(f"data: {train.tokens.dtype} tokens, {len(train.tokens):,} train / "
-                     f"{len(valid.tokens) if valid is not None else 0:,} valid, windows of {config.block_size} + 1")
-        return train, valid, (None, None), source, resolved
-    dcfg = config.data_config()
-    d = dcfg.load(seed=config.seed, log=console.line)
-    mean, std = dcfg.stats(d)
-    on_device = config.normalize == "device" and mean is not None and d.train[0].dtype == np.uint8 \
-        and can_normalise_in_graph(model, mean)
-    if on_device:
-        add_input_normalisation(model, mean, std)
-    shape, name = model.input_shape, model.input_name
-
-    def fitted(transform: Callable) -> Callable:
-        return lambda x, idx, epoch: _fit_input(transform(x, idx, epoch), shape, name)
-    train_tf, valid_tf = (fitted(dcfg.transform(d, config.seed, train=t, on_device=on_device)) for t in (True, False))
-    train_tf(d.train[0][:1], np.arange(1), 0)  # a dataset that does not fit the model fails now, clearly
-    stats = "" if mean is None else f" (mean {_floats_text(mean)} std {_floats_text(std)})"
-    how = "not normalised" if mean is None else "uint8, normalised on the device" if on_device else \
-        "normalised on the host"
-    augment = _augment_text(config.crop_padding, config.hflip)
-    console.line(f"batches: {how}{stats}; augment {augment}; valid: {d.valid_from}")
-    normalisation = None if mean is None else {"mean": [float(v) for v in mean], "std": [float(v) for v in std],
-                                               "on": "device" if on_device else "host"}
-    resolved = {"normalisation": normalisation, "classes": list(d.classes)}
-    return d.train, d.valid, (train_tf, valid_tf), d.source, resolved
-
-
-def _floats_text(values: Any) -> str:
-    return ",".join(f"{v:.4g}" for v in values)
-
-
-def _augment_text(crop_padding: int, hflip: bool) -> str:
-    parts = ([f"crop:{crop_padding}"] if crop_padding else []) + (["hflip"] if hflip else [])
-    return ",".join(parts) or "none"
 
 
 def _parse_augment(spec: str) -> dict[str, Any]:
@@ -383,20 +331,29 @@ def _remove_empty(folders: list[Path]) -> None:
             return
 
 
+# Paths a run records: stored absolute (a later `predict` or `eval` may run from another folder),
+# and as typed under config.json's resolved.paths_as_typed, for messages.
+_PATH_SETTINGS = ("model", "weights", "data_dir", "artifacts_dir")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
-    from .devices import get_backend
     from .losses import get_loss
     from .optim import get_optimizer
     from .train import TrainConfig
+    from .train.run import RunConfig, default_artifacts, run
 
     s = _train_settings(args)
+    given = set(_given_settings(args)) | (set(_read_config(Path(args.resume) / "config.json")) if args.resume else
+                                          set(_read_config(Path(args.config))) if args.config else set())
     model_path = _not_a_folder(Path(s["model"]), "an ONNX model file")
     _check_dataset(s["dataset"])
     if s["loss"] != "auto":
         get_loss(s["loss"])  # fail on a bad name before any slow work
-    optimizer = get_optimizer(s["optimizer"], lr=s["lr"])
-    config = TrainConfig.from_dict({**s, "model": str(model_path.resolve()) if model_path.exists() else str(model_path),
-                                    "weights": str(Path(s["weights"]).resolve()) if s.get("weights") else None})
+    get_optimizer(s["optimizer"], lr=s["lr"])
+    if not s.get("artifacts_dir"):
+        s["artifacts_dir"] = str(default_artifacts(model_path.stem))
+    typed = {k: str(s[k]) for k in _PATH_SETTINGS if s.get(k)}
+    config = TrainConfig.from_dict({**s, **{k: _absolute(v) for k, v in typed.items()}})
     config.check()
     if config.scheduler:  # bad names and types fail now; values against the run when the Learner builds it
         from .optim.schedulers import check_options
@@ -404,60 +361,30 @@ def cmd_train(args: argparse.Namespace) -> int:
     if config.weights:  # its content is checked when the model loads it (torchfile names the file's kind)
         weights = _not_a_folder(Path(config.weights), "a weights file")
         if not weights.exists():
-            raise ConfigError(f"--weights {weights}: no such file")
-    backend = get_backend(config.device, limits=config.limits)
-    artifacts = Path(config.artifacts_dir) if config.artifacts_dir else _default_artifacts(model_path.stem)
-    created = _make_artifacts_dir(artifacts)
+            raise ConfigError(f"--weights {typed['weights']}: no such file")
+    if not Path(config.model).exists():
+        raise ModelError(f"{_short(typed['model'])}: no such model file")
+    created = _make_artifacts_dir(Path(config.artifacts_dir))
+    console = Console(quiet=args.quiet)
     try:
-        return _train(args, replace(config, artifacts_dir=str(artifacts)), model_path, optimizer, backend)
+        result = run(RunConfig(config, resume=bool(args.resume), overwrite=bool(args.overwrite),
+                               reporter=_reporter(args.quiet, config.log_every, console), log=console.line,
+                               typed_paths={k: v for k, v in typed.items() if _absolute(v) != v},
+                               defaulted=tuple(k for k in ("batch_size",) if k not in given)))
     except BaseException:  # a run that never started leaves nothing behind (a started one keeps its files)
         _remove_empty(created)
         raise
-
-
-def _padding_spec(spec: str) -> tuple[str, int]:
-    """'TABLE:ROW' of --padding-idx -> (table, row)."""
-    table, _, row = str(spec).rpartition(":")
-    try:
-        return table, int(row)
-    except ValueError:
-        raise ConfigError(f"--padding-idx takes TABLE:ROW, such as 'embed_tokens.weight:1', not {spec!r}") from None
-
-
-def _train(args: argparse.Namespace, config: Any, model_path: Path, optimizer: Any, backend: Any) -> int:
-    from . import load_onnx
-    from .train import fit
-    console = Console(quiet=args.quiet)
-    model = load_onnx(str(model_path), init=config.init)
-    if config.weights:  # fine-tuning: every tensor comes from the state_dict, or it is an error
-        model.load_state_dict(config.weights, strict=True)
-    if config.freeze:  # after the weights, so patterns may use the state_dict's PyTorch names
-        model.freeze(*config.freeze)
-    for spec in config.padding_idx:
-        model.set_padding_idx(*_padding_spec(spec))
-    loss = _auto_loss(model) if config.loss == "auto" else config.loss
-    train, valid, transforms, source, resolved = _train_data(config, model, console)
-    model.compile(loss=loss, optimizer=optimizer, device=backend, seed=config.seed)
-
-    config = replace(config, data_dir=source, loss=loss)
-    artifacts = Path(config.artifacts_dir)
-    extras = [f"clip {config.clip_grad_norm:g}" if config.clip_grad_norm else "",
-              f"accumulate {config.accumulate}" if config.accumulate > 1 else "",
-              f"scheduler {config.scheduler}" if config.scheduler else "",
-              f"from weights {Path(config.weights).name}" if config.weights else "",
-              f"{model.num_frozen_parameters():,} frozen" if config.freeze else ""]
-    console.line(f"training {model_path.name} ({model.num_parameters():,} parameters) on "
-                 f"{backend.description}: {config.optimizer} lr {config.lr:g}, loss {loss}, batch {config.batch_size}, "
-                 f"{config.epochs} epoch{'s' * (config.epochs != 1)}, seed {config.seed}"
-                 + "".join(f", {e}" for e in extras if e))
-    if isinstance(train, tuple):
-        console.line(f"data: {len(train[1]):,} train / {len(valid[1]) if valid else 0:,} valid samples from {source}")
-    if args.resume:
-        console.line(f"resuming from {artifacts / 'checkpoints'}")
-    result = fit(model, train, valid, config, reporter=_reporter(args.quiet, config.log_every, console),
-                 resume=bool(args.resume), transforms=transforms, resolved=resolved)
     console.line(f"artifacts: {result.artifacts_dir}")
+    if result.diverged:
+        print(f"anygrad: error: {result.diverged} (--on-nan stop); the newest checkpoint holds the last finite "
+              f"state; start again with a smaller --lr (or --clip-grad-norm), or use --on-nan skip", file=sys.stderr)
+        return EXIT_DIVERGED
     return EXIT_INTERRUPTED if result.interrupted else 0
+
+
+def _absolute(path: str) -> str:
+    """`path` made absolute without resolving links (what the user named stays recognisable)."""
+    return os.path.abspath(os.path.expanduser(path))
 
 
 # -- devices -------------------------------------------------------------------------------------
@@ -487,6 +414,13 @@ def _inference_model(args: argparse.Namespace) -> tuple[Any, Any, str, str | Non
     data_dir = args.data_dir
     if data_dir is None and dataset == source.run_config.get("dataset"):
         data_dir = source.run_config.get("data_dir")  # the folder the run was trained from
+        if isinstance(data_dir, str) and data_dir and not os.path.exists(data_dir):
+            resolved = source.run_config.get("resolved")
+            typed = resolved.get("paths_as_typed") if isinstance(resolved, dict) else None
+            typed = typed.get("data_dir") if isinstance(typed, dict) else None
+            raise ConfigError(f"the data folder {data_dir!r} comes from the run's config.json ({source.description}"
+                              + (f"; typed as {typed!r}" if typed else "") + ") and does not exist here; give "
+                              "--data-dir DIR")
     compile_for_inference(model, args.device)
     print(f"model: {source.description} (outputs {output_kind(model)}) on {model.backend.description}")
     return model, source, dataset, data_dir
@@ -522,6 +456,10 @@ def _eval_split(args: argparse.Namespace, dataset: str, data_dir: str | None,
 
 def cmd_predict(args: argparse.Namespace) -> int:
     from .inference import fit_input, input_normalisation, predict_batch, prepare_image, run_class_names
+    if args.index < 0:
+        raise ConfigError(f"--index counts samples from 0, got {args.index}")
+    if args.top < 1:
+        raise ConfigError(f"--top must be at least 1, got {args.top}")
     model, source, dataset, data_dir = _inference_model(args)
     true_label = None
     if args.image:
@@ -537,9 +475,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
         x, names = prepared.x, run_class_names(source.run_config, dataset) or (loaded.classes if loaded is not None else None)
     else:
         transform, (xs, ys), names = _eval_split(args, dataset, data_dir, source.run_config)
-        if not -len(xs) <= args.index < len(xs):
-            raise ConfigError(f"--index {args.index} is outside the {len(xs)} samples of the {args.split} split")
-        i = args.index % len(xs)
+        if args.index >= len(xs):
+            raise ConfigError(f"--index {args.index} is outside the {len(xs)} samples of the {args.split} split "
+                              f"(0 to {len(xs) - 1})")
+        i = args.index
         x = fit_input(transform(xs[i:i + 1], np.array([i]), 0), model)
         true_label = int(ys[i])
     probs = predict_batch(model, x)[0]
@@ -561,6 +500,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from .inference import evaluate, fit_input
+    if args.batch_size < 1:
+        raise ConfigError(f"--batch-size must be at least 1, got {args.batch_size}")
     model, source, dataset, data_dir = _inference_model(args)
     transform, (x, y), names = _eval_split(args, dataset, data_dir, source.run_config)
     x = fit_input(transform(x, np.arange(len(x)), 0), model)
@@ -599,7 +540,7 @@ def _add_plot(p: argparse.ArgumentParser) -> None:
 
 
 def _add_predict(p: argparse.ArgumentParser) -> None:
-    _add_inference_args(p, "cpu")
+    _add_inference_args(p, INFERENCE_DEVICE)
     p.add_argument("--index", type=int, default=0, help="which sample of the split (default: 0)")
     p.add_argument("--image", metavar="FILE", help="classify your own image (PNG/JPEG; needs anygrad[image]): "
                    "resized to the model's input, greyscale for one channel, inverted when the background is "
@@ -608,8 +549,8 @@ def _add_predict(p: argparse.ArgumentParser) -> None:
 
 
 def _add_eval(p: argparse.ArgumentParser) -> None:
-    _add_inference_args(p, "auto")
-    p.add_argument("--batch-size", type=int, default=500)
+    _add_inference_args(p, INFERENCE_DEVICE)
+    p.add_argument("--batch-size", type=int, default=500, metavar="N", help="samples per forward pass (default: 500)")
 
 
 # -- codegen (anygrad.codegen) ------------------------------------------------------------------
@@ -674,8 +615,9 @@ def _add_train(p: argparse.ArgumentParser) -> None:
                    "(default: x,y)")
     p.add_argument("--prefetch", action="store_true", default=None, help="prepare the next batch in a background "
                    "thread while the device works")
-    p.add_argument("--epochs", type=int)
-    p.add_argument("--batch-size", type=int)
+    p.add_argument("--epochs", type=int, metavar="N", help="epochs to train (default: 1; founding example 8)")
+    p.add_argument("--batch-size", type=int, metavar="N", help="samples per step (default: 64; founding example "
+                   "1000)")
     p.add_argument("--valid-batch-size", type=int, metavar="N", help="validation batch size (default: batch-size)")
     p.add_argument("--optimizer", metavar="NAME", help="sgd, adam, adamw, adagrad, adadelta, rmsprop")
     p.add_argument("--lr", type=float, help="learning rate")
@@ -683,7 +625,15 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", help="auto, cpu, wgpu, wgpu:N, wgpu:vulkan|metal|dx12|gl "
                    "(default: auto, the best available)")
     p.add_argument("--seed", type=int, help="seed of the shuffles and dropout (default: 0)")
-    p.add_argument("--artifacts", metavar="DIR", help="output folder (default: runs/<model>-<timestamp>)")
+    p.add_argument("--artifacts", metavar="DIR", help="output folder (default: runs/<model>-<timestamp>); one "
+                   "that holds another run is refused unless --overwrite")
+    p.add_argument("--overwrite", action="store_true", help="replace the run already in --artifacts (its "
+                   "config, metrics, weights and checkpoints)")
+    p.add_argument("--on-nan", choices=("stop", "skip", "warn"), help="when the loss, a weight or a statistic "
+                   "turns NaN or infinite: stop (default; keeps the last finite checkpoint, exit code 3), skip "
+                   "(go back to the last finite state and go on), warn (go on)")
+    p.add_argument("--export", choices=("best", "last"), help="which weights weights.* and model.onnx hold at "
+                   "the end: the best epoch's by --monitor (default), or the last epoch's")
     p.add_argument("--init", choices=("onnx", "fresh"),
                    help="start from the file's weights (onnx, default) or PyTorch's default initialisation (fresh)")
     p.add_argument("--weights", metavar="FILE", help="fine-tune: start from the weights in a PyTorch state_dict "
@@ -746,7 +696,22 @@ class _Parser(argparse.ArgumentParser):
     --help'` and exit code 2, without the usage block (subcommand parsers are this class too)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_ERROR, f"anygrad: error: {_one_line(message)}; see '{self.prog} --help'\n")
+        import re
+        typo = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if typo:  # a mistyped command or choice: the nearest one
+            import difflib
+            match = difflib.get_close_matches(typo[1], re.findall(r"'([^']*)'", typo[2]), 1, 0.6)
+            message += f" (did you mean {match[0]}?)" if match else ""
+        self.exit(EXIT_ERROR, f"anygrad: error: {_elide_words(_one_line(message))}; see '{self.prog} --help'\n")
+
+    def _suggest(self, word: str) -> str:
+        """" (did you mean --batch-size?)" for a mistyped option or command, else ""."""
+        import difflib
+        name, _, _ = word.partition("=")
+        choices = [o for a in self._actions for o in a.option_strings] if name.startswith("-") else \
+            [c for a in self._actions if isinstance(a, argparse._SubParsersAction) for c in a.choices]
+        match = difflib.get_close_matches(name, choices, 1, 0.6)
+        return f" (did you mean {match[0]}?)" if match else ""
 
     def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
         # argparse reports unknown flags from the top-level parser; the subcommand's help is the useful one
@@ -754,7 +719,8 @@ class _Parser(argparse.ArgumentParser):
         if extras:
             commands = [a for a in self._actions if isinstance(a, argparse._SubParsersAction)]
             sub = commands[0].choices.get(getattr(parsed, commands[0].dest, None)) if commands else None
-            (sub or self).error(f"unrecognized arguments: {' '.join(extras)}")
+            parser = sub or self
+            parser.error(f"unrecognized arguments: {' '.join(extras)}{parser._suggest(extras[0])}")
         return parsed
 
 
@@ -780,14 +746,38 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        parser = build_parser()
+        if not (sys.argv[1:] if argv is None else list(argv)):  # `anygrad` alone: what it can do
+            parser.print_help()
+            return 0
+        args = parser.parse_args(argv)
         return args.run(args)
     except AnygradError as e:
-        print(f"anygrad: error: {_one_line(e)}", file=sys.stderr)
-    except KeyboardInterrupt:
-        print("anygrad: error: interrupted", file=sys.stderr)
+        print(f"anygrad: error: {_elide_words(_one_line(e))}", file=sys.stderr)
+    except KeyboardInterrupt:  # before training started (a run checkpoints and returns 130 itself)
+        print("anygrad: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except OSError as e:  # a file the command had to write or read, failing outside its own checks
+        where = f"{_short(e.filename)}: " if e.filename else ""
+        print(f"anygrad: error: {where}{e.strerror or e}; check the path and its folder's permissions and free "
+              "space", file=sys.stderr)
+    except RecursionError:
+        print("anygrad: error: an input is nested too deeply to read", file=sys.stderr)
     return EXIT_ERROR
+
+
+def _elide_words(text: str) -> str:
+    """A message with each very long word (a 100k-character path) shortened as _short does."""
+    import re
+    return re.sub(r"\S{201,}", lambda m: _short(m[0]), _short(text, 100_000))
+
+
+def _short(path: Any, limit: int = 200) -> str:
+    """A path for a message, its middle elided when very long (a 100k-character argument), and
+    printable (an undecodable byte of a file name shown as \\udcff, not a UnicodeEncodeError)."""
+    text = str(path).encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= limit else f"{text[:limit // 2]}...{text[-limit // 2:]} ({len(text):,} characters)"
 
 
 if __name__ == "__main__":

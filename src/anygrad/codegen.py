@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from .errors import AnygradError, ConfigError
+from .fsutil import atomic_write
 from .ir.graph import Graph, Node, TensorInfo, info_of
 from .ir.passes import infer_node
 from .ir.registry import get_op
@@ -1462,12 +1463,7 @@ class Written:
 
 
 def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_write(path, text, fsync=False)
 
 
 def write_code(

@@ -1,4 +1,6 @@
-"""Loss and accuracy curves of a run (DIR/metrics.jsonl) as PNG files.
+"""Loss and accuracy curves of a run (DIR/metrics.jsonl) as PNG files; the training curve also
+at every progress read (DIR/metrics_steps.csv) when the run wrote one, so short runs draw more
+than a point per epoch.
 
 matplotlib is an optional extra (`pip install anygrad[plot]`), imported only here and only when
 plotting, with the non-interactive Agg backend (no display needed).
@@ -54,6 +56,24 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
+def read_steps(run: Path) -> list[dict[str, float]]:
+    """metrics_steps.csv rows as numbers (epoch, step, steps, loss, accuracy); [] when absent or odd."""
+    import csv
+    path = (run if run.is_dir() else run.parent) / "metrics_steps.csv"
+    try:
+        rows = list(csv.DictReader(path.read_text().splitlines()))
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return []
+    out = []
+    for r in rows:
+        try:
+            out.append({k: float(r[k]) if r.get(k) not in (None, "") else None
+                        for k in ("epoch", "step", "steps", "loss", "accuracy")})
+        except (ValueError, TypeError):
+            continue
+    return [r for r in out if r["epoch"] and r["step"] and r["steps"]]
+
+
 def curves(rows: list[dict[str, Any]]) -> list[Curve]:
     """The curves that have at least one value (a regression run has no accuracy)."""
     out = []
@@ -84,10 +104,15 @@ def plot_run(run: str | Path, out_dir: str | Path | None = None, title: str | No
     out.mkdir(parents=True, exist_ok=True)
     title = title or (run.name if run.is_dir() else run.parent.name)
     written = []
+    steps = read_steps(run)
     for curve in curves(rows):
         _, stem, ylabel, _, _, percent = next(c for c in CURVES if c[0] == curve.name)
         scale = 100.0 if percent else 1.0
         fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+        points = [(r["epoch"] - 1 + r["step"] / r["steps"], r[curve.name] * scale) for r in steps
+                  if r.get(curve.name) is not None]
+        if points:  # within each epoch, the running mean up to each progress read
+            ax.plot(*zip(*points), "-", label="train (within epoch)", linewidth=0.9, alpha=0.5)
         for label, values, style in (("train", curve.train, "o-"), ("valid", curve.valid, "s--")):
             points = [(e, v * scale) for e, v in zip(curve.epochs, values) if v is not None]
             if points:

@@ -68,7 +68,8 @@ def _logsumexp(x, axes, keepdims):
         return x.copy()
     m = np.max(x, axis=axes, keepdims=True, initial=-np.inf)
     m = np.where(np.isfinite(m), m, 0)  # all -inf rows stay -inf instead of becoming nan
-    out = np.log(np.sum(np.exp(x - m), axis=axes, keepdims=True)) + m
+    with np.errstate(divide="ignore"):  # log(0) of an all -inf (or empty) row is -inf, by design
+        out = np.log(np.sum(np.exp(x - m), axis=axes, keepdims=True)) + m
     return out if keepdims else np.squeeze(out, axis=axes)
 
 

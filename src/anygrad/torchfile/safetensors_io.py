@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AnygradError, ModelError
+from ..fsutil import atomic_write
 from .safe_io import check_regular
 from .tensors import WIDEN
 
@@ -84,11 +85,8 @@ def save_safetensors(tensors: Mapping[str, np.ndarray], path: str | os.PathLike,
     if metadata is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise AnygradError(f"{path}: safetensors metadata must map str to str")
     arrays = {k: np.ascontiguousarray(v).reshape(v.shape) for k, v in tensors.items()}  # keeps 0-d arrays 0-d
-    # a sibling temp name (not mkstemp, whose 0600 mode would stick to the result)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        st.numpy.save_file(arrays, str(tmp), metadata=dict(metadata) if metadata is not None else None)
-        os.replace(tmp, path)
+    try:  # to bytes, then atomic_write: safetensors' own save_file creates its files 0600
+        data = st.numpy.save(arrays, metadata=dict(metadata) if metadata is not None else None)
+        atomic_write(path, data)
     except Exception as e:
-        tmp.unlink(missing_ok=True)
         raise AnygradError(f"{path}: cannot write safetensors file ({type(e).__name__}: {e})") from e

@@ -1,9 +1,12 @@
 """Training loops over compiled models: the Learner (validation, metrics, early stopping,
-schedules, checkpoints, resume) and the Reporter interface its displays implement."""
+schedules, checkpoints, resume), the Reporter interface its displays implement, and `run`: a whole
+run from its settings as `anygrad train` does it (folder lock and protection, best export, NaN
+handling; anygrad.train.run.run)."""
 from .checkpoint import CheckpointError
 from .monitor import Monitor
 from .report import EpochInfo, Reporter, RunInfo, StepInfo
 from .trainer import EpochMetrics, FitResult, Learner, LineReporter, TrainConfig, fit, save_weights
+from .run import RunConfig  # and run(): `from anygrad.train.run import run` (the module keeps the name)
 
 __all__ = ["CheckpointError", "EpochInfo", "EpochMetrics", "FitResult", "Learner", "LineReporter", "Monitor",
-           "Reporter", "RunInfo", "StepInfo", "TrainConfig", "fit", "save_weights"]
+           "Reporter", "RunConfig", "RunInfo", "StepInfo", "TrainConfig", "fit", "save_weights"]

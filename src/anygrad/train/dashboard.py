@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import IO
 
-from .report import EpochInfo, Reporter, RunInfo, StepInfo
+from .report import EpochInfo, Reporter, RunInfo, StepInfo, ValidInfo
 
 SPARK = "▁▂▃▄▅▆▇█"
 CURVE_POINTS = 48  # logged loss values the live sparkline shows
@@ -254,7 +254,10 @@ class LiveReporter:
         s = self.current
         t = Text()
         if s is None:
-            t.append("waiting for the first step ...", style="dim")
+            run = self.summary.run
+            on_gpu = run is not None and not run.device.lower().startswith("cpu")
+            t.append("waiting for the first step" + (" (compiling the device's shaders: seconds to a minute the "
+                                                     "first time)" if on_gpu else "") + " ...", style="dim")
             return t
         t.append("loss ", style="dim")
         t.append(_num(s.loss), style="bold")
@@ -307,8 +310,9 @@ class LiveReporter:
     def run_begin(self, info: RunInfo) -> None:
         from rich.live import Live
         self.summary.begin(info)
-        done_before = (info.start_epoch - 1) * info.steps_per_epoch
-        total = info.epochs * info.steps_per_epoch
+        # the run's bar counts validation batches too, so its ETA includes validation
+        done_before = (info.start_epoch - 1) * self._epoch_units(info)
+        total = info.epochs * self._epoch_units(info)
         self._epoch_task = self.progress.add_task(f"epoch {info.start_epoch}/{info.epochs}",
                                                   total=info.steps_per_epoch)
         self._run_task = self.progress.add_task("run", total=total, completed=done_before)
@@ -318,6 +322,10 @@ class LiveReporter:
         self._restore_echo = _hide_control_echo() if self.console.is_terminal else None
         self.live.start()
         atexit.register(self._stop)  # an exception that skips run_end must not leave the cursor hidden
+
+    @staticmethod
+    def _epoch_units(run: RunInfo) -> int:
+        return run.steps_per_epoch + run.valid_steps
 
     def _stop(self) -> None:
         if self.live:
@@ -334,7 +342,7 @@ class LiveReporter:
             self.progress.reset(self._epoch_task, total=info.steps,
                                 description=f"epoch {info.epoch}/{run.epochs if run else '?'}")
         self.progress.update(self._epoch_task, completed=info.step, total=info.steps)
-        done = (info.epoch - 1) * (run.steps_per_epoch if run else info.steps) + info.step
+        done = (info.epoch - 1) * (self._epoch_units(run) if run else info.steps) + info.step
         self.progress.update(self._run_task, completed=done)
         if info.loss is not None:
             self.losses.append(self._window_loss(info))
@@ -350,12 +358,23 @@ class LiveReporter:
             return info.loss
         return (info.loss * info.step - prev.loss * prev.step) / (info.step - prev.step)
 
+    def validation(self, info: ValidInfo) -> None:
+        """The epoch's bar becomes the validation bar while the validation set runs."""
+        run = self.summary.run
+        if run is None:
+            return
+        self.progress.update(self._epoch_task, completed=info.step, total=info.steps,
+                             description=f"valid {info.epoch}/{run.epochs}")
+        self.progress.update(self._run_task, completed=(info.epoch - 1) * self._epoch_units(run)
+                             + run.steps_per_epoch + info.step)
+
     def epoch_end(self, info: EpochInfo) -> None:
         self.summary.add(info)
         run = self.summary.run
         if run is not None:
-            self.progress.update(self._run_task, completed=info.epoch * run.steps_per_epoch)
-            self.progress.update(self._epoch_task, completed=run.steps_per_epoch)
+            self.progress.update(self._run_task, completed=info.epoch * self._epoch_units(run))
+            self.progress.update(self._epoch_task, completed=run.steps_per_epoch, total=run.steps_per_epoch,
+                                 description=f"epoch {info.epoch}/{run.epochs}")
         if self.live:
             self.live.refresh()
 

@@ -19,6 +19,14 @@ class RunInfo:
     batch_size: int
     start_epoch: int = 1            # > 1 when resumed
     artifacts_dir: str | None = None
+    valid_steps: int = 0            # validation batches after each epoch (0: no validation)
+
+
+@dataclass
+class ValidInfo:
+    epoch: int
+    step: int                       # validation batches done (1-based)
+    steps: int
 
 
 @dataclass
@@ -42,6 +50,9 @@ class EpochInfo:
 
 
 class Reporter(Protocol):
+    """The hooks every reporter has. A reporter may also have `validation(info: ValidInfo)`,
+    called after each validation batch (the loop checks for it, so older reporters still work)."""
+
     def run_begin(self, info: RunInfo) -> None: ...
     def step(self, info: StepInfo) -> None: ...
     def epoch_end(self, info: EpochInfo) -> None: ...

@@ -12,7 +12,6 @@ import difflib
 import importlib
 import io
 import json
-import os
 import signal
 import threading
 import time
@@ -32,11 +31,14 @@ from ..data.sources import batch_source, layout_for
 from ..data.structure import unwrap_single
 from ..data.tokens import TokenWindows
 from ..errors import AnygradError, ConfigError, ShapeError
+from ..fsutil import atomic_write
 from ..model import Model
 from ..optim.schedulers import RunFacts, get_scheduler
 from . import checkpoint as ckpt
+from .guard import ON_NAN, Diverged, Guard, nonfinite_entries
 from .monitor import Monitor
-from .report import EpochInfo, Reporter, RunInfo, StepInfo
+from .report import EpochInfo, Reporter, RunInfo, StepInfo, ValidInfo
+from .steplog import StepLog
 
 Arrays = tuple[np.ndarray, np.ndarray]
 # What fit trains on: (inputs, targets) arrays or .npy files, an indexable dataset, an iterable of
@@ -47,7 +49,7 @@ Log = Callable[[str], None]
 
 # Settings that may differ between a run and its resumption (everything else must match).
 RESUMABLE_CHANGES = ("epochs", "log_every", "device", "artifacts_dir", "data_dir", "keep_checkpoints",
-                     "checkpoint_every", "patience", "min_delta", "prefetch")
+                     "checkpoint_every", "patience", "min_delta", "prefetch", "on_nan", "export")
 # Keys of config.json that are not settings: what the run resolved them to (written by the run).
 BOOKKEEPING_KEYS = ("resolved",)
 # How batches are normalised: in the graph on the device (uint8 uploads), on the host, or not at all.
@@ -105,6 +107,9 @@ class TrainConfig:
     # -- checkpoints
     keep_checkpoints: int = 2
     checkpoint_every: int = 0            # also every N steps within an epoch (0: at epoch ends only)
+    # -- safety (train/guard.py, train/run.py)
+    on_nan: str = "stop"                 # a non-finite loss or state: stop, skip (go back), warn
+    export: str = "best"                 # weights.* and model.onnx at the end: the best epoch's, or the last's
 
     def check(self) -> None:
         for name in ("epochs", "batch_size", "accumulate"):
@@ -117,6 +122,12 @@ class TrainConfig:
                 raise ConfigError(f"{name.replace('_', '-')} must be 0 or positive, got {getattr(self, name)}")
         if self.keep_checkpoints < 1:
             raise ConfigError(f"keep-checkpoints must be at least 1, got {self.keep_checkpoints}")
+        if self.lr is not None and not (np.isfinite(self.lr) and self.lr >= 0):
+            raise ConfigError(f"lr must be a finite number >= 0, got {self.lr}")
+        if self.on_nan not in ON_NAN:
+            raise ConfigError(f"on-nan must be one of {', '.join(ON_NAN)}, got {self.on_nan!r}")
+        if self.export not in ("best", "last"):
+            raise ConfigError(f"export must be best or last, got {self.export!r}")
         if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
             raise ConfigError(f"clip-grad-norm must be positive, got {self.clip_grad_norm}")
         metrics = [f.name for f in fields(EpochMetrics) if f.name != "epoch"]
@@ -179,6 +190,8 @@ class FitResult:
     stopped_early: bool = False
     interrupted: bool = False
     best_epoch: int | None = None
+    diverged: str | None = None          # what was not finite, when --on-nan stop ended the run
+    exported_epoch: int | None = None    # whose weights weights.* hold (train/run.py exports the best)
 
     @property
     def last(self) -> EpochMetrics | None:
@@ -226,18 +239,8 @@ class _Sums:
 
 
 # -- artifacts ------------------------------------------------------------------------------------
-def _atomic_write(path: Path, write: Callable[[Any], None], mode: str = "w") -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, mode) as f:
-            write(f)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def write_json(path: Path, obj: Any) -> None:
-    _atomic_write(path, lambda f: f.write(json.dumps(obj, indent=2, default=str) + "\n"))
+    atomic_write(path, json.dumps(obj, indent=2, default=str) + "\n")
 
 
 def _finite(row: dict[str, Any]) -> dict[str, Any]:
@@ -247,12 +250,12 @@ def _finite(row: dict[str, Any]) -> dict[str, Any]:
 
 def write_metrics(path: Path, history: list[EpochMetrics]) -> None:
     """metrics.jsonl and, next to it, metrics.csv (same rows; empty cells for null)."""
-    _atomic_write(path, lambda f: f.writelines(json.dumps(_finite(asdict(m))) + "\n" for m in history))
+    atomic_write(path, "".join(json.dumps(_finite(asdict(m))) + "\n" for m in history))
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=[f.name for f in fields(EpochMetrics)], lineterminator="\n")
     writer.writeheader()
     writer.writerows(_finite(asdict(m)) for m in history)
-    _atomic_write(path.with_suffix(".csv"), lambda f: f.write(buf.getvalue()))
+    atomic_write(path.with_suffix(".csv"), buf.getvalue())
 
 
 def save_weights(model: Model, directory: Path) -> list[Path]:
@@ -260,7 +263,7 @@ def save_weights(model: Model, directory: Path) -> list[Path]:
     the model knows them) and, when the ONNX exporter is present, model.onnx."""
     written = [directory / "weights.npz"]
     state = model.state_dict()
-    _atomic_write(written[0], lambda f: np.savez(f, **state), "wb")
+    atomic_write(written[0], lambda f: np.savez(f, **state))
     written.append(_save_safetensors(model, state, directory / "weights.safetensors"))
     export = _onnx_exporter()
     if export is not None:  # the user's float input, without a uint8 normalisation prologue
@@ -359,9 +362,10 @@ class _StopFlag:
 
 
 @contextmanager
-def _graceful_interrupt() -> Iterator[_StopFlag]:
+def _graceful_interrupt(acknowledge: Callable[[], None] | None = None) -> Iterator[_StopFlag]:
     """The first SIGINT asks the loop to stop after the current step (a step interrupted halfway
-    would leave the device state half updated); a second one interrupts at once."""
+    would leave the device state half updated), said at once by `acknowledge`; a second one
+    interrupts at once."""
     flag = _StopFlag()
     if threading.current_thread() is not threading.main_thread():
         yield flag
@@ -372,6 +376,8 @@ def _graceful_interrupt() -> Iterator[_StopFlag]:
         if flag.requested:
             raise KeyboardInterrupt
         flag.requested = True
+        if acknowledge is not None:
+            acknowledge()
 
     signal.signal(signal.SIGINT, handler)
     try:
@@ -381,16 +387,20 @@ def _graceful_interrupt() -> Iterator[_StopFlag]:
 
 
 # -- the loop -------------------------------------------------------------------------------------
-def _validate(model: Model, data: Data, batch_size: int, transform: Transform | None = None) -> _Sums:
+def _validate(model: Model, data: Data, batch_size: int, transform: Transform | None = None,
+              on_batch: Callable[[int, int], None] | None = None) -> _Sums:
     """Loss and accuracy over `data` (any source fit takes, or a BatchSource) in inference mode
-    (eval programs, one per batch shape)."""
+    (eval programs, one per batch shape); `on_batch(done, total)` after each batch (the validation
+    progress bar)."""
     model.reset_metrics()
     sums = _Sums()
     source = data if isinstance(data, BatchSource) else batch_source(
         data, batch_size=batch_size, shuffle=False, transform=transform, layout=_layout(model, None),
         role="validation data")
-    for x, y in source.epoch_batches(0):
+    for i, (x, y) in enumerate(source.epoch_batches(0), 1):
         model.eval_step(_inputs(model, x), y)
+        if on_batch is not None:
+            on_batch(i, len(source))
     sums.add(model.read_metrics(reset=True))
     return sums
 
@@ -494,6 +504,9 @@ class Learner:
                               "checkpoints are written at epoch ends only, and a resumed run restarts an "
                               "interrupted epoch from its beginning with the weights it began with")
         self.run = _Run()
+        self.guard = Guard(config.on_nan, model.state_dict, model.full_state, model.load_full_state)
+        self.steplog = StepLog(self.out_dir) if self.out_dir is not None else None
+        self._valid_steps = len(self.valid_data) if self.valid_data is not None else 0
 
     def _check_last_batch(self, size: int) -> None:
         """Shape-check the training graph at the last partial batch now, not an epoch from now
@@ -561,6 +574,9 @@ class Learner:
         if self.ckpt_dir is None:
             return None
         state, meta = self.model.full_state(), self._meta()
+        bad = nonfinite_entries({k: v for k, v in state.items() if not k.startswith("anygrad.metric")})
+        if bad and self.config.on_nan != "warn":  # never a non-finite checkpoint: the last one stays the newest
+            raise Diverged(f"{', '.join(bad[:3])} hold NaN or infinite values")
         path = ckpt.write(self.ckpt_dir, f"{ckpt.PREFIX}{self.run.global_step:08d}", state, meta)
         ckpt.prune(self.ckpt_dir, self.config.keep_checkpoints)
         if best:
@@ -595,6 +611,8 @@ class Learner:
         if m.get("steps_per_epoch") != self.steps:
             raise ckpt.CheckpointError(f"{path}: the run had {m.get('steps_per_epoch')} steps per epoch, this "
                                        f"one {self.steps}: the training data differ")
+        ckpt.validate(c, self.steps, {**self.model.state_dict(), "anygrad.lr": np.zeros((), np.float32)},
+                      allow_nonfinite=self.config.on_nan == "warn")
         try:
             self.model.load_full_state(c.state)
             r = self.run
@@ -628,9 +646,12 @@ class Learner:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             write_json(self.out_dir / "config.json", config_record(
                 model, cfg, self.resolved, scheduler=self.scheduler.config() if self.scheduler else None))
+        if self.out_dir is not None:  # per-step rows past the checkpoint resumed from are another history
+            self.steplog.truncate(r.global_step)
         self.reporter.run_begin(RunInfo(model=model.source, device=model.backend.description,
                                         epochs=cfg.epochs, steps_per_epoch=self.steps, batch_size=cfg.batch_size,
-                                        start_epoch=r.epoch, artifacts_dir=str(self.out_dir) if self.out_dir else None))
+                                        start_epoch=r.epoch, artifacts_dir=str(self.out_dir) if self.out_dir else None,
+                                        valid_steps=self._valid_steps))
         for note in self.notes:
             self.reporter.message(note)
         if r.stopped_early:  # resumed after an early stop (see resume): nothing to train
@@ -642,28 +663,45 @@ class Learner:
                                   "larger --epochs")
         warned = interrupted = False
         already_stopped = r.stopped_early
-        with _graceful_interrupt() as stop:
-            while r.epoch <= cfg.epochs and not r.stopped_early:
-                if self._train_epoch(stop):
-                    interrupted = True
-                    break
-                self._end_epoch(warned)
-                warned = warned or self._diverged()
-                r.epoch, r.step, r.sums = r.epoch + 1, 0, _Sums()
-        if interrupted and not self.loader.positionable:
-            self.reporter.message(f"interrupted at epoch {r.epoch} step {r.step}/{self.steps}; {self.loader.what} "
-                                  "cannot resume mid-epoch, so no checkpoint of this step" + (
-                                      f"; anygrad train --resume {self.out_dir} restarts epoch {r.epoch} from the "
-                                      f"checkpoint of epoch {r.epoch - 1}" if self.out_dir and r.epoch > 1 else ""))
+        diverged = None
+        with _graceful_interrupt(lambda: self.reporter.message(
+                "stopping after this step, then writing a checkpoint (Ctrl-C again stops at once)")) as stop:
+            try:
+                while r.epoch <= cfg.epochs and not r.stopped_early:
+                    if self._train_epoch(stop):
+                        interrupted = True
+                        break
+                    self._end_epoch(warned)
+                    warned = warned or self._diverged()
+                    r.epoch, r.step, r.sums = r.epoch + 1, 0, _Sums()
+            except Diverged as e:
+                diverged = f"the run diverged at epoch {r.epoch} step {r.step}: {e}"
+        closing = []  # said below the final view: what stopped the run and how to go on
+        if diverged:
+            last = ckpt.latest(self.ckpt_dir) if self.ckpt_dir is not None else None
+            closing.append(f"{diverged}; stopped (--on-nan stop)" + (
+                f"; the newest checkpoint {last} holds the last finite state" if last else ""))
+        elif interrupted and not self.loader.positionable:
+            closing.append(f"interrupted at epoch {r.epoch} step {r.step}/{self.steps}; {self.loader.what} "
+                           "cannot resume mid-epoch, so no checkpoint of this step" + (
+                               f"; anygrad train --resume {self.out_dir} restarts epoch {r.epoch} from the "
+                               f"checkpoint of epoch {r.epoch - 1}" if self.out_dir and r.epoch > 1 else ""))
         elif interrupted:
-            where = self.save_checkpoint()
-            self.reporter.message(f"interrupted at epoch {r.epoch} step {r.step}/{self.steps}" + (
+            try:
+                where = self.save_checkpoint()
+            except Diverged as e:  # stopped between two checks, after the state went non-finite
+                where, diverged = None, f"the run diverged before epoch {r.epoch} step {r.step}: {e}"
+                closing.append(f"{diverged}; no checkpoint written (--on-nan stop)")
+            closing.append(f"interrupted at epoch {r.epoch} step {r.step}/{self.steps}" + (
                 f"; checkpoint {where}; continue with: anygrad train --resume {self.out_dir}" if where else ""))
         elif r.stopped_early and not already_stopped:
             self.reporter.message(f"early stop: {cfg.monitor} has not improved for {self.monitor.wait} epochs "
                                   f"(best {self.monitor.best:.6g} at epoch {self.monitor.best_epoch})")
         self.reporter.run_end(stopped_early=r.stopped_early, interrupted=interrupted)
-        return FitResult(r.history, self.out_dir, r.stopped_early, interrupted, self.monitor.best_epoch)
+        for text in closing:
+            self.reporter.message(text)
+        return FitResult(r.history, self.out_dir, r.stopped_early, interrupted, self.monitor.best_epoch, diverged,
+                         r.history[-1].epoch if r.history else None)
 
     def _inputs(self, x: Any) -> Any:
         dropped: set[str] = set()
@@ -680,6 +718,7 @@ class Learner:
         start, done_before = time.perf_counter(), r.sums.count
         if r.step == 0:
             model.reset_metrics()
+        self.guard.remember(r.global_step, model.micro_step)
         # A positionable source starts mid-epoch (after a resume) at batch r.step, the batches being
         # a function of (seed, epoch, position); an iterable starts epochs at their beginning only.
         batches = self.loader.epoch_batches(r.epoch - 1, r.step)
@@ -694,16 +733,21 @@ class Learner:
                 self.reporter.message(f"note: epoch {r.epoch} of {self.loader.what} had {step} batches, the first "
                                       f"{self.steps}; progress and schedules count {self.steps} per epoch")
             if step % self.log_every == 0 and step < self.steps:
-                r.sums.add(model.read_metrics(reset=True))
+                r.sums.add(self._checked(model.read_metrics(reset=True)))
                 rate = (r.sums.count - done_before) / max(time.perf_counter() - start, 1e-9)
-                self.reporter.step(StepInfo(r.epoch, step, self.steps, r.global_step, r.sums.mean_loss,
-                                            r.sums.accuracy, model.lr, rate))
+                info = StepInfo(r.epoch, step, self.steps, r.global_step, r.sums.mean_loss, r.sums.accuracy,
+                                model.lr, rate)
+                self.reporter.step(info)
+                if self.out_dir is not None:
+                    self.steplog.add(info)
             if stop.requested:
                 return True
             if cfg.checkpoint_every and r.global_step % cfg.checkpoint_every == 0 and step < self.steps \
                     and self.loader.positionable:
+                if step % self.log_every and cfg.on_nan == "skip":  # go back before checkpointing a NaN
+                    r.sums.add(self._checked(model.read_metrics(reset=True)))
                 self.save_checkpoint()
-        r.sums.add(model.read_metrics(reset=True))
+        r.sums.add(self._checked(model.read_metrics(reset=True)))
         self._epoch_seconds = time.perf_counter() - start
         self._epoch_samples = r.sums.count - done_before
         return False
@@ -714,8 +758,10 @@ class Learner:
         # step (model.lr may already hold the next one); as the float32 device value without its
         # binary tail (0.001, not 0.0010000000475).
         lr = float(f"{r.lr if r.lr is not None else model.lr:.8g}")
-        valid = _validate(model, self.valid_data, cfg.valid_batch_size or cfg.batch_size, self.valid_transform) \
-            if self.valid_data is not None else _Sums()
+        shown = getattr(self.reporter, "validation", None)
+        on_batch = None if shown is None else lambda i, n: shown(ValidInfo(r.epoch, i, n))
+        valid = _validate(model, self.valid_data, cfg.valid_batch_size or cfg.batch_size, self.valid_transform,
+                          on_batch=on_batch) if self.valid_data is not None else _Sums()
         seconds = self._epoch_seconds
         metrics = EpochMetrics(r.epoch, r.sums.mean_loss, r.sums.accuracy, valid.mean_loss, valid.accuracy,
                                round(seconds, 3), r.sums.top_accuracy, valid.top_accuracy, lr,
@@ -735,6 +781,26 @@ class Learner:
             r.step, r.epoch_done = self.steps, True
             self.save_checkpoint(best=best)
             r.epoch_done = False
+
+    def _checked(self, read: dict[str, float]) -> dict[str, float]:
+        """A metric read, after the divergence check (--on-nan): passed on when all is finite or
+        the mode is warn; stop raises Diverged; skip restores the last finite state and drops it."""
+        problem = self.guard.problem(read.get("loss") if read.get("count") else None)
+        if problem is None:
+            self.guard.remember(self.run.global_step, self.model.micro_step)
+            return read
+        if self.config.on_nan == "stop":
+            raise Diverged(problem)
+        if self.config.on_nan == "skip":
+            skipped, self.model.micro_step = self.guard.restore(self.run.global_step)
+            self.reporter.message(f"warning: {problem} at epoch {self.run.epoch} step {self.run.step}; skipped "
+                                  f"{skipped} (--on-nan skip)")
+            return {"count": 0.0}
+        if not self.guard.warned:
+            self.guard.warned = True
+            self.reporter.message(f"warning: {problem} at epoch {self.run.epoch} step {self.run.step}; training "
+                                  "goes on (--on-nan warn)")
+        return read
 
     def _monitorable(self, row: dict[str, Any]) -> bool:
         """Whether the monitored metric has a value (always, when _check_monitor found it needed)."""

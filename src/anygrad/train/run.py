@@ -1,0 +1,256 @@
+"""One training run from its settings: `run(RunConfig) -> FitResult`.
+
+What `anygrad train` does besides parsing and printing lives here, so that Python users get the
+same run: the model loaded (its weights, frozen parameters, padding rows), the data read and
+normalised (on the device or the host), the step compiled, the Learner's fit, and around it:
+
+- the run folder claimed (train/runfolder.py): refused when it holds another run unless
+  `overwrite` (or `resume`), locked while the run lives, cleared of what a killed run left;
+- a full disk or read-only folder mid-run: a RunFolderError that names the folder, says the last
+  checkpoint is intact and how to resume, instead of an OSError traceback;
+- the best epoch's weights exported at the end when a metric is monitored (`export="last"` keeps
+  the last epoch's), and which epoch that is said and written to export.json.
+"""
+from __future__ import annotations
+
+import errno
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..fsutil import atomic_write
+from . import checkpoint as ckpt
+from .report import Reporter
+from .runfolder import RunFolder, RunFolderError
+from .trainer import FitResult, LineReporter, TrainConfig, fit, save_weights
+
+Log = Callable[[str], None]
+# errno values that mean "the folder cannot take more files": said as such, with the way out
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT, errno.EIO, errno.EFBIG}
+
+
+@dataclass
+class RunConfig:
+    """A run: its settings (saved as config.json) and how this invocation treats its folder."""
+
+    config: TrainConfig
+    resume: bool = False        # continue the run in config.artifacts_dir from its newest checkpoint
+    overwrite: bool = False     # replace another run found in config.artifacts_dir
+    reporter: Reporter | None = None  # default: a LineReporter over `log`
+    log: Log | None = print     # lines about the model, the data and the folder
+    typed_paths: dict[str, str] | None = None  # settings' paths as the user typed them (config.json notes them)
+    defaulted: tuple[str, ...] = ()  # settings nobody gave (defaults): softer checks, e.g. batch_size vs data
+
+
+def default_artifacts(model_name: str) -> Path:
+    """runs/<model>-<timestamp>, with -2, -3, ... when that exists already."""
+    base = Path("runs") / f"{model_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
+
+
+def run(rc: RunConfig) -> FitResult:
+    """Train as `anygrad train` does. Bad settings, a folder holding another run or in use, and
+    divergence under on_nan='stop' (FitResult.diverged) are reported; see the module's doc."""
+    config = rc.config
+    config.check()
+    if not config.model:
+        raise ConfigError("RunConfig.config.model: name the ONNX model file to train")
+    log = rc.log or (lambda text: None)
+    if not config.artifacts_dir:
+        config = replace(config, artifacts_dir=str(default_artifacts(Path(config.model).stem)))
+    folder = Path(config.artifacts_dir)
+    with RunFolder(folder, resume=rc.resume, overwrite=rc.overwrite, log=log):
+        model, train, valid, transforms, resolved, config = _prepare(config, log, "batch_size" in rc.defaulted)
+        if rc.typed_paths:
+            resolved["paths_as_typed"] = dict(rc.typed_paths)
+        if rc.resume:
+            log(f"resuming from {folder / 'checkpoints'}")
+        reporter = rc.reporter or LineReporter(log)
+        try:
+            result = fit(model, train, valid, config, reporter=reporter, resume=rc.resume,
+                         transforms=transforms, resolved=resolved)
+            if not result.interrupted:
+                _export(model, config, result, reporter)
+        except OSError as e:
+            if e.errno not in _WRITE_ERRNOS and not _inside(e.filename, folder):
+                raise
+            raise RunFolderError(_write_failure(folder, e)) from None
+    return result
+
+
+def _inside(filename: Any, folder: Path) -> bool:
+    try:
+        return filename is not None and Path(filename).resolve().is_relative_to(folder.resolve())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def _write_failure(folder: Path, e: OSError) -> str:
+    """The one-line story of a write that failed mid-run: where, why, what is safe, what to do."""
+    what = f"{e.strerror or e}" + (f": {e.filename}" if e.filename else "")
+    last = ckpt.latest(folder / "checkpoints")
+    if last is None:
+        kept = "no checkpoint was written yet, so start the run again once the folder takes files"
+    else:
+        try:
+            c = ckpt.read(last)
+            kept = (f"the last checkpoint {last} (epoch {c.meta.get('epoch')} step {c.meta.get('step')}) is intact; "
+                    f"free space (or make the folder writable), then continue with: anygrad train --resume {folder}")
+        except ckpt.CheckpointError as err:
+            kept = f"the last checkpoint cannot be read ({err}); resume from an older one"
+    return f"cannot write to the run folder {folder} ({what}); {kept}"
+
+
+def _export(model: Any, config: TrainConfig, result: FitResult, reporter: Reporter) -> None:
+    """weights.*, model.onnx and export.json at the end: the best epoch's (Keras'
+    restore_best_weights) unless export='last' or nothing was monitored."""
+    out = result.artifacts_dir
+    if out is None or not result.history:
+        return
+    last = result.history[-1].epoch
+    best_file = out / "checkpoints" / f"{ckpt.BEST}.json"
+    chosen, epoch = "last", last
+    if config.export == "best" and result.best_epoch is not None and best_file.is_file():
+        chosen, epoch = "best", result.best_epoch
+        if result.best_epoch != last or result.diverged:
+            c = ckpt.read(best_file)
+            model.load_full_state(c.state)  # the Python caller's model holds the best weights too
+            save_weights(model, out)
+    elif result.diverged:
+        chosen = "last finite"
+    value = result.history[epoch - 1].__dict__.get(config.monitor) if chosen == "best" else None
+    record = {"epoch": epoch, "chosen": chosen, "monitor": config.monitor, "value": value, "last_epoch": last}
+    atomic_write(out / "export.json", json_text(record))
+    result.exported_epoch = epoch
+    if chosen == "best":
+        how = f"the best by {config.monitor} ({value:.6g})" if isinstance(value, float) else "the best"
+        also = "" if epoch == last else f"; the last epoch's ({last}) stay in {out / 'checkpoints'} " \
+            "(--export last exports them instead)"
+        reporter.message(f"exported the weights of epoch {epoch}, {how}{also}")
+    else:
+        reporter.message(f"exported the weights of epoch {epoch}, the {chosen}")
+
+
+def json_text(obj: Any) -> str:
+    import json
+    return json.dumps(obj, indent=2) + "\n"
+
+
+# -- model and data ---------------------------------------------------------------------------------
+def _prepare(config: TrainConfig, log: Log, default_batch: bool = False) -> tuple[Any, Any, Any, tuple, dict[str, Any], TrainConfig]:
+    """The compiled model, the data and its transforms, what was resolved (for config.json), and the
+    config with the data folder and loss as resolved."""
+    from .. import load_onnx
+    from ..devices import get_backend
+    from ..optim import get_optimizer
+    model_path = Path(config.model)
+    optimizer = get_optimizer(config.optimizer or "adam", lr=config.lr)
+    backend = get_backend(config.device or "auto", limits=config.limits)
+    model = load_onnx(str(model_path), init=config.init or "onnx")
+    if config.weights:  # fine-tuning: every tensor comes from the state_dict, or it is an error
+        model.load_state_dict(config.weights, strict=True)
+    if config.freeze:  # after the weights, so patterns may use the state_dict's PyTorch names
+        model.freeze(*config.freeze)
+    for spec in config.padding_idx:
+        model.set_padding_idx(*padding_spec(spec))
+    loss = auto_loss(model) if config.loss in ("auto", "") else config.loss
+    train, valid, transforms, source, resolved = train_data(config, model, log)
+    if isinstance(train, tuple) and config.batch_size > len(train[1]) and not default_batch:
+        raise ConfigError(f"batch-size {config.batch_size} is larger than the {len(train[1]):,} training samples; "
+                          f"choose at most {len(train[1])}")
+    model.compile(loss=loss, optimizer=optimizer, device=backend, seed=config.seed)
+    # the folder the data came from, absolute: predict and eval may run from elsewhere
+    config = replace(config, data_dir=str(Path(source).absolute()) if source and Path(source).exists() else source,
+                     loss=loss)
+    extras = [f"clip {config.clip_grad_norm:g}" if config.clip_grad_norm else "",
+              f"accumulate {config.accumulate}" if config.accumulate > 1 else "",
+              f"scheduler {config.scheduler}" if config.scheduler else "",
+              f"from weights {Path(config.weights).name}" if config.weights else "",
+              f"{model.num_frozen_parameters():,} frozen" if config.freeze else ""]
+    log(f"training {model_path.name} ({model.num_parameters():,} parameters) on "
+        f"{backend.description}: {config.optimizer} lr {optimizer.lr:g}, loss {loss}, batch {config.batch_size}, "
+        f"{config.epochs} epoch{'s' * (config.epochs != 1)}, seed {config.seed}" + "".join(f", {e}" for e in extras if e))
+    if isinstance(train, tuple):
+        log(f"data: {len(train[1]):,} train / {len(valid[1]) if valid else 0:,} valid samples from {source}")
+    if str(backend.name).startswith("wgpu"):
+        log("the first steps compile the device's shaders (seconds to a minute); progress follows")
+    return model, train, valid, transforms, resolved, config
+
+
+def padding_spec(spec: str) -> tuple[str, int]:
+    """'TABLE:ROW' of --padding-idx -> (table, row)."""
+    table, _, row = str(spec).rpartition(":")
+    try:
+        return table, int(row)
+    except ValueError:
+        raise ConfigError(f"--padding-idx takes TABLE:ROW, such as 'embed_tokens.weight:1', not {spec!r}") from None
+
+
+def fit_input(x: np.ndarray, shape: tuple, input_name: str) -> np.ndarray:
+    """Dataset samples reshaped to the model's input, when only the layout differs ((1,28,28) vs (784,))."""
+    want = tuple(shape[1:])
+    if all(isinstance(d, int) for d in want) and tuple(x.shape[1:]) != want:
+        if int(np.prod(want)) != int(np.prod(x.shape[1:])):
+            raise ConfigError(f"the model's input '{input_name}' takes samples of shape {want}, but the dataset "
+                              f"holds {tuple(x.shape[1:])}; choose a model made for this dataset")
+        return x.reshape((len(x),) + want)
+    return x
+
+
+def auto_loss(model: Any) -> str:
+    """nll when the model already ends in LogSoftmax (as the founding example does), else cross_entropy."""
+    producer = model.graph.producers().get(model.graph.outputs[0])
+    return "nll" if producer is not None and producer.op == "LogSoftmax" else "cross_entropy"
+
+
+def train_data(config: TrainConfig, model: Any, log: Log) -> tuple[Any, Any, tuple, str, dict[str, Any]]:
+    """(train, valid, per-batch transforms, source, resolved) through anygrad.data: stored images,
+    augmented batch by batch, and normalised on the device (uint8 batches, a prologue in the model's
+    graph; before compile) or on the host (float32 batches), as config.normalize says. `resolved`
+    records the normalisation and class names for config.json, where predict and eval find them."""
+    from ..data.graph_input import add_input_normalisation, can_normalise_in_graph
+    if config.dataset == "tokens":  # a language model on a token file: random windows (anygrad.data.tokens)
+        from ..data.tokens import token_run_data
+        train, valid, source, resolved = token_run_data(config.data_dir, config.block_size, config.valid_fraction)
+        log(f"data: {train.tokens.dtype} tokens, {len(train.tokens):,} train / "
+            f"{len(valid.tokens) if valid is not None else 0:,} valid, windows of {config.block_size} + 1")
+        return train, valid, (None, None), source, resolved
+    dcfg = config.data_config()
+    d = dcfg.load(seed=config.seed, log=log)
+    mean, std = dcfg.stats(d)
+    on_device = config.normalize == "device" and mean is not None and d.train[0].dtype == np.uint8 \
+        and can_normalise_in_graph(model, mean)
+    if on_device:
+        add_input_normalisation(model, mean, std)
+    shape, name = model.input_shape, model.input_name
+
+    def fitted(transform: Callable) -> Callable:
+        return lambda x, idx, epoch: fit_input(transform(x, idx, epoch), shape, name)
+    train_tf, valid_tf = (fitted(dcfg.transform(d, config.seed, train=t, on_device=on_device)) for t in (True, False))
+    train_tf(d.train[0][:1], np.arange(1), 0)  # a dataset that does not fit the model fails now, clearly
+    stats = "" if mean is None else f" (mean {_floats_text(mean)} std {_floats_text(std)})"
+    how = "not normalised" if mean is None else "uint8, normalised on the device" if on_device else \
+        "normalised on the host"
+    log(f"batches: {how}{stats}; augment {augment_text(config.crop_padding, config.hflip)}; valid: {d.valid_from}")
+    normalisation = None if mean is None else {"mean": [float(v) for v in mean], "std": [float(v) for v in std],
+                                               "on": "device" if on_device else "host"}
+    resolved = {"normalisation": normalisation, "classes": list(d.classes)}
+    return d.train, d.valid, (train_tf, valid_tf), d.source, resolved
+
+
+def _floats_text(values: Any) -> str:
+    return ",".join(f"{v:.4g}" for v in values)
+
+
+def augment_text(crop_padding: int, hflip: bool) -> str:
+    parts = ([f"crop:{crop_padding}"] if crop_padding else []) + (["hflip"] if hflip else [])
+    return ",".join(parts) or "none"

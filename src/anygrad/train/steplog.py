@@ -1,0 +1,52 @@
+"""metrics_steps.csv: the running metrics at every progress read, for curves of short runs.
+
+metrics.jsonl has one row per epoch, too few to plot a run of two epochs. This file gets a row
+each time the loop reads the device's metric sums (every `log_every` steps): the running means of
+the epoch so far (loss, accuracy), the rate and the throughput. Rows are appended
+(one write each, flushed); a run resumed from a checkpoint first drops the rows past that
+checkpoint's step, so the file tells one history, as metrics.jsonl does.
+"""
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+from ..fsutil import atomic_write
+from .report import StepInfo
+
+NAME = "metrics_steps.csv"
+FIELDS = ("epoch", "step", "steps", "global_step", "loss", "accuracy", "lr", "samples_per_s")
+
+
+class StepLog:
+    def __init__(self, folder: Path):
+        self.path = folder / NAME
+
+    def truncate(self, global_step: int) -> None:
+        """Keep the rows up to `global_step` (all of them when resuming at the end of the file)."""
+        if not self.path.is_file():
+            return
+        try:
+            rows = list(csv.DictReader(io.StringIO(self.path.read_text())))
+        except (OSError, UnicodeDecodeError, csv.Error):
+            rows = []
+        kept = [r for r in rows if str(r.get("global_step", "")).isdigit() and int(r["global_step"]) <= global_step]
+        atomic_write(self.path, _csv(kept, header=True))
+
+    def add(self, info: StepInfo) -> None:
+        row = {"epoch": info.epoch, "step": info.step, "steps": info.steps, "global_step": info.global_step,
+               "loss": info.loss,
+               "accuracy": info.accuracy, "lr": f"{info.lr:.8g}", "samples_per_s": round(info.samples_per_s, 1)}
+        new = not self.path.is_file()
+        with open(self.path, "a") as f:
+            f.write(_csv([row], header=new))
+
+
+def _csv(rows: list[dict], header: bool) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=FIELDS, lineterminator="\n", extrasaction="ignore")
+    if header:
+        writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()

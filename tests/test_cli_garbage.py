@@ -1,0 +1,136 @@
+"""Every subcommand fed garbage ends in one `anygrad: error:` line and exit code 2, never a traceback
+(issue 12, item 6); Ctrl-C at any moment is exit code 130; the small edges of items 15."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_cli import _mlp
+
+from anygrad import cli
+from anygrad.data import write_idx
+from anygrad.data.mnist import MNIST_FILES
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    """A finished one-epoch run on 40 synthetic images, and odd files beside it."""
+    folder = tmp_path_factory.mktemp("garbage")
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 40), ("test", 16)):
+        y = rng.integers(0, 10, n).astype(np.uint8)
+        x = (rng.integers(0, 20, (n, 28, 28)) + y[:, None, None] * 23).astype(np.uint8)
+        write_idx(folder / f"{MNIST_FILES['x_' + split].name}.gz", x)
+        write_idx(folder / f"{MNIST_FILES['y_' + split].name}.gz", y)
+    run = folder / "run"
+    assert cli.main(["train", str(_mlp(folder / "m.onnx")), "--data-dir", str(folder), "--device", "cpu",
+                     "--batch-size", "8", "--artifacts", str(run), "--quiet"]) == 0
+    return run
+
+
+def _odd_files(folder: Path) -> list[str]:
+    nested = folder / "nested.json"
+    nested.write_text("[" * 100_000 + "]" * 100_000)
+    deep = folder / "deep.json"
+    deep.write_text('{"a":' * 50_000 + "1" + "}" * 50_000)
+    odd = folder / "ckpt-00000001.json"
+    odd.write_text(json.dumps({"format": "anygrad-checkpoint/1", "arrays": {"x": 1}, "config": [1], "3": None}))
+    return [str(nested), str(deep), str(odd)]
+
+
+GARBAGE = [["--nope"], ["x" * 100_000], ["\udcff"], ["-"], ["--batch-size", "abc"], ["--batch-size", "0"],
+           ["--batch-size", "-3"], ["--device", "bogus"], ["--index", "-1"], ["--top", "-5"], ["--epochs", "1e9"],
+           ["--lr", "inf"], ["--limits", "zzz"], ["-o", "/proc/nope/x"], ["--config", "x" * 100_000],
+           ["--resume", "x" * 100_000], ["--artifacts", "x" * 100_000], ["--data-dir", "x" * 100_000]]
+
+
+@pytest.mark.parametrize("command", sorted(cli.COMMANDS))
+def test_garbage_arguments_are_one_line_errors(command, run, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # whatever a command writes by default lands here
+    odd = _odd_files(tmp_path)
+    cases = [g for g in GARBAGE] + [[f] for f in odd] + [["--config", f] for f in odd] + [["--weights", odd[2]]]
+    if command != "devices":  # with a real first argument, so that the options themselves are judged
+        first = str(run) if command in ("plot", "predict", "eval") else str(run / "model.onnx")
+        cases += [[first, *g] for g in GARBAGE if g[0].startswith("-")]
+    for args in cases:
+        if command == "train" and not args[0].startswith("-") and args[0] == str(run / "model.onnx"):
+            continue  # a model and some options: a real training run, not garbage
+        try:
+            code = cli.main([command, *args])
+        except SystemExit as e:  # argparse
+            code = e.code
+        lines = [line for line in capsys.readouterr().err.splitlines() if "software adapter" not in line]
+        err = "\n".join(lines)
+        assert code == 2, (command, [a[:40] for a in args], err)
+        assert len(lines) == 1 and err.startswith("anygrad: error:"), err
+        assert len(err) < 1000  # a 100k-character argument is elided
+
+
+def test_eval_batch_size_predict_index_and_top(run, capsys):
+    for args, words in ((["eval", str(run), "--batch-size", "0"], "at least 1"),
+                        (["predict", str(run), "--index", "-1"], "counts samples from 0"),
+                        (["predict", str(run), "--top", "0"], "at least 1")):
+        assert cli.main(args) == 2
+        assert words in capsys.readouterr().err
+
+
+def test_plot_to_an_unwritable_path(run, capsys):
+    pytest.importorskip("matplotlib")
+    assert cli.main(["plot", str(run), "-o", str(run / "model.onnx")]) == 2  # a file where a folder must be
+    err = capsys.readouterr().err
+    assert err.startswith("anygrad: error:") and "model.onnx" in err
+
+
+def test_odd_checkpoint_records_for_predict(run, capsys):
+    record = json.loads(max((run / "checkpoints").glob("ckpt-*.json")).read_text())
+    for key in ("config", "arrays", "sha256", "epoch"):
+        for bad in (None, "x", [1], {"a": 1}, -1, True):
+            path = run / "checkpoints" / "ckpt-99999999.json"
+            path.write_text(json.dumps({**record, key: bad}))
+            code = cli.main(["predict", str(path)])
+            err = capsys.readouterr().err
+            assert code == 0 or (code == 2 and err.startswith("anygrad: error:")), (key, bad, err)
+            path.unlink()
+
+
+def test_batch_size_larger_than_the_data(run, capsys):
+    config = json.loads((run / "config.json").read_text())
+    assert cli.main(["train", config["model"], "--data-dir", config["data_dir"], "--device", "cpu", "--batch-size",
+                     "41", "--artifacts", str(run.parent / "big"), "--quiet"]) == 2
+    assert "larger than the 40 training samples" in capsys.readouterr().err
+
+
+def test_did_you_mean_help_and_no_command(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["train", "--batchsize", "3"])
+    assert e.value.code == 2 and "did you mean --batch-size?" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["trian"])
+    assert "did you mean train?" in capsys.readouterr().err
+    assert cli.main([]) == 0 and "COMMAND" in capsys.readouterr().out
+    help_text = cli.build_parser()._subparsers._group_actions[0].choices["train"].format_help()
+    for option in ("--epochs", "--batch-size", "--on-nan", "--overwrite", "--export"):
+        line = help_text[help_text.index(option):].split("\n  -", 1)[0]
+        assert len(line.split()) > 3, line  # has a help text
+    predict, evaluate = (cli.build_parser().parse_args([c, "x"]) for c in ("predict", "eval"))
+    assert predict.device == evaluate.device
+
+
+def test_ctrl_c_early_is_exit_130_without_traceback(run, tmp_path):
+    config = json.loads((run / "config.json").read_text())
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; from anygrad.cli import main; sys.exit(main())",
+                             "train", config["model"], "--data-dir", config["data_dir"], "--device", "cpu",
+                             "--batch-size", "8", "--epochs", "50", "--artifacts", str(tmp_path / "r")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    first = proc.stdout.readline()  # main() is running: the data is being read
+    proc.send_signal(signal.SIGINT)
+    out = first + proc.communicate(timeout=300)[0]
+    assert proc.returncode == 130, out
+    assert "Traceback" not in out and "interrupted" in out
