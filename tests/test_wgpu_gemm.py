@@ -142,6 +142,19 @@ def test_gemm_bias_broadcast_and_relu(cshape, variant):
     np.testing.assert_allclose(got, np.maximum(want, 0), rtol=1e-4, atol=1e-4)
 
 
+def test_long_k_weight_gradient_takes_128x128_split_tiles(monkeypatch):
+    """A weight gradient's long K (tokens or pixels) gets 8x8 blocks (128x128 tiles) split over K
+    even when M x N is small; scaled down: LONG_K 512, K 1200 (transA, as dW = X^T dY)."""
+    from anygrad.backends.wgpu import kernels_gemm
+    monkeypatch.setattr(kernels_gemm, "LONG_K", 512)
+    t = kernels_gemm.choose_tiling(128, 136, 1200, GPU)
+    assert (t.variant, t.tm, t.bm) == ("shared", 8, 128)
+    kernels = check_op("Gemm", [rnd(1200, 128, seed=3), rnd(1200, 136, seed=4), rnd(136, seed=5)],
+                       {"transA": 1}, GPU, rtol=1e-3, atol=1e-3)
+    assert "shared 128x" in kernels[0].name and "splitK" in kernels[0].name
+    assert kernels_gemm.choose_tiling(128, 136, 511, GPU).tm == 4
+
+
 @settings(max_examples=12, deadline=None)
 @given(m=st.integers(1, 40), k=st.integers(1, 40), n=st.integers(1, 40), batch=st.sampled_from([(), (2,), (2, 1)]),
        variant=st.sampled_from(VARIANTS))

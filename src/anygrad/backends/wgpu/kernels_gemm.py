@@ -143,6 +143,9 @@ def _pow2_at_least(x: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(1, x))))
 
 
+LONG_K = 4096  # from this K on, 128x128 tiles for any M, N >= 128 (split-K fills the GPU)
+
+
 def choose_tiling(M: int, N: int, K: int, caps: AdapterCaps, variant: str | None = None,
                   block: int | None = None, kt: int | None = None) -> Tiling:
     """Tile shapes by adapter kind and problem size (small M, e.g. 16 conv channels, gets short tiles).
@@ -157,7 +160,11 @@ def choose_tiling(M: int, N: int, K: int, caps: AdapterCaps, variant: str | None
         tm = tn = block or 4
         threads = 64
     else:
-        big = M * N >= 1024 * 1024 and M >= 128 and N >= 128
+        # 8x8 blocks (128x128 tiles) halve the bytes staged per FLOP; a long K (a weight
+        # gradient over many tokens or pixels, 256 x 1024 at K = 16384) fills the GPU with
+        # split-K partials of them instead of more, smaller tiles (which ran at 3/4 of the
+        # 128x128 kernel's rate on an H200)
+        big = (M * N >= 1024 * 1024 or K >= LONG_K) and M >= 128 and N >= 128
         tm = tn = block or (8 if big else 4)
         threads = min(256, caps.max_invocations_per_workgroup)
     wy = min(_pow2_at_least(math.ceil(M / tm)), 16, threads)
