@@ -153,6 +153,9 @@ def test_long_k_weight_gradient_takes_128x128_split_tiles(monkeypatch):
                        {"transA": 1}, GPU, rtol=1e-3, atol=1e-3)
     assert "shared 128x" in kernels[0].name and "splitK" in kernels[0].name
     assert kernels_gemm.choose_tiling(128, 136, 511, GPU).tm == 4
+    # without split-K (or with a grid that fills the GPU) 64x64 tiles stay
+    assert kernels_gemm.choose_tiling(128, 136, 1200, GPU, split=False).tm == 4
+    assert kernels_gemm.choose_tiling(128, 136, 1200, GPU, batch=512).tm == 4
 
 
 @settings(max_examples=12, deadline=None)
@@ -230,6 +233,23 @@ def test_conv_grad_weight_split_k(caps):
     kernels = check_op("ConvGradWeight", [dy, rnd(*xs, seed=19)], {**explicit, "weight_shape": list(ws)}, caps,
                        rtol=1e-3, atol=1e-3)
     assert len(kernels) == 2 and kernels[0].scratch
+
+
+@pytest.mark.parametrize("xs,ws,attrs,kind", [
+    ((2, 64, 4, 4), (8, 64, 3, 3), {"pads": [1, 1, 1, 1]}, "splitK"),       # small grid, K = 576
+    ((1, 64, 2, 2), (4, 64, 3, 3), {"pads": [1, 1, 1, 1]}, "dot"),          # tiny output: dot kernel
+    ((2, 300, 3, 3), (8, 300, 1, 1), {}, "splitK"),                          # 1x1, K = 300 channels
+])
+def test_conv_and_input_gradient_split_k_on_small_grids(xs, ws, attrs, kind):
+    """Few output tiles over a long K (a late ResNet stage at small spatial size): the forward
+    conv and the input gradient split K like the weight gradient, bias and ReLU in the reduce."""
+    kernels = check_op("Conv", [rnd(*xs, seed=40), rnd(*ws, seed=41), rnd(ws[0], seed=42)],
+                       {**attrs, "_epilogue": "relu"}, GPU, rtol=1e-3, atol=1e-3)
+    assert kind in kernels[0].name, [k.name for k in kernels]
+    explicit, out = _explicit(xs, ws, attrs)
+    kernels = check_op("ConvGradInput", [rnd(xs[0], ws[0], *out, seed=43), rnd(*ws, seed=44)],
+                       {**explicit, "input_shape": list(xs)}, GPU, rtol=1e-3, atol=1e-3)
+    assert len(kernels) >= 1
 
 
 def test_grid_folds_past_the_dimension_limit():
