@@ -147,15 +147,16 @@ def test_long_k_weight_gradient_takes_128x128_split_tiles(monkeypatch):
     even when M x N is small; scaled down: LONG_K 512, K 1200 (transA, as dW = X^T dY)."""
     from anygrad.backends.wgpu import kernels_gemm
     monkeypatch.setattr(kernels_gemm, "LONG_K", 512)
-    t = kernels_gemm.choose_tiling(128, 136, 1200, GPU)
-    assert (t.variant, t.tm, t.bm) == ("shared", 8, 128)
-    kernels = check_op("Gemm", [rnd(1200, 128, seed=3), rnd(1200, 136, seed=4), rnd(136, seed=5)],
+    t = kernels_gemm.choose_tiling(128, 256, 1200, GPU)
+    assert (t.variant, t.tm, t.bm, t.bn) == ("shared", 8, 128, 128)
+    kernels = check_op("Gemm", [rnd(1200, 128, seed=3), rnd(1200, 256, seed=4), rnd(256, seed=5)],
                        {"transA": 1}, GPU, rtol=1e-3, atol=1e-3)
-    assert "shared 128x" in kernels[0].name and "splitK" in kernels[0].name
-    assert kernels_gemm.choose_tiling(128, 136, 511, GPU).tm == 4
-    # without split-K (or with a grid that fills the GPU) 64x64 tiles stay
-    assert kernels_gemm.choose_tiling(128, 136, 1200, GPU, split=False).tm == 4
-    assert kernels_gemm.choose_tiling(128, 136, 1200, GPU, batch=512).tm == 4
+    assert "shared 128x128" in kernels[0].name and "splitK" in kernels[0].name
+    assert kernels_gemm.choose_tiling(128, 256, 511, GPU).tm == 4
+    # without split-K, with a grid that fills the GPU, or with part tiles, 64x64 tiles stay
+    assert kernels_gemm.choose_tiling(128, 256, 1200, GPU, split=False).tm == 4
+    assert kernels_gemm.choose_tiling(128, 256, 1200, GPU, batch=512).tm == 4
+    assert kernels_gemm.choose_tiling(192, 768, 1200, GPU).tm == 4
 
 
 @settings(max_examples=12, deadline=None)

@@ -168,8 +168,11 @@ def choose_tiling(M: int, N: int, K: int, caps: AdapterCaps, variant: str | None
         # grid is small enough that split-K runs ('few')
         # tiles, no fewer: a conv over 4 x 4 pixels at K = 4608 on 256 128x128 tiles ran at half
         # the speed of 1024 64x64 ones (H200, ResNet-18 at batch 512)
+        # the grid after that: whole 128x128 tiles only (ViT-tiny's 192-wide weight gradients on
+        # 96x128 or 120x96 tiles were 1.3-1.7x slower than on 64x64 ones)
         few = math.ceil(M / 128) * math.ceil(N / 128) * batch * 256 < _target_invocations(caps) // 2
-        big = (M * N >= 1024 * 1024 or (K >= LONG_K and few and split)) and M >= 128 and N >= 128
+        long_k = K >= LONG_K and few and split and M % 128 == 0 and N % 128 == 0
+        big = (M * N >= 1024 * 1024 or long_k) and M >= 128 and N >= 128
         tm = tn = block or (8 if big else 4)
         threads = min(256, caps.max_invocations_per_workgroup)
     wy = min(_pow2_at_least(math.ceil(M / tm)), 16, threads)
