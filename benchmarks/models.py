@@ -155,6 +155,7 @@ MODELS: dict[str, Spec] = {
 }
 ISSUE11 = ("resnet18", "mobilenetv2", "gpt", "vit")
 LR, MOMENTUM = 0.01, 0.9
+THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "ANYGRAD_NUMPY_THREADS")
 
 
 # -- GPU memory --------------------------------------------------------------------------------------
@@ -177,7 +178,7 @@ class GpuMemory:
     def _read(index: int) -> int | None:
         try:
             out = subprocess.run(["nvidia-smi", f"--id={index}", "--query-gpu=memory.used",
-                                  "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10)
+                                  "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10, check=False)
             return int(out.stdout.split()[0])
         except (OSError, ValueError, IndexError, subprocess.SubprocessError):
             return None
@@ -237,10 +238,10 @@ def _timed(step: Callable[[int], None], wait: Callable[[], None], batch: int, se
 
 # -- one (model, batch) --------------------------------------------------------------------------------
 def run_anygrad(spec: Spec, module, batches, device: str, args, mem: GpuMemory | None) -> dict:
+    import torch
+
     import anygrad
     from anygrad.optim import SGD
-
-    import torch
 
     x0, y0 = batches[0]
     level = mem.mark() if mem else None
@@ -268,9 +269,7 @@ def run_anygrad(spec: Spec, module, batches, device: str, args, mem: GpuMemory |
             out["smi_peak_mib"] = mem.peak_since() - level
         if args.profile and "timestamp-query" in model.backend.device.features:
             out["profile"] = exe.step_profile(model._feeds(x0, y0), repeat=3).as_dict()
-    del model, exe
-    gc.collect()
-    return out
+    return out  # the model's buffers go with this frame (the worker collects after each case)
 
 
 def run_torch(spec: Spec, module, batches, case: str, args, mem: GpuMemory | None) -> dict:
@@ -324,11 +323,7 @@ def run_torch(spec: Spec, module, batches, case: str, args, mem: GpuMemory | Non
         out["max_reserved_mib"] = torch.cuda.max_memory_reserved() / 2**20
         if mem and level is not None:
             out["smi_peak_mib"] = mem.peak_since() - level
-    del model, opt, data, fwd
-    gc.collect()
-    if cuda:
-        torch.cuda.empty_cache()
-    return out
+    return out  # the worker collects and empties the CUDA cache after each case
 
 
 def worker(name: str, batch: int, args) -> dict:
@@ -356,11 +351,13 @@ def worker(name: str, batch: int, args) -> dict:
         try:
             r = (run_anygrad(spec, module, batches, args.device, args, mem) if fw == "anygrad"
                  else run_torch(spec, module, batches, case, args, mem))
-        except Exception as e:  # keep the other cases' numbers
+        except Exception as e:  # noqa: BLE001  (any failure: keep the other cases' numbers)
             import traceback
             traceback.print_exc()
             r = {"framework": fw, "case": case or args.device, "error": f"{type(e).__name__}: {e}"[:2000]}
-            gc.collect()
+        gc.collect()
+        if fw == "pytorch" and args.device != "cpu":
+            torch.cuda.empty_cache()
         r["wall_s"] = time.perf_counter() - t0
         res["cases"].append(r)
         print(f"  {name} b{batch} {fw} {r.get('case')}: " + (f"{r['samples_per_s']:.1f}/s" if "samples_per_s" in r
@@ -411,7 +408,7 @@ def machine() -> dict:
         pass
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
-                              "--format=csv,noheader"], capture_output=True, text=True, timeout=10)
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=10, check=False)
         info["gpu"] = out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
@@ -424,10 +421,10 @@ def machine() -> dict:
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| model | batch | anygrad samples/s | PyTorch eager | ratio | eager TF32 off | ratio | "
-             "torch.compile | ratio | peak MiB anygrad (planned) / PyTorch (allocated) | "
-             "anygrad export + compile s | first-loss rel diff |",
-             "| --- " * 12 + "|"]
+    header = ("| model | batch | anygrad samples/s | PyTorch eager | ratio | eager TF32 off | ratio | "
+              "torch.compile | ratio | peak MiB anygrad (planned) / PyTorch (allocated) | "
+              "anygrad export + compile s | first-loss rel diff |")
+    lines = [header, "| --- " * 12 + "|"]
     for r in results:
         c = {x.get("case"): x for x in r.get("cases", [])}
         ag = next((x for x in r.get("cases", []) if x["framework"] == "anygrad"), {})
@@ -437,7 +434,7 @@ def table(results: list[dict]) -> str:
                 return "-"
             return f"{x['samples_per_s']:,.1f}" if "samples_per_s" in x else "error"
 
-        def ratio(key):
+        def ratio(key, r=r):
             return f"{r[key]:.2f}" if key in r else "-"
         eager = c.get("eager", {})
         mem_ag = (f"{ag.get('smi_peak_mib', float('nan')):,.0f} ({ag['planned_mib']:,.0f})"
@@ -478,7 +475,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=1.5, help="about this long per timed pass")
     p.add_argument("--repeats", type=int, default=3, help="timed passes per case (median reported)")
     p.add_argument("--data-batches", type=int, default=4, help="distinct synthetic batches cycled through")
-    p.add_argument("--threads", type=int, default=None, help="--device cpu: torch.set_num_threads")
+    p.add_argument("--threads", type=int, default=None,
+                   help="--device cpu: CPU threads for both frameworks (torch.set_num_threads; OMP/OpenBLAS/MKL and "
+                   "ANYGRAD_NUMPY_THREADS in the children's environment, read when numpy loads)")
     p.add_argument("--profile", action="store_true", help="GPU profile of one anygrad step (timestamp queries)")
     p.add_argument("--top", type=int, default=12, help="kernels listed per profile")
     p.add_argument("--json", type=Path, help="write every number here")
@@ -497,7 +496,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(worker(name, int(b), args)))
         return 0
 
+    if args.threads:  # the children load numpy after this: their BLAS pools take it
+        os.environ.update({k: str(args.threads) for k in THREAD_ENV})
     meta = machine() | {"device": args.device, "seconds": args.seconds, "repeats": args.repeats,
+                        "threads": args.threads,
+                        "loadavg_start": os.getloadavg() if hasattr(os, "getloadavg") else None,
                         "optimizer": f"SGD(lr={LR}, momentum={MOMENTUM})", "loss": "cross_entropy"}
     print(json.dumps(meta), file=sys.stderr)
     rest = [a for a in (argv if argv is not None else sys.argv[1:])]
@@ -507,7 +510,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name} batch {batch} ...", file=sys.stderr, flush=True)
         try:
             proc = subprocess.run([sys.executable, os.path.abspath(__file__), *rest, "--worker", f"{name}:{batch}"],
-                                  stdout=subprocess.PIPE, text=True, timeout=args.timeout)
+                                  stdout=subprocess.PIPE, text=True, timeout=args.timeout,
+                                  check=False)
             res = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else \
                 {"model": name, "batch": batch, "error": f"child exited {proc.returncode}"}
         except (subprocess.TimeoutExpired, json.JSONDecodeError, IndexError) as e:
