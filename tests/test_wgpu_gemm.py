@@ -145,7 +145,6 @@ def test_gemm_bias_broadcast_and_relu(cshape, variant):
 def test_long_k_weight_gradient_takes_128x128_split_tiles(monkeypatch):
     """A weight gradient's long K (tokens or pixels) gets 8x8 blocks (128x128 tiles) split over K
     even when M x N is small; scaled down: LONG_K 512, K 1200 (transA, as dW = X^T dY)."""
-    from anygrad.backends.wgpu import kernels_gemm
     monkeypatch.setattr(kernels_gemm, "LONG_K", 512)
     t = kernels_gemm.choose_tiling(128, 256, 1200, GPU)
     assert (t.variant, t.tm, t.bm, t.bn) == ("shared", 8, 128, 128)
