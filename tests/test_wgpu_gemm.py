@@ -142,6 +142,22 @@ def test_gemm_bias_broadcast_and_relu(cshape, variant):
     np.testing.assert_allclose(got, np.maximum(want, 0), rtol=1e-4, atol=1e-4)
 
 
+def test_long_k_weight_gradient_takes_128x128_split_tiles(monkeypatch):
+    """A weight gradient's long K (tokens or pixels) gets 8x8 blocks (128x128 tiles) split over K
+    even when M x N is small; scaled down: LONG_K 512, K 1200 (transA, as dW = X^T dY)."""
+    monkeypatch.setattr(kernels_gemm, "LONG_K", 512)
+    t = kernels_gemm.choose_tiling(128, 256, 1200, GPU)
+    assert (t.variant, t.tm, t.bm, t.bn) == ("shared", 8, 128, 128)
+    kernels = check_op("Gemm", [rnd(1200, 128, seed=3), rnd(1200, 256, seed=4), rnd(256, seed=5)],
+                       {"transA": 1}, GPU, rtol=1e-3, atol=1e-3)
+    assert "shared 128x128" in kernels[0].name and "splitK" in kernels[0].name
+    assert kernels_gemm.choose_tiling(128, 256, 511, GPU).tm == 4
+    # without split-K, with a grid that fills the GPU, or with part tiles, 64x64 tiles stay
+    assert kernels_gemm.choose_tiling(128, 256, 1200, GPU, split=False).tm == 4
+    assert kernels_gemm.choose_tiling(128, 256, 1200, GPU, batch=512).tm == 4
+    assert kernels_gemm.choose_tiling(192, 768, 1200, GPU).tm == 4
+
+
 @settings(max_examples=12, deadline=None)
 @given(m=st.integers(1, 40), k=st.integers(1, 40), n=st.integers(1, 40), batch=st.sampled_from([(), (2,), (2, 1)]),
        variant=st.sampled_from(VARIANTS))
@@ -217,6 +233,23 @@ def test_conv_grad_weight_split_k(caps):
     kernels = check_op("ConvGradWeight", [dy, rnd(*xs, seed=19)], {**explicit, "weight_shape": list(ws)}, caps,
                        rtol=1e-3, atol=1e-3)
     assert len(kernels) == 2 and kernels[0].scratch
+
+
+@pytest.mark.parametrize("xs,ws,attrs,kind", [
+    ((2, 64, 4, 4), (8, 64, 3, 3), {"pads": [1, 1, 1, 1]}, "splitK"),       # small grid, K = 576
+    ((1, 64, 2, 2), (4, 64, 3, 3), {"pads": [1, 1, 1, 1]}, "dot"),          # tiny output: dot kernel
+    ((2, 300, 3, 3), (8, 300, 1, 1), {}, "splitK"),                          # 1x1, K = 300 channels
+])
+def test_conv_and_input_gradient_split_k_on_small_grids(xs, ws, attrs, kind):
+    """Few output tiles over a long K (a late ResNet stage at small spatial size): the forward
+    conv and the input gradient split K like the weight gradient, bias and ReLU in the reduce."""
+    kernels = check_op("Conv", [rnd(*xs, seed=40), rnd(*ws, seed=41), rnd(ws[0], seed=42)],
+                       {**attrs, "_epilogue": "relu"}, GPU, rtol=1e-3, atol=1e-3)
+    assert kind in kernels[0].name, [k.name for k in kernels]
+    explicit, out = _explicit(xs, ws, attrs)
+    kernels = check_op("ConvGradInput", [rnd(xs[0], ws[0], *out, seed=43), rnd(*ws, seed=44)],
+                       {**explicit, "input_shape": list(xs)}, GPU, rtol=1e-3, atol=1e-3)
+    assert len(kernels) >= 1
 
 
 def test_grid_folds_past_the_dimension_limit():

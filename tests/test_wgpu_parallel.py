@@ -182,6 +182,19 @@ def test_gather_grad_sorted_segments(backend, radix_bits, data_shape, axis, idx)
     assert not any(st.kernel.name == "GatherGrad" for st in exe.plan.steps)
 
 
+@pytest.mark.parametrize("data_shape,axis,idx", [
+    ((3, 5, 4), 1, lambda: np.array(0)),                           # a select, x[:, 0]: one position
+    ((3, 6, 2), 0, lambda: np.array([2, -1, 2, 0])),               # repeats and a negative index
+    ((6, 4), 0, lambda: RNG.integers(-6, 6, size=(2, 4))),         # 8 positions: the largest few
+])
+def test_gather_grad_few_indices(backend, data_shape, axis, idx):
+    """A handful of positions (a select, q/k/v from a packed projection) take one kernel, no sort,
+    and sum repeats in index order as the sorted path does."""
+    exe = check(backend, "Gather", [randn(*data_shape), idx().astype(np.int64)], {"axis": axis},
+                kernels=["GatherGrad:few"], rtol=1e-5, atol=1e-6)
+    assert not any("sort" in st.kernel.name for st in exe.plan.steps)
+
+
 def test_gather_grad_matches_sequential_scatter_add_bits(backend):
     """Each row sums in index order: bit-identical to numpy's np.add.at."""
     graph, feeds = op_graph("Gather", [randn(40, 3), RNG.integers(0, 40, size=(2000,)).astype(np.int64)],

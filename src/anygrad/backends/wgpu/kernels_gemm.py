@@ -143,8 +143,12 @@ def _pow2_at_least(x: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(1, x))))
 
 
+LONG_K = 4096  # from this K on, 128x128 tiles for any M, N >= 128 (split-K fills the GPU)
+
+
 def choose_tiling(M: int, N: int, K: int, caps: AdapterCaps, variant: str | None = None,
-                  block: int | None = None, kt: int | None = None) -> Tiling:
+                  block: int | None = None, kt: int | None = None, batch: int = 1,
+                  split: bool = True) -> Tiling:
     """Tile shapes by adapter kind and problem size (small M, e.g. 16 conv channels, gets short tiles).
 
     block: outputs per invocation along each axis (4 or 8); by default 8 only for big shared GEMMs."""
@@ -157,7 +161,18 @@ def choose_tiling(M: int, N: int, K: int, caps: AdapterCaps, variant: str | None
         tm = tn = block or 4
         threads = 64
     else:
-        big = M * N >= 1024 * 1024 and M >= 128 and N >= 128
+        # 8x8 blocks (128x128 tiles) halve the bytes staged per FLOP; a long K (a weight
+        # gradient over many tokens or pixels, 256 x 1024 at K = 16384) fills the GPU with
+        # split-K partials of them instead of more, smaller tiles (H200: 397 -> 304 us for
+        # GPT's MLP weight gradients, 352 -> 251 us for ResNet-50's), as long as the 128x128
+        # grid is small enough that split-K runs ('few')
+        # tiles, no fewer: a conv over 4 x 4 pixels at K = 4608 on 256 128x128 tiles ran at half
+        # the speed of 1024 64x64 ones (H200, ResNet-18 at batch 512)
+        # the grid after that: whole 128x128 tiles only (ViT-tiny's 192-wide weight gradients on
+        # 96x128 or 120x96 tiles were 1.3-1.7x slower than on 64x64 ones)
+        few = math.ceil(M / 128) * math.ceil(N / 128) * batch * 256 < _target_invocations(caps) // 2
+        long_k = K >= LONG_K and few and split and M % 128 == 0 and N % 128 == 0
+        big = (M * N >= 1024 * 1024 or long_k) and M >= 128 and N >= 128
         tm = tn = block or (8 if big else 4)
         threads = min(256, caps.max_invocations_per_workgroup)
     wy = min(_pow2_at_least(math.ceil(M / tm)), 16, threads)
@@ -487,7 +502,13 @@ def _reduce_wgsl(spec: GemmSpec, scratch: Binding, splits: int, caps: AdapterCap
                 f"  let i = ({linear_id(grid)}) * {u(wg)} + li;",
                 f"  if (i >= {u(total)}) {{ return; }}",
                 "  var acc = 0.0;",
-                f"  for (var p = 0u; p < {u(splits)}; p = p + 1u) {{ acc = acc + {scratch.var}[p * {u(total)} + i]; }}"]
+                # in order, four loads issued before their adds (the same bits as one at a time)
+                "  var p = 0u;",
+                f"  for (; p + 3u < {u(splits)}; p = p + 4u) {{",
+                *(f"    let v{k} = {scratch.var}[(p + {k}u) * {u(total)} + i];" for k in range(4)),
+                "    acc = acc + v0; acc = acc + v1; acc = acc + v2; acc = acc + v3;",
+                "  }",
+                f"  for (; p < {u(splits)}; p = p + 1u) {{ acc = acc + {scratch.var}[p * {u(total)} + i]; }}"]
     lines = decls + [_epi_fn(out, True)] + head + [
         f"  let c = i % {u(N)};", f"  let r = (i / {u(N)}) % {u(M)};", f"  let bt = i / {u(M * N)};",
         "  let s = 0u;",
@@ -626,7 +647,7 @@ def gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None = None,
     """The kernel list for one GEMM-shaped op: one GEMM, or a split-K GEMM + reduce."""
     if variant == "dot" or (variant is None and block is None and allow_split and use_dot(spec, caps)):
         return dot_kernels(spec, caps)
-    t = choose_tiling(spec.M, spec.N, spec.K, caps, variant, block, kt)
+    t = choose_tiling(spec.M, spec.N, spec.K, caps, variant, block, kt, spec.batch, allow_split)
     splits, ksplit = choose_splits(spec, t, caps) if allow_split else (1, 0)
     tile = f"{t.variant} {t.bm}x{t.bn}" + (f"k{t.kt}" if t.variant == "shared" else "")
     if splits == 1:

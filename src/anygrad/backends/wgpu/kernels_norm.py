@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from ...ir.graph import Graph, Node
 from ...ops._util import norm_axis
 from .kernel import AdapterCaps, Kernel, Scratch, lowering
+from .kernels_reduce import COMBINE, reduce_kernels
 from .wgreduce import Part, reduce_code, shared_decl, use_subgroups
 from .wgsl import bindings, broadcast_index, flat_id, grid, group_id, groups_grid, literal, shader, shape_of
 
@@ -100,7 +101,7 @@ COL_MIN_SLICE = 64  # ... but never into slices shorter than this
 
 
 def _column_sum(name: str, n_out: int, count: int, prelude: str, term: str, reads: list[tuple[str, str]],
-                out: str, scratch=()) -> list[Kernel]:
+                out: str, caps: AdapterCaps, scratch=()) -> list[Kernel]:
     """out[o] = sum over q < count of `term`, when entry o of row q sits next to entry o + 1
     (LayerNorm's dscale / dbias): 64 neighbouring entries per workgroup, so its reads coalesce,
     rows sliced over workgroups; the slices' sums are added in order by a second kernel."""
@@ -131,14 +132,10 @@ def _column_sum(name: str, n_out: int, count: int, prelude: str, term: str, read
                    (part if slices > 1 else out,), scratch=sc)
     if slices == 1:
         return [first]
-    body2 = f"""  {flat_id()}
-  if (i >= {n_out}u) {{ return; }}
-  var acc = 0.0;
-  for (var k = 0u; k < {slices}u; k += 1u) {{ acc += part[k * {n_out}u + i]; }}
-  y[i] = acc;"""
-    second = Kernel(f"{name}:cols-sum", shader(bindings([("part", "f32")], [("y", "f32")]), body2), grid(n_out),
-                    (part,), (out,), scratch=sc)
-    return [first, second]
+    # The slices' sums: a column reduction of (slices, n_out), itself split over both axes (one
+    # invocation per entry looping over every slice left 256 invocations of 256 loads each).
+    return [first] + reduce_kernels(f"{name}:cols-sum", part, out, (slices, n_out), (0,), "f32",
+                                    COMBINE["ReduceSum"], caps, scratch=sc)
 
 
 _STAT_SUMS = [("s1", "X[e] - K"), ("s2", "(X[e] - K) * (X[e] - K)")]
@@ -191,11 +188,11 @@ def lower_layer_norm_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[K
         # (output, entries, count, prelude giving e and row from o, q)
         (dscale, "dy_xhat", spec.d, spec.rows, f"let row = q; let e = q * {spec.d}u + o;"),
         (dbias, "dy", spec.d, spec.rows, f"let row = q; let e = q * {spec.d}u + o;"),
-    ], use_subgroups(caps), columns=True)
+    ], use_subgroups(caps), columns=True, caps=caps)
 
 
 def _norm_grad(name: str, spec: RowSpec, eps: str, dy: str, x: str, scale: str, dx: str, sums: list,
-               sg: bool, columns: bool = False) -> list[Kernel]:
+               sg: bool, columns: bool = False, caps: AdapterCaps | None = None) -> list[Kernel]:
     """dx by rows (keeping mean and 1/std per row in a scratch), then each parameter gradient
     (columns: entries are neighbours in memory, summed by _column_sum)."""
     st = f"normgrad.{dx or sums[0][0]}"
@@ -218,7 +215,7 @@ def _norm_grad(name: str, spec: RowSpec, eps: str, dy: str, x: str, scale: str, 
         reads = [("DY", dy), ("X", x), ("ST", st)] if what == "dy_xhat" else [("DY", dy)]
         own = sc if what == "dy_xhat" else ()
         if columns:
-            kernels += _column_sum(f"{name}:{what}", n_out, count, prelude, term, reads, out, scratch=own)
+            kernels += _column_sum(f"{name}:{what}", n_out, count, prelude, term, reads, out, caps, scratch=own)
         else:
             kernels.append(_param_sum(f"{name}:{what}", n_out, count, prelude, term, reads, out, scratch=own, sg=sg))
     return kernels

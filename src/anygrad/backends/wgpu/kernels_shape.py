@@ -147,6 +147,8 @@ def lower_gather_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kerne
     dx = node.outputs[0]
     shape = tuple(int(d) for d in node.attr("shape"))
     outer, a, q, inner = _gather_geometry(node, shape, math.prod(shape_of(graph, idx)))
+    if q <= FEW_INDICES:
+        return [_gather_grad_few(dy, idx, dx, vtype(graph, idx), outer, a, q, inner)]
     key = f"""fn seg_key(j: u32) -> u32 {{
   var k = i32(ix[j]);
   if (k < 0) {{ k += {a}; }}
@@ -166,6 +168,31 @@ def lower_gather_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kerne
     decls = bindings([("dy", "f32"), ("order", "u32"), ("starts", "u32")], [("dx", "f32")])
     return seg.kernels + [Kernel("GatherGrad:sum", shader(decls, body), grid(n), (dy, seg.order, seg.starts), (dx,),
                                  scratch=seg.scratch)]
+
+
+# A Gather of this few positions (a select such as x[:, 0], or q/k/v taken from a packed
+# projection) needs no sort: each dx element checks every index itself, O(dx x q).
+FEW_INDICES = 8
+
+
+def _gather_grad_few(dy: str, idx: str, dx: str, ity: str, outer: int, a: int, q: int, inner: int) -> Kernel:
+    """dx[o, r, w] = sum over j (in index order, as the sorted path adds them) with ix[j] == r of
+    dy[o, j, w]: one kernel, every element written (zeros where no index points)."""
+    n = outer * a * inner
+    terms = "\n".join(
+        f"  k = i32(ix[{j}]); if (k < 0) {{ k += {a}; }} if (k == i32(r)) {{ acc += dy[row + {j * inner}u]; }}"
+        for j in range(q))
+    body = f"""  {flat_id()}
+  if (i >= {n}u) {{ return; }}
+  let o = i / {a * inner}u;
+  let r = (i / {inner}u) % {a}u;
+  let row = o * {q * inner}u + i % {inner}u;
+  var acc = 0.0;
+  var k = 0;
+{terms}
+  dx[i] = acc;"""
+    decls = bindings([("dy", "f32"), ("ix", ity)], [("dx", "f32")])
+    return Kernel("GatherGrad:few", shader(decls, body), grid(n), (dy, idx), (dx,))
 
 
 # -- per-axis index tables: Tile, Pad, PadGrad ----------------------------------------------------------
