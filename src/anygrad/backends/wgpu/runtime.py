@@ -50,8 +50,8 @@ class _Context:
 _CONTEXTS: dict[tuple[int, str], _Context] = {}
 
 
-def _context(info: AdapterInfo, adapter: Any, profile: LimitsProfile | None = None) -> _Context:
-    key = (info.index, profile.name if profile else "")
+def _context(info: AdapterInfo, adapter: Any, profile: LimitsProfile | None = None, replica: int = 0) -> _Context:
+    key = (info.index, profile.name if profile else "") + ((replica,) if replica else ())
     if key in _CONTEXTS:
         return _CONTEXTS[key]
     feats = [f for f in _FEATURES if f in adapter.features]
@@ -124,17 +124,19 @@ class WgpuBackend(Backend):
 
     name = "wgpu"
 
-    def __init__(self, device: str = "wgpu", limits: str | None = None):
+    def __init__(self, device: str = "wgpu", limits: str | None = None, replica: int = 0):
         """`limits`: a limits profile (limits.PROFILES) the device is created with, so that it
-        enforces a weaker adapter's limits; None: ANYGRAD_WGPU_LIMITS, else the adapter's own."""
+        enforces a weaker adapter's limits; None: ANYGRAD_WGPU_LIMITS, else the adapter's own.
+        `replica` k > 0 opens the adapter's k-th extra device (data parallelism on one adapter)."""
         info, adapter = select_adapter(device)
         self.adapter = info
-        self.ctx = _context(info, adapter, get_profile(limits))
+        self.ctx = _context(info, adapter, get_profile(limits), replica)
         self.device = self.ctx.device
         self.caps = self.ctx.caps
         self.state: dict[str, _StateBuf] = {}
         self.arenas: dict[str, Any] = {}  # arena value -> (buffer, ArenaSpec)
         self.generation = 0   # bumped when a state buffer is replaced (bind groups must follow)
+        self._gather: tuple[Any, int] | None = None  # get_states' readback buffer and its size
 
     @property
     def description(self) -> str:
@@ -175,6 +177,27 @@ class WgpuBackend(Backend):
         st = self.state[name]
         raw = self.read(st.buffer, st.nbytes, st.offset)
         return from_device(raw, st.dtype, st.shape)
+
+    def get_states(self, names: Sequence[str]) -> dict[str, np.ndarray]:
+        """Several state tensors in one readback (gradient exchange): copied back to back into one
+        buffer, read once, instead of one map and wait per tensor."""
+        if len(names) < 2:
+            return {n: self.get_state(n) for n in names}
+        spans, total = [], 0
+        for n in names:
+            st = self.state[n]
+            size = -(-st.nbytes // 4) * 4
+            spans.append((n, st, total, size))
+            total += size
+        if self._gather is None or self._gather[1] < total:
+            self._gather = (self.create_buffer(total, self.storage_usage, "state readback"), total)
+        buf = self._gather[0]
+        enc = self.device.create_command_encoder()
+        for _, st, off, size in spans:
+            enc.copy_buffer_to_buffer(st.buffer, st.offset, buf, off, size)
+        self.device.queue.submit([enc.finish()])
+        raw = self.read(buf, total)
+        return {n: from_device(raw[off:off + st.nbytes], st.dtype, st.shape) for n, st, off, _ in spans}
 
     def pack_arena(self, spec) -> None:
         """Place the arena's state tensors back to back in one buffer (copying their values), unless

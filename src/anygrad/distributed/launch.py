@@ -1,0 +1,143 @@
+"""Joining a torch.distributed job: what torchrun (or Slurm, Ray, ...) set in the environment, the
+gloo process group, and the device each rank trains on.
+
+torch is imported here only when a process group is started.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError, DeviceError
+
+REQUIRED = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+BUCKET_BYTES = 25 << 20   # gradients travel in buckets of this size, as DDP's bucket_cap_mb=25
+
+
+@dataclass(frozen=True)
+class WorldInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+
+
+def world_from_env(env: dict[str, str] | None = None) -> WorldInfo | None:
+    """The job this process belongs to, from torchrun's variables; None when WORLD_SIZE is unset
+    (a plain run). A partial set is an error that names what is missing."""
+    env = os.environ if env is None else env
+    if "WORLD_SIZE" not in env:
+        return None
+    missing = [k for k in REQUIRED if not env.get(k)]
+    if missing:
+        raise ConfigError(f"WORLD_SIZE is set but {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not: "
+                          "launch with torchrun (it sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK), "
+                          "or set them all")
+    try:
+        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+        local = int(env.get("LOCAL_RANK", rank))
+    except ValueError:
+        raise ConfigError("RANK, WORLD_SIZE and LOCAL_RANK must be whole numbers") from None
+    if world < 1 or not 0 <= rank < world:
+        raise ConfigError(f"RANK {rank} is not within WORLD_SIZE {world}")
+    return WorldInfo(rank, world, local)
+
+
+def rank_device(device: str | None, local_rank: int) -> str:
+    """The device of the rank with this LOCAL_RANK: 'wgpu' or 'auto' take the local_rank-th GPU
+    adapter (software ones last), a list 'a,b,...' its local_rank-th entry (cycled), anything
+    else as given (every rank on 'cpu')."""
+    device = (device or "auto").strip().lower()
+    if "," in device:
+        items = [d.strip() for d in device.split(",") if d.strip()]
+        return items[local_rank % len(items)]
+    if device in ("wgpu", "auto"):
+        from ..devices import list_adapters
+        adapters = [a for a in list_adapters() if a.backend.lower() != "opengl"]
+        hardware = [a for a in adapters if not a.is_software]
+        pool = hardware or ([] if device == "auto" else adapters)
+        if not pool:
+            return "cpu"
+        return f"wgpu:{pool[local_rank % len(pool)].index}"
+    return device
+
+
+class ProcessGroup:
+    """The gloo group of this job: bucketed all-reduce of host arrays (zero-copy through
+    torch.from_numpy), hashes gathered to compare replicas, barrier."""
+
+    def __init__(self, world: WorldInfo, timeout_s: float = 1800.0):
+        try:
+            import torch.distributed as dist
+        except ImportError:
+            raise ConfigError("distributed training needs torch: pip install 'anygrad[distributed]'") from None
+        self.dist, self.world = dist, world
+        self.rank, self.size = world.rank, world.world_size
+        self.owned = not dist.is_initialized()
+        if self.owned:
+            try:
+                dist.init_process_group("gloo", init_method="env://", rank=world.rank, world_size=world.world_size,
+                                        timeout=timedelta(seconds=timeout_s))
+            except Exception as e:  # noqa: BLE001 - rendezvous failures are the user's setup
+                raise DeviceError(f"could not join the process group at {os.environ.get('MASTER_ADDR')}:"
+                                  f"{os.environ.get('MASTER_PORT')} as rank {world.rank} of {world.world_size}: "
+                                  f"{e}") from e
+        self._buffers: dict[int, np.ndarray] = {}
+
+    @property
+    def is_writer(self) -> bool:
+        return self.rank == 0
+
+    def all_reduce_sum(self, arrays: list[np.ndarray], scale: float = 1.0) -> list[np.ndarray]:
+        """Element-wise sums over the ranks of float32 `arrays` (times `scale`), in buckets of
+        BUCKET_BYTES reduced asynchronously: packing bucket k+1 overlaps reducing bucket k."""
+        import torch
+        out: list[np.ndarray | None] = [None] * len(arrays)
+        pending: list[tuple[Any, np.ndarray, list[tuple[int, int, int]]]] = []
+        start, k = 0, 0
+        limit = BUCKET_BYTES // 4
+        while start < len(arrays):
+            end, size = start, 0
+            while end < len(arrays) and (end == start or size + arrays[end].size <= limit):
+                size += arrays[end].size
+                end += 1
+            buf = self._buffers.get(k)
+            if buf is None or buf.size < size:
+                buf = self._buffers[k] = np.empty(size, np.float32)
+            flat, spans, off = buf[:size], [], 0
+            for i in range(start, end):
+                n = arrays[i].size
+                flat[off:off + n] = arrays[i].reshape(-1)
+                spans.append((i, off, n))
+                off += n
+            pending.append((self.dist.all_reduce(torch.from_numpy(flat), async_op=True), flat, spans))
+            start, k = end, k + 1
+        for work, flat, spans in pending:
+            work.wait()
+            if scale != 1.0:
+                flat *= np.float32(scale)
+            for i, off, n in spans:
+                out[i] = flat[off:off + n].reshape(arrays[i].shape).copy()
+        return out  # type: ignore[return-value]
+
+    def all_reduce_f64(self, values: np.ndarray) -> np.ndarray:
+        """Sums over the ranks of a small float64 vector (metric sums, losses)."""
+        import torch
+        t = torch.from_numpy(np.array(values, np.float64).reshape(-1))
+        self.dist.all_reduce(t)
+        return t.numpy()
+
+    def gather_strings(self, text: str) -> list[str]:
+        got: list[Any] = [None] * self.size
+        self.dist.all_gather_object(got, text)
+        return [str(t) for t in got]
+
+    def barrier(self) -> None:
+        self.dist.barrier()
+
+    def close(self) -> None:
+        if self.owned and self.dist.is_initialized():
+            self.dist.destroy_process_group()
