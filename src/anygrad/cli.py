@@ -377,8 +377,40 @@ def _remove_empty(folders: list[Path]) -> None:
             return
 
 
-def cmd_train(args: argparse.Namespace) -> int:
+def _elastic_resume(args: argparse.Namespace) -> None:
+    """A rank torchrun restarted (--max-restarts) continues the run from its last checkpoint: the
+    same command line, resuming its --artifacts folder when a checkpoint is there."""
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) <= 0 or args.resume or not args.artifacts:
+        return
+    from .train import checkpoint
+    if checkpoint.latest(Path(args.artifacts) / "checkpoints") is not None:
+        args.resume = args.artifacts
+
+
+def _open_devices(device: str, limits: str | None) -> Any:
+    """The backend of --device, or a list of them for 'wgpu:0,wgpu:1' (data parallel in-process)."""
     from .devices import get_backend
+    from .distributed import device_list, open_backends
+    several = device_list(device)
+    return open_backends(several, limits) if several else get_backend(device, limits=limits)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from .distributed import world_from_env
+
+    world = world_from_env()  # set by torchrun & co: this process is one rank of a job
+    if world is not None:
+        _elastic_resume(args)
+        if world.rank != 0:  # the other ranks say nothing but errors (stderr)
+            args.quiet = True
+            import contextlib
+            with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
+                return _cmd_train(args, world)
+    return _cmd_train(args, world)
+
+
+def _cmd_train(args: argparse.Namespace, world: Any) -> int:
+    from .distributed import ProcessGroup, rank_device
     from .losses import get_loss
     from .optim import get_optimizer
     from .train import TrainConfig
@@ -399,14 +431,22 @@ def cmd_train(args: argparse.Namespace) -> int:
         weights = _not_a_folder(Path(config.weights), "a weights file")
         if not weights.exists():
             raise ConfigError(f"--weights {weights}: no such file")
-    backend = get_backend(config.device, limits=config.limits)
-    artifacts = Path(config.artifacts_dir) if config.artifacts_dir else _default_artifacts(model_path.stem)
-    created = _make_artifacts_dir(artifacts)
+    group = ProcessGroup(world) if world is not None else None
     try:
-        return _train(args, replace(config, artifacts_dir=str(artifacts)), model_path, optimizer, backend)
-    except BaseException:  # a run that never started leaves nothing behind (a started one keeps its files)
-        _remove_empty(created)
-        raise
+        device = config.device if world is None else rank_device(config.device, world.local_rank)
+        backend = _open_devices(device, config.limits)
+        artifacts = Path(config.artifacts_dir) if config.artifacts_dir else _default_artifacts(model_path.stem)
+        if group is not None:  # rank 0's folder (the default one has a timestamp)
+            artifacts = Path(group.gather_strings(str(artifacts))[0])
+        created = _make_artifacts_dir(artifacts) if group is None or group.is_writer else []
+        try:
+            return _train(args, replace(config, artifacts_dir=str(artifacts)), model_path, optimizer, backend, group)
+        except BaseException:  # a run that never started leaves nothing behind (a started one keeps its files)
+            _remove_empty(created)
+            raise
+    finally:
+        if group is not None:
+            group.close()
 
 
 def _padding_spec(spec: str) -> tuple[str, int]:
@@ -418,7 +458,8 @@ def _padding_spec(spec: str) -> tuple[str, int]:
         raise ConfigError(f"--padding-idx takes TABLE:ROW, such as 'embed_tokens.weight:1', not {spec!r}") from None
 
 
-def _train(args: argparse.Namespace, config: Any, model_path: Path, optimizer: Any, backend: Any) -> int:
+def _train(args: argparse.Namespace, config: Any, model_path: Path, optimizer: Any, backend: Any,
+           group: Any = None) -> int:
     from . import load_onnx
     from .train import fit
     console = Console(quiet=args.quiet)
@@ -432,6 +473,11 @@ def _train(args: argparse.Namespace, config: Any, model_path: Path, optimizer: A
     loss = _auto_loss(model) if config.loss == "auto" else config.loss
     train, valid, transforms, source, resolved = _train_data(config, model, console)
     model.compile(loss=loss, optimizer=optimizer, device=backend, seed=config.seed)
+    if group is not None:  # one rank of a torch.distributed job (with this process's devices, if several)
+        from .distributed import DataParallel
+        local = [r.backend for r in model.parallel.replicas[1:]] if model.parallel is not None else []
+        model.parallel = DataParallel(model, local, group)
+    where = model.parallel.description if model.parallel is not None else model.backend.description
 
     config = replace(config, data_dir=source, loss=loss)
     artifacts = Path(config.artifacts_dir)
@@ -441,7 +487,7 @@ def _train(args: argparse.Namespace, config: Any, model_path: Path, optimizer: A
               f"from weights {Path(config.weights).name}" if config.weights else "",
               f"{model.num_frozen_parameters():,} frozen" if config.freeze else ""]
     console.line(f"training {model_path.name} ({model.num_parameters():,} parameters) on "
-                 f"{backend.description}: {config.optimizer} lr {config.lr:g}, loss {loss}, batch {config.batch_size}, "
+                 f"{where}: {config.optimizer} lr {config.lr:g}, loss {loss}, batch {config.batch_size}, "
                  f"{config.epochs} epoch{'s' * (config.epochs != 1)}, seed {config.seed}"
                  + "".join(f", {e}" for e in extras if e))
     console.line(f"data: {len(train[1]):,} train / {len(valid[1]) if valid else 0:,} valid samples from {source}")

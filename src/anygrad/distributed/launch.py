@@ -81,7 +81,7 @@ class ProcessGroup:
             try:
                 dist.init_process_group("gloo", init_method="env://", rank=world.rank, world_size=world.world_size,
                                         timeout=timedelta(seconds=timeout_s))
-            except Exception as e:  # noqa: BLE001 - rendezvous failures are the user's setup
+            except Exception as e:
                 raise DeviceError(f"could not join the process group at {os.environ.get('MASTER_ADDR')}:"
                                   f"{os.environ.get('MASTER_PORT')} as rank {world.rank} of {world.world_size}: "
                                   f"{e}") from e

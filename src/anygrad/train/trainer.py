@@ -412,9 +412,13 @@ class Learner:
         model._require_compiled()
         if config.clip_grad_norm is not None or config.accumulate != 1:  # else keep what compile() set
             model.configure_step(clip_norm=config.clip_grad_norm, accumulate=config.accumulate)
-        self.loader = DataLoader(*train_data, batch_size=config.batch_size, shuffle=config.shuffle,
-                                 seed=config.seed, drop_last=config.drop_last, transform=transforms[0],
-                                 prefetch=config.prefetch)
+        # Data parallelism (anygrad.distributed): this rank's share of each global batch; rank 0 writes.
+        parallel = model.parallel
+        self.writer = parallel is None or parallel.is_writer
+        self.world_size = 1 if parallel is None else parallel.world_size
+        self.loader = (parallel.loader if parallel is not None else DataLoader)(
+            *train_data, batch_size=config.batch_size, shuffle=config.shuffle, seed=config.seed,
+            drop_last=config.drop_last, transform=transforms[0], prefetch=config.prefetch)
         if len(self.loader) == 0:
             raise ConfigError(f"no full batch of {config.batch_size} in {len(train_data[0])} training samples; "
                               "use a smaller batch size or keep the last partial batch (no drop_last)")
@@ -491,12 +495,12 @@ class Learner:
                 "global_step": r.global_step, "epoch_done": r.epoch_done, "stopped_early": r.stopped_early,
                 "lr": r.lr, "micro_step": self.model.micro_step,
                 "steps_per_epoch": self.steps, "history": [_finite(asdict(m)) for m in r.history],
-                "sums": r.sums.state_dict(), "monitor": self.monitor.state_dict(),
+                "sums": r.sums.state_dict(), "monitor": self.monitor.state_dict(), "world_size": self.world_size,
                 "scheduler": self.scheduler.state_dict() if self.scheduler else None,
                 "config": asdict(self.config)}
 
     def save_checkpoint(self, best: bool = False) -> Path | None:
-        if self.ckpt_dir is None:
+        if self.ckpt_dir is None or not self.writer:
             return None
         state, meta = self.model.full_state(), self._meta()
         path = ckpt.write(self.ckpt_dir, f"{ckpt.PREFIX}{self.run.global_step:08d}", state, meta)
@@ -526,7 +530,9 @@ class Learner:
         if diff:
             raise ckpt.CheckpointError(f"{path}: the checkpoint was made with different settings: " + ", ".join(
                 f"{k} {saved[k]!r} (now {now[k]!r})" for k in diff) + "; resume with the run's own config.json")
-        if m.get("steps_per_epoch") != self.steps:
+        # Another number of ranks pads the epoch's tail differently (DistributedSampler), which may
+        # change its step count; a global step still covers the same samples of the epoch's order.
+        if m.get("steps_per_epoch") != self.steps and m.get("world_size", 1) == self.world_size:
             raise ckpt.CheckpointError(f"{path}: the run had {m.get('steps_per_epoch')} steps per epoch, this "
                                        f"one {self.steps}: the training data differ")
         try:
@@ -558,7 +564,7 @@ class Learner:
     # -- the loop -----------------------------------------------------------------------------------
     def fit(self) -> FitResult:
         cfg, r, model = self.config, self.run, self.model
-        if self.out_dir is not None:
+        if self.out_dir is not None and self.writer:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             write_json(self.out_dir / "config.json", config_record(
                 model, cfg, self.resolved, scheduler=self.scheduler.config() if self.scheduler else None))
@@ -645,8 +651,9 @@ class Learner:
         if not warned and self._diverged():
             self.reporter.message("warning: the loss is not finite; the run diverged (try a smaller learning rate)")
         if self.out_dir is not None:
-            write_metrics(self.out_dir / "metrics.jsonl", r.history)
-            save_weights(model, self.out_dir)
+            if self.writer:
+                write_metrics(self.out_dir / "metrics.jsonl", r.history)
+                save_weights(model, self.out_dir)
             r.step, r.epoch_done = self.steps, True
             self.save_checkpoint(best=best)
             r.epoch_done = False
