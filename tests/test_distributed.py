@@ -259,6 +259,7 @@ def test_torchrun_restarts_a_killed_rank_from_the_last_checkpoint(tmp_path, mnis
     os.kill(victim, signal.SIGKILL)
     out, _ = job.communicate(timeout=300)
     assert job.returncode == 0, out
+    assert "resuming from" in out, out  # the restarted rank 0 continued from the checkpoint
     assert not list(run.glob("**/*.tmp*")), "a half-written file was left"
     assert ((run / "metrics.jsonl").read_text().count("\n")) == 2  # both epochs, each once
     ref, got = _weights(one), _weights(run)
