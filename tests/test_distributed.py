@@ -29,7 +29,7 @@ from anygrad.errors import ConfigError
 from anygrad.optim import Adam
 
 SRC = str(Path(anygrad.__file__).resolve().parents[1])
-TOL = dict(rtol=1e-5, atol=1e-5)
+TOL = {"rtol": 1e-5, "atol": 1e-5}
 
 
 def _mlp(path: Path, inputs: int = 20, hidden: int = 16, classes: int = 4, image: bool = False) -> Path:
