@@ -104,7 +104,8 @@ def hardware_devices(same: bool) -> str:
     return ",".join(f"wgpu:{i}" for i in picks)
 
 
-MODELS = {"resnet18": ("image", (3, 32, 32), 10), "gpt": ("tokens", (128,), 2048)}
+MODELS = {"resnet18": ("image", (3, 32, 32), 10), "resnet18_224": ("image", (3, 224, 224), 10),
+          "gpt": ("tokens", (128,), 2048)}
 
 
 def prepare(out: Path, names: list[str]) -> None:
@@ -114,13 +115,13 @@ def prepare(out: Path, names: list[str]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name in names:
         torch.manual_seed(0)
-        if name == "resnet18":
+        if name.startswith("resnet18"):
             try:
                 import torchvision
                 module = torchvision.models.resnet18(num_classes=10)
             except ImportError:
                 module = resnet18_module()
-            example = torch.randn(2, 3, 32, 32)
+            example = torch.randn(2, *MODELS[name][1])
         else:
             module = gpt_module()
             example = torch.randint(0, 2048, (2, 128))
@@ -170,15 +171,25 @@ def run(args: argparse.Namespace) -> None:
     first_s = time.perf_counter() - t0
     for i in range(args.warmup):
         model.train_step(*data[i % 4])
-    exchange = [0.0]
-    if model.parallel is not None:  # time the gradient exchange + update (host side)
-        inner = model.parallel._reduce_and_update
+    spent: dict[str, float] = {}
 
-        def timed():
+    def timed(owner, attr: str, label: str) -> None:  # host time spent in a method, summed
+        inner = getattr(owner, attr)
+
+        def wrapper(*a, **k):
             t = time.perf_counter()
-            inner()
-            exchange[0] += time.perf_counter() - t
-        model.parallel._reduce_and_update = timed
+            try:
+                return inner(*a, **k)
+            finally:
+                spent[label] = spent.get(label, 0.0) + time.perf_counter() - t
+        setattr(owner, attr, wrapper)
+    if model.parallel is not None:  # the gradient exchange + update, and its parts
+        timed(model.parallel, "_reduce_and_update", "exchange")
+        for r in model.parallel.replicas:
+            timed(r.backend, "export_states", "export")
+            timed(r.backend, "import_states", "import")
+        if group is not None:
+            timed(group, "all_reduce_flat", "all_reduce")
     model.read_metrics(reset=True)  # a readback: the device is idle before the clock starts
     if group is not None:
         group.barrier()
@@ -195,7 +206,8 @@ def run(args: argparse.Namespace) -> None:
     result = {"model": name, "batch_per_device": args.batch, "devices": local_devices * ranks, "ranks": ranks,
               "device": model.parallel.description if model.parallel else model.backend.description,
               "steps": args.steps, "seconds": seconds, "samples_per_s": samples / seconds,
-              "step_ms": 1000 * seconds / args.steps, "exchange_ms": 1000 * exchange[0] / args.steps,
+              "step_ms": 1000 * seconds / args.steps,
+              **{f"{k}_ms": 1000 * v / args.steps for k, v in spent.items()},
               "first_step_s": first_s, "loss": metrics.get("loss"),
               "params": model.num_parameters()}
     if rank == 0:
@@ -204,6 +216,23 @@ def run(args: argparse.Namespace) -> None:
             Path(args.json).write_text(json.dumps(result, indent=1))
     if group is not None:
         group.close()
+
+
+def comm(args: argparse.Namespace) -> None:
+    """gloo all-reduce throughput of a float32 vector of --mib MiB between the ranks."""
+    from anygrad.distributed import ProcessGroup, world_from_env
+    group = ProcessGroup(world_from_env())
+    flat = np.ones((args.mib << 20) // 4, np.float32)
+    group.all_reduce_flat(flat)
+    group.barrier()
+    t0 = time.perf_counter()
+    for _ in range(args.repeats):
+        group.all_reduce_flat(flat)
+    ms = 1000 * (time.perf_counter() - t0) / args.repeats
+    if group.rank == 0:
+        print(json.dumps({"all_reduce_mib": args.mib, "ranks": group.size, "ms": ms,
+                          "gb_per_s": (args.mib << 20) / ms / 1e6}), flush=True)
+    group.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,9 +248,14 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--steps", type=int, default=20)
     b.add_argument("--warmup", type=int, default=3)
     b.add_argument("--json")
+    c = sub.add_parser("comm")
+    c.add_argument("--mib", type=int, default=43)
+    c.add_argument("--repeats", type=int, default=10)
     args = p.parse_args(argv)
     if args.cmd == "prepare":
         prepare(args.out, args.models.split(","))
+    elif args.cmd == "comm":
+        comm(args)
     else:
         run(args)
     return 0

@@ -85,43 +85,23 @@ class ProcessGroup:
                 raise DeviceError(f"could not join the process group at {os.environ.get('MASTER_ADDR')}:"
                                   f"{os.environ.get('MASTER_PORT')} as rank {world.rank} of {world.world_size}: "
                                   f"{e}") from e
-        self._buffers: dict[int, np.ndarray] = {}
 
     @property
     def is_writer(self) -> bool:
         return self.rank == 0
 
-    def all_reduce_sum(self, arrays: list[np.ndarray], scale: float = 1.0) -> list[np.ndarray]:
-        """Element-wise sums over the ranks of float32 `arrays` (times `scale`), in buckets of
-        BUCKET_BYTES reduced asynchronously: packing bucket k+1 overlaps reducing bucket k."""
+    def all_reduce_flat(self, flat: np.ndarray, scale: float = 1.0) -> None:
+        """Sum the float32 vector `flat` over the ranks in place (times `scale`): buckets of
+        BUCKET_BYTES, each a zero-copy torch view, reduced asynchronously so that gloo works on
+        several at once."""
         import torch
-        out: list[np.ndarray | None] = [None] * len(arrays)
-        pending: list[tuple[Any, np.ndarray, list[tuple[int, int, int]]]] = []
-        start, k = 0, 0
-        limit = BUCKET_BYTES // 4
-        while start < len(arrays):
-            end, size = start, 0
-            while end < len(arrays) and (end == start or size + arrays[end].size <= limit):
-                size += arrays[end].size
-                end += 1
-            buf = self._buffers.get(k)
-            if buf is None or buf.size < size:
-                buf = self._buffers[k] = np.empty(size, np.float32)
-            flat, spans, off = buf[:size], [], 0
-            for i in range(start, end):
-                n = arrays[i].size
-                flat[off:off + n] = arrays[i].reshape(-1)
-                spans.append((i, off, n))
-                off += n
-            pending.append((self.dist.all_reduce(torch.from_numpy(flat), async_op=True), flat, spans))
-            start, k = end, k + 1
-        for work, flat, spans in pending:
+        step = max(1, BUCKET_BYTES // flat.itemsize)
+        views = [flat[i:i + step] for i in range(0, flat.size, step)]
+        works = [self.dist.all_reduce(torch.from_numpy(v), async_op=True) for v in views]
+        for work in works:
             work.wait()
-            if scale != 1.0:
-                flat *= np.float32(scale)
-            for i, off, n in spans:
-                out[i] = flat[off:off + n].reshape(arrays[i].shape).copy()
-        return out  # type: ignore[return-value]
+        if scale != 1.0:
+            flat *= np.float32(scale)
 
     def all_reduce_f64(self, values: np.ndarray) -> np.ndarray:
         """Sums over the ranks of a small float64 vector (metric sums, losses)."""

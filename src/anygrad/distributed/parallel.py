@@ -75,6 +75,7 @@ class DataParallel:
         self.updates = 0
         self._lr = model.optimizer.lr
         self._group_counts: list[int] = []  # samples per replica since the last update
+        self._flat: tuple[np.ndarray, np.ndarray] | None = None  # the gradient vector and a device's part
 
     # -- replicas -------------------------------------------------------------------------------
     def _replica(self, backend: Backend) -> Model:
@@ -154,22 +155,28 @@ class DataParallel:
         return local
 
     def _reduce_and_update(self) -> None:
+        """Sum the replicas' accum buffers (one flat float32 vector each: one readback per device,
+        all-reduced in place in buckets), write the sum back, run the update everywhere."""
         names = [ACCUM_PREFIX + p for p in self.model.graph.params]
+        size = sum(int(self.model.graph.initializers[p].size) for p in self.model.graph.params)
+        if self._flat is None or self._flat[0].size != size:
+            self._flat = (np.empty(size, np.float32), np.empty(size, np.float32))
+        flat, part = self._flat
         counts = self._group_counts
         total = float(sum(counts))
-        grads = None
-        for r, n in zip(self.replicas, counts):
-            got = r.backend.get_states(names)
-            part = [np.asarray(got[k], np.float32) for k in names]
-            if len(self.replicas) > 1:
-                part = [g * np.float32(n / total) for g in part]
-            grads = part if grads is None else [a + b for a, b in zip(grads, part)]
+        several = len(self.replicas) > 1
+        for i, (r, n) in enumerate(zip(self.replicas, counts)):
+            r.backend.export_states(names, flat if i == 0 else part)
+            if several:  # weight by each device's share of the batch (exact with uneven shares)
+                if i == 0:
+                    flat *= np.float32(n / total)
+                else:
+                    flat += part * np.float32(n / total)
         if self.group is not None and self.group.size > 1:
-            grads = self.group.all_reduce_sum(grads, 1.0 / self.group.size)
-        if len(self.replicas) > 1 or self.group is not None:
+            self.group.all_reduce_flat(flat, 1.0 / self.group.size)
+        if several or self.group is not None:
             for r in self.replicas:
-                for k, g in zip(names, grads):
-                    r.backend.set_state(k, g)
+                r.backend.import_states(names, flat)
         for r in self.replicas:
             self._update_program(r).run({}, fetch=[])
         self.updates += 1

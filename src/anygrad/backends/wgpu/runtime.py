@@ -136,7 +136,7 @@ class WgpuBackend(Backend):
         self.state: dict[str, _StateBuf] = {}
         self.arenas: dict[str, Any] = {}  # arena value -> (buffer, ArenaSpec)
         self.generation = 0   # bumped when a state buffer is replaced (bind groups must follow)
-        self._gather: tuple[Any, int] | None = None  # get_states' readback buffer and its size
+        self._export_buf: tuple[Any, int] | None = None  # export_states' mapped buffer and its size
 
     @property
     def description(self) -> str:
@@ -178,26 +178,49 @@ class WgpuBackend(Backend):
         raw = self.read(st.buffer, st.nbytes, st.offset)
         return from_device(raw, st.dtype, st.shape)
 
-    def get_states(self, names: Sequence[str]) -> dict[str, np.ndarray]:
-        """Several state tensors in one readback (gradient exchange): copied back to back into one
-        buffer, read once, instead of one map and wait per tensor."""
-        if len(names) < 2:
-            return {n: self.get_state(n) for n in names}
+    def get_state_shape(self, name: str) -> tuple:
+        return self.state[name].shape
+
+    def export_states(self, names: Sequence[str], out: np.ndarray) -> None:
+        """float32 states back to back into `out` with one copy pass on the device, one map and one
+        host copy, through a mapped staging buffer kept between calls (gradient exchange)."""
         spans, total = [], 0
         for n in names:
             st = self.state[n]
-            size = -(-st.nbytes // 4) * 4
-            spans.append((n, st, total, size))
-            total += size
-        if self._gather is None or self._gather[1] < total:
-            self._gather = (self.create_buffer(total, self.storage_usage, "state readback"), total)
-        buf = self._gather[0]
+            if np.dtype(st.dtype) != np.float32 or st.nbytes % 4:
+                return super().export_states(names, out)
+            spans.append((st, total))
+            total += st.nbytes
+        if total == 0:
+            return
+        wgpu = _wgpu()
+        if self._export_buf is None or self._export_buf[1] < total:
+            self._export_buf = (self.create_buffer(total, wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST,
+                                                   "state export"), total)
+        buf = self._export_buf[0]
         enc = self.device.create_command_encoder()
-        for _, st, off, size in spans:
-            enc.copy_buffer_to_buffer(st.buffer, st.offset, buf, off, size)
-        self.device.queue.submit([enc.finish()])
-        raw = self.read(buf, total)
-        return {n: from_device(raw[off:off + st.nbytes], st.dtype, st.shape) for n, st, off, _ in spans}
+        for st, off in spans:
+            enc.copy_buffer_to_buffer(st.buffer, st.offset, buf, off, st.nbytes)
+        try:
+            self.device.queue.submit([enc.finish()])
+            buf.map_sync(wgpu.MapMode.READ)
+            try:
+                out[:total // 4] = np.frombuffer(buf.read_mapped(0, total, copy=False), np.float32)
+            finally:
+                buf.unmap()
+        except Exception as e:
+            raise _gpu_error(e, "reading gradients back") from e
+
+    def import_states(self, names: Sequence[str], flat: np.ndarray) -> None:
+        """Each state's slice of the float32 vector `flat`, written in place (no new buffers)."""
+        off = 0
+        for n in names:
+            st = self.state[n]
+            size = st.nbytes // 4
+            if np.dtype(st.dtype) != np.float32 or st.nbytes % 4:
+                return super().import_states(names, flat)
+            self.device.queue.write_buffer(st.buffer, st.offset, flat[off:off + size])
+            off += size
 
     def pack_arena(self, spec) -> None:
         """Place the arena's state tensors back to back in one buffer (copying their values), unless
