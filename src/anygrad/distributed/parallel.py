@@ -119,6 +119,12 @@ class DataParallel:
             return DataLoader(x, y, batch_size, **options)
         return ShardedLoader(x, y, batch_size, self.group.rank, self.group.size, **options)
 
+    def agree(self, flag: bool) -> bool:
+        """Whether any rank raised `flag` (all ranks call this at the same step)."""
+        if self.group is None or self.group.size == 1:
+            return flag
+        return bool(self.group.all_reduce_f64(np.array([float(flag)]))[0] > 0)
+
     # -- the step -------------------------------------------------------------------------------
     def shares(self, n: int) -> list[int]:
         """How many of n samples each replica of this process takes (even split; the first get

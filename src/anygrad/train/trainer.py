@@ -620,8 +620,8 @@ class Learner:
                 rate = (r.sums.count - done_before) / max(time.perf_counter() - start, 1e-9)
                 self.reporter.step(StepInfo(r.epoch, step, self.steps, r.global_step, r.sums.mean_loss,
                                             r.sums.accuracy, model.lr, rate))
-            if stop.requested:
-                return True
+            if stop.requested if model.parallel is None else model.parallel.agree(stop.requested):
+                return True  # (every rank stops after the same step: a Ctrl-C reaches them at different ones)
             if cfg.checkpoint_every and r.global_step % cfg.checkpoint_every == 0 and step < self.steps:
                 self.save_checkpoint()
         r.sums.add(model.read_metrics(reset=True))
