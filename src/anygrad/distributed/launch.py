@@ -15,7 +15,8 @@ import numpy as np
 from ..errors import ConfigError, DeviceError
 
 REQUIRED = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-BUCKET_BYTES = 25 << 20   # gradients travel in buckets of this size, as DDP's bucket_cap_mb=25
+# Gradients travel in buckets of this size, as DDP's bucket_cap_mb=25 (ANYGRAD_BUCKET_MB overrides).
+BUCKET_BYTES = int(float(os.environ.get("ANYGRAD_BUCKET_MB", "25")) * (1 << 20))
 
 
 @dataclass(frozen=True)
