@@ -76,6 +76,7 @@ class DataParallel:
         self._lr = model.optimizer.lr
         self._group_counts: list[int] = []  # samples per replica since the last update
         self._flat: tuple[np.ndarray, np.ndarray] | None = None  # the gradient vector and a device's part
+        self._settings = (tuple(model.graph.params), model.clip_norm, model.accumulate)
 
     # -- replicas -------------------------------------------------------------------------------
     def _replica(self, backend: Backend) -> Model:
@@ -141,6 +142,12 @@ class DataParallel:
             for r in self.replicas[1:]:
                 r.backend.set_state(LR_STATE, np.array(model.optimizer.lr, np.float32))
             self._lr = model.optimizer.lr
+        settings = (tuple(model.graph.params), model.clip_norm, model.accumulate)
+        if settings != self._settings:  # freeze() or configure_step(): the replicas' programs are stale
+            for r in self.replicas[1:]:
+                r._programs.clear()
+                r.clip_norm, r.accumulate = model.clip_norm, model.accumulate
+            self._settings = settings
         sizes = self.shares(len(x))
         losses, start = [], 0
         for r, size in zip(self.replicas, sizes):
