@@ -277,3 +277,32 @@ def test_torchrun_restarts_a_killed_rank_from_the_last_checkpoint(tmp_path, mnis
     ref, got = _weights(three), _weights(run)
     for name in ref:
         np.testing.assert_allclose(got[name], ref[name], **TOL, err_msg=name)
+
+
+# -- the environment torchrun sets ------------------------------------------------------------------------------
+def test_world_from_the_environment():
+    from anygrad.distributed import rank_device, world_from_env
+    assert world_from_env({}) is None  # a plain run
+    env = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    w = world_from_env(env)
+    assert (w.rank, w.world_size, w.local_rank) == (3, 4, 1)
+    with pytest.raises(ConfigError, match="MASTER_ADDR, MASTER_PORT are not"):
+        world_from_env({"RANK": "0", "WORLD_SIZE": "2"})
+    with pytest.raises(ConfigError, match="RANK 5 is not within WORLD_SIZE 4"):
+        world_from_env({**env, "RANK": "5"})
+    assert rank_device("wgpu:2,wgpu:5", 1) == "wgpu:5" and rank_device("cpu", 3) == "cpu"
+
+
+def test_cli_shares_batches_over_devices_of_one_process(tmp_path, mnist_like):
+    """`anygrad train --device cpu,cpu` trains like --device cpu (the trainer's loop, checkpoints, weights)."""
+    from anygrad import cli
+    model = _mlp(tmp_path / "mlp.onnx", inputs=784, hidden=32, classes=10, image=True)
+    runs = {}
+    for device in ("cpu", "cpu,cpu"):
+        run = tmp_path / device.replace(",", "-")
+        args = _train_args(model, mnist_like, run, epochs=1)
+        args[args.index("--device") + 1] = device
+        assert cli.main(args) == 0
+        runs[device] = _weights(run)
+    for name, value in runs["cpu"].items():
+        np.testing.assert_allclose(runs["cpu,cpu"][name], value, **TOL, err_msg=name)
