@@ -142,14 +142,12 @@ def test_ranks_train_like_one_process_on_the_global_batch(tmp_path, tiny, world)
     model, data, x, y = tiny
     port = str(_free_port())
     out = tmp_path / "rank0.npz"
-    started = time.monotonic()
     procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(model), str(data), str(out)],
                               env=_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                                        MASTER_PORT=port), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for r in range(world)]
     logs = [p.communicate(timeout=240)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), "\n".join(logs)
-    assert time.monotonic() - started < 240
     got = np.load(out)
     losses, state, metrics = _reference(model, x, y)
     np.testing.assert_allclose(got["losses"], losses, **TOL)  # every step's global-batch loss

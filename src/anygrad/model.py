@@ -185,7 +185,8 @@ class Model:
         devices = None
         if isinstance(device, (list, tuple)) or (isinstance(device, str) and "," in device):
             from .distributed import device_list, open_backends
-            devices = open_backends(device_list(device) or [device], limits)
+            devices = open_backends(device_list(device) or list(device if isinstance(device, (list, tuple))
+                                                                else [device]), limits)
             device = devices[0]
         self.loss = get_loss(loss, **loss_options) if isinstance(loss, str) else loss
         if optimizer is None:
