@@ -136,6 +136,8 @@ class DataParallel:
         return [n // k + (i < n % k) for i in range(k)]
 
     def train_step(self, x: np.ndarray, y: np.ndarray, flush: bool = False, fetch_loss: bool = False) -> float | None:
+        """Model.train_step (and train_on_batch with fetch_loss: the global batch's mean loss) on
+        this process's batch: its devices' gradient phases, then, at an update, the exchange."""
         model = self.model
         phase = model._next_phase(flush)
         if model.optimizer.lr != self._lr:  # a scheduler moved it: the model's device has it already
