@@ -193,6 +193,30 @@ def test_devices_of_one_process_train_like_one_device(tiny, devices):
         m.parallel.check_replicas()
 
 
+def test_uneven_shares_by_speed_keep_the_loss_weighting_exact(tiny):
+    """balance() times each device and shares batches by speed; shares 12 and 4 of 16 (an iGPU beside a
+    dGPU) train like one device, each device's gradient weighted by its share."""
+    model, _, x, y = tiny
+    x, y = x[:48], y[:48]
+    losses, state, _ = _reference(model, x, y)
+    m = anygrad.load_onnx(str(model)).compile(optimizer=Adam(lr=0.01), device="cpu,cpu", accumulate=2, clip_norm=1.0)
+    loader = DataLoader(x, y, 16, seed=3)
+    got = []
+    for epoch in range(2):
+        loader.epoch = epoch
+        for i, (xb, yb) in enumerate(loader, 1):
+            if epoch == 0 and i == 2:
+                m.parallel.balance(steps=1)
+            if epoch == 1 and i == 1:
+                assert m.parallel.speeds is not None and len(m.parallel.speeds) == 2
+                m.parallel.speeds = [3.0, 1.0]  # as measured beside a device three times slower
+                assert m.parallel.shares(16) == [12, 4]
+            got.append(m.train_on_batch(xb, yb, flush=i == len(loader)))
+    np.testing.assert_allclose(got, losses, **TOL)
+    for name, value in m.state_dict().items():
+        np.testing.assert_allclose(value, state[name], **TOL, err_msg=name)
+
+
 # -- torchrun: SIGKILL of a rank, restart from the last checkpoint; resume on another number of ranks --------------
 @pytest.fixture(scope="module")
 def mnist_like(tmp_path_factory) -> Path:

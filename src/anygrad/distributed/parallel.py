@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import time
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,7 @@ import numpy as np
 from ..backends.base import Backend
 from ..data.loader import DataLoader
 from ..errors import ConfigError, DeviceError
+from ..ir.passes import RNG_STATE
 from ..model import Model
 from ..optim.base import LR_STATE
 from ..program import ACCUM_PREFIX, METRIC_STATE, build_update_step
@@ -77,6 +79,10 @@ class DataParallel:
         self._group_counts: list[int] = []  # samples per replica since the last update
         self._flat: tuple[np.ndarray, np.ndarray] | None = None  # the gradient vector and a device's part
         self._settings = (tuple(model.graph.params), model.clip_norm, model.accumulate)
+        self.speeds: list[float] | None = None  # samples/s per device, once balance() measured them
+        self._timing, self._timed_steps, self._times = False, 0, []
+        # Unlike devices (an iGPU beside a dGPU) share by speed, measured after the first update.
+        self._balance_later = len({r.backend.description for r in self.replicas}) > 1
 
     # -- replicas -------------------------------------------------------------------------------
     def _replica(self, backend: Backend) -> Model:
@@ -128,12 +134,24 @@ class DataParallel:
 
     # -- the step -------------------------------------------------------------------------------
     def shares(self, n: int) -> list[int]:
-        """How many of n samples each replica of this process takes (even split; the first get
-        the remainder)."""
+        """How many of n samples each replica of this process takes: proportional to the devices'
+        measured speeds after balance(), else an even split (the first get the remainder)."""
         k = len(self.replicas)
         if n < k:
             raise ConfigError(f"a batch of {n} samples cannot be shared by {k} devices; use a batch of at least {k}")
-        return [n // k + (i < n % k) for i in range(k)]
+        if self.speeds is None:
+            return [n // k + (i < n % k) for i in range(k)]
+        ideal = np.asarray(self.speeds, np.float64) / float(sum(self.speeds)) * (n - k)
+        out = [1 + int(v) for v in ideal]  # at least one sample each, then the largest remainders
+        for i in np.argsort(-(ideal - np.floor(ideal)), kind="stable")[:n - sum(out)]:
+            out[i] += 1
+        return out
+
+    def balance(self, steps: int = 2) -> None:
+        """Share batches by speed (an iGPU beside a dGPU): the next `steps` updates (call it after a
+        first step, which compiles) run the devices one after the other, timed, and later batches are split in proportion to the samples per
+        second each reached. The gradient weighting stays exact (each device by its share)."""
+        self._timing, self._timed_steps, self._times = True, int(steps), [[0.0, 0.0] for _ in self.replicas]
 
     def train_step(self, x: np.ndarray, y: np.ndarray, flush: bool = False, fetch_loss: bool = False) -> float | None:
         """Model.train_step (and train_on_batch with fetch_loss: the global batch's mean loss) on
@@ -152,16 +170,31 @@ class DataParallel:
             self._settings = settings
         sizes = self.shares(len(x))
         losses, start = [], 0
-        for r, size in zip(self.replicas, sizes):
+        for i, (r, size) in enumerate(zip(self.replicas, sizes)):
             xs, ys = x[start:start + size], y[start:start + size]
             start += size
             exe = r._program("train", tuple(np.shape(xs)), tuple(np.shape(ys)), GRADIENT_PHASE[phase])
             fetch = [exe.graph.outputs[0]] if fetch_loss else []
-            losses.append(exe.run(r._feeds(xs, ys), fetch=fetch))
+            if self._timing:  # balance(): this device alone, to its end (compiled before the clock starts)
+                r.backend.get_state(RNG_STATE)  # the device is idle when the clock starts
+                began = time.perf_counter()
+                losses.append(exe.run(r._feeds(xs, ys), fetch=[exe.graph.outputs[0]]))
+                self._times[i][0] += time.perf_counter() - began
+                self._times[i][1] += size
+            else:
+                losses.append(exe.run(r._feeds(xs, ys), fetch=fetch))
         grouped = phase not in ("first", "step") and self._group_counts
         self._group_counts = [c + s for c, s in zip(self._group_counts, sizes)] if grouped else sizes
         if phase in UPDATES:
             self._reduce_and_update()
+            if self._balance_later:
+                self._balance_later = False
+                self.balance()
+            elif self._timing:
+                self._timed_steps -= 1
+                if self._timed_steps <= 0:
+                    self.speeds = [n / max(t, 1e-9) for t, n in self._times]
+                    self._timing = False
         if not fetch_loss:
             return None
         local = sum(float(out[next(iter(out))]) * s for out, s in zip(losses, sizes)) / sum(sizes)
