@@ -66,6 +66,18 @@ def rank_device(device: str | None, local_rank: int) -> str:
     return device
 
 
+def _store(world: WorldInfo, timeout_s: float) -> Any:
+    """The rendezvous store at MASTER_ADDR:MASTER_PORT (torchrun's agent hosts it, else rank 0),
+    with this attempt's prefix: torchrun keeps its store across --max-restarts, and gloo's keys
+    are the same in every attempt, so without it a restarted rank may read a dead peer's address."""
+    import torch.distributed as dist
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world.world_size,
+                          is_master=world.rank == 0 and not agent, timeout=timedelta(seconds=timeout_s))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"anygrad/attempt_{attempt}", store)
+
+
 class ProcessGroup:
     """The gloo group of this job: bucketed all-reduce of host arrays (zero-copy through
     torch.from_numpy), hashes gathered to compare replicas, barrier."""
@@ -80,8 +92,8 @@ class ProcessGroup:
         self.owned = not dist.is_initialized()
         if self.owned:
             try:
-                dist.init_process_group("gloo", init_method="env://", rank=world.rank, world_size=world.world_size,
-                                        timeout=timedelta(seconds=timeout_s))
+                dist.init_process_group("gloo", store=_store(world, timeout_s), rank=world.rank,
+                                        world_size=world.world_size, timeout=timedelta(seconds=timeout_s))
             except Exception as e:
                 raise DeviceError(f"could not join the process group at {os.environ.get('MASTER_ADDR')}:"
                                   f"{os.environ.get('MASTER_PORT')} as rank {world.rank} of {world.world_size}: "
