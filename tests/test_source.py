@@ -19,12 +19,12 @@ LAYERS = [
     {"backends", "devices"},
     {"model"},
     {"frontends", "nn", "data", "codegen"},                      # build Models from files and code
-    {"train", "inference", "plot"},
-    {"cli", "examples", "__init__"},
+    {"train", "inference", "plot", "distributed"},
+    {"cli", "examples", "__init__", "__main__"},
 ]
 LEVEL = {name: i for i, names in enumerate(LAYERS) for name in names}
 # (importer, imported) pairs allowed upward, and only inside a function body (lazily).
-FACADE = {("model", "train"), ("model", "frontends")}
+FACADE = {("model", "train"), ("model", "frontends"), ("model", "distributed")}
 
 
 def _unit(path: Path) -> str:

@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -336,7 +336,34 @@ def _remove_empty(folders: list[Path]) -> None:
 _PATH_SETTINGS = ("model", "weights", "data_dir", "artifacts_dir")
 
 
+def _elastic_resume(args: argparse.Namespace) -> None:
+    """A rank torchrun restarted (--max-restarts) continues the run from its last checkpoint: the
+    same command line, resuming its --artifacts folder when a checkpoint is there."""
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) <= 0 or args.resume or not args.artifacts:
+        return
+    from .train import checkpoint
+    if checkpoint.latest(Path(args.artifacts) / "checkpoints") is not None:
+        args.resume = args.artifacts
+    else:  # the job died before its first checkpoint: what the folder holds is this job's own start
+        args.overwrite = True
+
+
 def cmd_train(args: argparse.Namespace) -> int:
+    from .distributed import world_from_env
+
+    world = world_from_env()  # set by torchrun & co: this process is one rank of a job
+    if world is not None:
+        _elastic_resume(args)
+        if world.rank != 0:  # the other ranks say nothing but errors (stderr)
+            args.quiet = True
+            import contextlib
+            with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
+                return _cmd_train(args, world)
+    return _cmd_train(args, world)
+
+
+def _cmd_train(args: argparse.Namespace, world: Any) -> int:
+    from .distributed import ProcessGroup
     from .losses import get_loss
     from .optim import get_optimizer
     from .train import TrainConfig
@@ -364,16 +391,23 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise ConfigError(f"--weights {typed['weights']}: no such file")
     if not Path(config.model).exists():
         raise ModelError(f"{_short(typed['model'])}: no such model file")
-    created = _make_artifacts_dir(Path(config.artifacts_dir))
-    console = Console(quiet=args.quiet)
+    group = ProcessGroup(world) if world is not None else None
     try:
-        result = run(RunConfig(config, resume=bool(args.resume), overwrite=bool(args.overwrite),
-                               reporter=_reporter(args.quiet, config.log_every, console), log=console.line,
-                               typed_paths={k: v for k, v in typed.items() if _absolute(v) != v},
-                               defaulted=tuple(k for k in ("batch_size",) if k not in given)))
-    except BaseException:  # a run that never started leaves nothing behind (a started one keeps its files)
-        _remove_empty(created)
-        raise
+        if group is not None:  # rank 0's folder (the default one has a timestamp)
+            config = replace(config, artifacts_dir=group.gather_strings(config.artifacts_dir)[0])
+        created = _make_artifacts_dir(Path(config.artifacts_dir)) if group is None or group.is_writer else []
+        console = Console(quiet=args.quiet)
+        try:
+            result = run(RunConfig(config, resume=bool(args.resume), overwrite=bool(args.overwrite),
+                                   reporter=_reporter(args.quiet, config.log_every, console), log=console.line,
+                                   typed_paths={k: v for k, v in typed.items() if _absolute(v) != v},
+                                   defaulted=tuple(k for k in ("batch_size",) if k not in given), group=group))
+        except BaseException:  # a run that never started leaves nothing behind (a started one keeps its files)
+            _remove_empty(created)
+            raise
+    finally:
+        if group is not None:
+            group.close()
     console.line(f"artifacts: {result.artifacts_dir}")
     if result.diverged:
         print(f"anygrad: error: {result.diverged} (--on-nan stop); the newest checkpoint holds the last finite "

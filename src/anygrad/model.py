@@ -77,6 +77,7 @@ class Model:
         self.micro_step = 0                  # micro-batches accumulated since the last update
         self.frozen: list[str] = []          # parameters freeze() made buffers (graph names)
         self._state_order: list[str] | None = None  # the parameters' order before the first freeze
+        self.parallel: Any = None  # data parallelism (anygrad.distributed.DataParallel): steps and metrics go there
 
     # -- introspection --------------------------------------------------------------------
     @property
@@ -177,9 +178,16 @@ class Model:
 
     # -- setup ----------------------------------------------------------------------------
     def compile(self, loss: str | Loss = "cross_entropy", optimizer: Optimizer | None = None,
-                device: str | Backend = "cpu", seed: int = 0, *, clip_norm: float | None = None,
+                device: str | Backend | list = "cpu", seed: int = 0, *, clip_norm: float | None = None,
                 accumulate: int = 1, limits: str | None = None, **loss_options: Any) -> Model:
+        """`device`: one device, or several ('wgpu:0,wgpu:1' or a list) that share each batch."""
         from .devices import get_backend
+        devices = None
+        if isinstance(device, (list, tuple)) or (isinstance(device, str) and "," in device):
+            from .distributed import device_list, open_backends
+            devices = open_backends(device_list(device) or list(device if isinstance(device, (list, tuple))
+                                                                else [device]), limits)
+            device = devices[0]
         self.loss = get_loss(loss, **loss_options) if isinstance(loss, str) else loss
         if optimizer is None:
             from .optim import SGD
@@ -194,6 +202,10 @@ class Model:
             self.backend.set_state(name, value)
         self.backend.set_state(RNG_STATE, np.array([seed & 0xFFFFFFFF, 0], np.uint32))
         self.configure_step(clip_norm=clip_norm, accumulate=accumulate)
+        self.parallel = None
+        if devices and len(devices) > 1:
+            from .distributed import DataParallel
+            self.parallel = DataParallel(self, devices[1:])
         return self
 
     def configure_step(self, clip_norm: float | None = None, accumulate: int = 1) -> Model:
@@ -282,10 +294,15 @@ class Model:
     def train_step(self, x: np.ndarray, y: np.ndarray, flush: bool = False) -> None:
         """One optimizer step (with accumulation: one micro-batch, the update every `accumulate`
         calls or now when `flush`); no readback (metric sums accumulate on the device)."""
+        if self.parallel is not None:
+            self.parallel.train_step(x, y, flush)
+            return
         self._train_program(x, y, flush).run(self._feeds(x, y), fetch=[])
 
     def train_on_batch(self, x: np.ndarray, y: np.ndarray, flush: bool = False) -> float:
         """One optimizer step; returns the batch loss (before the update)."""
+        if self.parallel is not None:
+            return self.parallel.train_step(x, y, flush, fetch_loss=True)
         exe = self._train_program(x, y, flush)
         out = exe.run(self._feeds(x, y), fetch=[exe.graph.outputs[0]])
         return float(out[exe.graph.outputs[0]])
@@ -314,17 +331,21 @@ class Model:
         backend = self._require_compiled()
         for name in METRIC_STATE:
             backend.set_state(name, np.zeros((), np.float32))
+        if self.parallel is not None:
+            self.parallel.reset_metrics()
 
     def read_metrics(self, reset: bool = False) -> dict[str, float]:
         backend = self._require_compiled()
-        n = float(backend.get_state(SAMPLE_COUNT)) if backend.has_state(SAMPLE_COUNT) else 0.0
+        sums = self.parallel.metric_sums() if self.parallel is not None else \
+            {k: float(backend.get_state(k)) for k in METRIC_STATE if backend.has_state(k)}
+        n = sums.get(SAMPLE_COUNT, 0.0)
         out = {"count": n}
         if n:
-            out["loss"] = float(backend.get_state(LOSS_SUM)) / n
+            out["loss"] = sums[LOSS_SUM] / n
             if self.loss.classification:
-                out["accuracy"] = float(backend.get_state(CORRECT_SUM)) / n
-            if self.top_k is not None and backend.has_state(TOPK_SUM):
-                out[f"top{self.top_k}"] = float(backend.get_state(TOPK_SUM)) / n
+                out["accuracy"] = sums[CORRECT_SUM] / n
+            if self.top_k is not None and TOPK_SUM in sums:
+                out[f"top{self.top_k}"] = sums[TOPK_SUM] / n
         if reset:
             self.reset_metrics()
         return out
@@ -381,6 +402,8 @@ class Model:
             backend.set_state(name, np.asarray(value))
         if LR_STATE in state and np.float32(self.optimizer.lr) != np.float32(state[LR_STATE]):
             self.optimizer.lr = float(state[LR_STATE])  # else keep the host's exact value (0.002, not its float32)
+        if self.parallel is not None:
+            self.parallel.state_loaded()
 
     def fingerprint(self) -> str:
         """A hash of the graph's structure and its state names, shapes and dtypes (not values):

@@ -184,6 +184,26 @@ def _update(g: Graph, b: Builder, grads: dict[str, str], optimizer: Optimizer) -
             g.state_updates[value] = slots[slot]
 
 
+def build_update_step(model: Graph, optimizer: Optimizer, *, clip_norm: float | None = None) -> Graph:
+    """The update alone: (clip,) optimizer step from the gradients in the accum.<param> buffers,
+    which the "first"/"accumulate" phases filled. Data parallelism runs it after summing those
+    buffers across replicas, so the gradient phase and the update are two programs."""
+    g = Graph(name=f"{model.name}.update")
+    for p in model.params:
+        g.initializers[p] = model.initializers[p]
+        g.info[p] = TensorInfo(model.initializers[p].dtype, tuple(model.initializers[p].shape))
+        g.params.append(p)
+    grads = {}
+    for p in model.params:
+        grads[p] = ACCUM_PREFIX + p
+        _add_buffer(g, grads[p], np.zeros_like(model.initializers[p]))
+    b = Builder(g, prefix="optim")
+    if clip_norm is not None:
+        grads = clip_grad_norm(b, grads, clip_norm)
+    _update(g, b, grads, optimizer)
+    return g
+
+
 def build_inference(model: Graph, input_shapes: dict[str, Shape]) -> Graph:
     """The model in inference mode (running statistics, no dropout) for one input shape."""
     return specialize(set_training_mode(model, False), input_shapes)
@@ -212,6 +232,7 @@ __all__ = [
     "build_eval_step",
     "build_inference",
     "build_train_step",
+    "build_update_step",
     "clip_grad_norm",
     "infer_shapes",
     "info_of",

@@ -47,3 +47,24 @@ class Backend(ABC):
 
     def get_states(self, names: Sequence[str]) -> dict[str, np.ndarray]:
         return {n: self.get_state(n) for n in names}
+
+    # Gradient exchange (anygrad.distributed): float32 state tensors as one flat host vector.
+    def export_states(self, names: Sequence[str], out: np.ndarray) -> None:
+        """Write the float32 states `names`, flattened back to back, into `out` (their total size)."""
+        off = 0
+        for n in names:
+            v = self.get_state(n).reshape(-1)
+            out[off:off + v.size] = v
+            off += v.size
+
+    def import_states(self, names: Sequence[str], flat: np.ndarray) -> None:
+        """The inverse of export_states: set each state from its slice of `flat`."""
+        off = 0
+        for n in names:
+            shape = self.get_state_shape(n)
+            size = int(np.prod(shape, dtype=np.int64))
+            self.set_state(n, flat[off:off + size].reshape(shape))
+            off += size
+
+    def get_state_shape(self, name: str) -> tuple:
+        return tuple(self.get_state(name).shape)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,9 @@ class RunConfig:
     log: Log | None = print     # lines about the model, the data and the folder
     typed_paths: dict[str, str] | None = None  # settings' paths as the user typed them (config.json notes them)
     defaulted: tuple[str, ...] = ()  # settings nobody gave (defaults): softer checks, e.g. batch_size vs data
+    # One rank of a torch.distributed job (anygrad.distributed.ProcessGroup): it trains its share of
+    # each global batch on the device of its local rank; only rank 0 claims and writes the folder.
+    group: Any = None
 
 
 def default_artifacts(model_name: str) -> Path:
@@ -68,8 +72,11 @@ def run(rc: RunConfig) -> FitResult:
     if not config.artifacts_dir:
         config = replace(config, artifacts_dir=str(default_artifacts(Path(config.model).stem)))
     folder = Path(config.artifacts_dir)
-    with RunFolder(folder, resume=rc.resume, overwrite=rc.overwrite, log=log):
-        model, train, valid, transforms, resolved, config = _prepare(config, log, "batch_size" in rc.defaulted)
+    writer = rc.group is None or rc.group.is_writer
+    claim = RunFolder(folder, resume=rc.resume, overwrite=rc.overwrite, log=log) if writer else nullcontext()
+    with claim:
+        model, train, valid, transforms, resolved, config = _prepare(config, log, "batch_size" in rc.defaulted,
+                                                                     rc.group)
         if rc.typed_paths:
             resolved["paths_as_typed"] = dict(rc.typed_paths)
         if rc.resume:
@@ -78,7 +85,7 @@ def run(rc: RunConfig) -> FitResult:
         try:
             result = fit(model, train, valid, config, reporter=reporter, resume=rc.resume,
                          transforms=transforms, resolved=resolved)
-            if not result.interrupted:
+            if not result.interrupted and writer:
                 _export(model, config, result, reporter)
         except OSError as e:
             if e.errno not in _WRITE_ERRNOS and not _inside(e.filename, folder):
@@ -146,15 +153,15 @@ def json_text(obj: Any) -> str:
 
 
 # -- model and data ---------------------------------------------------------------------------------
-def _prepare(config: TrainConfig, log: Log, default_batch: bool = False) -> tuple[Any, Any, Any, tuple, dict[str, Any], TrainConfig]:
+def _prepare(config: TrainConfig, log: Log, default_batch: bool = False,
+             group: Any = None) -> tuple[Any, Any, Any, tuple, dict[str, Any], TrainConfig]:
     """The compiled model, the data and its transforms, what was resolved (for config.json), and the
     config with the data folder and loss as resolved."""
     from .. import load_onnx
-    from ..devices import get_backend
     from ..optim import get_optimizer
     model_path = Path(config.model)
     optimizer = get_optimizer(config.optimizer or "adam", lr=config.lr)
-    backend = get_backend(config.device or "auto", limits=config.limits)
+    backend = _open_devices(config.device or "auto", config.limits, group)
     model = load_onnx(str(model_path), init=config.init or "onnx")
     if config.weights:  # fine-tuning: every tensor comes from the state_dict, or it is an error
         model.load_state_dict(config.weights, strict=True)
@@ -168,6 +175,10 @@ def _prepare(config: TrainConfig, log: Log, default_batch: bool = False) -> tupl
         raise ConfigError(f"batch-size {config.batch_size} is larger than the {len(train[1]):,} training samples; "
                           f"choose at most {len(train[1])}")
     model.compile(loss=loss, optimizer=optimizer, device=backend, seed=config.seed)
+    if group is not None:  # one rank of a torch.distributed job (with this process's devices, if several)
+        from ..distributed import DataParallel
+        local = [r.backend for r in model.parallel.replicas[1:]] if model.parallel is not None else []
+        model.parallel = DataParallel(model, local, group)
     # the folder the data came from, absolute: predict and eval may run from elsewhere
     config = replace(config, data_dir=str(Path(source).absolute()) if source and Path(source).exists() else source,
                      loss=loss)
@@ -176,14 +187,26 @@ def _prepare(config: TrainConfig, log: Log, default_batch: bool = False) -> tupl
               f"scheduler {config.scheduler}" if config.scheduler else "",
               f"from weights {Path(config.weights).name}" if config.weights else "",
               f"{model.num_frozen_parameters():,} frozen" if config.freeze else ""]
+    where = model.parallel.description if model.parallel is not None else model.backend.description
     log(f"training {model_path.name} ({model.num_parameters():,} parameters) on "
-        f"{backend.description}: {config.optimizer} lr {optimizer.lr:g}, loss {loss}, batch {config.batch_size}, "
+        f"{where}: {config.optimizer} lr {optimizer.lr:g}, loss {loss}, batch {config.batch_size}, "
         f"{config.epochs} epoch{'s' * (config.epochs != 1)}, seed {config.seed}" + "".join(f", {e}" for e in extras if e))
     if isinstance(train, tuple):
         log(f"data: {len(train[1]):,} train / {len(valid[1]) if valid else 0:,} valid samples from {source}")
-    if str(backend.name).startswith("wgpu"):
+    if str(model.backend.name).startswith("wgpu"):
         log("the first steps compile the device's shaders (seconds to a minute); progress follows")
     return model, train, valid, transforms, resolved, config
+
+
+def _open_devices(device: str, limits: str | None, group: Any = None) -> Any:
+    """The backend of `device`, or a list of them for 'wgpu:0,wgpu:1' (data parallel in-process);
+    a rank of a job takes the device of its local rank."""
+    from ..devices import get_backend
+    from ..distributed import device_list, open_backends, rank_device
+    if group is not None:
+        device = rank_device(device, group.world.local_rank)
+    several = device_list(device)
+    return open_backends(several, limits) if several else get_backend(device, limits=limits)
 
 
 def padding_spec(spec: str) -> tuple[str, int]:

@@ -468,10 +468,22 @@ class Learner:
         model._require_compiled()
         if config.clip_grad_norm is not None or config.accumulate != 1:  # else keep what compile() set
             model.configure_step(clip_norm=config.clip_grad_norm, accumulate=config.accumulate)
+        # Data parallelism (anygrad.distributed): this rank's share of each global batch; rank 0 writes.
+        parallel = model.parallel
+        self.writer = parallel is None or parallel.is_writer
+        self.world_size = 1 if parallel is None else parallel.world_size
         layout = _layout(model, config.target_keys)
-        self.loader = batch_source(train_data, batch_size=config.batch_size, shuffle=config.shuffle,
-                                   seed=config.seed, drop_last=config.drop_last, transform=transforms[0],
-                                   prefetch=config.prefetch, layout=layout)
+        if parallel is not None:
+            if not (isinstance(train_data, tuple) and len(train_data) == 2):
+                raise ConfigError("data-parallel training shards (inputs, targets) arrays; pass fit the arrays "
+                                  "(or .npy memmaps) rather than a dataset object or an iterable of batches")
+            self.loader = parallel.loader(*train_data, batch_size=config.batch_size, shuffle=config.shuffle,
+                                          seed=config.seed, drop_last=config.drop_last, transform=transforms[0],
+                                          prefetch=config.prefetch)
+        else:
+            self.loader = batch_source(train_data, batch_size=config.batch_size, shuffle=config.shuffle,
+                                       seed=config.seed, drop_last=config.drop_last, transform=transforms[0],
+                                       prefetch=config.prefetch, layout=layout)
         if isinstance(self.loader, TokenWindows):
             self.loader.bind(config.batch_size, config.seed)
         if valid_data is not None and not isinstance(valid_data, BatchSource):
@@ -505,7 +517,7 @@ class Learner:
                               "interrupted epoch from its beginning with the weights it began with")
         self.run = _Run()
         self.guard = Guard(config.on_nan, model.state_dict, model.full_state, model.load_full_state)
-        self.steplog = StepLog(self.out_dir) if self.out_dir is not None else None
+        self.steplog = StepLog(self.out_dir) if self.out_dir is not None and self.writer else None
         self._valid_steps = len(self.valid_data) if self.valid_data is not None else 0
 
     def _check_last_batch(self, size: int) -> None:
@@ -566,12 +578,12 @@ class Learner:
                 "global_step": r.global_step, "epoch_done": r.epoch_done, "stopped_early": r.stopped_early,
                 "lr": r.lr, "micro_step": self.model.micro_step,
                 "steps_per_epoch": self.steps, "history": [_finite(asdict(m)) for m in r.history],
-                "sums": r.sums.state_dict(), "monitor": self.monitor.state_dict(),
+                "sums": r.sums.state_dict(), "monitor": self.monitor.state_dict(), "world_size": self.world_size,
                 "scheduler": self.scheduler.state_dict() if self.scheduler else None,
                 "config": asdict(self.config)}
 
     def save_checkpoint(self, best: bool = False) -> Path | None:
-        if self.ckpt_dir is None:
+        if self.ckpt_dir is None or not self.writer:
             return None
         state, meta = self.model.full_state(), self._meta()
         bad = nonfinite_entries({k: v for k, v in state.items() if not k.startswith("anygrad.metric")})
@@ -608,7 +620,9 @@ class Learner:
             raise ckpt.CheckpointError(f"{path} was written mid-epoch (epoch {m.get('epoch')}, step {m.get('step')}),"
                                        f" but {self.loader.what} is an iterable, which cannot be positioned there; "
                                        "resume from a checkpoint written at an epoch end")
-        if m.get("steps_per_epoch") != self.steps:
+        # Another number of ranks pads the epoch's tail differently (DistributedSampler), which may
+        # change its step count; a global step still covers the same samples of the epoch's order.
+        if m.get("steps_per_epoch") != self.steps and m.get("world_size", 1) == self.world_size:
             raise ckpt.CheckpointError(f"{path}: the run had {m.get('steps_per_epoch')} steps per epoch, this "
                                        f"one {self.steps}: the training data differ")
         ckpt.validate(c, self.steps, {**self.model.state_dict(), "anygrad.lr": np.zeros((), np.float32)},
@@ -642,11 +656,11 @@ class Learner:
     # -- the loop -----------------------------------------------------------------------------------
     def fit(self) -> FitResult:
         cfg, r, model = self.config, self.run, self.model
-        if self.out_dir is not None:
+        if self.out_dir is not None and self.writer:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             write_json(self.out_dir / "config.json", config_record(
                 model, cfg, self.resolved, scheduler=self.scheduler.config() if self.scheduler else None))
-        if self.out_dir is not None:  # per-step rows past the checkpoint resumed from are another history
+        if self.steplog is not None:  # per-step rows past the checkpoint resumed from are another history
             self.steplog.truncate(r.global_step)
         self.reporter.run_begin(RunInfo(model=model.source, device=model.backend.description,
                                         epochs=cfg.epochs, steps_per_epoch=self.steps, batch_size=cfg.batch_size,
@@ -738,10 +752,10 @@ class Learner:
                 info = StepInfo(r.epoch, step, self.steps, r.global_step, r.sums.mean_loss, r.sums.accuracy,
                                 model.lr, rate)
                 self.reporter.step(info)
-                if self.out_dir is not None:
+                if self.steplog is not None:
                     self.steplog.add(info)
-            if stop.requested:
-                return True
+            if stop.requested if model.parallel is None else model.parallel.agree(stop.requested):
+                return True  # (every rank stops after the same step: a Ctrl-C reaches them at different ones)
             if cfg.checkpoint_every and r.global_step % cfg.checkpoint_every == 0 and step < self.steps \
                     and self.loader.positionable:
                 if step % self.log_every and cfg.on_nan == "skip":  # go back before checkpointing a NaN
@@ -776,8 +790,9 @@ class Learner:
         if not warned and self._diverged():
             self.reporter.message("warning: the loss is not finite; the run diverged (try a smaller learning rate)")
         if self.out_dir is not None:
-            write_metrics(self.out_dir / "metrics.jsonl", r.history)
-            save_weights(model, self.out_dir)
+            if self.writer:
+                write_metrics(self.out_dir / "metrics.jsonl", r.history)
+                save_weights(model, self.out_dir)
             r.step, r.epoch_done = self.steps, True
             self.save_checkpoint(best=best)
             r.epoch_done = False

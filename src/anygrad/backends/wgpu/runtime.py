@@ -50,8 +50,8 @@ class _Context:
 _CONTEXTS: dict[tuple[int, str], _Context] = {}
 
 
-def _context(info: AdapterInfo, adapter: Any, profile: LimitsProfile | None = None) -> _Context:
-    key = (info.index, profile.name if profile else "")
+def _context(info: AdapterInfo, adapter: Any, profile: LimitsProfile | None = None, replica: int = 0) -> _Context:
+    key = (info.index, profile.name if profile else "") + ((replica,) if replica else ())
     if key in _CONTEXTS:
         return _CONTEXTS[key]
     feats = [f for f in _FEATURES if f in adapter.features]
@@ -124,17 +124,19 @@ class WgpuBackend(Backend):
 
     name = "wgpu"
 
-    def __init__(self, device: str = "wgpu", limits: str | None = None):
+    def __init__(self, device: str = "wgpu", limits: str | None = None, replica: int = 0):
         """`limits`: a limits profile (limits.PROFILES) the device is created with, so that it
-        enforces a weaker adapter's limits; None: ANYGRAD_WGPU_LIMITS, else the adapter's own."""
+        enforces a weaker adapter's limits; None: ANYGRAD_WGPU_LIMITS, else the adapter's own.
+        `replica` k > 0 opens the adapter's k-th extra device (data parallelism on one adapter)."""
         info, adapter = select_adapter(device)
         self.adapter = info
-        self.ctx = _context(info, adapter, get_profile(limits))
+        self.ctx = _context(info, adapter, get_profile(limits), replica)
         self.device = self.ctx.device
         self.caps = self.ctx.caps
         self.state: dict[str, _StateBuf] = {}
         self.arenas: dict[str, Any] = {}  # arena value -> (buffer, ArenaSpec)
         self.generation = 0   # bumped when a state buffer is replaced (bind groups must follow)
+        self._export_buf: tuple[Any, int] | None = None  # export_states' mapped buffer and its size
 
     @property
     def description(self) -> str:
@@ -175,6 +177,50 @@ class WgpuBackend(Backend):
         st = self.state[name]
         raw = self.read(st.buffer, st.nbytes, st.offset)
         return from_device(raw, st.dtype, st.shape)
+
+    def get_state_shape(self, name: str) -> tuple:
+        return self.state[name].shape
+
+    def export_states(self, names: Sequence[str], out: np.ndarray) -> None:
+        """float32 states back to back into `out` with one copy pass on the device, one map and one
+        host copy, through a mapped staging buffer kept between calls (gradient exchange)."""
+        spans, total = [], 0
+        for n in names:
+            st = self.state[n]
+            if np.dtype(st.dtype) != np.float32 or st.nbytes % 4:
+                return super().export_states(names, out)
+            spans.append((st, total))
+            total += st.nbytes
+        if total == 0:
+            return
+        wgpu = _wgpu()
+        if self._export_buf is None or self._export_buf[1] < total:
+            self._export_buf = (self.create_buffer(total, wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST,
+                                                   "state export"), total)
+        buf = self._export_buf[0]
+        enc = self.device.create_command_encoder()
+        for st, off in spans:
+            enc.copy_buffer_to_buffer(st.buffer, st.offset, buf, off, st.nbytes)
+        try:
+            self.device.queue.submit([enc.finish()])
+            buf.map_sync(wgpu.MapMode.READ)
+            try:
+                out[:total // 4] = np.frombuffer(buf.read_mapped(0, total, copy=False), np.float32)
+            finally:
+                buf.unmap()
+        except Exception as e:
+            raise _gpu_error(e, "reading gradients back") from e
+
+    def import_states(self, names: Sequence[str], flat: np.ndarray) -> None:
+        """Each state's slice of the float32 vector `flat`, written in place (no new buffers)."""
+        off = 0
+        for n in names:
+            st = self.state[n]
+            size = st.nbytes // 4
+            if np.dtype(st.dtype) != np.float32 or st.nbytes % 4:
+                return super().import_states(names, flat)
+            self.device.queue.write_buffer(st.buffer, st.offset, flat[off:off + size])
+            off += size
 
     def pack_arena(self, spec) -> None:
         """Place the arena's state tensors back to back in one buffer (copying their values), unless

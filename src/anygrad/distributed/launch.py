@@ -1,0 +1,136 @@
+"""Joining a torch.distributed job: what torchrun (or Slurm, Ray, ...) set in the environment, the
+gloo process group, and the device each rank trains on.
+
+torch is imported here only when a process group is started.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError, DeviceError
+
+REQUIRED = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+# Gradients travel in buckets of this size, as DDP's bucket_cap_mb=25 (ANYGRAD_BUCKET_MB overrides).
+BUCKET_BYTES = int(float(os.environ.get("ANYGRAD_BUCKET_MB", "25")) * (1 << 20))
+
+
+@dataclass(frozen=True)
+class WorldInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+
+
+def world_from_env(env: dict[str, str] | None = None) -> WorldInfo | None:
+    """The job this process belongs to, from torchrun's variables; None when WORLD_SIZE is unset
+    (a plain run). A partial set is an error that names what is missing."""
+    env = os.environ if env is None else env
+    if "WORLD_SIZE" not in env:
+        return None
+    missing = [k for k in REQUIRED if not env.get(k)]
+    if missing:
+        raise ConfigError(f"WORLD_SIZE is set but {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not: "
+                          "launch with torchrun (it sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK), "
+                          "or set them all")
+    try:
+        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+        local = int(env.get("LOCAL_RANK", rank))
+    except ValueError:
+        raise ConfigError("RANK, WORLD_SIZE and LOCAL_RANK must be whole numbers") from None
+    if world < 1 or not 0 <= rank < world:
+        raise ConfigError(f"RANK {rank} is not within WORLD_SIZE {world}")
+    return WorldInfo(rank, world, local)
+
+
+def rank_device(device: str | None, local_rank: int) -> str:
+    """The device of the rank with this LOCAL_RANK: 'wgpu' or 'auto' take the local_rank-th GPU
+    adapter (software ones last), a list 'a,b,...' its local_rank-th entry (cycled), anything
+    else as given (every rank on 'cpu')."""
+    device = (device or "auto").strip().lower()
+    if "," in device:
+        items = [d.strip() for d in device.split(",") if d.strip()]
+        return items[local_rank % len(items)]
+    if device in ("wgpu", "auto"):
+        from ..devices import list_adapters
+        adapters = [a for a in list_adapters() if a.backend.lower() != "opengl"]
+        hardware = [a for a in adapters if not a.is_software]
+        pool = hardware or ([] if device == "auto" else adapters)
+        if not pool:
+            return "cpu"
+        return f"wgpu:{pool[local_rank % len(pool)].index}"
+    return device
+
+
+def _store(world: WorldInfo, timeout_s: float) -> Any:
+    """The rendezvous store at MASTER_ADDR:MASTER_PORT (torchrun's agent hosts it, else rank 0),
+    with this attempt's prefix: torchrun keeps its store across --max-restarts, and gloo's keys
+    are the same in every attempt, so without it a restarted rank may read a dead peer's address."""
+    import torch.distributed as dist
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world.world_size,
+                          is_master=world.rank == 0 and not agent, timeout=timedelta(seconds=timeout_s))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"anygrad/attempt_{attempt}", store)
+
+
+class ProcessGroup:
+    """The gloo group of this job: bucketed all-reduce of host arrays (zero-copy through
+    torch.from_numpy), hashes gathered to compare replicas, barrier."""
+
+    def __init__(self, world: WorldInfo, timeout_s: float = 1800.0):
+        try:
+            import torch.distributed as dist
+        except ImportError:
+            raise ConfigError("distributed training needs torch: pip install 'anygrad[distributed]'") from None
+        self.dist, self.world = dist, world
+        self.rank, self.size = world.rank, world.world_size
+        self.owned = not dist.is_initialized()
+        if self.owned:
+            try:
+                dist.init_process_group("gloo", store=_store(world, timeout_s), rank=world.rank,
+                                        world_size=world.world_size, timeout=timedelta(seconds=timeout_s))
+            except Exception as e:
+                raise DeviceError(f"could not join the process group at {os.environ.get('MASTER_ADDR')}:"
+                                  f"{os.environ.get('MASTER_PORT')} as rank {world.rank} of {world.world_size}: "
+                                  f"{e}") from e
+
+    @property
+    def is_writer(self) -> bool:
+        return self.rank == 0
+
+    def all_reduce_flat(self, flat: np.ndarray, scale: float = 1.0) -> None:
+        """Sum the float32 vector `flat` over the ranks in place (times `scale`): buckets of
+        BUCKET_BYTES, each a zero-copy torch view, reduced asynchronously so that gloo works on
+        several at once."""
+        import torch
+        step = max(1, BUCKET_BYTES // flat.itemsize)
+        views = [flat[i:i + step] for i in range(0, flat.size, step)]
+        works = [self.dist.all_reduce(torch.from_numpy(v), async_op=True) for v in views]
+        for work in works:
+            work.wait()
+        if scale != 1.0:
+            flat *= np.float32(scale)
+
+    def all_reduce_f64(self, values: np.ndarray) -> np.ndarray:
+        """Sums over the ranks of a small float64 vector (metric sums, losses)."""
+        import torch
+        t = torch.from_numpy(np.array(values, np.float64).reshape(-1))
+        self.dist.all_reduce(t)
+        return t.numpy()
+
+    def gather_strings(self, text: str) -> list[str]:
+        got: list[Any] = [None] * self.size
+        self.dist.all_gather_object(got, text)
+        return [str(t) for t in got]
+
+    def barrier(self) -> None:
+        self.dist.barrier()
+
+    def close(self) -> None:
+        if self.owned and self.dist.is_initialized():
+            self.dist.destroy_process_group()

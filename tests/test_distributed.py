@@ -1,0 +1,330 @@
+"""Data-parallel training (anygrad.distributed): 1, 2 and 4 gloo ranks on localhost, two devices in one
+process, and torchrun restarting a job whose rank was SIGKILLed, against one process on the global batch.
+
+Tolerance: the ranks (devices) sum the same per-sample gradients in another order (per shard, then
+across shards) and divide by the number of shards after the sum, so float32 results differ from the
+single process by rounding only: a few ulps per step, 1e-5 after a dozen Adam steps on this model.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import anygrad
+from anygrad.data import DataLoader, write_idx
+from anygrad.data.mnist import MNIST_FILES
+from anygrad.distributed import ShardedLoader, shard_indices
+from anygrad.errors import ConfigError
+from anygrad.optim import Adam
+
+SRC = str(Path(anygrad.__file__).resolve().parents[1])
+TOL = {"rtol": 1e-5, "atol": 1e-5}
+
+
+def _mlp(path: Path, inputs: int = 20, hidden: int = 16, classes: int = 4, image: bool = False) -> Path:
+    """inputs -> hidden -> ReLU -> classes; with `image`, over (N, 1, 28, 28) MNIST images."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal((hidden, inputs)) * 0.1).astype(np.float32), "fc1.weight"),
+             numpy_helper.from_array(np.zeros(hidden, np.float32), "fc1.bias"),
+             numpy_helper.from_array((rng.standard_normal((classes, hidden)) * 0.3).astype(np.float32), "fc2.weight"),
+             numpy_helper.from_array(np.zeros(classes, np.float32), "fc2.bias"),
+             numpy_helper.from_array(np.array([-1, inputs], np.int64), "shape")]
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["flat"]),
+             helper.make_node("Gemm", ["flat", "fc1.weight", "fc1.bias"], ["h"], transB=1),
+             helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Gemm", ["r", "fc2.weight", "fc2.bias"], ["logits"], transB=1)]
+    shape = ["N", 1, 28, 28] if image else ["N", inputs]
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", classes])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                             "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT")}
+    env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **extra)
+    return env
+
+
+# -- the sampler ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n,world,drop_last", [(10, 3, False), (10, 3, True), (12, 4, False), (5, 4, False)])
+def test_shards_are_distributed_sampler_s(n, world, drop_last):
+    """Without shuffling, the same indices as torch's DistributedSampler; with it, the shards of each
+    global batch are that batch of the padded epoch order, whatever the number of ranks."""
+    from torch.utils.data import DistributedSampler
+    for rank in range(world):
+        ours = shard_indices(n, rank, world, shuffle=False, drop_last=drop_last)
+        theirs = list(DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=False, drop_last=drop_last))
+        assert ours.tolist() == theirs
+    shards = [shard_indices(n, r, world, seed=7, epoch=2, drop_last=drop_last) for r in range(world)]
+    assert len({len(s) for s in shards}) == 1  # equal shares: every rank weighs 1/world exactly
+    order = shard_indices(n, 0, 1, seed=7, epoch=2)
+    woven = np.stack(shards, 1).reshape(-1)
+    assert woven[:min(n, len(woven))].tolist() == order[:min(n, len(woven))].tolist()
+    assert shard_indices(n, 0, world, seed=7, epoch=3).tolist() != shards[0].tolist() or n <= world  # set_epoch
+
+
+def test_global_batch_must_divide_among_ranks():
+    x, y = np.zeros((8, 2), np.float32), np.zeros(8, np.int64)
+    with pytest.raises(ConfigError, match="batch-size 6.*4 ranks"):
+        ShardedLoader(x, y, 6, rank=0, world=4)
+
+
+# -- 1, 2 and 4 ranks through gloo == one process -----------------------------------------------------------
+WORKER = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import anygrad
+    from anygrad.distributed import DataParallel, ProcessGroup, world_from_env
+    from anygrad.optim import Adam
+    model_path, data_path, out = sys.argv[1:4]
+    group = ProcessGroup(world_from_env())
+    z = np.load(data_path)
+    m = anygrad.load_onnx(model_path).compile(optimizer=Adam(lr=0.01), device="cpu", accumulate=2, clip_norm=1.0)
+    m.parallel = DataParallel(m, [], group, check_every=3)
+    loader = m.parallel.loader(z["x"], z["y"], 16, seed=3)
+    losses = []
+    for epoch in range(2):
+        loader.epoch = epoch
+        for i, (x, y) in enumerate(loader, 1):
+            losses.append(m.train_on_batch(x, y, flush=i == len(loader)))
+    metrics = m.read_metrics()
+    m.parallel.check_replicas()
+    if group.rank == 0:
+        np.savez(out, losses=np.array(losses), loss=metrics["loss"], count=metrics["count"], **m.state_dict())
+    group.close()
+""")
+
+
+def _reference(model: Path, x: np.ndarray, y: np.ndarray, device: str = "cpu", epochs: int = 2) -> tuple:
+    m = anygrad.load_onnx(str(model)).compile(optimizer=Adam(lr=0.01), device=device, accumulate=2, clip_norm=1.0)
+    loader = DataLoader(x, y, 16, seed=3)
+    losses = []
+    for epoch in range(epochs):
+        loader.epoch = epoch
+        for i, (xb, yb) in enumerate(loader, 1):
+            losses.append(m.train_on_batch(xb, yb, flush=i == len(loader)))
+    return np.array(losses), m.state_dict(), m.read_metrics()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> tuple[Path, Path, np.ndarray, np.ndarray]:
+    tmp = tmp_path_factory.mktemp("tiny")
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal((80, 20)).astype(np.float32), rng.integers(0, 4, 80)
+    np.savez(tmp / "data.npz", x=x, y=y)
+    return _mlp(tmp / "mlp.onnx"), tmp / "data.npz", x, y
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_ranks_train_like_one_process_on_the_global_batch(tmp_path, tiny, world):
+    model, data, x, y = tiny
+    port = str(_free_port())
+    out = tmp_path / "rank0.npz"
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(model), str(data), str(out)],
+                              env=_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                                       MASTER_PORT=port), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(world)]
+    logs = [p.communicate(timeout=240)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    got = np.load(out)
+    losses, state, metrics = _reference(model, x, y)
+    np.testing.assert_allclose(got["losses"], losses, **TOL)  # every step's global-batch loss
+    for name, value in state.items():
+        np.testing.assert_allclose(got[name], value, **TOL, err_msg=name)
+    assert float(got["count"]) == metrics["count"]  # metric sums cover the global batches
+    np.testing.assert_allclose(float(got["loss"]), metrics["loss"], **TOL)
+
+
+# -- several devices in one process -----------------------------------------------------------------------------
+@pytest.mark.parametrize("devices", ["cpu,cpu,cpu", "wgpu:0,wgpu:0"])
+def test_devices_of_one_process_train_like_one_device(tiny, devices):
+    """Each batch shared by the devices (wgpu:0 twice: two devices of the lavapipe adapter), gradients
+    summed on the host weighted by each share (16 over 3 devices: 6, 5, 5), the same update everywhere."""
+    if devices.startswith("wgpu"):
+        from anygrad.devices import list_adapters
+        if not list_adapters():
+            pytest.fail("no wgpu adapter: install mesa-vulkan-drivers (lavapipe)")
+    model, _, x, y = tiny
+    x, y = x[:48], y[:48]
+    one = devices.split(",")[0]
+    losses, state, metrics = _reference(model, x, y, device=one)
+    m = anygrad.load_onnx(str(model)).compile(optimizer=Adam(lr=0.01), device=devices, accumulate=2, clip_norm=1.0)
+    assert len(m.parallel.replicas) == len(devices.split(","))
+    if devices.startswith("wgpu"):
+        assert m.parallel.replicas[0].backend.device is not m.parallel.replicas[1].backend.device
+    m.parallel.check_every = 2
+    loader = DataLoader(x, y, 16, seed=3)
+    got = []
+    for epoch in range(2):
+        loader.epoch = epoch
+        for i, (xb, yb) in enumerate(loader, 1):
+            got.append(m.train_on_batch(xb, yb, flush=i == len(loader)))
+    np.testing.assert_allclose(got, losses, **TOL)
+    for name, value in m.state_dict().items():
+        np.testing.assert_allclose(value, state[name], **TOL, err_msg=name)
+    assert m.read_metrics()["count"] == metrics["count"]
+    m.parallel.check_replicas()
+    # a replica that drifts is caught by the hash check
+    r = m.parallel.replicas[1]
+    r.backend.set_state("fc1.bias", r.backend.get_state("fc1.bias") + 1)
+    with pytest.raises(anygrad.AnygradError, match="diverged.*device 1"):
+        m.parallel.check_replicas()
+
+
+def test_uneven_shares_by_speed_keep_the_loss_weighting_exact(tiny):
+    """balance() times each device and shares batches by speed; shares 12 and 4 of 16 (an iGPU beside a
+    dGPU) train like one device, each device's gradient weighted by its share."""
+    model, _, x, y = tiny
+    x, y = x[:48], y[:48]
+    losses, state, _ = _reference(model, x, y)
+    m = anygrad.load_onnx(str(model)).compile(optimizer=Adam(lr=0.01), device="cpu,cpu", accumulate=2, clip_norm=1.0)
+    loader = DataLoader(x, y, 16, seed=3)
+    got = []
+    for epoch in range(2):
+        loader.epoch = epoch
+        for i, (xb, yb) in enumerate(loader, 1):
+            if epoch == 0 and i == 2:
+                m.parallel.balance(steps=1)
+            if epoch == 1 and i == 1:
+                assert m.parallel.speeds is not None and len(m.parallel.speeds) == 2
+                m.parallel.speeds = [3.0, 1.0]  # as measured beside a device three times slower
+                assert m.parallel.shares(16) == [12, 4]
+            got.append(m.train_on_batch(xb, yb, flush=i == len(loader)))
+    np.testing.assert_allclose(got, losses, **TOL)
+    for name, value in m.state_dict().items():
+        np.testing.assert_allclose(value, state[name], **TOL, err_msg=name)
+
+
+# -- torchrun: SIGKILL of a rank, restart from the last checkpoint; resume on another number of ranks --------------
+@pytest.fixture(scope="module")
+def mnist_like(tmp_path_factory) -> Path:
+    """MNIST-format files: 1,200 train / 100 test samples of /work/shared's subset when present."""
+    folder = tmp_path_factory.mktemp("mnist-like")
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 1200), ("test", 100)):
+        yv = rng.integers(0, 10, n).astype(np.uint8)
+        xv = (rng.integers(0, 20, (n, 28, 28)) + yv[:, None, None] * 23).astype(np.uint8)
+        write_idx(folder / f"{MNIST_FILES['x_' + split].name}.gz", xv)
+        write_idx(folder / f"{MNIST_FILES['y_' + split].name}.gz", yv)
+    return folder
+
+
+def _train_args(model: Path, data: Path, run: Path, epochs: int = 2) -> list[str]:
+    return ["train", str(model), "--data-dir", str(data), "--device", "cpu", "--epochs", str(epochs),
+            "--batch-size", "16", "--optimizer", "adam", "--lr", "0.002", "--seed", "3", "--checkpoint-every", "10",
+            "--artifacts", str(run), "--quiet"]
+
+
+def _weights(run: Path) -> dict[str, np.ndarray]:
+    with np.load(run / "weights.npz", allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+
+
+def _rank_pid(parent: int, local_rank: int) -> int | None:
+    """The pid of torchrun's worker with this LOCAL_RANK, if it runs."""
+    try:
+        children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+    except OSError:
+        return None
+    for pid in children:
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"LOCAL_RANK={local_rank}".encode() in env:
+            return int(pid)
+    return None
+
+
+def test_torchrun_restarts_a_killed_rank_from_the_last_checkpoint(tmp_path, mnist_like):
+    torchrun = Path(sys.executable).with_name("torchrun")
+    model = _mlp(tmp_path / "mlp.onnx", inputs=784, hidden=32, classes=10, image=True)
+    one = tmp_path / "one"  # one process on the global batch, uninterrupted
+    r = subprocess.run([sys.executable, "-m", "anygrad", *_train_args(model, mnist_like, one)], env=_env(),
+                       capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+    run = tmp_path / "two"
+    cmd = [str(torchrun) if torchrun.exists() else "torchrun", "--nproc-per-node", "2", "--max-restarts", "1",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--monitor-interval", "0.2",
+           "-m", "anygrad", *_train_args(model, mnist_like, run)]
+    job = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 240
+    while not list((run / "checkpoints").glob("ckpt-*.json")):
+        assert job.poll() is None, job.stdout.read()
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.01)
+    victim = _rank_pid(job.pid, 1)
+    assert victim is not None, "rank 1 not found"
+    os.kill(victim, signal.SIGKILL)
+    out, _ = job.communicate(timeout=300)
+    assert job.returncode == 0, out
+    assert "resuming from" in out, out  # the restarted rank 0 continued from the checkpoint
+    assert not list(run.glob("**/*.tmp*")), "a half-written file was left"
+    assert ((run / "metrics.jsonl").read_text().count("\n")) == 2  # both epochs, each once
+    ref, got = _weights(one), _weights(run)
+    for name in ref:
+        np.testing.assert_allclose(got[name], ref[name], **TOL, err_msg=name)
+
+    # the same run continued on one process (another number of ranks) for a third epoch
+    three = tmp_path / "three"
+    r = subprocess.run([sys.executable, "-m", "anygrad", *_train_args(model, mnist_like, three, epochs=3)], env=_env(),
+                       capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = subprocess.run([sys.executable, "-m", "anygrad", "train", "--resume", str(run), "--epochs", "3", "--quiet"],
+                       env=_env(), capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    ref, got = _weights(three), _weights(run)
+    for name in ref:
+        np.testing.assert_allclose(got[name], ref[name], **TOL, err_msg=name)
+
+
+# -- the environment torchrun sets ------------------------------------------------------------------------------
+def test_world_from_the_environment():
+    from anygrad.distributed import rank_device, world_from_env
+    assert world_from_env({}) is None  # a plain run
+    env = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    w = world_from_env(env)
+    assert (w.rank, w.world_size, w.local_rank) == (3, 4, 1)
+    with pytest.raises(ConfigError, match="MASTER_ADDR, MASTER_PORT are not"):
+        world_from_env({"RANK": "0", "WORLD_SIZE": "2"})
+    with pytest.raises(ConfigError, match="RANK 5 is not within WORLD_SIZE 4"):
+        world_from_env({**env, "RANK": "5"})
+    assert rank_device("wgpu:2,wgpu:5", 1) == "wgpu:5" and rank_device("cpu", 3) == "cpu"
+
+
+def test_cli_shares_batches_over_devices_of_one_process(tmp_path, mnist_like):
+    """`anygrad train --device cpu,cpu` trains like --device cpu (the trainer's loop, checkpoints, weights)."""
+    from anygrad import cli
+    model = _mlp(tmp_path / "mlp.onnx", inputs=784, hidden=32, classes=10, image=True)
+    runs = {}
+    for device in ("cpu", "cpu,cpu"):
+        run = tmp_path / device.replace(",", "-")
+        args = _train_args(model, mnist_like, run, epochs=1)
+        args[args.index("--device") + 1] = device
+        assert cli.main(args) == 0
+        runs[device] = _weights(run)
+    for name, value in runs["cpu"].items():
+        np.testing.assert_allclose(runs["cpu,cpu"][name], value, **TOL, err_msg=name)
