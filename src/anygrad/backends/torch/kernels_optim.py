@@ -1,8 +1,7 @@
-"""Optimizer updates (anygrad/optim): SGD and Adam/AdamW as torch tensor arithmetic, in the
-order of operations of the numpy kernels (which follow torch.optim's). The learning rate and
-the step are 0-d state tensors: their arithmetic is done in double, as the numpy kernels do
-with Python floats, so no value is read back to the host during a step. Other optimizers
-run on their numpy kernels."""
+"""Optimizer updates (anygrad/optim): SGD, Adam/AdamW, Adagrad, RMSprop and Adadelta as torch
+tensor arithmetic, in the order of operations of the numpy kernels (which follow torch.optim's).
+The learning rate and the step are 0-d state tensors: their arithmetic is done in double, as
+the numpy kernels do with Python floats, so no value is read back to the host during a step."""
 from __future__ import annotations
 
 import numpy as np
@@ -64,4 +63,77 @@ def _adam(site: Site):
             outs.append(second)
         denom = torch.sqrt(second) / bias_correction2_sqrt + h["eps"]
         return [p - step_size * exp_avg / denom] + outs
+    return run
+
+
+def _decayed(h: dict, p, g):
+    g = -g if h["maximize"] else g
+    return g + h["weight_decay"] * p if h["weight_decay"] else g
+
+
+@lowering("AdagradUpdate")
+def _adagrad(site: Site):
+    if not is_float(site.dtype(0)):
+        return None
+    import torch
+    h = site.node.attrs
+
+    def run(ins):
+        p, lr, step = ins[0], ins[-2].double(), ins[-1].double()
+        g = _decayed(h, p, ins[1])
+        clr = (lr / (1 + (step - 1) * h["lr_decay"])).to(p.dtype)
+        total = ins[2] + g * g
+        return [p - clr * g / (torch.sqrt(total) + h["eps"]), total]
+    return run
+
+
+@lowering("RMSpropUpdate")
+def _rmsprop(site: Site):
+    if not is_float(site.dtype(0)):
+        return None
+    import torch
+    h = site.node.attrs
+    alpha = h["alpha"]
+
+    def run(ins):
+        p, lr = ins[0], ins[-2].double().to(ins[0].dtype)
+        g = _decayed(h, p, ins[1])
+        slots = iter(ins[2:-2])
+        square_avg = next(slots) * alpha + (1 - alpha) * g * g
+        outs = [square_avg]
+        buf_in = next(slots) if h["momentum"] > 0 else None
+        if h["centered"]:
+            grad_avg = _lerp(next(slots), g, 1 - alpha)
+            avg = torch.sqrt(square_avg - grad_avg * grad_avg)
+        else:
+            grad_avg, avg = None, torch.sqrt(square_avg)
+        avg = avg + h["eps"]
+        if h["momentum"] > 0:
+            buf = buf_in * h["momentum"] + g / avg
+            outs.append(buf)
+            update = p - lr * buf
+        else:
+            update = p - lr * g / avg
+        if grad_avg is not None:
+            outs.append(grad_avg)
+        return [update] + outs
+    return run
+
+
+@lowering("AdadeltaUpdate")
+def _adadelta(site: Site):
+    if not is_float(site.dtype(0)):
+        return None
+    import torch
+    h = site.node.attrs
+    rho, eps = h["rho"], h["eps"]
+
+    def run(ins):
+        p, lr = ins[0], ins[-2].double().to(ins[0].dtype)
+        g = _decayed(h, p, ins[1])
+        square_avg = ins[2] * rho + (1 - rho) * g * g
+        std = torch.sqrt(square_avg + eps)
+        delta = torch.sqrt(ins[3] + eps) / std * g
+        acc_delta = ins[3] * rho + (1 - rho) * delta * delta
+        return [p - lr * delta, square_avg, acc_delta]
     return run
