@@ -106,7 +106,7 @@ def test_founding_cnn_trains_like_numpy(optimizer, atol):
 def test_adam_losses_match_numpy():
     """Adam divides by sqrt of the squared gradient, so a bias whose exact gradient is 0 (a conv
     before BatchNorm) moves by lr on noise alone: compare losses, not those weights."""
-    make = lambda: anygrad.optim.AdamW(lr=1e-3, weight_decay=0.01, amsgrad=True)  # noqa: E731
+    make = lambda: anygrad.optim.AdamW(lr=1e-3, weight_decay=0.01, amsgrad=True)
     _, ref = _train("cpu", make())
     _, ours = _train(TorchBackend("torch:cpu"), make())
     np.testing.assert_allclose(ours, ref, rtol=1e-5)
@@ -115,7 +115,7 @@ def test_adam_losses_match_numpy():
 def test_checkpoints_move_between_devices(tmp_path):
     """Train on torch:cpu, resume from its full state on the numpy backend, predict on wgpu:
     the same numbers as training on numpy throughout."""
-    sgd = lambda: anygrad.optim.SGD(lr=0.05, momentum=0.9)  # noqa: E731
+    sgd = lambda: anygrad.optim.SGD(lr=0.05, momentum=0.9)
     ref, _ = _train("cpu", sgd(), steps=4)
     first, _ = _train(TorchBackend("torch:cpu"), sgd(), steps=2)
     state = first.full_state()
@@ -262,9 +262,9 @@ def test_cli_founding_run_on_torch_cpu(tmp_path):
 def _conformance_suite() -> dict[str, type]:
     from onnx.backend.test import BackendTest
     from onnx.backend.test.loader import load_model_tests
+    from test_onnx_conformance import expected_failures
 
     from anygrad.frontends.onnx_backend import AnygradBackend
-    from test_onnx_conformance import expected_failures
 
     class TorchOnnxBackend(AnygradBackend):
         """anygrad's ONNX backend on device TORCH (torch:cpu)."""
@@ -306,7 +306,6 @@ globals().update(_conformance_suite())
 
 def test_torch_expected_failures_name_real_cases():
     from onnx.backend.test.loader import load_model_tests
-
     from test_onnx_conformance import expected_failures
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

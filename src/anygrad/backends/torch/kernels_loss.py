@@ -10,16 +10,17 @@ from .lowering import Site, is_float, lowering
 REDUCTIONS = ("none", "sum", "mean")
 
 
-def _targets(site: Site, x: Any, target: Any, weight: Any) -> tuple[Any, Any]:
+def _targets(site: Site, x: Any, target: Any, weight: Any, check: bool = True) -> tuple[Any, Any]:
     """(safe class indices, per-sample weight w[t] * mask) as ops.loss._targets computes them;
-    a target outside the classes raises the same DataError."""
+    a target outside the classes raises the same DataError (a read-back: on a GPU, only the
+    forward checks; the gradient, later in the same step, gets the same targets)."""
     import torch
     ignore = site.attr("ignore_index")
     mask = target != ignore if ignore is not None else torch.ones_like(target, dtype=torch.bool)
     safe = torch.where(mask, target, torch.zeros_like(target)).long()
     n_classes = x.shape[1]
     bad = (safe < 0) | (safe >= n_classes)
-    if bool(bad.any()):
+    if check and bool(bad.any()):
         raise DataError(f"{site.node.label}: target class index {int(target[bad].reshape(-1)[0])} is outside "
                         f"[0, {n_classes}); check the labels or the model's number of classes")
     w = weight[safe] if weight is not None else torch.ones(safe.shape, dtype=x.dtype, device=x.device)
@@ -118,7 +119,8 @@ def _class_loss_grad(site: Site):
 
     def run(ins):
         dy, x, target = ins[0], ins[1], ins[2]
-        safe, wt = _targets(site, x, target, ins[3] if has_w else None)
+        safe, wt = _targets(site, x, target, ins[3] if has_w else None, check=False)
+        safe = safe.clamp(0, x.shape[1] - 1)  # never index out of range (the forward raised)
         if reduction == "mean":
             total = wt.sum()
             # every sample ignored: the loss is nan (0/0), the gradient zero, as in PyTorch
