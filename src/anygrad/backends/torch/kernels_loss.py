@@ -12,8 +12,9 @@ REDUCTIONS = ("none", "sum", "mean")
 
 def _targets(site: Site, x: Any, target: Any, weight: Any, check: bool = True) -> tuple[Any, Any]:
     """(safe class indices, per-sample weight w[t] * mask) as ops.loss._targets computes them;
-    a target outside the classes raises the same DataError (a read-back: on a GPU, only the
-    forward checks; the gradient, later in the same step, gets the same targets)."""
+    a target outside the classes raises the same DataError. The check reads back from the
+    device, so it is skipped where the runtime checks a fed target on the host (TARGET_SLOTS),
+    and the gradient, later in the same step, never repeats the forward's check."""
     import torch
     ignore = site.attr("ignore_index")
     mask = target != ignore if ignore is not None else torch.ones_like(target, dtype=torch.bool)
@@ -36,7 +37,7 @@ def _plain(site: Site, weight_slot: int) -> bool:
 def _loss(site: Site, log_input: bool, x: Any, target: Any, weight: Any) -> tuple[Any, Any]:
     import torch
     logp = x if log_input else torch.log_softmax(x, dim=1)
-    safe, wt = _targets(site, x, target, weight)
+    safe, wt = _targets(site, x, target, weight, check=1 not in site.host_checked)
     per_sample = -wt * logp.gather(1, safe.unsqueeze(1)).squeeze(1)
     reduction = site.attr("reduction", "mean")
     if reduction == "none":

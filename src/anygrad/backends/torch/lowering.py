@@ -30,6 +30,7 @@ class Site:
     node: Node
     ins: list[TensorInfo | None]   # None for an absent optional input
     outs: list[TensorInfo | None]  # None for an output the graph does not use
+    host_checked: frozenset[int] = frozenset()  # input slots the runtime validates on the host
 
     def attr(self, key: str, default: Any = None) -> Any:
         value = self.node.attrs.get(key, default)

@@ -10,8 +10,10 @@ Values live as torch tensors on the device; values of dtypes torch cannot hold (
 RNG state) stay numpy arrays on the host. Every step is functional: kernels never write over
 their inputs, state updates rebind the state store's tensors after the step.
 
-With `torch_compile=True`, each maximal run of lowered nodes between two fallbacks becomes one
-function traced by `torch.compile` (on CUDA with CUDA graphs, mode "reduce-overhead").
+With `torch_compile=True` (or ANYGRAD_TORCH_COMPILE=1), each maximal run of lowered nodes
+between two fallbacks becomes one function traced by `torch.compile` (inductor, default mode).
+Not CUDA graphs ("reduce-overhead"): those reuse their output buffers on the next call, and the
+step's outputs are the next step's state.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import ConfigError, DeviceError, ShapeError, UnsupportedOpError
+from ...errors import ConfigError, DataError, DeviceError, ShapeError, UnsupportedOpError
 from ...ir.graph import Graph, Node
 from ...ir.registry import get_op
 from ..base import Backend, Executable
@@ -78,9 +80,18 @@ def best_torch_device() -> str | None:
     return None
 
 
+# Ops that take class-index targets (slot): a target fed as a graph input is range-checked on the
+# host before it is uploaded, so the kernel need not read a verdict back from the device (a sync
+# per step on a GPU); a bad index would otherwise be a device-side assert there.
+TARGET_SLOTS = {"CrossEntropy": 1, "NegativeLogLikelihoodLoss": 1, "SoftmaxCrossEntropyLoss": 1,
+                "CrossEntropyMetrics": 1}
+
+
 def node_site(graph: Graph, node: Node) -> Site:
+    slot = TARGET_SLOTS.get(node.op)
+    checked = frozenset({slot}) if slot is not None and node.input(slot) in graph.inputs else frozenset()
     return Site(node, [graph.info.get(i) if i else None for i in node.inputs],
-                [graph.info.get(o) if o else None for o in node.outputs])
+                [graph.info.get(o) if o else None for o in node.outputs], checked)
 
 
 def lower(site: Site) -> Callable | None:
@@ -127,12 +138,17 @@ class TorchExecutable(Executable):
         self.consts = {k: self._const(v) for k, v in graph.initializers.items() if k not in state}
         steps: list[_Step] = []
         self.fallback_ops: list[str] = []
+        self.target_checks: list[tuple[str, int, int | None, str]] = []  # (input, classes, ignore, node)
         for node in graph.nodes:
             op = get_op(node.op)
             if op is None:
                 raise UnsupportedOpError(f"{node.label}: the torch backend cannot run op {node.op} "
                                          "(no torch kernel and no reference kernel)")
             site = node_site(graph, node)
+            for slot in site.host_checked:
+                x = graph.info[node.inputs[0]]
+                self.target_checks.append((node.inputs[slot], int(x.shape[1]), node.attrs.get("ignore_index"),
+                                           node.label))
             out_dtypes = [None if o is None else np.dtype(o.dtype) for o in site.outs]
             kernel = lower(site)
             if kernel is None:
@@ -145,10 +161,9 @@ class TorchExecutable(Executable):
         self.torch_compile = torch_compile
         if torch_compile:
             torch = _torch()
-            mode = "reduce-overhead" if str(self.device).startswith("cuda") else None
             for seg in self.segments:
                 if isinstance(seg, _Segment):
-                    seg.fn = torch.compile(self._segment_fn(seg), mode=mode, dynamic=False)
+                    seg.fn = torch.compile(self._segment_fn(seg), dynamic=False)
         self.input_info = {name: graph.info[name] for name in graph.inputs}
 
     def _const(self, value: np.ndarray) -> Any:
@@ -212,6 +227,8 @@ class TorchExecutable(Executable):
     def run(self, feeds: Mapping[str, np.ndarray], fetch: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         env: dict[str, Any] = dict(self.consts)
         env.update(self.backend.state)
+        for name, classes, ignore, label in self.target_checks:
+            _check_targets(np.asarray(feeds[name]), classes, ignore, label)
         for name in self.graph.inputs:
             env[name] = self._check_feed(name, feeds[name])
         for seg in self.segments:
@@ -233,6 +250,14 @@ class TorchExecutable(Executable):
         for o, v in zip(st.node.outputs, outs):
             if o:
                 env[o] = v
+
+
+def _check_targets(target: np.ndarray, classes: int, ignore: int | None, label: str) -> None:
+    """ops.loss's check of class-index targets, on the host copy the caller fed."""
+    bad = ((target < 0) | (target >= classes)) & (target != ignore if ignore is not None else True)
+    if bad.any():
+        raise DataError(f"{label}: target class index {int(target[bad].flat[0])} is outside [0, {classes}); "
+                        "check the labels or the model's number of classes")
 
 
 class TorchBackend(Backend):
