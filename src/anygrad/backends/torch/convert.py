@@ -18,12 +18,20 @@ TORCH_DTYPES = frozenset(np.dtype(d) for d in (np.bool_, np.uint8, np.int8, np.i
 WIDENED = frozenset(np.dtype(d) for d in (np.uint16, np.uint32))
 
 
+_TORCH_DTYPES: dict[np.dtype, Any] = {}
+
+
 def torch_dtype(dtype: np.dtype) -> Any:
-    import torch
-    return {np.dtype(np.bool_): torch.bool, np.dtype(np.uint8): torch.uint8, np.dtype(np.int8): torch.int8,
+    """The torch dtype of a numpy dtype in TORCH_DTYPES (the table is built on first use: torch
+    is imported only when a torch device is used)."""
+    if not _TORCH_DTYPES:
+        import torch
+        _TORCH_DTYPES.update({
+            np.dtype(np.bool_): torch.bool, np.dtype(np.uint8): torch.uint8, np.dtype(np.int8): torch.int8,
             np.dtype(np.int16): torch.int16, np.dtype(np.int32): torch.int32, np.dtype(np.int64): torch.int64,
             np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32,
-            np.dtype(np.float64): torch.float64}[np.dtype(dtype)]
+            np.dtype(np.float64): torch.float64})
+    return _TORCH_DTYPES[np.dtype(dtype)]
 
 
 def is_tensor(value: Any) -> bool:

@@ -117,6 +117,7 @@ class _Step:
     kernel: Callable  # torch kernel (lowered) or numpy reference kernel (fallback)
     lowered: bool
     out_dtypes: list[np.dtype | None] = field(default_factory=list)
+    torch_dtypes: list[Any] = field(default_factory=list)  # of the outputs, for lowered steps
 
 
 @dataclass
@@ -156,7 +157,8 @@ class TorchExecutable(Executable):
                     self.fallback_ops.append(node.op)
                 steps.append(_Step(node, op.run, False, out_dtypes))
             else:
-                steps.append(_Step(node, kernel, True, out_dtypes))
+                steps.append(_Step(node, kernel, True, out_dtypes,
+                                   [None if d is None else torch_dtype(d) for d in out_dtypes]))
         self.segments = self._segments(steps)
         self.torch_compile = torch_compile
         if torch_compile:
@@ -206,9 +208,8 @@ class TorchExecutable(Executable):
             env = dict(zip(seg.reads, values))
             for st in seg.steps:
                 outs = st.kernel([env[i] if i else None for i in st.node.inputs])
-                for o, v, dt in zip(st.node.outputs, outs, st.out_dtypes):
+                for o, v, want in zip(st.node.outputs, outs, st.torch_dtypes):
                     if o:
-                        want = torch_dtype(dt)
                         env[o] = v if v.dtype == want else v.to(want)
             return tuple(env[w] for w in seg.writes)
         return run
