@@ -153,7 +153,7 @@ def bench_anygrad(device: str, batch: int, x: np.ndarray, y: np.ndarray, warmup:
                 extra["profile"] = exe.step_profile(feeds, repeat=5).as_dict()
         return extra
 
-    label = "cpu" if model.backend.name != "wgpu" else f"wgpu:{model.backend.adapter.backend.lower()}"
+    label = model.backend.name if model.backend.name != "wgpu" else f"wgpu:{model.backend.adapter.backend.lower()}"
     extra: dict = {"compile_s": compile_s}
     if pins:
         label += "+pin"
@@ -241,7 +241,8 @@ def _list(text: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--devices", default="cpu", help="anygrad devices, comma list (cpu, wgpu, wgpu:N, ...)")
+    p.add_argument("--devices", default="cpu", help="anygrad devices, comma list (cpu, wgpu, wgpu:N, torch:cuda, "
+                   "...; ANYGRAD_TORCH_COMPILE=1: the torch backend through torch.compile)")
     p.add_argument("--torch-devices", default=None,
                    help="PyTorch devices, comma list (default: cpu, plus cuda when available; 'none': "
                    "skip; cuda-fp32: cuDNN TF32 off)")

@@ -565,7 +565,7 @@ def _add_inference_args(p: argparse.ArgumentParser, device: str) -> None:
     p.add_argument("--data-dir", metavar="DIR", help="folder (or .npz file) holding the dataset")
     p.add_argument("--split", choices=("valid", "train"), default="valid",
                    help="valid: the test split (or held-out part) of the dataset (default)")
-    p.add_argument("--device", default=device, help=f"cpu, wgpu, auto, ... (default: {device})")
+    p.add_argument("--device", default=device, help=f"cpu, wgpu, torch, auto, ... (default: {device})")
 
 
 def _add_plot(p: argparse.ArgumentParser) -> None:
@@ -656,8 +656,9 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--optimizer", metavar="NAME", help="sgd, adam, adamw, adagrad, adadelta, rmsprop")
     p.add_argument("--lr", type=float, help="learning rate")
     p.add_argument("--loss", metavar="NAME", help="nll, cross_entropy, mse, l1, bce_with_logits")
-    p.add_argument("--device", help="auto, cpu, wgpu, wgpu:N, wgpu:vulkan|metal|dx12|gl "
-                   "(default: auto, the best available)")
+    p.add_argument("--device", help="auto, cpu, wgpu, wgpu:N, wgpu:vulkan|metal|dx12|gl, or with "
+                   "anygrad[torch] torch, torch:cuda, torch:mps, torch:cpu (default: auto: a wgpu GPU, "
+                   "else torch's CUDA/MPS, else the CPU)")
     p.add_argument("--seed", type=int, help="seed of the shuffles and dropout (default: 0)")
     p.add_argument("--artifacts", metavar="DIR", help="output folder (default: runs/<model>-<timestamp>); one "
                    "that holds another run is refused unless --overwrite")

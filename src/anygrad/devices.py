@@ -1,9 +1,13 @@
-"""Device names -> backends: 'auto', 'cpu', 'wgpu', 'wgpu:N', 'wgpu:vulkan|metal|dx12|gl'.
+"""Device names -> backends: 'auto', 'cpu', 'wgpu', 'wgpu:N', 'wgpu:vulkan|metal|dx12|gl', and
+with PyTorch installed (`anygrad[torch]`) 'torch', 'torch:cuda[:N]', 'torch:mps', 'torch:cpu'.
 
-`auto` takes the best real GPU (discrete, then integrated); a machine with only a software
-adapter (lavapipe) or none trains on the CPU, where numpy is faster than a software rasteriser.
+`auto` takes the best real GPU through wgpu (discrete, then integrated); without one, torch's
+CUDA or MPS device when torch is installed and has one; else the CPU (numpy), which beats a
+software rasteriser (lavapipe). A choice other than a wgpu GPU is printed: never a silent switch.
 """
 from __future__ import annotations
+
+import sys
 
 from .backends.base import Backend
 from .backends.numpy import NumpyBackend
@@ -24,6 +28,13 @@ def get_backend(device: str = "auto", limits: str | None = None) -> Backend:
         pick = best_adapter(include_software=False)
         if pick is None:
             from .backends.wgpu.runtime import warn_cpu_fallback
+            torch_device = _torch_gpu()
+            if torch_device is not None:
+                from .backends.torch import TorchBackend
+                backend = TorchBackend(f"torch:{torch_device}")
+                print(f"anygrad: no GPU adapter through wgpu; using PyTorch's {backend.description}",
+                      file=sys.stderr)
+                return backend
             soft = best_adapter()
             warn_cpu_fallback("no GPU adapter found" if soft is None else
                               f"only a software adapter ({soft[0].name}) was found")
@@ -33,4 +44,21 @@ def get_backend(device: str = "auto", limits: str | None = None) -> Backend:
     if device == "wgpu" or device.startswith("wgpu:"):
         from .backends.wgpu import WgpuBackend
         return WgpuBackend(device, limits=limits)
-    raise ConfigError(f"unknown device '{device}'; use auto, cpu, wgpu, wgpu:N or wgpu:vulkan|metal|dx12|gl")
+    if device == "torch" or device.startswith("torch:"):
+        from .backends.torch import TorchBackend
+        return TorchBackend(device)
+    raise ConfigError(f"unknown device '{device}'; use auto, cpu, wgpu, wgpu:N, wgpu:vulkan|metal|dx12|gl, "
+                      "or with PyTorch installed torch, torch:cuda, torch:mps, torch:cpu")
+
+
+def _torch_gpu() -> str | None:
+    """'cuda' or 'mps' when PyTorch is installed and has that device; None otherwise (torch is
+    not imported when it is not installed)."""
+    import importlib.util
+    if importlib.util.find_spec("torch") is None:
+        return None
+    from .backends.torch import best_torch_device
+    try:
+        return best_torch_device()
+    except Exception:  # noqa: BLE001  (a broken torch install: not a device to choose)
+        return None

@@ -232,16 +232,8 @@ class Model:
         return None if info is None else top_k_for(info, True)
 
     def _supports(self, op: str) -> bool:
-        supports = getattr(self.backend, "supports", None)
-        if supports is not None:
-            return bool(supports(op))
-        if self.backend is None or self.backend.name == "cpu":
-            return True
-        try:  # the wgpu backend: an op it has a lowering for
-            from .backends.wgpu.kernel import LOWERINGS
-        except ImportError:
-            return False
-        return op in LOWERINGS
+        """Whether the compiled backend runs `op` (each backend answers for itself)."""
+        return self.backend is None or bool(self.backend.supports(op))
 
     def _require_compiled(self) -> Backend:
         if self.backend is None or self.loss is None:

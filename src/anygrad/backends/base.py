@@ -6,7 +6,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ..ir.graph import Graph
+from ..ir.graph import Graph, Node
+from ..ir.registry import get_op
 
 
 class Executable(ABC):
@@ -28,6 +29,12 @@ class Backend(ABC):
     def description(self) -> str:
         """One line naming the device, for logs and the dashboard."""
         return self.name
+
+    def supports(self, op: str | Node) -> bool:
+        """Whether this backend can run (and train) an op, asked before anything is compiled
+        (Model, `anygrad info`). The default: every registered op, each of which has a numpy
+        reference kernel; a backend that lacks some overrides it."""
+        return get_op(op.op if isinstance(op, Node) else op) is not None
 
     @abstractmethod
     def compile(self, graph: Graph) -> Executable:

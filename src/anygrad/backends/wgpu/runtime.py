@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import DeviceError, ShapeError
-from ...ir.graph import Graph
+from ...ir.graph import Graph, Node
 from ..base import Backend, Executable
 from .adapters import AdapterInfo, select_adapter
 from .fusion import packed_name, prepare
@@ -285,6 +285,10 @@ class WgpuBackend(Backend):
                                       "devices`), e.g. its Vulkan/Metal/DX12 adapter, or device='cpu'") from e
                 raise RuntimeError(f"wgpu kernel {name} failed to compile: {e}\n--- WGSL ---\n{wgsl}") from e
         return self.ctx.pipelines[key]
+
+    def supports(self, op: str | Node) -> bool:
+        """An op this backend has a lowering for."""
+        return (op.op if isinstance(op, Node) else op) in LOWERINGS
 
     # -- compile ----------------------------------------------------------------------------------
     def memory_report(self, graph: Graph, fuse: bool = True) -> MemoryReport:

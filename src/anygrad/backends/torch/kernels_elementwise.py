@@ -1,0 +1,174 @@
+"""Elementwise lowerings: broadcasting binaries, unary activations and their backward helpers,
+comparisons, Where, Cast, Clip and the variadic Sum/Mean/Max/Min. Each mirrors the numpy
+kernel of anygrad/ops/elementwise.py; the runtime casts every result to the output's dtype
+(numpy's `.astype(x.dtype)`)."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .lowering import Site, is_float, lowering
+
+
+def _numeric(site: Site) -> bool:
+    return all(info is None or np.dtype(info.dtype).kind in "iuf" for info in site.ins)
+
+
+def _floats(site: Site) -> bool:
+    return all(info is None or is_float(info.dtype) for info in site.ins)
+
+
+# -- binary, broadcasting ---------------------------------------------------------------------
+@lowering("Add", "Sub", "Mul")
+def _arith(site: Site):
+    if not _numeric(site):
+        return None
+    import torch
+    fn = {"Add": torch.add, "Sub": torch.sub, "Mul": torch.mul}[site.node.op]
+    return lambda ins: [fn(ins[0], ins[1])]
+
+
+@lowering("Div")
+def _div(site: Site):
+    if not _numeric(site):
+        return None
+    if is_float(site.dtype(0)):
+        return lambda ins: [ins[0] / ins[1]]
+    # ONNX integer Div truncates; numpy's reference divides in double first (and so do we)
+    return lambda ins: [(ins[0].double() / ins[1].double()).trunc()]
+
+
+@lowering("Pow")
+def _pow(site: Site):
+    if not is_float(site.dtype(0)) or not _numeric(site):
+        return None
+    import torch
+    return lambda ins: [torch.pow(ins[0], ins[1])]
+
+
+# -- unary ---------------------------------------------------------------------------------------
+def _unary_table() -> dict[str, tuple[bool, Any]]:
+    """op -> (floats only, fn(site, x))."""
+    import torch
+    return {
+        "Neg": (False, lambda s, x: -x),
+        "Identity": (False, lambda s, x: x),
+        "Abs": (False, lambda s, x: torch.abs(x)),
+        "Sign": (False, lambda s, x: torch.sign(x)),
+        "Relu": (False, lambda s, x: torch.relu(x)),
+        "Exp": (True, lambda s, x: torch.exp(x)),
+        "Log": (True, lambda s, x: torch.log(x)),
+        "Sqrt": (True, lambda s, x: torch.sqrt(x)),
+        "Sigmoid": (True, lambda s, x: torch.sigmoid(x)),
+        "Tanh": (True, lambda s, x: torch.tanh(x)),
+        "Reciprocal": (True, lambda s, x: torch.reciprocal(x)),
+        "Erf": (True, lambda s, x: torch.erf(x)),
+        "Floor": (True, lambda s, x: torch.floor(x)),
+        "Ceil": (True, lambda s, x: torch.ceil(x)),
+        "Round": (True, lambda s, x: torch.round(x)),  # half to even, as numpy and ONNX
+        "LeakyRelu": (True, lambda s, x: torch.where(
+            x >= 0, x, x * float(np.float32(s.attr("alpha", 0.01))))),
+    }
+
+
+UNARY = ("Neg", "Identity", "Abs", "Sign", "Relu", "Exp", "Log", "Sqrt", "Sigmoid", "Tanh", "Reciprocal",
+         "Erf", "Floor", "Ceil", "Round", "LeakyRelu")
+
+
+@lowering(*UNARY)
+def _unary(site: Site):
+    floats_only, fn = _unary_table()[site.node.op]
+    if not _numeric(site) or (floats_only and not _floats(site)):
+        return None
+    if site.node.op in ("Abs", "Neg") and site.dtype(0).kind == "u":
+        return None  # numpy's unsigned wrap-around, which torch does not share
+    return lambda ins: [fn(site, ins[0])]
+
+
+@lowering("Not")
+def _not(site: Site):
+    import torch
+    return lambda ins: [torch.logical_not(ins[0])]
+
+
+# Backward helpers: (dy, saved) -> dx.
+@lowering("ReluGrad", "LeakyReluGrad", "SigmoidGrad", "TanhGrad", "ErfGrad")
+def _backward(site: Site):
+    if not _floats(site):
+        return None
+    import torch
+    op = site.node.op
+    if op == "ReluGrad":
+        return lambda ins: [ins[0] * (ins[1] > 0)]
+    if op == "LeakyReluGrad":
+        alpha = float(np.float32(site.attr("alpha", 0.01)))
+        return lambda ins: [torch.where(ins[1] >= 0, ins[0], ins[0] * alpha)]
+    if op == "SigmoidGrad":
+        return lambda ins: [ins[0] * ins[1] * (1 - ins[1])]
+    if op == "TanhGrad":
+        return lambda ins: [ins[0] * (1 - ins[1] * ins[1])]
+    c = 2.0 / math.sqrt(math.pi)
+    return lambda ins: [ins[0] * c * torch.exp(-ins[1] * ins[1])]
+
+
+# -- comparisons and logic -------------------------------------------------------------------------
+@lowering("Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor")
+def _compare(site: Site):
+    import torch
+    fn = {"Equal": torch.eq, "Less": torch.lt, "LessOrEqual": torch.le, "Greater": torch.gt,
+          "GreaterOrEqual": torch.ge, "And": torch.logical_and, "Or": torch.logical_or,
+          "Xor": torch.logical_xor}[site.node.op]
+    return lambda ins: [fn(ins[0], ins[1])]
+
+
+@lowering("Where")
+def _where(site: Site):
+    import torch
+    return lambda ins: [torch.where(ins[0].bool(), ins[1], ins[2])]
+
+
+@lowering("Cast", "CastLike")
+def _cast(site: Site):
+    src, dst = site.dtype(0), np.dtype(site.outs[0].dtype)
+    if src.kind == "f" and dst.kind in "iub":
+        return None  # float -> integer of out-of-range values: leave numpy's rules to numpy
+    return lambda ins: [ins[0]]  # the runtime casts to the output dtype
+
+
+@lowering("Clip")
+def _clip(site: Site):
+    if not _numeric(site):
+        return None
+    import torch
+    lo_slot, hi_slot = site.has(1), site.has(2)
+    lo_attr, hi_attr = site.attr("min"), site.attr("max")
+
+    def clip(ins):
+        x = ins[0]
+        lo = ins[1] if lo_slot else lo_attr
+        hi = ins[2] if hi_slot else hi_attr
+        if lo is not None:
+            x = torch.maximum(x, lo if torch.is_tensor(lo) else torch.tensor(lo, dtype=x.dtype, device=x.device))
+        if hi is not None:
+            x = torch.minimum(x, hi if torch.is_tensor(hi) else torch.tensor(hi, dtype=x.dtype, device=x.device))
+        return [x]
+    return clip
+
+
+@lowering("Sum", "Mean", "Max", "Min")
+def _variadic(site: Site):
+    if not _numeric(site) or (site.node.op == "Mean" and not _floats(site)):
+        return None
+    import torch
+    op = site.node.op
+    fn = {"Sum": torch.add, "Mean": torch.add, "Max": torch.maximum, "Min": torch.minimum}[op]
+
+    def run(ins):
+        xs = [x for x in ins if x is not None]
+        out = xs[0]
+        for x in xs[1:]:
+            out = fn(out, x)
+        return [out / len(xs) if op == "Mean" else out]
+    return run

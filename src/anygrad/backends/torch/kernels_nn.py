@@ -1,0 +1,320 @@
+"""Neural-network lowerings: convolutions and their gradients, pooling, BatchNorm, Dropout,
+Softmax. Windows (pads, auto_pad, strides, dilations) are resolved by `ops.nn.window`, the
+same rule the reference kernels use; asymmetric pads become an explicit pad of the input."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ...ops.nn import Window, dropout_ratio, window
+from . import rng
+from .lowering import Site, is_float, lowering, norm_axis
+
+
+def _pad_list(win: Window) -> list[int]:
+    """F.pad's (last dim first) pads from a window's begin/end pads."""
+    out: list[int] = []
+    for b, e in reversed(list(zip(win.begin, win.end))):
+        out += [b, e]
+    return out
+
+
+def _symmetric(win: Window) -> bool:
+    return tuple(win.begin) == tuple(win.end)
+
+
+def _pad(x: Any, win: Window, value: float = 0.0) -> Any:
+    """x padded to the window's padded shape (begin pads, then end pads and any overhang)."""
+    import torch.nn.functional as F
+    pads: list[int] = []
+    for i, b, p in reversed(list(zip(win.spatial, win.begin, win.padded))):
+        pads += [b, p - i - b]
+    return F.pad(x, pads, value=value) if any(pads) else x
+
+
+def _crop(xp: Any, win: Window) -> Any:
+    return xp[win.interior]
+
+
+def _conv_fn(nd: int) -> Any:
+    import torch.nn.functional as F
+    return {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}.get(nd)
+
+
+@lowering("Conv")
+def _conv(site: Site):
+    x_shape, w_shape = site.shape(0), site.shape(1)
+    nd = len(x_shape) - 2
+    if _conv_fn(nd) is None or not is_float(site.dtype(0)):
+        return None
+    win = window(site.node, x_shape[2:], w_shape[2:])
+    group, conv = int(site.attr("group", 1)), _conv_fn(nd)
+    sym = _symmetric(win)
+    has_b = site.has(2)
+
+    def run(ins):
+        x, w = ins[0], ins[1].to(ins[0].dtype)
+        b = ins[2] if has_b else None
+        if sym:
+            return [conv(x, w, b, win.strides, list(win.begin), win.dilations, group)]
+        return [conv(_pad(x, win), w, b, win.strides, 0, win.dilations, group)]
+    return run
+
+
+def _grad_fns(nd: int) -> tuple[Any, Any] | None:
+    import torch.nn.grad as G
+    fns = {1: (G.conv1d_input, G.conv1d_weight), 2: (G.conv2d_input, G.conv2d_weight),
+           3: (G.conv3d_input, G.conv3d_weight)}
+    return fns.get(nd)
+
+
+@lowering("ConvGradInput")
+def _conv_grad_input(site: Site):
+    shape = tuple(int(d) for d in site.attr("input_shape"))
+    w_shape = site.shape(1)
+    fns = _grad_fns(len(shape) - 2)
+    if fns is None or not is_float(site.dtype(0)):
+        return None
+    win = window(site.node, shape[2:], w_shape[2:])
+    group, grad_input = int(site.attr("group", 1)), fns[0]
+    padded = shape[:2] + tuple(win.padded)
+
+    def run(ins):
+        dy, w = ins[0], ins[1].to(ins[0].dtype)
+        if _symmetric(win) and padded == tuple(s + b + e for s, b, e in
+                                               zip(shape, (0, 0) + win.begin, (0, 0) + win.end)):
+            return [grad_input(shape, w, dy, win.strides, list(win.begin), win.dilations, group)]
+        return [_crop(grad_input(padded, w, dy, win.strides, 0, win.dilations, group), win)]
+    return run
+
+
+@lowering("ConvGradWeight")
+def _conv_grad_weight(site: Site):
+    w_shape = tuple(int(d) for d in site.attr("weight_shape"))
+    x_shape = site.shape(1)
+    fns = _grad_fns(len(x_shape) - 2)
+    if fns is None or not is_float(site.dtype(0)):
+        return None
+    win = window(site.node, x_shape[2:], w_shape[2:])
+    group, grad_weight = int(site.attr("group", 1)), fns[1]
+
+    def run(ins):
+        dy, x = ins[0], ins[1].to(ins[0].dtype)
+        if _symmetric(win):
+            return [grad_weight(x, w_shape, dy, win.strides, list(win.begin), win.dilations, group)]
+        return [grad_weight(_pad(x, win), w_shape, dy, win.strides, 0, win.dilations, group)]
+    return run
+
+
+# -- pooling -----------------------------------------------------------------------------------
+def _pool_window(site: Site) -> Window | None:
+    kernel = site.attr("kernel_shape")
+    if kernel is None:
+        return None
+    return window(site.node, site.shape(0)[2:] if site.node.op != "MaxPoolGrad" else site.shape(1)[2:],
+                  kernel, bool(site.attr("ceil_mode", 0)))
+
+
+def _as_2d(x: Any, nd: int) -> Any:
+    return x.unsqueeze(2) if nd == 1 else x
+
+
+def _pool_args(win: Window) -> tuple:
+    """(kernel, stride, dilation) for torch's 2-D/3-D pools (1-D pools run as 2-D, height 1)."""
+    if win.nd == 1:
+        return (1,) + win.kernel, (1,) + win.strides, (1,) + win.dilations
+    return win.kernel, win.strides, win.dilations
+
+
+@lowering("MaxPool")
+def _max_pool(site: Site):
+    win = _pool_window(site)
+    if win is None or win.nd > 3 or not is_float(site.dtype(0)) or len([o for o in site.node.outputs if o]) > 1:
+        return None
+    import torch.nn.functional as F
+    pool = F.max_pool3d if win.nd == 3 else F.max_pool2d
+    kernel, stride, dilation = _pool_args(win)
+    out = tuple(win.out)
+    nd = win.nd
+
+    def run(ins):
+        xp = _as_2d(_pad(ins[0], win, -math.inf), nd)
+        y = pool(xp, kernel, stride, 0, dilation)
+        y = y.squeeze(2) if nd == 1 else y
+        return [y[(slice(None), slice(None)) + tuple(slice(0, o) for o in out)]]
+    return run
+
+
+@lowering("MaxPoolGrad")
+def _max_pool_grad(site: Site):
+    win = _pool_window(site)
+    if win is None or win.nd > 3 or not is_float(site.dtype(0)):
+        return None
+    import torch
+    kernel, stride, dilation = _pool_args(win)
+    nd = win.nd
+    if nd == 3:
+        fwd, bwd = torch.ops.aten.max_pool3d_with_indices, torch.ops.aten.max_pool3d_with_indices_backward
+    else:
+        fwd, bwd = torch.ops.aten.max_pool2d_with_indices, torch.ops.aten.max_pool2d_with_indices_backward
+
+    def run(ins):
+        dy, x = ins
+        xp = _as_2d(_pad(x, win, -math.inf), nd)
+        y, idx = fwd(xp, kernel, stride, 0, dilation, False)
+        dy = _as_2d(dy, nd)
+        if tuple(dy.shape) != tuple(y.shape):  # ceil_mode's dropped last window: no gradient
+            full = dy.new_zeros(y.shape)
+            full[tuple(slice(0, s) for s in dy.shape)] = dy
+            dy = full
+        dxp = bwd(dy, xp, kernel, stride, 0, dilation, False, idx)
+        return [_crop(dxp.squeeze(2) if nd == 1 else dxp, win)]
+    return run
+
+
+@lowering("AveragePool")
+def _avg_pool(site: Site):
+    win = _pool_window(site)
+    if (win is None or not 1 <= win.nd <= 3 or not is_float(site.dtype(0)) or any(d != 1 for d in win.dilations)
+            or not _symmetric(win) or any(2 * b > k for b, k in zip(win.begin, win.kernel))):
+        return None
+    import torch.nn.functional as F
+    pool = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}[win.nd]
+    ceil, include = bool(site.attr("ceil_mode", 0)), bool(site.attr("count_include_pad", 0))
+    out = tuple(win.out)
+
+    def run(ins):
+        y = pool(ins[0], win.kernel, win.strides, list(win.begin), ceil, include)
+        return [y if tuple(y.shape[2:]) == out else y[(slice(None), slice(None)) + tuple(slice(0, o) for o in out)]]
+    return run
+
+
+@lowering("GlobalAveragePool")
+def _global_avg(site: Site):
+    if not is_float(site.dtype(0)):
+        return None
+    dims = list(range(2, len(site.shape(0))))
+    return lambda ins: [ins[0].mean(dim=dims, keepdim=True)]
+
+
+# -- BatchNormalization ------------------------------------------------------------------------
+def _channel(v: Any, rank: int) -> Any:
+    return v.reshape((1, -1) + (1,) * (rank - 2))
+
+
+@lowering("BatchNormalization")
+def _batch_norm(site: Site):
+    if not is_float(site.dtype(0)):
+        return None
+    import torch
+    shape = site.shape(0)
+    rank, axes = len(shape), [0] + list(range(2, len(shape)))
+    eps = float(site.attr("epsilon", 1e-5))
+    momentum = float(site.attr("momentum", 0.9))
+    training = bool(site.attr("training_mode", 0))
+    n = int(np.prod(shape)) // shape[1]
+    n_out = len(site.node.outputs)
+
+    def run(ins):
+        x, scale, bias, mean, var = ins[:5]
+        dt = x.dtype
+        if not training:
+            a = scale.double() * (1.0 / torch.sqrt(var.double() + eps))
+            y = x * _channel(a.to(dt), rank) + _channel((bias - mean * a).to(dt), rank)
+            return [y, mean, var][:n_out]
+        batch_var, batch_mean = torch.var_mean(x, dim=axes, correction=0)
+        bm64, bv64 = batch_mean.double(), batch_var.double()
+        a = scale.double() * (1.0 / torch.sqrt(bv64 + eps))
+        y = (x - _channel(batch_mean, rank)) * _channel(a.to(dt), rank) + _channel(bias.to(dt), rank)
+        if n_out == 1:
+            return [y]
+        # PyTorch semantics: the running variance tracks the unbiased batch variance
+        unbiased = bv64 * (n / max(n - 1, 1))
+        running_mean = mean * momentum + bm64 * (1 - momentum)
+        running_var = var * momentum + unbiased * (1 - momentum)
+        return [y, running_mean, running_var][:n_out]
+    return run
+
+
+@lowering("BatchNormGrad")
+def _batch_norm_grad(site: Site):
+    if not is_float(site.dtype(0)):
+        return None
+    import torch
+    shape = site.shape(1)
+    rank, axes = len(shape), [0] + list(range(2, len(shape)))
+    eps = float(site.attr("epsilon", 1e-5))
+    training = bool(site.attr("training", 1))
+    n = int(np.prod(shape)) // shape[1]
+
+    def run(ins):
+        dy, x, scale = ins[:3]
+        dt = x.dtype
+        if training:
+            var, mean = torch.var_mean(x, dim=axes, correction=0)
+            var = var.double()
+        else:
+            mean, var = ins[3].to(dt), ins[4].double()
+        centered = x - _channel(mean, rank)
+        dbias = dy.sum(dim=axes).double()
+        dot = (dy * centered).sum(dim=axes).double()
+        inv = 1.0 / torch.sqrt(var + eps)
+        k = scale.double() * inv
+        dscale = dot * inv
+        dparams = [dscale, dbias]
+        if not training:
+            return [dy * _channel(k.to(dt), rank)] + dparams
+        alpha, beta = (-k * inv * dscale / n).to(dt), (-k * dbias / n).to(dt)
+        dx = dy * _channel(k.to(dt), rank) + (centered * _channel(alpha, rank) + _channel(beta, rank))
+        return [dx] + dparams
+    return run
+
+
+# -- Dropout -----------------------------------------------------------------------------------
+@lowering("Dropout")
+def _dropout(site: Site):
+    ratio = dropout_ratio(site.node, site.ins[1] if site.has(1) else None)
+    if site.has(2) and site.const(2) is None:
+        return None  # a training flag known only at run time: the reference kernel decides
+    training = bool(site.const(2).reshape(()).item()) if site.has(2) else False
+    import torch
+    if not training or ratio == 0:
+        return lambda ins: [ins[0], torch.ones(ins[0].shape, dtype=torch.bool, device=ins[0].device)]
+    if not site.has(3):
+        return None  # the reference kernel raises the error that explains it
+    salt, shape = int(site.attr("salt", 0)), site.shape(0)
+    size = int(np.prod(shape))
+    scale = float(np.float32(1.0 / (1.0 - ratio)))  # ops.nn.dropout_scale
+    ratio32 = float(np.float32(ratio))
+
+    def run(ins):
+        x, state = ins[0], ins[3]
+        u = rng.uniform(state.reshape(-1), salt, size, x.device).reshape(shape)
+        mask = u >= ratio32
+        return [x * (mask.to(x.dtype) * scale), mask]
+    return run
+
+
+@lowering("DropoutGrad")
+def _dropout_grad(site: Site):
+    scale = float(np.float32(1.0 / (1.0 - float(site.attr("ratio", 0.5)))))
+    return lambda ins: [ins[0] * (ins[1].to(ins[0].dtype) * scale)]
+
+
+# -- Softmax -------------------------------------------------------------------------------------
+@lowering("Softmax", "LogSoftmax", "SoftmaxGrad", "LogSoftmaxGrad")
+def _softmax(site: Site):
+    if not is_float(site.dtype(0)):
+        return None
+    import torch
+    axis = norm_axis(site.attr("axis", -1), len(site.shape(0)))
+    op = site.node.op
+    if op == "Softmax":
+        return lambda ins: [torch.softmax(ins[0], dim=axis)]
+    if op == "LogSoftmax":
+        return lambda ins: [torch.log_softmax(ins[0], dim=axis)]
+    if op == "SoftmaxGrad":
+        return lambda ins: [ins[1] * (ins[0] - (ins[0] * ins[1]).sum(dim=axis, keepdim=True))]
+    return lambda ins: [ins[0] - torch.exp(ins[1]) * ins[0].sum(dim=axis, keepdim=True)]

@@ -1,0 +1,137 @@
+"""Shape, layout, indexing, reductions and matrix products.
+
+The graph is specialized, so a reshaping op's output shape is known: Reshape, Flatten, Squeeze
+and Unsqueeze are one `reshape` to it, whatever their attributes and shape inputs say.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...ops.reduce import reduce_axes
+from ...ops.shape import slice_bounds, split_sizes
+from .lowering import Site, is_float, lowering, norm_axis
+
+
+@lowering("Reshape", "Flatten", "Squeeze", "Unsqueeze")
+def _reshape(site: Site):
+    shape = site.out_shape()
+    return lambda ins: [ins[0].reshape(shape)]
+
+
+@lowering("Expand")
+def _expand(site: Site):
+    shape = site.out_shape()
+    return lambda ins: [ins[0].expand(shape)]
+
+
+@lowering("Transpose")
+def _transpose(site: Site):
+    rank = len(site.shape(0))
+    perm = site.attr("perm")
+    perm = [norm_axis(p, rank) for p in perm] if perm is not None else list(reversed(range(rank)))
+    return lambda ins: [ins[0].permute(perm)]
+
+
+@lowering("Concat")
+def _concat(site: Site):
+    import torch
+    axis = norm_axis(site.attr("axis"), len(site.out_shape()))
+    return lambda ins: [torch.cat([x for x in ins if x is not None], dim=axis)]
+
+
+@lowering("Gather")
+def _gather(site: Site):
+    import torch
+    shape = site.shape(0)
+    axis = norm_axis(site.attr("axis", 0), len(shape))
+    out = site.out_shape()
+    dim = shape[axis]
+
+    def gather(ins):
+        data, idx = ins
+        idx = torch.where(idx < 0, idx + dim, idx).reshape(-1).long()
+        return [data.index_select(axis, idx).reshape(out)]
+    return gather
+
+
+@lowering("Slice")
+def _slice(site: Site):
+    bounds = slice_bounds(site.node, site.ins, site.shape(0))
+    if any(step < 1 for _, _, step in bounds):
+        return None  # negative steps: torch slicing has none (the reference kernel runs)
+    index = tuple(slice(s, e, st) for s, e, st in bounds)
+    return lambda ins: [ins[0][index]]
+
+
+@lowering("Split")
+def _split(site: Site):
+    import torch
+    axis, sizes = split_sizes(site.node, site.shape(0), site.ins[1] if site.has(1) else None)
+    return lambda ins: list(torch.split(ins[0], sizes, dim=axis))
+
+
+# -- reductions ------------------------------------------------------------------------------------
+@lowering("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceSumSquare", "ReduceL2")
+def _reduce(site: Site):
+    import torch
+    op = site.node.op
+    if site.dtype(0).kind not in "iuf" or (op in ("ReduceMean", "ReduceL2") and not is_float(site.dtype(0))):
+        return None
+    shape = site.shape(0)
+    axes = list(reduce_axes(site.node, site.ins, len(shape)))
+    keep = bool(site.attr("keepdims", 1))
+    if not axes:
+        fns = {"ReduceSumSquare": lambda x: x * x, "ReduceL2": lambda x: torch.sqrt(x * x)}
+        fn = fns.get(op, lambda x: x)
+        return lambda ins: [fn(ins[0])]
+    if op == "ReduceSum":
+        return lambda ins: [torch.sum(ins[0], dim=axes, keepdim=keep)]
+    if op == "ReduceMean":
+        return lambda ins: [torch.mean(ins[0], dim=axes, keepdim=keep)]
+    if op == "ReduceSumSquare":
+        return lambda ins: [torch.sum(ins[0] * ins[0], dim=axes, keepdim=keep)]
+    if op == "ReduceL2":
+        return lambda ins: [torch.sqrt(torch.sum(ins[0] * ins[0], dim=axes, keepdim=keep))]
+    fn = torch.amax if op == "ReduceMax" else torch.amin
+    return lambda ins: [fn(ins[0], dim=axes, keepdim=keep)]
+
+
+@lowering("ArgMax", "ArgMin")
+def _arg(site: Site):
+    if site.attr("select_last_index", 0) or site.dtype(0).kind not in "iuf":
+        return None
+    import torch
+    axis = norm_axis(site.attr("axis", 0), len(site.shape(0)))
+    keep = bool(site.attr("keepdims", 1))
+    fn = torch.argmax if site.node.op == "ArgMax" else torch.argmin
+    return lambda ins: [fn(ins[0], dim=axis, keepdim=keep)]  # ties: the first index, as numpy
+
+
+# -- matrix products --------------------------------------------------------------------------------
+@lowering("MatMul")
+def _matmul(site: Site):
+    if not (is_float(site.dtype(0)) and is_float(site.dtype(1))):
+        return None
+    import torch
+    return lambda ins: [torch.matmul(ins[0], ins[1].to(ins[0].dtype))]
+
+
+@lowering("Gemm")
+def _gemm(site: Site):
+    if not all(is_float(site.dtype(i)) for i in range(len(site.ins)) if site.has(i)):
+        return None
+    ta, tb = site.attr("transA", 0), site.attr("transB", 0)
+    alpha, beta = site.attr("alpha", 1.0), site.attr("beta", 1.0)
+    alpha32, beta32 = float(np.float32(alpha)), float(np.float32(beta))
+    has_c = site.has(2)
+
+    def gemm(ins):
+        a = ins[0].t() if ta else ins[0]
+        b = ins[1].t() if tb else ins[1]
+        y = a @ b.to(a.dtype)
+        if alpha != 1.0:
+            y = y * alpha32
+        if has_c:
+            y = y + (ins[2] if beta == 1.0 else ins[2] * beta32)
+        return [y]
+    return gemm

@@ -1,0 +1,77 @@
+"""The torch backend's op contract: one lowering per op, node -> torch kernel.
+
+A lowering runs once, when a graph is compiled. It reads the node's attributes and the static
+shapes and dtypes of its inputs and outputs (a `Site`), and returns the kernel that runs the
+node every step: a function from a list of torch tensors (None for an absent optional input)
+to a list of torch tensors, one per output. It returns None when it cannot run this node
+(a mode, a dtype or an attribute it does not cover); the node then runs on the op's numpy
+reference kernel (`runtime.py`), so a lowering only ever has to be right, never complete.
+
+Lowerings must compute what the op's reference kernel in `anygrad.ops` computes, up to float
+rounding; tests/test_torch_backend.py checks them against the numpy backend.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ...ir.graph import Node, TensorInfo
+
+TorchKernel = Callable[[list[Any]], Sequence[Any]]
+
+
+@dataclass(frozen=True)
+class Site:
+    """What a lowering may read: the node and the static infos of its inputs and outputs."""
+
+    node: Node
+    ins: list[TensorInfo | None]   # None for an absent optional input
+    outs: list[TensorInfo | None]  # None for an output the graph does not use
+    host_checked: frozenset[int] = frozenset()  # input slots the runtime validates on the host
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        value = self.node.attrs.get(key, default)
+        return value.decode() if isinstance(value, bytes) else value
+
+    def const(self, slot: int) -> np.ndarray | None:
+        """The compile-time value of input `slot` (None when absent or not constant)."""
+        info = self.ins[slot] if slot < len(self.ins) else None
+        return None if info is None or info.const is None else np.asarray(info.const)
+
+    def has(self, slot: int) -> bool:
+        return slot < len(self.ins) and self.ins[slot] is not None
+
+    def shape(self, slot: int) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.ins[slot].shape)
+
+    def out_shape(self, slot: int = 0) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.outs[slot].shape)
+
+    def dtype(self, slot: int) -> np.dtype:
+        return np.dtype(self.ins[slot].dtype)
+
+
+Lowering = Callable[[Site], TorchKernel | None]
+LOWERINGS: dict[str, Lowering] = {}
+
+
+def lowering(*ops: str) -> Callable[[Lowering], Lowering]:
+    """Register a lowering for one or more ops (one registry entry per op name)."""
+    def register(fn: Lowering) -> Lowering:
+        for op in ops:
+            if op in LOWERINGS:
+                raise ValueError(f"torch lowering for {op} registered twice")
+            LOWERINGS[op] = fn
+        return fn
+    return register
+
+
+def norm_axis(axis: int, rank: int) -> int:
+    return int(axis) + rank if int(axis) < 0 else int(axis)
+
+
+def is_float(dtype: np.dtype) -> bool:
+    return np.dtype(dtype).kind == "f"

@@ -1,0 +1,319 @@
+"""The PyTorch backend (device torch:cpu here) against the numpy backend, its oracle.
+
+The same compiled step graph runs on both; trajectories agree to float32 noise, dropout masks
+bit for bit (the RNG in torch ops), checkpoints move between the backends. ONNX's node
+conformance suite runs on torch:cpu against its own expected-failures list, for the cases that
+reach a torch kernel (the others run the numpy reference kernels, which the numpy half of
+test_onnx_conformance.py already checks).
+"""
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import anygrad
+from anygrad import devices, rng
+from anygrad.backends.numpy import NumpyBackend
+from anygrad.backends.torch import LOWERINGS, TorchBackend
+from anygrad.backends.torch import rng as torch_rng
+from anygrad.errors import AnygradError, ConfigError, DeviceError
+from anygrad.examples import FOUNDING_MODEL
+
+TESTS = Path(__file__).resolve().parent
+XFAIL_TORCH_FILE = TESTS / "onnx_expected_failures_torch.txt"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """Small tensors on a shared 2-core machine: torch's thread pool only waits on itself."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# -- the RNG ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("seed, step, salt", [(0, 0, 0), (3, 17, 2), (0xFFFFFFFF, 0xFFFFFFFE, 7), (12345, 1, 0)])
+def test_rng_draws_are_the_numpy_draws_bit_for_bit(seed, step, salt):
+    state = torch.tensor([seed, step], dtype=torch.int64)
+    ours = torch_rng.uniform(state, salt, 10_000, "cpu").numpy()
+    np.testing.assert_array_equal(ours, rng.uniform(seed, step, salt, 10_000))
+
+
+# -- the founding CNN: trajectories --------------------------------------------------------------
+def _train(device, optimizer, steps: int = 4, batch: int = 8, seed: int = 3):
+    model = anygrad.load_onnx(FOUNDING_MODEL)
+    model.compile(loss="nll", optimizer=optimizer, device=device, seed=seed)
+    data = np.random.default_rng(0)
+    losses = []
+    for _ in range(steps):
+        x = data.standard_normal((batch, 1, 28, 28)).astype(np.float32)
+        y = data.integers(0, 10, batch)
+        losses.append(model.train_on_batch(x, y))
+    return model, losses
+
+
+def _close(actual: np.ndarray, desired: np.ndarray, name: str, atol: float = 2e-5) -> None:
+    """Float32 noise: relative, and absolute against the tensor's own scale (an element of a sum
+    of large terms that cancel carries their rounding, not its own)."""
+    scale = float(np.abs(desired).max()) if desired.size else 0.0
+    np.testing.assert_allclose(actual, desired, rtol=1e-4, atol=atol + 1e-5 * scale, err_msg=name)
+
+
+def _train_program(model):
+    return next(exe for key, exe in model._programs.items() if key[0] == "train")
+
+
+@pytest.mark.parametrize("optimizer, atol", [
+    (lambda: anygrad.optim.SGD(lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-4), 2e-5),
+    (lambda: anygrad.optim.Adagrad(lr=0.05), 5e-4),
+    (lambda: anygrad.optim.RMSprop(lr=1e-3, momentum=0.5, centered=True), 5e-4),
+], ids=["sgd", "adagrad", "rmsprop"])
+def test_founding_cnn_trains_like_numpy(optimizer, atol):
+    """Dropout (p=0.3) on, BatchNorm in training mode: the same losses, weights, running
+    statistics and metrics as the numpy backend, up to float32 noise. Adaptive optimizers divide
+    by the gradient's own scale: a weight whose gradient is ~0 moves by ~lr on noise alone. Their
+    tolerance is 1% of the rate, and only weights are compared: the biases right before a
+    BatchNorm (exact gradient 0: the normalisation removes them) drift, and with them the
+    BatchNorm's running mean and the eval-mode predictions; the losses are immune to them."""
+    ref, ref_losses = _train("cpu", optimizer())
+    ours, losses = _train(TorchBackend("torch:cpu"), optimizer())
+    adaptive = atol > 2e-5
+    np.testing.assert_allclose(losses, ref_losses, rtol=2e-5)
+    a, b = ref.full_state(), ours.full_state()
+    assert a.keys() == b.keys()
+    for name in a:
+        if adaptive and (not name.endswith(".weight") or name.startswith("optim.")):
+            continue
+        _close(b[name], a[name], name, atol)
+    assert ours.read_metrics() == pytest.approx(ref.read_metrics(), rel=1e-5)
+    # only the RNG counter's uint32 increment runs on a reference kernel
+    assert _train_program(ours).fallback_ops == ["Add"]
+    if adaptive:
+        return
+    x = np.random.default_rng(1).standard_normal((5, 1, 28, 28)).astype(np.float32)
+    np.testing.assert_allclose(ours.predict(x), ref.predict(x), rtol=1e-4, atol=1e-5)
+    y = np.arange(5)
+    assert ours.evaluate(x, y) == pytest.approx(ref.evaluate(x, y), rel=1e-5)
+
+
+def test_adam_losses_match_numpy():
+    """Adam divides by sqrt of the squared gradient, so a bias whose exact gradient is 0 (a conv
+    before BatchNorm) moves by lr on noise alone: compare losses, not those weights."""
+    make = lambda: anygrad.optim.AdamW(lr=1e-3, weight_decay=0.01, amsgrad=True)
+    _, ref = _train("cpu", make())
+    _, ours = _train(TorchBackend("torch:cpu"), make())
+    np.testing.assert_allclose(ours, ref, rtol=1e-5)
+
+
+def test_checkpoints_move_between_devices(tmp_path):
+    """Train on torch:cpu, resume from its full state on the numpy backend, predict on wgpu:
+    the same numbers as training on numpy throughout."""
+    sgd = lambda: anygrad.optim.SGD(lr=0.05, momentum=0.9)
+    ref, _ = _train("cpu", sgd(), steps=4)
+    first, _ = _train(TorchBackend("torch:cpu"), sgd(), steps=2)
+    state = first.full_state()
+    np.savez(tmp_path / "ckpt.npz", **state)
+    with np.load(tmp_path / "ckpt.npz") as z:
+        state = {k: z[k] for k in z.files}
+    resumed = anygrad.load_onnx(FOUNDING_MODEL)
+    resumed.compile(loss="nll", optimizer=sgd(), device="cpu", seed=3)
+    resumed.load_full_state(state)
+    data = np.random.default_rng(0)
+    batches = [(data.standard_normal((8, 1, 28, 28)).astype(np.float32), data.integers(0, 10, 8)) for _ in range(4)]
+    for x, y in batches[2:]:
+        resumed.train_on_batch(x, y)
+    a, b = ref.full_state(), resumed.full_state()
+    for name in a:
+        _close(b[name], a[name], name)
+    # and back onto torch: the numpy-trained state loads and predicts there as on numpy
+    back = anygrad.load_onnx(FOUNDING_MODEL)
+    back.compile(loss="nll", optimizer=sgd(), device="torch:cpu", seed=3)
+    back.load_full_state(resumed.full_state())
+    x = batches[0][0]
+    np.testing.assert_allclose(back.predict(x), resumed.predict(x), rtol=1e-4, atol=1e-5)
+    from wgpu_util import has_adapter, no_adapter
+    if not has_adapter():
+        no_adapter()
+    on_wgpu = anygrad.load_onnx(FOUNDING_MODEL)
+    on_wgpu.compile(loss="nll", optimizer=sgd(), device="wgpu", seed=3)
+    on_wgpu.load_full_state(first.full_state())
+    on_cpu = anygrad.load_onnx(FOUNDING_MODEL)
+    on_cpu.compile(loss="nll", optimizer=sgd(), device="cpu", seed=3)
+    on_cpu.load_full_state(first.full_state())
+    np.testing.assert_allclose(on_wgpu.predict(x[:2]), on_cpu.predict(x[:2]), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow  # inductor compiles C++: ~45 s on a 2-core machine
+def test_torch_compile_runs_the_same_step():
+    """The step's torch segments through torch.compile (inductor, C++ on the CPU): same losses."""
+    pytest.importorskip("torch._inductor")
+    import shutil
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("torch.compile on the CPU needs a C compiler")  # the eager path is tested above
+    nn = anygrad.nn
+    module = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Dropout(0.25), nn.Linear(5, 3))
+    model_a, model_b = module.to_model((None, 6)), module.to_model((None, 6))
+    shape = (4, 6)
+    model_a.compile(loss="cross_entropy", optimizer=anygrad.optim.SGD(lr=0.1), device=TorchBackend("torch:cpu"))
+    model_b.compile(loss="cross_entropy", optimizer=anygrad.optim.SGD(lr=0.1),
+                    device=TorchBackend("torch:cpu", torch_compile=True))
+    data = np.random.default_rng(0)
+    for _ in range(2):
+        x, y = data.standard_normal(shape).astype(np.float32), data.integers(0, 3, shape[0])
+        assert model_b.train_on_batch(x, y) == pytest.approx(model_a.train_on_batch(x, y), rel=1e-5)
+    assert _train_program(model_b).torch_compile
+
+
+# -- devices and support ---------------------------------------------------------------------------
+def test_device_names():
+    backend = devices.get_backend("torch:cpu")
+    assert isinstance(backend, TorchBackend) and backend.device.type == "cpu"
+    assert "torch" in backend.description
+    if not torch.cuda.is_available():
+        with pytest.raises(DeviceError, match="CUDA"):
+            devices.get_backend("torch:cuda")
+        assert devices.get_backend("torch").device.type in ("cpu", "mps")
+    with pytest.raises(ConfigError, match="torch:cuda"):
+        devices.get_backend("torch:tpu")
+    with pytest.raises(ConfigError, match="torch:mps"):
+        devices.get_backend("tpu")
+
+
+def test_auto_prefers_wgpu_then_torch_gpu_then_cpu_and_says_so(monkeypatch, capsys):
+    monkeypatch.setattr(devices, "best_adapter", lambda include_software=True: None)
+    monkeypatch.setattr(devices, "_torch_gpu", lambda: None)
+    assert isinstance(devices.get_backend("auto"), NumpyBackend)
+    assert "CPU (numpy)" in capsys.readouterr().err
+    # a torch GPU (stood in for by torch's CPU device, the one this machine has) comes before the CPU
+    monkeypatch.setattr(devices, "_torch_gpu", lambda: "cpu")
+    backend = devices.get_backend("auto")
+    assert isinstance(backend, TorchBackend)
+    assert "using PyTorch's torch" in capsys.readouterr().err
+
+
+def test_supports_is_asked_per_backend():
+    torch_backend, numpy_backend = TorchBackend("torch:cpu"), NumpyBackend()
+    for backend in (torch_backend, numpy_backend):
+        assert backend.supports("Conv") and backend.supports("CountTopK")
+        assert not backend.supports("Frobnicate")
+    assert torch_backend.lowered("Conv") and not torch_backend.lowered("DFT")
+    model = anygrad.load_onnx(FOUNDING_MODEL).compile(loss="nll", device=torch_backend)
+    assert model._supports("CountTopK") and not model._supports("Frobnicate")
+
+
+def test_an_op_without_a_torch_kernel_runs_its_reference_kernel():
+    """Softsign has no lowering: the numpy kernel runs on host copies, same values."""
+    from anygrad.ir.builder import Builder
+    from anygrad.ir.graph import Graph, TensorInfo
+    from anygrad.ir.passes import specialize
+    assert "Softsign" not in LOWERINGS
+    g = Graph()
+    g.inputs = ["x"]
+    g.info["x"] = TensorInfo(np.dtype(np.float32), (3, 4))
+    b = Builder(g, prefix="t")
+    y = b.op("Relu", [b.op("Softsign", ["x"])])
+    g.outputs = [y]
+    g = specialize(g, {"x": (3, 4)})
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    exe = TorchBackend("torch:cpu").compile(g)
+    assert exe.fallback_ops == ["Softsign"]
+    np.testing.assert_allclose(exe.run({"x": x})[y], NumpyBackend().compile(g).run({"x": x})[y], rtol=1e-6)
+
+
+def test_bad_targets_are_a_data_error():
+    model = anygrad.load_onnx(FOUNDING_MODEL).compile(loss="nll", device="torch:cpu")
+    with pytest.raises(AnygradError, match="outside"):
+        model.train_on_batch(np.zeros((2, 1, 28, 28), np.float32), np.array([1, 10]))
+
+
+# -- the CLI -------------------------------------------------------------------------------------------
+def test_cli_founding_run_on_torch_cpu(tmp_path):
+    """`anygrad train` with the founding model and its defaults (Adagrad, lr 1.0, uint8 batches
+    normalised on the device) on torch:cpu, 3 steps: the metrics of the same run on numpy."""
+    from anygrad import cli
+    from anygrad.data import write_idx
+    from anygrad.data.mnist import MNIST_FILES
+    data = tmp_path / "data"
+    data.mkdir()
+    r = np.random.default_rng(0)
+    for split, n in (("train", 48), ("test", 16)):
+        y = r.integers(0, 10, n).astype(np.uint8)
+        x = (r.integers(0, 20, (n, 28, 28)) + y[:, None, None] * 23).astype(np.uint8)
+        write_idx(data / f"{MNIST_FILES['x_' + split].name}.gz", x)
+        write_idx(data / f"{MNIST_FILES['y_' + split].name}.gz", y)
+    rows = {}
+    for device in ("cpu", "torch:cpu"):
+        run = tmp_path / device.replace(":", "-")
+        assert cli.main(["train", "--data-dir", str(data), "--device", device, "--epochs", "1",
+                         "--batch-size", "16", "--artifacts", str(run), "--quiet"]) == 0
+        rows[device] = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows["cpu"]) == len(rows["torch:cpu"]) == 1
+    for a, b in zip(rows["cpu"], rows["torch:cpu"]):
+        for key in ("train_loss", "train_accuracy"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-5), key
+        # Adagrad at lr 1 moves the biases before each BatchNorm (exact gradient 0) by ~lr on
+        # rounding noise; the eval-mode loss reads them through the running means
+        assert b["valid_loss"] == pytest.approx(a["valid_loss"], rel=2e-2)
+
+
+# -- ONNX node conformance on torch:cpu -------------------------------------------------------------
+def _conformance_suite() -> dict[str, type]:
+    from onnx.backend.test import BackendTest
+    from onnx.backend.test.loader import load_model_tests
+    from test_onnx_conformance import expected_failures
+
+    from anygrad.frontends.onnx_backend import AnygradBackend
+
+    class TorchOnnxBackend(AnygradBackend):
+        """anygrad's ONNX backend on device TORCH (torch:cpu)."""
+
+        @classmethod
+        def supports_device(cls, device: str) -> bool:
+            return device.upper() == "TORCH"
+
+        @classmethod
+        def _backend(cls, device: str):
+            return TorchBackend("torch:cpu")
+
+    class TorchNodeConformance(BackendTest):
+        def _add_model_test(self, model_test, kind: str) -> None:
+            if kind == "Node":
+                super()._add_model_test(model_test, kind)
+
+        def _add_test(self, category, test_name, test_func, report_item, devices=None, **kwargs) -> None:
+            super()._add_test(category, test_name, test_func, report_item, devices=("TORCH",), **kwargs)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cases = load_model_tests(kind="node")
+        bt = TorchNodeConformance(TorchOnnxBackend, __name__)
+    # Cases with an op that has a torch lowering; the rest would only run the numpy kernels again.
+    lowered = sorted(c.name for c in cases if any(n.op_type in LOWERINGS for n in c.model.graph.node))
+    bt.include("^(" + "|".join(re.escape(n) for n in lowered) + ")_torch$")
+    for name in expected_failures(XFAIL_TORCH_FILE):
+        bt.xfail(f"^{re.escape(name)}_torch$")
+    out = {}
+    for key, cls in bt.test_cases.items():
+        cls.__name__ = cls.__qualname__ = key + "Torch"
+        out[key + "Torch"] = cls
+    return out
+
+
+globals().update(_conformance_suite())
+
+
+def test_torch_expected_failures_name_real_cases():
+    from onnx.backend.test.loader import load_model_tests
+    from test_onnx_conformance import expected_failures
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        names = {c.name for c in load_model_tests(kind="node")}
+    stale = sorted(set(expected_failures(XFAIL_TORCH_FILE)) - names)
+    assert not stale, f"{XFAIL_TORCH_FILE.name} lists cases onnx does not have: {stale[:10]}"
