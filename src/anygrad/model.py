@@ -321,7 +321,11 @@ class Model:
     def _program(self, kind: str, inputs: Batch, targets: Batch | None = None, phase: str = "step") -> Executable:
         shapes = {n: tuple(v.shape) for n, v in inputs.items()}
         target_shapes = {n: tuple(v.shape) for n, v in (targets or {}).items()}
-        key = (kind, tuple(shapes.items()), tuple(target_shapes.items()), phase)
+        # (kind, first input's shape, first target's shape, phase, every shape): the first four as
+        # they were when models had one input and one target
+        first_target = next(iter(target_shapes.values()), None)
+        key = (kind, next(iter(shapes.values())), first_target, phase,
+               tuple(shapes.items()) + tuple(target_shapes.items()))
         if key not in self._programs:
             backend = self._require_compiled()
             report: dict[str, MetricSpec] = {}

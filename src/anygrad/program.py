@@ -16,7 +16,7 @@ from .errors import ConfigError
 from .ir.builder import Builder
 from .ir.graph import Graph, Node, Shape, TensorInfo, info_of
 from .ir.passes import RNG_STATE, infer_node, infer_shapes, set_training_mode, specialize
-from .losses import Loss, _matching_target
+from .losses import Loss, _matching_target, class_layout
 from .ops._util import ONNX_CODES
 from .optim.base import LR_STATE, STEP_STATE, Optimizer
 
@@ -160,11 +160,19 @@ def _head_metrics(g: Graph, b: Builder, index: int, head: Head, value: str, pref
     loss, out_shape = head.loss, tuple(b.shape(head.output))
     buf = lambda kind: _head_buffer(index, head, kind)
     node = _producer(g, value)
-    if loss.classification and node is not None and node.op == "CrossEntropy":
-        target = node.inputs[1]
+    if loss.classification:
         positions = len(out_shape) - 2
         k = top_k if positions == 0 else None
-        correct, top = _fuse_counts(g, b, node, k)
+        if node is not None and node.op == "CrossEntropy":
+            target = node.inputs[1]
+            correct, top = _fuse_counts(g, b, node, k)
+        else:  # a loss built otherwise: count with a CountCorrect node of its own
+            scores, target = _class_rows(b, loss, head.output, head.target)
+            counted = target
+            if loss.ignore_index is not None and loss.ignore_index >= 0:  # -1 never matches a class
+                same = b.op("Equal", [target, b.const(np.array(loss.ignore_index, b.dtype(target)), b.dtype(target))])
+                counted = b.op("Where", [same, b.const(np.array(-1, b.dtype(target)), b.dtype(target)), target])
+            correct, top = _count_correct(b, scores, counted, k)
         rows = float(int(np.prod(b.shape(target))))
         if loss.ignore_index is None:
             valid = b.const(rows)
@@ -202,6 +210,23 @@ def _head_metrics(g: Graph, b: Builder, index: int, head: Head, value: str, pref
             specs[prefix + "mse"] = MetricSpec(buf("sq_sum"), buf("elements"))
             specs[prefix + "mae"] = MetricSpec(buf("abs_sum"), buf("elements"))
     return None
+
+
+def _class_rows(b: Builder, loss: Loss, output: str, target: str) -> tuple[str, str]:
+    """(scores with the classes on axis 1, targets of their shape) in the layout the loss reads."""
+    out_shape = tuple(b.shape(output))
+    if class_layout(loss.name, out_shape, b.shape(target), loss.options.get("class_axis")) == 1:
+        return output, _matching_target(b, loss.name, target, (out_shape[0],) + out_shape[2:])
+    rows = int(np.prod(out_shape[:-1]))
+    return b.reshape(output, (rows, out_shape[-1])), b.reshape(target, (rows,))
+
+
+def _count_correct(b: Builder, output: str, target: str, top_k: int | None) -> tuple[str, str | None]:
+    """(correct, top-k count or None) from one CountCorrect node: one read of the scores."""
+    if top_k is None:
+        return b.op("CountCorrect", [output, target]), None
+    correct, top = b.ops("CountCorrect", [output, target], 2, k=int(top_k))
+    return correct, top
 
 
 def _fuse_counts(g: Graph, b: Builder, node: Node, top_k: int | None) -> tuple[str, str | None]:
