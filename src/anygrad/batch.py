@@ -48,8 +48,8 @@ def to_numpy(value: Any, what: str) -> np.ndarray:
         t = value.detach()
         if getattr(getattr(t, "device", None), "type", "cpu") != "cpu":
             t = t.cpu()
-        if getattr(t, "is_conj", lambda: False)() or str(getattr(t, "dtype", "")) == "torch.bfloat16":
-            t = t.float() if str(t.dtype) == "torch.bfloat16" else t.resolve_conj()
+        if str(getattr(t, "dtype", "")) == "torch.bfloat16":  # numpy has no bfloat16
+            t = t.float()
         try:
             return t.numpy()
         except (TypeError, RuntimeError) as e:
