@@ -148,18 +148,30 @@ def bert():
     y = torch.tensor([0, 2, 1, 2])
     model = quiet(anygrad.from_torch, net, {"input_ids": ids, "attention_mask": mask}, dynamo=False)
     ref = torch_losses(net, lambda m: F.cross_entropy(m(input_ids=ids, attention_mask=mask).logits, y), 0.5)
-    return model, ids, mask, y, ref
+    return model, ids, mask, y, ref, net
 
 
 @pytest.mark.parametrize("dev", DEVICES)
 def test_bert_classifier_with_padding_masks(bert, dev):
-    model, ids, mask, y, ref = bert
+    model, ids, mask, y, ref, _ = bert
     assert model.input_names == ["input_ids", "attention_mask"]
     model = fresh(model).compile(loss="cross_entropy", optimizer=anygrad.optim.SGD(lr=0.5), device=device(dev))
     got = [model.train_on_batch({"input_ids": ids, "attention_mask": mask}, y) for _ in range(STEPS)]
     np.testing.assert_allclose(got, ref, **TOL)
     metrics = model.read_metrics()
     assert metrics["count"] == 4 * STEPS and set(metrics) == {"count", "loss", "accuracy"}
+
+
+def test_hugging_face_labels_as_an_input(bert):
+    """A Hugging Face model given labels= computes its loss: its outputs are named after the
+    ModelOutput's keys ('loss', 'logits'), and loss="output" trains it with the labels as an input."""
+    _, ids, mask, y, _, net = bert
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": y}
+    model = quiet(anygrad.from_torch, net, batch, dynamo=False)
+    assert model.input_names == ["input_ids", "attention_mask", "labels"] and model.output_names == ["loss", "logits"]
+    ref = torch_losses(net, lambda m: m(**batch).loss, 0.5)
+    model.compile(loss="output", optimizer=anygrad.optim.SGD(lr=0.5))
+    np.testing.assert_allclose([model.train_on_batch(batch) for _ in range(STEPS)], ref, **TOL)
 
 
 # -- a VAE whose forward returns its loss ---------------------------------------------------------
