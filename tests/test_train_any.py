@@ -121,7 +121,7 @@ structures = st.recursive(leaves, lambda inner: st.one_of(
     max_leaves=6)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batch=structures)
 def test_parser_fuzz_raises_only_anygrad_errors(batch):
     """Whatever a loader or a user hands over, the parser answers with a batch or an AnygradError."""
