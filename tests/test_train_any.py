@@ -115,10 +115,17 @@ leaves = st.one_of(
               st.lists(st.integers(0, 6), max_size=3), st.sampled_from([np.int64, np.float32, np.bool_, np.uint8, object])),
     st.builds(lambda shape: torch.zeros(shape, dtype=torch.long), st.lists(st.integers(0, 6), max_size=3)),
 )
-structures = st.recursive(leaves, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.lists(inner, max_size=4).map(tuple),
-    st.dictionaries(st.one_of(st.sampled_from(["ids", "mask", "x"]), st.integers(0, 2)), inner, max_size=3)),
-    max_leaves=6)
+
+
+def structures_of(names: list[str]):
+    """Nested dicts (keys mostly the given names), lists and tuples of arrays, tensors and junk."""
+    return st.recursive(leaves, lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.lists(inner, max_size=4).map(tuple),
+        st.dictionaries(st.one_of(st.sampled_from(names), st.integers(0, 2)), inner, max_size=3)),
+        max_leaves=6)
+
+
+structures = structures_of(["ids", "mask", "x"])
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -499,3 +506,15 @@ def test_ignore_index_counts_alike_on_wgpu(fused):
     assert gpu_ev["accuracy"] == cpu_ev["accuracy"] == pytest.approx((pred.argmax(1) == y)[y != 2].mean())
     assert gpu_ev["top5"] == cpu_ev["top5"]
     assert gpu_ev["loss"] == pytest.approx(cpu_ev["loss"], rel=1e-5)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(targets=structures_of(["logits", "box", "x"]))
+def test_target_parser_fuzz_raises_only_anygrad_errors(heads, targets):
+    """Targets of any structure for a two-headed model: parsed, or an AnygradError."""
+    model = fresh(heads[0]).compile(loss={"logits": "cross_entropy", "box": "l1"})
+    try:
+        got = model.parse_targets(targets)
+    except AnygradError:
+        return
+    assert set(got) == {h.target for h in model.heads}
