@@ -298,7 +298,7 @@ def test_float_class_targets_whole_numbers_accepted_fractions_refused(name):
 @pytest.mark.parametrize("smoothing,ignore", [(0.0, -100), (0.1, 2)])
 def test_cross_entropy_metrics_is_the_loss_with_the_counts(smoothing, ignore):
     """The fused op the step uses: PyTorch's loss and its gradient (through the forward's
-    log-sum-exp), torch.logsumexp per sample, and CountCorrect's two counts on the raw targets."""
+    log-sum-exp), torch.logsumexp per sample, and CountCorrect's two counts on the targets not ignored."""
     rng = np.random.default_rng(5)
     out = rng.standard_normal((12, 9)).astype(np.float32) * 2
     target = rng.integers(0, 9, 12)
@@ -311,6 +311,7 @@ def test_cross_entropy_metrics_is_the_loss_with_the_counts(smoothing, ignore):
     np.testing.assert_allclose(outs[0], want.item(), rtol=1e-5)
     np.testing.assert_allclose(grads[0], x.grad.numpy(), rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(outs[1], torch.logsumexp(x, 1).detach().numpy(), rtol=1e-6)
-    counts, _, _ = run_op("CountCorrect", [out, target], {"k": 3}, n_outputs=2, grad=False)
-    assert float(outs[2]) == float(np.sum(np.argmax(out, axis=1) == target)) == float(counts[0])
-    assert float(outs[3]) == float(counts[1]) == float(run_op("CountTopK", [out, target], {"k": 3}, grad=False)[0][0])
+    counted = np.where(target == ignore, -1, target)  # ignored targets count neither way
+    counts, _, _ = run_op("CountCorrect", [out, counted], {"k": 3}, n_outputs=2, grad=False)
+    assert float(outs[2]) == float(np.sum(np.argmax(out, axis=1) == counted)) == float(counts[0])
+    assert float(outs[3]) == float(counts[1]) == float(run_op("CountTopK", [out, counted], {"k": 3}, grad=False)[0][0])

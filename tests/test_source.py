@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "anygrad"
 LAYERS = [
     {"errors", "rng", "coerce", "_parallel", "fsutil", "torchfile"},  # leaf utilities (numpy only)
     {"ir"},
-    {"ops", "autodiff", "losses", "optim", "program"},
+    {"ops", "autodiff", "losses", "optim", "program", "batch"},
     {"backends", "devices"},
     {"model"},
     {"frontends", "nn", "data", "codegen"},                      # build Models from files and code

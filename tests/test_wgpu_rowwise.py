@@ -126,11 +126,11 @@ def test_short_rows_take_one_invocation(backend):
                                                         ("mean", 0.2, 1)])
 def test_cross_entropy_metrics(backend, split, reduction, smooth, log_input):
     """Loss, per-row log-sum-exp, correct and top-3 counts from one statistics kernel, and the
-    gradient without one. ignore_index 3 is a real class: the loss skips those rows, the counts
-    do not (CountCorrect compares with the raw targets)."""
+    gradient without one. ignore_index 3 is a real class: the loss and the counts skip those rows
+    (a hit there counts neither way, as the metrics of a token-level model need)."""
     n, c = 30, 120
     x = randn(n, c) * 2
-    x[1, 3] = x[1].max() + 1  # row 1 (target 3, ignored by the loss) is a hit
+    x[1, 3] = x[1].max() + 1  # row 1 (target 3, ignored) would be a hit
     if log_input:
         x = x - np.log(np.exp(x).sum(axis=1, keepdims=True))
     t = targets(n, c)

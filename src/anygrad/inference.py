@@ -308,10 +308,15 @@ def compile_for_inference(model: Model, device: str = "cpu") -> Model:
     return model.compile(loss=loss, device=device)
 
 
+def _first_output(out: np.ndarray | dict[str, np.ndarray]) -> np.ndarray:
+    """A model of several outputs predicts {name: array}; the classifier tools read the first."""
+    return next(iter(out.values())) if isinstance(out, dict) else out
+
+
 def predict_batch(model: Model, x: np.ndarray, batch_size: int = 500, log: bool = False) -> np.ndarray:
     """Class probabilities (or log-probabilities) (N, C) for prepared samples, in inference mode."""
     kind = output_kind(model)
-    out = np.concatenate([log_probabilities(model.predict(x[i:i + batch_size]), kind)
+    out = np.concatenate([log_probabilities(_first_output(model.predict(x[i:i + batch_size])), kind)
                           for i in range(0, len(x), batch_size)])
     return out if log else np.exp(out)
 

@@ -9,18 +9,20 @@ from typing import Any
 import numpy as np
 
 from .backends.base import Backend, Executable
-from .errors import ConfigError
+from .batch import Batch, check_batch_sizes, parse_inputs, structure, take, to_numpy
+from .errors import ConfigError, DataError
 from .ir.graph import Graph
 from .ir.passes import RNG_STATE
-from .losses import Loss, get_loss
+from .losses import LOSSES, Loss, get_loss
 from .optim.base import LR_STATE, Optimizer
 from .program import (
-    CORRECT_SUM,
-    LOSS_SUM,
+    METRIC_PREFIX,
     METRIC_STATE,
     SAMPLE_COUNT,
     TARGET,
-    TOPK_SUM,
+    TARGET_PREFIX,
+    Head,
+    MetricSpec,
     build_eval_step,
     build_inference,
     build_train_step,
@@ -67,7 +69,9 @@ class Model:
         self.source = source
         self.origin = None  # what the frontend learnt about the file (anygrad.frontends.OnnxOrigin)
         self.torch_binding = None  # PyTorch names learnt by load_state_dict (frontends.torch_weights)
-        self.loss: Loss | None = None
+        self.loss: Loss | None = None      # the first head's loss (what most code asks about)
+        self.heads: list[Head] = []        # every output with a loss (compile's loss=...)
+        self._metric_specs: dict[str, MetricSpec] = {}  # what read_metrics reports, from the programs
         self.optimizer: Optimizer | None = None
         self.backend: Backend | None = None
         self.seed = 0
@@ -83,6 +87,20 @@ class Model:
     @property
     def input_name(self) -> str:
         return self.graph.inputs[0]
+
+    @property
+    def input_names(self) -> list[str]:
+        """The graph's inputs in order: what a tuple batch lists, and the keys of a dict batch."""
+        return list(self.graph.inputs)
+
+    @property
+    def output_names(self) -> list[str]:
+        return list(self.graph.outputs)
+
+    @property
+    def target_names(self) -> list[str]:
+        """The outputs that take targets (the keys of a dict of targets); [] for loss='output'."""
+        return [h.output for h in self.heads if h.loss.needs_target]
 
     @property
     def input_shape(self) -> tuple:
@@ -177,10 +195,19 @@ class Model:
         self._programs.clear()
 
     # -- setup ----------------------------------------------------------------------------
-    def compile(self, loss: str | Loss = "cross_entropy", optimizer: Optimizer | None = None,
-                device: str | Backend | list = "cpu", seed: int = 0, *, clip_norm: float | None = None,
+    def compile(self, loss: str | Loss | Mapping[str, str | Loss] = "cross_entropy",
+                optimizer: Optimizer | None = None, device: str | Backend | list = "cpu", seed: int = 0, *,
+                loss_weights: Mapping[str, float] | None = None, clip_norm: float | None = None,
                 accumulate: int = 1, limits: str | None = None, **loss_options: Any) -> Model:
-        """`device`: one device, or several ('wgpu:0,wgpu:1' or a list) that share each batch."""
+        """Choose the loss, optimizer and device.
+
+        `loss`: a name (cross_entropy, nll, mse, l1, bce_with_logits) or a Loss for the first
+        output; a dict {output name: loss} for several outputs, each trained on its own targets
+        (passed by output name), their losses summed with `loss_weights` (default 1 each);
+        or "output": the model's first output is its own scalar loss (a forward that returns
+        the loss), trained with no targets. `loss_options` go to the named losses that take them
+        (ignore_index, reduction, label_smoothing, weight, class_axis).
+        `device`: one device, or several ('wgpu:0,wgpu:1' or a list) that share each batch."""
         from .devices import get_backend
         devices = None
         if isinstance(device, (list, tuple)) or (isinstance(device, str) and "," in device):
@@ -188,7 +215,9 @@ class Model:
             devices = open_backends(device_list(device) or list(device if isinstance(device, (list, tuple))
                                                                 else [device]), limits)
             device = devices[0]
-        self.loss = get_loss(loss, **loss_options) if isinstance(loss, str) else loss
+        self.heads = self._heads(loss, loss_weights, loss_options)
+        self.loss = self.heads[0].loss
+        self._metric_specs = {}
         if optimizer is None:
             from .optim import SGD
             optimizer = SGD(lr=0.01)
@@ -207,6 +236,57 @@ class Model:
             from .distributed import DataParallel
             self.parallel = DataParallel(self, devices[1:])
         return self
+
+    def _heads(self, loss: Any, weights: Mapping[str, float] | None, options: dict[str, Any]) -> list[Head]:
+        """compile's loss/loss_weights/options as Heads (see compile)."""
+        outputs = list(self.graph.outputs)
+        if isinstance(loss, Mapping):
+            if not loss:
+                raise ConfigError(f"loss: an empty dict; name a loss per output, e.g. {{'{outputs[0]}': 'cross_entropy'}}")
+            unknown = [k for k in loss if k not in outputs]
+            if unknown:
+                raise ConfigError(f"loss: the model has no output named {unknown[0]!r}; its outputs are {outputs}")
+            if any(v == "output" for v in loss.values()):
+                raise ConfigError("loss='output' trains the whole model on its own loss: pass it alone, not per output")
+            used = set()
+            chosen = {}
+            for out in outputs:  # graph order: the first head's metrics keep the plain names
+                if out in loss:
+                    chosen[out] = self._one_loss(loss[out], options, used)
+            left = set(options) - used
+            if left:
+                raise ConfigError(f"loss options {sorted(left)} are taken by none of the losses {dict(loss)}")
+        else:
+            chosen = {outputs[0]: self._one_loss(loss, options, None)}
+        weights = dict(weights or {})
+        unknown = [k for k in weights if k not in chosen]
+        if unknown:
+            raise ConfigError(f"loss_weights: {unknown[0]!r} is not an output with a loss (those are {list(chosen)})")
+        heads = []
+        for i, (out, lo) in enumerate(chosen.items()):
+            w = weights.get(out, 1.0)
+            if isinstance(w, bool) or not isinstance(w, (int, float, np.number)) or not np.isfinite(w):
+                raise ConfigError(f"loss_weights['{out}'] must be a finite number, got {w!r}")
+            heads.append(Head(out, lo, float(w), TARGET if i == 0 else TARGET_PREFIX + out))
+        if not heads[0].loss.needs_target and weights:
+            raise ConfigError("loss_weights do not apply to loss='output' (the model computes its own loss)")
+        return heads
+
+    @staticmethod
+    def _one_loss(loss: Any, options: dict[str, Any], used: set | None) -> Loss:
+        """A Loss from a name (with the options it takes) or a Loss. `used`: collect the option
+        names taken, for a dict of losses (each takes the options it knows); None: all must fit."""
+        if isinstance(loss, Loss):
+            if options and used is None:
+                raise ConfigError(f"loss options {sorted(options)} go with a loss name, not a Loss object")
+            return loss
+        if used is None or not isinstance(loss, str) or loss not in LOSSES:
+            return get_loss(loss, **options)
+        import inspect
+        takes = set(inspect.signature(LOSSES[loss]).parameters)
+        mine = {k: v for k, v in options.items() if k in takes}
+        used.update(mine)
+        return get_loss(loss, **mine)
 
     def configure_step(self, clip_norm: float | None = None, accumulate: int = 1) -> Model:
         """Gradient clipping (max global 2-norm, like torch.nn.utils.clip_grad_norm_) and gradient
@@ -228,8 +308,10 @@ class Model:
         device has no kernel for it)."""
         if self.loss is None or not self.loss.classification or not self._supports("CountTopK"):
             return None
-        info = self.graph.info.get(self.graph.outputs[0])
-        return None if info is None else top_k_for(info, True)
+        info = self.graph.info.get(self.heads[0].output if self.heads else self.graph.outputs[0])
+        if info is None or info.shape is None or len(info.shape) != 2:  # per-sample classes only
+            return None
+        return top_k_for(info, True)
 
     def _supports(self, op: str) -> bool:
         """Whether the compiled backend runs `op` (each backend answers for itself)."""
@@ -240,32 +322,75 @@ class Model:
             raise ConfigError("call model.compile(loss=..., optimizer=..., device=...) first")
         return self.backend
 
-    def _program(self, kind: str, batch_shape: tuple, target_shape: tuple | None = None,
-                 phase: str = "step") -> Executable:
-        key = (kind, batch_shape, target_shape, phase)
+    def _program(self, kind: str, inputs: Batch, targets: Batch | None = None, phase: str = "step") -> Executable:
+        shapes = {n: tuple(v.shape) for n, v in inputs.items()}
+        target_shapes = {n: tuple(v.shape) for n, v in (targets or {}).items()}
+        # (kind, first input's shape, first target's shape, phase, every shape): the first four as
+        # they were when models had one input and one target
+        first_target = next(iter(target_shapes.values()), None)
+        key = (kind, next(iter(shapes.values())), first_target, phase,
+               tuple(shapes.items()) + tuple(target_shapes.items()))
         if key not in self._programs:
             backend = self._require_compiled()
-            shapes = {self.input_name: batch_shape}
+            report: dict[str, MetricSpec] = {}
             if kind == "train":
-                graph = build_train_step(self.graph, shapes, target_shape, self.loss, self.optimizer,
+                graph = build_train_step(self.graph, shapes, target_shapes, self.heads, self.optimizer,
                                          clip_norm=self.clip_norm, accumulate=self.accumulate, phase=phase,
-                                         top_k=self.top_k)
+                                         top_k=self.top_k, report=report)
             elif kind == "eval":
-                graph = build_eval_step(self.graph, shapes, target_shape, self.loss, top_k=self.top_k)
+                graph = build_eval_step(self.graph, shapes, target_shapes, self.heads, top_k=self.top_k,
+                                        report=report)
             else:
                 graph = build_inference(self.graph, shapes)
             self._programs[key] = backend.compile(graph)
+            self._metric_specs.update(report)
         return self._programs[key]
 
-    def check_training_shape(self, batch_shape: tuple) -> None:
-        """Raise the ShapeError a training step for this input shape would raise, without building it."""
-        training_forward(self.graph, {self.input_name: tuple(batch_shape)})
+    def check_training_shape(self, batch_shape: tuple | Mapping[str, tuple]) -> None:
+        """Raise the ShapeError a training step for this input shape (one input) or these shapes
+        by input name would raise, without building it."""
+        shapes = dict(batch_shape) if isinstance(batch_shape, Mapping) else {self.input_name: tuple(batch_shape)}
+        training_forward(self.graph, {n: tuple(s) for n, s in shapes.items()})
 
-    def _feeds(self, x: np.ndarray, y: np.ndarray | None = None) -> dict[str, np.ndarray]:
-        feeds = {self.input_name: np.asarray(x)}
-        if y is not None:
-            feeds[TARGET] = self.loss.targets(y) if self.loss is not None else np.asarray(y)
-        return feeds
+    def parse_inputs(self, x: Any) -> Batch:
+        """A batch's inputs as {input name: array}: from a dict by name, a tuple in graph order, or
+        one array (one-input models); numpy arrays or torch tensors. Errors name the input."""
+        return parse_inputs(x, self.graph)
+
+    def parse_targets(self, y: Any, inputs: Batch | None = None) -> Batch:
+        """A batch's targets as {target input: array} for the outputs with a loss: one array (one
+        such output), a dict by output name, or a tuple in output order."""
+        heads = [h for h in self.heads if h.loss.needs_target]
+        if not self.heads:
+            raise ConfigError("call model.compile(loss=..., optimizer=..., device=...) first")
+        if not heads:
+            if y is not None:
+                raise ConfigError("loss='output' takes no targets: the model computes its own loss; pass labels "
+                                  f"as model inputs (its inputs are {self.input_names})")
+            return {}
+        if y is None:
+            names = [h.output for h in heads]
+            raise ConfigError(f"loss '{heads[0].loss.name}' needs targets: train_on_batch(inputs, targets)"
+                              + (f" with targets by output name {names}" if len(names) > 1 else "")
+                              + "; a model that computes its own loss compiles with loss='output'")
+        raw = structure(y, [h.output for h in heads], "target")
+        out = {}
+        for h in heads:
+            what = f"targets of output '{h.output}'" if len(heads) > 1 else "targets"
+            value = to_numpy(raw[h.output], what)
+            try:
+                out[h.target] = h.loss.targets(value)
+            except DataError as e:
+                if len(heads) == 1:
+                    raise
+                raise DataError(f"{what}: {e}") from None
+        if inputs is not None:
+            check_batch_sizes({**inputs, **{f"target of '{h.output}'": out[h.target] for h in heads}}, "input")
+        return out
+
+    def _batch(self, x: Any, y: Any, need_targets: bool = True) -> tuple[Batch, Batch]:
+        inputs = self.parse_inputs(x)
+        return inputs, self.parse_targets(y, inputs) if need_targets or y is not None else {}
 
     # -- training and inference ----------------------------------------------------------
     def _next_phase(self, flush: bool) -> str:
@@ -279,65 +404,105 @@ class Model:
             self.micro_step = 0
         return phase
 
-    def _train_program(self, x: np.ndarray, y: np.ndarray, flush: bool) -> Executable:
+    def _train_program(self, inputs: Batch, targets: Batch, flush: bool) -> Executable:
         phase = self._next_phase(flush)  # a lone flushed micro-batch: "step", its loss still scaled by 1/N
-        return self._program("train", tuple(np.shape(x)), tuple(np.shape(y)), phase)
+        return self._program("train", inputs, targets, phase)
 
-    def train_step(self, x: np.ndarray, y: np.ndarray, flush: bool = False) -> None:
+    def train_step(self, x: Any, y: Any = None, flush: bool = False) -> None:
         """One optimizer step (with accumulation: one micro-batch, the update every `accumulate`
-        calls or now when `flush`); no readback (metric sums accumulate on the device)."""
+        calls or now when `flush`); no readback (metric sums accumulate on the device).
+        `x`: the inputs (see parse_inputs); `y`: the targets (see parse_targets; none for
+        loss='output')."""
+        inputs, targets = self._batch(x, y)
         if self.parallel is not None:
-            self.parallel.train_step(x, y, flush)
+            self.parallel.train_step(inputs, targets, flush)
             return
-        self._train_program(x, y, flush).run(self._feeds(x, y), fetch=[])
+        self._train_program(inputs, targets, flush).run({**inputs, **targets}, fetch=[])
 
-    def train_on_batch(self, x: np.ndarray, y: np.ndarray, flush: bool = False) -> float:
+    def train_on_batch(self, x: Any, y: Any = None, flush: bool = False) -> float:
         """One optimizer step; returns the batch loss (before the update)."""
+        inputs, targets = self._batch(x, y)
         if self.parallel is not None:
-            return self.parallel.train_step(x, y, flush, fetch_loss=True)
-        exe = self._train_program(x, y, flush)
-        out = exe.run(self._feeds(x, y), fetch=[exe.graph.outputs[0]])
+            return self.parallel.train_step(inputs, targets, flush, fetch_loss=True)
+        exe = self._train_program(inputs, targets, flush)
+        out = exe.run({**inputs, **targets}, fetch=[exe.graph.outputs[0]])
         return float(out[exe.graph.outputs[0]])
 
-    def eval_step(self, x: np.ndarray, y: np.ndarray) -> None:
-        """Accumulate validation loss/accuracy sums for one batch, in inference mode."""
-        self._program("eval", tuple(np.shape(x)), tuple(np.shape(y))).run(self._feeds(x, y), fetch=[])
+    def eval_step(self, x: Any, y: Any = None) -> None:
+        """Accumulate validation loss and metric sums for one batch, in inference mode."""
+        inputs, targets = self._batch(x, y)
+        self._program("eval", inputs, targets).run({**inputs, **targets}, fetch=[])
 
-    def predict(self, x: np.ndarray) -> np.ndarray:
-        """Model output in inference mode. An uncompiled model predicts on the CPU, like a
-        freshly built PyTorch module: inference needs no loss or optimizer."""
+    def predict(self, x: Any) -> np.ndarray | dict[str, np.ndarray]:
+        """Model output in inference mode: an array, or {output name: array} for a model with
+        several outputs. An uncompiled model predicts on the CPU, like a freshly built PyTorch
+        module: inference needs no loss or optimizer."""
         if self.backend is None:
             self.compile(device="cpu")
-        exe = self._program("predict", tuple(np.shape(x)))
-        return exe.run(self._feeds(x))[exe.graph.outputs[0]]
+        inputs = self.parse_inputs(x)
+        exe = self._program("predict", inputs)
+        out = exe.run(inputs)
+        if len(exe.graph.outputs) == 1:
+            return out[exe.graph.outputs[0]]
+        return {n: out[n] for n in exe.graph.outputs}
 
-    def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = 1000) -> dict[str, float]:
-        """Mean loss and accuracy over (x, y) in inference mode."""
+    def evaluate(self, x: Any, y: Any = None, batch_size: int = 1000) -> dict[str, float]:
+        """Mean loss and the metrics (see read_metrics) over (x, y) in inference mode."""
+        self._require_compiled()
+        inputs, targets = self._batch(x, y)
+        n = len(next(iter(inputs.values())))
         self.reset_metrics()
-        for i in range(0, len(x), batch_size):
-            self.eval_step(x[i:i + batch_size], y[i:i + batch_size])
+        for i in range(0, n, batch_size):
+            part = slice(i, i + batch_size)
+            self.eval_step(take(inputs, part), self._by_output(take(targets, part)) if targets else None)
         return self.read_metrics(reset=True)
 
+    def _by_output(self, targets: Batch) -> dict[str, np.ndarray]:
+        """Targets by target input -> by output name (what parse_targets takes)."""
+        return {h.output: targets[h.target] for h in self.heads if h.target in targets}
+
     # -- metrics (device-side sums) --------------------------------------------------------
+    def _metric_buffers(self) -> set[str]:
+        names = set(METRIC_STATE)
+        for spec in self._metric_specs.values():
+            names.update((spec.num, spec.den))
+        for exe in self._programs.values():
+            names.update(n for n in exe.graph.state_names if n.startswith(METRIC_PREFIX))
+        return names
+
     def reset_metrics(self) -> None:
         backend = self._require_compiled()
-        for name in METRIC_STATE:
+        for name in sorted(self._metric_buffers()):
             backend.set_state(name, np.zeros((), np.float32))
         if self.parallel is not None:
             self.parallel.reset_metrics()
 
+    @property
+    def metric_names(self) -> list[str]:
+        """The keys read_metrics reports besides 'count' (known once a step program is built):
+        'loss' always; per output with a loss (prefixed '<output>_' when there are several):
+        accuracy and top5 (classifiers), accuracy and perplexity (token-level class targets, ignored
+        positions skipped), pixel_accuracy (per-pixel classes), mse and mae (mse/l1),
+        label_accuracy (multi-label bce_with_logits), '<output>_loss' with several; the model's
+        other scalar outputs by name for loss='output'."""
+        return list(self._metric_specs)
+
     def read_metrics(self, reset: bool = False) -> dict[str, float]:
+        """The metric sums since the last reset as means: {'count': samples, 'loss': ..., ...}
+        (see metric_names)."""
         backend = self._require_compiled()
-        sums = self.parallel.metric_sums() if self.parallel is not None else \
-            {k: float(backend.get_state(k)) for k in METRIC_STATE if backend.has_state(k)}
+        names = sorted(n for n in self._metric_buffers() if backend.has_state(n))
+        # one read of every sum: from this device, or summed over the data-parallel replicas
+        sums = self.parallel.metric_sums(names) if self.parallel is not None else \
+            {k: float(backend.get_state(k)) for k in names}
         n = sums.get(SAMPLE_COUNT, 0.0)
         out = {"count": n}
         if n:
-            out["loss"] = sums[LOSS_SUM] / n
-            if self.loss.classification:
-                out["accuracy"] = sums[CORRECT_SUM] / n
-            if self.top_k is not None and TOPK_SUM in sums:
-                out[f"top{self.top_k}"] = sums[TOPK_SUM] / n
+            for key, spec in self._metric_specs.items():
+                den = sums.get(spec.den)
+                if spec.num in sums and den:
+                    mean = sums[spec.num] / den
+                    out[key] = float(np.exp(min(mean, 700.0))) if spec.exp else mean
         if reset:
             self.reset_metrics()
         return out
@@ -377,7 +542,7 @@ class Model:
         names = set(self.graph.state_names) | {RNG_STATE}
         for exe in self._programs.values():
             names.update(exe.graph.state_names)
-        names.update(METRIC_STATE)
+        names.update(self._metric_buffers())
         return {n: backend.get_state(n) for n in sorted(names) if backend.has_state(n)}
 
     def load_full_state(self, state: dict[str, np.ndarray]) -> None:

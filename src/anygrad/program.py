@@ -12,13 +12,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from .autodiff import gradients
+from .errors import ConfigError
 from .ir.builder import Builder
 from .ir.graph import Graph, Node, Shape, TensorInfo, info_of
 from .ir.passes import RNG_STATE, infer_node, infer_shapes, set_training_mode, specialize
-from .losses import Loss, _matching_target
+from .losses import Loss, _matching_target, class_layout
+from .ops._util import ONNX_CODES
 from .optim.base import LR_STATE, STEP_STATE, Optimizer
 
-TARGET = "anygrad.target"
+TARGET = "anygrad.target"                # the target input of the first (or only) output with a loss
+TARGET_PREFIX = "anygrad.target."         # ... of the others: anygrad.target.<output>
+METRIC_PREFIX = "anygrad.metric."         # every device-side metric sum
 LOSS_SUM = "anygrad.metric.loss_sum"
 CORRECT_SUM = "anygrad.metric.correct"
 SAMPLE_COUNT = "anygrad.metric.count"
@@ -41,6 +45,27 @@ def top_k_for(output: TensorInfo, classification: bool) -> int | None:
     return None
 
 
+@dataclass(frozen=True)
+class Head:
+    """One model output trained by a loss: the graph input its targets arrive in, and its weight
+    in the objective (the sum of weight * loss over heads)."""
+
+    output: str
+    loss: Loss
+    weight: float = 1.0
+    target: str = TARGET
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """A reported metric: the device sum `num` divided by the device sum `den` (exp of that
+    for perplexity). Model.read_metrics turns these into numbers."""
+
+    num: str
+    den: str
+    exp: bool = False
+
+
 @dataclass
 class StepOutputs:
     loss: str
@@ -54,30 +79,146 @@ def _add_buffer(g: Graph, name: str, value: np.ndarray) -> None:
         g.buffers.append(name)
 
 
-def _loss_and_metrics(g: Graph, b: Builder, output: str, loss: Loss, target_shape: Shape,
-                      top_k: int | None = None) -> StepOutputs:
-    g.inputs.append(TARGET)
-    g.info[TARGET] = TensorInfo(np.dtype(loss.target_dtype), tuple(target_shape))
-    loss_value = loss.build(b, output, TARGET)
-    target = TARGET
-    if loss.classification:  # the layout the loss accepted: (N, T) targets for (N*T, C) logits
-        out_shape = b.shape(output)
-        target = _matching_target(b, loss.name, TARGET, (out_shape[0],) + tuple(out_shape[2:]))
-    correct = top = None
-    if loss.classification:
-        correct, top = _with_loss(g, b, loss_value, output, top_k) or _count_correct(b, output, target, top_k)
-    # Device-side running sums, read back only when the trainer asks.
+def _sum_into(g: Graph, b: Builder, buffer: str, value: str) -> None:
+    """buffer += value, a float32 scalar running sum read back only when the trainer asks."""
+    _add_buffer(g, buffer, np.zeros((), np.float32))
+    g.state_updates[b.op("Add", [buffer, value])] = buffer
+
+
+def _head_buffer(index: int, head: Head, kind: str) -> str:
+    """The first head keeps the historical names (anygrad.metric.correct, ...)."""
+    legacy = {"loss": LOSS_SUM, "correct": CORRECT_SUM, "topk": TOPK_SUM}
+    if index == 0 and kind in legacy and kind != "loss":
+        return legacy[kind]
+    return f"{METRIC_PREFIX}{kind}" if index == 0 else f"{METRIC_PREFIX}{head.output}.{kind}"
+
+
+def _batch_size(g: Graph) -> float:
+    """Samples in the batch: axis 0 of the first input (every input shares it)."""
+    shape = g.info[g.inputs[0]].shape if g.inputs else ()
+    return float(shape[0]) if shape else 1.0
+
+
+def _loss_and_metrics(g: Graph, b: Builder, heads: list[Head], target_shapes: dict[str, Shape],
+                      top_k: int | None = None, report: dict[str, MetricSpec] | None = None) -> StepOutputs:
+    """The objective (sum of weighted head losses, or the model's own scalar output) and the
+    device-side metric sums; `report` receives {metric name: MetricSpec} for Model.read_metrics."""
+    specs: dict[str, MetricSpec] = {} if report is None else report
     for name in METRIC_STATE:
         _add_buffer(g, name, np.zeros((), np.float32))
-    if top is not None:
-        g.state_updates[b.op("Add", [TOPK_SUM, top])] = TOPK_SUM
-    n = float(b.shape(output)[0]) if b.shape(output) else 1.0
-    batch_loss = b.op("Mul", [loss_value, b.const(n)])
-    g.state_updates[b.op("Add", [LOSS_SUM, batch_loss])] = LOSS_SUM
-    g.state_updates[b.op("Add", [SAMPLE_COUNT, b.const(n)])] = SAMPLE_COUNT
-    if correct is not None:
-        g.state_updates[b.op("Add", [CORRECT_SUM, correct])] = CORRECT_SUM
-    return StepOutputs(loss_value, correct)
+    n = b.const(_batch_size(g))
+    _sum_into(g, b, SAMPLE_COUNT, n)
+    specs["loss"] = MetricSpec(LOSS_SUM, SAMPLE_COUNT)
+    if not heads[0].loss.needs_target:
+        objective = own_loss(g, b, heads[0].output)
+        for other in g.outputs[1:]:  # the others, reported like metrics when they are numbers
+            if other != heads[0].output and int(np.prod(b.shape(other))) == 1:
+                value = other if b.shape(other) == () else b.reshape(other, ())
+                buffer = f"{METRIC_PREFIX}output.{other}"
+                _sum_into(g, b, buffer, b.op("Mul", [value, n]))
+                specs[other if other not in specs else f"output_{other}"] = MetricSpec(buffer, SAMPLE_COUNT)
+        _sum_into(g, b, LOSS_SUM, b.op("Mul", [objective, n]))
+        return StepOutputs(objective, None)
+    total = first_correct = None
+    for i, head in enumerate(heads):
+        g.inputs.append(head.target)
+        g.info[head.target] = TensorInfo(np.dtype(head.loss.target_dtype), tuple(target_shapes[head.target]))
+        value = head.loss.build(b, head.output, head.target)
+        weighted = value if head.weight == 1.0 else b.op("Mul", [value, b.const(float(head.weight))])
+        total = weighted if total is None else b.op("Add", [total, weighted])
+        prefix = f"{head.output}_" if len(heads) > 1 else ""
+        if len(heads) > 1:
+            buffer = _head_buffer(i, head, "head_loss")
+            _sum_into(g, b, buffer, b.op("Mul", [value, n]))
+            specs[f"{prefix}loss"] = MetricSpec(buffer, SAMPLE_COUNT)
+        correct = _head_metrics(g, b, i, head, value, prefix, specs, top_k if i == 0 else None)
+        if i == 0:
+            first_correct = correct
+    _sum_into(g, b, LOSS_SUM, b.op("Mul", [total, n]))
+    return StepOutputs(total, first_correct)
+
+
+def own_loss(g: Graph, b: Builder, output: str) -> str:
+    """loss="output": the model's output as the scalar to minimise; a ConfigError when it is not one."""
+    shape = tuple(b.shape(output))
+    if int(np.prod(shape)) != 1 or not np.issubdtype(b.dtype(output), np.floating):
+        raise ConfigError(f"loss='output' minimises the model's first output '{output}', but it has shape {shape} "
+                          f"and dtype {b.dtype(output)}, not a float scalar; make forward return the loss "
+                          "(e.g. F.cross_entropy(logits, labels)) first, or compile with a loss such as "
+                          "'cross_entropy' and pass targets")
+    return output if shape == () else b.reshape(output, ())
+
+
+def _producer(g: Graph, value: str) -> Node | None:
+    return next((n for n in reversed(g.nodes) if value in n.outputs), None)
+
+
+def _head_metrics(g: Graph, b: Builder, index: int, head: Head, value: str, prefix: str,
+                  specs: dict[str, MetricSpec], top_k: int | None) -> str | None:
+    """The metrics the loss and the output's shape call for (see metric_names); returns the
+    first head's correct count (the step program's second output) for classifiers."""
+    loss, out_shape = head.loss, tuple(b.shape(head.output))
+    buf = lambda kind: _head_buffer(index, head, kind)
+    node = _producer(g, value)
+    if loss.classification:
+        positions = len(out_shape) - 2
+        k = top_k if positions == 0 else None
+        if node is not None and node.op == "CrossEntropy":
+            target = node.inputs[1]
+            correct, top = _fuse_counts(g, b, node, k)
+        else:  # a loss built otherwise: count with a CountCorrect node of its own
+            scores, target = _class_rows(b, loss, head.output, head.target)
+            counted = target
+            if loss.ignore_index is not None and loss.ignore_index >= 0:  # -1 never matches a class
+                same = b.op("Equal", [target, b.const(np.array(loss.ignore_index, b.dtype(target)), b.dtype(target))])
+                counted = b.op("Where", [same, b.const(np.array(-1, b.dtype(target)), b.dtype(target)), target])
+            correct, top = _count_correct(b, scores, counted, k)
+        rows = float(int(np.prod(b.shape(target))))
+        if loss.ignore_index is None:
+            valid = b.const(rows)
+        else:
+            ignored = b.op("Equal", [target, b.const(np.array(loss.ignore_index, b.dtype(target)), b.dtype(target))])
+            ignored = b.op("ReduceSum", [b.op("Cast", [ignored], to=ONNX_CODES[np.dtype(np.float32)])], keepdims=0)
+            valid = b.op("Sub", [b.const(rows), ignored])
+        _sum_into(g, b, buf("valid"), valid)
+        _sum_into(g, b, buf("correct"), correct)
+        specs[prefix + ("pixel_accuracy" if positions >= 2 else "accuracy")] = MetricSpec(buf("correct"), buf("valid"))
+        if top is not None:
+            _sum_into(g, b, buf("topk"), top)
+            specs[f"{prefix}top{k}"] = MetricSpec(buf("topk"), buf("valid"))
+        plain = not loss.options.get("weight") and not loss.options.get("label_smoothing")
+        if positions == 1 and plain and node.attr("log_input", 0) in (0, 1):
+            nll = value if node.attr("reduction", "mean") == "sum" else b.op("Mul", [value, valid])
+            _sum_into(g, b, buf("nll_sum"), nll)
+            specs[prefix + "perplexity"] = MetricSpec(buf("nll_sum"), buf("valid"), exp=True)
+        return correct
+    if loss.name in ("mse", "l1", "bce_with_logits") and head.target in g.inputs:
+        target = _matching_target(b, loss.name, head.target, out_shape)
+        elements = b.const(float(int(np.prod(out_shape))))
+        _sum_into(g, b, buf("elements"), elements)
+        if loss.name == "bce_with_logits":  # a label is right when sigmoid(x) > 0.5 agrees with target > 0.5
+            f32 = ONNX_CODES[np.dtype(np.float32)]
+            pred = b.op("Cast", [b.op("Greater", [head.output, b.const(0.0)])], to=f32)
+            truth = b.op("Cast", [b.op("Greater", [target, b.const(0.5)])], to=f32)
+            wrong = b.op("ReduceSum", [b.op("Abs", [b.op("Sub", [pred, truth])])], keepdims=0)
+            _sum_into(g, b, buf("label_correct"), b.op("Sub", [elements, wrong]))
+            specs[prefix + "label_accuracy"] = MetricSpec(buf("label_correct"), buf("elements"))
+        else:
+            d = b.op("Sub", [head.output, target])
+            _sum_into(g, b, buf("sq_sum"), b.op("ReduceSum", [b.op("Mul", [d, d])], keepdims=0))
+            _sum_into(g, b, buf("abs_sum"), b.op("ReduceSum", [b.op("Abs", [d])], keepdims=0))
+            specs[prefix + "mse"] = MetricSpec(buf("sq_sum"), buf("elements"))
+            specs[prefix + "mae"] = MetricSpec(buf("abs_sum"), buf("elements"))
+    return None
+
+
+def _class_rows(b: Builder, loss: Loss, output: str, target: str) -> tuple[str, str]:
+    """(scores with the classes on axis 1, targets of their shape) in the layout the loss reads."""
+    out_shape = tuple(b.shape(output))
+    if class_layout(loss.name, out_shape, b.shape(target), loss.options.get("class_axis")) == 1:
+        return output, _matching_target(b, loss.name, target, (out_shape[0],) + out_shape[2:])
+    rows = int(np.prod(out_shape[:-1]))
+    return b.reshape(output, (rows, out_shape[-1])), b.reshape(target, (rows,))
 
 
 def _count_correct(b: Builder, output: str, target: str, top_k: int | None) -> tuple[str, str | None]:
@@ -88,19 +229,28 @@ def _count_correct(b: Builder, output: str, target: str, top_k: int | None) -> t
     return correct, top
 
 
-def _with_loss(g: Graph, b: Builder, loss_value: str, output: str, top_k: int | None) -> tuple | None:
-    """When the loss is one CrossEntropy node over the model output, make it CrossEntropyMetrics:
-    the counts come from the loss's own read of the scores, and its gradient reuses the softmax
-    statistics. Returns (correct, top-k count or None), or None to count separately."""
-    node = next((n for n in g.nodes if loss_value in n.outputs), None)
-    if node is None or node.op != "CrossEntropy" or node.inputs[0] != output or len(node.outputs) != 1:
-        return None
+def _fuse_counts(g: Graph, b: Builder, node: Node, top_k: int | None) -> tuple[str, str | None]:
+    """Make the loss's CrossEntropy node CrossEntropyMetrics: the accuracy counts (which skip
+    ignored targets) come from the loss's own read of the scores, and its gradient reuses the
+    softmax statistics. Returns (correct, top-k count or None)."""
     extra = [g.fresh(f"{b.prefix}.{what}") for what in ("row_lse", "correct", "topk")[:3 if top_k else 2]]
-    fused = Node("CrossEntropyMetrics", list(node.inputs), [loss_value] + extra,
+    fused = Node("CrossEntropyMetrics", list(node.inputs), [node.outputs[0]] + extra,
                  {**node.attrs, **({"k": int(top_k)} if top_k else {})}, node.name)
     g.nodes[g.nodes.index(node)] = fused
     infer_node(g, fused)
     return extra[1], extra[2] if top_k else None
+
+
+def as_heads(graph: Graph, loss: Loss | list[Head], target_shape: Shape | dict[str, Shape] | None
+             ) -> tuple[list[Head], dict[str, Shape]]:
+    """(heads, target shapes by target input) from either form build_*_step takes: one Loss for
+    the first output with one target shape, or heads with shapes by target input name."""
+    if isinstance(loss, Loss):
+        heads = [Head(graph.outputs[0], loss)]
+        shapes = {} if not loss.needs_target else (
+            dict(target_shape) if isinstance(target_shape, dict) else {TARGET: tuple(target_shape or ())})
+        return heads, shapes
+    return list(loss), dict(target_shape or {})
 
 
 def clip_grad_norm(b: Builder, grads: dict[str, str], max_norm: float) -> dict[str, str]:
@@ -125,11 +275,14 @@ def training_forward(model: Graph, input_shapes: dict[str, Shape]) -> Graph:
     return specialize(g, input_shapes)
 
 
-def build_train_step(model: Graph, input_shapes: dict[str, Shape], target_shape: Shape,
-                     loss: Loss, optimizer: Optimizer, *, clip_norm: float | None = None,
-                     accumulate: int = 1, phase: str = "step", top_k: int | None = None) -> Graph:
+def build_train_step(model: Graph, input_shapes: dict[str, Shape], target_shape: Shape | dict[str, Shape] | None,
+                     loss: Loss | list[Head], optimizer: Optimizer, *, clip_norm: float | None = None,
+                     accumulate: int = 1, phase: str = "step", top_k: int | None = None,
+                     report: dict[str, MetricSpec] | None = None) -> Graph:
     """The training step for one batch shape: forward, loss, backward, (clip,) update.
 
+    `loss` is one Loss for the first output (target_shape its target's shape) or a list of Heads
+    (target_shape {target input: shape}); `report` receives the metrics the step accumulates.
     With `accumulate` = N > 1 the loss is scaled by 1/N and `phase` says what this micro-batch
     does with its gradients (see PHASES); only "apply" (and "step") clips and updates.
     """
@@ -137,7 +290,8 @@ def build_train_step(model: Graph, input_shapes: dict[str, Shape], target_shape:
         raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
     g = training_forward(model, input_shapes)
     b = Builder(g, prefix="step")
-    out = _loss_and_metrics(g, b, g.outputs[0], loss, target_shape, top_k)
+    heads, target_shapes = as_heads(model, loss, target_shape)
+    out = _loss_and_metrics(g, b, heads, target_shapes, top_k, report)
 
     # Like PyTorch users do: backward of loss / N for each of the N micro-batches.
     objective = out.loss if accumulate == 1 else b.op("Mul", [out.loss, b.const(1.0 / accumulate)])
@@ -209,12 +363,14 @@ def build_inference(model: Graph, input_shapes: dict[str, Shape]) -> Graph:
     return specialize(set_training_mode(model, False), input_shapes)
 
 
-def build_eval_step(model: Graph, input_shapes: dict[str, Shape], target_shape: Shape, loss: Loss,
-                    top_k: int | None = None) -> Graph:
+def build_eval_step(model: Graph, input_shapes: dict[str, Shape], target_shape: Shape | dict[str, Shape] | None,
+                    loss: Loss | list[Head], top_k: int | None = None,
+                    report: dict[str, MetricSpec] | None = None) -> Graph:
     """Inference plus loss and metric accumulation (validation)."""
     g = build_inference(model, input_shapes)
     b = Builder(g, prefix="eval")
-    out = _loss_and_metrics(g, b, g.outputs[0], loss, target_shape, top_k)
+    heads, target_shapes = as_heads(model, loss, target_shape)
+    out = _loss_and_metrics(g, b, heads, target_shapes, top_k, report)
     g.outputs = [out.loss] + ([out.correct] if out.correct else [])
     g.dce()
     return g
@@ -224,11 +380,16 @@ __all__ = [
     "ACCUM_PREFIX",
     "CORRECT_SUM",
     "LOSS_SUM",
+    "METRIC_PREFIX",
     "METRIC_STATE",
     "PHASES",
     "SAMPLE_COUNT",
     "TARGET",
+    "TARGET_PREFIX",
     "TOPK_SUM",
+    "Head",
+    "MetricSpec",
+    "as_heads",
     "build_eval_step",
     "build_inference",
     "build_train_step",
@@ -236,5 +397,6 @@ __all__ = [
     "clip_grad_norm",
     "infer_shapes",
     "info_of",
+    "own_loss",
     "top_k_for",
 ]

@@ -19,12 +19,13 @@ from typing import Any
 import numpy as np
 
 from ..backends.base import Backend
+from ..batch import Batch, batch_size, take
 from ..data.loader import DataLoader
 from ..errors import ConfigError, DeviceError
 from ..ir.passes import RNG_STATE
 from ..model import Model
 from ..optim.base import LR_STATE
-from ..program import ACCUM_PREFIX, METRIC_STATE, build_update_step
+from ..program import ACCUM_PREFIX, build_update_step
 from .launch import ProcessGroup
 from .sampler import ShardedLoader
 
@@ -153,9 +154,11 @@ class DataParallel:
         second each reached. The gradient weighting stays exact (each device by its share)."""
         self._timing, self._timed_steps, self._times = True, int(steps), [[0.0, 0.0] for _ in self.replicas]
 
-    def train_step(self, x: np.ndarray, y: np.ndarray, flush: bool = False, fetch_loss: bool = False) -> float | None:
+    def train_step(self, inputs: Batch, targets: Batch, flush: bool = False,
+                   fetch_loss: bool = False) -> float | None:
         """Model.train_step (and train_on_batch with fetch_loss: the global batch's mean loss) on
-        this process's batch: its devices' gradient phases, then, at an update, the exchange."""
+        this process's batch (parsed: {input name: array}, {target name: array}): its devices'
+        gradient phases, then, at an update, the exchange."""
         model = self.model
         phase = model._next_phase(flush)
         if model.optimizer.lr != self._lr:  # a scheduler moved it: the model's device has it already
@@ -168,21 +171,22 @@ class DataParallel:
                 r._programs.clear()
                 r.clip_norm, r.accumulate = model.clip_norm, model.accumulate
             self._settings = settings
-        sizes = self.shares(len(x))
+        sizes = self.shares(batch_size(inputs))
         losses, start = [], 0
         for i, (r, size) in enumerate(zip(self.replicas, sizes)):
-            xs, ys = x[start:start + size], y[start:start + size]
+            part = slice(start, start + size)
+            feeds = {**take(inputs, part), **take(targets, part)}
             start += size
-            exe = r._program("train", tuple(np.shape(xs)), tuple(np.shape(ys)), GRADIENT_PHASE[phase])
+            exe = r._program("train", take(inputs, part), take(targets, part), GRADIENT_PHASE[phase])
             fetch = [exe.graph.outputs[0]] if fetch_loss else []
             if self._timing:  # balance(): this device alone, to its end (compiled before the clock starts)
                 r.backend.get_state(RNG_STATE)  # the device is idle when the clock starts
                 began = time.perf_counter()
-                losses.append(exe.run(r._feeds(xs, ys), fetch=[exe.graph.outputs[0]]))
+                losses.append(exe.run(feeds, fetch=[exe.graph.outputs[0]]))
                 self._times[i][0] += time.perf_counter() - began
                 self._times[i][1] += size
             else:
-                losses.append(exe.run(r._feeds(xs, ys), fetch=fetch))
+                losses.append(exe.run(feeds, fetch=fetch))
         grouped = phase not in ("first", "step") and self._group_counts
         self._group_counts = [c + s for c, s in zip(self._group_counts, sizes)] if grouped else sizes
         if phase in UPDATES:
@@ -262,8 +266,8 @@ class DataParallel:
                               "to find which")
 
     # -- metrics (Model.read_metrics / reset_metrics) ----------------------------------------------
-    def metric_sums(self) -> dict[str, float]:
-        names = [n for n in METRIC_STATE if self.model.backend.has_state(n)]
+    def metric_sums(self, names: list[str]) -> dict[str, float]:
+        """The metric buffers `names` summed over every replica (every device, every rank)."""
         sums = np.zeros(len(names), np.float64)
         for r in self.replicas:
             sums += [float(r.backend.get_state(n)) if r.backend.has_state(n) else 0.0 for n in names]
@@ -272,6 +276,8 @@ class DataParallel:
         return dict(zip(names, sums.tolist()))
 
     def reset_metrics(self) -> None:
+        names = self.model._metric_buffers()
         for r in self.replicas[1:]:
-            for name in METRIC_STATE:
-                r.backend.set_state(name, np.zeros((), np.float32))
+            for name in names:
+                if r.backend.has_state(name):
+                    r.backend.set_state(name, np.zeros((), np.float32))

@@ -13,7 +13,7 @@ import inspect
 import os
 import tempfile
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +92,7 @@ def _feeds(args: tuple, kwargs: dict, names: list[str]) -> dict[str, np.ndarray]
 
 
 def from_torch(module: Any, example_input: Any, *, dynamo: bool = True, opset: int = DEFAULT_OPSET,
-               path: str | os.PathLike | None = None, output_name: str = "output",
+               path: str | os.PathLike | None = None, output_name: str | Sequence[str] = "output",
                check: bool = True) -> Model:
     """Export `module` (an nn.Module) to ONNX in training mode and import it as a trainable Model
     with the module's current weights.
@@ -104,7 +104,9 @@ def from_torch(module: Any, example_input: Any, *, dynamo: bool = True, opset: i
     (default) picks the torch.export-based exporter, which torch 2.9+ makes its default and which
     exports what TorchScript cannot (Hugging Face Llama, Qwen, GPT-2); dynamo=False the deprecated
     TorchScript one. With `path` the ONNX file is kept there, else it is
-    temporary. The module is left as it was (its mode and state, which tracing in training mode
+    temporary. Outputs: one tensor is named `output_name`; a dict (a Hugging Face ModelOutput)
+    of several tensors gives outputs named by its keys ('loss', 'logits'); a tuple of several
+    'output', 'output1', ...; a list `output_name` names them all. The module is left as it was (its mode and state, which tracing in training mode
     moves).
 
     What ONNX cannot say is carried from the module: buffers are not trained, and an
@@ -116,13 +118,14 @@ def from_torch(module: Any, example_input: Any, *, dynamo: bool = True, opset: i
     if not isinstance(module, torch.nn.Module):
         raise ConfigError(f"from_torch needs a torch.nn.Module, not {type(module).__name__}")
     args, kwargs, input_names = _examples(module, example_input)
+    output_names = _output_names(module, args, kwargs, output_name)
     pristine = copy.deepcopy(module.state_dict())  # deepcopy keeps tied tensors sharing one storage
     modes = {m: m.training for m in module.modules()}  # submodules may differ (a frozen BatchNorm in eval)
     with tempfile.TemporaryDirectory(prefix="anygrad-") as tmp:
         file = Path(path) if path is not None else Path(tmp) / "model.onnx"
         module.train(True)
         try:
-            _export(module, args, kwargs, file, dynamo, opset, input_names, [output_name])
+            _export(module, args, kwargs, file, dynamo, opset, input_names, output_names)
         except AnygradError:
             raise
         except Exception as e:  # the exporter fails in many ways: say which, and for which module
@@ -147,6 +150,44 @@ def from_torch(module: Any, example_input: Any, *, dynamo: bool = True, opset: i
     if check:
         _check_forward(model, module, args, kwargs, input_names, state)
     return model
+
+
+def _eval_forward(module: Any, args: tuple, kwargs: dict) -> Any:
+    """The module's output in eval mode without gradients; its modes are restored."""
+    torch = _torch()
+    modes = {m: m.training for m in module.modules()}
+    module.eval()
+    try:
+        with torch.no_grad():
+            return module(*args, **kwargs)
+    finally:
+        for m, training in modes.items():
+            m.training = training
+
+
+def _entries(out: Any) -> list[tuple[str | None, Any]]:
+    """The top-level (key, value) pairs of an output structure: keys for dicts (None values
+    left out, as exporters do), None for positions; one pair for a lone tensor."""
+    if isinstance(out, Mapping):
+        return [(str(k), v) for k, v in out.items() if v is not None]
+    if isinstance(out, (tuple, list)):
+        return [(None, v) for v in out]
+    return [(None, out)]
+
+
+def _output_names(module: Any, args: tuple, kwargs: dict, output_name: str | Sequence[str]) -> list[str]:
+    """Graph output names (see from_torch's docstring)."""
+    if not isinstance(output_name, str):
+        names = [str(n) for n in output_name]
+        if not names or len(set(names)) != len(names):
+            raise ConfigError(f"from_torch: output_name needs distinct names, got {list(output_name)}")
+        return names
+    pairs = _entries(_eval_forward(module, args, kwargs))
+    if len(pairs) == 1 or not all(hasattr(v, "detach") for _, v in pairs):  # one, or nested (caches)
+        return [output_name]
+    if all(k is not None for k, _ in pairs):
+        return [k for k, _ in pairs]
+    return [output_name] + [f"{output_name}{i}" for i in range(1, len(pairs))]
 
 
 def _graph_names_of(model: Model) -> dict[str, str]:
@@ -177,20 +218,10 @@ def _carry_padding_idx(model: Model, module: Any) -> None:
 def _check_forward(model: Model, module: Any, args: tuple, kwargs: dict, input_names: list[str],
                    state: dict[str, np.ndarray]) -> None:
     """The imported model's inference output against the module's, in eval mode, on the examples."""
-    torch = _torch()
-    modes = {m: m.training for m in module.modules()}
-    module.eval()
-    try:
-        with torch.no_grad():
-            expected = module(*args, **kwargs)
-    finally:
-        for m, training in modes.items():
-            m.training = training
-    expected = getattr(expected, "logits", expected)
-    if isinstance(expected, (tuple, list)):
-        expected = expected[0]
+    pairs = _entries(_eval_forward(module, args, kwargs))
+    expected = pairs[0][1] if pairs else None
     if not hasattr(expected, "detach"):
-        return  # an output structure the single-output graph does not mirror: nothing to compare
+        return  # an output structure the graph does not mirror: nothing to compare
     expected = expected.detach().cpu().double().numpy()
     feeds = _feeds(args, kwargs, input_names)
     graph = build_inference(model.graph, {n: tuple(v.shape) for n, v in feeds.items()})

@@ -12,7 +12,7 @@ of the input for softmax cross-entropy. The gradient is -q * scale (NLL) or
 (softmax * sum_c q - q) * scale (softmax), with scale = dy / weight sum for `mean`.
 
 CrossEntropyMetrics is CrossEntropy that also returns each sample's log-sum-exp and the
-accuracy counts (CountCorrect's, on the raw targets): the training step builds it when its loss
+accuracy counts (CountCorrect's, skipping targets equal to ignore_index): the training step builds it when its loss
 is a CrossEntropy over the model output, so a backend reads vocabulary-sized logits once for
 the loss and the metrics, and the gradient (CrossEntropyGrad's optional input 4) needs no second
 softmax pass.
@@ -205,7 +205,11 @@ def _metrics_forward(node: Node, ins):
     else:
         m = x.max(axis=1)
         lse = (m + np.log(np.exp(x - _class_axis(m)).sum(axis=1))).astype(x.dtype)
-    counts = _count_correct(Node(node.op, node.inputs[:2], node.outputs[2:], node.attrs, node.name), ins[:2])
+    target = ins[1]
+    ignore = node.attr("ignore_index")
+    if ignore is not None:  # ignored positions count neither as right nor as wrong (-1 never matches)
+        target = np.where(target == ignore, -1, target)
+    counts = _count_correct(Node(node.op, node.inputs[:2], node.outputs[2:], node.attrs, node.name), [x, target])
     return [loss, lse] + counts
 
 

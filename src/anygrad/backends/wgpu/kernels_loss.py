@@ -143,9 +143,9 @@ def lower_class_loss(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel
     per_row = [cl.target(r.length), f"  let base = {r.base('row')};", _picked(r),
                combine_code(r, st) if st is not None else "", f"  let lse = {_lse(st)};", term, "  s1 = wt;"]
     if count_outs:
-        per_row.append("  s2 = select(0.0, 1.0, tv && u32(t) == r_arg);")
+        per_row.append("  s2 = select(0.0, 1.0, ok && u32(t) == r_arg);")  # ok: a class, not ignore_index
     if len(count_outs) > 1:
-        per_row.append(f"  s3 = select(0.0, 1.0, tv && r_cnt < {k}u);")
+        per_row.append(f"  s3 = select(0.0, 1.0, ok && r_cnt < {k}u);")
     row_reads = reads + ([("rec", "f32", rec)] if st is not None else [])
     row_writes = []
     if lse_out:
