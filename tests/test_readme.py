@@ -39,7 +39,7 @@ def test_python_api_example(tmp_path, monkeypatch):
             x, y = small.test()
             return x[:300], y[:300]
 
-    code = _block("model.fit(").replace('"my_model.onnx"', repr(str(FOUNDING_MODEL)))
+    code = _block("data = load_mnist()").replace('"my_model.onnx"', repr(str(FOUNDING_MODEL)))
     code = code.replace("load_mnist()", "Subset()")
     scope = {"Subset": Subset}
     exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 -- README's own example code
