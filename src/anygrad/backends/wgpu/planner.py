@@ -21,6 +21,7 @@ from ...errors import DeviceError
 from ...ir.graph import Graph
 from .adapters import _bytes
 from .fusion import PACKED
+from .bindpack import pack_reads
 from .gridfold import fold_kernel
 from .kernel import LOWERINGS, AdapterCaps, Kernel
 from .wgsl import shape_of
@@ -71,6 +72,15 @@ def lower_all(graph: Graph, caps: AdapterCaps) -> tuple[list[tuple[int, Kernel]]
     alias: dict[str, str] = {}
     kernels: list[tuple[int, Kernel]] = []
     scratch_bytes: dict[str, int] = {}
+    arena_total = {spec.value: spec.total for n in graph.nodes if n.op == "wgpu.FusedUpdate"
+                   for spec in n.attrs["arenas"]}
+
+    def elements(v: str) -> int | None:
+        if v in graph.info:
+            return int(np.prod(shape_of(graph, v), dtype=np.int64))
+        if v in scratch_bytes:
+            return scratch_bytes[v] // ELEM_BYTES
+        return arena_total.get(v)
     for k, node in enumerate(graph.nodes):
         if node.op in ALIAS_OPS:
             alias[node.outputs[0]] = node.inputs[0]
@@ -87,9 +97,15 @@ def lower_all(graph: Graph, caps: AdapterCaps) -> tuple[list[tuple[int, Kernel]]
                 ren[sc.name] = f"{sc.name}@{k}"
                 scratch_bytes[ren[sc.name]] = max(scratch_bytes.get(ren[sc.name], 0),
                                                   max(ELEM_BYTES, int(sc.elements) * ELEM_BYTES))
-        for kern in node_kernels:
+        for j, kern in enumerate(node_kernels):
             kern = _rename(kern, ren) if ren else kern
-            kernels.append((k, fold_kernel(kern, caps.max_workgroups_per_dim)))
+            # Past max-storage-buffers-per-shader-stage: small reads packed into one buffer (bindpack.py).
+            for part in pack_reads(kern, caps.max_storage_buffers_per_stage, elements,
+                                   caps.max_storage_binding_size, f"{k}.{j}"):
+                for sc in part.scratch:
+                    if sc.name.startswith("@pack:"):
+                        scratch_bytes[sc.name] = max(ELEM_BYTES, int(sc.elements) * ELEM_BYTES)
+                kernels.append((k, fold_kernel(part, caps.max_workgroups_per_dim)))
     return kernels, alias, scratch_bytes
 
 

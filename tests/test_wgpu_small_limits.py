@@ -1,0 +1,92 @@
+"""Planning within lowered limits (issue 13 item 2) on lavapipe, against numpy: kernels past the
+storage-buffer count get their reads packed (bindpack.py). Profiles here lower a limit far below
+any real adapter's, so tiny shapes reach each path."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from wgpu_util import assert_close, has_adapter, no_adapter, op_graph, run_both
+
+pytestmark = pytest.mark.wgpu
+
+
+@pytest.fixture(autouse=True)
+def _adapter():
+    if not has_adapter():
+        no_adapter()
+
+
+@pytest.fixture
+def profile(monkeypatch):
+    """make(name, **limits): a test profile, webgpu-default with these limits lowered."""
+    from anygrad.backends.wgpu import limits as L
+
+    def make(name: str, **lowered):
+        prof = dataclasses.replace(L.PROFILES["webgpu-default"], name=name, **lowered)
+        monkeypatch.setitem(L.PROFILES, name, prof)
+        from anygrad.backends.wgpu import WgpuBackend
+        return WgpuBackend("wgpu", limits=name)
+    return make
+
+
+def test_a_sum_of_many_inputs_packs_its_reads_under_four_buffers(profile):
+    backend = profile("test-4-buffers", max_storage_buffers_per_shader_stage=4)
+    assert backend.device.limits["max-storage-buffers-per-shader-stage"] == 4
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal((3, 5)).astype(np.float32) for _ in range(6)]
+    graph, feeds = op_graph("Sum", xs, grad=True)
+    want, got, exe = run_both(graph, feeds, backend=backend)
+    assert_close(want, got, what="Sum of 6")
+    assert all(len(st.kernel.reads) + len(st.kernel.writes) <= 4 for st in exe.plan.steps)
+    assert any(st.kernel.name.endswith(":pack") for st in exe.plan.steps)
+
+
+def test_max_and_mixed_dtype_reads_pack_with_bitcasts(profile):
+    backend = profile("test-3-buffers", max_storage_buffers_per_shader_stage=3)
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal((4, 7)).astype(np.float32) for _ in range(5)]
+    graph, feeds = op_graph("Max", xs, grad=False)
+    want, got, exe = run_both(graph, feeds, backend=backend, fuse=False)
+    assert_close(want, got, what="Max of 5")
+    # an int condition and two float branches plus more: Where under 3 buffers packs the int too
+    cond = rng.integers(0, 2, (4, 7)).astype(bool)
+    graph, feeds = op_graph("Where", [cond, xs[0], xs[1]], grad=False, feed=(0,))
+    want, got, exe = run_both(graph, feeds, backend=backend, fuse=False)
+    assert_close(want, got, what="Where")
+    assert max(len(st.kernel.reads) + len(st.kernel.writes) for st in exe.plan.steps) <= 3
+
+
+def test_einsum_of_four_operands_under_four_buffers(profile):
+    backend = profile("test-4-buffers", max_storage_buffers_per_shader_stage=4)
+    rng = np.random.default_rng(2)
+    ops = [rng.standard_normal(s).astype(np.float32) for s in ((2, 3), (3, 4), (4, 2), (2,))]
+    graph, feeds = op_graph("Einsum", ops, {"equation": "ij,jk,kl,l->i"}, grad=False)
+    want, got, _ = run_both(graph, feeds, backend=backend)
+    assert_close(want, got, what="Einsum")
+
+
+def test_adam_training_step_under_five_buffers_matches_numpy(profile):
+    """Every kernel of a training step (conv, GEMM, loss, the Adam update with its two slots)
+    within 5 bindings (BatchNorm statistics write 4), trained against the numpy backend."""
+    from pathlib import Path
+
+    import anygrad
+    from anygrad.optim import get_optimizer
+    profile("test-5-buffers", max_storage_buffers_per_shader_stage=5)
+    mnist = Path(anygrad.__file__).parent / "examples" / "mnist.onnx"
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 1, 28, 28)).astype(np.float32)
+    y = rng.integers(0, 10, 4)
+    losses = {}
+    for device, limits in (("cpu", None), ("wgpu", "adapter"), ("wgpu-5", "test-5-buffers")):
+        model = anygrad.load_onnx(mnist)
+        model.compile(loss="nll", optimizer=get_optimizer("adam", lr=1e-3, amsgrad=True),
+                      device=device.split("-")[0], limits=limits)
+        losses[device] = [model.train_on_batch(x, y) for _ in range(2)]
+    # Packing moves bytes only: the same losses as the unpacked plan, to the bit.
+    np.testing.assert_array_equal(losses["wgpu-5"], losses["wgpu"])
+    # Adam's first steps move every weight by about lr whatever the gradient's size, so f32 rounding
+    # of near-zero gradients shows in the second loss on any wgpu plan (0.5% here): compared loosely.
+    np.testing.assert_allclose(losses["wgpu-5"], losses["cpu"], rtol=1e-2)
