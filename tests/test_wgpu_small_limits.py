@@ -90,3 +90,32 @@ def test_adam_training_step_under_five_buffers_matches_numpy(profile):
     # Adam's first steps move every weight by about lr whatever the gradient's size, so f32 rounding
     # of near-zero gradients shows in the second loss on any wgpu plan (0.5% here): compared loosely.
     np.testing.assert_allclose(losses["wgpu-5"], losses["cpu"], rtol=1e-2)
+
+
+def test_an_elementwise_chain_larger_than_one_binding_splits_by_rows(profile):
+    """(100, 300) f32 values (117 KiB) under a 64 KiB binding: the fused Add/Relu/Mul chain runs
+    as dispatches over blocks of rows, each binding a window; the bias is bound whole."""
+    from anygrad.ir import Node
+    from wgpu_util import make_graph
+    backend = profile("test-64k", max_storage_buffer_binding_size=64 << 10)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((100, 300)).astype(np.float32)
+    b = rng.standard_normal((300,)).astype(np.float32)
+    s = rng.standard_normal((100, 300)).astype(np.float32)
+    graph = make_graph([Node("Add", ["x", "b"], ["h"]), Node("Relu", ["h"], ["r"]), Node("Mul", ["r", "s"], ["y"])],
+                       ["x", "b", "s"], ["y"], {"x": (np.float32, (100, 300)), "b": (np.float32, (300,)),
+                                                "s": (np.float32, (100, 300))})
+    want, got, exe = run_both(graph, {"x": x, "b": b, "s": s}, backend=backend)
+    assert_close(want, got, what="rows")
+    np.testing.assert_allclose(got["y"], np.maximum(x.astype(np.float64) + b, 0) * s, rtol=1e-6)
+    windows = [w for st in exe.plan.steps for w in st.kernel.windows if w is not None]
+    assert len(exe.plan.steps) >= 2 and windows and max(size for _, size in windows) <= 64 << 10
+
+
+def test_an_op_that_cannot_split_names_itself_and_the_batch_that_fits(profile):
+    from anygrad.errors import DeviceError
+    backend = profile("test-64k", max_storage_buffer_binding_size=64 << 10)
+    x = np.ones((64, 512), np.float32)
+    graph, feeds = op_graph("Softmax", [x], {"axis": 1}, grad=False)
+    with pytest.raises(DeviceError, match=r"Softmax.*64 KiB.*largest batch that fits is about 3[0-2]"):
+        run_both(graph, feeds, backend=backend)

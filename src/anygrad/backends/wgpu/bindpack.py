@@ -81,7 +81,7 @@ def pack_reads(kern: Kernel, limit: int, elements, max_binding: int, tag: str) -
     for k, value in enumerate(kern.reads):
         m = decls.get(k)
         if (m is None or m.group(2) != "read" or m.group(4) not in ("f32", "i32", "u32")
-                or value in kern.writes
+                or value in kern.writes or (kern.windows and kern.windows[k] is not None)
                 or not _uses_only_indexed(kern.wgsl, m.group(3))):
             continue
         n = elements(value)
@@ -122,7 +122,10 @@ def pack_reads(kern: Kernel, limit: int, elements, max_binding: int, tag: str) -
     wgsl = pack_decl + wgsl
     # A packed read is a copy taken before the kernel, so it no longer shares memory with a write.
     packed_values = {kern.reads[k] for k in packed_idx}
-    fitted = replace(kern, wgsl=wgsl, reads=tuple(reads),
+    windows = ()
+    if kern.windows:
+        windows = tuple(kern.windows[k] for k in old_order) + (None,) + tuple(kern.windows[len(kern.reads):])
+    fitted = replace(kern, wgsl=wgsl, reads=tuple(reads), windows=windows,
                      inplace=tuple(v for v in kern.inplace if v not in packed_values),
                      scratch=tuple(kern.scratch) + (Scratch(pack, total, "u32"),))
     return copies + [fitted]

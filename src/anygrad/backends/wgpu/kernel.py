@@ -37,6 +37,9 @@ class Kernel:
     # Reads that may share memory with the writes: every invocation reads them only at the very
     # elements it writes (elementwise kernels), so the executor may update state in place.
     inplace: tuple[str, ...] = ()
+    # Per binding (reads, then writes): (byte offset, byte size) of the value bound, or None for all
+    # of it. Set by the planner's binding split (bindsplit.py) for values larger than one binding.
+    windows: tuple[tuple[int, int] | None, ...] = ()
 
     @property
     def cache_key(self) -> tuple[str, str]:

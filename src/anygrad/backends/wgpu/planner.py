@@ -22,6 +22,7 @@ from ...ir.graph import Graph
 from .adapters import _bytes
 from .fusion import PACKED
 from .bindpack import pack_reads
+from .bindsplit import split_rows
 from .gridfold import fold_kernel
 from .kernel import LOWERINGS, AdapterCaps, Kernel
 from .wgsl import shape_of
@@ -86,7 +87,12 @@ def lower_all(graph: Graph, caps: AdapterCaps) -> tuple[list[tuple[int, Kernel]]
             alias[node.outputs[0]] = node.inputs[0]
             continue
         try:
-            node_kernels = LOWERINGS[node.op](node, graph, caps)
+            node_kernels = None
+            if any(v and v in graph.info and value_bytes(graph, v) > caps.max_storage_binding_size
+                   for v in list(node.inputs) + list(node.outputs)):
+                node_kernels = split_rows(node, graph, caps, LOWERINGS[node.op])  # bindsplit.py
+            if node_kernels is None:
+                node_kernels = LOWERINGS[node.op](node, graph, caps)
         except (ValueError, NotImplementedError) as e:  # attributes or inputs a kernel cannot take
             raise DeviceError(f"{node.label}: the wgpu backend cannot run this node ({e}); "
                               "use device='cpu' for this model") from e
@@ -401,13 +407,27 @@ def _check_limits(graph: Graph, caps: AdapterCaps, kernels, root_of, nbytes,
     labels = labels or {}
     limit = caps.max_storage_binding_size
     batch = _batch_size(graph)
-    over = sorted(((b, r) for r, b in nbytes.items() if b > limit), key=lambda t: (-t[0], t[1].name))
+    # Values bound only through windows (bindsplit.py) never bind more than one window at a time.
+    whole: dict[Root, int] = {}  # root -> the first node whose kernel binds all of it
+    for k, kern in kernels:
+        for v, w in zip(kern.reads + kern.writes, kern.windows or (None,) * len(kern.reads + kern.writes)):
+            if w is None or w[1] > limit:
+                whole.setdefault(root_of[v], k)
+
+    def by(r: Root) -> str:  # the op that needs the value in one binding
+        k = whole.get(r)
+        if k is None:
+            return ""
+        op = graph.nodes[k].op.replace("wgpu.Fused", "fused elementwise")
+        return f" (bound whole by the {op} kernel of {graph.nodes[k].label}, which is not split by rows)"
+
+    over = sorted(((b, r) for r, b in nbytes.items() if b > limit and r in whole), key=lambda t: (-t[0], t[1].name))
     have = (f"but this adapter's max-storage-buffer-binding-size is {_bytes(limit)}")
     fixed = [(b, r) for b, r in over if r.kind in _FIXED_ROOTS]
     if fixed:
         b, r = fixed[0]
         raise DeviceError(
-            f"{_root_label(graph, r, labels)} needs {_size(b)} {have}, and its size does not "
+            f"{_root_label(graph, r, labels)}{by(r)} needs {_size(b)} {have}, and its size does not "
             "depend on the batch, so no batch size fits. Use an adapter with a larger limit (`anygrad "
             "devices` lists each adapter's limits), device='cpu', or a model with a smaller layer.")
     scaled = [(b, r) for b, r in over if _batch_leading(graph, r.name, batch)]
@@ -418,12 +438,12 @@ def _check_limits(graph: Graph, caps: AdapterCaps, kernels, root_of, nbytes,
         hint = (f"The largest batch that fits is about {fit}: use a batch size of at most {fit}, or another "
                 "device." if fit else f"Even a batch of 1 needs {_size(per_sample)}: use another "
                 "device or device='cpu'.")
-        raise DeviceError(f"{_root_label(graph, r, labels)} needs {_size(b)} at batch {batch} "
+        raise DeviceError(f"{_root_label(graph, r, labels)}{by(r)} needs {_size(b)} at batch {batch} "
                           f"{have}. {hint}")
     if over:
         b, r = over[0]
         raise DeviceError(
-            f"{_root_label(graph, r, labels)} needs {_size(b)} {have}. Its leading dimension is "
+            f"{_root_label(graph, r, labels)}{by(r)} needs {_size(b)} {have}. Its leading dimension is "
             f"not the batch{f' ({batch})' if batch else ''}, so a smaller batch may not shrink it: try "
             "one, or an adapter with a larger limit (`anygrad devices`), or device='cpu'.")
     max_wg = caps.max_workgroups_per_dim

@@ -367,9 +367,12 @@ class WgpuExecutable(Executable):
         for st, pipe in zip(self.plan.steps, self._pipes):
             bgl, _ = self.backend.layout(self._read_only(st))
             entries = []
-            for k, r in enumerate(st.reads + st.writes):
-                entries.append({"binding": k, "resource": {"buffer": self._buffer(r), "offset": self._offset(r),
-                                                           "size": -(-self._nbytes(r) // 4) * 4}})
+            windows = st.kernel.windows or (None,) * (len(st.reads) + len(st.writes))
+            for k, (r, win) in enumerate(zip(st.reads + st.writes, windows)):
+                # a window: rows of a value larger than one binding (planner's binding split)
+                off, size = (0, -(-self._nbytes(r) // 4) * 4) if win is None else win
+                entries.append({"binding": k, "resource": {"buffer": self._buffer(r), "offset": self._offset(r) + off,
+                                                           "size": size}})
             out.append((pipe, dev.create_bind_group(layout=bgl, entries=entries), st.kernel.workgroups))
         self._dispatches = out
         self._generation = self.backend.generation
