@@ -115,7 +115,38 @@ def test_an_elementwise_chain_larger_than_one_binding_splits_by_rows(profile):
 def test_an_op_that_cannot_split_names_itself_and_the_batch_that_fits(profile):
     from anygrad.errors import DeviceError
     backend = profile("test-64k", max_storage_buffer_binding_size=64 << 10)
-    x = np.ones((64, 512), np.float32)
-    graph, feeds = op_graph("Softmax", [x], {"axis": 1}, grad=False)
-    with pytest.raises(DeviceError, match=r"Softmax.*64 KiB.*largest batch that fits is about 3[0-2]"):
+    x = np.ones((64, 512), np.float32)  # 128 KiB; a transpose's rows are not the input's rows
+    graph, feeds = op_graph("Transpose", [x], {"perm": [1, 0]}, grad=False)
+    with pytest.raises(DeviceError, match=r"'in0'.*bound whole by the Transpose kernel.*needs 128 KiB at batch 64.*"
+                                          r"64 KiB\. The largest batch that fits is about 32"):
         run_both(graph, feeds, backend=backend)
+
+
+@pytest.mark.parametrize("op,inputs,attrs,const", [
+    ("MatMul", [(100, 40), (40, 300)], {}, (1,)),
+    ("MatMul", [(4, 30, 20), (4, 20, 200)], {}, ()),          # batches of both split together
+    ("Gemm", [(100, 40), (300, 40), (300,)], {"transB": 1}, (1, 2)),
+    ("ReduceSum", [(100, 300)], {"axes": [1], "keepdims": 1}, ()),
+    ("Softmax", [(100, 300)], {"axis": 1}, ()),
+    ("LayerNormalization", [(100, 300), (300,), (300,)], {"axis": -1}, (1, 2)),
+])
+def test_ops_larger_than_one_binding_split_by_rows(profile, op, inputs, attrs, const):
+    """Each op's values (about 117 KiB) under a 64 KiB binding, by blocks of leading rows, vs numpy."""
+    backend = profile("test-64k", max_storage_buffer_binding_size=64 << 10)
+    rng = np.random.default_rng(4)
+    xs = [rng.standard_normal(s).astype(np.float32) for s in inputs]
+    graph, feeds = op_graph(op, xs, attrs, const=const, grad=False)
+    want, got, exe = run_both(graph, feeds, backend=backend, fuse=False)
+    assert_close(want, got, rtol=1e-4, atol=1e-5, what=op)
+    assert any(w is not None for st in exe.plan.steps for w in st.kernel.windows)
+
+
+def test_embedding_lookup_larger_than_one_binding_splits_index_rows(profile):
+    backend = profile("test-64k", max_storage_buffer_binding_size=64 << 10)
+    rng = np.random.default_rng(5)
+    table = rng.standard_normal((50, 300)).astype(np.float32)   # 58.6 KiB: fits whole
+    ids = rng.integers(0, 50, (100,)).astype(np.int64)          # the output, 117 KiB, does not
+    graph, feeds = op_graph("Gather", [table, ids], {"axis": 0}, const=(0,), grad=False, feed=(1,))
+    want, got, exe = run_both(graph, feeds, backend=backend, fuse=False)
+    np.testing.assert_array_equal(got["out0"], table[ids])
+    assert sum(1 for st in exe.plan.steps if any(w is not None for w in st.kernel.windows)) >= 2

@@ -25,21 +25,21 @@ from dataclasses import replace
 from .kernel import Kernel, Scratch
 from .wgsl import grid
 
-_DECL = re.compile(r"@group\(0\)\s*@binding\((\d+)\)\s*var<storage,\s*(read|read_write)>\s*(\w+)\s*:\s*array<(\w+)>\s*;")
+_DECL = re.compile(r"@group\(0\)\s*@binding\((\d+)\)\s*var<storage,\s*(read|read_write)>\s*(\w+)\s*:\s*array<([\w<>]+)>\s*;")
 PACK_VAR = "bp_pack"
 
 
 def _uses_only_indexed(wgsl: str, var: str) -> bool:
     """Whether every use of var (besides its declaration) is `var[...]`."""
-    uses = len(re.findall(rf"\b{var}\b", wgsl))
-    indexed = len(re.findall(rf"\b{var}\s*\[", wgsl))
+    uses = len(re.findall(rf"(?<![.\w]){var}\b", wgsl))  # not a member (`wid.y` is no use of `y`)
+    indexed = len(re.findall(rf"(?<![.\w]){var}\s*\[", wgsl))
     return uses == indexed + 1
 
 
-def _rewrite_index(wgsl: str, var: str, ty: str, offset: int) -> str:
-    """Every `var[expr]` (brackets nested in expr included) -> a read of the packed buffer."""
+def index_rewrite(wgsl: str, var: str, load) -> str:
+    """Every `var[expr]` (brackets nested in expr included) replaced by load(expr)."""
     out, pos = [], 0
-    pat = re.compile(rf"\b{var}\s*\[")
+    pat = re.compile(rf"(?<![.\w]){var}\s*\[")
     while True:
         m = pat.search(wgsl, pos)
         if m is None:
@@ -50,11 +50,17 @@ def _rewrite_index(wgsl: str, var: str, ty: str, offset: int) -> str:
             c = wgsl[k]
             depth += (c == "[") - (c == "]")
             k += 1
-        expr = wgsl[m.end():k - 1]
-        load = f"{PACK_VAR}[{offset}u + ({expr})]"
         out.append(wgsl[pos:m.start()])
-        out.append(load if ty == "u32" else f"bitcast<{ty}>({load})")
+        out.append(load(wgsl[m.end():k - 1]))
         pos = k
+
+
+def _rewrite_index(wgsl: str, var: str, ty: str, offset: int) -> str:
+    """Every `var[expr]` -> a read of the packed buffer."""
+    def load(expr: str) -> str:
+        word = f"{PACK_VAR}[{offset}u + ({expr})]"
+        return word if ty == "u32" else f"bitcast<{ty}>({word})"
+    return index_rewrite(wgsl, var, load)
 
 
 def _copy_kernel(name: str, src: str, ty: str, n: int, offset: int, pack: str) -> Kernel:
@@ -131,4 +137,4 @@ def pack_reads(kern: Kernel, limit: int, elements, max_binding: int, tag: str) -
     return copies + [fitted]
 
 
-__all__ = ["pack_reads"]
+__all__ = ["index_rewrite", "pack_reads"]
