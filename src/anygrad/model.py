@@ -178,7 +178,8 @@ class Model:
     # -- setup ----------------------------------------------------------------------------
     def compile(self, loss: str | Loss = "cross_entropy", optimizer: Optimizer | None = None,
                 device: str | Backend = "cpu", seed: int = 0, *, clip_norm: float | None = None,
-                accumulate: int = 1, limits: str | None = None, **loss_options: Any) -> Model:
+                accumulate: int = 1, limits: str | None = None, memory_budget: int | str | None = None,
+                **loss_options: Any) -> Model:
         from .devices import get_backend
         self.loss = get_loss(loss, **loss_options) if isinstance(loss, str) else loss
         if optimizer is None:
@@ -186,7 +187,8 @@ class Model:
             optimizer = SGD(lr=0.01)
         self.optimizer = optimizer
         state = self.state_dict() if self.backend is not None else None
-        self.backend = device if isinstance(device, Backend) else get_backend(device, limits=limits)
+        self.backend = (device if isinstance(device, Backend)
+                        else get_backend(device, limits=limits, memory_budget=memory_budget))
         self.seed = seed
         self._programs.clear()
         for name in self.graph.state_names:

@@ -60,6 +60,7 @@ class AdapterCaps:
     has_f16: bool = False
     is_cpu: bool = False                # lavapipe / software: prefer register-only variants
     memory_budget: int | None = None    # bytes one step may hold on the device (a limits profile's)
+    memory_budget_set: bool = False     # the budget is the user's (--memory-budget), not the profile's
     limits_profile: str = ""            # the limits.PROFILES entry the device was created under
 
 

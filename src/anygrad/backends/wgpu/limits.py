@@ -11,6 +11,7 @@ profile takes the lowest that users meet.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, fields
 
 from ...errors import ConfigError
@@ -94,4 +95,24 @@ def get_profile(name: str | None) -> LimitsProfile | None:
     return PROFILES[name]
 
 
-__all__ = ["ENV", "PROFILES", "LimitsProfile", "get_profile"]
+_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3, "kib": 1 << 10, "mib": 1 << 20,
+          "gib": 1 << 30, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def parse_size(text: int | float | str, what: str = "--memory-budget") -> int:
+    """Bytes from 1500000000, '1.5GB' (10^9), '1.5GiB' or '1.5G' (2^30), '800MB', '512MiB'."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value, unit = float(text), ""
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+        if m is None or m.group(2).lower() not in _UNITS:
+            raise ConfigError(f"{what} '{text}' is not a size: write bytes or a number with a unit, e.g. "
+                              "1.5GB, 1536MiB, 800MB")
+        value, unit = float(m.group(1)), m.group(2).lower()
+    n = int(value * _UNITS[unit])
+    if n <= 0:
+        raise ConfigError(f"{what} '{text}' must be more than 0 bytes")
+    return n
+
+
+__all__ = ["ENV", "PROFILES", "LimitsProfile", "get_profile", "parse_size"]

@@ -13,12 +13,13 @@ No GPU objects here, only decisions, so the plan can be tested and printed on an
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from ...errors import DeviceError
 from ...ir.graph import Graph
+from ...ir.recompute import recompute
 from .adapters import _bytes
 from .fusion import PACKED
 from .bindpack import pack_reads
@@ -218,7 +219,9 @@ def make_plan(graph: Graph, caps: AdapterCaps, state_names: set[str]) -> Plan:
     steps = [Step(kern, tuple(root_of[v] for v in kern.reads), tuple(root_of[v] for v in kern.writes))
              for _, kern in kernels]
 
-    slot_of, slot_bytes = _assign_slots(steps, first, last, nbytes, set(inplace))
+    # Two greedy placements; the smaller total is kept (a tighter reuse at no cost per step).
+    slot_of, slot_bytes = min((_assign_slots(steps, first, last, nbytes, set(inplace), grow)
+                               for grow in (True, False)), key=lambda t: sum(t[1]))
     nbytes = {r: b for r, b in nbytes.items() if not (r.kind == "temp" and r.name in inplace)}
     plan = Plan(steps, nbytes, slot_of, slot_bytes, root_of, copies, inplace, graph, arenas)
     if caps.memory_budget is not None:
@@ -227,6 +230,27 @@ def make_plan(graph: Graph, caps: AdapterCaps, state_names: set[str]) -> Plan:
 
 
 # -- memory ------------------------------------------------------------------------------------------
+def fit_plan(graph: Graph, caps: AdapterCaps, state_names: set[str], prepare_fn) -> tuple[Graph, Plan, list[str]]:
+    """(prepared graph, plan, recomputed values) for `graph` within caps.memory_budget: the plan
+    as it is when it fits (slots already reused as tightly as the planner can); else the plan
+    of the graph with cheap forward values recomputed in the backward (ir/recompute.py); else the
+    budget error, naming the largest batch that fits. prepare_fn(graph) -> the graph to plan."""
+    free = replace(caps, memory_budget=None)
+    prepared = prepare_fn(graph)
+    plan = make_plan(prepared, free, state_names)
+    if caps.memory_budget is None or memory_report(plan).total <= caps.memory_budget:
+        return prepared, plan, []
+    lighter, values = recompute(graph)
+    used: list[str] = []
+    if values:
+        prepared2 = prepare_fn(lighter)
+        plan2 = make_plan(prepared2, free, state_names)
+        if memory_report(plan2).total < memory_report(plan).total:
+            prepared, plan, used = prepared2, plan2, values
+    _check_budget(plan, caps, recomputed=len(used))
+    return prepared, plan, used
+
+
 OPTIMIZER_PREFIXES = ("optim.", "accum.")  # program.py's names of optimizer slots and accumulators
 
 
@@ -285,16 +309,19 @@ def memory_report(plan: Plan) -> MemoryReport:
     return MemoryReport(**sums)
 
 
-def _check_budget(plan: Plan, caps: AdapterCaps) -> None:
-    """A limits profile's memory budget: refuse a step that would not fit, naming the batch that does."""
+def _check_budget(plan: Plan, caps: AdapterCaps, recomputed: int = 0) -> None:
+    """The memory budget: refuse a step that would not fit, naming the batch that does."""
     report = memory_report(plan)
     budget = caps.memory_budget
     if report.total <= budget:
         return
     batch = _batch_size(plan.graph) if plan.graph is not None else None
     fixed = report.total - report.per_batch
-    what = (f"the training step needs {_size(report.total)} on the device ({', '.join(report.lines()[:-1])}) but "
-            f"the '{caps.limits_profile}' limits profile allows {_size(budget)}.")
+    source = (f"the '{caps.limits_profile}' limits profile allows" if caps.limits_profile and not caps.memory_budget_set
+              else "the memory budget is")
+    after = f" even with {recomputed} activations recomputed in the backward" if recomputed else ""
+    what = (f"the training step needs {_size(report.total)} on the device ({', '.join(report.lines()[:-1])}){after}, "
+            f"but {source} {_size(budget)}.")
     if fixed >= budget:
         raise DeviceError(f"{what} Its parameters and state alone need {_size(fixed)}, so no batch size fits: "
                           "freeze some parameters, use a smaller model, or an optimizer with less state (sgd).")
@@ -319,8 +346,11 @@ def _inplace_safe(kernels, root_of, temp: Root, state: Root, first_write, last_r
     return all(v in kern.inplace for v in reads_state)
 
 
-def _assign_slots(steps: list[Step], first, last, nbytes, inplaced: set[str]) -> tuple[dict[Root, int], list[int]]:
-    """Greedy by first use: a freed slot that fits, else the largest free one (grown), else new."""
+def _assign_slots(steps: list[Step], first, last, nbytes, inplaced: set[str],
+                  grow: bool = True) -> tuple[dict[Root, int], list[int]]:
+    """Greedy by first use: a freed slot that fits, else (grow) the largest free one, grown, else a
+    new one. Growing saves buffers when sizes rise through a step; not growing saves bytes when a
+    large slot would stay large for many small tenants."""
     born: dict[int, list[Root]] = {}
     dies: dict[int, list[Root]] = {}
     for r, s in first.items():
@@ -336,7 +366,7 @@ def _assign_slots(steps: list[Step], first, last, nbytes, inplaced: set[str]) ->
             fits = [k for k in free if sizes[k] >= need]
             if fits:
                 k = min(fits, key=lambda k: sizes[k])
-            elif free:
+            elif free and grow:
                 k = max(free, key=lambda k: sizes[k])
                 sizes[k] = need
             else:
