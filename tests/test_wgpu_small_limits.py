@@ -95,8 +95,9 @@ def test_adam_training_step_under_five_buffers_matches_numpy(profile):
 def test_an_elementwise_chain_larger_than_one_binding_splits_by_rows(profile):
     """(100, 300) f32 values (117 KiB) under a 64 KiB binding: the fused Add/Relu/Mul chain runs
     as dispatches over blocks of rows, each binding a window; the bias is bound whole."""
-    from anygrad.ir import Node
     from wgpu_util import make_graph
+
+    from anygrad.ir import Node
     backend = profile("test-64k", max_storage_buffer_binding_size=64 << 10)
     rng = np.random.default_rng(3)
     x = rng.standard_normal((100, 300)).astype(np.float32)
@@ -148,5 +149,6 @@ def test_embedding_lookup_larger_than_one_binding_splits_index_rows(profile):
     ids = rng.integers(0, 50, (100,)).astype(np.int64)          # the output, 117 KiB, does not
     graph, feeds = op_graph("Gather", [table, ids], {"axis": 0}, const=(0,), grad=False, feed=(1,))
     want, got, exe = run_both(graph, feeds, backend=backend, fuse=False)
+    assert_close(want, got, what="Gather")
     np.testing.assert_array_equal(got["out0"], table[ids])
     assert sum(1 for st in exe.plan.steps if any(w is not None for w in st.kernel.windows)) >= 2

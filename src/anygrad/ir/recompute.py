@@ -41,7 +41,6 @@ def recompute(graph: Graph) -> tuple[Graph, list[str]]:
         return graph, []
     g = graph.copy()
     nodes = g.nodes
-    producer = {o: k for k, n in enumerate(nodes) for o in n.outputs if o}
     uses: dict[str, list[int]] = {}
     for k, n in enumerate(nodes):
         for v in n.inputs:

@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ...ir.graph import Graph, Node, TensorInfo
+from ...ops.reduce import reduce_axes
 from .bindpack import _DECL, _uses_only_indexed, index_rewrite
 from .kernel import AdapterCaps, Kernel
-from ...ops.reduce import reduce_axes
 from .kernels_elementwise import EW, FUSED
 from .kernels_reduce import COMBINE
 from .wgsl import shape_of

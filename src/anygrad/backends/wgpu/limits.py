@@ -99,7 +99,7 @@ _UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3, "kib": 1 
           "gib": 1 << 30, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
 
-def parse_size(text: int | float | str, what: str = "--memory-budget") -> int:
+def parse_size(text: float | str, what: str = "--memory-budget") -> int:
     """Bytes from 1500000000, '1.5GB' (10^9), '1.5GiB' or '1.5G' (2^30), '800MB', '512MiB'."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         value, unit = float(text), ""

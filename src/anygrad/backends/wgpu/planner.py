@@ -21,9 +21,9 @@ from ...errors import DeviceError
 from ...ir.graph import Graph
 from ...ir.recompute import recompute
 from .adapters import _bytes
-from .fusion import PACKED
 from .bindpack import pack_reads
 from .bindsplit import split_rows
+from .fusion import PACKED
 from .gridfold import fold_kernel
 from .kernel import LOWERINGS, AdapterCaps, Kernel
 from .wgsl import shape_of

@@ -21,7 +21,7 @@ from .adapters import AdapterInfo, select_adapter
 from .fusion import packed_name, prepare
 from .kernel import LOWERINGS, AdapterCaps
 from .limits import LimitsProfile, get_profile, parse_size
-from .planner import MemoryReport, Plan, Root, fit_plan, memory_report, value_bytes
+from .planner import MemoryReport, Root, fit_plan, memory_report, value_bytes
 from .profiling import StepProfile, live_profiler, profile_dispatches
 from .wgsl import np_device_dtype
 
