@@ -130,6 +130,8 @@ def test_an_op_that_cannot_split_names_itself_and_the_batch_that_fits(profile):
     ("ReduceSum", [(100, 300)], {"axes": [1], "keepdims": 1}, ()),
     ("Softmax", [(100, 300)], {"axis": 1}, ()),
     ("LayerNormalization", [(100, 300), (300,), (300,)], {"axis": -1}, (1, 2)),
+    ("Conv", [(8, 3, 24, 24), (4, 3, 3, 3), (4,)], {"pads": [1, 1, 1, 1]}, (1, 2)),  # batch blocks
+    ("MaxPool", [(8, 4, 32, 32)], {"kernel_shape": [2, 2], "strides": [2, 2]}, ()),
 ])
 def test_ops_larger_than_one_binding_split_by_rows(profile, op, inputs, attrs, const):
     """Each op's values (about 117 KiB) under a 64 KiB binding, by blocks of leading rows, vs numpy."""
