@@ -125,3 +125,22 @@ def _executable(model):
     found = [e for key, e in model._programs.items() if key[0] == "train"]
     assert found, f"no compiled training step among {list(model._programs)}"
     return found[0]
+
+
+@pytest.mark.wgpu
+def test_info_plans_within_a_memory_budget(capsys):
+    """`anygrad info --batch-size N --memory-budget SIZE`: the peak when it fits, else the error
+    naming the batch that fits, which then fits."""
+    if not has_adapter():
+        no_adapter()
+    from pathlib import Path
+
+    from anygrad import cli
+    mnist = str(Path(anygrad.__file__).parent / "examples" / "mnist.onnx")
+    assert cli.main(["info", mnist, "--batch-size", "64", "--memory-budget", "12MB"]) != 0
+    err = capsys.readouterr().err
+    assert "but the memory budget is 11.5 MiB. The largest batch that fits is about" in err, err
+    fit = int(err.rsplit("about ", 1)[1].split(".")[0])
+    assert cli.main(["info", mnist, "--batch-size", str(fit), "--memory-budget", "12MB"]) == 0
+    peak = capsys.readouterr().out.rsplit("peak: ", 1)[1].split()
+    assert float(peak[0]) <= 11.5 and peak[1] == "MiB"

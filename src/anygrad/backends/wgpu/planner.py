@@ -264,6 +264,7 @@ class MemoryReport:
     activations: int      # temporaries after liveness reuse: activations, gradients, workspace
     inputs: int           # the batch
     constants: int
+    recomputed: int = 0   # forward values recomputed in the backward to fit a memory budget
 
     @property
     def total(self) -> int:
@@ -279,7 +280,9 @@ class MemoryReport:
         parts = [("parameters", self.parameters), ("optimizer state", self.optimizer_state),
                  ("buffers", self.buffers), ("activations and gradients", self.activations),
                  ("inputs", self.inputs), ("constants", self.constants)]
-        return [f"{name}: {_size(n)}" for name, n in parts] + [f"peak: {_size(self.total)}"]
+        extra = [f"recomputed in the backward to fit the memory budget: {self.recomputed} activations"] \
+            if self.recomputed else []
+        return [f"{name}: {_size(n)}" for name, n in parts] + extra + [f"peak: {_size(self.total)}"]
 
 
 def memory_report(plan: Plan) -> MemoryReport:

@@ -248,9 +248,9 @@ class WgpuBackend(Backend):
     def memory_report(self, graph: Graph, fuse: bool = True) -> MemoryReport:
         """The device memory compiling `graph` would hold, planned as compile plans it, without
         building a pipeline or allocating a buffer (`anygrad info --batch-size`)."""
-        _, plan, _ = fit_plan(graph, self.caps, set(graph.state_names) | set(self.state),
-                              lambda g: prepare(g, self.caps, EPILOGUE_SUPPORT & set(LOWERINGS), fuse=fuse))
-        return memory_report(plan)
+        _, plan, recomputed = fit_plan(graph, self.caps, set(graph.state_names) | set(self.state),
+                                       lambda g: prepare(g, self.caps, EPILOGUE_SUPPORT & set(LOWERINGS), fuse=fuse))
+        return replace(memory_report(plan), recomputed=len(recomputed))
 
     def compile(self, graph: Graph, fuse: bool = True) -> WgpuExecutable:
         for name in graph.state_names:
