@@ -154,3 +154,19 @@ def test_embedding_lookup_larger_than_one_binding_splits_index_rows(profile):
     assert_close(want, got, what="Gather")
     np.testing.assert_array_equal(got["out0"], table[ids])
     assert sum(1 for st in exe.plan.steps if any(w is not None for w in st.kernel.windows)) >= 2
+
+
+def test_a_kernel_whose_writes_pass_the_buffer_count_is_a_clear_error():
+    """Planned against made-up caps (no GPU): BatchNorm's statistics kernel writes 4 buffers."""
+    from anygrad.backends.wgpu.fusion import prepare
+    from anygrad.backends.wgpu.kernel import AdapterCaps
+    from anygrad.backends.wgpu.planner import make_plan
+    from anygrad.errors import DeviceError
+    x = np.random.default_rng(0).standard_normal((4, 3, 5, 5)).astype(np.float32)
+    graph, _ = op_graph("BatchNormalization", [x, np.ones(3, np.float32), np.zeros(3, np.float32),
+                                               np.zeros(3, np.float32), np.ones(3, np.float32)],
+                        {"training_mode": 1}, const=(1, 2, 3, 4), n_outputs=3, grad=False)
+    caps = AdapterCaps(max_storage_buffers_per_stage=3)
+    with pytest.raises(DeviceError, match=r"BatchNormalization node .* binds \d storage buffers \(\d written\); "
+                                          r"this adapter's max-storage-buffers-per-shader-stage is 3"):
+        make_plan(prepare(graph, caps, set()), caps, set(graph.state_names))

@@ -483,8 +483,11 @@ def _check_limits(graph: Graph, caps: AdapterCaps, kernels, root_of, nbytes,
     for k, kern in kernels:
         n = len(kern.reads) + len(kern.writes)
         if n > caps.max_storage_buffers_per_stage:
-            raise DeviceError(f"kernel {kern.name} binds {n} storage buffers; this adapter allows "
-                              f"{caps.max_storage_buffers_per_stage} per shader stage. Use another device.")
+            # bindpack.py packed what it could: only reads of 4-byte elements that fit one binding pack
+            raise DeviceError(f"kernel {kern.name} of {graph.nodes[k].label} binds {n} storage buffers "
+                              f"({len(kern.writes)} written); this adapter's max-storage-buffers-per-shader-stage "
+                              f"is {caps.max_storage_buffers_per_stage}, and its reads cannot be packed into fewer. "
+                              "Use another device (`anygrad devices` lists each adapter's limits) or device='cpu'.")
         if max(kern.workgroups) <= max_wg:
             continue
         # lower_all folded every grid that a 3-D dispatch can hold (gridfold.py): this one holds more.
