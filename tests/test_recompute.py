@@ -144,3 +144,33 @@ def test_info_plans_within_a_memory_budget(capsys):
     assert cli.main(["info", mnist, "--batch-size", str(fit), "--memory-budget", "12MB"]) == 0
     peak = capsys.readouterr().out.rsplit("peak: ", 1)[1].split()
     assert float(peak[0]) <= 11.5 and peak[1] == "MiB"
+
+
+def test_batchnorm_relu_segments_are_recomputed_exactly():
+    """A conv net: BatchNorm -> ReLU is recomputed from the BatchNorm input (its gradient keeps it);
+    the copy's running statistics go unused, so the state is updated once, as before."""
+    from anygrad.backends import NumpyBackend
+    from anygrad.ir.recompute import recompute
+    nn.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1),
+                        nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 8 * 8, 4))
+    model = net.to_model(input_shape=(None, 3, 8, 8)).compile(loss="cross_entropy",
+                                                              optimizer=anygrad.optim.SGD(lr=0.1), device="cpu")
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((4, 3, 8, 8)).astype(np.float32), rng.integers(0, 4, 4)
+    model.train_on_batch(x, y)
+    step = _executable(model).graph
+    lighter, values = recompute(step)
+    assert sorted(v.split("/")[-1].rsplit("_output", 1)[0] for v in values) == \
+        ["BatchNormalization", "BatchNormalization", "Relu", "Relu"]
+    assert lighter.state_updates == step.state_updates
+    feeds = dict(zip(step.inputs, (x, y)))
+    results = []
+    for g in (step, lighter):
+        nb = NumpyBackend()
+        for name in g.state_names:
+            nb.set_state(name, model.backend.get_state(name))
+        results.append(nb.compile(g).run(feeds, list(g.outputs)))
+        results[-1].update({t: nb.get_state(t) for t in g.state_updates.values()})
+    for k, v in results[0].items():
+        np.testing.assert_array_equal(results[1][k], v, err_msg=k)
