@@ -170,3 +170,19 @@ def test_a_kernel_whose_writes_pass_the_buffer_count_is_a_clear_error():
     with pytest.raises(DeviceError, match=r"BatchNormalization node .* binds \d storage buffers \(\d written\); "
                                           r"this adapter's max-storage-buffers-per-shader-stage is 3"):
         make_plan(prepare(graph, caps, set()), caps, set(graph.state_names))
+
+
+def test_a_profile_lowered_limit_by_limit_from_the_environment(monkeypatch):
+    """ANYGRAD_WGPU_LIMITS=webgpu-default:LIMIT=VALUE,... lowers a profile further (CI, tests)."""
+    from anygrad.backends.wgpu import WgpuBackend
+    from anygrad.backends.wgpu.limits import get_profile
+    from anygrad.errors import ConfigError
+    monkeypatch.setenv("ANYGRAD_WGPU_LIMITS", "webgpu-default:max-storage-buffers-per-shader-stage=4,"
+                                              "max-storage-buffer-binding-size=64KiB")
+    prof = get_profile(None)
+    assert prof.max_storage_buffers_per_shader_stage == 4 and prof.max_storage_buffer_binding_size == 65536
+    backend = WgpuBackend("wgpu")
+    assert backend.device.limits["max-storage-buffers-per-shader-stage"] == 4
+    assert backend.caps.max_storage_binding_size == 65536
+    with pytest.raises(ConfigError, match="override 'max-bogus=3': write LIMIT=VALUE"):
+        get_profile("webgpu-default:max-bogus=3")
