@@ -107,7 +107,7 @@ def _memory_lines(args: argparse.Namespace) -> list[str]:
     from .program import build_train_step
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size must be at least 1, got {args.batch_size}")
-    backend = get_backend(args.device or "wgpu", limits=args.limits)
+    backend = get_backend(args.device or "wgpu", limits=args.limits, memory_budget=args.memory_budget)
     if not hasattr(backend, "memory_report"):
         return [f"memory: the report needs a wgpu device; {backend.name} has no device memory to plan"]
     model = load_onnx(args.model, freeze=args.freeze or ())
@@ -613,6 +613,8 @@ def _add_info(p: argparse.ArgumentParser) -> None:
                    "print its device memory: parameters, optimizer state, activations, workspace")
     p.add_argument("--device", help="the wgpu device to plan for (default: wgpu)")
     p.add_argument("--limits", metavar="PROFILE", help="plan under a limits profile: webgpu-default, uhd630, m1-8gb")
+    p.add_argument("--memory-budget", metavar="SIZE", help="plan within this much device memory, e.g. 1.5GB "
+                   "(default: the limits profile's); recomputes activations to fit, else names the batch that fits")
     p.add_argument("--optimizer", default="adam", help="the optimizer whose state to count (default: adam)")
     p.add_argument("--loss", help="the loss (default: nll after LogSoftmax, else cross_entropy)")
 
@@ -677,6 +679,9 @@ def _add_train(p: argparse.ArgumentParser) -> None:
                    "this glob over graph or PyTorch names (repeatable), e.g. 'conv1.*' or a buffer such as 'pe'")
     p.add_argument("--limits", metavar="PROFILE", help="train within a weaker adapter's limits on this one: "
                    "webgpu-default, uhd630, m1-8gb (binding and buffer sizes, workgroup limits, a memory budget)")
+    p.add_argument("--memory-budget", metavar="SIZE", help="fit the training step in this much device memory, "
+                   "e.g. 1.5GB (default: the limits profile's): tighter reuse, then activations recomputed in the "
+                   "backward, else an error naming the largest batch that fits")
     p.add_argument("--padding-idx", action="append", metavar="TABLE:ROW", help="give lookups of this row of this "
                    "embedding table no gradient, as nn.Embedding(padding_idx=ROW) does (ONNX cannot say so; "
                    "repeatable), e.g. 'embed_tokens.weight:1'")

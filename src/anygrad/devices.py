@@ -17,10 +17,11 @@ from .errors import ConfigError
 __all__ = ["AdapterInfo", "get_backend", "list_adapters"]
 
 
-def get_backend(device: str = "auto", limits: str | None = None) -> Backend:
+def get_backend(device: str = "auto", limits: str | None = None, memory_budget: int | str | None = None) -> Backend:
     """The backend for a device name. `limits`: a wgpu limits profile (webgpu-default, uhd630,
     m1-8gb; see anygrad.backends.wgpu.limits) to train as on that hardware; None: the
-    ANYGRAD_WGPU_LIMITS variable, else the adapter's own limits. The CPU has none."""
+    ANYGRAD_WGPU_LIMITS variable, else the adapter's own limits. `memory_budget` ('1.5GB' or
+    bytes): what a compiled wgpu step may hold, instead of the profile's. The CPU has neither."""
     device = (device or "auto").strip().lower()
     if device in ("cpu", "numpy"):
         return NumpyBackend()
@@ -40,10 +41,10 @@ def get_backend(device: str = "auto", limits: str | None = None) -> Backend:
                               f"only a software adapter ({soft[0].name}) was found")
             return NumpyBackend()
         from .backends.wgpu import WgpuBackend
-        return WgpuBackend(f"wgpu:{pick[0].index}", limits=limits)
+        return WgpuBackend(f"wgpu:{pick[0].index}", limits=limits, memory_budget=memory_budget)
     if device == "wgpu" or device.startswith("wgpu:"):
         from .backends.wgpu import WgpuBackend
-        return WgpuBackend(device, limits=limits)
+        return WgpuBackend(device, limits=limits, memory_budget=memory_budget)
     if device == "torch" or device.startswith("torch:"):
         from .backends.torch import TorchBackend
         return TorchBackend(device)

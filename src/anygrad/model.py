@@ -198,7 +198,8 @@ class Model:
     def compile(self, loss: str | Loss | Mapping[str, str | Loss] = "cross_entropy",
                 optimizer: Optimizer | None = None, device: str | Backend | list = "cpu", seed: int = 0, *,
                 loss_weights: Mapping[str, float] | None = None, clip_norm: float | None = None,
-                accumulate: int = 1, limits: str | None = None, **loss_options: Any) -> Model:
+                accumulate: int = 1, limits: str | None = None, memory_budget: int | str | None = None,
+                **loss_options: Any) -> Model:
         """Choose the loss, optimizer and device.
 
         `loss`: a name (cross_entropy, nll, mse, l1, bce_with_logits) or a Loss for the first
@@ -207,13 +208,15 @@ class Model:
         or "output": the model's first output is its own scalar loss (a forward that returns
         the loss), trained with no targets. `loss_options` go to the named losses that take them
         (ignore_index, reduction, label_smoothing, weight, class_axis).
-        `device`: one device, or several ('wgpu:0,wgpu:1' or a list) that share each batch."""
+        `device`: one device, or several ('wgpu:0,wgpu:1' or a list) that share each batch.
+        `limits`, `memory_budget` (wgpu): a weaker adapter's limits profile, and the bytes a step
+        may hold (default: the profile's budget); see README "Small GPUs"."""
         from .devices import get_backend
         devices = None
         if isinstance(device, (list, tuple)) or (isinstance(device, str) and "," in device):
             from .distributed import device_list, open_backends
             devices = open_backends(device_list(device) or list(device if isinstance(device, (list, tuple))
-                                                                else [device]), limits)
+                                                                else [device]), limits, memory_budget)
             device = devices[0]
         self.heads = self._heads(loss, loss_weights, loss_options)
         self.loss = self.heads[0].loss
@@ -223,7 +226,8 @@ class Model:
             optimizer = SGD(lr=0.01)
         self.optimizer = optimizer
         state = self.state_dict() if self.backend is not None else None
-        self.backend = device if isinstance(device, Backend) else get_backend(device, limits=limits)
+        self.backend = (device if isinstance(device, Backend)
+                        else get_backend(device, limits=limits, memory_budget=memory_budget))
         self.seed = seed
         self._programs.clear()
         for name in self.graph.state_names:

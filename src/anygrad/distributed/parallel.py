@@ -44,7 +44,7 @@ def device_list(device: Any) -> list[Any] | None:
     return None
 
 
-def open_backends(devices: list[Any], limits: str | None = None) -> list[Backend]:
+def open_backends(devices: list[Any], limits: str | None = None, memory_budget: Any = None) -> list[Backend]:
     """Backends for a device list; a wgpu adapter named again opens another device of it (its own
     queue and memory), which is how two devices of one adapter share a batch."""
     from ..devices import get_backend
@@ -59,9 +59,9 @@ def open_backends(devices: list[Any], limits: str | None = None) -> list[Backend
         seen[spec] = again + 1
         if again and spec.startswith("wgpu"):
             from ..backends.wgpu import WgpuBackend
-            out.append(WgpuBackend(spec, limits=limits, replica=again))
+            out.append(WgpuBackend(spec, limits=limits, replica=again, memory_budget=memory_budget))
         else:
-            out.append(get_backend(spec, limits=limits))
+            out.append(get_backend(spec, limits=limits, memory_budget=memory_budget))
     return out
 
 

@@ -161,7 +161,7 @@ def _prepare(config: TrainConfig, log: Log, default_batch: bool = False,
     from ..optim import get_optimizer
     model_path = Path(config.model)
     optimizer = get_optimizer(config.optimizer or "adam", lr=config.lr)
-    backend = _open_devices(config.device or "auto", config.limits, group)
+    backend = _open_devices(config.device or "auto", config.limits, group, config.memory_budget)
     model = load_onnx(str(model_path), init=config.init or "onnx")
     if config.weights:  # fine-tuning: every tensor comes from the state_dict, or it is an error
         model.load_state_dict(config.weights, strict=True)
@@ -198,7 +198,7 @@ def _prepare(config: TrainConfig, log: Log, default_batch: bool = False,
     return model, train, valid, transforms, resolved, config
 
 
-def _open_devices(device: str, limits: str | None, group: Any = None) -> Any:
+def _open_devices(device: str, limits: str | None, group: Any = None, memory_budget: Any = None) -> Any:
     """The backend of `device`, or a list of them for 'wgpu:0,wgpu:1' (data parallel in-process);
     a rank of a job takes the device of its local rank."""
     from ..devices import get_backend
@@ -206,7 +206,8 @@ def _open_devices(device: str, limits: str | None, group: Any = None) -> Any:
     if group is not None:
         device = rank_device(device, group.world.local_rank)
     several = device_list(device)
-    return open_backends(several, limits) if several else get_backend(device, limits=limits)
+    return open_backends(several, limits, memory_budget) if several else \
+        get_backend(device, limits=limits, memory_budget=memory_budget)
 
 
 def padding_spec(spec: str) -> tuple[str, int]:

@@ -77,6 +77,7 @@ class TrainConfig:
     lr: float | None = None
     device: str = ""
     limits: str | None = None            # a wgpu limits profile to train within (backends/wgpu/limits.py)
+    memory_budget: str | None = None     # device bytes a step may hold, e.g. '1.5GB' (default: the profile's)
     init: str = ""
     weights: str | None = None           # state_dict file loaded right after the model (fine-tuning)
     freeze: list[str] = field(default_factory=list)  # parameter patterns not to train (Model.freeze)

@@ -37,6 +37,9 @@ class Kernel:
     # Reads that may share memory with the writes: every invocation reads them only at the very
     # elements it writes (elementwise kernels), so the executor may update state in place.
     inplace: tuple[str, ...] = ()
+    # Per binding (reads, then writes): (byte offset, byte size) of the value bound, or None for all
+    # of it. Set by the planner's binding split (bindsplit.py) for values larger than one binding.
+    windows: tuple[tuple[int, int] | None, ...] = ()
 
     @property
     def cache_key(self) -> tuple[str, str]:
@@ -57,6 +60,7 @@ class AdapterCaps:
     has_f16: bool = False
     is_cpu: bool = False                # lavapipe / software: prefer register-only variants
     memory_budget: int | None = None    # bytes one step may hold on the device (a limits profile's)
+    memory_budget_set: bool = False     # the budget is the user's (--memory-budget), not the profile's
     limits_profile: str = ""            # the limits.PROFILES entry the device was created under
 
 

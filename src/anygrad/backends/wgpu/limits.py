@@ -11,7 +11,8 @@ profile takes the lowest that users meet.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+import re
+from dataclasses import dataclass, fields, replace
 
 from ...errors import ConfigError
 
@@ -82,16 +83,51 @@ PROFILES: dict[str, LimitsProfile] = {p.name: p for p in (
 
 def get_profile(name: str | None) -> LimitsProfile | None:
     """The profile called `name` (None or '' or 'adapter': none, the adapter's own limits);
-    without a name, the one ANYGRAD_WGPU_LIMITS names (tests and CI set it)."""
+    without a name, the one ANYGRAD_WGPU_LIMITS names (tests and CI set it).
+
+    A profile may be lowered further for a test, limit by limit, in WebGPU's names:
+    'webgpu-default:max-storage-buffers-per-shader-stage=4,max-storage-buffer-binding-size=64KiB'."""
     if name is None:
         name = os.environ.get(ENV, "")
-    name = name.strip().lower()
+    name, _, overrides = name.strip().lower().partition(":")
     if name in ("", "adapter", "none"):
         return None
     if name not in PROFILES:
         raise ConfigError(f"unknown limits profile '{name}'; choose one of {', '.join(PROFILES)} "
                           "(or 'adapter' for the adapter's own limits)")
-    return PROFILES[name]
+    profile = PROFILES[name]
+    if not overrides:
+        return profile
+    changes: dict[str, int] = {}
+    known = {f.name.replace("_", "-"): f.name for f in fields(LimitsProfile) if f.name.startswith("max_")}
+    known["memory-budget"] = "memory_budget"
+    for item in overrides.split(","):
+        key, eq, value = item.partition("=")
+        if key.strip() not in known or not eq:
+            raise ConfigError(f"limits profile override '{item}': write LIMIT=VALUE with LIMIT one of "
+                              f"{', '.join(known)}")
+        changes[known[key.strip()]] = parse_size(value, f"limits profile override '{item}'")
+    return replace(profile, name=f"{name}:{overrides}", **changes)
 
 
-__all__ = ["ENV", "PROFILES", "LimitsProfile", "get_profile"]
+_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3, "kib": 1 << 10, "mib": 1 << 20,
+          "gib": 1 << 30, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def parse_size(text: float | str, what: str = "--memory-budget") -> int:
+    """Bytes from 1500000000, '1.5GB' (10^9), '1.5GiB' or '1.5G' (2^30), '800MB', '512MiB'."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value, unit = float(text), ""
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+        if m is None or m.group(2).lower() not in _UNITS:
+            raise ConfigError(f"{what} '{text}' is not a size: write bytes or a number with a unit, e.g. "
+                              "1.5GB, 1536MiB, 800MB")
+        value, unit = float(m.group(1)), m.group(2).lower()
+    n = int(value * _UNITS[unit])
+    if n <= 0:
+        raise ConfigError(f"{what} '{text}' must be more than 0 bytes")
+    return n
+
+
+__all__ = ["ENV", "PROFILES", "LimitsProfile", "get_profile", "parse_size"]

@@ -13,13 +13,16 @@ No GPU objects here, only decisions, so the plan can be tested and printed on an
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from ...errors import DeviceError
 from ...ir.graph import Graph
+from ...ir.recompute import recompute
 from .adapters import _bytes
+from .bindpack import pack_reads
+from .bindsplit import split_rows
 from .fusion import PACKED
 from .gridfold import fold_kernel
 from .kernel import LOWERINGS, AdapterCaps, Kernel
@@ -71,12 +74,26 @@ def lower_all(graph: Graph, caps: AdapterCaps) -> tuple[list[tuple[int, Kernel]]
     alias: dict[str, str] = {}
     kernels: list[tuple[int, Kernel]] = []
     scratch_bytes: dict[str, int] = {}
+    arena_total = {spec.value: spec.total for n in graph.nodes if n.op == "wgpu.FusedUpdate"
+                   for spec in n.attrs["arenas"]}
+
+    def elements(v: str) -> int | None:
+        if v in graph.info:
+            return int(np.prod(shape_of(graph, v), dtype=np.int64))
+        if v in scratch_bytes:
+            return scratch_bytes[v] // ELEM_BYTES
+        return arena_total.get(v)
     for k, node in enumerate(graph.nodes):
         if node.op in ALIAS_OPS:
             alias[node.outputs[0]] = node.inputs[0]
             continue
         try:
-            node_kernels = LOWERINGS[node.op](node, graph, caps)
+            node_kernels = None
+            if any(v and v in graph.info and value_bytes(graph, v) > caps.max_storage_binding_size
+                   for v in list(node.inputs) + list(node.outputs)):
+                node_kernels = split_rows(node, graph, caps, LOWERINGS[node.op])  # bindsplit.py
+            if node_kernels is None:
+                node_kernels = LOWERINGS[node.op](node, graph, caps)
         except (ValueError, NotImplementedError) as e:  # attributes or inputs a kernel cannot take
             raise DeviceError(f"{node.label}: the wgpu backend cannot run this node ({e}); "
                               "use device='cpu' for this model") from e
@@ -87,9 +104,15 @@ def lower_all(graph: Graph, caps: AdapterCaps) -> tuple[list[tuple[int, Kernel]]
                 ren[sc.name] = f"{sc.name}@{k}"
                 scratch_bytes[ren[sc.name]] = max(scratch_bytes.get(ren[sc.name], 0),
                                                   max(ELEM_BYTES, int(sc.elements) * ELEM_BYTES))
-        for kern in node_kernels:
+        for j, kern in enumerate(node_kernels):
             kern = _rename(kern, ren) if ren else kern
-            kernels.append((k, fold_kernel(kern, caps.max_workgroups_per_dim)))
+            # Past max-storage-buffers-per-shader-stage: small reads packed into one buffer (bindpack.py).
+            for part in pack_reads(kern, caps.max_storage_buffers_per_stage, elements,
+                                   caps.max_storage_binding_size, f"{k}.{j}"):
+                for sc in part.scratch:
+                    if sc.name.startswith("@pack:"):
+                        scratch_bytes[sc.name] = max(ELEM_BYTES, int(sc.elements) * ELEM_BYTES)
+                kernels.append((k, fold_kernel(part, caps.max_workgroups_per_dim)))
     return kernels, alias, scratch_bytes
 
 
@@ -196,7 +219,9 @@ def make_plan(graph: Graph, caps: AdapterCaps, state_names: set[str]) -> Plan:
     steps = [Step(kern, tuple(root_of[v] for v in kern.reads), tuple(root_of[v] for v in kern.writes))
              for _, kern in kernels]
 
-    slot_of, slot_bytes = _assign_slots(steps, first, last, nbytes, set(inplace))
+    # Two greedy placements; the smaller total is kept (a tighter reuse at no cost per step).
+    slot_of, slot_bytes = min((_assign_slots(steps, first, last, nbytes, set(inplace), grow)
+                               for grow in (True, False)), key=lambda t: sum(t[1]))
     nbytes = {r: b for r, b in nbytes.items() if not (r.kind == "temp" and r.name in inplace)}
     plan = Plan(steps, nbytes, slot_of, slot_bytes, root_of, copies, inplace, graph, arenas)
     if caps.memory_budget is not None:
@@ -205,6 +230,27 @@ def make_plan(graph: Graph, caps: AdapterCaps, state_names: set[str]) -> Plan:
 
 
 # -- memory ------------------------------------------------------------------------------------------
+def fit_plan(graph: Graph, caps: AdapterCaps, state_names: set[str], prepare_fn) -> tuple[Graph, Plan, list[str]]:
+    """(prepared graph, plan, recomputed values) for `graph` within caps.memory_budget: the plan
+    as it is when it fits (slots already reused as tightly as the planner can); else the plan
+    of the graph with cheap forward values recomputed in the backward (ir/recompute.py); else the
+    budget error, naming the largest batch that fits. prepare_fn(graph) -> the graph to plan."""
+    free = replace(caps, memory_budget=None)
+    prepared = prepare_fn(graph)
+    plan = make_plan(prepared, free, state_names)
+    if caps.memory_budget is None or memory_report(plan).total <= caps.memory_budget:
+        return prepared, plan, []
+    lighter, values = recompute(graph)
+    used: list[str] = []
+    if values:
+        prepared2 = prepare_fn(lighter)
+        plan2 = make_plan(prepared2, free, state_names)
+        if memory_report(plan2).total < memory_report(plan).total:
+            prepared, plan, used = prepared2, plan2, values
+    _check_budget(plan, caps, recomputed=len(used))
+    return prepared, plan, used
+
+
 OPTIMIZER_PREFIXES = ("optim.", "accum.")  # program.py's names of optimizer slots and accumulators
 
 
@@ -218,6 +264,7 @@ class MemoryReport:
     activations: int      # temporaries after liveness reuse: activations, gradients, workspace
     inputs: int           # the batch
     constants: int
+    recomputed: int = 0   # forward values recomputed in the backward to fit a memory budget
 
     @property
     def total(self) -> int:
@@ -233,7 +280,9 @@ class MemoryReport:
         parts = [("parameters", self.parameters), ("optimizer state", self.optimizer_state),
                  ("buffers", self.buffers), ("activations and gradients", self.activations),
                  ("inputs", self.inputs), ("constants", self.constants)]
-        return [f"{name}: {_size(n)}" for name, n in parts] + [f"peak: {_size(self.total)}"]
+        extra = [f"recomputed in the backward to fit the memory budget: {self.recomputed} activations"] \
+            if self.recomputed else []
+        return [f"{name}: {_size(n)}" for name, n in parts] + extra + [f"peak: {_size(self.total)}"]
 
 
 def memory_report(plan: Plan) -> MemoryReport:
@@ -263,16 +312,19 @@ def memory_report(plan: Plan) -> MemoryReport:
     return MemoryReport(**sums)
 
 
-def _check_budget(plan: Plan, caps: AdapterCaps) -> None:
-    """A limits profile's memory budget: refuse a step that would not fit, naming the batch that does."""
+def _check_budget(plan: Plan, caps: AdapterCaps, recomputed: int = 0) -> None:
+    """The memory budget: refuse a step that would not fit, naming the batch that does."""
     report = memory_report(plan)
     budget = caps.memory_budget
     if report.total <= budget:
         return
     batch = _batch_size(plan.graph) if plan.graph is not None else None
     fixed = report.total - report.per_batch
-    what = (f"the training step needs {_size(report.total)} on the device ({', '.join(report.lines()[:-1])}) but "
-            f"the '{caps.limits_profile}' limits profile allows {_size(budget)}.")
+    source = (f"the '{caps.limits_profile}' limits profile allows" if caps.limits_profile and not caps.memory_budget_set
+              else "the memory budget is")
+    after = f" even with {recomputed} activations recomputed in the backward" if recomputed else ""
+    what = (f"the training step needs {_size(report.total)} on the device ({', '.join(report.lines()[:-1])}){after}, "
+            f"but {source} {_size(budget)}.")
     if fixed >= budget:
         raise DeviceError(f"{what} Its parameters and state alone need {_size(fixed)}, so no batch size fits: "
                           "freeze some parameters, use a smaller model, or an optimizer with less state (sgd).")
@@ -297,8 +349,11 @@ def _inplace_safe(kernels, root_of, temp: Root, state: Root, first_write, last_r
     return all(v in kern.inplace for v in reads_state)
 
 
-def _assign_slots(steps: list[Step], first, last, nbytes, inplaced: set[str]) -> tuple[dict[Root, int], list[int]]:
-    """Greedy by first use: a freed slot that fits, else the largest free one (grown), else new."""
+def _assign_slots(steps: list[Step], first, last, nbytes, inplaced: set[str],
+                  grow: bool = True) -> tuple[dict[Root, int], list[int]]:
+    """Greedy by first use: a freed slot that fits, else (grow) the largest free one, grown, else a
+    new one. Growing saves buffers when sizes rise through a step; not growing saves bytes when a
+    large slot would stay large for many small tenants."""
     born: dict[int, list[Root]] = {}
     dies: dict[int, list[Root]] = {}
     for r, s in first.items():
@@ -314,7 +369,7 @@ def _assign_slots(steps: list[Step], first, last, nbytes, inplaced: set[str]) ->
             fits = [k for k in free if sizes[k] >= need]
             if fits:
                 k = min(fits, key=lambda k: sizes[k])
-            elif free:
+            elif free and grow:
                 k = max(free, key=lambda k: sizes[k])
                 sizes[k] = need
             else:
@@ -385,13 +440,27 @@ def _check_limits(graph: Graph, caps: AdapterCaps, kernels, root_of, nbytes,
     labels = labels or {}
     limit = caps.max_storage_binding_size
     batch = _batch_size(graph)
-    over = sorted(((b, r) for r, b in nbytes.items() if b > limit), key=lambda t: (-t[0], t[1].name))
+    # Values bound only through windows (bindsplit.py) never bind more than one window at a time.
+    whole: dict[Root, int] = {}  # root -> the first node whose kernel binds all of it
+    for k, kern in kernels:
+        for v, w in zip(kern.reads + kern.writes, kern.windows or (None,) * len(kern.reads + kern.writes)):
+            if w is None or w[1] > limit:
+                whole.setdefault(root_of[v], k)
+
+    def by(r: Root) -> str:  # the op that needs the value in one binding
+        k = whole.get(r)
+        if k is None:
+            return ""
+        op = graph.nodes[k].op.replace("wgpu.Fused", "fused elementwise")
+        return f" (bound whole by the {op} kernel of {graph.nodes[k].label}, which is not split by rows)"
+
+    over = sorted(((b, r) for r, b in nbytes.items() if b > limit and r in whole), key=lambda t: (-t[0], t[1].name))
     have = (f"but this adapter's max-storage-buffer-binding-size is {_bytes(limit)}")
     fixed = [(b, r) for b, r in over if r.kind in _FIXED_ROOTS]
     if fixed:
         b, r = fixed[0]
         raise DeviceError(
-            f"{_root_label(graph, r, labels)} needs {_size(b)} {have}, and its size does not "
+            f"{_root_label(graph, r, labels)}{by(r)} needs {_size(b)} {have}, and its size does not "
             "depend on the batch, so no batch size fits. Use an adapter with a larger limit (`anygrad "
             "devices` lists each adapter's limits), device='cpu', or a model with a smaller layer.")
     scaled = [(b, r) for b, r in over if _batch_leading(graph, r.name, batch)]
@@ -402,20 +471,23 @@ def _check_limits(graph: Graph, caps: AdapterCaps, kernels, root_of, nbytes,
         hint = (f"The largest batch that fits is about {fit}: use a batch size of at most {fit}, or another "
                 "device." if fit else f"Even a batch of 1 needs {_size(per_sample)}: use another "
                 "device or device='cpu'.")
-        raise DeviceError(f"{_root_label(graph, r, labels)} needs {_size(b)} at batch {batch} "
+        raise DeviceError(f"{_root_label(graph, r, labels)}{by(r)} needs {_size(b)} at batch {batch} "
                           f"{have}. {hint}")
     if over:
         b, r = over[0]
         raise DeviceError(
-            f"{_root_label(graph, r, labels)} needs {_size(b)} {have}. Its leading dimension is "
+            f"{_root_label(graph, r, labels)}{by(r)} needs {_size(b)} {have}. Its leading dimension is "
             f"not the batch{f' ({batch})' if batch else ''}, so a smaller batch may not shrink it: try "
             "one, or an adapter with a larger limit (`anygrad devices`), or device='cpu'.")
     max_wg = caps.max_workgroups_per_dim
     for k, kern in kernels:
         n = len(kern.reads) + len(kern.writes)
         if n > caps.max_storage_buffers_per_stage:
-            raise DeviceError(f"kernel {kern.name} binds {n} storage buffers; this adapter allows "
-                              f"{caps.max_storage_buffers_per_stage} per shader stage. Use another device.")
+            # bindpack.py packed what it could: only reads of 4-byte elements that fit one binding pack
+            raise DeviceError(f"kernel {kern.name} of {graph.nodes[k].label} binds {n} storage buffers "
+                              f"({len(kern.writes)} written); this adapter's max-storage-buffers-per-shader-stage "
+                              f"is {caps.max_storage_buffers_per_stage}, and its reads cannot be packed into fewer. "
+                              "Use another device (`anygrad devices` lists each adapter's limits) or device='cpu'.")
         if max(kern.workgroups) <= max_wg:
             continue
         # lower_all folded every grid that a 3-D dispatch can hold (gridfold.py): this one holds more.

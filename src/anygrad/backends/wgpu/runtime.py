@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -20,8 +20,8 @@ from ..base import Backend, Executable
 from .adapters import AdapterInfo, select_adapter
 from .fusion import packed_name, prepare
 from .kernel import LOWERINGS, AdapterCaps
-from .limits import LimitsProfile, get_profile
-from .planner import MemoryReport, Plan, Root, make_plan, memory_report, value_bytes
+from .limits import LimitsProfile, get_profile, parse_size
+from .planner import MemoryReport, Root, fit_plan, memory_report, value_bytes
 from .profiling import StepProfile, live_profiler, profile_dispatches
 from .wgsl import np_device_dtype
 
@@ -124,15 +124,20 @@ class WgpuBackend(Backend):
 
     name = "wgpu"
 
-    def __init__(self, device: str = "wgpu", limits: str | None = None, replica: int = 0):
+    def __init__(self, device: str = "wgpu", limits: str | None = None, replica: int = 0,
+                 memory_budget: int | str | None = None):
         """`limits`: a limits profile (limits.PROFILES) the device is created with, so that it
         enforces a weaker adapter's limits; None: ANYGRAD_WGPU_LIMITS, else the adapter's own.
-        `replica` k > 0 opens the adapter's k-th extra device (data parallelism on one adapter)."""
+        `replica` k > 0 opens the adapter's k-th extra device (data parallelism on one adapter).
+        `memory_budget`: bytes (or '1.5GB') a compiled step may hold; None: the profile's."""
         info, adapter = select_adapter(device)
         self.adapter = info
         self.ctx = _context(info, adapter, get_profile(limits), replica)
         self.device = self.ctx.device
         self.caps = self.ctx.caps
+        if memory_budget is not None:
+            self.caps = replace(self.caps, memory_budget=parse_size(memory_budget, "memory_budget"),
+                                memory_budget_set=True)
         self.state: dict[str, _StateBuf] = {}
         self.arenas: dict[str, Any] = {}  # arena value -> (buffer, ArenaSpec)
         self.generation = 0   # bumped when a state buffer is replaced (bind groups must follow)
@@ -294,8 +299,9 @@ class WgpuBackend(Backend):
     def memory_report(self, graph: Graph, fuse: bool = True) -> MemoryReport:
         """The device memory compiling `graph` would hold, planned as compile plans it, without
         building a pipeline or allocating a buffer (`anygrad info --batch-size`)."""
-        prepared = prepare(graph, self.caps, EPILOGUE_SUPPORT & set(LOWERINGS), fuse=fuse)
-        return memory_report(make_plan(prepared, self.caps, set(graph.state_names) | set(self.state)))
+        _, plan, recomputed = fit_plan(graph, self.caps, set(graph.state_names) | set(self.state),
+                                       lambda g: prepare(g, self.caps, EPILOGUE_SUPPORT & set(LOWERINGS), fuse=fuse))
+        return replace(memory_report(plan), recomputed=len(recomputed))
 
     def compile(self, graph: Graph, fuse: bool = True) -> WgpuExecutable:
         for name in graph.state_names:
@@ -330,8 +336,10 @@ class WgpuExecutable(Executable):
     def __init__(self, backend: WgpuBackend, graph: Graph, fuse: bool = True):
         self.backend = backend
         self.graph = graph
-        self.prepared = prepare(graph, backend.caps, EPILOGUE_SUPPORT & set(LOWERINGS), fuse=fuse)
-        self.plan: Plan = make_plan(self.prepared, backend.caps, set(graph.state_names) | set(backend.state))
+        # Within the memory budget: tighter reuse, else activations recomputed (planner.fit_plan).
+        self.prepared, self.plan, self.recomputed = fit_plan(
+            graph, backend.caps, set(graph.state_names) | set(backend.state),
+            lambda g: prepare(g, backend.caps, EPILOGUE_SUPPORT & set(LOWERINGS), fuse=fuse))
         dev = backend.device
         usage = backend.storage_usage
         # Executable-owned storage: inputs, constants, temporary slots. A 1-byte input is written
@@ -417,9 +425,12 @@ class WgpuExecutable(Executable):
         for st, pipe in zip(self.plan.steps, self._pipes):
             bgl, _ = self.backend.layout(self._read_only(st))
             entries = []
-            for k, r in enumerate(st.reads + st.writes):
-                entries.append({"binding": k, "resource": {"buffer": self._buffer(r), "offset": self._offset(r),
-                                                           "size": -(-self._nbytes(r) // 4) * 4}})
+            windows = st.kernel.windows or (None,) * (len(st.reads) + len(st.writes))
+            for k, (r, win) in enumerate(zip(st.reads + st.writes, windows)):
+                # a window: rows of a value larger than one binding (planner's binding split)
+                off, size = (0, -(-self._nbytes(r) // 4) * 4) if win is None else win
+                entries.append({"binding": k, "resource": {"buffer": self._buffer(r), "offset": self._offset(r) + off,
+                                                           "size": size}})
             out.append((pipe, dev.create_bind_group(layout=bgl, entries=entries), st.kernel.workgroups))
         self._dispatches = out
         self._generation = self.backend.generation
