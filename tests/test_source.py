@@ -18,13 +18,17 @@ LAYERS = [
     {"ops", "autodiff", "losses", "optim", "program"},
     {"backends", "devices"},
     {"model"},
-    {"frontends", "nn", "data", "codegen"},                      # build Models from files and code
+    {"frontends", "nn", "data", "codegen"},                      # build Models from files and code (codegen:
+                                                                 # a re-export of frontends/codegen/)
     {"train", "inference", "plot"},
     {"cli", "examples", "__init__"},
 ]
 LEVEL = {name: i for i, names in enumerate(LAYERS) for name in names}
 # (importer, imported) pairs allowed upward, and only inside a function body (lazily).
 FACADE = {("model", "train"), ("model", "frontends")}
+# (importer, imported) pairs never allowed, though downward: data feeds models without knowing the
+# Model class (its graph rewriting is the IR pass ir/input_norm.py).
+APART = {("data", "model")}
 
 
 def _unit(path: Path) -> str:
@@ -68,6 +72,13 @@ def test_no_module_imports_a_layer_above_its_own():
                 continue
             upward.append(f"{path.relative_to(PACKAGE)}:{line} ({unit}) imports {target}")
     assert not upward, "\n".join(upward)
+
+
+def test_data_does_not_import_the_model():
+    apart = [f"{path.relative_to(PACKAGE)}:{line} ({unit}) imports {target}"
+             for path in PACKAGE.rglob("*.py") for unit in [_unit(path)]
+             for target, _lazy, line in _imports(path) if (unit, target) in APART]
+    assert not apart, "\n".join(apart)
 
 
 def test_the_source_is_lint_clean():
