@@ -18,17 +18,13 @@ LAYERS = [
     {"ops", "autodiff", "losses", "optim", "program"},
     {"backends", "devices"},
     {"model"},
-    {"frontends", "nn", "data", "codegen"},                      # build Models from files and code (codegen:
-                                                                 # a re-export of frontends/codegen/)
+    {"frontends", "nn", "data", "codegen"},                      # build Models from files and code
     {"train", "inference", "plot"},
     {"cli", "examples", "__init__"},
 ]
 LEVEL = {name: i for i, names in enumerate(LAYERS) for name in names}
 # (importer, imported) pairs allowed upward, and only inside a function body (lazily).
 FACADE = {("model", "train"), ("model", "frontends")}
-# (importer, imported) pairs never allowed, though downward: data feeds models without knowing the
-# Model class (its graph rewriting is the IR pass ir/input_norm.py).
-APART = {("data", "model")}
 
 
 def _unit(path: Path) -> str:
@@ -72,6 +68,11 @@ def test_no_module_imports_a_layer_above_its_own():
                 continue
             upward.append(f"{path.relative_to(PACKAGE)}:{line} ({unit}) imports {target}")
     assert not upward, "\n".join(upward)
+
+
+# (importer, imported) pairs never allowed, though downward: data feeds models without knowing the
+# Model class (its graph rewriting is the IR pass ir/input_norm.py).
+APART = {("data", "model")}
 
 
 def test_data_does_not_import_the_model():
