@@ -430,9 +430,9 @@ def test_input_normalisation_of_a_flat_input_and_its_removal():
         can_normalise_in_graph,
         find_input_normalisation,
         input_statistics,
-        plain_model,
         without_input_normalisation,
     )
+    from anygrad.train.export_model import plain_model
     model = _identity_model((784,))
     assert can_normalise_in_graph(model, (0.5,)) and not can_normalise_in_graph(model, (0.5, 0.5, 0.5))
     add_input_normalisation(model, (0.1307,), (0.3081,))

@@ -21,7 +21,6 @@ ForwardFn = Callable[[Node, list[np.ndarray]], Sequence[np.ndarray] | np.ndarray
 GradFn = Callable[["GradContext"], Sequence[str | None]]
 ModeFn = Callable[[Graph, Node, bool], None]
 ExpandFn = Callable[["Builder", Node], Sequence[str]]
-Epilogue = Callable[[slice, np.ndarray], None]
 
 
 @dataclass(frozen=True)
@@ -45,11 +44,6 @@ class OpDef:
               expansion, and `grad` is not needed.
     grad_attrs: anygrad's own attributes that only the gradient rule reads (Gather's padding_idx:
               PyTorch semantics an ONNX file cannot carry); never written to ONNX.
-    blocked:  `forward` accepts an `epilogue` keyword: it then writes output 0 (batch-major) in
-              batch blocks and calls epilogue(batch slice, block) on each block once it is final,
-              while it is still in cache; the epilogue changes the block in place (see `run`).
-              The numpy backend runs an elementwise consumer of output 0 this way (a Relu after a
-              Conv...), saving a pass over memory.
     """
 
     name: str
@@ -61,13 +55,11 @@ class OpDef:
     internal: bool = False
     set_mode: ModeFn | None = None
     expand: ExpandFn | None = None
-    blocked: bool = False
     grad_attrs: frozenset[str] = field(default_factory=frozenset)
 
-    def run(self, node: Node, inputs: list[np.ndarray | None],
-            epilogue: Epilogue | None = None) -> list[np.ndarray]:
-        """forward's outputs as a list of arrays; epilogue (only for a `blocked` op) is passed on."""
-        out = self.forward(node, inputs) if epilogue is None else self.forward(node, inputs, epilogue=epilogue)
+    def run(self, node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+        """forward's outputs as a list of arrays."""
+        out = self.forward(node, inputs)
         if isinstance(out, (list, tuple)):
             return [np.asarray(o) for o in out]
         return [np.asarray(out)]
@@ -79,7 +71,7 @@ _REGISTRY: dict[str, OpDef] = {}
 def defop(name: str, *, infer: InferFn, forward: ForwardFn | None = None, grad: GradFn | None = None,
           nondiff: Sequence[int] = (), foldable: bool = True, internal: bool = False,
           set_mode: ModeFn | None = None, expand: ExpandFn | None = None,
-          blocked: bool = False, grad_attrs: Sequence[str] = ()) -> OpDef:
+          grad_attrs: Sequence[str] = ()) -> OpDef:
     """Register an op. Redefining a name is a programming error."""
     if name in _REGISTRY:
         raise ValueError(f"op {name} registered twice")
@@ -87,7 +79,7 @@ def defop(name: str, *, infer: InferFn, forward: ForwardFn | None = None, grad: 
         if expand is None:
             raise ValueError(f"op {name} needs a forward kernel or an expansion")
         forward = _forward_by_expansion(expand)
-    op = OpDef(name, infer, forward, grad, frozenset(nondiff), foldable, internal, set_mode, expand, blocked,
+    op = OpDef(name, infer, forward, grad, frozenset(nondiff), foldable, internal, set_mode, expand,
                frozenset(grad_attrs))
     _REGISTRY[name] = op
     return op

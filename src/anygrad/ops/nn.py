@@ -29,8 +29,12 @@ from ..errors import AnygradError, ShapeError, UnsupportedOpError
 from ..ir.builder import GradContext
 from ..ir.graph import Graph, Node, TensorInfo, info_of
 from ..ir.passes import RNG_STATE
-from ..ir.registry import Epilogue, defop
+from ..ir.registry import defop
 from ._util import norm_axis, same_as_first
+
+# What the numpy backend passes the kernels that can write output 0 in batch blocks (its
+# lowering registry, backends/numpy/lowering.py: BLOCKED): called on each block once final.
+Epilogue = Callable[[slice, np.ndarray], None]
 
 
 # -- window geometry -------------------------------------------------------------------------
@@ -287,7 +291,7 @@ class _Im2col:
 
 def conv(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, win: Window, group: int,
          epilogue: Epilogue | None = None) -> np.ndarray:
-    """Y = W * X (+ b); epilogue(batch slice, Y block) on each chunk once written (OpDef.blocked)."""
+    """Y = W * X (+ b); epilogue(batch slice, Y block) on each chunk once written (the numpy backend's BLOCKED)."""
     n, m = x.shape[0], w.shape[0]
     im2col = _Im2col(x.shape, win, group)
     w3 = w.reshape(group, m // group, -1)
@@ -328,7 +332,7 @@ def _conv_forward(node, ins, epilogue: Epilogue | None = None):
 def conv_grad_input(dy: np.ndarray, w: np.ndarray, win: Window, group: int, x_shape,
                     epilogue: Epilogue | None = None) -> np.ndarray:
     """dX: each output's gradient spread over its window (GEMM, then col2im tap by tap);
-    epilogue(batch slice, dX block) on each block once final (OpDef.blocked)."""
+    epilogue(batch slice, dX block) on each block once final (numpy BLOCKED)."""
     if all(s == 1 for s in win.strides) and np.isfinite(w).all():
         return _conv_grad_input_flat(dy, w, win, group, x_shape, epilogue)
     n, c = x_shape[:2]
@@ -453,7 +457,7 @@ def _conv_grad(g: GradContext):
     return [dx, dw, db]
 
 
-defop("Conv", infer=_conv_infer, forward=_conv_forward, grad=_conv_grad, blocked=True)
+defop("Conv", infer=_conv_infer, forward=_conv_forward, grad=_conv_grad)
 
 
 def _grad_input_infer(node, ins):
@@ -485,7 +489,7 @@ def _conv_grad_input_grad(g: GradContext):
 
 
 defop("ConvGradInput", infer=_grad_input_infer, forward=_conv_grad_input_forward, grad=_conv_grad_input_grad,
-      blocked=True, internal=True)
+      internal=True)
 defop("ConvGradWeight", internal=True, forward=_conv_grad_weight_forward,
       infer=lambda node, ins: [TensorInfo(ins[0].dtype, tuple(int(d) for d in node.attr("weight_shape")))])
 
@@ -849,9 +853,9 @@ def _bn_grad_infer(node, ins):
             TensorInfo(ins[2].dtype, ins[2].shape)]
 
 
-defop("BatchNormalization", infer=_bn_infer, forward=_bn_forward, grad=_bn_grad, nondiff=[3, 4], blocked=True,
+defop("BatchNormalization", infer=_bn_infer, forward=_bn_forward, grad=_bn_grad, nondiff=[3, 4],
       set_mode=_bn_set_mode)
-defop("BatchNormGrad", infer=_bn_grad_infer, forward=_bn_grad_forward, internal=True, blocked=True)
+defop("BatchNormGrad", infer=_bn_grad_infer, forward=_bn_grad_forward, internal=True)
 
 
 # -- Dropout -------------------------------------------------------------------------------------

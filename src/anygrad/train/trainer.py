@@ -25,16 +25,17 @@ import numpy as np
 
 from ..coerce import coerce_fields, json_text
 from ..data.datasets import DataConfig
-from ..data.graph_input import input_statistics, plain_model
 from ..data.loader import BatchSource, DataLoader
 from ..data.sources import batch_source, layout_for
 from ..data.structure import unwrap_single
 from ..data.tokens import TokenWindows
 from ..errors import AnygradError, ConfigError, ShapeError
 from ..fsutil import atomic_write
+from ..ir.input_norm import input_statistics
 from ..model import Model
 from ..optim.schedulers import RunFacts, get_scheduler
 from . import checkpoint as ckpt
+from .export_model import plain_model
 from .guard import ON_NAN, Diverged, Guard, nonfinite_entries
 from .monitor import Monitor
 from .report import EpochInfo, Reporter, RunInfo, StepInfo, ValidInfo

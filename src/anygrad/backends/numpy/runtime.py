@@ -4,7 +4,7 @@ A compiled graph is a flat list of (kernel, node, input names, output names) plu
 which each temporary dies, so running it is one loop with no per-op decisions.
 
 Memory traffic, not arithmetic, dominates the elementwise ops of a CNN step, so a few kernels
-(`INPLACE`) may write their result over their first input when that input dies at this step
+(`lowering.INPLACE`) may write their result over their first input when that input dies at this step
 and nothing else (a view, another name, the state store) still refers to its buffer.
 
 A CNN step allocates tens of arrays of tens of MB; glibc serves each from a fresh mmap and the
@@ -13,7 +13,7 @@ therefore asks glibc (once, on Linux) to keep large freed blocks in the heap for
 process keeps its peak memory instead of returning it. `ANYGRAD_NUMPY_MALLOC=0` opts out.
 
 An in-place kernel whose other operands have its output's shape is also an epilogue: when its
-input 0 comes from an op that writes its output in batch blocks (`OpDef.blocked`: Conv,
+input 0 comes from an op that writes its output in batch blocks (`lowering.BLOCKED`: Conv,
 ConvGradInput, BatchNormalization, BatchNormGrad) and nothing else reads that output, the
 producer applies the kernel to each block while the block is in cache, and the consumer's step
 just passes the array on: one pass over memory less (a Relu after each Conv, a ReluGrad after
@@ -27,56 +27,16 @@ import ctypes
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from .. import _parallel
-from ..errors import ShapeError
-from ..ir.graph import Graph, Node
-from ..ir.registry import get_op
-from ..ops._util import maximum0
-from .base import Backend, Executable
-
-# Kernels that write output 0 into ins[0] (same shape and dtype, checked at compile time) and
-# return the op's outputs. Each must compute exactly what the op's registry kernel computes.
-InplaceKernel = Callable[[Node, list[np.ndarray]], list[np.ndarray]]
-
-
-def _relu_(node: Node, ins: list[np.ndarray]) -> list[np.ndarray]:
-    return [maximum0(ins[0], out=ins[0])]
-
-
-def _relu_grad_(node: Node, ins: list[np.ndarray]) -> list[np.ndarray]:
-    dy, y = ins
-    return [np.multiply(dy, y > 0, out=dy)]
-
-
-def _binary_(ufunc) -> InplaceKernel:
-    return lambda node, ins: [ufunc(ins[0], ins[1], out=ins[0])]
-
-
-INPLACE: dict[str, InplaceKernel] = {
-    "Relu": _relu_,
-    "ReluGrad": _relu_grad_,
-    "Add": _binary_(np.add),
-    "Sub": _binary_(np.subtract),
-    "Mul": _binary_(np.multiply),
-}
-
-def _run_split(kernel: InplaceKernel, node: Node, ins: list[np.ndarray]) -> list[np.ndarray]:
-    """An in-place kernel over equal-shape contiguous inputs, one flat slice per worker (when
-    big: `_parallel.SPLIT_MIN`)."""
-    first = ins[0]
-    if (first.size < _parallel.SPLIT_MIN or any(a.shape != first.shape for a in ins)
-            or not all(a.flags.c_contiguous for a in ins) or (threads := _parallel.workers()) < 2):
-        return kernel(node, ins)
-    flat = [a.reshape(-1) for a in ins]
-    parts = _parallel.ranges(first.size, threads)
-    _parallel.map_shares(lambda share: [kernel(node, [a[s] for a in flat]) for s in share], parts, threads,
-                         blas=False)
-    return [first]
-
+from ... import _parallel
+from ...errors import ShapeError
+from ...ir.graph import Graph, Node
+from ...ir.registry import get_op
+from ..base import Backend, Executable
+from .lowering import BLOCKED, INPLACE, InplaceKernel, run_blocked, run_split
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
 _malloc_tuned = False
@@ -176,7 +136,7 @@ class NumpyExecutable(Executable):
                 continue
             source = graph.nodes[producer]
             shape = tuple(graph.info[node.outputs[0]].shape)
-            if (not get_op(source.op).blocked or source.outputs[0] != node.inputs[0] or not shape
+            if (source.op not in BLOCKED or source.outputs[0] != node.inputs[0] or not shape
                     or any(tuple(graph.info[i].shape) != shape or made_at.get(i, -1) >= producer
                            for i in node.inputs[1:])):
                 continue
@@ -195,13 +155,13 @@ class NumpyExecutable(Executable):
         if step in self.epilogue:
             consumer = self.graph.nodes[self.epilogue[step]]
             kernel, others = INPLACE[consumer.op], [env[i] for i in consumer.inputs[1:]]
-            return op.run(node, [env[i] for i in ins],
-                          lambda s, block: kernel(consumer, [block] + [o[s] for o in others]))
+            return run_blocked(op, node, [env[i] for i in ins],
+                               lambda s, block: kernel(consumer, [block] + [o[s] for o in others]))
         if step in self.passed_on:
             return [env[ins[0]]]  # the producer already applied this op
         kernel = self.inplace.get(step)
         if kernel is not None and _sole_owner(env, ins[0]):
-            return _run_split(kernel, node, [env[i] for i in ins])
+            return run_split(kernel, node, [env[i] for i in ins])
         return op.run(node, [env[i] for i in ins])
 
     @staticmethod
