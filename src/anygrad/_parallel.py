@@ -167,8 +167,10 @@ _MATMUL_SPLIT_MIN = 1 << 23
 
 def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """np.matmul(a, b) with the output cut into row blocks (or column blocks, when it is wider
-    than tall) computed on every worker; each output element is one BLAS dot product either way,
-    so the result does not depend on the split."""
+    than tall) computed on every worker. The split depends only on the shapes and the worker
+    count, so a run repeats bit for bit at a given ANYGRAD_NUMPY_THREADS; against one BLAS call
+    an element may differ in its last bits, since BLAS sums a block's edge rows with other kernels
+    (OpenBLAS 0.3.31: rows 96-99 of a 100-row block)."""
     # The cheap checks first: most matmuls of a step are small, and blas_workers() asks the OS.
     if (a.ndim < 2 or b.ndim < 2 or a.dtype != b.dtype or a.dtype.char not in "fd"
             or 2 * a.shape[-2] * a.shape[-1] * b.shape[-1] * max(math.prod(a.shape[:-2]), math.prod(b.shape[:-2]))
