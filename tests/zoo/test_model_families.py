@@ -8,6 +8,8 @@ import pytest
 from family_harness import check_route, export_file, load_by_names, torch_reference
 from model_families import FAMILIES
 
+import anygrad
+
 ROUTES = ("dynamo", "torchscript", "load_state_dict")
 
 _references: dict = {}
@@ -68,3 +70,22 @@ def test_family_trains_on_wgpu(name, reference, exported, tmp_path, wgpu_device)
     _, path = exported(name, family.file_exporter)
     model, extra = load_by_names(family, path, tmp_path)
     check_route(model, family, reference(name), wgpu_device, extra)
+
+
+def test_integer_buffer_the_graph_folded_must_match(exported):
+    """Swin's relative_position_index is an int64 buffer import folds into the graph's constants:
+    a checkpoint holding it loads (and exports it back), one holding another value is refused."""
+    import numpy as np
+    from family_harness import build
+
+    from anygrad.errors import ModelError
+    family = FAMILIES["torchvision-swin"]
+    _, path = exported("torchvision-swin", family.file_exporter)
+    state = {k: v.numpy() for k, v in build(family).state_dict().items()}
+    key = "features.1.0.attn.relative_position_index"
+    model = anygrad.load_onnx(path)
+    model.load_state_dict(state)
+    np.testing.assert_array_equal(model.to_torch_state_dict(as_numpy=True)[key], state[key])
+    state[key] = state[key][::-1].copy()
+    with pytest.raises(ModelError, match=rf"{key}: the graph computes with the file's int64 constant \(16\)"):
+        anygrad.load_onnx(path).load_state_dict(state)
