@@ -211,7 +211,7 @@ FAMILIES: dict[str, ModelFamily] = {f.name: f for f in [
     ModelFamily("timm-resnet", _timm("resnet18d", layers=(1, 1, 1, 1), channels=(8, 16, 24, 32), stem_width=8),
                 _images(32), CLASSES),
     ModelFamily("timm-efficientnet", _timm("test_efficientnet"), _images(32), CLASSES),
-    ModelFamily("timm-mobilenetv3", _timm("mobilenetv3_small_050"), _images(32), CLASSES),
+    ModelFamily("timm-mobilenetv3", _timm("mobilenetv3_small_050", depth_multiplier=0.1), _images(32), CLASSES),
     ModelFamily("timm-convnext", _timm("convnext_atto", depths=(1, 1, 1, 1), dims=(8, 16, 24, 32)),
                 _images(32), CLASSES),
     ModelFamily("timm-vit", _timm("vit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=16, depth=1,
