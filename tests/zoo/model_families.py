@@ -204,14 +204,14 @@ def hf_wav2vec2():
 FAMILIES: dict[str, ModelFamily] = {f.name: f for f in [
     ModelFamily("torchvision-resnet", tv_resnet, _images(32), CLASSES, lr=0.05, slow=True),
     ModelFamily("torchvision-mobilenet_v3", tv_mobilenet_v3, _images(32), CLASSES),
-    ModelFamily("torchvision-efficientnet", tv_efficientnet, _images(32), CLASSES),
+    ModelFamily("torchvision-efficientnet", tv_efficientnet, _images(32), CLASSES, slow=True),
     ModelFamily("torchvision-convnext", tv_convnext, _images(32), CLASSES),
     ModelFamily("torchvision-vit", tv_vit, _images(32), CLASSES),
-    ModelFamily("torchvision-swin", tv_swin, _images(16), CLASSES),
+    ModelFamily("torchvision-swin", tv_swin, _images(16), CLASSES, slow=True),
     ModelFamily("timm-resnet", _timm("resnet18d", layers=(1, 1, 1, 1), channels=(8, 16, 24, 32), stem_width=8),
                 _images(32), CLASSES),
-    ModelFamily("timm-efficientnet", _timm("test_efficientnet"), _images(32), CLASSES),
-    ModelFamily("timm-mobilenetv3", _timm("mobilenetv3_small_050", depth_multiplier=0.1), _images(32), CLASSES),
+    ModelFamily("timm-efficientnet", _timm("test_efficientnet"), _images(32), CLASSES, slow=True),
+    ModelFamily("timm-mobilenetv3", _timm("mobilenetv3_small_050", depth_multiplier=0.1), _images(32), CLASSES, slow=True),
     ModelFamily("timm-convnext", _timm("convnext_atto", depths=(1, 1, 1, 1), dims=(8, 16, 24, 32)),
                 _images(32), CLASSES),
     ModelFamily("timm-vit", _timm("vit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=16, depth=1,
@@ -220,7 +220,7 @@ FAMILIES: dict[str, ModelFamily] = {f.name: f for f in [
                                    depth=1, num_heads=2), _images(32), CLASSES),
     ModelFamily("timm-mixer", timm_mixer, _images(32), CLASSES),
     ModelFamily("timm-regnet", _timm("regnety_002", depth=4, w0=8, wa=12.0, wm=1.5, group_size=8, stem_width=8),
-                _images(32), CLASSES),
+                _images(32), CLASSES, slow=True),
     ModelFamily("hf-bert", hf_bert, _tokens, VOCAB),
     ModelFamily("hf-gpt2", hf_gpt2, _tokens, VOCAB),
     ModelFamily("hf-llama", hf_llama, _tokens, VOCAB, xfail={"torchscript": (
@@ -231,7 +231,7 @@ FAMILIES: dict[str, ModelFamily] = {f.name: f for f in [
         "torch.onnx's dynamo exporter (torch 2.14.1) fails in its decomposition step: T5Attention's "
         "reshape of the transposed attention output becomes an aten.view the strides refuse; torch.export "
         "itself succeeds, and the TorchScript exporter exports T5")}),
-    ModelFamily("hf-bart", hf_bart, _tokens, VOCAB),
+    ModelFamily("hf-bart", hf_bart, _tokens, VOCAB, slow=True),
     ModelFamily("hf-vit", hf_vit, _images(32), CLASSES),
-    ModelFamily("hf-wav2vec2", hf_wav2vec2, _audio, 8),
+    ModelFamily("hf-wav2vec2", hf_wav2vec2, _audio, 8, slow=True),
 ]}
