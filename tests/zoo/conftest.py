@@ -1,13 +1,17 @@
 """Fixtures of the zoo: each family is exported once per exporter and its PyTorch trajectory
-computed once, shared by the cpu and wgpu tests."""
+computed once, shared by the cpu and wgpu tests. (The model-family zoo, test_model_families.py,
+keeps its own caches.)"""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # zoo_models, zoo_harness
+# The model-family zoo builds timm and transformers models from code; nothing may reach the Hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # zoo_models, zoo_harness, model_families
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # wgpu_util
 
 from wgpu_util import has_adapter, no_adapter

@@ -145,7 +145,7 @@ def from_torch(module: Any, example_input: Any, *, dynamo: bool = True, opset: i
                          f"state_dict: missing {missing}, mis-shaped {result.mismatched}")
     # Parameters the forward pass never uses are not in the graph; keep them so the exported
     # state_dict still loads into the module with strict=True.
-    binding_of(model).extra = {k: state[k] for k in result.unexpected}
+    binding_of(model).extra.update({k: state[k] for k in result.unexpected})
     _carry_padding_idx(model, module)
     if check:
         _check_forward(model, module, args, kwargs, input_names, state)

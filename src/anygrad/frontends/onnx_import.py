@@ -66,6 +66,9 @@ class OnnxOrigin:
     opset_imports: dict[str, int]
     producer: str = ""
     torch_names: dict[str, TorchName] = field(default_factory=dict)
+    # Integer initializers named like module state (a Swin's `attn.relative_position_index`): buffers
+    # the graph computes with as constants (folded at import), which the module's state_dict holds.
+    int_buffers: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def opset(self) -> int:
@@ -443,6 +446,16 @@ def torch_names(g: Graph) -> dict[str, TorchName]:
     return out
 
 
+_MODULE_PATH = re.compile(r"^[A-Za-z_]\w*(\.\w+)+$")
+
+
+def int_buffers(proto: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """The file's integer initializers named like state_dict keys (`blocks.0.attn.index`, not
+    `onnx::Gather_7` or `val_3`), by name, before import folds them into other constants."""
+    return {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer
+            if ELEM_TYPES.get(t.data_type, np.dtype(np.float32)).kind in "biu" and _MODULE_PATH.match(t.name)}
+
+
 def folded_linear_weights(g: Graph) -> dict[str, bool | None]:
     """Renamed initializers (constant-folded by the exporter) -> whether the graph reads them as a
     Linear's weight.T: True when every use multiplies from the right as stored (MatMul, or Gemm
@@ -543,7 +556,7 @@ def from_model_proto(proto: onnx.ModelProto, source: str = "<model>", init: str 
             warnings.warn(f"{source}: no PyTorch initialiser known for {', '.join(kept)}; "
                           "kept the values from the file", stacklevel=2)
     origin = OnnxOrigin(origin_path or Path(source), model.ir_version, {o.domain: o.version for o in model.opset_import},
-                        model.producer_name, torch_names(g))
+                        model.producer_name, torch_names(g), int_buffers(model))
     m = Model(g, source=str(origin_path or source))
     m.origin = origin
     if freeze:

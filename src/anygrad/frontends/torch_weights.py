@@ -348,6 +348,7 @@ def load_state_dict(model: Model, source: Any, strict: bool = True, key: str | N
         missing[k] = f"{k}{'' if k == g else f' (ONNX {g!r})'} {_shape(shape)}"
     unexpected = {k: f"{k} {_shape(shapes[k])}" for k in sd if k not in used and k not in tied
                   and not (k.endswith(NUM_BATCHES) and k[:-len(NUM_BATCHES)] in bn)}
+    carried = _integer_buffers(model, sd, unexpected, mismatched)
 
     if (strict and (missing or unexpected or mismatched)) or not values:
         why = "strict=True" if values else "no entry matches"
@@ -382,12 +383,33 @@ def load_state_dict(model: Model, source: Any, strict: bool = True, key: str | N
     # a graph name matched as itself (weights.npz) teaches nothing: keep the importer's name
     binding.names.update({g: mapping[g] for g in values if not (mapping[g].key == g and g in recorded)})
     binding.aliases.update(tied)
+    binding.extra.update(carried)
     counts = [int(np.asarray(sd[p + NUM_BATCHES]).reshape(-1)[0]) for p in sorted(bn)
               if p + NUM_BATCHES in sd and np.size(sd[p + NUM_BATCHES]) == 1]
     if counts:
         binding.batches_base = max(counts) - steps_taken(model)
     loaded = sorted({mapping[g].key for g in values} | set(tied))
     return LoadResult(loaded, sorted(missing), list(unexpected), list(mismatched))
+
+
+def _integer_buffers(model: Model, sd: Mapping[str, Any], unexpected: dict[str, str],
+                     mismatched: dict[str, str]) -> dict[str, np.ndarray]:
+    """Keys of `unexpected` that name an integer buffer of the ONNX file (a Swin's
+    relative_position_index), which import folded into the graph's constants: accepted when the
+    checkpoint holds the same value, carried along for export, and mis-shaped (the graph cannot
+    compute with another value) when not. Removes them from `unexpected`; returns the accepted."""
+    held = getattr(getattr(model, "origin", None), "int_buffers", None) or {}
+    carried = {}
+    for k in [k for k in unexpected if k in held]:
+        del unexpected[k]
+        value = np.asarray(sd[k])
+        if value.shape == held[k].shape and np.array_equal(value, held[k]):
+            carried[k] = value
+        else:
+            mismatched[k] = (f"{k}: the graph computes with the file's {held[k].dtype} constant {_shape(held[k].shape)}, "
+                             f"the checkpoint holds another value {_shape(value.shape)}; export the ONNX file "
+                             f"from the module of this checkpoint")
+    return carried
 
 
 # -- exporting -----------------------------------------------------------------------------------
