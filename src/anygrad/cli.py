@@ -570,7 +570,8 @@ def _add_inference_args(p: argparse.ArgumentParser, device: str) -> None:
 
 def _add_plot(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="DIR", help="a run folder with metrics.jsonl (or the metrics.jsonl itself)")
-    p.add_argument("-o", "--output", metavar="OUT", help="folder for loss.png and accuracy.png (default: DIR)")
+    p.add_argument("-o", "--output", metavar="OUT", help="folder for loss.png, accuracy.png and one png per other metric "
+                   "(perplexity.png, mae.png, ...) (default: DIR)")
 
 
 def _add_predict(p: argparse.ArgumentParser) -> None:
