@@ -316,3 +316,36 @@ def test_old_sums_and_history_rows_still_load():
     with pytest.raises(AttributeError):
         m.valid_nothing
     assert Monitor("valid_mae").mode == "min"
+
+
+# -- the command line: a regression run, its metrics, eval and --monitor ------------------------------
+def test_cli_regression_run_monitors_mae_and_eval_prints_it(tmp_path, capsys):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from anygrad import cli
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((40, 4)).astype(np.float32)
+    np.savez(tmp_path / "d.npz", x=x, y=(x[:, :3] * 2).astype(np.float32))
+    inits = [numpy_helper.from_array((rng.standard_normal((3, 4)) * 0.3).astype(np.float32), "w"),
+             numpy_helper.from_array(np.zeros(3, np.float32), "b")]
+    graph = helper.make_graph([helper.make_node("Gemm", ["x", "w", "b"], ["out"], transB=1)], "lin",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 3])], inits)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    run = tmp_path / "run"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert cli.main(["train", str(tmp_path / "m.onnx"), "--dataset", "npz", "--data-dir", str(tmp_path / "d.npz"),
+                         "--loss", "mse", "--epochs", "2", "--batch-size", "8", "--device", "cpu", "--artifacts",
+                         str(run), "--normalize", "none", "--monitor", "valid_mae", "--patience", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "valid_mae=" in out and "the best by valid_mae" in out
+    last = rows(run)[-1]
+    assert json.loads((run / "export.json").read_text())["value"] == pytest.approx(last["valid_mae"])
+    assert cli.main(["eval", str(run)]) == 0
+    out = capsys.readouterr().out
+    line = next(s for s in out.splitlines() if s.startswith("loss "))
+    assert line == f"loss {last['valid_loss']:.4f}  mse {last['valid_mse']:.4f}  mae {last['valid_mae']:.4f}  (4 samples)"

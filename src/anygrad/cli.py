@@ -539,6 +539,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     model, source, dataset, data_dir = _inference_model(args)
     transform, (x, y), names = _eval_split(args, dataset, data_dir, source.run_config)
     x = fit_input(transform(x, np.arange(len(x)), 0), model)
+    task = _eval_task(source.run_config, y)
+    if task is not None:  # not one class per sample: the model's own metrics under the run's loss
+        model.compile(loss=task[0], device=model.backend, **task[1])
+        print(_metrics_line(model.evaluate(x, y, args.batch_size)))
+        return 0
     result = evaluate(model, x, y, args.batch_size)
     print(f"loss {result.loss:.4f}  accuracy {100 * result.accuracy:.2f}%  ({result.count:,} samples)")
     table = Table(title="confusion matrix (rows: true class, columns: predicted)", header_style="bold")
@@ -555,6 +560,33 @@ def cmd_eval(args: argparse.Namespace) -> int:
         table.add_row(label, *cells, recall)
     RichConsole(width=max(100, 12 + 7 * len(result.confusion))).print(table)
     return 0
+
+
+def _eval_task(run: dict[str, Any], y: np.ndarray) -> tuple[str, dict[str, Any]] | None:
+    """(loss, options) to evaluate a model that is not a per-sample classifier with: the run's own
+    loss (config.json) when it is a regression or multi-label one, or class targets of more than
+    one axis (tokens, pixels); None for a classifier (the confusion matrix)."""
+    resolved = run.get("resolved") if isinstance(run.get("resolved"), dict) else {}
+    record = resolved.get("loss") if isinstance(resolved.get("loss"), dict) else {}
+    name = record.get("name") or run.get("loss") or ""
+    options = {k: v for k, v in record.items() if k != "name"}
+    y = np.asarray(y)
+    if name in ("mse", "l1", "bce_with_logits"):
+        return name, options
+    if y.ndim > 1 and y.dtype.kind in "iu":
+        return (name if name in ("cross_entropy", "nll") else "cross_entropy"), options
+    return None
+
+
+def _metrics_line(metrics: dict[str, float]) -> str:
+    """Model.evaluate's metrics as one line: ratios as percent, the rest as numbers."""
+    parts = []
+    for name, value in metrics.items():
+        if name == "count":
+            continue
+        ratio = name.endswith("accuracy") or name.rsplit("_", 1)[-1].startswith("top")
+        parts.append(f"{name.replace('_', ' ')} " + (f"{100 * value:.2f}%" if ratio else f"{value:.4f}"))
+    return "  ".join(parts) + f"  ({int(metrics.get('count', 0)):,} samples)"
 
 
 def _add_inference_args(p: argparse.ArgumentParser, device: str) -> None:
