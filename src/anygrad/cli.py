@@ -723,9 +723,12 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheduler-opt", action="append", metavar="KEY=VALUE", help="a scheduler option with "
                    "torch's name (repeatable), e.g. T_max=10, step_size=2, gamma=0.5, interval=step")
     p.add_argument("--monitor", metavar="METRIC", help="metric for the best checkpoint, early stopping and "
-                   "plateau: valid_loss (default), valid_accuracy, valid_top5, train_loss, ...")
+                   "plateau: a metrics.jsonl column: valid_loss (default), valid_accuracy, valid_top5, valid_perplexity, "
+                   "valid_mse, valid_mae, valid_pixel_accuracy, valid_label_accuracy, with several outputs "
+                   "valid_<output>_<metric>, train_... alike")
     p.add_argument("--mode", choices=("min", "max", "auto"), help="whether the monitored metric should go down "
-                   "(min) or up (max); default auto: max for accuracies, min for losses")
+                   "(min) or up (max); default auto: max for accuracies and top5, min for the rest (losses, "
+                   "perplexity, mse, mae)")
     p.add_argument("--patience", type=int, metavar="EPOCHS", help="early stopping: stop after this many epochs "
                    "without improvement of the monitored metric")
     p.add_argument("--min-delta", type=float, help="smallest change that counts as an improvement (default 0)")
