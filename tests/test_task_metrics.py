@@ -349,3 +349,35 @@ def test_cli_regression_run_monitors_mae_and_eval_prints_it(tmp_path, capsys):
     out = capsys.readouterr().out
     line = next(s for s in out.splitlines() if s.startswith("loss "))
     assert line == f"loss {last['valid_loss']:.4f}  mse {last['valid_mse']:.4f}  mae {last['valid_mae']:.4f}  (4 samples)"
+
+
+# -- loss='output': the model's other scalar outputs, by name ----------------------------------------
+class OwnLoss(tnn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = tnn.Linear(3, 2)
+
+    def forward(self, x, t):
+        d = self.lin(x) - t
+        mae = d.abs().mean()
+        return (d * d).mean() + 0.1 * mae, mae
+
+
+def test_own_loss_outputs_are_metrics_and_monitorable():
+    torch.manual_seed(5)
+    net = quiet(anygrad.from_torch, OwnLoss(), (torch.zeros(4, 3), torch.zeros(4, 2)), dynamo=False)
+    other = net.graph.outputs[1]
+    rng = np.random.default_rng(5)
+    xs, ts = rng.standard_normal((8, 3)).astype(np.float32), rng.standard_normal((8, 2)).astype(np.float32)
+    data = [{"x": xs[i:i + 4], "t": ts[i:i + 4]} for i in (0, 4)]
+    model = copy.deepcopy(net).compile(loss="output", optimizer=SGD(lr=0.0))
+    result = fit(model, data, data, epochs=2, log=None, monitor=f"valid_{other}", patience=1)
+    row = result.history[0].row()
+    state = model.state_dict()
+    w, b = (state[next(k for k in state if k.endswith(end))] for end in ("weight", "bias"))
+    want = np.mean([np.abs(xs[i:i + 4] @ w.T + b - ts[i:i + 4]).mean() for i in (0, 4)])  # lr 0: fixed weights
+    assert row[f"train_{other}"] == pytest.approx(want, rel=1e-5) and row[f"valid_{other}"] == pytest.approx(want, rel=1e-5)
+    assert result.stopped_early and result.best_epoch == 1  # lr 0: never improves (min)
+    model = copy.deepcopy(net).compile(loss="output")
+    with pytest.raises(ConfigError, match=f"reports no metric 'kl'.*valid_{other}"):
+        fit(model, data, data, epochs=1, log=None, monitor="valid_kl", patience=1)
