@@ -8,6 +8,7 @@ import contextlib
 import copy
 import csv
 import io
+import itertools
 import json
 import shutil
 import warnings
@@ -172,7 +173,7 @@ def test_early_stopping_on_valid_perplexity_min(lm_parts):
     result = fit(model, (ids, labels), (ids, labels), epochs=4, batch_size=10, monitor="valid_perplexity",
                  patience=1, log=None)
     ppl = [m.valid_perplexity for m in result.history]
-    assert all(b < a for a, b in zip(ppl, ppl[1:])), ppl  # learning: each epoch lower
+    assert all(b < a for a, b in itertools.pairwise(ppl)), ppl  # learning: each epoch lower
     assert result.best_epoch == 4 and not result.stopped_early  # min: the lowest is the best
     model = lm_model(lm_parts, lr=0.0)  # never improves: stops after `patience` epochs
     result = fit(model, (ids, labels), (ids, labels), epochs=5, batch_size=10, monitor="valid_perplexity",
@@ -284,8 +285,8 @@ def test_plot_draws_every_metric(lm_parts, tmp_path):
 # -- resume ------------------------------------------------------------------------------------------
 def test_resume_mid_epoch_with_task_metrics_is_bit_identical(lm_parts, tmp_path):
     _, ids, labels = lm_parts
-    settings = dict(epochs=3, batch_size=3, seed=5, log=None, checkpoint_every=1, keep_checkpoints=100,
-                    monitor="valid_perplexity", log_every=2)
+    settings = {"epochs": 3, "batch_size": 3, "seed": 5, "log": None, "checkpoint_every": 1, "keep_checkpoints": 100,
+                "monitor": "valid_perplexity", "log_every": 2}
     full = tmp_path / "full"
     fit(lm_model(lm_parts, lr=0.5), (ids, labels), (ids, labels), artifacts_dir=str(full), **settings)
     # a copy of the run as it stood mid-epoch 2 (step 2 of 4: the epoch's sums are half done)
@@ -314,7 +315,7 @@ def test_old_sums_and_history_rows_still_load():
     m = trainer_mod.EpochMetrics.from_row({"epoch": 1, "train_loss": 1.0, "seconds": 2.0, "valid_mae": 0.25})
     assert m.valid_mae == 0.25 and m.row()["valid_mae"] == 0.25
     with pytest.raises(AttributeError):
-        m.valid_nothing
+        _ = m.valid_nothing
     assert Monitor("valid_mae").mode == "min"
 
 
