@@ -5,6 +5,9 @@ touches the model or the device, they only format the dataclasses the loop hands
 
 Plain lines are meant for logs and scripts: one `key=value` record per line, fields in a fixed
 order, `-` for a value that is not known (no validation set, a regression loss without accuracy).
+The task's main metrics follow the fixed fields, named as in metrics.jsonl (`train_perplexity=...
+valid_perplexity=...`, `valid_mae=...`, `valid_pixel_accuracy=...`; see task_metrics); the live
+view shows them compactly (ppl, mae, pixel acc) and leaves out accuracy columns a run never has.
 """
 from __future__ import annotations
 

@@ -101,7 +101,7 @@ class TrainConfig:
     scheduler_options: dict[str, Any] = field(default_factory=dict)
     # -- the monitored metric: best checkpoint, early stopping, reduce-on-plateau
     monitor: str = "valid_loss"
-    mode: str = "auto"                   # min, max, auto (max for accuracies, min otherwise)
+    mode: str = "auto"                   # min, max, auto (max for accuracies and top5, min otherwise)
     patience: int | None = None          # early stopping after this many epochs without improvement
     min_delta: float = 0.0
     # -- checkpoints
