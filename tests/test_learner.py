@@ -175,7 +175,7 @@ def test_early_stopping_on_a_max_metric(tmp_path, monkeypatch):
 
     def fake(model, d, b, transform=None, **_):
         s = real(model, d, b, transform)
-        s.correct = next(accs) * s.count
+        s.parts["accuracy"][0] = next(accs) * s.parts["accuracy"][1]  # correct = accuracy x counted
         return s
     monkeypatch.setattr(trainer_mod, "_validate", fake)
     result = fit(model, data, data, epochs=6, batch_size=8, monitor="valid_accuracy", patience=2,  # mode auto: max

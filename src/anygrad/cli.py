@@ -539,6 +539,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     model, source, dataset, data_dir = _inference_model(args)
     transform, (x, y), names = _eval_split(args, dataset, data_dir, source.run_config)
     x = fit_input(transform(x, np.arange(len(x)), 0), model)
+    task = _eval_task(source.run_config, y)
+    if task is not None:  # not one class per sample: the model's own metrics under the run's loss
+        model.compile(loss=task[0], device=model.backend, **task[1])
+        print(_metrics_line(model.evaluate(x, y, args.batch_size)))
+        return 0
     result = evaluate(model, x, y, args.batch_size)
     print(f"loss {result.loss:.4f}  accuracy {100 * result.accuracy:.2f}%  ({result.count:,} samples)")
     table = Table(title="confusion matrix (rows: true class, columns: predicted)", header_style="bold")
@@ -557,6 +562,33 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval_task(run: dict[str, Any], y: np.ndarray) -> tuple[str, dict[str, Any]] | None:
+    """(loss, options) to evaluate a model that is not a per-sample classifier with: the run's own
+    loss (config.json) when it is a regression or multi-label one, or class targets of more than
+    one axis (tokens, pixels); None for a classifier (the confusion matrix)."""
+    resolved = run.get("resolved") if isinstance(run.get("resolved"), dict) else {}
+    record = resolved.get("loss") if isinstance(resolved.get("loss"), dict) else {}
+    name = record.get("name") or run.get("loss") or ""
+    options = {k: v for k, v in record.items() if k != "name"}
+    y = np.asarray(y)
+    if name in ("mse", "l1", "bce_with_logits"):
+        return name, options
+    if y.ndim > 1 and y.dtype.kind in "iu":
+        return (name if name in ("cross_entropy", "nll") else "cross_entropy"), options
+    return None
+
+
+def _metrics_line(metrics: dict[str, float]) -> str:
+    """Model.evaluate's metrics as one line: ratios as percent, the rest as numbers."""
+    parts = []
+    for name, value in metrics.items():
+        if name == "count":
+            continue
+        ratio = name.endswith("accuracy") or name.rsplit("_", 1)[-1].startswith("top")
+        parts.append(f"{name.replace('_', ' ')} " + (f"{100 * value:.2f}%" if ratio else f"{value:.4f}"))
+    return "  ".join(parts) + f"  ({int(metrics.get('count', 0)):,} samples)"
+
+
 def _add_inference_args(p: argparse.ArgumentParser, device: str) -> None:
     p.add_argument("model", metavar="MODEL", help="a run folder (its model.onnx or checkpoints), an .onnx file, "
                    "a checkpoint .json or weights.npz")
@@ -570,7 +602,8 @@ def _add_inference_args(p: argparse.ArgumentParser, device: str) -> None:
 
 def _add_plot(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="DIR", help="a run folder with metrics.jsonl (or the metrics.jsonl itself)")
-    p.add_argument("-o", "--output", metavar="OUT", help="folder for loss.png and accuracy.png (default: DIR)")
+    p.add_argument("-o", "--output", metavar="OUT", help="folder for loss.png, accuracy.png and one png per other metric "
+                   "(perplexity.png, mae.png, ...) (default: DIR)")
 
 
 def _add_predict(p: argparse.ArgumentParser) -> None:
@@ -695,9 +728,12 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheduler-opt", action="append", metavar="KEY=VALUE", help="a scheduler option with "
                    "torch's name (repeatable), e.g. T_max=10, step_size=2, gamma=0.5, interval=step")
     p.add_argument("--monitor", metavar="METRIC", help="metric for the best checkpoint, early stopping and "
-                   "plateau: valid_loss (default), valid_accuracy, valid_top5, train_loss, ...")
+                   "plateau: a metrics.jsonl column: valid_loss (default), valid_accuracy, valid_top5, valid_perplexity, "
+                   "valid_mse, valid_mae, valid_pixel_accuracy, valid_label_accuracy, with several outputs "
+                   "valid_<output>_<metric>, train_... alike")
     p.add_argument("--mode", choices=("min", "max", "auto"), help="whether the monitored metric should go down "
-                   "(min) or up (max); default auto: max for accuracies, min for losses")
+                   "(min) or up (max); default auto: max for accuracies and top5, min for the rest (losses, "
+                   "perplexity, mse, mae)")
     p.add_argument("--patience", type=int, metavar="EPOCHS", help="early stopping: stop after this many epochs "
                    "without improvement of the monitored metric")
     p.add_argument("--min-delta", type=float, help="smallest change that counts as an improvement (default 0)")

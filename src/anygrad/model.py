@@ -494,22 +494,33 @@ class Model:
     def read_metrics(self, reset: bool = False) -> dict[str, float]:
         """The metric sums since the last reset as means: {'count': samples, 'loss': ..., ...}
         (see metric_names)."""
+        count, parts = self.read_metric_sums(reset)
+        out = {"count": count}
+        for key, (num, den, exp) in parts.items():
+            mean = num / den
+            out[key] = float(np.exp(min(mean, 700.0))) if exp else mean
+        return out
+
+    def read_metric_sums(self, reset: bool = False) -> tuple[float, dict[str, tuple[float, float, bool]]]:
+        """The raw sums behind read_metrics: (samples, {metric: (numerator, denominator, exp)}),
+        each metric's mean being numerator / denominator (exp of it for perplexity). A trainer
+        adds these up over reads, so that each metric is weighted by its own denominator (tokens,
+        pixels, elements), not by samples. Metrics without a denominator yet are left out."""
         backend = self._require_compiled()
         names = sorted(n for n in self._metric_buffers() if backend.has_state(n))
         # one read of every sum: from this device, or summed over the data-parallel replicas
         sums = self.parallel.metric_sums(names) if self.parallel is not None else \
             {k: float(backend.get_state(k)) for k in names}
         n = sums.get(SAMPLE_COUNT, 0.0)
-        out = {"count": n}
+        parts: dict[str, tuple[float, float, bool]] = {}
         if n:
             for key, spec in self._metric_specs.items():
                 den = sums.get(spec.den)
                 if spec.num in sums and den:
-                    mean = sums[spec.num] / den
-                    out[key] = float(np.exp(min(mean, 700.0))) if spec.exp else mean
+                    parts[key] = (sums[spec.num], den, spec.exp)
         if reset:
             self.reset_metrics()
-        return out
+        return n, parts
 
     # -- state ------------------------------------------------------------------------------
     @property

@@ -1,4 +1,6 @@
-"""Loss and accuracy curves of a run (DIR/metrics.jsonl) as PNG files; the training curve also
+"""Metric curves of a run (DIR/metrics.jsonl) as PNG files, one per metric: loss.png, accuracy.png,
+and the task's own (perplexity.png, mae.png, mse.png, pixel_accuracy.png, label_accuracy.png,
+box_mae.png, ...: every train_<name>/valid_<name> pair the run wrote); the training curve also
 at every progress read (DIR/metrics_steps.csv) when the run wrote one, so short runs draw more
 than a point per epoch.
 
@@ -14,7 +16,8 @@ from typing import Any
 
 from .errors import ConfigError, DataError
 
-# (metric, file stem, y label, train key, valid key, as percent)
+# (metric, file stem, y label, train key, valid key, as percent): the classifier's; other
+# metrics get one of their own from the names in metrics.jsonl (see curve_specs)
 CURVES = (
     ("loss", "loss", "loss", "train_loss", "valid_loss", False),
     ("accuracy", "accuracy", "accuracy (%)", "train_accuracy", "valid_accuracy", True),
@@ -57,7 +60,8 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 
 def read_steps(run: Path) -> list[dict[str, float]]:
-    """metrics_steps.csv rows as numbers (epoch, step, steps, loss, accuracy); [] when absent or odd."""
+    """metrics_steps.csv rows as numbers (epoch, step, steps, loss, accuracy and the task's metric
+    columns); [] when absent or odd."""
     import csv
     path = (run if run.is_dir() else run.parent) / "metrics_steps.csv"
     try:
@@ -65,19 +69,45 @@ def read_steps(run: Path) -> list[dict[str, float]]:
     except (OSError, UnicodeDecodeError, csv.Error):
         return []
     out = []
+    skip = ("global_step", "lr", "samples_per_s")
     for r in rows:
         try:
-            out.append({k: float(r[k]) if r.get(k) not in (None, "") else None
-                        for k in ("epoch", "step", "steps", "loss", "accuracy")})
+            out.append({k: float(v) if v not in (None, "") else None for k, v in r.items()
+                        if isinstance(k, str) and k not in skip and not isinstance(v, list)})
+            if any(out[-1].get(k) is None for k in ("epoch", "step", "steps")):
+                out.pop()
         except (ValueError, TypeError):
             continue
     return [r for r in out if r["epoch"] and r["step"] and r["steps"]]
 
 
+def _is_ratio(name: str) -> bool:
+    return name.endswith("accuracy") or name.rsplit("_", 1)[-1].startswith("top")
+
+
+def curve_specs(rows: list[dict[str, Any]]) -> list[tuple[str, str, str, str, str, bool]]:
+    """CURVES, then one per other metric the rows hold (train_<name>/valid_<name>), in their order."""
+    specs = list(CURVES)
+    seen = {c[0] for c in CURVES} | {"top5"}  # top-5 sits beside accuracy in the files only
+    for row in rows:
+        for key in row:
+            if not key.startswith(("train_", "valid_")):
+                continue
+            name = key.split("_", 1)[1]
+            if name in seen:
+                continue
+            seen.add(name)
+            ratio = _is_ratio(name)
+            stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+            specs.append((name, stem, f"{name.replace('_', ' ')}" + (" (%)" if ratio else ""),
+                          f"train_{name}", f"valid_{name}", ratio))
+    return specs
+
+
 def curves(rows: list[dict[str, Any]]) -> list[Curve]:
     """The curves that have at least one value (a regression run has no accuracy)."""
     out = []
-    for name, _, _, train_key, valid_key, _ in CURVES:
+    for name, _, _, train_key, valid_key, _ in curve_specs(rows):
         train = [r.get(train_key) for r in rows]
         valid = [r.get(valid_key) for r in rows]
         if any(v is not None for v in train + valid):
@@ -96,7 +126,8 @@ def _pyplot():
 
 
 def plot_run(run: str | Path, out_dir: str | Path | None = None, title: str | None = None) -> list[Path]:
-    """Write loss.png (and accuracy.png when the run has accuracy) into out_dir (default: the run folder)."""
+    """Write loss.png, accuracy.png when the run has accuracy, and a <metric>.png per other metric
+    (perplexity.png, mae.png, ...) into out_dir (default: the run folder)."""
     run = Path(run).expanduser()
     rows = read_metrics(run)
     plt = _pyplot()
@@ -105,8 +136,9 @@ def plot_run(run: str | Path, out_dir: str | Path | None = None, title: str | No
     title = title or (run.name if run.is_dir() else run.parent.name)
     written = []
     steps = read_steps(run)
+    specs = curve_specs(rows)
     for curve in curves(rows):
-        _, stem, ylabel, _, _, percent = next(c for c in CURVES if c[0] == curve.name)
+        _, stem, ylabel, _, _, percent = next(c for c in specs if c[0] == curve.name)
         scale = 100.0 if percent else 1.0
         fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
         points = [(r["epoch"] - 1 + r["step"] / r["steps"], r[curve.name] * scale) for r in steps

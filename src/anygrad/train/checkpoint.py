@@ -204,7 +204,14 @@ def validate(c: Checkpoint, steps_per_epoch: int, required: dict[str, np.ndarray
             [r["epoch"] for r in history] != list(range(1, len(history) + 1)):
         raise bad(f"'history' holds {len(history)} epochs at epoch {epoch}")
     sums = m.get("sums")
-    if not isinstance(sums, dict) or not all(isinstance(v, bool) or _number_or_none(v) for v in sums.values()):
+    # this version's sums: count and {metric: [numerator, denominator, exp]}; older ones: numbers
+    metrics = sums.get("metrics", {}) if isinstance(sums, dict) else None
+    if not isinstance(sums, dict) or not all(isinstance(v, bool) or _number_or_none(v)
+                                             for k, v in sums.items() if k != "metrics") or \
+            not isinstance(metrics, dict) or not all(
+                isinstance(k, str) and isinstance(v, list) and len(v) == 3 and _number_or_none(v[0])
+                and v[0] is not None and _number_or_none(v[1]) and v[1] is not None and isinstance(v[2], bool)
+                for k, v in metrics.items()):
         raise bad("'sums' is not a record of finite numbers")
     mon = m.get("monitor")
     if not isinstance(mon, dict) or not _number_or_none(mon.get("best")) or \

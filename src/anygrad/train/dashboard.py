@@ -5,6 +5,9 @@ touches the model or the device, they only format the dataclasses the loop hands
 
 Plain lines are meant for logs and scripts: one `key=value` record per line, fields in a fixed
 order, `-` for a value that is not known (no validation set, a regression loss without accuracy).
+The task's main metrics follow the fixed fields, named as in metrics.jsonl (`train_perplexity=...
+valid_perplexity=...`, `valid_mae=...`, `valid_pixel_accuracy=...`; see task_metrics); the live
+view shows them compactly (ppl, mae, pixel acc) and leaves out accuracy columns a run never has.
 """
 from __future__ import annotations
 
@@ -31,6 +34,44 @@ EPOCH_FIELDS = (
     ("valid_loss", "valid_loss", "valid loss", False),
     ("valid_accuracy", "valid_acc", "valid acc", True),
 )
+
+
+# The task's own metrics (metrics.jsonl's train_<name>/valid_<name> beyond the classifier's
+# columns): how the dashboard names them, and which are ratios (shown as percent).
+SHORT_NAMES = {"perplexity": "ppl", "pixel_accuracy": "pixel acc", "label_accuracy": "label acc"}
+FIXED_KEYS = ("loss", "accuracy", "top5")
+TASK_COLUMNS = 3  # task metrics the table and the live line show at most (the files hold them all)
+
+
+def task_metrics(keys) -> list[str]:
+    """The task's main metrics among metrics.jsonl keys (or the model's metric names), in order,
+    without the train_/valid_ prefix: perplexity for a language model, mae for regression (mse is
+    in the files), pixel_accuracy for segmentation, label_accuracy for multi-label, each head's
+    for several outputs (not the per-head losses), a loss='output' model's other outputs."""
+    names: list[str] = []
+    for key in keys:
+        name = key.split("_", 1)[1] if key.startswith(("train_", "valid_")) else key
+        if key in ("epoch", "seconds", "lr", "samples_per_s", "count") or name in FIXED_KEYS or name in names:
+            continue
+        names.append(name)
+    shown = [n for n in names if not n.endswith("_loss") and not n.endswith("_top5")
+             and not (n.endswith("mse") and n[:-3] + "mae" in names)]
+    return shown[:TASK_COLUMNS]
+
+
+def _is_ratio(name: str) -> bool:
+    return name.endswith("accuracy") or name.rsplit("_", 1)[-1].startswith("top")
+
+
+def _short(name: str) -> str:
+    for full, short in SHORT_NAMES.items():
+        if name == full or name.endswith("_" + full):
+            return name[:len(name) - len(full)].replace("_", " ") + short
+    return name.replace("_", " ")
+
+
+def _value(name: str, value: float | None) -> str:
+    return _pct(value) if _is_ratio(name) else _num(value)
 
 
 def _num(value: float | None, spec: str = ".4f") -> str:
@@ -96,6 +137,8 @@ class _Summary:
             last = self.epochs[-1].metrics
             parts += [f"{plain}={_num(last.get(key))}" for key, plain, _, _ in EPOCH_FIELDS
                       if last.get(key) is not None]
+            parts += [f"{p}_{n}={_num(last.get(f'{p}_{n}'))}" for n in task_metrics(last) for p in ("train", "valid")
+                      if last.get(f"{p}_{n}") is not None]
             if self.best_epoch is not None:
                 parts.append(f"best_epoch={self.best_epoch}")
         if self.run and self.run.artifacts_dir:
@@ -158,13 +201,16 @@ class PlainReporter(QuietReporter):
             return
         self._last = bucket
         epochs = self.summary.run.epochs if self.summary.run else "?"
+        extra = "".join(f" {n}={_num(info.metrics.get(n))}" for n in task_metrics(info.metrics))
         self._print(f"step epoch={info.epoch}/{epochs} step={info.step}/{info.steps} loss={_num(info.loss)} "
-                    f"acc={_num(info.accuracy)} lr={info.lr:.6g} samples_per_s={info.samples_per_s:.0f}")
+                    f"acc={_num(info.accuracy)}{extra} lr={info.lr:.6g} samples_per_s={info.samples_per_s:.0f}")
 
     def epoch_end(self, info: EpochInfo) -> None:
         super().epoch_end(info)
         epochs = self.summary.run.epochs if self.summary.run else "?"
         fields = " ".join(f"{plain}={_num(info.metrics.get(key))}" for key, plain, _, _ in EPOCH_FIELDS)
+        fields += "".join(f" {p}_{n}={_num(info.metrics.get(f'{p}_{n}'))}" for n in task_metrics(info.metrics)
+                          for p in ("train", "valid"))
         self._print(f"epoch {info.epoch}/{epochs} {fields} time={info.seconds:.1f}s "
                     f"best={'yes' if info.best else 'no'}")
 
@@ -264,6 +310,10 @@ class LiveReporter:
         if s.accuracy is not None:
             t.append("   acc ", style="dim")
             t.append(_pct(s.accuracy), style="bold")
+        for name in task_metrics(s.metrics):
+            if s.metrics.get(name) is not None:
+                t.append(f"   {_short(name)} ", style="dim")
+                t.append(_value(name, s.metrics[name]), style="bold")
         t.append("   lr ", style="dim")
         t.append(f"{s.lr:.3g}")
         t.append("   ", style="dim")
@@ -285,12 +335,22 @@ class LiveReporter:
         from rich.table import Table
         table = Table(expand=False, header_style="bold", box=None, padding=(0, 1))
         table.add_column("epoch", justify="right")
-        for _, _, heading, _ in EPOCH_FIELDS:
+        epochs = self.summary.epochs[-EPOCH_ROWS:]
+        # the accuracy columns when some epoch has one (a regression run has none); then the task's
+        columns = [(key, heading, ratio) for key, _, heading, ratio in EPOCH_FIELDS
+                   if not ratio or any(e.metrics.get(key) is not None for e in epochs)]
+        names: list[str] = []
+        for e in epochs:
+            names += [n for n in task_metrics(e.metrics) if n not in names]
+        for name in names[:TASK_COLUMNS]:
+            for p in ("train", "valid"):
+                columns.append((f"{p}_{name}", f"{p} {_short(name)}", _is_ratio(name)))
+        for _, heading, _ in columns:
             table.add_column(heading, justify="right")
         table.add_column("time", justify="right")
         table.add_column("", justify="left")
-        for e in self.summary.epochs[-EPOCH_ROWS:]:
-            cells = [_pct(e.metrics.get(k)) if ratio else _num(e.metrics.get(k)) for k, _, _, ratio in EPOCH_FIELDS]
+        for e in epochs:
+            cells = [_pct(e.metrics.get(k)) if ratio else _num(e.metrics.get(k)) for k, _, ratio in columns]
             best = e.epoch == self.summary.best_epoch  # one marker: the best so far
             table.add_row(str(e.epoch), *cells, _duration(e.seconds), "★ best" if best else "",
                           style="bold green" if best else None)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -10,11 +11,17 @@ from ..errors import ConfigError
 MODES = ("min", "max")
 
 
+# Metrics that should go up, by the end of their name (train_/valid_ and an output's prefix
+# before it): accuracy, pixel_accuracy, label_accuracy, top5. Everything else goes down: loss,
+# perplexity, mse, mae, and a loss='output' model's other outputs (losses, as a rule).
+_HIGHER_IS_BETTER = re.compile(r"(^|_)(accuracy|top\d+)$")
+
+
 def resolve_mode(metric: str, mode: str) -> str:
-    """"auto": accuracies should go up, everything else (losses) down."""
+    """"auto": accuracies should go up (max), everything else down (min)."""
     if mode != "auto":
         return mode
-    return "max" if "accuracy" in metric or "top" in metric else "min"
+    return "max" if _HIGHER_IS_BETTER.search(metric) else "min"
 
 
 @dataclass
@@ -46,7 +53,7 @@ class Monitor:
         v = row[self.metric]
         if v is None:
             raise ConfigError(f"cannot monitor '{self.metric}': it has no value in this run (no validation "
-                              f"data, or not a classifier); choose another --monitor")
+                              f"data, or a metric of another task); choose another --monitor")
         return float(v)
 
     def update(self, epoch: int, row: dict[str, Any]) -> bool:

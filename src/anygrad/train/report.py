@@ -39,6 +39,8 @@ class StepInfo:
     accuracy: float | None
     lr: float
     samples_per_s: float
+    # every metric's running mean by the model's name (loss, accuracy, perplexity, mae, ...)
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

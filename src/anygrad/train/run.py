@@ -134,7 +134,7 @@ def _export(model: Any, config: TrainConfig, result: FitResult, reporter: Report
             save_weights(model, out)
     elif result.diverged:
         chosen = "last finite"
-    value = result.history[epoch - 1].__dict__.get(config.monitor) if chosen == "best" else None
+    value = result.history[epoch - 1].row().get(config.monitor) if chosen == "best" else None
     record = {"epoch": epoch, "chosen": chosen, "monitor": config.monitor, "value": value, "last_epoch": last}
     atomic_write(out / "export.json", json_text(record))
     result.exported_epoch = epoch

@@ -2,7 +2,8 @@
 
 metrics.jsonl has one row per epoch, too few to plot a run of two epochs. This file gets a row
 each time the loop reads the device's metric sums (every `log_every` steps): the running means of
-the epoch so far (loss, accuracy), the rate and the throughput. Rows are appended
+the epoch so far (loss, accuracy, then the task's own metrics: perplexity, mae, pixel_accuracy, ...,
+as columns named as the model names them), the rate and the throughput. Rows are appended
 (one write each, flushed); a run resumed from a checkpoint first drops the rows past that
 checkpoint's step, so the file tells one history, as metrics.jsonl does.
 """
@@ -22,6 +23,15 @@ FIELDS = ("epoch", "step", "steps", "global_step", "loss", "accuracy", "lr", "sa
 class StepLog:
     def __init__(self, folder: Path):
         self.path = folder / NAME
+        self.fields: list[str] | None = None  # the file's header (FIELDS, then the task's metrics)
+
+    def _header(self) -> list[str] | None:
+        try:
+            with open(self.path, newline="") as f:
+                first = next(csv.reader(f), None)
+        except (OSError, UnicodeDecodeError, csv.Error):
+            return None
+        return first if first and all(k in first for k in FIELDS) else None
 
     def truncate(self, global_step: int) -> None:
         """Keep the rows up to `global_step` (all of them when resuming at the end of the file)."""
@@ -32,20 +42,25 @@ class StepLog:
         except (OSError, UnicodeDecodeError, csv.Error):
             rows = []
         kept = [r for r in rows if str(r.get("global_step", "")).isdigit() and int(r["global_step"]) <= global_step]
-        atomic_write(self.path, _csv(kept, header=True))
+        self.fields = self._header() or list(FIELDS)
+        atomic_write(self.path, _csv(kept, header=True, fields=self.fields))
 
     def add(self, info: StepInfo) -> None:
         row = {"epoch": info.epoch, "step": info.step, "steps": info.steps, "global_step": info.global_step,
                "loss": info.loss,
                "accuracy": info.accuracy, "lr": f"{info.lr:.8g}", "samples_per_s": round(info.samples_per_s, 1)}
+        row.update({k: v for k, v in info.metrics.items() if k not in row})
         new = not self.path.is_file()
+        if new or self.fields is None:
+            self.fields = list(FIELDS) + [k for k in info.metrics if k not in FIELDS] if new else \
+                (self._header() or list(FIELDS))
         with open(self.path, "a") as f:
-            f.write(_csv([row], header=new))
+            f.write(_csv([row], header=new, fields=self.fields))
 
 
-def _csv(rows: list[dict], header: bool) -> str:
+def _csv(rows: list[dict], header: bool, fields: list[str] | tuple[str, ...] = FIELDS) -> str:
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=FIELDS, lineterminator="\n", extrasaction="ignore")
+    writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n", extrasaction="ignore")
     if header:
         writer.writeheader()
     writer.writerows(rows)

@@ -103,7 +103,7 @@ class TrainConfig:
     scheduler_options: dict[str, Any] = field(default_factory=dict)
     # -- the monitored metric: best checkpoint, early stopping, reduce-on-plateau
     monitor: str = "valid_loss"
-    mode: str = "auto"                   # min, max, auto (max for accuracies, min otherwise)
+    mode: str = "auto"                   # min, max, auto (max for accuracies and top5, min otherwise)
     patience: int | None = None          # early stopping after this many epochs without improvement
     min_delta: float = 0.0
     # -- checkpoints
@@ -113,7 +113,10 @@ class TrainConfig:
     on_nan: str = "stop"                 # a non-finite loss or state: stop, skip (go back), warn
     export: str = "best"                 # weights.* and model.onnx at the end: the best epoch's, or the last's
 
-    def check(self) -> None:
+    def check(self, own_loss: bool | None = None) -> None:
+        """Raise a ConfigError for a bad setting. `own_loss`: whether the model computes its own
+        loss (loss='output'), whose scalar outputs may be monitored by name (default: the loss
+        setting says)."""
         for name in ("epochs", "batch_size", "accumulate"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
@@ -132,13 +135,30 @@ class TrainConfig:
             raise ConfigError(f"export must be best or last, got {self.export!r}")
         if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
             raise ConfigError(f"clip-grad-norm must be positive, got {self.clip_grad_norm}")
-        metrics = [f.name for f in fields(EpochMetrics) if f.name != "epoch"]
-        if self.monitor not in metrics:
-            raise ConfigError(f"monitor: unknown metric '{self.monitor}'; choose one of {', '.join(metrics)}")
+        self.check_monitor_name(own_loss)
         Monitor(self.monitor, self.mode, self.patience, self.min_delta)  # raises on bad values
         if self.normalize not in NORMALIZE_MODES:
             raise ConfigError(f"normalize must be one of {', '.join(NORMALIZE_MODES)}, got {self.normalize!r}")
         self.data_config().check()
+
+    def check_monitor_name(self, own_loss: bool | None = None) -> None:
+        """--monitor names a metrics.jsonl column: a fixed one, or train_/valid_ and a metric of a
+        known family (perplexity, box_mae, ...); with loss='output' (`own_loss`, default: the
+        loss setting) any train_/valid_ name, the model's outputs being known only once it runs.
+        Whether this run's model reports it is checked when training starts (Learner)."""
+        m = self.monitor
+        if m in FIXED_MONITORS:
+            return
+        base = m.split("_", 1)[1] if m.startswith(("train_", "valid_")) else ""
+        own = self.loss == "output" if own_loss is None else own_loss
+        if base and (metric_family(base) is not None or (own and base.replace("_", "").replace(".", "").isalnum())):
+            return
+        names = monitorable_names()
+        close = difflib.get_close_matches(m, names, 3)
+        raise ConfigError(f"monitor: unknown metric '{m}'" + (f" (did you mean {' or '.join(close)}?)" if close else "")
+                          + f"; choose one of {', '.join(names)}, or train_/valid_ with an output's prefix "
+                          "(valid_box_mae)" + ("" if own else "; with --loss output, any of the model's scalar "
+                                              "outputs (valid_<output>)"))
 
     def data_config(self) -> DataConfig:
         """The data settings as an anygrad.data.DataConfig (dataset, folder, split, transforms)."""
@@ -173,6 +193,11 @@ class TrainConfig:
 
 @dataclass
 class EpochMetrics:
+    """One metrics.jsonl row. The classifier's metrics are fields (the historical columns, in
+    their order); every other metric the model reports (perplexity, pixel_accuracy, mse, mae,
+    label_accuracy, per-output names, a loss='output' model's other outputs) is in `extra` as
+    train_<name> / valid_<name>, read as attributes too (m.valid_perplexity)."""
+
     epoch: int
     train_loss: float | None
     train_accuracy: float | None
@@ -183,6 +208,53 @@ class EpochMetrics:
     valid_top5: float | None = None
     lr: float | None = None
     samples_per_s: float | None = None
+    extra: dict[str, float | None] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:
+        extra = self.__dict__.get("extra")
+        if extra is not None and name in extra:
+            return extra[name]
+        raise AttributeError(f"{type(self).__name__} has no metric {name!r}")
+
+    def row(self) -> dict[str, Any]:
+        """The flat metrics.jsonl record: the fixed columns, then the extra metrics."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        out.update(self.extra)
+        return out
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> EpochMetrics:
+        """A metrics.jsonl / checkpoint history row, of this version or an older one."""
+        names = {f.name for f in fields(cls)} - {"extra"}
+        known = {k: v for k, v in row.items() if k in names}
+        for k in ("train_loss", "train_accuracy", "valid_loss", "valid_accuracy"):
+            known.setdefault(k, None)
+        known.setdefault("seconds", 0.0)
+        extra = {k: v for k, v in row.items() if k not in names and k != "extra"}
+        return cls(**known, extra=extra)
+
+
+# metrics.jsonl columns of the classifier's metrics (EpochMetrics fields) by the model's metric name
+FIELD_METRICS = ("loss", "accuracy", "top5")
+# The metric families a model reports (Model.metric_names), possibly prefixed '<output>_' with
+# several heads; a loss='output' model's other scalar outputs come under their own names.
+METRIC_FAMILIES = ("loss", "accuracy", "top5", "perplexity", "pixel_accuracy", "mse", "mae", "label_accuracy")
+FIXED_MONITORS = ("train_loss", "train_accuracy", "valid_loss", "valid_accuracy", "seconds", "train_top5",
+                  "valid_top5", "lr", "samples_per_s")
+
+
+def metric_family(name: str) -> str | None:
+    """The family of a metric name without its train_/valid_ prefix ('box_mae' -> 'mae'), or None."""
+    for family in sorted(METRIC_FAMILIES, key=len, reverse=True):
+        if name == family or name.endswith("_" + family):
+            return family
+    return None
+
+
+def monitorable_names() -> list[str]:
+    """The --monitor names every run may have, for messages."""
+    return list(FIXED_MONITORS) + [f"{p}_{f}" for f in METRIC_FAMILIES if f not in FIELD_METRICS
+                                   for p in ("train", "valid")]
 
 
 @dataclass
@@ -201,43 +273,89 @@ class FitResult:
 
 
 class _Sums:
-    """Host-side totals of the device's metric reads (each read resets the device sums)."""
+    """Host-side totals of the device's metric reads (each read resets the device sums).
+
+    Each metric is kept as its numerator and denominator sums (Model.read_metric_sums), so an
+    epoch's value weighs every read by the metric's own denominator: tokens that are not ignored
+    for a language model's accuracy and perplexity, labelled pixels for segmentation, elements
+    for mse and mae, samples for the loss. Perplexity is exp of the summed NLL over the summed
+    tokens, not a mean of per-read perplexities. A read of plain means (a dict, as
+    Model.read_metrics gives) is weighted by its sample count."""
 
     def __init__(self) -> None:
-        self.count = self.loss = self.correct = self.top = 0.0
-        self.has_accuracy = self.has_top = False
+        self.count = 0.0
+        self.parts: dict[str, list] = {}  # metric -> [numerator, denominator, exp]
 
-    def add(self, read: dict[str, float]) -> None:
-        n = read.get("count", 0.0)
+    def add(self, read: dict[str, float] | tuple[float, dict[str, tuple[float, float, bool]]]) -> None:
+        if isinstance(read, tuple):
+            n, parts = read
+        else:
+            n = read.get("count", 0.0)
+            parts = {}
+            for k, v in read.items():
+                if k == "count" or v is None:
+                    continue
+                exp = metric_family(k) == "perplexity"  # summed as NLL, as the device does
+                parts[k] = (float(np.log(v)) * n if exp else v * n, n, exp)
         if not n:
             return
         self.count += n
-        self.loss += read["loss"] * n
-        if "accuracy" in read:
-            self.has_accuracy = True
-            self.correct += read["accuracy"] * n
-        top = next((v for k, v in read.items() if k.startswith("top")), None)
-        if top is not None:
-            self.has_top = True
-            self.top += top * n
+        for key, (num, den, exp) in parts.items():
+            have = self.parts.get(key)
+            if have is None:
+                self.parts[key] = [float(num), float(den), bool(exp)]
+            else:
+                have[0] += num
+                have[1] += den
+
+    def means(self) -> dict[str, float]:
+        """Every metric's value over the reads so far (model names: loss, accuracy, perplexity, ...)."""
+        out = {}
+        for key, (num, den, exp) in self.parts.items():
+            if den:
+                mean = num / den
+                out[key] = float(np.exp(min(mean, 700.0))) if exp else mean
+        return out
+
+    def value(self, key: str) -> float | None:
+        part = self.parts.get(key)
+        if not self.count or part is None or not part[1]:
+            return None
+        mean = part[0] / part[1]
+        return float(np.exp(min(mean, 700.0))) if part[2] else mean
 
     @property
     def mean_loss(self) -> float | None:
-        return self.loss / self.count if self.count else None
+        return self.value("loss")
 
     @property
     def accuracy(self) -> float | None:
-        return self.correct / self.count if self.count and self.has_accuracy else None
+        return self.value("accuracy")
 
     @property
     def top_accuracy(self) -> float | None:
-        return self.top / self.count if self.count and self.has_top else None
+        return self.value("top5")
+
+    def extra(self, prefix: str) -> dict[str, float | None]:
+        """The metrics beyond loss, accuracy and top5 as {prefix + name: value}."""
+        return {prefix + k: v for k, v in self.means().items() if k not in FIELD_METRICS}
 
     def state_dict(self) -> dict[str, Any]:
-        return dict(vars(self))
+        return {"count": self.count, "metrics": {k: list(v) for k, v in self.parts.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        vars(self).update(state)
+        self.count = float(state["count"])
+        if "metrics" in state:
+            self.parts = {str(k): [float(v[0]), float(v[1]), bool(v[2])] for k, v in state["metrics"].items()}
+            return
+        # a checkpoint of an older version: sample-weighted loss, accuracy and top-k sums
+        n, self.parts = self.count, {}
+        if n:
+            self.parts["loss"] = [float(state["loss"]), n, False]
+            if state.get("has_accuracy"):
+                self.parts["accuracy"] = [float(state["correct"]), n, False]
+            if state.get("has_top"):
+                self.parts["top5"] = [float(state["top"]), n, False]
 
 
 # -- artifacts ------------------------------------------------------------------------------------
@@ -251,12 +369,18 @@ def _finite(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_metrics(path: Path, history: list[EpochMetrics]) -> None:
-    """metrics.jsonl and, next to it, metrics.csv (same rows; empty cells for null)."""
-    atomic_write(path, "".join(json.dumps(_finite(asdict(m))) + "\n" for m in history))
+    """metrics.jsonl and, next to it, metrics.csv (same rows; empty cells for null). The
+    classifier's columns come first, in their historical order, then the task's own
+    (train_perplexity, valid_mae, ...) in the order the model reports them."""
+    rows = [_finite(m.row()) for m in history]
+    atomic_write(path, "".join(json.dumps(r) + "\n" for r in rows))
+    columns: dict[str, None] = {}
+    for r in rows:
+        columns.update(dict.fromkeys(r))
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=[f.name for f in fields(EpochMetrics)], lineterminator="\n")
+    writer = csv.DictWriter(buf, fieldnames=list(columns), lineterminator="\n")
     writer.writeheader()
-    writer.writerows(_finite(asdict(m)) for m in history)
+    writer.writerows(rows)
     atomic_write(path.with_suffix(".csv"), buf.getvalue())
 
 
@@ -345,6 +469,8 @@ class LineReporter:
         if self.log:
             m = info.metrics
             top = f" top5 {_fmt(m.get('valid_top5'))}" if m.get("valid_top5") is not None else ""
+            top += "".join(f"  {k.replace('_', ' ', 1)} {_fmt(v)}" for k, v in m.items()
+                           if k.startswith(("train_", "valid_")) and k not in FIXED_MONITORS and v is not None)
             self.log(f"epoch {info.epoch}/{self.epochs}  train loss {_fmt(m.get('train_loss'))} "
                      f"acc {_fmt(m.get('train_accuracy'))}  valid loss {_fmt(m.get('valid_loss'))} "
                      f"acc {_fmt(m.get('valid_accuracy'))}{top}  {info.seconds:.1f}s" + ("  *" if info.best else ""))
@@ -403,7 +529,7 @@ def _validate(model: Model, data: Data, batch_size: int, transform: Transform | 
         model.eval_step(_inputs(model, x), y)
         if on_batch is not None:
             on_batch(i, len(source))
-    sums.add(model.read_metrics(reset=True))
+    sums.add(model.read_metric_sums(reset=True))
     return sums
 
 
@@ -511,6 +637,7 @@ class Learner:
                                            **config.scheduler_options)
             model.lr = self.scheduler.lr
         self._check_monitor()
+        self._monitor_checked = False
         self._length_noted = False
         self._dropped: set[str] = set()
         if not self.loader.positionable and self.out_dir is not None:
@@ -540,11 +667,36 @@ class Learner:
         metric, model = self.config.monitor, self.model
         if metric.startswith("valid_") and (self.valid_data is None or len(self.valid_data) == 0):
             return "the run has no validation data (none given, or --valid-fraction 0)"
-        if metric.endswith(("_accuracy", "_top5")) and not model.loss.classification:
-            return f"the loss {model.loss.name} is not a classification loss, so no accuracy is counted"
-        if metric.endswith("_top5") and model.top_k is None:
+        base = metric.split("_", 1)[1] if metric.startswith(("train_", "valid_")) else metric
+        if base in FIXED_MONITORS or base == "loss" or len(model.heads) != 1 or not model.loss.needs_target:
+            return None  # per-output names: checked against the model's names at the first step
+        family, loss = metric_family(base), model.loss
+        if family == "label_accuracy" and loss.name != "bce_with_logits":
+            return f"label_accuracy is counted for multi-label bce_with_logits, not for the loss {loss.name}"
+        if family in ("mse", "mae") and loss.name not in ("mse", "l1"):
+            return f"{family} is counted for the regression losses mse and l1, not for the loss {loss.name}"
+        if family in ("accuracy", "top5", "pixel_accuracy", "perplexity") and not loss.classification:
+            return f"the loss {loss.name} is not a classification loss, so no accuracy is counted"
+        if family == "top5" and model.top_k is None:
             return "top-5 accuracy is counted for classifiers of more than 5 classes only"
         return None
+
+    def _check_monitor_reported(self) -> None:
+        """Once the first step program is built (the model's metric names known): a monitored
+        metric the model does not report is an error when early stopping or the schedule needs
+        it, else a note."""
+        if self._monitor_checked:
+            return
+        self._monitor_checked = True
+        metric, names = self.config.monitor, self.model.metric_names
+        base = metric.split("_", 1)[1] if metric.startswith(("train_", "valid_")) else metric
+        if metric in ("seconds", "lr", "samples_per_s") or base in names or not names:
+            return
+        choices = ", ".join(f"{p}_{n}" for n in names for p in ("train", "valid"))
+        why = f"the model reports {', '.join(names)} (monitor one of {choices})"
+        if self._metric_needed:
+            raise ConfigError(f"--monitor {metric}: this model reports no metric '{base}'; {why}")
+        self.reporter.message(f"note: no best checkpoint: '{metric}' has no value in this run: {why}")
 
     @property
     def _metric_needed(self) -> bool:
@@ -579,7 +731,7 @@ class Learner:
         return {"fingerprint": self.model.fingerprint(), "epoch": r.epoch, "step": r.step,
                 "global_step": r.global_step, "epoch_done": r.epoch_done, "stopped_early": r.stopped_early,
                 "lr": r.lr, "micro_step": self.model.micro_step,
-                "steps_per_epoch": self.steps, "history": [_finite(asdict(m)) for m in r.history],
+                "steps_per_epoch": self.steps, "history": [_finite(m.row()) for m in r.history],
                 "sums": r.sums.state_dict(), "monitor": self.monitor.state_dict(), "world_size": self.world_size,
                 "scheduler": self.scheduler.state_dict() if self.scheduler else None,
                 "config": asdict(self.config)}
@@ -635,7 +787,7 @@ class Learner:
             r.epoch, r.step, r.global_step = int(m["epoch"]), int(m["step"]), int(m["global_step"])
             r.epoch_done = bool(m["epoch_done"])
             r.lr = None if m.get("lr") is None else float(m["lr"])
-            r.history = [EpochMetrics(**row) for row in m["history"]]
+            r.history = [EpochMetrics.from_row(row) for row in m["history"]]
             r.sums.load_state_dict(m["sums"])
             self.model.micro_step = int(m["micro_step"])
             self.monitor.load_state_dict(m["monitor"])
@@ -741,6 +893,7 @@ class Learner:
         for step, ((x, y), last) in enumerate(_with_last(batches), r.step + 1):
             r.lr = model.lr  # what this step's update (or its accumulation group's) uses
             model.train_step(self._inputs(x), y, flush=last)
+            self._check_monitor_reported()
             r.step, r.global_step = step, r.global_step + 1
             if self.scheduler is not None and self.scheduler.interval == "step" and model.micro_step == 0:
                 model.lr = self.scheduler.step()
@@ -749,10 +902,10 @@ class Learner:
                 self.reporter.message(f"note: epoch {r.epoch} of {self.loader.what} had {step} batches, the first "
                                       f"{self.steps}; progress and schedules count {self.steps} per epoch")
             if step % self.log_every == 0 and step < self.steps:
-                r.sums.add(self._checked(model.read_metrics(reset=True)))
+                r.sums.add(self._read())
                 rate = (r.sums.count - done_before) / max(time.perf_counter() - start, 1e-9)
                 info = StepInfo(r.epoch, step, self.steps, r.global_step, r.sums.mean_loss, r.sums.accuracy,
-                                model.lr, rate)
+                                model.lr, rate, r.sums.means())
                 self.reporter.step(info)
                 if self.steplog is not None:
                     self.steplog.add(info)
@@ -761,9 +914,9 @@ class Learner:
             if cfg.checkpoint_every and r.global_step % cfg.checkpoint_every == 0 and step < self.steps \
                     and self.loader.positionable:
                 if step % self.log_every and cfg.on_nan == "skip":  # go back before checkpointing a NaN
-                    r.sums.add(self._checked(model.read_metrics(reset=True)))
+                    r.sums.add(self._read())
                 self.save_checkpoint()
-        r.sums.add(self._checked(model.read_metrics(reset=True)))
+        r.sums.add(self._read())
         self._epoch_seconds = time.perf_counter() - start
         self._epoch_samples = r.sums.count - done_before
         return False
@@ -779,11 +932,16 @@ class Learner:
         valid = _validate(model, self.valid_data, cfg.valid_batch_size or cfg.batch_size, self.valid_transform,
                           on_batch=on_batch) if self.valid_data is not None else _Sums()
         seconds = self._epoch_seconds
+        train_extra, valid_extra = r.sums.extra(""), valid.extra("")
+        extra: dict[str, float | None] = {}
+        for name in list(train_extra) + [k for k in valid_extra if k not in train_extra]:
+            extra[f"train_{name}"] = train_extra.get(name)
+            extra[f"valid_{name}"] = valid_extra.get(name)
         metrics = EpochMetrics(r.epoch, r.sums.mean_loss, r.sums.accuracy, valid.mean_loss, valid.accuracy,
                                round(seconds, 3), r.sums.top_accuracy, valid.top_accuracy, lr,
-                               round(self._epoch_samples / max(seconds, 1e-9), 1))
+                               round(self._epoch_samples / max(seconds, 1e-9), 1), extra)
         r.history.append(metrics)
-        row = asdict(metrics)
+        row = metrics.row()
         best = self.monitor.update(r.epoch, row) if self._monitorable(row) else False
         if self.scheduler is not None and self.scheduler.interval == "epoch":
             model.lr = self.scheduler.step(self.monitor.value(row) if self.scheduler.needs_metric else None)
@@ -799,10 +957,17 @@ class Learner:
             self.save_checkpoint(best=best)
             r.epoch_done = False
 
-    def _checked(self, read: dict[str, float]) -> dict[str, float]:
+    def _read(self) -> tuple[float, dict[str, tuple[float, float, bool]]]:
+        """The device's metric sums since the last read (reset), after the divergence check."""
+        return self._checked(self.model.read_metric_sums(reset=True))
+
+    def _checked(self, read: tuple[float, dict[str, tuple[float, float, bool]]]
+                 ) -> tuple[float, dict[str, tuple[float, float, bool]]]:
         """A metric read, after the divergence check (--on-nan): passed on when all is finite or
         the mode is warn; stop raises Diverged; skip restores the last finite state and drops it."""
-        problem = self.guard.problem(read.get("loss") if read.get("count") else None)
+        n, parts = read
+        loss = parts.get("loss")
+        problem = self.guard.problem(loss[0] / loss[1] if n and loss else None)
         if problem is None:
             self.guard.remember(self.run.global_step, self.model.micro_step)
             return read
@@ -812,7 +977,7 @@ class Learner:
             skipped, self.model.micro_step = self.guard.restore(self.run.global_step)
             self.reporter.message(f"warning: {problem} at epoch {self.run.epoch} step {self.run.step}; skipped "
                                   f"{skipped} (--on-nan skip)")
-            return {"count": 0.0}
+            return 0.0, {}
         if not self.guard.warned:
             self.guard.warned = True
             self.reporter.message(f"warning: {problem} at epoch {self.run.epoch} step {self.run.step}; training "
@@ -851,7 +1016,7 @@ def fit(model: Model, train_data: Data, valid_data: Data | None = None, config: 
     if unknown:
         raise ConfigError(f"unknown training setting(s) {sorted(unknown)}")
     config = replace(config or TrainConfig(), **settings)
-    config.check()
+    config.check(own_loss=getattr(model.loss, "name", None) == "output")
     learner = Learner(model, train_data, valid_data, config, reporter or LineReporter(log, progress), transforms,
                       resolved)
     if resume:
