@@ -42,6 +42,7 @@ SWITCH_ENV = "ANYGRAD_PIPELINE_CACHE"    # "0": no disk cache
 THREADS_ENV = "ANYGRAD_PIPELINE_THREADS"
 _MAGIC = b"anygrad-wgpu-plan-v1\n"
 _DIGEST = 32                             # sha256 of the pickled payload, after the magic
+_MAX_FILES = 256                         # the least recently used plans beyond this are deleted
 
 # Counters for tests and `compile` timings: hits/misses/writes/corrupt of the plan cache.
 stats = {"hits": 0, "misses": 0, "writes": 0, "corrupt": 0}
@@ -180,6 +181,10 @@ def load(key: str, source: Graph) -> Any | None:
         stats["misses"] += 1
         return None
     stats["hits"] += 1
+    try:
+        os.utime(path)  # recently used: kept by _evict
+    except OSError:
+        pass
     return payload
 
 
@@ -203,7 +208,14 @@ def save(key: str, source: Graph, payload: Any) -> None:
                 d[name] = arr
         folder = cache_dir()
         folder.mkdir(parents=True, exist_ok=True)
-        atomic_write(folder / f"{key}.plan", _MAGIC + hashlib.sha256(body).digest() + body)
+        atomic_write(folder / f"{key}.plan", _MAGIC + hashlib.sha256(body).digest() + body, fsync=False)
         stats["writes"] += 1
+        _evict(folder)
     except Exception:
         pass
+
+
+def _evict(folder: Path) -> None:
+    files = sorted(folder.glob("*.plan"), key=lambda f: f.stat().st_mtime)
+    for f in files[:max(0, len(files) - _MAX_FILES)]:
+        f.unlink(missing_ok=True)
