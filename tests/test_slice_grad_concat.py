@@ -68,7 +68,7 @@ def test_gradient_matches_torch_and_uses_one_concat(case):
 def test_wgpu_matches_numpy(case):
     if not has_adapter():
         no_adapter()
-    g, _, dx = _graph(CASES[case])
+    g, _, _ = _graph(CASES[case])
     x = np.random.default_rng(2).standard_normal((2, 3, 9)).astype(np.float32)
     want, got, _ = run_both(g, {"x": x})
     assert_close(want, got)

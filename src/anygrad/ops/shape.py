@@ -6,6 +6,7 @@ Shape->Gather->Unsqueeze->Concat->Reshape chains exporters emit for `x.view(x.si
 """
 from __future__ import annotations
 
+import itertools
 import os
 
 import numpy as np
@@ -658,7 +659,7 @@ def merge_slice_grads(graph: Graph, b: Builder, terms: list[str]) -> list[str]:
     out = list(terms)
     for axis, parts in groups.items():
         parts.sort(key=lambda p: p[0])
-        if len(parts) < 2 or any(p[1] > q[0] for p, q in zip(parts, parts[1:])) \
+        if len(parts) < 2 or any(p[1] > q[0] for p, q in itertools.pairwise(parts)) \
                 or any(p[2] in read for p in parts):
             continue  # overlapping slices add up; a gradient read elsewhere stays
         shape = list(parts[0][3].attr("shape"))

@@ -80,8 +80,8 @@ def build_parallel(create: Callable[[Any], Any], keys: Sequence[Any]) -> dict[An
     for k, f in futures.items():
         try:
             out[k] = f.result()
-        except Exception:
-            out[k] = create(k)  # raises again, here
+        except Exception:  # noqa: BLE001  (whatever it was, the retry below raises it here)
+            out[k] = create(k)
     return out
 
 
@@ -176,7 +176,7 @@ def load(key: str, source: Graph) -> Any | None:
             for name, arr in list(g.initializers.items()):
                 if isinstance(arr, _Same):
                     g.initializers[name] = source.initializers[arr.name]
-    except Exception:  # corrupt, truncated, from an incompatible version: compile afresh
+    except Exception:  # noqa: BLE001  (corrupt, truncated, incompatible version: compile afresh)
         stats["corrupt"] += 1
         stats["misses"] += 1
         return None
@@ -211,7 +211,7 @@ def save(key: str, source: Graph, payload: Any) -> None:
         atomic_write(folder / f"{key}.plan", _MAGIC + hashlib.sha256(body).digest() + body, fsync=False)
         stats["writes"] += 1
         _evict(folder)
-    except Exception:
+    except Exception:  # noqa: BLE001, S110  (a cache that cannot be written is no error)
         pass
 
 

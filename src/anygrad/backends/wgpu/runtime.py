@@ -17,10 +17,10 @@ import numpy as np
 from ...errors import DeviceError, ShapeError
 from ...ir.graph import Graph
 from ..base import Backend, Executable
+from . import pipeline_cache
 from .adapters import AdapterInfo, select_adapter
 from .fusion import packed_name, prepare
 from .kernel import LOWERINGS, AdapterCaps
-from . import pipeline_cache
 from .limits import LimitsProfile, get_profile
 from .planner import MemoryReport, Plan, Root, make_plan, memory_report, value_bytes
 from .profiling import StepProfile, live_profiler, profile_dispatches
