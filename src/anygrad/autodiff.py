@@ -9,6 +9,7 @@ from .errors import AnygradError
 from .ir.builder import Builder, GradContext
 from .ir.graph import Graph
 from .ir.registry import get_op
+from .ops.shape import merge_slice_grads
 
 
 def requires_grad(graph: Graph, wrt: Sequence[str]) -> set[str]:
@@ -38,8 +39,8 @@ def gradients(graph: Graph, loss: str, wrt: Sequence[str], seed: str | None = No
         terms = contributions.get(name)
         if not terms:
             return None
-        if len(terms) > 1:
-            contributions[name] = [b.add_all(terms)]
+        if len(terms) > 1:  # slices that tile the value: one Concat instead of zero-fill and add
+            contributions[name] = [b.add_all(merge_slice_grads(graph, b, terms))]
         return contributions[name][0]
 
     for node in reversed(forward_nodes):

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..errors import ShapeError, UnsupportedOpError
+from .constfold import fold_constant_subgraphs
 from .graph import Graph, Node, Shape, TensorInfo, info_of
 from .registry import get_op
 
@@ -90,6 +91,7 @@ def specialize(graph: Graph, input_shapes: Mapping[str, Shape]) -> Graph:
         g.info[name] = TensorInfo(g.info[name].dtype, shape)
     infer_shapes(g)
     expand_composites(g)
+    fold_constant_subgraphs(g)  # CastLike(const, x) and what it feeds: constant once shapes are known
     fold_constants(g)
     return g
 

@@ -6,13 +6,14 @@ Shape->Gather->Unsqueeze->Concat->Reshape chains exporters emit for `x.view(x.si
 """
 from __future__ import annotations
 
+import itertools
 import os
 
 import numpy as np
 
 from ..errors import ShapeError, UnsupportedOpError
 from ..ir.builder import Builder, GradContext
-from ..ir.graph import Node, TensorInfo, info_of
+from ..ir.graph import Graph, Node, TensorInfo, info_of
 from ..ir.registry import defop
 from ._util import ONNX_CODES, axes_of, broadcast_shape, const_ints, dim_prod, ints_of, norm_axis, slot
 
@@ -629,3 +630,52 @@ def _pad_grad_forward(node, ins):
 # before, after, mode; full rank).
 defop("PadGrad", internal=True, forward=_pad_grad_forward,
       infer=lambda node, ins: [TensorInfo(ins[0].dtype, tuple(node.attr("shape")))])
+
+
+def merge_slice_grads(graph: Graph, b: Builder, terms: list[str]) -> list[str]:
+    """Gradient terms of one value, with the SliceGrads of disjoint step-1 slices along one axis
+    (attention's q/k/v split, a chunk) replaced by one Concat of their gradients, zeros only where
+    no slice reads. Without this each SliceGrad zero-fills the whole input and the terms are added:
+    n full-size writes and n-1 full-size adds instead of one copy."""
+    if len(terms) < 2:
+        return terms
+    want = set(terms)
+    nodes = {n.outputs[0]: n for n in graph.nodes if n.op == "SliceGrad" and n.outputs[0] in want}
+    groups: dict[int, list[tuple[int, int, str, Node]]] = {}
+    for t in terms:
+        n = nodes.get(t)
+        if n is None:
+            continue
+        shape, axis = n.attr("shape"), None
+        for a, (s, e, st) in enumerate(_slice_grad_bounds(n)):
+            if (s, e, st) != (0, shape[a], 1):
+                if axis is not None or st != 1:
+                    axis = -1
+                    break
+                axis = a
+        if axis is not None and axis >= 0:
+            groups.setdefault(axis, []).append((n.attr("starts")[axis], n.attr("ends")[axis], t, n))
+    read = {i for n in graph.nodes for i in n.inputs}
+    out = list(terms)
+    for axis, parts in groups.items():
+        parts.sort(key=lambda p: p[0])
+        if len(parts) < 2 or any(p[1] > q[0] for p, q in itertools.pairwise(parts)) \
+                or any(p[2] in read for p in parts):
+            continue  # overlapping slices add up; a gradient read elsewhere stays
+        shape = list(parts[0][3].attr("shape"))
+        dtype = b.dtype(parts[0][2])
+        pieces, at = [], 0
+        for start, end, _, n in parts + [(shape[axis], shape[axis], None, None)]:
+            if start > at:
+                gap = shape[:axis] + [start - at] + shape[axis + 1:]
+                pieces.append(b.const(np.zeros(gap, dtype), dtype, "zeros"))
+            if n is not None:
+                pieces.append(n.inputs[0])
+            at = end
+        dead = {id(p[3]) for p in parts}
+        graph.nodes = [n for n in graph.nodes if id(n) not in dead]
+        for p in parts:
+            graph.info.pop(p[2], None)
+        merged = b.op("Concat", pieces, axis=axis)
+        out = [t for t in out if t not in {p[2] for p in parts}] + [merged]
+    return out

@@ -17,6 +17,7 @@ import numpy as np
 from ...errors import DeviceError, ShapeError
 from ...ir.graph import Graph, Node
 from ..base import Backend, Executable
+from . import pipeline_cache
 from .adapters import AdapterInfo, select_adapter
 from .fusion import packed_name, prepare
 from .kernel import LOWERINGS, AdapterCaps
@@ -276,24 +277,48 @@ class WgpuBackend(Backend):
     def pipeline(self, wgsl: str, entry: str, read_only: tuple[bool, ...], name: str) -> Any:
         key = (wgsl, entry, read_only)
         if key not in self.ctx.pipelines:
-            _, pl = self.layout(read_only)
-            try:
-                module = self.device.create_shader_module(code=wgsl, label=name[:60])
-                self.ctx.pipelines[key] = self.device.create_compute_pipeline(
-                    layout=pl, compute={"module": module, "entry_point": entry}, label=name[:60])
-            except Exception as e:
-                text = str(e)
-                if "COMPUTE_SHADER" in text or "lost" in text.lower():
-                    _CONTEXTS.pop(self.adapter.index, None)
-                    raise DeviceError(f"adapter {self.adapter.summary} cannot run compute shaders "
-                                      f"({text.strip().splitlines()[-1]}); use another device (`anygrad "
-                                      "devices`), e.g. its Vulkan/Metal/DX12 adapter, or device='cpu'") from e
-                raise RuntimeError(f"wgpu kernel {name} failed to compile: {e}\n--- WGSL ---\n{wgsl}") from e
+            self.ctx.pipelines[key] = self._create_pipeline(key, name)
         return self.ctx.pipelines[key]
 
     def supports(self, op: str | Node) -> bool:
         """An op this backend has a lowering for."""
         return (op.op if isinstance(op, Node) else op) in LOWERINGS
+
+    def pipelines(self, specs: Sequence[tuple[str, str, tuple[bool, ...], str]]) -> list[Any]:
+        """pipeline() for each (wgsl, entry, read_only, name), the missing ones created in parallel
+        (pipeline_cache.build_parallel: the driver compiles several shaders at once)."""
+        names = {(w, e, ro): n for w, e, ro, n in specs}
+        missing = [k for k in names if k not in self.ctx.pipelines]
+        for k in missing:  # layouts first, on this thread: a pipeline and its bind groups share one
+            self.layout(k[2])
+        for k, pipe in pipeline_cache.build_parallel(lambda k: self._create_pipeline(k, names[k]),
+                                                     missing).items():
+            self.ctx.pipelines[k] = pipe
+        return [self.ctx.pipelines[(w, e, ro)] for w, e, ro, _ in specs]
+
+    def _create_pipeline(self, key: tuple[str, str, tuple[bool, ...]], name: str) -> Any:
+        wgsl, entry, read_only = key
+        _, pl = self.layout(read_only)
+        try:
+            module = self.device.create_shader_module(code=wgsl, label=name[:60])
+            return self.device.create_compute_pipeline(
+                layout=pl, compute={"module": module, "entry_point": entry}, label=name[:60])
+        except Exception as e:
+            text = str(e)
+            if "COMPUTE_SHADER" in text or "lost" in text.lower():
+                _CONTEXTS.pop(self.adapter.index, None)
+                raise DeviceError(f"adapter {self.adapter.summary} cannot run compute shaders "
+                                  f"({text.strip().splitlines()[-1]}); use another device (`anygrad "
+                                  "devices`), e.g. its Vulkan/Metal/DX12 adapter, or device='cpu'") from e
+            raise RuntimeError(f"wgpu kernel {name} failed to compile: {e}\n--- WGSL ---\n{wgsl}") from e
+
+    def plan_context(self, fuse: bool) -> tuple:
+        """What a compiled plan depends on besides the graph: the adapter, its driver, the device's
+        limits and features as the lowering sees them, anygrad's version, fusion, the state present."""
+        from ... import __version__
+        a = self.adapter
+        return (__version__, a.name, a.vendor, a.driver, a.backend, a.type, repr(self.caps), fuse,
+                tuple(sorted(self.state)))
 
     # -- compile ----------------------------------------------------------------------------------
     def memory_report(self, graph: Graph, fuse: bool = True) -> MemoryReport:
@@ -336,10 +361,9 @@ class WgpuExecutable(Executable):
     def __init__(self, backend: WgpuBackend, graph: Graph, fuse: bool = True):
         self.backend = backend
         self.graph = graph
-        # Within the memory budget: tighter reuse, else activations recomputed (planner.fit_plan).
-        self.prepared, self.plan, self.recomputed = fit_plan(
-            graph, backend.caps, set(graph.state_names) | set(backend.state),
-            lambda g: prepare(g, backend.caps, EPILOGUE_SUPPORT & set(LOWERINGS), fuse=fuse))
+        # Within the memory budget: tighter reuse, else activations recomputed (planner.fit_plan);
+        # from the disk cache when this graph was compiled before on this adapter and driver.
+        self.prepared, self.plan, self.recomputed = self._compile_plan(graph, fuse)
         dev = backend.device
         usage = backend.storage_usage
         # Executable-owned storage: inputs, constants, temporary slots. A 1-byte input is written
@@ -364,7 +388,7 @@ class WgpuExecutable(Executable):
         self._dispatches: list[tuple[Any, Any, tuple]] | None = None
         self._generation = -1
         self._staging: dict[tuple, tuple[Any, list]] = {}
-        self._pipes = [self._pipeline(st) for st in self.plan.steps]  # compile every shader now
+        self._pipes = backend.pipelines([self._pipeline_spec(st) for st in self.plan.steps])  # compile every shader now
         self._overwritten = set(self.plan.inplace.values()) | {m for a in self.plan.arenas for m in a.members}
         # A state copied onto another state while itself replaced (a swap, a shift) is first held
         # in a buffer of its own, so every copy reads the value from before the step.
@@ -411,11 +435,26 @@ class WgpuExecutable(Executable):
         written = {self._storage(r) for r in st.writes}
         return tuple(self._storage(r) not in written for r in st.reads) + (False,) * len(st.writes)
 
-    def _pipeline(self, st) -> Any:
+    def _pipeline_spec(self, st) -> tuple[str, str, tuple[bool, ...], str]:
         ro = self._read_only(st)
         shared = [k for k, r in enumerate(st.reads) if not ro[k]]
         wgsl = _writable(st.kernel.wgsl, shared) if shared else st.kernel.wgsl
-        return self.backend.pipeline(wgsl, st.kernel.entry, ro, st.kernel.name)
+        return wgsl, st.kernel.entry, ro, st.kernel.name
+
+    def _compile_plan(self, graph: Graph, fuse: bool) -> tuple[Graph, Any, Any]:
+        """The fused graph, its plan and what was recomputed to fit the budget: from the disk cache
+        when this graph was compiled before on this adapter and driver (pipeline_cache; the caps in
+        the key hold the memory budget), else built (planner.fit_plan) and stored."""
+        backend = self.backend
+        key = pipeline_cache.plan_key(graph, backend.plan_context(fuse)) if pipeline_cache.enabled() else ""
+        cached = pipeline_cache.load(key, graph) if key else None
+        if cached is not None and len(cached) == 3:
+            return cached
+        built = fit_plan(graph, backend.caps, set(graph.state_names) | set(backend.state),
+                         lambda g: prepare(g, backend.caps, EPILOGUE_SUPPORT & set(LOWERINGS), fuse=fuse))
+        if key:
+            pipeline_cache.save(key, graph, built)
+        return built
 
     def _build(self) -> None:
         for spec in self.plan.arenas:
