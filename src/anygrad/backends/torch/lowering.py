@@ -69,6 +69,28 @@ def lowering(*ops: str) -> Callable[[Lowering], Lowering]:
     return register
 
 
+# Grouped lowerings: several nodes of one op with the same attributes and the same shared inputs
+# (an optimizer's update of each parameter, all reading one learning rate and one step) run as
+# one kernel over lists of tensors (torch._foreach_*: one fused launch per arithmetic op on a GPU,
+# where per-node kernels cost a launch per parameter per op). The kernel takes each node's input
+# list and returns each node's output list, and must compute what the per-node kernels compute.
+GroupKernel = Callable[[list[list[Any]]], list[list[Any]]]
+GroupLowering = Callable[[list[Site]], GroupKernel | None]
+GROUP_LOWERINGS: dict[str, tuple[GroupLowering, tuple[int, ...]]] = {}
+
+
+def group_lowering(*ops: str, shared: tuple[int, ...]) -> Callable[[GroupLowering], GroupLowering]:
+    """Register a grouped lowering; `shared`: input slots (negative: from the end) that every node
+    of a group must read from the same value (the learning rate, the step)."""
+    def register(fn: GroupLowering) -> GroupLowering:
+        for op in ops:
+            if op in GROUP_LOWERINGS:
+                raise ValueError(f"torch group lowering for {op} registered twice")
+            GROUP_LOWERINGS[op] = (fn, shared)
+        return fn
+    return register
+
+
 def norm_axis(axis: int, rank: int) -> int:
     return int(axis) + rank if int(axis) < 0 else int(axis)
 
