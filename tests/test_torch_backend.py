@@ -391,3 +391,17 @@ def test_graph_replay_keeps_state_metrics_and_rebinding_right(monkeypatch):
     assert l0 == l1 and m0 == m1
     _states_equal(s0, s1)
     np.testing.assert_array_equal(p0, p1)
+
+
+def test_batch_norm_grad_reuses_the_forward_statistics(monkeypatch):
+    """BatchNormGrad takes the batch mean and variance its forward computed from the same tensor
+    (one var_mean per BatchNorm per step, not two); the trajectory tests check the values."""
+    model = anygrad.load_onnx(FOUNDING_MODEL).compile(loss="nll", optimizer=anygrad.optim.SGD(lr=0.1),
+                                                      device=TorchBackend("torch:cpu"))
+    x, y = np.zeros((4, 1, 28, 28), np.float32), np.arange(4)
+    model.train_step(x, y)
+    calls = []
+    var_mean = torch.var_mean
+    monkeypatch.setattr(torch, "var_mean", lambda *a, **k: calls.append(1) or var_mean(*a, **k))
+    model.train_step(x, y)
+    assert len(calls) == 2  # the founding CNN's two BatchNorms

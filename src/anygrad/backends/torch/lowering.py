@@ -13,7 +13,7 @@ rounding; tests/test_torch_backend.py checks them against the numpy backend.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -31,6 +31,10 @@ class Site:
     ins: list[TensorInfo | None]   # None for an absent optional input
     outs: list[TensorInfo | None]  # None for an output the graph does not use
     host_checked: frozenset[int] = frozenset()  # input slots the runtime validates on the host
+    # Shared by the lowerings of one executable (None: nothing shared, e.g. under torch.compile):
+    # a kernel may leave a value there for a later node's kernel, which must check by identity
+    # that it was computed from the same tensor (BatchNormGrad reuses the forward's batch statistics).
+    memo: dict | None = field(default=None, compare=False, repr=False)
 
     def attr(self, key: str, default: Any = None) -> Any:
         value = self.node.attrs.get(key, default)

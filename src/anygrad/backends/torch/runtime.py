@@ -104,11 +104,11 @@ TARGET_SLOTS = {"CrossEntropy": 1, "NegativeLogLikelihoodLoss": 1, "SoftmaxCross
                 "CrossEntropyMetrics": 1}
 
 
-def node_site(graph: Graph, node: Node) -> Site:
+def node_site(graph: Graph, node: Node, memo: dict | None = None) -> Site:
     slot = TARGET_SLOTS.get(node.op)
     checked = frozenset({slot}) if slot is not None and node.input(slot) in graph.inputs else frozenset()
     return Site(node, [graph.info.get(i) if i else None for i in node.inputs],
-                [graph.info.get(o) if o else None for o in node.outputs], checked)
+                [graph.info.get(o) if o else None for o in node.outputs], checked, memo)
 
 
 def lower(site: Site) -> Callable | None:
@@ -163,8 +163,8 @@ class TorchExecutable(Executable):
         self.device = backend.device
         self.fallback_ops: list[str] = []
         self.target_checks: list[tuple[str, int, int | None, str]] = []  # (input, classes, ignore, node)
-        steps = self._group(self._steps(graph))
         self.torch_compile = torch_compile
+        steps = self._group(self._steps(graph))
         self.input_info = {name: graph.info[name] for name in graph.inputs}
         self._plan(steps)
         self.cuda_graph = bool(cuda_graph and self._graphs_on(self.device) and not torch_compile and self._graphable)
@@ -175,12 +175,13 @@ class TorchExecutable(Executable):
     # -- compiling ---------------------------------------------------------------------------
     def _steps(self, graph: Graph) -> list[_Step]:
         steps: list[_Step] = []
+        memo = None if self.torch_compile else {}  # values one kernel leaves for another (Site.memo)
         for node in graph.nodes:
             op = get_op(node.op)
             if op is None:
                 raise UnsupportedOpError(f"{node.label}: the torch backend cannot run op {node.op} "
                                          "(no torch kernel and no reference kernel)")
-            site = node_site(graph, node)
+            site = node_site(graph, node, memo)
             for slot in site.host_checked:
                 x = graph.info[node.inputs[0]]
                 self.target_checks.append((node.inputs[slot], int(x.shape[1]), node.attrs.get("ignore_index"),
