@@ -125,7 +125,7 @@ def bench_anygrad(device: str, batch: int, x: np.ndarray, y: np.ndarray, warmup:
     from anygrad.optim import Adagrad
 
     model = anygrad.load_onnx(FOUNDING_MODEL, init="fresh")
-    model.compile(loss="nll", optimizer=Adagrad(lr=1.0), device=device)
+    model.compile(loss="nll", optimizer=Adagrad(lr=1.0), device=torch_backend(device) or device)
     if pins:
         _pin(model.backend, pins)
     steps = max(1, len(x) // batch)
@@ -154,12 +154,25 @@ def bench_anygrad(device: str, batch: int, x: np.ndarray, y: np.ndarray, warmup:
         return extra
 
     label = model.backend.name if model.backend.name != "wgpu" else f"wgpu:{model.backend.adapter.backend.lower()}"
+    if "+" in device:
+        label += device[device.index("+"):]
     extra: dict = {"compile_s": compile_s}
     if pins:
         label += "+pin"
         extra["pins"] = pins
     return Case("anygrad", model.backend.description, label, batch, steps,
                 lambda i: model.train_step(*batches[i]), lambda: model.read_metrics(), extra, finish)
+
+
+def torch_backend(device: str):
+    """'torch:cuda+graph' / 'torch:cuda+compile': the torch backend with CUDA graphs or
+    torch.compile on (None for a plain device name)."""
+    name, plus, options = device.partition("+")
+    if not plus:
+        return None
+    from anygrad.backends.torch import TorchBackend
+    opts = set(options.split("+"))
+    return TorchBackend(name, cuda_graph="graph" in opts, torch_compile="compile" in opts)
 
 
 def bench_torch(device: str, batch: int, x: np.ndarray, y: np.ndarray, warmup: int,
@@ -242,7 +255,8 @@ def _list(text: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--devices", default="cpu", help="anygrad devices, comma list (cpu, wgpu, wgpu:N, torch:cuda, "
-                   "...; ANYGRAD_TORCH_COMPILE=1: the torch backend through torch.compile)")
+                   "...; torch:cuda+graph: CUDA graphs, torch:cuda+compile: torch.compile; or "
+                   "ANYGRAD_TORCH_COMPILE=1 / ANYGRAD_TORCH_CUDA_GRAPH=1 for every torch device)")
     p.add_argument("--torch-devices", default=None,
                    help="PyTorch devices, comma list (default: cpu, plus cuda when available; 'none': "
                    "skip; cuda-fp32: cuDNN TF32 off)")

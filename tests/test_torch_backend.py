@@ -317,3 +317,91 @@ def test_torch_expected_failures_name_real_cases():
         names = {c.name for c in load_model_tests(kind="node")}
     stale = sorted(set(expected_failures(XFAIL_TORCH_FILE)) - names)
     assert not stale, f"{XFAIL_TORCH_FILE.name} lists cases onnx does not have: {stale[:10]}"
+
+
+# -- the step's plan: grouped optimizer updates, CUDA graphs ---------------------------------------
+def _states_equal(a, b):
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+@pytest.mark.parametrize("optimizer", [
+    lambda: anygrad.optim.SGD(lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-4),
+    lambda: anygrad.optim.SGD(lr=0.05, momentum=0.5, dampening=0.1, maximize=True),
+    lambda: anygrad.optim.AdamW(lr=1e-3, weight_decay=0.01, amsgrad=True),
+    lambda: anygrad.optim.Adam(lr=1e-3, betas=(0.4, 0.99), weight_decay=1e-3),
+    lambda: anygrad.optim.Adagrad(lr=0.05, lr_decay=0.01, weight_decay=1e-3),
+], ids=["sgd-nesterov", "sgd-maximize", "adamw-amsgrad", "adam-wd", "adagrad"])
+def test_grouped_updates_are_the_per_parameter_updates_bit_for_bit(optimizer, monkeypatch):
+    """All parameters' updates as one torch._foreach_* kernel: the same bits as one kernel per
+    parameter (the grouped lowerings switched off)."""
+    from anygrad.backends.torch import runtime
+    grouped, _ = _train(TorchBackend("torch:cpu"), optimizer(), steps=3)
+    exe = _train_program(grouped)
+    assert sum(1 for a in exe.actions if len(a[1]) > 20) == 1  # one action takes every parameter
+    monkeypatch.setattr(runtime, "GROUP_LOWERINGS", {})
+    single, _ = _train(TorchBackend("torch:cpu"), optimizer(), steps=3)
+    assert len(_train_program(single).actions) > len(exe.actions)
+    _states_equal(grouped.full_state(), single.full_state())
+
+
+class _ReplayGraph:
+    """Stands in for torch.cuda.CUDAGraph on the CPU: replay() runs the recorded body again on
+    the same buffers (a real capture records its kernels instead)."""
+
+    def __init__(self, body):
+        self.body = body
+        self.replays = 0
+
+    def replay(self):
+        self.replays += 1
+        self.body()
+
+
+def test_graph_replay_keeps_state_metrics_and_rebinding_right(monkeypatch):
+    """The CUDA-graph path's bookkeeping on the CPU (static state buffers updated in place,
+    uploads copied in, host fallbacks first, a state rebound by set_state or another program
+    copied back into its buffer): the same bits as the plain eager step."""
+    from anygrad.backends.torch import runtime
+    monkeypatch.setattr(runtime.TorchExecutable, "_graphs_on", staticmethod(lambda device: True))
+    monkeypatch.setattr(runtime.TorchExecutable, "_record", lambda self, body: _ReplayGraph(body))
+    runs = []
+    for cuda_graph in (False, True):
+        model = anygrad.load_onnx(FOUNDING_MODEL)
+        model.compile(loss="nll", optimizer=anygrad.optim.SGD(lr=0.05, momentum=0.9), device=TorchBackend(
+            "torch:cpu", cuda_graph=cuda_graph), seed=3)
+        data = np.random.default_rng(0)
+        losses, metrics = [], []
+        for k in range(7):
+            x = data.standard_normal((8, 1, 28, 28)).astype(np.float32)
+            y = data.integers(0, 10, 8)
+            if k == 4:
+                model.lr = 0.01                       # set_state: a new tensor in the store
+                metrics.append(model.read_metrics(reset=True))
+                model.evaluate(x, y)                  # another program rebinds metric state
+            losses.append(model.train_on_batch(x, y) if k % 2 else (model.train_step(x, y) or 0.0))
+        metrics.append(model.read_metrics())
+        runs.append((losses, metrics, model.full_state(), model.predict(x)))
+        exe = _train_program(model)
+        assert exe.cuda_graph == cuda_graph
+        if cuda_graph:
+            assert exe._graph["graph"].replays == 5  # captured on the third step
+    (l0, m0, s0, p0), (l1, m1, s1, p1) = runs
+    assert l0 == l1 and m0 == m1
+    _states_equal(s0, s1)
+    np.testing.assert_array_equal(p0, p1)
+
+
+def test_batch_norm_grad_reuses_the_forward_statistics(monkeypatch):
+    """BatchNormGrad takes the batch mean and variance its forward computed from the same tensor
+    (one var_mean per BatchNorm per step, not two); the trajectory tests check the values."""
+    model = anygrad.load_onnx(FOUNDING_MODEL).compile(loss="nll", optimizer=anygrad.optim.SGD(lr=0.1),
+                                                      device=TorchBackend("torch:cpu"))
+    x, y = np.zeros((4, 1, 28, 28), np.float32), np.arange(4)
+    model.train_step(x, y)
+    calls = []
+    var_mean = torch.var_mean
+    monkeypatch.setattr(torch, "var_mean", lambda *a, **k: calls.append(1) or var_mean(*a, **k))
+    model.train_step(x, y)
+    assert len(calls) == 2  # the founding CNN's two BatchNorms

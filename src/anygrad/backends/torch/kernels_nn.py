@@ -204,6 +204,14 @@ def _channel(v: Any, rank: int) -> Any:
     return v.reshape((1, -1) + (1,) * (rank - 2))
 
 
+def _stats_cell(site: Site, x: str, axes: list[int]) -> list | None:
+    """Where BatchNormalization leaves its batch statistics of `x` for BatchNormGrad (on CPU,
+    var_mean is as costly as the normalisation itself); None when the executable shares nothing."""
+    if site.memo is None:
+        return None
+    return site.memo.setdefault(("var_mean", x, tuple(axes)), [None])
+
+
 @lowering("BatchNormalization")
 def _batch_norm(site: Site):
     if not is_float(site.dtype(0)):
@@ -216,6 +224,7 @@ def _batch_norm(site: Site):
     training = bool(site.attr("training_mode", 0))
     n = int(np.prod(shape)) // shape[1]
     n_out = len(site.node.outputs)
+    cell = _stats_cell(site, site.node.inputs[0], axes)
 
     def run(ins):
         x, scale, bias, mean, var = ins[:5]
@@ -225,6 +234,8 @@ def _batch_norm(site: Site):
             y = x * _channel(a.to(dt), rank) + _channel((bias - mean * a).to(dt), rank)
             return [y, mean, var][:n_out]
         batch_var, batch_mean = torch.var_mean(x, dim=axes, correction=0)
+        if cell is not None:
+            cell[0] = (x, batch_var, batch_mean)
         bm64, bv64 = batch_mean.double(), batch_var.double()
         a = scale.double() * (1.0 / torch.sqrt(bv64 + eps))
         y = (x - _channel(batch_mean, rank)) * _channel(a.to(dt), rank) + _channel(bias.to(dt), rank)
@@ -248,12 +259,17 @@ def _batch_norm_grad(site: Site):
     eps = float(site.attr("epsilon", 1e-5))
     training = bool(site.attr("training", 1))
     n = int(np.prod(shape)) // shape[1]
+    cell = _stats_cell(site, site.node.inputs[1], axes) if training else None
 
     def run(ins):
         dy, x, scale = ins[:3]
         dt = x.dtype
         if training:
-            var, mean = torch.var_mean(x, dim=axes, correction=0)
+            if cell is not None and cell[0] is not None and cell[0][0] is x:
+                _, var, mean = cell[0]  # the forward's statistics of this same tensor: the same bits
+                cell[0] = None
+            else:
+                var, mean = torch.var_mean(x, dim=axes, correction=0)
             var = var.double()
         else:
             mean, var = ins[3].to(dt), ins[4].double()

@@ -1,12 +1,16 @@
 """Optimizer updates (anygrad/optim): SGD, Adam/AdamW, Adagrad, RMSprop and Adadelta as torch
 tensor arithmetic, in the order of operations of the numpy kernels (which follow torch.optim's).
 The learning rate and the step are 0-d state tensors: their arithmetic is done in double, as
-the numpy kernels do with Python floats, so no value is read back to the host during a step."""
+the numpy kernels do with Python floats, so no value is read back to the host during a step.
+
+SGD, Adam/AdamW and Adagrad also have grouped lowerings: every parameter's update of one step in
+one kernel of torch._foreach_* ops (as torch.optim's foreach implementation), the same operations
+in the same order as the per-parameter kernels, so the same bits (tests/test_torch_backend.py)."""
 from __future__ import annotations
 
 import numpy as np
 
-from .lowering import Site, is_float, lowering
+from .lowering import Site, group_lowering, is_float, lowering
 
 
 def _lerp(a, b, w: float):
@@ -136,4 +140,113 @@ def _adadelta(site: Site):
         delta = torch.sqrt(ins[3] + eps) / std * g
         acc_delta = ins[3] * rho + (1 - rho) * delta * delta
         return [p - lr * delta, square_avg, acc_delta]
+    return run
+
+
+# -- grouped (foreach) updates: inputs (p, g, *slots, lr, step) per node ---------------------------
+def _floats(sites: list[Site]) -> bool:
+    return all(is_float(s.dtype(0)) for s in sites) and len({s.dtype(0) for s in sites}) == 1
+
+
+def _columns(groups: list[list]) -> tuple[list, list, list[list]]:
+    """(params, grads, [slot k of every node, for each optimizer slot k])."""
+    n_slots = len(groups[0]) - 4
+    return [g[0] for g in groups], [g[1] for g in groups], [[g[2 + k] for g in groups] for k in range(n_slots)]
+
+
+def _decayed_all(torch, h: dict, ps: list, gs: list) -> list:
+    """_decayed over lists: -g when maximizing, then g + weight_decay * p."""
+    gs = torch._foreach_neg(gs) if h["maximize"] else gs
+    return torch._foreach_add(gs, torch._foreach_mul(ps, h["weight_decay"])) if h["weight_decay"] else gs
+
+
+@group_lowering("AdagradUpdate", shared=(-2, -1))
+def _adagrad_group(sites: list[Site]):
+    if not _floats(sites):
+        return None
+    import torch
+    h = sites[0].node.attrs
+
+    def run(groups):
+        ps, gs, (sums,) = _columns(groups)
+        lr, step = groups[0][-2].double(), groups[0][-1].double()
+        gs = _decayed_all(torch, h, ps, gs)
+        clr = (lr / (1 + (step - 1) * h["lr_decay"])).to(ps[0].dtype)
+        totals = torch._foreach_add(sums, torch._foreach_mul(gs, gs))
+        denom = torch._foreach_sqrt(totals)
+        torch._foreach_add_(denom, h["eps"])
+        delta = torch._foreach_mul(gs, clr)
+        torch._foreach_div_(delta, denom)
+        return [list(pt) for pt in zip(torch._foreach_sub(ps, delta), totals)]
+    return run
+
+
+@group_lowering("SGDUpdate", shared=(-2, -1))
+def _sgd_group(sites: list[Site]):
+    if not _floats(sites):
+        return None
+    import torch
+    h = sites[0].node.attrs
+
+    def run(groups):
+        ps, gs, slots = _columns(groups)
+        lr, step = groups[0][-2].double(), groups[0][-1].double()
+        gs = _decayed_all(torch, h, ps, gs)
+        outs: list[list] = [[] for _ in groups]
+        if h["momentum"]:
+            first = step == 1
+            blend = torch._foreach_add(torch._foreach_mul(slots[0], h["momentum"]),
+                                       torch._foreach_mul(gs, 1 - h["dampening"]))
+            bufs = [torch.where(first, g, b) for g, b in zip(gs, blend)]
+            for o, b in zip(outs, bufs):
+                o.append(b)
+            gs = torch._foreach_add(gs, torch._foreach_mul(bufs, h["momentum"])) if h["nesterov"] else bufs
+        deltas = torch._foreach_mul(gs, lr)
+        if deltas[0].dtype != ps[0].dtype:
+            deltas = [d.to(ps[0].dtype) for d in deltas]
+        return [[p] + o for p, o in zip(torch._foreach_sub(ps, deltas), outs)]
+    return run
+
+
+@group_lowering("AdamUpdate", shared=(-2, -1))
+def _adam_group(sites: list[Site]):
+    if not _floats(sites):
+        return None
+    import torch
+    h = sites[0].node.attrs
+    beta1, beta2 = (float(b) for b in h["betas"])
+    w = 1 - beta1
+    w32 = float(np.float32(w))
+
+    def run(groups):
+        ps, gs, slots = _columns(groups)
+        lr, step = groups[0][-2].double(), groups[0][-1].double()
+        dt = ps[0].dtype
+        gs = torch._foreach_neg(gs) if h["maximize"] else gs
+        if h["weight_decay"]:
+            if h["decoupled"]:  # AdamW
+                ps = torch._foreach_mul(ps, (1 - lr * h["weight_decay"]).to(dt))
+            else:
+                gs = torch._foreach_add(gs, torch._foreach_mul(ps, h["weight_decay"]))
+        # _lerp(m, g, w): m + w32 * (g - m) below a weight of 0.5, else g - (g - m) * (1 - w32)
+        diff = torch._foreach_sub(gs, slots[0])
+        if abs(w) < 0.5:
+            exp_avg = torch._foreach_add(slots[0], torch._foreach_mul(diff, w32))
+        else:
+            exp_avg = torch._foreach_sub(gs, torch._foreach_mul(diff, 1.0 - w32))
+        scaled = torch._foreach_mul(gs, 1 - beta2)
+        torch._foreach_mul_(scaled, gs)
+        exp_avg_sq = torch._foreach_add(torch._foreach_mul(slots[1], beta2), scaled)
+        step_size = (lr / (1 - beta1 ** step)).to(dt)
+        bias_correction2_sqrt = ((1 - beta2 ** step) ** 0.5).to(dt)
+        second = torch._foreach_maximum(slots[2], exp_avg_sq) if h["amsgrad"] else exp_avg_sq
+        denom = torch._foreach_sqrt(second)
+        torch._foreach_div_(denom, bias_correction2_sqrt)
+        torch._foreach_add_(denom, h["eps"])
+        delta = torch._foreach_mul(exp_avg, step_size)
+        torch._foreach_div_(delta, denom)
+        news = torch._foreach_sub(ps, delta)
+        if h["amsgrad"]:
+            return [[p, m, v, s] for p, m, v, s in zip(news, exp_avg, exp_avg_sq, second)]
+        return [[p, m, v] for p, m, v in zip(news, exp_avg, exp_avg_sq)]
     return run

@@ -13,7 +13,7 @@ rounding; tests/test_torch_backend.py checks them against the numpy backend.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -31,6 +31,10 @@ class Site:
     ins: list[TensorInfo | None]   # None for an absent optional input
     outs: list[TensorInfo | None]  # None for an output the graph does not use
     host_checked: frozenset[int] = frozenset()  # input slots the runtime validates on the host
+    # Shared by the lowerings of one executable (None: nothing shared, e.g. under torch.compile):
+    # a kernel may leave a value there for a later node's kernel, which must check by identity
+    # that it was computed from the same tensor (BatchNormGrad reuses the forward's batch statistics).
+    memo: dict | None = field(default=None, compare=False, repr=False)
 
     def attr(self, key: str, default: Any = None) -> Any:
         value = self.node.attrs.get(key, default)
@@ -65,6 +69,28 @@ def lowering(*ops: str) -> Callable[[Lowering], Lowering]:
             if op in LOWERINGS:
                 raise ValueError(f"torch lowering for {op} registered twice")
             LOWERINGS[op] = fn
+        return fn
+    return register
+
+
+# Grouped lowerings: several nodes of one op with the same attributes and the same shared inputs
+# (an optimizer's update of each parameter, all reading one learning rate and one step) run as
+# one kernel over lists of tensors (torch._foreach_*: one fused launch per arithmetic op on a GPU,
+# where per-node kernels cost a launch per parameter per op). The kernel takes each node's input
+# list and returns each node's output list, and must compute what the per-node kernels compute.
+GroupKernel = Callable[[list[list[Any]]], list[list[Any]]]
+GroupLowering = Callable[[list[Site]], GroupKernel | None]
+GROUP_LOWERINGS: dict[str, tuple[GroupLowering, tuple[int, ...]]] = {}
+
+
+def group_lowering(*ops: str, shared: tuple[int, ...]) -> Callable[[GroupLowering], GroupLowering]:
+    """Register a grouped lowering; `shared`: input slots (negative: from the end) that every node
+    of a group must read from the same value (the learning rate, the step)."""
+    def register(fn: GroupLowering) -> GroupLowering:
+        for op in ops:
+            if op in GROUP_LOWERINGS:
+                raise ValueError(f"torch group lowering for {op} registered twice")
+            GROUP_LOWERINGS[op] = (fn, shared)
         return fn
     return register
 

@@ -10,6 +10,18 @@ Values live as torch tensors on the device; values of dtypes torch cannot hold (
 RNG state) stay numpy arrays on the host. Every step is functional: kernels never write over
 their inputs, state updates rebind the state store's tensors after the step.
 
+Compiling makes a flat plan: a list of (kernel, input slots, output slots, output dtypes) over
+one list of values indexed by integers, so a step is one tight loop, with no name lookups or
+per-value checks. Optimizer updates with a grouped lowering (`GROUP_LOWERINGS`) run as one
+torch._foreach_* kernel for all parameters. Host values a kernel needs are uploaded once, through
+pinned memory on a GPU (no wait for the queued work).
+
+With `cuda_graph=True` (or ANYGRAD_TORCH_CUDA_GRAPH=1) on CUDA, the step's device work is
+captured as a CUDA graph on its third run and replayed after: one launch per step. Its inputs are
+static buffers: the state tensors (the store then holds those buffers, updated in place by copies
+at the end of the graph) and the uploaded batch. Possible when no numpy fallback reads a value a
+torch kernel makes; a capture that fails (an op that syncs) leaves the step eager, with a warning.
+
 With `torch_compile=True` (or ANYGRAD_TORCH_COMPILE=1), each maximal run of lowered nodes
 between two fallbacks becomes one function traced by `torch.compile` (inductor, default mode).
 Not CUDA graphs ("reduce-overhead"): those reuse their output buffers on the next call, and the
@@ -17,6 +29,7 @@ step's outputs are the next step's state.
 """
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +43,7 @@ from ...ir.registry import get_op
 from ..base import Backend, Executable
 from . import kernels_elementwise, kernels_loss, kernels_nn, kernels_optim, kernels_shape  # noqa: F401
 from .convert import TORCH_DTYPES, WIDENED, is_tensor, to_numpy, to_torch, torch_dtype
-from .lowering import LOWERINGS, Site
+from .lowering import GROUP_LOWERINGS, LOWERINGS, Site
 
 
 def _torch() -> Any:
@@ -69,6 +82,10 @@ def resolve_device(device: str) -> str:
                       "or torch:cpu")
 
 
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "0") not in ("", "0")
+
+
 def best_torch_device() -> str | None:
     """'cuda' or 'mps' when torch has that GPU, else None (the caller decides about the CPU)."""
     torch = _torch()
@@ -87,11 +104,11 @@ TARGET_SLOTS = {"CrossEntropy": 1, "NegativeLogLikelihoodLoss": 1, "SoftmaxCross
                 "CrossEntropyMetrics": 1}
 
 
-def node_site(graph: Graph, node: Node) -> Site:
+def node_site(graph: Graph, node: Node, memo: dict | None = None) -> Site:
     slot = TARGET_SLOTS.get(node.op)
     checked = frozenset({slot}) if slot is not None and node.input(slot) in graph.inputs else frozenset()
     return Site(node, [graph.info.get(i) if i else None for i in node.inputs],
-                [graph.info.get(o) if o else None for o in node.outputs], checked)
+                [graph.info.get(o) if o else None for o in node.outputs], checked, memo)
 
 
 def lower(site: Site) -> Callable | None:
@@ -113,39 +130,58 @@ def lower(site: Site) -> Callable | None:
 
 @dataclass
 class _Step:
-    node: Node
-    kernel: Callable  # torch kernel (lowered) or numpy reference kernel (fallback)
+    """One unit of the step: a lowered node, a group of nodes (one grouped kernel), or a fallback."""
+
+    nodes: list[Node]
+    kernel: Callable  # torch kernel, grouped kernel, or the op's numpy reference kernel (fallback)
     lowered: bool
-    out_dtypes: list[np.dtype | None] = field(default_factory=list)
+    grouped: bool = False
     torch_dtypes: list[Any] = field(default_factory=list)  # of the outputs, for lowered steps
+    host_dtypes: list[np.dtype | None] = field(default_factory=list)  # of the inputs, for fallbacks
+
+    @property
+    def inputs(self) -> list[str]:
+        return [i for n in self.nodes for i in n.inputs]
+
+    @property
+    def outputs(self) -> list[str]:
+        return [o for n in self.nodes for o in n.outputs]
 
 
-@dataclass
-class _Segment:
-    """Consecutive lowered steps run as one function (the unit torch.compile traces)."""
-
-    steps: list[_Step]
-    reads: list[str]     # values it takes from outside
-    writes: list[str]    # values later steps, the state store or the caller need
-    fn: Callable | None = None
+# An action of the precompiled plan: fn(list of input values) -> list of output values, the input
+# and output slots (integers into the step's value list), and per output the torch dtype the value
+# is cast to (None: keep). Slot 0 holds None (absent optional inputs), slot 1 takes unused outputs.
+_Action = tuple[Callable, list[int], list[int], list[Any]]
+_NONE, _DROP = 0, 1
 
 
 class TorchExecutable(Executable):
-    def __init__(self, backend: TorchBackend, graph: Graph, torch_compile: bool = False):
+    def __init__(self, backend: TorchBackend, graph: Graph, torch_compile: bool = False,
+                 cuda_graph: bool = False):
         self.backend = backend
         self.graph = graph
         self.device = backend.device
-        state = set(graph.state_names)
-        self.consts = {k: self._const(v) for k, v in graph.initializers.items() if k not in state}
-        steps: list[_Step] = []
         self.fallback_ops: list[str] = []
         self.target_checks: list[tuple[str, int, int | None, str]] = []  # (input, classes, ignore, node)
+        self.torch_compile = torch_compile
+        steps = self._group(self._steps(graph))
+        self.input_info = {name: graph.info[name] for name in graph.inputs}
+        self._plan(steps)
+        self.cuda_graph = bool(cuda_graph and self._graphs_on(self.device) and not torch_compile and self._graphable)
+        self.graph_capable = self._graphable
+        self._graph: Any = None      # the captured CUDA graph, once captured
+        self._calls = 0
+
+    # -- compiling ---------------------------------------------------------------------------
+    def _steps(self, graph: Graph) -> list[_Step]:
+        steps: list[_Step] = []
+        memo = None if self.torch_compile else {}  # values one kernel leaves for another (Site.memo)
         for node in graph.nodes:
             op = get_op(node.op)
             if op is None:
                 raise UnsupportedOpError(f"{node.label}: the torch backend cannot run op {node.op} "
                                          "(no torch kernel and no reference kernel)")
-            site = node_site(graph, node)
+            site = node_site(graph, node, memo)
             for slot in site.host_checked:
                 x = graph.info[node.inputs[0]]
                 self.target_checks.append((node.inputs[slot], int(x.shape[1]), node.attrs.get("ignore_index"),
@@ -155,65 +191,167 @@ class TorchExecutable(Executable):
             if kernel is None:
                 if node.op not in self.fallback_ops:
                     self.fallback_ops.append(node.op)
-                steps.append(_Step(node, op.run, False, out_dtypes))
+                steps.append(_Step([node], op.run, False, host_dtypes=[
+                    np.dtype(graph.info[i].dtype) if i and i in graph.info else None for i in node.inputs]))
             else:
-                steps.append(_Step(node, kernel, True, out_dtypes,
-                                   [None if d is None else torch_dtype(d) for d in out_dtypes]))
-        self.segments = self._segments(steps)
-        self.torch_compile = torch_compile
-        if torch_compile:
-            torch = _torch()
-            for seg in self.segments:
-                if isinstance(seg, _Segment):
-                    seg.fn = torch.compile(self._segment_fn(seg), dynamic=False)
-        self.input_info = {name: graph.info[name] for name in graph.inputs}
+                steps.append(_Step([node], kernel, True,
+                                   torch_dtypes=[None if d is None else torch_dtype(d) for d in out_dtypes]))
+        return steps
 
-    def _const(self, value: np.ndarray) -> Any:
-        value = np.asarray(value)
-        return to_torch(value, self.device) if value.dtype in TORCH_DTYPES else value
-
-    def _segments(self, steps: list[_Step]) -> list[_Step | _Segment]:
-        """Steps grouped: each maximal run of lowered steps becomes a _Segment."""
-        groups: list[list[_Step]] = []
-        for st in steps:
-            if st.lowered and groups and groups[-1][0].lowered:
-                groups[-1].append(st)
-            else:
-                groups.append([st])
-        needed_after: list[set[str]] = []
-        later = set(self.graph.outputs) | set(self.graph.state_updates)
-        for g in reversed(groups):
-            needed_after.append(set(later))
-            for st in g:
-                later.update(i for i in st.node.inputs if i)
-        needed_after.reverse()
-        out: list[_Step | _Segment] = []
-        for g, after in zip(groups, needed_after):
-            if not g[0].lowered:
-                out.append(g[0])
+    def _group(self, steps: list[_Step]) -> list[_Step]:
+        """Lowered nodes of one op with a grouped lowering (GROUP_LOWERINGS), equal attributes and
+        the same shared inputs become one step, placed where the last of them was. Only nodes whose
+        outputs no node of the step reads (an optimizer's new parameters and slots, which go to
+        the state store): moving them later then changes nothing."""
+        read = {i for st in steps for i in st.inputs if i}
+        groups: dict[tuple, list[int]] = {}
+        for k, st in enumerate(steps):
+            node = st.nodes[0]
+            entry = GROUP_LOWERINGS.get(node.op)
+            if not st.lowered or entry is None or any(o in read for o in node.outputs if o):
                 continue
-            made, reads = set(), []
-            for st in g:
-                for i in st.node.inputs:
-                    if i and i not in made and i not in reads:
-                        reads.append(i)
-                made.update(o for o in st.node.outputs if o)
-            writes = [o for st in g for o in st.node.outputs if o and o in after]
-            out.append(_Segment(g, reads, writes))
+            shared = tuple(node.inputs[s] for s in entry[1]) if len(node.inputs) >= len(entry[1]) else None
+            if shared is None or not all(shared):
+                continue
+            attrs = repr(sorted((k_, repr(v)) for k_, v in node.attrs.items()))
+            layout = tuple(bool(i) for i in node.inputs), tuple(bool(o) for o in node.outputs)
+            groups.setdefault((node.op, attrs, shared, layout), []).append(k)
+        replace: dict[int, _Step] = {}
+        dropped: set[int] = set()
+        for (op, *_), members in groups.items():
+            if len(members) < 2:
+                continue
+            sites = [node_site(self.graph, steps[k].nodes[0]) for k in members]
+            kernel = GROUP_LOWERINGS[op][0](sites)
+            if kernel is None:
+                continue
+            replace[members[-1]] = _Step([steps[k].nodes[0] for k in members], kernel, True, grouped=True,
+                                         torch_dtypes=[d for k in members for d in steps[k].torch_dtypes])
+            dropped.update(members[:-1])
+        return [replace.get(k, st) for k, st in enumerate(steps) if k not in dropped]
+
+    def _plan(self, steps: list[_Step]) -> None:
+        """Steps -> a flat list of actions over integer slots (no name lookups while running).
+        Values a lowered step reads but the host holds (feeds, state and constants of dtypes torch
+        lacks, fallback outputs) get a device twin, uploaded once, right after they are made."""
+        graph = self.graph
+        slot: dict[str, int] = {}
+
+        def at(name: str) -> int:
+            if name not in slot:
+                slot[name] = len(slot) + 2
+            return slot[name]
+
+        state = set(graph.state_names)
+        host: set[str] = set()  # names whose values are numpy arrays on the host
+        self.consts: dict[int, Any] = {}
+        for k, v in graph.initializers.items():
+            if k not in state:
+                v = np.asarray(v)
+                self.consts[at(k)] = to_torch(v, self.device) if v.dtype in TORCH_DTYPES else v
+                if v.dtype not in TORCH_DTYPES:
+                    host.add(k)
+        self.feed_slots = [(name, at(name)) for name in graph.inputs]
+        for name in list(graph.state_names) + list(graph.inputs):
+            at(name)
+            if name in graph.info and np.dtype(graph.info[name].dtype) not in TORCH_DTYPES:
+                host.add(name)
+        for st in steps:
+            for name in st.inputs + st.outputs:
+                if name:
+                    at(name)
+            if not st.lowered:
+                host.update(o for o in st.outputs if o)
+        device_read = {i for st in steps if st.lowered for i in st.inputs if i in host}
+        twin: dict[str, int] = {}
+
+        def upload_action(name: str) -> _Action:
+            twin[name] = len(slot) + 2 + len(twin)
+            return (self._upload_fn, [slot[name]], [twin[name]], [None])
+
+        actions: list[_Action] = []
+        host_first: list[_Action] = []   # uploads of host values known before the step
+        fallback_made = {o for st in steps if not st.lowered for o in st.outputs}
+        for name in sorted(device_read - fallback_made):
+            action = upload_action(name)
+            if slot[name] in self.consts:   # a constant: uploaded once, here
+                self.consts[twin[name]] = self.backend.upload(self.consts[slot[name]])
+            else:
+                host_first.append(action)
+        for st in steps:
+            ins = [_NONE if not i else twin[i] if st.lowered and i in twin else slot[i] for i in st.inputs]
+            outs = [slot[o] if o else _DROP for o in st.outputs]
+            if not st.lowered:
+                actions.append((self._fallback_fn(st), ins, outs, [None] * len(outs)))
+                actions += [upload_action(o) for o in st.outputs if o and o in device_read]
+            elif st.grouped:
+                sizes = [len(n.inputs) for n in st.nodes]
+                actions.append((_grouped_fn(st.kernel, sizes), ins, outs, st.torch_dtypes))
+            else:
+                actions.append((st.kernel, ins, outs, st.torch_dtypes))
+        self.n_slots = len(slot) + 2 + len(twin)
+        self.slot = slot
+        self.actions = host_first + actions
+        self.state_slots = [(name, slot[name]) for name in graph.state_names]
+        self.update_slots = [(slot[p], target) for p, target in graph.state_updates.items()]
+        self._graphable = self._split_for_graph(steps, host)
+        if self.torch_compile:
+            self.actions = host_first + self._compiled(actions)
+        self.n_lowered = sum(len(st.nodes) for st in steps if st.lowered)
+
+    def _compiled(self, actions: list[_Action]) -> list[_Action]:
+        """Each maximal run of lowered actions as one function traced by torch.compile."""
+        torch = _torch()
+        out: list[_Action] = []
+        run: list[_Action] = []
+
+        def flush() -> None:
+            if not run:
+                return
+            made: set[int] = set()
+            reads: list[int] = []
+            for _, ins, outs, _ in run:
+                reads += [i for i in ins if i not in made and i not in reads and i != _NONE]
+                made.update(outs)
+            writes = sorted(made - {_DROP})
+            fn = torch.compile(_segment_fn(list(run), reads, writes), dynamic=False)
+            out.append((lambda ins, fn=fn: fn(*ins), reads, writes, [None] * len(writes)))
+            run.clear()
+
+        for a in actions:
+            if _is_host(a):
+                flush()
+                out.append(a)
+            else:
+                run.append(a)
+        flush()
         return out
 
-    @staticmethod
-    def _segment_fn(seg: _Segment) -> Callable:
-        def run(*values: Any) -> tuple:
-            env = dict(zip(seg.reads, values))
-            for st in seg.steps:
-                outs = st.kernel([env[i] if i else None for i in st.node.inputs])
-                for o, v, want in zip(st.node.outputs, outs, st.torch_dtypes):
-                    if o:
-                        env[o] = v if v.dtype == want else v.to(want)
-            return tuple(env[w] for w in seg.writes)
+    def _split_for_graph(self, steps: list[_Step], host: set[str]) -> bool:
+        """A CUDA graph holds the device work only: possible when no fallback reads a value a
+        lowered step makes (fallbacks then run on the host before the graph's replay)."""
+        made_on_device = {o for st in steps if st.lowered for o in st.outputs if o}
+        return all(not (set(st.inputs) & made_on_device) for st in steps if not st.lowered)
+
+    def _fallback_fn(self, st: _Step) -> Callable:
+        node, kernel, dtypes = st.nodes[0], st.kernel, st.host_dtypes
+
+        def fallback(ins: list) -> list:
+            """The op's numpy reference kernel on host copies of its inputs."""
+            return kernel(node, [None if v is None else to_numpy(v, d) for v, d in zip(ins, dtypes)])
+        fallback.host = True  # type: ignore[attr-defined]
+        return fallback
+
+    @property
+    def _upload_fn(self) -> Callable:
+        upload = self.backend.upload
+
+        def run(ins: list) -> list:
+            return [upload(ins[0])]
+        run.host = True  # type: ignore[attr-defined]
         return run
 
+    # -- running -----------------------------------------------------------------------------
     def _check_feed(self, name: str, value: Any) -> Any:
         inf = self.input_info[name]
         shape = tuple(value.shape)
@@ -223,34 +361,171 @@ class TorchExecutable(Executable):
         dtype = np.dtype(inf.dtype)
         if dtype not in TORCH_DTYPES:
             return to_numpy(value, dtype)
-        return to_torch(np.asarray(value).astype(dtype, copy=False), self.device)
+        return self.backend.upload(np.asarray(value).astype(dtype, copy=False))
 
-    def run(self, feeds: Mapping[str, np.ndarray], fetch: Sequence[str] | None = None) -> dict[str, np.ndarray]:
-        env: dict[str, Any] = dict(self.consts)
-        env.update(self.backend.state)
+    def _values(self, feeds: Mapping[str, np.ndarray]) -> list:
+        vals: list[Any] = [None] * self.n_slots
+        for k, v in self.consts.items():
+            vals[k] = v
+        state = self.backend.state
+        for name, k in self.state_slots:
+            vals[k] = state.get(name)
         for name, classes, ignore, label in self.target_checks:
             _check_targets(np.asarray(feeds[name]), classes, ignore, label)
-        for name in self.graph.inputs:
-            env[name] = self._check_feed(name, feeds[name])
-        for seg in self.segments:
-            if isinstance(seg, _Segment):
-                fn = seg.fn or self._segment_fn(seg)
-                values = [to_torch(env[r], self.device) for r in seg.reads]
-                env.update(zip(seg.writes, fn(*values)))
-            else:
-                self._fallback(seg, env)
-        for produced, target in self.graph.state_updates.items():
-            self.backend.state[target] = self.backend.held(env[produced])
+        for name, k in self.feed_slots:
+            vals[k] = self._check_feed(name, feeds[name])
+        return vals
+
+    def run(self, feeds: Mapping[str, np.ndarray], fetch: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        self._calls += 1
+        if self.cuda_graph and self._calls > 2:
+            vals = self._run_graph(feeds)
+        else:
+            vals = self._values(feeds)
+            _execute(self.actions, vals)
+        state, held = self.backend.state, self.backend.held
+        for k, target in self.update_slots:
+            state[target] = held(vals[k])
         names = fetch if fetch is not None else self.graph.outputs
-        return {f: to_numpy(env[f]) for f in names}
+        return {f: to_numpy(vals[self.slot[f]]) for f in names}
+
+    # -- CUDA graphs ---------------------------------------------------------------------------
+    def _run_graph(self, feeds: Mapping[str, np.ndarray]) -> list:
+        """The step's device work as one captured CUDA graph, replayed: its inputs are static
+        buffers (state tensors the store then holds, uploads copied in), its state updates are
+        copies into the state buffers at the end of the graph, inside it. Host actions (fallbacks,
+        uploads) run first, eagerly."""
+        if self._graph is None:
+            try:
+                return self._capture(feeds)
+            except Exception as e:  # noqa: BLE001 - an op that syncs or allocates on the host: stay eager
+                import warnings
+                warnings.warn(f"torch backend: CUDA graph capture failed ({type(e).__name__}: {e}); "
+                              "running this step eagerly", RuntimeWarning, stacklevel=3)
+                self.cuda_graph = False
+                self._graph = None
+                vals = self._values(feeds)
+                _execute(self.actions, vals)
+                return vals
+        g = self._graph
+        vals = self._values(feeds)
+        _execute(g["host"], vals)
+        state = self.backend.state
+        for name, k in self.state_slots:
+            buf = g["static"].get(k)
+            if buf is not None and state.get(name) is not buf:  # rebound since: set_state, another program
+                buf.copy_(vals[k])
+                state[name] = buf
+        for k, buf in g["static"].items():
+            if k not in g["state_bufs"]:
+                buf.copy_(vals[k], non_blocking=True)
+        g["graph"].replay()
+        out = g["vals"]
+        for k in g["host_slots"]:
+            out[k] = vals[k]
+        for k, buf in g["update_bufs"]:
+            out[k] = buf  # the store keeps holding the buffers the graph writes
+        return out
 
     @staticmethod
-    def _fallback(st: _Step, env: dict[str, Any]) -> None:
-        """The op's numpy reference kernel on host copies of its inputs."""
-        outs = st.kernel(st.node, [to_numpy(env[i]) if i else None for i in st.node.inputs])
-        for o, v in zip(st.node.outputs, outs):
-            if o:
-                env[o] = v
+    def _graphs_on(device: Any) -> bool:
+        return device.type == "cuda"
+
+    def _record(self, body: Callable[[], None]) -> Any:
+        """A CUDA graph of what body() launches (replay() runs it again on the same buffers)."""
+        torch = _torch()
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize(self.device)
+        with torch.cuda.graph(graph):
+            body()
+        return graph
+
+    def _capture(self, feeds: Mapping[str, np.ndarray]) -> list:
+        host = [a for a in self.actions if _is_host(a)]
+        device = [a for a in self.actions if not any(a is h for h in host)]
+        vals = self._values(feeds)
+        _execute(host, vals)
+        made = {o for a in device for o in a[2]}
+        ext = sorted({i for a in device for i in a[1] if i not in made and i != _NONE and i not in self.consts})
+        state_slot = {k: name for name, k in self.state_slots}
+        static: dict[int, Any] = {}
+        for k in ext:
+            static[k] = vals[k].clone()
+        updates = [(k, target) for k, target in self.update_slots if k in made]
+        state_bufs: dict[int, Any] = {}
+        for k, target in updates:
+            ts = self.slot[target]
+            if ts not in static:
+                static[ts] = vals[ts].clone() if vals[ts] is not None else None
+            state_bufs[ts] = static[ts]
+        state_bufs.update({k: static[k] for k in ext if k in state_slot})
+        gvals = list(vals)
+        for k, buf in static.items():
+            gvals[k] = buf
+
+        def body() -> None:
+            _execute(device, gvals)
+            for k, target in updates:
+                buf = static[self.slot[target]]
+                src = gvals[k]
+                if src is buf:
+                    continue
+                if any(src.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+                       for b in state_bufs.values()):
+                    src = src.clone()  # a state buffer (or a view of one) another copy may overwrite
+                buf.copy_(src)
+
+        graph = self._record(body)
+        for k, buf in static.items():
+            if k in state_slot:
+                self.backend.state[state_slot[k]] = buf
+        host_slots = sorted({o for a in host for o in a[2]} | set(self.consts) |
+                            {k for _, k in self.feed_slots})
+        self._graph = {"graph": graph, "static": static, "state_bufs": state_bufs, "vals": gvals,
+                       "host": host, "host_slots": [k for k in host_slots if k not in static],
+                       "update_bufs": [(k, static[self.slot[t]]) for k, t in updates]}
+        graph.replay()
+        out = gvals
+        for k in self._graph["host_slots"]:
+            out[k] = vals[k]
+        for k, buf in self._graph["update_bufs"]:
+            out[k] = buf  # run() rebinds the store's state to these: the buffers
+        return out
+
+
+def _is_host(action: _Action) -> bool:
+    return getattr(action[0], "host", False)
+
+
+def _execute(actions: list[_Action], vals: list) -> None:
+    """The hot loop: every action's kernel on its input slots; results cast to the output dtypes."""
+    for fn, ins, outs, casts in actions:
+        res = fn([vals[i] for i in ins])
+        for o, v, want in zip(outs, res, casts):
+            vals[o] = v if want is None or v.dtype == want else v.to(want)
+
+
+def _grouped_fn(kernel: Callable, sizes: list[int]) -> Callable:
+    """A grouped kernel over the flat input list of its nodes, returning their outputs flat."""
+    bounds = np.cumsum([0] + sizes).tolist()
+
+    def run(ins: list) -> list:
+        groups = [ins[a:b] for a, b in itertools.pairwise(bounds)]
+        return [v for outs in kernel(groups) for v in outs]
+    return run
+
+
+def _segment_fn(actions: list[_Action], reads: list[int], writes: list[int]) -> Callable:
+    """Lowered actions as one function of their outside inputs (the unit torch.compile traces)."""
+    def run(*values: Any) -> tuple:
+        env: dict[int, Any] = dict(zip(reads, values))
+        env[_NONE] = None
+        for fn, ins, outs, casts in actions:
+            res = fn([env[i] for i in ins])
+            for o, v, want in zip(outs, res, casts):
+                env[o] = v if want is None or v.dtype == want else v.to(want)
+        return tuple(env[w] for w in writes)
+    return run
 
 
 def _check_targets(target: np.ndarray, classes: int, ignore: int | None, label: str) -> None:
@@ -266,14 +541,19 @@ class TorchBackend(Backend):
 
     name = "torch"
 
-    def __init__(self, device: str = "torch", torch_compile: bool | None = None):
+    def __init__(self, device: str = "torch", torch_compile: bool | None = None, cuda_graph: bool | None = None):
         """`device`: torch, torch:cuda[:N], torch:mps or torch:cpu (torch: CUDA, else MPS, else CPU).
-        `torch_compile`: trace the step with torch.compile; None: ANYGRAD_TORCH_COMPILE=1."""
+        `torch_compile`: trace the step with torch.compile; None: ANYGRAD_TORCH_COMPILE=1.
+        `cuda_graph`: on CUDA, capture each step's device work as a CUDA graph on its third run and
+        replay it after; None: ANYGRAD_TORCH_CUDA_GRAPH=1."""
         self.torch = _torch()
         self.device = self.torch.device(resolve_device(device))
         if torch_compile is None:
-            torch_compile = os.environ.get("ANYGRAD_TORCH_COMPILE", "0") not in ("", "0")
+            torch_compile = _env_flag("ANYGRAD_TORCH_COMPILE")
+        if cuda_graph is None:
+            cuda_graph = _env_flag("ANYGRAD_TORCH_CUDA_GRAPH")
         self.torch_compile = bool(torch_compile)
+        self.cuda_graph = bool(cuda_graph)
         self.state: dict[str, Any] = {}
         self.name = f"torch:{self.device.type}"
 
@@ -283,6 +563,7 @@ class TorchBackend(Backend):
         if self.device.type == "cuda":
             what = f"cuda: {self.torch.cuda.get_device_name(self.device)}"
         compiled = ", torch.compile" if self.torch_compile else ""
+        compiled += ", CUDA graphs" if self.cuda_graph and self.device.type == "cuda" else ""
         return f"torch {self.torch.__version__} ({what}{compiled})"
 
     def supports(self, op: str | Node) -> bool:
@@ -297,7 +578,7 @@ class TorchBackend(Backend):
         for name in graph.state_names:
             if name not in self.state and name in graph.initializers:
                 self.set_state(name, graph.initializers[name])
-        return TorchExecutable(self, graph, torch_compile=self.torch_compile)
+        return TorchExecutable(self, graph, torch_compile=self.torch_compile, cuda_graph=self.cuda_graph)
 
     def get_state(self, name: str) -> np.ndarray:
         return np.array(to_numpy(self.state[name]))
@@ -307,6 +588,21 @@ class TorchBackend(Backend):
         if is_tensor(value) or np.asarray(value).dtype not in TORCH_DTYPES:
             return value
         return to_torch(value, self.device)
+
+    def upload(self, value: Any) -> Any:
+        """A host value (or a tensor) as a tensor on the device; dtypes torch lacks but int64 holds
+        (WIDENED) become int64. To a GPU through pinned memory, asynchronously: a copy from pageable
+        memory would wait for every kernel queued before it, once per step and per input."""
+        if is_tensor(value):
+            return value if value.device == self.device else value.to(self.device)
+        if self.device.type != "cuda":
+            return to_torch(value, self.device)
+        arr = np.asarray(value)
+        if arr.dtype in WIDENED:
+            arr = arr.astype(np.int64)
+        pinned = self.torch.empty(arr.shape, dtype=torch_dtype(arr.dtype), pin_memory=True)
+        pinned.numpy()[...] = arr  # the caching host allocator reuses it once the copy is done
+        return pinned.to(self.device, non_blocking=True)
 
     def set_state(self, name: str, value: np.ndarray) -> None:
         self.state[name] = self.held(np.array(value))
