@@ -134,3 +134,44 @@ def test_ctrl_c_early_is_exit_130_without_traceback(run, tmp_path):
     out = first + proc.communicate(timeout=300)[0]
     assert proc.returncode == 130, out
     assert "Traceback" not in out and "interrupted" in out
+
+
+def test_ctrl_c_while_anygrad_imports_is_exit_130_in_one_line():
+    """The console command (anygrad_cli:main, as the `anygrad` script runs it): a Ctrl-C while
+    `import anygrad` runs (seconds) is one line and exit 130, no traceback. -X importtime says
+    when the package's import is under way (a line per finished module, on stderr)."""
+    import anygrad
+    src = str(Path(anygrad.__file__).resolve().parents[1])  # anygrad_cli.py sits next to the package
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join([src] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+    proc = subprocess.Popen([sys.executable, "-X", "importtime", "-c",
+                             "import sys; from anygrad_cli import main; sys.exit(main())", "--version"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if "| " in line and line.rsplit("| ", 1)[1].strip().startswith("anygrad."):
+            break  # a module of the package has been imported: the package's import (seconds) is under way
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    err = "".join(seen) + err
+    assert proc.returncode == 130, err[-2000:]
+    lines = [line for line in err.splitlines() if not line.startswith("import time:")]
+    assert lines == ["anygrad: interrupted"] and out == "", (lines, out)
+
+
+def test_the_console_command_leaves_sigint_to_python_users(monkeypatch):
+    """Importing anygrad (or the console module) installs no SIGINT handler; the console command
+    puts Python's back before anygrad.cli runs, and keeps an ignored SIGINT ignored (nohup, `&`)."""
+    import anygrad  # noqa: F401
+    import anygrad_cli
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    seen = []
+    monkeypatch.setattr(cli, "main", lambda: seen.append(signal.getsignal(signal.SIGINT)) or 0)
+    assert anygrad_cli.main() == 0
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert anygrad_cli.main() == 0
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert seen == [signal.default_int_handler, signal.SIG_IGN]

@@ -20,7 +20,7 @@ from anygrad.data.mnist import MNIST_FILES
 from anygrad.ir.passes import RNG_STATE
 from anygrad.optim import get_optimizer
 from anygrad.train import LineReporter, TrainConfig, fit
-from anygrad.train import trainer as trainer_mod
+from anygrad.train import learner as learner_mod
 
 torch = pytest.importorskip("torch")
 
@@ -140,10 +140,10 @@ def _scripted(monkeypatch, values: list[float], key: str = "loss"):
     scripted = iter(values)
 
     def fake(model, data, batch_size, transform=None, **_):
-        s = trainer_mod._Sums()
+        s = learner_mod._Sums()
         s.add({"count": 1.0, "loss": 1.0, "accuracy": 0.5, key: next(scripted)})
         return s
-    monkeypatch.setattr(trainer_mod, "_validate", fake)
+    monkeypatch.setattr(learner_mod, "_validate", fake)
 
 
 def _small(tmp_path, lr=0.1, optimizer="sgd"):
@@ -171,13 +171,13 @@ def test_early_stopping_on_a_max_metric(tmp_path, monkeypatch):
     model, data = _small(tmp_path)
     _scripted(monkeypatch, [1.0] * 6)
     accs = iter([0.1, 0.5, 0.4, 0.45, 0.6, 0.7])
-    real = trainer_mod._validate
+    real = learner_mod._validate
 
     def fake(model, d, b, transform=None, **_):
         s = real(model, d, b, transform)
         s.parts["accuracy"][0] = next(accs) * s.parts["accuracy"][1]  # correct = accuracy x counted
         return s
-    monkeypatch.setattr(trainer_mod, "_validate", fake)
+    monkeypatch.setattr(learner_mod, "_validate", fake)
     result = fit(model, data, data, epochs=6, batch_size=8, monitor="valid_accuracy", patience=2,  # mode auto: max
                  log=None)
     assert len(result.history) == 4 and result.best_epoch == 2

@@ -24,7 +24,7 @@ from anygrad.errors import ConfigError
 from anygrad.optim import SGD
 from anygrad.train import checkpoint as ckpt
 from anygrad.train import fit
-from anygrad.train import trainer as trainer_mod
+from anygrad.train import learner as learner_mod
 from anygrad.train.dashboard import LiveReporter, PlainReporter, task_metrics
 from anygrad.train.monitor import Monitor, resolve_mode
 from anygrad.train.report import EpochInfo, RunInfo, StepInfo
@@ -184,14 +184,14 @@ def test_early_stopping_on_valid_perplexity_min(lm_parts):
 def test_early_stopping_on_valid_pixel_accuracy_max(seg_parts, monkeypatch):
     net, x, y = seg_parts
     scripted = iter([0.2, 0.5, 0.4, 0.45, 0.6])
-    real = trainer_mod._validate
+    real = learner_mod._validate
 
     def fake(*args, **kwargs):
         s = real(*args, **kwargs)
         part = s.parts["pixel_accuracy"]
         part[0] = next(scripted) * part[1]
         return s
-    monkeypatch.setattr(trainer_mod, "_validate", fake)
+    monkeypatch.setattr(learner_mod, "_validate", fake)
     model = copy.deepcopy(net).compile(loss="cross_entropy", ignore_index=-100, optimizer=SGD(lr=0.1))
     result = fit(model, (x, y), (x, y), epochs=5, batch_size=6, monitor="valid_pixel_accuracy", patience=2,
                  log=None)
@@ -305,14 +305,14 @@ def test_resume_mid_epoch_with_task_metrics_is_bit_identical(lm_parts, tmp_path)
 
 
 def test_old_sums_and_history_rows_still_load():
-    s = trainer_mod._Sums()
+    s = learner_mod._Sums()
     s.load_state_dict({"count": 8.0, "loss": 12.0, "correct": 6.0, "top": 7.0, "has_accuracy": True,
                        "has_top": True})
     assert (s.mean_loss, s.accuracy, s.top_accuracy) == (1.5, 0.75, 0.875)
-    m = trainer_mod.EpochMetrics.from_row({"epoch": 1, "train_loss": 1.0, "train_accuracy": 0.5, "valid_loss": None,
+    m = learner_mod.EpochMetrics.from_row({"epoch": 1, "train_loss": 1.0, "train_accuracy": 0.5, "valid_loss": None,
                                           "valid_accuracy": None, "seconds": 2.0})
     assert m.train_top5 is None and m.extra == {}
-    m = trainer_mod.EpochMetrics.from_row({"epoch": 1, "train_loss": 1.0, "seconds": 2.0, "valid_mae": 0.25})
+    m = learner_mod.EpochMetrics.from_row({"epoch": 1, "train_loss": 1.0, "seconds": 2.0, "valid_mae": 0.25})
     assert m.valid_mae == 0.25 and m.row()["valid_mae"] == 0.25
     with pytest.raises(AttributeError):
         _ = m.valid_nothing

@@ -5,7 +5,11 @@ handling; anygrad.train.run.run)."""
 from .checkpoint import CheckpointError
 from .monitor import Monitor
 from .report import EpochInfo, Reporter, RunInfo, StepInfo
-from .trainer import EpochMetrics, FitResult, Learner, LineReporter, TrainConfig, fit, save_weights
+from .artifacts import save_weights
+from .config import TrainConfig
+from .learner import FitResult, Learner, fit
+from .line_reporter import LineReporter
+from .metrics import EpochMetrics
 from .run import RunConfig  # and run(): `from anygrad.train.run import run` (the module keeps the name)
 
 __all__ = ["CheckpointError", "EpochInfo", "EpochMetrics", "FitResult", "Learner", "LineReporter", "Monitor",

@@ -26,9 +26,12 @@ import numpy as np
 from ..errors import ConfigError
 from ..fsutil import atomic_write
 from . import checkpoint as ckpt
+from .artifacts import save_weights
+from .config import TrainConfig
+from .learner import FitResult, fit
+from .line_reporter import LineReporter
 from .report import Reporter
 from .runfolder import RunFolder, RunFolderError
-from .trainer import FitResult, LineReporter, TrainConfig, fit, save_weights
 
 Log = Callable[[str], None]
 # errno values that mean "the folder cannot take more files": said as such, with the way out
