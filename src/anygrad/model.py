@@ -389,8 +389,18 @@ class Model:
                     raise
                 raise DataError(f"{what}: {e}") from None
         if inputs is not None:
-            check_batch_sizes({**inputs, **{f"target of '{h.output}'": out[h.target] for h in heads}}, "input")
+            # Targets share the inputs' batch axis only where the output does: a model may return
+            # flattened (batch * tokens, vocab) logits, as nanoGPT does, for (batch * tokens,) targets.
+            lead = {self._lead(n) for n in inputs} - {None}
+            same = {f"target of '{h.output}'": out[h.target] for h in heads if self._lead(h.output) in lead}
+            if same:
+                check_batch_sizes({**inputs, **same}, "input")
         return out
+
+    def _lead(self, name: str) -> Any:
+        """The declared first dimension of graph value `name` (a symbol such as 'batch', or a size)."""
+        info = self.graph.info.get(name)
+        return info.shape[0] if info is not None and info.shape else None
 
     def _batch(self, x: Any, y: Any, need_targets: bool = True) -> tuple[Batch, Batch]:
         inputs = self.parse_inputs(x)
