@@ -430,8 +430,10 @@ def test_loss_and_target_errors(heads, vae):
         m.train_on_batch(x, {"logits": y})
     with pytest.raises(ConfigError, match="needs targets"):
         m.train_on_batch(x)
-    with pytest.raises(DataError, match="batch sizes disagree"):
+    with pytest.raises(ShapeError, match=r"targets of shape \(4,\) do not fit the model output \(6, 3\)"):
         m.train_on_batch(x, {"logits": y[:4], "box": box[:4]})
+    with pytest.raises(DataError, match="batch sizes disagree"):
+        m.train_on_batch(x, {"logits": y, "box": box[:4]})
     with pytest.raises(ConfigError, match="label_smoothing.* taken by none"):
         fresh(model).compile(loss={"box": "l1"}, label_smoothing=0.1)
     # loss="output" on a model whose output is not a scalar

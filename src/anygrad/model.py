@@ -388,13 +388,12 @@ class Model:
                 if len(heads) == 1:
                     raise
                 raise DataError(f"{what}: {e}") from None
-        if inputs is not None:
-            # Targets share the inputs' batch axis only where the output does: a model may return
-            # flattened (batch * tokens, vocab) logits, as nanoGPT does, for (batch * tokens,) targets.
-            lead = {self._lead(n) for n in inputs} - {None}
-            same = {f"target of '{h.output}'": out[h.target] for h in heads if self._lead(h.output) in lead}
-            if same:
-                check_batch_sizes({**inputs, **same}, "input")
+        if len(heads) > 1:
+            # Targets are not checked against the inputs: a model may return flattened (batch *
+            # tokens, vocab) logits, as nanoGPT does, for (batch * tokens,) targets, and a file's
+            # declared output shapes may call that axis 'batch' too; the loss's shape rule checks
+            # each target against its output when the step is built.
+            check_batch_sizes({f"target of '{h.output}'": out[h.target] for h in heads}, "target")
         return out
 
     def _lead(self, name: str) -> Any:
