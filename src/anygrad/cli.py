@@ -663,7 +663,8 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", help="take every setting from a run's config.json (flags override)")
     p.add_argument("--resume", metavar="DIR", help="continue the run in DIR (its --artifacts folder) from its "
                    "newest checkpoint; --epochs may extend it")
-    p.add_argument("--dataset", help="dataset name (default: mnist); tokens: a language model on a flat token "
+    p.add_argument("--dataset", help="mnist, fashion-mnist, cifar-10, npz, imagefolder or tokens (default: mnist); "
+                   "tokens: a language model on a flat token "
                    "file (--data-dir FILE.bin of uint16 ids as nanoGPT writes, or FILE.npy of any integer "
                    "dtype; --block-size T)")
     p.add_argument("--data-dir", metavar="DIR", help="folder holding the dataset files (default: cache, "
