@@ -445,14 +445,16 @@ def test_integer_matmul_conv():
                grad=False)
     ins = [a, np.array(0.02, np.float32), np.array(3, np.uint8), b, np.array(0.01, np.float32), np.array(0, np.int8),
            np.array(0.05, np.float32), np.array(128, np.uint8)]
-    check_wgpu("QLinearMatMul", ins, feed=[0, 3], grad=False)
+    # requantisation rounds a float32 product: numpy and the GPU may order the scale multiplies
+    # differently, so an exact .5 tie can round one step apart (seen once in CI: 68 vs 69)
+    check_wgpu("QLinearMatMul", ins, feed=[0, 3], grad=False, atol=1)
     x = RNG.integers(0, 255, size=(1, 2, 5, 5)).astype(np.uint8)
     w = RNG.integers(-128, 127, size=(3, 2, 3, 3)).astype(np.int8)
     check_wgpu("ConvInteger", [x, w, np.array(5, np.uint8)], {"pads": [1, 1, 1, 1]}, feed=[0, 1], grad=False)
     ins = [x, np.array(0.02, np.float32), np.array(3, np.uint8), w, np.array([0.01, 0.02, 0.03], np.float32),
            np.array([0, 0, 0], np.int8), np.array(0.5, np.float32), np.array(10, np.uint8),
            np.array([5, -5, 100], np.int32)]
-    check_wgpu("QLinearConv", ins, {"strides": [2, 2]}, feed=[0, 3], grad=False)
+    check_wgpu("QLinearConv", ins, {"strides": [2, 2]}, feed=[0, 3], grad=False, atol=1)
 
 
 def test_binarizer():

@@ -121,7 +121,9 @@ def assert_close(want: dict, got: dict, rtol: float = 1e-4, atol: float = 1e-5, 
     for k, value in want.items():
         w, g = np.asarray(value), np.asarray(got[k])
         assert w.shape == g.shape, f"{what} {k}: shape {g.shape} != {w.shape}"
-        if w.dtype.kind in "biu":
+        if w.dtype.kind in "biu" and atol >= 1:  # quantized outputs: a rounding tie may land one step apart
+            assert np.abs(g.astype(np.int64) - w.astype(np.int64)).max(initial=0) <= atol, f"{what} {k}: {g} != {w}"
+        elif w.dtype.kind in "biu":
             np.testing.assert_array_equal(g, w, err_msg=f"{what} {k}")
         else:
             scale = max(1.0, float(np.abs(w).max(initial=0)))
