@@ -12,11 +12,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from mnist_util import write_tiny_mnist
 from onnx import TensorProto, helper, numpy_helper
 
 from anygrad import cli
-from anygrad.data import write_idx
-from anygrad.data.mnist import MNIST_FILES
 from anygrad.examples import FOUNDING_MODEL
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,14 +60,7 @@ def _mlp(path: Path, log_softmax: bool = False, extra_op: str | None = None, see
 @pytest.fixture(scope="module")
 def tiny_mnist(tmp_path_factory) -> Path:
     """50 train / 20 test images in the four standard files (class = brightness band, learnable)."""
-    folder = tmp_path_factory.mktemp("tiny-mnist")
-    rng = np.random.default_rng(0)
-    for split, n in (("train", 50), ("test", 20)):
-        y = rng.integers(0, 10, n).astype(np.uint8)
-        x = (rng.integers(0, 20, (n, 28, 28)) + y[:, None, None] * 23).astype(np.uint8)
-        write_idx(folder / f"{MNIST_FILES['x_' + split].name}.gz", x)
-        write_idx(folder / f"{MNIST_FILES['y_' + split].name}.gz", y)
-    return folder
+    return write_tiny_mnist(tmp_path_factory.mktemp("tiny-mnist"), 50, 20)
 
 
 def _closed_port_url() -> str:

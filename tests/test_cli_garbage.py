@@ -9,25 +9,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
+from mnist_util import write_tiny_mnist
 from test_cli import _mlp
 
 from anygrad import cli
-from anygrad.data import write_idx
-from anygrad.data.mnist import MNIST_FILES
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
     """A finished one-epoch run on 40 synthetic images, and odd files beside it."""
-    folder = tmp_path_factory.mktemp("garbage")
-    rng = np.random.default_rng(0)
-    for split, n in (("train", 40), ("test", 16)):
-        y = rng.integers(0, 10, n).astype(np.uint8)
-        x = (rng.integers(0, 20, (n, 28, 28)) + y[:, None, None] * 23).astype(np.uint8)
-        write_idx(folder / f"{MNIST_FILES['x_' + split].name}.gz", x)
-        write_idx(folder / f"{MNIST_FILES['y_' + split].name}.gz", y)
+    folder = write_tiny_mnist(tmp_path_factory.mktemp("garbage"))
     run = folder / "run"
     assert cli.main(["train", str(_mlp(folder / "m.onnx")), "--data-dir", str(folder), "--device", "cpu",
                      "--batch-size", "8", "--artifacts", str(run), "--quiet"]) == 0

@@ -415,19 +415,8 @@ def test_code_written_without_weights_says_how_to_get_them(tmp_path, monkeypatch
 # -- fine-tuning: anygrad train --weights ---------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_mnist(tmp_path_factory) -> Path:
-    from anygrad.data import write_idx
-    from anygrad.data.mnist import MNIST_FILES
-
-    folder = tmp_path_factory.mktemp("tiny-mnist")
-    rng = np.random.default_rng(0)
-    for split, n in (("train", 40), ("test", 20)):
-        y = rng.integers(0, 10, n).astype(np.uint8)
-        write_idx(
-            folder / f"{MNIST_FILES['x_' + split].name}.gz",
-            rng.integers(0, 255, (n, 28, 28)).astype(np.uint8),
-        )
-        write_idx(folder / f"{MNIST_FILES['y_' + split].name}.gz", y)
-    return folder
+    from mnist_util import write_tiny_mnist
+    return write_tiny_mnist(tmp_path_factory.mktemp("tiny-mnist"), 40, 20, learnable=False)
 
 
 def test_train_starts_from_weights_and_records_them(tmp_path, tiny_mnist, capsys):

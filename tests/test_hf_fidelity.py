@@ -173,10 +173,10 @@ def test_set_padding_idx_errors():
 
 
 def test_padding_idx_from_the_command_line(tmp_path):
-    from anygrad.cli import _padding_spec
-    assert _padding_spec("m.model.shared.weight:1") == ("m.model.shared.weight", 1)
+    from anygrad.train.run import padding_spec
+    assert padding_spec("m.model.shared.weight:1") == ("m.model.shared.weight", 1)
     with pytest.raises(ConfigError, match="TABLE:ROW"):
-        _padding_spec("m.model.shared.weight")
+        padding_spec("m.model.shared.weight")
 
 
 def test_from_torch_refuses_a_model_that_computes_differently(monkeypatch):

@@ -12,25 +12,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from mnist_util import write_tiny_mnist
 from test_cli import _mlp
 
 from anygrad import cli, fsutil
-from anygrad.data import write_idx
-from anygrad.data.mnist import MNIST_FILES
 from anygrad.train import checkpoint as ckpt
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
     """40 train / 16 test images (class = brightness band)."""
-    folder = tmp_path_factory.mktemp("mini-mnist")
-    rng = np.random.default_rng(0)
-    for split, n in (("train", 40), ("test", 16)):
-        y = rng.integers(0, 10, n).astype(np.uint8)
-        x = (rng.integers(0, 20, (n, 28, 28)) + y[:, None, None] * 23).astype(np.uint8)
-        write_idx(folder / f"{MNIST_FILES['x_' + split].name}.gz", x)
-        write_idx(folder / f"{MNIST_FILES['y_' + split].name}.gz", y)
-    return folder
+    return write_tiny_mnist(tmp_path_factory.mktemp("mini-mnist"))
 
 
 @pytest.fixture(scope="module")

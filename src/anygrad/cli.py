@@ -105,13 +105,14 @@ def _memory_lines(args: argparse.Namespace) -> list[str]:
     from .losses import get_loss
     from .optim import get_optimizer
     from .program import build_train_step
+    from .train.run import auto_loss
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size must be at least 1, got {args.batch_size}")
     backend = get_backend(args.device or "wgpu", limits=args.limits, memory_budget=args.memory_budget)
     if not hasattr(backend, "memory_report"):
         return [f"memory: the report needs a wgpu device; {backend.name} has no device memory to plan"]
     model = load_onnx(args.model, freeze=args.freeze or ())
-    loss = get_loss(args.loss or _auto_loss(model))
+    loss = get_loss(args.loss or auto_loss(model))
     out = model.graph.info[model.graph.outputs[0]].shape
     shape = (args.batch_size,) + tuple(model.input_shape[1:])
     target = ((args.batch_size,) + tuple(out[2:])) if loss.classification else (args.batch_size,) + tuple(out[1:])
@@ -138,16 +139,6 @@ def _support_lines(s: Any) -> list[str]:
 
 
 # -- train ---------------------------------------------------------------------------------------
-def _auto_loss(model: Any) -> str:
-    from .train.run import auto_loss
-    return auto_loss(model)
-
-
-def _padding_spec(spec: str) -> tuple[str, int]:
-    from .train.run import padding_spec
-    return padding_spec(spec)
-
-
 # Flags of `anygrad train` -> TrainConfig fields (the rest have the same name). Defaults live in
 # TRAIN_DEFAULTS, not in argparse, so a flag given on the command line can be told from a default
 # and overrides a --config file or is checked against a --resume run.
