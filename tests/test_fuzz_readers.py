@@ -1,7 +1,8 @@
 """Fuzz every file reader: mutated valid files only ever end in an AnygradError (issue 12).
 
 Readers: .pt (zip archive, its data.pkl, legacy), safetensors, .npz (the archive and the .npy inside
-it), ONNX, training checkpoints and config JSON. Each is fuzzed in a subprocess under RLIMIT_AS
+it), ONNX, training checkpoints, config JSON, token files (.npy, .bin) and the wgpu plan cache (which
+must ignore any altered file, never fail). Each is fuzzed in a subprocess under RLIMIT_AS
 (2 GiB: a reader that tries to allocate far beyond its file fails, and the test with it) and a time
 limit, so that a crash, a hang or a memory blow-up fails one test instead of killing the run.
 Hypothesis runs derandomized (the same examples every run) with a bounded number of examples.
@@ -23,7 +24,7 @@ import pytest
 ADDRESS_SPACE = 2 << 30
 TIME_LIMIT_S = 120  # per reader, far above what the examples take (a few seconds)
 EXAMPLES = {"pt_zip": 60, "pt_pickle": 120, "pt_legacy": 100, "safetensors": 80, "npz": 60, "npy": 80,
-            "onnx": 60, "checkpoint": 50, "config": 80}
+            "onnx": 60, "checkpoint": 50, "config": 80, "tokens_npy": 80, "tokens_bin": 30, "plan_cache": 40}
 
 
 # ---- mutations (used by the worker) --------------------------------------------------------------
@@ -74,8 +75,10 @@ def rezip(src: bytes, replace: dict[str, bytes]) -> bytes:
 def _readers(seed_dir: Path):
     """reader -> (seed bytes, how to make the fuzzed file's bytes, the reads to try on it)."""
     from anygrad import torchfile
+    from anygrad.backends.wgpu import pipeline_cache
     from anygrad.cli import _file_settings
     from anygrad.data.npz import read_npz
+    from anygrad.data.tokens import read_tokens, token_split
     from anygrad.frontends import load_onnx, summarize
     from anygrad.train import checkpoint
 
@@ -104,6 +107,20 @@ def _readers(seed_dir: Path):
             (path.parent / "ckpt-1.npz").write_bytes(seed("ckpt-1.npz"))
             path.write_bytes(mutate(seed("ckpt-1.json"), edits))
 
+    def token_windows(path: Path) -> None:
+        train, _, _ = token_split(path, block_size=4, valid_fraction=0.25)
+        for _ in zip(range(2), train.bind(2, seed=0).batches(epoch=0)):
+            pass
+
+    plan_seed = seed("wgpu-plans/k.plan")
+
+    def cached_plan(path: Path) -> None:
+        """An altered plan file is a miss (None), never an error."""
+        os.environ[pipeline_cache.CACHE_ENV] = str(path.parent.parent)
+        os.environ[pipeline_cache.SWITCH_ENV] = "1"
+        payload = pipeline_cache.load(path.stem, _plan_source())
+        assert payload is None or path.read_bytes() == plan_seed
+
     pt_reads = [torchfile.load_raw, torchfile.load]
     return {
         "pt_zip": ("fuzzed.pt", whole(zipped), pt_reads),
@@ -115,7 +132,20 @@ def _readers(seed_dir: Path):
         "onnx": ("fuzzed.onnx", whole(seed("mlp.onnx")), [summarize, load_onnx]),
         "checkpoint": ("ckpt-1.json", checkpoint_pair, [checkpoint.read]),
         "config": ("config.json", whole(seed("config.json")), [_file_settings]),
+        "tokens_npy": ("fuzzed.npy", whole(seed("tokens.npy")), [read_tokens, token_windows]),
+        "tokens_bin": ("fuzzed.bin", whole(seed("tokens.bin")), [read_tokens, token_windows]),
+        "plan_cache": ("wgpu-plans/k.plan", whole(plan_seed), [cached_plan]),
     }
+
+
+def _plan_source():
+    """The graph a seed plan was saved for (a payload of one graph and a plan-like object)."""
+    import numpy as np
+
+    from anygrad.ir.graph import Graph
+    g = Graph()
+    g.initializers["w"] = np.arange(6, dtype=np.float32)
+    return g
 
 
 def work(reader: str, seed_dir: Path, out_dir: Path) -> None:
@@ -126,6 +156,7 @@ def work(reader: str, seed_dir: Path, out_dir: Path) -> None:
     from anygrad.errors import AnygradError
     name, make, reads = _readers(seed_dir)[reader]
     path = out_dir / name
+    path.parent.mkdir(parents=True, exist_ok=True)
     warnings.simplefilter("ignore")  # (load_onnx warns about odd but loadable files)
 
     @settings(max_examples=EXAMPLES[reader], derandomize=True, deadline=None, database=None,
@@ -184,8 +215,27 @@ def _write_seeds(d: Path) -> None:
     onnx.save(model, d / "mlp.onnx")
     checkpoint.write(d, "ckpt-1", {"w1": np.ones((4, 3), np.float32), "anygrad.lr": np.array(0.1, np.float32)},
                      {"epoch": 1, "step": 3, "config": {"epochs": 2}})
+    np.save(d / "tokens.npy", (np.arange(64) * 7 % 50).astype(np.int32))
+    (np.arange(64) * 7 % 50).astype(np.uint16).tofile(d / "tokens.bin")
+    _write_plan_seed(d)
     (d / "config.json").write_text(json.dumps({"epochs": 2, "batch_size": 8, "lr": 0.05, "optimizer": "adam",
                                                "dataset": "mnist", "seed": 1, "valid_fraction": 0.1}))
+
+
+def _write_plan_seed(d: Path) -> None:
+    from anygrad.backends.wgpu import pipeline_cache
+    old = {k: os.environ.get(k) for k in (pipeline_cache.CACHE_ENV, pipeline_cache.SWITCH_ENV)}
+    os.environ[pipeline_cache.CACHE_ENV], os.environ[pipeline_cache.SWITCH_ENV] = str(d), "1"
+    try:
+        source = _plan_source()
+        pipeline_cache.save("k", source, (source, {"kernels": ["main"], "sizes": [6]}))
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    assert (d / "wgpu-plans" / "k.plan").is_file()
 
 
 def _seed_dir(tmp_path_factory) -> Path:
@@ -226,6 +276,19 @@ def test_the_seed_files_are_read(tmp_path_factory):
     assert summarize(d / "mlp.onnx").op_histogram == {"Gemm": 1, "Relu": 1, "Softmax": 1}
     assert checkpoint.read(d / "ckpt-1.json").meta["epoch"] == 1
     assert _file_settings(d / "config.json")["epochs"] == 2
+    import numpy as np
+
+    from anygrad.data.tokens import read_tokens
+    for name in ("tokens.npy", "tokens.bin"):
+        assert read_tokens(d / name).tolist() == (np.arange(64) * 7 % 50).tolist()
+    from anygrad.backends.wgpu import pipeline_cache
+    os.environ[pipeline_cache.CACHE_ENV], os.environ[pipeline_cache.SWITCH_ENV] = str(d), "1"
+    try:
+        payload = pipeline_cache.load("k", _plan_source())
+    finally:
+        os.environ.pop(pipeline_cache.CACHE_ENV)
+        os.environ[pipeline_cache.SWITCH_ENV] = "0"
+    assert payload is not None and payload[1]["sizes"] == [6]
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, DataError
+from ..torchfile.npzfile import map_npy
 from .loader import BatchSource, DataLoader, Samples, Transform
 from .structure import DEFAULT_TARGET_KEYS, Layout, batch_size_of, collate, is_tensor, split, to_tree
 
@@ -39,12 +40,9 @@ def load_npy(path: str | PathLike) -> np.ndarray:
     if p.suffix.lower() != ".npy":
         raise DataError(f"{p}: a file given as data must be a .npy array (np.save); for other files use a "
                         "dataset (anygrad.data.get_dataset, --dataset npz/tokens/...)")
-    try:
-        return np.load(p, mmap_mode="r", allow_pickle=False)
-    except FileNotFoundError:
-        raise DataError(f"{p}: no such file") from None
-    except (OSError, ValueError) as e:
-        raise DataError(f"{p}: not a readable .npy array ({e})") from None
+    if not p.exists():
+        raise DataError(f"{p}: no such file")
+    return map_npy(p, DataError)
 
 
 def _arrays(tree: Any, where: str) -> Any:

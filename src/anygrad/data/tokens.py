@@ -28,6 +28,8 @@ import numpy as np
 
 from ..errors import ConfigError, DataError
 from ..rng import key, mix32
+from ..torchfile.npzfile import map_npy
+from ..torchfile.safe_io import check_regular
 from .loader import BatchSource, Samples
 
 WINDOW_SALT = 0x544F  # keeps window offsets independent of shuffles and dropout of the same seed
@@ -41,16 +43,16 @@ def read_tokens(path: str | PathLike) -> np.ndarray:
     if suffix not in (".bin", ".npy"):
         raise DataError(f"{p}: a token file is .bin (raw uint16 ids, as nanoGPT writes them) or .npy (np.save of "
                         "a 1-D integer array); convert it to one of these")
-    if not p.is_file():
+    if not p.exists():
         raise DataError(f"{p}: no such token file")
-    try:
-        tokens = np.memmap(p, dtype=BIN_DTYPE, mode="r") if suffix == ".bin" else \
-            np.load(p, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError) as e:
-        if suffix == ".bin" and p.stat().st_size % BIN_DTYPE.itemsize:
-            raise DataError(f"{p}: {p.stat().st_size} bytes is not a whole number of uint16 tokens; a .bin "
-                            "token file holds uint16 ids") from None
-        raise DataError(f"{p}: cannot read the tokens ({e})") from None
+    if suffix == ".npy":
+        tokens = map_npy(p, DataError)
+    else:
+        size = check_regular(p, DataError)
+        if size % BIN_DTYPE.itemsize or size == 0:
+            raise DataError(f"{p}: {size} bytes is not a whole, nonzero number of uint16 tokens; a .bin "
+                            "token file holds uint16 ids")
+        tokens = np.memmap(p, dtype=BIN_DTYPE, mode="r")
     if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
         raise DataError(f"{p}: holds {tokens.dtype} of shape {tokens.shape}; a token file is one flat array of "
                         "integer ids (reshape(-1) and an integer dtype before np.save)")

@@ -42,6 +42,44 @@ def read_npz_bytes(data: bytes, name: str, error: type[AnygradError] = ModelErro
     return _read(io.BytesIO(data), len(data), name, error, max_bytes)
 
 
+def map_npy(path: str | os.PathLike, error: type[AnygradError] = ModelError) -> np.ndarray:
+    """A .npy file mapped read-only (read lazily), after its header is checked: a format numpy
+    writes, no Python objects, and exactly the bytes its shape and dtype declare. `np.load`
+    would map whatever the header claims and raise anything from EOFError to SyntaxError."""
+    path = Path(path)
+    name = str(path)
+    with open_regular(path, error) as f:
+        size = os.fstat(f.fileno()).st_size
+        try:
+            shape, fortran, dtype = _npy_header(f, name, error)
+            offset = f.tell()
+        except AnygradError:
+            raise
+        except Exception as e:  # noqa: BLE001  (numpy's header parser: ValueError, EOFError, SyntaxError...)
+            raise error(f"{name}: not a readable .npy array ({type(e).__name__}: {str(e)[:200]})") from None
+    if dtype.hasobject:
+        raise error(f"{name} holds Python objects (stored with pickle), which anygrad never loads; "
+                    "np.save a plain numeric array")
+    count = 1
+    for n in shape:
+        count *= n
+    if count * dtype.itemsize != size - offset:
+        raise error(f"{name} declares shape {shape} of {dtype} ({count * dtype.itemsize} bytes), but holds "
+                    f"{size - offset} bytes of data (truncated or corrupt?)")
+    if count == 0:
+        return np.zeros(shape, dtype)
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape, order="F" if fortran else "C")
+
+
+def _npy_header(f: IO[bytes], where: str, error: type[AnygradError]) -> tuple[tuple[int, ...], bool, np.dtype]:
+    version = np.lib.format.read_magic(f)
+    if version == (1, 0):
+        return np.lib.format.read_array_header_1_0(f, max_header_size=_NPY_HEADER_MAX)
+    if version == (2, 0):
+        return np.lib.format.read_array_header_2_0(f, max_header_size=_NPY_HEADER_MAX)
+    raise error(f"{where} uses .npy format version {version}, which anygrad does not read")
+
+
 def _read(f: IO[bytes], size: int, name: str, error: type[AnygradError],
           max_bytes: int | None) -> dict[str, np.ndarray]:
     if size == 0:
@@ -85,13 +123,7 @@ def _checked_directory(zf: zipfile.ZipFile, size: int, name: str, limit: int,
 def _array(zf: zipfile.ZipFile, info: zipfile.ZipInfo, name: str, error: type[AnygradError]) -> np.ndarray:
     where = f"{name}: array '{info.filename[:-4]}'"
     with zf.open(info) as member:
-        version = np.lib.format.read_magic(member)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(member, max_header_size=_NPY_HEADER_MAX)
-        elif version == (2, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(member, max_header_size=_NPY_HEADER_MAX)
-        else:
-            raise error(f"{where} uses .npy format version {version}, which anygrad does not read")
+        shape, fortran, dtype = _npy_header(member, where, error)
         if dtype.hasobject:
             raise error(f"{name}: not a readable .npz file of plain arrays: '{info.filename[:-4]}' holds Python "
                         "objects (stored with pickle), which anygrad never loads; save plain numeric arrays")
