@@ -40,6 +40,7 @@ class Kernel:
     # Per binding (reads, then writes): (byte offset, byte size) of the value bound, or None for all
     # of it. Set by the planner's binding split (bindsplit.py) for values larger than one binding.
     windows: tuple[tuple[int, int] | None, ...] = ()
+    flops: int = 0                  # floating-point operations, where known (GEMMs): for rates and tuning
 
     @property
     def cache_key(self) -> tuple[str, str]:

@@ -644,7 +644,15 @@ def _split_pair(spec: GemmSpec, caps: AdapterCaps, splits: int, tile: str, parti
 
 def gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None = None,
                  allow_split: bool = True, block: int | None = None, kt: int | None = None) -> list[Kernel]:
-    """The kernel list for one GEMM-shaped op: one GEMM, or a split-K GEMM + reduce."""
+    """The kernel list for one GEMM-shaped op: one GEMM, or a split-K GEMM + reduce. The first
+    kernel carries the GEMM's FLOPs (profiles report rates, the autotuner skips small GEMMs)."""
+    kernels = _gemm_kernels(spec, caps, variant, allow_split, block, kt)
+    flops = 2 * spec.batch * spec.M * spec.N * spec.K
+    return [replace(kernels[0], flops=flops)] + kernels[1:]
+
+
+def _gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None, allow_split: bool,
+                  block: int | None, kt: int | None) -> list[Kernel]:
     if variant == "dot" or (variant is None and block is None and allow_split and use_dot(spec, caps)):
         return dot_kernels(spec, caps)
     t = choose_tiling(spec.M, spec.N, spec.K, caps, variant, block, kt, spec.batch, allow_split)

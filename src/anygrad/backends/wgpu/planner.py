@@ -117,9 +117,9 @@ def lower_all(graph: Graph, caps: AdapterCaps) -> tuple[list[tuple[int, Kernel]]
 
 
 def _rename(kern: Kernel, ren: dict[str, str]) -> Kernel:
-    return Kernel(kern.name, kern.wgsl, kern.workgroups, tuple(ren.get(v, v) for v in kern.reads),
-                  tuple(ren.get(v, v) for v in kern.writes), kern.entry, kern.scratch,
-                  tuple(ren.get(v, v) for v in kern.inplace))
+    return replace(kern, reads=tuple(ren.get(v, v) for v in kern.reads),
+                   writes=tuple(ren.get(v, v) for v in kern.writes),
+                   inplace=tuple(ren.get(v, v) for v in kern.inplace))
 
 
 def make_plan(graph: Graph, caps: AdapterCaps, state_names: set[str]) -> Plan:

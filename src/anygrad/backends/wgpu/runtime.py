@@ -17,7 +17,7 @@ import numpy as np
 from ...errors import DeviceError, ShapeError
 from ...ir.graph import Graph, Node
 from ..base import Backend, Executable
-from . import pipeline_cache
+from . import autotune, pipeline_cache
 from .adapters import AdapterInfo, select_adapter
 from .fusion import packed_name, prepare
 from .kernel import LOWERINGS, AdapterCaps
@@ -318,14 +318,24 @@ class WgpuBackend(Backend):
         from ... import __version__
         a = self.adapter
         return (__version__, a.name, a.vendor, a.driver, a.backend, a.type, repr(self.caps), fuse,
-                tuple(sorted(self.state)))
+                tuple(sorted(self.state)), autotune.enabled(self.caps))
+
+    def prepared(self, graph: Graph, fuse: bool, measure: bool = True) -> Graph:
+        """The graph as it is lowered: fused (fusion.prepare), then GEMM tilings pinned by the
+        autotuner when it is on (timed now when `measure`, else only winners already stored)."""
+        g = prepare(graph, self.caps, EPILOGUE_SUPPORT & set(LOWERINGS), fuse=fuse)
+        if not autotune.enabled(self.caps):
+            return g
+        a = self.adapter
+        context = (a.name, a.vendor, a.driver, a.backend, a.type, repr(self.caps))
+        return autotune.tune(g, self.caps, context, autotune.device_timer(self) if measure else None)
 
     # -- compile ----------------------------------------------------------------------------------
     def memory_report(self, graph: Graph, fuse: bool = True) -> MemoryReport:
         """The device memory compiling `graph` would hold, planned as compile plans it, without
         building a pipeline or allocating a buffer (`anygrad info --batch-size`)."""
         _, plan, recomputed = fit_plan(graph, self.caps, set(graph.state_names) | set(self.state),
-                                       lambda g: prepare(g, self.caps, EPILOGUE_SUPPORT & set(LOWERINGS), fuse=fuse))
+                                       lambda g: self.prepared(g, fuse, measure=False))
         return replace(memory_report(plan), recomputed=len(recomputed))
 
     def compile(self, graph: Graph, fuse: bool = True) -> WgpuExecutable:
@@ -451,7 +461,7 @@ class WgpuExecutable(Executable):
         if cached is not None and len(cached) == 3:
             return cached
         built = fit_plan(graph, backend.caps, set(graph.state_names) | set(backend.state),
-                         lambda g: prepare(g, backend.caps, EPILOGUE_SUPPORT & set(LOWERINGS), fuse=fuse))
+                         lambda g: backend.prepared(g, fuse))
         if key:
             pipeline_cache.save(key, graph, built)
         return built

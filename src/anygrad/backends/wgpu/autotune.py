@@ -1,0 +1,226 @@
+"""GEMM/conv tilings timed on the real adapter when a step is compiled, the winners kept on disk.
+
+`choose_tiling`'s rules were measured on one GPU (an H200) and cannot be right for every shape
+on every adapter: an Intel iGPU, an M1 and an H100 want different tiles, and so do a ResNet's 1x1
+stage-4 convs and GPT-2's vocabulary projection. So, as burn's autotune does, each GEMM-shaped
+node of a compiled step (MatMul, Gemm, Conv and the conv gradients, fused epilogues included)
+whose work is worth it is lowered with each candidate tiling pinned (the `_gemm_*` attributes that
+tests and benchmarks already pin with), every distinct candidate is timed on the device with
+buffers of the node's shapes, and the fastest is pinned on the node before planning.
+
+Winners are stored per adapter, driver, device limits and anygrad source in
+`$ANYGRAD_CACHE/wgpu-autotune/` (JSON: shape key -> pin), so a shape is timed once per machine
+and later compiles only look the choice up. `ANYGRAD_AUTOTUNE=0` turns tuning off (the rule-based
+tilings: a plan that does not depend on timing noise); `=1` turns it on also for software
+adapters (lavapipe), where it is off by default because it only costs compile time there.
+
+Results are the same numbers up to float32 summation order: a different tiling or split-K changes
+the order of the K sum, so a tuned plan and an untuned one differ in the last bits, while two runs
+of one plan give the same bits.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ...fsutil import atomic_write
+from ...ir.graph import Graph, Node
+from .gridfold import fold_kernel
+from .kernel import LOWERINGS, AdapterCaps, Kernel
+
+ENV = "ANYGRAD_AUTOTUNE"
+TUNABLE_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvGradInput", "ConvGradWeight"})
+PIN_ATTRS = ("_gemm_variant", "_gemm_block", "_gemm_kt")
+# Candidate pins: the rules' own choice first (ties keep it), then each variant the GEMM
+# generator has. A lowering that cannot take a candidate (a K tile over workgroup storage, dot
+# on a shape it does not fit) raises, and the candidate is skipped.
+CANDIDATES: tuple[dict[str, Any], ...] = (
+    {},
+    {"_gemm_variant": "shared", "_gemm_block": 4, "_gemm_kt": 8},
+    {"_gemm_variant": "shared", "_gemm_block": 4, "_gemm_kt": 16},
+    {"_gemm_variant": "shared", "_gemm_block": 8, "_gemm_kt": 8},
+    {"_gemm_variant": "shared", "_gemm_block": 8, "_gemm_kt": 16},
+    {"_gemm_variant": "register", "_gemm_block": 4},
+    {"_gemm_variant": "register", "_gemm_block": 8},
+    {"_gemm_variant": "dot"},
+)
+MIN_FLOPS = 1 << 26     # smaller GEMMs take microseconds: launch overhead, not tiling, decides
+REPEATS, ROUNDS = 8, 3  # dispatches per timing, best of rounds
+_MAX_FILE = 1 << 20     # a cache file larger than this is not ours: ignored
+
+stats = {"timed": 0, "cached": 0, "candidates": 0}
+
+
+def enabled(caps: AdapterCaps) -> bool:
+    """Tuning for this adapter: ANYGRAD_AUTOTUNE=0/1, else on for real GPUs only."""
+    v = os.environ.get(ENV, "").strip().lower()
+    if v in ("0", "false", "no", "off"):
+        return False
+    if v in ("1", "true", "yes", "on"):
+        return True
+    return not caps.is_cpu
+
+
+def cache_file(context: tuple) -> Path:
+    root = os.environ.get("ANYGRAD_CACHE")
+    base = Path(root).expanduser() if root else Path.home() / ".cache" / "anygrad"
+    from .pipeline_cache import _source_hash
+    digest = hashlib.sha256(repr((context, _source_hash())).encode()).hexdigest()[:32]
+    return base / "wgpu-autotune" / f"{digest}.json"
+
+
+def _load(path: Path) -> dict[str, dict[str, Any]]:
+    """The stored winners; anything unreadable or not a known candidate is ignored (a cache can
+    never make a compile fail or pick a tiling that is not one of ours)."""
+    try:
+        if path.stat().st_size > _MAX_FILE:
+            return {}
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(k, str) and v in CANDIDATES}
+
+
+def shape_key(node: Node, graph: Graph) -> str:
+    """What a tiling's speed depends on: the op, its attributes and its values' shapes and dtypes."""
+    def desc(v: str) -> Any:
+        info = graph.info.get(v) if v else None
+        return None if info is None else (tuple(int(d) for d in info.shape), str(info.dtype))
+    attrs = sorted((k, repr(v)) for k, v in node.attrs.items() if k not in PIN_ATTRS)
+    text = repr((node.op, attrs, [desc(v) for v in node.inputs], [desc(v) for v in node.outputs]))
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def _pinned(node: Node, pin: dict[str, Any]) -> Node:
+    attrs = {k: v for k, v in node.attrs.items() if k not in PIN_ATTRS} | pin
+    return replace(node, attrs=attrs)
+
+
+def tune(graph: Graph, caps: AdapterCaps, context: tuple, timer: Callable[[list[Kernel], Graph], float] | None
+         ) -> Graph:
+    """`graph` with a tiling pinned on every GEMM-shaped node worth tuning: the stored winner, or
+    (with a `timer`) the fastest candidate, timed now and stored. Nodes already pinned (tests,
+    benchmarks) keep their pin. Without a timer only stored winners are applied."""
+    path = cache_file(context)
+    known = _load(path)
+    new: dict[str, dict[str, Any]] = {}
+    nodes = list(graph.nodes)
+    for k, node in enumerate(nodes):
+        if (node.op not in TUNABLE_OPS or any(a in node.attrs for a in PIN_ATTRS)
+                or _too_big(node, graph, caps) or _flops(node, graph, caps) < MIN_FLOPS):
+            continue
+        key = shape_key(node, graph)
+        pin = known.get(key, new.get(key))
+        if pin is None and timer is not None:
+            pin = _fastest(node, graph, caps, timer)
+            new[key] = pin
+        if pin:
+            nodes[k] = _pinned(node, pin)
+    if new:
+        _store(path, known | new)
+    if not any(a is not b for a, b in zip(nodes, graph.nodes)):
+        return graph
+    out = graph.copy()
+    out.nodes = nodes
+    return out
+
+
+def _flops(node: Node, graph: Graph, caps: AdapterCaps) -> int:
+    """The node's GEMM work as its rule-based lowering counts it (0: not a GEMM there)."""
+    try:
+        return sum(k.flops for k in LOWERINGS[node.op](node, graph, caps))
+    except (ValueError, NotImplementedError, KeyError):
+        return 0
+
+
+def _too_big(node: Node, graph: Graph, caps: AdapterCaps) -> bool:
+    """Values past one binding go through the planner's binding split: not timed alone here."""
+    from .planner import value_bytes
+    return any(v and v in graph.info and value_bytes(graph, v) > caps.max_storage_binding_size
+               for v in list(node.inputs) + list(node.outputs))
+
+
+def _fastest(node: Node, graph: Graph, caps: AdapterCaps, timer) -> dict[str, Any]:
+    best, best_ms, seen = {}, float("inf"), set()
+    for pin in CANDIDATES:
+        try:
+            kernels = [fold_kernel(kern, caps.max_workgroups_per_dim)
+                       for kern in LOWERINGS[node.op](_pinned(node, pin), graph, caps)]
+        except (ValueError, NotImplementedError, KeyError, AssertionError):
+            continue
+        text = tuple((kern.wgsl, kern.workgroups) for kern in kernels)
+        if text in seen:
+            continue
+        seen.add(text)
+        stats["candidates"] += 1
+        ms = timer(kernels, graph)
+        if ms < best_ms * 0.97:  # a win within timing noise keeps the earlier (rule-based) choice
+            best, best_ms = pin, ms
+    stats["timed"] += 1
+    return best
+
+
+def _store(path: Path, table: dict[str, dict[str, Any]]) -> None:
+    """Never raises: a cache that cannot be written only costs the next compile its tuning."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, json.dumps(table, sort_keys=True).encode(), fsync=False)
+    except Exception:  # noqa: BLE001, S110
+        pass
+
+
+def device_timer(backend: Any) -> Callable[[list[Kernel], Graph], float]:
+    """Milliseconds one run of a node's kernels takes on `backend`'s device: buffers of the
+    node's shapes (contents irrelevant to the time: zeros), REPEATS runs in one pass, best of ROUNDS."""
+    from .planner import value_bytes
+
+    def timer(kernels: list[Kernel], graph: Graph) -> float:
+        dev = backend.device
+        sizes: dict[str, int] = {}
+        for kern in kernels:
+            for sc in kern.scratch:
+                sizes[sc.name] = max(sizes.get(sc.name, 0), 4 * max(1, int(sc.elements)))
+            for v in kern.reads + kern.writes:
+                if v not in sizes:
+                    sizes[v] = value_bytes(graph, v) if v in graph.info else 16
+        bufs = {v: backend.create_buffer(n, backend.storage_usage, f"tune:{v}") for v, n in sizes.items()}
+        dispatches = []
+        for kern in kernels:
+            ro = (True,) * len(kern.reads) + (False,) * len(kern.writes)
+            bgl, _ = backend.layout(ro)
+            pipe = backend.pipeline(kern.wgsl, kern.entry, ro, kern.name)
+            entries = [{"binding": j, "resource": {"buffer": bufs[v], "offset": 0, "size": bufs[v].size}}
+                       for j, v in enumerate(kern.reads + kern.writes)]
+            dispatches.append((pipe, dev.create_bind_group(layout=bgl, entries=entries), kern.workgroups))
+        probe = next(iter(bufs.values()))
+        best = float("inf")
+        for r in range(ROUNDS + 1):  # the first round warms up (and pays any lazy driver work)
+            enc = dev.create_command_encoder()
+            cpass = enc.begin_compute_pass()
+            for _ in range(REPEATS):
+                for pipe, bg, wg in dispatches:
+                    cpass.set_pipeline(pipe)
+                    cpass.set_bind_group(0, bg)
+                    cpass.dispatch_workgroups(*wg)
+            cpass.end()
+            t0 = time.perf_counter()
+            dev.queue.submit([enc.finish()])
+            dev.queue.read_buffer(probe, 0, 4)
+            if r:
+                best = min(best, (time.perf_counter() - t0) * 1e3 / REPEATS)
+        for b in bufs.values():
+            b.destroy()
+        return best
+
+    return timer
+
+
+__all__ = ["CANDIDATES", "ENV", "TUNABLE_OPS", "device_timer", "enabled", "shape_key", "tune"]

@@ -1,0 +1,133 @@
+"""The GEMM autotuner (backends/wgpu/autotune.py): candidates timed on the device, the fastest pinned,
+winners stored per adapter and looked up on the next compile, a hostile cache file ignored, and a
+tuned step computing what numpy computes."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from test_wgpu_gemm_fold import _graph, rnd
+from wgpu_util import assert_close, run_both, wgpu_backend
+
+from anygrad.backends.wgpu import autotune
+from anygrad.backends.wgpu.kernel import AdapterCaps
+from anygrad.ir import Node
+
+pytestmark = pytest.mark.wgpu
+
+
+@pytest.fixture
+def tuning(monkeypatch, tmp_path):
+    """Tuning on (lavapipe has it off by default), any GEMM worth tuning, a private cache folder."""
+    monkeypatch.setenv(autotune.ENV, "1")
+    monkeypatch.setenv("ANYGRAD_CACHE", str(tmp_path))
+    monkeypatch.setattr(autotune, "MIN_FLOPS", 0)
+    monkeypatch.setattr(autotune, "REPEATS", 2)
+    monkeypatch.setattr(autotune, "ROUNDS", 1)
+    for k in autotune.stats:
+        monkeypatch.setitem(autotune.stats, k, 0)
+    return tmp_path
+
+
+def _mlp_graph():
+    feeds = {"x": rnd(4, 6, 24, seed=1), "W": rnd(24, 40, seed=2), "b": rnd(40, seed=3)}
+    nodes = [Node("MatMul", ["x", "W"], ["xw"], name="mm"), Node("Add", ["xw", "b"], ["pre"], name="add"),
+             Node("Relu", ["pre"], ["y"], name="act")]
+    return _graph(feeds, nodes, "y", grad=True), feeds
+
+
+def _pins(exe) -> list[dict]:
+    return [{a: n.attrs[a] for a in autotune.PIN_ATTRS if a in n.attrs}
+            for n in exe.prepared.nodes if n.op in autotune.TUNABLE_OPS]
+
+
+def test_a_tuned_training_graph_matches_numpy_and_is_stored(tuning):
+    graph, feeds = _mlp_graph()
+    want, got, exe = run_both(graph, feeds)
+    assert_close(want, got, rtol=2e-4, atol=2e-5)
+    # forward GEMM, input gradient, weight gradient: three shapes timed
+    assert autotune.stats["timed"] == 3 and autotune.stats["candidates"] >= 6
+    (stored,) = (tuning / "wgpu-autotune").glob("*.json")
+    table = json.loads(stored.read_text())
+    assert len(table) == 3 and all(pin in autotune.CANDIDATES for pin in table.values())
+    assert all(p in autotune.CANDIDATES for p in _pins(exe))
+
+    # a second compile (a new backend, as a new process would have) looks the winners up
+    _, again, exe2 = run_both(graph, feeds, backend=wgpu_backend())
+    assert autotune.stats["timed"] == 3
+    assert _pins(exe2) == _pins(exe)
+    assert_close(got, again, rtol=0, atol=0)  # the same plan: the same bits
+
+
+def test_the_fastest_candidate_wins_and_ties_keep_the_rules(tuning):
+    graph, _ = _mlp_graph()
+    caps = AdapterCaps()
+    fwd = next(n for n in graph.nodes if n.op == "MatMul")
+    one = graph.copy()
+    one.nodes = [fwd]
+    want = {"_gemm_variant": "register", "_gemm_block": 8}
+
+    from anygrad.backends.wgpu.kernel import LOWERINGS
+    fastest = [k.wgsl for k in LOWERINGS["MatMul"](autotune._pinned(fwd, want), one, caps)]
+
+    def timer(kernels, g):
+        return 1.0 if [k.wgsl for k in kernels] == fastest else 2.0
+    tuned = autotune.tune(one, caps, ("fake adapter",), timer)
+    assert {a: tuned.nodes[0].attrs[a] for a in autotune.PIN_ATTRS if a in tuned.nodes[0].attrs} == want
+
+    def noise(kernels, g):  # every candidate within 3% of the rules' own tiling: keep the rules
+        return 1.0 + (len(kernels[0].wgsl) % 3) / 100
+    tuned = autotune.tune(one, caps, ("another adapter",), noise)
+    assert not any(a in tuned.nodes[0].attrs for a in autotune.PIN_ATTRS)
+
+
+def test_off_means_the_rule_based_plan(tuning, monkeypatch):
+    monkeypatch.setenv(autotune.ENV, "0")
+    graph, feeds = _mlp_graph()
+    _, _, exe = run_both(graph, feeds)
+    assert autotune.stats["timed"] == 0 and _pins(exe) == [{}] * len(_pins(exe))
+    assert not (tuning / "wgpu-autotune").exists()
+    assert autotune.enabled(AdapterCaps(is_cpu=True)) is False
+    monkeypatch.delenv(autotune.ENV)
+    assert autotune.enabled(AdapterCaps(is_cpu=True)) is False  # software adapters: off unless asked
+    assert autotune.enabled(AdapterCaps(is_cpu=False)) is True
+
+
+@pytest.mark.parametrize("content", [b"", b"\xff\xfe not json", b"[1, 2]", b'{"k": {"_gemm_variant": "evil"}}',
+                                     b'{"k": "shared"}', b"{" * 100000, b'{"k": {"_gemm_kt": 1e400}}'])
+def test_a_hostile_or_corrupt_cache_is_ignored(tuning, content):
+    graph, _ = _mlp_graph()
+    caps = AdapterCaps()
+    path = autotune.cache_file(("ctx",))
+    path.parent.mkdir(parents=True)
+    path.write_bytes(content)
+    assert autotune._load(path) == {}
+    key = autotune.shape_key(next(n for n in graph.nodes if n.op == "MatMul"), graph)
+    path.write_bytes(json.dumps({key: {"_gemm_variant": "evil"}}).encode())
+    tuned = autotune.tune(graph, caps, ("ctx",), None)  # no timer: stored winners only, evil ignored
+    assert all(not any(a in n.attrs for a in autotune.PIN_ATTRS) for n in tuned.nodes)
+
+
+def test_pinned_nodes_and_small_gemms_are_left_alone(tuning, monkeypatch):
+    graph, _ = _mlp_graph()
+    calls = []
+
+    def timer(kernels, g):
+        calls.append(kernels[0].name)
+        return 1.0
+    pinned = graph.copy()
+    for n in pinned.nodes:
+        if n.op in autotune.TUNABLE_OPS:
+            n.attrs["_gemm_variant"] = "shared"
+    assert autotune.tune(pinned, AdapterCaps(), ("c",), timer) is pinned and not calls
+    monkeypatch.setattr(autotune, "MIN_FLOPS", 10 ** 12)
+    assert autotune.tune(graph, AdapterCaps(), ("c",), timer) is graph and not calls
+
+
+def test_gemm_kernels_carry_their_flops():
+    graph, _ = _mlp_graph()
+    from anygrad.backends.wgpu.kernel import LOWERINGS
+    fwd = next(n for n in graph.nodes if n.op == "MatMul" and n.inputs[:2] == ["x", "W"])
+    kernels = LOWERINGS["MatMul"](fwd, graph, AdapterCaps())
+    assert sum(k.flops for k in kernels) == 2 * 24 * 24 * 40 == int(np.prod([2, 24, 24, 40]))
