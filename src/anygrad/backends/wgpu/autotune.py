@@ -54,7 +54,7 @@ MIN_FLOPS = 1 << 26     # smaller GEMMs take microseconds: launch overhead, not 
 REPEATS, ROUNDS = 8, 3  # dispatches per timing, best of rounds
 _MAX_FILE = 1 << 20     # a cache file larger than this is not ours: ignored
 
-stats = {"timed": 0, "cached": 0, "candidates": 0}
+stats = {"timed": 0, "cached": 0, "candidates": 0, "seconds": 0.0}
 
 
 def enabled(caps: AdapterCaps) -> bool:
@@ -109,23 +109,32 @@ def tune(graph: Graph, caps: AdapterCaps, context: tuple, timer: Callable[[list[
     """`graph` with a tiling pinned on every GEMM-shaped node worth tuning: the stored winner, or
     (with a `timer`) the fastest candidate, timed now and stored. Nodes already pinned (tests,
     benchmarks) keep their pin. Without a timer only stored winners are applied."""
+    t0 = time.perf_counter()
     path = cache_file(context)
     known = _load(path)
-    new: dict[str, dict[str, Any]] = {}
     nodes = list(graph.nodes)
+    todo: dict[str, list[int]] = {}  # shape key -> the nodes of that shape
     for k, node in enumerate(nodes):
         if (node.op not in TUNABLE_OPS or any(a in node.attrs for a in PIN_ATTRS)
                 or _too_big(node, graph, caps) or _flops(node, graph, caps) < MIN_FLOPS):
             continue
-        key = shape_key(node, graph)
-        pin = known.get(key, new.get(key))
-        if pin is None and timer is not None:
-            pin = _fastest(node, graph, caps, timer)
-            new[key] = pin
-        if pin:
-            nodes[k] = _pinned(node, pin)
-    if new:
-        _store(path, known | new)
+        todo.setdefault(shape_key(node, graph), []).append(k)
+    chosen = {key: known[key] for key in todo if key in known}
+    stats["cached"] += len(chosen)
+    if timer is not None:
+        candidates = {key: _candidates(nodes[ks[0]], graph, caps) for key, ks in todo.items() if key not in chosen}
+        prebuild = getattr(timer, "prebuild", None)
+        if prebuild is not None:  # every candidate's pipelines at once: the driver compiles them in parallel
+            prebuild([kern for cands in candidates.values() for _, kernels in cands for kern in kernels])
+        new = {key: _fastest(cands, graph, timer) for key, cands in candidates.items()}
+        chosen |= new
+        if new:
+            _store(path, known | new)
+    stats["seconds"] += time.perf_counter() - t0
+    for key, ks in todo.items():
+        if chosen.get(key):
+            for k in ks:
+                nodes[k] = _pinned(nodes[k], chosen[key])
     if not any(a is not b for a, b in zip(nodes, graph.nodes)):
         return graph
     out = graph.copy()
@@ -148,8 +157,10 @@ def _too_big(node: Node, graph: Graph, caps: AdapterCaps) -> bool:
                for v in list(node.inputs) + list(node.outputs))
 
 
-def _fastest(node: Node, graph: Graph, caps: AdapterCaps, timer) -> dict[str, Any]:
-    best, best_ms, seen = {}, float("inf"), set()
+def _candidates(node: Node, graph: Graph, caps: AdapterCaps) -> list[tuple[dict[str, Any], list[Kernel]]]:
+    """(pin, kernels) for each candidate the lowering takes, duplicates (the same shaders and
+    grids as an earlier candidate) left out."""
+    out, seen = [], set()
     for pin in CANDIDATES:
         try:
             kernels = [fold_kernel(kern, caps.max_workgroups_per_dim)
@@ -157,9 +168,15 @@ def _fastest(node: Node, graph: Graph, caps: AdapterCaps, timer) -> dict[str, An
         except (ValueError, NotImplementedError, KeyError, AssertionError):
             continue
         text = tuple((kern.wgsl, kern.workgroups) for kern in kernels)
-        if text in seen:
-            continue
-        seen.add(text)
+        if text not in seen:
+            seen.add(text)
+            out.append((pin, kernels))
+    return out
+
+
+def _fastest(candidates: list[tuple[dict[str, Any], list[Kernel]]], graph: Graph, timer) -> dict[str, Any]:
+    best, best_ms = {}, float("inf")
+    for pin, kernels in candidates:
         stats["candidates"] += 1
         ms = timer(kernels, graph)
         if ms < best_ms * 0.97:  # a win within timing noise keeps the earlier (rule-based) choice
@@ -220,6 +237,11 @@ def device_timer(backend: Any) -> Callable[[list[Kernel], Graph], float]:
             b.destroy()
         return best
 
+    def prebuild(kernels: list[Kernel]) -> None:
+        backend.pipelines([(k.wgsl, k.entry, (True,) * len(k.reads) + (False,) * len(k.writes), k.name)
+                           for k in kernels])
+
+    timer.prebuild = prebuild
     return timer
 
 
