@@ -72,16 +72,41 @@ def generic_conv_cases(spec: str):
             for op, shapes, attrs, flop in conv_cases(b, cin, cout, hw)]
 
 
-def torch_matmul(sizes: list[int], seconds: float) -> list[dict]:
-    """PyTorch CUDA FP32 matmul GFLOP/s at the same sizes (TF32 off, then on), for reference."""
+# Linear layers of transformers people fine-tune: (name, tokens M, d_in, d_out). Each is timed as
+# its forward, input gradient (dY @ W^T) and weight gradient (X^T @ dY), as training runs them.
+TRANSFORMER_LINEARS = {
+    "gpt2s": [("qkv", 2048, 768, 2304), ("proj", 2048, 768, 768), ("fc", 2048, 768, 3072),
+              ("fc2", 2048, 3072, 768), ("head", 2048, 768, 50257)],          # batch 8 x T 256
+    "bert": [("qkv", 4096, 768, 2304), ("proj", 4096, 768, 768), ("fc", 4096, 768, 3072),
+             ("fc2", 4096, 3072, 768), ("mlm-head", 4096, 768, 30522)],      # batch 32 x T 128
+}
+
+
+def transformer_cases(model: str) -> list[tuple]:
+    """(label, op, shapes, attrs, flop, torch spec) for forward, dX and dW of each Linear."""
+    out = []
+    for name, m, k, n in TRANSFORMER_LINEARS[model]:
+        flop = 2.0 * m * k * n
+        out += [(f"{model} {name} fwd {m}x{k}x{n}",) + gemm_case(m, k, n, bias=False) + ((m, k, n, 0, 0),),
+                (f"{model} {name} dX {m}x{n}x{k}",) + gemm_case(m, n, k, tb=1, bias=False) + ((m, n, k, 0, 1),),
+                (f"{model} {name} dW {k}x{m}x{n}",) + gemm_case(k, m, n, ta=1, bias=False) + ((k, m, n, 1, 0),)]
+        assert all(c[4] == flop for c in out[-3:])
+    return out
+
+
+def torch_matmul(sizes: list[int], seconds: float, shapes: list[tuple] = ()) -> list[dict]:
+    """PyTorch CUDA FP32 matmul GFLOP/s at the same sizes (TF32 off, then on), for reference.
+    shapes: (label, (m, k, n, transA, transB)) cases too, operands stored transposed as anygrad's."""
     import torch
     if not torch.cuda.is_available():
         return []
     out = []
+    cases = [(f"matmul {s}^3", (s, s, s, 0, 0)) for s in sizes] + list(shapes)
     for tf32 in (False, True):
         torch.backends.cuda.matmul.allow_tf32 = tf32
-        for s in sizes:
-            a, b = torch.randn(s, s, device="cuda"), torch.randn(s, s, device="cuda")
+        for label, (m, k, n, ta, tb) in cases:
+            a = torch.randn(k, m, device="cuda").t() if ta else torch.randn(m, k, device="cuda")
+            b = torch.randn(n, k, device="cuda").t() if tb else torch.randn(k, n, device="cuda")
             for _ in range(3):
                 a @ b
             torch.cuda.synchronize()
@@ -97,7 +122,7 @@ def torch_matmul(sizes: list[int], seconds: float) -> list[dict]:
             e1.record()
             torch.cuda.synchronize()
             ms = e0.elapsed_time(e1) / reps
-            out.append({"case": f"matmul {s}^3", "tf32": tf32, "ms": ms, "gflops": 2.0 * s ** 3 / ms * 1e-6,
+            out.append({"case": label, "tf32": tf32, "ms": ms, "gflops": 2.0 * m * k * n / ms * 1e-6,
                         "device": torch.cuda.get_device_name(), "torch": torch.__version__})
     torch.backends.cuda.matmul.allow_tf32 = False
     return out
@@ -242,7 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default="64,1000", help="MNIST batch sizes (comma list; empty: none)")
     ap.add_argument("--convs", default="", help="extra 3x3 conv layers BxCINxCOUTxHW, comma list "
                     "(e.g. 32x64x64x56)")
-    ap.add_argument("--torch", action="store_true", help="also time PyTorch CUDA FP32 matmul at --sizes")
+    ap.add_argument("--transformer", default="", help="comma list of " + ", ".join(TRANSFORMER_LINEARS)
+                    + ": their Linear layers' forward, dX and dW GEMMs")
+    ap.add_argument("--torch", action="store_true", help="also time PyTorch CUDA FP32 matmul at --sizes "
+                    "and --transformer shapes")
     ap.add_argument("--variants", default="auto,register,shared",
                     help="comma list of auto (what the backend picks) | register | shared | dot, register and shared "
                          "optionally with the block size and K tile: shared8k16")
@@ -262,6 +290,11 @@ def main(argv: list[str] | None = None) -> int:
         cases += mnist_cases(b)
     for spec in (v for v in args.convs.split(",") if v):
         cases += generic_conv_cases(spec)
+    torch_shapes = []
+    for model in (v for v in args.transformer.split(",") if v):
+        for label, op, shapes, attrs, flop, spec in transformer_cases(model):
+            cases.append((label, op, shapes, attrs, flop))
+            torch_shapes.append((label, spec))
     results: list[Result] = []
     print(f"{'case':42s} {'variant':9s} {'GFLOP':>8s} {'ms':>9s} {'GFLOP/s':>9s} {'peak':>6s}  kernels")
     for label, op, shapes, attrs, flop in cases:
@@ -275,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
             frac = f"{100 * r.peak_fraction:5.1f}%" if r.peak_fraction is not None else "     -"
             print(f"{label:42s} {variant:9s} {r.gflop:8.3f} {r.ms:9.3f} {r.gflops:9.1f} {frac}  {r.kernels}",
                   flush=True)
-    reference = torch_matmul([int(v) for v in args.sizes.split(",") if v], args.seconds) if args.torch else []
+    reference = (torch_matmul([int(v) for v in args.sizes.split(",") if v], args.seconds, torch_shapes)
+                 if args.torch else [])
     for r in reference:
         frac = f"{100 * r['gflops'] / peak:5.1f}%" if peak else "     -"
         print(f"{r['case']:42s} {'torch' + (' tf32' if r['tf32'] else ''):9s} {'':8s} {r['ms']:9.3f} "
