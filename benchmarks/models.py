@@ -257,7 +257,8 @@ def run_anygrad(spec: Spec, module, batches, device: str, args, mem: GpuMemory |
            "first_loss": loss0, "device_name": model.backend.description}
     out |= _timed(lambda i: model.train_step(*batches[i % n]), lambda: model.read_metrics(reset=True),
                   len(x0), args.seconds, args.repeats)
-    exe = model._train_program(x0, y0, flush=False)
+    inputs0, targets0 = model._batch(x0, y0)
+    exe = model._train_program(inputs0, targets0, flush=False)
     if model.backend.name == "wgpu":
         from anygrad.backends.wgpu.planner import memory_report
         rep = memory_report(exe.plan)
@@ -268,7 +269,7 @@ def run_anygrad(spec: Spec, module, batches, device: str, args, mem: GpuMemory |
         if mem and level is not None:
             out["smi_peak_mib"] = mem.peak_since() - level
         if args.profile and "timestamp-query" in model.backend.device.features:
-            out["profile"] = exe.step_profile(model._feeds(x0, y0), repeat=3).as_dict()
+            out["profile"] = exe.step_profile({**inputs0, **targets0}, repeat=3).as_dict()
     return out  # the model's buffers go with this frame (the worker collects after each case)
 
 
