@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import queue
 import time
 from typing import Any
 
 import numpy as np
 
+from .. import _parallel
 from ..backends.base import Backend
 from ..batch import Batch, batch_size, take
 from ..data.loader import DataLoader
@@ -26,7 +28,7 @@ from ..ir.passes import RNG_STATE
 from ..model import Model
 from ..optim.base import LR_STATE
 from ..program import ACCUM_PREFIX, build_update_step
-from .launch import ProcessGroup
+from .launch import BUCKET_BYTES, ProcessGroup
 from .sampler import ShardedLoader
 
 # What each phase of Model._next_phase becomes: gradients only, the update runs after the sum.
@@ -65,6 +67,16 @@ def open_backends(devices: list[Any], limits: str | None = None, memory_budget: 
     return out
 
 
+class _Done:
+    """A finished result where a Future is expected (the devices run one after the other)."""
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def result(self) -> Any:
+        return self.value
+
+
 class DataParallel:
     """Attached to a compiled Model as `model.parallel`: Model.train_step and the metric reads
     come here. `backends`: the devices besides the model's own (this process); `group`: the
@@ -78,10 +90,15 @@ class DataParallel:
         self.updates = 0
         self._lr = model.optimizer.lr
         self._group_counts: list[int] = []  # samples per replica since the last update
-        self._flat: tuple[np.ndarray, np.ndarray] | None = None  # the gradient vector and a device's part
         self._settings = (tuple(model.graph.params), model.clip_norm, model.accumulate)
         self.speeds: list[float] | None = None  # samples/s per device, once balance() measured them
         self._timing, self._timed_steps, self._times = False, 0, []
+        self._pool: Any = None  # a thread per device, made at the first step
+        self._buckets: list[tuple[tuple[str, ...], int, int]] | None = None
+        self._host: list[np.ndarray] = []
+        self._ready = [queue.SimpleQueue() for _ in self.replicas]
+        self.timings: dict[str, float] = {}
+        self.steps = 0
         # Unlike devices (an iGPU beside a dGPU) share by speed, measured after the first update.
         self._balance_later = len({r.backend.description for r in self.replicas}) > 1
 
@@ -158,7 +175,7 @@ class DataParallel:
                    fetch_loss: bool = False) -> float | None:
         """Model.train_step (and train_on_batch with fetch_loss: the global batch's mean loss) on
         this process's batch (parsed: {input name: array}, {target name: array}): its devices'
-        gradient phases, then, at an update, the exchange."""
+        gradient phases, each on a thread of its own, then, at an update, the exchange."""
         model = self.model
         phase = model._next_phase(flush)
         if model.optimizer.lr != self._lr:  # a scheduler moved it: the model's device has it already
@@ -171,26 +188,31 @@ class DataParallel:
                 r._programs.clear()
                 r.clip_norm, r.accumulate = model.clip_norm, model.accumulate
             self._settings = settings
+            self._buckets = None
+        began = time.perf_counter()
         sizes = self.shares(batch_size(inputs))
-        losses, start = [], 0
-        for i, (r, size) in enumerate(zip(self.replicas, sizes)):
-            part = slice(start, start + size)
-            feeds = {**take(inputs, part), **take(targets, part)}
-            start += size
-            exe = r._program("train", take(inputs, part), take(targets, part), GRADIENT_PHASE[phase])
-            fetch = [exe.graph.outputs[0]] if fetch_loss else []
-            if self._timing:  # balance(): this device alone, to its end (compiled before the clock starts)
-                r.backend.get_state(RNG_STATE)  # the device is idle when the clock starts
-                began = time.perf_counter()
-                losses.append(exe.run(feeds, fetch=[exe.graph.outputs[0]]))
-                self._times[i][0] += time.perf_counter() - began
-                self._times[i][1] += size
-            else:
-                losses.append(exe.run(feeds, fetch=fetch))
+        update = phase in UPDATES
         grouped = phase not in ("first", "step") and self._group_counts
         self._group_counts = [c + s for c, s in zip(self._group_counts, sizes)] if grouped else sizes
-        if phase in UPDATES:
-            self._reduce_and_update()
+        if update:
+            self._prepare_exchange()
+        jobs, start = [], 0
+        for i, (r, size) in enumerate(zip(self.replicas, sizes)):
+            part = slice(start, start + size)
+            start += size
+            exe = r._program("train", take(inputs, part), take(targets, part), GRADIENT_PHASE[phase])
+            feeds = {**take(inputs, part), **take(targets, part)}
+            jobs.append((i, r, exe, feeds, size, fetch_loss or self._timing, update))
+        if self._timing:  # balance(): each device alone, to its end, timed (compiled before the clock starts)
+            futures = [_Done(self._gradient_job(*job)) for job in jobs]
+        else:
+            futures = [self._pool_submit(self._gradient_job, *job) for job in jobs]
+        self._spent("submit", began)
+        if update:
+            self._reduce_and_update(futures)
+        losses = [f.result() for f in futures]
+        self.steps += 1
+        if update:
             if self._balance_later:
                 self._balance_later = False
                 self.balance()
@@ -199,6 +221,7 @@ class DataParallel:
                 if self._timed_steps <= 0:
                     self.speeds = [n / max(t, 1e-9) for t, n in self._times]
                     self._timing = False
+        self._spent("step", began)
         if not fetch_loss:
             return None
         local = sum(float(out[next(iter(out))]) * s for out, s in zip(losses, sizes)) / sum(sizes)
@@ -206,34 +229,135 @@ class DataParallel:
             local = float(self.group.all_reduce_f64(np.array([local]))[0]) / self.group.size
         return local
 
-    def _reduce_and_update(self) -> None:
-        """Sum the replicas' accum buffers (one flat float32 vector each: one readback per device,
-        all-reduced in place in buckets), write the sum back, run the update everywhere."""
-        names = [ACCUM_PREFIX + p for p in self.model.graph.params]
-        size = sum(int(self.model.graph.initializers[p].size) for p in self.model.graph.params)
-        if self._flat is None or self._flat[0].size != size:
-            self._flat = (np.empty(size, np.float32), np.empty(size, np.float32))
-        flat, part = self._flat
+    # -- the exchange -----------------------------------------------------------------------------
+    def _pool_submit(self, fn, *args) -> Any:
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+            # A cpu device's ops stay on its own thread (no nested use of the shared numpy pool,
+            # whose BLAS thread count one caller at a time may set): k cpu devices use k cores.
+            self._pool = ThreadPoolExecutor(len(self.replicas), thread_name_prefix="anygrad-replica",
+                                            initializer=_parallel.mark_worker)
+        return self._pool.submit(fn, *args)
+
+    def _prepare_exchange(self) -> None:
+        """Buckets of consecutive parameters (about BUCKET_BYTES each, in the flat vector's order),
+        the host buffers they land in (kept from step to step), and a queue per device that says
+        which buckets it has read back."""
+        if self._buckets is None:
+            params = list(self.model.graph.params)
+            sizes = [int(self.model.graph.initializers[p].size) for p in params]
+            limit = max(1, BUCKET_BYTES // 4)
+            buckets, names, first, at = [], [], 0, 0
+            for p, n in zip(params, sizes):
+                if names and at - first + n > limit:
+                    buckets.append((tuple(names), first, at))
+                    names, first = [], at
+                names.append(ACCUM_PREFIX + p)
+                at += n
+            if names:
+                buckets.append((tuple(names), first, at))
+            self._buckets = buckets
+            # device 0 reads into the sum itself; the others into a buffer of their own
+            self._host = [np.empty(at, np.float32) for _ in self.replicas]
+        for q in self._ready:
+            while not q.empty():
+                q.get_nowait()
+
+    def _gradient_job(self, i: int, r: Model, exe: Any, feeds: dict, size: int, fetch: bool,
+                      update: bool) -> Any:
+        """One device: its gradient phase, then (at an update) its gradient read back bucket by
+        bucket, each announced on its queue as soon as it is on the host (an error too)."""
+        try:
+            began = time.perf_counter()
+            if self._timing:
+                r.backend.get_state(RNG_STATE)  # the device is idle when the clock starts
+            out = exe.run(feeds, fetch=[exe.graph.outputs[0]] if fetch else [])
+            if self._timing:
+                self._times[i][0] += time.perf_counter() - began
+                self._times[i][1] += size
+            if update:
+                host = self._host[i]
+                waits = [r.backend.export_states_async(names, host[a:b]) for names, a, b in self._buckets]
+                for k, wait in enumerate(waits):
+                    t = time.perf_counter()
+                    wait()
+                    self._spent(f"readback{i}" if k else f"compute_wait{i}", t)
+                    self._ready[i].put(k)
+            return out
+        except BaseException as e:
+            if update:
+                self._ready[i].put(e)
+            raise
+
+    def _reduce_and_update(self, futures: list[Any]) -> None:
+        """As each bucket arrives from every device: the devices' parts summed into device 0's
+        buffer (weighted by their shares of the batch: exact with uneven shares, no new arrays),
+        then all-reduced through gloo (started at once, several buckets in flight); then each
+        bucket written back to every device as soon as it is reduced, and the update run everywhere
+        (the devices in parallel)."""
         counts = self._group_counts
         total = float(sum(counts))
+        flat = self._host[0]
         several = len(self.replicas) > 1
-        for i, (r, n) in enumerate(zip(self.replicas, counts)):
-            r.backend.export_states(names, flat if i == 0 else part)
-            if several:  # weight by each device's share of the batch (exact with uneven shares)
-                if i == 0:
-                    flat *= np.float32(n / total)
-                else:
-                    flat += part * np.float32(n / total)
-        if self.group is not None and self.group.size > 1:
-            self.group.all_reduce_flat(flat, 1.0 / self.group.size)
+        ranks = self.group is not None and self.group.size > 1
+        works = []
+        for k, (_, a, b) in enumerate(self._buckets):
+            for i in range(len(self.replicas)):
+                got = self._ready[i].get()
+                if isinstance(got, BaseException):
+                    futures[i].result()  # raises the device's error
+                    raise got
+            t = time.perf_counter()
+            if several:
+                np.multiply(flat[a:b], np.float32(counts[0] / total), out=flat[a:b])
+                for i in range(1, len(self.replicas)):
+                    part = self._host[i][a:b]
+                    np.multiply(part, np.float32(counts[i] / total), out=part)
+                    np.add(flat[a:b], part, out=flat[a:b])
+            self._spent("sum", t)
+            if ranks:
+                works.append(self.group.all_reduce_start(flat[a:b], k))
+        scale = np.float32(1.0 / self.group.size) if ranks else None
         if several or self.group is not None:
-            for r in self.replicas:
-                r.backend.import_states(names, flat)
-        for r in self.replicas:
-            self._update_program(r).run({}, fetch=[])
+            for k, (names, a, b) in enumerate(self._buckets):
+                if ranks:
+                    t = time.perf_counter()
+                    works[k].wait()
+                    np.multiply(flat[a:b], scale, out=flat[a:b])
+                    self._spent("all_reduce_wait", t)
+                t = time.perf_counter()
+                for r in self.replicas:
+                    r.backend.import_states(names, flat[a:b])
+                self._spent("write_back", t)
+        t = time.perf_counter()
+        for f in [self._pool_submit(self._update_job, r) for r in self.replicas] if several else \
+                [_Done(self._update_job(self.replicas[0]))]:
+            f.result()
+        self._spent("update", t)
         self.updates += 1
         if self.check_every and self.updates % self.check_every == 0:
+            t = time.perf_counter()
             self.check_replicas()
+            self._spent("hash", t)
+
+    def _update_job(self, r: Model) -> None:
+        self._update_program(r).run({}, fetch=[])
+
+    def _spent(self, what: str, since: float) -> None:
+        self.timings[what] = self.timings.get(what, 0.0) + time.perf_counter() - since
+
+    def breakdown(self, reset: bool = True) -> dict[str, float]:
+        """Host milliseconds per step in each part of the data-parallel step, since the last reset:
+        submit (uploads and encoding of every device's gradient phase), compute_wait<i> (device i
+        finishing its gradient phase and its first bucket's readback), readback<i> (its other
+        buckets), sum (host sum of the devices' parts), all_reduce_wait (gloo beyond what overlapped),
+        write_back (uploads of the reduced gradient), update (the update programs), hash, and step
+        (the whole). The device threads' parts overlap the main thread's ones."""
+        steps = max(1, self.steps)
+        out = {k: 1000.0 * v / steps for k, v in self.timings.items()}
+        if reset:
+            self.timings, self.steps = {}, 0
+        return out
 
     def _update_program(self, r: Model):
         g = r.graph

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -143,6 +143,7 @@ class WgpuBackend(Backend):
         self.arenas: dict[str, Any] = {}  # arena value -> (buffer, ArenaSpec)
         self.generation = 0   # bumped when a state buffer is replaced (bind groups must follow)
         self._export_buf: tuple[Any, int] | None = None  # export_states' mapped buffer and its size
+        self._export_bufs: dict[tuple, tuple[Any, int]] = {}  # export_states_async's, per list of names
 
     @property
     def description(self) -> str:
@@ -216,6 +217,48 @@ class WgpuBackend(Backend):
                 buf.unmap()
         except Exception as e:
             raise _gpu_error(e, "reading gradients back") from e
+
+    def export_states_async(self, names: Sequence[str], out: np.ndarray) -> Callable[[], None]:
+        """export_states in two halves, so that buckets pipeline: this call queues the copies into
+        a mapped staging buffer of these names' own (kept between calls) and asks to map it; the
+        returned function waits for that map and copies into `out`. Buckets exported one after
+        the other each get their own submission, so the first is read while the next copies."""
+        spans, total = [], 0
+        for n in names:
+            st = self.state[n]
+            if np.dtype(st.dtype) != np.float32 or st.nbytes % 4:
+                return super().export_states_async(names, out)
+            spans.append((st, total))
+            total += st.nbytes
+        if total == 0:
+            return lambda: None
+        wgpu = _wgpu()
+        key = tuple(names)
+        held = self._export_bufs.get(key)
+        if held is None or held[1] < total:
+            held = (self.create_buffer(total, wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST,
+                                       "state export"), total)
+            self._export_bufs[key] = held
+        buf = held[0]
+        enc = self.device.create_command_encoder()
+        for st, off in spans:
+            enc.copy_buffer_to_buffer(st.buffer, st.offset, buf, off, st.nbytes)
+        try:
+            self.device.queue.submit([enc.finish()])
+            promise = buf.map_async(wgpu.MapMode.READ)
+        except Exception as e:
+            raise _gpu_error(e, "reading gradients back") from e
+
+        def finish() -> None:
+            try:
+                promise.sync_wait()  # waits on an event: the GIL is free meanwhile
+                try:
+                    np.copyto(out[:total // 4], np.frombuffer(buf.read_mapped(0, total, copy=False), np.float32))
+                finally:
+                    buf.unmap()
+            except Exception as e:
+                raise _gpu_error(e, "reading gradients back") from e
+        return finish
 
     def import_states(self, names: Sequence[str], flat: np.ndarray) -> None:
         """Each state's slice of the float32 vector `flat`, written in place (no new buffers)."""
