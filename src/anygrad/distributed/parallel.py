@@ -14,7 +14,9 @@ from __future__ import annotations
 import copy
 import hashlib
 import queue
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -26,6 +28,7 @@ from ..data.loader import DataLoader
 from ..errors import ConfigError, DeviceError
 from ..ir.passes import RNG_STATE
 from ..model import Model
+from ..ops import collective
 from ..optim.base import LR_STATE
 from ..program import ACCUM_PREFIX, build_update_step
 from .launch import BUCKET_BYTES, ProcessGroup
@@ -77,13 +80,38 @@ class _Done:
         return self.value
 
 
+class _Meeting:
+    """Where the replica threads of this process meet at each AllReduceSum: each leaves its value,
+    one (the barrier's first) sums them in device order and (across ranks) all-reduces the sum."""
+
+    def __init__(self, k: int):
+        self.k = k
+        self.barrier = threading.Barrier(k)
+        self.parts: list[Any] = [None] * k
+        self.total: Any = None
+
+    def ready(self) -> None:
+        if self.barrier.broken:  # a device failed in an earlier step
+            self.barrier.reset()
+
+    def sum(self, i: int, value: np.ndarray, across: Callable[[np.ndarray], np.ndarray] | None) -> np.ndarray:
+        self.parts[i] = value
+        if self.barrier.wait() == 0:
+            total = self.parts[0].copy()
+            for part in self.parts[1:]:
+                total += part
+            self.total = across(total) if across is not None else total
+        self.barrier.wait()  # every part is in the sum; the next meeting's parts may come
+        return self.total.copy()
+
+
 class DataParallel:
     """Attached to a compiled Model as `model.parallel`: Model.train_step and the metric reads
     come here. `backends`: the devices besides the model's own (this process); `group`: the
     torch.distributed job, or None."""
 
     def __init__(self, model: Model, backends: list[Backend] | None = None, group: ProcessGroup | None = None,
-                 check_every: int = 100):
+                 check_every: int = 100, sync_batchnorm: bool | None = None):
         model._require_compiled()
         self.model, self.group, self.check_every = model, group, int(check_every)
         self.replicas: list[Model] = [model] + [self._replica(b) for b in backends or []]
@@ -99,8 +127,40 @@ class DataParallel:
         self._ready = [queue.SimpleQueue() for _ in self.replicas]
         self.timings: dict[str, float] = {}
         self.steps = 0
+        self._sizes: list[int] = []  # this micro-batch's shares (AllReduceSum's weights)
+        self._meet: _Meeting | None = None
+        self.set_sync_batchnorm(model.sync_batchnorm if sync_batchnorm is None else sync_batchnorm)
         # Unlike devices (an iGPU beside a dGPU) share by speed, measured after the first update.
         self._balance_later = len({r.backend.description for r in self.replicas}) > 1
+
+    def set_sync_batchnorm(self, on: bool) -> None:
+        """BatchNorm statistics over every replica (every device, every rank) as SyncBatchNorm, or per
+        replica (DDP's default). The training programs are rebuilt."""
+        lacking = [r.backend.description for r in self.replicas if on and not r.backend.supports("AllReduceSum")]
+        if lacking:
+            raise ConfigError(f"--sync-batchnorm needs a sum across devices inside the step, which {lacking[0]} "
+                              "cannot run yet (its step is one submission to the GPU); train with --device cpu "
+                              "or torch, or leave BatchNorm statistics per replica (without --sync-batchnorm)")
+        for r in self.replicas:
+            if r.sync_batchnorm != bool(on):
+                r.sync_batchnorm = bool(on)
+                r._programs.clear()
+        self._meet = _Meeting(len(self.replicas)) if on else None
+
+    def _reduce_stat(self, i: int, x: np.ndarray, mode: str) -> np.ndarray:
+        """AllReduceSum on replica i (ops.collective's modes): the replicas of this process meet on
+        threads (summed in device order, in double), the ranks through gloo."""
+        sizes = self._sizes
+        if mode == "count":
+            return x * (float(sum(sizes)) * self.world_size / sizes[i])
+        value = x.astype(np.float64) * (sizes[i] if mode == "weighted" else 1.0)
+        meet = self._meet
+        ranks = self.group is not None and self.group.size > 1
+        if meet is None or meet.k == 1:
+            total = self.group.all_reduce_f64(value).reshape(x.shape) if ranks else value
+        else:
+            total = meet.sum(i, value, (lambda v: self.group.all_reduce_f64(v).reshape(v.shape)) if ranks else None)
+        return total / sizes[i] if mode == "weighted" else total
 
     # -- replicas -------------------------------------------------------------------------------
     def _replica(self, backend: Backend) -> Model:
@@ -203,7 +263,10 @@ class DataParallel:
             exe = r._program("train", take(inputs, part), take(targets, part), GRADIENT_PHASE[phase])
             feeds = {**take(inputs, part), **take(targets, part)}
             jobs.append((i, r, exe, feeds, size, fetch_loss or self._timing, update))
-        if self._timing:  # balance(): each device alone, to its end, timed (compiled before the clock starts)
+        self._sizes = sizes
+        if self._meet is not None:
+            self._meet.ready()
+        if self._timing and self._meet is None:  # balance(): each device alone, timed (compiled before the clock starts)
             futures = [_Done(self._gradient_job(*job)) for job in jobs]
         else:
             futures = [self._pool_submit(self._gradient_job, *job) for job in jobs]
@@ -271,7 +334,11 @@ class DataParallel:
             began = time.perf_counter()
             if self._timing:
                 r.backend.get_state(RNG_STATE)  # the device is idle when the clock starts
-            out = exe.run(feeds, fetch=[exe.graph.outputs[0]] if fetch else [])
+            collective.set_reducer((lambda x, mode: self._reduce_stat(i, x, mode)) if self._meet is not None else None)
+            try:
+                out = exe.run(feeds, fetch=[exe.graph.outputs[0]] if fetch else [])
+            finally:
+                collective.set_reducer(None)
             if self._timing:
                 self._times[i][0] += time.perf_counter() - began
                 self._times[i][1] += size
@@ -285,6 +352,8 @@ class DataParallel:
                     self._ready[i].put(k)
             return out
         except BaseException as e:
+            if self._meet is not None:
+                self._meet.barrier.abort()  # the other devices stop waiting for this one
             if update:
                 self._ready[i].put(e)
             raise
