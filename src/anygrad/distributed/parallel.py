@@ -124,6 +124,7 @@ class DataParallel:
         self._pool: Any = None  # a thread per device, made at the first step
         self._buckets: list[tuple[tuple[str, ...], int, int]] | None = None
         self._host: list[np.ndarray] = []
+        self._arrived: list[set[int]] = []
         self._ready = [queue.SimpleQueue() for _ in self.replicas]
         self.timings: dict[str, float] = {}
         self.steps = 0
@@ -303,52 +304,89 @@ class DataParallel:
         return self._pool.submit(fn, *args)
 
     def _prepare_exchange(self) -> None:
-        """Buckets of consecutive parameters (about BUCKET_BYTES each, in the flat vector's order),
-        the host buffers they land in (kept from step to step), and a queue per device that says
-        which buckets it has read back."""
+        """Buckets of about BUCKET_BYTES, each a run of consecutive parameters (a range of the flat
+        vector, which is in parameter order), listed from the last parameters to the first (the
+        order the backward finishes them, as DDP's), the host buffers they land in (kept from step
+        to step), and a queue per device that says which buckets it has read back."""
         if self._buckets is None:
             params = list(self.model.graph.params)
             sizes = [int(self.model.graph.initializers[p].size) for p in params]
+            starts = np.concatenate([[0], np.cumsum(sizes)]).astype(int).tolist()
             limit = max(1, BUCKET_BYTES // 4)
-            buckets, names, first, at = [], [], 0, 0
-            for p, n in zip(params, sizes):
-                if names and at - first + n > limit:
-                    buckets.append((tuple(names), first, at))
-                    names, first = [], at
-                names.append(ACCUM_PREFIX + p)
-                at += n
-            if names:
-                buckets.append((tuple(names), first, at))
+            buckets: list[tuple[tuple[str, ...], int, int]] = []
+            run: list[int] = []
+            for j in reversed(range(len(params))):
+                if run and starts[run[0] + 1] - starts[j + 1] + sizes[j] > limit:
+                    buckets.append((tuple(ACCUM_PREFIX + params[i] for i in reversed(run)), starts[run[-1]],
+                                    starts[run[0] + 1]))
+                    run = []
+                run.append(j)
+            if run:
+                buckets.append((tuple(ACCUM_PREFIX + params[i] for i in reversed(run)), starts[run[-1]],
+                                starts[run[0] + 1]))
             self._buckets = buckets
             # device 0 reads into the sum itself; the others into a buffer of their own
-            self._host = [np.empty(at, np.float32) for _ in self.replicas]
+            self._host = [np.empty(starts[-1], np.float32) for _ in self.replicas]
         for q in self._ready:
             while not q.empty():
                 q.get_nowait()
+        self._arrived = [set() for _ in self.replicas]
+
+    def _ready_steps(self, exe: Any) -> dict[int, int | None]:
+        """Per bucket, the kernel of `exe` after which its gradients are final (None: at the end), for
+        executables that can read back mid-step (wgpu's taps); {} for the others."""
+        if not hasattr(exe, "taps") or not hasattr(exe, "last_write"):
+            return {}
+        held = getattr(exe, "_bucket_ready", None)
+        if held is None or held[0] is not self._buckets:
+            held = (self._buckets, {k: exe.last_write(names) for k, (names, _, _) in enumerate(self._buckets)})
+            exe._bucket_ready = held
+        return held[1]
 
     def _gradient_job(self, i: int, r: Model, exe: Any, feeds: dict, size: int, fetch: bool,
                       update: bool) -> Any:
         """One device: its gradient phase, then (at an update) its gradient read back bucket by
-        bucket, each announced on its queue as soon as it is on the host (an error too)."""
+        bucket, each announced on its queue as soon as it is on the host (an error too). On wgpu a
+        bucket's copy is encoded right after the kernel that finishes it, and that much of the step
+        is submitted at once: the bucket is read, summed and all-reduced during the rest of the
+        backward pass."""
         try:
             began = time.perf_counter()
             if self._timing:
                 r.backend.get_state(RNG_STATE)  # the device is idle when the clock starts
             collective.set_reducer((lambda x, mode: self._reduce_stat(i, x, mode)) if self._meet is not None else None)
+            host = self._host[i] if update else None
+            ready = self._ready_steps(exe) if update else {}
+            waits: dict[int, Callable[[], None]] = {}
+            if ready:
+                at: dict[int, list[int]] = {}
+                for k, step in ready.items():
+                    if step is not None:
+                        at.setdefault(step, []).append(k)
+
+                def tap(enc: Any, ks: list[int]) -> None:
+                    for k in ks:
+                        names, a, b = self._buckets[k]
+                        waits[k] = r.backend.export_states_async(names, host[a:b], encoder=enc)
+                exe.taps = {step: (lambda enc, ks=ks: tap(enc, ks)) for step, ks in at.items()}
             try:
                 out = exe.run(feeds, fetch=[exe.graph.outputs[0]] if fetch else [])
             finally:
                 collective.set_reducer(None)
+                if ready:
+                    exe.taps = {}
             if self._timing:
                 self._times[i][0] += time.perf_counter() - began
                 self._times[i][1] += size
             if update:
-                host = self._host[i]
-                waits = [r.backend.export_states_async(names, host[a:b]) for names, a, b in self._buckets]
-                for k, wait in enumerate(waits):
+                for k, (names, a, b) in enumerate(self._buckets):
+                    if k not in waits:
+                        waits[k] = r.backend.export_states_async(names, host[a:b])
+                last = float("inf")  # buckets read after the step: last, in bucket order
+                for n, k in enumerate(sorted(waits, key=lambda k: (last if ready.get(k) is None else ready[k], k))):
                     t = time.perf_counter()
-                    wait()
-                    self._spent(f"readback{i}" if k else f"compute_wait{i}", t)
+                    waits[k]()
+                    self._spent(f"readback{i}" if n else f"compute_wait{i}", t)
                     self._ready[i].put(k)
             return out
         except BaseException as e:
@@ -357,6 +395,15 @@ class DataParallel:
             if update:
                 self._ready[i].put(e)
             raise
+
+    def _await(self, i: int, k: int, futures: list[Any]) -> None:
+        """Until device i has bucket k on the host (devices may finish buckets in their own order)."""
+        while k not in self._arrived[i]:
+            got = self._ready[i].get()
+            if isinstance(got, BaseException):
+                futures[i].result()  # raises the device's error
+                raise got
+            self._arrived[i].add(got)
 
     def _reduce_and_update(self, futures: list[Any]) -> None:
         """As each bucket arrives from every device: the devices' parts summed into device 0's
@@ -372,10 +419,7 @@ class DataParallel:
         works = []
         for k, (_, a, b) in enumerate(self._buckets):
             for i in range(len(self.replicas)):
-                got = self._ready[i].get()
-                if isinstance(got, BaseException):
-                    futures[i].result()  # raises the device's error
-                    raise got
+                self._await(i, k, futures)
             t = time.perf_counter()
             if several:
                 np.multiply(flat[a:b], np.float32(counts[0] / total), out=flat[a:b])

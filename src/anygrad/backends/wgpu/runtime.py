@@ -218,11 +218,13 @@ class WgpuBackend(Backend):
         except Exception as e:
             raise _gpu_error(e, "reading gradients back") from e
 
-    def export_states_async(self, names: Sequence[str], out: np.ndarray) -> Callable[[], None]:
+    def export_states_async(self, names: Sequence[str], out: np.ndarray, encoder: Any = None) -> Callable[[], None]:
         """export_states in two halves, so that buckets pipeline: this call queues the copies into
         a mapped staging buffer of these names' own (kept between calls) and asks to map it; the
         returned function waits for that map and copies into `out`. Buckets exported one after
-        the other each get their own submission, so the first is read while the next copies."""
+        the other each get their own submission, so the first is read while the next copies.
+        With `encoder` the copies go into it instead (a tap of WgpuExecutable.taps: mid-step),
+        and the map is asked for when the returned function is called, after that submission."""
         spans, total = [], 0
         for n in names:
             st = self.state[n]
@@ -240,18 +242,20 @@ class WgpuBackend(Backend):
                                        "state export"), total)
             self._export_bufs[key] = held
         buf = held[0]
-        enc = self.device.create_command_encoder()
+        enc = encoder if encoder is not None else self.device.create_command_encoder()
         for st, off in spans:
             enc.copy_buffer_to_buffer(st.buffer, st.offset, buf, off, st.nbytes)
-        try:
-            self.device.queue.submit([enc.finish()])
-            promise = buf.map_async(wgpu.MapMode.READ)
-        except Exception as e:
-            raise _gpu_error(e, "reading gradients back") from e
+        promise = None
+        if encoder is None:
+            try:
+                self.device.queue.submit([enc.finish()])
+                promise = buf.map_async(wgpu.MapMode.READ)
+            except Exception as e:
+                raise _gpu_error(e, "reading gradients back") from e
 
         def finish() -> None:
             try:
-                promise.sync_wait()  # waits on an event: the GIL is free meanwhile
+                (promise or buf.map_async(wgpu.MapMode.READ)).sync_wait()  # an event wait: the GIL is free
                 try:
                     np.copyto(out[:total // 4], np.frombuffer(buf.read_mapped(0, total, copy=False), np.float32))
                 finally:
@@ -440,6 +444,10 @@ class WgpuExecutable(Executable):
                        for r, _ in self.plan.state_copies if r.kind == "state" and r.name in targets}
         # ANYGRAD_WGPU_PROFILE=1: GPU time per kernel on every run (profiling.py)
         self._profiler = live_profiler(dev, [st.kernel.name for st in self.plan.steps], f"graph '{graph.name}'")
+        # step index -> fn(encoder): after that kernel the pass ends, fn encodes its copies and that
+        # much of the step is submitted, so the host reads them while the rest runs (set by the caller
+        # for one run: data-parallel gradient buckets; see _encode_dispatches)
+        self.taps: dict[int, Callable[[Any], None]] = {}
 
     # -- binding ----------------------------------------------------------------------------------
     def _buffer(self, r: Root) -> Any:
@@ -589,13 +597,10 @@ class WgpuExecutable(Executable):
                 enc.copy_buffer_to_buffer(self._buffer(r), self._offset(r), staging, offset, -(-nbytes // 4) * 4)
             if self._dispatches and self._profiler is not None:
                 self._profiler.encode(enc, self._dispatches)
+                for step in sorted(self.taps):  # profiled: the taps' copies after the whole pass
+                    self.taps[step](enc)
             elif self._dispatches:
-                cpass = enc.begin_compute_pass()
-                for pipe, bg, wg in self._dispatches:
-                    cpass.set_pipeline(pipe)
-                    cpass.set_bind_group(0, bg)
-                    cpass.dispatch_workgroups(*wg)
-                cpass.end()
+                enc = self._encode_dispatches(enc)
             # Fetched values are copied before state copies, so a fetched state reads as before the step.
             for item in layout:
                 _, r, offset, nbytes = item
@@ -645,6 +650,42 @@ class WgpuExecutable(Executable):
                 dtype, shape = st.dtype, st.shape
             out[name] = from_device(raw[offset:offset + nbytes], dtype, shape)
         return out
+
+    def _encode_dispatches(self, enc: Any) -> Any:
+        """The step's kernels in one compute pass, or with taps one pass per stretch between them:
+        at each tap the pass ends, the tap encodes its copies, and the encoder is submitted (a
+        mapping of what it copied resolves when that much of the step has run). Returns the
+        encoder the rest of the step is encoded into."""
+        at, n = 0, len(self._dispatches)
+        for cut in sorted({k for k in self.taps if k < n} | {n - 1}):
+            if cut >= at:
+                cpass = enc.begin_compute_pass()
+                for pipe, bg, wg in self._dispatches[at:cut + 1]:
+                    cpass.set_pipeline(pipe)
+                    cpass.set_bind_group(0, bg)
+                    cpass.dispatch_workgroups(*wg)
+                cpass.end()
+                at = cut + 1
+            if cut in self.taps:
+                self.taps[cut](enc)
+                if cut < n - 1:
+                    self.backend.device.queue.submit([enc.finish()])
+                    enc = self.backend.device.create_command_encoder()
+        return enc
+
+    def last_write(self, states: Sequence[str]) -> int | None:
+        """The index of the last kernel writing any of these states in place, or None when one of
+        them is written after the kernels (a state copy), sits in an arena, or is not written."""
+        copied = {t for _, t in self.plan.state_copies} | {m for a in self.plan.arenas for m in a.members}
+        if copied & set(states):
+            return None
+        last: dict[str, int] = {}
+        for k, st in enumerate(self.plan.steps):
+            for r in st.writes:
+                if r.kind == "state":
+                    last[r.name] = k
+        found = [last.get(n) for n in states]
+        return None if not found or None in found else max(found)
 
     def describe(self) -> str:
         from .planner import describe
