@@ -35,16 +35,23 @@ def set_reducer(reducer: Reducer | None) -> None:
     _local.reducer = reducer
 
 
+def has_reducer() -> bool:
+    """Whether AllReduceSum on this thread meets other replicas (else it is the identity)."""
+    return getattr(_local, "reducer", None) is not None
+
+
+def host_reduce(x: np.ndarray, mode: str) -> np.ndarray:
+    """AllReduceSum of `x` through this thread's reducer (a backend running the op on the host)."""
+    reducer = getattr(_local, "reducer", None)
+    return x.copy() if reducer is None else np.asarray(reducer(x, mode), dtype=x.dtype).reshape(x.shape)
+
+
 def _infer(node: Node, ins: list[TensorInfo | None]) -> list[TensorInfo]:
     return [TensorInfo(ins[0].dtype, ins[0].shape)]
 
 
 def _forward(node: Node, ins: list[np.ndarray | None]) -> list[np.ndarray]:
-    x = np.asarray(ins[0])
-    reducer = getattr(_local, "reducer", None)
-    if reducer is None:
-        return [x.copy()]
-    return [np.asarray(reducer(x, str(node.attr("mode", "sum"))), dtype=x.dtype).reshape(x.shape)]
+    return [host_reduce(np.asarray(ins[0]), str(node.attr("mode", "sum")))]
 
 
 def _grad(g: GradContext) -> list[str | None]:

@@ -16,11 +16,13 @@ import numpy as np
 
 from ...errors import DeviceError, ShapeError
 from ...ir.graph import Graph, Node
+from ...ops import collective
 from ..base import Backend, Executable
 from . import pipeline_cache
 from .adapters import AdapterInfo, select_adapter
 from .fusion import packed_name, prepare
 from .kernel import LOWERINGS, AdapterCaps
+from .kernels_collective import HOST_PREFIX
 from .limits import LimitsProfile, get_profile, parse_size
 from .planner import MemoryReport, Root, fit_plan, memory_report, value_bytes
 from .profiling import StepProfile, live_profiler, profile_dispatches
@@ -448,6 +450,9 @@ class WgpuExecutable(Executable):
         # much of the step is submitted, so the host reads them while the rest runs (set by the caller
         # for one run: data-parallel gradient buckets; see _encode_dispatches)
         self.taps: dict[int, Callable[[Any], None]] = {}
+        # host steps (kernels_collective): AllReduceSum's data-parallel sums, run on the host
+        self._host_steps = {k for k, st in enumerate(self.plan.steps) if st.kernel.name.startswith(HOST_PREFIX)}
+        self._host_staging: dict[int, Any] = {}
 
     # -- binding ----------------------------------------------------------------------------------
     def _buffer(self, r: Root) -> Any:
@@ -657,7 +662,21 @@ class WgpuExecutable(Executable):
         mapping of what it copied resolves when that much of the step has run). Returns the
         encoder the rest of the step is encoded into."""
         at, n = 0, len(self._dispatches)
-        for cut in sorted({k for k in self.taps if k < n} | {n - 1}):
+        hosted = {k - 1 for k in self._host_steps} if self._host_steps and collective.has_reducer() else set()
+        for cut in sorted({k for k in self.taps if k < n} | hosted | {n - 1}):
+            if cut in hosted:  # the next kernel is a host step: run what comes before, then it
+                if cut >= at:
+                    cpass = enc.begin_compute_pass()
+                    for pipe, bg, wg in self._dispatches[at:cut + 1]:
+                        cpass.set_pipeline(pipe)
+                        cpass.set_bind_group(0, bg)
+                        cpass.dispatch_workgroups(*wg)
+                    cpass.end()
+                if cut in self.taps:
+                    self.taps[cut](enc)
+                enc = self._host_step(enc, cut + 1)
+                at = cut + 2
+                continue
             if cut >= at:
                 cpass = enc.begin_compute_pass()
                 for pipe, bg, wg in self._dispatches[at:cut + 1]:
@@ -672,6 +691,30 @@ class WgpuExecutable(Executable):
                     self.backend.device.queue.submit([enc.finish()])
                     enc = self.backend.device.create_command_encoder()
         return enc
+
+    def _host_step(self, enc: Any, k: int) -> Any:
+        """Kernel k is a host step: submit the step so far with a copy of its input, wait, let the
+        reducer sum it with the other replicas', write the result where the kernel writes, and
+        return a fresh encoder for the rest. One GPU round trip per sum (SyncBatchNorm's cost)."""
+        wgpu = _wgpu()
+        st = self.plan.steps[k]
+        src, dst = st.reads[0], st.writes[0]
+        nbytes = value_bytes(self.prepared, st.kernel.reads[0])
+        if k not in self._host_staging:
+            U = wgpu.BufferUsage
+            self._host_staging[k] = self.backend.create_buffer(nbytes, U.MAP_READ | U.COPY_DST, "host step")
+        staging = self._host_staging[k]
+        enc.copy_buffer_to_buffer(self._buffer(src), self._offset(src), staging, 0, nbytes)
+        self.backend.device.queue.submit([enc.finish()])
+        staging.map_sync(wgpu.MapMode.READ)
+        try:
+            x = np.frombuffer(staging.read_mapped(0, nbytes, copy=True), np.float32)
+        finally:
+            staging.unmap()
+        mode = st.kernel.name.rsplit(":", 1)[-1]
+        y = np.ascontiguousarray(collective.host_reduce(x, mode), np.float32)
+        self.backend.device.queue.write_buffer(self._buffer(dst), self._offset(dst), y)
+        return self.backend.device.create_command_encoder()
 
     def last_write(self, states: Sequence[str]) -> int | None:
         """The index of the last kernel writing any of these states in place, or None when one of
