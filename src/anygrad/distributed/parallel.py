@@ -2,12 +2,21 @@
 summed across replicas in between.
 
 The gradient phase is the step program's "first"/"accumulate" phase (program.PHASES): it leaves
-the micro-batch's gradient in the accum.<param> buffers instead of updating. The sum runs on the
-host: replicas of this process (several devices) are summed weighted by their share of the batch,
-then, in a torch.distributed job, all-reduced through gloo and divided by the number of ranks,
-whose shares are equal by construction (ShardedLoader). Every replica then runs the same update
-program (program.build_update_step) on the same summed gradient, so parameters stay equal; a hash
-of them is compared every `check_every` updates, and a mismatch is an error.
+the micro-batch's gradient in the accum.<param> buffers instead of updating. Each device runs it
+on a thread of its own (wgpu-py waits on events and numpy releases the GIL, so devices overlap).
+The gradient travels in buckets (launch.BUCKET_BYTES, last parameters first): on wgpu a bucket's
+copy is encoded right after the kernel that finishes it and that part of the step is submitted,
+so the host reads it back while the backward pass goes on; the main thread sums each bucket over
+the devices of this process (weighted by their share of the batch, into preallocated buffers),
+starts its gloo all-reduce across ranks (whose shares are equal by construction, ShardedLoader;
+several buckets in flight on several gloo groups), and writes each reduced bucket back to every
+device. Every replica then runs the same update program (program.build_update_step) on the same
+summed gradient, so parameters stay equal; a hash of them is compared every `check_every`
+updates, and a mismatch is an error. breakdown() says where a step's host time went.
+
+BatchNorm keeps per-replica statistics (DDP's default) unless set_sync_batchnorm(True): then the
+training program's BatchNorms become sums over every replica (ops.collective.AllReduceSum, which
+meets the device threads here and the ranks through gloo), forward and backward, as SyncBatchNorm.
 """
 from __future__ import annotations
 
@@ -416,7 +425,22 @@ class DataParallel:
         flat = self._host[0]
         several = len(self.replicas) > 1
         ranks = self.group is not None and self.group.size > 1
-        works = []
+        scale = np.float32(1.0 / self.group.size) if ranks else None
+        works: dict[int, Any] = {}
+        pending: list[int] = []  # reduced or reducing, not yet written back (in bucket order)
+
+        def finish(k: int) -> None:  # bucket k is summed over every replica: back to every device
+            names, a, b = self._buckets[k]
+            if ranks:
+                t = time.perf_counter()
+                works.pop(k).wait()
+                np.multiply(flat[a:b], scale, out=flat[a:b])
+                self._spent("all_reduce_wait", t)
+            t = time.perf_counter()
+            for r in self.replicas:
+                r.backend.import_states(names, flat[a:b])
+            self._spent("write_back", t)
+
         for k, (_, a, b) in enumerate(self._buckets):
             for i in range(len(self.replicas)):
                 self._await(i, k, futures)
@@ -428,20 +452,16 @@ class DataParallel:
                     np.multiply(part, np.float32(counts[i] / total), out=part)
                     np.add(flat[a:b], part, out=flat[a:b])
             self._spent("sum", t)
+            if not (several or self.group is not None):
+                continue
             if ranks:
-                works.append(self.group.all_reduce_start(flat[a:b], k))
-        scale = np.float32(1.0 / self.group.size) if ranks else None
-        if several or self.group is not None:
-            for k, (names, a, b) in enumerate(self._buckets):
-                if ranks:
-                    t = time.perf_counter()
-                    works[k].wait()
-                    np.multiply(flat[a:b], scale, out=flat[a:b])
-                    self._spent("all_reduce_wait", t)
-                t = time.perf_counter()
-                for r in self.replicas:
-                    r.backend.import_states(names, flat[a:b])
-                self._spent("write_back", t)
+                works[k] = self.group.all_reduce_start(flat[a:b], k)
+            pending.append(k)
+            # write back what gloo has finished while later buckets are still on their way
+            while pending and (not ranks or works[pending[0]].is_completed()):
+                finish(pending.pop(0))
+        for k in pending:
+            finish(k)
         t = time.perf_counter()
         for f in [self._pool_submit(self._update_job, r) for r in self.replicas] if several else \
                 [_Done(self._update_job(self.replicas[0]))]:
