@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -156,8 +157,12 @@ def comm(args: argparse.Namespace) -> None:
         group.all_reduce_flat(flat)
     ms = 1000 * (time.perf_counter() - t0) / args.repeats
     if group.rank == 0:
-        print(json.dumps({"all_reduce_mib": args.mib, "ranks": group.size, "ms": ms,
-                          "gb_per_s": (args.mib << 20) / ms / 1e6}), flush=True)
+        from anygrad.distributed.launch import BUCKET_BYTES, GLOO_GROUPS
+        got = {"all_reduce_mib": args.mib, "ranks": group.size, "ms": ms, "gb_per_s": (args.mib << 20) / ms / 1e6,
+               "gloo_groups": GLOO_GROUPS, "bucket_mb": BUCKET_BYTES / (1 << 20)}
+        print(json.dumps(got), flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps(got, indent=1))
     group.close()
 
 
@@ -173,6 +178,13 @@ def suite(args: argparse.Namespace) -> None:
     prepare(out, sorted({m for m, _, _ in rows}))
     me = [sys.executable, str(Path(__file__).resolve())]
     results = []
+    # gloo alone: one group and DDP's 25 MB buckets, against the defaults (several groups, 8 MB buckets)
+    for groups, mib in ((1, 25), (4, 8)):
+        env = {**os.environ, "ANYGRAD_GLOO_GROUPS": str(groups), "ANYGRAD_BUCKET_MB": str(mib)}
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"] + me[1:] + \
+            ["comm", "--mib", "43", "--json", str(out / f"comm-{groups}x{mib}.json")]
+        print("$", f"ANYGRAD_GLOO_GROUPS={groups} ANYGRAD_BUCKET_MB={mib}", " ".join(cmd), flush=True)
+        subprocess.run(cmd, env=env, check=False)
     for model, batch, steps in rows:
         onnx = str(out / f"{model}.onnx")
         common = ["run", "--onnx", onnx, "--batch", str(batch), "--steps", str(steps)]
@@ -229,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("comm")
     c.add_argument("--mib", type=int, default=43)
     c.add_argument("--repeats", type=int, default=10)
+    c.add_argument("--json")
     args = p.parse_args(argv)
     if args.cmd == "prepare":
         prepare(args.out, args.models.split(","))

@@ -384,6 +384,7 @@ class DataParallel:
                 collective.set_reducer(None)
                 if ready:
                     exe.taps = {}
+            self._spent(f"run{i}", began)
             if self._timing:
                 self._times[i][0] += time.perf_counter() - began
                 self._times[i][1] += size
@@ -481,9 +482,11 @@ class DataParallel:
 
     def breakdown(self, reset: bool = True) -> dict[str, float]:
         """Host milliseconds per step in each part of the data-parallel step, since the last reset:
-        submit (uploads and encoding of every device's gradient phase), compute_wait<i> (device i
-        finishing its gradient phase and its first bucket's readback), readback<i> (its other
-        buckets), sum (host sum of the devices' parts), all_reduce_wait (gloo beyond what overlapped),
+        submit (the main thread handing each device its shard), run<i> (device i's thread
+        uploading its shard, encoding and submitting its gradient phase: on a GPU the host's part,
+        on a CPU device the whole computation; with --sync-batchnorm also the waits for the other
+        replicas), compute_wait<i> (device i finishing the step up to its first bucket and that
+        bucket's readback), readback<i> (waiting for its other buckets), sum (host sum of the devices' parts), all_reduce_wait (gloo beyond what overlapped),
         write_back (uploads of the reduced gradient), update (the update programs), hash, and step
         (the whole). The device threads' parts overlap the main thread's ones."""
         steps = max(1, self.steps)
