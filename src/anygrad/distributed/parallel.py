@@ -134,6 +134,7 @@ class DataParallel:
         self._buckets: list[tuple[tuple[str, ...], int, int]] | None = None
         self._host: list[np.ndarray] = []
         self._arrived: list[set[int]] = []
+        self._ordered = False  # buckets sorted by when the program finishes them (_order_buckets)
         self._ready = [queue.SimpleQueue() for _ in self.replicas]
         self.timings: dict[str, float] = {}
         self.steps = 0
@@ -274,6 +275,8 @@ class DataParallel:
             feeds = {**take(inputs, part), **take(targets, part)}
             jobs.append((i, r, exe, feeds, size, fetch_loss or self._timing, update))
         self._sizes = sizes
+        if update and not self._ordered:  # before the devices start: their threads index the buckets
+            self._order_buckets(jobs[0][2])
         if self._meet is not None:
             self._meet.ready()
         if self._timing and self._meet is None:  # balance(): each device alone, timed (compiled before the clock starts)
@@ -334,12 +337,27 @@ class DataParallel:
                 buckets.append((tuple(ACCUM_PREFIX + params[i] for i in reversed(run)), starts[run[-1]],
                                 starts[run[0] + 1]))
             self._buckets = buckets
+            self._ordered = False
             # device 0 reads into the sum itself; the others into a buffer of their own
             self._host = [np.empty(starts[-1], np.float32) for _ in self.replicas]
         for q in self._ready:
             while not q.empty():
                 q.get_nowait()
         self._arrived = [set() for _ in self.replicas]
+
+    def _order_buckets(self, exe: Any) -> None:
+        """Once: take the buckets in the order device 0's program finishes them (where it says), so
+        that the host never waits for a late bucket while an early one is ready. Every rank must
+        reduce them in the same order, so ranks keep the default order unless all agree."""
+        self._ordered = True
+        ready = self._ready_steps(exe)
+        last = float("inf")
+        order = sorted(range(len(self._buckets)), key=lambda k: (last if ready[k] is None else ready[k], k)) \
+            if ready else list(range(len(self._buckets)))
+        if self.group is not None and self.group.size > 1 and \
+                len(set(self.group.gather_strings(",".join(map(str, order))))) > 1:
+            return  # every rank calls the gather (a collective), whatever its device
+        self._buckets = [self._buckets[k] for k in order]
 
     def _ready_steps(self, exe: Any) -> dict[int, int | None]:
         """Per bucket, the kernel of `exe` after which its gradients are final (None: at the end), for
