@@ -46,6 +46,7 @@ from .sampler import ShardedLoader
 # What each phase of Model._next_phase becomes: gradients only, the update runs after the sum.
 GRADIENT_PHASE = {"step": "first", "first": "first", "accumulate": "accumulate", "apply": "accumulate"}
 UPDATES = ("step", "apply")
+SUM_CHUNK = 1 << 20  # float32 elements a thread sums at a time (4 MB)
 
 
 def device_list(device: Any) -> list[Any] | None:
@@ -440,7 +441,6 @@ class DataParallel:
         bucket written back to every device as soon as it is reduced, and the update run everywhere
         (the devices in parallel)."""
         counts = self._group_counts
-        total = float(sum(counts))
         flat = self._host[0]
         several = len(self.replicas) > 1
         ranks = self.group is not None and self.group.size > 1
@@ -465,11 +465,7 @@ class DataParallel:
                 self._await(i, k, futures)
             t = time.perf_counter()
             if several:
-                np.multiply(flat[a:b], np.float32(counts[0] / total), out=flat[a:b])
-                for i in range(1, len(self.replicas)):
-                    part = self._host[i][a:b]
-                    np.multiply(part, np.float32(counts[i] / total), out=part)
-                    np.add(flat[a:b], part, out=flat[a:b])
+                self._sum_bucket(a, b, counts)
             self._spent("sum", t)
             if not (several or self.group is not None):
                 continue
@@ -491,6 +487,32 @@ class DataParallel:
             t = time.perf_counter()
             self.check_replicas()
             self._spent("hash", t)
+
+    def _sum_bucket(self, a: int, b: int, counts: list[int]) -> None:
+        """flat[a:b] = the devices' parts weighted by their shares, in place in device 0's buffer, in
+        chunks of a few MB over the CPU's threads (memory-bound: one thread does not saturate it).
+        Equal shares (the usual case) add, then scale once; uneven ones weight each part first."""
+        total = float(sum(counts))
+        equal = len(set(counts)) == 1
+        flat, parts = self._host[0], self._host[1:]
+
+        def work(spans: list[tuple[int, int]]) -> list[None]:
+            for lo, hi in spans:
+                dst = flat[lo:hi]
+                if equal:
+                    for part in parts:
+                        np.add(dst, part[lo:hi], out=dst)
+                    np.multiply(dst, np.float32(1.0 / len(counts)), out=dst)
+                    continue
+                np.multiply(dst, np.float32(counts[0] / total), out=dst)
+                for part, n in zip(parts, counts[1:]):
+                    src = part[lo:hi]
+                    np.multiply(src, np.float32(n / total), out=src)
+                    np.add(dst, src, out=dst)
+            return [None] * len(spans)
+
+        spans = [(lo, min(lo + SUM_CHUNK, b)) for lo in range(a, b, SUM_CHUNK)]
+        _parallel.map_shares(work, spans, min(len(spans), _parallel.workers()), blas=False)
 
     def _update_job(self, r: Model) -> None:
         self._update_program(r).run({}, fetch=[])
