@@ -496,3 +496,11 @@ def test_buckets_are_read_back_during_the_backward_pass(tiny, monkeypatch):
         (k for k in ready if ready[k] is not None), key=lambda k: ready[k])  # taken in the order they finish
     parts = m.parallel.breakdown()
     assert {"run0", "run1", "compute_wait0", "sum", "write_back", "update", "step"} <= set(parts)
+
+
+def test_cli_sync_batchnorm_needs_several_devices(tmp_path, mnist_like, capsys):
+    from anygrad import cli
+    model = _mlp(tmp_path / "mlp.onnx", inputs=784, hidden=8, classes=10, image=True)
+    args = _train_args(model, mnist_like, tmp_path / "run", epochs=1) + ["--sync-batchnorm"]
+    assert cli.main(args) != 0
+    assert "--sync-batchnorm syncs BatchNorm across data-parallel devices or ranks" in capsys.readouterr().err
