@@ -659,24 +659,12 @@ class WgpuExecutable(Executable):
     def _encode_dispatches(self, enc: Any) -> Any:
         """The step's kernels in one compute pass, or with taps one pass per stretch between them:
         at each tap the pass ends, the tap encodes its copies, and the encoder is submitted (a
-        mapping of what it copied resolves when that much of the step has run). Returns the
-        encoder the rest of the step is encoded into."""
+        mapping of what it copied resolves when that much of the step has run). A host step (with
+        a data-parallel reducer on this thread) ends the pass the same way and runs on the host.
+        Returns the encoder the rest of the step is encoded into."""
         at, n = 0, len(self._dispatches)
         hosted = {k - 1 for k in self._host_steps} if self._host_steps and collective.has_reducer() else set()
         for cut in sorted({k for k in self.taps if k < n} | hosted | {n - 1}):
-            if cut in hosted:  # the next kernel is a host step: run what comes before, then it
-                if cut >= at:
-                    cpass = enc.begin_compute_pass()
-                    for pipe, bg, wg in self._dispatches[at:cut + 1]:
-                        cpass.set_pipeline(pipe)
-                        cpass.set_bind_group(0, bg)
-                        cpass.dispatch_workgroups(*wg)
-                    cpass.end()
-                if cut in self.taps:
-                    self.taps[cut](enc)
-                enc = self._host_step(enc, cut + 1)
-                at = cut + 2
-                continue
             if cut >= at:
                 cpass = enc.begin_compute_pass()
                 for pipe, bg, wg in self._dispatches[at:cut + 1]:
@@ -687,9 +675,12 @@ class WgpuExecutable(Executable):
                 at = cut + 1
             if cut in self.taps:
                 self.taps[cut](enc)
-                if cut < n - 1:
-                    self.backend.device.queue.submit([enc.finish()])
-                    enc = self.backend.device.create_command_encoder()
+            if cut in hosted:  # the next kernel is a host step: it runs on the host, between submissions
+                enc = self._host_step(enc, cut + 1)
+                at = cut + 2
+            elif cut in self.taps and cut < n - 1:
+                self.backend.device.queue.submit([enc.finish()])
+                enc = self.backend.device.create_command_encoder()
         return enc
 
     def _host_step(self, enc: Any, k: int) -> Any:
