@@ -1,6 +1,8 @@
 """Data-parallel scaling: training throughput on N GPUs (N ranks under torchrun, one wgpu device
 each, gradients all-reduced through gloo) over one GPU, for ResNet-18 and a GPT-style decoder.
 
+    python benchmarks/dist_scaling.py suite --out /tmp/dist     # everything below, then the table
+    python benchmarks/dist_scaling.py suite --out /tmp/dist --device cpu --rows gpt:4:3   # mechanics, no GPU
     python benchmarks/dist_scaling.py prepare --out /tmp/models           # ONNX files, once
     python benchmarks/dist_scaling.py run --onnx /tmp/models/resnet18.onnx --batch 512 --json r1.json
     torchrun --nproc-per-node 2 benchmarks/dist_scaling.py run --onnx ... --batch 512 --json r2.json
@@ -11,12 +13,14 @@ benchmarks/models.py (torch.manual_seed(0), SGD lr 0.01 momentum 0.9, synthetic 
 ResNet-18 (32x32 input, 10 classes) and the GPT-style decoder (4 layers, d 256, 4 heads, T 128,
 vocab 2048). Throughput is global samples/s over --steps steps after --warmup, timed on rank 0
 between two barriers-equivalent syncs (a parameter readback), so every rank's work is counted.
+Runs on several devices also report where a step's host time goes (DataParallel.breakdown()).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,76 +28,22 @@ from pathlib import Path
 import numpy as np
 
 
-def gpt_module(vocab: int = 2048, seq: int = 128, d: int = 256, heads: int = 4, layers: int = 4):
-    import torch
-    from torch import nn
-
-    class Attention(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.heads, self.dh = heads, d // heads
-            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-
-        def forward(self, x):
-            n, t, _ = x.shape
-            q, k, v = self.qkv(x).split(d, dim=2)
-            q, k, v = (z.view(n, t, self.heads, self.dh).transpose(1, 2) for z in (q, k, v))
-            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.dh))
-            causal = torch.triu(torch.ones(t, t, dtype=torch.bool, device=x.device), diagonal=1)
-            att = torch.softmax(att.masked_fill(causal, float("-inf")), dim=-1)
-            return self.proj((att @ v).transpose(1, 2).contiguous().view(n, t, d))
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-            self.attn = Attention()
-            self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(approximate="tanh"), nn.Linear(4 * d, d))
-
-        def forward(self, x):
-            x = x + self.attn(self.ln1(x))
-            return x + self.mlp(self.ln2(x))
-
-    class GPT(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(seq, d)
-            self.blocks = nn.Sequential(*(Block() for _ in range(layers)))
-            self.ln_f = nn.LayerNorm(d)
-            self.lm_head = nn.Linear(d, vocab, bias=False)
-
-        def forward(self, tokens):
-            pos = torch.arange(tokens.shape[1], device=tokens.device)
-            return self.lm_head(self.ln_f(self.blocks(self.wte(tokens) + self.wpe(pos)))).view(-1, vocab)
-
-    return GPT()
+def _specs():
+    """benchmarks/models.py's model table (its builders, not copies)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import models
+    return models.MODELS
 
 
-def resnet18_module(classes: int = 10):
-    """torchvision's resnet18(num_classes=10), written out for images without torchvision."""
-    from torch import nn
+# name: (benchmarks/models.py entry, input shape of one sample where it differs from that entry's)
+MODELS = {"resnet18": ("resnet18", None), "resnet18_224": ("resnet18", (3, 224, 224)), "gpt": ("gpt", None)}
 
-    class Basic(nn.Module):
-        def __init__(self, cin, cout, stride):
-            super().__init__()
-            self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-            self.bn1 = nn.BatchNorm2d(cout)
-            self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-            self.bn2 = nn.BatchNorm2d(cout)
-            self.relu = nn.ReLU()
-            self.downsample = None if stride == 1 and cin == cout else nn.Sequential(
-                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
 
-        def forward(self, x):
-            y = self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x)))))
-            return self.relu(y + (x if self.downsample is None else self.downsample(x)))
-
-    layers = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(3, 2, 1)]
-    cin = 64
-    for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
-        layers += [Basic(cin, cout, stride), Basic(cout, cout, 1)]
-        cin = cout
-    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, classes))
+def spec_of(name: str) -> tuple[str, tuple, int]:
+    """(kind, one sample's input shape, classes or vocabulary) of a benchmark model."""
+    key, shape = MODELS[name]
+    spec = _specs()[key]
+    return spec.kind, tuple(shape or spec.shape), spec.classes
 
 
 def hardware_devices(same: bool) -> str:
@@ -104,27 +54,17 @@ def hardware_devices(same: bool) -> str:
     return ",".join(f"wgpu:{i}" for i in picks)
 
 
-MODELS = {"resnet18": ("image", (3, 32, 32), 10), "resnet18_224": ("image", (3, 224, 224), 10),
-          "gpt": ("tokens", (128,), 2048)}
-
-
 def prepare(out: Path, names: list[str]) -> None:
     import torch
 
     import anygrad
     out.mkdir(parents=True, exist_ok=True)
+    specs = _specs()
     for name in names:
+        kind, shape, classes = spec_of(name)
         torch.manual_seed(0)
-        if name.startswith("resnet18"):
-            try:
-                import torchvision
-                module = torchvision.models.resnet18(num_classes=10)
-            except ImportError:
-                module = resnet18_module()
-            example = torch.randn(2, *MODELS[name][1])
-        else:
-            module = gpt_module()
-            example = torch.randint(0, 2048, (2, 128))
+        module = specs[MODELS[name][0]].build()
+        example = torch.randint(0, classes, (2, *shape)) if kind == "tokens" else torch.randn(2, *shape)
         t0 = time.perf_counter()
         path = out / f"{name}.onnx"
         try:
@@ -157,7 +97,7 @@ def run(args: argparse.Namespace) -> None:
     device = rank_device(args.device, world.local_rank if world else 0) if device_list(args.device) is None \
         else args.device
     name = Path(args.onnx).stem
-    kind, shape, classes = MODELS[name]
+    kind, shape, classes = spec_of(name)
     model = anygrad.load_onnx(args.onnx)
     model.compile(loss="cross_entropy", optimizer=SGD(lr=0.01, momentum=0.9), device=device)
     local_devices = len(model.parallel.replicas) if model.parallel else 1
@@ -171,28 +111,11 @@ def run(args: argparse.Namespace) -> None:
     first_s = time.perf_counter() - t0
     for i in range(args.warmup):
         model.train_step(*data[i % 4])
-    spent: dict[str, float] = {}
-
-    def timed(owner, attr: str, label: str) -> None:  # host time spent in a method, summed
-        inner = getattr(owner, attr)
-
-        def wrapper(*a, **k):
-            t = time.perf_counter()
-            try:
-                return inner(*a, **k)
-            finally:
-                spent[label] = spent.get(label, 0.0) + time.perf_counter() - t
-        setattr(owner, attr, wrapper)
-    if model.parallel is not None:  # the gradient exchange + update, and its parts
-        timed(model.parallel, "_reduce_and_update", "exchange")
-        for r in model.parallel.replicas:
-            timed(r.backend, "export_states", "export")
-            timed(r.backend, "import_states", "import")
-        if group is not None:
-            timed(group, "all_reduce_flat", "all_reduce")
     model.read_metrics(reset=True)  # a readback: the device is idle before the clock starts
     if group is not None:
         group.barrier()
+    if model.parallel is not None:
+        model.parallel.breakdown(reset=True)  # the timed steps only
     t0 = time.perf_counter()
     for i in range(args.steps):
         model.train_step(*data[i % 4])
@@ -200,6 +123,7 @@ def run(args: argparse.Namespace) -> None:
     if group is not None:
         group.barrier()
     seconds = time.perf_counter() - t0
+    breakdown = model.parallel.breakdown() if model.parallel is not None else {}
     if model.parallel is not None:
         model.parallel.check_replicas()
     samples = per_step * ranks * args.steps
@@ -207,11 +131,14 @@ def run(args: argparse.Namespace) -> None:
               "device": model.parallel.description if model.parallel else model.backend.description,
               "steps": args.steps, "seconds": seconds, "samples_per_s": samples / seconds,
               "step_ms": 1000 * seconds / args.steps,
-              **{f"{k}_ms": 1000 * v / args.steps for k, v in spent.items()},
+              "breakdown_ms": {k: round(v, 3) for k, v in sorted(breakdown.items())},
               "first_step_s": first_s, "loss": metrics.get("loss"),
               "params": model.num_parameters()}
     if rank == 0:
         print(json.dumps(result), flush=True)
+        if breakdown:
+            print(f"{name} {result['devices']} devices, per step (ms, host clock; device threads overlap the "
+                  "main thread): " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(breakdown.items())), flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=1))
     if group is not None:
@@ -230,9 +157,66 @@ def comm(args: argparse.Namespace) -> None:
         group.all_reduce_flat(flat)
     ms = 1000 * (time.perf_counter() - t0) / args.repeats
     if group.rank == 0:
-        print(json.dumps({"all_reduce_mib": args.mib, "ranks": group.size, "ms": ms,
-                          "gb_per_s": (args.mib << 20) / ms / 1e6}), flush=True)
+        from anygrad.distributed.launch import BUCKET_BYTES, GLOO_GROUPS
+        got = {"all_reduce_mib": args.mib, "ranks": group.size, "ms": ms, "gb_per_s": (args.mib << 20) / ms / 1e6,
+               "gloo_groups": GLOO_GROUPS, "bucket_mb": BUCKET_BYTES / (1 << 20)}
+        print(json.dumps(got), flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps(got, indent=1))
     group.close()
+
+
+ROWS = (("resnet18", 512, 30), ("gpt", 128, 30))
+
+
+def suite(args: argparse.Namespace) -> None:
+    """The issue's table in one command: export, then per model 1 GPU, 2 GPUs as 2 torchrun ranks, and 2
+    GPUs in one process; every result's JSON into --out, the table printed at the end."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [(m, int(b), int(n)) for m, b, n in (r.split(":") for r in args.rows.split(","))] if args.rows else ROWS
+    prepare(out, sorted({m for m, _, _ in rows}))
+    me = [sys.executable, str(Path(__file__).resolve())]
+    results = []
+    # gloo alone: one group and DDP's 25 MB buckets, against the defaults (several groups, 8 MB buckets)
+    for groups, mib in ((1, 25), (4, 8)):
+        env = {**os.environ, "ANYGRAD_GLOO_GROUPS": str(groups), "ANYGRAD_BUCKET_MB": str(mib)}
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"] + me[1:] + \
+            ["comm", "--mib", "43", "--json", str(out / f"comm-{groups}x{mib}.json")]
+        print("$", f"ANYGRAD_GLOO_GROUPS={groups} ANYGRAD_BUCKET_MB={mib}", " ".join(cmd), flush=True)
+        subprocess.run(cmd, env=env, check=False)
+    for model, batch, steps in rows:
+        onnx = str(out / f"{model}.onnx")
+        common = ["run", "--onnx", onnx, "--batch", str(batch), "--steps", str(steps)]
+        one, two = ("cpu", "cpu,cpu") if args.device == "cpu" else ("wgpu", "gpus")
+        cases = [("1gpu", me + common + ["--device", one]),
+                 ("2gpu", [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+                  + me[1:] + common + ["--device", one]),
+                 ("2dev-1proc", me + common + ["--device", two])]
+        for label, cmd in cases:
+            path = out / f"{model}-{batch}-{label}.json"
+            print("$", " ".join(cmd + ["--json", str(path)]), flush=True)
+            proc = subprocess.run(cmd + ["--json", str(path)], check=False)
+            if proc.returncode == 0 and path.exists():
+                results.append({**json.loads(path.read_text()), "case": label})
+            else:
+                print(f"{model} {label}: exit {proc.returncode}", flush=True)
+    (out / "all.json").write_text(json.dumps(results, indent=1))
+    print(table(results), flush=True)
+
+
+def table(results: list[dict]) -> str:
+    """Markdown: per model, 1 GPU vs 2 GPUs (ranks, and one process), speed-up, and the 2-GPU step's parts."""
+    lines = ["| model | batch per GPU | case | samples/s | step ms | speed-up over 1 GPU | per step ms |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    base = {(r["model"], r["batch_per_device"]): r["samples_per_s"] for r in results if r["devices"] == 1}
+    for r in results:
+        one = base.get((r["model"], r["batch_per_device"]))
+        speed = f"{r['samples_per_s'] / one:.2f}x" if one and r["devices"] > 1 else "-"
+        parts = ", ".join(f"{k} {v:.1f}" for k, v in r.get("breakdown_ms", {}).items() if k != "step")
+        lines.append(f"| {r['model']} | {r['batch_per_device']} | {r.get('case', r['devices'])} | "
+                     f"{r['samples_per_s']:,.0f} | {r['step_ms']:.1f} | {speed} | {parts} |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -248,14 +232,29 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--steps", type=int, default=20)
     b.add_argument("--warmup", type=int, default=3)
     b.add_argument("--json")
+    d = sub.add_parser("suite", help="export, then 1 GPU / 2 ranks / 2 devices of one process per model; the table")
+    d.add_argument("--out", required=True)
+    d.add_argument("--device", default="wgpu", choices=["wgpu", "cpu"])
+    d.add_argument("--rows", default="", help="model:batch:steps,... (default resnet18:512:30,gpt:128:30)")
+    t = sub.add_parser("table", help="the table of result JSON files")
+    t.add_argument("files", nargs="+")
     c = sub.add_parser("comm")
     c.add_argument("--mib", type=int, default=43)
     c.add_argument("--repeats", type=int, default=10)
+    c.add_argument("--json")
     args = p.parse_args(argv)
     if args.cmd == "prepare":
         prepare(args.out, args.models.split(","))
     elif args.cmd == "comm":
         comm(args)
+    elif args.cmd == "suite":
+        suite(args)
+    elif args.cmd == "table":
+        rows = []
+        for f in args.files:
+            got = json.loads(Path(f).read_text())
+            rows += got if isinstance(got, list) else [got]
+        print(table(rows))
     else:
         run(args)
     return 0

@@ -328,3 +328,179 @@ def test_cli_shares_batches_over_devices_of_one_process(tmp_path, mnist_like):
         runs[device] = _weights(run)
     for name, value in runs["cpu"].items():
         np.testing.assert_allclose(runs["cpu,cpu"][name], value, **TOL, err_msg=name)
+
+
+# -- BatchNorm: per replica (DDP's default) or over the global batch (--sync-batchnorm, SyncBatchNorm) ----------
+def _bn_net(path: Path) -> Path:
+    """Conv -> BatchNorm -> ReLU -> global average pool -> Gemm over (N, 3, 5, 5) images."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float32), "conv.weight"),
+             numpy_helper.from_array((1 + 0.1 * rng.standard_normal(4)).astype(np.float32), "bn.weight"),
+             numpy_helper.from_array((0.1 * rng.standard_normal(4)).astype(np.float32), "bn.bias"),
+             numpy_helper.from_array(np.zeros(4, np.float32), "bn.running_mean"),
+             numpy_helper.from_array(np.ones(4, np.float32), "bn.running_var"),
+             numpy_helper.from_array((rng.standard_normal((3, 4)) * 0.5).astype(np.float32), "fc.weight"),
+             numpy_helper.from_array(np.zeros(3, np.float32), "fc.bias")]
+    nodes = [helper.make_node("Conv", ["x", "conv.weight"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var"],
+                              ["b"], momentum=0.9),
+             helper.make_node("Relu", ["b"], ["r"]),
+             helper.make_node("GlobalAveragePool", ["r"], ["p"]),
+             helper.make_node("Flatten", ["p"], ["f"]),
+             helper.make_node("Gemm", ["f", "fc.weight", "fc.bias"], ["logits"], transB=1)]
+    graph = helper.make_graph(nodes, "bn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 5, 5])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 3])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def bn_data(tmp_path_factory) -> tuple[Path, Path, np.ndarray, np.ndarray]:
+    tmp = tmp_path_factory.mktemp("bn")
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((48, 3, 5, 5)) * 2 + 1).astype(np.float32)
+    x[1::2] += 1.5  # every other sample shifted: per-shard statistics differ from the batch's
+    y = rng.integers(0, 3, 48)
+    np.savez(tmp / "data.npz", x=x, y=y)
+    return _bn_net(tmp / "bn.onnx"), tmp / "data.npz", x, y
+
+
+def _bn_train(model: Path, x: np.ndarray, y: np.ndarray, device: str, sync: bool | None = None) -> tuple:
+    m = anygrad.load_onnx(str(model)).compile(optimizer=Adam(lr=0.01), device=device, accumulate=2)
+    if sync is not None:
+        m.parallel.set_sync_batchnorm(sync)
+    loader = DataLoader(x, y, 16, seed=3)
+    losses = []
+    for epoch in range(2):
+        loader.epoch = epoch
+        for i, (xb, yb) in enumerate(loader, 1):
+            losses.append(m.train_on_batch(xb, yb, flush=i == len(loader)))
+    return np.array(losses), m.state_dict(), m
+
+
+def test_sync_batchnorm_devices_train_like_one_device_on_the_global_batch(bn_data):
+    """Three cpu devices (shares 6, 5, 5 of 16: the backward's weighted sums) with SyncBatchNorm match one
+    device on the whole batch: losses, weights and running statistics; every device holds the same running
+    statistics. Without it each device normalises with its own shard's statistics, as DDP does by default:
+    the first loss is then the share-weighted mean of one device's losses on each shard alone."""
+    model, _, x, y = bn_data
+    losses, state, _ = _bn_train(model, x, y, "cpu")
+    got, got_state, m = _bn_train(model, x, y, "cpu,cpu,cpu", sync=True)
+    np.testing.assert_allclose(got, losses, **TOL)
+    assert set(got_state) == set(state) and "bn.running_var" in state
+    for name, value in state.items():
+        np.testing.assert_allclose(got_state[name], value, **TOL, err_msg=name)
+    for r in m.parallel.replicas[1:]:
+        np.testing.assert_allclose(r.backend.get_state("bn.running_mean"), got_state["bn.running_mean"], **TOL)
+    per_replica, _, _ = _bn_train(model, x, y, "cpu,cpu,cpu")
+    assert np.abs(per_replica - losses).max() > 1e-3  # the shards' statistics differ from the batch's
+    first = DataLoader(x, y, 16, seed=3)
+    xb, yb = next(iter(first))
+    shard_losses = [anygrad.load_onnx(str(model)).compile(optimizer=Adam(lr=0.01), device="cpu")
+                    .train_on_batch(xb[a:b], yb[a:b]) for a, b in ((0, 6), (6, 11), (11, 16))]
+    np.testing.assert_allclose(per_replica[0], np.dot(shard_losses, [6, 5, 5]) / 16, **TOL)
+
+
+SYNC_WORKER = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import anygrad
+    from anygrad.distributed import DataParallel, ProcessGroup, world_from_env
+    from anygrad.optim import Adam
+    model_path, data_path, out, devices = sys.argv[1:5]
+    group = ProcessGroup(world_from_env())
+    z = np.load(data_path)
+    m = anygrad.load_onnx(model_path).compile(optimizer=Adam(lr=0.01), device=devices, accumulate=2)
+    local = [r.backend for r in m.parallel.replicas[1:]] if m.parallel else []
+    m.parallel = DataParallel(m, local, group, check_every=3, sync_batchnorm=True)
+    loader = m.parallel.loader(z["x"], z["y"], 16, seed=3)
+    losses = []
+    for epoch in range(2):
+        loader.epoch = epoch
+        for i, (x, y) in enumerate(loader, 1):
+            losses.append(m.train_on_batch(x, y, flush=i == len(loader)))
+    m.parallel.check_replicas()
+    if group.rank == 0:
+        np.savez(out, losses=np.array(losses), **m.state_dict())
+    group.close()
+""")
+
+
+@pytest.mark.parametrize("devices", ["cpu", "cpu,cpu"])
+def test_sync_batchnorm_ranks_train_like_one_process_on_the_global_batch(tmp_path, bn_data, devices):
+    """Two gloo ranks (each with one device, or two: the devices meet, then the ranks) with SyncBatchNorm."""
+    model, data, x, y = bn_data
+    port = str(_free_port())
+    out = tmp_path / "rank0.npz"
+    procs = [subprocess.Popen([sys.executable, "-c", SYNC_WORKER, str(model), str(data), str(out), devices],
+                              env=_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                                       MASTER_PORT=port), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(2)]
+    logs = [p.communicate(timeout=240)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    got = np.load(out)
+    losses, state, _ = _bn_train(model, x, y, "cpu")
+    np.testing.assert_allclose(got["losses"], losses, **TOL)
+    for name, value in state.items():
+        np.testing.assert_allclose(got[name], value, **TOL, err_msg=name)
+
+
+def test_sync_batchnorm_on_two_wgpu_devices(bn_data):
+    """Two devices of the lavapipe adapter: each sum is a host step inside the compiled step (the pass ends,
+    the statistics are read back, summed with the other device's, written back); like one device."""
+    from anygrad.devices import list_adapters
+    if not list_adapters():
+        pytest.fail("no wgpu adapter: install mesa-vulkan-drivers (lavapipe)")
+    model, _, x, y = bn_data
+    losses, state, _ = _bn_train(model, x[:32], y[:32], "wgpu:0")
+    got, got_state, m = _bn_train(model, x[:32], y[:32], "wgpu:0,wgpu:0", sync=True)
+    np.testing.assert_allclose(got, losses, **TOL)
+    for name, value in state.items():
+        np.testing.assert_allclose(got_state[name], value, **TOL, err_msg=name)
+    m.parallel.check_replicas()
+    exe = next(e for k, e in m.parallel.replicas[1]._programs.items() if k[0] == "train")
+    assert len(exe._host_steps) >= 5  # count, sum, squares forward; two weighted sums backward
+    per_replica, _, _ = _bn_train(model, x[:32], y[:32], "wgpu:0,wgpu:0")
+    assert np.abs(per_replica - losses).max() > 1e-3
+
+
+def test_buckets_are_read_back_during_the_backward_pass(tiny, monkeypatch):
+    """Tiny buckets on two lavapipe devices: each bucket's copy is encoded right after the kernel that
+    finishes it (WgpuExecutable.taps), the step is submitted in parts, and training is unchanged."""
+    from anygrad.devices import list_adapters
+    from anygrad.distributed import parallel
+    if not list_adapters():
+        pytest.fail("no wgpu adapter: install mesa-vulkan-drivers (lavapipe)")
+    monkeypatch.setattr(parallel, "BUCKET_BYTES", 64 * 4)  # fc1.weight alone, then the rest
+    model, _, x, y = tiny
+    x, y = x[:32], y[:32]
+    losses, state, _ = _reference(model, x, y, device="wgpu:0", epochs=1)
+    m = anygrad.load_onnx(str(model)).compile(optimizer=Adam(lr=0.01), device="wgpu:0,wgpu:0", accumulate=2,
+                                              clip_norm=1.0)
+    loader = DataLoader(x, y, 16, seed=3)
+    got = [m.train_on_batch(xb, yb, flush=i == len(loader)) for i, (xb, yb) in enumerate(loader, 1)]
+    np.testing.assert_allclose(got, losses, **TOL)
+    for name, value in m.state_dict().items():
+        np.testing.assert_allclose(value, state[name], **TOL, err_msg=name)
+    buckets = m.parallel._buckets
+    assert len(buckets) >= 2 and sum(b - a for _, a, b in buckets) == m.num_parameters()
+    programs = {k[3]: e for k, e in m.parallel.replicas[1]._programs.items() if k[0] == "train"}
+    # the first micro-batch's program writes every gradient in place: every bucket is read back mid-step
+    assert all(step is not None for step in m.parallel._ready_steps(programs["first"]).values())
+    # the accumulating one: the biases in place (read mid-step), weights through a copy after the kernels
+    ready = m.parallel._ready_steps(programs["accumulate"])
+    assert any(step is not None for step in ready.values())
+    assert [k for k in range(len(buckets)) if ready[k] is not None] == sorted(
+        (k for k in ready if ready[k] is not None), key=lambda k: ready[k])  # taken in the order they finish
+    parts = m.parallel.breakdown()
+    assert {"run0", "run1", "compute_wait0", "sum", "write_back", "update", "step"} <= set(parts)
+
+
+def test_cli_sync_batchnorm_needs_several_devices(tmp_path, mnist_like, capsys):
+    from anygrad import cli
+    model = _mlp(tmp_path / "mlp.onnx", inputs=784, hidden=8, classes=10, image=True)
+    args = _train_args(model, mnist_like, tmp_path / "run", epochs=1) + ["--sync-batchnorm"]
+    assert cli.main(args) != 0
+    assert "--sync-batchnorm syncs BatchNorm across data-parallel devices or ranks" in capsys.readouterr().err

@@ -105,6 +105,11 @@ def serial_blas():
             put(before)
 
 
+def mark_worker() -> None:
+    """This thread runs ops without the pool (a thread of its own per data-parallel device)."""
+    _local.worker = True
+
+
 def _pool(n: int) -> ThreadPoolExecutor:
     global _POOL
     if _POOL is None or _POOL._max_workers < n:

@@ -710,6 +710,9 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--padding-idx", action="append", metavar="TABLE:ROW", help="give lookups of this row of this "
                    "embedding table no gradient, as nn.Embedding(padding_idx=ROW) does (ONNX cannot say so; "
                    "repeatable), e.g. 'embed_tokens.weight:1'")
+    p.add_argument("--sync-batchnorm", action="store_true", default=None, help="data parallel (several devices, or "
+                   "torchrun ranks): BatchNorm statistics over the whole global batch, as torch's SyncBatchNorm "
+                   "(default: per device, as DDP)")
     p.add_argument("--drop-last", action="store_true", default=None, help="skip the last partial batch of each epoch")
     p.add_argument("--clip-grad-norm", type=float, metavar="MAX", help="scale the gradients down to this global "
                    "2-norm (torch.nn.utils.clip_grad_norm_)")

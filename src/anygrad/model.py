@@ -81,6 +81,7 @@ class Model:
         self.micro_step = 0                  # micro-batches accumulated since the last update
         self.frozen: list[str] = []          # parameters freeze() made buffers (graph names)
         self._state_order: list[str] | None = None  # the parameters' order before the first freeze
+        self.sync_batchnorm = False  # BatchNorm statistics over the data-parallel replicas (DataParallel sets it)
         self.parallel: Any = None  # data parallelism (anygrad.distributed.DataParallel): steps and metrics go there
 
     # -- introspection --------------------------------------------------------------------
@@ -340,7 +341,7 @@ class Model:
             if kind == "train":
                 graph = build_train_step(self.graph, shapes, target_shapes, self.heads, self.optimizer,
                                          clip_norm=self.clip_norm, accumulate=self.accumulate, phase=phase,
-                                         top_k=self.top_k, report=report)
+                                         top_k=self.top_k, report=report, sync_batchnorm=self.sync_batchnorm)
             elif kind == "eval":
                 graph = build_eval_step(self.graph, shapes, target_shapes, self.heads, top_k=self.top_k,
                                         report=report)

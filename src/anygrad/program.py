@@ -278,17 +278,21 @@ def training_forward(model: Graph, input_shapes: dict[str, Shape]) -> Graph:
 def build_train_step(model: Graph, input_shapes: dict[str, Shape], target_shape: Shape | dict[str, Shape] | None,
                      loss: Loss | list[Head], optimizer: Optimizer, *, clip_norm: float | None = None,
                      accumulate: int = 1, phase: str = "step", top_k: int | None = None,
-                     report: dict[str, MetricSpec] | None = None) -> Graph:
+                     report: dict[str, MetricSpec] | None = None, sync_batchnorm: bool = False) -> Graph:
     """The training step for one batch shape: forward, loss, backward, (clip,) update.
 
     `loss` is one Loss for the first output (target_shape its target's shape) or a list of Heads
     (target_shape {target input: shape}); `report` receives the metrics the step accumulates.
     With `accumulate` = N > 1 the loss is scaled by 1/N and `phase` says what this micro-batch
     does with its gradients (see PHASES); only "apply" (and "step") clips and updates.
+    `sync_batchnorm`: BatchNorm statistics summed over the data-parallel replicas (ops.collective).
     """
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
     g = training_forward(model, input_shapes)
+    if sync_batchnorm:
+        from .ops.collective import sync_batch_norms
+        sync_batch_norms(g)
     b = Builder(g, prefix="step")
     heads, target_shapes = as_heads(model, loss, target_shape)
     out = _loss_and_metrics(g, b, heads, target_shapes, top_k, report)

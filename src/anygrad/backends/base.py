@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -63,6 +63,12 @@ class Backend(ABC):
             v = self.get_state(n).reshape(-1)
             out[off:off + v.size] = v
             off += v.size
+
+    def export_states_async(self, names: Sequence[str], out: np.ndarray) -> Callable[[], None]:
+        """export_states split into a start (this call) and a wait (the function it returns), for
+        backends that read back asynchronously (wgpu); here the whole copy happens now."""
+        self.export_states(names, out)
+        return lambda: None
 
     def import_states(self, names: Sequence[str], flat: np.ndarray) -> None:
         """The inverse of export_states: set each state from its slice of `flat`."""

@@ -15,8 +15,12 @@ import numpy as np
 from ..errors import ConfigError, DeviceError
 
 REQUIRED = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-# Gradients travel in buckets of this size, as DDP's bucket_cap_mb=25 (ANYGRAD_BUCKET_MB overrides).
-BUCKET_BYTES = int(float(os.environ.get("ANYGRAD_BUCKET_MB", "25")) * (1 << 20))
+# Gradients travel in buckets of this size (ANYGRAD_BUCKET_MB overrides): smaller than DDP's 25 MB
+# because a bucket is read back, summed and all-reduced while the next one is still on its way.
+BUCKET_BYTES = int(float(os.environ.get("ANYGRAD_BUCKET_MB", "8")) * (1 << 20))
+# gloo process groups the buckets take turns on: one group moves one bucket at a time over its own
+# TCP connections, so several groups reduce several buckets at once (ANYGRAD_GLOO_GROUPS).
+GLOO_GROUPS = max(1, int(os.environ.get("ANYGRAD_GLOO_GROUPS", "4")))
 
 
 @dataclass(frozen=True)
@@ -98,19 +102,26 @@ class ProcessGroup:
                 raise DeviceError(f"could not join the process group at {os.environ.get('MASTER_ADDR')}:"
                                   f"{os.environ.get('MASTER_PORT')} as rank {world.rank} of {world.world_size}: "
                                   f"{e}") from e
+        # Every rank creates the same groups in the same order (new_group is collective).
+        self.lanes: list[Any] = [None] + [dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+                                          for _ in range(GLOO_GROUPS - 1 if self.size > 1 else 0)]
 
     @property
     def is_writer(self) -> bool:
         return self.rank == 0
 
+    def all_reduce_start(self, view: np.ndarray, lane: int = 0) -> Any:
+        """Start summing the float32 vector `view` over the ranks in place (a zero-copy torch view),
+        on gloo group `lane` (mod GLOO_GROUPS); returns the work to wait() for."""
+        import torch
+        group = self.lanes[lane % len(self.lanes)]
+        return self.dist.all_reduce(torch.from_numpy(view), group=group, async_op=True)
+
     def all_reduce_flat(self, flat: np.ndarray, scale: float = 1.0) -> None:
         """Sum the float32 vector `flat` over the ranks in place (times `scale`): buckets of
-        BUCKET_BYTES, each a zero-copy torch view, reduced asynchronously so that gloo works on
-        several at once."""
-        import torch
+        BUCKET_BYTES, reduced asynchronously on the groups in turn, so that gloo moves several at once."""
         step = max(1, BUCKET_BYTES // flat.itemsize)
-        views = [flat[i:i + step] for i in range(0, flat.size, step)]
-        works = [self.dist.all_reduce(torch.from_numpy(v), async_op=True) for v in views]
+        works = [self.all_reduce_start(flat[i:i + step], k) for k, i in enumerate(range(0, flat.size, step))]
         for work in works:
             work.wait()
         if scale != 1.0:

@@ -2,36 +2,51 @@
 summed across replicas in between.
 
 The gradient phase is the step program's "first"/"accumulate" phase (program.PHASES): it leaves
-the micro-batch's gradient in the accum.<param> buffers instead of updating. The sum runs on the
-host: replicas of this process (several devices) are summed weighted by their share of the batch,
-then, in a torch.distributed job, all-reduced through gloo and divided by the number of ranks,
-whose shares are equal by construction (ShardedLoader). Every replica then runs the same update
-program (program.build_update_step) on the same summed gradient, so parameters stay equal; a hash
-of them is compared every `check_every` updates, and a mismatch is an error.
+the micro-batch's gradient in the accum.<param> buffers instead of updating. Each device runs it
+on a thread of its own (wgpu-py waits on events and numpy releases the GIL, so devices overlap).
+The gradient travels in buckets (launch.BUCKET_BYTES, last parameters first): on wgpu a bucket's
+copy is encoded right after the kernel that finishes it and that part of the step is submitted,
+so the host reads it back while the backward pass goes on; the main thread sums each bucket over
+the devices of this process (weighted by their share of the batch, into preallocated buffers),
+starts its gloo all-reduce across ranks (whose shares are equal by construction, ShardedLoader;
+several buckets in flight on several gloo groups), and writes each reduced bucket back to every
+device. Every replica then runs the same update program (program.build_update_step) on the same
+summed gradient, so parameters stay equal; a hash of them is compared every `check_every`
+updates, and a mismatch is an error. breakdown() says where a step's host time went.
+
+BatchNorm keeps per-replica statistics (DDP's default) unless set_sync_batchnorm(True): then the
+training program's BatchNorms become sums over every replica (ops.collective.AllReduceSum, which
+meets the device threads here and the ranks through gloo), forward and backward, as SyncBatchNorm.
 """
 from __future__ import annotations
 
 import copy
 import hashlib
+import queue
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from .. import _parallel
 from ..backends.base import Backend
 from ..batch import Batch, batch_size, take
 from ..data.loader import DataLoader
 from ..errors import ConfigError, DeviceError
 from ..ir.passes import RNG_STATE
 from ..model import Model
+from ..ops import collective
 from ..optim.base import LR_STATE
 from ..program import ACCUM_PREFIX, build_update_step
-from .launch import ProcessGroup
+from .launch import BUCKET_BYTES, ProcessGroup
 from .sampler import ShardedLoader
 
 # What each phase of Model._next_phase becomes: gradients only, the update runs after the sum.
 GRADIENT_PHASE = {"step": "first", "first": "first", "accumulate": "accumulate", "apply": "accumulate"}
 UPDATES = ("step", "apply")
+SUM_CHUNK = 1 << 20  # float32 elements a thread sums at a time (4 MB)
 
 
 def device_list(device: Any) -> list[Any] | None:
@@ -65,25 +80,99 @@ def open_backends(devices: list[Any], limits: str | None = None, memory_budget: 
     return out
 
 
+class _Done:
+    """A finished result where a Future is expected (the devices run one after the other)."""
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def result(self) -> Any:
+        return self.value
+
+
+class _Meeting:
+    """Where the replica threads of this process meet at each AllReduceSum: each leaves its value,
+    one (the barrier's first) sums them in device order and (across ranks) all-reduces the sum."""
+
+    def __init__(self, k: int):
+        self.k = k
+        self.barrier = threading.Barrier(k)
+        self.parts: list[Any] = [None] * k
+        self.total: Any = None
+
+    def ready(self) -> None:
+        if self.barrier.broken:  # a device failed in an earlier step
+            self.barrier.reset()
+
+    def sum(self, i: int, value: np.ndarray, across: Callable[[np.ndarray], np.ndarray] | None) -> np.ndarray:
+        self.parts[i] = value
+        if self.barrier.wait() == 0:
+            total = self.parts[0].copy()
+            for part in self.parts[1:]:
+                total += part
+            self.total = across(total) if across is not None else total
+        self.barrier.wait()  # every part is in the sum; the next meeting's parts may come
+        return self.total.copy()
+
+
 class DataParallel:
     """Attached to a compiled Model as `model.parallel`: Model.train_step and the metric reads
     come here. `backends`: the devices besides the model's own (this process); `group`: the
     torch.distributed job, or None."""
 
     def __init__(self, model: Model, backends: list[Backend] | None = None, group: ProcessGroup | None = None,
-                 check_every: int = 100):
+                 check_every: int = 100, sync_batchnorm: bool | None = None):
         model._require_compiled()
         self.model, self.group, self.check_every = model, group, int(check_every)
         self.replicas: list[Model] = [model] + [self._replica(b) for b in backends or []]
         self.updates = 0
         self._lr = model.optimizer.lr
         self._group_counts: list[int] = []  # samples per replica since the last update
-        self._flat: tuple[np.ndarray, np.ndarray] | None = None  # the gradient vector and a device's part
         self._settings = (tuple(model.graph.params), model.clip_norm, model.accumulate)
         self.speeds: list[float] | None = None  # samples/s per device, once balance() measured them
         self._timing, self._timed_steps, self._times = False, 0, []
+        self._pool: Any = None  # a thread per device, made at the first step
+        self._buckets: list[tuple[tuple[str, ...], int, int]] | None = None
+        self._host: list[np.ndarray] = []
+        self._arrived: list[set[int]] = []
+        self._ordered = False  # buckets sorted by when the program finishes them (_order_buckets)
+        self._ready = [queue.SimpleQueue() for _ in self.replicas]
+        self.timings: dict[str, float] = {}
+        self.steps = 0
+        self._sizes: list[int] = []  # this micro-batch's shares (AllReduceSum's weights)
+        self._meet: _Meeting | None = None
+        self.set_sync_batchnorm(model.sync_batchnorm if sync_batchnorm is None else sync_batchnorm)
         # Unlike devices (an iGPU beside a dGPU) share by speed, measured after the first update.
         self._balance_later = len({r.backend.description for r in self.replicas}) > 1
+
+    def set_sync_batchnorm(self, on: bool) -> None:
+        """BatchNorm statistics over every replica (every device, every rank) as SyncBatchNorm, or per
+        replica (DDP's default). The training programs are rebuilt."""
+        lacking = [r.backend.description for r in self.replicas if on and not r.backend.supports("AllReduceSum")]
+        if lacking:
+            raise ConfigError(f"--sync-batchnorm needs a sum across devices inside the step, which {lacking[0]} "
+                              "cannot run yet (its step is one submission to the GPU); train with --device cpu "
+                              "or torch, or leave BatchNorm statistics per replica (without --sync-batchnorm)")
+        for r in self.replicas:
+            if r.sync_batchnorm != bool(on):
+                r.sync_batchnorm = bool(on)
+                r._programs.clear()
+        self._meet = _Meeting(len(self.replicas)) if on else None
+
+    def _reduce_stat(self, i: int, x: np.ndarray, mode: str) -> np.ndarray:
+        """AllReduceSum on replica i (ops.collective's modes): the replicas of this process meet on
+        threads (summed in device order, in double), the ranks through gloo."""
+        sizes = self._sizes
+        if mode == "count":
+            return x * (float(sum(sizes)) * self.world_size / sizes[i])
+        value = x.astype(np.float64) * (sizes[i] if mode == "weighted" else 1.0)
+        meet = self._meet
+        ranks = self.group is not None and self.group.size > 1
+        if meet is None or meet.k == 1:
+            total = self.group.all_reduce_f64(value).reshape(x.shape) if ranks else value
+        else:
+            total = meet.sum(i, value, (lambda v: self.group.all_reduce_f64(v).reshape(v.shape)) if ranks else None)
+        return total / sizes[i] if mode == "weighted" else total
 
     # -- replicas -------------------------------------------------------------------------------
     def _replica(self, backend: Backend) -> Model:
@@ -158,7 +247,7 @@ class DataParallel:
                    fetch_loss: bool = False) -> float | None:
         """Model.train_step (and train_on_batch with fetch_loss: the global batch's mean loss) on
         this process's batch (parsed: {input name: array}, {target name: array}): its devices'
-        gradient phases, then, at an update, the exchange."""
+        gradient phases, each on a thread of its own, then, at an update, the exchange."""
         model = self.model
         phase = model._next_phase(flush)
         if model.optimizer.lr != self._lr:  # a scheduler moved it: the model's device has it already
@@ -171,26 +260,36 @@ class DataParallel:
                 r._programs.clear()
                 r.clip_norm, r.accumulate = model.clip_norm, model.accumulate
             self._settings = settings
+            self._buckets = None
+        began = time.perf_counter()
         sizes = self.shares(batch_size(inputs))
-        losses, start = [], 0
-        for i, (r, size) in enumerate(zip(self.replicas, sizes)):
-            part = slice(start, start + size)
-            feeds = {**take(inputs, part), **take(targets, part)}
-            start += size
-            exe = r._program("train", take(inputs, part), take(targets, part), GRADIENT_PHASE[phase])
-            fetch = [exe.graph.outputs[0]] if fetch_loss else []
-            if self._timing:  # balance(): this device alone, to its end (compiled before the clock starts)
-                r.backend.get_state(RNG_STATE)  # the device is idle when the clock starts
-                began = time.perf_counter()
-                losses.append(exe.run(feeds, fetch=[exe.graph.outputs[0]]))
-                self._times[i][0] += time.perf_counter() - began
-                self._times[i][1] += size
-            else:
-                losses.append(exe.run(feeds, fetch=fetch))
+        update = phase in UPDATES
         grouped = phase not in ("first", "step") and self._group_counts
         self._group_counts = [c + s for c, s in zip(self._group_counts, sizes)] if grouped else sizes
-        if phase in UPDATES:
-            self._reduce_and_update()
+        if update:
+            self._prepare_exchange()
+        jobs, start = [], 0
+        for i, (r, size) in enumerate(zip(self.replicas, sizes)):
+            part = slice(start, start + size)
+            start += size
+            exe = r._program("train", take(inputs, part), take(targets, part), GRADIENT_PHASE[phase])
+            feeds = {**take(inputs, part), **take(targets, part)}
+            jobs.append((i, r, exe, feeds, size, fetch_loss or self._timing, update))
+        self._sizes = sizes
+        if update and not self._ordered:  # before the devices start: their threads index the buckets
+            self._order_buckets(jobs[0][2])
+        if self._meet is not None:
+            self._meet.ready()
+        if self._timing and self._meet is None:  # balance(): each device alone, timed (compiled before the clock starts)
+            futures = [_Done(self._gradient_job(*job)) for job in jobs]
+        else:
+            futures = [self._pool_submit(self._gradient_job, *job) for job in jobs]
+        self._spent("submit", began)
+        if update:
+            self._reduce_and_update(futures)
+        losses = [f.result() for f in futures]
+        self.steps += 1
+        if update:
             if self._balance_later:
                 self._balance_later = False
                 self.balance()
@@ -199,6 +298,7 @@ class DataParallel:
                 if self._timed_steps <= 0:
                     self.speeds = [n / max(t, 1e-9) for t, n in self._times]
                     self._timing = False
+        self._spent("step", began)
         if not fetch_loss:
             return None
         local = sum(float(out[next(iter(out))]) * s for out, s in zip(losses, sizes)) / sum(sizes)
@@ -206,34 +306,234 @@ class DataParallel:
             local = float(self.group.all_reduce_f64(np.array([local]))[0]) / self.group.size
         return local
 
-    def _reduce_and_update(self) -> None:
-        """Sum the replicas' accum buffers (one flat float32 vector each: one readback per device,
-        all-reduced in place in buckets), write the sum back, run the update everywhere."""
-        names = [ACCUM_PREFIX + p for p in self.model.graph.params]
-        size = sum(int(self.model.graph.initializers[p].size) for p in self.model.graph.params)
-        if self._flat is None or self._flat[0].size != size:
-            self._flat = (np.empty(size, np.float32), np.empty(size, np.float32))
-        flat, part = self._flat
+    # -- the exchange -----------------------------------------------------------------------------
+    def _pool_submit(self, fn, *args) -> Any:
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+            # A cpu device's ops stay on its own thread (no nested use of the shared numpy pool,
+            # whose BLAS thread count one caller at a time may set): k cpu devices use k cores.
+            self._pool = ThreadPoolExecutor(len(self.replicas), thread_name_prefix="anygrad-replica",
+                                            initializer=_parallel.mark_worker)
+        return self._pool.submit(fn, *args)
+
+    def _prepare_exchange(self) -> None:
+        """Buckets of about BUCKET_BYTES, each a run of consecutive parameters (a range of the flat
+        vector, which is in parameter order), listed from the last parameters to the first (the
+        order the backward finishes them, as DDP's), the host buffers they land in (kept from step
+        to step), and a queue per device that says which buckets it has read back."""
+        if self._buckets is None:
+            params = list(self.model.graph.params)
+            sizes = [int(self.model.graph.initializers[p].size) for p in params]
+            starts = np.concatenate([[0], np.cumsum(sizes)]).astype(int).tolist()
+            limit = max(1, BUCKET_BYTES // 4)
+            buckets: list[tuple[tuple[str, ...], int, int]] = []
+            run: list[int] = []
+            for j in reversed(range(len(params))):
+                if run and starts[run[0] + 1] - starts[j + 1] + sizes[j] > limit:
+                    buckets.append((tuple(ACCUM_PREFIX + params[i] for i in reversed(run)), starts[run[-1]],
+                                    starts[run[0] + 1]))
+                    run = []
+                run.append(j)
+            if run:
+                buckets.append((tuple(ACCUM_PREFIX + params[i] for i in reversed(run)), starts[run[-1]],
+                                starts[run[0] + 1]))
+            self._buckets = buckets
+            self._ordered = False
+            # device 0 reads into the sum itself; the others into a buffer of their own
+            self._host = [np.empty(starts[-1], np.float32) for _ in self.replicas]
+        for q in self._ready:
+            while not q.empty():
+                q.get_nowait()
+        self._arrived = [set() for _ in self.replicas]
+
+    def _order_buckets(self, exe: Any) -> None:
+        """Once: take the buckets in the order device 0's program finishes them (where it says), so
+        that the host never waits for a late bucket while an early one is ready. Every rank must
+        reduce them in the same order, so ranks keep the default order unless all agree."""
+        self._ordered = True
+        ready = self._ready_steps(exe)
+        last = float("inf")
+        order = sorted(range(len(self._buckets)), key=lambda k: (last if ready[k] is None else ready[k], k)) \
+            if ready else list(range(len(self._buckets)))
+        if self.group is not None and self.group.size > 1 and \
+                len(set(self.group.gather_strings(",".join(map(str, order))))) > 1:
+            return  # every rank calls the gather (a collective), whatever its device
+        self._buckets = [self._buckets[k] for k in order]
+
+    def _ready_steps(self, exe: Any) -> dict[int, int | None]:
+        """Per bucket, the kernel of `exe` after which its gradients are final (None: at the end), for
+        executables that can read back mid-step (wgpu's taps); {} for the others."""
+        if not hasattr(exe, "taps") or not hasattr(exe, "last_write"):
+            return {}
+        held = getattr(exe, "_bucket_ready", None)
+        if held is None or held[0] is not self._buckets:
+            held = (self._buckets, {k: exe.last_write(names) for k, (names, _, _) in enumerate(self._buckets)})
+            exe._bucket_ready = held
+        return held[1]
+
+    def _gradient_job(self, i: int, r: Model, exe: Any, feeds: dict, size: int, fetch: bool,
+                      update: bool) -> Any:
+        """One device: its gradient phase, then (at an update) its gradient read back bucket by
+        bucket, each announced on its queue as soon as it is on the host (an error too). On wgpu a
+        bucket's copy is encoded right after the kernel that finishes it, and that much of the step
+        is submitted at once: the bucket is read, summed and all-reduced during the rest of the
+        backward pass."""
+        try:
+            began = time.perf_counter()
+            if self._timing:
+                r.backend.get_state(RNG_STATE)  # the device is idle when the clock starts
+            collective.set_reducer((lambda x, mode: self._reduce_stat(i, x, mode)) if self._meet is not None else None)
+            host = self._host[i] if update else None
+            ready = self._ready_steps(exe) if update else {}
+            waits: dict[int, Callable[[], None]] = {}
+            if ready:
+                at: dict[int, list[int]] = {}
+                for k, step in ready.items():
+                    if step is not None:
+                        at.setdefault(step, []).append(k)
+
+                def tap(enc: Any, ks: list[int]) -> None:
+                    for k in ks:
+                        names, a, b = self._buckets[k]
+                        waits[k] = r.backend.export_states_async(names, host[a:b], encoder=enc)
+                exe.taps = {step: (lambda enc, ks=ks: tap(enc, ks)) for step, ks in at.items()}
+            try:
+                out = exe.run(feeds, fetch=[exe.graph.outputs[0]] if fetch else [])
+            finally:
+                collective.set_reducer(None)
+                if ready:
+                    exe.taps = {}
+            self._spent(f"run{i}", began)
+            if self._timing:
+                self._times[i][0] += time.perf_counter() - began
+                self._times[i][1] += size
+            if update:
+                for k, (names, a, b) in enumerate(self._buckets):
+                    if k not in waits:
+                        waits[k] = r.backend.export_states_async(names, host[a:b])
+                last = float("inf")  # buckets read after the step: last, in bucket order
+                for n, k in enumerate(sorted(waits, key=lambda k: (last if ready.get(k) is None else ready[k], k))):
+                    t = time.perf_counter()
+                    waits[k]()
+                    self._spent(f"readback{i}" if n else f"compute_wait{i}", t)
+                    self._ready[i].put(k)
+            return out
+        except BaseException as e:
+            if self._meet is not None:
+                self._meet.barrier.abort()  # the other devices stop waiting for this one
+            if update:
+                self._ready[i].put(e)
+            raise
+
+    def _await(self, i: int, k: int, futures: list[Any]) -> None:
+        """Until device i has bucket k on the host (devices may finish buckets in their own order)."""
+        while k not in self._arrived[i]:
+            got = self._ready[i].get()
+            if isinstance(got, BaseException):
+                futures[i].result()  # raises the device's error
+                raise got
+            self._arrived[i].add(got)
+
+    def _reduce_and_update(self, futures: list[Any]) -> None:
+        """As each bucket arrives from every device: the devices' parts summed into device 0's
+        buffer (weighted by their shares of the batch: exact with uneven shares, no new arrays),
+        then all-reduced through gloo (started at once, several buckets in flight); then each
+        bucket written back to every device as soon as it is reduced, and the update run everywhere
+        (the devices in parallel)."""
         counts = self._group_counts
-        total = float(sum(counts))
+        flat = self._host[0]
         several = len(self.replicas) > 1
-        for i, (r, n) in enumerate(zip(self.replicas, counts)):
-            r.backend.export_states(names, flat if i == 0 else part)
-            if several:  # weight by each device's share of the batch (exact with uneven shares)
-                if i == 0:
-                    flat *= np.float32(n / total)
-                else:
-                    flat += part * np.float32(n / total)
-        if self.group is not None and self.group.size > 1:
-            self.group.all_reduce_flat(flat, 1.0 / self.group.size)
-        if several or self.group is not None:
+        ranks = self.group is not None and self.group.size > 1
+        scale = np.float32(1.0 / self.group.size) if ranks else None
+        works: dict[int, Any] = {}
+        pending: list[int] = []  # reduced or reducing, not yet written back (in bucket order)
+
+        def finish(k: int) -> None:  # bucket k is summed over every replica: back to every device
+            names, a, b = self._buckets[k]
+            if ranks:
+                t = time.perf_counter()
+                works.pop(k).wait()
+                np.multiply(flat[a:b], scale, out=flat[a:b])
+                self._spent("all_reduce_wait", t)
+            t = time.perf_counter()
             for r in self.replicas:
-                r.backend.import_states(names, flat)
-        for r in self.replicas:
-            self._update_program(r).run({}, fetch=[])
+                r.backend.import_states(names, flat[a:b])
+            self._spent("write_back", t)
+
+        for k, (_, a, b) in enumerate(self._buckets):
+            for i in range(len(self.replicas)):
+                self._await(i, k, futures)
+            t = time.perf_counter()
+            if several:
+                self._sum_bucket(a, b, counts)
+            self._spent("sum", t)
+            if not (several or self.group is not None):
+                continue
+            if ranks:
+                works[k] = self.group.all_reduce_start(flat[a:b], k)
+            pending.append(k)
+            # write back what gloo has finished while later buckets are still on their way
+            while pending and (not ranks or works[pending[0]].is_completed()):
+                finish(pending.pop(0))
+        for k in pending:
+            finish(k)
+        t = time.perf_counter()
+        for f in [self._pool_submit(self._update_job, r) for r in self.replicas] if several else \
+                [_Done(self._update_job(self.replicas[0]))]:
+            f.result()
+        self._spent("update", t)
         self.updates += 1
         if self.check_every and self.updates % self.check_every == 0:
+            t = time.perf_counter()
             self.check_replicas()
+            self._spent("hash", t)
+
+    def _sum_bucket(self, a: int, b: int, counts: list[int]) -> None:
+        """flat[a:b] = the devices' parts weighted by their shares, in place in device 0's buffer, in
+        chunks of a few MB over the CPU's threads (memory-bound: one thread does not saturate it).
+        Equal shares (the usual case) add, then scale once; uneven ones weight each part first."""
+        total = float(sum(counts))
+        equal = len(set(counts)) == 1
+        flat, parts = self._host[0], self._host[1:]
+
+        def work(spans: list[tuple[int, int]]) -> list[None]:
+            for lo, hi in spans:
+                dst = flat[lo:hi]
+                if equal:
+                    for part in parts:
+                        np.add(dst, part[lo:hi], out=dst)
+                    np.multiply(dst, np.float32(1.0 / len(counts)), out=dst)
+                    continue
+                np.multiply(dst, np.float32(counts[0] / total), out=dst)
+                for part, n in zip(parts, counts[1:]):
+                    src = part[lo:hi]
+                    np.multiply(src, np.float32(n / total), out=src)
+                    np.add(dst, src, out=dst)
+            return [None] * len(spans)
+
+        spans = [(lo, min(lo + SUM_CHUNK, b)) for lo in range(a, b, SUM_CHUNK)]
+        _parallel.map_shares(work, spans, min(len(spans), _parallel.workers()), blas=False)
+
+    def _update_job(self, r: Model) -> None:
+        self._update_program(r).run({}, fetch=[])
+
+    def _spent(self, what: str, since: float) -> None:
+        self.timings[what] = self.timings.get(what, 0.0) + time.perf_counter() - since
+
+    def breakdown(self, reset: bool = True) -> dict[str, float]:
+        """Host milliseconds per step in each part of the data-parallel step, since the last reset:
+        submit (the main thread handing each device its shard), run<i> (device i's thread
+        uploading its shard, encoding and submitting its gradient phase: on a GPU the host's part,
+        on a CPU device the whole computation; with --sync-batchnorm also the waits for the other
+        replicas), compute_wait<i> (device i finishing the step up to its first bucket and that
+        bucket's readback), readback<i> (waiting for its other buckets), sum (host sum of the devices' parts), all_reduce_wait (gloo beyond what overlapped),
+        write_back (uploads of the reduced gradient), update (the update programs), hash, and step
+        (the whole). The device threads' parts overlap the main thread's ones."""
+        steps = max(1, self.steps)
+        out = {k: 1000.0 * v / steps for k, v in self.timings.items()}
+        if reset:
+            self.timings, self.steps = {}, 0
+        return out
 
     def _update_program(self, r: Model):
         g = r.graph

@@ -45,6 +45,7 @@ class TrainConfig:
     device: str = ""
     limits: str | None = None            # a wgpu limits profile to train within (backends/wgpu/limits.py)
     memory_budget: str | None = None     # device bytes a step may hold, e.g. '1.5GB' (default: the profile's)
+    sync_batchnorm: bool = False         # BatchNorm statistics over every device and rank (SyncBatchNorm)
     init: str = ""
     weights: str | None = None           # state_dict file loaded right after the model (fine-tuning)
     freeze: list[str] = field(default_factory=list)  # parameter patterns not to train (Model.freeze)

@@ -181,7 +181,12 @@ def _prepare(config: TrainConfig, log: Log, default_batch: bool = False,
     if group is not None:  # one rank of a torch.distributed job (with this process's devices, if several)
         from ..distributed import DataParallel
         local = [r.backend for r in model.parallel.replicas[1:]] if model.parallel is not None else []
-        model.parallel = DataParallel(model, local, group)
+        model.parallel = DataParallel(model, local, group, sync_batchnorm=config.sync_batchnorm)
+    elif config.sync_batchnorm:
+        if model.parallel is None:
+            raise ConfigError("--sync-batchnorm syncs BatchNorm across data-parallel devices or ranks: give several "
+                              "devices (--device cpu,cpu or wgpu:0,wgpu:1) or launch with torchrun")
+        model.parallel.set_sync_batchnorm(True)
     # the folder the data came from, absolute: predict and eval may run from elsewhere
     config = replace(config, data_dir=str(Path(source).absolute()) if source and Path(source).exists() else source,
                      loss=loss)

@@ -3,6 +3,7 @@
     adapters.py   which adapters exist, ranked; device names -> adapter
     kernel.py     the contract: Kernel, Scratch, AdapterCaps, LOWERINGS, @lowering
     kernels_*.py  one module per op family: node -> WGSL kernels with shapes baked in
+                  (kernels_collective: AllReduceSum, a host step inside the step)
     fusion.py     graph rewrites before lowering: elementwise fusion, GEMM epilogues, fused
                   optimizer updates over parameter arenas
     planner.py    kernel list + where every value lives (aliases, slots by liveness, in place)
@@ -12,6 +13,7 @@ Importing this package registers every lowering in `kernel.LOWERINGS`.
 """
 from . import (  # noqa: F401  (each registers its lowerings)
     kernels_activation,
+    kernels_collective,
     kernels_conv,
     kernels_einsum,
     kernels_elementwise,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -16,11 +16,13 @@ import numpy as np
 
 from ...errors import DeviceError, ShapeError
 from ...ir.graph import Graph, Node
+from ...ops import collective
 from ..base import Backend, Executable
 from . import autotune, pipeline_cache
 from .adapters import AdapterInfo, select_adapter
 from .fusion import packed_name, prepare
 from .kernel import LOWERINGS, AdapterCaps
+from .kernels_collective import HOST_PREFIX
 from .limits import LimitsProfile, get_profile, parse_size
 from .planner import MemoryReport, Root, fit_plan, memory_report, value_bytes
 from .profiling import StepProfile, live_profiler, profile_dispatches
@@ -143,6 +145,7 @@ class WgpuBackend(Backend):
         self.arenas: dict[str, Any] = {}  # arena value -> (buffer, ArenaSpec)
         self.generation = 0   # bumped when a state buffer is replaced (bind groups must follow)
         self._export_buf: tuple[Any, int] | None = None  # export_states' mapped buffer and its size
+        self._export_bufs: dict[tuple, tuple[Any, int]] = {}  # export_states_async's, per list of names
 
     @property
     def description(self) -> str:
@@ -216,6 +219,52 @@ class WgpuBackend(Backend):
                 buf.unmap()
         except Exception as e:
             raise _gpu_error(e, "reading gradients back") from e
+
+    def export_states_async(self, names: Sequence[str], out: np.ndarray, encoder: Any = None) -> Callable[[], None]:
+        """export_states in two halves, so that buckets pipeline: this call queues the copies into
+        a mapped staging buffer of these names' own (kept between calls) and asks to map it; the
+        returned function waits for that map and copies into `out`. Buckets exported one after
+        the other each get their own submission, so the first is read while the next copies.
+        With `encoder` the copies go into it instead (a tap of WgpuExecutable.taps: mid-step),
+        and the map is asked for when the returned function is called, after that submission."""
+        spans, total = [], 0
+        for n in names:
+            st = self.state[n]
+            if np.dtype(st.dtype) != np.float32 or st.nbytes % 4:
+                return super().export_states_async(names, out)
+            spans.append((st, total))
+            total += st.nbytes
+        if total == 0:
+            return lambda: None
+        wgpu = _wgpu()
+        key = tuple(names)
+        held = self._export_bufs.get(key)
+        if held is None or held[1] < total:
+            held = (self.create_buffer(total, wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST,
+                                       "state export"), total)
+            self._export_bufs[key] = held
+        buf = held[0]
+        enc = encoder if encoder is not None else self.device.create_command_encoder()
+        for st, off in spans:
+            enc.copy_buffer_to_buffer(st.buffer, st.offset, buf, off, st.nbytes)
+        promise = None
+        if encoder is None:
+            try:
+                self.device.queue.submit([enc.finish()])
+                promise = buf.map_async(wgpu.MapMode.READ)
+            except Exception as e:
+                raise _gpu_error(e, "reading gradients back") from e
+
+        def finish() -> None:
+            try:
+                (promise or buf.map_async(wgpu.MapMode.READ)).sync_wait()  # an event wait: the GIL is free
+                try:
+                    np.copyto(out[:total // 4], np.frombuffer(buf.read_mapped(0, total, copy=False), np.float32))
+                finally:
+                    buf.unmap()
+            except Exception as e:
+                raise _gpu_error(e, "reading gradients back") from e
+        return finish
 
     def import_states(self, names: Sequence[str], flat: np.ndarray) -> None:
         """Each state's slice of the float32 vector `flat`, written in place (no new buffers)."""
@@ -407,6 +456,13 @@ class WgpuExecutable(Executable):
                        for r, _ in self.plan.state_copies if r.kind == "state" and r.name in targets}
         # ANYGRAD_WGPU_PROFILE=1: GPU time per kernel on every run (profiling.py)
         self._profiler = live_profiler(dev, [st.kernel.name for st in self.plan.steps], f"graph '{graph.name}'")
+        # step index -> fn(encoder): after that kernel the pass ends, fn encodes its copies and that
+        # much of the step is submitted, so the host reads them while the rest runs (set by the caller
+        # for one run: data-parallel gradient buckets; see _encode_dispatches)
+        self.taps: dict[int, Callable[[Any], None]] = {}
+        # host steps (kernels_collective): AllReduceSum's data-parallel sums, run on the host
+        self._host_steps = {k for k, st in enumerate(self.plan.steps) if st.kernel.name.startswith(HOST_PREFIX)}
+        self._host_staging: dict[int, Any] = {}
 
     # -- binding ----------------------------------------------------------------------------------
     def _buffer(self, r: Root) -> Any:
@@ -556,13 +612,10 @@ class WgpuExecutable(Executable):
                 enc.copy_buffer_to_buffer(self._buffer(r), self._offset(r), staging, offset, -(-nbytes // 4) * 4)
             if self._dispatches and self._profiler is not None:
                 self._profiler.encode(enc, self._dispatches)
+                for step in sorted(self.taps):  # profiled: the taps' copies after the whole pass
+                    self.taps[step](enc)
             elif self._dispatches:
-                cpass = enc.begin_compute_pass()
-                for pipe, bg, wg in self._dispatches:
-                    cpass.set_pipeline(pipe)
-                    cpass.set_bind_group(0, bg)
-                    cpass.dispatch_workgroups(*wg)
-                cpass.end()
+                enc = self._encode_dispatches(enc)
             # Fetched values are copied before state copies, so a fetched state reads as before the step.
             for item in layout:
                 _, r, offset, nbytes = item
@@ -612,6 +665,71 @@ class WgpuExecutable(Executable):
                 dtype, shape = st.dtype, st.shape
             out[name] = from_device(raw[offset:offset + nbytes], dtype, shape)
         return out
+
+    def _encode_dispatches(self, enc: Any) -> Any:
+        """The step's kernels in one compute pass, or with taps one pass per stretch between them:
+        at each tap the pass ends, the tap encodes its copies, and the encoder is submitted (a
+        mapping of what it copied resolves when that much of the step has run). A host step (with
+        a data-parallel reducer on this thread) ends the pass the same way and runs on the host.
+        Returns the encoder the rest of the step is encoded into."""
+        at, n = 0, len(self._dispatches)
+        hosted = {k - 1 for k in self._host_steps} if self._host_steps and collective.has_reducer() else set()
+        for cut in sorted({k for k in self.taps if k < n} | hosted | {n - 1}):
+            if cut >= at:
+                cpass = enc.begin_compute_pass()
+                for pipe, bg, wg in self._dispatches[at:cut + 1]:
+                    cpass.set_pipeline(pipe)
+                    cpass.set_bind_group(0, bg)
+                    cpass.dispatch_workgroups(*wg)
+                cpass.end()
+                at = cut + 1
+            if cut in self.taps:
+                self.taps[cut](enc)
+            if cut in hosted:  # the next kernel is a host step: it runs on the host, between submissions
+                enc = self._host_step(enc, cut + 1)
+                at = cut + 2
+            elif cut in self.taps and cut < n - 1:
+                self.backend.device.queue.submit([enc.finish()])
+                enc = self.backend.device.create_command_encoder()
+        return enc
+
+    def _host_step(self, enc: Any, k: int) -> Any:
+        """Kernel k is a host step: submit the step so far with a copy of its input, wait, let the
+        reducer sum it with the other replicas', write the result where the kernel writes, and
+        return a fresh encoder for the rest. One GPU round trip per sum (SyncBatchNorm's cost)."""
+        wgpu = _wgpu()
+        st = self.plan.steps[k]
+        src, dst = st.reads[0], st.writes[0]
+        nbytes = value_bytes(self.prepared, st.kernel.reads[0])
+        if k not in self._host_staging:
+            U = wgpu.BufferUsage
+            self._host_staging[k] = self.backend.create_buffer(nbytes, U.MAP_READ | U.COPY_DST, "host step")
+        staging = self._host_staging[k]
+        enc.copy_buffer_to_buffer(self._buffer(src), self._offset(src), staging, 0, nbytes)
+        self.backend.device.queue.submit([enc.finish()])
+        staging.map_sync(wgpu.MapMode.READ)
+        try:
+            x = np.frombuffer(staging.read_mapped(0, nbytes, copy=True), np.float32)
+        finally:
+            staging.unmap()
+        mode = st.kernel.name.rsplit(":", 1)[-1]
+        y = np.ascontiguousarray(collective.host_reduce(x, mode), np.float32)
+        self.backend.device.queue.write_buffer(self._buffer(dst), self._offset(dst), y)
+        return self.backend.device.create_command_encoder()
+
+    def last_write(self, states: Sequence[str]) -> int | None:
+        """The index of the last kernel writing any of these states in place, or None when one of
+        them is written after the kernels (a state copy), sits in an arena, or is not written."""
+        copied = {t for _, t in self.plan.state_copies} | {m for a in self.plan.arenas for m in a.members}
+        if copied & set(states):
+            return None
+        last: dict[str, int] = {}
+        for k, st in enumerate(self.plan.steps):
+            for r in st.writes:
+                if r.kind == "state":
+                    last[r.name] = k
+        found = [last.get(n) for n in states]
+        return None if not found or None in found else max(found)
 
     def describe(self) -> str:
         from .planner import describe
