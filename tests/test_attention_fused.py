@@ -213,3 +213,95 @@ def test_pass_fuses_exported_attention(form, dynamo, monkeypatch):
 def test_pass_fuses_hf_attention(kind, dynamo, monkeypatch):
     module, example = _hf(kind)
     _check_fused_matches_unfused(module, example, dynamo, monkeypatch, fused=1)
+
+
+# -- backends against numpy ---------------------------------------------------------------------
+def _attention_case(b, h, t, s, d, dv, mask: str | None):
+    q = RNG.standard_normal((b, h, t, d)).astype(np.float32)
+    k = RNG.standard_normal((b, h, s, d)).astype(np.float32)
+    v = RNG.standard_normal((b, h, s, dv)).astype(np.float32)
+    ins = [q, k, v]
+    if mask == "float":  # per sample, broadcast over heads
+        ins.append(RNG.standard_normal((b, 1, t, s)).astype(np.float32))
+    elif mask == "hide":  # -inf entries, one row with no key at all
+        m = np.where(RNG.random((t, s)) > 0.4, 0.0, -np.inf).astype(np.float32)
+        m[0, :] = -np.inf
+        ins.append(m)
+    return ins
+
+
+CASES = {  # (b, h, t, s, d, dv, mask, causal, offset)
+    "plain": (1, 2, 5, 7, 8, 8, None, 0, 0),
+    "float-mask": (2, 1, 6, 9, 4, 12, "float", 0, 0),
+    "hidden-rows": (1, 1, 5, 6, 8, 4, "hide", 0, 0),
+    "causal": (1, 2, 9, 9, 8, 8, None, 1, 0),
+    "causal-offset": (1, 1, 5, 11, 4, 4, None, 1, 6),
+    "causal+mask": (2, 1, 7, 7, 4, 4, "float", 1, 0),
+}
+
+
+def _close(want: dict, got: dict, rtol: float, atol: float, what: str) -> None:
+    """Outputs and gradients agree; lse's +inf (rows with no key) at the same places."""
+    assert set(want) == set(got)
+    for key, w in want.items():
+        w, g = np.asarray(w), np.asarray(got[key])
+        inf = np.isinf(w)
+        np.testing.assert_array_equal(np.isinf(g), inf, err_msg=f"{what} {key}: infinities")
+        scale = max(1.0, float(np.abs(w[~inf]).max(initial=0)))
+        np.testing.assert_allclose(g[~inf], w[~inf], rtol=rtol, atol=atol * scale, err_msg=f"{what} {key}")
+
+
+def _run_case(case, backend_run):
+    from wgpu_util import op_graph
+    b, h, t, s, d, dv, mask, causal, offset = case
+    ins = _attention_case(b, h, t, s, d, dv, mask)
+    attrs = {"scale": 0.7, "causal": causal, "causal_offset": offset}
+    graph, feeds = op_graph("FusedAttention", ins, attrs, n_outputs=2, const=[3])
+    return backend_run(graph, feeds)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_torch_backend_matches_numpy(case):
+    from anygrad.backends import NumpyBackend
+    from anygrad.backends.torch import TorchBackend
+
+    def run(graph, feeds):
+        want = NumpyBackend().compile(graph).run(feeds)
+        exe = TorchBackend("torch:cpu").compile(graph)
+        assert not exe.fallback_ops, exe.fallback_ops  # torch's own kernels, not the numpy reference
+        got = exe.run(feeds)
+        _close(want, got, 1e-5, 1e-6, what=case)
+    _run_case(CASES[case], run)
+
+
+@pytest.fixture(scope="module")
+def wgpu():
+    from wgpu_util import wgpu_backend
+    return wgpu_backend()
+
+
+@pytest.fixture(params=["one-tile", "tiles"])
+def tiles(request, monkeypatch):
+    """'tiles': 4 rows per workgroup and per tile, so every small case crosses query blocks and
+    key tiles, with ragged last ones."""
+    from anygrad.backends.wgpu import kernels_attention
+    if request.param == "tiles":
+        monkeypatch.setattr(kernels_attention, "BLOCK_Q", 4)
+        monkeypatch.setattr(kernels_attention, "MAX_BLOCK_K", 4)
+    return request.param
+
+
+@pytest.mark.wgpu
+@pytest.mark.parametrize("case", list(CASES))
+def test_wgpu_kernels_match_numpy(case, wgpu, tiles):
+    from wgpu_util import run_both
+
+    def run(graph, feeds):
+        want, got, exe = run_both(graph, feeds, backend=wgpu)
+        _close(want, got, 1e-4, 1e-5, what=case)
+        names = [st.kernel.name for st in exe.plan.steps]
+        assert "FusedAttention:fwd" in names and "FusedAttentionGrad:dkdv" in names, names
+        again = exe.run(feeds)
+        for key, value in got.items():
+            np.testing.assert_array_equal(np.asarray(again[key]), np.asarray(value), err_msg=f"{key}: second run")
+    _run_case(CASES[case], run)
