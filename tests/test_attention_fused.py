@@ -305,3 +305,68 @@ def test_wgpu_kernels_match_numpy(case, wgpu, tiles):
         for key, value in got.items():
             np.testing.assert_array_equal(np.asarray(again[key]), np.asarray(value), err_msg=f"{key}: second run")
     _run_case(CASES[case], run)
+
+
+# -- training a tiny GPT with the pass on ---------------------------------------------------------
+class _TinyGpt(nn.Module):
+    def __init__(self, vocab: int = 16, t: int = 8, d: int = 16, layers: int = 2):
+        super().__init__()
+        self.vocab = vocab
+        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(t, d)
+        self.lns = nn.ModuleList(nn.LayerNorm(d) for _ in range(2 * layers))
+        self.attn = nn.ModuleList(_Heads("hand", d) for _ in range(layers))
+        self.mlp = nn.ModuleList(nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(approximate="tanh"), nn.Linear(2 * d, d))
+                                 for _ in range(layers))
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, tokens):
+        x = self.wte(tokens) + self.wpe(torch.arange(tokens.shape[1]))
+        for i, (attn, mlp) in enumerate(zip(self.attn, self.mlp)):
+            x = x + attn(self.lns[2 * i](x))
+            x = x + mlp(self.lns[2 * i + 1](x))
+        return self.head(x).view(-1, self.vocab)
+
+
+def _gpt_losses(device, steps: int = 3):
+    """(anygrad's losses and final parameters, PyTorch's losses) for `steps` SGD steps."""
+    from anygrad.frontends.from_torch import from_torch
+    from anygrad.optim import SGD
+    torch.manual_seed(0)
+    module = _TinyGpt()
+    rng = np.random.default_rng(0)
+    data = [(rng.integers(0, 16, (2, 8)), rng.integers(0, 16, (2, 8))) for _ in range(steps)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = from_torch(module, torch.from_numpy(data[0][0]))
+    model.compile("cross_entropy", SGD(lr=0.1, momentum=0.9), device=device)
+    ours = [model.train_on_batch(x, y) for x, y in data]
+    opt = torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.9)
+    theirs = []
+    for x, y in data:
+        opt.zero_grad()
+        loss = F.cross_entropy(module(torch.from_numpy(x)), torch.from_numpy(y).reshape(-1))
+        loss.backward()
+        opt.step()
+        theirs.append(loss.item())
+    return ours, model.state_dict(), theirs, model
+
+
+def test_tiny_gpt_trains_like_pytorch_with_the_pass():
+    from anygrad.program import build_train_step
+    ours, _, theirs, model = _gpt_losses("cpu")
+    step = build_train_step(model.graph, {model.input_names[0]: (2, 8)}, (16,), model.loss, model.optimizer)
+    ops = [n.op for n in step.nodes]
+    assert ops.count("FusedAttention") == 2 and ops.count("FusedAttentionGrad") == 2
+    assert "Softmax" not in ops and "SoftmaxGrad" not in ops
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.wgpu
+def test_tiny_gpt_on_wgpu_like_pytorch_and_same_bits(wgpu):
+    from wgpu_util import wgpu_backend
+    ours, params, theirs, _ = _gpt_losses(wgpu)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
+    again, params2, _, _ = _gpt_losses(wgpu_backend())
+    assert ours == again
+    for name, value in params.items():
+        np.testing.assert_array_equal(params2[name], value, err_msg=name)
