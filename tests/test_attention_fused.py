@@ -176,11 +176,11 @@ def _step(model, module, x, y, monkeypatch, fuse: str):
     return out, loss, model.state_dict()
 
 
-def _check_fused_matches_unfused(module, example, dynamo, monkeypatch, fused: int):
+def _check_fused_matches_unfused(module, example, dynamo, monkeypatch, fused: int, opset: int = 17):
     from anygrad.frontends.from_torch import from_torch
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = from_torch(module, example, dynamo=dynamo)
+        model = from_torch(module, example, dynamo=dynamo, opset=opset)
     examples = example if isinstance(example, tuple) else (example,)
     feeds = {name: t.numpy() for name, t in zip(model.input_names, examples)}
     shapes = {name: a.shape for name, a in feeds.items()}
@@ -206,6 +206,13 @@ def test_pass_fuses_exported_attention(form, dynamo, monkeypatch):
     torch.manual_seed(0)
     module = _Mha() if form == "mha" else _Heads(form)
     _check_fused_matches_unfused(module, torch.randn(2, 6, 16), dynamo, monkeypatch, fused=1)
+
+
+@pytest.mark.parametrize("form", ["sdpa", "sdpa_causal", "sdpa_bool"])
+def test_pass_fuses_the_expanded_onnx_attention_op(form, monkeypatch):
+    """At opset 23 the dynamo exporter writes SDPA as ONNX's Attention op; its expansion fuses."""
+    torch.manual_seed(0)
+    _check_fused_matches_unfused(_Heads(form), torch.randn(2, 6, 16), True, monkeypatch, fused=1, opset=23)
 
 
 @pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "torchscript"])
@@ -370,3 +377,38 @@ def test_tiny_gpt_on_wgpu_like_pytorch_and_same_bits(wgpu):
     assert ours == again
     for name, value in params.items():
         np.testing.assert_array_equal(params2[name], value, err_msg=name)
+
+
+class _Unfusable(nn.Module):
+    """Attention the pass must leave alone: a learned bias on the scores (it needs a gradient),
+    probabilities also returned, an active dropout on them, a head dim over MAX_HEAD_DIM."""
+
+    def __init__(self, form: str, t: int = 6):
+        super().__init__()
+        self.form = form
+        d = 160 if form == "wide" else 16
+        self.qkv = nn.Linear(d, 3 * d)
+        self.rel = nn.Parameter(torch.randn(t, t) * 0.1)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        att = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        if self.form == "learned_bias":
+            att = att + self.rel
+        p = torch.softmax(att, dim=-1)
+        if self.form == "dropout":
+            p = F.dropout(p, 0.5, training=True)
+        y = p @ v
+        return y + p.sum() if self.form == "probs_used" else y
+
+
+@pytest.mark.parametrize("form", ["learned_bias", "probs_used", "dropout", "wide"])
+def test_pass_leaves_what_it_cannot_fuse(form):
+    from anygrad.frontends.from_torch import from_torch
+    torch.manual_seed(0)
+    module = _Unfusable(form)
+    x = torch.randn(2, 6, 160 if form == "wide" else 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = from_torch(module, x, check=form != "dropout")
+    assert _count_fused(model, {model.input_names[0]: tuple(x.shape)}) == 0
