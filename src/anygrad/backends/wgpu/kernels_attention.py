@@ -28,6 +28,7 @@ from .wgsl import bindings, grid, groups_grid, literal, shader, shape_of, stride
 
 BLOCK_Q = 64       # query (forward, dq) or key (dkdv) rows per workgroup: one invocation each
 MAX_BLOCK_K = 64   # rows per tile through workgroup memory, fewer when the memory is short
+VEC4 = True        # head dims that are multiples of 4 move and multiply as vec4 (4 independent FMAs)
 
 NEG_INF = literal(-math.inf, "f32")
 POS_INF = literal(math.inf, "f32")
@@ -58,6 +59,10 @@ class _Geo:
         self.offset = int(node.attr("causal_offset", 0))
         self.mask = mask
         self.br = min(BLOCK_Q, max(8, 1 << (max(self.t, self.s) - 1).bit_length()))
+        # Rows of q, k, v, dO... as vec4s: one 16-byte load and four independent FMAs per step.
+        self.w = 4 if VEC4 and self.d % 4 == 0 and self.dv % 4 == 0 else 1
+        self.ty = "vec4<f32>" if self.w == 4 else "f32"
+        self.d4, self.dv4 = self.d // self.w, self.dv // self.w
         if mask:
             rank = len(qs)
             ms = (1,) * (rank - len(shape_of(graph, mask))) + shape_of(graph, mask)
@@ -68,6 +73,12 @@ class _Geo:
                      for a in range(len(self.lead)) if st[a] and full[a] > 1]
             self.mask_base = " + ".join(terms) if terms else "0u"
             self.m_t, self.m_s = st[-2], st[-1]
+
+    def hsum(self, x: str) -> str:
+        return f"dot({x}, vec4<f32>(1.0))" if self.w == 4 else x
+
+    def splat(self, x: str) -> str:
+        return f"{self.ty}({x})"
 
     def bias(self, i: str, j: str) -> str:
         """WGSL: the mask's value at (query i, key j) of head `bh` (`mb` the head's base)."""
@@ -105,37 +116,37 @@ def _forward(node: Node, graph: Graph, caps: AdapterCaps) -> Kernel:
     q, k, v = node.inputs[:3]
     mask = node.input(3)
     geo = _Geo(node, graph, q, k, v, mask)
-    t, s, d, dv, br = geo.t, geo.s, geo.d, geo.dv, geo.br
-    bc = _tile(caps, d + dv)
+    t, s, br, ty, d4, dv4 = geo.t, geo.s, geo.br, geo.ty, geo.d4, geo.dv4
+    bc = _tile(caps, geo.d + geo.dv)
     nqb = -(-t // br)
     lse_out = node.outputs[1] if len(node.outputs) > 1 else ""
-    reads = [("Q", q), ("K", k), ("V", v)] + ([("M", mask)] if mask else [])
-    writes = [("O", node.outputs[0])] + ([("LSE", lse_out)] if lse_out else [])
+    reads = [("Q", q, ty), ("K", k, ty), ("V", v, ty)] + ([("M", mask, "f32")] if mask else [])
+    writes = [("O", node.outputs[0], ty)] + ([("LSE", lse_out, "f32")] if lse_out else [])
     causal_hide = f"if (j > ic + {geo.offset}u) {{ sv = {NEG_INF}; }}" if geo.causal else ""
     write_lse = f"    LSE[bh * {t}u + i] = select({POS_INF}, m + log(l), l > 0.0);" if lse_out else ""
     body = f"""{_head_group(nqb, geo.bh)}
   let i = blk * {br}u + lid.x;
   let ic = min(i, {t - 1}u);
 {geo.mask_base_stmt()}
-  var qr: array<f32, {d}>;
-  var o: array<f32, {dv}>;
+  var qr: array<{ty}, {d4}>;
+  var o: array<{ty}, {dv4}>;
   var sc: array<f32, {bc}>;
-  for (var c = 0u; c < {d}u; c++) {{ qr[c] = Q[(bh * {t}u + ic) * {d}u + c] * {geo.scale}; }}
+  for (var c = 0u; c < {d4}u; c++) {{ qr[c] = Q[(bh * {t}u + ic) * {d4}u + c] * {geo.scale}; }}
   var m = {NEG_INF};
   var l = 0.0;
   let kend = {geo.key_end(f"min(blk * {br}u + {br - 1}u, {t - 1}u)")};
   for (var kb = 0u; kb < kend; kb += {bc}u) {{
     workgroupBarrier();
     let jn = min({bc}u, {s}u - kb);
-{_load_rows("KS", "K", f"(bh * {s}u + kb)", "jn", d, bc, br)}
-{_load_rows("VS", "V", f"(bh * {s}u + kb)", "jn", dv, bc, br)}
+{_load_rows("KS", "K", f"(bh * {s}u + kb)", "jn", d4, bc, br)}
+{_load_rows("VS", "V", f"(bh * {s}u + kb)", "jn", dv4, bc, br)}
     workgroupBarrier();
     var tmax = {NEG_INF};
     for (var jj = 0u; jj < jn; jj++) {{
       let j = kb + jj;
-      var sv = 0.0;
-      for (var c = 0u; c < {d}u; c++) {{ sv = fma(qr[c], KS[jj * {d}u + c], sv); }}
-      sv += {geo.bias("ic", "j")};
+      var acc = {geo.splat("0.0")};
+      for (var c = 0u; c < {d4}u; c++) {{ acc = fma(qr[c], KS[jj * {d4}u + c], acc); }}
+      var sv = {geo.hsum("acc")} + {geo.bias("ic", "j")};
       {causal_hide}
       sc[jj] = sv;
       tmax = max(tmax, sv);
@@ -144,24 +155,25 @@ def _forward(node: Node, graph: Graph, caps: AdapterCaps) -> Kernel:
     if (mn > {NEG_INF}) {{
       let corr = select(0.0, exp(m - mn), m > {NEG_INF});
       l = l * corr;
-      for (var c = 0u; c < {dv}u; c++) {{ o[c] = o[c] * corr; }}
+      for (var c = 0u; c < {dv4}u; c++) {{ o[c] = o[c] * corr; }}
       for (var jj = 0u; jj < jn; jj++) {{
         let p = select(0.0, exp(sc[jj] - mn), sc[jj] > {NEG_INF});
         l += p;
-        for (var c = 0u; c < {dv}u; c++) {{ o[c] = fma(p, VS[jj * {dv}u + c], o[c]); }}
+        let pv = {geo.splat("p")};
+        for (var c = 0u; c < {dv4}u; c++) {{ o[c] = fma(pv, VS[jj * {dv4}u + c], o[c]); }}
       }}
       m = mn;
     }}
   }}
   if (i < {t}u) {{
     let inv = select(0.0, 1.0 / l, l > 0.0);
-    for (var c = 0u; c < {dv}u; c++) {{ O[(bh * {t}u + i) * {dv}u + c] = o[c] * inv; }}
+    for (var c = 0u; c < {dv4}u; c++) {{ O[(bh * {t}u + i) * {dv4}u + c] = o[c] * inv; }}
 {write_lse}
   }}"""
-    shared = f"var<workgroup> KS: array<f32, {bc * d}>;\nvar<workgroup> VS: array<f32, {bc * dv}>;"
-    decls = bindings([(n, "f32") for n, _ in reads], [(n, "f32") for n, _ in writes])
-    return Kernel("FusedAttention:fwd", shader(decls, body, wg=br, shared=shared), groups_grid(geo.bh * nqb),
-                  tuple(val for _, val in reads), tuple(val for _, val in writes))
+    shared = f"var<workgroup> KS: array<{ty}, {bc * d4}>;\nvar<workgroup> VS: array<{ty}, {bc * dv4}>;"
+    decls = bindings([(n, tp) for n, _, tp in reads], [(n, tp) for n, _, tp in writes])
+    return Kernel(f"FusedAttention:fwd{'-vec4' if geo.w == 4 else ''}", shader(decls, body, wg=br, shared=shared),
+                  groups_grid(geo.bh * nqb), tuple(val for _, val, _ in reads), tuple(val for _, val, _ in writes))
 
 
 @lowering("FusedAttention")
@@ -183,58 +195,60 @@ def _stats(dout: str, out: str, lse: str, st: str, rows: int, dv: int, sc: tuple
 
 def _grad_dq(node: Node, geo: _Geo, caps: AdapterCaps, dout: str, q: str, k: str, v: str, st: str, dq: str,
              sc: tuple) -> Kernel:
-    t, s, d, dv, br = geo.t, geo.s, geo.d, geo.dv, geo.br
-    bc = _tile(caps, d + dv)
+    t, s, br, ty, d4, dv4 = geo.t, geo.s, geo.br, geo.ty, geo.d4, geo.dv4
+    bc = _tile(caps, geo.d + geo.dv)
     nqb = -(-t // br)
-    reads = [("DO", dout), ("Q", q), ("K", k), ("V", v), ("ST", st)] + ([("M", geo.mask)] if geo.mask else [])
+    reads = [("DO", dout, ty), ("Q", q, ty), ("K", k, ty), ("V", v, ty), ("ST", st, "f32")] + (
+        [("M", geo.mask, "f32")] if geo.mask else [])
     stop = f"if (j > ic + {geo.offset}u) {{ break; }}" if geo.causal else ""
     body = f"""{_head_group(nqb, geo.bh)}
   let i = blk * {br}u + lid.x;
   let ic = min(i, {t - 1}u);
   let row = bh * {t}u + ic;
 {geo.mask_base_stmt()}
-  var qr: array<f32, {d}>;
-  var dor: array<f32, {dv}>;
-  var acc: array<f32, {d}>;
-  for (var c = 0u; c < {d}u; c++) {{ qr[c] = Q[row * {d}u + c] * {geo.scale}; }}
-  for (var c = 0u; c < {dv}u; c++) {{ dor[c] = DO[row * {dv}u + c]; }}
+  var qr: array<{ty}, {d4}>;
+  var dor: array<{ty}, {dv4}>;
+  var acc: array<{ty}, {d4}>;
+  for (var c = 0u; c < {d4}u; c++) {{ qr[c] = Q[row * {d4}u + c] * {geo.scale}; }}
+  for (var c = 0u; c < {dv4}u; c++) {{ dor[c] = DO[row * {dv4}u + c]; }}
   let lse = ST[2u * row];
   let delta = ST[2u * row + 1u];
   let kend = {geo.key_end(f"min(blk * {br}u + {br - 1}u, {t - 1}u)")};
   for (var kb = 0u; kb < kend; kb += {bc}u) {{
     workgroupBarrier();
     let jn = min({bc}u, {s}u - kb);
-{_load_rows("KS", "K", f"(bh * {s}u + kb)", "jn", d, bc, br)}
-{_load_rows("VS", "V", f"(bh * {s}u + kb)", "jn", dv, bc, br)}
+{_load_rows("KS", "K", f"(bh * {s}u + kb)", "jn", d4, bc, br)}
+{_load_rows("VS", "V", f"(bh * {s}u + kb)", "jn", dv4, bc, br)}
     workgroupBarrier();
     for (var jj = 0u; jj < jn; jj++) {{
       let j = kb + jj;
       {stop}
-      var sv = 0.0;
-      for (var c = 0u; c < {d}u; c++) {{ sv = fma(qr[c], KS[jj * {d}u + c], sv); }}
-      sv += {geo.bias("ic", "j")};
+      var sa = {geo.splat("0.0")};
+      for (var c = 0u; c < {d4}u; c++) {{ sa = fma(qr[c], KS[jj * {d4}u + c], sa); }}
+      var pa = {geo.splat("0.0")};
+      for (var c = 0u; c < {dv4}u; c++) {{ pa = fma(dor[c], VS[jj * {dv4}u + c], pa); }}
+      let sv = {geo.hsum("sa")} + {geo.bias("ic", "j")};
       let p = select(0.0, exp(sv - lse), lse < {POS_INF} && sv > {NEG_INF});
-      var dp = 0.0;
-      for (var c = 0u; c < {dv}u; c++) {{ dp = fma(dor[c], VS[jj * {dv}u + c], dp); }}
-      let ds = p * (dp - delta);
-      for (var c = 0u; c < {d}u; c++) {{ acc[c] = fma(ds, KS[jj * {d}u + c], acc[c]); }}
+      let ds = {geo.splat(f"p * ({geo.hsum('pa')} - delta)")};
+      for (var c = 0u; c < {d4}u; c++) {{ acc[c] = fma(ds, KS[jj * {d4}u + c], acc[c]); }}
     }}
   }}
   if (i < {t}u) {{
-    for (var c = 0u; c < {d}u; c++) {{ DQ[row * {d}u + c] = acc[c] * {geo.scale}; }}
+    for (var c = 0u; c < {d4}u; c++) {{ DQ[row * {d4}u + c] = acc[c] * {geo.scale}; }}
   }}"""
-    shared = f"var<workgroup> KS: array<f32, {bc * d}>;\nvar<workgroup> VS: array<f32, {bc * dv}>;"
-    decls = bindings([(n, "f32") for n, _ in reads], [("DQ", "f32")])
-    return Kernel("FusedAttentionGrad:dq", shader(decls, body, wg=br, shared=shared), groups_grid(geo.bh * nqb),
-                  tuple(val for _, val in reads), (dq,), scratch=sc)
+    shared = f"var<workgroup> KS: array<{ty}, {bc * d4}>;\nvar<workgroup> VS: array<{ty}, {bc * dv4}>;"
+    decls = bindings([(n, tp) for n, _, tp in reads], [("DQ", ty)])
+    return Kernel(f"FusedAttentionGrad:dq{'-vec4' if geo.w == 4 else ''}", shader(decls, body, wg=br, shared=shared),
+                  groups_grid(geo.bh * nqb), tuple(val for _, val, _ in reads), (dq,), scratch=sc)
 
 
 def _grad_dkdv(node: Node, geo: _Geo, caps: AdapterCaps, dout: str, q: str, k: str, v: str, st: str,
                dk: str, dv_out: str, sc: tuple) -> Kernel:
-    t, s, d, dv, br = geo.t, geo.s, geo.d, geo.dv, geo.br
-    bc = _tile(caps, d + dv + 2)
+    t, s, br, ty, d4, dv4 = geo.t, geo.s, geo.br, geo.ty, geo.d4, geo.dv4
+    bc = _tile(caps, geo.d + geo.dv + 2)
     nkb = -(-s // br)
-    reads = [("DO", dout), ("Q", q), ("K", k), ("V", v), ("ST", st)] + ([("M", geo.mask)] if geo.mask else [])
+    reads = [("DO", dout, ty), ("Q", q, ty), ("K", k, ty), ("V", v, ty), ("ST", st, "f32")] + (
+        [("M", geo.mask, "f32")] if geo.mask else [])
     # Queries before the block's first key minus the offset see none of its keys: skip their tiles.
     if geo.causal:
         first = f"select(0u, ((blk * {br}u - {geo.offset}u) / {bc}u) * {bc}u, blk * {br}u > {geo.offset}u)"
@@ -246,17 +260,17 @@ def _grad_dkdv(node: Node, geo: _Geo, caps: AdapterCaps, dout: str, q: str, k: s
   let jc = min(j, {s - 1}u);
   let krow = bh * {s}u + jc;
 {geo.mask_base_stmt()}
-  var kr: array<f32, {d}>;
-  var vr: array<f32, {dv}>;
-  var dk: array<f32, {d}>;
-  var dvv: array<f32, {dv}>;
-  for (var c = 0u; c < {d}u; c++) {{ kr[c] = K[krow * {d}u + c]; }}
-  for (var c = 0u; c < {dv}u; c++) {{ vr[c] = V[krow * {dv}u + c]; }}
+  var kr: array<{ty}, {d4}>;
+  var vr: array<{ty}, {dv4}>;
+  var dk: array<{ty}, {d4}>;
+  var dvv: array<{ty}, {dv4}>;
+  for (var c = 0u; c < {d4}u; c++) {{ kr[c] = K[krow * {d4}u + c]; }}
+  for (var c = 0u; c < {dv4}u; c++) {{ vr[c] = V[krow * {dv4}u + c]; }}
   for (var qb = {first}; qb < {t}u; qb += {bc}u) {{
     workgroupBarrier();
     let n = min({bc}u, {t}u - qb);
-{_load_rows("QS", "Q", f"(bh * {t}u + qb)", "n", d, bc, br, geo.scale)}
-{_load_rows("DOS", "DO", f"(bh * {t}u + qb)", "n", dv, bc, br)}
+{_load_rows("QS", "Q", f"(bh * {t}u + qb)", "n", d4, bc, br, geo.scale)}
+{_load_rows("DOS", "DO", f"(bh * {t}u + qb)", "n", dv4, bc, br)}
     for (var e = lid.x; e < {bc}u; e += {br}u) {{
       if (e < n) {{ LS[e] = ST[2u * (bh * {t}u + qb + e)]; DS[e] = ST[2u * (bh * {t}u + qb + e) + 1u]; }}
     }}
@@ -264,30 +278,29 @@ def _grad_dkdv(node: Node, geo: _Geo, caps: AdapterCaps, dout: str, q: str, k: s
     for (var ii = 0u; ii < n; ii++) {{
       let i = qb + ii;
       {skip}
-      var sv = 0.0;
-      for (var c = 0u; c < {d}u; c++) {{ sv = fma(QS[ii * {d}u + c], kr[c], sv); }}
-      sv += {geo.bias("i", "jc")};
+      var sa = {geo.splat("0.0")};
+      for (var c = 0u; c < {d4}u; c++) {{ sa = fma(QS[ii * {d4}u + c], kr[c], sa); }}
+      var pa = {geo.splat("0.0")};
+      for (var c = 0u; c < {dv4}u; c++) {{ pa = fma(DOS[ii * {dv4}u + c], vr[c], pa); }}
+      let sv = {geo.hsum("sa")} + {geo.bias("i", "jc")};
       let lse = LS[ii];
       let p = select(0.0, exp(sv - lse), lse < {POS_INF} && sv > {NEG_INF});
-      var dp = 0.0;
-      for (var c = 0u; c < {dv}u; c++) {{
-        let gv = DOS[ii * {dv}u + c];
-        dvv[c] = fma(p, gv, dvv[c]);
-        dp = fma(gv, vr[c], dp);
-      }}
-      let ds = p * (dp - DS[ii]);
-      for (var c = 0u; c < {d}u; c++) {{ dk[c] = fma(ds, QS[ii * {d}u + c], dk[c]); }}
+      let pv = {geo.splat("p")};
+      for (var c = 0u; c < {dv4}u; c++) {{ dvv[c] = fma(pv, DOS[ii * {dv4}u + c], dvv[c]); }}
+      let ds = {geo.splat(f"p * ({geo.hsum('pa')} - DS[ii])")};
+      for (var c = 0u; c < {d4}u; c++) {{ dk[c] = fma(ds, QS[ii * {d4}u + c], dk[c]); }}
     }}
   }}
   if (j < {s}u) {{
-    for (var c = 0u; c < {d}u; c++) {{ DK[krow * {d}u + c] = dk[c]; }}
-    for (var c = 0u; c < {dv}u; c++) {{ DV[krow * {dv}u + c] = dvv[c]; }}
+    for (var c = 0u; c < {d4}u; c++) {{ DK[krow * {d4}u + c] = dk[c]; }}
+    for (var c = 0u; c < {dv4}u; c++) {{ DV[krow * {dv4}u + c] = dvv[c]; }}
   }}"""
-    shared = (f"var<workgroup> QS: array<f32, {bc * d}>;\nvar<workgroup> DOS: array<f32, {bc * dv}>;\n"
+    shared = (f"var<workgroup> QS: array<{ty}, {bc * d4}>;\nvar<workgroup> DOS: array<{ty}, {bc * dv4}>;\n"
               f"var<workgroup> LS: array<f32, {bc}>;\nvar<workgroup> DS: array<f32, {bc}>;")
-    decls = bindings([(n, "f32") for n, _ in reads], [("DK", "f32"), ("DV", "f32")])
-    return Kernel("FusedAttentionGrad:dkdv", shader(decls, body, wg=br, shared=shared), groups_grid(geo.bh * nkb),
-                  tuple(val for _, val in reads), (dk, dv_out), scratch=sc)
+    decls = bindings([(n, tp) for n, _, tp in reads], [("DK", ty), ("DV", ty)])
+    return Kernel(f"FusedAttentionGrad:dkdv{'-vec4' if geo.w == 4 else ''}",
+                  shader(decls, body, wg=br, shared=shared), groups_grid(geo.bh * nkb),
+                  tuple(val for _, val, _ in reads), (dk, dv_out), scratch=sc)
 
 
 @lowering("FusedAttentionGrad")
