@@ -414,3 +414,34 @@ def test_pass_leaves_what_it_cannot_fuse(form):
         warnings.simplefilter("ignore")
         model = from_torch(module, x, check=form != "dropout")
     assert _count_fused(model, {model.input_names[0]: tuple(x.shape)}) == 0
+
+
+@pytest.mark.parametrize("dims", [(128, 128), (64, 64), (8, 8), (96, 32), (5, 7)])
+def test_wgpu_kernels_fit_the_weakest_adapter(dims):
+    """At the WebGPU minimums (16 KiB workgroup memory, 256 invocations, 8 storage buffers per
+    stage) every attention kernel fits, up to MAX_HEAD_DIM, with a mask (the most bindings)."""
+    import re
+
+    from wgpu_util import op_graph
+
+    from anygrad.backends.wgpu import kernels_attention as ka
+    from anygrad.backends.wgpu.kernel import AdapterCaps
+    d, dv = dims
+    ins = _attention_case(2, 3, 70, 130, d, dv, "float")
+    graph, _ = op_graph("FusedAttention", ins, {"scale": 0.1, "causal": 1, "causal_offset": 60}, n_outputs=2,
+                        const=[3])
+    caps = AdapterCaps()
+    kernels = []
+    for node in graph.nodes:
+        if node.op == "FusedAttention":
+            kernels += ka.lower_fused_attention(node, graph, caps)
+        elif node.op == "FusedAttentionGrad":
+            kernels += ka.lower_fused_attention_grad(node, graph, caps)
+    assert len(kernels) == 4
+    for k in kernels:
+        sizes = re.findall(r"var<workgroup> \w+: array<(f32|vec4<f32>), (\d+)>;", k.wgsl)
+        used = sum(int(n) * (16 if ty.startswith("vec4") else 4) for ty, n in sizes)
+        assert used <= caps.max_workgroup_storage, (k.name, used)
+        wg = int(re.search(r"@workgroup_size\((\d+)\)", k.wgsl).group(1))
+        assert wg <= caps.max_invocations_per_workgroup
+        assert len(k.reads) + len(k.writes) <= caps.max_storage_buffers_per_stage, k.name

@@ -45,6 +45,14 @@ def _tile(caps: AdapterCaps, floats_per_row: int, extra: int = 0) -> int:
     return bc
 
 
+def _block(rows: int) -> int:
+    """Rows per workgroup: at most BLOCK_Q, the blocks of equal size (65 rows run as 2 x 40, not
+    64 + 1), a multiple of 8 invocations."""
+    blocks = -(-rows // BLOCK_Q)
+    per, quantum = -(-rows // blocks), min(8, BLOCK_Q)
+    return -(-per // quantum) * quantum
+
+
 class _Geo:
     """Shapes and the mask's index arithmetic of one attention node."""
 
@@ -58,7 +66,6 @@ class _Geo:
         self.causal = bool(int(node.attr("causal", 0)))
         self.offset = int(node.attr("causal_offset", 0))
         self.mask = mask
-        self.br = min(BLOCK_Q, max(8, 1 << (max(self.t, self.s) - 1).bit_length()))
         # Rows of q, k, v, dO... as vec4s: one 16-byte load and four independent FMAs per step.
         self.w = 4 if VEC4 and self.d % 4 == 0 and self.dv % 4 == 0 else 1
         self.ty = "vec4<f32>" if self.w == 4 else "f32"
@@ -116,7 +123,8 @@ def _forward(node: Node, graph: Graph, caps: AdapterCaps) -> Kernel:
     q, k, v = node.inputs[:3]
     mask = node.input(3)
     geo = _Geo(node, graph, q, k, v, mask)
-    t, s, br, ty, d4, dv4 = geo.t, geo.s, geo.br, geo.ty, geo.d4, geo.dv4
+    t, s, ty, d4, dv4 = geo.t, geo.s, geo.ty, geo.d4, geo.dv4
+    br = _block(t)
     bc = _tile(caps, geo.d + geo.dv)
     nqb = -(-t // br)
     lse_out = node.outputs[1] if len(node.outputs) > 1 else ""
@@ -195,7 +203,8 @@ def _stats(dout: str, out: str, lse: str, st: str, rows: int, dv: int, sc: tuple
 
 def _grad_dq(node: Node, geo: _Geo, caps: AdapterCaps, dout: str, q: str, k: str, v: str, st: str, dq: str,
              sc: tuple) -> Kernel:
-    t, s, br, ty, d4, dv4 = geo.t, geo.s, geo.br, geo.ty, geo.d4, geo.dv4
+    t, s, ty, d4, dv4 = geo.t, geo.s, geo.ty, geo.d4, geo.dv4
+    br = _block(t)
     bc = _tile(caps, geo.d + geo.dv)
     nqb = -(-t // br)
     reads = [("DO", dout, ty), ("Q", q, ty), ("K", k, ty), ("V", v, ty), ("ST", st, "f32")] + (
@@ -244,7 +253,8 @@ def _grad_dq(node: Node, geo: _Geo, caps: AdapterCaps, dout: str, q: str, k: str
 
 def _grad_dkdv(node: Node, geo: _Geo, caps: AdapterCaps, dout: str, q: str, k: str, v: str, st: str,
                dk: str, dv_out: str, sc: tuple) -> Kernel:
-    t, s, br, ty, d4, dv4 = geo.t, geo.s, geo.br, geo.ty, geo.d4, geo.dv4
+    t, s, ty, d4, dv4 = geo.t, geo.s, geo.ty, geo.d4, geo.dv4
+    br = _block(s)
     bc = _tile(caps, geo.d + geo.dv + 2)
     nkb = -(-s // br)
     reads = [("DO", dout, ty), ("Q", q, ty), ("K", k, ty), ("V", v, ty), ("ST", st, "f32")] + (
