@@ -249,6 +249,8 @@ def _match(ctx: _Ctx, final: Node) -> Node | None:
     bias = ctx.add("Add", biases, "attn.bias") if len(biases) == 2 else biases[0] if biases else ""
     for extra in biases[2:]:
         bias = ctx.add("Add", [bias, extra], "attn.bias")
+    if bias and ctx.g.info[bias].dtype != np.float32:
+        return None
     t, s = qs[-2], kts[-1]
     if bias and ctx.const(bias) is not None and (offset := _causal(ctx.const(bias), t, s)) is not None:
         attrs.update(causal=1, causal_offset=offset)

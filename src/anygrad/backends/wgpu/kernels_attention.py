@@ -22,6 +22,9 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
+from ...errors import UnsupportedOpError
 from ...ir.graph import Graph, Node
 from .kernel import AdapterCaps, Kernel, Scratch, lowering
 from .wgsl import bindings, grid, groups_grid, literal, shader, shape_of, strides
@@ -57,6 +60,10 @@ class _Geo:
     """Shapes and the mask's index arithmetic of one attention node."""
 
     def __init__(self, node: Node, graph: Graph, q: str, k: str, v: str, mask: str):
+        for x in (q, k, v) + ((mask,) if mask else ()):
+            if graph.info[x].dtype != np.float32:  # ir/attention.py fuses float32 chains only
+                raise UnsupportedOpError(f"{node.label}: the wgpu attention kernels take float32, not "
+                                         f"{graph.info[x].dtype} ('{x}'); set ANYGRAD_FUSE_ATTENTION=0")
         qs, ks, vs = shape_of(graph, q), shape_of(graph, k), shape_of(graph, v)
         self.lead = qs[:-2]
         self.bh = math.prod(self.lead)
