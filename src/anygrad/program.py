@@ -13,6 +13,7 @@ import numpy as np
 
 from .autodiff import gradients
 from .errors import ConfigError
+from .ir.attention import fuse_attention
 from .ir.builder import Builder
 from .ir.graph import Graph, Node, Shape, TensorInfo, info_of
 from .ir.passes import RNG_STATE, infer_node, infer_shapes, set_training_mode, specialize
@@ -272,7 +273,9 @@ def training_forward(model: Graph, input_shapes: dict[str, Shape]) -> Graph:
     specialized to these input shapes: the forward half of every training step."""
     g = set_training_mode(model, True)
     _add_buffer(g, RNG_STATE, np.zeros(2, np.uint32))
-    return specialize(g, input_shapes)
+    g = specialize(g, input_shapes)
+    fuse_attention(g)  # before autodiff: the backward is FusedAttentionGrad
+    return g
 
 
 def build_train_step(model: Graph, input_shapes: dict[str, Shape], target_shape: Shape | dict[str, Shape] | None,
@@ -364,7 +367,9 @@ def build_update_step(model: Graph, optimizer: Optimizer, *, clip_norm: float | 
 
 def build_inference(model: Graph, input_shapes: dict[str, Shape]) -> Graph:
     """The model in inference mode (running statistics, no dropout) for one input shape."""
-    return specialize(set_training_mode(model, False), input_shapes)
+    g = specialize(set_training_mode(model, False), input_shapes)
+    fuse_attention(g)
+    return g
 
 
 def build_eval_step(model: Graph, input_shapes: dict[str, Shape], target_shape: Shape | dict[str, Shape] | None,

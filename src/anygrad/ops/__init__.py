@@ -3,3 +3,4 @@ from . import elementwise, index, linalg, loss, metrics, nn, norm, reduce, shape
 from . import attention, bitwise, detection, image, math_extra, ml, optional, preview_training, quant, spectral  # noqa: F401
 from . import conv_transpose, rnn  # noqa: F401  (composites of the ops above)
 from . import collective  # noqa: F401  (AllReduceSum: data-parallel sums inside a step)
+from . import fused_attention  # noqa: F401  (made by ir/attention.py)

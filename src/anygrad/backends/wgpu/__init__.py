@@ -14,6 +14,7 @@ Importing this package registers every lowering in `kernel.LOWERINGS`.
 from . import (  # noqa: F401  (each registers its lowerings)
     kernels_activation,
     kernels_collective,
+    kernels_attention,
     kernels_conv,
     kernels_einsum,
     kernels_elementwise,
