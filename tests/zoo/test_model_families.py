@@ -100,7 +100,7 @@ def numpy_run(reference, exported, tmp_path_factory):
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.xfail(strict=True, reason=TORCH_XFAIL[n])]
                                                if n in TORCH_XFAIL else []) for n in TORCH_FAMILIES])
-def test_family_trains_on_torch_cpu(name, reference, exported, numpy_run, tmp_path):
+def test_family_trains_on_torch_cpu(name, reference, exported, numpy_run, tmp_path, one_torch_thread):
     """The same run on torch:cpu, against PyTorch (as every route) and against numpy's run."""
     family = FAMILIES[name]
     _, path = exported(name, family.file_exporter)
