@@ -1,5 +1,6 @@
 """The numpy backend's lowering registry: what it runs differently from an op's registry kernel.
 
+- `KERNELS`: faster kernels of the same values as the op's registry kernel (fastpaths.py).
 - `INPLACE`: kernels that write output 0 over input 0 (same shape and dtype, checked at compile
   time) and return the op's outputs. Each computes exactly what the op's registry kernel computes.
 - `BLOCKED`: ops whose numpy kernel can write output 0 (batch-major) in batch blocks and call an
@@ -18,7 +19,7 @@ import numpy as np
 from ... import _parallel
 from ...ir.graph import Node
 from ...ir.registry import OpDef
-from ...ops._util import maximum0
+from .fastpaths import maximum0
 
 InplaceKernel = Callable[[Node, list[np.ndarray]], list[np.ndarray]]
 Epilogue = Callable[[slice, np.ndarray], None]
@@ -26,6 +27,13 @@ Epilogue = Callable[[slice, np.ndarray], None]
 
 def _relu_(node: Node, ins: list[np.ndarray]) -> list[np.ndarray]:
     return [maximum0(ins[0], out=ins[0])]
+
+
+def _relu(node: Node, ins: list[np.ndarray]) -> list[np.ndarray]:
+    return [maximum0(ins[0])]
+
+
+KERNELS: dict[str, InplaceKernel] = {"Relu": _relu}
 
 
 def _relu_grad_(node: Node, ins: list[np.ndarray]) -> list[np.ndarray]:
