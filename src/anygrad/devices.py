@@ -73,7 +73,7 @@ def use_torch_compile(backend: Backend, torch_compile: bool | str = True) -> Non
         return
     if not str(backend.name).startswith("torch"):
         raise ConfigError(f"--compile (torch_compile) puts the step through torch.compile, which only the "
-                          f"torch backend has, but the device is {backend.name} ({backend.description}); "
+                          f"torch backend has, but the device is {backend.description}; "
                           "choose --device torch, torch:cuda, torch:mps or torch:cpu (pip install "
                           "'anygrad[torch]'), or leave --compile out")
     backend.set_torch_compile(torch_compile)  # type: ignore[attr-defined]
