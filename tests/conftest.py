@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib.util
 import os
 
+import pytest
+
 if importlib.util.find_spec("triton") is not None:
     import triton  # noqa: F401
 
@@ -18,3 +20,15 @@ if importlib.util.find_spec("triton") is not None:
 # The wgpu plan cache (backends/wgpu/pipeline_cache.py) writes under ~/.cache/anygrad; tests keep
 # it off unless they test it (test_wgpu_pipeline_cache.py turns it on in a temporary folder).
 os.environ.setdefault("ANYGRAD_PIPELINE_CACHE", "0")
+
+
+@pytest.fixture
+def one_torch_thread():
+    """For torch:cpu runs of small models: torch's CPU thread pool spin-waits on itself, and on a
+    shared 2-core machine (CI, with lavapipe's threads about) a step of the founding CNN took
+    0.4-1.6 s on 2 threads against 0.05 s on 1."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -92,6 +92,21 @@ def test_losses_match_pytorch(trained):
     np.testing.assert_allclose(ours, theirs, rtol=1e-4)
 
 
+def test_trains_on_torch_cpu_like_numpy_and_pytorch(trained, one_torch_thread):
+    """The same 10 steps on torch:cpu (the PyTorch backend): numpy's losses and state to float32
+    noise, and so PyTorch's."""
+    path, _, model, ours, theirs = trained
+    on_torch = anygrad.load_onnx(path, init="onnx").compile(
+        loss="nll", optimizer=anygrad.optim.SGD(lr=0.1, momentum=0.9), device="torch:cpu")
+    losses = np.array([on_torch.train_on_batch(x, y) for x, y in batches()])
+    np.testing.assert_allclose(losses, ours, rtol=2e-5)
+    np.testing.assert_allclose(losses, theirs, rtol=1e-4)
+    want, got = model.state_dict(), on_torch.state_dict()
+    assert want.keys() == got.keys()
+    for name in want:
+        assert_close_to_scale(got[name], want[name], 1e-4, name)
+
+
 def assert_close_to_scale(actual: np.ndarray, expected: np.ndarray, tol: float, name: str) -> None:
     """max |actual - expected| <= tol * max |expected| (float32 training drifts in absolute terms)."""
     assert actual.shape == expected.shape, name

@@ -58,11 +58,13 @@ def test_inplace_steps_are_chosen_and_exact():
 def test_epilogues_fuse_into_blocked_producers(monkeypatch):
     """An in-place kernel after a producer that writes in batch blocks runs on each block (many
     blocks on 2 threads here); bit-identical to the unfused, allocating run."""
+    from anygrad.backends.numpy import fastpaths
     from anygrad.ops import nn
 
     monkeypatch.setenv("ANYGRAD_NUMPY_THREADS", "2")
-    for name, value in (("_COLS_BUDGET", 2000), ("_PARALLEL_MIN", 0), ("_BLOCK", 100)):
+    for name, value in (("_COLS_BUDGET", 2000), ("_PARALLEL_MIN", 0)):
         monkeypatch.setattr(nn, name, value)
+    monkeypatch.setattr(fastpaths, "_BLOCK", 100)
     monkeypatch.setattr(_parallel, "SPLIT_MIN", 16)
     window = {"kernel_shape": [3, 3], "strides": [1, 1], "dilations": [1, 1], "pads": [1, 1, 1, 1], "group": 1}
     nodes = [Node("Conv", ["x", "w"], ["c"], {"pads": [1, 1, 1, 1]}),
@@ -236,17 +238,21 @@ def test_conv_weight_gradient_bits_do_not_depend_on_threads(monkeypatch):
     np.testing.assert_array_equal(got[0], got[2])
 
 
-@pytest.mark.parametrize("threads", ["1", "3"])
+@pytest.mark.parametrize("threads", ["1", "3", "reference"])
 def test_batchnorm_batch_slices_on_threads(monkeypatch, threads):
-    """Training BatchNormalization and BatchNormGrad split into batch blocks over threads agree
-    with PyTorch in double (forward output, running statistics and all three gradients)."""
+    """Training BatchNormalization and BatchNormGrad split into batch blocks over threads (the
+    numpy backend's fast path), and the registry's plain reference kernels, agree with PyTorch
+    in double (forward output, running statistics and all three gradients)."""
     torch = pytest.importorskip("torch")
+    from anygrad.backends.numpy import fastpaths
     from anygrad.ir.graph import Node
     from anygrad.ops import nn
 
-    monkeypatch.setenv("ANYGRAD_NUMPY_THREADS", threads)
+    monkeypatch.setenv("ANYGRAD_NUMPY_THREADS", "1" if threads == "reference" else threads)
     monkeypatch.setattr(_parallel, "SPLIT_MIN", 16)
-    monkeypatch.setattr(nn, "_BLOCK", 100)  # blocks of one or two samples
+    monkeypatch.setattr(fastpaths, "_BLOCK", 100)  # blocks of one or two samples
+    forward, backward = ((nn._bn_forward, nn._bn_grad_forward) if threads == "reference"
+                         else (fastpaths.batch_norm, fastpaths.batch_norm_grad))
     rng = np.random.default_rng(3)
     x = (rng.standard_normal((7, 3, 4, 5)) * 2 + 1).astype(np.float32)
     dy = rng.standard_normal(x.shape).astype(np.float32)
@@ -254,9 +260,8 @@ def test_batchnorm_batch_slices_on_threads(monkeypatch, threads):
     mean, var = np.zeros(3, np.float32), np.ones(3, np.float32)
     fwd = Node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y", "rm", "rv"],
                {"training_mode": 1, "momentum": 0.9})
-    y, rm, rv = nn._bn_forward(fwd, [x, scale, bias, mean, var])
-    dx, dscale, dbias = nn._bn_grad_forward(Node("BatchNormGrad", ["dy", "x", "s"], ["dx", "ds", "db"]),
-                                            [dy, x, scale])
+    y, rm, rv = forward(fwd, [x, scale, bias, mean, var])
+    dx, dscale, dbias = backward(Node("BatchNormGrad", ["dy", "x", "s"], ["dx", "ds", "db"]), [dy, x, scale])
     bn = torch.nn.BatchNorm2d(3, momentum=0.1).double()
     with torch.no_grad():
         bn.weight.copy_(torch.tensor(scale)), bn.bias.copy_(torch.tensor(bias))
@@ -275,23 +280,23 @@ def test_forked_child_runs_threaded_kernels(monkeypatch):
     the parent's threads."""
     import multiprocessing
 
-    from anygrad.ops import nn
+    from anygrad.backends.numpy import fastpaths
 
     monkeypatch.setenv("ANYGRAD_NUMPY_THREADS", "2")
     monkeypatch.setattr(_parallel, "SPLIT_MIN", 16)
     x = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4)
-    want = nn._batch_stats(x)[1]  # creates the pool in this process
+    want = fastpaths._batch_stats(x)[1]  # creates the pool in this process
     ctx = multiprocessing.get_context("fork")
     with ctx.Pool(1) as pool:
-        got = pool.apply_async(nn._batch_stats, (x,)).get(timeout=60)[1]
+        got = pool.apply_async(fastpaths._batch_stats, (x,)).get(timeout=60)[1]
     np.testing.assert_allclose(got, want)
 
 
 def test_batchnorm_blocks_of_a_non_contiguous_input(monkeypatch):
     """BatchNorm reshapes batch blocks in place: an input in another memory order must give the
     same bits as its C-ordered copy."""
+    from anygrad.backends.numpy import fastpaths as nn  # the blocked kernels
     from anygrad.ir.graph import Node
-    from anygrad.ops import nn
 
     monkeypatch.setattr(nn, "_BLOCK", 100)
     rng = np.random.default_rng(5)
@@ -301,10 +306,10 @@ def test_batchnorm_blocks_of_a_non_contiguous_input(monkeypatch):
     fwd = Node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y", "rm", "rv"], {"training_mode": 1})
     grad = Node("BatchNormGrad", ["dy", "x", "s"], ["dx", "ds", "db"])
     state = [np.zeros(3, np.float32), np.ones(3, np.float32)]
-    for f, c in ((nn._bn_forward(fwd, [x, scale, bias, *state]),
-                  nn._bn_forward(fwd, [np.ascontiguousarray(x), scale, bias, *state])),
-                 (nn._bn_grad_forward(grad, [dy, x, scale]),
-                  nn._bn_grad_forward(grad, [np.ascontiguousarray(dy), np.ascontiguousarray(x), scale]))):
+    for f, c in ((nn.batch_norm(fwd, [x, scale, bias, *state]),
+                  nn.batch_norm(fwd, [np.ascontiguousarray(x), scale, bias, *state])),
+                 (nn.batch_norm_grad(grad, [dy, x, scale]),
+                  nn.batch_norm_grad(grad, [np.ascontiguousarray(dy), np.ascontiguousarray(x), scale]))):
         for a, b in zip(f, c):
             np.testing.assert_array_equal(a, b)
 
@@ -327,3 +332,28 @@ def test_split_matmul_matches_one_call(monkeypatch, a, b):
     exact = np.matmul(x.astype(np.float64), y.astype(np.float64))
     bound = 4 * np.finfo(np.float32).eps * np.matmul(np.abs(x).astype(np.float64), np.abs(y).astype(np.float64))
     assert np.all(np.abs(got - exact) <= bound + np.abs(want - exact))
+
+
+@pytest.mark.parametrize("training", [1, 0], ids=["training", "eval"])
+def test_fast_batch_norm_is_the_reference_kernel(training):
+    """The numpy backend's blocked, threaded BatchNorm and its gradient (fastpaths.py) compute the
+    registry's plain reference (ops/nn.py), to float32 noise; over several batch blocks, with and
+    without an epilogue (a Relu applied to each block)."""
+    from anygrad.backends.numpy import fastpaths
+    from anygrad.ir.registry import get_op
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((40, 8, 30, 30)) * 3 + 1).astype(np.float32)  # 288,000 elements: 2 blocks
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    scale, bias = rng.standard_normal(8).astype(np.float32), rng.standard_normal(8).astype(np.float32)
+    mean, var = rng.standard_normal(8).astype(np.float32), rng.uniform(0.5, 2, 8).astype(np.float32)
+    fwd = Node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y", "rm", "rv"][:3 if training else 1],
+               {"training_mode": training, "momentum": 0.9, "epsilon": 1e-5})
+    grad = Node("BatchNormGrad", ["dy", "x", "s", "m", "v"], ["dx", "ds", "db"], {"epsilon": 1e-5, "training": training})
+    for node, ins, fast in ((fwd, [x, scale, bias, mean, var], fastpaths.batch_norm),
+                            (grad, [dy, x, scale, mean, var], fastpaths.batch_norm_grad)):
+        want = get_op(node.op).run(node, ins)
+        got = fast(node, ins)
+        relu = fast(node, ins, epilogue=lambda s, block: np.maximum(block, 0, out=block))
+        for w, g in zip(want, got):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * float(np.abs(w).max()), err_msg=node.op)
+        np.testing.assert_allclose(relu[0], np.maximum(want[0], 0), rtol=1e-4, atol=1e-4 * float(np.abs(want[0]).max()))

@@ -150,9 +150,25 @@ def test_checkpoints_move_between_devices(tmp_path):
     np.testing.assert_allclose(on_wgpu.predict(x[:2]), on_cpu.predict(x[:2]), rtol=1e-4, atol=1e-4)
 
 
+def test_compile_is_for_torch_devices_only(tmp_path, capsys):
+    """torch_compile / --compile on a backend without torch.compile: a ConfigError naming the
+    devices to choose, from Python and from the CLI (one error line, exit code 2)."""
+    from anygrad import cli
+    model = anygrad.load_onnx(FOUNDING_MODEL)
+    with pytest.raises(ConfigError, match="only the torch backend has.*device is cpu.*--device torch"):
+        model.compile(loss="nll", device="cpu", torch_compile=True)
+    with pytest.raises(ConfigError, match="torch.compile has no backend 'nope'"):
+        model.compile(loss="nll", device="torch:cpu", torch_compile="nope")
+    assert cli.main(["train", "--device", "cpu", "--compile", "--epochs", "1", "--artifacts",
+                     str(tmp_path / "run"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("anygrad: error: --compile") and "torch:cpu" in err and "Traceback" not in err
+
+
 @pytest.mark.slow  # inductor compiles C++: ~45 s on a 2-core machine
 def test_torch_compile_runs_the_same_step():
-    """The step's torch segments through torch.compile (inductor, C++ on the CPU): same losses."""
+    """The step's torch segments through torch.compile (inductor, C++ on the CPU): same losses.
+    Through Model.compile(torch_compile=True), as `anygrad train --compile` asks for it."""
     pytest.importorskip("torch._inductor")
     import shutil
     if shutil.which("cc") is None and shutil.which("gcc") is None:
@@ -162,8 +178,9 @@ def test_torch_compile_runs_the_same_step():
     model_a, model_b = module.to_model((None, 6)), module.to_model((None, 6))
     shape = (4, 6)
     model_a.compile(loss="cross_entropy", optimizer=anygrad.optim.SGD(lr=0.1), device=TorchBackend("torch:cpu"))
-    model_b.compile(loss="cross_entropy", optimizer=anygrad.optim.SGD(lr=0.1),
-                    device=TorchBackend("torch:cpu", torch_compile=True))
+    model_b.compile(loss="cross_entropy", optimizer=anygrad.optim.SGD(lr=0.1), device="torch:cpu",
+                    torch_compile=True)
+    assert model_b.backend.compile_backend == "inductor" and "torch.compile" in model_b.backend.description
     data = np.random.default_rng(0)
     for _ in range(2):
         x, y = data.standard_normal(shape).astype(np.float32), data.integers(0, 3, shape[0])
@@ -234,9 +251,12 @@ def test_bad_targets_are_a_data_error():
 
 
 # -- the CLI -------------------------------------------------------------------------------------------
-def test_cli_founding_run_on_torch_cpu(tmp_path):
+def test_cli_founding_run_on_torch_cpu(tmp_path, monkeypatch, capsys):
     """`anygrad train` with the founding model and its defaults (Adagrad, lr 1.0, uint8 batches
-    normalised on the device) on torch:cpu, 3 steps: the metrics of the same run on numpy."""
+    normalised on the device) on torch:cpu, 3 steps, eager and with --compile: the metrics of the
+    same run on numpy. (--compile's inductor needs a C++ build of each segment, ~45 s here: this
+    run swaps in torch.compile's "eager" backend, which traces the same functions with dynamo
+    and runs them as traced; test_torch_compile_runs_the_same_step runs inductor itself.)"""
     from anygrad import cli
     from anygrad.data import write_idx
     from anygrad.data.mnist import MNIST_FILES
@@ -248,16 +268,26 @@ def test_cli_founding_run_on_torch_cpu(tmp_path):
         x = (r.integers(0, 20, (n, 28, 28)) + y[:, None, None] * 23).astype(np.uint8)
         write_idx(data / f"{MNIST_FILES['x_' + split].name}.gz", x)
         write_idx(data / f"{MNIST_FILES['y_' + split].name}.gz", y)
+    set_compile = TorchBackend.set_torch_compile
+    asked = []
+
+    def eager_compile(self, torch_compile):
+        asked.append(torch_compile)
+        set_compile(self, "eager" if torch_compile is True else torch_compile)
+    monkeypatch.setattr(TorchBackend, "set_torch_compile", eager_compile)
     rows = {}
-    for device in ("cpu", "torch:cpu"):
-        run = tmp_path / device.replace(":", "-")
-        assert cli.main(["train", "--data-dir", str(data), "--device", device, "--epochs", "1",
+    for device in ("cpu", "torch:cpu", "torch:cpu --compile"):
+        run = tmp_path / device.replace(":", "-").replace(" --", "-")
+        assert cli.main(["train", "--data-dir", str(data), "--device", *device.split(), "--epochs", "1",
                          "--batch-size", "16", "--artifacts", str(run), "--quiet"]) == 0
         rows[device] = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert len(rows["cpu"]) == len(rows["torch:cpu"]) == 1
-    for a, b in zip(rows["cpu"], rows["torch:cpu"]):
+        assert json.loads((run / "config.json").read_text())["torch_compile"] is device.endswith("--compile")
+    assert asked[-1] is True  # --compile reached the backend
+    assert len(rows["cpu"]) == len(rows["torch:cpu"]) == len(rows["torch:cpu --compile"]) == 1
+    for a, b, c in zip(rows["cpu"], rows["torch:cpu"], rows["torch:cpu --compile"]):
         for key in ("train_loss", "train_accuracy"):
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-5), key
+            assert c[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6), key
         # Adagrad at lr 1 moves the biases before each BatchNorm (exact gradient 0) by ~lr on
         # rounding noise; the eval-mode loss reads them through the running means
         assert b["valid_loss"] == pytest.approx(a["valid_loss"], rel=2e-2)

@@ -686,6 +686,9 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", help="auto, cpu, wgpu, wgpu:N, wgpu:vulkan|metal|dx12|gl, or with "
                    "anygrad[torch] torch, torch:cuda, torch:mps, torch:cpu (default: auto: a wgpu GPU, "
                    "else torch's CUDA/MPS, else the CPU)")
+    p.add_argument("--compile", dest="torch_compile", action="store_true", default=None,
+                   help="torch devices: the training step goes through torch.compile (inductor; a C++ compiler "
+                   "on the CPU), with CUDA graphs on CUDA; the first steps compile (seconds to minutes)")
     p.add_argument("--seed", type=int, help="seed of the shuffles and dropout (default: 0)")
     p.add_argument("--artifacts", metavar="DIR", help="output folder (default: runs/<model>-<timestamp>); one "
                    "that holds another run is refused unless --overwrite")

@@ -14,7 +14,7 @@ from .backends.numpy import NumpyBackend
 from .backends.wgpu.adapters import AdapterInfo, best_adapter, list_adapters
 from .errors import ConfigError
 
-__all__ = ["AdapterInfo", "get_backend", "list_adapters"]
+__all__ = ["AdapterInfo", "get_backend", "list_adapters", "use_torch_compile"]
 
 
 def get_backend(device: str = "auto", limits: str | None = None, memory_budget: int | str | None = None) -> Backend:
@@ -63,3 +63,18 @@ def _torch_gpu() -> str | None:
         return best_torch_device()
     except Exception:  # noqa: BLE001  (a broken torch install: not a device to choose)
         return None
+
+
+def use_torch_compile(backend: Backend, torch_compile: bool | str = True) -> None:
+    """Put the backend's training steps through torch.compile (`--compile`; a string names the
+    torch.compile backend, default inductor), with CUDA graphs on a CUDA device. Only the torch
+    backend has torch.compile: any other backend is a ConfigError naming the device to choose."""
+    if not torch_compile:
+        return
+    if not str(backend.name).startswith("torch"):
+        raise ConfigError(f"--compile (torch_compile) puts the step through torch.compile, which only the "
+                          f"torch backend has, but the device is {backend.description}; "
+                          "choose --device torch, torch:cuda, torch:mps or torch:cpu (pip install "
+                          "'anygrad[torch]'), or leave --compile out")
+    backend.set_torch_compile(torch_compile)  # type: ignore[attr-defined]
+    backend.cuda_graph = True  # type: ignore[attr-defined]  (used on CUDA devices only)

@@ -200,7 +200,7 @@ class Model:
                 optimizer: Optimizer | None = None, device: str | Backend | list = "cpu", seed: int = 0, *,
                 loss_weights: Mapping[str, float] | None = None, clip_norm: float | None = None,
                 accumulate: int = 1, limits: str | None = None, memory_budget: int | str | None = None,
-                **loss_options: Any) -> Model:
+                torch_compile: bool | str = False, **loss_options: Any) -> Model:
         """Choose the loss, optimizer and device.
 
         `loss`: a name (cross_entropy, nll, mse, l1, bce_with_logits) or a Loss for the first
@@ -211,8 +211,10 @@ class Model:
         (ignore_index, reduction, label_smoothing, weight, class_axis).
         `device`: one device, or several ('wgpu:0,wgpu:1' or a list) that share each batch.
         `limits`, `memory_budget` (wgpu): a weaker adapter's limits profile, and the bytes a step
-        may hold (default: the profile's budget); see README "Small GPUs"."""
-        from .devices import get_backend
+        may hold (default: the profile's budget); see README "Small GPUs".
+        `torch_compile` (torch devices only, else a ConfigError): the step goes through
+        torch.compile (True: inductor; or a torch.compile backend's name), with CUDA graphs on CUDA."""
+        from .devices import get_backend, use_torch_compile
         devices = None
         if isinstance(device, (list, tuple)) or (isinstance(device, str) and "," in device):
             from .distributed import device_list, open_backends
@@ -227,8 +229,11 @@ class Model:
             optimizer = SGD(lr=0.01)
         self.optimizer = optimizer
         state = self.state_dict() if self.backend is not None else None
-        self.backend = (device if isinstance(device, Backend)
-                        else get_backend(device, limits=limits, memory_budget=memory_budget))
+        backend = (device if isinstance(device, Backend)
+                   else get_backend(device, limits=limits, memory_budget=memory_budget))
+        for each in devices or [backend]:
+            use_torch_compile(each, torch_compile)
+        self.backend = backend
         self.seed = seed
         self._programs.clear()
         for name in self.graph.state_names:

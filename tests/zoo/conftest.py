@@ -15,11 +15,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # zoo_models, zoo_harn
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # wgpu_util
 
 from wgpu_util import has_adapter, no_adapter
-from zoo_harness import export, torch_trajectory
+from zoo_harness import anygrad_trajectory, export, torch_trajectory
 from zoo_models import FAMILIES
 
 _exports: dict = {}
 _references: dict = {}
+_numpy_runs: dict = {}
 
 
 @pytest.fixture
@@ -42,6 +43,19 @@ def zoo_reference(zoo_export):
             _, model = zoo_export(family, "torchscript")
             _references[family] = torch_trajectory(FAMILIES[family], model)
         return _references[family]
+    return get
+
+
+@pytest.fixture
+def zoo_numpy(zoo_export):
+    """(family, exporter) -> anygrad's Trajectory on the numpy backend, computed once: the cpu
+    case makes it, and the torch:cpu case is checked against the same run."""
+    def get(family: str, exporter: str):
+        key = (family, exporter)
+        if key not in _numpy_runs:
+            path, _ = zoo_export(family, exporter)
+            _numpy_runs[key] = anygrad_trajectory(FAMILIES[family], path, "cpu")
+        return _numpy_runs[key]
     return get
 
 

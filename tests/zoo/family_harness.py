@@ -163,10 +163,11 @@ def close(ours: np.ndarray, f32: np.ndarray, f64: np.ndarray, what: str) -> None
                         f"(PyTorch's float32 noise {noise:.3g}, scale {scale:.3g})")
 
 
-def check_route(model: anygrad.Model, family: ModelFamily, ref: Reference, device, extra_keys=frozenset()) -> None:
+def check_route(model: anygrad.Model, family: ModelFamily, ref: Reference, device, extra_keys=frozenset()) -> Run:
     """Output, the state after one lr-1 step, and five losses, against PyTorch's. `extra_keys`:
-    what to_torch_state_dict may hold beyond the module's state_dict."""
-    close(model.predict(ref.x), ref.f32.output, ref.f64.output, "eval output")
+    what to_torch_state_dict may hold beyond the module's state_dict. Returns anygrad's run."""
+    output = model.predict(ref.x)
+    close(output, ref.f32.output, ref.f64.output, "eval output")
 
     model.compile(loss="cross_entropy", optimizer=anygrad.optim.SGD(lr=1.0), device=device)
     model.train_on_batch(ref.x, ref.y)
@@ -180,3 +181,4 @@ def check_route(model: anygrad.Model, family: ModelFamily, ref: Reference, devic
     losses = np.array([model.train_on_batch(ref.x, ref.y) for _ in range(STEPS)])
     close(losses, ref.f32.losses, ref.f64.losses, f"losses of {STEPS} steps")
     assert not np.allclose(ref.f64.losses, ref.f64.losses[0], rtol=1e-4), "the reference should move"
+    return Run(output, {k: ours[k] for k in ref.keys}, losses)

@@ -289,7 +289,9 @@ class Blocks:
         return tuple(slice(self.pads[i], self.pads[i] + self.image[i]) for i in range(nd))
 
 
-def _blocks(node: Node, ins: list) -> Blocks:
+def col2im_blocks(node: Node, ins: list) -> Blocks:
+    """Col2Im's geometry (image, block, dilations, strides, pads, block counts), checked against
+    the input's number of blocks."""
     image = tuple(ints_of(ins[1], "image_shape", node))
     kernel = tuple(ints_of(ins[2], "block_shape", node))
     nd = len(image)
@@ -304,14 +306,14 @@ def _blocks(node: Node, ins: list) -> Blocks:
 
 
 def _col2im_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
-    bl = _blocks(node, ins)
+    bl = col2im_blocks(node, ins)
     n, ck = ins[0].shape[:2]
     return [TensorInfo(ins[0].dtype, (n, ck // int(np.prod(bl.kernel))) + bl.image)]
 
 
 def _col2im_forward(node: Node, ins: list) -> np.ndarray:
     x = ins[0]
-    bl = _blocks(node, ins)
+    bl = col2im_blocks(node, ins)
     n, c = x.shape[0], x.shape[1] // int(np.prod(bl.kernel))
     cols = x.reshape((n, c) + bl.kernel + bl.counts)
     nd = len(bl.image)
@@ -324,7 +326,7 @@ def _col2im_forward(node: Node, ins: list) -> np.ndarray:
 def _im2col_forward(node: Node, ins: list) -> np.ndarray:
     """Col2ImGrad(dy, x, image_shape, block_shape): the blocks of dy, shaped like x."""
     dy, x = ins[0], ins[1]
-    bl = _blocks(node, [x, ins[2], ins[3]])
+    bl = col2im_blocks(node, [x, ins[2], ins[3]])
     n, c = dy.shape[:2]
     nd = len(bl.image)
     padded = np.pad(dy, [(0, 0), (0, 0)] + [(bl.pads[i], bl.pads[nd + i]) for i in range(nd)])

@@ -532,7 +532,8 @@ def _blocksize(node: Node, shape: tuple) -> int:
     return bs
 
 
-def _depth_to_space(node: Node, shape: tuple) -> Rearrange:
+def depth_to_space_plan(node: Node, shape: tuple) -> Rearrange:
+    """DepthToSpace as reshape -> transpose -> reshape of an input of `shape` (mode DCR/CRD)."""
     bs = _blocksize(node, shape)
     n, c, h, w = shape
     if c % (bs * bs):
@@ -543,7 +544,8 @@ def _depth_to_space(node: Node, shape: tuple) -> Rearrange:
     return Rearrange((n, bs, bs, c // (bs * bs), h, w), (0, 3, 4, 1, 5, 2), out)
 
 
-def _space_to_depth(node: Node, shape: tuple) -> Rearrange:
+def space_to_depth_plan(node: Node, shape: tuple) -> Rearrange:
+    """SpaceToDepth as reshape -> transpose -> reshape of an input of `shape`."""
     bs = _blocksize(node, shape)
     n, c, h, w = shape
     if h % bs or w % bs:
@@ -561,7 +563,7 @@ def _rearrange_grad(plan):
     return rule
 
 
-for _name, _plan in [("DepthToSpace", _depth_to_space), ("SpaceToDepth", _space_to_depth)]:
+for _name, _plan in [("DepthToSpace", depth_to_space_plan), ("SpaceToDepth", space_to_depth_plan)]:
     defop(_name, grad=_rearrange_grad(_plan),
           infer=lambda node, ins, p=_plan: [TensorInfo(ins[0].dtype, p(node, tuple(ins[0].shape)).out)],
           forward=lambda node, ins, p=_plan: np.ascontiguousarray(
@@ -612,7 +614,10 @@ class Interp:
                 "extrapolation_value": self.extrapolation}
 
 
-def _interp(node: Node) -> Interp:
+def interp_of(node: Node) -> Interp:
+    """The node's Resize/Upsample attributes as one checked Interp (mode, coordinate transform,
+    nearest rounding, cubic coefficient, ...), opset defaults filled in: the op's semantics,
+    read by every backend."""
     legacy = node.op == "Upsample" or (node.op == "Resize" and len(node.inputs) == 2)  # opset <= 10
     mode = _str(node, "mode", "nearest")
     if mode in ("bilinear", "trilinear"):  # Upsample-7 spelling
@@ -757,7 +762,7 @@ def _apply_per_axis(x: np.ndarray, mats: list[np.ndarray | None], transpose: boo
     return np.ascontiguousarray(x).astype(out_dtype)
 
 
-def _matrices(it: Interp, in_shape: tuple, out_shape: tuple, scales: list[float], roi: list[float]):
+def interp_matrices(it: Interp, in_shape: tuple, out_shape: tuple, scales: list[float], roi: list[float]):
     """Per axis (None where the axis is unchanged) the interpolation matrix and outside rows."""
     mats, outside = [], []
     for a, (n_in, n_out, s) in enumerate(zip(in_shape, out_shape, scales)):
@@ -769,7 +774,7 @@ def _matrices(it: Interp, in_shape: tuple, out_shape: tuple, scales: list[float]
 
 
 def _resize_infer(node, ins):
-    _interp(node)
+    interp_of(node)
     if not ins[0].is_static and any(i is not None and i.const is None for i in ins[1:]):
         # Scales or sizes computed from a symbolic shape are known only after `specialize`.
         return [TensorInfo(ins[0].dtype, tuple(f"{node.outputs[0]}.dim{i}" for i in range(ins[0].rank)))]
@@ -779,8 +784,8 @@ def _resize_infer(node, ins):
 def _resize_forward(node, ins):
     x = ins[0]
     plan = resize_plan(node, x.shape, ins)
-    it = _interp(node)
-    mats, outside = _matrices(it, x.shape, plan.out, plan.scales, plan.roi)
+    it = interp_of(node)
+    mats, outside = interp_matrices(it, x.shape, plan.out, plan.scales, plan.roi)
     y = _apply_per_axis(x, mats, transpose=False)
     for axis, rows in enumerate(outside):
         if rows.any():
@@ -793,14 +798,14 @@ def _resize_forward(node, ins):
 def _resize_grad(g: GradContext):
     shape = g.shape(g.x[0])
     plan = resize_plan(g.node, shape, [g.info(i) if i else None for i in g.x])
-    dx = g.op("ResizeGrad", [g.dy], shape=list(shape), scales=plan.scales, roi=plan.roi, **_interp(g.node).attrs())
+    dx = g.op("ResizeGrad", [g.dy], shape=list(shape), scales=plan.scales, roi=plan.roi, **interp_of(g.node).attrs())
     return [dx] + [None] * (len(g.x) - 1)
 
 
 def _resize_grad_forward(node, ins):
     dy = ins[0]
     shape = tuple(node.attr("shape"))
-    mats, _ = _matrices(_interp(node), shape, dy.shape, list(node.attr("scales")), list(node.attr("roi")))
+    mats, _ = interp_matrices(interp_of(node), shape, dy.shape, list(node.attr("scales")), list(node.attr("roi")))
     return _apply_per_axis(dy, mats, transpose=True)
 
 

@@ -35,7 +35,8 @@ REDUCTIONS = ("mean", "sum", "none")
 
 
 # -- class-index losses -----------------------------------------------------------------------
-def _reduction(node: Node) -> str:
+def loss_reduction(node: Node) -> str:
+    """A loss node's reduction (mean by default), checked."""
     r = node.attr("reduction", "mean")
     r = r.decode() if isinstance(r, bytes) else str(r)
     if r not in REDUCTIONS:
@@ -55,7 +56,7 @@ def _class_loss_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
         raise ShapeError(f"{node.label}: target must hold integer class indices, got {t.dtype}")
     if len(ins) > 2 and ins[2] is not None and tuple(ins[2].shape) != (x.shape[1],):
         raise ShapeError(f"{node.label}: weight must have shape ({x.shape[1]},), got {tuple(ins[2].shape)}")
-    loss = TensorInfo(x.dtype, expected if _reduction(node) == "none" else ())
+    loss = TensorInfo(x.dtype, expected if loss_reduction(node) == "none" else ())
     return [loss, TensorInfo(x.dtype, x.shape)][:max(1, len(node.outputs))]
 
 
@@ -102,7 +103,7 @@ def _logp(node: Node, x: np.ndarray) -> np.ndarray:
 
 
 def _reduce(node: Node, per_sample: np.ndarray, wt: np.ndarray) -> np.ndarray:
-    reduction = _reduction(node)
+    reduction = loss_reduction(node)
     if reduction == "none":
         return per_sample
     total = per_sample.sum()
@@ -131,7 +132,7 @@ def _class_loss_grad_forward(node: Node, ins):
     weight = ins[3] if len(ins) > 3 else None
     lse = ins[4] if len(ins) > 4 else None  # the forward's per-sample log-sum-exp, when it kept one
     q, wt = _class_weights(node, x, target, weight)
-    reduction = _reduction(node)
+    reduction = loss_reduction(node)
     if reduction == "mean":
         total = wt.sum()
         # Every sample ignored: the loss is nan (0/0), the gradient zero, as in PyTorch.

@@ -15,7 +15,7 @@ ML = "ai.onnx.ml"
 
 
 # -- TfIdfVectorizer -------------------------------------------------------------------------
-def _pool(node: Node) -> dict[tuple[int, ...], int]:
+def ngram_pool(node: Node) -> dict[tuple[int, ...], int]:
     """Each pooled n-gram -> its output column. ngram_counts[i] is where the (i+1)-grams start."""
     if node.attr("pool_int64s") is None:
         raise UnsupportedOpError(f"{node.label}: string pools are not supported (anygrad holds no strings)")
@@ -30,7 +30,7 @@ def _pool(node: Node) -> dict[tuple[int, ...], int]:
 def _tfidf_forward(node: Node, ins: list) -> np.ndarray:
     x = np.asarray(ins[0])
     rows = x.reshape(1, -1) if x.ndim < 2 else x
-    pool = _pool(node)
+    pool = ngram_pool(node)
     width = max(node.attr("ngram_indexes")) + 1
     lo, hi = int(node.attr("min_gram_length")), int(node.attr("max_gram_length"))
     counts = np.zeros((len(rows), width))
@@ -97,7 +97,7 @@ COMPARES = {0: np.less_equal, 1: np.less, 2: np.greater_equal, 3: np.greater, 4:
 MEMBER = 6
 
 
-def _tree_member_sets(node: Node, modes, true_ids, false_ids, true_leaf, false_leaf, roots) -> dict[int, set]:
+def tree_member_sets(node: Node, modes, true_ids, false_ids, true_leaf, false_leaf, roots) -> dict[int, set]:
     """Set-membership nodes take their sets from membership_values (NaN-separated) in the order a
     depth-first walk (true branch first) reaches them, as ONNX's reference builds its trees."""
     values = iter(np.asarray(node.attr("membership_values"), np.float64).tolist()
@@ -132,7 +132,7 @@ def _tree_ensemble_forward(node: Node, ins: list) -> np.ndarray:
     true_leaf, false_leaf = a["nodes_trueleafs"].astype(bool), a["nodes_falseleafs"].astype(bool)
     missing = node.attr("nodes_missing_value_tracks_true")
     missing = np.asarray(missing, bool).reshape(-1) if missing is not None else np.zeros(len(modes), bool)
-    sets = _tree_member_sets(node, modes, true_ids, false_ids, true_leaf, false_leaf, a["tree_roots"])
+    sets = tree_member_sets(node, modes, true_ids, false_ids, true_leaf, false_leaf, a["tree_roots"])
     agg = int(node.attr("aggregate_function", 1))
     if agg not in (0, 1, 2, 3):
         raise UnsupportedOpError(f"{node.label}: aggregate_function {agg} is not supported")

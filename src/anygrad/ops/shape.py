@@ -279,7 +279,8 @@ defop("Shape", infer=_shape_infer, nondiff=[0],
 defop("Size", infer=_size_infer, nondiff=[0], forward=lambda node, ins: np.array(ins[0].size, np.int64))
 
 
-def _fill_value(node: Node) -> np.ndarray:
+def constant_of_shape_value(node: Node) -> np.ndarray:
+    """ConstantOfShape's fill value as a 0-d array (default float32 0)."""
     value = node.attr("value")
     if value is None:
         return np.zeros((), np.float32)
@@ -301,7 +302,7 @@ def _cos_infer(node, ins):
     shape = tuple(const_ints(ins[0], "shape", node))
     if any(d < 0 for d in shape):
         raise ShapeError(f"{node.label}: negative dimension in shape {shape}")
-    dtype = _fill_value(node).dtype
+    dtype = constant_of_shape_value(node).dtype
     # the shape comes from the file: one that no memory can hold is refused before numpy tries
     nbytes, memory = int(np.prod(shape, dtype=object)) * dtype.itemsize, _memory_bytes()
     if nbytes > memory:
@@ -312,7 +313,7 @@ def _cos_infer(node, ins):
 
 
 defop("ConstantOfShape", infer=_cos_infer, nondiff=[0],
-      forward=lambda node, ins: np.full(tuple(int(d) for d in ins[0]), _fill_value(node)))
+      forward=lambda node, ins: np.full(tuple(int(d) for d in ins[0]), constant_of_shape_value(node)))
 
 
 def _range_args(node: Node, ins: list) -> tuple:
@@ -530,7 +531,9 @@ defop("Tile", infer=_tile_infer, grad=_tile_grad, nondiff=[1],
 # Every Pad mode is separable: output index j on an axis reads input index source(j) (or the
 # constant, where source is -1), so forward is a take per axis and the gradient a scatter-add per
 # axis. Negative pads crop, with the same maps.
-def _pad_source(mode: str, dim: int, before: int, after: int) -> np.ndarray:
+def pad_source_index(mode: str, dim: int, before: int, after: int) -> np.ndarray:
+    """For each position of a padded axis, the source index it reads in Pad `mode` (-1: the
+    constant value)."""
     s = np.arange(dim + before + after) - before
     if mode == "constant":
         return np.where((s >= 0) & (s < dim), s, -1)
@@ -560,7 +563,8 @@ def pad_amounts(node: Node, ins: list, rank: int) -> list[tuple[int, int]]:
     return amounts
 
 
-def _pad_mode(node: Node, shape: tuple, amounts) -> str:
+def pad_mode(node: Node, shape: tuple, amounts) -> str:
+    """Pad's mode (default constant), checked against the input `shape` and pad `amounts`."""
     mode = node.attr("mode", "constant")
     mode = mode.decode() if isinstance(mode, bytes) else mode
     if mode not in ("constant", "reflect", "edge", "wrap"):
@@ -574,7 +578,7 @@ def _pad_mode(node: Node, shape: tuple, amounts) -> str:
 def _pad_infer(node, ins):
     shape = tuple(ins[0].shape)
     amounts = pad_amounts(node, ins, len(shape))
-    _pad_mode(node, shape, amounts)
+    pad_mode(node, shape, amounts)
     out = tuple(d + b + a if isinstance(d, int) else (d if (b, a) == (0, 0) else f"{d}+{b + a}")
                 for d, (b, a) in zip(shape, amounts))
     if any(isinstance(d, int) and d < 0 for d in out):
@@ -585,13 +589,13 @@ def _pad_infer(node, ins):
 def _pad_forward(node, ins):
     x = ins[0]
     amounts = pad_amounts(node, ins, x.ndim)
-    mode = _pad_mode(node, x.shape, amounts)
+    mode = pad_mode(node, x.shape, amounts)
     value = slot(ins, 2)
     value = node.attr("value", 0.0) if value is None or np.asarray(value).size == 0 else np.asarray(value).reshape(())
     for axis, (b, a) in enumerate(amounts):
         if (b, a) == (0, 0):
             continue
-        src = _pad_source(mode, x.shape[axis], b, a)
+        src = pad_source_index(mode, x.shape[axis], b, a)
         x = np.take(x, np.maximum(src, 0), axis=axis)
         if mode == "constant":
             fill = [slice(None)] * x.ndim
@@ -604,7 +608,7 @@ def _pad_grad(g: GradContext):
     shape = g.shape(g.x[0])
     amounts = pad_amounts(g.node, [g.info(i) if i else None for i in g.x], len(shape))
     dx = g.op("PadGrad", [g.dy], shape=list(shape), before=[b for b, _ in amounts], after=[a for _, a in amounts],
-              mode=_pad_mode(g.node, shape, amounts))
+              mode=pad_mode(g.node, shape, amounts))
     return [dx] + [None] * (len(g.x) - 1)
 
 
@@ -617,7 +621,7 @@ def _pad_grad_forward(node, ins):
     for axis, (d, b, a) in enumerate(zip(node.attr("shape"), node.attr("before"), node.attr("after"))):
         if (b, a) == (0, 0):
             continue
-        src = _pad_source(mode, d, b, a)
+        src = pad_source_index(mode, d, b, a)
         keep = src >= 0
         moved = np.moveaxis(dx, axis, 0)[keep]
         acc = np.zeros((d,) + moved.shape[1:], dx.dtype)

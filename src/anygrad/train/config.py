@@ -16,7 +16,8 @@ from .monitor import Monitor
 
 # Settings that may differ between a run and its resumption (everything else must match).
 RESUMABLE_CHANGES = ("epochs", "log_every", "device", "artifacts_dir", "data_dir", "keep_checkpoints",
-                     "checkpoint_every", "patience", "min_delta", "prefetch", "on_nan", "export")
+                     "checkpoint_every", "patience", "min_delta", "prefetch", "on_nan", "export",
+                     "torch_compile")
 # Keys of config.json that are not settings: what the run resolved them to (written by the run).
 BOOKKEEPING_KEYS = ("resolved",)
 # How batches are normalised: in the graph on the device (uint8 uploads), on the host, or not at all.
@@ -46,6 +47,7 @@ class TrainConfig:
     limits: str | None = None            # a wgpu limits profile to train within (backends/wgpu/limits.py)
     memory_budget: str | None = None     # device bytes a step may hold, e.g. '1.5GB' (default: the profile's)
     sync_batchnorm: bool = False         # BatchNorm statistics over every device and rank (SyncBatchNorm)
+    torch_compile: bool = False          # the step through torch.compile (torch devices only; --compile)
     init: str = ""
     weights: str | None = None           # state_dict file loaded right after the model (fine-tuning)
     freeze: list[str] = field(default_factory=list)  # parameter patterns not to train (Model.freeze)

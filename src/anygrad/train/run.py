@@ -165,6 +165,10 @@ def _prepare(config: TrainConfig, log: Log, default_batch: bool = False,
     model_path = Path(config.model)
     optimizer = get_optimizer(config.optimizer or "adam", lr=config.lr)
     backend = _open_devices(config.device or "auto", config.limits, group, config.memory_budget)
+    if config.torch_compile:  # before the data loads: a device without torch.compile is an error at once
+        from ..devices import use_torch_compile
+        for each in backend if isinstance(backend, list) else [backend]:
+            use_torch_compile(each)
     model = load_onnx(str(model_path), init=config.init or "onnx")
     if config.weights:  # fine-tuning: every tensor comes from the state_dict, or it is an error
         model.load_state_dict(config.weights, strict=True)
@@ -177,7 +181,7 @@ def _prepare(config: TrainConfig, log: Log, default_batch: bool = False,
     if isinstance(train, tuple) and config.batch_size > len(train[1]) and not default_batch:
         raise ConfigError(f"batch-size {config.batch_size} is larger than the {len(train[1]):,} training samples; "
                           f"choose at most {len(train[1])}")
-    model.compile(loss=loss, optimizer=optimizer, device=backend, seed=config.seed)
+    model.compile(loss=loss, optimizer=optimizer, device=backend, seed=config.seed, torch_compile=config.torch_compile)
     if group is not None:  # one rank of a torch.distributed job (with this process's devices, if several)
         from ..distributed import DataParallel
         local = [r.backend for r in model.parallel.replicas[1:]] if model.parallel is not None else []

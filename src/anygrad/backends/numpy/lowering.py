@@ -1,5 +1,6 @@
 """The numpy backend's lowering registry: what it runs differently from an op's registry kernel.
 
+- `KERNELS`: faster kernels of the same values as the op's registry kernel (fastpaths.py).
 - `INPLACE`: kernels that write output 0 over input 0 (same shape and dtype, checked at compile
   time) and return the op's outputs. Each computes exactly what the op's registry kernel computes.
 - `BLOCKED`: ops whose numpy kernel can write output 0 (batch-major) in batch blocks and call an
@@ -18,7 +19,7 @@ import numpy as np
 from ... import _parallel
 from ...ir.graph import Node
 from ...ir.registry import OpDef
-from ...ops._util import maximum0
+from .fastpaths import batch_norm, batch_norm_grad, maximum0
 
 InplaceKernel = Callable[[Node, list[np.ndarray]], list[np.ndarray]]
 Epilogue = Callable[[slice, np.ndarray], None]
@@ -26,6 +27,18 @@ Epilogue = Callable[[slice, np.ndarray], None]
 
 def _relu_(node: Node, ins: list[np.ndarray]) -> list[np.ndarray]:
     return [maximum0(ins[0], out=ins[0])]
+
+
+def _relu(node: Node, ins: list[np.ndarray]) -> list[np.ndarray]:
+    return [maximum0(ins[0])]
+
+
+def _listed(kernel) -> InplaceKernel:
+    return lambda node, ins: [np.asarray(o) for o in kernel(node, ins)]
+
+
+KERNELS: dict[str, InplaceKernel] = {"Relu": _relu, "BatchNormalization": _listed(batch_norm),
+                                     "BatchNormGrad": _listed(batch_norm_grad)}
 
 
 def _relu_grad_(node: Node, ins: list[np.ndarray]) -> list[np.ndarray]:
@@ -45,14 +58,15 @@ INPLACE: dict[str, InplaceKernel] = {
     "Mul": _binary_(np.multiply),
 }
 
-# Ops whose registry kernel accepts `epilogue=` (anygrad.ops.nn: the im2col Conv and its input
-# gradient, BatchNormalization and its gradient over batch slices).
+# Ops whose kernel accepts `epilogue=`: the im2col Conv and its input gradient (their registry
+# kernels, anygrad.ops.nn), BatchNormalization and its gradient over batch slices (fastpaths.py).
 BLOCKED: frozenset[str] = frozenset({"Conv", "ConvGradInput", "BatchNormalization", "BatchNormGrad"})
+_BLOCKED_KERNELS = {"BatchNormalization": batch_norm, "BatchNormGrad": batch_norm_grad}
 
 
 def run_blocked(op: OpDef, node: Node, ins: list[np.ndarray | None], epilogue: Epilogue) -> list[np.ndarray]:
     """A BLOCKED op's outputs as a list of arrays, epilogue applied to each block of output 0."""
-    out = op.forward(node, ins, epilogue=epilogue)
+    out = _BLOCKED_KERNELS.get(node.op, op.forward)(node, ins, epilogue=epilogue)
     if isinstance(out, (list, tuple)):
         return [np.asarray(o) for o in out]
     return [np.asarray(out)]

@@ -36,7 +36,7 @@ from ...errors import ShapeError
 from ...ir.graph import Graph, Node
 from ...ir.registry import get_op
 from ..base import Backend, Executable
-from .lowering import BLOCKED, INPLACE, InplaceKernel, run_blocked, run_split
+from .lowering import BLOCKED, INPLACE, KERNELS, InplaceKernel, run_blocked, run_split
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
 _malloc_tuned = False
@@ -162,6 +162,9 @@ class NumpyExecutable(Executable):
         kernel = self.inplace.get(step)
         if kernel is not None and _sole_owner(env, ins[0]):
             return run_split(kernel, node, [env[i] for i in ins])
+        fast = KERNELS.get(node.op)
+        if fast is not None:
+            return fast(node, [env[i] for i in ins])
         return op.run(node, [env[i] for i in ins])
 
     @staticmethod

@@ -22,10 +22,13 @@ static buffers: the state tensors (the store then holds those buffers, updated i
 at the end of the graph) and the uploaded batch. Possible when no numpy fallback reads a value a
 torch kernel makes; a capture that fails (an op that syncs) leaves the step eager, with a warning.
 
-With `torch_compile=True` (or ANYGRAD_TORCH_COMPILE=1), each maximal run of lowered nodes
-between two fallbacks becomes one function traced by `torch.compile` (inductor, default mode).
-Not CUDA graphs ("reduce-overhead"): those reuse their output buffers on the next call, and the
-step's outputs are the next step's state.
+With `torch_compile=True` (`anygrad train --compile`, or ANYGRAD_TORCH_COMPILE=1), each maximal
+run of lowered nodes between two fallbacks becomes one function traced by `torch.compile`
+(inductor, default mode; a string names another torch.compile backend, e.g. "aot_eager", which
+needs no C++ compiler). Not torch's own CUDA graphs ("reduce-overhead"): those reuse their output
+buffers on the next call, and the step's outputs are the next step's state. With `cuda_graph` as
+well, the compiled functions' kernels are captured by the CUDA graph above, on the third run, once
+the first has compiled them.
 """
 from __future__ import annotations
 
@@ -167,7 +170,7 @@ class TorchExecutable(Executable):
         steps = self._group(self._steps(graph))
         self.input_info = {name: graph.info[name] for name in graph.inputs}
         self._plan(steps)
-        self.cuda_graph = bool(cuda_graph and self._graphs_on(self.device) and not torch_compile and self._graphable)
+        self.cuda_graph = bool(cuda_graph and self._graphs_on(self.device) and self._graphable)
         self.graph_capable = self._graphable
         self._graph: Any = None      # the captured CUDA graph, once captured
         self._calls = 0
@@ -314,7 +317,8 @@ class TorchExecutable(Executable):
                 reads += [i for i in ins if i not in made and i not in reads and i != _NONE]
                 made.update(outs)
             writes = sorted(made - {_DROP})
-            fn = torch.compile(_segment_fn(list(run), reads, writes), dynamic=False)
+            fn = torch.compile(_segment_fn(list(run), reads, writes), dynamic=False,
+                               backend=self.backend.compile_backend)
             out.append((lambda ins, fn=fn: fn(*ins), reads, writes, [None] * len(writes)))
             run.clear()
 
@@ -541,21 +545,36 @@ class TorchBackend(Backend):
 
     name = "torch"
 
-    def __init__(self, device: str = "torch", torch_compile: bool | None = None, cuda_graph: bool | None = None):
+    def __init__(self, device: str = "torch", torch_compile: bool | str | None = None,
+                 cuda_graph: bool | None = None):
         """`device`: torch, torch:cuda[:N], torch:mps or torch:cpu (torch: CUDA, else MPS, else CPU).
-        `torch_compile`: trace the step with torch.compile; None: ANYGRAD_TORCH_COMPILE=1.
+        `torch_compile`: trace the step with torch.compile (True: inductor; a string: that
+        torch.compile backend, e.g. "aot_eager"); None: ANYGRAD_TORCH_COMPILE (1 or a backend name).
         `cuda_graph`: on CUDA, capture each step's device work as a CUDA graph on its third run and
         replay it after; None: ANYGRAD_TORCH_CUDA_GRAPH=1."""
         self.torch = _torch()
         self.device = self.torch.device(resolve_device(device))
         if torch_compile is None:
-            torch_compile = _env_flag("ANYGRAD_TORCH_COMPILE")
+            torch_compile = os.environ.get("ANYGRAD_TORCH_COMPILE", "0")
+            torch_compile = torch_compile if torch_compile not in ("", "0", "1") else torch_compile == "1"
         if cuda_graph is None:
             cuda_graph = _env_flag("ANYGRAD_TORCH_CUDA_GRAPH")
-        self.torch_compile = bool(torch_compile)
+        self.set_torch_compile(torch_compile)
         self.cuda_graph = bool(cuda_graph)
         self.state: dict[str, Any] = {}
         self.name = f"torch:{self.device.type}"
+
+    def set_torch_compile(self, torch_compile: bool | str) -> None:
+        """Whether (and with which torch.compile backend, default inductor) the executables this
+        backend compiles from now on trace their steps with torch.compile."""
+        backend = torch_compile if isinstance(torch_compile, str) else "inductor"
+        if backend != "inductor":
+            from torch._dynamo import list_backends
+            known = list_backends(exclude_tags=())
+            if backend not in known:
+                raise ConfigError(f"torch.compile has no backend '{backend}'; use one of {', '.join(sorted(known))}")
+        self.torch_compile = bool(torch_compile)
+        self.compile_backend = backend
 
     @property
     def description(self) -> str:
@@ -563,6 +582,7 @@ class TorchBackend(Backend):
         if self.device.type == "cuda":
             what = f"cuda: {self.torch.cuda.get_device_name(self.device)}"
         compiled = ", torch.compile" if self.torch_compile else ""
+        compiled += f" ({self.compile_backend})" if self.torch_compile and self.compile_backend != "inductor" else ""
         compiled += ", CUDA graphs" if self.cuda_graph and self.device.type == "cuda" else ""
         return f"torch {self.torch.__version__} ({what}{compiled})"
 

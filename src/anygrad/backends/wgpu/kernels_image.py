@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from ...ir.graph import Graph, Node
-from ...ops.image import _blocks
+from ...ops.image import col2im_blocks
 from .kernel import AdapterCaps, Kernel, lowering
 from .kernels_index import _coords, _kernel
 from .wgsl import shape_of, strides, vtype
@@ -18,7 +18,7 @@ from .wgsl import shape_of, strides, vtype
 
 def _geometry(node: Node, graph: Graph, cols: str, image_in: str, block_in: str):
     infos = [graph.info[cols], graph.info[image_in], graph.info[block_in]]
-    return _blocks(node, infos)
+    return col2im_blocks(node, infos)
 
 
 @lowering("Col2Im")

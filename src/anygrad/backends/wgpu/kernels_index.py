@@ -16,7 +16,7 @@ import math
 from dataclasses import replace
 
 from ...ir.graph import Graph, Node
-from ...ops._util import ints_of, norm_axis
+from .attrs import ints_of, norm_axis
 from .kernel import AdapterCaps, Kernel, lowering
 from .kernels_elementwise import Emit, Val, ew
 from .kernels_shape import affine_copy
@@ -360,9 +360,9 @@ def lower_trilu(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
 # -- DepthToSpace / SpaceToDepth: a transpose of a reshaped view ---------------------------------
 @lowering("DepthToSpace", "SpaceToDepth")
 def lower_rearrange(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
-    from ...ops.index import _depth_to_space, _space_to_depth
+    from ...ops.index import depth_to_space_plan, space_to_depth_plan
     x, y = node.inputs[0], node.outputs[0]
-    plan = (_depth_to_space if node.op == "DepthToSpace" else _space_to_depth)(node, shape_of(graph, x))
+    plan = (depth_to_space_plan if node.op == "DepthToSpace" else space_to_depth_plan)(node, shape_of(graph, x))
     it = tuple(plan.split[p] for p in plan.perm)
     src = strides(plan.split)
     return affine_copy(node.op, x, y, vtype(graph, x), it, 0, [src[p] for p in plan.perm], 0, strides(it))

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 from ...ir.graph import Graph, Node
-from ...ops.loss import _reduction
+from ...ops.loss import loss_reduction
 from .kernel import AdapterCaps, Kernel, Scratch, lowering
 from .kernels_elementwise import ew
 from .rowsplit import ROWS_WG, Rows, Stats, combine_code, partial_kernel, parts, row_pass
@@ -45,7 +45,7 @@ class ClassLoss:
         log_input = {"NegativeLogLikelihoodLoss": True, "SoftmaxCrossEntropyLoss": False}.get(
             node.op, bool(node.attr("log_input", 0)))
         ignore = node.attr("ignore_index")
-        return ClassLoss(log_input, _reduction(node), float(node.attr("label_smoothing", 0.0)),
+        return ClassLoss(log_input, loss_reduction(node), float(node.attr("label_smoothing", 0.0)),
                          None if ignore is None else int(ignore), bool(weight))
 
     def target(self, c: int, row: str = "row") -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from ...ir.graph import Graph, Node
-from ...ops._util import norm_axis
+from .attrs import norm_axis
 from .kernel import AdapterCaps, Kernel, lowering
 from .kernels_elementwise import Emit, Val, ew
 from .kernels_index import _kernel
@@ -197,11 +197,11 @@ def _binarizer(c: Emit, n: Node, a: list, ot: list[str]) -> list[Val]:
 @lowering("ConstantOfShape")
 def lower_constant_of_shape(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     """Only reached for outputs too large to fold into a constant at compile time."""
-    from ...ops.shape import _fill_value
+    from ...ops.shape import constant_of_shape_value
     y = node.outputs[0]
     ty = vtype(graph, y)
     return [_kernel("ConstantOfShape", math.prod(shape_of(graph, y)),
-                    f"  y[i] = {literal(_fill_value(node).item(), ty)};", [], [("y", ty, y)])]
+                    f"  y[i] = {literal(constant_of_shape_value(node).item(), ty)};", [], [("y", ty, y)])]
 
 
 @ew("BitCast")
@@ -237,11 +237,11 @@ _TFIDF_OUT = {"TF": "count", "IDF": "select(0.0, WT[col], count > 0.0)", "TFIDF"
 def lower_tfidf(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     """One invocation per (row, column): counts the pooled n-grams of that column in the row
     (unigrams once, longer grams once per skip distance), the pool baked in as tables."""
-    from ...ops.ml import _pool
+    from ...ops.ml import ngram_pool
     x, y = node.inputs[0], node.outputs[0]
     xs = shape_of(graph, x)
     rows, length = (xs[0], xs[1]) if len(xs) == 2 else (1, xs[0])
-    pool = _pool(node)
+    pool = ngram_pool(node)
     width = max(node.attr("ngram_indexes")) + 1
     lo, hi = int(node.attr("min_gram_length")), int(node.attr("max_gram_length"))
     grams = [(g, col) for g, col in pool.items() if lo <= len(g) <= hi]
@@ -292,7 +292,7 @@ def lower_tree_ensemble(node: Node, graph: Graph, caps: AdapterCaps) -> list[Ker
     leaves of that target."""
     import numpy as np
 
-    from ...ops.ml import _tree_member_sets
+    from ...ops.ml import tree_member_sets
     x, y = node.inputs[0], node.outputs[0]
     rows, feats = shape_of(graph, x)
     a = {k: np.asarray(node.attr(k)).reshape(-1) for k in (
@@ -302,7 +302,7 @@ def lower_tree_ensemble(node: Node, graph: Graph, caps: AdapterCaps) -> list[Ker
     true_leaf, false_leaf = a["nodes_trueleafs"].astype(bool), a["nodes_falseleafs"].astype(bool)
     missing = node.attr("nodes_missing_value_tracks_true")
     missing = np.asarray(missing, bool).reshape(-1) if missing is not None else np.zeros(len(modes), bool)
-    sets = _tree_member_sets(node, modes, a["nodes_truenodeids"], a["nodes_falsenodeids"], true_leaf, false_leaf,
+    sets = tree_member_sets(node, modes, a["nodes_truenodeids"], a["nodes_falsenodeids"], true_leaf, false_leaf,
                              a["tree_roots"])
     agg = int(node.attr("aggregate_function", 1))
     if agg not in (0, 1, 2, 3):

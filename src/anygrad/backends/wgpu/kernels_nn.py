@@ -12,9 +12,9 @@ import numpy as np
 
 from ... import rng
 from ...ir.graph import Graph, Node
-from ...ops._util import norm_axis
 from ...ops.nn import dropout_ratio, dropout_scale
 from . import rowsplit
+from .attrs import norm_axis
 from .kernel import AdapterCaps, Kernel, Scratch, lowering
 from .kernels_elementwise import Emit, Val, ew
 from .rowsplit import Rows, Stats

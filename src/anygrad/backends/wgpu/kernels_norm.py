@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 from ...ir.graph import Graph, Node
-from ...ops._util import norm_axis
+from .attrs import norm_axis
 from .kernel import AdapterCaps, Kernel, Scratch, lowering
 from .kernels_reduce import COMBINE, reduce_kernels
 from .wgreduce import Part, reduce_code, shared_decl, use_subgroups

@@ -13,9 +13,9 @@ import math
 import numpy as np
 
 from ...ir.graph import Graph, Node
-from ...ops._util import norm_axis
 from ...ops.nn import window
 from ...ops.quant import RANGES
+from .attrs import norm_axis
 from .kernel import AdapterCaps, Kernel, lowering
 from .kernels_index import _coords, _kernel
 from .wgsl import bindings, broadcast_index, shader, shape_of, strides, vtype

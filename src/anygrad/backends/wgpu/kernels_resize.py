@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from ...ir.graph import Graph, Node
-from ...ops.index import _interp, _matrices, resize_plan
+from ...ops.index import interp_matrices, interp_of, resize_plan
 from .kernel import AdapterCaps, Kernel, lowering
 from .wgsl import bindings, flat_id, grid, literal, shader, shape_of, strides, vtype
 
@@ -82,8 +82,8 @@ def lower_resize(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     shape = shape_of(graph, x)
     infos = [graph.info.get(i) if i else None for i in node.inputs]
     plan = resize_plan(node, shape, infos)
-    it = _interp(node)
-    mats, outside = _matrices(it, shape, plan.out, plan.scales, plan.roi)
+    it = interp_of(node)
+    mats, outside = interp_matrices(it, shape, plan.out, plan.scales, plan.roi)
     ty = vtype(graph, x)
     return [separable(node.op, x, y, shape, plan.out, mats, ty, ty, outside, it.extrapolation)]
 
@@ -93,6 +93,6 @@ def lower_resize_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kerne
     dy, dx = node.inputs[0], node.outputs[0]
     shape = tuple(int(d) for d in node.attr("shape"))
     out = shape_of(graph, dy)
-    mats, _ = _matrices(_interp(node), shape, out, list(node.attr("scales")), list(node.attr("roi")))
+    mats, _ = interp_matrices(interp_of(node), shape, out, list(node.attr("scales")), list(node.attr("roi")))
     mats_t = [None if m is None else np.ascontiguousarray(m.T) for m in mats]
     return [separable("ResizeGrad", dy, dx, out, shape, mats_t, "f32", "f32")]

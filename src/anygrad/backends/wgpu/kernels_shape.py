@@ -233,18 +233,18 @@ def lower_tile(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
 
 
 def _pad_geometry(node: Node, graph: Graph):
-    from ...ops.shape import _pad_mode, pad_amounts
+    from ...ops.shape import pad_amounts, pad_mode
     shape = shape_of(graph, node.inputs[0])
     infos = [graph.info.get(i) if i else None for i in node.inputs]
     amounts = pad_amounts(node, infos, len(shape))
-    return shape, amounts, _pad_mode(node, shape, amounts)
+    return shape, amounts, pad_mode(node, shape, amounts)
 
 
 @lowering("Pad")
 def lower_pad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     import numpy as np
 
-    from ...ops.shape import _pad_source
+    from ...ops.shape import pad_source_index
     x, y = node.inputs[0], node.outputs[0]
     shape, amounts, mode = _pad_geometry(node, graph)
     ty = vtype(graph, x)
@@ -256,7 +256,7 @@ def lower_pad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
             fill_value = node.input(2)
         elif np.asarray(const).size:
             value = np.asarray(const).reshape(()).item()
-    tables = {d: _pad_source(mode, s, b, a).tolist() for d, (s, (b, a)) in enumerate(zip(shape, amounts))
+    tables = {d: pad_source_index(mode, s, b, a).tolist() for d, (s, (b, a)) in enumerate(zip(shape, amounts))
               if (b, a) != (0, 0)}
     return [table_gather("Pad", x, y, ty, shape, shape_of(graph, y), tables, literal(value, ty), fill_value)]
 
@@ -264,7 +264,7 @@ def lower_pad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
 @lowering("PadGrad")
 def lower_pad_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     """One scatter-free pass per padded axis: each input position sums the outputs that read it."""
-    from ...ops.shape import _pad_source
+    from ...ops.shape import pad_source_index
     dy, dx = node.inputs[0], node.outputs[0]
     shape = [int(d) for d in node.attr("shape")]
     mode = node.attr("mode")
@@ -277,7 +277,7 @@ def lower_pad_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     from .kernel import Scratch
     for k, (axis, b, a) in enumerate(axes):
         d = shape[axis]
-        source = _pad_source(mode, d, b, a)
+        source = pad_source_index(mode, d, b, a)
         pre = [[j for j, s in enumerate(source) if s == i] for i in range(d)]
         offs = [0]
         for p in pre:
