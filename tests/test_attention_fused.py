@@ -22,6 +22,12 @@ nn = torch.nn
 RNG = np.random.default_rng(5)
 
 
+
+@pytest.fixture(autouse=True)
+def _fusion_on(monkeypatch):
+    """The pass is off by default (slow kernels, see ir/attention.py): these tests turn it on."""
+    monkeypatch.setenv("ANYGRAD_FUSE_ATTENTION", "1")
+
 def _node(scale: float, causal: int = 0, offset: int = 0, mask: bool = False) -> Node:
     return Node("FusedAttention", ["q", "k", "v"] + (["m"] if mask else []), ["o", "lse"],
                 {"scale": scale, "causal": causal, "causal_offset": offset}, name="fa")

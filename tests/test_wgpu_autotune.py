@@ -125,6 +125,16 @@ def test_pinned_nodes_and_small_gemms_are_left_alone(tuning, monkeypatch):
     assert autotune.tune(graph, AdapterCaps(), ("c",), timer) is graph and not calls
 
 
+def test_the_time_budget_leaves_the_rest_to_later_compiles(tuning, monkeypatch):
+    graph, _ = _mlp_graph()
+    monkeypatch.setattr(autotune, "BUDGET_S", 0.0)
+    assert autotune.tune(graph, AdapterCaps(), ("c",), lambda k, g: 1.0) is graph
+    assert autotune.stats["timed"] == 0 and not (tuning / "wgpu-autotune").exists()
+    monkeypatch.setattr(autotune, "BUDGET_S", 60.0)
+    autotune.tune(graph, AdapterCaps(), ("c",), lambda k, g: 1.0)
+    assert autotune.stats["timed"] == 3
+
+
 def test_gemm_kernels_carry_their_flops():
     graph, _ = _mlp_graph()
     from anygrad.backends.wgpu.kernel import LOWERINGS

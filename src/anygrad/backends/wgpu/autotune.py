@@ -10,7 +10,9 @@ buffers of the node's shapes, and the fastest is pinned on the node before plann
 
 Winners are stored per adapter, driver, device limits and anygrad source in
 `$ANYGRAD_CACHE/wgpu-autotune/` (JSON: shape key -> pin), so a shape is timed once per machine
-and later compiles only look the choice up. `ANYGRAD_AUTOTUNE=0` turns tuning off (the rule-based
+and later compiles only look the choice up. Timing is capped per compile (BUDGET_S): a model with
+many shapes (ResNet-18 at 224 px took 240 s uncapped on an H200) keeps the rules for the shapes
+left over, and later compiles tune them. `ANYGRAD_AUTOTUNE=0` turns tuning off (the rule-based
 tilings: a plan that does not depend on timing noise); `=1` turns it on also for software
 adapters (lavapipe), where it is off by default because it only costs compile time there.
 
@@ -51,7 +53,9 @@ CANDIDATES: tuple[dict[str, Any], ...] = (
     {"_gemm_variant": "dot"},
 )
 MIN_FLOPS = 1 << 26     # smaller GEMMs take microseconds: launch overhead, not tiling, decides
-REPEATS, ROUNDS = 8, 3  # dispatches per timing, best of rounds
+REPEATS, ROUNDS = 8, 2  # at most this many runs per timing, best of rounds
+TARGET_MS = 4.0         # runs per timing: enough to last about this long (one run of a slow conv is enough)
+BUDGET_S = 20.0         # timing per compile; shapes left over keep the rules now and are tuned by later compiles
 _MAX_FILE = 1 << 20     # a cache file larger than this is not ours: ignored
 
 stats = {"timed": 0, "cached": 0, "candidates": 0, "seconds": 0.0}
@@ -126,7 +130,11 @@ def tune(graph: Graph, caps: AdapterCaps, context: tuple, timer: Callable[[list[
         prebuild = getattr(timer, "prebuild", None)
         if prebuild is not None:  # every candidate's pipelines at once: the driver compiles them in parallel
             prebuild([kern for cands in candidates.values() for _, kernels in cands for kern in kernels])
-        new = {key: _fastest(cands, graph, timer) for key, cands in candidates.items()}
+        new = {}
+        for key, cands in candidates.items():
+            if time.perf_counter() - t0 > BUDGET_S:
+                break
+            new[key] = _fastest(cands, graph, timer)
         chosen |= new
         if new:
             _store(path, known | new)
@@ -196,7 +204,8 @@ def _store(path: Path, table: dict[str, dict[str, Any]]) -> None:
 
 def device_timer(backend: Any) -> Callable[[list[Kernel], Graph], float]:
     """Milliseconds one run of a node's kernels takes on `backend`'s device: buffers of the
-    node's shapes (contents irrelevant to the time: zeros), REPEATS runs in one pass, best of ROUNDS."""
+    node's shapes (contents irrelevant to the time: zeros), as many runs in one pass as last about
+    TARGET_MS (at most REPEATS), best of ROUNDS after a warm-up."""
     from .planner import value_bytes
 
     def timer(kernels: list[Kernel], graph: Graph) -> float:
@@ -218,11 +227,11 @@ def device_timer(backend: Any) -> Callable[[list[Kernel], Graph], float]:
                        for j, v in enumerate(kern.reads + kern.writes)]
             dispatches.append((pipe, dev.create_bind_group(layout=bgl, entries=entries), kern.workgroups))
         probe = next(iter(bufs.values()))
-        best = float("inf")
-        for r in range(ROUNDS + 1):  # the first round warms up (and pays any lazy driver work)
+
+        def run(reps: int) -> float:
             enc = dev.create_command_encoder()
             cpass = enc.begin_compute_pass()
-            for _ in range(REPEATS):
+            for _ in range(reps):
                 for pipe, bg, wg in dispatches:
                     cpass.set_pipeline(pipe)
                     cpass.set_bind_group(0, bg)
@@ -231,8 +240,12 @@ def device_timer(backend: Any) -> Callable[[list[Kernel], Graph], float]:
             t0 = time.perf_counter()
             dev.queue.submit([enc.finish()])
             dev.queue.read_buffer(probe, 0, 4)
-            if r:
-                best = min(best, (time.perf_counter() - t0) * 1e3 / REPEATS)
+            return (time.perf_counter() - t0) * 1e3 / reps
+
+        run(1)  # warm-up: lazy driver work, first touch of the buffers
+        once = run(1)
+        reps = max(1, min(REPEATS, int(TARGET_MS / max(once, 1e-3))))
+        best = min([once] + [run(reps) for _ in range(ROUNDS)])
         for b in bufs.values():
             b.destroy()
         return best
