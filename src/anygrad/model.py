@@ -78,6 +78,7 @@ class Model:
         self._programs: dict[tuple, Executable] = {}
         self.clip_norm: float | None = None  # gradient clipping by global norm, inside the step
         self.accumulate = 1                  # micro-batches per optimizer update
+        self.precision = "f32"               # "f16": mixed precision (compile's precision=)
         self.micro_step = 0                  # micro-batches accumulated since the last update
         self.frozen: list[str] = []          # parameters freeze() made buffers (graph names)
         self._state_order: list[str] | None = None  # the parameters' order before the first freeze
@@ -199,7 +200,7 @@ class Model:
                 optimizer: Optimizer | None = None, device: str | Backend | list = "cpu", seed: int = 0, *,
                 loss_weights: Mapping[str, float] | None = None, clip_norm: float | None = None,
                 accumulate: int = 1, limits: str | None = None, memory_budget: int | str | None = None,
-                **loss_options: Any) -> Model:
+                precision: str = "f32", **loss_options: Any) -> Model:
         """Choose the loss, optimizer and device.
 
         `loss`: a name (cross_entropy, nll, mse, l1, bce_with_logits) or a Loss for the first
@@ -210,8 +211,13 @@ class Model:
         (ignore_index, reduction, label_smoothing, weight, class_axis).
         `device`: one device, or several ('wgpu:0,wgpu:1' or a list) that share each batch.
         `limits`, `memory_budget` (wgpu): a weaker adapter's limits profile, and the bytes a step
-        may hold (default: the profile's budget); see README "Small GPUs"."""
+        may hold (default: the profile's budget); see README "Small GPUs".
+        `precision`: "f32", or "f16" for mixed precision as torch.autocast + GradScaler do it
+        (float16 activations and matmul/conv operands, float32 master weights, optimizer state,
+        softmax, norms and losses; dynamic loss scaling); see README "Mixed precision"."""
         from .devices import get_backend
+        from .program import check_precision
+        self.precision = check_precision(precision)
         devices = None
         if isinstance(device, (list, tuple)) or (isinstance(device, str) and "," in device):
             from .distributed import device_list, open_backends
@@ -228,6 +234,10 @@ class Model:
         state = self.state_dict() if self.backend is not None else None
         self.backend = (device if isinstance(device, Backend)
                         else get_backend(device, limits=limits, memory_budget=memory_budget))
+        if self.precision == "f16":
+            if devices and len(devices) > 1:
+                raise ConfigError("precision='f16' trains on one device for now; drop the other devices or use f32")
+            self.backend.check_precision(self.precision)
         self.seed = seed
         self._programs.clear()
         for name in self.graph.state_names:
@@ -340,12 +350,12 @@ class Model:
             if kind == "train":
                 graph = build_train_step(self.graph, shapes, target_shapes, self.heads, self.optimizer,
                                          clip_norm=self.clip_norm, accumulate=self.accumulate, phase=phase,
-                                         top_k=self.top_k, report=report)
+                                         top_k=self.top_k, report=report, precision=self.precision)
             elif kind == "eval":
                 graph = build_eval_step(self.graph, shapes, target_shapes, self.heads, top_k=self.top_k,
-                                        report=report)
+                                        report=report, precision=self.precision)
             else:
-                graph = build_inference(self.graph, shapes)
+                graph = build_inference(self.graph, shapes, self.precision)
             self._programs[key] = backend.compile(graph)
             self._metric_specs.update(report)
         return self._programs[key]

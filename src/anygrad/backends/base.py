@@ -36,6 +36,10 @@ class Backend(ABC):
         reference kernel; a backend that lacks some overrides it."""
         return get_op(op.op if isinstance(op, Node) else op) is not None
 
+    def check_precision(self, precision: str) -> None:
+        """Raise a DeviceError naming this device when it cannot run `precision` ("f32", "f16");
+        every backend computes float16 values in float32 and rounds them, so the default accepts."""
+
     @abstractmethod
     def compile(self, graph: Graph) -> Executable:
         """Compile a specialized graph. State it names that the store lacks is initialised from

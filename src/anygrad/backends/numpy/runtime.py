@@ -36,6 +36,7 @@ from ...errors import ShapeError
 from ...ir.graph import Graph, Node
 from ...ir.registry import get_op
 from ..base import Backend, Executable
+from .half import reads_half, run_in_float32
 from .lowering import BLOCKED, INPLACE, InplaceKernel, run_blocked, run_split
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
@@ -98,6 +99,10 @@ class NumpyExecutable(Executable):
             if name in produced and name not in keep:
                 self.free[step].append(name)
         self.input_info = {name: graph.info[name] for name in graph.inputs}
+        # steps reading float16 (mixed precision): computed in float32, rounded (half.py)
+        self.half: dict[int, list] = {
+            step: [np.dtype(graph.info[o].dtype) if o in graph.info else None for o in n.outputs]
+            for step, n in enumerate(graph.nodes) if reads_half(graph, n)}
         # step -> in-place kernel, where input 0 dies there and has the output's shape and dtype
         self.inplace: dict[int, InplaceKernel] = {
             step: INPLACE[n.op] for step, n in enumerate(graph.nodes)
@@ -132,7 +137,7 @@ class NumpyExecutable(Executable):
         for step in self.inplace:
             node = graph.nodes[step]
             producer = made_at.get(node.inputs[0])
-            if producer is None or producer in fused or readers[node.inputs[0]] != 1:
+            if producer is None or producer in fused or producer in self.half or readers[node.inputs[0]] != 1:
                 continue
             source = graph.nodes[producer]
             shape = tuple(graph.info[node.outputs[0]].shape)
@@ -162,6 +167,8 @@ class NumpyExecutable(Executable):
         kernel = self.inplace.get(step)
         if kernel is not None and _sole_owner(env, ins[0]):
             return run_split(kernel, node, [env[i] for i in ins])
+        if step in self.half:
+            return run_in_float32(op, node, [env[i] for i in ins], self.half[step])
         return op.run(node, [env[i] for i in ins])
 
     @staticmethod
