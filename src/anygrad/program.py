@@ -293,7 +293,8 @@ def training_forward(model: Graph, input_shapes: dict[str, Shape], precision: st
 def build_train_step(model: Graph, input_shapes: dict[str, Shape], target_shape: Shape | dict[str, Shape] | None,
                      loss: Loss | list[Head], optimizer: Optimizer, *, clip_norm: float | None = None,
                      accumulate: int = 1, phase: str = "step", top_k: int | None = None,
-                     report: dict[str, MetricSpec] | None = None, precision: str = "f32") -> Graph:
+                     report: dict[str, MetricSpec] | None = None, precision: str = "f32",
+                     loss_scaling: bool | None = None) -> Graph:
     """The training step for one batch shape: forward, loss, backward, (clip,) update.
 
     `loss` is one Loss for the first output (target_shape its target's shape) or a list of Heads
@@ -301,12 +302,13 @@ def build_train_step(model: Graph, input_shapes: dict[str, Shape], target_shape:
     With `accumulate` = N > 1 the loss is scaled by 1/N and `phase` says what this micro-batch
     does with its gradients (see PHASES); only "apply" (and "step") clips and updates.
     `precision` "f16": float16 activations and matmul/conv operands (ir/autocast.py) and dynamic
-    loss scaling (optim/grad_scaler.py); master weights, gradients and optimizer state stay float32.
+    loss scaling (optim/grad_scaler.py; `loss_scaling` False turns it off, for tests); master
+    weights, gradients and optimizer state stay float32.
     """
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
     g = training_forward(model, input_shapes, precision)
-    scaling = precision == "f16"
+    scaling = precision == "f16" if loss_scaling is None else loss_scaling
     b = Builder(g, prefix="step")
     heads, target_shapes = as_heads(model, loss, target_shape)
     out = _loss_and_metrics(g, b, heads, target_shapes, top_k, report)
@@ -332,7 +334,7 @@ def build_train_step(model: Graph, input_shapes: dict[str, Shape], target_shape:
             grad_scaler.update_scale(g, b, found)
             _sum_into(g, b, UPDATE_COUNT, b.const(1.0))
             if report is not None:
-                report["skipped_steps"] = MetricSpec(grad_scaler.SKIPPED_SUM, UPDATE_COUNT)
+                report["skipped_updates"] = MetricSpec(grad_scaler.SKIPPED_SUM, UPDATE_COUNT)
     g.state_updates[b.op("Add", [RNG_STATE, b.const(np.array([0, 1], np.uint32), np.uint32)])] = RNG_STATE
     g.outputs = [out.loss] + ([out.correct] if out.correct else [])
     g.dce()
