@@ -13,20 +13,22 @@ from ...ir.graph import Graph, Node
 from ...ir.registry import OpDef
 
 HALF = np.dtype(np.float16)
-_EXACT = frozenset({"Cast", "CastLike"})  # a cast is its own rounding
 
 
 def reads_half(graph: Graph, node: Node) -> bool:
-    """Whether the node reads a float16 value and so runs through run_in_float32."""
-    return node.op not in _EXACT and any(i and np.dtype(graph.info[i].dtype) == HALF for i in node.inputs)
+    """Whether the node reads or writes a float16 value and so runs through run_in_float32."""
+    return any(v and v in graph.info and np.dtype(graph.info[v].dtype) == HALF
+               for v in list(node.inputs) + list(node.outputs))
 
 
 def run_in_float32(op: OpDef, node: Node, ins: list[np.ndarray | None], out_dtypes: list[np.dtype | None]
                    ) -> list[np.ndarray]:
-    """op's outputs computed from float32 copies of the float16 inputs, rounded to out_dtypes."""
+    """op's outputs computed from float32 copies of the float16 inputs, rounded to out_dtypes.
+    Values past float16's range become inf, as on a GPU (loss scaling counts on it): no warning."""
     wide = [a.astype(np.float32) if isinstance(a, np.ndarray) and a.dtype == HALF else a for a in ins]
-    outs = op.run(node, wide)
-    return [o.astype(d) if d is not None and o.dtype != d else o for o, d in zip(outs, out_dtypes)]
+    with np.errstate(over="ignore"):
+        outs = op.run(node, wide)
+        return [o.astype(d) if d is not None and o.dtype != d else o for o, d in zip(outs, out_dtypes)]
 
 
 __all__ = ["reads_half", "run_in_float32"]

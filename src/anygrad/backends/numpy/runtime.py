@@ -23,6 +23,7 @@ Set `ANYGRAD_NUMPY_PROFILE=1` (or `executable.profile = {}`) to record seconds p
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import sys
@@ -186,7 +187,10 @@ class NumpyExecutable(Executable):
             env[name] = self._check_feed(name, feeds[name])
         # One BLAS thread for the whole step: the kernels split their BLAS work over the
         # workers themselves (anygrad._parallel says why), and ANYGRAD_NUMPY_THREADS=1 means one.
-        with _parallel.serial_blas():
+        # With float16 values (mixed precision) an inf gradient is an expected event that the loss
+        # scaler handles (a skipped update), not a numpy warning.
+        quiet = np.errstate(over="ignore", invalid="ignore") if self.half else contextlib.nullcontext()
+        with _parallel.serial_blas(), quiet:
             for step, (op, node, ins, outs) in enumerate(self.plan):
                 if self.profile is not None:
                     t0 = time.perf_counter()
