@@ -334,3 +334,17 @@ def test_rewrite_binding_vec4_operands_and_unrewritable_bindings():
     parts = half_kernels(kern, lambda v: True, lambda v: 10)
     assert [p.name for p in parts] == ["Odd:to_f32", "Odd"]  # a read through an f32 copy; the write rewritten
     assert parts[1].reads == ("@f32:x:0",) and "array<f16>" in parts[1].wgsl
+
+
+@pytest.mark.wgpu
+def test_wgpu_f16_self_test_passes_here_and_a_failing_one_falls_back_to_f32(monkeypatch, capsys):
+    from anygrad.backends.wgpu.selftest import f16_problem
+    backend = wgpu_backend()
+    assert f16_problem(backend) is None
+    monkeypatch.setattr(backend.ctx, "f16_problem", "its float16 matmul is wrong (relative error 3.2)")
+    _, model = _pair("mlp")
+    model.compile("cross_entropy", device=backend, precision="f16")
+    assert model.precision == "f32"
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "f16 self-test failed" in err and "training in f32" in err
+    assert backend.adapter.summary in err

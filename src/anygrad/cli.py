@@ -117,11 +117,11 @@ def _memory_lines(args: argparse.Namespace) -> list[str]:
     target = ((args.batch_size,) + tuple(out[2:])) if loss.classification else (args.batch_size,) + tuple(out[1:])
     if any(not isinstance(d, int) for d in shape + target):
         return ["memory: the model's input or output has symbolic dims besides the batch; no report"]
-    backend.check_precision(args.precision)
+    precision = backend.check_precision(args.precision)
     step = build_train_step(model.graph, {model.input_name: shape}, target, loss, get_optimizer(args.optimizer),
-                            precision=args.precision)
+                            precision=precision)
     report = backend.memory_report(step)
-    mixed = ", f16" if args.precision == "f16" else ""
+    mixed = ", f16" if precision == "f16" else ""
     return [f"training step at batch {args.batch_size} on {backend.description} ({args.optimizer}, {loss.name}{mixed}):"] + [
         f"  {line}" for line in report.lines()]
 

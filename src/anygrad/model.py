@@ -237,7 +237,7 @@ class Model:
         if self.precision == "f16":
             if devices and len(devices) > 1:
                 raise ConfigError("precision='f16' trains on one device for now; drop the other devices or use f32")
-            self.backend.check_precision(self.precision)
+            self.precision = self.backend.check_precision(self.precision)
         self.seed = seed
         self._programs.clear()
         for name in self.graph.state_names:

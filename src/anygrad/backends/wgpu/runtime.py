@@ -46,6 +46,7 @@ class _Context:
     caps: AdapterCaps
     pipelines: dict
     layouts: dict
+    f16_problem: str | None = None  # the f16 self-test's finding: None not run yet, "" passed
 
 
 _CONTEXTS: dict[tuple[int, str], _Context] = {}
@@ -147,12 +148,24 @@ class WgpuBackend(Backend):
         self.generation = 0   # bumped when a state buffer is replaced (bind groups must follow)
         self._export_buf: tuple[Any, int] | None = None  # export_states' mapped buffer and its size
 
-    def check_precision(self, precision: str) -> None:
-        """float16 needs the adapter's `shader-f16` feature (f16 storage and arithmetic in WGSL)."""
-        if precision == "f16" and not self.caps.has_f16:
+    def check_precision(self, precision: str) -> str:
+        """float16 needs the adapter's `shader-f16` feature (f16 storage and arithmetic in WGSL),
+        and f16 kernels that pass the self-test (selftest.py, once per device); an adapter that
+        fails it trains in f32, which this says in one line."""
+        if precision != "f16":
+            return precision
+        if not self.caps.has_f16:
             raise DeviceError(f"precision='f16' needs the WebGPU feature 'shader-f16', which adapter "
                               f"{self.adapter.summary} does not have; train with --precision f32 "
                               "(precision='f32'), or pick another adapter (`anygrad devices`)")
+        if self.ctx.f16_problem is None:
+            from .selftest import f16_problem
+            self.ctx.f16_problem = f16_problem(self) or ""
+        if self.ctx.f16_problem:
+            print(f"anygrad: f16 self-test failed on {self.adapter.summary}: {self.ctx.f16_problem}; "
+                  "training in f32", file=sys.stderr)
+            return "f32"
+        return precision
 
     @property
     def description(self) -> str:
