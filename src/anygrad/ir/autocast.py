@@ -12,8 +12,11 @@ The op lists follow torch.autocast's CUDA lists (torch/csrc/autograd/autocast_mo
   float32 accumulation and round the result to float16.
 - `FLOAT_OPS` ("fp32"): softmax, norms, reductions, exp/log/pow and the like read float32; their
   float16 inputs are cast up and their outputs are float32.
-- `FLOAT_COMPUTE_OPS`: BatchNormalization computes in float32 (as cuDNN does for a float16
-  input) and hands back float16 when its input was float16.
+- `FLOAT_COMPUTE_OPS`: BatchNormalization reads its input as it comes (float16 after a
+  convolution) with float32 scale, bias and running statistics, and writes its output in the
+  input's dtype, as cuDNN does; like every op that reads float16, backends compute it in float32
+  and round the result. Its gradient (BatchNormGrad) does the same: dX float16, dscale and dbias
+  float32. No float32 copy of the activation is made or kept for the backward.
 - Every other op runs in the widest float type of its inputs (torch's type promotion), except that
   a float32 constant or parameter next to a float16 activation is cast down (a bias added after a
   MatMul, a scalar constant): as `F.linear` casts its bias, and as a 0-dim tensor does not
@@ -98,14 +101,12 @@ def autocast(graph: Graph, dtype: np.dtype = HALF) -> Graph:
         node.inputs = [rename.get(i, i) for i in node.inputs]
         floats = [k for k, v in enumerate(node.inputs) if v and _is_float(cast.dtype(v))]
         halves = [k for k in floats if cast.dtype(node.inputs[k]) == HALF]
-        back_to_half = False
-        if node.op in _EXPLICIT:
+        if node.op in _EXPLICIT or node.op in FLOAT_COMPUTE_OPS:
             pass
         elif node.op in HALF_OPS:
             for k in floats:
                 node.inputs[k] = cast.to(node.inputs[k], HALF)
-        elif node.op in FLOAT_OPS or node.op in FLOAT_COMPUTE_OPS:
-            back_to_half = node.op in FLOAT_COMPUTE_OPS and bool(halves) and 0 in halves
+        elif node.op in FLOAT_OPS:
             for k in halves:
                 node.inputs[k] = cast.to(node.inputs[k], FLOAT)
         elif halves:
@@ -113,15 +114,6 @@ def autocast(graph: Graph, dtype: np.dtype = HALF) -> Graph:
             down = all(cast.is_fixed(node.inputs[k]) for k in wide)
             for k in (wide if down else halves):
                 node.inputs[k] = cast.to(node.inputs[k], HALF if down else FLOAT)
-        if back_to_half and node.outputs[0] not in pinned:
-            wide_out = g.fresh(f"{node.outputs[0]}.f32")
-            half_out = node.outputs[0]
-            node.outputs[0] = wide_out
-            g.nodes.append(node)
-            infer_node(g, node)
-            g.nodes.append(Node("Cast", [wide_out], [half_out], {"to": _ONNX_CODE[HALF]}, g.fresh("autocast.Cast")))
-            infer_node(g, g.nodes[-1])
-            continue
         g.nodes.append(node)
         infer_node(g, node)
         for j, out in enumerate(node.outputs):
