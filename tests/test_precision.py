@@ -352,3 +352,73 @@ def test_wgpu_f16_self_test_passes_here_and_a_failing_one_falls_back_to_f32(monk
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "f16 self-test failed" in err and "training in f32" in err
     assert backend.adapter.summary in err
+
+
+@pytest.mark.wgpu
+@pytest.mark.slow
+def test_a_tiny_gpt_trains_in_f16_on_wgpu_like_numpy_and_torch_autocast():
+    """LayerNorm, softmax, GELU and the causal mask in float32 around float16 matmuls, through the
+    ONNX export of benchmarks/models.py's GPT decoder."""
+    import copy
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from models import _gpt_module
+    backend = wgpu_backend()
+    torch.manual_seed(0)
+    module = _gpt_module(64, 8, 32, 2, 1).train()
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(0, 64, (2, 8)), rng.integers(0, 64, (16,))
+    theirs = copy.deepcopy(module)
+    opt = torch.optim.SGD(theirs.parameters(), lr=0.1, momentum=0.9)
+    scaler = torch.amp.GradScaler("cpu")
+    want = []
+    for _ in range(3):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = torch.nn.functional.cross_entropy(theirs(torch.from_numpy(x)), torch.from_numpy(y))
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        want.append(float(loss.detach()))
+    got = {}
+    for device in ("cpu", backend):
+        m = anygrad.from_torch(module, torch.from_numpy(x), check=False)
+        m.compile("cross_entropy", anygrad.optim.SGD(lr=0.1, momentum=0.9), device=device, precision="f16")
+        got[device] = [m.train_on_batch(x, y) for _ in range(3)]
+    np.testing.assert_allclose(got["cpu"], want, rtol=1e-3)
+    np.testing.assert_allclose(got[backend], got["cpu"], rtol=1e-3)
+    assert not [st.kernel.name for st in _train_exe(m).plan.steps if ":to_f" in st.kernel.name]
+
+
+# -- the command line ------------------------------------------------------------------------------------
+def test_cli_trains_in_f16_saves_it_in_config_and_resumes_with_the_loss_scale(tmp_path):
+    import json
+    from pathlib import Path
+
+    from test_resume import _mlp
+
+    from anygrad import cli
+    from anygrad.data import write_idx
+    from anygrad.data.mnist import MNIST_FILES
+    data = tmp_path / "data"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 300), ("test", 60)):
+        y = rng.integers(0, 10, n).astype(np.uint8)
+        x = (rng.integers(0, 20, (n, 28, 28)) + y[:, None, None] * 23).astype(np.uint8)
+        write_idx(data / f"{MNIST_FILES['x_' + split].name}.gz", x)
+        write_idx(data / f"{MNIST_FILES['y_' + split].name}.gz", y)
+    model, run = _mlp(tmp_path / "mlp.onnx"), tmp_path / "run"
+    assert cli.main(["train", str(model), "--data-dir", str(data), "--device", "cpu", "--epochs", "1",
+                     "--batch-size", "50", "--precision", "f16", "--artifacts", str(run), "--quiet"]) == 0
+    assert json.loads((run / "config.json").read_text())["precision"] == "f16"
+    latest = max((run / "checkpoints").glob("ckpt-*.npz"))
+    with np.load(latest) as z:
+        scale = float(z[grad_scaler.LOSS_SCALE])
+    assert scale < grad_scaler.INIT_SCALE  # this model overflows at 2**16 at first: backed off
+    assert cli.main(["train", "--resume", str(run), "--epochs", "2", "--quiet"]) == 0
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2] and rows[0]["train_skipped_updates"] > 0
+    assert all(np.isfinite(r["train_loss"]) for r in rows)
+    assert Path(run / "weights.npz").exists()
