@@ -224,6 +224,20 @@ def test_f16_resume_continues_bit_for_bit_with_the_loss_scale():
         np.testing.assert_array_equal(resumed.full_state()[k], v, err_msg=k)
 
 
+def test_f16_with_gradient_accumulation_follows_f32():
+    """Micro-batch gradients are unscaled before they are summed; the apply phase checks the sum
+    (an inf in any micro-batch skips the whole update) and updates the scale once."""
+    _, model = _pair("mlp")
+    x, y = _data("mlp")
+    losses = {}
+    for precision in ("f32", "f16"):
+        m = anygrad.Model(model.graph.copy()).compile("cross_entropy", anygrad.optim.Adam(lr=0.01), device="cpu",
+                                                     precision=precision, accumulate=2)
+        losses[precision] = [m.train_on_batch(x[i % 2::2], y[i % 2::2]) for i in range(12)]
+    np.testing.assert_allclose(losses["f16"], losses["f32"], rtol=2e-3, atol=1e-4)
+    assert m.backend.get_state(grad_scaler.LOSS_SCALE) <= grad_scaler.INIT_SCALE
+
+
 def test_bad_precision_is_a_config_error():
     _, model = _pair("mlp")
     with pytest.raises(ConfigError, match="precision must be one of f32, f16"):
