@@ -204,6 +204,27 @@ def test_an_overflowing_step_is_skipped_and_the_scale_backs_off(monkeypatch):
     assert backend.get_state("anygrad.step") == 3.0  # the three finite steps updated (with lr 0: same weights)
 
 
+def test_a_forward_that_overflows_f16_is_skipped_whole_and_reports_no_nan_loss():
+    """Linear output 4 * 100 * 200 = 80000 > 65504: inf in float16, NaN after BatchNorm. The step
+    changes nothing (BatchNorm's running statistics neither) and adds nothing to the metric sums."""
+    ours = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3))
+    ours.load_state_dict({"0.weight": np.full((3, 4), 100.0, np.float32), "0.bias": np.zeros(3, np.float32)},
+                         strict=False)
+    m = ours.to_model(input_shape=(None, 4)).compile("mse", anygrad.optim.SGD(lr=0.01), device="cpu",
+                                                     precision="f16")
+    before = m.state_dict()
+    y = np.zeros((8, 3), np.float32)
+    assert not np.isfinite(m.train_on_batch(np.full((8, 4), 200.0, np.float32), y))
+    for k, v in m.state_dict().items():
+        np.testing.assert_array_equal(v, before[k], err_msg=k)
+    assert m.read_metrics() == {"count": 0.0}  # nothing counted, no NaN
+    x = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32) * 1e-3
+    loss = m.train_on_batch(x, y)
+    metrics = m.read_metrics()
+    assert np.isfinite(loss) and metrics["count"] == 8 and metrics["loss"] == pytest.approx(loss)
+    assert metrics["skipped_updates"] == 0.5
+
+
 def test_f16_resume_continues_bit_for_bit_with_the_loss_scale():
     _, model = _pair("mlp")
     x, y = _data("mlp")

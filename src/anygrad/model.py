@@ -212,9 +212,10 @@ class Model:
         `device`: one device, or several ('wgpu:0,wgpu:1' or a list) that share each batch.
         `limits`, `memory_budget` (wgpu): a weaker adapter's limits profile, and the bytes a step
         may hold (default: the profile's budget); see README "Small GPUs".
-        `precision`: "f32", or "f16" for mixed precision as torch.autocast + GradScaler do it
+        `precision`: "f32", or "f16" to train in mixed precision as torch.autocast + GradScaler do
         (float16 activations and matmul/conv operands, float32 master weights, optimizer state,
-        softmax, norms and losses; dynamic loss scaling); see README "Mixed precision"."""
+        softmax, norms and losses; dynamic loss scaling); evaluate and predict stay float32.
+        See README "Mixed precision"."""
         from .devices import get_backend
         from .program import check_precision
         self.precision = check_precision(precision)
@@ -351,11 +352,14 @@ class Model:
                 graph = build_train_step(self.graph, shapes, target_shapes, self.heads, self.optimizer,
                                          clip_norm=self.clip_norm, accumulate=self.accumulate, phase=phase,
                                          top_k=self.top_k, report=report, precision=self.precision)
+            # Evaluation and prediction run in float32 even for f16 training: no backward to fit, and
+            # BatchNorm's running statistics lag the weights early in training, so inference-mode
+            # activations can pass float16's 65504 where the training step's do not.
             elif kind == "eval":
                 graph = build_eval_step(self.graph, shapes, target_shapes, self.heads, top_k=self.top_k,
-                                        report=report, precision=self.precision)
+                                        report=report)
             else:
-                graph = build_inference(self.graph, shapes, self.precision)
+                graph = build_inference(self.graph, shapes)
             self._programs[key] = backend.compile(graph)
             self._metric_specs.update(report)
         return self._programs[key]

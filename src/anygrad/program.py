@@ -327,10 +327,14 @@ def build_train_step(model: Graph, input_shapes: dict[str, Shape], target_shape:
         found = grad_scaler.found_inf(b, grads) if scaling else None
         if clip_norm is not None:
             grads = clip_grad_norm(b, grads, clip_norm)
-        before = dict(g.state_updates)
         _update(g, b, grads, optimizer)
         if found is not None:
-            grad_scaler.gate(g, b, found, {k: v for k, v in g.state_updates.items() if k not in before})
+            # A skipped step changes no state, BatchNorm's running statistics included; its metrics
+            # count unless the forward itself overflowed float16 (no NaN loss for --on-nan to see).
+            metric = {k: v for k, v in g.state_updates.items() if v.startswith(METRIC_PREFIX)}
+            grad_scaler.gate(g, b, found, {k: v for k, v in g.state_updates.items()
+                                           if v != RNG_STATE and k not in metric})
+            grad_scaler.gate(g, b, grad_scaler.non_finite(b, out.loss), metric)
             grad_scaler.update_scale(g, b, found)
             _sum_into(g, b, UPDATE_COUNT, b.const(1.0))
             if report is not None:

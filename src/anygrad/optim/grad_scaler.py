@@ -2,8 +2,11 @@
 
 Small gradients underflow in float16, so the backward pass runs on loss * scale; the float32
 gradients are divided by the scale before clipping and the optimizer update. When any gradient
-is inf or NaN, the update is skipped (every state update keeps its old value, selected on the
-device, so nothing is read back per step) and the scale halves; after `GROWTH_INTERVAL` finite
+is inf or NaN, the step is skipped (every state update keeps its old value, selected on the
+device, so nothing is read back per step: parameters, optimizer state, and also BatchNorm's
+running statistics, which torch's GradScaler leaves to the forward pass; the metric sums skip a
+step only when its loss itself is not finite, a forward that overflowed float16, so --on-nan
+sees no NaN loss) and the scale halves; after `GROWTH_INTERVAL` finite
 steps in a row it doubles. The scale and the count of finite steps are state buffers, so they
 live on the device and checkpoints carry them: a resumed run continues with the same scale.
 
@@ -51,8 +54,12 @@ def unscale(b: Builder, grads: dict[str, str]) -> dict[str, str]:
 def found_inf(b: Builder, grads: dict[str, str]) -> str:
     """A bool scalar: some gradient holds inf or NaN. One sum per gradient (inf and NaN survive a
     sum), tested by its bits (IsNaN/IsInf), which shader compilers cannot assume away."""
-    total = b.add_all([b.op("ReduceSum", [grad], keepdims=0) for grad in grads.values()])
-    return b.op("Or", [b.op("IsNaN", [total]), b.op("IsInf", [total])])
+    return non_finite(b, b.add_all([b.op("ReduceSum", [grad], keepdims=0) for grad in grads.values()]))
+
+
+def non_finite(b: Builder, scalar: str) -> str:
+    """A bool scalar: `scalar` is inf or NaN."""
+    return b.op("Or", [b.op("IsNaN", [scalar]), b.op("IsInf", [scalar])])
 
 
 def gate(g: Graph, b: Builder, found: str, updates: dict[str, str]) -> None:
@@ -77,4 +84,4 @@ def update_scale(g: Graph, b: Builder, found: str) -> None:
 
 
 __all__ = ["BACKOFF_FACTOR", "GROWTH_FACTOR", "GROWTH_INTERVAL", "GROWTH_TRACKER", "INIT_SCALE", "LOSS_SCALE",
-           "SKIPPED_SUM", "found_inf", "gate", "scaled", "unscale", "update_scale"]
+           "SKIPPED_SUM", "found_inf", "gate", "non_finite", "scaled", "unscale", "update_scale"]
