@@ -259,6 +259,16 @@ def test_f16_with_gradient_accumulation_follows_f32():
     assert m.backend.get_state(grad_scaler.LOSS_SCALE) <= grad_scaler.INIT_SCALE
 
 
+def test_evaluate_and_predict_of_an_f16_model_run_in_f32():
+    _, model = _pair("cnn")
+    m, _ = _ours(model, "cpu", steps=2, kind="cnn")
+    x, y = _data("cnn")
+    m.evaluate(x, y)
+    assert m.predict(x).dtype == np.float32
+    for key, exe in m._programs.items():
+        assert bool(half_values(exe.graph)) == (key[0] == "train"), key[0]
+
+
 def test_bad_precision_is_a_config_error():
     _, model = _pair("mlp")
     with pytest.raises(ConfigError, match="precision must be one of f32, f16"):
