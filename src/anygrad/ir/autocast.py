@@ -11,7 +11,9 @@ The op lists follow torch.autocast's CUDA lists (torch/csrc/autograd/autocast_mo
   its gradient comes back as float32; a constant folded once). Backends compute them with
   float32 accumulation and round the result to float16.
 - `FLOAT_OPS` ("fp32"): softmax, norms, reductions, exp/log/pow and the like read float32; their
-  float16 inputs are cast up and their outputs are float32.
+  float16 inputs are cast up and their outputs are float32. Pow by a constant 2 or 3 is a product
+  and stays with the other ops (exported GELU-tanh holds x**3, which torch's fused GELU computes
+  in float16).
 - `FLOAT_COMPUTE_OPS`: BatchNormalization reads its input as it comes (float16 after a
   convolution) with float32 scale, bias and running statistics, and writes its output in the
   input's dtype, as cuDNN does; like every op that reads float16, backends compute it in float32
@@ -42,15 +44,25 @@ FLOAT_OPS = frozenset({
     "LpNormalization", "MeanVarianceNormalization", "RMSNormalization", "SimplifiedLayerNormalization",
     "ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceLogSum",
     "ReduceLogSumExp", "ReduceProd", "CumSum", "GlobalAveragePool", "GlobalLpPool", "LpPool",
-    "Exp", "Log", "Pow", "Reciprocal", "Softplus", "Acos", "Asin", "Cosh", "Sinh", "Tan", "Erf",
+    "Exp", "Log", "Pow", "Reciprocal", "Softplus", "Acos", "Asin", "Cosh", "Sinh", "Tan",
 })
 FLOAT_COMPUTE_OPS = frozenset({"BatchNormalization"})
-_EXPLICIT = frozenset({"Cast", "CastLike"})  # the model asked for a dtype: left alone
+_EXPLICIT = frozenset({"Cast", "CastLike"})
+LAYOUT_OPS = frozenset({"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})  # the model asked for a dtype: left alone
 PRECISIONS = ("f32", "f16")
 
 
 def _is_float(dtype: np.dtype) -> bool:
     return np.dtype(dtype).kind == "f"
+
+
+def _is_product(g: Graph, node: Node) -> bool:
+    """Pow by a constant 2 or 3: a product (x * x * x), which torch runs in float16; ONNX exports of
+    GELU(approximate='tanh') hold one, and in float32 it would widen the whole GELU."""
+    if node.op != "Pow" or len(node.inputs) < 2:
+        return False
+    exponent = g.info[node.inputs[1]].const
+    return exponent is not None and np.asarray(exponent).size == 1 and float(np.asarray(exponent)) in (2.0, 3.0)
 
 
 class _Caster:
@@ -60,9 +72,16 @@ class _Caster:
         self.g = g
         self.state = set(g.state_names)
         self.cache: dict[tuple[str, np.dtype], str] = {}
+        self.producer: dict[str, Node] = {}  # of the values the pass has emitted so far
 
     def dtype(self, value: str) -> np.dtype:
         return np.dtype(self.g.info[value].dtype)
+
+    def is_weight(self, value: str) -> bool:
+        """A parameter (or constant), or a layout op's view of one."""
+        while value in self.producer and self.producer[value].op in LAYOUT_OPS:
+            value = self.producer[value].inputs[0]
+        return value in self.g.initializers
 
     def is_fixed(self, value: str) -> bool:
         """A parameter or a constant (not computed from the batch)."""
@@ -75,9 +94,17 @@ class _Caster:
         if key not in self.cache:
             g = self.g
             name = g.fresh(f"{value}.{dtype.name}")
+            layout = self.producer.get(value)
             if value in g.initializers and value not in self.state:  # a constant: cast it once, now
                 g.initializers[name] = np.asarray(g.initializers[value]).astype(dtype)
                 g.info[name] = info_of(g.initializers[name])
+            elif layout is not None and layout.op in LAYOUT_OPS and self.is_weight(value):
+                # A transposed (reshaped) weight: cast the weight, then transpose the copy, so that
+                # the transpose still meets its matmul (backends fold it into the operand loads).
+                node = Node(layout.op, [self.to(layout.inputs[0], dtype)] + list(layout.inputs[1:]), [name],
+                            dict(layout.attrs), g.fresh(f"autocast.{layout.op}"))
+                g.nodes.append(node)
+                infer_node(g, node)
             else:
                 node = Node("Cast", [value], [name], {"to": _ONNX_CODE[dtype]}, g.fresh("autocast.Cast"))
                 g.nodes.append(node)
@@ -106,7 +133,7 @@ def autocast(graph: Graph, dtype: np.dtype = HALF) -> Graph:
         elif node.op in HALF_OPS:
             for k in floats:
                 node.inputs[k] = cast.to(node.inputs[k], HALF)
-        elif node.op in FLOAT_OPS:
+        elif node.op in FLOAT_OPS and not _is_product(g, node):
             for k in halves:
                 node.inputs[k] = cast.to(node.inputs[k], FLOAT)
         elif halves:
@@ -116,6 +143,7 @@ def autocast(graph: Graph, dtype: np.dtype = HALF) -> Graph:
                 node.inputs[k] = cast.to(node.inputs[k], HALF if down else FLOAT)
         g.nodes.append(node)
         infer_node(g, node)
+        cast.producer.update((o, node) for o in node.outputs if o)
         for j, out in enumerate(node.outputs):
             if out in pinned and np.dtype(g.info[out].dtype) != pinned[out]:
                 inner = g.fresh(f"{out}.{g.info[out].dtype.name}")
