@@ -490,3 +490,20 @@ def test_wgpu_skips_overflowing_steps_inside_the_fused_update_like_numpy():
         np.testing.assert_allclose(got[k], v, rtol=1e-3, atol=1e-6, err_msg=k)
     names = [st.kernel.name for st in _train_exe(m).plan.steps]
     assert any(n.startswith("ew:AdamUpdatex1") for n in names), names
+
+
+def test_autocast_keeps_pow_by_2_or_3_in_f16_and_other_pows_in_f32():
+    """x ** 3 of an exported GELU-tanh is a product (torch's fused GELU runs in float16); a general
+    pow is on autocast's float32 list."""
+    from anygrad.ir import Builder, Graph, TensorInfo, specialize
+    g = Graph(name="t")
+    g.inputs, g.info["x"] = ["x"], TensorInfo(np.dtype(np.float32), (2, 3))
+    g.initializers["w"] = np.ones((3, 3), np.float32)
+    g.info["w"] = TensorInfo(np.dtype(np.float32), (3, 3))
+    g.params = ["w"]
+    b = Builder(g, prefix="t")
+    h = b.op("MatMul", ["x", "w"])
+    g.outputs = [b.op("Pow", [h, b.const(3.0)]), b.op("Pow", [h, b.const(2.5)])]
+    half = autocast(specialize(g, {"x": (2, 3)}))
+    pows = [n for n in half.nodes if n.op == "Pow"]
+    assert [half.info[n.inputs[0]].dtype for n in pows] == [HALF, np.float32]
