@@ -248,12 +248,14 @@ def run_anygrad(spec: Spec, module, batches, device: str, args, mem: GpuMemory |
     t0 = time.perf_counter()
     model = anygrad.from_torch(module, torch.from_numpy(x0[:2]), check=False)
     export_s = time.perf_counter() - t0
-    model.compile(loss="cross_entropy", optimizer=SGD(lr=LR, momentum=MOMENTUM), device=device)
+    model.compile(loss="cross_entropy", optimizer=SGD(lr=LR, momentum=MOMENTUM), device=device,
+                  precision=args.precision)
     t0 = time.perf_counter()
     loss0 = model.train_on_batch(x0, y0)  # returns after the step ran: compile + first step
     compile_s = time.perf_counter() - t0
     n = len(batches)
-    out = {"framework": "anygrad", "case": device, "export_s": export_s, "compile_s": compile_s,
+    out = {"framework": "anygrad", "case": device + ("-f16" if model.precision == "f16" else ""),
+           "precision": model.precision, "export_s": export_s, "compile_s": compile_s,
            "first_loss": loss0, "device_name": model.backend.description}
     out |= _timed(lambda i: model.train_step(*batches[i % n]), lambda: model.read_metrics(reset=True),
                   len(x0), args.seconds, args.repeats)
@@ -294,13 +296,22 @@ def run_torch(spec: Spec, module, batches, case: str, args, mem: GpuMemory | Non
     if case == "compile":
         fwd = torch.compile(model, mode=args.compile_mode)
     last = {}
+    amp = case == "amp"  # torch.autocast float16 + GradScaler: the baseline for anygrad --precision f16
+    scaler = torch.amp.GradScaler(dev) if amp else None
 
     def step(i: int) -> None:
         x, y = data[i % len(data)]
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(fwd(x), y.reshape(-1))
-        loss.backward()
-        opt.step()
+        if amp:
+            with torch.autocast(dev, dtype=torch.float16):
+                loss = F.cross_entropy(fwd(x), y.reshape(-1))
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss = F.cross_entropy(fwd(x), y.reshape(-1))
+            loss.backward()
+            opt.step()
         last["loss"] = loss.detach()
 
     def wait() -> None:
@@ -469,7 +480,10 @@ def main(argv: list[str] | None = None) -> int:
                    "default: issue 11's set at their default batches")
     p.add_argument("--device", default="wgpu", help="anygrad device: wgpu (vs PyTorch CUDA) or cpu (vs PyTorch CPU)")
     p.add_argument("--torch-cases", default="eager,eager-fp32,compile",
-                   help="PyTorch cases: eager (defaults), eager-fp32 (cuDNN TF32 off), compile; 'none' for none")
+                   help="PyTorch cases: eager (defaults), eager-fp32 (cuDNN TF32 off), compile, amp (autocast "
+                   "float16 + GradScaler); 'none' for none")
+    p.add_argument("--precision", choices=("f32", "f16"), default="f32",
+                   help="anygrad's precision (f16: mixed precision, compile(precision='f16'))")
     p.add_argument("--compile-mode", default="reduce-overhead", help="torch.compile mode (default reduce-overhead)")
     p.add_argument("--compile-all", action="store_true", help="torch.compile every model (default: issue 11's)")
     p.add_argument("--no-anygrad", action="store_true")

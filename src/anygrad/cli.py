@@ -118,9 +118,12 @@ def _memory_lines(args: argparse.Namespace) -> list[str]:
     target = ((args.batch_size,) + tuple(out[2:])) if loss.classification else (args.batch_size,) + tuple(out[1:])
     if any(not isinstance(d, int) for d in shape + target):
         return ["memory: the model's input or output has symbolic dims besides the batch; no report"]
-    step = build_train_step(model.graph, {model.input_name: shape}, target, loss, get_optimizer(args.optimizer))
+    precision = backend.check_precision(args.precision)
+    step = build_train_step(model.graph, {model.input_name: shape}, target, loss, get_optimizer(args.optimizer),
+                            precision=precision)
     report = backend.memory_report(step)
-    return [f"training step at batch {args.batch_size} on {backend.description} ({args.optimizer}, {loss.name}):"] + [
+    mixed = ", f16" if precision == "f16" else ""
+    return [f"training step at batch {args.batch_size} on {backend.description} ({args.optimizer}, {loss.name}{mixed}):"] + [
         f"  {line}" for line in report.lines()]
 
 
@@ -640,6 +643,8 @@ def _add_info(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-budget", metavar="SIZE", help="plan within this much device memory, e.g. 1.5GB "
                    "(default: the limits profile's); recomputes activations to fit, else names the batch that fits")
     p.add_argument("--optimizer", default="adam", help="the optimizer whose state to count (default: adam)")
+    p.add_argument("--precision", choices=("f32", "f16"), default="f32", help="plan the step at this precision "
+                   "(f16: float16 activations, half their bytes)")
     p.add_argument("--loss", help="the loss (default: nll after LogSoftmax, else cross_entropy)")
 
 
@@ -710,6 +715,9 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-budget", metavar="SIZE", help="fit the training step in this much device memory, "
                    "e.g. 1.5GB (default: the limits profile's): tighter reuse, then activations recomputed in the "
                    "backward, else an error naming the largest batch that fits")
+    p.add_argument("--precision", choices=("f32", "f16"), help="f32 (default), or f16: mixed precision as "
+                   "torch.autocast + GradScaler (float16 activations and matmul/conv operands, float32 weights, "
+                   "optimizer state, softmax, norms and losses; dynamic loss scaling); wgpu needs shader-f16")
     p.add_argument("--padding-idx", action="append", metavar="TABLE:ROW", help="give lookups of this row of this "
                    "embedding table no gradient, as nn.Embedding(padding_idx=ROW) does (ONNX cannot say so; "
                    "repeatable), e.g. 'embed_tokens.weight:1'")

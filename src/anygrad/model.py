@@ -78,6 +78,7 @@ class Model:
         self._programs: dict[tuple, Executable] = {}
         self.clip_norm: float | None = None  # gradient clipping by global norm, inside the step
         self.accumulate = 1                  # micro-batches per optimizer update
+        self.precision = "f32"               # "f16": mixed precision (compile's precision=)
         self.micro_step = 0                  # micro-batches accumulated since the last update
         self.frozen: list[str] = []          # parameters freeze() made buffers (graph names)
         self._state_order: list[str] | None = None  # the parameters' order before the first freeze
@@ -200,7 +201,7 @@ class Model:
                 optimizer: Optimizer | None = None, device: str | Backend | list = "cpu", seed: int = 0, *,
                 loss_weights: Mapping[str, float] | None = None, clip_norm: float | None = None,
                 accumulate: int = 1, limits: str | None = None, memory_budget: int | str | None = None,
-                torch_compile: bool | str = False, **loss_options: Any) -> Model:
+                torch_compile: bool | str = False, precision: str = "f32", **loss_options: Any) -> Model:
         """Choose the loss, optimizer and device.
 
         `loss`: a name (cross_entropy, nll, mse, l1, bce_with_logits) or a Loss for the first
@@ -213,8 +214,14 @@ class Model:
         `limits`, `memory_budget` (wgpu): a weaker adapter's limits profile, and the bytes a step
         may hold (default: the profile's budget); see README "Small GPUs".
         `torch_compile` (torch devices only, else a ConfigError): the step goes through
-        torch.compile (True: inductor; or a torch.compile backend's name), with CUDA graphs on CUDA."""
+        torch.compile (True: inductor; or a torch.compile backend's name), with CUDA graphs on CUDA.
+        `precision`: "f32", or "f16" to train in mixed precision as torch.autocast + GradScaler do
+        (float16 activations and matmul/conv operands, float32 master weights, optimizer state,
+        softmax, norms and losses; dynamic loss scaling); evaluate and predict stay float32.
+        See README "Mixed precision"."""
         from .devices import get_backend, use_torch_compile
+        from .program import check_precision
+        self.precision = check_precision(precision)
         devices = None
         if isinstance(device, (list, tuple)) or (isinstance(device, str) and "," in device):
             from .distributed import device_list, open_backends
@@ -234,6 +241,10 @@ class Model:
         for each in devices or [backend]:
             use_torch_compile(each, torch_compile)
         self.backend = backend
+        if self.precision == "f16":
+            if devices and len(devices) > 1:
+                raise ConfigError("precision='f16' trains on one device for now; drop the other devices or use f32")
+            self.precision = self.backend.check_precision(self.precision)
         self.seed = seed
         self._programs.clear()
         for name in self.graph.state_names:
@@ -346,7 +357,11 @@ class Model:
             if kind == "train":
                 graph = build_train_step(self.graph, shapes, target_shapes, self.heads, self.optimizer,
                                          clip_norm=self.clip_norm, accumulate=self.accumulate, phase=phase,
-                                         top_k=self.top_k, report=report, sync_batchnorm=self.sync_batchnorm)
+                                         top_k=self.top_k, report=report, sync_batchnorm=self.sync_batchnorm,
+                                         precision=self.precision)
+            # Evaluation and prediction run in float32 even for f16 training: no backward to fit, and
+            # BatchNorm's running statistics lag the weights early in training, so inference-mode
+            # activations can pass float16's 65504 where the training step's do not.
             elif kind == "eval":
                 graph = build_eval_step(self.graph, shapes, target_shapes, self.heads, top_k=self.top_k,
                                         report=report)

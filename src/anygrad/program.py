@@ -14,11 +14,13 @@ import numpy as np
 from .autodiff import gradients
 from .errors import ConfigError
 from .ir.attention import fuse_attention
+from .ir.autocast import PRECISIONS, autocast
 from .ir.builder import Builder
 from .ir.graph import Graph, Node, Shape, TensorInfo, info_of
 from .ir.passes import RNG_STATE, infer_node, infer_shapes, set_training_mode, specialize
 from .losses import Loss, _matching_target, class_layout
 from .ops._util import ONNX_CODES
+from .optim import grad_scaler
 from .optim.base import LR_STATE, STEP_STATE, Optimizer
 
 TARGET = "anygrad.target"                # the target input of the first (or only) output with a loss
@@ -28,6 +30,7 @@ LOSS_SUM = "anygrad.metric.loss_sum"
 CORRECT_SUM = "anygrad.metric.correct"
 SAMPLE_COUNT = "anygrad.metric.count"
 TOPK_SUM = "anygrad.metric.topk"
+UPDATE_COUNT = "anygrad.metric.updates"  # optimizer updates attempted (f16: the skipped ones' denominator)
 METRIC_STATE = (LOSS_SUM, CORRECT_SUM, SAMPLE_COUNT, TOPK_SUM)
 TOP_K = 5  # top-5 accuracy, reported when the output has more than 5 classes
 ACCUM_PREFIX = "accum."  # gradient-accumulation buffers: accum.<param>
@@ -268,20 +271,33 @@ def clip_grad_norm(b: Builder, grads: dict[str, str], max_norm: float) -> dict[s
     return {p: b.op("Mul", [grads[p], coef]) for p in names}
 
 
-def training_forward(model: Graph, input_shapes: dict[str, Shape]) -> Graph:
+def check_precision(precision: str) -> str:
+    """precision as given when it is one anygrad knows (PRECISIONS), else a ConfigError."""
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    return precision
+
+
+def _at_precision(g: Graph, precision: str) -> Graph:
+    """The specialised forward graph with torch.autocast's casts for "f16" (ir/autocast.py)."""
+    return autocast(g) if check_precision(precision) == "f16" else g
+
+
+def training_forward(model: Graph, input_shapes: dict[str, Shape], precision: str = "f32") -> Graph:
     """The model in training mode (batch statistics, dropout drawing from the RNG state),
     specialized to these input shapes: the forward half of every training step."""
     g = set_training_mode(model, True)
     _add_buffer(g, RNG_STATE, np.zeros(2, np.uint32))
     g = specialize(g, input_shapes)
-    fuse_attention(g)  # before autodiff: the backward is FusedAttentionGrad
-    return g
+    fuse_attention(g)  # before autodiff (the backward is FusedAttentionGrad) and before autocast's Casts
+    return _at_precision(g, precision)
 
 
 def build_train_step(model: Graph, input_shapes: dict[str, Shape], target_shape: Shape | dict[str, Shape] | None,
                      loss: Loss | list[Head], optimizer: Optimizer, *, clip_norm: float | None = None,
                      accumulate: int = 1, phase: str = "step", top_k: int | None = None,
-                     report: dict[str, MetricSpec] | None = None, sync_batchnorm: bool = False) -> Graph:
+                     report: dict[str, MetricSpec] | None = None, sync_batchnorm: bool = False,
+                     precision: str = "f32", loss_scaling: bool | None = None) -> Graph:
     """The training step for one batch shape: forward, loss, backward, (clip,) update.
 
     `loss` is one Loss for the first output (target_shape its target's shape) or a list of Heads
@@ -289,27 +305,47 @@ def build_train_step(model: Graph, input_shapes: dict[str, Shape], target_shape:
     With `accumulate` = N > 1 the loss is scaled by 1/N and `phase` says what this micro-batch
     does with its gradients (see PHASES); only "apply" (and "step") clips and updates.
     `sync_batchnorm`: BatchNorm statistics summed over the data-parallel replicas (ops.collective).
+    `precision` "f16": float16 activations and matmul/conv operands (ir/autocast.py) and dynamic
+    loss scaling (optim/grad_scaler.py; `loss_scaling` False turns it off, for tests); master
+    weights, gradients and optimizer state stay float32.
     """
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
-    g = training_forward(model, input_shapes)
+    g = training_forward(model, input_shapes, precision)
     if sync_batchnorm:
         from .ops.collective import sync_batch_norms
         sync_batch_norms(g)
+    scaling = precision == "f16" if loss_scaling is None else loss_scaling
     b = Builder(g, prefix="step")
     heads, target_shapes = as_heads(model, loss, target_shape)
     out = _loss_and_metrics(g, b, heads, target_shapes, top_k, report)
 
     # Like PyTorch users do: backward of loss / N for each of the N micro-batches.
     objective = out.loss if accumulate == 1 else b.op("Mul", [out.loss, b.const(1.0 / accumulate)])
+    if scaling:
+        objective = grad_scaler.scaled(g, b, objective)
     grads = gradients(g, objective, g.params)
     b = Builder(g, prefix="optim")
+    if scaling:  # accumulate true gradients: an inf stays inf in the sum, and the apply phase sees it
+        grads = grad_scaler.unscale(b, grads)
     if phase != "step":
         grads = _accumulate(g, b, grads, phase)
     if phase in ("step", "apply"):
+        found = grad_scaler.found_inf(b, grads) if scaling else None
         if clip_norm is not None:
             grads = clip_grad_norm(b, grads, clip_norm)
         _update(g, b, grads, optimizer)
+        if found is not None:
+            # A skipped step changes no state, BatchNorm's running statistics included; its metrics
+            # count unless the forward itself overflowed float16 (no NaN loss for --on-nan to see).
+            metric = {k: v for k, v in g.state_updates.items() if v.startswith(METRIC_PREFIX)}
+            grad_scaler.gate(g, b, found, {k: v for k, v in g.state_updates.items()
+                                           if v != RNG_STATE and k not in metric})
+            grad_scaler.gate(g, b, grad_scaler.non_finite(b, out.loss), metric)
+            grad_scaler.update_scale(g, b, found)
+            _sum_into(g, b, UPDATE_COUNT, b.const(1.0))
+            if report is not None:
+                report["skipped_updates"] = MetricSpec(grad_scaler.SKIPPED_SUM, UPDATE_COUNT)
     g.state_updates[b.op("Add", [RNG_STATE, b.const(np.array([0, 1], np.uint32), np.uint32)])] = RNG_STATE
     g.outputs = [out.loss] + ([out.correct] if out.correct else [])
     g.dce()
@@ -365,18 +401,18 @@ def build_update_step(model: Graph, optimizer: Optimizer, *, clip_norm: float | 
     return g
 
 
-def build_inference(model: Graph, input_shapes: dict[str, Shape]) -> Graph:
+def build_inference(model: Graph, input_shapes: dict[str, Shape], precision: str = "f32") -> Graph:
     """The model in inference mode (running statistics, no dropout) for one input shape."""
     g = specialize(set_training_mode(model, False), input_shapes)
     fuse_attention(g)
-    return g
+    return _at_precision(g, precision)
 
 
 def build_eval_step(model: Graph, input_shapes: dict[str, Shape], target_shape: Shape | dict[str, Shape] | None,
                     loss: Loss | list[Head], top_k: int | None = None,
-                    report: dict[str, MetricSpec] | None = None) -> Graph:
+                    report: dict[str, MetricSpec] | None = None, precision: str = "f32") -> Graph:
     """Inference plus loss and metric accumulation (validation)."""
-    g = build_inference(model, input_shapes)
+    g = build_inference(model, input_shapes, precision)
     b = Builder(g, prefix="eval")
     heads, target_shapes = as_heads(model, loss, target_shape)
     out = _loss_and_metrics(g, b, heads, target_shapes, top_k, report)

@@ -36,6 +36,13 @@ class Backend(ABC):
         reference kernel; a backend that lacks some overrides it."""
         return get_op(op.op if isinstance(op, Node) else op) is not None
 
+    def check_precision(self, precision: str) -> str:
+        """The precision ("f32", "f16") this device trains at when asked for `precision`: the
+        same, or "f32" when its f16 kernels fail a self-test (it says so); a DeviceError naming
+        the device when it cannot at all. numpy and torch compute float16 ops in float32 and
+        round them, so the default accepts."""
+        return precision
+
     @abstractmethod
     def compile(self, graph: Graph) -> Executable:
         """Compile a specialized graph. State it names that the store lacks is initialised from

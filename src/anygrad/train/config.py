@@ -48,6 +48,7 @@ class TrainConfig:
     memory_budget: str | None = None     # device bytes a step may hold, e.g. '1.5GB' (default: the profile's)
     sync_batchnorm: bool = False         # BatchNorm statistics over every device and rank (SyncBatchNorm)
     torch_compile: bool = False          # the step through torch.compile (torch devices only; --compile)
+    precision: str = "f32"               # f32, or f16: mixed precision with loss scaling (ir/autocast.py)
     init: str = ""
     weights: str | None = None           # state_dict file loaded right after the model (fine-tuning)
     freeze: list[str] = field(default_factory=list)  # parameter patterns not to train (Model.freeze)
@@ -100,6 +101,8 @@ class TrainConfig:
             raise ConfigError(f"lr must be a finite number >= 0, got {self.lr}")
         if self.on_nan not in ON_NAN:
             raise ConfigError(f"on-nan must be one of {', '.join(ON_NAN)}, got {self.on_nan!r}")
+        if self.precision not in ("f32", "f16"):
+            raise ConfigError(f"precision must be f32 or f16, got {self.precision!r}")
         if self.export not in ("best", "last"):
             raise ConfigError(f"export must be best or last, got {self.export!r}")
         if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:

@@ -181,7 +181,8 @@ def _prepare(config: TrainConfig, log: Log, default_batch: bool = False,
     if isinstance(train, tuple) and config.batch_size > len(train[1]) and not default_batch:
         raise ConfigError(f"batch-size {config.batch_size} is larger than the {len(train[1]):,} training samples; "
                           f"choose at most {len(train[1])}")
-    model.compile(loss=loss, optimizer=optimizer, device=backend, seed=config.seed, torch_compile=config.torch_compile)
+    model.compile(loss=loss, optimizer=optimizer, device=backend, seed=config.seed,
+                  torch_compile=config.torch_compile, precision=config.precision)
     if group is not None:  # one rank of a torch.distributed job (with this process's devices, if several)
         from ..distributed import DataParallel
         local = [r.backend for r in model.parallel.replicas[1:]] if model.parallel is not None else []
@@ -194,7 +195,8 @@ def _prepare(config: TrainConfig, log: Log, default_batch: bool = False,
     # the folder the data came from, absolute: predict and eval may run from elsewhere
     config = replace(config, data_dir=str(Path(source).absolute()) if source and Path(source).exists() else source,
                      loss=loss)
-    extras = [f"clip {config.clip_grad_norm:g}" if config.clip_grad_norm else "",
+    extras = ["mixed precision f16 (loss scaling)" if config.precision == "f16" else "",
+              f"clip {config.clip_grad_norm:g}" if config.clip_grad_norm else "",
               f"accumulate {config.accumulate}" if config.accumulate > 1 else "",
               f"scheduler {config.scheduler}" if config.scheduler else "",
               f"from weights {Path(config.weights).name}" if config.weights else "",

@@ -23,6 +23,7 @@ Set `ANYGRAD_NUMPY_PROFILE=1` (or `executable.profile = {}`) to record seconds p
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import sys
@@ -36,6 +37,7 @@ from ...errors import ShapeError
 from ...ir.graph import Graph, Node
 from ...ir.registry import get_op
 from ..base import Backend, Executable
+from .half import reads_half, run_in_float32
 from .lowering import BLOCKED, INPLACE, KERNELS, InplaceKernel, run_blocked, run_split
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
@@ -98,6 +100,10 @@ class NumpyExecutable(Executable):
             if name in produced and name not in keep:
                 self.free[step].append(name)
         self.input_info = {name: graph.info[name] for name in graph.inputs}
+        # steps reading float16 (mixed precision): computed in float32, rounded (half.py)
+        self.half: dict[int, list] = {
+            step: [np.dtype(graph.info[o].dtype) if o in graph.info else None for o in n.outputs]
+            for step, n in enumerate(graph.nodes) if reads_half(graph, n)}
         # step -> in-place kernel, where input 0 dies there and has the output's shape and dtype
         self.inplace: dict[int, InplaceKernel] = {
             step: INPLACE[n.op] for step, n in enumerate(graph.nodes)
@@ -132,7 +138,7 @@ class NumpyExecutable(Executable):
         for step in self.inplace:
             node = graph.nodes[step]
             producer = made_at.get(node.inputs[0])
-            if producer is None or producer in fused or readers[node.inputs[0]] != 1:
+            if producer is None or producer in fused or producer in self.half or readers[node.inputs[0]] != 1:
                 continue
             source = graph.nodes[producer]
             shape = tuple(graph.info[node.outputs[0]].shape)
@@ -162,6 +168,8 @@ class NumpyExecutable(Executable):
         kernel = self.inplace.get(step)
         if kernel is not None and _sole_owner(env, ins[0]):
             return run_split(kernel, node, [env[i] for i in ins])
+        if step in self.half:
+            return run_in_float32(op, node, [env[i] for i in ins], self.half[step])
         fast = KERNELS.get(node.op)
         if fast is not None:
             return fast(node, [env[i] for i in ins])
@@ -182,7 +190,10 @@ class NumpyExecutable(Executable):
             env[name] = self._check_feed(name, feeds[name])
         # One BLAS thread for the whole step: the kernels split their BLAS work over the
         # workers themselves (anygrad._parallel says why), and ANYGRAD_NUMPY_THREADS=1 means one.
-        with _parallel.serial_blas():
+        # With float16 values (mixed precision) an inf gradient is an expected event that the loss
+        # scaler handles (a skipped update), not a numpy warning.
+        quiet = np.errstate(over="ignore", invalid="ignore") if self.half else contextlib.nullcontext()
+        with _parallel.serial_blas(), quiet:
             for step, (op, node, ins, outs) in enumerate(self.plan):
                 if self.profile is not None:
                     t0 = time.perf_counter()

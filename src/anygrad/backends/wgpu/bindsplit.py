@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
 from ...ir.graph import Graph, Node, TensorInfo
 from ...ops.reduce import reduce_axes
 from .bindpack import _DECL, _uses_only_indexed, index_rewrite
@@ -101,6 +103,8 @@ def split_rows(node: Node, graph: Graph, caps: AdapterCaps, lower) -> list[Kerne
         return None
     lead = shape_of(graph, node.outputs[0])[0]
     values = [v for v in list(node.inputs) + list(node.outputs) if v]
+    if any(v in graph.info and np.dtype(graph.info[v].dtype) == np.float16 for v in values):
+        return None  # windows are planned in 4-byte elements; float16 values (2 bytes) are not split yet
     limit = caps.max_storage_binding_size
     whole = [v for v in values if v not in rowed]
     if any(4 * max(1, _elems(graph, v)) > limit for v in whole):

@@ -341,17 +341,30 @@ def group_updates(graph: Graph, caps: AdapterCaps) -> None:
     state = set(graph.state_names)
     order = {id(n): k for k, n in enumerate(graph.nodes)}
     groups: dict[tuple, list[Node]] = {}
+    gates: dict[int, list[Node]] = {}  # update node -> its gating Where nodes (f16 loss scaling)
     for n in graph.nodes:
         if n.op not in UPDATE_OPS:
             continue
         targets = [graph.state_updates.get(o) for o in n.outputs]
         state_in = [n.inputs[0]] + n.inputs[2:2 + len(n.outputs) - 1]
-        if (targets != state_in or any(t not in state for t in state_in) or any(users.get(o) for o in n.outputs)
-                or any(graph.info[v].dtype != np.float32 for v in state_in)):
+        found = None
+        if targets != state_in:  # each output kept or not by Where(found, state, new) (grad_scaler.gate)?
+            wheres = [_gate_of(users, o, s) for o, s in zip(n.outputs, state_in)]
+            if any(w is None for w in wheres) or len({w.inputs[0] for w in wheres}) != 1:
+                continue
+            found = wheres[0].inputs[0]
+            targets = [graph.state_updates.get(w.outputs[0]) for w in wheres]
+            gates[id(n)] = wheres
+        elif any(users.get(o) for o in n.outputs):
             continue
-        key = (n.op, repr(sorted(n.attrs.items())), n.inputs[-2], n.inputs[-1])
+        if (targets != state_in or any(t not in state for t in state_in)
+                or any(graph.info[v].dtype != np.float32 for v in state_in)):
+            gates.pop(id(n), None)
+            continue
+        key = (n.op, repr(sorted(n.attrs.items())), n.inputs[-2], n.inputs[-1], found)
         groups.setdefault(key, []).append(n)
     for members in groups.values():
+        gate_ids = {id(w) for m in members for w in gates.get(id(m), [])}
         # Even one parameter gains: each arena is bound once (read_write), within 8 bindings.
         last = max(order[id(m)] for m in members)
         touched = {v for m in members for v in [m.inputs[0]] + m.inputs[2:2 + len(m.outputs) - 1]}
@@ -362,11 +375,11 @@ def group_updates(graph: Graph, caps: AdapterCaps) -> None:
             touched |= more
         # Everything reading those tensors must run before the fused update (placed at the last member).
         # ... and nothing may need their old values after it (outputs, other state updates).
-        if (any(order[id(u)] > last for v in touched for u, _ in users.get(v, []))
+        if (any(order[id(u)] > last and id(u) not in gate_ids for v in touched for u, _ in users.get(v, []))
                 or touched & (set(graph.outputs) | set(graph.state_updates))):
             continue
-        # Bindings: gradients, lr, step, and each arena once (read_write).
-        if 3 + len(members[0].outputs) > caps.max_storage_buffers_per_stage:
+        # Bindings: gradients, lr, step, (the skip flag,) and each arena once (read_write).
+        if 3 + bool(gate_ids) + len(members[0].outputs) > caps.max_storage_buffers_per_stage:
             continue
         # Each arena must fit one storage binding: split into chunks that do.
         budget = caps.max_storage_binding_size // 4
@@ -376,15 +389,26 @@ def group_updates(graph: Graph, caps: AdapterCaps) -> None:
             n = _aligned(int(np.prod(shape_of(graph, m.inputs[0]), dtype=np.int64))) if m is not None else 0
             if m is None or (chunk and size + n > budget):
                 if chunk:
-                    _fuse_group(graph, chunk, producers, state)
+                    _fuse_group(graph, chunk, producers, state, [gates.get(id(c), []) for c in chunk])
                 chunk, size = [], 0
             if m is not None:
                 chunk.append(m)
                 size += n
 
 
-def _fuse_group(graph: Graph, members: list[Node], producers: dict[str, Node], state: set[str]) -> None:
+def _gate_of(users: dict, value: str, state_name: str) -> Node | None:
+    """The Where(found, state, value) that is value's only use (a loss-scaled step's skip), or None."""
+    use = users.get(value, [])
+    if len(use) != 1:
+        return None
+    w, slot = use[0]
+    return w if w.op == "Where" and slot == 2 and w.inputs[1] == state_name else None
+
+
+def _fuse_group(graph: Graph, members: list[Node], producers: dict[str, Node], state: set[str],
+                gates: list[list[Node]] | None = None) -> None:
     first = members[0]
+    wheres = [w for ws in (gates or []) for w in ws]
     n_slots = len(first.outputs) - 1
     params = [m.inputs[0] for m in members]
     gid = hashlib.sha1(("|".join([first.op] + params)).encode()).hexdigest()[:10]
@@ -418,14 +442,21 @@ def _fuse_group(graph: Graph, members: list[Node], producers: dict[str, Node], s
     lr, step = first.inputs[-2], first.inputs[-1]
     ins = [arenas[0].value, garena] + [a.value for a in arenas[1:]] + [lr, step]
     outs = [a.value for a in arenas]
-    fused = Node(FUSED_UPDATE, ins, outs, {"op": first.op, "attrs": dict(first.attrs), "arenas": arenas,
-                                           "grads": claims, "offsets": offsets, "garena": garena},
-                 name=f"{first.op}x{len(members)}")
+    attrs = {"op": first.op, "attrs": dict(first.attrs), "arenas": arenas, "grads": claims, "offsets": offsets,
+             "garena": garena}
+    if wheres:  # each arena keeps its old values where the flag says the step is skipped
+        ins.append(wheres[0].inputs[0])
+        attrs["gate"] = [graph.fresh(f"{v}.new") for v in outs]
+        for v in attrs["gate"]:
+            graph.info[v] = TensorInfo(np.dtype(np.float32), (total,))
+    fused = Node(FUSED_UPDATE, ins, outs, attrs, name=f"{first.op}x{len(members)}")
     for m in members:
         for o in m.outputs:
             graph.state_updates.pop(o, None)
+    for w in wheres:
+        graph.state_updates.pop(w.outputs[0], None)
     last = max(graph.nodes.index(m) for m in members)
-    drop = {id(m) for m in members}
+    drop = {id(m) for m in members} | {id(w) for w in wheres}
     nodes = []
     for k, n in enumerate(graph.nodes):
         if id(n) not in drop:

@@ -28,8 +28,15 @@ def _copy(c: Emit, n: Node, a: list, ot: list[str]) -> list[Val]:
 @lowering(FUSED_UPDATE)
 def lower_fused_update(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     """One update over whole arenas: reads and writes the same arena values (in place)."""
-    member = Node(node.attrs["op"], list(node.inputs), list(node.outputs), node.attrs["attrs"], node.name)
-    fused = Node(FUSED, list(node.inputs), list(node.outputs), {"members": [member], "literals": {}},
+    mids = node.attrs.get("gate")
+    if not mids:
+        member = Node(node.attrs["op"], list(node.inputs), list(node.outputs), node.attrs["attrs"], node.name)
+        members = [member]
+    else:  # a loss-scaled step: Where(skip, old, new) per arena (optim/grad_scaler.py), in the same pass
+        skip = node.inputs[-1]
+        member = Node(node.attrs["op"], list(node.inputs[:-1]), list(mids), node.attrs["attrs"], node.name)
+        members = [member] + [Node("Where", [skip, out, mid], [out]) for out, mid in zip(node.outputs, mids)]
+    fused = Node(FUSED, list(node.inputs), list(node.outputs), {"members": members, "literals": {}},
                  name=node.name)
     return lower_fused(fused, graph, caps)
 

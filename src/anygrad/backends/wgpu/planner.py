@@ -25,12 +25,15 @@ from .bindpack import pack_reads
 from .bindsplit import split_rows
 from .fusion import PACKED
 from .gridfold import fold_kernel
+from .halfstore import half_kernels
 from .kernel import LOWERINGS, AdapterCaps, Kernel
 from .wgsl import shape_of
 
 # Ops whose output is the input's bytes under another shape: no kernel, no copy.
 ALIAS_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
 ELEM_BYTES = 4  # f32, i32, u32
+HALF_BYTES = 2  # f16 (mixed precision: halfstore.py)
+HALF = np.dtype(np.float16)
 
 
 @dataclass(frozen=True)
@@ -61,8 +64,18 @@ class Plan:
 
 
 def value_bytes(graph: Graph, name: str) -> int:
+    """Device bytes of a value: 4 per element, 2 for float16 (rounded up to whole 4-byte words,
+    as bindings and copies need)."""
     n = int(np.prod(shape_of(graph, name), dtype=np.int64))
+    if np.dtype(graph.info[name].dtype) == HALF:
+        return max(ELEM_BYTES, -(-n * HALF_BYTES // ELEM_BYTES) * ELEM_BYTES)
     return max(ELEM_BYTES, n * ELEM_BYTES)
+
+
+def is_half(graph: Graph, name: str) -> bool:
+    """A float16 graph value (stored as f16 on the device)."""
+    info = graph.info.get(name)
+    return info is not None and np.dtype(info.dtype) == HALF
 
 
 def lower_all(graph: Graph, caps: AdapterCaps) -> tuple[list[tuple[int, Kernel]], dict[str, str], dict[str, int]]:
@@ -94,6 +107,9 @@ def lower_all(graph: Graph, caps: AdapterCaps) -> tuple[list[tuple[int, Kernel]]
                 node_kernels = split_rows(node, graph, caps, LOWERINGS[node.op])  # bindsplit.py
             if node_kernels is None:
                 node_kernels = LOWERINGS[node.op](node, graph, caps)
+            if any(is_half(graph, v) for v in list(node.inputs) + list(node.outputs) if v):
+                node_kernels = [part for kern in node_kernels
+                                for part in half_kernels(kern, lambda v: is_half(graph, v), elements)]
         except (ValueError, NotImplementedError) as e:  # attributes or inputs a kernel cannot take
             raise DeviceError(f"{node.label}: the wgpu backend cannot run this node ({e}); "
                               "use device='cpu' for this model") from e

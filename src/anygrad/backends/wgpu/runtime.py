@@ -48,6 +48,7 @@ class _Context:
     caps: AdapterCaps
     pipelines: dict
     layouts: dict
+    f16_problem: str | None = None  # the f16 self-test's finding: None not run yet, "" passed
 
 
 _CONTEXTS: dict[tuple[int, str], _Context] = {}
@@ -105,7 +106,10 @@ def to_device(value: np.ndarray, dtype: np.dtype | None = None) -> np.ndarray:
     """Host array -> contiguous device representation (f32 / i32 / u32)."""
     value = np.asarray(value)
     dev = np_device_dtype(dtype if dtype is not None else value.dtype)
-    return np.ascontiguousarray(value.astype(dev, copy=False))
+    data = np.ascontiguousarray(value.astype(dev, copy=False))
+    if data.itemsize == 2 and data.size % 2:  # f16: whole 4-byte words, as buffer writes need
+        data = np.concatenate([data.reshape(-1), np.zeros(1, data.dtype)])
+    return data
 
 
 def to_device_packed(value: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray | None]:
@@ -146,6 +150,25 @@ class WgpuBackend(Backend):
         self.generation = 0   # bumped when a state buffer is replaced (bind groups must follow)
         self._export_buf: tuple[Any, int] | None = None  # export_states' mapped buffer and its size
         self._export_bufs: dict[tuple, tuple[Any, int]] = {}  # export_states_async's, per list of names
+
+    def check_precision(self, precision: str) -> str:
+        """float16 needs the adapter's `shader-f16` feature (f16 storage and arithmetic in WGSL),
+        and f16 kernels that pass the self-test (selftest.py, once per device); an adapter that
+        fails it trains in f32, which this says in one line."""
+        if precision != "f16":
+            return precision
+        if not self.caps.has_f16:
+            raise DeviceError(f"precision='f16' needs the WebGPU feature 'shader-f16', which adapter "
+                              f"{self.adapter.summary} does not have; train with --precision f32 "
+                              "(precision='f32'), or pick another adapter (`anygrad devices`)")
+        if self.ctx.f16_problem is None:
+            from .selftest import f16_problem
+            self.ctx.f16_problem = f16_problem(self) or ""
+        if self.ctx.f16_problem:
+            print(f"anygrad: f16 self-test failed on {self.adapter.summary}: {self.ctx.f16_problem}; "
+                  "training in f32", file=sys.stderr)
+            return "f32"
+        return precision
 
     @property
     def description(self) -> str:
@@ -579,8 +602,7 @@ class WgpuExecutable(Executable):
             r = Root("const", name)
         else:
             raise KeyError(f"'{name}' is not a graph output, input or state of this executable")
-        nbytes = max(4, int(np.prod(self.graph.info[name].shape, dtype=np.int64)) * 4) \
-            if name in self.graph.info else self._nbytes(r)
+        nbytes = value_bytes(self.graph, name) if name in self.graph.info else self._nbytes(r)
         return r, nbytes
 
     def _staging_for(self, fetch: tuple[str, ...]) -> tuple[Any, list]:

@@ -29,6 +29,9 @@ def wgsl_type(dtype: np.dtype) -> str:
 
 
 def np_device_dtype(dtype: np.dtype) -> np.dtype:
+    """Host dtype of a value's device elements: float16 stays float16 (stored as f16, halfstore.py)."""
+    if np.dtype(dtype) == np.float16:
+        return np.dtype(np.float16)
     return {"f32": np.dtype(np.float32), "i32": np.dtype(np.int32), "u32": np.dtype(np.uint32)}[wgsl_type(dtype)]
 
 

@@ -1,0 +1,166 @@
+"""float16 values on the device: any kernel, stored as f16, computed in f32 (mixed precision).
+
+Kernels are generated for f32 (`wgsl_type` maps every float dtype to f32), so a float16 value
+needs no lowering of its own. After lowering, each binding that holds a float16 value (its graph
+dtype) is rewritten in the shader text, the way bindpack.py rewrites packed reads:
+
+- its declaration becomes `array<f16>` (or `array<vec4<f16>>` for a vec4-bound GEMM operand)
+  and `enable f16;` goes on top;
+- every read `var[e]` becomes `f32(var[e])` (`vec4<f32>(var[e])`): arithmetic and accumulation
+  stay f32;
+- every store `var[e] = x;` becomes `var[e] = f16(x);`, a compound `var[e] += x;` becomes
+  `var[e] = f16(f32(var[e]) + (x));`, and a store into a component of a vec4 element
+  `var[e][c] = x;` rounds x to f16.
+
+So a matmul reads f16 operands and accumulates in f32, an elementwise chain reads and writes
+f16, and the value takes half the bytes (planner.value_bytes). A binding used otherwise (a
+pointer `&var[e]`, `arrayLength(&var)`, another element type) cannot be rewritten; the kernel then
+reads (writes) an f32 scratch copy instead, made (stored back) by a conversion kernel beside it:
+correct and general, at the cost of that copy.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import replace
+
+from .kernel import Kernel, Scratch
+from .wgsl import grid
+
+_DECL = re.compile(r"@group\(0\)\s*@binding\((\d+)\)\s*var<storage,\s*(read|read_write)>\s*(\w+)\s*:\s*array<([\w<>]+)>\s*;")
+# device element type of an f32 binding -> (its f16 storage type, the f32 type a read converts to)
+_HALF_OF = {"f32": ("f16", "f32"), "vec4<f32>": ("vec4<f16>", "vec4<f32>")}
+_ASSIGN = re.compile(r"\s*([-+*/%&|^]|<<|>>)?=(?!=)")
+ENABLE = "enable f16;\n"
+
+
+def _bracket_end(text: str, start: int) -> int:
+    """Index just past the `]` closing the `[` at text[start - 1]."""
+    depth, k = 1, start
+    while depth:
+        c = text[k]
+        depth += (c == "[") - (c == "]")
+        k += 1
+    return k
+
+
+def _statement_end(text: str, start: int) -> int:
+    """Index of the `;` ending the expression that starts at `start` (outside any brackets)."""
+    depth, k = 0, start
+    while True:
+        c = text[k]
+        if c in "([":
+            depth += 1
+        elif c in ")]":
+            depth -= 1
+        elif c == ";" and depth == 0:
+            return k
+        k += 1
+
+
+def _rewrite_accesses(text: str, var: str, store_t: str, load_t: str) -> str:
+    pat = re.compile(rf"(?<![.\w]){var}\s*\[")
+    out, pos = [], 0
+    while True:
+        m = pat.search(text, pos)
+        if m is None:
+            out.append(text[pos:])
+            return "".join(out)
+        end = _bracket_end(text, m.end())
+        first = _rewrite_accesses(text[m.end():end - 1], var, store_t, load_t)
+        chain = []  # further [c] after the element: a component of a vec4 element
+        k = end
+        while True:
+            j = k
+            while j < len(text) and text[j].isspace():
+                j += 1
+            if j < len(text) and text[j] == "[":
+                e = _bracket_end(text, j + 1)
+                chain.append(_rewrite_accesses(text[j + 1:e - 1], var, store_t, load_t))
+                k = e
+            else:
+                break
+        rest = "".join(f"[{c}]" for c in chain)
+        out.append(text[pos:m.start()])
+        assign = _ASSIGN.match(text, k)
+        if assign is None:  # a read
+            out.append(f"{load_t}({var}[{first}]){rest}")
+            pos = k
+            continue
+        stop = _statement_end(text, assign.end())
+        rhs = _rewrite_accesses(text[assign.end():stop], var, store_t, load_t).strip()
+        target, cast_t = f"{var}[{first}]{rest}", ("f16" if chain else store_t)
+        if assign.group(1):
+            old = f"f32({target})" if chain else f"{load_t}({var}[{first}])"
+            rhs = f"{old} {assign.group(1)} ({rhs})"
+        out.append(f"{target} = {cast_t}({rhs})")
+        pos = stop
+
+
+def rewrite_binding(wgsl: str, var: str, elem: str) -> str | None:
+    """The shader with storage binding `var` (declared `array<elem>`) holding f16; None when it
+    cannot be rewritten (see the module docstring)."""
+    if elem not in _HALF_OF:
+        return None
+    uses = len(re.findall(rf"(?<![.\w]){var}\b", wgsl))
+    indexed = re.findall(rf"(?<![.\w&]){var}\s*\[", wgsl)
+    if uses != len(indexed) + 1 or re.search(rf"&\s*{var}\b", wgsl):
+        return None
+    store_t, load_t = _HALF_OF[elem]
+    decl = next((m for m in _DECL.finditer(wgsl) if m.group(3) == var), None)
+    if decl is None:
+        return None
+    body = wgsl[:decl.start()] + "\0" + wgsl[decl.end():]  # the declaration itself is no access
+    body = _rewrite_accesses(body, var, store_t, load_t)
+    new_decl = decl.group(0).replace(f"array<{elem}>", f"array<{store_t}>")
+    return with_enable(body.replace("\0", new_decl, 1))
+
+
+def with_enable(wgsl: str) -> str:
+    return wgsl if re.search(r"^\s*enable\s+f16\s*;", wgsl, re.MULTILINE) else ENABLE + wgsl
+
+
+def _convert_kernel(name: str, src: str, dst: str, n: int, to_half: bool) -> Kernel:
+    src_t, dst_t = ("f32", "f16") if to_half else ("f16", "f32")
+    wgsl = (f"{ENABLE}@group(0) @binding(0) var<storage, read> src: array<{src_t}>;\n"
+            f"@group(0) @binding(1) var<storage, read_write> dst: array<{dst_t}>;\n"
+            "@compute @workgroup_size(256)\n"
+            "fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {\n"
+            "  let i = gid.x + gid.y * (nwg.x * 256u);\n"
+            f"  if (i >= {n}u) {{ return; }}\n"
+            f"  dst[i] = {dst_t}(src[i]);\n}}\n")
+    return Kernel(f"{name}:{'to_f16' if to_half else 'to_f32'}", wgsl, grid(n), (src,), (dst,))
+
+
+def half_kernels(kern: Kernel, is_half: Callable[[str], bool], elements: Callable[[str], int]) -> list[Kernel]:
+    """[kern] with every float16 binding rewritten to f16 storage; a binding that cannot be is
+    bound to an f32 scratch copy with a conversion kernel before (reads) or after (writes)."""
+    bound = list(kern.reads) + list(kern.writes)
+    halves = [k for k, v in enumerate(bound) if is_half(v)]
+    if not halves:
+        return [kern]
+    decls = {int(m.group(1)): m for m in _DECL.finditer(kern.wgsl)}
+    wgsl, before, after, scratch = kern.wgsl, [], [], list(kern.scratch)
+    reads, writes = list(kern.reads), list(kern.writes)
+    for k in halves:
+        m, value = decls.get(k), bound[k]
+        windowed = bool(kern.windows) and kern.windows[k] is not None
+        rewritten = None if m is None or windowed else rewrite_binding(wgsl, m.group(3), m.group(4))
+        if rewritten is not None:
+            wgsl = rewritten
+            continue
+        n = elements(value)
+        copy = f"@f32:{value}:{k}"
+        scratch.append(Scratch(copy, n, "f32"))
+        if k < len(reads):
+            before.append(_convert_kernel(kern.name, value, copy, n, to_half=False))
+            reads[k] = copy
+        else:
+            after.append(_convert_kernel(kern.name, copy, value, n, to_half=True))
+            writes[k - len(reads)] = copy
+    fitted = replace(kern, wgsl=wgsl, reads=tuple(reads), writes=tuple(writes), scratch=tuple(scratch),
+                     inplace=tuple(v for v in kern.inplace if v in reads))
+    return before + [fitted] + after
+
+
+__all__ = ["half_kernels", "rewrite_binding", "with_enable"]
