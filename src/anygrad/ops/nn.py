@@ -672,14 +672,20 @@ def _bn_forward(node, ins):
         return [y]
     if not training:
         return [y, mean.copy(), var.copy()][:len(node.outputs)]
+    return [y, *batch_norm_running_stats(node, mean, var, batch_mean, batch_var, x.size // x.shape[1])
+            ][:len(node.outputs)]
+
+
+def batch_norm_running_stats(node: Node, mean: np.ndarray, var: np.ndarray, batch_mean: np.ndarray,
+                             batch_var: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """BatchNorm's new running mean and variance after a batch of n values per channel.
+    PyTorch semantics, not ONNX's: the running variance tracks the UNBIASED batch variance
+    (n / (n - 1)), as torch.nn.BatchNorm does, while normalisation uses the biased one."""
     momentum = float(node.attr("momentum", 0.9))
-    n = x.size // x.shape[1]
-    # PyTorch semantics, not ONNX's: the running variance tracks the UNBIASED batch variance
-    # (n / (n - 1)), as torch.nn.BatchNorm does, while normalisation uses the biased one.
     unbiased = batch_var * (n / max(n - 1, 1))
     running_mean = mean * momentum + batch_mean * (1 - momentum)
     running_var = var * momentum + unbiased * (1 - momentum)
-    return [y, running_mean.astype(mean.dtype), running_var.astype(var.dtype)][:len(node.outputs)]
+    return running_mean.astype(mean.dtype), running_var.astype(var.dtype)
 
 
 def _bn_grad_forward(node, ins):

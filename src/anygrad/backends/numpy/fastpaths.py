@@ -8,6 +8,7 @@ import numpy as np
 
 from ... import _parallel
 from ...ir.graph import Node
+from ...ops.nn import batch_norm_running_stats
 
 # epilogue(batch slice, block): applied in place to each block of output 0 once it is final
 # (lowering.BLOCKED).
@@ -146,14 +147,8 @@ def batch_norm(node: Node, ins: list, epilogue: Epilogue | None = None) -> list:
         return [y]
     if not training:
         return [y, mean.copy(), var.copy()][:len(node.outputs)]
-    momentum = float(node.attr("momentum", 0.9))
-    n = x.size // x.shape[1]
-    # PyTorch semantics, not ONNX's: the running variance tracks the UNBIASED batch variance
-    # (n / (n - 1)), as torch.nn.BatchNorm does, while normalisation uses the biased one.
-    unbiased = batch_var * (n / max(n - 1, 1))
-    running_mean = mean * momentum + batch_mean * (1 - momentum)
-    running_var = var * momentum + unbiased * (1 - momentum)
-    return [y, running_mean.astype(mean.dtype), running_var.astype(var.dtype)][:len(node.outputs)]
+    return [y, *batch_norm_running_stats(node, mean, var, batch_mean, batch_var, x.size // x.shape[1])
+            ][:len(node.outputs)]
 
 
 def batch_norm_grad(node: Node, ins: list, epilogue: Epilogue | None = None) -> list:

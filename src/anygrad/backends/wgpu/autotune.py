@@ -35,6 +35,7 @@ from ...fsutil import atomic_write
 from ...ir.graph import Graph, Node
 from .gridfold import fold_kernel
 from .kernel import LOWERINGS, AdapterCaps, Kernel
+from .profiling import wall_ms
 
 ENV = "ANYGRAD_AUTOTUNE"
 TUNABLE_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvGradInput", "ConvGradWeight"})
@@ -229,18 +230,7 @@ def device_timer(backend: Any) -> Callable[[list[Kernel], Graph], float]:
         probe = next(iter(bufs.values()))
 
         def run(reps: int) -> float:
-            enc = dev.create_command_encoder()
-            cpass = enc.begin_compute_pass()
-            for _ in range(reps):
-                for pipe, bg, wg in dispatches:
-                    cpass.set_pipeline(pipe)
-                    cpass.set_bind_group(0, bg)
-                    cpass.dispatch_workgroups(*wg)
-            cpass.end()
-            t0 = time.perf_counter()
-            dev.queue.submit([enc.finish()])
-            dev.queue.read_buffer(probe, 0, 4)
-            return (time.perf_counter() - t0) * 1e3 / reps
+            return wall_ms(dev, dispatches, probe, reps)
 
         run(1)  # warm-up: lazy driver work, first touch of the buffers
         once = run(1)

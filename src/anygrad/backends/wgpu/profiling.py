@@ -175,6 +175,23 @@ class TimestampProfiler:
                            self.step_sum_ns / self.step_runs if self.step_runs else None, meta=meta)
 
 
+def wall_ms(device: Any, dispatches: Sequence[tuple], probe: Any, reps: int = 1) -> float:
+    """Host milliseconds from submitting `reps` runs of the dispatch list (one pass) to a readback
+    of `probe` (which waits for them), per run."""
+    enc = device.create_command_encoder()
+    cpass = enc.begin_compute_pass()
+    for _ in range(reps):
+        for pipe, bg, wg in dispatches:
+            cpass.set_pipeline(pipe)
+            cpass.set_bind_group(0, bg)
+            cpass.dispatch_workgroups(*wg)
+    cpass.end()
+    t0 = time.perf_counter()
+    device.queue.submit([enc.finish()])
+    device.queue.read_buffer(probe, 0, 4)  # waits for the submitted work
+    return (time.perf_counter() - t0) * 1e3 / reps
+
+
 def profile_dispatches(device: Any, names: Sequence[str], dispatches: Sequence[tuple], repeat: int,
                        probe: Any) -> StepProfile:
     """Time each dispatch (own pass) and the whole list (one pass), `repeat` times, each run one
@@ -185,19 +202,7 @@ def profile_dispatches(device: Any, names: Sequence[str], dispatches: Sequence[t
         prof.encode(enc, dispatches, whole=True)
         device.queue.submit([enc.finish()])
         prof.collect()
-    walls = []
-    for _ in range(repeat):
-        enc = device.create_command_encoder()
-        cpass = enc.begin_compute_pass()
-        for pipe, bg, wg in dispatches:
-            cpass.set_pipeline(pipe)
-            cpass.set_bind_group(0, bg)
-            cpass.dispatch_workgroups(*wg)
-        cpass.end()
-        t0 = time.perf_counter()
-        device.queue.submit([enc.finish()])
-        device.queue.read_buffer(probe, 0, 4)  # waits for the submitted work
-        walls.append(time.perf_counter() - t0)
+    walls = [wall_ms(device, dispatches, probe) / 1e3 for _ in range(repeat)]
     out = prof.result()
     out.wall_ms = 1e3 * float(np.median(walls))
     return out
