@@ -148,7 +148,6 @@ class WgpuBackend(Backend):
         self.state: dict[str, _StateBuf] = {}
         self.arenas: dict[str, Any] = {}  # arena value -> (buffer, ArenaSpec)
         self.generation = 0   # bumped when a state buffer is replaced (bind groups must follow)
-        self._export_buf: tuple[Any, int] | None = None  # export_states' mapped buffer and its size
         self._export_bufs: dict[tuple, tuple[Any, int]] = {}  # export_states_async's, per list of names
 
     def check_precision(self, precision: str) -> str:
@@ -216,32 +215,7 @@ class WgpuBackend(Backend):
     def export_states(self, names: Sequence[str], out: np.ndarray) -> None:
         """float32 states back to back into `out` with one copy pass on the device, one map and one
         host copy, through a mapped staging buffer kept between calls (gradient exchange)."""
-        spans, total = [], 0
-        for n in names:
-            st = self.state[n]
-            if np.dtype(st.dtype) != np.float32 or st.nbytes % 4:
-                return super().export_states(names, out)
-            spans.append((st, total))
-            total += st.nbytes
-        if total == 0:
-            return
-        wgpu = _wgpu()
-        if self._export_buf is None or self._export_buf[1] < total:
-            self._export_buf = (self.create_buffer(total, wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST,
-                                                   "state export"), total)
-        buf = self._export_buf[0]
-        enc = self.device.create_command_encoder()
-        for st, off in spans:
-            enc.copy_buffer_to_buffer(st.buffer, st.offset, buf, off, st.nbytes)
-        try:
-            self.device.queue.submit([enc.finish()])
-            buf.map_sync(wgpu.MapMode.READ)
-            try:
-                out[:total // 4] = np.frombuffer(buf.read_mapped(0, total, copy=False), np.float32)
-            finally:
-                buf.unmap()
-        except Exception as e:
-            raise _gpu_error(e, "reading gradients back") from e
+        self.export_states_async(names, out)()
 
     def export_states_async(self, names: Sequence[str], out: np.ndarray, encoder: Any = None) -> Callable[[], None]:
         """export_states in two halves, so that buckets pipeline: this call queues the copies into
