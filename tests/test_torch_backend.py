@@ -604,3 +604,54 @@ def test_is_nan_and_is_inf_run_on_torch(dtype):
         # integers are never NaN nor infinite: those nodes may stay on the reference kernel
         assert exe.fallback_ops == ([] if dtype != np.int64 else [op])
         np.testing.assert_array_equal(exe.run(feeds)["out0"], NumpyBackend().compile(graph).run(feeds)["out0"])
+
+
+# -- whole models: nothing but the RNG counter on the host ---------------------------------------------
+def _host_nodes(exe) -> list[str]:
+    """The nodes of a compiled step that run on a numpy reference kernel, except the RNG
+    counter's uint32 increment (torch holds no uint32: that state stays a host array)."""
+    from anygrad.backends.torch.runtime import lower, node_site
+    graph = exe.graph
+    host = [n for n in graph.nodes if lower(node_site(graph, n)) is None]
+    return [f"{n.op} {n.label}" for n in host
+            if not (n.op == "Add" and graph.info[n.outputs[0]].dtype == np.uint32)]
+
+
+def _three_steps(make, device, batches, loss: str):
+    model = make().compile(loss=loss, optimizer=anygrad.optim.SGD(lr=0.05, momentum=0.9), device=device, seed=1)
+    losses = [model.train_on_batch(x, y) for x, y in batches]
+    return model, losses
+
+
+def test_gpt_decoder_trains_on_torch_kernels_only():
+    """benchmarks/models.py's GPT-style decoder (2 layers, batch 2): embeddings (GatherGrad),
+    LayerNorm and its gradient, attention, GELU-tanh, cross-entropy all on torch kernels; the
+    losses of three SGD steps are numpy's."""
+    import sys
+    sys.path.insert(0, str(TESTS.parent / "benchmarks"))
+    from models import _gpt_module
+    torch.manual_seed(0)
+    module = _gpt_module(64, 8, 32, 4, 2).train()
+    r = np.random.default_rng(0)
+    batches = [(r.integers(0, 64, (2, 8)), r.integers(0, 64, (16,))) for _ in range(3)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        make = lambda: anygrad.from_torch(module, torch.from_numpy(batches[0][0]), dynamo=False)
+        ref_model, ref = _three_steps(make, "cpu", batches, "cross_entropy")
+        model, ours = _three_steps(make, TorchBackend("torch:cpu"), batches, "cross_entropy")
+    exe = _train_program(model)
+    assert {"LayerNormGrad", "GatherGrad"} <= {n.op for n in exe.graph.nodes}
+    assert _host_nodes(exe) == []
+    np.testing.assert_allclose(ours, ref, rtol=2e-5)
+    for name, value in ref_model.full_state().items():
+        _close(model.full_state()[name], value, name)
+
+
+def test_founding_cnn_trains_on_torch_kernels_only():
+    r = np.random.default_rng(0)
+    batches = [(r.standard_normal((4, 1, 28, 28)).astype(np.float32), r.integers(0, 10, 4)) for _ in range(3)]
+    make = lambda: anygrad.load_onnx(FOUNDING_MODEL)
+    _, ref = _three_steps(make, "cpu", batches, "nll")
+    model, ours = _three_steps(make, TorchBackend("torch:cpu"), batches, "nll")
+    assert _host_nodes(_train_program(model)) == []
+    np.testing.assert_allclose(ours, ref, rtol=2e-5)
