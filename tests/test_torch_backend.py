@@ -655,3 +655,10 @@ def test_founding_cnn_trains_on_torch_kernels_only():
     model, ours = _three_steps(make, TorchBackend("torch:cpu"), batches, "nll")
     assert _host_nodes(_train_program(model)) == []
     np.testing.assert_allclose(ours, ref, rtol=2e-5)
+
+
+@FLOATS
+def test_tanhshrink_runs_on_torch(dtype):
+    """The op added in three source files (ops/elementwise.py, the wgpu and the torch kernels)."""
+    x = np.linspace(-6, 6, 25).astype(dtype).reshape(5, 5)
+    _agrees_with_numpy("Tanhshrink", [x], lowered=("TanhshrinkGrad",))

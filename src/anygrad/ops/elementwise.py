@@ -391,6 +391,8 @@ ACTIVATIONS = {
                   lambda n, dy, x: dy * np.where(x < -3, 0, np.where(x <= 3, x / 3 + 0.5, 1))),
     "Mish": (lambda n, x: x * np.tanh(_softplus(x)),
              lambda n, dy, x: dy * (np.tanh(_softplus(x)) + x * _sigmoid(x) * (1 - np.tanh(_softplus(x)) ** 2))),
+    # PyTorch's nn.Tanhshrink, as one op (its exporters write Sub(x, Tanh(x)))
+    "Tanhshrink": (lambda n, x: x - np.tanh(x), lambda n, dy, x: dy * np.square(np.tanh(x))),
     "Sin": (lambda n, x: np.sin(x), lambda n, dy, x: dy * np.cos(x)),
     "Cos": (lambda n, x: np.cos(x), lambda n, dy, x: -dy * np.sin(x)),
 }

@@ -247,3 +247,14 @@ def _is_special(site: Site):
             return [torch.isposinf(x)]
         return [torch.isneginf(x) if negative else torch.zeros_like(x, dtype=torch.bool)]
     return is_inf
+
+
+@lowering("Tanhshrink", "TanhshrinkGrad")
+def _tanhshrink(site: Site):
+    """x - tanh(x); its backward (dy, x) -> dy * tanh(x)^2."""
+    if not _floats(site):
+        return None
+    import torch
+    if site.node.op == "Tanhshrink":
+        return lambda ins: [ins[0] - torch.tanh(ins[0])]
+    return lambda ins: [ins[0] * torch.square(torch.tanh(ins[1]))]
