@@ -402,8 +402,12 @@ def _activation_grad(grad_op: str):
     return lambda g: [g.op(grad_op, [g.dy, g.x[0]], **g.node.attrs)]
 
 
+# Activations ONNX does not have: anygrad's own ops (internal: no ONNX file may hold them, none is written)
+NOT_ONNX = frozenset({"Tanhshrink"})
+
 for _name, (_fwd, _bwd) in ACTIVATIONS.items():
-    defop(_name, infer=same_as_first, forward=_unary(_fwd), grad=_activation_grad(f"{_name}Grad"))
+    defop(_name, infer=same_as_first, forward=_unary(_fwd), grad=_activation_grad(f"{_name}Grad"),
+          internal=_name in NOT_ONNX)
     defop(f"{_name}Grad", infer=same_as_first, internal=True, forward=_backward_kernel(_bwd))
 
 
