@@ -130,6 +130,7 @@ ACTIVATIONS = {
     "HardSigmoid": ({"alpha": 1 / 6, "beta": 0.5}, F.hardsigmoid),
     "HardSwish": ({}, F.hardswish),
     "Mish": ({}, F.mish),
+    "Tanhshrink": ({}, F.tanhshrink),
     "Sin": ({}, torch.sin),
     "Cos": ({}, torch.cos),
 }

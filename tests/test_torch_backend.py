@@ -435,3 +435,230 @@ def test_batch_norm_grad_reuses_the_forward_statistics(monkeypatch):
     monkeypatch.setattr(torch, "var_mean", lambda *a, **k: calls.append(1) or var_mean(*a, **k))
     model.train_step(x, y)
     assert len(calls) == 2  # the founding CNN's two BatchNorms
+
+
+# -- single ops and their gradients against the numpy backend ---------------------------------------
+def _op_and_grads(op: str, inputs: list, attrs: dict | None = None, *, diff: tuple[int, ...] = (0,),
+                  n_outputs: int = 1) -> tuple:
+    """One op node, plus the backward pass of sum(out0 * R) with respect to the inputs in `diff`
+    (graph inputs); the other inputs are graph inputs too (fed) unless None (absent)."""
+    from anygrad.autodiff import gradients
+    from anygrad.ir.builder import Builder
+    from anygrad.ir.graph import Graph, Node, TensorInfo
+    from anygrad.ir.passes import specialize
+    g = Graph(name=op)
+    names = []
+    for i, a in enumerate(inputs):
+        if a is None:
+            names.append("")
+            continue
+        names.append(f"in{i}")
+        g.inputs.append(f"in{i}")
+        g.info[f"in{i}"] = TensorInfo(np.asarray(a).dtype, np.shape(a))
+    outs = [f"out{k}" for k in range(n_outputs)]
+    g.nodes = [Node(op, names, outs, dict(attrs or {}), name="op")]
+    g.outputs = list(outs)
+    s = specialize(g, {})
+    if diff:
+        b = Builder(s, prefix="check")
+        r = np.random.default_rng(7).standard_normal(b.shape("out0")).astype(b.dtype("out0"))
+        loss = b.op("ReduceSum", [b.op("Mul", ["out0", b.const(r)])], keepdims=0)
+        grads = gradients(s, loss, [f"in{i}" for i in diff])
+        s.outputs = outs + [grads[f"in{i}"] for i in diff]
+    feeds = {f"in{i}": np.asarray(a) for i, a in enumerate(inputs) if a is not None}
+    return s, feeds
+
+
+def _agrees_with_numpy(op: str, inputs: list, attrs: dict | None = None, *, diff: tuple[int, ...] = (0,),
+                       n_outputs: int = 1, lowered: tuple[str, ...] = (), rtol: float = 1e-5,
+                       atol: float = 1e-6) -> dict:
+    """The graph of `_op_and_grads` on torch:cpu and on numpy: every node on a torch kernel (no
+    fallback), the ops in `lowered` among them, and the same outputs (dtypes included)."""
+    graph, feeds = _op_and_grads(op, inputs, attrs, diff=diff, n_outputs=n_outputs)
+    exe = TorchBackend("torch:cpu").compile(graph)
+    assert exe.fallback_ops == [], f"{op}: {exe.fallback_ops} ran on the numpy reference kernel"
+    ops = {n.op for n in graph.nodes}
+    assert set(lowered) <= ops, f"{op}: the graph has no {set(lowered) - ops}"
+    ours, ref = exe.run(feeds), NumpyBackend().compile(graph).run(feeds)
+    for name in graph.outputs:
+        assert ours[name].dtype == ref[name].dtype, name
+        np.testing.assert_allclose(ours[name], ref[name], rtol=rtol, atol=atol, err_msg=f"{op}: {name}")
+    return ours
+
+
+FLOATS = pytest.mark.parametrize("dtype", [np.float32, np.float64])
+
+
+@FLOATS
+@pytest.mark.parametrize("axis, epsilon, bias", [(-1, 1e-5, True), (1, 1e-3, False), (0, 1e-5, True),
+                                                 (-2, 0.1, True)])
+def test_layer_norm_runs_on_torch(dtype, axis, epsilon, bias):
+    """Forward (y, mean, 1/std), dx, d scale and d bias: axis from the first to the last, one
+    leading axis or none (axis 0: d scale and d bias are not summed at all), with and without bias."""
+    r = np.random.default_rng(0)
+    x = (3 * r.standard_normal((2, 3, 4)) + 1).astype(dtype)
+    norm = x.shape[axis % 3:]
+    scale = r.standard_normal(norm).astype(dtype)
+    inputs = [x, scale, r.standard_normal(norm).astype(dtype) if bias else None]
+    _agrees_with_numpy("LayerNormalization", inputs, {"axis": axis, "epsilon": epsilon},
+                       diff=(0, 1, 2) if bias else (0, 1), n_outputs=3, lowered=("LayerNormGrad",))
+
+
+def test_layer_norm_stash_type_double_keeps_float64_statistics():
+    r = np.random.default_rng(1)
+    x, scale = r.standard_normal((3, 5)).astype(np.float32), r.standard_normal(5).astype(np.float32)
+    ours = _agrees_with_numpy("LayerNormalization", [x, scale], {"stash_type": 11}, diff=(), n_outputs=3)
+    assert ours["out1"].dtype == np.float64
+
+
+@FLOATS
+def test_bce_with_logits_runs_on_torch(dtype):
+    """Large logits of both signs (no overflow) and a target broadcast along the batch."""
+    r = np.random.default_rng(2)
+    x = (r.standard_normal((4, 3)) * np.array([1.0, 30.0, -60.0])).astype(dtype)
+    y = r.uniform(0, 1, (1, 3)).astype(dtype)
+    _agrees_with_numpy("BinaryCrossEntropyWithLogits", [x, y], diff=(0, 1),
+                       lowered=("BinaryCrossEntropyWithLogitsGrad",))
+
+
+@FLOATS
+@pytest.mark.parametrize("op, attrs", [("HardSigmoid", {}), ("HardSigmoid", {"alpha": 1 / 6, "beta": 0.5}),
+                                       ("HardSigmoid", {"alpha": 0.5, "beta": 0.25}), ("HardSwish", {})])
+def test_hard_activations_run_on_torch(dtype, op, attrs):
+    """Including the kinks themselves (x = ±3 for HardSwish, the ends of HardSigmoid's ramp)."""
+    alpha, beta = attrs.get("alpha", 0.2), attrs.get("beta", 0.5)
+    edges = [-3.0, 3.0] if op == "HardSwish" else [-beta / alpha, (1 - beta) / alpha]
+    x = np.concatenate([np.linspace(-7, 7, 29), edges]).astype(dtype).reshape(1, -1)
+    _agrees_with_numpy(op, [x], attrs, lowered=(f"{op}Grad",))
+
+
+@FLOATS
+@pytest.mark.parametrize("bounds", ["inputs", "min-input", "max-input", "attrs", "min-attr"])
+def test_clip_grad_runs_on_torch(dtype, bounds):
+    """Bounds as inputs (opset 11+, either one absent) or attributes (opset 6); x on the bounds
+    themselves passes dy (inclusive, as PyTorch's clamp)."""
+    x = np.array([[-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0]], dtype)
+    lo, hi = np.array(-1.0, dtype), np.array(1.0, dtype)
+    inputs, attrs = {"inputs": ([x, lo, hi], {}), "min-input": ([x, lo, None], {}), "max-input": ([x, None, hi], {}),
+                     "attrs": ([x], {"min": -1.0, "max": 1.0}), "min-attr": ([x], {"min": -0.5})}[bounds]
+    ours = _agrees_with_numpy("Clip", inputs, attrs, lowered=("ClipGrad",))
+    (grad,) = (v for k, v in ours.items() if k != "out0")
+    r = np.random.default_rng(7).standard_normal(x.shape)  # _op_and_grads's R (a float32 constant)
+    given = inputs + [None, None]
+    lo_ = attrs.get("min", -np.inf if given[1] is None else -1.0)
+    hi_ = attrs.get("max", np.inf if given[2] is None else 1.0)
+    np.testing.assert_allclose(grad, np.where((x >= lo_) & (x <= hi_), r, 0), rtol=1e-6)
+
+
+@FLOATS
+@pytest.mark.parametrize("axis, indices", [
+    (0, np.array([[1, 4, 1], [0, 1, -1]])),    # repeated rows and a negative index (-1: the last)
+    (1, np.array([2, -3, 2, 2])),              # a middle axis, repeated
+    (2, np.array(1)),                          # a scalar index: the axis disappears
+    (0, np.array([[3, 3], [3, 3]], np.int32)),  # int32 indices, all the same row
+])
+def test_gather_grad_runs_on_torch(dtype, axis, indices):
+    r = np.random.default_rng(3)
+    data = r.standard_normal((5, 4, 3)).astype(dtype)
+    _agrees_with_numpy("Gather", [data, indices], {"axis": axis}, lowered=("GatherGrad",))
+
+
+def test_embedding_grad_with_padding_idx_runs_on_torch():
+    """nn.Embedding(padding_idx): the padding row gets no gradient (the graph masks dy first);
+    GatherGrad on torch sums the repeated rows as numpy does, and PyTorch's own embedding agrees."""
+    r = np.random.default_rng(4)
+    table = r.standard_normal((6, 3)).astype(np.float32)
+    ids = np.array([[1, 2, 1, 5], [1, 1, 0, 2]])
+    ours = _agrees_with_numpy("Gather", [table, ids], {"axis": 0, "padding_idx": 1}, lowered=("GatherGrad",))
+    weight = torch.tensor(table, requires_grad=True)
+    out = torch.nn.functional.embedding(torch.tensor(ids), weight, padding_idx=1)
+    rr = np.random.default_rng(7).standard_normal(out.shape).astype(np.float32)
+    (out * torch.tensor(rr)).sum().backward()
+    grad = next(v for k, v in ours.items() if k != "out0")
+    np.testing.assert_allclose(grad, weight.grad.numpy(), rtol=1e-5, atol=1e-6)
+    assert not grad[1].any()
+
+
+def test_gather_grad_is_deterministic_on_torch():
+    """Many contributions to few rows, in float32: the same bits on every run."""
+    r = np.random.default_rng(5)
+    table = r.standard_normal((3, 8)).astype(np.float32)
+    ids = r.integers(0, 3, (64, 16))
+    graph, feeds = _op_and_grads("Gather", [table, ids], {"axis": 0})
+    exe = TorchBackend("torch:cpu").compile(graph)
+    first = exe.run(feeds)
+    for _ in range(3):
+        again = exe.run(feeds)
+        for name in first:
+            np.testing.assert_array_equal(again[name], first[name])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+def test_is_nan_and_is_inf_run_on_torch(dtype):
+    x = np.array([1.0, np.nan, np.inf, -np.inf, 0.0]) if dtype != np.int64 else np.arange(5)
+    x = x.astype(dtype)
+    for op, attrs in (("IsNaN", {}), ("IsInf", {}), ("IsInf", {"detect_negative": 0}),
+                      ("IsInf", {"detect_positive": 0})):
+        graph, feeds = _op_and_grads(op, [x], attrs, diff=())
+        exe = TorchBackend("torch:cpu").compile(graph)
+        # integers are never NaN nor infinite: those nodes may stay on the reference kernel
+        assert exe.fallback_ops == ([] if dtype != np.int64 else [op])
+        np.testing.assert_array_equal(exe.run(feeds)["out0"], NumpyBackend().compile(graph).run(feeds)["out0"])
+
+
+# -- whole models: nothing but the RNG counter on the host ---------------------------------------------
+def _host_nodes(exe) -> list[str]:
+    """The nodes of a compiled step that run on a numpy reference kernel, except the RNG
+    counter's uint32 increment (torch holds no uint32: that state stays a host array)."""
+    from anygrad.backends.torch.runtime import lower, node_site
+    graph = exe.graph
+    host = [n for n in graph.nodes if lower(node_site(graph, n)) is None]
+    return [f"{n.op} {n.label}" for n in host
+            if not (n.op == "Add" and graph.info[n.outputs[0]].dtype == np.uint32)]
+
+
+def _three_steps(make, device, batches, loss: str):
+    model = make().compile(loss=loss, optimizer=anygrad.optim.SGD(lr=0.05, momentum=0.9), device=device, seed=1)
+    losses = [model.train_on_batch(x, y) for x, y in batches]
+    return model, losses
+
+
+def test_gpt_decoder_trains_on_torch_kernels_only():
+    """benchmarks/models.py's GPT-style decoder (2 layers, batch 2): embeddings (GatherGrad),
+    LayerNorm and its gradient, attention, GELU-tanh, cross-entropy all on torch kernels; the
+    losses of three SGD steps are numpy's."""
+    import sys
+    sys.path.insert(0, str(TESTS.parent / "benchmarks"))
+    from models import _gpt_module
+    torch.manual_seed(0)
+    module = _gpt_module(64, 8, 32, 4, 2).train()
+    r = np.random.default_rng(0)
+    batches = [(r.integers(0, 64, (2, 8)), r.integers(0, 64, (16,))) for _ in range(3)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        make = lambda: anygrad.from_torch(module, torch.from_numpy(batches[0][0]), dynamo=False)
+        ref_model, ref = _three_steps(make, "cpu", batches, "cross_entropy")
+        model, ours = _three_steps(make, TorchBackend("torch:cpu"), batches, "cross_entropy")
+    exe = _train_program(model)
+    assert {"LayerNormGrad", "GatherGrad"} <= {n.op for n in exe.graph.nodes}
+    assert _host_nodes(exe) == []
+    np.testing.assert_allclose(ours, ref, rtol=2e-5)
+    for name, value in ref_model.full_state().items():
+        _close(model.full_state()[name], value, name)
+
+
+def test_founding_cnn_trains_on_torch_kernels_only():
+    r = np.random.default_rng(0)
+    batches = [(r.standard_normal((4, 1, 28, 28)).astype(np.float32), r.integers(0, 10, 4)) for _ in range(3)]
+    make = lambda: anygrad.load_onnx(FOUNDING_MODEL)
+    _, ref = _three_steps(make, "cpu", batches, "nll")
+    model, ours = _three_steps(make, TorchBackend("torch:cpu"), batches, "nll")
+    assert _host_nodes(_train_program(model)) == []
+    np.testing.assert_allclose(ours, ref, rtol=2e-5)
+
+
+@FLOATS
+def test_tanhshrink_runs_on_torch(dtype):
+    """The op added in three source files (ops/elementwise.py, the wgpu and the torch kernels)."""
+    x = np.linspace(-6, 6, 25).astype(dtype).reshape(5, 5)
+    _agrees_with_numpy("Tanhshrink", [x], lowered=("TanhshrinkGrad",))

@@ -43,7 +43,7 @@ def test_pow_negative_base_integer_exponent():
 
 UNARY = ["Neg", "Abs", "Exp", "Log", "Sqrt", "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Erf", "Reciprocal",
          "Softplus", "Floor", "Ceil", "Sign", "Elu", "Selu", "Celu", "Softsign", "HardSigmoid", "HardSwish",
-         "Mish", "Sin", "Cos", "Gelu"]
+         "Mish", "Sin", "Cos", "Gelu", "Tanhshrink"]
 
 
 @pytest.mark.parametrize("op", UNARY)

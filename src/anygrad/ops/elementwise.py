@@ -391,6 +391,8 @@ ACTIVATIONS = {
                   lambda n, dy, x: dy * np.where(x < -3, 0, np.where(x <= 3, x / 3 + 0.5, 1))),
     "Mish": (lambda n, x: x * np.tanh(_softplus(x)),
              lambda n, dy, x: dy * (np.tanh(_softplus(x)) + x * _sigmoid(x) * (1 - np.tanh(_softplus(x)) ** 2))),
+    # PyTorch's nn.Tanhshrink, as one op (its exporters write Sub(x, Tanh(x)))
+    "Tanhshrink": (lambda n, x: x - np.tanh(x), lambda n, dy, x: dy * np.square(np.tanh(x))),
     "Sin": (lambda n, x: np.sin(x), lambda n, dy, x: dy * np.cos(x)),
     "Cos": (lambda n, x: np.cos(x), lambda n, dy, x: -dy * np.sin(x)),
 }
@@ -400,8 +402,12 @@ def _activation_grad(grad_op: str):
     return lambda g: [g.op(grad_op, [g.dy, g.x[0]], **g.node.attrs)]
 
 
+# Activations ONNX does not have: anygrad's own ops (internal: no ONNX file may hold them, none is written)
+NOT_ONNX = frozenset({"Tanhshrink"})
+
 for _name, (_fwd, _bwd) in ACTIVATIONS.items():
-    defop(_name, infer=same_as_first, forward=_unary(_fwd), grad=_activation_grad(f"{_name}Grad"))
+    defop(_name, infer=same_as_first, forward=_unary(_fwd), grad=_activation_grad(f"{_name}Grad"),
+          internal=_name in NOT_ONNX)
     defop(f"{_name}Grad", infer=same_as_first, internal=True, forward=_backward_kernel(_bwd))
 
 

@@ -172,3 +172,89 @@ def _variadic(site: Site):
             out = fn(out, x)
         return [out / len(xs) if op == "Mean" else out]
     return run
+
+
+# -- hard activations (MobileNetV3) and their backward helpers -------------------------------------
+def _hard_sigmoid_args(site: Site) -> tuple[float, float]:
+    # ONNX's defaults; PyTorch's hardsigmoid exports alpha 1/6
+    return float(site.attr("alpha", 0.2)), float(site.attr("beta", 0.5))
+
+
+@lowering("HardSigmoid", "HardSwish")
+def _hard(site: Site):
+    if not _floats(site):
+        return None
+    import torch
+    if site.node.op == "HardSwish":
+        return lambda ins: [ins[0] * torch.clamp(ins[0] / 6 + 0.5, 0, 1)]
+    alpha, beta = _hard_sigmoid_args(site)
+    return lambda ins: [torch.clamp(ins[0] * alpha + beta, 0, 1)]
+
+
+@lowering("HardSigmoidGrad", "HardSwishGrad")
+def _hard_grad(site: Site):
+    """(dy, x) -> dx. The boundaries as the reference kernel draws them: HardSigmoid passes dy
+    strictly inside (0, 1); HardSwish's slope is 0 below -3, x/3 + 1/2 up to 3 inclusive, then 1."""
+    if not _floats(site):
+        return None
+    import torch
+    if site.node.op == "HardSwishGrad":
+        def hard_swish_grad(ins):
+            dy, x = ins
+            slope = torch.where(x < -3, torch.zeros_like(x), torch.where(x <= 3, x / 3 + 0.5, torch.ones_like(x)))
+            return [dy * slope]
+        return hard_swish_grad
+    alpha, beta = _hard_sigmoid_args(site)
+    return lambda ins: [ins[0] * alpha * (torch.abs(ins[1] * alpha + beta - 0.5) < 0.5)]
+
+
+@lowering("ClipGrad")
+def _clip_grad(site: Site):
+    """(dy, x, min?, max?) -> dy where min <= x <= max (inclusive, PyTorch's clamp), else 0; the
+    bounds are inputs (opset 11+) or the attributes min/max (opset 6), as Clip's."""
+    if not _numeric(site):
+        return None
+    lo_slot, hi_slot = site.has(2), site.has(3)
+    lo_attr, hi_attr = site.attr("min"), site.attr("max")
+
+    def clip_grad(ins):
+        dy, x = ins[0], ins[1]
+        lo = ins[2] if lo_slot else lo_attr
+        hi = ins[3] if hi_slot else hi_attr
+        keep = None
+        if lo is not None:
+            keep = x >= lo
+        if hi is not None:
+            keep = x <= hi if keep is None else keep & (x <= hi)
+        return [dy if keep is None else dy * keep]
+    return clip_grad
+
+
+@lowering("IsNaN", "IsInf")
+def _is_special(site: Site):
+    if not _floats(site):
+        return None  # integers are never NaN or infinite: numpy's answer on the host is as cheap
+    import torch
+    if site.node.op == "IsNaN":
+        return lambda ins: [torch.isnan(ins[0])]
+    positive, negative = bool(site.attr("detect_positive", 1)), bool(site.attr("detect_negative", 1))
+
+    def is_inf(ins):
+        x = ins[0]
+        if positive and negative:
+            return [torch.isinf(x)]
+        if positive:
+            return [torch.isposinf(x)]
+        return [torch.isneginf(x) if negative else torch.zeros_like(x, dtype=torch.bool)]
+    return is_inf
+
+
+@lowering("Tanhshrink", "TanhshrinkGrad")
+def _tanhshrink(site: Site):
+    """x - tanh(x); its backward (dy, x) -> dy * tanh(x)^2."""
+    if not _floats(site):
+        return None
+    import torch
+    if site.node.op == "Tanhshrink":
+        return lambda ins: [ins[0] - torch.tanh(ins[0])]
+    return lambda ins: [ins[0] * torch.square(torch.tanh(ins[1]))]

@@ -138,3 +138,27 @@ def _class_loss_grad(site: Site):
         p = torch.exp(x - ins[4].unsqueeze(1)) if has_lse else torch.softmax(x, dim=1)
         return [(p * wt_c - q) * scale]
     return run
+
+
+# -- elementwise losses: BCE with logits ------------------------------------------------------------
+@lowering("BinaryCrossEntropyWithLogits")
+def _bce_with_logits(site: Site):
+    """max(x, 0) - x*y + log1p(exp(-|x|)): no overflow for any x (the reference kernel's form);
+    x and y broadcast."""
+    if not all(is_float(site.dtype(k)) for k in (0, 1)):
+        return None
+    import torch
+
+    def bce(ins):
+        x, y = ins
+        return [torch.clamp(x, min=0) - x * y + torch.log1p(torch.exp(-torch.abs(x)))]
+    return bce
+
+
+@lowering("BinaryCrossEntropyWithLogitsGrad")
+def _bce_with_logits_grad(site: Site):
+    """(dy, x, y) -> dy * (sigmoid(x) - y); torch's sigmoid is stable in both tails."""
+    if not all(is_float(site.dtype(k)) for k in (0, 1, 2)):
+        return None
+    import torch
+    return lambda ins: [ins[0] * (torch.sigmoid(ins[1]) - ins[2])]

@@ -334,3 +334,71 @@ def _softmax(site: Site):
     if op == "SoftmaxGrad":
         return lambda ins: [ins[1] * (ins[0] - (ins[0] * ins[1]).sum(dim=axis, keepdim=True))]
     return lambda ins: [ins[0] - torch.exp(ins[1]) * ins[0].sum(dim=axis, keepdim=True)]
+
+
+# -- LayerNormalization ---------------------------------------------------------------------------
+def _layer_norm_setup(site: Site, stash_type: int = 1):
+    """(normalised axes, epsilon, compute dtype) as ops.norm reads them: the axes from `axis` to
+    the last; float64 inputs (or stash_type 11, double) compute in float64, all else in float32."""
+    import torch
+    rank = len(site.shape(0 if site.node.op == "LayerNormalization" else 1))
+    axis = norm_axis(site.attr("axis", -1), rank)
+    if not 0 <= axis < rank:
+        return None
+    x_dtype = site.dtype(0 if site.node.op == "LayerNormalization" else 1)
+    double = x_dtype == np.float64 or int(stash_type) == 11
+    return list(range(axis, rank)), float(site.attr("epsilon", 1e-5)), torch.float64 if double else torch.float32
+
+
+def _standardize(x: Any, axes: list[int], eps: float) -> tuple[Any, Any, Any]:
+    """(xhat, mean, 1/std) over `axes`, kept dims: the reference's mean of squared deviations."""
+    import torch
+    mean = x.mean(dim=axes, keepdim=True)
+    centered = x - mean
+    inv = torch.rsqrt((centered * centered).mean(dim=axes, keepdim=True) + eps)
+    return centered * inv, mean, inv
+
+
+@lowering("LayerNormalization")
+def _layer_norm(site: Site):
+    """(x, scale, bias?) -> y [, mean, 1/std] in the stash dtype (the runtime casts)."""
+    if not is_float(site.dtype(0)):
+        return None
+    setup = _layer_norm_setup(site, site.attr("stash_type", 1))
+    if setup is None:
+        return None
+    axes, eps, dt = setup
+
+    def layer_norm(ins):
+        x, scale = ins[0], ins[1]
+        bias = ins[2] if len(ins) > 2 else None
+        xhat, mean, inv = _standardize(x.to(dt), axes, eps)
+        y = xhat * scale.to(dt)
+        if bias is not None:
+            y = y + bias.to(dt)
+        return [y, mean, inv]
+    return layer_norm
+
+
+@lowering("LayerNormGrad")
+def _layer_norm_grad(site: Site):
+    """(dy, x, scale) -> dx, d scale and d bias over x.shape[axis:] (summed over the leading,
+    batch-like axes). Recomputes the statistics from x, as the reference kernel does."""
+    if not all(is_float(site.dtype(k)) for k in (0, 1, 2)):
+        return None
+    setup = _layer_norm_setup(site)
+    if setup is None:
+        return None
+    axes, eps, dt = setup
+    lead = list(range(axes[0]))
+
+    def layer_norm_grad(ins):
+        dy, x, scale = ins
+        xhat, _, inv = _standardize(x.to(dt), axes, eps)
+        dy = dy.to(dt)
+        g = dy * scale.to(dt)
+        dx = inv * (g - g.mean(dim=axes, keepdim=True) - xhat * (g * xhat).mean(dim=axes, keepdim=True))
+        dxhat = dy * xhat
+        # sum(dim=[]) would reduce every axis: with no leading axes there is nothing to sum
+        return [dx, dxhat.sum(dim=lead) if lead else dxhat, dy.sum(dim=lead) if lead else dy]
+    return layer_norm_grad

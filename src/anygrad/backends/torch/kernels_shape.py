@@ -54,6 +54,42 @@ def _gather(site: Site):
     return gather
 
 
+@lowering("GatherGrad")
+def _gather_grad(site: Site):
+    """(dy, indices) -> dy summed into zeros of the data shape at the gathered rows (repeated
+    indices add up; negative ones count from the end). Gather's padding_idx is applied before,
+    in the graph (dy masked), so this kernel never sees it.
+
+    Deterministic on every device, never atomics: on CUDA (and MPS), Tensor.index_put_ with
+    accumulate=True, whose CUDA kernel sorts the indices (a stable radix sort) and sums each
+    row's contributions in that order -- PyTorch lists it among the ops that are deterministic
+    without use_deterministic_algorithms, unlike index_add_ and scatter_add_ (atomicAdd). On the
+    CPU the opposite holds: index_put_'s accumulation runs in parallel with atomics unless
+    deterministic mode is on, while index_add_ walks the indices in order."""
+    if not is_float(site.dtype(0)):
+        return None
+    import torch
+    shape = tuple(int(d) for d in site.attr("shape"))
+    axis = norm_axis(site.attr("axis", 0), len(shape))
+    q = len(site.shape(1))
+    dim = shape[axis]
+    rest = shape[:axis] + shape[axis + 1:]
+
+    def gather_grad(ins):
+        dy, idx = ins
+        idx = idx.reshape(-1).long()
+        idx = torch.where(idx < 0, idx + dim, idx)
+        # index dims of dy to the front, the gathered axis of dx to the front: one row sum
+        rows = torch.movedim(dy, list(range(axis, axis + q)), list(range(q))).reshape((idx.numel(),) + rest)
+        dx = torch.zeros((dim,) + rest, dtype=dy.dtype, device=dy.device)
+        if dy.device.type == "cpu":
+            dx.index_add_(0, idx, rows)
+        else:
+            dx.index_put_((idx,), rows, accumulate=True)
+        return [torch.movedim(dx, 0, axis)]
+    return gather_grad
+
+
 @lowering("Slice")
 def _slice(site: Site):
     bounds = slice_bounds(site.node, site.ins, site.shape(0))

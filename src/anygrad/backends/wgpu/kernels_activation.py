@@ -171,6 +171,18 @@ def _mish_grad(c, n, a, ot):
     return [c.let(f"{a[0].expr} * ({t} + {x} * {_sigmoid(c, x)} * (1.0 - {t} * {t}))", "f32")]
 
 
+@ew("Tanhshrink")
+def _tanhshrink(c, n, a, ot):
+    x = a[0].expr
+    return [c.let(f"{x} - {_tanh(c, x)}", "f32")]
+
+
+@ew("TanhshrinkGrad")
+def _tanhshrink_grad(c, n, a, ot):
+    t = _tanh(c, a[1].expr)
+    return [c.let(f"{a[0].expr} * {t} * {t}", "f32")]
+
+
 @ew("SinGrad")
 def _sin_grad(c, n, a, ot):
     return [c.let(f"{a[0].expr} * cos({a[1].expr})", "f32")]
