@@ -5,8 +5,10 @@ No GPU objects here, only decisions, so the plan can be tested and printed on an
 - Reshape-like nodes produce no kernel: their output is an alias of their input's storage.
 - Every value resolves to a storage root: a state tensor (the backend's persistent buffer), a
   graph input (written each run), a constant (written once), or a temporary slot.
-- Temporaries share slots by liveness over the kernel sequence (a slot grows to its largest
-  tenant), so a training step needs a handful of buffers, not one per value.
+- Temporaries share buffers by liveness over the kernel sequence: each is placed at an offset
+  into a few shared buffers (largest first, into the tightest gap free over its lifetime, as
+  TFLite's greedy-by-size offset planner does), so a step of mixed 2/4/8 MiB activations needs
+  about the peak of its live bytes, not one per value nor a slot per size.
 - A state update (new value V replaces state S) is planned into S's own buffer when S is not
   read after V is first written (or only by V's elementwise producer at the same element);
   otherwise V is copied onto S after the step.
@@ -32,6 +34,9 @@ from .wgsl import shape_of
 # Ops whose output is the input's bytes under another shape: no kernel, no copy.
 ALIAS_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
 ELEM_BYTES = 4  # f32, i32, u32
+# Temporaries sharing a buffer start at multiples of this: WebGPU's largest allowed
+# minStorageBufferOffsetAlignment (256 on every adapter's limits), so any adapter binds them.
+SLOT_ALIGN = 256
 HALF_BYTES = 2  # f16 (mixed precision: halfstore.py)
 HALF = np.dtype(np.float16)
 
@@ -61,6 +66,8 @@ class Plan:
     inplace: dict[str, str] = field(default_factory=dict)  # value -> state it is computed into
     graph: Graph | None = None
     arenas: list = field(default_factory=list)    # fusion.ArenaSpec: state packed back to back
+    slot_offset: dict[Root, int] = field(default_factory=dict)  # temp root -> byte offset in its slot
+    live: dict[Root, tuple[int, int]] = field(default_factory=dict)  # temp root -> (first, last) step
 
 
 def value_bytes(graph: Graph, name: str) -> int:
@@ -235,11 +242,16 @@ def make_plan(graph: Graph, caps: AdapterCaps, state_names: set[str]) -> Plan:
     steps = [Step(kern, tuple(root_of[v] for v in kern.reads), tuple(root_of[v] for v in kern.writes))
              for _, kern in kernels]
 
-    # Two greedy placements; the smaller total is kept (a tighter reuse at no cost per step).
-    slot_of, slot_bytes = min((_assign_slots(steps, first, last, nbytes, set(inplace), grow)
-                               for grow in (True, False)), key=lambda t: sum(t[1]))
+    # Placements by liveness; the smallest total is kept (a tighter reuse at no cost per step).
+    # Offsets into shared buffers usually win; a slot per tenant (offset 0) stays as a fallback.
+    live = {r: (s, last[r]) for r, s in first.items() if r.kind == "temp" and r.name not in inplace}
+    cap = caps.max_storage_binding_size  # a shared buffer stays within one binding (<= max buffer size)
+    slot_of, slot_bytes, slot_offset = min(
+        [(*_assign_slots(steps, first, last, nbytes, set(inplace), grow), {}) for grow in (True, False)]
+        + [_place_offsets(live, nbytes, cap, SLOT_ALIGN)], key=lambda t: (sum(t[1]), len(t[1])))
     nbytes = {r: b for r, b in nbytes.items() if not (r.kind == "temp" and r.name in inplace)}
-    plan = Plan(steps, nbytes, slot_of, slot_bytes, root_of, copies, inplace, graph, arenas)
+    plan = Plan(steps, nbytes, slot_of, slot_bytes, root_of, copies, inplace, graph, arenas,
+                {r: o for r, o in slot_offset.items() if o}, live)
     if caps.memory_budget is not None:
         _check_budget(plan, caps)
     return plan
@@ -397,6 +409,66 @@ def _assign_slots(steps: list[Step], first, last, nbytes, inplaced: set[str],
         for r in dies.get(s, []):
             free.append(slot_of[r])
     return slot_of, sizes
+
+
+def _place_offsets(live: dict[Root, tuple[int, int]], nbytes: dict[Root, int], cap: int,
+                   align: int) -> tuple[dict[Root, int], list[int], dict[Root, int]]:
+    """Greedy by size (TFLite's offset planner, with several buffers): temporaries largest first,
+    each into the tightest gap, in any buffer, that no temporary live at the same time occupies,
+    else at the end of the buffer that grows least within `cap` bytes, else into a new buffer.
+    A value larger than `cap` (bound through windows, bindsplit.py) opens a buffer of its own
+    size. Two temporaries share bytes only when their [first, last] step ranges are disjoint,
+    exactly the condition under which the slot assignment lets them share a slot.
+    Returns (buffer of each, buffer sizes, byte offset of each in its buffer)."""
+    order = sorted(live, key=lambda r: (-nbytes[r], live[r][0], r.name))
+    placed: list[list[tuple[int, int, int, int]]] = []  # per buffer: (offset, end, first, last)
+    sizes: list[int] = []
+    limits: list[int] = []
+    slot_of: dict[Root, int] = {}
+    offset_of: dict[Root, int] = {}
+    for r in order:
+        need = -(-nbytes[r] // align) * align
+        f, la = live[r]
+        best = None  # (gap waste or growth, is_growth, buffer, offset)
+        for k, items in enumerate(placed):
+            busy = sorted((o, e) for o, e, f2, l2 in items if f2 <= la and f <= l2)
+            prev = 0
+            for o, e in busy:
+                if o - prev >= need:
+                    cand = (o - prev - need, 0, k, prev)
+                    best = cand if best is None or cand < best else best
+                prev = max(prev, e)
+            if prev + need <= limits[k]:
+                cand = (max(0, prev + need - sizes[k]), 1, k, prev)
+                if cand[0] == 0:  # the buffer already holds this span: as good as a gap
+                    cand = (sizes[k] - prev - need, 0, k, prev)
+                best = cand if best is None or cand < best else best
+        if best is None:
+            placed.append([])
+            sizes.append(0)
+            limits.append(max(cap, need))
+            best = (0, 1, len(placed) - 1, 0)
+        _, _, k, off = best
+        placed[k].append((off, off + need, f, la))
+        sizes[k] = max(sizes[k], off + need)
+        slot_of[r] = k
+        offset_of[r] = off
+    return slot_of, sizes, offset_of
+
+
+def liveness_bound(plan: Plan, align: int = SLOT_ALIGN) -> int:
+    """The least bytes any placement of the plan's temporaries needs: the peak over the kernel
+    sequence of the (aligned) bytes of the temporaries live at once."""
+    delta: dict[int, int] = {}
+    for r, (f, la) in plan.live.items():
+        n = -(-plan.nbytes[r] // align) * align
+        delta[f] = delta.get(f, 0) + n
+        delta[la + 1] = delta.get(la + 1, 0) - n
+    peak = cur = 0
+    for s in sorted(delta):
+        cur += delta[s]
+        peak = max(peak, cur)
+    return peak
 
 
 # Storage that never scales with the batch: parameters, optimizer state, constants, gradients
