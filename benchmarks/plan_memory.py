@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--binding", choices=("h100", "lavapipe"), default="h100")
     args = ap.parse_args(argv)
     print("| model | batch | precision | parameters | optimizer | activations: slots by first use (before) | "
-          "offsets, greedy by size (after) | lower bound | after over bound | buffers before/after | total after |")
+          "offsets into shared buffers (after) | lower bound | after over bound | buffers before/after | total after |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for case in args.cases:
         name, batch = case.split(":")
