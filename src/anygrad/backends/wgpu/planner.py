@@ -439,35 +439,43 @@ def _place_offsets(live: dict[Root, tuple[int, int]], nbytes: dict[Root, int], c
     size. Two temporaries share bytes only when their [first, last] step ranges are disjoint,
     exactly the condition under which the slot assignment lets them share a slot.
     Returns (buffer of each, buffer sizes, byte offset of each in its buffer)."""
-    placed: list[list[tuple[int, int, int, int]]] = []  # per buffer: (offset, end, first, last)
+    n = len(live)
+    # Placed temporaries, in placement order (numpy: the overlap test is the inner loop).
+    p_off, p_end, p_first, p_last, p_buf = (np.zeros(n, dtype=np.int64) for _ in range(5))
     sizes: list[int] = []
     limits: list[int] = []
     slot_of: dict[Root, int] = {}
     offset_of: dict[Root, int] = {}
-    for r in sorted(live, key=_ORDERS[order](live, nbytes)):
+    for m, r in enumerate(sorted(live, key=_ORDERS[order](live, nbytes))):
         need = -(-nbytes[r] // align) * align
         f, la = live[r]
-        best = None  # (gap waste or growth, is_growth, buffer, offset)
-        for k, items in enumerate(placed):
-            busy = sorted((o, e) for o, e, f2, l2 in items if f2 <= la and f <= l2)
+        best = None  # (bytes wasted or grown, grows, buffer, offset)
+        busy = (p_first[:m] <= la) & (f <= p_last[:m])  # live at the same time as r
+        for k in range(len(sizes)):
+            sel = busy & (p_buf[:m] == k)
+            o, e = p_off[:m][sel], p_end[:m][sel]
             prev = 0
-            for o, e in busy:
-                if o - prev >= need:
-                    cand = (o - prev - need, 0, k, prev)
+            if len(o):
+                at = np.argsort(o, kind="stable")
+                o, e = o[at], e[at]
+                before = np.maximum.accumulate(np.concatenate(([0], e)))  # bytes taken below each
+                gaps = o - before[:-1]
+                fits = np.flatnonzero(gaps >= need)
+                if len(fits):
+                    g = fits[np.lexsort((before[fits], gaps[fits]))[0]]
+                    cand = (int(gaps[g]) - need, 0, k, int(before[g]))
                     best = cand if best is None or cand < best else best
-                prev = max(prev, e)
+                prev = int(before[-1])
             if prev + need <= limits[k]:
-                cand = (max(0, prev + need - sizes[k]), 1, k, prev)
-                if cand[0] == 0:  # the buffer already holds this span: as good as a gap
-                    cand = (sizes[k] - prev - need, 0, k, prev)
+                grow = max(0, prev + need - sizes[k])
+                cand = (grow, 1, k, prev) if grow else (sizes[k] - prev - need, 0, k, prev)
                 best = cand if best is None or cand < best else best
         if best is None:
-            placed.append([])
             sizes.append(0)
             limits.append(max(cap, need))
-            best = (0, 1, len(placed) - 1, 0)
+            best = (0, 1, len(sizes) - 1, 0)
         _, _, k, off = best
-        placed[k].append((off, off + need, f, la))
+        p_off[m], p_end[m], p_first[m], p_last[m], p_buf[m] = off, off + need, f, la, k
         sizes[k] = max(sizes[k], off + need)
         slot_of[r] = k
         offset_of[r] = off
