@@ -7,8 +7,9 @@ No GPU objects here, only decisions, so the plan can be tested and printed on an
   graph input (written each run), a constant (written once), or a temporary slot.
 - Temporaries share buffers by liveness over the kernel sequence: each is placed at an offset
   into a few shared buffers, into the tightest gap free over its lifetime (TFLite's greedy
-  offset planner, tried in a few orders: largest first, longest-lived first...), so a step of mixed 2/4/8 MiB activations needs
-  about the peak of its live bytes, not one per value nor a slot per size.
+  offset planner, tried in a few orders: largest first, longest-lived first...), so a step of
+  mixed 2/4/8 MiB activations needs about the peak of its live bytes (planner.liveness_bound),
+  not one buffer per value nor a slot per size.
 - A state update (new value V replaces state S) is planned into S's own buffer when S is not
   read after V is first written (or only by V's elementwise producer at the same element);
   otherwise V is copied onto S after the step.
@@ -62,7 +63,7 @@ class Step:
 class Plan:
     steps: list[Step]
     nbytes: dict[Root, int]                       # bytes each storage root needs
-    slot_of: dict[Root, int]                      # temp root -> slot index
+    slot_of: dict[Root, int]                      # temp root -> slot (buffer) index
     slot_bytes: list[int]
     root_of: dict[str, Root]                      # every graph value the plan knows -> its storage
     state_copies: list[tuple[Root, str]]          # after the step: copy root onto state
