@@ -483,7 +483,9 @@ class WgpuExecutable(Executable):
         return self.plan.nbytes[r]
 
     def _offset(self, r: Root) -> int:
-        return self.backend.state[r.name].offset if r.kind == "state" else r.offset
+        if r.kind == "state":
+            return self.backend.state[r.name].offset
+        return self.plan.slot_offset.get(r, 0) if r.kind == "temp" else r.offset
 
     def _storage(self, r: Root) -> tuple:
         """Which buffer a root lives in: one dispatch may not view a buffer both read-only and
