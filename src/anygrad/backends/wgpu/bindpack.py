@@ -63,6 +63,16 @@ def _rewrite_index(wgsl: str, var: str, ty: str, offset: int) -> str:
     return index_rewrite(wgsl, var, load)
 
 
+_DIRECTIVES = re.compile(r"\A(?:\s*(?:enable|requires|diagnostic)\b[^;]*;[ \t]*\n)*")
+
+
+def _after_directives(wgsl: str, decl: str) -> str:
+    """decl inserted after the shader's leading directives (`enable f16;`): WGSL allows no
+    directive after a declaration."""
+    head = _DIRECTIVES.match(wgsl).group(0)
+    return head + decl + wgsl[len(head):]
+
+
 def _copy_kernel(name: str, src: str, ty: str, n: int, offset: int, pack: str) -> Kernel:
     val = "src[i]" if ty == "u32" else "bitcast<u32>(src[i])"
     wgsl = (f"@group(0) @binding(0) var<storage, read> src: array<{ty}>;\n"
@@ -125,7 +135,7 @@ def pack_reads(kern: Kernel, limit: int, elements, max_binding: int, tag: str) -
     wgsl = _DECL.sub(renumber, wgsl)
     wgsl = re.sub(r"@binding\(@(\d+)@\)", r"@binding(\1)", wgsl)
     pack_decl = f"@group(0) @binding({n_reads - 1}) var<storage, read> {PACK_VAR}: array<u32>;\n"
-    wgsl = pack_decl + wgsl
+    wgsl = _after_directives(wgsl, pack_decl)
     # A packed read is a copy taken before the kernel, so it no longer shares memory with a write.
     packed_values = {kern.reads[k] for k in packed_idx}
     windows = ()
