@@ -22,6 +22,7 @@ import numpy as np
 import anygrad.ops  # noqa: F401  (op registry: shape rules)
 from anygrad.backends.wgpu import kernels_conv, kernels_gemm  # noqa: F401  (lowerings)
 from anygrad.backends.wgpu.kernel import LOWERINGS, AdapterCaps, Kernel
+from anygrad.backends.wgpu.shader_module import create_shader_module
 from anygrad.ir import Graph, Node, TensorInfo, infer_node
 
 # FP32 (non-tensor-core) peak GFLOP/s by adapter name fragment.
@@ -184,7 +185,7 @@ class Runner:
             self.bufs[name] = device.create_buffer_with_data(data=data.tobytes(), usage=usage)
         self.steps = []
         for k in kernels:
-            module = device.create_shader_module(code=k.wgsl)
+            module = create_shader_module(device, k.wgsl, k.name)  # as the runtime builds it
             pipe = device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": k.entry})
             bg = device.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[
                 {"binding": i, "resource": {"buffer": self.bufs[v], "offset": 0, "size": self.bufs[v].size}}

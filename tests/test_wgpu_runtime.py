@@ -306,3 +306,56 @@ def test_random_elementwise_graphs_match_numpy(wb, spec, seed):
         assert_close(want, got, rtol=1e-5, atol=1e-6, what=f"fuse={fuse}")
         for k in init:
             np.testing.assert_allclose(wb.get_state(k), nb.get_state(k), rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+# -- trusted shader modules (shader_module.py) ---------------------------------------------------
+_REVERSE_WGSL = """
+@group(0) @binding(0) var<storage, read> src: array<f32>;
+@group(0) @binding(1) var<storage, read_write> dst: array<f32>;
+var<workgroup> tile: array<f32, 64>;
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let base = wid.x * 64u;
+    tile[lid.x] = src[base + lid.x];
+    workgroupBarrier();
+    var acc = 0.0;
+    for (var k = 0u; k <= lid.x; k++) { acc += tile[63u - k]; }   // dynamic workgroup indices
+    dst[base + lid.x] = acc;
+}
+"""
+
+
+def _run_reverse_cumsum(dev, module, x: np.ndarray) -> np.ndarray:
+    import wgpu
+    src = dev.create_buffer_with_data(data=x, usage=wgpu.BufferUsage.STORAGE)
+    dst = dev.create_buffer(size=x.nbytes, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
+    pipe = dev.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
+    bg = dev.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[
+        {"binding": 0, "resource": {"buffer": src}}, {"binding": 1, "resource": {"buffer": dst}}])
+    enc = dev.create_command_encoder()
+    cp = enc.begin_compute_pass()
+    cp.set_pipeline(pipe)
+    cp.set_bind_group(0, bg)
+    cp.dispatch_workgroups(x.size // 64)
+    cp.end()
+    dev.queue.submit([enc.finish()])
+    return np.frombuffer(dev.queue.read_buffer(dst), np.float32)
+
+
+def test_trusted_shader_modules_compute_what_checked_ones_do(wb, monkeypatch):
+    from anygrad.backends.wgpu import shader_module
+    assert shader_module._native() is not None, "the pinned wgpu-native lost wgpuDeviceCreateShaderModuleTrusted"
+    x = np.random.default_rng(0).standard_normal(256).astype(np.float32)
+    want = np.cumsum(x.reshape(4, 64)[:, ::-1].astype(np.float64), axis=1).ravel()
+    dev = wb.device
+    trusted = _run_reverse_cumsum(dev, shader_module.create_shader_module(dev, _REVERSE_WGSL, "t"), x)
+    monkeypatch.setenv("ANYGRAD_WGPU_CHECKS", "1")
+    checked = _run_reverse_cumsum(dev, shader_module.create_shader_module(dev, _REVERSE_WGSL, "c"), x)
+    np.testing.assert_allclose(trusted, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(trusted, checked)
+
+
+def test_trusted_module_still_validates_wgsl(wb):
+    from anygrad.backends.wgpu import shader_module
+    with pytest.raises(Exception, match="(?i)unknown|parse|error"):
+        shader_module.create_shader_module(wb.device, "@compute @workgroup_size(1) fn main() { nope(); }", "bad")

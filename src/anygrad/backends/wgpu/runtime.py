@@ -25,7 +25,8 @@ from .kernel import LOWERINGS, AdapterCaps
 from .kernels_collective import HOST_PREFIX
 from .limits import LimitsProfile, get_profile, parse_size
 from .planner import MemoryReport, Root, fit_plan, memory_report, value_bytes
-from .profiling import StepProfile, live_profiler, profile_dispatches
+from .profiling import StepProfile, live_profiler, profile_dispatches, wall_ms
+from .shader_module import create_shader_module
 from .wgsl import np_device_dtype
 
 _FEATURES = ("shader-f16", "subgroup", "timestamp-query")
@@ -346,7 +347,7 @@ class WgpuBackend(Backend):
         wgsl, entry, read_only = key
         _, pl = self.layout(read_only)
         try:
-            module = self.device.create_shader_module(code=wgsl, label=name[:60])
+            module = create_shader_module(self.device, wgsl, name[:60])
             return self.device.create_compute_pipeline(
                 layout=pl, compute={"module": module, "entry_point": entry}, label=name[:60])
         except Exception as e:
@@ -736,7 +737,6 @@ class WgpuExecutable(Executable):
     def profile(self, feeds: Mapping[str, np.ndarray], repeat: int = 3) -> list[tuple[str, float]]:
         """Milliseconds per kernel (best of `repeat`), each dispatched and waited for alone. This
         runs the step's kernels `repeat` times, so state advances: profile a throwaway backend."""
-        import time
         self._write_inputs(feeds)
         if self._dispatches is None or self._generation != self.backend.generation:
             self._build()
@@ -744,17 +744,8 @@ class WgpuExecutable(Executable):
         probe = self.backend.create_buffer(16, self.backend.storage_usage, "probe")
         best = [float("inf")] * len(self._dispatches)
         for _ in range(repeat):
-            for k, (pipe, bg, wg) in enumerate(self._dispatches):
-                enc = dev.create_command_encoder()
-                cpass = enc.begin_compute_pass()
-                cpass.set_pipeline(pipe)
-                cpass.set_bind_group(0, bg)
-                cpass.dispatch_workgroups(*wg)
-                cpass.end()
-                t = time.perf_counter()
-                dev.queue.submit([enc.finish()])
-                dev.queue.read_buffer(probe, 0, 4)  # waits for the submitted work
-                best[k] = min(best[k], (time.perf_counter() - t) * 1e3)
+            for k, dispatch in enumerate(self._dispatches):
+                best[k] = min(best[k], wall_ms(dev, [dispatch], probe))
         return [(st.kernel.name, ms) for st, ms in zip(self.plan.steps, best)]
 
     def step_profile(self, feeds: Mapping[str, np.ndarray], repeat: int = 5) -> StepProfile:
