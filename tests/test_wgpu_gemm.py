@@ -25,8 +25,9 @@ F32 = np.dtype("float32")
 CPU = AdapterCaps(is_cpu=True)
 GPU = AdapterCaps(is_cpu=False)
 VARIANTS = [{"_gemm_variant": "register"}, {"_gemm_variant": "shared"},
-            {"_gemm_variant": "register", "_gemm_block": 8}, {"_gemm_variant": "shared", "_gemm_block": 8, "_gemm_kt": 16}]
-VARIANT_IDS = ["register4", "shared4", "register8", "shared8k16"]
+            {"_gemm_variant": "register", "_gemm_block": 8}, {"_gemm_variant": "shared", "_gemm_block": 8, "_gemm_kt": 16},
+            {"_gemm_variant": "shared", "_gemm_block": 4, "_gemm_kt": 8, "_gemm_prefetch": 1}]
+VARIANT_IDS = ["register4", "shared4", "register8", "shared8k16", "shared4k8p"]   # the rules prefetch GEMMs, not convs
 
 
 @functools.cache
@@ -407,3 +408,15 @@ def test_thin_wide_conv_stages_8_deep():
     kernels = check_op("ConvGradWeight", [rnd(30, 16, *out, seed=32), rnd(*xs, seed=33)],
                        {**explicit, "weight_shape": list(ws)}, GPU, rtol=1e-3, atol=1e-3)
     assert kernels[0].name.startswith("ConvGradWeight[shared 16x72k16 splitK")
+
+
+@pytest.mark.parametrize("m,k,n,prefetched", [(128, 40, 128, True), (256, 48, 128, True), (33, 17, 29, False)])
+def test_shared_tiles_prefetch_where_the_copies_unroll(m, k, n, prefetched):
+    """The shared variant's two copy forms: K tiles prefetched into registers (copies unrolled), and
+    a plain copy loop (a tile that does not divide over the invocations); both against numpy,
+    with bias and ReLU through the strided sub-block stores."""
+    attrs = {"_gemm_variant": "shared", "_gemm_block": 8 if prefetched else 4, "_gemm_kt": 16,
+             "_epilogue": "relu", "transB": 1}
+    kernels = check_op("Gemm", [rnd(m, k, seed=7), rnd(n, k, seed=8), rnd(n, seed=9)], attrs, caps=GPU)
+    wgsl = kernels[0].wgsl
+    assert ("var pa0" in wgsl) == prefetched and ("for (var l = tid" in wgsl) != prefetched

@@ -115,6 +115,7 @@ class Tiling:
     tm: int        # outputs per invocation along M
     tn: int        # outputs per invocation along N (multiple of 4)
     kt: int = 4    # K tile staged in workgroup memory (shared variant); multiple of 4
+    prefetch: bool = False  # shared variant: next K tile loaded into registers during this one's FMAs
 
     @property
     def bm(self) -> int:
@@ -320,68 +321,112 @@ def _vec_ok(op: Operand) -> bool:
     return (op.rows if op.contig == 0 else op.cols) % 4 == 0
 
 
-def _shared_body(spec: GemmSpec, t: Tiling, va: bool, vb: bool) -> tuple[str, list[str]]:
-    """Workgroup-memory variant: stage A (KT x BM) and B (KT x BN) as vec4 rows along M / N.
+@dataclass(frozen=True)
+class _Stage:
+    """Copying one operand's tile into workgroup memory: element l (of `count`, spread over the
+    invocations) has index statements, a global load of type `vtype` and statements storing
+    that value `v` into the tile."""
+    count: int
+    index: tuple[str, ...]
+    load: str
+    vtype: str
+    store: tuple[str, ...]
 
-    Global loads are vec4 where the operand is contiguous (coalesced along its contiguous axis);
-    each invocation then reads its TM rows and TN columns as vec4s from workgroup memory."""
+
+def _stages(spec: GemmSpec, t: Tiling, va: bool, vb: bool) -> tuple[_Stage, _Stage]:
+    """How A (KT x BM) and B (KT x BN) are staged, as vec4 rows along M / N: vec4 global loads
+    where the operand is contiguous (coalesced along its contiguous axis), else scalars."""
     bm, bn, kt = t.bm, t.bn, t.kt
     bm4, bn4, kt4 = bm // 4, bn // 4, kt // 4
-    nt = t.wx * t.wy
-    decl = (f"var<workgroup> As: array<vec4<f32>, {kt * bm4}>;\n"
-            f"var<workgroup> Bs: array<vec4<f32>, {kt * bn4}>;")
 
-    def stage(count: int, first: list[str], rest: list[str]) -> list[str]:
-        """`count` tile elements over nt invocations: l = tid, tid + nt, ... . Unrolled into straight
-        code when nt divides count, so index arithmetic shared by the copies (the pixel decode of
-        one k) is computed once."""
-        if count % nt or count // nt > 16:
-            return ([f"for (var l = tid; l < {u(count)}; l = l + {u(nt)}) {{"]
-                    + ["  " + ln for ln in first + rest] + ["}"])
-        out = []
-        for i in range(count // nt):
-            out += ["{", f"  let l = tid + {u(i * nt)};"] + ["  " + ln for ln in first + rest] + ["}"]
-        return out
-
-    def scatter(arr: str, width4: int, k: str, x: str, v: str) -> list[str]:
+    def scatter(arr: str, width4: int, k: str, x: str) -> tuple[str, ...]:
         """Write vec4 v (four consecutive k at column x) into the k-major tile."""
-        return [f"{arr}[({k} + {c}u) * {u(width4)} + {x} / 4u][{x} % 4u] = {v}[{c}];" for c in range(4)]
+        return tuple(f"{arr}[({k} + {c}u) * {u(width4)} + {x} / 4u][{x} % 4u] = v[{c}];" for c in range(4))
 
     if va and spec.a.contig == 1:       # vec4 along k
-        a_load = stage(bm * kt4, [f"let kq = (l % {u(kt4)}) * 4u; let mm = l / {u(kt4)};",
-                                  f"let v = a_v(bt, mb * {u(bm)} + mm, k0 + kq);"],
-                       scatter("As", bm4, "kq", "mm", "v"))
+        a = _Stage(bm * kt4, (f"let kq = (l % {u(kt4)}) * 4u; let mm = l / {u(kt4)};",),
+                   f"a_v(bt, mb * {u(bm)} + mm, k0 + kq)", "vec4<f32>", scatter("As", bm4, "kq", "mm"))
     elif va and spec.a.contig == 0:     # vec4 along m
-        a_load = stage(bm4 * kt, [f"let mq = l % {u(bm4)}; let kk = l / {u(bm4)};"],
-                       [f"As[kk * {u(bm4)} + mq] = a_v(bt, mb * {u(bm)} + mq * 4u, k0 + kk);"])
+        a = _Stage(bm4 * kt, (f"let mq = l % {u(bm4)}; let kk = l / {u(bm4)};",),
+                   f"a_v(bt, mb * {u(bm)} + mq * 4u, k0 + kk)", "vec4<f32>", (f"As[kk * {u(bm4)} + mq] = v;",))
     else:
         a_fast = spec.a.fast if spec.a.fast is not None else spec.a.contig
         a_map = (f"let kk = l % {u(kt)}; let mm = l / {u(kt)};" if a_fast == 1
                  else f"let mm = l % {u(bm)}; let kk = l / {u(bm)};")
-        a_load = stage(bm * kt, [a_map],
-                       [f"As[kk * {u(bm4)} + mm / 4u][mm % 4u] = a_el(bt, mb * {u(bm)} + mm, k0 + kk);"])
+        a = _Stage(bm * kt, (a_map,), f"a_el(bt, mb * {u(bm)} + mm, k0 + kk)", "f32",
+                   (f"As[kk * {u(bm4)} + mm / 4u][mm % 4u] = v;",))
     if vb and spec.b.contig == 1:       # vec4 along n
-        b_load = stage(bn4 * kt, [f"let nq = l % {u(bn4)}; let kk = l / {u(bn4)};"],
-                       [f"Bs[kk * {u(bn4)} + nq] = b_v(bt, k0 + kk, nb * {u(bn)} + nq * 4u);"])
+        b = _Stage(bn4 * kt, (f"let nq = l % {u(bn4)}; let kk = l / {u(bn4)};",),
+                   f"b_v(bt, k0 + kk, nb * {u(bn)} + nq * 4u)", "vec4<f32>", (f"Bs[kk * {u(bn4)} + nq] = v;",))
     elif vb and spec.b.contig == 0:     # vec4 along k
-        b_load = stage(bn * kt4, [f"let kq = (l % {u(kt4)}) * 4u; let nn = l / {u(kt4)};",
-                                  f"let v = b_v(bt, k0 + kq, nb * {u(bn)} + nn);"],
-                       scatter("Bs", bn4, "kq", "nn", "v"))
+        b = _Stage(bn * kt4, (f"let kq = (l % {u(kt4)}) * 4u; let nn = l / {u(kt4)};",),
+                   f"b_v(bt, k0 + kq, nb * {u(bn)} + nn)", "vec4<f32>", scatter("Bs", bn4, "kq", "nn"))
     else:
         b_fast = spec.b.fast if spec.b.fast is not None else spec.b.contig
         b_map = (f"let kk = l % {u(kt)}; let nn = l / {u(kt)};" if b_fast == 0
                  else f"let nn = l % {u(bn)}; let kk = l / {u(bn)};")
-        b_load = stage(bn * kt, [b_map],
-                       [f"Bs[kk * {u(bn4)} + nn / 4u][nn % 4u] = b_el(bt, k0 + kk, nb * {u(bn)} + nn);"])
+        b = _Stage(bn * kt, (b_map,), f"b_el(bt, k0 + kk, nb * {u(bn)} + nn)", "f32",
+                   (f"Bs[kk * {u(bn4)} + nn / 4u][nn % 4u] = v;",))
+    return a, b
+
+
+def _unrolls(st: _Stage, nt: int) -> bool:
+    return st.count % nt == 0 and st.count // nt <= 16
+
+
+def _shared_body(spec: GemmSpec, t: Tiling, va: bool, vb: bool) -> tuple[str, list[str]]:
+    """Workgroup-memory variant: each K tile of A and B is staged in workgroup memory, then every
+    invocation multiplies its TM x TN block out of it.
+
+    Two things keep the multiply fed. An invocation's block is TM/4 x TN/4 sub-blocks of 4 x 4,
+    WY (WX) vec4s apart, so that neighbouring invocations read neighbouring vec4s of the tile (no
+    bank conflicts; the stores coalesce too). And where the copies unroll, the next K tile's global
+    loads are issued into registers before the multiply of this one and written to workgroup
+    memory after it, so their latency hides behind the FMAs (register prefetch)."""
+    bm4, bn4, kt = t.bm // 4, t.bn // 4, t.kt
+    nt = t.wx * t.wy
+    decl = (f"var<workgroup> As: array<vec4<f32>, {kt * bm4}>;\n"
+            f"var<workgroup> Bs: array<vec4<f32>, {kt * bn4}>;")
+    stages = _stages(spec, t, va, vb)
     compute = [f"for (var kk = 0u; kk < {u(kt)}; kk = kk + 1u) {{"]
-    compute += [f"  let av{ib} = As[kk * {u(bm4)} + lid.y * {u(t.tm // 4)} + {ib}u];" for ib in range(t.tm // 4)]
-    compute += [f"  let bv{j} = Bs[kk * {u(bn4)} + lid.x * {u(t.tn // 4)} + {j}u];" for j in range(t.tn // 4)]
+    compute += [f"  let av{ib} = As[kk * {u(bm4)} + {u(ib * t.wy)} + lid.y];" for ib in range(t.tm // 4)]
+    compute += [f"  let bv{j} = Bs[kk * {u(bn4)} + {u(j * t.wx)} + lid.x];" for j in range(t.tn // 4)]
     compute += [f"  acc{4 * ib + q}_{j} = fma(vec4<f32>(av{ib}[{q}]), bv{j}, acc{4 * ib + q}_{j});"
                 for ib in range(t.tm // 4) for q in range(4) for j in range(t.tn // 4)]
     compute += ["}"]
-    body = ([f"  let tid = lid.x + lid.y * {u(t.wx)};",
-             f"  for (var k0 = kb; k0 < ke; k0 = k0 + {u(kt)}) {{"]
-            + ["    " + ln for ln in a_load + b_load] + ["    workgroupBarrier();"]
+    head = [f"  let tid = lid.x + lid.y * {u(t.wx)};"]
+    unrolled = all(_unrolls(st, nt) for st in stages)
+    if not (t.prefetch and unrolled):
+        copy = []
+        for st in stages:
+            # unrolled into straight code where the invocations divide the tile, so index
+            # arithmetic shared by the copies (the pixel decode of one k) is computed once
+            copies = ([[f"let l = tid + {u(i * nt)};"] for i in range(st.count // nt)] if unrolled
+                      else [[]])
+            for pre in copies:
+                inner = pre + list(st.index) + [f"let v = {st.load};"] + list(st.store)
+                copy += (["{"] + [f"  {ln}" for ln in inner] + ["}"] if unrolled else
+                         [f"for (var l = tid; l < {u(st.count)}; l = l + {u(nt)}) {{"]
+                         + [f"  {ln}" for ln in inner] + ["}"])
+        body = (head + [f"  for (var k0 = kb; k0 < ke; k0 = k0 + {u(kt)}) {{"]
+                + ["    " + ln for ln in copy] + ["    workgroupBarrier();"]
+                + ["    " + ln for ln in compute] + ["    workgroupBarrier();", "  }"])
+        return decl, body
+    regs, fetch, put = [], [], []
+    for name, st in zip("ab", stages):
+        for i in range(st.count // nt):
+            r = f"p{name}{i}"
+            regs.append(f"  var {r}: {st.vtype};")
+            # the index arithmetic is repeated at the store: registers hold values only
+            fetch += ["{", f"  let l = tid + {u(i * nt)};"] + [f"  {ln}" for ln in st.index] + [f"  {r} = {st.load};", "}"]
+            put += ["{", f"  let l = tid + {u(i * nt)};"] + [f"  {ln}" for ln in st.index] + [f"  let v = {r};"]
+            put += [f"  {ln}" for ln in st.store] + ["}"]
+    body = (head + regs + ["  {", "    let k0 = kb;"] + ["    " + ln for ln in fetch] + ["  }"]
+            + [f"  for (var k0 = kb; k0 < ke; k0 = k0 + {u(kt)}) {{"]
+            + ["    " + ln for ln in put] + ["    workgroupBarrier();",
+                                              f"    if (k0 + {u(kt)} < ke) {{",
+                                              f"      let k0 = k0 + {u(kt)};"]
+            + ["      " + ln for ln in fetch] + ["    }"]
             + ["    " + ln for ln in compute] + ["    workgroupBarrier();", "  }"])
     return decl, body
 
@@ -431,7 +476,12 @@ def gemm_wgsl(spec: GemmSpec, t: Tiling, caps: AdapterCaps, splits: int = 1, ksp
         body += ["  }"]
     else:
         shared_decl, body = _shared_body(spec, t, va, vb)
-    stores = [f"  st4(bt, s, m0 + {i}u, n0 + {4 * j}u, acc{i}_{j});" for i in range(t.tm) for j in range(nj)]
+    if t.variant == "shared":   # sub-blocks WY (WX) vec4s apart (_shared_body)
+        stores = [f"  st4(bt, s, mb * {u(t.bm)} + lid.y * 4u + {u(ib * t.wy * 4 + q)}, "
+                  f"nb * {u(t.bn)} + lid.x * 4u + {u(j * t.wx * 4)}, acc{4 * ib + q}_{j});"
+                  for ib in range(t.tm // 4) for q in range(4) for j in range(nj)]
+    else:
+        stores = [f"  st4(bt, s, m0 + {i}u, n0 + {4 * j}u, acc{i}_{j});" for i in range(t.tm) for j in range(nj)]
     wgsl = "\n".join(decls + [shared_decl,
                               _loader("a", spec.a, reads[0].vec4), _loader("b", spec.b, reads[1].vec4),
                               _epi_fn(out, with_bias), _store_fn(out, M, N)]
@@ -643,21 +693,31 @@ def _split_pair(spec: GemmSpec, caps: AdapterCaps, splits: int, tile: str, parti
 
 
 def gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None = None,
-                 allow_split: bool = True, block: int | None = None, kt: int | None = None) -> list[Kernel]:
+                 allow_split: bool = True, block: int | None = None, kt: int | None = None,
+                 prefetch: bool | None = None) -> list[Kernel]:
     """The kernel list for one GEMM-shaped op: one GEMM, or a split-K GEMM + reduce. The first
     kernel carries the GEMM's FLOPs (profiles report rates, the autotuner skips small GEMMs)."""
-    kernels = _gemm_kernels(spec, caps, variant, allow_split, block, kt)
+    kernels = _gemm_kernels(spec, caps, variant, allow_split, block, kt, prefetch)
     flops = 2 * spec.batch * spec.M * spec.N * spec.K
     return [replace(kernels[0], flops=flops)] + kernels[1:]
 
 
+def _plain(op: Operand) -> bool:
+    """Elements read straight from memory (no implicit-GEMM gather computing pixel positions)."""
+    return not op.prelude and not op.valid
+
+
 def _gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None, allow_split: bool,
-                  block: int | None, kt: int | None) -> list[Kernel]:
+                  block: int | None, kt: int | None, prefetch: bool | None) -> list[Kernel]:
     if variant == "dot" or (variant is None and block is None and allow_split and use_dot(spec, caps)):
         return dot_kernels(spec, caps)
     t = choose_tiling(spec.M, spec.N, spec.K, caps, variant, block, kt, spec.batch, allow_split)
+    if t.variant == "shared":
+        # prefetching sped up every plain GEMM measured (H100: +3-21%) but half the implicit-GEMM
+        # convs lost up to 40% (their gathers): there the autotuner decides
+        t = replace(t, prefetch=prefetch if prefetch is not None else _plain(spec.a) and _plain(spec.b))
     splits, ksplit = choose_splits(spec, t, caps) if allow_split else (1, 0)
-    tile = f"{t.variant} {t.bm}x{t.bn}" + (f"k{t.kt}" if t.variant == "shared" else "")
+    tile = f"{t.variant} {t.bm}x{t.bn}" + (f"k{t.kt}" + ("p" if t.prefetch else "") if t.variant == "shared" else "")
     if splits == 1:
         wgsl, grid, reads = gemm_wgsl(spec, t, caps)
         return [Kernel(f"{spec.name}[{tile}]", wgsl, grid, reads, (spec.write.value,))]
@@ -675,9 +735,12 @@ def static_shape(graph: Graph, value: str, node: Node) -> tuple[int, ...]:
 
 
 def variant_of(node: Node) -> dict:
-    """Tiling pinned by the node (benchmarks, tests): attrs '_gemm_variant' (register | shared | dot) and
-    '_gemm_block' (4 | 8 outputs per invocation along M and N), '_gemm_kt' (K tile of the shared variant)."""
-    return {"variant": node.attr("_gemm_variant"), "block": node.attr("_gemm_block"), "kt": node.attr("_gemm_kt")}
+    """Tiling pinned by the node (benchmarks, tests, the autotuner): attrs '_gemm_variant' (register |
+    shared | dot), '_gemm_block' (4 | 8 outputs per invocation along M and N), '_gemm_kt' (K tile of
+    the shared variant), '_gemm_prefetch' (0 | 1: register prefetch of the next K tile)."""
+    pf = node.attr("_gemm_prefetch")
+    return {"variant": node.attr("_gemm_variant"), "block": node.attr("_gemm_block"), "kt": node.attr("_gemm_kt"),
+            "prefetch": None if pf is None else bool(pf)}
 
 
 def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
