@@ -44,8 +44,12 @@ def _mlp(path: Path, inputs: int = 20, hidden: int = 16, classes: int = 4, image
              helper.make_node("Gemm", ["flat", "fc1.weight", "fc1.bias"], ["h"], transB=1),
              helper.make_node("Relu", ["h"], ["r"]),
              helper.make_node("Gemm", ["r", "fc2.weight", "fc2.bias"], ["logits"], transB=1)]
-    shape = ["N", 1, 28, 28] if image else ["N", inputs]
-    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+    return _save(path, "mlp", nodes, inits, ["N", 1, 28, 28] if image else ["N", inputs], classes)
+
+
+def _save(path: Path, name: str, nodes: list, inits: list, x_shape: list, classes: int) -> Path:
+    """An opset-17 graph `name` of `nodes` from input x (x_shape) to logits (N, classes), saved at path."""
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
                               [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", classes])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
@@ -92,17 +96,21 @@ def test_global_batch_must_divide_among_ranks():
 
 
 # -- 1, 2 and 4 ranks through gloo == one process -----------------------------------------------------------
+# One rank of a gloo job on its shards of the global batches (devices: this rank's, one or several; clip_norm:
+# a number or ''; sync: '1' for SyncBatchNorm); rank 0 saves the losses, metric means and weights.
 WORKER = textwrap.dedent("""
     import sys
     import numpy as np
     import anygrad
     from anygrad.distributed import DataParallel, ProcessGroup, world_from_env
     from anygrad.optim import Adam
-    model_path, data_path, out = sys.argv[1:4]
+    model_path, data_path, out, devices, clip_norm, sync = sys.argv[1:7]
     group = ProcessGroup(world_from_env())
     z = np.load(data_path)
-    m = anygrad.load_onnx(model_path).compile(optimizer=Adam(lr=0.01), device="cpu", accumulate=2, clip_norm=1.0)
-    m.parallel = DataParallel(m, [], group, check_every=3)
+    m = anygrad.load_onnx(model_path).compile(optimizer=Adam(lr=0.01), device=devices, accumulate=2,
+                                              clip_norm=float(clip_norm) if clip_norm else None)
+    local = [r.backend for r in m.parallel.replicas[1:]] if m.parallel else []
+    m.parallel = DataParallel(m, local, group, check_every=3, sync_batchnorm=True if sync == "1" else None)
     loader = m.parallel.loader(z["x"], z["y"], 16, seed=3)
     losses = []
     for epoch in range(2):
@@ -117,38 +125,58 @@ WORKER = textwrap.dedent("""
 """)
 
 
-def _reference(model: Path, x: np.ndarray, y: np.ndarray, device: str = "cpu", epochs: int = 2) -> tuple:
-    m = anygrad.load_onnx(str(model)).compile(optimizer=Adam(lr=0.01), device=device, accumulate=2, clip_norm=1.0)
-    loader = DataLoader(x, y, 16, seed=3)
-    losses = []
-    for epoch in range(epochs):
-        loader.epoch = epoch
-        for i, (xb, yb) in enumerate(loader, 1):
-            losses.append(m.train_on_batch(xb, yb, flush=i == len(loader)))
-    return np.array(losses), m.state_dict(), m.read_metrics()
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> tuple[Path, Path, np.ndarray, np.ndarray]:
-    tmp = tmp_path_factory.mktemp("tiny")
-    rng = np.random.default_rng(1)
-    x, y = rng.standard_normal((80, 20)).astype(np.float32), rng.integers(0, 4, 80)
-    np.savez(tmp / "data.npz", x=x, y=y)
-    return _mlp(tmp / "mlp.onnx"), tmp / "data.npz", x, y
-
-
-@pytest.mark.parametrize("world", [1, 2, 4])
-def test_ranks_train_like_one_process_on_the_global_batch(tmp_path, tiny, world):
-    model, data, x, y = tiny
+def _ranks(tmp_path: Path, world: int, model: Path, data: Path, devices: str = "cpu", clip_norm: str = "1.0",
+           sync: bool = False):
+    """WORKER on `world` gloo ranks of localhost; what rank 0 saved."""
     port = str(_free_port())
     out = tmp_path / "rank0.npz"
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(model), str(data), str(out)],
+    args = [str(model), str(data), str(out), devices, clip_norm, "1" if sync else "0"]
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, *args],
                               env=_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                                        MASTER_PORT=port), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for r in range(world)]
     logs = [p.communicate(timeout=240)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), "\n".join(logs)
-    got = np.load(out)
+    return np.load(out)
+
+
+def _epochs(m, x: np.ndarray, y: np.ndarray, epochs: int = 2, before=None) -> np.ndarray:
+    """The losses of `epochs` epochs of global batches of 16 (seed 3, the workers' order), the last
+    batch of each flushing the accumulated gradients; before(epoch, i) runs ahead of batch i (from 1)."""
+    loader = DataLoader(x, y, 16, seed=3)
+    losses = []
+    for epoch in range(epochs):
+        loader.epoch = epoch
+        for i, (xb, yb) in enumerate(loader, 1):
+            if before is not None:
+                before(epoch, i)
+            losses.append(m.train_on_batch(xb, yb, flush=i == len(loader)))
+    return np.array(losses)
+
+
+def _reference(model: Path, x: np.ndarray, y: np.ndarray, device: str = "cpu", epochs: int = 2) -> tuple:
+    m = anygrad.load_onnx(str(model)).compile(optimizer=Adam(lr=0.01), device=device, accumulate=2, clip_norm=1.0)
+    losses = _epochs(m, x, y, epochs)
+    return losses, m.state_dict(), m.read_metrics()
+
+
+def _dataset(tmp: Path, build, x: np.ndarray, y: np.ndarray) -> tuple[Path, Path, np.ndarray, np.ndarray]:
+    """(model file, data file, x, y): build(path)'s model and (x, y) as .npz, under tmp."""
+    np.savez(tmp / "data.npz", x=x, y=y)
+    return build(tmp / "model.onnx"), tmp / "data.npz", x, y
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> tuple[Path, Path, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal((80, 20)).astype(np.float32), rng.integers(0, 4, 80)
+    return _dataset(tmp_path_factory.mktemp("tiny"), _mlp, x, y)
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_ranks_train_like_one_process_on_the_global_batch(tmp_path, tiny, world):
+    model, data, x, y = tiny
+    got = _ranks(tmp_path, world, model, data)
     losses, state, metrics = _reference(model, x, y)
     np.testing.assert_allclose(got["losses"], losses, **TOL)  # every step's global-batch loss
     for name, value in state.items():
@@ -175,12 +203,7 @@ def test_devices_of_one_process_train_like_one_device(tiny, devices):
     if devices.startswith("wgpu"):
         assert m.parallel.replicas[0].backend.device is not m.parallel.replicas[1].backend.device
     m.parallel.check_every = 2
-    loader = DataLoader(x, y, 16, seed=3)
-    got = []
-    for epoch in range(2):
-        loader.epoch = epoch
-        for i, (xb, yb) in enumerate(loader, 1):
-            got.append(m.train_on_batch(xb, yb, flush=i == len(loader)))
+    got = _epochs(m, x, y)
     np.testing.assert_allclose(got, losses, **TOL)
     for name, value in m.state_dict().items():
         np.testing.assert_allclose(value, state[name], **TOL, err_msg=name)
@@ -200,18 +223,15 @@ def test_uneven_shares_by_speed_keep_the_loss_weighting_exact(tiny):
     x, y = x[:48], y[:48]
     losses, state, _ = _reference(model, x, y)
     m = anygrad.load_onnx(str(model)).compile(optimizer=Adam(lr=0.01), device="cpu,cpu", accumulate=2, clip_norm=1.0)
-    loader = DataLoader(x, y, 16, seed=3)
-    got = []
-    for epoch in range(2):
-        loader.epoch = epoch
-        for i, (xb, yb) in enumerate(loader, 1):
-            if epoch == 0 and i == 2:
-                m.parallel.balance(steps=1)
-            if epoch == 1 and i == 1:
-                assert m.parallel.speeds is not None and len(m.parallel.speeds) == 2
-                m.parallel.speeds = [3.0, 1.0]  # as measured beside a device three times slower
-                assert m.parallel.shares(16) == [12, 4]
-            got.append(m.train_on_batch(xb, yb, flush=i == len(loader)))
+
+    def before(epoch: int, i: int) -> None:
+        if epoch == 0 and i == 2:
+            m.parallel.balance(steps=1)
+        if epoch == 1 and i == 1:
+            assert m.parallel.speeds is not None and len(m.parallel.speeds) == 2
+            m.parallel.speeds = [3.0, 1.0]  # as measured beside a device three times slower
+            assert m.parallel.shares(16) == [12, 4]
+    got = _epochs(m, x, y, before=before)
     np.testing.assert_allclose(got, losses, **TOL)
     for name, value in m.state_dict().items():
         np.testing.assert_allclose(value, state[name], **TOL, err_msg=name)
@@ -348,36 +368,23 @@ def _bn_net(path: Path) -> Path:
              helper.make_node("GlobalAveragePool", ["r"], ["p"]),
              helper.make_node("Flatten", ["p"], ["f"]),
              helper.make_node("Gemm", ["f", "fc.weight", "fc.bias"], ["logits"], transB=1)]
-    graph = helper.make_graph(nodes, "bn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 5, 5])],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 3])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
-    return path
+    return _save(path, "bn", nodes, inits, ["N", 3, 5, 5], 3)
 
 
 @pytest.fixture(scope="module")
 def bn_data(tmp_path_factory) -> tuple[Path, Path, np.ndarray, np.ndarray]:
-    tmp = tmp_path_factory.mktemp("bn")
     rng = np.random.default_rng(1)
     x = (rng.standard_normal((48, 3, 5, 5)) * 2 + 1).astype(np.float32)
     x[1::2] += 1.5  # every other sample shifted: per-shard statistics differ from the batch's
     y = rng.integers(0, 3, 48)
-    np.savez(tmp / "data.npz", x=x, y=y)
-    return _bn_net(tmp / "bn.onnx"), tmp / "data.npz", x, y
+    return _dataset(tmp_path_factory.mktemp("bn"), _bn_net, x, y)
 
 
 def _bn_train(model: Path, x: np.ndarray, y: np.ndarray, device: str, sync: bool | None = None) -> tuple:
     m = anygrad.load_onnx(str(model)).compile(optimizer=Adam(lr=0.01), device=device, accumulate=2)
     if sync is not None:
         m.parallel.set_sync_batchnorm(sync)
-    loader = DataLoader(x, y, 16, seed=3)
-    losses = []
-    for epoch in range(2):
-        loader.epoch = epoch
-        for i, (xb, yb) in enumerate(loader, 1):
-            losses.append(m.train_on_batch(xb, yb, flush=i == len(loader)))
-    return np.array(losses), m.state_dict(), m
+    return _epochs(m, x, y), m.state_dict(), m
 
 
 def test_sync_batchnorm_devices_train_like_one_device_on_the_global_batch(bn_data):
@@ -403,44 +410,11 @@ def test_sync_batchnorm_devices_train_like_one_device_on_the_global_batch(bn_dat
     np.testing.assert_allclose(per_replica[0], np.dot(shard_losses, [6, 5, 5]) / 16, **TOL)
 
 
-SYNC_WORKER = textwrap.dedent("""
-    import sys
-    import numpy as np
-    import anygrad
-    from anygrad.distributed import DataParallel, ProcessGroup, world_from_env
-    from anygrad.optim import Adam
-    model_path, data_path, out, devices = sys.argv[1:5]
-    group = ProcessGroup(world_from_env())
-    z = np.load(data_path)
-    m = anygrad.load_onnx(model_path).compile(optimizer=Adam(lr=0.01), device=devices, accumulate=2)
-    local = [r.backend for r in m.parallel.replicas[1:]] if m.parallel else []
-    m.parallel = DataParallel(m, local, group, check_every=3, sync_batchnorm=True)
-    loader = m.parallel.loader(z["x"], z["y"], 16, seed=3)
-    losses = []
-    for epoch in range(2):
-        loader.epoch = epoch
-        for i, (x, y) in enumerate(loader, 1):
-            losses.append(m.train_on_batch(x, y, flush=i == len(loader)))
-    m.parallel.check_replicas()
-    if group.rank == 0:
-        np.savez(out, losses=np.array(losses), **m.state_dict())
-    group.close()
-""")
-
-
 @pytest.mark.parametrize("devices", ["cpu", "cpu,cpu"])
 def test_sync_batchnorm_ranks_train_like_one_process_on_the_global_batch(tmp_path, bn_data, devices):
     """Two gloo ranks (each with one device, or two: the devices meet, then the ranks) with SyncBatchNorm."""
     model, data, x, y = bn_data
-    port = str(_free_port())
-    out = tmp_path / "rank0.npz"
-    procs = [subprocess.Popen([sys.executable, "-c", SYNC_WORKER, str(model), str(data), str(out), devices],
-                              env=_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                                       MASTER_PORT=port), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(2)]
-    logs = [p.communicate(timeout=240)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
-    got = np.load(out)
+    got = _ranks(tmp_path, 2, model, data, devices, clip_norm="", sync=True)
     losses, state, _ = _bn_train(model, x, y, "cpu")
     np.testing.assert_allclose(got["losses"], losses, **TOL)
     for name, value in state.items():
@@ -479,8 +453,7 @@ def test_buckets_are_read_back_during_the_backward_pass(tiny, monkeypatch):
     losses, state, _ = _reference(model, x, y, device="wgpu:0", epochs=1)
     m = anygrad.load_onnx(str(model)).compile(optimizer=Adam(lr=0.01), device="wgpu:0,wgpu:0", accumulate=2,
                                               clip_norm=1.0)
-    loader = DataLoader(x, y, 16, seed=3)
-    got = [m.train_on_batch(xb, yb, flush=i == len(loader)) for i, (xb, yb) in enumerate(loader, 1)]
+    got = _epochs(m, x, y, epochs=1)
     np.testing.assert_allclose(got, losses, **TOL)
     for name, value in m.state_dict().items():
         np.testing.assert_allclose(value, state[name], **TOL, err_msg=name)

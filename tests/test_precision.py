@@ -23,6 +23,7 @@ from wgpu_util import wgpu_backend
 import anygrad
 from anygrad import nn
 from anygrad.errors import ConfigError, DeviceError
+from anygrad.ir import Builder, Graph, TensorInfo, specialize
 from anygrad.ir.autocast import HALF, autocast, half_values
 from anygrad.optim import grad_scaler
 from anygrad.program import build_train_step
@@ -103,18 +104,24 @@ def test_autocast_puts_matmuls_and_activations_in_f16_and_keeps_weights_and_norm
     assert len(casts) == len({n.inputs[0] for n in casts}) == 4  # conv and linear weight and bias
 
 
-def test_autocast_leaves_outputs_float32_and_casts_constants_once():
-    from anygrad.ir import Builder, Graph, TensorInfo, specialize
+def _autocast_after_matmul(outputs) -> Graph:
+    """autocast of h = x (2, 3) @ w (a 3 x 3 parameter of ones) followed by outputs(builder, h),
+    which adds the nodes after h and returns the graph's outputs."""
     g = Graph(name="t")
     g.inputs, g.info["x"] = ["x"], TensorInfo(np.dtype(np.float32), (2, 3))
     g.initializers["w"] = np.ones((3, 3), np.float32)
     g.info["w"] = TensorInfo(np.dtype(np.float32), (3, 3))
     g.params = ["w"]
     b = Builder(g, prefix="t")
-    h = b.op("MatMul", ["x", "w"])
-    s = b.op("Softmax", [b.op("Mul", [h, b.const(0.5)])], axis=-1)
-    g.outputs = [b.op("Add", [h, b.const(1.0)]), s]
-    half = autocast(specialize(g, {"x": (2, 3)}))
+    g.outputs = outputs(b, b.op("MatMul", ["x", "w"]))
+    return autocast(specialize(g, {"x": (2, 3)}))
+
+
+def test_autocast_leaves_outputs_float32_and_casts_constants_once():
+    def outputs(b, h):
+        s = b.op("Softmax", [b.op("Mul", [h, b.const(0.5)])], axis=-1)
+        return [b.op("Add", [h, b.const(1.0)]), s]
+    half = _autocast_after_matmul(outputs)
     assert [half.info[o].dtype for o in half.outputs] == [np.float32, np.float32]
     ops = {n.outputs[0]: n for n in half.nodes}
     mul = next(n for n in half.nodes if n.op == "Mul")
@@ -330,7 +337,6 @@ def test_wgpu_rewritten_elementwise_and_reduction_kernels_match_numpy():
     """Cast -> Mul -> ReduceSum -> Exp over float16 values: the elementwise and reduction kernels
     read and write f16 buffers; numpy computes each op in float32 and rounds."""
     from anygrad.backends import NumpyBackend
-    from anygrad.ir import Builder, Graph, TensorInfo
     backend = wgpu_backend()
     g = Graph(name="half")
     g.inputs, g.info["x"] = ["x"], TensorInfo(np.dtype(np.float32), (5, 37))
@@ -495,15 +501,6 @@ def test_wgpu_skips_overflowing_steps_inside_the_fused_update_like_numpy():
 def test_autocast_keeps_pow_by_2_or_3_in_f16_and_other_pows_in_f32():
     """x ** 3 of an exported GELU-tanh is a product (torch's fused GELU runs in float16); a general
     pow is on autocast's float32 list."""
-    from anygrad.ir import Builder, Graph, TensorInfo, specialize
-    g = Graph(name="t")
-    g.inputs, g.info["x"] = ["x"], TensorInfo(np.dtype(np.float32), (2, 3))
-    g.initializers["w"] = np.ones((3, 3), np.float32)
-    g.info["w"] = TensorInfo(np.dtype(np.float32), (3, 3))
-    g.params = ["w"]
-    b = Builder(g, prefix="t")
-    h = b.op("MatMul", ["x", "w"])
-    g.outputs = [b.op("Pow", [h, b.const(3.0)]), b.op("Pow", [h, b.const(2.5)])]
-    half = autocast(specialize(g, {"x": (2, 3)}))
+    half = _autocast_after_matmul(lambda b, h: [b.op("Pow", [h, b.const(3.0)]), b.op("Pow", [h, b.const(2.5)])])
     pows = [n for n in half.nodes if n.op == "Pow"]
     assert [half.info[n.inputs[0]].dtype for n in pows] == [HALF, np.float32]

@@ -668,12 +668,20 @@ def _bn_forward(node, ins):
         a = scale * (1.0 / np.sqrt(var.astype(np.float64) + eps))
         y = (x * _channel(a.astype(x.dtype), x.ndim)
              + _channel((bias - mean * a).astype(x.dtype), x.ndim)).astype(x.dtype, copy=False)
+    return batch_norm_outputs(node, y, mean, var, (batch_mean, batch_var) if training else None, x.size // x.shape[1])
+
+
+def batch_norm_outputs(node: Node, y: np.ndarray, mean: np.ndarray, var: np.ndarray,
+                       batch: tuple[np.ndarray, np.ndarray] | None, n: int) -> list[np.ndarray]:
+    """BatchNormalization's outputs from its normalised y: y alone, or with the running mean and
+    variance, passed through at inference (batch None) or updated in training from the batch's
+    (mean, biased variance) over n values per channel. Shared by the reference kernel and the numpy
+    backend's blocked one (backends/numpy/fastpaths.py) so the two cannot drift apart."""
     if len(node.outputs) == 1:
         return [y]
-    if not training:
+    if batch is None:
         return [y, mean.copy(), var.copy()][:len(node.outputs)]
-    return [y, *batch_norm_running_stats(node, mean, var, batch_mean, batch_var, x.size // x.shape[1])
-            ][:len(node.outputs)]
+    return [y, *batch_norm_running_stats(node, mean, var, *batch, n)][:len(node.outputs)]
 
 
 def batch_norm_running_stats(node: Node, mean: np.ndarray, var: np.ndarray, batch_mean: np.ndarray,

@@ -8,7 +8,7 @@ import numpy as np
 
 from ... import _parallel
 from ...ir.graph import Node
-from ...ops.nn import batch_norm_running_stats
+from ...ops.nn import batch_norm_outputs
 
 # epilogue(batch slice, block): applied in place to each block of output 0 once it is final
 # (lowering.BLOCKED).
@@ -143,12 +143,7 @@ def batch_norm(node: Node, ins: list, epilogue: Epilogue | None = None) -> list:
         y = (x * _per_channel(a, x) + _per_channel(bias - mean * a, x)).astype(x.dtype, copy=False)
         if epilogue is not None:
             epilogue(slice(0, x.shape[0]), y)
-    if len(node.outputs) == 1:
-        return [y]
-    if not training:
-        return [y, mean.copy(), var.copy()][:len(node.outputs)]
-    return [y, *batch_norm_running_stats(node, mean, var, batch_mean, batch_var, x.size // x.shape[1])
-            ][:len(node.outputs)]
+    return batch_norm_outputs(node, y, mean, var, (batch_mean, batch_var) if training else None, x.size // x.shape[1])
 
 
 def batch_norm_grad(node: Node, ins: list, epilogue: Epilogue | None = None) -> list:

@@ -126,11 +126,63 @@ def _load_rows(dst: str, src: str, row0: str, rows: str, width: int, bc: int, wg
             f"    }}")
 
 
+def _row_prologue(geo: _Geo, nblocks: int, br: int, rows: int, idx: str, flat: str,
+                  regs: list[tuple[str, int]]) -> str:
+    """WGSL opening a kernel with one invocation per row of a block: the head and block,
+    this invocation's row `idx` of `rows`, `idx`c that row clamped to the last (an invocation past
+    the end still joins every barrier and tile load), `flat` its row in the (bh x rows) layout,
+    the mask's base, and zeroed private arrays `regs` (name, length in geo.ty)."""
+    arrays = "\n".join(f"  var {name}: array<{geo.ty}, {n}>;" for name, n in regs)
+    return f"""{_head_group(nblocks, geo.bh)}
+  let {idx} = blk * {br}u + lid.x;
+  let {idx}c = min({idx}, {rows - 1}u);
+  let {flat} = bh * {rows}u + {idx}c;
+{geo.mask_base_stmt()}
+{arrays}"""
+
+
+def _load_row(dst: str, src: str, row: str, width: int, scale: str = "") -> str:
+    """A statement copying row `row` (width elements) of src into the private array dst (times `scale`)."""
+    mul = f" * {scale}" if scale else ""
+    return f"  for (var c = 0u; c < {width}u; c++) {{ {dst}[c] = {src}[{row} * {width}u + c]{mul}; }}"
+
+
+def _key_tiles(geo: _Geo, br: int, bc: int) -> str:
+    """WGSL opening the loop of a query-block kernel (forward, dq) over the key/value tiles its rows
+    may see: each tile's jn <= bc rows of K and V into workgroup memory (`_kv_shared`), between
+    barriers. The caller writes the loop's body and closes it."""
+    return f"""  let kend = {geo.key_end(f"min(blk * {br}u + {br - 1}u, {geo.t - 1}u)")};
+  for (var kb = 0u; kb < kend; kb += {bc}u) {{
+    workgroupBarrier();
+    let jn = min({bc}u, {geo.s}u - kb);
+{_load_rows("KS", "K", f"(bh * {geo.s}u + kb)", "jn", geo.d4, bc, br)}
+{_load_rows("VS", "V", f"(bh * {geo.s}u + kb)", "jn", geo.dv4, bc, br)}
+    workgroupBarrier();"""
+
+
+def _kv_shared(geo: _Geo, bc: int) -> str:
+    """The workgroup arrays of `_key_tiles`: a tile of keys and one of values."""
+    return f"var<workgroup> KS: array<{geo.ty}, {bc * geo.d4}>;\nvar<workgroup> VS: array<{geo.ty}, {bc * geo.dv4}>;"
+
+
+def _grad_prob(geo: _Geo, q: str, k: str, dout: str, v: str, i: str, j: str) -> str:
+    """WGSL of the backward's inner step for query row i and key j: `sa` = (scaled) q . k, `pa` = dO . v,
+    `sv` the score with the mask's bias, `p` = exp(sv - lse) (0 for a masked score or a row with no
+    visible key; `lse` a WGSL value in scope). q, k, dout, v: element c of each row, as WGSL
+    expressions of `c`."""
+    return f"""      var sa = {geo.splat("0.0")};
+      for (var c = 0u; c < {geo.d4}u; c++) {{ sa = fma({q}, {k}, sa); }}
+      var pa = {geo.splat("0.0")};
+      for (var c = 0u; c < {geo.dv4}u; c++) {{ pa = fma({dout}, {v}, pa); }}
+      let sv = {geo.hsum("sa")} + {geo.bias(i, j)};
+      let p = select(0.0, exp(sv - lse), lse < {POS_INF} && sv > {NEG_INF});"""
+
+
 def _forward(node: Node, graph: Graph, caps: AdapterCaps) -> Kernel:
     q, k, v = node.inputs[:3]
     mask = node.input(3)
     geo = _Geo(node, graph, q, k, v, mask)
-    t, s, ty, d4, dv4 = geo.t, geo.s, geo.ty, geo.d4, geo.dv4
+    t, ty, d4, dv4 = geo.t, geo.ty, geo.d4, geo.dv4
     br = _block(t)
     bc = _tile(caps, geo.d + geo.dv)
     nqb = -(-t // br)
@@ -138,24 +190,13 @@ def _forward(node: Node, graph: Graph, caps: AdapterCaps) -> Kernel:
     reads = [("Q", q, ty), ("K", k, ty), ("V", v, ty)] + ([("M", mask, "f32")] if mask else [])
     writes = [("O", node.outputs[0], ty)] + ([("LSE", lse_out, "f32")] if lse_out else [])
     causal_hide = f"if (j > ic + {geo.offset}u) {{ sv = {NEG_INF}; }}" if geo.causal else ""
-    write_lse = f"    LSE[bh * {t}u + i] = select({POS_INF}, m + log(l), l > 0.0);" if lse_out else ""
-    body = f"""{_head_group(nqb, geo.bh)}
-  let i = blk * {br}u + lid.x;
-  let ic = min(i, {t - 1}u);
-{geo.mask_base_stmt()}
-  var qr: array<{ty}, {d4}>;
-  var o: array<{ty}, {dv4}>;
+    write_lse = f"    LSE[row] = select({POS_INF}, m + log(l), l > 0.0);" if lse_out else ""
+    body = f"""{_row_prologue(geo, nqb, br, t, "i", "row", [("qr", d4), ("o", dv4)])}
   var sc: array<f32, {bc}>;
-  for (var c = 0u; c < {d4}u; c++) {{ qr[c] = Q[(bh * {t}u + ic) * {d4}u + c] * {geo.scale}; }}
+{_load_row("qr", "Q", "row", d4, geo.scale)}
   var m = {NEG_INF};
   var l = 0.0;
-  let kend = {geo.key_end(f"min(blk * {br}u + {br - 1}u, {t - 1}u)")};
-  for (var kb = 0u; kb < kend; kb += {bc}u) {{
-    workgroupBarrier();
-    let jn = min({bc}u, {s}u - kb);
-{_load_rows("KS", "K", f"(bh * {s}u + kb)", "jn", d4, bc, br)}
-{_load_rows("VS", "V", f"(bh * {s}u + kb)", "jn", dv4, bc, br)}
-    workgroupBarrier();
+{_key_tiles(geo, br, bc)}
     var tmax = {NEG_INF};
     for (var jj = 0u; jj < jn; jj++) {{
       let j = kb + jj;
@@ -182,10 +223,10 @@ def _forward(node: Node, graph: Graph, caps: AdapterCaps) -> Kernel:
   }}
   if (i < {t}u) {{
     let inv = select(0.0, 1.0 / l, l > 0.0);
-    for (var c = 0u; c < {dv4}u; c++) {{ O[(bh * {t}u + i) * {dv4}u + c] = o[c] * inv; }}
+    for (var c = 0u; c < {dv4}u; c++) {{ O[row * {dv4}u + c] = o[c] * inv; }}
 {write_lse}
   }}"""
-    shared = f"var<workgroup> KS: array<{ty}, {bc * d4}>;\nvar<workgroup> VS: array<{ty}, {bc * dv4}>;"
+    shared = _kv_shared(geo, bc)
     decls = bindings([(n, tp) for n, _, tp in reads], [(n, tp) for n, _, tp in writes])
     return Kernel(f"FusedAttention:fwd{'-vec4' if geo.w == 4 else ''}", shader(decls, body, wg=br, shared=shared),
                   groups_grid(geo.bh * nqb), tuple(val for _, val, _ in reads), tuple(val for _, val, _ in writes))
@@ -210,41 +251,23 @@ def _stats(dout: str, out: str, lse: str, st: str, rows: int, dv: int, sc: tuple
 
 def _grad_dq(node: Node, geo: _Geo, caps: AdapterCaps, dout: str, q: str, k: str, v: str, st: str, dq: str,
              sc: tuple) -> Kernel:
-    t, s, ty, d4, dv4 = geo.t, geo.s, geo.ty, geo.d4, geo.dv4
+    t, ty, d4, dv4 = geo.t, geo.ty, geo.d4, geo.dv4
     br = _block(t)
     bc = _tile(caps, geo.d + geo.dv)
     nqb = -(-t // br)
     reads = [("DO", dout, ty), ("Q", q, ty), ("K", k, ty), ("V", v, ty), ("ST", st, "f32")] + (
         [("M", geo.mask, "f32")] if geo.mask else [])
     stop = f"if (j > ic + {geo.offset}u) {{ break; }}" if geo.causal else ""
-    body = f"""{_head_group(nqb, geo.bh)}
-  let i = blk * {br}u + lid.x;
-  let ic = min(i, {t - 1}u);
-  let row = bh * {t}u + ic;
-{geo.mask_base_stmt()}
-  var qr: array<{ty}, {d4}>;
-  var dor: array<{ty}, {dv4}>;
-  var acc: array<{ty}, {d4}>;
-  for (var c = 0u; c < {d4}u; c++) {{ qr[c] = Q[row * {d4}u + c] * {geo.scale}; }}
-  for (var c = 0u; c < {dv4}u; c++) {{ dor[c] = DO[row * {dv4}u + c]; }}
+    body = f"""{_row_prologue(geo, nqb, br, t, "i", "row", [("qr", d4), ("dor", dv4), ("acc", d4)])}
+{_load_row("qr", "Q", "row", d4, geo.scale)}
+{_load_row("dor", "DO", "row", dv4)}
   let lse = ST[2u * row];
   let delta = ST[2u * row + 1u];
-  let kend = {geo.key_end(f"min(blk * {br}u + {br - 1}u, {t - 1}u)")};
-  for (var kb = 0u; kb < kend; kb += {bc}u) {{
-    workgroupBarrier();
-    let jn = min({bc}u, {s}u - kb);
-{_load_rows("KS", "K", f"(bh * {s}u + kb)", "jn", d4, bc, br)}
-{_load_rows("VS", "V", f"(bh * {s}u + kb)", "jn", dv4, bc, br)}
-    workgroupBarrier();
+{_key_tiles(geo, br, bc)}
     for (var jj = 0u; jj < jn; jj++) {{
       let j = kb + jj;
       {stop}
-      var sa = {geo.splat("0.0")};
-      for (var c = 0u; c < {d4}u; c++) {{ sa = fma(qr[c], KS[jj * {d4}u + c], sa); }}
-      var pa = {geo.splat("0.0")};
-      for (var c = 0u; c < {dv4}u; c++) {{ pa = fma(dor[c], VS[jj * {dv4}u + c], pa); }}
-      let sv = {geo.hsum("sa")} + {geo.bias("ic", "j")};
-      let p = select(0.0, exp(sv - lse), lse < {POS_INF} && sv > {NEG_INF});
+{_grad_prob(geo, "qr[c]", f"KS[jj * {d4}u + c]", "dor[c]", f"VS[jj * {dv4}u + c]", "ic", "j")}
       let ds = {geo.splat(f"p * ({geo.hsum('pa')} - delta)")};
       for (var c = 0u; c < {d4}u; c++) {{ acc[c] = fma(ds, KS[jj * {d4}u + c], acc[c]); }}
     }}
@@ -252,7 +275,7 @@ def _grad_dq(node: Node, geo: _Geo, caps: AdapterCaps, dout: str, q: str, k: str
   if (i < {t}u) {{
     for (var c = 0u; c < {d4}u; c++) {{ DQ[row * {d4}u + c] = acc[c] * {geo.scale}; }}
   }}"""
-    shared = f"var<workgroup> KS: array<{ty}, {bc * d4}>;\nvar<workgroup> VS: array<{ty}, {bc * dv4}>;"
+    shared = _kv_shared(geo, bc)
     decls = bindings([(n, tp) for n, _, tp in reads], [("DQ", ty)])
     return Kernel(f"FusedAttentionGrad:dq{'-vec4' if geo.w == 4 else ''}", shader(decls, body, wg=br, shared=shared),
                   groups_grid(geo.bh * nqb), tuple(val for _, val, _ in reads), (dq,), scratch=sc)
@@ -272,17 +295,9 @@ def _grad_dkdv(node: Node, geo: _Geo, caps: AdapterCaps, dout: str, q: str, k: s
         skip = f"if (jc > i + {geo.offset}u) {{ continue; }}"
     else:
         first, skip = "0u", ""
-    body = f"""{_head_group(nkb, geo.bh)}
-  let j = blk * {br}u + lid.x;
-  let jc = min(j, {s - 1}u);
-  let krow = bh * {s}u + jc;
-{geo.mask_base_stmt()}
-  var kr: array<{ty}, {d4}>;
-  var vr: array<{ty}, {dv4}>;
-  var dk: array<{ty}, {d4}>;
-  var dvv: array<{ty}, {dv4}>;
-  for (var c = 0u; c < {d4}u; c++) {{ kr[c] = K[krow * {d4}u + c]; }}
-  for (var c = 0u; c < {dv4}u; c++) {{ vr[c] = V[krow * {dv4}u + c]; }}
+    body = f"""{_row_prologue(geo, nkb, br, s, "j", "krow", [("kr", d4), ("vr", dv4), ("dk", d4), ("dvv", dv4)])}
+{_load_row("kr", "K", "krow", d4)}
+{_load_row("vr", "V", "krow", dv4)}
   for (var qb = {first}; qb < {t}u; qb += {bc}u) {{
     workgroupBarrier();
     let n = min({bc}u, {t}u - qb);
@@ -295,13 +310,8 @@ def _grad_dkdv(node: Node, geo: _Geo, caps: AdapterCaps, dout: str, q: str, k: s
     for (var ii = 0u; ii < n; ii++) {{
       let i = qb + ii;
       {skip}
-      var sa = {geo.splat("0.0")};
-      for (var c = 0u; c < {d4}u; c++) {{ sa = fma(QS[ii * {d4}u + c], kr[c], sa); }}
-      var pa = {geo.splat("0.0")};
-      for (var c = 0u; c < {dv4}u; c++) {{ pa = fma(DOS[ii * {dv4}u + c], vr[c], pa); }}
-      let sv = {geo.hsum("sa")} + {geo.bias("i", "jc")};
       let lse = LS[ii];
-      let p = select(0.0, exp(sv - lse), lse < {POS_INF} && sv > {NEG_INF});
+{_grad_prob(geo, f"QS[ii * {d4}u + c]", "kr[c]", f"DOS[ii * {dv4}u + c]", "vr[c]", "i", "jc")}
       let pv = {geo.splat("p")};
       for (var c = 0u; c < {dv4}u; c++) {{ dvv[c] = fma(pv, DOS[ii * {dv4}u + c], dvv[c]); }}
       let ds = {geo.splat(f"p * ({geo.hsum('pa')} - DS[ii])")};
