@@ -61,6 +61,11 @@ def test_step_profile_times_every_kernel(wb):
     text = prof.format("mlp")
     assert "GPU profile of mlp" in text and "Gemm" in text
     assert prof.as_dict()["kernel_ns"] == pytest.approx(prof.kernel_ns)
+    # the Gemm's FLOPs (2 M N K) give its rate; other kernels have none
+    gemm = next(i for i, (n, _) in enumerate(prof.kernels) if n.startswith("Gemm"))
+    assert prof.flops[gemm] == 2 * 16 * 8 * 24
+    assert prof.tflops(gemm) == pytest.approx(2 * 16 * 8 * 24 / prof.kernels[gemm][1] / 1e3)
+    assert all(prof.tflops(i) is None for i in range(len(prof.kernels)) if i != gemm)
 
 
 def test_env_profile_records_each_run_and_keeps_results(wb, monkeypatch, capsys):

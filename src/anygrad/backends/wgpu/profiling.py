@@ -55,6 +55,13 @@ class StepProfile:
     step_ns: float | None = None          # the whole step in one pass, as the executor encodes it
     wall_ms: float | None = None          # host wall time of one one-pass step, submit to readback
     meta: dict = field(default_factory=dict)
+    flops: list[int] = field(default_factory=list)  # per kernel where known (GEMMs), else 0
+
+    def tflops(self, i: int) -> float | None:
+        """Kernel i's rate in TFLOP/s, where its FLOPs are known."""
+        fl = self.flops[i] if i < len(self.flops) else 0
+        ns = self.kernels[i][1]
+        return fl / ns / 1e3 if fl and ns > 0 else None
 
     @property
     def kernel_ns(self) -> float:
@@ -75,7 +82,7 @@ class StepProfile:
 
     def as_dict(self) -> dict:
         return {"runs": self.runs, "step_ns": self.step_ns, "wall_ms": self.wall_ms,
-                "kernel_ns": self.kernel_ns, "kernels": [list(k) for k in self.kernels],
+                "kernel_ns": self.kernel_ns, "kernels": [list(k) for k in self.kernels], "flops": list(self.flops),
                 "by_kind": [list(k) for k in self.by_kind()], **self.meta}
 
     def format(self, title: str = "step", top: int = 10) -> str:
@@ -89,7 +96,9 @@ class StepProfile:
             lines.append(f"  {kind:28s} {n:7d} {ns / 1e3:9.1f} {100 * ns / total:5.1f}%")
         lines.append("  slowest kernels:")
         for i, name, ns in self.top(top):
-            lines.append(f"  #{i:<3d} {name:40s} {ns / 1e3:9.1f} us {100 * ns / total:5.1f}%")
+            rate = self.tflops(i)
+            lines.append(f"  #{i:<3d} {name:40s} {ns / 1e3:9.1f} us {100 * ns / total:5.1f}%"
+                         + (f" {rate:6.1f} TFLOP/s" if rate else ""))
         return "\n".join(lines)
 
 

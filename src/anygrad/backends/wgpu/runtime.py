@@ -762,6 +762,7 @@ class WgpuExecutable(Executable):
         out = profile_dispatches(self.backend.device, [st.kernel.name for st in self.plan.steps],
                                  self._dispatches, repeat, probe)
         out.meta = {"adapter": self.backend.adapter.name, "graph": self.graph.name}
+        out.flops = [st.kernel.flops for st in self.plan.steps]
         return out
 
 
