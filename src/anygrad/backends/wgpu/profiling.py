@@ -111,6 +111,7 @@ class TimestampProfiler:
         if FEATURE not in device.features:
             raise RuntimeError(f"the device has no '{FEATURE}' feature")
         self.device, self.names = device, list(names)
+        self.flops: list[int] = []   # per kernel, where known: the profile prints rates
         self.count = 2 * len(self.names) + 2    # two per kernel, two for a whole one-pass step
         self.sets = [device.create_query_set(type=wgpu.QueryType.timestamp, count=min(_MAX_QUERIES, self.count - s))
                      for s in range(0, self.count, _MAX_QUERIES)]
@@ -181,7 +182,8 @@ class TimestampProfiler:
     def result(self, **meta: Any) -> StepProfile:
         runs = max(self.runs, 1)
         return StepProfile([(n, float(s) / runs) for n, s in zip(self.names, self.sum_ns)], self.runs,
-                           self.step_sum_ns / self.step_runs if self.step_runs else None, meta=meta)
+                           self.step_sum_ns / self.step_runs if self.step_runs else None, meta=meta,
+                           flops=list(self.flops))
 
 
 def wall_ms(device: Any, dispatches: Sequence[tuple], probe: Any, reps: int = 1) -> float:
@@ -221,7 +223,8 @@ def profile_dispatches(device: Any, names: Sequence[str], dispatches: Sequence[t
 _LIVE: list[tuple[str, TimestampProfiler]] = []
 
 
-def live_profiler(device: Any, names: Sequence[str], title: str) -> TimestampProfiler | None:
+def live_profiler(device: Any, names: Sequence[str], title: str,
+                  flops: Sequence[int] = ()) -> TimestampProfiler | None:
     """A profiler for an executable when the environment asks for one and the device can."""
     if not enabled():
         return None
@@ -231,6 +234,7 @@ def live_profiler(device: Any, names: Sequence[str], title: str) -> TimestampPro
     prof = TimestampProfiler(device, names)
     if not _LIVE:
         atexit.register(_print_live)
+    prof.flops = list(flops)
     _LIVE.append((title, prof))
     return prof
 

@@ -453,7 +453,8 @@ class WgpuExecutable(Executable):
         self._holds = {r.name: backend.create_buffer(self._nbytes(r), usage, f"hold {r.name}")
                        for r, _ in self.plan.state_copies if r.kind == "state" and r.name in targets}
         # ANYGRAD_WGPU_PROFILE=1: GPU time per kernel on every run (profiling.py)
-        self._profiler = live_profiler(dev, [st.kernel.name for st in self.plan.steps], f"graph '{graph.name}'")
+        self._profiler = live_profiler(dev, [st.kernel.name for st in self.plan.steps], f"graph '{graph.name}'",
+                                       [st.kernel.flops for st in self.plan.steps])
         # step index -> fn(encoder): after that kernel the pass ends, fn encodes its copies and that
         # much of the step is submitted, so the host reads them while the rest runs (set by the caller
         # for one run: data-parallel gradient buckets; see _encode_dispatches)
