@@ -92,6 +92,26 @@ def test_state_roundtrip(wb, value):
     assert wb.has_state("t") and not wb.has_state("nope")
 
 
+def test_state_uploads_flush_and_zeros_skip_the_upload(wb, monkeypatch):
+    """Uploads past UPLOAD_FLUSH bytes are submitted (wgpu's staging memory recycled) and every
+    value still arrives; a fresh all-zero state is not uploaded (new buffers start zeroed), a zero
+    value written over an existing buffer is."""
+    from anygrad.backends.wgpu import runtime
+    monkeypatch.setattr(runtime, "UPLOAD_FLUSH", 1024)
+    rng = np.random.default_rng(3)
+    values = {f"u{i}": rng.standard_normal(300 + i).astype(np.float32) for i in range(8)}  # 1.2 KB each
+    for n, v in values.items():
+        wb.set_state(n, v)
+        assert wb._unflushed < 1024       # each write past the threshold was flushed
+    assert all(np.array_equal(wb.get_state(n), v) for n, v in values.items())
+    submitted = []
+    monkeypatch.setattr(wb, "upload", lambda b, o, d: submitted.append(d.nbytes))
+    wb.set_state("zeros_new", np.zeros(1000, np.float32))
+    assert submitted == []
+    wb.set_state("u0", np.zeros(300, np.float32))        # same size: written over the old values
+    assert submitted == [1200]
+
+
 # -- running graphs ---------------------------------------------------------------------------------
 def _counter_graph() -> Graph:
     """state c <- c + x; output y = c * 2 (reads the old value)."""

@@ -30,6 +30,7 @@ from .shader_module import create_shader_module
 from .wgsl import np_device_dtype
 
 _FEATURES = ("shader-f16", "subgroup", "timestamp-query")
+UPLOAD_FLUSH = 64 << 20   # bytes of queued writes that may sit in wgpu staging memory (upload)
 # Op types whose lowering applies a fused epilogue (attrs["_epilogue"]: "relu" for all three; MatMul and
 # Gemm also a bias and the activations of kernels_gemm.EPILOGUE_ACTIVATIONS).
 EPILOGUE_SUPPORT: set[str] = {"Gemm", "Conv", "MatMul"}
@@ -150,6 +151,8 @@ class WgpuBackend(Backend):
         self.arenas: dict[str, Any] = {}  # arena value -> (buffer, ArenaSpec)
         self.generation = 0   # bumped when a state buffer is replaced (bind groups must follow)
         self._export_bufs: dict[tuple, tuple[Any, int]] = {}  # export_states_async's, per list of names
+        self._unflushed = 0   # bytes written by write_buffer since the last submit (staging held)
+        self._flush_probe: Any = None
 
     def check_precision(self, precision: str) -> str:
         """float16 needs the adapter's `shader-f16` feature (f16 storage and arithmetic in WGSL),
@@ -189,12 +192,28 @@ class WgpuBackend(Backend):
         return U.STORAGE | U.COPY_SRC | U.COPY_DST
 
     # -- state ----------------------------------------------------------------------------------
+    def upload(self, buffer: Any, offset: int, data: np.ndarray) -> None:
+        """queue.write_buffer, without letting staging memory pile up: wgpu copies each write into
+        a staging buffer of its own that lives until the next submit has run, so loading a model's
+        parameters and optimizer state (1.3 GB for GPT-2 small with momentum) would first hold all
+        of it twice on the device. Past UPLOAD_FLUSH bytes the writes are submitted and waited for."""
+        self.device.queue.write_buffer(buffer, offset, data)
+        self._unflushed += data.nbytes
+        if self._unflushed >= UPLOAD_FLUSH:
+            # a 4-byte readback submits the queued writes and waits for them (wgpu-py 0.32's
+            # on_submitted_work_done_sync does not run against this wgpu-native)
+            if self._flush_probe is None:
+                self._flush_probe = self.create_buffer(16, self.storage_usage, "upload flush")
+            self.device.queue.read_buffer(self._flush_probe, 0, 4)
+            self._unflushed = 0
+
     def set_state(self, name: str, value: np.ndarray) -> None:
         value = np.asarray(value)
         data = to_device(value)
         nbytes = max(4, data.nbytes)
         cur = self.state.get(name)
-        if cur is None or cur.nbytes != nbytes:
+        fresh = cur is None or cur.nbytes != nbytes
+        if fresh:
             # A new size leaves any arena: the executables using it re-pack on their next run.
             buf = self.create_buffer(nbytes, self.storage_usage, f"state {name}")
             cur = _StateBuf(buf, value.dtype, tuple(value.shape), nbytes)
@@ -202,8 +221,9 @@ class WgpuBackend(Backend):
             self.generation += 1
         else:
             cur.dtype, cur.shape = value.dtype, tuple(value.shape)
-        if data.nbytes:
-            self.device.queue.write_buffer(cur.buffer, cur.offset, data)
+        # new buffers start zeroed (WebGPU's guarantee): zero optimizer state needs no upload
+        if data.nbytes and not (fresh and not data.any()):
+            self.upload(cur.buffer, cur.offset, data)
 
     def get_state(self, name: str) -> np.ndarray:
         st = self.state[name]
@@ -272,7 +292,7 @@ class WgpuBackend(Backend):
             size = st.nbytes // 4
             if np.dtype(st.dtype) != np.float32 or st.nbytes % 4:
                 return super().import_states(names, flat)
-            self.device.queue.write_buffer(st.buffer, st.offset, flat[off:off + size])
+            self.upload(st.buffer, st.offset, flat[off:off + size])
             off += size
 
     def pack_arena(self, spec) -> None:
@@ -436,7 +456,7 @@ class WgpuExecutable(Executable):
                 data = to_device(graph.initializers[r.name])
                 buf = backend.create_buffer(nbytes, usage, f"const {r.name}")
                 if data.nbytes:
-                    dev.queue.write_buffer(buf, 0, data)
+                    backend.upload(buf, 0, data)
                 self.consts[r.name] = buf
         self.slots = [backend.create_buffer(b, usage, f"slot {k}") for k, b in enumerate(self.plan.slot_bytes)]
         self.garenas = {r.name: backend.create_buffer(nbytes, usage, r.name)
