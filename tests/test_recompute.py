@@ -174,3 +174,40 @@ def test_batchnorm_relu_segments_are_recomputed_exactly():
         results[-1].update({t: nb.get_state(t) for t in g.state_updates.values()})
     for k, v in results[0].items():
         np.testing.assert_array_equal(results[1][k], v, err_msg=k)
+
+
+def test_f16_casts_are_recomputed_exactly_and_plan_smaller():
+    """Mixed precision: the float32 copies of float16 values (a softmax's input) and the float16
+    copies of weights are cast again in the backward instead of living across it
+    (recompute.CASTS); the step computes the same bits, and the wgpu planner keeps the rewrite
+    because it plans fewer bytes (activations of a batch of 1024 outweigh the weights)."""
+    from anygrad.backends import NumpyBackend
+    from anygrad.backends.wgpu.kernel import AdapterCaps
+    from anygrad.backends.wgpu.planner import fit_plan, make_plan, memory_report
+    from anygrad.ir.recompute import CASTS, recompute
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(16, 64), nn.SiLU(), nn.Linear(64, 64), nn.Softmax(dim=-1), nn.Linear(64, 4))
+    model = net.to_model(input_shape=(None, 16)).compile(loss="mse", optimizer=anygrad.optim.SGD(lr=0.1),
+                                                         device="cpu", precision="f16")
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((1024, 16)).astype(np.float32), rng.standard_normal((1024, 4)).astype(np.float32)
+    model.train_on_batch(x, y)
+    step = _executable(model).graph
+    recast, values = recompute(step, CASTS)
+    assert values and all(n.op == "Cast" for n in recast.nodes if n.name.startswith("grad.recompute"))
+    feeds = dict(zip(step.inputs, (x, y)))
+    results = []
+    for g in (step, recast):
+        nb = NumpyBackend()
+        for name in g.state_names:
+            nb.set_state(name, model.backend.get_state(name))
+        results.append(nb.compile(g).run(feeds, list(g.outputs)))
+        results[-1].update({t: nb.get_state(t) for t in g.state_updates.values()})
+    for k, v in results[0].items():
+        np.testing.assert_array_equal(results[1][k], v, err_msg=k)
+    caps = AdapterCaps(has_f16=True, is_cpu=False, max_storage_binding_size=1 << 30)
+    states = set(step.state_names)
+    plain = memory_report(make_plan(step.copy(), caps, states)).total
+    prepared, plan, _ = fit_plan(step.copy(), caps, states, lambda gr: gr)
+    assert any(n.name.startswith("grad.recompute") and n.op == "Cast" for n in prepared.nodes)
+    assert memory_report(plan).total < plain

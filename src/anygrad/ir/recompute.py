@@ -38,8 +38,16 @@ def backward_start(graph: Graph) -> int | None:
     return None
 
 
-def recompute(graph: Graph) -> tuple[Graph, list[str]]:
-    """A copy of graph whose backward recomputes cheap forward values; and those values."""
+# Casts alone: under mixed precision a float16 activation read by a float32 op (softmax, a norm,
+# the loss) is widened by a Cast whose float32 copy the backward reads too, so both copies stay
+# live across the backward (and a float16 copy of each weight beside the float32 one). Recasting
+# them costs one elementwise pass each, and a cast gives the same bits again.
+CASTS = frozenset({"Cast"})
+
+
+def recompute(graph: Graph, ops: frozenset[str] = CHEAP) -> tuple[Graph, list[str]]:
+    """A copy of graph whose backward recomputes cheap forward values (nodes of `ops`); and those
+    values."""
     start = backward_start(graph)
     if start is None:
         return graph, []
@@ -59,7 +67,7 @@ def recompute(graph: Graph) -> tuple[Graph, list[str]]:
         """Node k may be copied for its output v: a cheap op, and v its first output (BatchNorm's
         running statistics, its other outputs, are state updates the original still makes)."""
         n = nodes[k]
-        return n.op in CHEAP and n.outputs[0] == v and v not in keep and (
+        return n.op in ops and n.outputs[0] == v and v not in keep and (
             len([o for o in n.outputs if o]) == 1 or n.op in MULTI_OUTPUT)
 
     def late(v: str) -> list[int]:
@@ -125,4 +133,4 @@ def recompute(graph: Graph) -> tuple[Graph, list[str]]:
     return g, sorted(cand, key=lambda v: cand[v])
 
 
-__all__ = ["CHEAP", "backward_start", "recompute"]
+__all__ = ["CASTS", "CHEAP", "backward_start", "recompute"]

@@ -22,7 +22,7 @@ import numpy as np
 
 from ...errors import DeviceError
 from ...ir.graph import Graph
-from ...ir.recompute import recompute
+from ...ir.recompute import CASTS, recompute
 from .adapters import _bytes
 from .bindpack import pack_reads
 from .bindsplit import split_rows
@@ -272,6 +272,14 @@ def fit_plan(graph: Graph, caps: AdapterCaps, state_names: set[str], prepare_fn)
     free = replace(caps, memory_budget=None)
     prepared = prepare_fn(graph)
     plan = make_plan(prepared, free, state_names)
+    if any(np.dtype(i.dtype) == np.float16 for i in graph.info.values()):
+        # mixed precision: casts recomputed in the backward whenever that plans smaller (recompute.CASTS)
+        recast, values = recompute(graph, CASTS)
+        if values:
+            prepared2 = prepare_fn(recast)
+            plan2 = make_plan(prepared2, free, state_names)
+            if memory_report(plan2).total < memory_report(plan).total:
+                graph, prepared, plan = recast, prepared2, plan2
     if caps.memory_budget is None or memory_report(plan).total <= caps.memory_budget:
         return prepared, plan, []
     lighter, values = recompute(graph)
