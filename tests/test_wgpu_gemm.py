@@ -420,3 +420,28 @@ def test_shared_tiles_prefetch_where_the_copies_unroll(m, k, n, prefetched):
     kernels = check_op("Gemm", [rnd(m, k, seed=7), rnd(n, k, seed=8), rnd(n, seed=9)], attrs, caps=GPU)
     wgsl = kernels[0].wgsl
     assert ("var pa0" in wgsl) == prefetched and ("for (var l = tid" in wgsl) != prefetched
+
+
+@pytest.mark.parametrize("nN,nM", [(1, 1), (5, 1), (1, 9), (7, 8), (3, 17), (40, 25)])
+def test_tile_order_visits_every_tile_once(nN, nM):
+    """The grouped tile order (GROUP_M rows of tiles at a time) is a permutation of the tiles,
+    last partial group included: its WGSL statements evaluated for every workgroup."""
+    import re
+
+    from anygrad.backends.wgpu.kernels_gemm import _tile_order
+    code = [re.sub(r"(\d+)u\b", r"\1", ln.strip().removeprefix("let ").rstrip(";")).replace("/", "//")
+            for ln in _tile_order(nN, nM)]
+    seen = set()
+    for lin in range(nN * nM):
+        env = {"lin": lin, "min": min}
+        for ln in code:
+            name, expr = ln.split(" = ", 1)
+            env[name] = eval(expr, env)  # our own generated arithmetic
+        assert 0 <= env["mb"] < nM and 0 <= env["nb"] < nN
+        seen.add((env["mb"], env["nb"]))
+    assert len(seen) == nN * nM
+
+
+def test_grouped_tile_order_on_many_rows_of_tiles():
+    """18 rows of 64-row tiles (more than GROUP_M, a partial last group) against numpy."""
+    check_op("MatMul", [rnd(1100, 12, seed=21), rnd(12, 40, seed=22)], {"_gemm_variant": "register"}, caps=GPU)

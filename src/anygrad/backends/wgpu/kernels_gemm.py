@@ -438,6 +438,25 @@ def _shared_body(spec: GemmSpec, t: Tiling, va: bool, vb: bool, unroll: bool) ->
     return decl, body
 
 
+GROUP_M = 8  # rows of tiles walked together (tile order, _tile_order)
+
+
+def _tile_order(nN: int, nM: int) -> list[str]:
+    """(mb, nb) of workgroup `lin` within its problem: GROUP_M rows of tiles at a time, down the
+    rows first, so the workgroups running at once share B's column panels and A's row panels in
+    L2, instead of each row of tiles streaming all of B (Triton's grouped ordering). With
+    nM <= GROUP_M that is simply: every row of tiles of a column panel, one after the other."""
+    t = f"(lin % {u(nN * nM)})"
+    if nM == 1:
+        return [f"  let nb = {t};", "  let mb = 0u;"]
+    return [f"  let tg = {t} / {u(GROUP_M * nN)};",
+            f"  let first_m = tg * {u(GROUP_M)};",
+            f"  let gm = min({u(nM)} - first_m, {u(GROUP_M)});",
+            f"  let tr = {t} - tg * {u(GROUP_M * nN)};",
+            "  let mb = first_m + tr % gm;",
+            "  let nb = tr / gm;"]
+
+
 def gemm_wgsl(spec: GemmSpec, t: Tiling, caps: AdapterCaps, splits: int = 1, ksplit: int = 0,
               out: Output | None = None, write: Binding | None = None, with_bias: bool = True) -> tuple[str, tuple]:
     """(shader, grid, read values) of one GEMM kernel; with splits > 1, problem `s` of the grid
@@ -465,8 +484,7 @@ def gemm_wgsl(spec: GemmSpec, t: Tiling, caps: AdapterCaps, splits: int = 1, ksp
         "fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {",
         f"  let lin = {linear_id(grid)};",
         f"  if (lin >= {u(total)}) {{ return; }}",
-        f"  let nb = lin % {u(nN)};",
-        f"  let mb = (lin / {u(nN)}) % {u(nM)};",
+    ] + _tile_order(nN, nM) + [
         f"  let bt = (lin / {u(nN * nM)}) % {u(spec.batch)};",
         f"  let s = lin / {u(nN * nM * spec.batch)};",
         f"  let m0 = mb * {u(t.bm)} + lid.y * {u(t.tm)};",
