@@ -379,3 +379,47 @@ def test_trusted_module_still_validates_wgsl(wb):
     from anygrad.backends.wgpu import shader_module
     with pytest.raises(Exception, match="(?i)unknown|parse|error"):
         shader_module.create_shader_module(wb.device, "@compute @workgroup_size(1) fn main() { nope(); }", "bad")
+
+
+def test_state_packed_into_arenas_before_the_slots_and_old_buffers_freed(wb, monkeypatch):
+    """Parameters and optimizer state move into their arenas when the step is built, before its
+    activation slots exist, and the per-tensor buffers are destroyed then (so the state is never
+    held twice beside the activations); training still matches the numpy backend."""
+    import anygrad
+    from anygrad import nn
+    from anygrad.backends.wgpu import runtime
+    events = []
+    create, destroy = runtime.WgpuBackend.create_buffer, type(wb.device.create_buffer(size=16, usage=8)).destroy
+
+    def tracking_create(self, nbytes, usage, label=""):
+        buf = create(self, nbytes, usage, label)
+        events.append(("create", label, buf))
+        return buf
+
+    def tracking_destroy(buf):
+        events.append(("destroy", "", buf))
+        return destroy(buf)
+    monkeypatch.setattr(runtime.WgpuBackend, "create_buffer", tracking_create)
+    monkeypatch.setattr(type(wb.device.create_buffer(size=16, usage=8)), "destroy", tracking_destroy)
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((32, 8)).astype(np.float32), rng.standard_normal((32, 3)).astype(np.float32)
+    losses = {}
+    for device in ("cpu", "wgpu"):
+        net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3))
+        net.load_state_dict({k: np.full(v.shape, 0.1, np.float32) * (1 + np.arange(v.size).reshape(v.shape) % 5)
+                             for k, v in net.state_dict().items()})
+        model = net.to_model(input_shape=(None, 8)).compile(
+            loss="mse", optimizer=anygrad.optim.SGD(lr=0.05, momentum=0.9), device=device)
+        losses[device] = [model.train_on_batch(x, y) for _ in range(3)]
+    np.testing.assert_allclose(losses["wgpu"], losses["cpu"], rtol=1e-5)
+    exe = next(e for key, e in model._programs.items() if key[0] == "train")
+    members = {m for spec in exe.plan.arenas for m in spec.members}
+    assert members, "the SGD update should read its parameters from arenas"
+    wgpu_events = events[next(k for k, e in enumerate(events) if e[1].startswith("state")):]
+    first_slot = next(k for k, e in enumerate(wgpu_events) if e[1].startswith("slot"))
+    assert all(k < first_slot for k, e in enumerate(wgpu_events) if e[1].startswith("arena"))
+    destroyed = [b for kind, _, b in wgpu_events if kind == "destroy"]
+    for m in members:
+        made = [b for kind, label, b in wgpu_events if kind == "create" and label == f"state {m}"]
+        assert made and any(made[-1] is b for b in destroyed), m
+        assert model.backend.state[m].arena
