@@ -77,7 +77,8 @@ def test_recompute_pass_keeps_the_step_on_the_numpy_backend():
 
 
 @pytest.mark.wgpu
-def test_a_budget_that_needs_recomputation_trains_like_pytorch():
+def test_a_budget_that_needs_recomputation_trains_like_pytorch(monkeypatch):
+    monkeypatch.setenv("ANYGRAD_RECOMPUTE_ELEMENTWISE", "0")  # the budget's own recomputation
     if not has_adapter():
         no_adapter()
     from anygrad.backends.wgpu.planner import memory_report
@@ -107,7 +108,8 @@ def test_a_budget_that_needs_recomputation_trains_like_pytorch():
 
 
 @pytest.mark.wgpu
-def test_a_budget_nothing_fits_names_the_batch_that_does():
+def test_a_budget_nothing_fits_names_the_batch_that_does(monkeypatch):
+    monkeypatch.setenv("ANYGRAD_RECOMPUTE_ELEMENTWISE", "0")  # the budget's own recomputation
     if not has_adapter():
         no_adapter()
     _, ours = _nets()
@@ -211,3 +213,29 @@ def test_f16_casts_are_recomputed_exactly_and_plan_smaller():
     prepared, plan, _ = fit_plan(step.copy(), caps, states, lambda gr: gr)
     assert any(n.name.startswith("grad.recompute") and n.op == "Cast" for n in prepared.nodes)
     assert memory_report(plan).total < plain
+
+
+@pytest.mark.wgpu
+def test_elementwise_values_are_recomputed_by_default(monkeypatch):
+    """Without any budget the planner recomputes per-element forward values in the backward when
+    that plans smaller (the tanh GELU's intermediates and output, read again by the backward):
+    fewer activation bytes than with ANYGRAD_RECOMPUTE_ELEMENTWISE=0, the same losses."""
+    if not has_adapter():
+        no_adapter()
+    from anygrad.backends.wgpu.planner import memory_report
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((256, 16)).astype(np.float32), rng.standard_normal((256, 4)).astype(np.float32)
+    runs, weights = {}, None
+    for flag in ("0", "1"):
+        monkeypatch.setenv("ANYGRAD_RECOMPUTE_ELEMENTWISE", flag)
+        net = nn.Sequential(nn.Linear(16, 64), nn.GELU(approximate="tanh"), nn.Linear(64, 4))
+        weights = weights or {k: np.array(v) for k, v in net.state_dict().items()}
+        net.load_state_dict(weights)
+        model = net.to_model(input_shape=(None, 16)).compile(loss="mse", optimizer=anygrad.optim.SGD(lr=0.1),
+                                                             device="wgpu")
+        losses = [model.train_on_batch(x, y) for _ in range(3)]
+        exe = _executable(model)
+        runs[flag] = (losses, memory_report(exe.plan).activations, len(exe.plan.steps))
+    (plain, plain_bytes, plain_kernels), (lighter, lighter_bytes, kernels) = runs["0"], runs["1"]
+    assert lighter_bytes < plain_bytes and kernels > plain_kernels   # the GELU again, in the backward
+    np.testing.assert_allclose(lighter, plain, rtol=1e-6)

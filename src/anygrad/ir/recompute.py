@@ -38,6 +38,10 @@ def backward_start(graph: Graph) -> int | None:
     return None
 
 
+# Per-element ops only: their copies fuse into the backward's own elementwise kernels (the tanh
+# GELU's gradient recomputes tanh(...) instead of reading two saved intermediates), so they cost
+# no extra pass; normalisations would (a kernel of their own).
+ELEMENTWISE = CHEAP - MULTI_OUTPUT
 # Casts alone: under mixed precision a float16 activation read by a float32 op (softmax, a norm,
 # the loss) is widened by a Cast whose float32 copy the backward reads too, so both copies stay
 # live across the backward (and a float16 copy of each weight beside the float32 one). Recasting
@@ -133,4 +137,4 @@ def recompute(graph: Graph, ops: frozenset[str] = CHEAP) -> tuple[Graph, list[st
     return g, sorted(cand, key=lambda v: cand[v])
 
 
-__all__ = ["CASTS", "CHEAP", "backward_start", "recompute"]
+__all__ = ["CASTS", "CHEAP", "ELEMENTWISE", "backward_start", "recompute"]

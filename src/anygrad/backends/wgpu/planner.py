@@ -16,13 +16,14 @@ No GPU objects here, only decisions, so the plan can be tested and printed on an
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from ...errors import DeviceError
 from ...ir.graph import Graph
-from ...ir.recompute import CASTS, recompute
+from ...ir.recompute import ELEMENTWISE, recompute
 from .adapters import _bytes
 from .bindpack import pack_reads
 from .bindsplit import split_rows
@@ -264,6 +265,13 @@ def make_plan(graph: Graph, caps: AdapterCaps, state_names: set[str]) -> Plan:
 
 
 # -- memory ------------------------------------------------------------------------------------------
+def recompute_elementwise() -> bool:
+    """Per-element forward values recomputed in the backward when that plans smaller (default);
+    ANYGRAD_RECOMPUTE_ELEMENTWISE=0 keeps them stored instead (one elementwise kernel fewer per
+    recomputed segment, more memory)."""
+    return os.environ.get("ANYGRAD_RECOMPUTE_ELEMENTWISE", "1") not in ("", "0")
+
+
 def fit_plan(graph: Graph, caps: AdapterCaps, state_names: set[str], prepare_fn) -> tuple[Graph, Plan, list[str]]:
     """(prepared graph, plan, recomputed values) for `graph` within caps.memory_budget: the plan
     as it is when it fits (slots already reused as tightly as the planner can); else the plan
@@ -272,14 +280,15 @@ def fit_plan(graph: Graph, caps: AdapterCaps, state_names: set[str], prepare_fn)
     free = replace(caps, memory_budget=None)
     prepared = prepare_fn(graph)
     plan = make_plan(prepared, free, state_names)
-    if any(np.dtype(i.dtype) == np.float16 for i in graph.info.values()):
-        # mixed precision: casts recomputed in the backward whenever that plans smaller (recompute.CASTS)
-        recast, values = recompute(graph, CASTS)
-        if values:
-            prepared2 = prepare_fn(recast)
-            plan2 = make_plan(prepared2, free, state_names)
-            if memory_report(plan2).total < memory_report(plan).total:
-                graph, prepared, plan = recast, prepared2, plan2
+    # per-element values (casts too: under mixed precision, float32 copies of float16 values)
+    # recomputed in the backward whenever that plans smaller; their copies fuse into the
+    # backward's elementwise kernels (recompute.ELEMENTWISE)
+    lighter, values = recompute(graph, ELEMENTWISE) if recompute_elementwise() else (graph, [])
+    if values:
+        prepared2 = prepare_fn(lighter)
+        plan2 = make_plan(prepared2, free, state_names)
+        if memory_report(plan2).total < memory_report(plan).total:
+            graph, prepared, plan = lighter, prepared2, plan2
     if caps.memory_budget is None or memory_report(plan).total <= caps.memory_budget:
         return prepared, plan, []
     lighter, values = recompute(graph)

@@ -24,7 +24,7 @@ from .fusion import packed_name, prepare
 from .kernel import LOWERINGS, AdapterCaps
 from .kernels_collective import HOST_PREFIX
 from .limits import LimitsProfile, get_profile, parse_size
-from .planner import MemoryReport, Root, fit_plan, memory_report, value_bytes
+from .planner import MemoryReport, Root, fit_plan, memory_report, recompute_elementwise, value_bytes
 from .profiling import StepProfile, live_profiler, profile_dispatches, wall_ms
 from .shader_module import create_shader_module
 from .wgsl import np_device_dtype
@@ -393,7 +393,7 @@ class WgpuBackend(Backend):
         from ... import __version__
         a = self.adapter
         return (__version__, a.name, a.vendor, a.driver, a.backend, a.type, repr(self.caps), fuse,
-                tuple(sorted(self.state)), autotune.enabled(self.caps))
+                tuple(sorted(self.state)), autotune.enabled(self.caps), recompute_elementwise())
 
     def prepared(self, graph: Graph, fuse: bool, measure: bool = True) -> Graph:
         """The graph as it is lowered: fused (fusion.prepare), then GEMM tilings pinned by the
