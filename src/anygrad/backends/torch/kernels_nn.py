@@ -206,16 +206,93 @@ def _channel(v: Any, rank: int) -> Any:
 
 def _stats_cell(site: Site, x: str, axes: list[int]) -> list | None:
     """Where BatchNormalization leaves its batch statistics of `x` for BatchNormGrad (on CPU,
-    var_mean is as costly as the normalisation itself); None when the executable shares nothing."""
+    computing them is as costly as the normalisation itself); None when the executable shares
+    nothing."""
     if site.memo is None:
         return None
-    return site.memo.setdefault(("var_mean", x, tuple(axes)), [None])
+    return site.memo.setdefault(("batch_stats", x, tuple(axes)), [None])
 
 
+def _one_dtype(site: Site, slots: range, outs: bool = True) -> bool:
+    """Every present input in `slots` (and every output) of the node's first input's dtype:
+    torch's fused batch-norm kernels take one dtype."""
+    dt = site.dtype(0)
+    return (all(np.dtype(site.ins[k].dtype) == dt for k in slots if site.has(k))
+            and (not outs or all(o is None or np.dtype(o.dtype) == dt for o in site.outs)))
+
+
+# BatchNormalization and BatchNormGrad run on torch's fused batch-norm kernels, one launch each
+# besides the statistics: the forward normalises with the batch statistics given as if they
+# were running ones (torch.batch_norm in eval mode), the backward is aten's training-mode
+# backward given the same statistics. Those are var_mean's, computed once in the forward and
+# handed to the gradient when the executable shares values (Site.memo), else recomputed by the
+# same op: the same bits either way (Adagrad or Adam turn the float noise of an exactly-zero
+# gradient, a bias before a BatchNorm, into steps of size lr). Per-channel arithmetic runs in
+# float32 where the reference uses double: the same values up to float32 rounding. Mixed dtypes
+# (float16 data, float32 statistics) take the per-op form below them.
 @lowering("BatchNormalization")
 def _batch_norm(site: Site):
     if not is_float(site.dtype(0)):
         return None
+    if not _one_dtype(site, range(1, 5)) or len(site.shape(0)) < 2:
+        return _batch_norm_ops(site)
+    import torch
+    shape = site.shape(0)
+    axes = [0] + list(range(2, len(shape)))
+    eps = float(site.attr("epsilon", 1e-5))
+    momentum = float(site.attr("momentum", 0.9))
+    training = bool(site.attr("training_mode", 0))
+    n = int(np.prod(shape)) // shape[1]
+    unbiased = (1 - momentum) * (n / max(n - 1, 1))  # PyTorch semantics: the unbiased variance
+    n_out = len(site.node.outputs)
+    cell = _stats_cell(site, site.node.inputs[0], axes)
+
+    def run(ins):
+        x, scale, bias, mean, var = ins[:5]
+        if not training:
+            return [torch.batch_norm(x, scale, bias, mean, var, False, 0.0, eps, True), mean, var][:n_out]
+        batch_var, batch_mean = torch.var_mean(x, dim=axes, correction=0)
+        if cell is not None:
+            cell[0] = (x, batch_var, batch_mean)
+        y = torch.batch_norm(x, scale, bias, batch_mean, batch_var, False, 0.0, eps, True)
+        if n_out == 1:
+            return [y]
+        running_mean = torch.add(mean * momentum, batch_mean, alpha=1 - momentum)
+        running_var = torch.add(var * momentum, batch_var, alpha=unbiased)
+        return [y, running_mean, running_var][:n_out]
+    return run
+
+
+@lowering("BatchNormGrad")
+def _batch_norm_grad(site: Site):
+    if not is_float(site.dtype(0)):
+        return None
+    if not _one_dtype(site, range(1, 5)) or len(site.shape(1)) < 2:
+        return _batch_norm_grad_ops(site)
+    import torch
+    shape = site.shape(1)
+    axes = [0] + list(range(2, len(shape)))
+    eps = float(site.attr("epsilon", 1e-5))
+    training = bool(site.attr("training", 1))
+    cell = _stats_cell(site, site.node.inputs[1], axes) if training else None
+    backward = torch.ops.aten.native_batch_norm_backward
+    mask = [True, True, True]
+
+    def run(ins):
+        dy, x, scale = ins[:3]
+        if not training:
+            return list(backward(dy, x, scale, ins[3], ins[4], None, None, False, eps, mask))
+        if cell is not None and cell[0] is not None and cell[0][0] is x:
+            _, var, mean = cell[0]  # the forward's statistics of this same tensor: the same bits
+            cell[0] = None
+        else:
+            var, mean = torch.var_mean(x, dim=axes, correction=0)
+        return list(backward(dy, x, scale, None, None, mean, torch.rsqrt(var + eps), True, eps, mask))
+    return run
+
+
+def _batch_norm_ops(site: Site):
+    """BatchNormalization in separate torch ops, per-channel arithmetic in double."""
     import torch
     shape = site.shape(0)
     rank, axes = len(shape), [0] + list(range(2, len(shape)))
@@ -224,7 +301,6 @@ def _batch_norm(site: Site):
     training = bool(site.attr("training_mode", 0))
     n = int(np.prod(shape)) // shape[1]
     n_out = len(site.node.outputs)
-    cell = _stats_cell(site, site.node.inputs[0], axes)
 
     def run(ins):
         x, scale, bias, mean, var = ins[:5]
@@ -234,8 +310,6 @@ def _batch_norm(site: Site):
             y = x * _channel(a.to(dt), rank) + _channel((bias - mean * a).to(dt), rank)
             return [y, mean, var][:n_out]
         batch_var, batch_mean = torch.var_mean(x, dim=axes, correction=0)
-        if cell is not None:
-            cell[0] = (x, batch_var, batch_mean)
         bm64, bv64 = batch_mean.double(), batch_var.double()
         a = scale.double() * (1.0 / torch.sqrt(bv64 + eps))
         y = (x - _channel(batch_mean, rank)) * _channel(a.to(dt), rank) + _channel(bias.to(dt), rank)
@@ -249,27 +323,20 @@ def _batch_norm(site: Site):
     return run
 
 
-@lowering("BatchNormGrad")
-def _batch_norm_grad(site: Site):
-    if not is_float(site.dtype(0)):
-        return None
+def _batch_norm_grad_ops(site: Site):
+    """BatchNormGrad in separate torch ops, per-channel arithmetic in double."""
     import torch
     shape = site.shape(1)
     rank, axes = len(shape), [0] + list(range(2, len(shape)))
     eps = float(site.attr("epsilon", 1e-5))
     training = bool(site.attr("training", 1))
     n = int(np.prod(shape)) // shape[1]
-    cell = _stats_cell(site, site.node.inputs[1], axes) if training else None
 
     def run(ins):
         dy, x, scale = ins[:3]
         dt = x.dtype
         if training:
-            if cell is not None and cell[0] is not None and cell[0][0] is x:
-                _, var, mean = cell[0]  # the forward's statistics of this same tensor: the same bits
-                cell[0] = None
-            else:
-                var, mean = torch.var_mean(x, dim=axes, correction=0)
+            var, mean = torch.var_mean(x, dim=axes, correction=0)
             var = var.double()
         else:
             mean, var = ins[3].to(dt), ins[4].double()
@@ -305,10 +372,11 @@ def _dropout(site: Site):
     scale = float(np.float32(1.0 / (1.0 - ratio)))  # ops.nn.dropout_scale
     ratio32 = float(np.float32(ratio))
 
+    least = rng.at_least(ratio32)  # u >= ratio  <=>  word >= least: no float draws made
+
     def run(ins):
         x, state = ins[0], ins[3]
-        u = rng.uniform(state.reshape(-1), salt, size, x.device).reshape(shape)
-        mask = u >= ratio32
+        mask = (rng.uniform_bits(state.reshape(-1), salt, size, x.device) >= least).reshape(shape)
         return [x * (mask.to(x.dtype) * scale), mask]
     return run
 

@@ -174,6 +174,7 @@ class TorchExecutable(Executable):
         self.graph_capable = self._graphable
         self._graph: Any = None      # the captured CUDA graph, once captured
         self._calls = 0
+        self._inference_mode = _torch().inference_mode
 
     # -- compiling ---------------------------------------------------------------------------
     def _steps(self, graph: Graph) -> list[_Step]:
@@ -381,17 +382,22 @@ class TorchExecutable(Executable):
         return vals
 
     def run(self, feeds: Mapping[str, np.ndarray], fetch: Sequence[str] | None = None) -> dict[str, np.ndarray]:
-        self._calls += 1
-        if self.cuda_graph and self._calls > 2:
-            vals = self._run_graph(feeds)
-        else:
-            vals = self._values(feeds)
-            _execute(self.actions, vals)
-        state, held = self.backend.state, self.backend.held
-        for k, target in self.update_slots:
-            state[target] = held(vals[k])
-        names = fetch if fetch is not None else self.graph.outputs
-        return {f: to_numpy(vals[self.slot[f]]) for f in names}
+        # Inference mode: no tensor here ever needs torch.autograd (the graph has its own
+        # gradients), and torch ops then skip autograd's dispatch (~0.4 us per op on a CPU).
+        # Values made here are inference tensors, which may be changed in place only in this
+        # mode: the CUDA graph's copies into its state buffers run inside it too.
+        with self._inference_mode():
+            self._calls += 1
+            if self.cuda_graph and self._calls > 2:
+                vals = self._run_graph(feeds)
+            else:
+                vals = self._values(feeds)
+                _execute(self.actions, vals)
+            state, held = self.backend.state, self.backend.held
+            for k, target in self.update_slots:
+                state[target] = held(vals[k])
+            names = fetch if fetch is not None else self.graph.outputs
+            return {f: to_numpy(vals[self.slot[f]]) for f in names}
 
     # -- CUDA graphs ---------------------------------------------------------------------------
     def _run_graph(self, feeds: Mapping[str, np.ndarray]) -> list:
