@@ -357,12 +357,13 @@ def _states_equal(a, b):
 
 
 @pytest.mark.parametrize("optimizer", [
+    lambda: anygrad.optim.SGD(lr=0.05, momentum=0.9),
     lambda: anygrad.optim.SGD(lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-4),
     lambda: anygrad.optim.SGD(lr=0.05, momentum=0.5, dampening=0.1, maximize=True),
     lambda: anygrad.optim.AdamW(lr=1e-3, weight_decay=0.01, amsgrad=True),
     lambda: anygrad.optim.Adam(lr=1e-3, betas=(0.4, 0.99), weight_decay=1e-3),
     lambda: anygrad.optim.Adagrad(lr=0.05, lr_decay=0.01, weight_decay=1e-3),
-], ids=["sgd-nesterov", "sgd-maximize", "adamw-amsgrad", "adam-wd", "adagrad"])
+], ids=["sgd-momentum", "sgd-nesterov", "sgd-maximize", "adamw-amsgrad", "adam-wd", "adagrad"])
 def test_grouped_updates_are_the_per_parameter_updates_bit_for_bit(optimizer, monkeypatch):
     """All parameters' updates as one torch._foreach_* kernel: the same bits as one kernel per
     parameter (the grouped lowerings switched off)."""
@@ -662,3 +663,33 @@ def test_tanhshrink_runs_on_torch(dtype):
     """The op added in three source files (ops/elementwise.py, the wgpu and the torch kernels)."""
     x = np.linspace(-6, 6, 25).astype(dtype).reshape(5, 5)
     _agrees_with_numpy("Tanhshrink", [x], lowered=("TanhshrinkGrad",))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("weighted, ignore, log_input", [(False, None, 0), (True, None, 0), (False, 2, 0),
+                                                          (True, 0, 1), (False, None, 1)])
+@pytest.mark.parametrize("spatial", [False, True])
+def test_class_losses_and_gradients_run_on_torch(reduction, weighted, ignore, log_input, spatial):
+    """Cross-entropy and NLL on aten's NLL kernels: loss and gradient (through log-softmax's
+    backward) with class weights, an ignored class, per-position targets (N, C, d)."""
+    r = np.random.default_rng(3)
+    shape = (4, 5, 3) if spatial else (6, 5)
+    x = (2 * r.standard_normal(shape)).astype(np.float32)
+    if log_input:
+        x = (x - np.log(np.exp(x).sum(axis=1, keepdims=True))).astype(np.float32)
+    target = r.integers(0, 5, (shape[0],) + shape[2:]).astype(np.int64)
+    target.flat[0] = 2  # one ignored position at least, when ignoring class 2
+    weight = r.uniform(0.5, 2, 5).astype(np.float32) if weighted else None
+    attrs = {"reduction": reduction, "log_input": log_input} | ({"ignore_index": ignore} if ignore is not None else {})
+    _agrees_with_numpy("CrossEntropy", [x, target, weight], attrs, lowered=("CrossEntropyGrad",))
+    attrs.pop("log_input")
+    _agrees_with_numpy("CrossEntropyMetrics", [x, target, weight], attrs | {"k": 3}, n_outputs=4,
+                       lowered=("CrossEntropyGrad",))
+
+
+def test_class_loss_with_every_target_ignored_runs_on_torch():
+    """The mean over no sample is nan (0/0), its gradient zero, as in PyTorch and the reference."""
+    x = np.random.default_rng(4).standard_normal((3, 4)).astype(np.float32)
+    ours = _agrees_with_numpy("CrossEntropy", [x, np.full(3, 1), None], {"ignore_index": 1})
+    loss, grad = ours.pop("out0"), list(ours.values())
+    assert np.isnan(loss) and len(grad) == 1 and grad[0].shape == x.shape and not grad[0].any()

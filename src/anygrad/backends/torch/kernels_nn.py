@@ -221,15 +221,14 @@ def _one_dtype(site: Site, slots: range, outs: bool = True) -> bool:
             and (not outs or all(o is None or np.dtype(o.dtype) == dt for o in site.outs)))
 
 
-# BatchNormalization and BatchNormGrad run on torch's fused batch-norm kernels, one launch each
-# besides the statistics: the forward normalises with the batch statistics given as if they
-# were running ones (torch.batch_norm in eval mode), the backward is aten's training-mode
-# backward given the same statistics. Those are var_mean's, computed once in the forward and
-# handed to the gradient when the executable shares values (Site.memo), else recomputed by the
-# same op: the same bits either way (Adagrad or Adam turn the float noise of an exactly-zero
-# gradient, a bias before a BatchNorm, into steps of size lr). Per-channel arithmetic runs in
-# float32 where the reference uses double: the same values up to float32 rounding. Mixed dtypes
-# (float16 data, float32 statistics) take the per-op form below them.
+# BatchNormalization normalises on torch's fused batch-norm kernel, one launch besides the
+# statistics: the batch statistics given as if they were running ones (torch.batch_norm in eval
+# mode; its per-channel 1/std in float32 where the reference uses double: the same values up to
+# float32 rounding). The statistics are var_mean's, computed once in the forward and handed to
+# BatchNormGrad when the executable shares values (Site.memo), else recomputed by the same op:
+# the same bits either way (Adagrad or Adam turn the float noise of an exactly-zero gradient, a
+# bias before a BatchNorm, into steps of size lr). Mixed dtypes (float16 data, float32
+# statistics) take the per-op form, _batch_norm_ops.
 @lowering("BatchNormalization")
 def _batch_norm(site: Site):
     if not is_float(site.dtype(0)):
@@ -265,29 +264,44 @@ def _batch_norm(site: Site):
 
 @lowering("BatchNormGrad")
 def _batch_norm_grad(site: Site):
+    """(dy, x, scale[, mean, var]) -> (dx, d scale, d bias): the per-channel arithmetic in double,
+    as the reference does it. (aten's fused backward, float32 throughout, moves a small dx by
+    ~1e-3 of itself where its terms cancel, and SGD's momentum carries that on.)"""
     if not is_float(site.dtype(0)):
         return None
-    if not _one_dtype(site, range(1, 5)) or len(site.shape(1)) < 2:
-        return _batch_norm_grad_ops(site)
     import torch
     shape = site.shape(1)
-    axes = [0] + list(range(2, len(shape)))
+    rank, axes = len(shape), [0] + list(range(2, len(shape)))
     eps = float(site.attr("epsilon", 1e-5))
     training = bool(site.attr("training", 1))
+    n = int(np.prod(shape)) // shape[1]
     cell = _stats_cell(site, site.node.inputs[1], axes) if training else None
-    backward = torch.ops.aten.native_batch_norm_backward
-    mask = [True, True, True]
 
     def run(ins):
         dy, x, scale = ins[:3]
-        if not training:
-            return list(backward(dy, x, scale, ins[3], ins[4], None, None, False, eps, mask))
-        if cell is not None and cell[0] is not None and cell[0][0] is x:
-            _, var, mean = cell[0]  # the forward's statistics of this same tensor: the same bits
-            cell[0] = None
+        dt = x.dtype
+        if training:
+            if cell is not None and cell[0] is not None and cell[0][0] is x:
+                _, var, mean = cell[0]  # the forward's statistics of this same tensor: the same bits
+                cell[0] = None
+            else:
+                var, mean = torch.var_mean(x, dim=axes, correction=0)
+            var = var.double()
         else:
-            var, mean = torch.var_mean(x, dim=axes, correction=0)
-        return list(backward(dy, x, scale, None, None, mean, torch.rsqrt(var + eps), True, eps, mask))
+            mean, var = ins[3].to(dt), ins[4].double()
+        centered = x - _channel(mean, rank)
+        dbias = dy.sum(dim=axes).double()
+        dot = (dy * centered).sum(dim=axes).double()
+        inv = 1.0 / torch.sqrt(var + eps)
+        k = scale.double() * inv
+        dscale = dot * inv
+        dparams = [dscale, dbias]
+        if not training:
+            return [dy * _channel(k.to(dt), rank)] + dparams
+        # -(k * inv * dscale) / n is (k * inv * dscale) / -n, bit for bit: one op fewer each
+        alpha, beta = (k * inv * dscale / -n).to(dt), (k * dbias / -n).to(dt)
+        dx = dy * _channel(k.to(dt), rank) + (centered * _channel(alpha, rank) + _channel(beta, rank))
+        return [dx] + dparams
     return run
 
 
@@ -320,38 +334,6 @@ def _batch_norm_ops(site: Site):
         running_mean = mean * momentum + bm64 * (1 - momentum)
         running_var = var * momentum + unbiased * (1 - momentum)
         return [y, running_mean, running_var][:n_out]
-    return run
-
-
-def _batch_norm_grad_ops(site: Site):
-    """BatchNormGrad in separate torch ops, per-channel arithmetic in double."""
-    import torch
-    shape = site.shape(1)
-    rank, axes = len(shape), [0] + list(range(2, len(shape)))
-    eps = float(site.attr("epsilon", 1e-5))
-    training = bool(site.attr("training", 1))
-    n = int(np.prod(shape)) // shape[1]
-
-    def run(ins):
-        dy, x, scale = ins[:3]
-        dt = x.dtype
-        if training:
-            var, mean = torch.var_mean(x, dim=axes, correction=0)
-            var = var.double()
-        else:
-            mean, var = ins[3].to(dt), ins[4].double()
-        centered = x - _channel(mean, rank)
-        dbias = dy.sum(dim=axes).double()
-        dot = (dy * centered).sum(dim=axes).double()
-        inv = 1.0 / torch.sqrt(var + eps)
-        k = scale.double() * inv
-        dscale = dot * inv
-        dparams = [dscale, dbias]
-        if not training:
-            return [dy * _channel(k.to(dt), rank)] + dparams
-        alpha, beta = (-k * inv * dscale / n).to(dt), (-k * dbias / n).to(dt)
-        dx = dy * _channel(k.to(dt), rank) + (centered * _channel(alpha, rank) + _channel(beta, rank))
-        return [dx] + dparams
     return run
 
 
@@ -427,6 +409,29 @@ def _standardize(x: Any, axes: list[int], eps: float) -> tuple[Any, Any, Any]:
     return centered * inv, mean, inv
 
 
+def _fused_layer_norm(site: Site, x_slot: int, dt: Any) -> bool:
+    """Whether torch's fused layer-norm kernels compute this node: statistics in the data's own
+    dtype (not float16 data with float32 statistics), every input of that dtype, scale and bias
+    of exactly the normalised shape (not merely broadcastable to it)."""
+    import torch
+    x = site.dtype(x_slot)
+    norm = site.shape(x_slot)[_layer_norm_setup(site)[0][0]:] if x_slot else None
+    return (dt == {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}.get(x)
+            and all(site.dtype(k) == x for k in range(len(site.ins)) if site.has(k))
+            and (norm is None or site.shape(2) == norm))
+
+
+def _ln_cell(site: Site, x: str, axes: list[int], eps: float) -> list | None:
+    """Where LayerNormalization leaves (x, mean, 1/std) for LayerNormGrad (see _stats_cell)."""
+    if site.memo is None:
+        return None
+    return site.memo.setdefault(("layer_stats", x, tuple(axes), eps), [None])
+
+
+# LayerNormalization and LayerNormGrad run on torch's fused kernels (aten.native_layer_norm and
+# its backward: one launch each, where the per-op form below takes 9 and 18) when the statistics
+# are computed in the data's dtype. The gradient takes the forward's mean and 1/std of the same
+# tensor (Site.memo), else gets them from the same fused forward: the same bits either way.
 @lowering("LayerNormalization")
 def _layer_norm(site: Site):
     """(x, scale, bias?) -> y [, mean, 1/std] in the stash dtype (the runtime casts)."""
@@ -436,7 +441,23 @@ def _layer_norm(site: Site):
     if setup is None:
         return None
     axes, eps, dt = setup
+    norm = list(site.shape(0)[axes[0]:])
+    if not _fused_layer_norm(site, 0, dt) or any(list(site.shape(k)) != norm for k in (1, 2) if site.has(k)):
+        return _layer_norm_ops(axes, eps, dt)
+    import torch
+    fused = torch.ops.aten.native_layer_norm
+    cell = _ln_cell(site, site.node.inputs[0], axes, eps)
 
+    def layer_norm(ins):
+        x = ins[0]
+        y, mean, inv = fused(x, norm, ins[1], ins[2] if len(ins) > 2 else None, eps)
+        if cell is not None:
+            cell[0] = (x, mean, inv)
+        return [y, mean, inv]
+    return layer_norm
+
+
+def _layer_norm_ops(axes: list[int], eps: float, dt: Any):
     def layer_norm(ins):
         x, scale = ins[0], ins[1]
         bias = ins[2] if len(ins) > 2 else None
@@ -458,6 +479,27 @@ def _layer_norm_grad(site: Site):
     if setup is None:
         return None
     axes, eps, dt = setup
+    if not _fused_layer_norm(site, 1, dt):
+        return _layer_norm_grad_ops(axes, eps, dt)
+    import torch
+    fused, backward = torch.ops.aten.native_layer_norm, torch.ops.aten.native_layer_norm_backward
+    norm = list(site.shape(1)[axes[0]:])
+    cell = _ln_cell(site, site.node.inputs[1], axes, eps)
+    mask = [True, True, True]
+
+    def layer_norm_grad(ins):
+        dy, x, scale = ins
+        if cell is not None and cell[0] is not None and cell[0][0] is x:
+            _, mean, inv = cell[0]
+            cell[0] = None
+        else:
+            _, mean, inv = fused(x, norm, None, None, eps)
+        # the bias argument only shapes d bias (sum of dy): scale has its shape and dtype
+        return list(backward(dy, x, norm, mean, inv, scale, scale, mask))
+    return layer_norm_grad
+
+
+def _layer_norm_grad_ops(axes: list[int], eps: float, dt: Any):
     lead = list(range(axes[0]))
 
     def layer_norm_grad(ins):

@@ -126,7 +126,11 @@ def lower(site: Site) -> Callable | None:
         dtype = np.dtype(info.dtype)
         # unsigned inputs up to 32 bits reach a kernel as int64 (exact); no output may be one
         held = dtype in TORCH_DTYPES or (k < len(site.ins) and dtype in WIDENED)
-        if not held or not all(isinstance(d, int) for d in info.shape) or 0 in tuple(info.shape):
+        if not held or not all(isinstance(d, int) for d in info.shape):
+            return None
+        # an empty tensor, but for an empty constant operand (a shape [] or no axes), which the
+        # lowerings read at compile time (Site.const)
+        if 0 in tuple(info.shape) and not (0 < k < len(site.ins) and info.const is not None):
             return None
     return fn(site)
 
