@@ -3,6 +3,7 @@ Softmax. Windows (pads, auto_pad, strides, dilations) are resolved by `ops.nn.wi
 same rule the reference kernels use; asymmetric pads become an explicit pad of the input."""
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -53,9 +54,10 @@ def _conv(site: Site):
     group, conv = int(site.attr("group", 1)), _conv_fn(nd)
     sym = _symmetric(win)
     has_b = site.has(2)
+    same = site.dtype(1) == site.dtype(0)  # else the weight is cast per step
 
     def run(ins):
-        x, w = ins[0], ins[1].to(ins[0].dtype)
+        x, w = ins[0], ins[1] if same else ins[1].to(ins[0].dtype)
         b = ins[2] if has_b else None
         if sym:
             return [conv(x, w, b, win.strides, list(win.begin), win.dilations, group)]
@@ -63,49 +65,60 @@ def _conv(site: Site):
     return run
 
 
-def _grad_fns(nd: int) -> tuple[Any, Any] | None:
-    import torch.nn.grad as G
-    fns = {1: (G.conv1d_input, G.conv1d_weight), 2: (G.conv2d_input, G.conv2d_weight),
-           3: (G.conv3d_input, G.conv3d_weight)}
-    return fns.get(nd)
+def _conv_backward(nd: int, stride: Any, padding: Any, dilation: Any, group: int, which: int) -> Any:
+    """aten.convolution_backward for one gradient (0: input, 1: weight) as a function of
+    (dy, the other operand, the shape of the wanted one). The operand whose gradient is wanted
+    is read for its shape only: a one-element tensor expanded to it (torch.nn.grad's way), made
+    once per device and dtype, not once per step."""
+    import torch
+    backward = torch.ops.aten.convolution_backward
+    mask = (which == 0, which == 1, False)
+    stride, padding, dilation, zeros = list(stride), list(padding), list(dilation), [0] * nd
+    stand_ins: dict[tuple, Any] = {}
+
+    def run(dy: Any, other: Any, shape: tuple) -> Any:
+        key = (dy.device, dy.dtype)
+        stand_in = stand_ins.get(key)
+        if stand_in is None:
+            stand_in = stand_ins[key] = dy.new_empty(1).expand(shape)
+        x, w = (stand_in, other) if which == 0 else (other, stand_in)
+        return backward(dy, x, w, None, stride, padding, dilation, False, zeros, group, mask)[which]
+    return run
 
 
 @lowering("ConvGradInput")
 def _conv_grad_input(site: Site):
     shape = tuple(int(d) for d in site.attr("input_shape"))
     w_shape = site.shape(1)
-    fns = _grad_fns(len(shape) - 2)
-    if fns is None or not is_float(site.dtype(0)):
+    nd = len(shape) - 2
+    if not 1 <= nd <= 3 or not is_float(site.dtype(0)):
         return None
     win = window(site.node, shape[2:], w_shape[2:])
-    group, grad_input = int(site.attr("group", 1)), fns[0]
+    group = int(site.attr("group", 1))
     padded = shape[:2] + tuple(win.padded)
-
-    def run(ins):
-        dy, w = ins[0], ins[1].to(ins[0].dtype)
-        if _symmetric(win) and padded == tuple(s + b + e for s, b, e in
-                                               zip(shape, (0, 0) + win.begin, (0, 0) + win.end)):
-            return [grad_input(shape, w, dy, win.strides, list(win.begin), win.dilations, group)]
-        return [_crop(grad_input(padded, w, dy, win.strides, 0, win.dilations, group), win)]
-    return run
+    same = site.dtype(1) == site.dtype(0)
+    if _symmetric(win) and padded == tuple(s + b + e for s, b, e in zip(shape, (0, 0) + win.begin, (0, 0) + win.end)):
+        grad = _conv_backward(nd, win.strides, win.begin, win.dilations, group, 0)
+        return lambda ins: [grad(ins[0], ins[1] if same else ins[1].to(ins[0].dtype), shape)]
+    grad = _conv_backward(nd, win.strides, [0] * nd, win.dilations, group, 0)
+    return lambda ins: [_crop(grad(ins[0], ins[1] if same else ins[1].to(ins[0].dtype), padded), win)]
 
 
 @lowering("ConvGradWeight")
 def _conv_grad_weight(site: Site):
     w_shape = tuple(int(d) for d in site.attr("weight_shape"))
     x_shape = site.shape(1)
-    fns = _grad_fns(len(x_shape) - 2)
-    if fns is None or not is_float(site.dtype(0)):
+    nd = len(x_shape) - 2
+    if not 1 <= nd <= 3 or not is_float(site.dtype(0)):
         return None
     win = window(site.node, x_shape[2:], w_shape[2:])
-    group, grad_weight = int(site.attr("group", 1)), fns[1]
-
-    def run(ins):
-        dy, x = ins[0], ins[1].to(ins[0].dtype)
-        if _symmetric(win):
-            return [grad_weight(x, w_shape, dy, win.strides, list(win.begin), win.dilations, group)]
-        return [grad_weight(_pad(x, win), w_shape, dy, win.strides, 0, win.dilations, group)]
-    return run
+    group = int(site.attr("group", 1))
+    same = site.dtype(1) == site.dtype(0)
+    if _symmetric(win):
+        grad = _conv_backward(nd, win.strides, win.begin, win.dilations, group, 1)
+        return lambda ins: [grad(ins[0], ins[1] if same else ins[1].to(ins[0].dtype), w_shape)]
+    grad = _conv_backward(nd, win.strides, [0] * nd, win.dilations, group, 1)
+    return lambda ins: [grad(ins[0], _pad(ins[1] if same else ins[1].to(ins[0].dtype), win), w_shape)]
 
 
 # -- pooling -----------------------------------------------------------------------------------
@@ -357,9 +370,10 @@ def _dropout(site: Site):
     least = rng.at_least(ratio32)  # u >= ratio  <=>  word >= least: no float draws made
 
     def run(ins):
-        x, state = ins[0], ins[3]
-        mask = (rng.uniform_bits(state.reshape(-1), salt, size, x.device) >= least).reshape(shape)
+        x, state = ins[0], ins[3]  # the state, or its key where the host holds the state
+        mask = (rng.uniform_bits(state, salt, size, x.device) >= least).reshape(shape)
         return [x * (mask.to(x.dtype) * scale), mask]
+    run.host_inputs = {3: functools.partial(rng.host_key, salt=salt)}  # type: ignore[attr-defined]
     return run
 
 

@@ -149,6 +149,8 @@ def _matmul(site: Site):
     if not (is_float(site.dtype(0)) and is_float(site.dtype(1))):
         return None
     import torch
+    if site.dtype(1) == site.dtype(0):
+        return lambda ins: [torch.matmul(ins[0], ins[1])]
     return lambda ins: [torch.matmul(ins[0], ins[1].to(ins[0].dtype))]
 
 
@@ -160,11 +162,12 @@ def _gemm(site: Site):
     alpha, beta = site.attr("alpha", 1.0), site.attr("beta", 1.0)
     alpha32, beta32 = float(np.float32(alpha)), float(np.float32(beta))
     has_c = site.has(2)
+    same = site.dtype(1) == site.dtype(0)
 
     def gemm(ins):
         a = ins[0].t() if ta else ins[0]
         b = ins[1].t() if tb else ins[1]
-        y = a @ b.to(a.dtype)
+        y = a @ (b if same else b.to(a.dtype))
         if alpha != 1.0:
             y = y * alpha32
         if has_c:

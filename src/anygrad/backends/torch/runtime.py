@@ -270,12 +270,27 @@ class TorchExecutable(Executable):
                     at(name)
             if not st.lowered:
                 host.update(o for o in st.outputs if o)
-        device_read = {i for st in steps if st.lowered for i in st.inputs if i in host}
-        twin: dict[str, int] = {}
+        def prep_of(st: _Step, j: int, name: str) -> Callable | None:
+            """The host function a lowered kernel wants applied to input j when the host holds
+            it (kernel.host_inputs), e.g. the dropout key from the uint32 RNG state."""
+            if not st.lowered or st.grouped or name not in host:
+                return None
+            return getattr(st.kernel, "host_inputs", {}).get(j)
+
+        device_read = {i for st in steps if st.lowered for j, i in enumerate(st.inputs)
+                       if i in host and prep_of(st, j, i) is None}
+        preps = list(dict.fromkeys((i, fn) for st in steps for j, i in enumerate(st.inputs)
+                                   if i and (fn := prep_of(st, j, i)) is not None))
+        fresh = itertools.count(len(slot) + 2)
+        twin: dict[Any, int] = {}  # name, or (name, host function): its device twin's slot
 
         def upload_action(name: str) -> _Action:
-            twin[name] = len(slot) + 2 + len(twin)
+            twin[name] = next(fresh)
             return (self._upload_fn, [slot[name]], [twin[name]], [None])
+
+        def prep_actions(name: str, fn: Callable) -> list[_Action]:
+            made, twin[(name, fn)] = next(fresh), next(fresh)
+            return [(_host_fn(fn), [slot[name]], [made], [None]), (self._upload_fn, [made], [twin[(name, fn)]], [None])]
 
         actions: list[_Action] = []
         host_first: list[_Action] = []   # uploads of host values known before the step
@@ -286,18 +301,30 @@ class TorchExecutable(Executable):
                 self.consts[twin[name]] = self.backend.upload(self.consts[slot[name]])
             else:
                 host_first.append(action)
+        for name, fn in preps:
+            if name in fallback_made:
+                continue
+            prepared = prep_actions(name, fn)
+            if slot[name] in self.consts:
+                self.consts[twin[(name, fn)]] = self.backend.upload(fn(self.consts[slot[name]]))
+            else:
+                host_first += prepared
         for st in steps:
-            ins = [_NONE if not i else twin[i] if st.lowered and i in twin else slot[i] for i in st.inputs]
+            ins = [_NONE if not i else twin[(i, fn)] if (fn := prep_of(st, j, i)) is not None
+                   else twin[i] if st.lowered and i in twin else slot[i] for j, i in enumerate(st.inputs)]
             outs = [slot[o] if o else _DROP for o in st.outputs]
             if not st.lowered:
                 actions.append((self._fallback_fn(st), ins, outs, [None] * len(outs)))
                 actions += [upload_action(o) for o in st.outputs if o and o in device_read]
+                for name, fn in preps:
+                    if name in st.outputs:
+                        actions += prep_actions(name, fn)
             elif st.grouped:
                 sizes = [len(n.inputs) for n in st.nodes]
                 actions.append((_grouped_fn(st.kernel, sizes), ins, outs, st.torch_dtypes))
             else:
                 actions.append((st.kernel, ins, outs, st.torch_dtypes))
-        self.n_slots = len(slot) + 2 + len(twin)
+        self.n_slots = next(fresh)
         self.slot = slot
         self.actions = host_first + actions
         self.state_slots = [(name, slot[name]) for name in graph.state_names]
@@ -517,6 +544,14 @@ def _execute(actions: list[_Action], vals: list) -> None:
         res = fn([vals[i] for i in ins])
         for o, v, want in zip(outs, res, casts):
             vals[o] = v if want is None or v.dtype == want else v.to(want)
+
+
+def _host_fn(fn: Callable) -> Callable:
+    """A host function of one host value as a host action's kernel."""
+    def run(ins: list) -> list:
+        return [fn(ins[0])]
+    run.host = True  # type: ignore[attr-defined]
+    return run
 
 
 def _grouped_fn(kernel: Callable, sizes: list[int]) -> Callable:
