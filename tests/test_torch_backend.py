@@ -454,7 +454,10 @@ def _op_and_grads(op: str, inputs: list, attrs: dict | None = None, *, diff: tup
             names.append("")
             continue
         names.append(f"in{i}")
-        g.inputs.append(f"in{i}")
+        if isinstance(a, _Const):  # an initializer: known when the graph is compiled
+            g.initializers[f"in{i}"] = a.value
+        else:
+            g.inputs.append(f"in{i}")
         g.info[f"in{i}"] = TensorInfo(np.asarray(a).dtype, np.shape(a))
     outs = [f"out{k}" for k in range(n_outputs)]
     g.nodes = [Node(op, names, outs, dict(attrs or {}), name="op")]
@@ -466,8 +469,19 @@ def _op_and_grads(op: str, inputs: list, attrs: dict | None = None, *, diff: tup
         loss = b.op("ReduceSum", [b.op("Mul", ["out0", b.const(r)])], keepdims=0)
         grads = gradients(s, loss, [f"in{i}" for i in diff])
         s.outputs = outs + [grads[f"in{i}"] for i in diff]
-    feeds = {f"in{i}": np.asarray(a) for i, a in enumerate(inputs) if a is not None}
+    feeds = {f"in{i}": np.asarray(a) for i, a in enumerate(inputs) if a is not None and not isinstance(a, _Const)}
     return s, feeds
+
+
+class _Const:
+    """An input of `_op_and_grads` given as a constant (pads, slice bounds), not fed."""
+
+    def __init__(self, value):
+        self.value = np.asarray(value)
+        self.dtype, self.shape = self.value.dtype, self.value.shape
+
+    def __array__(self, dtype=None, copy=None):
+        return self.value
 
 
 def _agrees_with_numpy(op: str, inputs: list, attrs: dict | None = None, *, diff: tuple[int, ...] = (0,),
@@ -693,3 +707,37 @@ def test_class_loss_with_every_target_ignored_runs_on_torch():
     ours = _agrees_with_numpy("CrossEntropy", [x, np.full(3, 1), None], {"ignore_index": 1})
     loss, grad = ours.pop("out0"), list(ours.values())
     assert np.isnan(loss) and len(grad) == 1 and grad[0].shape == x.shape and not grad[0].any()
+
+
+@FLOATS
+@pytest.mark.parametrize("mode, pads", [("constant", [1, 0, 2, 1, 0, 3]), ("constant", [0, -1, 1, 0, 1, -2]),
+                                        ("reflect", [0, 2, 1, 0, 1, 2]), ("edge", [1, 0, 3, 0, 2, 1]),
+                                        ("wrap", [0, 1, 2, 0, 3, 1])])
+def test_pad_and_its_gradient_run_on_torch(dtype, mode, pads):
+    """Pad (negative amounts crop) and PadGrad on torch kernels, every mode."""
+    x = np.random.default_rng(5).standard_normal((2, 3, 4)).astype(dtype)
+    _agrees_with_numpy("Pad", [x, _Const(np.array(pads, np.int64)), _Const(np.array(1.5, dtype))], {"mode": mode},
+                       lowered=("PadGrad",))
+
+
+@FLOATS
+@pytest.mark.parametrize("starts, ends, axes, steps", [([1, 0], [3, 5], [0, 2], [1, 2]),
+                                                       ([-1, 4], [-4, 0], [1, 2], [-1, -2]),
+                                                       ([0], [2], [1], [1])])
+def test_slice_gradient_runs_on_torch(dtype, starts, ends, axes, steps):
+    """SliceGrad: steps of 1, 2 and negative ones."""
+    x = np.random.default_rng(6).standard_normal((4, 5, 6)).astype(dtype)
+    _agrees_with_numpy("Slice", [x] + [_Const(np.array(v, np.int64)) for v in (starts, ends, axes, steps)],
+                       lowered=("SliceGrad",))
+
+
+@FLOATS
+@pytest.mark.parametrize("shape, attrs", [
+    ((2, 3, 6, 7), {"kernel_shape": [2, 3], "strides": [2, 1]}),
+    ((2, 3, 6, 7), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "count_include_pad": 1}),
+    ((2, 3, 6, 7), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ((2, 3, 9), {"kernel_shape": [3], "strides": [2]}),
+    ((1, 2, 4, 5, 6), {"kernel_shape": [2, 2, 3], "strides": [2, 1, 2]})])
+def test_average_pool_gradient_runs_on_torch(dtype, shape, attrs):
+    x = np.random.default_rng(7).standard_normal(shape).astype(dtype)
+    _agrees_with_numpy("AveragePool", [x], attrs, lowered=("AveragePoolGrad",))

@@ -204,6 +204,44 @@ def _avg_pool(site: Site):
     return run
 
 
+@lowering("AveragePoolGrad")
+def _avg_pool_grad(site: Site):
+    """aten's average-pool backward, under the forward lowering's conditions (symmetric pads
+    within half a window, no dilation) and where torch's pooled shape is the node's (ceil_mode
+    may give torch one more window: the reference kernel runs)."""
+    import torch
+    shape = tuple(int(d) for d in site.attr("input_shape"))
+    kernel = site.attr("kernel_shape")
+    if kernel is None or not is_float(site.dtype(0)):
+        return None
+    win = window(site.node, shape[2:], kernel, bool(site.attr("ceil_mode", 0)))
+    if (not 1 <= win.nd <= 3 or any(d != 1 for d in win.dilations) or not _symmetric(win)
+            or any(2 * b > k for b, k in zip(win.begin, win.kernel))):
+        return None
+    ceil, include = bool(site.attr("ceil_mode", 0)), bool(site.attr("count_include_pad", 0))
+    nd = win.nd
+    as_nd = 2 if nd == 1 else nd  # 1-D pools run as 2-D ones of height 1
+    k, st, pad = ((1,) + win.kernel, (1,) + win.strides, (0,) + tuple(win.begin)) if nd == 1 else (
+        win.kernel, win.strides, tuple(win.begin))
+    shape_nd = shape[:2] + (1,) + shape[2:] if nd == 1 else shape
+    pool = {2: torch.nn.functional.avg_pool2d, 3: torch.nn.functional.avg_pool3d}[as_nd]
+    pooled = pool(torch.empty(shape_nd, device="meta"), k, st, pad, ceil, include).shape
+    if tuple(pooled[2:]) != (1,) * (nd == 1) + tuple(win.out):
+        return None
+    backward = {2: torch.ops.aten.avg_pool2d_backward, 3: torch.ops.aten.avg_pool3d_backward}[as_nd]
+    stand_ins: dict = {}
+
+    def run(ins):
+        dy = ins[0].unsqueeze(2) if nd == 1 else ins[0]
+        key = (dy.device, dy.dtype)
+        x = stand_ins.get(key)
+        if x is None:  # the input is read for its shape only
+            x = stand_ins[key] = dy.new_empty(1).expand(shape_nd)
+        dx = backward(dy, x, k, st, pad, ceil, include, None)
+        return [dx.squeeze(2) if nd == 1 else dx]
+    return run
+
+
 @lowering("GlobalAveragePool")
 def _global_avg(site: Site):
     if not is_float(site.dtype(0)):
