@@ -741,3 +741,26 @@ def test_slice_gradient_runs_on_torch(dtype, starts, ends, axes, steps):
 def test_average_pool_gradient_runs_on_torch(dtype, shape, attrs):
     x = np.random.default_rng(7).standard_normal(shape).astype(dtype)
     _agrees_with_numpy("AveragePool", [x], attrs, lowered=("AveragePoolGrad",))
+
+
+@FLOATS
+@pytest.mark.parametrize("op, shape, groups, per_group", [("InstanceNormalization", (2, 3, 4, 5), None, False),
+                                                          ("InstanceNormalization", (3, 4, 6), None, False),
+                                                          ("GroupNormalization", (2, 6, 3, 2), 3, False),
+                                                          ("GroupNormalization", (2, 6, 5), 2, True)])
+def test_group_and_instance_norm_run_on_torch(dtype, op, shape, groups, per_group, monkeypatch):
+    """Forward and GroupNormGrad (dx, d scale, d bias) on aten's fused group-norm kernels, per-
+    channel and per-group (opset 18-20) parameters; with the forward's statistics (memo) and
+    without (as torch.compile's executables, which share none): the same bits."""
+    from anygrad.backends.torch import runtime
+    r = np.random.default_rng(8)
+    x = (2 * r.standard_normal(shape) + 0.5).astype(dtype)
+    n = groups if per_group else shape[1]
+    params = [r.standard_normal(n).astype(dtype) for _ in range(2)]
+    attrs = {"epsilon": 1e-3} | ({"num_groups": groups} if groups else {})
+    ours = _agrees_with_numpy(op, [x, *params], attrs, diff=(0, 1, 2), lowered=("GroupNormGrad",))
+    graph, feeds = _op_and_grads(op, [x, *params], attrs, diff=(0, 1, 2))
+    site = runtime.node_site
+    monkeypatch.setattr(runtime, "node_site", lambda graph, node, memo=None: site(graph, node, None))
+    for name, value in TorchBackend("torch:cpu").compile(graph).run(feeds).items():
+        np.testing.assert_array_equal(value, ours[name], err_msg=name)

@@ -564,3 +564,85 @@ def _layer_norm_grad_ops(axes: list[int], eps: float, dt: Any):
         # sum(dim=[]) would reduce every axis: with no leading axes there is nothing to sum
         return [dx, dxhat.sum(dim=lead) if lead else dxhat, dy.sum(dim=lead) if lead else dy]
     return layer_norm_grad
+
+
+# -- GroupNormalization / InstanceNormalization -------------------------------------------------------
+def _gn_setup(site: Site, x_slot: int) -> tuple | None:
+    """(N, C, spatial size, groups) for torch's fused group-norm kernels, or None where they do
+    not compute what the reference does: statistics in another dtype than the data's (float16
+    data, or stash_type double), inputs of mixed dtypes."""
+    shape = site.shape(x_slot)
+    x = site.dtype(x_slot)
+    if x not in (np.dtype(np.float32), np.dtype(np.float64)) or len(shape) < 2:
+        return None
+    if int(site.attr("stash_type", 1)) == 11 and x != np.dtype(np.float64):
+        return None
+    if any(site.dtype(k) != x for k in range(len(site.ins)) if site.has(k)):
+        return None
+    if site.node.op == "InstanceNormalization":
+        groups = shape[1]
+    else:
+        groups = int(site.attr("num_groups"))
+    return shape[0], shape[1], int(np.prod(shape[2:])), groups
+
+
+def _gn_cell(site: Site, x: str, groups: int, eps: float) -> list | None:
+    """Where the forward leaves (x, mean, 1/std) for GroupNormGrad (see _stats_cell)."""
+    if site.memo is None:
+        return None
+    return site.memo.setdefault(("group_stats", x, groups, eps), [None])
+
+
+@lowering("GroupNormalization", "InstanceNormalization")
+def _group_norm(site: Site):
+    """aten.native_group_norm (one launch); per-group scale and bias (GroupNormalization 18-20)
+    repeated per channel first."""
+    setup = _gn_setup(site, 0)
+    if setup is None:
+        return None
+    import torch
+    n, c, hw, groups = setup
+    eps = float(site.attr("epsilon", 1e-5))
+    fused = torch.ops.aten.native_group_norm
+    per_group = [site.has(k) and site.shape(k)[0] != c for k in (1, 2)]
+    cell = _gn_cell(site, site.node.inputs[0], groups, eps)
+
+    def group_norm(ins):
+        x = ins[0]
+        scale, bias = (p.repeat_interleave(c // groups) if pg else p for p, pg in zip(ins[1:3], per_group))
+        y, mean, inv = fused(x, scale, bias, n, c, hw, groups, eps)
+        if cell is not None:
+            cell[0] = (x, mean, inv)
+        return [y]
+    return group_norm
+
+
+@lowering("GroupNormGrad")
+def _group_norm_grad(site: Site):
+    """aten.native_group_norm_backward with the forward's mean and 1/std of the same tensor
+    (Site.memo), else with those of the fused forward run again: the same bits either way."""
+    setup = _gn_setup(site, 1)
+    if setup is None:
+        return None
+    import torch
+    n, c, hw, groups = setup
+    eps = float(site.attr("epsilon", 1e-5))
+    fused, backward = torch.ops.aten.native_group_norm, torch.ops.aten.native_group_norm_backward
+    n_scale, n_bias = site.shape(2)[0], int(site.attr("bias_shape")[0])
+    cell = _gn_cell(site, site.node.inputs[1], groups, eps)
+    mask = [True, True, True]
+
+    def per(p, k: int):  # per-group parameters sum their channels
+        return p if k == c else p.reshape(k, -1).sum(dim=1)
+
+    def group_norm_grad(ins):
+        dy, x, scale = ins
+        if cell is not None and cell[0] is not None and cell[0][0] is x:
+            _, mean, inv = cell[0]
+            cell[0] = None
+        else:
+            _, mean, inv = fused(x, None, None, n, c, hw, groups, eps)
+        weight = scale if n_scale == c else scale.repeat_interleave(c // groups)
+        dx, dscale, dbias = backward(dy, x, mean, inv, weight, n, c, hw, groups, mask)
+        return [dx, per(dscale, n_scale), per(dbias, n_bias)]
+    return group_norm_grad
