@@ -164,9 +164,12 @@ def measure(name: str, batch: int, device: str, steps: int, repeats: int, profil
     out["native_aten"], out["native_aten_ops"] = aten_ops(lambda: native(0))
     # counted outside inference mode, where torch decomposes composite ops (reshape, to, matmul)
     # as it does for the native step: the same granularity on both sides
-    mode, exe._inference_mode = exe._inference_mode, contextlib.nullcontext
+    mode = getattr(exe, "_inference_mode", None)
+    if mode is not None:
+        exe._inference_mode = contextlib.nullcontext
     out["anygrad_aten"], out["anygrad_aten_ops"] = aten_ops(lambda: model.train_step(*batches[0]))
-    exe._inference_mode = mode
+    if mode is not None:
+        exe._inference_mode = mode
     if profile:
         prof = cProfile.Profile()
         prof.enable()
@@ -192,7 +195,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     import torch
     torch.set_num_threads(args.threads)
-    sys.path.insert(0, str(ROOT / "src"))
     print(f"torch {torch.__version__}, {args.device}, {args.threads} thread(s); times in us per step (fastest pass)")
     print("| model | batch | native eager | anygrad train_step | ratio | exe.run | _values | action loop | "
           "nodes | actions | us/action | null loop | null us/action | aten ops native / anygrad | fallbacks |")

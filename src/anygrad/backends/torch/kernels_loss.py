@@ -83,17 +83,20 @@ def _class_loss(site: Site):
 
 def _count_correct(x: Any, target: Any) -> Any:
     import torch
-    return (torch.argmax(x, dim=1) == target).sum().to(torch.float32)
+    return (torch.argmax(x, dim=1) == target).sum(dtype=torch.float32)  # counts < 2^24: exact
 
 
-def _count_top_k(x: Any, target: Any, k: int) -> Any:
-    """ops.metrics.count_top_k: fewer than k classes score strictly higher than the target's."""
+def _count_top_k(x: Any, target: Any, k: int, in_range: bool = False) -> Any:
+    """ops.metrics.count_top_k: fewer than k classes score strictly higher than the target's.
+    `in_range`: every target is a class index (checked on the host), none to mask."""
     import torch
     idx = target.long().unsqueeze(1)
+    if in_range:
+        return ((x > x.gather(1, idx)).sum(dim=1) < k).sum(dtype=torch.float32)
     valid = (idx >= 0) & (idx < x.shape[1])
     picked = x.gather(1, torch.where(valid, idx, torch.zeros_like(idx)))
     higher = (x > picked).sum(dim=1)
-    return ((higher < k) & valid.squeeze(1)).sum().to(torch.float32)
+    return ((higher < k) & valid.squeeze(1)).sum(dtype=torch.float32)
 
 
 @lowering("CrossEntropyMetrics")
@@ -106,16 +109,18 @@ def _metrics(site: Site):
     k = int(site.attr("k", 0) or 0)
     n_out = len(site.node.outputs)
     ignore = site.attr("ignore_index")
+    in_range = 1 in site.host_checked and ignore is None
+    lse_shape = site.shape(0)[:1] + site.shape(0)[2:]  # per sample (and position)
 
     def run(ins):
         x, target = ins[0], ins[1]
         loss, _ = _loss(site, log_input, x, target, ins[2] if has_w else None)
-        lse = torch.zeros_like(x[:, 0]) if log_input else torch.logsumexp(x, dim=1)
+        lse = x.new_zeros(lse_shape) if log_input else torch.logsumexp(x, dim=1)
         if ignore is not None:  # ignored positions count neither as right nor as wrong
             target = torch.where(target == ignore, -1, target)
         outs = [loss, lse, _count_correct(x, target)]
         if n_out > 3:
-            outs.append(_count_top_k(x, target, k))
+            outs.append(_count_top_k(x, target, k, in_range))
         return outs
     return run
 

@@ -179,6 +179,7 @@ class TorchExecutable(Executable):
         self._graph: Any = None      # the captured CUDA graph, once captured
         self._calls = 0
         self._inference_mode = _torch().inference_mode
+        self._template: list | None = None
 
     # -- compiling ---------------------------------------------------------------------------
     def _steps(self, graph: Graph) -> list[_Step]:
@@ -400,9 +401,12 @@ class TorchExecutable(Executable):
         return self.backend.upload(np.asarray(value).astype(dtype, copy=False))
 
     def _values(self, feeds: Mapping[str, np.ndarray]) -> list:
-        vals: list[Any] = [None] * self.n_slots
-        for k, v in self.consts.items():
-            vals[k] = v
+        template = self._template
+        if template is None:  # the constants in their slots, copied per step (one C-level copy)
+            template = self._template = [None] * self.n_slots
+            for k, v in self.consts.items():
+                template[k] = v
+        vals = list(template)
         state = self.backend.state
         for name, k in self.state_slots:
             vals[k] = state.get(name)
