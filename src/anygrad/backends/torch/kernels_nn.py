@@ -65,23 +65,35 @@ def _conv(site: Site):
     return run
 
 
-def _conv_backward(nd: int, stride: Any, padding: Any, dilation: Any, group: int, which: int) -> Any:
-    """aten.convolution_backward for one gradient (0: input, 1: weight) as a function of
-    (dy, the other operand, the shape of the wanted one). The operand whose gradient is wanted
-    is read for its shape only: a one-element tensor expanded to it (torch.nn.grad's way), made
-    once per device and dtype, not once per step."""
+def _stand_in(site: Site, shape: tuple) -> Any:
+    """fn(dy) -> a tensor of `shape` whose values are never read (an operand a backward kernel
+    takes for its shape): one element expanded (torch.nn.grad's way), kept per device and dtype
+    in an eager executable, made in the traced function under torch.compile (Site.memo is None)."""
+    if site.memo is None:
+        return lambda dy: dy.new_empty(1).expand(shape)
+    made: dict[tuple, Any] = {}
+
+    def get(dy: Any) -> Any:
+        key = (dy.device, dy.dtype)
+        t = made.get(key)
+        if t is None:
+            t = made[key] = dy.new_empty(1).expand(shape)
+        return t
+    return get
+
+
+def _conv_backward(site: Site, nd: int, stride: Any, padding: Any, dilation: Any, group: int, which: int,
+                   shape: tuple) -> Any:
+    """aten.convolution_backward for one gradient (0: input, 1: weight) of `shape`, as a function
+    of (dy, the other operand); the operand whose gradient is wanted is read for its shape only."""
     import torch
     backward = torch.ops.aten.convolution_backward
     mask = (which == 0, which == 1, False)
     stride, padding, dilation, zeros = list(stride), list(padding), list(dilation), [0] * nd
-    stand_ins: dict[tuple, Any] = {}
+    stand_in = _stand_in(site, shape)
 
-    def run(dy: Any, other: Any, shape: tuple) -> Any:
-        key = (dy.device, dy.dtype)
-        stand_in = stand_ins.get(key)
-        if stand_in is None:
-            stand_in = stand_ins[key] = dy.new_empty(1).expand(shape)
-        x, w = (stand_in, other) if which == 0 else (other, stand_in)
+    def run(dy: Any, other: Any) -> Any:
+        x, w = (stand_in(dy), other) if which == 0 else (other, stand_in(dy))
         return backward(dy, x, w, None, stride, padding, dilation, False, zeros, group, mask)[which]
     return run
 
@@ -98,10 +110,10 @@ def _conv_grad_input(site: Site):
     padded = shape[:2] + tuple(win.padded)
     same = site.dtype(1) == site.dtype(0)
     if _symmetric(win) and padded == tuple(s + b + e for s, b, e in zip(shape, (0, 0) + win.begin, (0, 0) + win.end)):
-        grad = _conv_backward(nd, win.strides, win.begin, win.dilations, group, 0)
-        return lambda ins: [grad(ins[0], ins[1] if same else ins[1].to(ins[0].dtype), shape)]
-    grad = _conv_backward(nd, win.strides, [0] * nd, win.dilations, group, 0)
-    return lambda ins: [_crop(grad(ins[0], ins[1] if same else ins[1].to(ins[0].dtype), padded), win)]
+        grad = _conv_backward(site, nd, win.strides, win.begin, win.dilations, group, 0, shape)
+        return lambda ins: [grad(ins[0], ins[1] if same else ins[1].to(ins[0].dtype))]
+    grad = _conv_backward(site, nd, win.strides, [0] * nd, win.dilations, group, 0, padded)
+    return lambda ins: [_crop(grad(ins[0], ins[1] if same else ins[1].to(ins[0].dtype)), win)]
 
 
 @lowering("ConvGradWeight")
@@ -115,10 +127,10 @@ def _conv_grad_weight(site: Site):
     group = int(site.attr("group", 1))
     same = site.dtype(1) == site.dtype(0)
     if _symmetric(win):
-        grad = _conv_backward(nd, win.strides, win.begin, win.dilations, group, 1)
-        return lambda ins: [grad(ins[0], ins[1] if same else ins[1].to(ins[0].dtype), w_shape)]
-    grad = _conv_backward(nd, win.strides, [0] * nd, win.dilations, group, 1)
-    return lambda ins: [grad(ins[0], _pad(ins[1] if same else ins[1].to(ins[0].dtype), win), w_shape)]
+        grad = _conv_backward(site, nd, win.strides, win.begin, win.dilations, group, 1, w_shape)
+        return lambda ins: [grad(ins[0], ins[1] if same else ins[1].to(ins[0].dtype))]
+    grad = _conv_backward(site, nd, win.strides, [0] * nd, win.dilations, group, 1, w_shape)
+    return lambda ins: [grad(ins[0], _pad(ins[1] if same else ins[1].to(ins[0].dtype), win))]
 
 
 # -- pooling -----------------------------------------------------------------------------------
@@ -229,15 +241,11 @@ def _avg_pool_grad(site: Site):
     if tuple(pooled[2:]) != (1,) * (nd == 1) + tuple(win.out):
         return None
     backward = {2: torch.ops.aten.avg_pool2d_backward, 3: torch.ops.aten.avg_pool3d_backward}[as_nd]
-    stand_ins: dict = {}
+    stand_in = _stand_in(site, shape_nd)  # the input is read for its shape only
 
     def run(ins):
         dy = ins[0].unsqueeze(2) if nd == 1 else ins[0]
-        key = (dy.device, dy.dtype)
-        x = stand_ins.get(key)
-        if x is None:  # the input is read for its shape only
-            x = stand_ins[key] = dy.new_empty(1).expand(shape_nd)
-        dx = backward(dy, x, k, st, pad, ceil, include, None)
+        dx = backward(dy, stand_in(dy), k, st, pad, ceil, include, None)
         return [dx.squeeze(2) if nd == 1 else dx]
     return run
 

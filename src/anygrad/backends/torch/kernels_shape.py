@@ -188,15 +188,21 @@ def _gemm(site: Site):
 
 
 # -- Pad, its gradient, Slice's gradient -------------------------------------------------------------
-def _device_const(arr: np.ndarray):
-    """A compile-time index array as a tensor on the kernel's device, made on first use there."""
+def _device_const(site: Site, arr: np.ndarray):
+    """A compile-time index array as a tensor on the kernel's device: made on first use there
+    and kept, in an eager executable; made in the traced function under torch.compile (Site.memo
+    is None there), which folds it into the graph (a tensor kept in a closure fails dynamo's
+    guards in inference mode)."""
     import torch
+    values = np.asarray(arr).tolist()
+    if site.memo is None:
+        return lambda device: torch.tensor(values, dtype=torch.int64, device=device)
     made: dict = {}
 
     def get(device):
         t = made.get(device)
         if t is None:
-            t = made[device] = torch.as_tensor(arr).to(device)
+            t = made[device] = torch.tensor(values, dtype=torch.int64, device=device)
         return t
     return get
 
@@ -224,7 +230,7 @@ def _pad(site: Site):
     if mode == "constant":
         pads = _torch_pads(amounts)
         return lambda ins: [F.pad(ins[0], pads, value=value)]
-    gathers = [(axis, _device_const(pad_source_index(mode, d, b, a)))
+    gathers = [(axis, _device_const(site, pad_source_index(mode, d, b, a)))
                for axis, (d, (b, a)) in enumerate(zip(shape, amounts)) if (b, a) != (0, 0)]
 
     def pad(ins):
@@ -269,7 +275,7 @@ def _pad_grad(site: Site):
             continue
         src = pad_source_index(mode, d, b, a)
         keep = np.flatnonzero(src >= 0)
-        axes.append((axis, d, _device_const(keep), _device_const(src[keep])))
+        axes.append((axis, d, _device_const(site, keep), _device_const(site, src[keep])))
 
     def pad_grad(ins):
         dx = ins[0]
