@@ -14,7 +14,10 @@ Compiling makes a flat plan: a list of (kernel, input slots, output slots, outpu
 one list of values indexed by integers, so a step is one tight loop, with no name lookups or
 per-value checks. Optimizer updates with a grouped lowering (`GROUP_LOWERINGS`) run as one
 torch._foreach_* kernel for all parameters. Host values a kernel needs are uploaded once, through
-pinned memory on a GPU (no wait for the queued work).
+pinned memory on a GPU (no wait for the queued work), or first mapped by the kernel's host
+function (`host_inputs`, lowering.py). The step runs in torch's inference mode (no autograd
+dispatch per op); nothing in it reads a device value back (`benchmarks/torch_overhead.py`
+measures the host time per step and the torch ops per step against PyTorch eager).
 
 With `cuda_graph=True` (or ANYGRAD_TORCH_CUDA_GRAPH=1) on CUDA, the step's device work is
 captured as a CUDA graph on its third run and replayed after: one launch per step. Its inputs are
