@@ -14,7 +14,9 @@ GPU waits for the host). Per model it reports
   alone) and the action loop alone (`_execute` over the precompiled plan, inputs already set);
 - the number of graph nodes and plan actions, and microseconds per action of the loop;
 - the action loop with every kernel replaced by a no-op that returns its cached outputs
-  (`null loop`): the loop's own Python cost per action, without torch;
+  (`null loop`): the loop's own Python cost per action, without torch; the same for the
+  straight-line function the executable generates from the plan (`null straight`, where the
+  runtime has one; `straight` with the real kernels);
 - with --profile N: a cProfile top list over N anygrad steps.
 
 Times are the fastest of --repeats passes of --steps steps each, one torch thread (a shared machine).
@@ -147,6 +149,11 @@ def measure(name: str, batch: int, device: str, steps: int, repeats: int, profil
     vals = exe._values(feeds)
     out["values_us"] = _median_us(lambda i: exe._values(feeds), steps, repeats, sync)
     out["loop_us"] = _median_us(lambda i: runtime._execute(exe.actions, vals), steps, repeats, sync)
+    if hasattr(runtime, "_straight_line"):  # the generated step function the executable runs
+        counts: list[int] = []
+        runtime._execute(exe.actions, vals, counts)
+        fn = runtime._straight_line(exe.actions, counts)
+        out["straight_us"] = _median_us(lambda i: fn(vals), steps, repeats, sync)
     out["nodes"] = len(exe.graph.nodes)
     out["actions"] = len(exe.actions)
     out["fallback_ops"] = list(exe.fallback_ops)
@@ -158,6 +165,9 @@ def measure(name: str, batch: int, device: str, steps: int, repeats: int, profil
         cached.append(((lambda _ins, res=res: res), ins, outs, casts))
     nvals = list(vals)
     out["null_loop_us"] = _median_us(lambda i: runtime._execute(cached, nvals), steps, repeats, sync)
+    if hasattr(runtime, "_straight_line"):
+        null_fn = runtime._straight_line(cached, [len(a[2]) for a in cached])
+        out["null_straight_us"] = _median_us(lambda i: null_fn(nvals), steps, repeats, sync)
     out["us_per_action"] = out["loop_us"] / max(out["actions"], 1)
     out["null_us_per_action"] = out["null_loop_us"] / max(out["actions"], 1)
     out["ratio"] = out["native_us"] / out["anygrad_us"]
@@ -197,8 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.device}, {args.threads} thread(s); times in us per step (fastest pass)")
     print("| model | batch | native eager | anygrad train_step | ratio | exe.run | _values | action loop | "
-          "nodes | actions | us/action | null loop | null us/action | aten ops native / anygrad | fallbacks |")
-    print("|" + " --- |" * 15)
+          "nodes | actions | us/action | null loop | null us/action | straight | null straight | "
+          "aten ops native / anygrad | fallbacks |")
+    print("|" + " --- |" * 17)
     results = []
     for item in args.models.split(","):
         name, _, b = item.partition(":")
@@ -207,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {name} | {r['batch']} | {r['native_us']:.0f} | {r['anygrad_us']:.0f} | {r['ratio']:.2f} | "
               f"{r['run_us']:.0f} | {r['values_us']:.0f} | {r['loop_us']:.0f} | {r['nodes']} | {r['actions']} | "
               f"{r['us_per_action']:.1f} | {r['null_loop_us']:.0f} | {r['null_us_per_action']:.2f} | "
+              f"{r.get('straight_us', float('nan')):.0f} | {r.get('null_straight_us', float('nan')):.0f} | "
               f"{r['native_aten']} / {r['anygrad_aten']} | "
               f"{','.join(r['fallback_ops']) or '-'} |", flush=True)
     if args.ops:
