@@ -211,6 +211,11 @@ class GpuMemory:
             self._stop = True
 
 
+def on_cpu(device: str) -> bool:
+    """anygrad's device runs on the CPU (numpy, or torch's CPU): PyTorch runs there too, else on CUDA."""
+    return device.partition("+")[0] in ("cpu", "torch:cpu")
+
+
 # -- timing ------------------------------------------------------------------------------------------
 def _timed(step: Callable[[int], None], wait: Callable[[], None], batch: int, seconds: float,
            repeats: int, min_steps: int = 2) -> dict:
@@ -248,13 +253,18 @@ def run_anygrad(spec: Spec, module, batches, device: str, args, mem: GpuMemory |
     t0 = time.perf_counter()
     model = anygrad.from_torch(module, torch.from_numpy(x0[:2]), check=False)
     export_s = time.perf_counter() - t0
+    name, plus, options = device.partition("+")  # torch:cuda+graph, torch:cuda+compile (as seed_cnn.py)
+    if plus:
+        from anygrad.backends.torch import TorchBackend
+        opts = set(options.split("+"))
+        device = TorchBackend(name, cuda_graph="graph" in opts, torch_compile="compile" in opts)
     model.compile(loss="cross_entropy", optimizer=SGD(lr=LR, momentum=MOMENTUM), device=device,
                   precision=args.precision)
     t0 = time.perf_counter()
     loss0 = model.train_on_batch(x0, y0)  # returns after the step ran: compile + first step
     compile_s = time.perf_counter() - t0
     n = len(batches)
-    out = {"framework": "anygrad", "case": device + ("-f16" if model.precision == "f16" else ""),
+    out = {"framework": "anygrad", "case": args.device + ("-f16" if model.precision == "f16" else ""),
            "precision": model.precision, "export_s": export_s, "compile_s": compile_s,
            "first_loss": loss0, "device_name": model.backend.description}
     out |= _timed(lambda i: model.train_step(*batches[i % n]), lambda: model.read_metrics(reset=True),
@@ -279,7 +289,7 @@ def run_torch(spec: Spec, module, batches, case: str, args, mem: GpuMemory | Non
     import torch
     import torch.nn.functional as F
 
-    cuda = args.device != "cpu"
+    cuda = not on_cpu(args.device)
     dev = "cuda" if cuda else "cpu"
     torch.backends.cudnn.benchmark = False  # PyTorch's default, said out loud
     if cuda:
@@ -339,7 +349,7 @@ def run_torch(spec: Spec, module, batches, case: str, args, mem: GpuMemory | Non
 
 
 def worker(name: str, batch: int, args) -> dict:
-    if "compile" in args.torch_cases and args.device != "cpu":
+    if "compile" in args.torch_cases and not on_cpu(args.device):
         import triton  # noqa: F401  (before any Vulkan adapter: its LLVM can clash with lavapipe's)
     import torch
     spec = MODELS[name]
@@ -349,11 +359,11 @@ def worker(name: str, batch: int, args) -> dict:
     module = spec.build().train()
     res = {"model": name, "about": spec.about, "batch": batch, "device": args.device,
            "params": sum(p.numel() for p in module.parameters()), "cases": []}
-    mem = GpuMemory() if args.device != "cpu" else None
-    if args.device == "cpu" and args.threads:
+    mem = GpuMemory() if not on_cpu(args.device) else None
+    if on_cpu(args.device) and args.threads:
         torch.set_num_threads(args.threads)
-    cases = [c for c in args.torch_cases if c != "eager-fp32" or (spec.convs and args.device != "cpu")]
-    if args.device == "cpu":
+    cases = [c for c in args.torch_cases if c != "eager-fp32" or (spec.convs and not on_cpu(args.device))]
+    if on_cpu(args.device):
         cases = [c for c in cases if c != "compile"]
     if "compile" in cases and not (spec.compile or args.compile_all):
         cases.remove("compile")
@@ -368,7 +378,7 @@ def worker(name: str, batch: int, args) -> dict:
             traceback.print_exc()
             r = {"framework": fw, "case": case or args.device, "error": f"{type(e).__name__}: {e}"[:2000]}
         gc.collect()
-        if fw == "pytorch" and args.device != "cpu":
+        if fw == "pytorch" and not on_cpu(args.device):
             torch.cuda.empty_cache()
         r["wall_s"] = time.perf_counter() - t0
         res["cases"].append(r)
@@ -405,7 +415,7 @@ def parse_models(text: str, device: str) -> list[tuple[str, int]]:
         if name not in MODELS:
             sys.exit(f"--models: unknown model '{name}'; choose from {', '.join(MODELS)}")
         spec = MODELS[name]
-        sizes = [int(b) for b in bs.split(",") if b] or list(spec.cpu_batches if device == "cpu" else spec.batches)
+        sizes = [int(b) for b in bs.split(",") if b] or list(spec.cpu_batches if on_cpu(device) else spec.batches)
         out += [(name, b) for b in sizes]
     return out
 
@@ -478,7 +488,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default=" ".join(ISSUE11),
                    help=f"models with optional batch sizes, e.g. 'resnet18:128,512 gpt:32' (from {', '.join(MODELS)}); "
                    "default: issue 11's set at their default batches")
-    p.add_argument("--device", default="wgpu", help="anygrad device: wgpu (vs PyTorch CUDA) or cpu (vs PyTorch CPU)")
+    p.add_argument("--device", default="wgpu", help="anygrad device: wgpu or torch:cuda (vs PyTorch CUDA), cpu or "
+                   "torch:cpu (vs PyTorch CPU)")
     p.add_argument("--torch-cases", default="eager,eager-fp32,compile",
                    help="PyTorch cases: eager (defaults), eager-fp32 (cuDNN TF32 off), compile, amp (autocast "
                    "float16 + GradScaler); 'none' for none")

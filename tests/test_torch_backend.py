@@ -357,12 +357,13 @@ def _states_equal(a, b):
 
 
 @pytest.mark.parametrize("optimizer", [
+    lambda: anygrad.optim.SGD(lr=0.05, momentum=0.9),
     lambda: anygrad.optim.SGD(lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-4),
     lambda: anygrad.optim.SGD(lr=0.05, momentum=0.5, dampening=0.1, maximize=True),
     lambda: anygrad.optim.AdamW(lr=1e-3, weight_decay=0.01, amsgrad=True),
     lambda: anygrad.optim.Adam(lr=1e-3, betas=(0.4, 0.99), weight_decay=1e-3),
     lambda: anygrad.optim.Adagrad(lr=0.05, lr_decay=0.01, weight_decay=1e-3),
-], ids=["sgd-nesterov", "sgd-maximize", "adamw-amsgrad", "adam-wd", "adagrad"])
+], ids=["sgd-momentum", "sgd-nesterov", "sgd-maximize", "adamw-amsgrad", "adam-wd", "adagrad"])
 def test_grouped_updates_are_the_per_parameter_updates_bit_for_bit(optimizer, monkeypatch):
     """All parameters' updates as one torch._foreach_* kernel: the same bits as one kernel per
     parameter (the grouped lowerings switched off)."""
@@ -453,7 +454,10 @@ def _op_and_grads(op: str, inputs: list, attrs: dict | None = None, *, diff: tup
             names.append("")
             continue
         names.append(f"in{i}")
-        g.inputs.append(f"in{i}")
+        if isinstance(a, _Const):  # an initializer: known when the graph is compiled
+            g.initializers[f"in{i}"] = a.value
+        else:
+            g.inputs.append(f"in{i}")
         g.info[f"in{i}"] = TensorInfo(np.asarray(a).dtype, np.shape(a))
     outs = [f"out{k}" for k in range(n_outputs)]
     g.nodes = [Node(op, names, outs, dict(attrs or {}), name="op")]
@@ -465,8 +469,19 @@ def _op_and_grads(op: str, inputs: list, attrs: dict | None = None, *, diff: tup
         loss = b.op("ReduceSum", [b.op("Mul", ["out0", b.const(r)])], keepdims=0)
         grads = gradients(s, loss, [f"in{i}" for i in diff])
         s.outputs = outs + [grads[f"in{i}"] for i in diff]
-    feeds = {f"in{i}": np.asarray(a) for i, a in enumerate(inputs) if a is not None}
+    feeds = {f"in{i}": np.asarray(a) for i, a in enumerate(inputs) if a is not None and not isinstance(a, _Const)}
     return s, feeds
+
+
+class _Const:
+    """An input of `_op_and_grads` given as a constant (pads, slice bounds), not fed."""
+
+    def __init__(self, value):
+        self.value = np.asarray(value)
+        self.dtype, self.shape = self.value.dtype, self.value.shape
+
+    def __array__(self, dtype=None, copy=None):
+        return self.value
 
 
 def _agrees_with_numpy(op: str, inputs: list, attrs: dict | None = None, *, diff: tuple[int, ...] = (0,),
@@ -662,3 +677,90 @@ def test_tanhshrink_runs_on_torch(dtype):
     """The op added in three source files (ops/elementwise.py, the wgpu and the torch kernels)."""
     x = np.linspace(-6, 6, 25).astype(dtype).reshape(5, 5)
     _agrees_with_numpy("Tanhshrink", [x], lowered=("TanhshrinkGrad",))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("weighted, ignore, log_input", [(False, None, 0), (True, None, 0), (False, 2, 0),
+                                                          (True, 0, 1), (False, None, 1)])
+@pytest.mark.parametrize("spatial", [False, True])
+def test_class_losses_and_gradients_run_on_torch(reduction, weighted, ignore, log_input, spatial):
+    """Cross-entropy and NLL on aten's NLL kernels: loss and gradient (through log-softmax's
+    backward) with class weights, an ignored class, per-position targets (N, C, d)."""
+    r = np.random.default_rng(3)
+    shape = (4, 5, 3) if spatial else (6, 5)
+    x = (2 * r.standard_normal(shape)).astype(np.float32)
+    if log_input:
+        x = (x - np.log(np.exp(x).sum(axis=1, keepdims=True))).astype(np.float32)
+    target = r.integers(0, 5, (shape[0],) + shape[2:]).astype(np.int64)
+    target.flat[0] = 2  # one ignored position at least, when ignoring class 2
+    weight = r.uniform(0.5, 2, 5).astype(np.float32) if weighted else None
+    attrs = {"reduction": reduction, "log_input": log_input} | ({"ignore_index": ignore} if ignore is not None else {})
+    _agrees_with_numpy("CrossEntropy", [x, target, weight], attrs, lowered=("CrossEntropyGrad",))
+    attrs.pop("log_input")
+    _agrees_with_numpy("CrossEntropyMetrics", [x, target, weight], attrs | {"k": 3}, n_outputs=4,
+                       lowered=("CrossEntropyGrad",))
+
+
+def test_class_loss_with_every_target_ignored_runs_on_torch():
+    """The mean over no sample is nan (0/0), its gradient zero, as in PyTorch and the reference."""
+    x = np.random.default_rng(4).standard_normal((3, 4)).astype(np.float32)
+    ours = _agrees_with_numpy("CrossEntropy", [x, np.full(3, 1), None], {"ignore_index": 1})
+    loss, grad = ours.pop("out0"), list(ours.values())
+    assert np.isnan(loss) and len(grad) == 1 and grad[0].shape == x.shape and not grad[0].any()
+
+
+@FLOATS
+@pytest.mark.parametrize("mode, pads", [("constant", [1, 0, 2, 1, 0, 3]), ("constant", [0, -1, 1, 0, 1, -2]),
+                                        ("reflect", [0, 2, 1, 0, 1, 2]), ("edge", [1, 0, 3, 0, 2, 1]),
+                                        ("wrap", [0, 1, 2, 0, 3, 1])])
+def test_pad_and_its_gradient_run_on_torch(dtype, mode, pads):
+    """Pad (negative amounts crop) and PadGrad on torch kernels, every mode."""
+    x = np.random.default_rng(5).standard_normal((2, 3, 4)).astype(dtype)
+    _agrees_with_numpy("Pad", [x, _Const(np.array(pads, np.int64)), _Const(np.array(1.5, dtype))], {"mode": mode},
+                       lowered=("PadGrad",))
+
+
+@FLOATS
+@pytest.mark.parametrize("starts, ends, axes, steps", [([1, 0], [3, 5], [0, 2], [1, 2]),
+                                                       ([-1, 4], [-4, 0], [1, 2], [-1, -2]),
+                                                       ([0], [2], [1], [1])])
+def test_slice_gradient_runs_on_torch(dtype, starts, ends, axes, steps):
+    """SliceGrad: steps of 1, 2 and negative ones."""
+    x = np.random.default_rng(6).standard_normal((4, 5, 6)).astype(dtype)
+    _agrees_with_numpy("Slice", [x] + [_Const(np.array(v, np.int64)) for v in (starts, ends, axes, steps)],
+                       lowered=("SliceGrad",))
+
+
+@FLOATS
+@pytest.mark.parametrize("shape, attrs", [
+    ((2, 3, 6, 7), {"kernel_shape": [2, 3], "strides": [2, 1]}),
+    ((2, 3, 6, 7), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "count_include_pad": 1}),
+    ((2, 3, 6, 7), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ((2, 3, 9), {"kernel_shape": [3], "strides": [2]}),
+    ((1, 2, 4, 5, 6), {"kernel_shape": [2, 2, 3], "strides": [2, 1, 2]})])
+def test_average_pool_gradient_runs_on_torch(dtype, shape, attrs):
+    x = np.random.default_rng(7).standard_normal(shape).astype(dtype)
+    _agrees_with_numpy("AveragePool", [x], attrs, lowered=("AveragePoolGrad",))
+
+
+@FLOATS
+@pytest.mark.parametrize("op, shape, groups, per_group", [("InstanceNormalization", (2, 3, 4, 5), None, False),
+                                                          ("InstanceNormalization", (3, 4, 6), None, False),
+                                                          ("GroupNormalization", (2, 6, 3, 2), 3, False),
+                                                          ("GroupNormalization", (2, 6, 5), 2, True)])
+def test_group_and_instance_norm_run_on_torch(dtype, op, shape, groups, per_group, monkeypatch):
+    """Forward and GroupNormGrad (dx, d scale, d bias) on aten's fused group-norm kernels, per-
+    channel and per-group (opset 18-20) parameters; with the forward's statistics (memo) and
+    without (as torch.compile's executables, which share none): the same bits."""
+    from anygrad.backends.torch import runtime
+    r = np.random.default_rng(8)
+    x = (2 * r.standard_normal(shape) + 0.5).astype(dtype)
+    n = groups if per_group else shape[1]
+    params = [r.standard_normal(n).astype(dtype) for _ in range(2)]
+    attrs = {"epsilon": 1e-3} | ({"num_groups": groups} if groups else {})
+    ours = _agrees_with_numpy(op, [x, *params], attrs, diff=(0, 1, 2), lowered=("GroupNormGrad",))
+    graph, feeds = _op_and_grads(op, [x, *params], attrs, diff=(0, 1, 2))
+    site = runtime.node_site
+    monkeypatch.setattr(runtime, "node_site", lambda graph, node, memo=None: site(graph, node, None))
+    for name, value in TorchBackend("torch:cpu").compile(graph).run(feeds).items():
+        np.testing.assert_array_equal(value, ours[name], err_msg=name)

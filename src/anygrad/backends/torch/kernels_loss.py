@@ -10,40 +10,61 @@ from .lowering import Site, is_float, lowering
 REDUCTIONS = ("none", "sum", "mean")
 
 
-def _targets(site: Site, x: Any, target: Any, weight: Any, check: bool = True) -> tuple[Any, Any]:
-    """(safe class indices, per-sample weight w[t] * mask) as ops.loss._targets computes them;
-    a target outside the classes raises the same DataError. The check reads back from the
-    device, so it is skipped where the runtime checks a fed target on the host (TARGET_SLOTS),
-    and the gradient, later in the same step, never repeats the forward's check."""
-    import torch
+def _check_targets(site: Site, x: Any, target: Any) -> None:
+    """ops.loss._targets's check: a target outside the classes (and not ignored) raises its
+    DataError. It reads back from the device (a sync), so it runs only where the runtime does
+    not check a fed target on the host (TARGET_SLOTS); the gradient, later in the same step,
+    never repeats the forward's check."""
     ignore = site.attr("ignore_index")
-    mask = target != ignore if ignore is not None else torch.ones_like(target, dtype=torch.bool)
-    safe = torch.where(mask, target, torch.zeros_like(target)).long()
     n_classes = x.shape[1]
-    bad = (safe < 0) | (safe >= n_classes)
-    if check and bool(bad.any()):
+    bad = (target < 0) | (target >= n_classes)
+    if ignore is not None:
+        bad = bad & (target != ignore)
+    if bool(bad.any()):
         raise DataError(f"{site.node.label}: target class index {int(target[bad].reshape(-1)[0])} is outside "
                         f"[0, {n_classes}); check the labels or the model's number of classes")
-    w = weight[safe] if weight is not None else torch.ones(safe.shape, dtype=x.dtype, device=x.device)
-    return safe, (w * mask).to(x.dtype)
+
+
+# torch's NLL kernels (aten.nll_loss_forward/backward) compute the reference's loss and gradient
+# in one launch each: per sample -w[t] * logp[t], ignored samples 0, 'mean' divided by the sum of
+# the weights taken (nan when every sample is ignored, a zero gradient then). Without an
+# ignore_index no target equals theirs (-100): targets are checked to lie in [0, classes).
+REDUCTION_ENUM = {"none": 0, "mean": 1, "sum": 2}
+NO_IGNORE = -100
+
+
+def _ignore(site: Site) -> int:
+    ignore = site.attr("ignore_index")
+    return NO_IGNORE if ignore is None else int(ignore)
+
+
+def _rows(logp: Any, target: Any) -> tuple[Any, Any]:
+    """(N, C, d1...) scores and (N, d1...) targets as (N*d1*..., C) and (N*d1*...,): the 2-D
+    form aten's NLL kernels take."""
+    if logp.dim() == 2:
+        return logp, target
+    return logp.movedim(1, -1).reshape(-1, logp.shape[1]), target.reshape(-1)
 
 
 def _plain(site: Site, weight_slot: int) -> bool:
-    """Lowered: float scores, a known reduction, no label smoothing."""
-    return (is_float(site.dtype(0 if site.node.op != "CrossEntropyGrad" else 1))
-            and site.attr("reduction", "mean") in REDUCTIONS and not site.attr("label_smoothing", 0.0))
+    """Lowered: float scores, a known reduction, no label smoothing, weights of the scores' dtype."""
+    x = 0 if site.node.op != "CrossEntropyGrad" else 1
+    return (is_float(site.dtype(x)) and site.attr("reduction", "mean") in REDUCTIONS
+            and not site.attr("label_smoothing", 0.0)
+            and (not site.has(weight_slot) or site.dtype(weight_slot) == site.dtype(x)))
 
 
 def _loss(site: Site, log_input: bool, x: Any, target: Any, weight: Any) -> tuple[Any, Any]:
     import torch
     logp = x if log_input else torch.log_softmax(x, dim=1)
-    safe, wt = _targets(site, x, target, weight, check=1 not in site.host_checked)
-    per_sample = -wt * logp.gather(1, safe.unsqueeze(1)).squeeze(1)
+    if 1 not in site.host_checked:
+        _check_targets(site, x, target)
     reduction = site.attr("reduction", "mean")
-    if reduction == "none":
-        return per_sample, logp
-    total = per_sample.sum()
-    return (total if reduction == "sum" else total / wt.sum()), logp
+    lp, t = _rows(logp, target.long())
+    loss, _ = torch.ops.aten.nll_loss_forward(lp, t, weight, REDUCTION_ENUM[reduction], _ignore(site))
+    if reduction == "none" and logp.dim() > 2:
+        loss = loss.reshape(target.shape)
+    return loss, logp
 
 
 @lowering("CrossEntropy", "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss")
@@ -62,17 +83,20 @@ def _class_loss(site: Site):
 
 def _count_correct(x: Any, target: Any) -> Any:
     import torch
-    return (torch.argmax(x, dim=1) == target).sum().to(torch.float32)
+    return (torch.argmax(x, dim=1) == target).sum(dtype=torch.float32)  # counts < 2^24: exact
 
 
-def _count_top_k(x: Any, target: Any, k: int) -> Any:
-    """ops.metrics.count_top_k: fewer than k classes score strictly higher than the target's."""
+def _count_top_k(x: Any, target: Any, k: int, in_range: bool = False) -> Any:
+    """ops.metrics.count_top_k: fewer than k classes score strictly higher than the target's.
+    `in_range`: every target is a class index (checked on the host), none to mask."""
     import torch
     idx = target.long().unsqueeze(1)
+    if in_range:
+        return ((x > x.gather(1, idx)).sum(dim=1) < k).sum(dtype=torch.float32)
     valid = (idx >= 0) & (idx < x.shape[1])
     picked = x.gather(1, torch.where(valid, idx, torch.zeros_like(idx)))
     higher = (x > picked).sum(dim=1)
-    return ((higher < k) & valid.squeeze(1)).sum().to(torch.float32)
+    return ((higher < k) & valid.squeeze(1)).sum(dtype=torch.float32)
 
 
 @lowering("CrossEntropyMetrics")
@@ -84,14 +108,19 @@ def _metrics(site: Site):
     has_w = site.has(2)
     k = int(site.attr("k", 0) or 0)
     n_out = len(site.node.outputs)
+    ignore = site.attr("ignore_index")
+    in_range = 1 in site.host_checked and ignore is None
+    lse_shape = site.shape(0)[:1] + site.shape(0)[2:]  # per sample (and position)
 
     def run(ins):
         x, target = ins[0], ins[1]
         loss, _ = _loss(site, log_input, x, target, ins[2] if has_w else None)
-        lse = torch.zeros_like(x[:, 0]) if log_input else torch.logsumexp(x, dim=1)
+        lse = x.new_zeros(lse_shape) if log_input else torch.logsumexp(x, dim=1)
+        if ignore is not None:  # ignored positions count neither as right nor as wrong
+            target = torch.where(target == ignore, -1, target)
         outs = [loss, lse, _count_correct(x, target)]
         if n_out > 3:
-            outs.append(_count_top_k(x, target, k))
+            outs.append(_count_top_k(x, target, k, in_range))
         return outs
     return run
 
@@ -111,32 +140,33 @@ def _count_top(site: Site):
 
 @lowering("CrossEntropyGrad")
 def _class_loss_grad(site: Site):
+    """(dy, x, target, weight?, lse?) -> dx: the NLL gradient d logp (aten's), through
+    log-softmax's backward unless the scores are log-probabilities already. log p is x - lse
+    when the forward kept its log-sum-exp."""
     if not _plain(site, 3):
         return None
     import torch
+    aten = torch.ops.aten
     log_input = bool(site.attr("log_input", 0))
-    reduction = site.attr("reduction", "mean")
+    reduction = REDUCTION_ENUM[site.attr("reduction", "mean")]
     has_w, has_lse = site.has(3), site.has(4)
+    ignore = _ignore(site)
 
     def run(ins):
         dy, x, target = ins[0], ins[1], ins[2]
-        safe, wt = _targets(site, x, target, ins[3] if has_w else None, check=False)
-        safe = safe.clamp(0, x.shape[1] - 1)  # never index out of range (the forward raised)
-        if reduction == "mean":
-            total = wt.sum()
-            # every sample ignored: the loss is nan (0/0), the gradient zero, as in PyTorch
-            scale = torch.where(total != 0, dy / torch.where(total != 0, total, torch.ones_like(total)),
-                                torch.zeros_like(dy))
-        else:
-            scale = dy
-        scale = torch.broadcast_to(scale, wt.shape).unsqueeze(1)
-        wt_c = wt.unsqueeze(1)
-        onehot = torch.zeros_like(x).scatter(1, safe.unsqueeze(1), 1.0)
-        q = onehot * wt_c
+        w = ins[3] if has_w else None
         if log_input:
-            return [-q * scale]
-        p = torch.exp(x - ins[4].unsqueeze(1)) if has_lse else torch.softmax(x, dim=1)
-        return [(p * wt_c - q) * scale]
+            logp = x
+        else:
+            logp = x - ins[4].unsqueeze(1) if has_lse else torch.log_softmax(x, dim=1)
+        lp, t = _rows(logp, target.long())
+        _, total = aten.nll_loss_forward(lp, t, w, reduction, ignore)  # the sum of the weights taken
+        d = aten.nll_loss_backward(dy.reshape(-1) if reduction == 0 else dy, lp, t, w, reduction, ignore, total)
+        if logp.dim() > 2:
+            d = d.reshape(logp.movedim(1, -1).shape).movedim(-1, 1)
+        if log_input:
+            return [d]
+        return [aten._log_softmax_backward_data(d, logp, 1, logp.dtype)]
     return run
 
 

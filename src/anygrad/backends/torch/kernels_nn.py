@@ -3,6 +3,7 @@ Softmax. Windows (pads, auto_pad, strides, dilations) are resolved by `ops.nn.wi
 same rule the reference kernels use; asymmetric pads become an explicit pad of the input."""
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -53,9 +54,10 @@ def _conv(site: Site):
     group, conv = int(site.attr("group", 1)), _conv_fn(nd)
     sym = _symmetric(win)
     has_b = site.has(2)
+    same = site.dtype(1) == site.dtype(0)  # else the weight is cast per step
 
     def run(ins):
-        x, w = ins[0], ins[1].to(ins[0].dtype)
+        x, w = ins[0], ins[1] if same else ins[1].to(ins[0].dtype)
         b = ins[2] if has_b else None
         if sym:
             return [conv(x, w, b, win.strides, list(win.begin), win.dilations, group)]
@@ -63,49 +65,72 @@ def _conv(site: Site):
     return run
 
 
-def _grad_fns(nd: int) -> tuple[Any, Any] | None:
-    import torch.nn.grad as G
-    fns = {1: (G.conv1d_input, G.conv1d_weight), 2: (G.conv2d_input, G.conv2d_weight),
-           3: (G.conv3d_input, G.conv3d_weight)}
-    return fns.get(nd)
+def _stand_in(site: Site, shape: tuple) -> Any:
+    """fn(dy) -> a tensor of `shape` whose values are never read (an operand a backward kernel
+    takes for its shape): one element expanded (torch.nn.grad's way), kept per device and dtype
+    in an eager executable, made in the traced function under torch.compile (Site.memo is None)."""
+    if site.memo is None:
+        return lambda dy: dy.new_empty(1).expand(shape)
+    made: dict[tuple, Any] = {}
+
+    def get(dy: Any) -> Any:
+        key = (dy.device, dy.dtype)
+        t = made.get(key)
+        if t is None:
+            t = made[key] = dy.new_empty(1).expand(shape)
+        return t
+    return get
+
+
+def _conv_backward(site: Site, nd: int, stride: Any, padding: Any, dilation: Any, group: int, which: int,
+                   shape: tuple) -> Any:
+    """aten.convolution_backward for one gradient (0: input, 1: weight) of `shape`, as a function
+    of (dy, the other operand); the operand whose gradient is wanted is read for its shape only."""
+    import torch
+    backward = torch.ops.aten.convolution_backward
+    mask = (which == 0, which == 1, False)
+    stride, padding, dilation, zeros = list(stride), list(padding), list(dilation), [0] * nd
+    stand_in = _stand_in(site, shape)
+
+    def run(dy: Any, other: Any) -> Any:
+        x, w = (stand_in(dy), other) if which == 0 else (other, stand_in(dy))
+        return backward(dy, x, w, None, stride, padding, dilation, False, zeros, group, mask)[which]
+    return run
 
 
 @lowering("ConvGradInput")
 def _conv_grad_input(site: Site):
     shape = tuple(int(d) for d in site.attr("input_shape"))
     w_shape = site.shape(1)
-    fns = _grad_fns(len(shape) - 2)
-    if fns is None or not is_float(site.dtype(0)):
+    nd = len(shape) - 2
+    if not 1 <= nd <= 3 or not is_float(site.dtype(0)):
         return None
     win = window(site.node, shape[2:], w_shape[2:])
-    group, grad_input = int(site.attr("group", 1)), fns[0]
+    group = int(site.attr("group", 1))
     padded = shape[:2] + tuple(win.padded)
-
-    def run(ins):
-        dy, w = ins[0], ins[1].to(ins[0].dtype)
-        if _symmetric(win) and padded == tuple(s + b + e for s, b, e in
-                                               zip(shape, (0, 0) + win.begin, (0, 0) + win.end)):
-            return [grad_input(shape, w, dy, win.strides, list(win.begin), win.dilations, group)]
-        return [_crop(grad_input(padded, w, dy, win.strides, 0, win.dilations, group), win)]
-    return run
+    same = site.dtype(1) == site.dtype(0)
+    if _symmetric(win) and padded == tuple(s + b + e for s, b, e in zip(shape, (0, 0) + win.begin, (0, 0) + win.end)):
+        grad = _conv_backward(site, nd, win.strides, win.begin, win.dilations, group, 0, shape)
+        return lambda ins: [grad(ins[0], ins[1] if same else ins[1].to(ins[0].dtype))]
+    grad = _conv_backward(site, nd, win.strides, [0] * nd, win.dilations, group, 0, padded)
+    return lambda ins: [_crop(grad(ins[0], ins[1] if same else ins[1].to(ins[0].dtype)), win)]
 
 
 @lowering("ConvGradWeight")
 def _conv_grad_weight(site: Site):
     w_shape = tuple(int(d) for d in site.attr("weight_shape"))
     x_shape = site.shape(1)
-    fns = _grad_fns(len(x_shape) - 2)
-    if fns is None or not is_float(site.dtype(0)):
+    nd = len(x_shape) - 2
+    if not 1 <= nd <= 3 or not is_float(site.dtype(0)):
         return None
     win = window(site.node, x_shape[2:], w_shape[2:])
-    group, grad_weight = int(site.attr("group", 1)), fns[1]
-
-    def run(ins):
-        dy, x = ins[0], ins[1].to(ins[0].dtype)
-        if _symmetric(win):
-            return [grad_weight(x, w_shape, dy, win.strides, list(win.begin), win.dilations, group)]
-        return [grad_weight(_pad(x, win), w_shape, dy, win.strides, 0, win.dilations, group)]
-    return run
+    group = int(site.attr("group", 1))
+    same = site.dtype(1) == site.dtype(0)
+    if _symmetric(win):
+        grad = _conv_backward(site, nd, win.strides, win.begin, win.dilations, group, 1, w_shape)
+        return lambda ins: [grad(ins[0], ins[1] if same else ins[1].to(ins[0].dtype))]
+    grad = _conv_backward(site, nd, win.strides, [0] * nd, win.dilations, group, 1, w_shape)
+    return lambda ins: [grad(ins[0], _pad(ins[1] if same else ins[1].to(ins[0].dtype), win))]
 
 
 # -- pooling -----------------------------------------------------------------------------------
@@ -191,6 +216,40 @@ def _avg_pool(site: Site):
     return run
 
 
+@lowering("AveragePoolGrad")
+def _avg_pool_grad(site: Site):
+    """aten's average-pool backward, under the forward lowering's conditions (symmetric pads
+    within half a window, no dilation) and where torch's pooled shape is the node's (ceil_mode
+    may give torch one more window: the reference kernel runs)."""
+    import torch
+    shape = tuple(int(d) for d in site.attr("input_shape"))
+    kernel = site.attr("kernel_shape")
+    if kernel is None or not is_float(site.dtype(0)):
+        return None
+    win = window(site.node, shape[2:], kernel, bool(site.attr("ceil_mode", 0)))
+    if (not 1 <= win.nd <= 3 or any(d != 1 for d in win.dilations) or not _symmetric(win)
+            or any(2 * b > k for b, k in zip(win.begin, win.kernel))):
+        return None
+    ceil, include = bool(site.attr("ceil_mode", 0)), bool(site.attr("count_include_pad", 0))
+    nd = win.nd
+    as_nd = 2 if nd == 1 else nd  # 1-D pools run as 2-D ones of height 1
+    k, st, pad = ((1,) + win.kernel, (1,) + win.strides, (0,) + tuple(win.begin)) if nd == 1 else (
+        win.kernel, win.strides, tuple(win.begin))
+    shape_nd = shape[:2] + (1,) + shape[2:] if nd == 1 else shape
+    pool = {2: torch.nn.functional.avg_pool2d, 3: torch.nn.functional.avg_pool3d}[as_nd]
+    pooled = pool(torch.empty(shape_nd, device="meta"), k, st, pad, ceil, include).shape
+    if tuple(pooled[2:]) != (1,) * (nd == 1) + tuple(win.out):
+        return None
+    backward = {2: torch.ops.aten.avg_pool2d_backward, 3: torch.ops.aten.avg_pool3d_backward}[as_nd]
+    stand_in = _stand_in(site, shape_nd)  # the input is read for its shape only
+
+    def run(ins):
+        dy = ins[0].unsqueeze(2) if nd == 1 else ins[0]
+        dx = backward(dy, stand_in(dy), k, st, pad, ceil, include, None)
+        return [dx.squeeze(2) if nd == 1 else dx]
+    return run
+
+
 @lowering("GlobalAveragePool")
 def _global_avg(site: Site):
     if not is_float(site.dtype(0)):
@@ -206,12 +265,19 @@ def _channel(v: Any, rank: int) -> Any:
 
 def _stats_cell(site: Site, x: str, axes: list[int]) -> list | None:
     """Where BatchNormalization leaves its batch statistics of `x` for BatchNormGrad (on CPU,
-    var_mean is as costly as the normalisation itself); None when the executable shares nothing."""
+    computing them is as costly as the normalisation itself); None when the executable shares
+    nothing."""
     if site.memo is None:
         return None
-    return site.memo.setdefault(("var_mean", x, tuple(axes)), [None])
+    return site.memo.setdefault(("batch_stats", x, tuple(axes)), [None])
 
 
+# BatchNormalization and BatchNormGrad keep the reference's per-channel arithmetic in double
+# (torch's fused batch-norm kernels, float32 throughout, move a weight of the founding CNN by
+# ~1e-4 of its scale from the numpy backend's over 10 SGD steps with momentum: past the
+# trajectory tests' float32 tolerance). The batch statistics are var_mean's, computed once in
+# the forward and handed to BatchNormGrad when the executable shares values (Site.memo), else
+# recomputed by the same op: the same bits either way.
 @lowering("BatchNormalization")
 def _batch_norm(site: Site):
     if not is_float(site.dtype(0)):
@@ -251,6 +317,9 @@ def _batch_norm(site: Site):
 
 @lowering("BatchNormGrad")
 def _batch_norm_grad(site: Site):
+    """(dy, x, scale[, mean, var]) -> (dx, d scale, d bias): the per-channel arithmetic in double,
+    as the reference does it. (aten's fused backward, float32 throughout, moves a small dx by
+    ~1e-3 of itself where its terms cancel, and SGD's momentum carries that on.)"""
     if not is_float(site.dtype(0)):
         return None
     import torch
@@ -282,7 +351,8 @@ def _batch_norm_grad(site: Site):
         dparams = [dscale, dbias]
         if not training:
             return [dy * _channel(k.to(dt), rank)] + dparams
-        alpha, beta = (-k * inv * dscale / n).to(dt), (-k * dbias / n).to(dt)
+        # -(k * inv * dscale) / n is (k * inv * dscale) / -n, bit for bit: one op fewer each
+        alpha, beta = (k * inv * dscale / -n).to(dt), (k * dbias / -n).to(dt)
         dx = dy * _channel(k.to(dt), rank) + (centered * _channel(alpha, rank) + _channel(beta, rank))
         return [dx] + dparams
     return run
@@ -305,11 +375,13 @@ def _dropout(site: Site):
     scale = float(np.float32(1.0 / (1.0 - ratio)))  # ops.nn.dropout_scale
     ratio32 = float(np.float32(ratio))
 
+    least = rng.at_least(ratio32)  # u >= ratio  <=>  word >= least: no float draws made
+
     def run(ins):
-        x, state = ins[0], ins[3]
-        u = rng.uniform(state.reshape(-1), salt, size, x.device).reshape(shape)
-        mask = u >= ratio32
+        x, state = ins[0], ins[3]  # the state, or its key where the host holds the state
+        mask = (rng.uniform_bits(state, salt, size, x.device) >= least).reshape(shape)
         return [x * (mask.to(x.dtype) * scale), mask]
+    run.host_inputs = {3: functools.partial(rng.host_key, salt=salt)}  # type: ignore[attr-defined]
     return run
 
 
@@ -359,6 +431,29 @@ def _standardize(x: Any, axes: list[int], eps: float) -> tuple[Any, Any, Any]:
     return centered * inv, mean, inv
 
 
+def _fused_layer_norm(site: Site, x_slot: int, dt: Any) -> bool:
+    """Whether torch's fused layer-norm kernels compute this node: statistics in the data's own
+    dtype (not float16 data with float32 statistics), every input of that dtype, scale and bias
+    of exactly the normalised shape (not merely broadcastable to it)."""
+    import torch
+    x = site.dtype(x_slot)
+    norm = site.shape(x_slot)[_layer_norm_setup(site)[0][0]:] if x_slot else None
+    return (dt == {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}.get(x)
+            and all(site.dtype(k) == x for k in range(len(site.ins)) if site.has(k))
+            and (norm is None or site.shape(2) == norm))
+
+
+def _ln_cell(site: Site, x: str, axes: list[int], eps: float) -> list | None:
+    """Where LayerNormalization leaves (x, mean, 1/std) for LayerNormGrad (see _stats_cell)."""
+    if site.memo is None:
+        return None
+    return site.memo.setdefault(("layer_stats", x, tuple(axes), eps), [None])
+
+
+# LayerNormalization and LayerNormGrad run on torch's fused kernels (aten.native_layer_norm and
+# its backward: one launch each, where the per-op form below takes 9 and 18) when the statistics
+# are computed in the data's dtype. The gradient takes the forward's mean and 1/std of the same
+# tensor (Site.memo), else gets them from the same fused forward: the same bits either way.
 @lowering("LayerNormalization")
 def _layer_norm(site: Site):
     """(x, scale, bias?) -> y [, mean, 1/std] in the stash dtype (the runtime casts)."""
@@ -368,7 +463,23 @@ def _layer_norm(site: Site):
     if setup is None:
         return None
     axes, eps, dt = setup
+    norm = list(site.shape(0)[axes[0]:])
+    if not _fused_layer_norm(site, 0, dt) or any(list(site.shape(k)) != norm for k in (1, 2) if site.has(k)):
+        return _layer_norm_ops(axes, eps, dt)
+    import torch
+    fused = torch.ops.aten.native_layer_norm
+    cell = _ln_cell(site, site.node.inputs[0], axes, eps)
 
+    def layer_norm(ins):
+        x = ins[0]
+        y, mean, inv = fused(x, norm, ins[1], ins[2] if len(ins) > 2 else None, eps)
+        if cell is not None:
+            cell[0] = (x, mean, inv)
+        return [y, mean, inv]
+    return layer_norm
+
+
+def _layer_norm_ops(axes: list[int], eps: float, dt: Any):
     def layer_norm(ins):
         x, scale = ins[0], ins[1]
         bias = ins[2] if len(ins) > 2 else None
@@ -390,6 +501,27 @@ def _layer_norm_grad(site: Site):
     if setup is None:
         return None
     axes, eps, dt = setup
+    if not _fused_layer_norm(site, 1, dt):
+        return _layer_norm_grad_ops(axes, eps, dt)
+    import torch
+    fused, backward = torch.ops.aten.native_layer_norm, torch.ops.aten.native_layer_norm_backward
+    norm = list(site.shape(1)[axes[0]:])
+    cell = _ln_cell(site, site.node.inputs[1], axes, eps)
+    mask = [True, True, True]
+
+    def layer_norm_grad(ins):
+        dy, x, scale = ins
+        if cell is not None and cell[0] is not None and cell[0][0] is x:
+            _, mean, inv = cell[0]
+            cell[0] = None
+        else:
+            _, mean, inv = fused(x, norm, None, None, eps)
+        # the bias argument only shapes d bias (sum of dy): scale has its shape and dtype
+        return list(backward(dy, x, norm, mean, inv, scale, scale, mask))
+    return layer_norm_grad
+
+
+def _layer_norm_grad_ops(axes: list[int], eps: float, dt: Any):
     lead = list(range(axes[0]))
 
     def layer_norm_grad(ins):
@@ -402,3 +534,85 @@ def _layer_norm_grad(site: Site):
         # sum(dim=[]) would reduce every axis: with no leading axes there is nothing to sum
         return [dx, dxhat.sum(dim=lead) if lead else dxhat, dy.sum(dim=lead) if lead else dy]
     return layer_norm_grad
+
+
+# -- GroupNormalization / InstanceNormalization -------------------------------------------------------
+def _gn_setup(site: Site, x_slot: int) -> tuple | None:
+    """(N, C, spatial size, groups) for torch's fused group-norm kernels, or None where they do
+    not compute what the reference does: statistics in another dtype than the data's (float16
+    data, or stash_type double), inputs of mixed dtypes."""
+    shape = site.shape(x_slot)
+    x = site.dtype(x_slot)
+    if x not in (np.dtype(np.float32), np.dtype(np.float64)) or len(shape) < 2:
+        return None
+    if int(site.attr("stash_type", 1)) == 11 and x != np.dtype(np.float64):
+        return None
+    if any(site.dtype(k) != x for k in range(len(site.ins)) if site.has(k)):
+        return None
+    if site.node.op == "InstanceNormalization":
+        groups = shape[1]
+    else:
+        groups = int(site.attr("num_groups"))
+    return shape[0], shape[1], int(np.prod(shape[2:])), groups
+
+
+def _gn_cell(site: Site, x: str, groups: int, eps: float) -> list | None:
+    """Where the forward leaves (x, mean, 1/std) for GroupNormGrad (see _stats_cell)."""
+    if site.memo is None:
+        return None
+    return site.memo.setdefault(("group_stats", x, groups, eps), [None])
+
+
+@lowering("GroupNormalization", "InstanceNormalization")
+def _group_norm(site: Site):
+    """aten.native_group_norm (one launch); per-group scale and bias (GroupNormalization 18-20)
+    repeated per channel first."""
+    setup = _gn_setup(site, 0)
+    if setup is None:
+        return None
+    import torch
+    n, c, hw, groups = setup
+    eps = float(site.attr("epsilon", 1e-5))
+    fused = torch.ops.aten.native_group_norm
+    per_group = [site.has(k) and site.shape(k)[0] != c for k in (1, 2)]
+    cell = _gn_cell(site, site.node.inputs[0], groups, eps)
+
+    def group_norm(ins):
+        x = ins[0]
+        scale, bias = (p.repeat_interleave(c // groups) if pg else p for p, pg in zip(ins[1:3], per_group))
+        y, mean, inv = fused(x, scale, bias, n, c, hw, groups, eps)
+        if cell is not None:
+            cell[0] = (x, mean, inv)
+        return [y]
+    return group_norm
+
+
+@lowering("GroupNormGrad")
+def _group_norm_grad(site: Site):
+    """aten.native_group_norm_backward with the forward's mean and 1/std of the same tensor
+    (Site.memo), else with those of the fused forward run again: the same bits either way."""
+    setup = _gn_setup(site, 1)
+    if setup is None:
+        return None
+    import torch
+    n, c, hw, groups = setup
+    eps = float(site.attr("epsilon", 1e-5))
+    fused, backward = torch.ops.aten.native_group_norm, torch.ops.aten.native_group_norm_backward
+    n_scale, n_bias = site.shape(2)[0], int(site.attr("bias_shape")[0])
+    cell = _gn_cell(site, site.node.inputs[1], groups, eps)
+    mask = [True, True, True]
+
+    def per(p, k: int):  # per-group parameters sum their channels
+        return p if k == c else p.reshape(k, -1).sum(dim=1)
+
+    def group_norm_grad(ins):
+        dy, x, scale = ins
+        if cell is not None and cell[0] is not None and cell[0][0] is x:
+            _, mean, inv = cell[0]
+            cell[0] = None
+        else:
+            _, mean, inv = fused(x, None, None, n, c, hw, groups, eps)
+        weight = scale if n_scale == c else scale.repeat_interleave(c // groups)
+        dx, dscale, dbias = backward(dy, x, mean, inv, weight, n, c, hw, groups, mask)
+        return [dx, per(dscale, n_scale), per(dbias, n_bias)]
+    return group_norm_grad

@@ -187,17 +187,26 @@ def _sgd_group(sites: list[Site]):
         return None
     import torch
     h = sites[0].node.attrs
+    wide = (torch.float32, torch.float64)
 
     def run(groups):
         ps, gs, slots = _columns(groups)
         lr, step = groups[0][-2].double(), groups[0][-1].double()
         gs = _decayed_all(torch, h, ps, gs)
         outs: list[list] = [[] for _ in groups]
-        if h["momentum"]:
+        if h["momentum"] and not h["dampening"] and ps[0].dtype in wide:
+            # buf = g on the first step, else buf * momentum + g: two foreach ops with a 0-d
+            # factor (0 on the first step, when buf holds zeros: 0 * buf + g is g) instead of a
+            # torch.where per parameter. The factor is the float32 (float64) momentum that
+            # multiplying by the Python float gives: the same bits as the per-node kernel.
+            keep = (step != 1).to(ps[0].dtype) * h["momentum"]
+            bufs = torch._foreach_add(torch._foreach_mul(slots[0], keep), gs)
+        elif h["momentum"]:
             first = step == 1
             blend = torch._foreach_add(torch._foreach_mul(slots[0], h["momentum"]),
                                        torch._foreach_mul(gs, 1 - h["dampening"]))
             bufs = [torch.where(first, g, b) for g, b in zip(gs, blend)]
+        if h["momentum"]:
             for o, b in zip(outs, bufs):
                 o.append(b)
             gs = torch._foreach_add(gs, torch._foreach_mul(bufs, h["momentum"])) if h["nesterov"] else bufs

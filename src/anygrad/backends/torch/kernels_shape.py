@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...ops.reduce import reduce_axes
-from ...ops.shape import slice_bounds, split_sizes
+from ...ops.shape import pad_amounts, pad_mode, pad_source_index, slice_bounds, slice_len, split_sizes
 from .lowering import Site, is_float, lowering, norm_axis
 
 
@@ -92,11 +92,22 @@ def _gather_grad(site: Site):
 
 @lowering("Slice")
 def _slice(site: Site):
+    import torch
     bounds = slice_bounds(site.node, site.ins, site.shape(0))
-    if any(step < 1 for _, _, step in bounds):
-        return None  # negative steps: torch slicing has none (the reference kernel runs)
-    index = tuple(slice(s, e, st) for s, e, st in bounds)
-    return lambda ins: [ins[0][index]]
+    if all(step > 0 for _, _, step in bounds):
+        index = tuple(slice(s, e, st) for s, e, st in bounds)
+        return lambda ins: [ins[0][index]]
+    # torch slicing has no negative steps: the same elements walked forwards, then flipped
+    index, flips = [], []
+    for axis, (s, e, st) in enumerate(bounds):
+        n = slice_len(s, e, st)
+        if st > 0 or n == 0:
+            index.append(slice(s, e, st) if st > 0 else slice(0, 0))
+            continue
+        index.append(slice(s + (n - 1) * st, s + 1, -st))
+        flips.append(axis)
+    index_t = tuple(index)
+    return lambda ins: [torch.flip(ins[0][index_t], flips)]
 
 
 @lowering("Split")
@@ -149,6 +160,8 @@ def _matmul(site: Site):
     if not (is_float(site.dtype(0)) and is_float(site.dtype(1))):
         return None
     import torch
+    if site.dtype(1) == site.dtype(0):
+        return lambda ins: [torch.matmul(ins[0], ins[1])]
     return lambda ins: [torch.matmul(ins[0], ins[1].to(ins[0].dtype))]
 
 
@@ -160,14 +173,138 @@ def _gemm(site: Site):
     alpha, beta = site.attr("alpha", 1.0), site.attr("beta", 1.0)
     alpha32, beta32 = float(np.float32(alpha)), float(np.float32(beta))
     has_c = site.has(2)
+    same = site.dtype(1) == site.dtype(0)
 
     def gemm(ins):
         a = ins[0].t() if ta else ins[0]
         b = ins[1].t() if tb else ins[1]
-        y = a @ b.to(a.dtype)
+        y = a @ (b if same else b.to(a.dtype))
         if alpha != 1.0:
             y = y * alpha32
         if has_c:
             y = y + (ins[2] if beta == 1.0 else ins[2] * beta32)
         return [y]
     return gemm
+
+
+# -- Pad, its gradient, Slice's gradient -------------------------------------------------------------
+def _device_const(site: Site, arr: np.ndarray):
+    """A compile-time index array as a tensor on the kernel's device: made on first use there
+    and kept, in an eager executable; made in the traced function under torch.compile (Site.memo
+    is None there), which folds it into the graph (a tensor kept in a closure fails dynamo's
+    guards in inference mode)."""
+    import torch
+    values = np.asarray(arr).tolist()
+    if site.memo is None:
+        return lambda device: torch.tensor(values, dtype=torch.int64, device=device)
+    made: dict = {}
+
+    def get(device):
+        t = made.get(device)
+        if t is None:
+            t = made[device] = torch.tensor(values, dtype=torch.int64, device=device)
+        return t
+    return get
+
+
+def _torch_pads(amounts: list[tuple[int, int]]) -> list[int]:
+    """(before, after) per axis -> F.pad's flat list, last axis first."""
+    return [p for b, a in reversed(amounts) for p in (b, a)]
+
+
+@lowering("Pad")
+def _pad(site: Site):
+    """Constant padding (negative amounts crop) is F.pad; edge, wrap and reflect gather each axis
+    by the reference's source index (ops.shape.pad_source_index)."""
+    if site.dtype(0).kind not in "iuf":
+        return None
+    import torch
+    import torch.nn.functional as F
+    shape = site.shape(0)
+    amounts = pad_amounts(site.node, site.ins, len(shape))
+    mode = pad_mode(site.node, shape, amounts)
+    value = site.const(2) if site.has(2) else None
+    if site.has(2) and value is None:
+        return None  # a constant value known only at run time: the reference kernel reads it
+    value = site.attr("value", 0.0) if value is None or value.size == 0 else value.reshape(()).item()
+    if mode == "constant":
+        pads = _torch_pads(amounts)
+        return lambda ins: [F.pad(ins[0], pads, value=value)]
+    gathers = [(axis, _device_const(site, pad_source_index(mode, d, b, a)))
+               for axis, (d, (b, a)) in enumerate(zip(shape, amounts)) if (b, a) != (0, 0)]
+
+    def pad(ins):
+        x = ins[0]
+        for axis, idx in gathers:
+            x = torch.index_select(x, axis, idx(x.device))
+        return [x]
+    return pad
+
+
+def _scatter_add_rows(dy, idx, rows: int, axis: int):
+    """Rows of dy (along axis) summed into `rows` rows at idx, in a fixed order on every device
+    (as GatherGrad: index_add_ on the CPU, index_put_ with accumulate on a GPU: no atomics)."""
+    import torch
+    moved = torch.movedim(dy, axis, 0)
+    acc = torch.zeros((rows,) + tuple(moved.shape[1:]), dtype=dy.dtype, device=dy.device)
+    if dy.device.type == "cpu":
+        acc.index_add_(0, idx, moved)
+    else:
+        acc.index_put_((idx,), moved, accumulate=True)
+    return torch.movedim(acc, 0, axis)
+
+
+@lowering("PadGrad")
+def _pad_grad(site: Site):
+    """dy summed back onto the positions each output read: constant padding's is the inverse
+    F.pad (a crop, or zeros where the forward cropped); the other modes add rows at the
+    reference's source indices."""
+    if not is_float(site.dtype(0)):
+        return None
+    import torch
+    import torch.nn.functional as F
+    shape = tuple(int(d) for d in site.attr("shape"))
+    before, after, mode = site.attr("before"), site.attr("after"), site.attr("mode")
+    amounts = list(zip((int(b) for b in before), (int(a) for a in after)))
+    if mode == "constant":
+        pads = [-p for p in _torch_pads(amounts)]
+        return lambda ins: [F.pad(ins[0], pads)]
+    axes = []
+    for axis, (d, (b, a)) in enumerate(zip(shape, amounts)):
+        if (b, a) == (0, 0):
+            continue
+        src = pad_source_index(mode, d, b, a)
+        keep = np.flatnonzero(src >= 0)
+        axes.append((axis, d, _device_const(site, keep), _device_const(site, src[keep])))
+
+    def pad_grad(ins):
+        dx = ins[0]
+        for axis, d, keep, src in axes:
+            dx = _scatter_add_rows(torch.index_select(dx, axis, keep(dx.device)), src(dx.device), d, axis)
+        return [dx]
+    return pad_grad
+
+
+@lowering("SliceGrad")
+def _slice_grad(site: Site):
+    """dy written into zeros of the input shape at the slice (negative steps: dy flipped, into
+    the same positions walked forwards)."""
+    import torch
+    shape = tuple(int(d) for d in site.attr("shape"))
+    index, flips = [], []
+    for axis, (start, end, step) in enumerate(zip(site.attr("starts"), site.attr("ends"), site.attr("steps"))):
+        n = slice_len(int(start), int(end), int(step))
+        if step > 0:
+            index.append(slice(int(start), int(start) + (n - 1) * int(step) + 1, int(step)))
+        else:
+            first = int(start) + (n - 1) * int(step)
+            index.append(slice(first, int(start) + 1, -int(step)))
+            flips.append(axis)
+    index_t = tuple(index)
+
+    def slice_grad(ins):
+        dy = ins[0]
+        dx = torch.zeros(shape, dtype=dy.dtype, device=dy.device)
+        dx[index_t] = torch.flip(dy, flips) if flips else dy
+        return [dx]
+    return slice_grad

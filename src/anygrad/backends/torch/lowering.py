@@ -9,6 +9,14 @@ reference kernel (`runtime.py`), so a lowering only ever has to be right, never 
 
 Lowerings must compute what the op's reference kernel in `anygrad.ops` computes, up to float
 rounding; tests/test_torch_backend.py checks them against the numpy backend.
+
+Kernels run in torch's inference mode and should take as few torch calls as they can: on a GPU
+each is a launch and several microseconds of host time, which bound the step at small batches.
+A kernel may carry `kernel.host_inputs = {slot: fn}`: where the host holds input `slot` (a dtype
+torch lacks, e.g. the uint32 RNG state), the runtime uploads fn(host value) instead of the value
+(Dropout's key: three chained hashes of the state, a few host microseconds instead of ~35
+launches); the kernel must accept either form. Under torch.compile `Site.memo` is None: a
+kernel then keeps no tensors between calls (dynamo guards on them).
 """
 from __future__ import annotations
 

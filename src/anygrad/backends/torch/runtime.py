@@ -14,7 +14,10 @@ Compiling makes a flat plan: a list of (kernel, input slots, output slots, outpu
 one list of values indexed by integers, so a step is one tight loop, with no name lookups or
 per-value checks. Optimizer updates with a grouped lowering (`GROUP_LOWERINGS`) run as one
 torch._foreach_* kernel for all parameters. Host values a kernel needs are uploaded once, through
-pinned memory on a GPU (no wait for the queued work).
+pinned memory on a GPU (no wait for the queued work), or first mapped by the kernel's host
+function (`host_inputs`, lowering.py). The step runs in torch's inference mode (no autograd
+dispatch per op); nothing in it reads a device value back (`benchmarks/torch_overhead.py`
+measures the host time per step and the torch ops per step against PyTorch eager).
 
 With `cuda_graph=True` (or ANYGRAD_TORCH_CUDA_GRAPH=1) on CUDA, the step's device work is
 captured as a CUDA graph on its third run and replayed after: one launch per step. Its inputs are
@@ -126,7 +129,11 @@ def lower(site: Site) -> Callable | None:
         dtype = np.dtype(info.dtype)
         # unsigned inputs up to 32 bits reach a kernel as int64 (exact); no output may be one
         held = dtype in TORCH_DTYPES or (k < len(site.ins) and dtype in WIDENED)
-        if not held or not all(isinstance(d, int) for d in info.shape) or 0 in tuple(info.shape):
+        if not held or not all(isinstance(d, int) for d in info.shape):
+            return None
+        # an empty tensor, but for an empty constant operand (a shape [] or no axes), which the
+        # lowerings read at compile time (Site.const)
+        if 0 in tuple(info.shape) and not (0 < k < len(site.ins) and info.const is not None):
             return None
     return fn(site)
 
@@ -174,6 +181,9 @@ class TorchExecutable(Executable):
         self.graph_capable = self._graphable
         self._graph: Any = None      # the captured CUDA graph, once captured
         self._calls = 0
+        self._inference_mode = _torch().inference_mode
+        self._template: list | None = None
+        self._step_fn: Callable[[list], None] | None = None  # the plan as one Python function
 
     # -- compiling ---------------------------------------------------------------------------
     def _steps(self, graph: Graph) -> list[_Step]:
@@ -265,12 +275,27 @@ class TorchExecutable(Executable):
                     at(name)
             if not st.lowered:
                 host.update(o for o in st.outputs if o)
-        device_read = {i for st in steps if st.lowered for i in st.inputs if i in host}
-        twin: dict[str, int] = {}
+        def prep_of(st: _Step, j: int, name: str) -> Callable | None:
+            """The host function a lowered kernel wants applied to input j when the host holds
+            it (kernel.host_inputs), e.g. the dropout key from the uint32 RNG state."""
+            if not st.lowered or st.grouped or name not in host:
+                return None
+            return getattr(st.kernel, "host_inputs", {}).get(j)
+
+        device_read = {i for st in steps if st.lowered for j, i in enumerate(st.inputs)
+                       if i in host and prep_of(st, j, i) is None}
+        preps = list(dict.fromkeys((i, fn) for st in steps for j, i in enumerate(st.inputs)
+                                   if i and (fn := prep_of(st, j, i)) is not None))
+        fresh = itertools.count(len(slot) + 2)
+        twin: dict[Any, int] = {}  # name, or (name, host function): its device twin's slot
 
         def upload_action(name: str) -> _Action:
-            twin[name] = len(slot) + 2 + len(twin)
+            twin[name] = next(fresh)
             return (self._upload_fn, [slot[name]], [twin[name]], [None])
+
+        def prep_actions(name: str, fn: Callable) -> list[_Action]:
+            made, twin[(name, fn)] = next(fresh), next(fresh)
+            return [(_host_fn(fn), [slot[name]], [made], [None]), (self._upload_fn, [made], [twin[(name, fn)]], [None])]
 
         actions: list[_Action] = []
         host_first: list[_Action] = []   # uploads of host values known before the step
@@ -281,18 +306,30 @@ class TorchExecutable(Executable):
                 self.consts[twin[name]] = self.backend.upload(self.consts[slot[name]])
             else:
                 host_first.append(action)
+        for name, fn in preps:
+            if name in fallback_made:
+                continue
+            prepared = prep_actions(name, fn)
+            if slot[name] in self.consts:
+                self.consts[twin[(name, fn)]] = self.backend.upload(fn(self.consts[slot[name]]))
+            else:
+                host_first += prepared
         for st in steps:
-            ins = [_NONE if not i else twin[i] if st.lowered and i in twin else slot[i] for i in st.inputs]
+            ins = [_NONE if not i else twin[(i, fn)] if (fn := prep_of(st, j, i)) is not None
+                   else twin[i] if st.lowered and i in twin else slot[i] for j, i in enumerate(st.inputs)]
             outs = [slot[o] if o else _DROP for o in st.outputs]
             if not st.lowered:
                 actions.append((self._fallback_fn(st), ins, outs, [None] * len(outs)))
                 actions += [upload_action(o) for o in st.outputs if o and o in device_read]
+                for name, fn in preps:
+                    if name in st.outputs:
+                        actions += prep_actions(name, fn)
             elif st.grouped:
                 sizes = [len(n.inputs) for n in st.nodes]
                 actions.append((_grouped_fn(st.kernel, sizes), ins, outs, st.torch_dtypes))
             else:
                 actions.append((st.kernel, ins, outs, st.torch_dtypes))
-        self.n_slots = len(slot) + 2 + len(twin)
+        self.n_slots = next(fresh)
         self.slot = slot
         self.actions = host_first + actions
         self.state_slots = [(name, slot[name]) for name in graph.state_names]
@@ -368,9 +405,12 @@ class TorchExecutable(Executable):
         return self.backend.upload(np.asarray(value).astype(dtype, copy=False))
 
     def _values(self, feeds: Mapping[str, np.ndarray]) -> list:
-        vals: list[Any] = [None] * self.n_slots
-        for k, v in self.consts.items():
-            vals[k] = v
+        template = self._template
+        if template is None:  # the constants in their slots, copied per step (one C-level copy)
+            template = self._template = [None] * self.n_slots
+            for k, v in self.consts.items():
+                template[k] = v
+        vals = list(template)
         state = self.backend.state
         for name, k in self.state_slots:
             vals[k] = state.get(name)
@@ -381,17 +421,32 @@ class TorchExecutable(Executable):
         return vals
 
     def run(self, feeds: Mapping[str, np.ndarray], fetch: Sequence[str] | None = None) -> dict[str, np.ndarray]:
-        self._calls += 1
-        if self.cuda_graph and self._calls > 2:
-            vals = self._run_graph(feeds)
+        # Inference mode: no tensor here ever needs torch.autograd (the graph has its own
+        # gradients), and torch ops then skip autograd's dispatch (~0.4 us per op on a CPU).
+        # Values made here are inference tensors, which may be changed in place only in this
+        # mode: the CUDA graph's copies into its state buffers run inside it too.
+        with self._inference_mode():
+            self._calls += 1
+            if self.cuda_graph and self._calls > 2:
+                vals = self._run_graph(feeds)
+            else:
+                vals = self._values(feeds)
+                self._eager(vals)
+            state, held = self.backend.state, self.backend.held
+            for k, target in self.update_slots:
+                state[target] = held(vals[k])
+            names = fetch if fetch is not None else self.graph.outputs
+            return {f: to_numpy(vals[self.slot[f]]) for f in names}
+
+    def _eager(self, vals: list) -> None:
+        """The plan's actions in order: the first time through the loop, which records how many
+        values each kernel returns, then as the straight-line function written from that."""
+        if self._step_fn is None:
+            counts: list[int] = []
+            _execute(self.actions, vals, counts)
+            self._step_fn = _straight_line(self.actions, counts)
         else:
-            vals = self._values(feeds)
-            _execute(self.actions, vals)
-        state, held = self.backend.state, self.backend.held
-        for k, target in self.update_slots:
-            state[target] = held(vals[k])
-        names = fetch if fetch is not None else self.graph.outputs
-        return {f: to_numpy(vals[self.slot[f]]) for f in names}
+            self._step_fn(vals)
 
     # -- CUDA graphs ---------------------------------------------------------------------------
     def _run_graph(self, feeds: Mapping[str, np.ndarray]) -> list:
@@ -409,7 +464,7 @@ class TorchExecutable(Executable):
                 self.cuda_graph = False
                 self._graph = None
                 vals = self._values(feeds)
-                _execute(self.actions, vals)
+                self._eager(vals)
                 return vals
         g = self._graph
         vals = self._values(feeds)
@@ -501,12 +556,49 @@ def _is_host(action: _Action) -> bool:
     return getattr(action[0], "host", False)
 
 
-def _execute(actions: list[_Action], vals: list) -> None:
-    """The hot loop: every action's kernel on its input slots; results cast to the output dtypes."""
+def _execute(actions: list[_Action], vals: list, counts: list[int] | None = None) -> None:
+    """The hot loop: every action's kernel on its input slots; results cast to the output dtypes.
+    `counts`: a list to append the number of values each kernel returned to."""
     for fn, ins, outs, casts in actions:
         res = fn([vals[i] for i in ins])
+        if counts is not None:
+            counts.append(len(res))
         for o, v, want in zip(outs, res, casts):
             vals[o] = v if want is None or v.dtype == want else v.to(want)
+
+
+def _straight_line(actions: list[_Action], counts: list[int]) -> Callable[[list], None]:
+    """_execute's loop unrolled into one generated function, a statement per kernel call and per
+    result, slots and dtypes as literals and names: the same calls and casts, without the loop's
+    list building, zip and tuple unpacking, which cost ~1.5 us per action (a step has hundreds).
+    `counts`: how many values each kernel returns (fixed: a kernel's outputs are its node's)."""
+    env: dict[str, Any] = {}
+    lines = ["def step(v):"]
+    for a, ((fn, ins, outs, casts), n) in enumerate(zip(actions, counts)):
+        env[f"k{a}"] = fn
+        call = f"k{a}([{', '.join(f'v[{i}]' for i in ins)}])"
+        pairs = list(zip(outs, casts))[:n]
+        if len(pairs) == 1 and pairs[0][1] is None:
+            lines.append(f"    v[{pairs[0][0]}] = {call}[0]")
+            continue
+        lines.append(f"    r = {call}")
+        for j, (o, want) in enumerate(pairs):
+            if want is None:
+                lines.append(f"    v[{o}] = r[{j}]")
+            else:  # torch dtypes are singletons: `is` is their equality
+                env[f"c{a}_{j}"] = want
+                lines.append(f"    x = r[{j}]; v[{o}] = x if x.dtype is c{a}_{j} else x.to(c{a}_{j})")
+    lines.append("    return None")
+    exec(compile("\n".join(lines), "<anygrad torch step>", "exec"), env)  # noqa: S102 - our own code
+    return env["step"]
+
+
+def _host_fn(fn: Callable) -> Callable:
+    """A host function of one host value as a host action's kernel."""
+    def run(ins: list) -> list:
+        return [fn(ins[0])]
+    run.host = True  # type: ignore[attr-defined]
+    return run
 
 
 def _grouped_fn(kernel: Callable, sizes: list[int]) -> Callable:
