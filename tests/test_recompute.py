@@ -49,10 +49,24 @@ def _train(ours, steps: int, **compile_args):
     return model, [model.train_on_batch(x, y) for _ in range(steps)]
 
 
+def _same_bits(model, step, other, feeds) -> None:
+    """`other` (a rewrite of the training step) computes step's outputs and state updates to the
+    bit on the numpy backend, from the model's current state."""
+    from anygrad.backends import NumpyBackend
+    results = []
+    for g in (step, other):
+        nb = NumpyBackend()
+        for name in g.state_names:
+            nb.set_state(name, model.backend.get_state(name))
+        results.append(nb.compile(g).run(feeds, list(g.outputs)))
+        results[-1].update({t: nb.get_state(t) for t in g.state_updates.values()})
+    for k, v in results[0].items():
+        np.testing.assert_array_equal(results[1][k], v, err_msg=k)
+
+
 def test_recompute_pass_keeps_the_step_on_the_numpy_backend():
     """The rewrite alone: SiLU's sigmoid and product are recomputed in the backward, and the
     rewritten step computes the original's outputs and state updates exactly (same ops, same inputs)."""
-    from anygrad.backends import NumpyBackend
     from anygrad.ir.recompute import backward_start, recompute
     theirs, ours = _nets()
     model, plain = _train(ours, 2, device="cpu")
@@ -65,15 +79,7 @@ def test_recompute_pass_keeps_the_step_on_the_numpy_backend():
         assert n.name.startswith("grad.recompute") or not set(n.inputs) & set(values), n.label
     x, y = _data()
     feeds = dict(zip(step.inputs, (x, y)))
-    results = []
-    for g in (step, lighter):
-        nb = NumpyBackend()
-        for name in g.state_names:
-            nb.set_state(name, model.backend.get_state(name))
-        results.append(nb.compile(g).run(feeds, list(g.outputs)))
-        results[-1].update({t: nb.get_state(t) for t in g.state_updates.values()})
-    for k, v in results[0].items():
-        np.testing.assert_array_equal(results[1][k], v, err_msg=k)
+    _same_bits(model, step, lighter, feeds)
 
 
 @pytest.mark.wgpu
@@ -151,7 +157,6 @@ def test_info_plans_within_a_memory_budget(capsys):
 def test_batchnorm_relu_segments_are_recomputed_exactly():
     """A conv net: BatchNorm -> ReLU is recomputed from the BatchNorm input (its gradient keeps it);
     the copy's running statistics go unused, so the state is updated once, as before."""
-    from anygrad.backends import NumpyBackend
     from anygrad.ir.recompute import recompute
     nn.manual_seed(0)
     net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1),
@@ -167,15 +172,7 @@ def test_batchnorm_relu_segments_are_recomputed_exactly():
         ["BatchNormalization", "BatchNormalization", "Relu", "Relu"]
     assert lighter.state_updates == step.state_updates
     feeds = dict(zip(step.inputs, (x, y)))
-    results = []
-    for g in (step, lighter):
-        nb = NumpyBackend()
-        for name in g.state_names:
-            nb.set_state(name, model.backend.get_state(name))
-        results.append(nb.compile(g).run(feeds, list(g.outputs)))
-        results[-1].update({t: nb.get_state(t) for t in g.state_updates.values()})
-    for k, v in results[0].items():
-        np.testing.assert_array_equal(results[1][k], v, err_msg=k)
+    _same_bits(model, step, lighter, feeds)
 
 
 def test_f16_casts_are_recomputed_exactly_and_plan_smaller():
@@ -183,7 +180,6 @@ def test_f16_casts_are_recomputed_exactly_and_plan_smaller():
     copies of weights are cast again in the backward instead of living across it
     (recompute.CASTS); the step computes the same bits, and the wgpu planner keeps the rewrite
     because it plans fewer bytes (activations of a batch of 1024 outweigh the weights)."""
-    from anygrad.backends import NumpyBackend
     from anygrad.backends.wgpu.kernel import AdapterCaps
     from anygrad.backends.wgpu.planner import fit_plan, make_plan, memory_report
     from anygrad.ir.recompute import CASTS, recompute
@@ -198,15 +194,7 @@ def test_f16_casts_are_recomputed_exactly_and_plan_smaller():
     recast, values = recompute(step, CASTS)
     assert values and all(n.op == "Cast" for n in recast.nodes if n.name.startswith("grad.recompute"))
     feeds = dict(zip(step.inputs, (x, y)))
-    results = []
-    for g in (step, recast):
-        nb = NumpyBackend()
-        for name in g.state_names:
-            nb.set_state(name, model.backend.get_state(name))
-        results.append(nb.compile(g).run(feeds, list(g.outputs)))
-        results[-1].update({t: nb.get_state(t) for t in g.state_updates.values()})
-    for k, v in results[0].items():
-        np.testing.assert_array_equal(results[1][k], v, err_msg=k)
+    _same_bits(model, step, recast, feeds)
     caps = AdapterCaps(has_f16=True, is_cpu=False, max_storage_binding_size=1 << 30)
     states = set(step.state_names)
     plain = memory_report(make_plan(step.copy(), caps, states)).total

@@ -263,6 +263,15 @@ def _channel(v: Any, rank: int) -> Any:
     return v.reshape((1, -1) + (1,) * (rank - 2))
 
 
+def _memo_stats(cell: list | None, x, compute) -> tuple:
+    """The statistics the forward kernel left in `cell` for this same tensor x (taken once: the
+    same bits as computing them again), else compute()."""
+    if cell is not None and cell[0] is not None and cell[0][0] is x:
+        stats, cell[0] = cell[0][1:], None
+        return tuple(stats)
+    return tuple(compute())
+
+
 def _stats_cell(site: Site, x: str, axes: list[int]) -> list | None:
     """Where BatchNormalization leaves its batch statistics of `x` for BatchNormGrad (on CPU,
     computing them is as costly as the normalisation itself); None when the executable shares
@@ -334,11 +343,7 @@ def _batch_norm_grad(site: Site):
         dy, x, scale = ins[:3]
         dt = x.dtype
         if training:
-            if cell is not None and cell[0] is not None and cell[0][0] is x:
-                _, var, mean = cell[0]  # the forward's statistics of this same tensor: the same bits
-                cell[0] = None
-            else:
-                var, mean = torch.var_mean(x, dim=axes, correction=0)
+            var, mean = _memo_stats(cell, x, lambda: torch.var_mean(x, dim=axes, correction=0))
             var = var.double()
         else:
             mean, var = ins[3].to(dt), ins[4].double()
@@ -511,11 +516,7 @@ def _layer_norm_grad(site: Site):
 
     def layer_norm_grad(ins):
         dy, x, scale = ins
-        if cell is not None and cell[0] is not None and cell[0][0] is x:
-            _, mean, inv = cell[0]
-            cell[0] = None
-        else:
-            _, mean, inv = fused(x, norm, None, None, eps)
+        mean, inv = _memo_stats(cell, x, lambda: fused(x, norm, None, None, eps)[1:])
         # the bias argument only shapes d bias (sum of dy): scale has its shape and dtype
         return list(backward(dy, x, norm, mean, inv, scale, scale, mask))
     return layer_norm_grad
@@ -607,11 +608,7 @@ def _group_norm_grad(site: Site):
 
     def group_norm_grad(ins):
         dy, x, scale = ins
-        if cell is not None and cell[0] is not None and cell[0][0] is x:
-            _, mean, inv = cell[0]
-            cell[0] = None
-        else:
-            _, mean, inv = fused(x, None, None, n, c, hw, groups, eps)
+        mean, inv = _memo_stats(cell, x, lambda: fused(x, None, None, n, c, hw, groups, eps)[1:])
         weight = scale if n_scale == c else scale.repeat_interleave(c // groups)
         dx, dscale, dbias = backward(dy, x, mean, inv, weight, n, c, hw, groups, mask)
         return [dx, per(dscale, n_scale), per(dbias, n_bias)]
