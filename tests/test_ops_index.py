@@ -481,6 +481,8 @@ def test_resize_tf_crop_and_resize(h, w, oh, ow, mode, extrapolation, roi, seed)
         exact[0] |= lo == 0
         if np.any(near & ~exact):  # on an edge up to rounding: float32 evaluation order decides
             return
+        if mode == "nearest" and np.any(np.abs(x - np.floor(x) - 0.5) < 1e-4):
+            return  # halfway between two pixels: how the roi arithmetic rounds decides which one
     x = normal(seed, (1, 2, h, w))
     attrs = {"mode": mode, "coordinate_transformation_mode": "tf_crop_and_resize",
              "extrapolation_value": extrapolation}
