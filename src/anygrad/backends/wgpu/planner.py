@@ -281,8 +281,7 @@ def fit_plan(graph: Graph, caps: AdapterCaps, state_names: set[str], prepare_fn)
     prepared = prepare_fn(graph)
     plan = make_plan(prepared, free, state_names)
     # per-element values (casts too: under mixed precision, float32 copies of float16 values)
-    # recomputed in the backward whenever that plans smaller; their copies fuse into the
-    # backward's elementwise kernels (recompute.ELEMENTWISE)
+    # recomputed in the backward whenever that plans smaller (recompute.ELEMENTWISE)
     lighter, values = recompute(graph, ELEMENTWISE) if recompute_elementwise() else (graph, [])
     if values:
         prepared2 = prepare_fn(lighter)
