@@ -86,9 +86,12 @@ def test_device_names(wb, capsys):
                                    np.zeros((0, 3), np.float32)])
 def test_state_roundtrip(wb, value):
     wb.set_state("t", value)
-    got = wb.get_state("t")
-    assert got.dtype == value.dtype and got.shape == value.shape
-    np.testing.assert_array_equal(got, value)
+    for placed in (False, True):  # held on the host until placed, then read back from the device
+        if placed:
+            assert wb.placed_state("t").buffer is not None
+        got = wb.get_state("t")
+        assert got.dtype == value.dtype and got.shape == value.shape
+        np.testing.assert_array_equal(got, value)
     assert wb.has_state("t") and not wb.has_state("nope")
 
 
@@ -102,11 +105,13 @@ def test_state_uploads_flush_and_zeros_skip_the_upload(wb, monkeypatch):
     values = {f"u{i}": rng.standard_normal(300 + i).astype(np.float32) for i in range(8)}  # 1.2 KB each
     for n, v in values.items():
         wb.set_state(n, v)
+        wb.placed_state(n)
         assert wb._unflushed < 1024       # each write past the threshold was flushed
     assert all(np.array_equal(wb.get_state(n), v) for n, v in values.items())
     submitted = []
     monkeypatch.setattr(wb, "upload", lambda b, o, d: submitted.append(d.nbytes))
     wb.set_state("zeros_new", np.zeros(1000, np.float32))
+    wb.placed_state("zeros_new")
     assert submitted == []
     wb.set_state("u0", np.zeros(300, np.float32))        # same size: written over the old values
     assert submitted == [1200]
@@ -381,10 +386,32 @@ def test_trusted_module_still_validates_wgsl(wb):
         shader_module.create_shader_module(wb.device, "@compute @workgroup_size(1) fn main() { nope(); }", "bad")
 
 
-def test_state_packed_into_arenas_before_the_slots_and_old_buffers_freed(wb, monkeypatch):
-    """Parameters and optimizer state move into their arenas when the step is built, before its
-    activation slots exist, and the per-tensor buffers are destroyed then (so the state is never
-    held twice beside the activations); training still matches the numpy backend."""
+def test_pack_arena_moves_placed_and_pending_state(wb, monkeypatch):
+    """An arena gathers states of both kinds: one already on the device (copied there, its own
+    buffer destroyed) and ones only recorded on the host (written straight in), zeros included."""
+    from anygrad.backends.wgpu.fusion import ArenaSpec
+    a, b = np.arange(5, dtype=np.float32), np.linspace(-1, 1, 7).astype(np.float32)
+    for name, v in (("a", a), ("b", b), ("z", np.zeros(3, np.float32))):
+        wb.set_state(name, v)
+    own = wb.placed_state("a").buffer
+    destroyed = []
+    monkeypatch.setattr(type(own), "destroy", lambda buf: destroyed.append(buf))
+    wb.pack_arena(ArenaSpec("@arena", ("a", "b", "z"), (0, 64, 128), 192))
+    assert destroyed == [own]
+    assert len({id(wb.state[n].buffer) for n in "abz"}) == 1 and wb.state["b"].offset == 256
+    raw = np.frombuffer(wb.read(wb.state["a"].buffer, 192 * 4), np.float32)
+    np.testing.assert_array_equal(raw[:5], a)
+    np.testing.assert_array_equal(raw[64:71], b)
+    np.testing.assert_array_equal(raw[128:131], 0)
+    np.testing.assert_array_equal(wb.get_state("b"), b)
+
+
+def test_state_packed_into_arenas_before_the_slots_without_buffers_of_its_own(wb, monkeypatch):
+    """Parameters and optimizer state go into their arenas when the step is built, before its
+    activation slots exist, written there straight from the host: no per-tensor buffer is ever
+    made for them (freed, those left the allocator's blocks pinned); a state placed before the
+    step is built is copied into the arena and its buffer destroyed. Training still matches the
+    numpy backend."""
     import anygrad
     from anygrad import nn
     from anygrad.backends.wgpu import runtime
@@ -415,11 +442,8 @@ def test_state_packed_into_arenas_before_the_slots_and_old_buffers_freed(wb, mon
     exe = next(e for key, e in model._programs.items() if key[0] == "train")
     members = {m for spec in exe.plan.arenas for m in spec.members}
     assert members, "the SGD update should read its parameters from arenas"
-    wgpu_events = events[next(k for k, e in enumerate(events) if e[1].startswith("state")):]
-    first_slot = next(k for k, e in enumerate(wgpu_events) if e[1].startswith("slot"))
-    assert all(k < first_slot for k, e in enumerate(wgpu_events) if e[1].startswith("arena"))
-    destroyed = [b for kind, _, b in wgpu_events if kind == "destroy"]
+    first_slot = next(k for k, e in enumerate(events) if e[1].startswith("slot"))
+    assert all(k < first_slot for k, e in enumerate(events) if e[1].startswith("arena"))
     for m in members:
-        made = [b for kind, label, b in wgpu_events if kind == "create" and label == f"state {m}"]
-        assert made and any(made[-1] is b for b in destroyed), m
+        assert not [b for kind, label, b in events if kind == "create" and label == f"state {m}"], m
         assert model.backend.state[m].arena

@@ -102,6 +102,7 @@ class _StateBuf:
     nbytes: int
     offset: int = 0      # bytes; nonzero inside an arena
     arena: str = ""      # the arena holding it, if any
+    pending: np.ndarray | None = None  # device bytes not yet uploaded (buffer is None until placed)
 
 
 def to_device(value: np.ndarray, dtype: np.dtype | None = None) -> np.ndarray:
@@ -112,6 +113,11 @@ def to_device(value: np.ndarray, dtype: np.dtype | None = None) -> np.ndarray:
     if data.itemsize == 2 and data.size % 2:  # f16: whole 4-byte words, as buffer writes need
         data = np.concatenate([data.reshape(-1), np.zeros(1, data.dtype)])
     return data
+
+
+def _owned(data: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """`data`, copied if it shares memory with the caller's array (held until it is uploaded)."""
+    return data.copy() if np.may_share_memory(data, value) else data
 
 
 def to_device_packed(value: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray | None]:
@@ -208,25 +214,43 @@ class WgpuBackend(Backend):
             self._unflushed = 0
 
     def set_state(self, name: str, value: np.ndarray) -> None:
+        """A new state tensor is only recorded here: its device buffer is made when something first
+        needs it (placed_state), or never, when an executable packs it into an arena (pack_arena
+        writes it there directly). Loading GPT-2 small made ~300 buffers that the arenas then
+        replaced; freed, they left the allocator's 256 MB blocks pinned by the small buffers
+        created beside them (~1 GB held for nothing)."""
         value = np.asarray(value)
         data = to_device(value)
         nbytes = max(4, data.nbytes)
         cur = self.state.get(name)
-        fresh = cur is None or cur.nbytes != nbytes
-        if fresh:
+        if cur is None or cur.nbytes != nbytes:
             # A new size leaves any arena: the executables using it re-pack on their next run.
-            buf = self.create_buffer(nbytes, self.storage_usage, f"state {name}")
-            cur = _StateBuf(buf, value.dtype, tuple(value.shape), nbytes)
-            self.state[name] = cur
+            # New buffers start zeroed (WebGPU's guarantee): zero optimizer state needs no upload.
+            self.state[name] = _StateBuf(None, value.dtype, tuple(value.shape), nbytes,
+                                         pending=_owned(data, value) if data.any() else None)
             self.generation += 1
-        else:
-            cur.dtype, cur.shape = value.dtype, tuple(value.shape)
-        # new buffers start zeroed (WebGPU's guarantee): zero optimizer state needs no upload
-        if data.nbytes and not (fresh and not data.any()):
+            return
+        cur.dtype, cur.shape = value.dtype, tuple(value.shape)
+        if cur.buffer is None:
+            cur.pending = _owned(data, value)
+        elif data.nbytes:
             self.upload(cur.buffer, cur.offset, data)
+
+    def placed_state(self, name: str) -> _StateBuf:
+        """The state tensor with its device buffer made (and its pending value uploaded)."""
+        st = self.state[name]
+        if st.buffer is None:
+            st.buffer = self.create_buffer(st.nbytes, self.storage_usage, f"state {name}")
+            if st.pending is not None:
+                self.upload(st.buffer, 0, st.pending)
+            st.pending = None
+        return st
 
     def get_state(self, name: str) -> np.ndarray:
         st = self.state[name]
+        if st.buffer is None:
+            raw = st.pending.tobytes()[:st.nbytes] if st.pending is not None else bytes(st.nbytes)
+            return from_device(raw, st.dtype, st.shape)
         raw = self.read(st.buffer, st.nbytes, st.offset)
         return from_device(raw, st.dtype, st.shape)
 
@@ -247,7 +271,7 @@ class WgpuBackend(Backend):
         and the map is asked for when the returned function is called, after that submission."""
         spans, total = [], 0
         for n in names:
-            st = self.state[n]
+            st = self.placed_state(n)
             if np.dtype(st.dtype) != np.float32 or st.nbytes % 4:
                 return super().export_states_async(names, out)
             spans.append((st, total))
@@ -288,7 +312,7 @@ class WgpuBackend(Backend):
         """Each state's slice of the float32 vector `flat`, written in place (no new buffers)."""
         off = 0
         for n in names:
-            st = self.state[n]
+            st = self.placed_state(n)
             size = st.nbytes // 4
             if np.dtype(st.dtype) != np.float32 or st.nbytes % 4:
                 return super().import_states(names, flat)
@@ -307,13 +331,18 @@ class WgpuBackend(Backend):
         enc = self.device.create_command_encoder()
         for m, off in zip(spec.members, spec.offsets):
             st = self.state[m]
-            if st.nbytes:
+            if st.buffer is not None and st.nbytes:
                 enc.copy_buffer_to_buffer(st.buffer, st.offset, buf, off * 4, -(-st.nbytes // 4) * 4)
         self.device.queue.submit([enc.finish()])
-        old = {id(self.state[m].buffer): self.state[m].buffer for m in spec.members}
+        for m, off in zip(spec.members, spec.offsets):  # never placed: written straight into the arena
+            st = self.state[m]
+            if st.buffer is None and st.pending is not None:
+                self.upload(buf, off * 4, st.pending)
+        old = {id(self.state[m].buffer): self.state[m].buffer for m in spec.members
+               if self.state[m].buffer is not None}
         for m, off in zip(spec.members, spec.offsets):
             st = self.state[m]
-            st.buffer, st.offset, st.arena = buf, off * 4, spec.value
+            st.buffer, st.offset, st.arena, st.pending = buf, off * 4, spec.value, None
         self.arenas[spec.value] = (buf, spec)
         self.generation += 1
         # Buffers no state or arena holds any more are freed now, not whenever Python drops them
@@ -502,7 +531,7 @@ class WgpuExecutable(Executable):
         if r.kind == "state":
             if r.name not in self.backend.state:
                 raise DeviceError(f"state tensor '{r.name}' is not on the device; set it with set_state first")
-            return self.backend.state[r.name].buffer
+            return self.backend.placed_state(r.name).buffer
         if r.kind == "arena":
             return self.backend.arenas[r.name][0]
         if r.kind in ("garena", "gslice"):
@@ -657,10 +686,10 @@ class WgpuExecutable(Executable):
                     enc.copy_buffer_to_buffer(self._buffer(r), self._offset(r), staging, offset,
                                               -(-nbytes // 4) * 4)
             for name, hold in self._holds.items():
-                st = self.backend.state[name]
+                st = self.backend.placed_state(name)
                 enc.copy_buffer_to_buffer(st.buffer, st.offset, hold, 0, -(-st.nbytes // 4) * 4)
             for r, target in self.plan.state_copies:
-                st = self.backend.state[target]
+                st = self.backend.placed_state(target)
                 nbytes = -(-min(self._nbytes(r), st.nbytes) // 4) * 4
                 if not nbytes:
                     continue
