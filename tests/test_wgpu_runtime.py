@@ -406,6 +406,39 @@ def test_pack_arena_moves_placed_and_pending_state(wb, monkeypatch):
     np.testing.assert_array_equal(wb.get_state("b"), b)
 
 
+def test_export_and_import_states_merge_neighbours_in_one_buffer(wb):
+    """States lying back to back in one arena move as one span (one copy, one upload); the flat
+    vector still holds each state at its place, and a state elsewhere joins it."""
+    from anygrad.backends.wgpu.fusion import ArenaSpec
+    rng = np.random.default_rng(5)
+    vals = {n: rng.standard_normal(k).astype(np.float32) for n, k in (("a", 5), ("b", 7), ("c", 3))}
+    for n, v in vals.items():
+        wb.set_state(n, v)
+    wb.pack_arena(ArenaSpec("@ab", ("a", "b"), (0, 5), 12))
+    spans = wb._float32_spans(["a", "b", "c"])
+    assert [(nbytes, off) for _, _, nbytes, off in spans] == [(48, 0), (12, 48)]
+    flat = np.empty(15, np.float32)
+    wb.export_states(["a", "b", "c"], flat)
+    np.testing.assert_array_equal(flat, np.concatenate(list(vals.values())))
+    wb.import_states(["a", "b", "c"], -2 * flat)
+    for n, v in vals.items():
+        np.testing.assert_array_equal(wb.get_state(n), -2 * v)
+
+
+def test_parallel_copy_and_large_read(wb, monkeypatch):
+    """A copy split over threads (small pieces forced) equals np.copyto; a read that takes that
+    path returns the buffer's bytes."""
+    from anygrad import _parallel
+    monkeypatch.setattr(_parallel, "COPY_CHUNK", 1024)
+    src = np.random.default_rng(1).standard_normal(10_001).astype(np.float32)
+    dst = np.zeros_like(src)
+    _parallel.copy(dst, src)
+    np.testing.assert_array_equal(dst, src)
+    wb.set_state("big", src)
+    st = wb.placed_state("big")
+    np.testing.assert_array_equal(np.frombuffer(wb.read(st.buffer, 4 * 9_999, 8), np.float32), src[2:10_001])
+
+
 def test_state_packed_into_arenas_before_the_slots_without_buffers_of_its_own(wb, monkeypatch):
     """Parameters and optimizer state go into their arenas when the step is built, before its
     activation slots exist, written there straight from the host: no per-tensor buffer is ever

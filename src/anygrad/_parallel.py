@@ -154,6 +154,26 @@ def map_shares(work: Callable[[list[T]], list[R]], items: Sequence[T], n: int | 
     return out
 
 
+COPY_CHUNK = 4 << 20  # bytes per thread's piece of a parallel copy
+
+
+def copy(dst: np.ndarray, src: np.ndarray) -> None:
+    """np.copyto for large 1-D arrays, in pieces over the threads: one core copies ~9 GB/s, short
+    of what memory and PCIe give (a 45 MB gradient read back from a mapped wgpu buffer: 5.1 ms on
+    one thread, 1.7 ms on 8, on the H100 host)."""
+    if dst.nbytes < 2 * COPY_CHUNK:
+        np.copyto(dst, src)
+        return
+    step = max(1, COPY_CHUNK // dst.itemsize)
+    pieces = [slice(lo, lo + step) for lo in range(0, dst.size, step)]
+
+    def work(share: list[slice]) -> list[None]:
+        for sl in share:
+            np.copyto(dst[sl], src[sl])
+        return [None] * len(share)
+    map_shares(work, pieces, min(len(pieces), workers()), blas=False)
+
+
 def ranges(n: int, parts: int, align: int = 1) -> list[slice]:
     """[0, n) cut into at most `parts` contiguous slices of near-equal size (multiples of align)."""
     step = -(-n // max(1, parts))

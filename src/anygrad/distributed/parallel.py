@@ -456,8 +456,9 @@ class DataParallel:
                 np.multiply(flat[a:b], scale, out=flat[a:b])
                 self._spent("all_reduce_wait", t)
             t = time.perf_counter()
-            for r in self.replicas:
-                r.backend.import_states(names, flat[a:b])
+            # the devices in parallel: an upload is a host copy into wgpu's staging memory
+            _parallel.map_shares(lambda rs: [r.backend.import_states(names, flat[a:b]) for r in rs],
+                                 self.replicas, blas=False)
             self._spent("write_back", t)
 
         for k, (_, a, b) in enumerate(self._buckets):
