@@ -438,6 +438,28 @@ def test_batch_norm_grad_reuses_the_forward_statistics(monkeypatch):
     assert len(calls) == 2  # the founding CNN's two BatchNorms
 
 
+def test_fused_batch_norm_trains_like_numpy_and_reuses_its_statistics(monkeypatch):
+    """aten's fused batch norm (the GPU default; forced here on the CPU): the founding CNN's
+    losses, weights, running statistics and metrics follow the numpy backend within float32
+    noise of a few steps (the fused kernels compute per channel in float32, not double); the
+    backward takes the forward's saved mean and inverse deviation, computing no statistics."""
+    monkeypatch.setenv("ANYGRAD_TORCH_FUSED_NORMS", "1")
+    make = lambda: anygrad.optim.SGD(lr=0.05, momentum=0.9)
+    ref, ref_losses = _train("cpu", make())
+    calls = []
+    backward = torch.ops.aten.native_batch_norm_backward
+    monkeypatch.setattr(torch.ops.aten, "native_batch_norm_backward",
+                        lambda *a: calls.append(a[5] is not None) or backward(*a))
+    monkeypatch.setattr(torch, "var_mean", lambda *a, **k: pytest.fail("statistics computed twice"))
+    ours, losses = _train(TorchBackend("torch:cpu"), make())
+    assert calls and all(calls)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-4)
+    a, b = ref.full_state(), ours.full_state()
+    for name in a:
+        _close(b[name], a[name], name, atol=2e-4)
+    assert ours.read_metrics() == pytest.approx(ref.read_metrics(), rel=1e-4)
+
+
 # -- single ops and their gradients against the numpy backend ---------------------------------------
 def _op_and_grads(op: str, inputs: list, attrs: dict | None = None, *, diff: tuple[int, ...] = (0,),
                   n_outputs: int = 1) -> tuple:

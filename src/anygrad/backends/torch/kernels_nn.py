@@ -4,6 +4,7 @@ same rule the reference kernels use; asymmetric pads become an explicit pad of t
 from __future__ import annotations
 
 import functools
+import os
 import math
 from typing import Any
 
@@ -281,6 +282,17 @@ def _stats_cell(site: Site, x: str, axes: list[int]) -> list | None:
     return site.memo.setdefault(("batch_stats", x, tuple(axes)), [None])
 
 
+def _fused_norms(x, scale) -> bool:
+    """Training batch norm through aten's fused kernels (2 passes forward, 2 backward, where the
+    double-precision path below takes ~10 launches each: ResNet-18's torch step made 1,462
+    kernel launches against PyTorch's 365, and its host time was the step). On GPUs by default;
+    on the CPU the double path, whose trajectories match the numpy backend's to float32
+    tolerance. ANYGRAD_TORCH_FUSED_NORMS=1/0 forces either."""
+    forced = os.environ.get("ANYGRAD_TORCH_FUSED_NORMS")
+    on = x.device.type != "cpu" if forced is None else forced == "1"
+    return on and x.dtype == scale.dtype and x.dim() >= 2
+
+
 # BatchNormalization and BatchNormGrad keep the reference's per-channel arithmetic in double
 # (torch's fused batch-norm kernels, float32 throughout, move a weight of the founding CNN by
 # ~1e-4 of its scale from the numpy backend's over 10 SGD steps with momentum: past the
@@ -308,6 +320,13 @@ def _batch_norm(site: Site):
             a = scale.double() * (1.0 / torch.sqrt(var.double() + eps))
             y = x * _channel(a.to(dt), rank) + _channel((bias - mean * a).to(dt), rank)
             return [y, mean, var][:n_out]
+        if _fused_norms(x, scale):
+            rm, rv = mean.clone(), var.clone()  # aten updates them in place, as PyTorch's momentum does
+            y, save_mean, save_invstd = torch.ops.aten.native_batch_norm(x, scale, bias, rm, rv, True,
+                                                                         1.0 - momentum, eps)
+            if cell is not None:
+                cell[0] = (x, save_mean, save_invstd)
+            return [y, rm, rv][:n_out]
         batch_var, batch_mean = torch.var_mean(x, dim=axes, correction=0)
         if cell is not None:
             cell[0] = (x, batch_var, batch_mean)
@@ -342,6 +361,13 @@ def _batch_norm_grad(site: Site):
     def run(ins):
         dy, x, scale = ins[:3]
         dt = x.dtype
+        if training and _fused_norms(x, scale):
+            def stats():
+                var, mean = torch.var_mean(x, dim=axes, correction=0)
+                return mean, torch.rsqrt(var + eps)
+            save_mean, save_invstd = _memo_stats(cell, x, stats)
+            return list(torch.ops.aten.native_batch_norm_backward(
+                dy, x, scale, None, None, save_mean, save_invstd, True, eps, [True, True, True]))
         if training:
             var, mean = _memo_stats(cell, x, lambda: torch.var_mean(x, dim=axes, correction=0))
             var = var.double()
