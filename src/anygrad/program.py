@@ -14,6 +14,7 @@ import numpy as np
 from .autodiff import gradients
 from .errors import ConfigError
 from .ir.attention import fuse_attention
+from .ir.gelu import fuse_gelu
 from .ir.autocast import PRECISIONS, autocast
 from .ir.builder import Builder
 from .ir.graph import Graph, Node, Shape, TensorInfo, info_of
@@ -289,6 +290,7 @@ def training_forward(model: Graph, input_shapes: dict[str, Shape], precision: st
     g = set_training_mode(model, True)
     _add_buffer(g, RNG_STATE, np.zeros(2, np.uint32))
     g = specialize(g, input_shapes)
+    fuse_gelu(g)  # before autodiff: the backward is one GeluGrad
     fuse_attention(g)  # before autodiff (the backward is FusedAttentionGrad) and before autocast's Casts
     return _at_precision(g, precision)
 
@@ -404,6 +406,7 @@ def build_update_step(model: Graph, optimizer: Optimizer, *, clip_norm: float | 
 def build_inference(model: Graph, input_shapes: dict[str, Shape], precision: str = "f32") -> Graph:
     """The model in inference mode (running statistics, no dropout) for one input shape."""
     g = specialize(set_training_mode(model, False), input_shapes)
+    fuse_gelu(g)
     fuse_attention(g)
     return _at_precision(g, precision)
 

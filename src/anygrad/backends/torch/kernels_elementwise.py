@@ -258,3 +258,15 @@ def _tanhshrink(site: Site):
     if site.node.op == "Tanhshrink":
         return lambda ins: [ins[0] - torch.tanh(ins[0])]
     return lambda ins: [ins[0] * torch.square(torch.tanh(ins[1]))]
+
+
+@lowering("Gelu", "GeluGrad")
+def _gelu(site: Site):
+    """Both GELU variants (erf, tanh) as aten's single kernels; the backward is (dy, x) -> dx."""
+    if not _floats(site):
+        return None
+    import torch
+    approximate = "tanh" if site.attr("approximate", "none") == "tanh" else "none"
+    if site.node.op == "Gelu":
+        return lambda ins: [torch.nn.functional.gelu(ins[0], approximate=approximate)]
+    return lambda ins: [torch.ops.aten.gelu_backward(ins[0], ins[1], approximate=approximate)]
