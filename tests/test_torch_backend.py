@@ -695,6 +695,14 @@ def test_founding_cnn_trains_on_torch_kernels_only():
 
 
 @FLOATS
+@pytest.mark.parametrize("op, axis", [("Softmax", -1), ("Softmax", 1), ("LogSoftmax", -1)])
+def test_softmax_gradients_run_on_torch(dtype, op, axis):
+    """SoftmaxGrad (aten's one-kernel backward) and LogSoftmaxGrad against the numpy reference."""
+    x = np.random.default_rng(4).standard_normal((3, 4, 6)).astype(dtype) * 3
+    _agrees_with_numpy(op, [x], {"axis": axis}, lowered=(op + "Grad",))
+
+
+@FLOATS
 def test_tanhshrink_runs_on_torch(dtype):
     """The op added in three source files (ops/elementwise.py, the wgpu and the torch kernels)."""
     x = np.linspace(-6, 6, 25).astype(dtype).reshape(5, 5)
