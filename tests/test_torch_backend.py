@@ -694,6 +694,30 @@ def test_founding_cnn_trains_on_torch_kernels_only():
     np.testing.assert_allclose(ours, ref, rtol=2e-5)
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["fused", "matmul-read-twice"])
+def test_linear_bias_runs_in_the_matmul(shared):
+    """MatMul + Add(1-D bias) on a (batch, tokens, d) input is one addmm step, with the numpy
+    backend's outputs and gradients; a matmul output that something else reads stays apart."""
+    from anygrad.backends.torch.runtime import TorchExecutable
+    from anygrad.ir.graph import Graph, Node, TensorInfo
+    rng = np.random.default_rng(6)
+    g = Graph(name="linear")
+    g.inputs = ["x"]
+    g.info["x"] = TensorInfo(np.dtype(np.float32), (2, 3, 4))
+    g.initializers = {"w": rng.standard_normal((4, 5)).astype(np.float32),
+                      "b": rng.standard_normal(5).astype(np.float32)}
+    g.nodes = [Node("MatMul", ["x", "w"], ["mm"], name="mm"), Node("Add", ["mm", "b"], ["y"], name="add")]
+    g.outputs = ["y"] + (["mm"] if shared else [])
+    from anygrad.ir.passes import specialize
+    s = specialize(g, {})
+    exe = TorchBackend("torch:cpu").compile(s)
+    assert isinstance(exe, TorchExecutable)
+    x = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    got = exe.run({"x": x}, fetch=["y"])["y"]
+    np.testing.assert_allclose(got, x @ g.initializers["w"] + g.initializers["b"], rtol=1e-5, atol=1e-6)
+    assert ("MatMul+Add" in exe.step_ops) != shared and ("MatMul" in exe.step_ops) == shared
+
+
 @FLOATS
 @pytest.mark.parametrize("op, axis", [("Softmax", -1), ("Softmax", 1), ("LogSoftmax", -1)])
 def test_softmax_gradients_run_on_torch(dtype, op, axis):

@@ -158,6 +158,50 @@ class _Step:
         return [o for n in self.nodes for o in n.outputs]
 
 
+def _fuse_bias(graph: Graph, steps: list[_Step]) -> list[_Step]:
+    """MatMul(a, W) followed by Add(., bias) with a 1-D bias over W's columns (every Linear, as
+    ONNX writes it) becomes one torch.addmm step, at the Add's place, where the matmul's output has
+    no other reader: the bias is added in the GEMM's epilogue instead of by a pass of its own over
+    the output (24 launches per step of the GPT benchmark). Both kernels must be lowered."""
+    readers: dict[str, int] = {}
+    for st in steps:
+        for i in st.inputs:
+            if i:
+                readers[i] = readers.get(i, 0) + 1
+    pinned = set(graph.outputs) | set(graph.state_updates)
+    at = {o: k for k, st in enumerate(steps) for o in st.outputs if o}
+    fused: dict[int, _Step] = {}
+    dropped: set[int] = set()
+    for k, st in enumerate(steps):
+        node = st.nodes[0]
+        if not st.lowered or st.grouped or node.op != "Add" or len(node.inputs) != 2:
+            continue
+        for mm_out, bias in (node.inputs, node.inputs[::-1]):
+            j = at.get(mm_out)
+            if j is None or j in dropped or readers.get(mm_out) != 1 or mm_out in pinned:
+                continue
+            mm = steps[j]
+            a, w = (mm.nodes[0].inputs + ["", ""])[:2]
+            if not mm.lowered or mm.grouped or mm.nodes[0].op != "MatMul" or not (a and w and bias):
+                continue
+            ia, iw, ib, io = (graph.info.get(n) for n in (a, w, bias, node.outputs[0]))
+            if None in (ia, iw, ib, io) or len(iw.shape) != 2 or len(ia.shape) < 2 or \
+                    tuple(ib.shape) != (iw.shape[1],) or tuple(io.shape) != tuple(ia.shape[:-1]) + (iw.shape[1],) or \
+                    len({np.dtype(x.dtype) for x in (ia, iw, ib)}) != 1 or np.dtype(ia.dtype).kind != "f":
+                continue
+            fused[k] = _Step([Node("MatMul+Add", [a, w, bias], list(node.outputs), name=node.name)], _addmm, True,
+                             torch_dtypes=st.torch_dtypes)
+            dropped.add(j)
+            break
+    return [fused.get(k, st) for k, st in enumerate(steps) if k not in dropped]
+
+
+def _addmm(ins: list) -> list:
+    a, w, bias = ins
+    rows = _torch().addmm(bias, a.reshape(-1, a.shape[-1]), w)
+    return [rows.reshape(*a.shape[:-1], w.shape[1])]
+
+
 # An action of the precompiled plan: fn(list of input values) -> list of output values, the input
 # and output slots (integers into the step's value list), and per output the torch dtype the value
 # is cast to (None: keep). Slot 0 holds None (absent optional inputs), slot 1 takes unused outputs.
@@ -174,7 +218,8 @@ class TorchExecutable(Executable):
         self.fallback_ops: list[str] = []
         self.target_checks: list[tuple[str, int, int | None, str]] = []  # (input, classes, ignore, node)
         self.torch_compile = torch_compile
-        steps = self._group(self._steps(graph))
+        steps = self._group(_fuse_bias(graph, self._steps(graph)))
+        self.step_ops = ["+".join(n.op for n in st.nodes) if st.grouped else st.nodes[0].op for st in steps]
         self.input_info = {name: graph.info[name] for name in graph.inputs}
         self._plan(steps)
         self.cuda_graph = bool(cuda_graph and self._graphs_on(self.device) and self._graphable)
