@@ -185,7 +185,14 @@ def test_torch_compile_runs_the_same_step():
     for _ in range(2):
         x, y = data.standard_normal(shape).astype(np.float32), data.integers(0, 3, shape[0])
         assert model_b.train_on_batch(x, y) == pytest.approx(model_a.train_on_batch(x, y), rel=1e-5)
-    assert _train_program(model_b).torch_compile
+    exe = _train_program(model_b)
+    assert exe.torch_compile
+    # the compiled parts hand back only what is read after them: intermediates stay inside
+    made = [o for n in exe.graph.nodes for o in n.outputs if o]
+    assert exe.slot[made[0]] not in exe.compiled_keep and len(exe.compiled_keep) < len(made) // 2
+    with pytest.raises(DeviceError, match="torch.compile"):
+        exe.run({**{n: np.zeros(exe.graph.info[n].shape, exe.graph.info[n].dtype) for n in exe.graph.inputs}},
+                fetch=[made[0]])
 
 
 # -- devices and support ---------------------------------------------------------------------------

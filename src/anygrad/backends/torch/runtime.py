@@ -385,12 +385,19 @@ class TorchExecutable(Executable):
         self.n_lowered = sum(len(st.nodes) for st in steps if st.lowered)
 
     def _compiled(self, actions: list[_Action]) -> list[_Action]:
-        """Each maximal run of lowered actions as one function traced by torch.compile."""
+        """Each maximal run of lowered actions as one function traced by torch.compile. A function
+        returns only the values something after it reads (a later action, the step's outputs or
+        state updates): every other value is inductor's to fuse away, not to materialise."""
         torch = _torch()
         out: list[_Action] = []
         run: list[_Action] = []
+        at_end = {self.slot[o] for o in self.graph.outputs if o in self.slot} | {k for k, _ in self.update_slots}
+        read_after: list[set[int]] = [set() for _ in range(len(actions) + 1)]  # read at or after action p
+        for p in range(len(actions) - 1, -1, -1):
+            read_after[p] = read_after[p + 1] | set(actions[p][1])
+        self.compiled_keep = set(at_end)
 
-        def flush() -> None:
+        def flush(end: int) -> None:
             if not run:
                 return
             made: set[int] = set()
@@ -398,19 +405,20 @@ class TorchExecutable(Executable):
             for _, ins, outs, _ in run:
                 reads += [i for i in ins if i not in made and i not in reads and i != _NONE]
                 made.update(outs)
-            writes = sorted(made - {_DROP})
+            writes = sorted((made - {_DROP}) & (read_after[end] | at_end))
+            self.compiled_keep.update(writes)
             fn = torch.compile(_segment_fn(list(run), reads, writes), dynamic=False,
                                backend=self.backend.compile_backend)
             out.append((lambda ins, fn=fn: fn(*ins), reads, writes, [None] * len(writes)))
             run.clear()
 
-        for a in actions:
+        for p, a in enumerate(actions):
             if _is_host(a):
-                flush()
+                flush(p)
                 out.append(a)
             else:
                 run.append(a)
-        flush()
+        flush(len(actions))
         return out
 
     def _split_for_graph(self, steps: list[_Step], host: set[str]) -> bool:
@@ -481,6 +489,12 @@ class TorchExecutable(Executable):
             for k, target in self.update_slots:
                 state[target] = held(vals[k])
             names = fetch if fetch is not None else self.graph.outputs
+            if self.torch_compile:
+                gone = [f for f in names if f in self.slot and self.slot[f] not in self.compiled_keep
+                        and vals[self.slot[f]] is None]
+                if gone:
+                    raise DeviceError(f"value(s) {gone} live inside a torch.compile'd part of the step and are not "
+                                      "kept; fetch the step's outputs, or compile without --compile")
             return {f: to_numpy(vals[self.slot[f]]) for f in names}
 
     def _eager(self, vals: list) -> None:
