@@ -9,8 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import anygrad  # noqa: E402
-from anygrad.program import training_forward  # noqa: E402
+import anygrad
+from anygrad.program import training_forward
 
 K = math.sqrt(2.0 / math.pi)
 

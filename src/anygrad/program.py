@@ -14,9 +14,9 @@ import numpy as np
 from .autodiff import gradients
 from .errors import ConfigError
 from .ir.attention import fuse_attention
-from .ir.gelu import fuse_gelu
 from .ir.autocast import PRECISIONS, autocast
 from .ir.builder import Builder
+from .ir.gelu import fuse_gelu
 from .ir.graph import Graph, Node, Shape, TensorInfo, info_of
 from .ir.passes import RNG_STATE, infer_node, infer_shapes, set_training_mode, specialize
 from .losses import Loss, _matching_target, class_layout

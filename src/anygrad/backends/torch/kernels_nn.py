@@ -4,8 +4,8 @@ same rule the reference kernels use; asymmetric pads become an explicit pad of t
 from __future__ import annotations
 
 import functools
-import os
 import math
+import os
 from typing import Any
 
 import numpy as np
