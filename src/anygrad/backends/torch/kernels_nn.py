@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -282,15 +283,16 @@ def _stats_cell(site: Site, x: str, axes: list[int]) -> list | None:
     return site.memo.setdefault(("batch_stats", x, tuple(axes)), [None])
 
 
-def _fused_norms(x, scale) -> bool:
-    """Training batch norm through aten's fused kernels (2 passes forward, 2 backward, where the
-    double-precision path below takes ~10 launches each: ResNet-18's torch step made 1,462
-    kernel launches against PyTorch's 365, and its host time was the step). On GPUs by default;
-    on the CPU the double path, whose trajectories match the numpy backend's to float32
-    tolerance. ANYGRAD_TORCH_FUSED_NORMS=1/0 forces either."""
+def _fused_norms() -> Callable[[Any, Any], bool]:
+    """Whether a training batch norm of (x, scale) runs through aten's fused kernels (2 passes
+    forward, 2 backward, where the double-precision path below takes ~10 launches each:
+    ResNet-18's torch step made 1,462 kernel launches against PyTorch's 365, and its host time
+    was the step). On GPUs by default; on the CPU the double path, whose trajectories match the
+    numpy backend's to float32 tolerance. ANYGRAD_TORCH_FUSED_NORMS=1/0 forces either; it is
+    read when the kernel is built, the device is seen when it runs."""
     forced = os.environ.get("ANYGRAD_TORCH_FUSED_NORMS")
-    on = x.device.type != "cpu" if forced is None else forced == "1"
-    return on and x.dtype == scale.dtype and x.dim() >= 2
+    return lambda x, scale: (x.device.type != "cpu" if forced is None else forced == "1") \
+        and x.dtype == scale.dtype and x.dim() >= 2
 
 
 # BatchNormalization and BatchNormGrad keep the reference's per-channel arithmetic in double
@@ -312,6 +314,7 @@ def _batch_norm(site: Site):
     n = int(np.prod(shape)) // shape[1]
     n_out = len(site.node.outputs)
     cell = _stats_cell(site, site.node.inputs[0], axes)
+    fused = _fused_norms()
 
     def run(ins):
         x, scale, bias, mean, var = ins[:5]
@@ -320,7 +323,7 @@ def _batch_norm(site: Site):
             a = scale.double() * (1.0 / torch.sqrt(var.double() + eps))
             y = x * _channel(a.to(dt), rank) + _channel((bias - mean * a).to(dt), rank)
             return [y, mean, var][:n_out]
-        if _fused_norms(x, scale):
+        if fused(x, scale):
             rm, rv = mean.clone(), var.clone()  # aten updates them in place, as PyTorch's momentum does
             y, save_mean, save_invstd = torch.ops.aten.native_batch_norm(x, scale, bias, rm, rv, True,
                                                                          1.0 - momentum, eps)
@@ -357,11 +360,12 @@ def _batch_norm_grad(site: Site):
     training = bool(site.attr("training", 1))
     n = int(np.prod(shape)) // shape[1]
     cell = _stats_cell(site, site.node.inputs[1], axes) if training else None
+    fused = _fused_norms()
 
     def run(ins):
         dy, x, scale = ins[:3]
         dt = x.dtype
-        if training and _fused_norms(x, scale):
+        if training and fused(x, scale):
             def stats():
                 var, mean = torch.var_mean(x, dim=axes, correction=0)
                 return mean, torch.rsqrt(var + eps)

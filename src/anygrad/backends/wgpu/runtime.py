@@ -121,6 +121,16 @@ def _owned(data: np.ndarray, value: np.ndarray) -> np.ndarray:
     return data.copy() if np.may_share_memory(data, value) else data
 
 
+def _copy_mapped(buf: Any, mapping: Any, out: np.ndarray) -> None:
+    """Wait for `mapping` (buf.map_async(READ); an event wait: the GIL is free), copy the first
+    out.nbytes bytes of the mapped buffer into `out` over the threads, unmap."""
+    mapping.sync_wait()
+    try:
+        _parallel.copy(out, np.frombuffer(buf.read_mapped(0, out.nbytes, copy=False), out.dtype))
+    finally:
+        buf.unmap()
+
+
 def to_device_packed(value: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray | None]:
     """A 1-byte array as stored, for a packed input (fusion.pack_byte_inputs): its whole 4-byte
     words as a view of its bytes (no copy, no per-element work), and the last partial word
@@ -297,11 +307,7 @@ class WgpuBackend(Backend):
 
         def finish() -> None:
             try:
-                (promise or buf.map_async(wgpu.MapMode.READ)).sync_wait()  # an event wait: the GIL is free
-                try:
-                    _parallel.copy(out[:total // 4], np.frombuffer(buf.read_mapped(0, total, copy=False), np.float32))
-                finally:
-                    buf.unmap()
+                _copy_mapped(buf, promise or buf.map_async(wgpu.MapMode.READ), out[:total // 4])
             except Exception as e:
                 raise _gpu_error(e, "reading gradients back") from e
         return finish
@@ -381,10 +387,8 @@ class WgpuBackend(Backend):
             enc = self.device.create_command_encoder()
             enc.copy_buffer_to_buffer(buffer, offset, staging, 0, size)
             self.device.queue.submit([enc.finish()])
-            staging.map_async(wgpu.MapMode.READ).sync_wait()
             out = np.empty(size, np.uint8)
-            _parallel.copy(out, np.frombuffer(staging.read_mapped(0, size, copy=False), np.uint8))
-            staging.unmap()
+            _copy_mapped(staging, staging.map_async(wgpu.MapMode.READ), out)
         except Exception as e:
             raise _gpu_error(e, "reading a result back") from e
         finally:
