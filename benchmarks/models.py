@@ -138,7 +138,18 @@ def _vit_tiny():
                              mlp_dim=768, num_classes=10, dropout=0.0, attention_dropout=0.0)
 
 
+def _founding_cnn():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("mnist_model", ROOT / "examples/mnist/model.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.Net()
+
+
 MODELS: dict[str, Spec] = {
+    "cnn": Spec(_founding_cnn, "image", (1, 28, 28), 10, (1000, 64), True, False,
+                "the founding MNIST CNN (examples/mnist; its dropout stays on), cross-entropy over its log_softmax",
+                (64,)),
     "resnet18": Spec(_tv("resnet18", num_classes=10), "image", (3, 32, 32), 10, (128, 512), True, True,
                      "torchvision ResNet-18, 32x32 input, 10 classes", (32,)),
     "mobilenetv2": Spec(_tv("mobilenet_v2", num_classes=10, dropout=0.0), "image", (3, 32, 32), 10, (128,),
@@ -241,6 +252,41 @@ def _timed(step: Callable[[int], None], wait: Callable[[], None], batch: int, se
             "host_us_per_step": 1e6 * host / (steps * repeats)}
 
 
+def cuda_profile(step: Callable[[int], None], wait: Callable[[], None], steps: int = 10, top: int = 15) -> dict:
+    """torch.profiler over `steps` steps on CUDA: GPU time and launches per step, the kernels and
+    the aten operations (with the GPU time of the kernels each launched) that take the most."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    for i in range(3):
+        step(i)
+    wait()
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(steps):
+            step(i)
+        wait()
+    wall = (time.perf_counter() - t0) / steps
+    avgs = prof.key_averages()
+    kernels = sorted((e for e in avgs if e.device_type == DeviceType.CUDA), key=lambda e: -e.self_device_time_total)
+    ops = sorted((e for e in avgs if e.device_type == DeviceType.CPU and e.key.startswith("aten::")
+                  and e.self_device_time_total > 0), key=lambda e: -e.self_device_time_total)
+    gpu_us = sum(e.self_device_time_total for e in kernels) / steps
+    return {"steps": steps, "wall_ms": 1e3 * wall, "gpu_ms": gpu_us / 1e3,
+            "launches": sum(e.count for e in kernels) / steps,
+            "kernels": [(e.key[:90], e.self_device_time_total / steps, e.count / steps) for e in kernels[:top]],
+            "ops": [(e.key, e.self_device_time_total / steps, e.count / steps) for e in ops[:top]]}
+
+
+def format_cuda_profile(title: str, d: dict) -> str:
+    head = (f"### {title}: wall {d['wall_ms']:.2f} ms/step (profiled), GPU {d['gpu_ms']:.2f} ms, "
+            f"{d['launches']:.0f} launches per step")
+    lines = [head, "", "| aten op | GPU us/step | calls/step |", "| --- | --- | --- |"]
+    lines += [f"| {k} | {us:.0f} | {n:g} |" for k, us, n in d["ops"]]
+    lines += ["", "| kernel | GPU us/step | launches/step |", "| --- | --- | --- |"]
+    lines += [f"| `{k}` | {us:.0f} | {n:g} |" for k, us, n in d["kernels"]]
+    return "\n".join(lines)
+
+
 # -- one (model, batch) --------------------------------------------------------------------------------
 def run_anygrad(spec: Spec, module, batches, device: str, args, mem: GpuMemory | None) -> dict:
     import torch
@@ -269,6 +315,10 @@ def run_anygrad(spec: Spec, module, batches, device: str, args, mem: GpuMemory |
            "first_loss": loss0, "device_name": model.backend.description}
     out |= _timed(lambda i: model.train_step(*batches[i % n]), lambda: model.read_metrics(reset=True),
                   len(x0), args.seconds, args.repeats)
+    if args.profile and model.backend.name.startswith("torch") and model.backend.device.type == "cuda":
+        import torch
+        out["cuda_profile"] = cuda_profile(lambda i: model.train_step(*batches[i % n]), torch.cuda.synchronize,
+                                           top=args.top)
     inputs0, targets0 = model._batch(x0, y0)
     exe = model._train_program(inputs0, targets0, flush=False)
     if model.backend.name == "wgpu":
@@ -340,6 +390,8 @@ def run_torch(spec: Spec, module, batches, case: str, args, mem: GpuMemory | Non
     if case == "compile":
         out["compile_s"] = time.perf_counter() - t0
     out |= _timed(step, wait, len(batches[0][0]), args.seconds, args.repeats)
+    if args.profile and cuda:
+        out["cuda_profile"] = cuda_profile(step, wait, top=args.top)
     if cuda:
         out["max_allocated_mib"] = torch.cuda.max_memory_allocated() / 2**20
         out["max_reserved_mib"] = torch.cuda.max_memory_reserved() / 2**20
@@ -476,6 +528,9 @@ def profiles(results: list[dict], top: int) -> str:
     text = []
     for r in results:
         for c in r.get("cases", []):
+            if c.get("cuda_profile"):
+                text.append(format_cuda_profile(f"{r['model']} b{r['batch']} {c['framework']} {c.get('case')}",
+                                                c["cuda_profile"]))
             d = c.get("profile")
             if d:
                 prof = StepProfile([tuple(k) for k in d["kernels"]], d["runs"], d["step_ns"], d["wall_ms"])
@@ -504,7 +559,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None,
                    help="--device cpu: CPU threads for both frameworks (torch.set_num_threads; OMP/OpenBLAS/MKL and "
                    "ANYGRAD_NUMPY_THREADS in the children's environment, read when numpy loads)")
-    p.add_argument("--profile", action="store_true", help="GPU profile of one anygrad step (timestamp queries)")
+    p.add_argument("--profile", action="store_true", help="GPU profile of one anygrad step (wgpu: timestamp queries); on CUDA, "
+                   "torch.profiler tables of anygrad's torch backend and each PyTorch case")
     p.add_argument("--top", type=int, default=12, help="kernels listed per profile")
     p.add_argument("--json", type=Path, help="write every number here")
     p.add_argument("--list", action="store_true", help="list the models and exit")

@@ -110,11 +110,30 @@ TARGET_SLOTS = {"CrossEntropy": 1, "NegativeLogLikelihoodLoss": 1, "SoftmaxCross
                 "CrossEntropyMetrics": 1}
 
 
-def node_site(graph: Graph, node: Node, memo: dict | None = None) -> Site:
+# Ops that pass every element of their first input through unchanged (only the shape moves), so
+# a range check on a fed tensor holds for what they make of it: a flattened (N*T,) target
+# checked as the (N, T) batch the user fed.
+SAME_VALUES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+
+
+def fed_source(graph: Graph, value: str, producers: dict[str, Node] | None = None) -> str | None:
+    """The graph input `value` holds the elements of, through SAME_VALUES ops, or None."""
+    producers = producers if producers is not None else graph.producers()
+    while value not in graph.inputs:
+        node = producers.get(value)
+        if node is None or node.op not in SAME_VALUES:
+            return None
+        value = node.inputs[0]
+    return value
+
+
+def node_site(graph: Graph, node: Node, memo: dict | None = None,
+              producers: dict[str, Node] | None = None) -> Site:
     slot = TARGET_SLOTS.get(node.op)
-    checked = frozenset({slot}) if slot is not None and node.input(slot) in graph.inputs else frozenset()
+    fed = slot is not None and fed_source(graph, node.input(slot), producers) is not None
     return Site(node, [graph.info.get(i) if i else None for i in node.inputs],
-                [graph.info.get(o) if o else None for o in node.outputs], checked, memo)
+                [graph.info.get(o) if o else None for o in node.outputs],
+                frozenset({slot}) if fed else frozenset(), memo)
 
 
 def lower(site: Site) -> Callable | None:
@@ -234,16 +253,17 @@ class TorchExecutable(Executable):
     def _steps(self, graph: Graph) -> list[_Step]:
         steps: list[_Step] = []
         memo = None if self.torch_compile else {}  # values one kernel leaves for another (Site.memo)
+        producers = graph.producers()
         for node in graph.nodes:
             op = get_op(node.op)
             if op is None:
                 raise UnsupportedOpError(f"{node.label}: the torch backend cannot run op {node.op} "
                                          "(no torch kernel and no reference kernel)")
-            site = node_site(graph, node, memo)
+            site = node_site(graph, node, memo, producers)
             for slot in site.host_checked:
                 x = graph.info[node.inputs[0]]
-                self.target_checks.append((node.inputs[slot], int(x.shape[1]), node.attrs.get("ignore_index"),
-                                           node.label))
+                self.target_checks.append((fed_source(graph, node.inputs[slot], producers), int(x.shape[1]),
+                                           node.attrs.get("ignore_index"), node.label))
             out_dtypes = [None if o is None else np.dtype(o.dtype) for o in site.outs]
             kernel = lower(site)
             if kernel is None:
@@ -776,7 +796,10 @@ class TorchBackend(Backend):
         return pinned.to(self.device, non_blocking=True)
 
     def set_state(self, name: str, value: np.ndarray) -> None:
-        self.state[name] = self.held(np.array(value))
+        # an inference tensor, as every value a step makes (and then stores) is: torch.compile
+        # guards on that difference, and would trace each compiled part a second time on step 2
+        with self.torch.inference_mode():
+            self.state[name] = self.held(np.array(value))
 
     def has_state(self, name: str) -> bool:
         return name in self.state
