@@ -303,7 +303,8 @@ def run_anygrad(spec: Spec, module, batches, device: str, args, mem: GpuMemory |
     if plus:
         from anygrad.backends.torch import TorchBackend
         opts = set(options.split("+"))
-        device = TorchBackend(name, cuda_graph="graph" in opts, torch_compile="compile" in opts)
+        device = TorchBackend(name, cuda_graph=bool(opts & {"graph", "compile"}),
+                        torch_compile=bool(opts & {"compile", "inductor"}))
     model.compile(loss="cross_entropy", optimizer=SGD(lr=LR, momentum=MOMENTUM), device=device,
                   precision=args.precision)
     t0 = time.perf_counter()

@@ -172,7 +172,8 @@ def torch_backend(device: str):
         return None
     from anygrad.backends.torch import TorchBackend
     opts = set(options.split("+"))
-    return TorchBackend(name, cuda_graph="graph" in opts, torch_compile="compile" in opts)
+    return TorchBackend(name, cuda_graph=bool(opts & {"graph", "compile"}),
+                        torch_compile=bool(opts & {"compile", "inductor"}))
 
 
 def bench_torch(device: str, batch: int, x: np.ndarray, y: np.ndarray, warmup: int,
@@ -255,7 +256,8 @@ def _list(text: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--devices", default="cpu", help="anygrad devices, comma list (cpu, wgpu, wgpu:N, torch:cuda, "
-                   "...; torch:cuda+graph: CUDA graphs, torch:cuda+compile: torch.compile; or "
+                   "...; torch:cuda+graph: CUDA graphs, torch:cuda+compile: as --compile (torch.compile and CUDA graphs), "
+                   "torch:cuda+inductor: torch.compile alone; or "
                    "ANYGRAD_TORCH_COMPILE=1 / ANYGRAD_TORCH_CUDA_GRAPH=1 for every torch device)")
     p.add_argument("--torch-devices", default=None,
                    help="PyTorch devices, comma list (default: cpu, plus cuda when available; 'none': "

@@ -449,14 +449,15 @@ def test_fused_batch_norm_trains_like_numpy_and_reuses_its_statistics(monkeypatc
     """aten's fused batch norm (the GPU default; forced here on the CPU): the founding CNN's
     losses, weights, running statistics and metrics follow the numpy backend within float32
     noise of a few steps (the fused kernels compute per channel in float32, not double); the
-    backward takes the forward's saved mean and inverse deviation, computing no statistics."""
+    backward takes what the forward saved (PyTorch's implementation index, the mean and inverse
+    deviation), computing no statistics."""
     monkeypatch.setenv("ANYGRAD_TORCH_FUSED_NORMS", "1")
     make = lambda: anygrad.optim.SGD(lr=0.05, momentum=0.9)
     ref, ref_losses = _train("cpu", make())
     calls = []
-    backward = torch.ops.aten.native_batch_norm_backward
-    monkeypatch.setattr(torch.ops.aten, "native_batch_norm_backward",
-                        lambda *a: calls.append(a[5] is not None) or backward(*a))
+    backward = torch.ops.aten._batch_norm_impl_index_backward
+    monkeypatch.setattr(torch.ops.aten, "_batch_norm_impl_index_backward",
+                        lambda *a: calls.append(a[6] is not None) or backward(*a))
     monkeypatch.setattr(torch, "var_mean", lambda *a, **k: pytest.fail("statistics computed twice"))
     ours, losses = _train(TorchBackend("torch:cpu"), make())
     assert calls and all(calls)

@@ -100,8 +100,8 @@ def _backward(site: Site):
         return None
     import torch
     op = site.node.op
-    if op == "ReluGrad":
-        return lambda ins: [ins[0] * (ins[1] > 0)]
+    if op == "ReluGrad":  # PyTorch's own relu backward: one kernel, where dy * (y > 0) takes two
+        return lambda ins: [torch.ops.aten.threshold_backward(ins[0], ins[1], 0)]
     if op == "LeakyReluGrad":
         alpha = float(np.float32(site.attr("alpha", 0.01)))
         return lambda ins: [torch.where(ins[1] >= 0, ins[0], ins[0] * alpha)]
