@@ -299,12 +299,11 @@ def run_anygrad(spec: Spec, module, batches, device: str, args, mem: GpuMemory |
     t0 = time.perf_counter()
     model = anygrad.from_torch(module, torch.from_numpy(x0[:2]), check=False)
     export_s = time.perf_counter() - t0
-    name, plus, options = device.partition("+")  # torch:cuda+graph, torch:cuda+compile (as seed_cnn.py)
+    name, plus, options = device.partition("+")  # torch:cuda+eager, +compile, +inductor (as seed_cnn.py)
     if plus:
         from anygrad.backends.torch import TorchBackend
         opts = set(options.split("+"))
-        device = TorchBackend(name, cuda_graph=bool(opts & {"graph", "compile"}),
-                        torch_compile=bool(opts & {"compile", "inductor"}))
+        device = TorchBackend(name, cuda_graph="eager" not in opts, torch_compile=bool(opts & {"compile", "inductor"}))
     model.compile(loss="cross_entropy", optimizer=SGD(lr=LR, momentum=MOMENTUM), device=device,
                   precision=args.precision)
     t0 = time.perf_counter()
@@ -544,7 +543,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default=" ".join(ISSUE11),
                    help=f"models with optional batch sizes, e.g. 'resnet18:128,512 gpt:32' (from {', '.join(MODELS)}); "
                    "default: issue 11's set at their default batches")
-    p.add_argument("--device", default="wgpu", help="anygrad device: wgpu or torch:cuda (vs PyTorch CUDA), cpu or "
+    p.add_argument("--device", default="wgpu", help="anygrad device: wgpu or torch:cuda (vs PyTorch CUDA; torch:cuda+eager without CUDA "
+                   "graphs, +compile as --compile, +inductor torch.compile alone), cpu or "
                    "torch:cpu (vs PyTorch CPU)")
     p.add_argument("--torch-cases", default="eager,eager-fp32,compile",
                    help="PyTorch cases: eager (defaults), eager-fp32 (cuDNN TF32 off), compile, amp (autocast "

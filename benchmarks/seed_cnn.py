@@ -165,15 +165,15 @@ def bench_anygrad(device: str, batch: int, x: np.ndarray, y: np.ndarray, warmup:
 
 
 def torch_backend(device: str):
-    """'torch:cuda+graph' / 'torch:cuda+compile': the torch backend with CUDA graphs or
-    torch.compile on (None for a plain device name)."""
+    """'torch:cuda+eager' (no CUDA graph), 'torch:cuda+compile' (as --compile: torch.compile and
+    CUDA graphs), 'torch:cuda+inductor' (torch.compile alone): the torch backend so configured
+    (None for a plain device name: its defaults, CUDA graphs on CUDA)."""
     name, plus, options = device.partition("+")
     if not plus:
         return None
     from anygrad.backends.torch import TorchBackend
     opts = set(options.split("+"))
-    return TorchBackend(name, cuda_graph=bool(opts & {"graph", "compile"}),
-                        torch_compile=bool(opts & {"compile", "inductor"}))
+    return TorchBackend(name, cuda_graph="eager" not in opts, torch_compile=bool(opts & {"compile", "inductor"}))
 
 
 def bench_torch(device: str, batch: int, x: np.ndarray, y: np.ndarray, warmup: int,
@@ -256,9 +256,9 @@ def _list(text: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--devices", default="cpu", help="anygrad devices, comma list (cpu, wgpu, wgpu:N, torch:cuda, "
-                   "...; torch:cuda+graph: CUDA graphs, torch:cuda+compile: as --compile (torch.compile and CUDA graphs), "
-                   "torch:cuda+inductor: torch.compile alone; or "
-                   "ANYGRAD_TORCH_COMPILE=1 / ANYGRAD_TORCH_CUDA_GRAPH=1 for every torch device)")
+                   "...; torch:cuda: CUDA graphs (the default), torch:cuda+eager: none, torch:cuda+compile: as "
+                   "--compile (torch.compile and CUDA graphs), torch:cuda+inductor: torch.compile alone; or "
+                   "ANYGRAD_TORCH_COMPILE=1 / ANYGRAD_TORCH_CUDA_GRAPH=0 for every torch device)")
     p.add_argument("--torch-devices", default=None,
                    help="PyTorch devices, comma list (default: cpu, plus cuda when available; 'none': "
                    "skip; cuda-fp32: cuDNN TF32 off)")

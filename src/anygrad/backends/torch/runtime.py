@@ -19,8 +19,10 @@ function (`host_inputs`, lowering.py). The step runs in torch's inference mode (
 dispatch per op); nothing in it reads a device value back (`benchmarks/torch_overhead.py`
 measures the host time per step and the torch ops per step against PyTorch eager).
 
-With `cuda_graph=True` (or ANYGRAD_TORCH_CUDA_GRAPH=1) on CUDA, the step's device work is
-captured as a CUDA graph on its third run and replayed after: one launch per step. Its inputs are
+On CUDA (unless `cuda_graph=False` or ANYGRAD_TORCH_CUDA_GRAPH=0), the step's device work is
+captured as a CUDA graph on its third run and replayed after: one launch per step. The step is a
+fixed program over fixed shapes, which is what a CUDA graph holds; without it the founding CNN's
+step is bound by the host's ~160 kernel launches (PyTorch's autograd launches ~80). Its inputs are
 static buffers: the state tensors (the store then holds those buffers, updated in place by copies
 at the end of the graph) and the uploaded batch. Possible when no numpy fallback reads a value a
 torch kernel makes; a capture that fails (an op that syncs) leaves the step eager, with a warning.
@@ -88,8 +90,8 @@ def resolve_device(device: str) -> str:
                       "or torch:cpu")
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "0") not in ("", "0")
+def _env_flag(name: str, default: str = "0") -> bool:
+    return os.environ.get(name, default) not in ("", "0")
 
 
 def best_torch_device() -> str | None:
@@ -722,14 +724,14 @@ class TorchBackend(Backend):
         `torch_compile`: trace the step with torch.compile (True: inductor; a string: that
         torch.compile backend, e.g. "aot_eager"); None: ANYGRAD_TORCH_COMPILE (1 or a backend name).
         `cuda_graph`: on CUDA, capture each step's device work as a CUDA graph on its third run and
-        replay it after; None: ANYGRAD_TORCH_CUDA_GRAPH=1."""
+        replay it after; None: yes, unless ANYGRAD_TORCH_CUDA_GRAPH=0."""
         self.torch = _torch()
         self.device = self.torch.device(resolve_device(device))
         if torch_compile is None:
             torch_compile = os.environ.get("ANYGRAD_TORCH_COMPILE", "0")
             torch_compile = torch_compile if torch_compile not in ("", "0", "1") else torch_compile == "1"
         if cuda_graph is None:
-            cuda_graph = _env_flag("ANYGRAD_TORCH_CUDA_GRAPH")
+            cuda_graph = _env_flag("ANYGRAD_TORCH_CUDA_GRAPH", default="1")
         self.set_torch_compile(torch_compile)
         self.cuda_graph = bool(cuda_graph)
         self.state: dict[str, Any] = {}
