@@ -222,6 +222,45 @@ def test_auto_prefers_wgpu_then_torch_gpu_then_cpu_and_says_so(monkeypatch, caps
     assert "using PyTorch's torch" in capsys.readouterr().err
 
 
+def _batches(steps: int, batch: int = 8, seed: int = 0):
+    data = np.random.default_rng(seed)
+    return [(data.standard_normal((batch, 1, 28, 28)).astype(np.float32), data.integers(0, 10, batch))
+            for _ in range(steps)]
+
+
+def test_auto_with_two_gpus_times_the_step_on_each_and_trains_on_the_faster(monkeypatch, capsys):
+    """With a wgpu GPU and a torch GPU (stood in for by the numpy backend and torch's CPU device),
+    `auto` times the model's own step on each before its first step, says so, and trains on the
+    faster from the state as it was: the same bits as training on that backend alone, also after
+    a checkpoint was loaded (its optimizer slots kept)."""
+    monkeypatch.setattr(devices, "auto_backends",
+                        lambda limits=None, memory_budget=None: [NumpyBackend(), TorchBackend("torch:cpu")])
+    make = lambda: anygrad.optim.SGD(lr=0.05, momentum=0.9)
+    start = anygrad.load_onnx(FOUNDING_MODEL).compile(loss="nll", optimizer=make(), device="cpu", seed=3)
+    for x, y in _batches(2, seed=1):
+        start.train_step(x, y)
+    checkpoint = start.full_state()
+    for resume in (False, True):
+        model = anygrad.load_onnx(FOUNDING_MODEL).compile(loss="nll", optimizer=make(), device="auto", seed=3)
+        if resume:
+            model.load_full_state(checkpoint)
+        losses = [model.train_on_batch(x, y) for x, y in _batches(3)]
+        err = capsys.readouterr().err
+        assert "device auto:" in err and f"training on {model.backend.description}" in err
+        assert set(model.backend_trial) == {NumpyBackend().description, TorchBackend("torch:cpu").description}
+        assert model.backend.description == min(model.backend_trial, key=model.backend_trial.get)
+        alone = NumpyBackend() if isinstance(model.backend, NumpyBackend) else TorchBackend("torch:cpu")
+        ref = anygrad.load_onnx(FOUNDING_MODEL).compile(loss="nll", optimizer=make(), device=alone, seed=3)
+        if resume:
+            ref.load_full_state(checkpoint)
+        assert losses == [ref.train_on_batch(x, y) for x, y in _batches(3)]
+        a, b = ref.full_state(), model.full_state()
+        assert a.keys() == b.keys()
+        for name in a:
+            np.testing.assert_array_equal(b[name], a[name], err_msg=name)
+        assert model.read_metrics() == ref.read_metrics()
+
+
 def test_supports_is_asked_per_backend():
     torch_backend, numpy_backend = TorchBackend("torch:cpu"), NumpyBackend()
     for backend in (torch_backend, numpy_backend):
@@ -233,21 +272,21 @@ def test_supports_is_asked_per_backend():
 
 
 def test_an_op_without_a_torch_kernel_runs_its_reference_kernel():
-    """Softsign has no lowering: the numpy kernel runs on host copies, same values."""
+    """CumProd has no lowering: the numpy kernel runs on host copies, same values."""
     from anygrad.ir.builder import Builder
     from anygrad.ir.graph import Graph, TensorInfo
     from anygrad.ir.passes import specialize
-    assert "Softsign" not in LOWERINGS
+    assert "CumProd" not in LOWERINGS
     g = Graph()
     g.inputs = ["x"]
     g.info["x"] = TensorInfo(np.dtype(np.float32), (3, 4))
     b = Builder(g, prefix="t")
-    y = b.op("Relu", [b.op("Softsign", ["x"])])
+    y = b.op("Relu", [b.op("CumProd", ["x", b.const(np.array(1, np.int64), np.int64, "axis")])])
     g.outputs = [y]
     g = specialize(g, {"x": (3, 4)})
     x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
     exe = TorchBackend("torch:cpu").compile(g)
-    assert exe.fallback_ops == ["Softsign"]
+    assert exe.fallback_ops == ["CumProd"]
     np.testing.assert_allclose(exe.run({"x": x})[y], NumpyBackend().compile(g).run({"x": x})[y], rtol=1e-6)
 
 

@@ -4,6 +4,10 @@ with PyTorch installed (`anygrad[torch]`) 'torch', 'torch:cuda[:N]', 'torch:mps'
 `auto` takes the best real GPU through wgpu (discrete, then integrated); without one, torch's
 CUDA or MPS device when torch is installed and has one; else the CPU (numpy), which beats a
 software rasteriser (lavapipe). A choice other than a wgpu GPU is printed: never a silent switch.
+Where both a wgpu GPU and torch's CUDA/MPS are there (`auto_backends`), a model compiled for
+`auto` times its own training step on each before its first step and trains on the faster
+(`Model._choose_backend`): which one wins depends on the model (on an H100, the founding CNN
+is faster through wgpu, the GPT benchmark through torch).
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from .backends.numpy import NumpyBackend
 from .backends.wgpu.adapters import AdapterInfo, best_adapter, list_adapters
 from .errors import ConfigError
 
-__all__ = ["AdapterInfo", "get_backend", "list_adapters", "use_torch_compile"]
+__all__ = ["AdapterInfo", "auto_backends", "get_backend", "list_adapters", "use_torch_compile"]
 
 
 def get_backend(device: str = "auto", limits: str | None = None, memory_budget: int | str | None = None) -> Backend:
@@ -50,6 +54,20 @@ def get_backend(device: str = "auto", limits: str | None = None, memory_budget: 
         return TorchBackend(device)
     raise ConfigError(f"unknown device '{device}'; use auto, cpu, wgpu, wgpu:N, wgpu:vulkan|metal|dx12|gl, "
                       "or with PyTorch installed torch, torch:cuda, torch:mps, torch:cpu")
+
+
+def auto_backends(limits: str | None = None, memory_budget: int | str | None = None) -> list[Backend]:
+    """The backends `auto` chooses between for training: a wgpu GPU and torch's CUDA/MPS device
+    when there are both (the faster for a model is measured on its first step), else
+    get_backend('auto') alone."""
+    pick = best_adapter(include_software=False)
+    torch_device = _torch_gpu() if pick is not None else None
+    if pick is None or torch_device is None:
+        return [get_backend("auto", limits=limits, memory_budget=memory_budget)]
+    from .backends.torch import TorchBackend
+    from .backends.wgpu import WgpuBackend
+    return [WgpuBackend(f"wgpu:{pick[0].index}", limits=limits, memory_budget=memory_budget),
+            TorchBackend(f"torch:{torch_device}")]
 
 
 def _torch_gpu() -> str | None:

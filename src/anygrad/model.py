@@ -84,6 +84,8 @@ class Model:
         self._state_order: list[str] | None = None  # the parameters' order before the first freeze
         self.sync_batchnorm = False  # BatchNorm statistics over the data-parallel replicas (DataParallel sets it)
         self.parallel: Any = None  # data parallelism (anygrad.distributed.DataParallel): steps and metrics go there
+        self.auto_candidates: list[Backend] = []  # device="auto" still choosing: timed on the first step
+        self.backend_trial: dict[str, float] = {}  # that timing: ms per step by backend description
 
     # -- introspection --------------------------------------------------------------------
     @property
@@ -210,7 +212,10 @@ class Model:
         or "output": the model's first output is its own scalar loss (a forward that returns
         the loss), trained with no targets. `loss_options` go to the named losses that take them
         (ignore_index, reduction, label_smoothing, weight, class_axis).
-        `device`: one device, or several ('wgpu:0,wgpu:1' or a list) that share each batch.
+        `device`: one device, or several ('wgpu:0,wgpu:1' or a list) that share each batch;
+        'auto': the best there is (devices.get_backend), or, with a wgpu GPU and torch's CUDA/MPS
+        both there, whichever runs this model's first training steps faster (timed then, printed,
+        in `backend_trial`; the timed steps leave no trace in the state).
         `limits`, `memory_budget` (wgpu): a weaker adapter's limits profile, and the bytes a step
         may hold (default: the profile's budget); see README "Small GPUs".
         `torch_compile` (torch devices only, else a ConfigError): the step goes through
@@ -219,10 +224,15 @@ class Model:
         (float16 activations and matmul/conv operands, float32 master weights, optimizer state,
         softmax, norms and losses; dynamic loss scaling); evaluate and predict stay float32.
         See README "Mixed precision"."""
-        from .devices import get_backend, use_torch_compile
+        from .devices import auto_backends, get_backend, use_torch_compile
         from .program import check_precision
         self.precision = check_precision(precision)
         devices = None
+        self.auto_candidates = []
+        if isinstance(device, str) and device.strip().lower() == "auto" and not torch_compile:
+            candidates = auto_backends(limits=limits, memory_budget=memory_budget)
+            device = candidates[0]
+            self.auto_candidates = candidates if len(candidates) > 1 else []
         if isinstance(device, (list, tuple)) or (isinstance(device, str) and "," in device):
             from .distributed import device_list, open_backends
             devices = open_backends(device_list(device) or list(device if isinstance(device, (list, tuple))
@@ -439,8 +449,50 @@ class Model:
         return phase
 
     def _train_program(self, inputs: Batch, targets: Batch, flush: bool) -> Executable:
+        if self.auto_candidates:
+            self._choose_backend(inputs, targets)
         phase = self._next_phase(flush)  # a lone flushed micro-batch: "step", its loss still scaled by 1/N
         return self._program("train", inputs, targets, phase)
+
+    def _choose_backend(self, inputs: Batch, targets: Batch, warmup: int = 3, seconds: float = 1.0,
+                        most: int = 10) -> None:
+        """device='auto' with a wgpu GPU and torch's CUDA/MPS (devices.auto_backends): time this
+        model's training step at this batch on each (after `warmup` steps, which compile it and
+        capture torch's CUDA graph), keep the faster, and say so. The timed steps train: every
+        candidate starts from, and the winner goes on from, the state as it was before them."""
+        import sys
+        import time
+        candidates, self.auto_candidates = self.auto_candidates, []
+        self._program("train", inputs, targets)  # its optimizer slots exist, loaded or fresh
+        before = self.full_state()
+        feeds = {**inputs, **targets}
+        times: dict[str, float] = {}
+        for backend in candidates:
+            self._use_backend(backend, before)
+            exe = self._program("train", inputs, targets)
+            for _ in range(warmup):
+                exe.run(feeds, fetch=[])
+            # reading the metric sums, which every step adds to on the device, waits for the
+            # queued steps (the RNG counter would not: torch keeps it on the host)
+            self.read_metric_sums()
+            steps, t0 = 0, time.perf_counter()
+            while steps < most and (steps == 0 or time.perf_counter() - t0 < seconds):
+                exe.run(feeds, fetch=[])
+                steps += 1
+            self.read_metric_sums()
+            times[backend.description] = 1e3 * (time.perf_counter() - t0) / steps
+        best = min(candidates, key=lambda b: times[b.description])
+        self._use_backend(best, before)
+        self.backend_trial = times
+        timed = ", ".join(f"{name} {ms:.2f} ms/step" for name, ms in times.items())
+        print(f"anygrad: device auto: {timed}; training on {best.description}", file=sys.stderr)
+
+    def _use_backend(self, backend: Backend, state: dict[str, np.ndarray]) -> None:
+        """Train on `backend` from `state` (a full_state()); programs compile anew."""
+        self.backend = backend
+        self._programs.clear()
+        for name, value in state.items():
+            backend.set_state(name, value)
 
     def train_step(self, x: Any, y: Any = None, flush: bool = False) -> None:
         """One optimizer step (with accumulation: one micro-batch, the update every `accumulate`

@@ -164,7 +164,10 @@ def _prepare(config: TrainConfig, log: Log, default_batch: bool = False,
     from ..optim import get_optimizer
     model_path = Path(config.model)
     optimizer = get_optimizer(config.optimizer or "adam", lr=config.lr)
-    backend = _open_devices(config.device or "auto", config.limits, group, config.memory_budget)
+    # 'auto' (one process, no torch.compile) is resolved by compile: with a wgpu GPU and torch's
+    # CUDA/MPS both there, it times the model's step on each (devices.auto_backends)
+    auto = (config.device or "auto").strip().lower() == "auto" and group is None and not config.torch_compile
+    backend = "auto" if auto else _open_devices(config.device or "auto", config.limits, group, config.memory_budget)
     if config.torch_compile:  # before the data loads: a device without torch.compile is an error at once
         from ..devices import use_torch_compile
         for each in backend if isinstance(backend, list) else [backend]:
@@ -181,8 +184,8 @@ def _prepare(config: TrainConfig, log: Log, default_batch: bool = False,
     if isinstance(train, tuple) and config.batch_size > len(train[1]) and not default_batch:
         raise ConfigError(f"batch-size {config.batch_size} is larger than the {len(train[1]):,} training samples; "
                           f"choose at most {len(train[1])}")
-    model.compile(loss=loss, optimizer=optimizer, device=backend, seed=config.seed,
-                  torch_compile=config.torch_compile, precision=config.precision)
+    model.compile(loss=loss, optimizer=optimizer, device=backend, seed=config.seed, limits=config.limits,
+                  memory_budget=config.memory_budget, torch_compile=config.torch_compile, precision=config.precision)
     if group is not None:  # one rank of a torch.distributed job (with this process's devices, if several)
         from ..distributed import DataParallel
         local = [r.backend for r in model.parallel.replicas[1:]] if model.parallel is not None else []
@@ -202,6 +205,9 @@ def _prepare(config: TrainConfig, log: Log, default_batch: bool = False,
               f"from weights {Path(config.weights).name}" if config.weights else "",
               f"{model.num_frozen_parameters():,} frozen" if config.freeze else ""]
     where = model.parallel.description if model.parallel is not None else model.backend.description
+    if model.auto_candidates:
+        where = (" or ".join(b.description for b in model.auto_candidates)
+                 + ", whichever runs its first steps faster")
     log(f"training {model_path.name} ({model.num_parameters():,} parameters) on "
         f"{where}: {config.optimizer} lr {optimizer.lr:g}, loss {loss}, batch {config.batch_size}, "
         f"{config.epochs} epoch{'s' * (config.epochs != 1)}, seed {config.seed}" + "".join(f", {e}" for e in extras if e))
