@@ -270,3 +270,151 @@ def _gelu(site: Site):
     if site.node.op == "Gelu":
         return lambda ins: [torch.nn.functional.gelu(ins[0], approximate=approximate)]
     return lambda ins: [torch.ops.aten.gelu_backward(ins[0], ins[1], approximate=approximate)]
+
+
+# -- activations, trigonometric and hyperbolic functions (floats only) -------------------------------
+def _alpha(site: Site, default: float) -> float:
+    return float(site.attr("alpha", default))
+
+
+_SELU_ALPHA, _SELU_GAMMA = 1.67326319217681884765625, 1.05070102214813232421875  # ONNX's, not torch's
+
+
+def _float_unary_table() -> dict[str, Any]:
+    """op -> fn(site) -> kernel body fn(x): forwards mirroring ops/elementwise.py ACTIVATIONS and
+    ops/math_extra.py TRIG."""
+    import torch
+    import torch.nn.functional as F
+
+    def softplus(s):
+        # logaddexp(0, x) as numpy: F.softplus returns x itself past its threshold (off by exp(-x))
+        return lambda x: torch.logaddexp(x, x.new_zeros(()))
+
+    def elu(s):
+        alpha = _alpha(s, 1.0)
+        return lambda x: F.elu(x, alpha)
+
+    def selu(s):
+        alpha, gamma = _alpha(s, _SELU_ALPHA), float(s.attr("gamma", _SELU_GAMMA))
+        return lambda x: F.elu(x, alpha) * gamma
+
+    def celu(s):  # max(x, 0) + min(0, alpha * expm1(x / alpha)) is torch's celu for any nonzero alpha
+        alpha = _alpha(s, 1.0)
+        return lambda x: F.celu(x, alpha)
+
+    return {
+        "Elu": elu, "Selu": selu, "Celu": celu,
+        "Softplus": softplus,
+        "Softsign": lambda s: F.softsign,
+        "Mish": lambda s: F.mish,
+        "Sin": lambda s: torch.sin, "Cos": lambda s: torch.cos, "Tan": lambda s: torch.tan,
+        "Asin": lambda s: torch.asin, "Acos": lambda s: torch.acos, "Atan": lambda s: torch.atan,
+        "Sinh": lambda s: torch.sinh, "Cosh": lambda s: torch.cosh, "Asinh": lambda s: torch.asinh,
+        "Acosh": lambda s: torch.acosh, "Atanh": lambda s: torch.atanh,
+    }
+
+
+FLOAT_UNARY = ("Elu", "Selu", "Celu", "Softplus", "Softsign", "Mish", "Sin", "Cos", "Tan", "Asin", "Acos",
+               "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh")
+
+
+@lowering(*FLOAT_UNARY)
+def _float_unary(site: Site):
+    # numpy runs these on integers in float64 and truncates back: left to numpy
+    if not _floats(site) or (site.node.op == "Celu" and _alpha(site, 1.0) == 0):
+        return None
+    fn = _float_unary_table()[site.node.op](site)
+    return lambda ins: [fn(ins[0])]
+
+
+def _activation_grad_table() -> dict[str, Any]:
+    """op -> fn(site) -> kernel body fn(dy, x), as the reference's (dy, x) -> dx."""
+    import torch
+
+    def elu(s):
+        alpha = _alpha(s, 1.0)
+        return lambda dy, x: torch.where(x > 0, dy, dy * alpha * torch.exp(torch.clamp(x, max=0)))
+
+    def selu(s):
+        alpha, gamma = _alpha(s, _SELU_ALPHA), float(s.attr("gamma", _SELU_GAMMA))
+        return lambda dy, x: dy * gamma * torch.where(x > 0, 1.0, alpha * torch.exp(torch.clamp(x, max=0)))
+
+    def celu(s):
+        alpha = _alpha(s, 1.0)
+        return lambda dy, x: torch.where(x > 0, dy, dy * torch.exp(torch.clamp(x, max=0) / alpha))
+
+    return {
+        "EluGrad": elu, "SeluGrad": selu, "CeluGrad": celu,
+        "SoftplusGrad": lambda s: (lambda dy, x: dy * torch.sigmoid(x)),
+        "SoftsignGrad": lambda s: (lambda dy, x: dy / torch.square(1 + torch.abs(x))),
+        "MishGrad": lambda s: torch.ops.aten.mish_backward,
+        "SinGrad": lambda s: (lambda dy, x: dy * torch.cos(x)),
+        "CosGrad": lambda s: (lambda dy, x: -dy * torch.sin(x)),
+    }
+
+
+ACTIVATION_GRADS = ("EluGrad", "SeluGrad", "CeluGrad", "SoftplusGrad", "SoftsignGrad", "MishGrad", "SinGrad",
+                    "CosGrad")
+
+
+@lowering(*ACTIVATION_GRADS)
+def _activation_grad(site: Site):
+    if not _floats(site) or (site.node.op == "CeluGrad" and _alpha(site, 1.0) == 0):
+        return None
+    fn = _activation_grad_table()[site.node.op](site)
+    return lambda ins: [fn(ins[0], ins[1])]
+
+
+@lowering("PRelu")
+def _prelu(site: Site):
+    if not _numeric(site):
+        return None
+    import torch
+    return lambda ins: [torch.where(ins[0] > 0, ins[0], ins[0] * ins[1])]
+
+
+# -- Mod and bitwise ops -------------------------------------------------------------------------------
+@lowering("Mod")
+def _mod(site: Site):
+    """fmod=1: C's fmod (sign of a), torch.fmod; fmod=0: the floored modulo (sign of b),
+    torch.remainder. numpy gives 0 for an integer modulo by zero where torch raises: a zero
+    divisor becomes 1 and its result 0, without reading b on the host."""
+    if not _numeric(site):
+        return None
+    import torch
+    fn = torch.fmod if site.attr("fmod", 0) else torch.remainder
+    if _floats(site):
+        return lambda ins: [fn(ins[0], ins[1])]
+
+    def int_mod(ins):
+        a, b = ins
+        zero = b == 0
+        return [torch.where(zero, torch.zeros_like(a), fn(a, torch.where(zero, torch.ones_like(b), b)))]
+    return int_mod
+
+
+def _integers(site: Site) -> bool:
+    return all(info is None or np.dtype(info.dtype).kind in "iub" for info in site.ins)
+
+
+@lowering("BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot")
+def _bitwise(site: Site):
+    if not _integers(site):
+        return None
+    import torch
+    fn = {"BitwiseAnd": torch.bitwise_and, "BitwiseOr": torch.bitwise_or, "BitwiseXor": torch.bitwise_xor,
+          "BitwiseNot": torch.bitwise_not}[site.node.op]
+    if site.node.op == "BitwiseNot":
+        return lambda ins: [fn(ins[0])]
+    return lambda ins: [fn(ins[0], ins[1])]
+
+
+@lowering("BitShift")
+def _bit_shift(site: Site):
+    """ONNX shifts unsigned integers; torch holds uint8 among those (wider ones arrive widened to
+    int64, where a left shift would not wrap as numpy's does)."""
+    if site.dtype(0) != np.uint8 or site.dtype(1).kind not in "iu" or site.attr("direction") not in ("LEFT", "RIGHT"):
+        return None
+    import torch
+    fn = torch.bitwise_left_shift if site.attr("direction") == "LEFT" else torch.bitwise_right_shift
+    return lambda ins: [fn(ins[0], ins[1].to(ins[0].dtype))]

@@ -49,7 +49,15 @@ from ...errors import ConfigError, DataError, DeviceError, ShapeError, Unsupport
 from ...ir.graph import Graph, Node
 from ...ir.registry import get_op
 from ..base import Backend, Executable
-from . import kernels_attention, kernels_elementwise, kernels_loss, kernels_nn, kernels_optim, kernels_shape  # noqa: F401
+from . import (  # noqa: F401
+    kernels_attention,
+    kernels_elementwise,
+    kernels_index,
+    kernels_loss,
+    kernels_nn,
+    kernels_optim,
+    kernels_shape,
+)
 from .convert import TORCH_DTYPES, WIDENED, is_tensor, to_numpy, to_torch, torch_dtype
 from .lowering import GROUP_LOWERINGS, LOWERINGS, Site
 

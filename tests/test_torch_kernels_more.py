@@ -1,0 +1,282 @@
+"""More torch lowerings against the numpy backend (device torch:cpu): activations, trigonometric
+functions, Mod and bitwise ops, gathers and scatters, TopK, OneHot, CumSum, Einsum and the
+remaining reductions. Each case asserts the op ran on a torch kernel (no reference fallback),
+with its gradient ops where it has them."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_torch_backend import _agrees_with_numpy, _Const, one_torch_thread  # noqa: F401  (the fixture)
+
+from anygrad.backends.torch import TorchBackend
+
+FLOATS = pytest.mark.parametrize("dtype", [np.float32, np.float64])
+R = np.random.default_rng(0)
+
+
+def _x(shape, dtype=np.float32, scale: float = 2.0):
+    return (R.standard_normal(shape) * scale).astype(dtype)
+
+
+# -- activations and their gradient ops ---------------------------------------------------------------
+@FLOATS
+@pytest.mark.parametrize("op, attrs", [
+    ("Elu", {}), ("Elu", {"alpha": 0.5}), ("Selu", {}), ("Selu", {"alpha": 1.2, "gamma": 0.9}),
+    ("Celu", {}), ("Celu", {"alpha": 2.0}), ("Softplus", {}), ("Softsign", {}), ("Mish", {}),
+    ("Sin", {}), ("Cos", {})])
+def test_activations_and_gradients(dtype, op, attrs):
+    x = _x((4, 7), dtype, 3.0)
+    x[0, :3] = [0.0, 30.0, -30.0]
+    _agrees_with_numpy(op, [x], attrs, lowered=(op, f"{op}Grad"))
+
+
+@FLOATS
+@pytest.mark.parametrize("op, low, high", [
+    ("Tan", -1.2, 1.2), ("Asin", -0.95, 0.95), ("Acos", -0.95, 0.95), ("Atan", -5, 5), ("Sinh", -3, 3),
+    ("Cosh", -3, 3), ("Asinh", -5, 5), ("Acosh", 1.1, 5), ("Atanh", -0.9, 0.9)])
+def test_trigonometric_and_gradients(dtype, op, low, high):
+    x = R.uniform(low, high, (3, 5)).astype(dtype)
+    _agrees_with_numpy(op, [x], lowered=(op,))
+
+
+def test_trigonometric_out_of_domain_is_nan_as_numpy():
+    x = np.array([-2.0, 0.5, 2.0], np.float32)
+    for op in ("Asin", "Acos", "Acosh", "Atanh"):
+        _agrees_with_numpy(op, [x], diff=(), lowered=(op,))
+
+
+@pytest.mark.parametrize("dtype, slope_shape", [(np.float32, (5,)), (np.float64, (3, 1)), (np.int32, (5,))])
+def test_prelu(dtype, slope_shape):
+    x = _x((3, 5), dtype, 3.0) if dtype != np.int32 else R.integers(-9, 9, (3, 5)).astype(dtype)
+    slope = _x(slope_shape, dtype, 1.0) if dtype != np.int32 else R.integers(-3, 3, slope_shape).astype(dtype)
+    diff = (0, 1) if dtype != np.int32 else ()
+    _agrees_with_numpy("PRelu", [x, slope], diff=diff, lowered=("PRelu",))
+
+
+# -- Mod and bitwise -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("fmod", [0, 1])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64, np.uint8, np.int8])
+def test_mod(dtype, fmod):
+    if np.dtype(dtype).kind == "f":
+        a, b = _x((4, 6), dtype, 5.0), _x((6,), dtype, 2.0)
+        diff = (0, 1)
+    else:
+        lo = 0 if np.dtype(dtype).kind == "u" else -20
+        a, b = R.integers(lo, 20, (4, 6)).astype(dtype), R.integers(lo // 4, 6, (6,)).astype(dtype)
+        b[0] = 0  # numpy's 0, where torch alone would raise
+        diff = ()
+    _agrees_with_numpy("Mod", [a, b], {"fmod": fmod}, diff=diff, lowered=("Mod",))
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint8, np.int8, np.bool_])
+@pytest.mark.parametrize("op", ["BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot"])
+def test_bitwise(dtype, op):
+    if dtype == np.bool_:
+        a, b = R.integers(0, 2, (3, 4)).astype(bool), R.integers(0, 2, (4,)).astype(bool)
+    else:
+        info = np.iinfo(dtype)
+        a = R.integers(info.min, info.max, (3, 4), endpoint=True).astype(dtype)
+        b = R.integers(info.min, info.max, (4,), endpoint=True).astype(dtype)
+    _agrees_with_numpy(op, [a] if op == "BitwiseNot" else [a, b], diff=(), lowered=(op,))
+
+
+@pytest.mark.parametrize("direction", ["LEFT", "RIGHT"])
+def test_bit_shift(direction):
+    x = R.integers(0, 256, (4, 5)).astype(np.uint8)
+    n = R.integers(0, 10, (5,)).astype(np.uint8)  # 8 and 9 shift everything out
+    _agrees_with_numpy("BitShift", [x, n], {"direction": direction}, diff=(), lowered=("BitShift",))
+
+
+# -- gathers and scatters ----------------------------------------------------------------------------
+@FLOATS
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_gather_elements_and_gradient(dtype, axis):
+    data = _x((4, 5, 3), dtype)
+    shape = list(data.shape)
+    dim = shape[axis]
+    shape[axis] = 6  # more entries than the axis: repeated indices add up in the gradient
+    idx = R.integers(-dim, dim, shape).astype(np.int64)
+    _agrees_with_numpy("GatherElements", [data, idx], {"axis": axis}, lowered=("GatherElements", "GatherElementsGrad"))
+    _agrees_with_numpy("GatherElements", [data, _Const(idx.astype(np.int32))], {"axis": axis},
+                       lowered=("GatherElements", "GatherElementsGrad"))
+
+
+def test_gather_elements_out_of_range_raises_on_torch_too():
+    data, idx = _x((3, 4)), np.array([[0, 4, 1, 0]], np.int64)
+    from test_torch_backend import _op_and_grads
+    graph, feeds = _op_and_grads("GatherElements", [data, idx], {"axis": 1}, diff=())
+    exe = TorchBackend("torch:cpu").compile(graph)
+    assert exe.fallback_ops == []
+    with pytest.raises((RuntimeError, IndexError)):  # torch's own bounds check
+        exe.run(feeds)
+    # a constant out-of-range index: the reference kernel runs (and raises its own error)
+    graph, _ = _op_and_grads("GatherElements", [data, _Const(idx)], {"axis": 1}, diff=())
+    assert "GatherElements" in TorchBackend("torch:cpu").compile(graph).fallback_ops
+
+
+@FLOATS
+@pytest.mark.parametrize("data_shape, idx_shape, batch_dims", [
+    ((4, 5, 3), (6, 2), 0), ((4, 5, 3), (2, 3, 1), 0), ((4, 5, 3), (7, 3), 0),
+    ((2, 5, 3), (2, 4, 1), 1), ((2, 3, 5, 4), (2, 3, 2, 2), 2)])
+def test_gather_nd_and_gradient(dtype, data_shape, idx_shape, batch_dims):
+    data = _x(data_shape, dtype)
+    k = idx_shape[-1]
+    dims = np.array(data_shape[batch_dims:batch_dims + k], np.int64)
+    idx = (R.integers(0, 1 << 30, idx_shape) % np.maximum(dims, 1)).astype(np.int64)
+    idx[..., :] -= dims * R.integers(0, 2, idx_shape)  # some from the end
+    _agrees_with_numpy("GatherND", [data, idx], {"batch_dims": batch_dims}, lowered=("GatherND", "GatherNDGrad"))
+
+
+def test_gather_nd_out_of_range_raises_on_torch_too():
+    from test_torch_backend import _op_and_grads
+    graph, feeds = _op_and_grads("GatherND", [_x((3, 4)), np.array([[1, 4]], np.int64)], diff=())
+    exe = TorchBackend("torch:cpu").compile(graph)
+    assert exe.fallback_ops == []
+    with pytest.raises((RuntimeError, IndexError)):  # torch's own bounds check
+        exe.run(feeds)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32])
+@pytest.mark.parametrize("reduction", ["none", "add", "mul", "max", "min"])
+@pytest.mark.parametrize("axis", [0, -1])
+def test_scatter_elements(dtype, reduction, axis):
+    data = _x((4, 5), dtype) if dtype != np.int32 else R.integers(-9, 9, (4, 5)).astype(dtype)
+    shape = [4, 5]
+    shape[axis] = 7
+    dim = data.shape[axis]
+    idx = R.integers(-dim, dim, shape).astype(np.int64)  # repeated positions: last wins for "none"
+    upd = _x(shape, dtype) if dtype != np.int32 else R.integers(-9, 9, shape).astype(dtype)
+    diff = (0, 2) if reduction in ("none", "add") and dtype != np.int32 else ()
+    _agrees_with_numpy("ScatterElements", [data, idx, upd], {"axis": axis, "reduction": reduction}, diff=diff,
+                       lowered=("ScatterElements",) + (("GatherElements",) if diff else ()))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int64])
+@pytest.mark.parametrize("reduction", ["none", "add", "mul", "max", "min"])
+@pytest.mark.parametrize("data_shape, idx_shape", [((6, 3, 2), (5, 1)), ((6, 3, 2), (4, 2, 2)), ((6, 3), (3, 2))])
+def test_scatter_nd(dtype, reduction, data_shape, idx_shape):
+    k = idx_shape[-1]
+    dims = np.array(data_shape[:k])
+    idx = (R.integers(0, 1 << 30, idx_shape) % dims).astype(np.int64) - dims * R.integers(0, 2, idx_shape)
+    upd_shape = idx_shape[:-1] + data_shape[k:]
+    if dtype == np.int64:
+        data, upd = R.integers(-9, 9, data_shape).astype(dtype), R.integers(-9, 9, upd_shape).astype(dtype)
+    else:
+        data, upd = _x(data_shape, dtype), _x(upd_shape, dtype)
+    diff = (0, 2) if reduction in ("none", "add") and dtype != np.int64 else ()
+    _agrees_with_numpy("ScatterND", [data, idx, upd], {"reduction": reduction}, diff=diff,
+                       lowered=("ScatterND",) + (("GatherND",) if diff else ()))
+
+
+# -- TopK, Hardmax, OneHot -----------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.uint8])
+@pytest.mark.parametrize("largest, sorted_, axis, k", [(1, 1, -1, 3), (0, 1, 0, 2), (1, 0, 1, 5), (0, 0, -1, 1)])
+def test_topk_ties_and_gradient(dtype, largest, sorted_, axis, k):
+    x = R.integers(0, 4, (5, 6)).astype(dtype)  # many ties: the lower index first
+    attrs = {"largest": largest, "sorted": sorted_, "axis": axis}
+    diff = (0,) if np.dtype(dtype).kind == "f" else ()
+    _agrees_with_numpy("TopK", [x, _Const(np.array([k], np.int64))], attrs, diff=diff, n_outputs=2,
+                       lowered=("TopK",) + (("GatherElementsGrad",) if diff else ()))
+
+
+def test_topk_nan_and_k_attribute():
+    x = np.array([[1.0, np.nan, 3.0, np.nan, -1.0]], np.float32)
+    for largest in (0, 1):
+        _agrees_with_numpy("TopK", [x], {"k": 4, "largest": largest}, diff=(), n_outputs=2, lowered=("TopK",))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int64])
+@pytest.mark.parametrize("axis", [-1, 0, 1])
+def test_hardmax(dtype, axis):
+    x = R.integers(0, 3, (4, 5, 3)).astype(dtype)  # ties: the first maximum
+    _agrees_with_numpy("Hardmax", [x], {"axis": axis}, diff=(), lowered=("Hardmax",))
+
+
+@pytest.mark.parametrize("idx_dtype", [np.int64, np.int32, np.uint8])
+@pytest.mark.parametrize("axis", [-1, 0, 1])
+def test_onehot_and_gradient(idx_dtype, axis):
+    lo = 0 if idx_dtype == np.uint8 else -7
+    idx = R.integers(lo, 8, (3, 4)).astype(idx_dtype)  # some out of range: all "off"
+    values = np.array([-0.5, 2.0], np.float32)
+    _agrees_with_numpy("OneHot", [idx, _Const(np.array(5, np.int64)), values], {"axis": axis}, diff=(2,),
+                       lowered=("OneHot",))
+
+
+# -- CumSum, Tile, Trilu, DepthToSpace, SpaceToDepth, EyeLike -----------------------------------------
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32])
+@pytest.mark.parametrize("axis", [0, -1])
+@pytest.mark.parametrize("exclusive, reverse", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_cumsum_and_gradient(dtype, axis, exclusive, reverse):
+    x = _x((4, 5), dtype) if dtype != np.int32 else R.integers(-9, 9, (4, 5)).astype(dtype)
+    diff = (0,) if dtype != np.int32 else ()
+    _agrees_with_numpy("CumSum", [x, _Const(np.array(axis, np.int32))], {"exclusive": exclusive, "reverse": reverse},
+                       diff=diff, lowered=("CumSum",))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.bool_])
+@pytest.mark.parametrize("reps", [(2, 1, 3), (1, 1, 1), (3, 2, 1)])
+def test_tile_and_gradient(dtype, reps):
+    x = _x((2, 3, 2)).astype(dtype)
+    diff = (0,) if dtype == np.float32 else ()
+    _agrees_with_numpy("Tile", [x, _Const(np.array(reps, np.int64))], diff=diff, lowered=("Tile",))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32, np.bool_])
+@pytest.mark.parametrize("upper", [0, 1])
+@pytest.mark.parametrize("k", [None, 0, 2, -1, -7])
+def test_trilu_and_gradient(dtype, upper, k):
+    x = _x((2, 4, 5)).astype(dtype)
+    diff = (0,) if dtype == np.float32 else ()
+    inputs = [x] if k is None else [x, _Const(np.array(k, np.int64))]
+    _agrees_with_numpy("Trilu", inputs, {"upper": upper}, diff=diff, lowered=("Trilu",))
+
+
+@FLOATS
+@pytest.mark.parametrize("op, shape, attrs", [
+    ("DepthToSpace", (2, 8, 3, 2), {"blocksize": 2}), ("DepthToSpace", (2, 8, 3, 2), {"blocksize": 2, "mode": "CRD"}),
+    ("SpaceToDepth", (2, 3, 4, 6), {"blocksize": 2}), ("SpaceToDepth", (1, 2, 6, 3), {"blocksize": 3})])
+def test_depth_space(dtype, op, shape, attrs):
+    _agrees_with_numpy(op, [_x(shape, dtype)], attrs, lowered=(op,))
+
+
+@pytest.mark.parametrize("k", [0, 1, -2, 7])
+@pytest.mark.parametrize("dtype_attr", [None, 1, 7, 9])  # same as input, float, int64, bool
+def test_eyelike(k, dtype_attr):
+    attrs = {"k": k} if dtype_attr is None else {"k": k, "dtype": dtype_attr}
+    _agrees_with_numpy("EyeLike", [_x((4, 6))], attrs, diff=(), lowered=("EyeLike",))
+
+
+# -- Einsum, AbsoluteError -----------------------------------------------------------------------------
+@FLOATS
+@pytest.mark.parametrize("equation, shapes", [
+    ("ij,jk->ik", [(3, 4), (4, 5)]), ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]), ("ii->i", [(4, 4)]),
+    ("...ij,...jk", [(2, 3, 4), (2, 4, 2)]), ("ij,ij,j->i", [(3, 4), (3, 4), (4,)]), ("ij->", [(3, 4)]),
+    ("i,j", [(3,), (4,)])])
+def test_einsum_and_gradient(dtype, equation, shapes):
+    inputs = [_x(s, dtype) for s in shapes]
+    _agrees_with_numpy("Einsum", inputs, {"equation": equation}, diff=tuple(range(len(inputs))), lowered=("Einsum",),
+                       rtol=1e-4, atol=1e-5)
+
+
+@FLOATS
+def test_absolute_error_and_gradient(dtype):
+    x, y = _x((4, 5), dtype), _x((5,), dtype)
+    x[0] = y  # sign(0) = 0
+    _agrees_with_numpy("AbsoluteError", [x, y], diff=(0, 1), lowered=("AbsoluteError", "AbsoluteErrorGrad"))
+
+
+# -- reductions --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32])
+@pytest.mark.parametrize("op", ["ReduceL1", "ReduceLogSum", "ReduceLogSumExp", "ReduceProd"])
+@pytest.mark.parametrize("axes, keepdims, noop", [([1], 1, 0), ([0, 2], 0, 0), ([-1], 0, 0), (None, 1, 0),
+                                                  (None, 0, 0), ([], 1, 1)])
+def test_reductions(dtype, op, axes, keepdims, noop):
+    if dtype == np.int32 and op in ("ReduceLogSum", "ReduceLogSumExp"):
+        pytest.skip("floats only")
+    x = R.uniform(0.5, 1.5, (3, 4, 2)).astype(dtype) if dtype != np.int32 else R.integers(-3, 4, (3, 4, 2)).astype(dtype)
+    if op == "ReduceLogSumExp" and dtype != np.int32:
+        x = _x((3, 4, 2), dtype, 5.0)
+    inputs = [x] if axes is None else [x, _Const(np.array(axes, np.int64))]
+    # ReduceProd's gradient runs CumProd, left to its reference kernel
+    diff = (0,) if dtype != np.int32 and op != "ReduceProd" else ()
+    _agrees_with_numpy(op, inputs, {"keepdims": keepdims, "noop_with_empty_axes": noop}, diff=diff, lowered=(op,))
