@@ -56,6 +56,7 @@ from . import (  # noqa: F401
     kernels_loss,
     kernels_nn,
     kernels_optim,
+    kernels_resize,
     kernels_shape,
 )
 from .convert import TORCH_DTYPES, WIDENED, is_tensor, to_numpy, to_torch, torch_dtype
