@@ -261,6 +261,31 @@ def test_auto_with_two_gpus_times_the_step_on_each_and_trains_on_the_faster(monk
         assert model.read_metrics() == ref.read_metrics()
 
 
+def test_auto_leaves_out_a_candidate_that_cannot_train_the_model(monkeypatch, capsys):
+    """A candidate whose compile fails (here: one that raises as a wgpu adapter out of memory
+    would) is left out and named; the other trains as it would alone. None left: the error."""
+    class Broken(NumpyBackend):
+        @property
+        def description(self) -> str:
+            return "broken GPU"
+
+        def compile(self, graph):
+            raise DeviceError("out of device memory")
+    monkeypatch.setattr(devices, "auto_backends",
+                        lambda limits=None, memory_budget=None: [Broken(), TorchBackend("torch:cpu")])
+    make = lambda: anygrad.optim.SGD(lr=0.05, momentum=0.9)
+    model = anygrad.load_onnx(FOUNDING_MODEL).compile(loss="nll", optimizer=make(), device="auto", seed=3)
+    losses = [model.train_on_batch(x, y) for x, y in _batches(2)]
+    err = capsys.readouterr().err
+    assert "broken GPU left out (DeviceError: out of device memory)" in err and isinstance(model.backend, TorchBackend)
+    ref = anygrad.load_onnx(FOUNDING_MODEL).compile(loss="nll", optimizer=make(), device="torch:cpu", seed=3)
+    assert losses == [ref.train_on_batch(x, y) for x, y in _batches(2)]
+    monkeypatch.setattr(devices, "auto_backends", lambda limits=None, memory_budget=None: [Broken(), Broken()])
+    model = anygrad.load_onnx(FOUNDING_MODEL).compile(loss="nll", optimizer=make(), device="auto")
+    with pytest.raises(DeviceError, match="out of device memory"):
+        model.train_on_batch(*_batches(1)[0])
+
+
 def test_supports_is_asked_per_backend():
     torch_backend, numpy_backend = TorchBackend("torch:cpu"), NumpyBackend()
     for backend in (torch_backend, numpy_backend):

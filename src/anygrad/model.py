@@ -459,33 +459,46 @@ class Model:
         """device='auto' with a wgpu GPU and torch's CUDA/MPS (devices.auto_backends): time this
         model's training step at this batch on each (after `warmup` steps, which compile it and
         capture torch's CUDA graph), keep the faster, and say so. The timed steps train: every
-        candidate starts from, and the winner goes on from, the state as it was before them."""
+        candidate starts from, and the winner goes on from, the state as it was before them. A
+        candidate that cannot compile or run the step (an op it lacks, its memory) is left out,
+        and said so; if none can, the first one's error is raised."""
         import sys
         import time
         candidates, self.auto_candidates = self.auto_candidates, []
-        self._program("train", inputs, targets)  # its optimizer slots exist, loaded or fresh
-        before = self.full_state()
         feeds = {**inputs, **targets}
         times: dict[str, float] = {}
+        failed: dict[str, Exception] = {}
+        before: dict[str, np.ndarray] | None = None
         for backend in candidates:
-            self._use_backend(backend, before)
-            exe = self._program("train", inputs, targets)
-            for _ in range(warmup):
-                exe.run(feeds, fetch=[])
-            # reading the metric sums, which every step adds to on the device, waits for the
-            # queued steps (the RNG counter would not: torch keeps it on the host)
-            self.read_metric_sums()
-            steps, t0 = 0, time.perf_counter()
-            while steps < most and (steps == 0 or time.perf_counter() - t0 < seconds):
-                exe.run(feeds, fetch=[])
-                steps += 1
-            self.read_metric_sums()
-            times[backend.description] = 1e3 * (time.perf_counter() - t0) / steps
-        best = min(candidates, key=lambda b: times[b.description])
+            try:
+                if before is not None:
+                    self._use_backend(backend, before)
+                elif backend is not self.backend:  # the first candidate failed before a snapshot
+                    self._use_backend(backend, self.full_state())
+                exe = self._program("train", inputs, targets)
+                if before is None:
+                    before = self.full_state()  # with the step's optimizer slots, loaded or fresh
+                for _ in range(warmup):
+                    exe.run(feeds, fetch=[])
+                # reading the metric sums, which every step adds to on the device, waits for
+                # the queued steps (the RNG counter would not: torch keeps it on the host)
+                self.read_metric_sums()
+                steps, t0 = 0, time.perf_counter()
+                while steps < most and (steps == 0 or time.perf_counter() - t0 < seconds):
+                    exe.run(feeds, fetch=[])
+                    steps += 1
+                self.read_metric_sums()
+                times[backend.description] = 1e3 * (time.perf_counter() - t0) / steps
+            except Exception as e:  # noqa: BLE001  (any failure of one candidate: try the others)
+                failed[backend.description] = e
+        if not times:
+            raise next(iter(failed.values()))
+        best = next(b for b in candidates if b.description == min(times, key=times.get))
         self._use_backend(best, before)
         self.backend_trial = times
         timed = ", ".join(f"{name} {ms:.2f} ms/step" for name, ms in times.items())
-        print(f"anygrad: device auto: {timed}; training on {best.description}", file=sys.stderr)
+        skipped = "".join(f"; {name} left out ({type(e).__name__}: {e})" for name, e in failed.items())
+        print(f"anygrad: device auto: {timed}{skipped}; training on {best.description}", file=sys.stderr)
 
     def _use_backend(self, backend: Backend, state: dict[str, np.ndarray]) -> None:
         """Train on `backend` from `state` (a full_state()); programs compile anew."""
