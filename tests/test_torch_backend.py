@@ -22,7 +22,7 @@ from anygrad import devices, rng
 from anygrad.backends.numpy import NumpyBackend
 from anygrad.backends.torch import LOWERINGS, TorchBackend
 from anygrad.backends.torch import rng as torch_rng
-from anygrad.errors import AnygradError, ConfigError, DeviceError
+from anygrad.errors import AnygradError, ConfigError, DataError, DeviceError
 from anygrad.examples import FOUNDING_MODEL
 
 TESTS = Path(__file__).resolve().parent
@@ -319,6 +319,37 @@ def test_bad_targets_are_a_data_error():
     model = anygrad.load_onnx(FOUNDING_MODEL).compile(loss="nll", device="torch:cpu")
     with pytest.raises(AnygradError, match="outside"):
         model.train_on_batch(np.zeros((2, 1, 28, 28), np.float32), np.array([1, 10]))
+
+
+def test_flattened_token_targets_are_checked_on_the_host(monkeypatch):
+    """A language model's (N, T) targets reach its loss flattened (a Reshape of the fed batch):
+    they are range-checked on the host copy, so the kernel reads nothing back from the device
+    (a sync per step, and a graph break under torch.compile); a bad token is still a DataError."""
+    from torch import nn
+
+    from anygrad.backends.torch import kernels_loss
+
+    class Tokens(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.head = nn.Embedding(16, 8), nn.Linear(8, 16)
+
+        def forward(self, tokens):
+            return self.head(self.embed(tokens)).view(-1, 16)
+    torch.manual_seed(0)
+    module = Tokens()
+    x = np.random.default_rng(0).integers(0, 16, (2, 4))
+    y = np.random.default_rng(1).integers(0, 16, (2, 4))
+    monkeypatch.setattr(kernels_loss, "_check_targets", lambda *a: pytest.fail("targets read back on the device"))
+    losses = []
+    for device in ("cpu", "torch:cpu"):
+        model = anygrad.from_torch(module, torch.from_numpy(x), check=False)
+        model.compile(loss="cross_entropy", optimizer=anygrad.optim.SGD(lr=0.1), device=device)
+        losses.append([model.train_on_batch(x, y) for _ in range(3)])
+    assert any(n.op == "Reshape" for n in _train_program(model).graph.nodes)
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
+    with pytest.raises(DataError, match="outside"):
+        model.train_on_batch(x, np.where(y == y[0, 0], 16, y))
 
 
 # -- the CLI -------------------------------------------------------------------------------------------
