@@ -232,9 +232,10 @@ def test_auto_with_two_gpus_times_the_step_on_each_and_trains_on_the_faster(monk
     """With a wgpu GPU and a torch GPU (stood in for by the numpy backend and torch's CPU device),
     `auto` times the model's own step on each before its first step, says so, and trains on the
     faster from the state as it was: the same bits as training on that backend alone, also after
-    a checkpoint was loaded (its optimizer slots kept)."""
-    monkeypatch.setattr(devices, "auto_backends",
-                        lambda limits=None, memory_budget=None: [NumpyBackend(), TorchBackend("torch:cpu")])
+    a checkpoint was loaded (its optimizer slots kept); the slower one holds no state after."""
+    made: list = []
+    monkeypatch.setattr(devices, "auto_backends", lambda limits=None, memory_budget=None: made.append(
+        [NumpyBackend(), TorchBackend("torch:cpu")]) or made[-1])
     make = lambda: anygrad.optim.SGD(lr=0.05, momentum=0.9)
     start = anygrad.load_onnx(FOUNDING_MODEL).compile(loss="nll", optimizer=make(), device="cpu", seed=3)
     for x, y in _batches(2, seed=1):
@@ -249,6 +250,8 @@ def test_auto_with_two_gpus_times_the_step_on_each_and_trains_on_the_faster(monk
         assert "device auto:" in err and f"training on {model.backend.description}" in err
         assert set(model.backend_trial) == {NumpyBackend().description, TorchBackend("torch:cpu").description}
         assert model.backend.description == min(model.backend_trial, key=model.backend_trial.get)
+        loser = next(b for b in made[-1] if b is not model.backend)
+        assert not loser.state and model.backend.state
         alone = NumpyBackend() if isinstance(model.backend, NumpyBackend) else TorchBackend("torch:cpu")
         ref = anygrad.load_onnx(FOUNDING_MODEL).compile(loss="nll", optimizer=make(), device=alone, seed=3)
         if resume:

@@ -12,6 +12,7 @@ is faster through wgpu, the GPT benchmark through torch).
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from .backends.base import Backend
 from .backends.numpy import NumpyBackend
@@ -30,22 +31,7 @@ def get_backend(device: str = "auto", limits: str | None = None, memory_budget: 
     if device in ("cpu", "numpy"):
         return NumpyBackend()
     if device == "auto":
-        pick = best_adapter(include_software=False)
-        if pick is None:
-            from .backends.wgpu.runtime import warn_cpu_fallback
-            torch_device = _torch_gpu()
-            if torch_device is not None:
-                from .backends.torch import TorchBackend
-                backend = TorchBackend(f"torch:{torch_device}")
-                print(f"anygrad: no GPU adapter through wgpu; using PyTorch's {backend.description}",
-                      file=sys.stderr)
-                return backend
-            soft = best_adapter()
-            warn_cpu_fallback("no GPU adapter found" if soft is None else
-                              f"only a software adapter ({soft[0].name}) was found")
-            return NumpyBackend()
-        from .backends.wgpu import WgpuBackend
-        return WgpuBackend(f"wgpu:{pick[0].index}", limits=limits, memory_budget=memory_budget)
+        return _auto_backend(best_adapter(include_software=False), limits, memory_budget)
     if device == "wgpu" or device.startswith("wgpu:"):
         from .backends.wgpu import WgpuBackend
         return WgpuBackend(device, limits=limits, memory_budget=memory_budget)
@@ -58,16 +44,34 @@ def get_backend(device: str = "auto", limits: str | None = None, memory_budget: 
 
 def auto_backends(limits: str | None = None, memory_budget: int | str | None = None) -> list[Backend]:
     """The backends `auto` chooses between for training: a wgpu GPU and torch's CUDA/MPS device
-    when there are both (the faster for a model is measured on its first step), else
-    get_backend('auto') alone."""
+    when there are both (the faster for a model is measured on its first step), else the one
+    get_backend('auto') gives."""
     pick = best_adapter(include_software=False)
     torch_device = _torch_gpu() if pick is not None else None
-    if pick is None or torch_device is None:
-        return [get_backend("auto", limits=limits, memory_budget=memory_budget)]
+    if torch_device is None:
+        return [_auto_backend(pick, limits, memory_budget)]
     from .backends.torch import TorchBackend
     from .backends.wgpu import WgpuBackend
     return [WgpuBackend(f"wgpu:{pick[0].index}", limits=limits, memory_budget=memory_budget),
             TorchBackend(f"torch:{torch_device}")]
+
+
+def _auto_backend(pick: Any, limits: str | None, memory_budget: int | str | None) -> Backend:
+    """`auto`'s one choice, given best_adapter's pick of a real GPU (None: there is none)."""
+    if pick is not None:
+        from .backends.wgpu import WgpuBackend
+        return WgpuBackend(f"wgpu:{pick[0].index}", limits=limits, memory_budget=memory_budget)
+    from .backends.wgpu.runtime import warn_cpu_fallback
+    torch_device = _torch_gpu()
+    if torch_device is not None:
+        from .backends.torch import TorchBackend
+        backend = TorchBackend(f"torch:{torch_device}")
+        print(f"anygrad: no GPU adapter through wgpu; using PyTorch's {backend.description}", file=sys.stderr)
+        return backend
+    soft = best_adapter()
+    warn_cpu_fallback("no GPU adapter found" if soft is None else
+                      f"only a software adapter ({soft[0].name}) was found")
+    return NumpyBackend()
 
 
 def _torch_gpu() -> str | None:

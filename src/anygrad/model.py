@@ -454,51 +454,57 @@ class Model:
         phase = self._next_phase(flush)  # a lone flushed micro-batch: "step", its loss still scaled by 1/N
         return self._program("train", inputs, targets, phase)
 
-    def _choose_backend(self, inputs: Batch, targets: Batch, warmup: int = 3, seconds: float = 1.0,
-                        most: int = 10) -> None:
+    def _choose_backend(self, inputs: Batch, targets: Batch) -> None:
         """device='auto' with a wgpu GPU and torch's CUDA/MPS (devices.auto_backends): time this
-        model's training step at this batch on each (after `warmup` steps, which compile it and
-        capture torch's CUDA graph), keep the faster, and say so. The timed steps train: every
-        candidate starts from, and the winner goes on from, the state as it was before them. A
-        candidate that cannot compile or run the step (an op it lacks, its memory) is left out,
-        and said so; if none can, the first one's error is raised."""
+        model's training step at this batch on each, keep the faster, say so, and release the
+        others' memory. The timed steps train: every candidate starts from, and the winner goes
+        on from, the state as it was before them. A candidate that cannot compile or run the
+        step (an op it lacks, its memory) is left out, and said so; if none can, the first
+        one's error is raised."""
         import sys
-        import time
         candidates, self.auto_candidates = self.auto_candidates, []
-        feeds = {**inputs, **targets}
-        times: dict[str, float] = {}
-        failed: dict[str, Exception] = {}
+        times: dict[int, float] = {}
+        failed: dict[int, Exception] = {}
         before: dict[str, np.ndarray] | None = None
-        for backend in candidates:
+        for i, backend in enumerate(candidates):
             try:
-                if before is not None:
-                    self._use_backend(backend, before)
-                elif backend is not self.backend:  # the first candidate failed before a snapshot
-                    self._use_backend(backend, self.full_state())
-                exe = self._program("train", inputs, targets)
-                if before is None:
-                    before = self.full_state()  # with the step's optimizer slots, loaded or fresh
-                for _ in range(warmup):
-                    exe.run(feeds, fetch=[])
-                # reading the metric sums, which every step adds to on the device, waits for
-                # the queued steps (the RNG counter would not: torch keeps it on the host)
-                self.read_metric_sums()
-                steps, t0 = 0, time.perf_counter()
-                while steps < most and (steps == 0 or time.perf_counter() - t0 < seconds):
-                    exe.run(feeds, fetch=[])
-                    steps += 1
-                self.read_metric_sums()
-                times[backend.description] = 1e3 * (time.perf_counter() - t0) / steps
+                if backend is not self.backend:
+                    self._use_backend(backend, before if before is not None else self.full_state())
+                self._program("train", inputs, targets)  # its optimizer slots: loaded, or fresh
+                before = before if before is not None else self.full_state()
+                times[i] = self._time_step(inputs, targets)
             except Exception as e:  # noqa: BLE001  (any failure of one candidate: try the others)
-                failed[backend.description] = e
+                failed[i] = e
         if not times:
-            raise next(iter(failed.values()))
-        best = next(b for b in candidates if b.description == min(times, key=times.get))
-        self._use_backend(best, before)
-        self.backend_trial = times
-        timed = ", ".join(f"{name} {ms:.2f} ms/step" for name, ms in times.items())
-        skipped = "".join(f"; {name} left out ({type(e).__name__}: {e})" for name, e in failed.items())
-        print(f"anygrad: device auto: {timed}{skipped}; training on {best.description}", file=sys.stderr)
+            raise failed[0]
+        best = min(times, key=times.get)
+        self._use_backend(candidates[best], before)
+        for i, backend in enumerate(candidates):
+            if i != best:
+                backend.release()
+        self.backend_trial = {candidates[i].description: ms for i, ms in times.items()}
+        timed = ", ".join(f"{name} {ms:.2f} ms/step" for name, ms in self.backend_trial.items())
+        skipped = "".join(f"; {candidates[i].description} left out ({type(e).__name__}: {e})"
+                          for i, e in failed.items())
+        print(f"anygrad: device auto: {timed}{skipped}; training on {self.backend.description}", file=sys.stderr)
+
+    def _time_step(self, inputs: Batch, targets: Batch, warmup: int = 3, seconds: float = 1.0,
+                   most: int = 10) -> float:
+        """ms per training step on the current backend: after `warmup` steps (which compile it
+        and capture torch's CUDA graph), up to `most` steps or `seconds`."""
+        import time
+        exe, feeds = self._program("train", inputs, targets), {**inputs, **targets}
+        for _ in range(warmup):
+            exe.run(feeds, fetch=[])
+        # reading the metric sums, which every step adds to on the device, waits for the queued
+        # steps (the RNG counter would not: torch keeps it on the host)
+        self.read_metric_sums()
+        steps, t0 = 0, time.perf_counter()
+        while steps < most and (steps == 0 or time.perf_counter() - t0 < seconds):
+            exe.run(feeds, fetch=[])
+            steps += 1
+        self.read_metric_sums()
+        return 1e3 * (time.perf_counter() - t0) / steps
 
     def _use_backend(self, backend: Backend, state: dict[str, np.ndarray]) -> None:
         """Train on `backend` from `state` (a full_state()); programs compile anew."""

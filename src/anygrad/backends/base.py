@@ -24,6 +24,7 @@ class Backend(ABC):
     """A device. State (parameters, buffers) lives here, by name, shared by all executables."""
 
     name: str = "?"
+    state: dict  # the store: state name -> the backend's tensor (or record) of it
 
     @property
     def description(self) -> str:
@@ -58,6 +59,11 @@ class Backend(ABC):
 
     @abstractmethod
     def has_state(self, name: str) -> bool: ...
+
+    def release(self) -> None:
+        """Drop every state tensor: a backend nothing trains on any more (device='auto''s
+        slower candidate) gives its device memory back."""
+        self.state.clear()
 
     def get_states(self, names: Sequence[str]) -> dict[str, np.ndarray]:
         return {n: self.get_state(n) for n in names}

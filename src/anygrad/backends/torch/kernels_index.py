@@ -20,7 +20,7 @@ import numpy as np
 
 from ...ops.index import depth_to_space_plan, parse_einsum, space_to_depth_plan
 from ...ops.reduce import reduce_axes
-from .lowering import Site, TorchKernel, is_float, lowering, norm_axis
+from .lowering import Site, TorchKernel, add_rows, is_float, lowering, norm_axis
 
 
 def _kinds(site: Site, slots: tuple[int, ...], kinds: str) -> bool:
@@ -39,14 +39,6 @@ def _const_in_range(site: Site, slot: int, dims: np.ndarray) -> bool:
         return True
     idx = idx.astype(np.int64)
     return bool(np.all((idx >= -dims) & (idx < dims)))
-
-
-def _add_rows(acc: Any, index: Any, rows: Any) -> Any:
-    """acc[index[i]] += rows[i] in index order on the CPU (index_add_), by index_put_'s sorted,
-    deterministic accumulation on a GPU."""
-    if acc.device.type == "cpu":
-        return acc.index_add_(0, index, rows)
-    return acc.index_put_((index,), rows, accumulate=True)
 
 
 def _put_last(acc: Any, index: Any, rows: Any) -> Any:
@@ -116,7 +108,7 @@ def _gather_elements_grad(site: Site) -> TorchKernel | None:
         lin = _element_lin(_positive(idx, shape[axis], size), shape, axis)
         lin = torch.where(lin >= size, size, lin)
         acc = torch.zeros(size, dtype=dy.dtype, device=dy.device)
-        return [_add_rows(acc, lin, dy.reshape(-1)).reshape(shape)]
+        return [add_rows(acc, lin, dy.reshape(-1)).reshape(shape)]
     return gather_elements_grad
 
 
@@ -128,7 +120,7 @@ def _scatter_rows(red: str) -> Any:
     if red == "none":
         return _put_last
     if red == "add":
-        return _add_rows
+        return add_rows
     how = _SCATTER_REDUCE[red]
 
     def reduce_rows(acc, index, rows):
@@ -234,7 +226,7 @@ def _gather_nd_grad(site: Site) -> TorchKernel | None:
     def gather_nd_grad(ins):
         dy, idx = ins
         acc = torch.zeros((nb * p, r), dtype=dy.dtype, device=dy.device)
-        return [_add_rows(acc, _batched_lin(idx, nb, p, m, dims), dy.reshape(nb * m, r)).reshape(shape)]
+        return [add_rows(acc, _batched_lin(idx, nb, p, m, dims), dy.reshape(nb * m, r)).reshape(shape)]
     return gather_nd_grad
 
 

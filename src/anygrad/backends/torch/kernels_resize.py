@@ -22,32 +22,7 @@ from typing import Any
 import numpy as np
 
 from ...ops.index import interp_matrices, interp_of, resize_plan
-from .lowering import Site, is_float, lowering
-
-
-def _device_tensors(site: Site, arrays: list[np.ndarray], int_index: bool = False):
-    """fn(device, dtype) -> the compile-time arrays as tensors there (float matrices cast to
-    dtype, or int64 index vectors): made on first use and kept, in an eager executable; made in
-    the traced function under torch.compile (Site.memo is None), which folds them into the graph."""
-    import torch
-    values = [np.asarray(a).tolist() for a in arrays]
-
-    def make(device, dtype):
-        if int_index:
-            return [torch.tensor(v, dtype=torch.int64, device=device) for v in values]
-        # float64 first, then cast: rounded once, as the reference's m.astype(x.dtype)
-        return [torch.tensor(v, dtype=torch.float64, device=device).to(dtype) for v in values]
-    if site.memo is None:
-        return make
-    made: dict = {}
-
-    def get(device, dtype):
-        key = (device, dtype)
-        t = made.get(key)
-        if t is None:
-            t = made[key] = make(device, dtype)
-        return t
-    return get
+from .lowering import Site, device_constants, is_float, lowering
 
 
 def _taps(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -84,11 +59,11 @@ def _separable(site: Site, in_shape: tuple, mats: list, outside: list | None, fi
     if not is_float(dtype) and (dtype.kind not in "iub" or not all(pure)):
         return None  # interpolating integers: the reference rounds a float64 sum, declined
     fills = [(d, np.nonzero(rows)[0]) for d, rows in enumerate(outside or []) if np.any(rows)]
-    fill_tensors = _device_tensors(site, [idx for _, idx in fills], int_index=True) if fills else None
+    fill_tensors = device_constants(site, [idx for _, idx in fills]) if fills else None
     fill_axes = [d for d, _ in fills]
-    get_cols = _device_tensors(site, [c.reshape(-1) for c, _ in taps], int_index=True)
+    get_cols = device_constants(site, [c.reshape(-1) for c, _ in taps])
     # weights as (1, out, T, 1): the axis viewed as the middle of (before, axis, after)
-    get_weights = _device_tensors(site, [w for _, w in taps]) if is_float(dtype) else None
+    get_weights = device_constants(site, [w for _, w in taps], floats=True) if is_float(dtype) else None
     plan, shape = [], list(in_shape)
     for d, (cols, _) in zip(axes, taps):
         n_out, t = cols.shape
@@ -104,7 +79,7 @@ def _separable(site: Site, in_shape: tuple, mats: list, outside: list | None, fi
 
     def resize(ins):
         x = ins[0]
-        cols = get_cols(x.device, None)
+        cols = get_cols(x.device)
         weights = get_weights(x.device, x.dtype) if get_weights is not None else None
         for k, (d, split, out) in enumerate(plan):
             x = torch.index_select(x, d, cols[k])
@@ -112,7 +87,7 @@ def _separable(site: Site, in_shape: tuple, mats: list, outside: list | None, fi
                 w = weights[k].reshape(1, split[1], split[2], 1)
                 x = (x.reshape(split) * w).sum(dim=2).reshape(out)
         if fill_tensors is not None:
-            for d, idx in zip(fill_axes, fill_tensors(x.device, None)):
+            for d, idx in zip(fill_axes, fill_tensors(x.device)):
                 x = x.index_fill(d, idx, value)
         return [x]
     return resize

@@ -9,7 +9,7 @@ import numpy as np
 
 from ...ops.reduce import reduce_axes
 from ...ops.shape import pad_amounts, pad_mode, pad_source_index, slice_bounds, slice_len, split_sizes
-from .lowering import Site, is_float, lowering, norm_axis
+from .lowering import Site, add_rows, device_constants, is_float, lowering, norm_axis
 
 
 @lowering("Reshape", "Flatten", "Squeeze", "Unsqueeze")
@@ -60,12 +60,7 @@ def _gather_grad(site: Site):
     indices add up; negative ones count from the end). Gather's padding_idx is applied before,
     in the graph (dy masked), so this kernel never sees it.
 
-    Deterministic on every device, never atomics: on CUDA (and MPS), Tensor.index_put_ with
-    accumulate=True, whose CUDA kernel sorts the indices (a stable radix sort) and sums each
-    row's contributions in that order -- PyTorch lists it among the ops that are deterministic
-    without use_deterministic_algorithms, unlike index_add_ and scatter_add_ (atomicAdd). On the
-    CPU the opposite holds: index_put_'s accumulation runs in parallel with atomics unless
-    deterministic mode is on, while index_add_ walks the indices in order."""
+    Deterministic on every device, never atomics (lowering.add_rows)."""
     if not is_float(site.dtype(0)):
         return None
     import torch
@@ -81,11 +76,7 @@ def _gather_grad(site: Site):
         idx = torch.where(idx < 0, idx + dim, idx)
         # index dims of dy to the front, the gathered axis of dx to the front: one row sum
         rows = torch.movedim(dy, list(range(axis, axis + q)), list(range(q))).reshape((idx.numel(),) + rest)
-        dx = torch.zeros((dim,) + rest, dtype=dy.dtype, device=dy.device)
-        if dy.device.type == "cpu":
-            dx.index_add_(0, idx, rows)
-        else:
-            dx.index_put_((idx,), rows, accumulate=True)
+        dx = add_rows(torch.zeros((dim,) + rest, dtype=dy.dtype, device=dy.device), idx, rows)
         return [torch.movedim(dx, 0, axis)]
     return gather_grad
 
@@ -189,22 +180,9 @@ def _gemm(site: Site):
 
 # -- Pad, its gradient, Slice's gradient -------------------------------------------------------------
 def _device_const(site: Site, arr: np.ndarray):
-    """A compile-time index array as a tensor on the kernel's device: made on first use there
-    and kept, in an eager executable; made in the traced function under torch.compile (Site.memo
-    is None there), which folds it into the graph (a tensor kept in a closure fails dynamo's
-    guards in inference mode)."""
-    import torch
-    values = np.asarray(arr).tolist()
-    if site.memo is None:
-        return lambda device: torch.tensor(values, dtype=torch.int64, device=device)
-    made: dict = {}
-
-    def get(device):
-        t = made.get(device)
-        if t is None:
-            t = made[device] = torch.tensor(values, dtype=torch.int64, device=device)
-        return t
-    return get
+    """One compile-time index array as fn(device) -> its tensor there (lowering.device_constants)."""
+    get = device_constants(site, [arr])
+    return lambda device: get(device)[0]
 
 
 def _torch_pads(amounts: list[tuple[int, int]]) -> list[int]:
@@ -242,15 +220,10 @@ def _pad(site: Site):
 
 
 def _scatter_add_rows(dy, idx, rows: int, axis: int):
-    """Rows of dy (along axis) summed into `rows` rows at idx, in a fixed order on every device
-    (as GatherGrad: index_add_ on the CPU, index_put_ with accumulate on a GPU: no atomics)."""
+    """Rows of dy (along axis) summed into `rows` rows at idx, in a fixed order (add_rows)."""
     import torch
     moved = torch.movedim(dy, axis, 0)
-    acc = torch.zeros((rows,) + tuple(moved.shape[1:]), dtype=dy.dtype, device=dy.device)
-    if dy.device.type == "cpu":
-        acc.index_add_(0, idx, moved)
-    else:
-        acc.index_put_((idx,), moved, accumulate=True)
+    acc = add_rows(torch.zeros((rows,) + tuple(moved.shape[1:]), dtype=dy.dtype, device=dy.device), idx, moved)
     return torch.movedim(acc, 0, axis)
 
 

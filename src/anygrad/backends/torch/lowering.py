@@ -109,3 +109,41 @@ def norm_axis(axis: int, rank: int) -> int:
 
 def is_float(dtype: np.dtype) -> bool:
     return np.dtype(dtype).kind == "f"
+
+
+def device_constants(site: Site, arrays: Sequence[np.ndarray], floats: bool = False) -> Callable[..., list]:
+    """fn(device, dtype=None) -> compile-time arrays as tensors on a kernel's device: int64 index
+    arrays, or (floats) float64 values cast to `dtype`, rounded once as the reference's
+    `astype(x.dtype)`. Made on first use per (device, dtype) and kept, in an eager executable;
+    made in the traced function under torch.compile (Site.memo is None), which folds them into
+    the graph (a tensor kept in a closure fails dynamo's guards in inference mode)."""
+    import torch
+    values = [np.asarray(a).tolist() for a in arrays]
+
+    def make(device: Any, dtype: Any = None) -> list:
+        if not floats:
+            return [torch.tensor(v, dtype=torch.int64, device=device) for v in values]
+        return [torch.tensor(v, dtype=torch.float64, device=device).to(dtype) for v in values]
+    if site.memo is None:
+        return make
+    made: dict = {}
+
+    def get(device: Any, dtype: Any = None) -> list:
+        key = (device, dtype)
+        if key not in made:
+            made[key] = make(device, dtype)
+        return made[key]
+    return get
+
+
+def add_rows(acc: Any, index: Any, rows: Any) -> Any:
+    """acc[index[i]] += rows[i] (along dim 0), in place, the same bits on every run: never float
+    atomics. On CUDA (and MPS) index_put_ with accumulate=True, whose kernel sorts the indices (a
+    stable radix sort) and sums each row's contributions in that order -- PyTorch lists it among
+    the ops deterministic without use_deterministic_algorithms, unlike index_add_ and
+    scatter_add_ (atomicAdd). On the CPU the opposite holds: index_put_'s accumulation runs in
+    parallel with atomics unless deterministic mode is on, while index_add_ walks the indices in
+    order."""
+    if acc.device.type == "cpu":
+        return acc.index_add_(0, index, rows)
+    return acc.index_put_((index,), rows, accumulate=True)

@@ -814,3 +814,8 @@ class TorchBackend(Backend):
 
     def has_state(self, name: str) -> bool:
         return name in self.state
+
+    def release(self) -> None:
+        super().release()
+        if self.device.type == "cuda":  # torch's caching allocator keeps freed blocks: give them back
+            self.torch.cuda.empty_cache()
