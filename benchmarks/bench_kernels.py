@@ -239,7 +239,7 @@ def lower(op: str, shapes: list[tuple[int, ...]], attrs: dict, caps: AdapterCaps
 def bench(device, caps: AdapterCaps, timestamps: bool, label: str, op: str, shapes, attrs, flop: float,
           variant: str, peak: float | None, budget_s: float) -> Result:
     # variant tokens: register | shared | dot, then optionally the block and the K tile: shared8k16;
-    # then optionally @plain: the shared tiles' rows unpermuted (no swizzle), e.g. auto@plain
+    # then optionally @ and a _gemm_layout (noswizzle, nohoist, plain), e.g. auto@nohoist
     tiling, _, layout = variant.partition("@")
     name, _, kt = tiling.partition("k")
     base = name.rstrip("0123456789")

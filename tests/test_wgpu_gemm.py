@@ -217,6 +217,29 @@ def test_conv_grad_input(xs, ws, attrs, variant):
              {**explicit, "input_shape": list(xs), **variant})
 
 
+@pytest.mark.parametrize("attrs,side", [({"pads": [1, 1, 1, 1]}, 16), ({"strides": [2, 2], "pads": [1, 0, 1, 0]}, 32),
+                                        ({}, 18)], ids=["pad1", "stride2", "inside"])
+@pytest.mark.parametrize("cout,block", [(32, 4), (128, 8)])
+def test_conv_pixel_decode_hoisted_out_of_the_k_loop(attrs, side, cout, block):
+    """Where each invocation copies one im2col column for the whole K loop (the workgroup's
+    invocations a multiple of the tile width), that column's pixel decode runs once before the
+    loop (b_elh); the forward conv and the input gradient against numpy, padded, strided and not."""
+    import re
+    xs, ws = (2, 5, side, side), (cout, 5, 3, 3)
+    variant = {"_gemm_variant": "shared", "_gemm_block": block, "_gemm_kt": 16}
+    kernels = check_op("Conv", [rnd(*xs, seed=21), rnd(*ws, seed=22), rnd(cout, seed=23)], {**attrs, **variant}, GPU)
+    explicit, out = _explicit(xs, ws, attrs)
+    grad = check_op("ConvGradInput", [rnd(xs[0], ws[0], *out, seed=24), rnd(*ws, seed=25)],
+                    {**explicit, "input_shape": list(xs), **variant}, GPU)
+    hoisted = 0
+    for k in (kernels[0], grad[0]):
+        bm, bn = map(int, re.search(r"shared (\d+)x(\d+)", k.name).groups())
+        whole = (bm // block) * (bn // block) % bn == 0
+        assert ("b_elh(bt, k0 + kk" in k.wgsl and "let c = nb *" in k.wgsl) == whole, k.name
+        hoisted += whole
+    assert hoisted >= 1
+
+
 @pytest.mark.parametrize("caps", [CPU, GPU], ids=["cpu", "gpu"])
 @pytest.mark.parametrize("xs,ws,attrs", CONVS, ids=_conv_ids())
 def test_conv_grad_weight(xs, ws, attrs, caps):

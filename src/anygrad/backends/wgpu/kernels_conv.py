@@ -100,6 +100,9 @@ def geometry(node: Node, x_shape: tuple[int, ...], kernel: tuple[int, ...], ceil
 
 
 # -- im2col pieces (WGSL preludes in terms of the loader's r, c) --------------------------------
+PIXEL_NAMES = {True: ("img", "pix", "oy", "ox"), False: ("img", "pix", "iy", "ix")}  # what _pixel defines
+
+
 def _pixel(var: str, g: Geo, out_side: bool) -> str:
     """img, oy, ox (or iy, ix) of flat pixel column `var` = img * pixels + pixel."""
     P, Wd = (g.P, g.OW) if out_side else (g.HW, g.W)
@@ -169,8 +172,8 @@ def lower_conv(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
                     contig=1 if g.P % 4 == 0 else None)
     else:
         pre, valid, index = _x_gather(g, f"bt * {u(Cg)} + ci")
-        b = Operand("X", K, N, index,
-                    prelude=_pixel("c", g, True) + " " + _tap("r", g, "ci") + " " + pre, valid=valid)
+        b = Operand("X", K, N, index, prelude=_tap("r", g, "ci") + " " + pre, valid=valid,
+                    hoist=_pixel("c", g, True), hoisted=PIXEL_NAMES[True])
     reads = [Binding(node.inputs[1], "Wt"), Binding(node.inputs[0], "X")]
     if has_bias:
         reads.append(Binding(node.inputs[2], "Bias"))
@@ -232,7 +235,7 @@ def lower_conv_grad_input(node: Node, graph: Graph, caps: AdapterCaps) -> list[K
         # input pixel (iy, ix) receives from output (oy, ox) through tap (ky, kx) when
         # oy * sh + ky * dh - ph == iy, i.e. oy = (iy + ph - ky * dh) / sh exactly.
         stride1 = g.sh == g.sw == 1
-        pre = (_pixel("c", g, False) + " " + _tap("r", g, "co") + " "
+        pre = (_tap("r", g, "co") + " "
                f"let ty = i32(iy + {u(g.ph)}) - i32(ky * {u(g.dh)}); "
                f"let tx = i32(ix + {u(g.pw)}) - i32(kx * {u(g.dw)}); "
                f"let oy = u32(ty) / {u(g.sh)}; let ox = u32(tx) / {u(g.sw)};")
@@ -242,12 +245,13 @@ def lower_conv_grad_input(node: Node, graph: Graph, caps: AdapterCaps) -> list[K
         if stride1:
             # u32 arithmetic that wraps below zero: one unsigned test per axis, and the index as
             # a pixel part plus a tap part (see _x_gather)
-            pre = (_pixel("c", g, False) + " " + _tap("r", g, "co") + " "
+            pre = (_tap("r", g, "co") + " "
                    f"let oy = iy + {u(g.ph)} - ky * {u(g.dh)}; let ox = ix + {u(g.pw)} - kx * {u(g.dw)};")
             valid = f"oy < {u(g.OH)} && ox < {u(g.OW)}"
             index = (f"(img * {u(Co * g.P)} + iy * {u(g.OW)} + ix + {u(g.ph * g.OW + g.pw)}) + "
                      f"((bt * {u(Cog)} + co) * {u(g.P)} - ky * {u(g.dh * g.OW)} - kx * {u(g.dw)})")
-        b = Operand("DY", K, N, index, prelude=pre, valid=valid)
+        b = Operand("DY", K, N, index, prelude=pre, valid=valid, hoist=_pixel("c", g, False),
+                    hoisted=PIXEL_NAMES[False])
     out = Output("DX", f"(img * {u(g.C)} + bt * {u(Cg)} + r) * {u(g.HW)} + pix",
                  prelude=f"let img = c / {u(g.HW)}; let pix = c % {u(g.HW)};", contig=g.HW % 4 == 0)
     spec = GemmSpec("ConvGradInput" + ("1x1" if g.pointwise else ""), Cg, N, K, G, a, b, out,

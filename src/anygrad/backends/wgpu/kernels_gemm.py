@@ -68,6 +68,9 @@ class Operand:
     fast:    0 or 1: the axis along which neighbouring elements mostly lie next to each other in
              memory (an im2col gather along pixels), so scalar tile loads walk it first; None:
              contig's axis, else the operand's own default (see _shared_body).
+    hoist:   the part of the prelude that depends on c alone (an im2col column's pixel decode).
+             Where a B tile copy keeps each invocation on one column for the whole K loop, it
+             runs once before the loop instead of for every element (_stages).
     """
 
     var: str
@@ -78,6 +81,12 @@ class Operand:
     valid: str = ""
     contig: int | None = None
     fast: int | None = None
+    hoist: str = ""                   # statements of the prelude that use only c (they run first)
+    hoisted: tuple[str, ...] = ()     # the u32 names those statements define
+
+    @property
+    def full_prelude(self) -> str:
+        return f"{self.hoist} {self.prelude}".strip()
 
 
 @dataclass(frozen=True)
@@ -120,6 +129,7 @@ class Tiling:
     # shared variant: a scalar copy that walks K fastest stores into rows of the tile a whole row
     # apart, which fall on one bank; XOR-permuting each row's vec4s spreads them (_sw)
     swizzle: bool = True
+    hoist: bool = True      # shared variant: an operand's hoistable prelude runs before the K loop
 
     @property
     def bm(self) -> int:
@@ -232,16 +242,22 @@ def _scalar_read(var: str, vec4: bool, idx: str) -> str:
 
 
 def _loader(fn: str, op: Operand, vec4: bool) -> str:
-    """fn_el(bt, r, c) -> f32 (0 outside), and fn_v(bt, r, c) -> vec4 along op.contig when vec4-bound."""
+    """fn_el(bt, r, c) -> f32 (0 outside), and fn_v(bt, r, c) -> vec4 along op.contig when vec4-bound;
+    with a hoisted prelude also fn_elh(bt, r, c, <hoisted names>): fn_el given those values."""
     guard = f"if (r >= {u(op.rows)} || c >= {u(op.cols)}) {{ return {{zero}}; }}"
     valid = f"if (!({op.valid})) {{ return {{zero}}; }}" if op.valid else ""
-    pre = op.prelude
-    out = [f"fn {fn}_el(bt: u32, r: u32, c: u32) -> f32 {{",
-           "  " + guard.replace("{zero}", "0.0"), f"  {pre}", "  " + valid.replace("{zero}", "0.0"),
-           f"  let idx = {op.index};", f"  return {_scalar_read(op.var, vec4, 'idx')};", "}"]
+
+    def scalar(name: str, params: str, pre: str) -> list[str]:
+        return [f"fn {name}(bt: u32, r: u32, c: u32{params}) -> f32 {{",
+                "  " + guard.replace("{zero}", "0.0"), f"  {pre}", "  " + valid.replace("{zero}", "0.0"),
+                f"  let idx = {op.index};", f"  return {_scalar_read(op.var, vec4, 'idx')};", "}"]
+
+    out = scalar(f"{fn}_el", "", op.full_prelude)
+    if op.hoist:
+        out += scalar(f"{fn}_elh", "".join(f", {h}: u32" for h in op.hoisted), op.prelude)
     if vec4:
         out += [f"fn {fn}_v(bt: u32, r: u32, c: u32) -> vec4<f32> {{",
-                "  " + guard.replace("{zero}", "vec4<f32>(0.0)"), f"  {pre}",
+                "  " + guard.replace("{zero}", "vec4<f32>(0.0)"), f"  {op.full_prelude}",
                 "  " + valid.replace("{zero}", "vec4<f32>(0.0)"),
                 f"  return {op.var}[({op.index}) >> 2u];", "}"]
     return "\n".join(out)
@@ -336,6 +352,7 @@ class _Stage:
     vtype: str
     store: tuple[str, ...]
     swizzled: bool = False  # the tile's rows are permuted (_sw): reads must apply the same XOR
+    hoist: tuple[str, ...] = ()  # statements run once before the K loop (the copy's fixed column)
 
 
 def _sw(on: bool, k: str) -> str:
@@ -384,8 +401,14 @@ def _stages(spec: GemmSpec, t: Tiling, va: bool, vb: bool) -> tuple[_Stage, _Sta
         b_map = (f"let kk = l % {u(kt)}; let nn = l / {u(kt)};" if b_fast == 0
                  else f"let nn = l % {u(bn)}; let kk = l / {u(bn)};")
         sw = t.swizzle and b_fast == 0 and bn % 32 == 0
-        b = _Stage(bn * kt, (b_map,), f"b_el(bt, k0 + kk, nb * {u(bn)} + nn)", "f32",
-                   (f"Bs[kk * {u(bn4)} + (nn / 4u{_sw(sw, 'kk')})][nn % 4u] = v;",), sw)
+        load, hoist = f"b_el(bt, k0 + kk, nb * {u(bn)} + nn)", ()
+        if t.hoist and spec.b.hoist and b_fast != 0 and (t.wx * t.wy) % bn == 0:
+            # every copy of this invocation reads column tid % BN, in every K tile: its decode
+            # (an im2col pixel: two divisions and two remainders) runs once, before the K loop
+            load = f"b_elh(bt, k0 + kk, nb * {u(bn)} + nn, {', '.join(spec.b.hoisted)})"
+            hoist = (f"let c = nb * {u(bn)} + tid % {u(bn)};", spec.b.hoist)
+        b = _Stage(bn * kt, (b_map,), load, "f32",
+                   (f"Bs[kk * {u(bn4)} + (nn / 4u{_sw(sw, 'kk')})][nn % 4u] = v;",), sw, hoist)
     return a, b
 
 
@@ -425,7 +448,7 @@ def _shared_body(spec: GemmSpec, t: Tiling, va: bool, vb: bool, unroll: bool) ->
                    + [f"  let bv{j} = Bs[kk * {u(bn4)} + ({u(j * t.wx)} + lid.x{_sw(sb, 'kk')})];"
                       for j in range(t.tn // 4)]
                    + fmas + ["}"])
-    head = [f"  let tid = lid.x + lid.y * {u(t.wx)};"]
+    head = [f"  let tid = lid.x + lid.y * {u(t.wx)};"] + [f"  {ln}" for st in stages for ln in st.hoist]
     unrolled = all(_unrolls(st, nt) for st in stages)
     if not (t.prefetch and unrolled):
         copy = []
@@ -755,7 +778,7 @@ def gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None = None,
 
 def _plain(op: Operand) -> bool:
     """Elements read straight from memory (no implicit-GEMM gather computing pixel positions)."""
-    return not op.prelude and not op.valid
+    return not op.full_prelude and not op.valid
 
 
 def _gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None, allow_split: bool,
@@ -768,8 +791,8 @@ def _gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None, allow_
         # prefetching sped up every plain GEMM measured (H100: +3-21%) but half the implicit-GEMM
         # convs lost up to 40% (their gathers): there the autotuner decides
         t = replace(t, prefetch=prefetch if prefetch is not None else _plain(spec.a) and _plain(spec.b))
-        lay = layout if layout is not None else os.environ.get("ANYGRAD_WGPU_GEMM_LAYOUT", "")
-        t = replace(t, swizzle=lay != "plain")
+        lay = (layout if layout is not None else os.environ.get("ANYGRAD_WGPU_GEMM_LAYOUT", "")).split(",")
+        t = replace(t, swizzle=not {"plain", "noswizzle"} & set(lay), hoist=not {"plain", "nohoist"} & set(lay))
     splits, ksplit = choose_splits(spec, t, caps) if allow_split else (1, 0)
     tile = f"{t.variant} {t.bm}x{t.bn}" + (f"k{t.kt}" + ("p" if t.prefetch else "") if t.variant == "shared" else "")
     if splits == 1:
@@ -792,7 +815,8 @@ def variant_of(node: Node) -> dict:
     """Tiling pinned by the node (benchmarks, tests, the autotuner): attrs '_gemm_variant' (register |
     shared | dot), '_gemm_block' (4 | 8 outputs per invocation along M and N), '_gemm_kt' (K tile of
     the shared variant), '_gemm_prefetch' (0 | 1: register prefetch of the next K tile), '_gemm_layout'
-    ("plain": the shared tiles' rows not swizzled; also ANYGRAD_WGPU_GEMM_LAYOUT, for A/B runs)."""
+    (comma list: "noswizzle" keeps the shared tiles' rows unpermuted, "nohoist" decodes im2col columns
+    per element, "plain" both; also ANYGRAD_WGPU_GEMM_LAYOUT, for A/B runs)."""
     pf = node.attr("_gemm_prefetch")
     return {"variant": node.attr("_gemm_variant"), "block": node.attr("_gemm_block"), "kt": node.attr("_gemm_kt"),
             "prefetch": None if pf is None else bool(pf), "layout": node.attr("_gemm_layout")}
