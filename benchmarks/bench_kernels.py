@@ -239,8 +239,10 @@ def lower(op: str, shapes: list[tuple[int, ...]], attrs: dict, caps: AdapterCaps
 def bench(device, caps: AdapterCaps, timestamps: bool, label: str, op: str, shapes, attrs, flop: float,
           variant: str, peak: float | None, budget_s: float) -> Result:
     # variant tokens: register | shared | dot, then optionally the block and the K tile: shared8k16;
-    # then optionally @ and a _gemm_layout (noswizzle, nohoist, plain), e.g. auto@nohoist
-    tiling, _, layout = variant.partition("@")
+    # then optionally @ and a _gemm_layout (noswizzle, nohoist, plain), then % and invocations per
+    # workgroup: auto@nohoist, shared8k16%128
+    variant_, _, threads = variant.partition("%")
+    tiling, _, layout = variant_.partition("@")
     name, _, kt = tiling.partition("k")
     base = name.rstrip("0123456789")
     block = name[len(base):]
@@ -248,6 +250,8 @@ def bench(device, caps: AdapterCaps, timestamps: bool, label: str, op: str, shap
                                      | ({"_gemm_kt": int(kt)} if kt else {}))
     if layout:
         pin["_gemm_layout"] = layout
+    if threads:
+        pin["_gemm_threads"] = int(threads)
     kernels, values = lower(op, shapes, {**attrs, **pin}, caps)
     runner = Runner(device, kernels, values, timestamps)
     runner.run(1)                                   # warm-up (first dispatch pays for driver setup)
