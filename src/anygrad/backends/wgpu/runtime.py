@@ -17,6 +17,7 @@ import numpy as np
 from ... import _parallel
 from ...errors import DeviceError, ShapeError
 from ...ir.graph import Graph, Node
+from ...ir.passes import resolve_attributes
 from ...ops import collective
 from ..base import Backend, Executable
 from . import autotune, pipeline_cache
@@ -458,6 +459,7 @@ class WgpuBackend(Backend):
     def prepared(self, graph: Graph, fuse: bool, measure: bool = True) -> Graph:
         """The graph as it is lowered: fused (fusion.prepare), then GEMM tilings pinned by the
         autotuner when it is on (timed now when `measure`, else only winners already stored)."""
+        resolve_attributes(graph)  # the lowerings read explicit attributes (ir/passes.py)
         g = prepare(graph, self.caps, EPILOGUE_SUPPORT & set(LOWERINGS), fuse=fuse)
         if not autotune.enabled(self.caps):
             return g
@@ -474,6 +476,7 @@ class WgpuBackend(Backend):
         return replace(memory_report(plan), recomputed=len(recomputed))
 
     def compile(self, graph: Graph, fuse: bool = True) -> WgpuExecutable:
+        resolve_attributes(graph)  # before the plan cache's key: the graph as it is lowered
         for name in graph.state_names:
             if name not in self.state and name in graph.initializers:
                 self.set_state(name, graph.initializers[name])
