@@ -238,12 +238,16 @@ def lower(op: str, shapes: list[tuple[int, ...]], attrs: dict, caps: AdapterCaps
 
 def bench(device, caps: AdapterCaps, timestamps: bool, label: str, op: str, shapes, attrs, flop: float,
           variant: str, peak: float | None, budget_s: float) -> Result:
-    # variant tokens: register | shared | dot, then optionally the block and the K tile: shared8k16
-    name, _, kt = variant.partition("k")
+    # variant tokens: register | shared | dot, then optionally the block and the K tile: shared8k16;
+    # then optionally @plain: the shared tiles' rows unpermuted (no swizzle), e.g. auto@plain
+    tiling, _, layout = variant.partition("@")
+    name, _, kt = tiling.partition("k")
     base = name.rstrip("0123456789")
     block = name[len(base):]
     pin = {} if base == "auto" else ({"_gemm_variant": base} | ({"_gemm_block": int(block)} if block else {})
                                      | ({"_gemm_kt": int(kt)} if kt else {}))
+    if layout:
+        pin["_gemm_layout"] = layout
     kernels, values = lower(op, shapes, {**attrs, **pin}, caps)
     runner = Runner(device, kernels, values, timestamps)
     runner.run(1)                                   # warm-up (first dispatch pays for driver setup)

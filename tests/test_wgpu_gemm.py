@@ -422,6 +422,24 @@ def test_shared_tiles_prefetch_where_the_copies_unroll(m, k, n, prefetched):
     assert ("var pa0" in wgsl) == prefetched and ("for (var l = tid" in wgsl) != prefetched
 
 
+@pytest.mark.parametrize("ta,tb,swizzled", [(0, 0, "A"), (0, 1, "AB"), (1, 1, "B"), (1, 0, "")])
+@pytest.mark.parametrize("layout", [None, "plain"])
+def test_scalar_k_fastest_copies_store_swizzled_rows(ta, tb, swizzled, layout):
+    """An odd K leaves no vec4 loads: a row-major A (or a transposed B) is copied scalar with K
+    fastest, and its tile rows are XOR-permuted against bank conflicts. Reads must undo exactly
+    that permutation, prefetched or not, whole tiles and a ragged edge; checked against numpy,
+    and with the permutation off ('plain')."""
+    m, k, n = 250, 37, 250   # whole 128- and 64-row tiles, and a ragged edge
+    a = rnd(k, m, seed=11) if ta else rnd(m, k, seed=11)
+    b = rnd(n, k, seed=12) if tb else rnd(k, n, seed=12)
+    for var in ({"_gemm_variant": "shared", "_gemm_block": 8, "_gemm_kt": 16},
+                {"_gemm_variant": "shared", "_gemm_block": 4, "_gemm_kt": 8, "_gemm_prefetch": 1}):
+        attrs = {"transA": ta, "transB": tb, **var} | ({"_gemm_layout": layout} if layout else {})
+        wgsl = check_op("Gemm", [a, b, rnd(n, seed=13)], attrs, caps=GPU, rtol=1e-3, atol=1e-3)[0].wgsl
+        assert ("(mm / 4u ^" in wgsl) == ("A" in swizzled and not layout)
+        assert ("(nn / 4u ^" in wgsl) == ("B" in swizzled and not layout)
+
+
 @pytest.mark.parametrize("nN,nM", [(1, 1), (5, 1), (1, 9), (7, 8), (3, 17), (40, 25)])
 def test_tile_order_visits_every_tile_once(nN, nM):
     """The grouped tile order (GROUP_M rows of tiles at a time) is a permutation of the tiles,

@@ -20,6 +20,7 @@ small reduce kernel adds them and applies the epilogue.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -116,6 +117,9 @@ class Tiling:
     tn: int        # outputs per invocation along N (multiple of 4)
     kt: int = 4    # K tile staged in workgroup memory (shared variant); multiple of 4
     prefetch: bool = False  # shared variant: next K tile loaded into registers during this one's FMAs
+    # shared variant: a scalar copy that walks K fastest stores into rows of the tile a whole row
+    # apart, which fall on one bank; XOR-permuting each row's vec4s spreads them (_sw)
+    swizzle: bool = True
 
     @property
     def bm(self) -> int:
@@ -331,6 +335,17 @@ class _Stage:
     load: str
     vtype: str
     store: tuple[str, ...]
+    swizzled: bool = False  # the tile's rows are permuted (_sw): reads must apply the same XOR
+
+
+def _sw(on: bool, k: str) -> str:
+    """XOR applied to a tile row's vec4 index at K offset `k`. A scalar copy with K fastest has
+    the 32 invocations of a warp store into 16 rows at once; unpermuted, rows 128 floats apart
+    all fall on one bank (16-way conflicts: H100, the LM head's input gradient over an odd K ran
+    at 14-22 TFLOP/s, 23-31 swizzled). ((k >> 2) ^ k) & 7 gives any 8 consecutive rows distinct
+    groups of banks; it permutes vec4s within aligned groups of 8, so the tile's rows must be
+    whole groups (a multiple of 32 floats)."""
+    return f" ^ ((({k}) >> 2u ^ ({k})) & 7u)" if on else ""
 
 
 def _stages(spec: GemmSpec, t: Tiling, va: bool, vb: bool) -> tuple[_Stage, _Stage]:
@@ -348,16 +363,19 @@ def _stages(spec: GemmSpec, t: Tiling, va: bool, vb: bool) -> tuple[_Stage, _Sta
                    f"a_v(bt, mb * {u(bm)} + mm, k0 + kq)", "vec4<f32>", scatter("As", bm4, "kq", "mm"))
     elif va and spec.a.contig == 0:     # vec4 along m
         a = _Stage(bm4 * kt, (f"let mq = l % {u(bm4)}; let kk = l / {u(bm4)};",),
-                   f"a_v(bt, mb * {u(bm)} + mq * 4u, k0 + kk)", "vec4<f32>", (f"As[kk * {u(bm4)} + mq] = v;",))
+                   f"a_v(bt, mb * {u(bm)} + mq * 4u, k0 + kk)", "vec4<f32>",
+                   (f"As[kk * {u(bm4)} + mq] = v;",))
     else:
         a_fast = spec.a.fast if spec.a.fast is not None else spec.a.contig
         a_map = (f"let kk = l % {u(kt)}; let mm = l / {u(kt)};" if a_fast == 1
                  else f"let mm = l % {u(bm)}; let kk = l / {u(bm)};")
+        sw = t.swizzle and a_fast == 1 and bm % 32 == 0
         a = _Stage(bm * kt, (a_map,), f"a_el(bt, mb * {u(bm)} + mm, k0 + kk)", "f32",
-                   (f"As[kk * {u(bm4)} + mm / 4u][mm % 4u] = v;",))
+                   (f"As[kk * {u(bm4)} + (mm / 4u{_sw(sw, 'kk')})][mm % 4u] = v;",), sw)
     if vb and spec.b.contig == 1:       # vec4 along n
         b = _Stage(bn4 * kt, (f"let nq = l % {u(bn4)}; let kk = l / {u(bn4)};",),
-                   f"b_v(bt, k0 + kk, nb * {u(bn)} + nq * 4u)", "vec4<f32>", (f"Bs[kk * {u(bn4)} + nq] = v;",))
+                   f"b_v(bt, k0 + kk, nb * {u(bn)} + nq * 4u)", "vec4<f32>",
+                   (f"Bs[kk * {u(bn4)} + nq] = v;",))
     elif vb and spec.b.contig == 0:     # vec4 along k
         b = _Stage(bn * kt4, (f"let kq = (l % {u(kt4)}) * 4u; let nn = l / {u(kt4)};",),
                    f"b_v(bt, k0 + kq, nb * {u(bn)} + nn)", "vec4<f32>", scatter("Bs", bn4, "kq", "nn"))
@@ -365,8 +383,9 @@ def _stages(spec: GemmSpec, t: Tiling, va: bool, vb: bool) -> tuple[_Stage, _Sta
         b_fast = spec.b.fast if spec.b.fast is not None else spec.b.contig
         b_map = (f"let kk = l % {u(kt)}; let nn = l / {u(kt)};" if b_fast == 0
                  else f"let nn = l % {u(bn)}; let kk = l / {u(bn)};")
+        sw = t.swizzle and b_fast == 0 and bn % 32 == 0
         b = _Stage(bn * kt, (b_map,), f"b_el(bt, k0 + kk, nb * {u(bn)} + nn)", "f32",
-                   (f"Bs[kk * {u(bn4)} + nn / 4u][nn % 4u] = v;",))
+                   (f"Bs[kk * {u(bn4)} + (nn / 4u{_sw(sw, 'kk')})][nn % 4u] = v;",), sw)
     return a, b
 
 
@@ -388,18 +407,23 @@ def _shared_body(spec: GemmSpec, t: Tiling, va: bool, vb: bool, unroll: bool) ->
     decl = (f"var<workgroup> As: array<vec4<f32>, {kt * bm4}>;\n"
             f"var<workgroup> Bs: array<vec4<f32>, {kt * bn4}>;")
     stages = _stages(spec, t, va, vb)
+    sa, sb = (st.swizzled for st in stages)
     fmas = [f"  acc{4 * ib + q}_{j} = fma(vec4<f32>(av{ib}[{q}]), bv{j}, acc{4 * ib + q}_{j});"
             for ib in range(t.tm // 4) for q in range(4) for j in range(t.tn // 4)]
     if unroll:   # constant tile offsets, loads scheduled ahead of the FMAs
         compute = []
         for kk in range(kt):
-            compute += (["{"] + [f"  let av{ib} = As[{u(kk * bm4 + ib * t.wy)} + lid.y];" for ib in range(t.tm // 4)]
-                        + [f"  let bv{j} = Bs[{u(kk * bn4 + j * t.wx)} + lid.x];" for j in range(t.tn // 4)]
+            compute += (["{"] + [f"  let av{ib} = As[{u(kk * bm4)} + ({u(ib * t.wy)} + lid.y{_sw(sa, u(kk))})];"
+                                 for ib in range(t.tm // 4)]
+                        + [f"  let bv{j} = Bs[{u(kk * bn4)} + ({u(j * t.wx)} + lid.x{_sw(sb, u(kk))})];"
+                           for j in range(t.tn // 4)]
                         + fmas + ["}"])
     else:
         compute = ([f"for (var kk = 0u; kk < {u(kt)}; kk = kk + 1u) {{"]
-                   + [f"  let av{ib} = As[kk * {u(bm4)} + {u(ib * t.wy)} + lid.y];" for ib in range(t.tm // 4)]
-                   + [f"  let bv{j} = Bs[kk * {u(bn4)} + {u(j * t.wx)} + lid.x];" for j in range(t.tn // 4)]
+                   + [f"  let av{ib} = As[kk * {u(bm4)} + ({u(ib * t.wy)} + lid.y{_sw(sa, 'kk')})];"
+                      for ib in range(t.tm // 4)]
+                   + [f"  let bv{j} = Bs[kk * {u(bn4)} + ({u(j * t.wx)} + lid.x{_sw(sb, 'kk')})];"
+                      for j in range(t.tn // 4)]
                    + fmas + ["}"])
     head = [f"  let tid = lid.x + lid.y * {u(t.wx)};"]
     unrolled = all(_unrolls(st, nt) for st in stages)
@@ -721,10 +745,10 @@ def _split_pair(spec: GemmSpec, caps: AdapterCaps, splits: int, tile: str, parti
 
 def gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None = None,
                  allow_split: bool = True, block: int | None = None, kt: int | None = None,
-                 prefetch: bool | None = None) -> list[Kernel]:
+                 prefetch: bool | None = None, layout: str | None = None) -> list[Kernel]:
     """The kernel list for one GEMM-shaped op: one GEMM, or a split-K GEMM + reduce. The first
     kernel carries the GEMM's FLOPs (profiles report rates, the autotuner skips small GEMMs)."""
-    kernels = _gemm_kernels(spec, caps, variant, allow_split, block, kt, prefetch)
+    kernels = _gemm_kernels(spec, caps, variant, allow_split, block, kt, prefetch, layout)
     flops = 2 * spec.batch * spec.M * spec.N * spec.K
     return [replace(kernels[0], flops=flops)] + kernels[1:]
 
@@ -735,7 +759,8 @@ def _plain(op: Operand) -> bool:
 
 
 def _gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None, allow_split: bool,
-                  block: int | None, kt: int | None, prefetch: bool | None) -> list[Kernel]:
+                  block: int | None, kt: int | None, prefetch: bool | None,
+                  layout: str | None = None) -> list[Kernel]:
     if variant == "dot" or (variant is None and block is None and allow_split and use_dot(spec, caps)):
         return dot_kernels(spec, caps)
     t = choose_tiling(spec.M, spec.N, spec.K, caps, variant, block, kt, spec.batch, allow_split)
@@ -743,6 +768,8 @@ def _gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None, allow_
         # prefetching sped up every plain GEMM measured (H100: +3-21%) but half the implicit-GEMM
         # convs lost up to 40% (their gathers): there the autotuner decides
         t = replace(t, prefetch=prefetch if prefetch is not None else _plain(spec.a) and _plain(spec.b))
+        lay = layout if layout is not None else os.environ.get("ANYGRAD_WGPU_GEMM_LAYOUT", "")
+        t = replace(t, swizzle=lay != "plain")
     splits, ksplit = choose_splits(spec, t, caps) if allow_split else (1, 0)
     tile = f"{t.variant} {t.bm}x{t.bn}" + (f"k{t.kt}" + ("p" if t.prefetch else "") if t.variant == "shared" else "")
     if splits == 1:
@@ -764,10 +791,11 @@ def static_shape(graph: Graph, value: str, node: Node) -> tuple[int, ...]:
 def variant_of(node: Node) -> dict:
     """Tiling pinned by the node (benchmarks, tests, the autotuner): attrs '_gemm_variant' (register |
     shared | dot), '_gemm_block' (4 | 8 outputs per invocation along M and N), '_gemm_kt' (K tile of
-    the shared variant), '_gemm_prefetch' (0 | 1: register prefetch of the next K tile)."""
+    the shared variant), '_gemm_prefetch' (0 | 1: register prefetch of the next K tile), '_gemm_layout'
+    ("plain": the shared tiles' rows not swizzled; also ANYGRAD_WGPU_GEMM_LAYOUT, for A/B runs)."""
     pf = node.attr("_gemm_prefetch")
     return {"variant": node.attr("_gemm_variant"), "block": node.attr("_gemm_block"), "kt": node.attr("_gemm_kt"),
-            "prefetch": None if pf is None else bool(pf)}
+            "prefetch": None if pf is None else bool(pf), "layout": node.attr("_gemm_layout")}
 
 
 def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
