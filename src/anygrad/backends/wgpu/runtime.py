@@ -459,7 +459,6 @@ class WgpuBackend(Backend):
     def prepared(self, graph: Graph, fuse: bool, measure: bool = True) -> Graph:
         """The graph as it is lowered: fused (fusion.prepare), then GEMM tilings pinned by the
         autotuner when it is on (timed now when `measure`, else only winners already stored)."""
-        resolve_attributes(graph)  # the lowerings read explicit attributes (ir/passes.py)
         g = prepare(graph, self.caps, EPILOGUE_SUPPORT & set(LOWERINGS), fuse=fuse)
         if not autotune.enabled(self.caps):
             return g
