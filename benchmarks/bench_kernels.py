@@ -24,6 +24,7 @@ from anygrad.backends.wgpu import kernels_conv, kernels_gemm  # noqa: F401  (low
 from anygrad.backends.wgpu.kernel import LOWERINGS, AdapterCaps, Kernel
 from anygrad.backends.wgpu.shader_module import create_shader_module
 from anygrad.ir import Graph, Node, TensorInfo, infer_node
+from anygrad.ir.passes import resolve_attributes
 
 # FP32 (non-tensor-core) peak GFLOP/s by adapter name fragment.
 PEAKS = {"H200": 67_000.0, "H100": 67_000.0, "A100": 19_500.0, "RTX 4090": 82_600.0, "RTX 3090": 35_600.0,
@@ -233,7 +234,7 @@ def lower(op: str, shapes: list[tuple[int, ...]], attrs: dict, caps: AdapterCaps
     node = Node(op, names, ["y"], dict(attrs))
     infer_node(g, node)
     values = {n: math.prod(g.info[n].shape) for n in names + ["y"]}
-    return LOWERINGS[op](node, g, caps), values
+    return LOWERINGS[op](node, resolve_attributes(g), caps), values
 
 
 def bench(device, caps: AdapterCaps, timestamps: bool, label: str, op: str, shapes, attrs, flop: float,

@@ -100,8 +100,8 @@ def test_the_source_is_lint_clean():
 # Backends read node attributes and shapes, not ops/ internals (DESIGN.md: "Backends read the
 # graph, not the op library"). What a backend needs of an op's semantics is a public function of
 # ops/ (an interpolation matrix, a pad index map, a reduction's checked name); nothing private.
-def _private_ops_imports(path: Path) -> set[str]:
-    """'ops.<module>.<name>' for each import of ops/ by the file whose module or name is private."""
+def _ops_imports(path: Path) -> set[str]:
+    """'ops.<module>.<name>' for each name the file imports from ops/."""
     depth = len(path.relative_to(PACKAGE).parts) - 1
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -115,16 +115,33 @@ def _private_ops_imports(path: Path) -> set[str]:
             parts = node.module.split(".")[1:]
         else:
             continue
-        if not parts or parts[0] != "ops":
-            continue
-        for alias in node.names:
-            dotted = ".".join(parts + [alias.name])
-            if any(p.startswith("_") for p in parts[1:] + [alias.name]):
-                found.add(dotted)
+        if parts and parts[0] == "ops":
+            found.update(".".join(parts + [alias.name]) for alias in node.names)
     return found
 
 
+def _backend_ops_imports() -> list[tuple[str, str]]:
+    return sorted((str(p.relative_to(PACKAGE)), name) for p in (PACKAGE / "backends").rglob("*.py")
+                  for name in _ops_imports(p))
+
+
 def test_no_backend_imports_a_private_name_from_ops():
-    found = sorted((str(p.relative_to(PACKAGE)), name) for p in (PACKAGE / "backends").rglob("*.py")
-                   for name in _private_ops_imports(p))
+    found = [(f, name) for f, name in _backend_ops_imports() if any(p.startswith("_") for p in name.split(".")[1:])]
     assert not found, f"backends import private ops/ names (make a public helper in ops/ instead): {found}"
+
+
+# The helpers that interpret an ONNX attribute (auto_pad, negative or input-given axes, opset
+# defaults, constant inputs): `resolve_attributes` (ir/passes.py, rules in ops/resolve.py) has
+# applied them to every node before a backend lowers it, so a backend reads node.attrs instead.
+ATTRIBUTE_HELPERS = {
+    "ops.nn.window", "ops.nn.dropout_ratio", "ops.reduce.reduce_axes", "ops._util.axes_of",
+    "ops._util.norm_axis", "ops._util.ints_of", "ops._util.const_ints", "ops.shape.pad_amounts",
+    "ops.shape.pad_mode", "ops.shape.slice_bounds", "ops.shape.split_sizes", "ops.loss.loss_reduction",
+    "ops.index.interp_of", "ops.index.resize_plan", "ops.index.depth_to_space_plan",
+    "ops.index.space_to_depth_plan",
+}
+
+
+def test_no_backend_interprets_attributes_with_ops_helpers():
+    found = [(f, name) for f, name in _backend_ops_imports() if name in ATTRIBUTE_HELPERS]
+    assert not found, f"backends re-derive attributes with ops/ helpers (read the resolved node.attrs): {found}"

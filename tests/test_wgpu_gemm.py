@@ -17,6 +17,7 @@ import anygrad.ops  # noqa: F401  (registers the op forwards)
 from anygrad.backends.wgpu import kernels_conv, kernels_gemm  # noqa: F401  (register the lowerings)
 from anygrad.backends.wgpu.kernel import LOWERINGS, AdapterCaps
 from anygrad.ir import Graph, Node, TensorInfo, get_op, infer_node
+from anygrad.ir.passes import resolve_attributes
 
 wgpu = pytest.importorskip("wgpu")
 pytestmark = pytest.mark.wgpu
@@ -87,7 +88,7 @@ def check_op(op: str, inputs: list[np.ndarray | None], attrs: dict, caps: Adapte
     want = get_op(op).run(node, [None if a is None else a for a in inputs])
     if attrs.get("_epilogue") == "relu":
         want = [np.maximum(w, 0) for w in want]
-    kernels = LOWERINGS[op](node, g, caps)
+    kernels = LOWERINGS[op](node, resolve_attributes(g), caps)
     feeds = {f"x{i}": a for i, a in enumerate(inputs) if a is not None}
     sizes = {f"y{k}": int(np.prod(g.info[f"y{k}"].shape)) for k in range(n_outputs)}
     got = run_kernels(kernels, feeds, sizes)
@@ -138,7 +139,7 @@ def test_gemm_bias_broadcast_and_relu(cshape, variant):
         g.info["x2"] = TensorInfo(F32, cshape)
     a, b = rnd(6, 11, seed=7), rnd(9, 11, seed=8)
     feeds = {"x0": a, "x1": b} | ({"x2": c} if c is not None else {})
-    got = run_kernels(LOWERINGS["Gemm"](node, g, CPU), feeds, {"y0": 54})["y0"].reshape(6, 9)
+    got = run_kernels(LOWERINGS["Gemm"](node, resolve_attributes(g), CPU), feeds, {"y0": 54})["y0"].reshape(6, 9)
     want = a @ b.T + (c if c is not None else 0)
     np.testing.assert_allclose(got, np.maximum(want, 0), rtol=1e-4, atol=1e-4)
 
@@ -415,10 +416,11 @@ def test_conv_gathers_unpadded_and_stride1(b, cin, cout, h, w, k, stride, pad, d
 
 def test_unpadded_gather_has_no_bounds_test():
     from anygrad.backends.wgpu.kernels_conv import _x_gather, geometry
-    node = Node("Conv", ["x", "w"], ["y"], {})
-    assert _x_gather(geometry(node, (2, 3, 8, 8), (3, 3)), "ci")[1] == ""
-    padded = Node("Conv", ["x", "w"], ["y"], {"pads": [1, 1, 1, 1]})
-    assert _x_gather(geometry(padded, (2, 3, 8, 8), (3, 3)), "ci")[1] != ""
+    xs, ws = (2, 3, 8, 8), (4, 3, 3, 3)
+    node = Node("Conv", ["x", "w"], ["y"], _explicit(xs, ws, {})[0])
+    assert _x_gather(geometry(node, xs), "ci")[1] == ""
+    padded = Node("Conv", ["x", "w"], ["y"], _explicit(xs, ws, {"pads": [1, 1, 1, 1]})[0])
+    assert _x_gather(geometry(padded, xs), "ci")[1] != ""
 
 
 def test_thin_wide_conv_stages_8_deep():

@@ -18,7 +18,7 @@ from .ir.autocast import PRECISIONS, autocast
 from .ir.builder import Builder
 from .ir.gelu import fuse_gelu
 from .ir.graph import Graph, Node, Shape, TensorInfo, info_of
-from .ir.passes import RNG_STATE, infer_node, infer_shapes, set_training_mode, specialize
+from .ir.passes import RNG_STATE, infer_node, infer_shapes, resolve_attributes, set_training_mode, specialize
 from .losses import Loss, _matching_target, class_layout
 from .ops._util import ONNX_CODES
 from .optim import grad_scaler
@@ -351,7 +351,7 @@ def build_train_step(model: Graph, input_shapes: dict[str, Shape], target_shape:
     g.state_updates[b.op("Add", [RNG_STATE, b.const(np.array([0, 1], np.uint32), np.uint32)])] = RNG_STATE
     g.outputs = [out.loss] + ([out.correct] if out.correct else [])
     g.dce()
-    return g
+    return resolve_attributes(g)  # the loss, gradient and update nodes too: what backends lower
 
 
 def _accumulate(g: Graph, b: Builder, grads: dict[str, str], phase: str) -> dict[str, str]:
@@ -400,7 +400,7 @@ def build_update_step(model: Graph, optimizer: Optimizer, *, clip_norm: float | 
     if clip_norm is not None:
         grads = clip_grad_norm(b, grads, clip_norm)
     _update(g, b, grads, optimizer)
-    return g
+    return resolve_attributes(g)
 
 
 def build_inference(model: Graph, input_shapes: dict[str, Shape], precision: str = "f32") -> Graph:
@@ -421,7 +421,7 @@ def build_eval_step(model: Graph, input_shapes: dict[str, Shape], target_shape: 
     out = _loss_and_metrics(g, b, heads, target_shapes, top_k, report)
     g.outputs = [out.loss] + ([out.correct] if out.correct else [])
     g.dce()
-    return g
+    return resolve_attributes(g)  # the loss, gradient and update nodes too: what backends lower
 
 
 __all__ = [

@@ -1,7 +1,9 @@
-"""Graph passes: specialization to a batch shape, shape inference, constant folding, DCE."""
+"""Graph passes: specialization to a batch shape, shape inference, constant folding, DCE, and
+attribute resolution (every node's attributes made explicit for the backends)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -93,7 +95,40 @@ def specialize(graph: Graph, input_shapes: Mapping[str, Shape]) -> Graph:
     expand_composites(g)
     fold_constant_subgraphs(g)  # CastLike(const, x) and what it feeds: constant once shapes are known
     fold_constants(g)
+    resolve_attributes(g)
     return g
+
+
+def resolve_attributes(graph: Graph) -> Graph:
+    """Make every node's attributes explicit with its op's `resolve` rule (OpDef.resolve): pads
+    instead of auto_pad, non-negative sorted axes, defaults filled in, constant inputs (axes,
+    pads, starts, split sizes, ratios, scales) copied into attributes. Backends read only
+    `node.attrs` and the shapes; they never re-derive what an ONNX attribute means.
+
+    Runs at the end of `specialize` and again on a whole step graph before a backend lowers it
+    (autodiff, losses and optimizers add nodes after specialisation). Idempotent; a node whose
+    resolution needs an input only known when the step runs keeps its attributes (the numpy
+    reference runs it; a backend that needs the value says so by name).
+    """
+    for node in graph.nodes:
+        op = get_op(node.op)
+        if op is None or op.resolve is None:
+            continue
+        ins = [graph.info.get(i) if i else None for i in node.inputs]
+        if any(name and inf is None for name, inf in zip(node.inputs, ins)):
+            continue  # not inferred (a graph under construction): nothing to resolve against
+        node.attrs = op.resolve(node, ins)  # type: ignore[arg-type]
+    return graph
+
+
+def resolved(node: Node, key: str) -> Any:
+    """A resolved attribute a backend needs; absent when resolution needed an input the compiled
+    step does not know (a ShapeError naming the node), or when the graph skipped `resolve_attributes`."""
+    value = node.attrs.get(key)
+    if value is None:
+        raise ShapeError(f"{node.label}: attribute '{key}' is not known when the model is compiled "
+                         "(its input must be a constant)")
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def expand_composites(graph: Graph) -> None:

@@ -6,8 +6,8 @@ an op does (shape inference, constant folding, autodiff, the numpy backend, impo
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,6 +21,7 @@ ForwardFn = Callable[[Node, list[np.ndarray]], Sequence[np.ndarray] | np.ndarray
 GradFn = Callable[["GradContext"], Sequence[str | None]]
 ModeFn = Callable[[Graph, Node, bool], None]
 ExpandFn = Callable[["Builder", Node], Sequence[str]]
+ResolveFn = Callable[[Node, list[TensorInfo | None]], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,11 @@ class OpDef:
               expansion, and `grad` is not needed.
     grad_attrs: anygrad's own attributes that only the gradient rule reads (Gather's padding_idx:
               PyTorch semantics an ONNX file cannot carry); never written to ONNX.
+    resolve:  the node's attributes with everything explicit, from its input TensorInfos: opset
+              defaults filled in, negative axes made non-negative, auto_pad turned into pads,
+              constant inputs (axes, pads, starts...) copied into attributes. Backends read only
+              these (see anygrad.ir.passes.resolve_attributes); it must be idempotent, and the
+              reference kernel must give the same result on the resolved node.
     """
 
     name: str
@@ -56,6 +62,7 @@ class OpDef:
     set_mode: ModeFn | None = None
     expand: ExpandFn | None = None
     grad_attrs: frozenset[str] = field(default_factory=frozenset)
+    resolve: ResolveFn | None = None
 
     def run(self, node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
         """forward's outputs as a list of arrays."""
@@ -71,7 +78,7 @@ _REGISTRY: dict[str, OpDef] = {}
 def defop(name: str, *, infer: InferFn, forward: ForwardFn | None = None, grad: GradFn | None = None,
           nondiff: Sequence[int] = (), foldable: bool = True, internal: bool = False,
           set_mode: ModeFn | None = None, expand: ExpandFn | None = None,
-          grad_attrs: Sequence[str] = ()) -> OpDef:
+          grad_attrs: Sequence[str] = (), resolve: ResolveFn | None = None) -> OpDef:
     """Register an op. Redefining a name is a programming error."""
     if name in _REGISTRY:
         raise ValueError(f"op {name} registered twice")
@@ -80,9 +87,16 @@ def defop(name: str, *, infer: InferFn, forward: ForwardFn | None = None, grad: 
             raise ValueError(f"op {name} needs a forward kernel or an expansion")
         forward = _forward_by_expansion(expand)
     op = OpDef(name, infer, forward, grad, frozenset(nondiff), foldable, internal, set_mode, expand,
-               frozenset(grad_attrs))
+               frozenset(grad_attrs), resolve)
     _REGISTRY[name] = op
     return op
+
+
+def set_resolve(names: Sequence[str], resolve: ResolveFn) -> None:
+    """Give registered ops an attribute resolver: op families whose ops share one (every op with
+    an `axis`, every windowed op) set it from one table instead of at each defop."""
+    for name in names:
+        _REGISTRY[name] = replace(_REGISTRY[name], resolve=resolve)
 
 
 def get_op(name: str) -> OpDef | None:

@@ -524,34 +524,32 @@ class Rearrange:
     out: tuple
 
 
-def _blocksize(node: Node, shape: tuple) -> int:
-    bs = int(node.attr("blocksize", 0))
+def rearrange(op: str, shape: tuple, blocksize: int, mode: str) -> Rearrange:
+    """DepthToSpace / SpaceToDepth of an input of `shape` as reshape -> transpose -> reshape, from
+    explicit attributes (mode DCR/CRD; SpaceToDepth's mode from opset 25)."""
+    bs = int(blocksize)
     if bs < 1 or len(shape) != 4:
-        raise ShapeError(f"{node.label}: needs a 4-D input (N, C, H, W) and blocksize >= 1, "
+        raise ShapeError(f"{op}: needs a 4-D input (N, C, H, W) and blocksize >= 1, "
                          f"got shape {tuple(shape)} and blocksize {bs}")
-    return bs
-
-
-def depth_to_space_plan(node: Node, shape: tuple) -> Rearrange:
-    """DepthToSpace as reshape -> transpose -> reshape of an input of `shape` (mode DCR/CRD)."""
-    bs = _blocksize(node, shape)
     n, c, h, w = shape
-    if c % (bs * bs):
-        raise ShapeError(f"{node.label}: channels {c} are not divisible by blocksize^2 = {bs * bs}")
-    out = (n, c // (bs * bs), h * bs, w * bs)
-    if _str(node, "mode", "DCR") == "CRD":
-        return Rearrange((n, c // (bs * bs), bs, bs, h, w), (0, 1, 4, 2, 5, 3), out)
-    return Rearrange((n, bs, bs, c // (bs * bs), h, w), (0, 3, 4, 1, 5, 2), out)
-
-
-def space_to_depth_plan(node: Node, shape: tuple) -> Rearrange:
-    """SpaceToDepth as reshape -> transpose -> reshape of an input of `shape`."""
-    bs = _blocksize(node, shape)
-    n, c, h, w = shape
+    if op == "DepthToSpace":
+        if c % (bs * bs):
+            raise ShapeError(f"{op}: channels {c} are not divisible by blocksize^2 = {bs * bs}")
+        out = (n, c // (bs * bs), h * bs, w * bs)
+        if mode == "CRD":
+            return Rearrange((n, c // (bs * bs), bs, bs, h, w), (0, 1, 4, 2, 5, 3), out)
+        return Rearrange((n, bs, bs, c // (bs * bs), h, w), (0, 3, 4, 1, 5, 2), out)
     if h % bs or w % bs:
-        raise ShapeError(f"{node.label}: spatial dims {h}x{w} are not divisible by blocksize {bs}")
-    perm = (0, 1, 3, 5, 2, 4) if _str(node, "mode", "DCR") == "CRD" else (0, 3, 5, 1, 2, 4)  # mode: opset 25+
+        raise ShapeError(f"{op}: spatial dims {h}x{w} are not divisible by blocksize {bs}")
+    perm = (0, 1, 3, 5, 2, 4) if mode == "CRD" else (0, 3, 5, 1, 2, 4)
     return Rearrange((n, c, h // bs, bs, w // bs, bs), perm, (n, c * bs * bs, h // bs, w // bs))
+
+
+def _rearrange_plan(node: Node, shape: tuple) -> Rearrange:
+    try:
+        return rearrange(node.op, tuple(shape), int(node.attr("blocksize", 0)), _str(node, "mode", "DCR"))
+    except ShapeError as e:
+        raise ShapeError(f"{node.label}: {str(e).split(': ', 1)[1]}") from None
 
 
 def _rearrange_grad(plan):
@@ -563,7 +561,7 @@ def _rearrange_grad(plan):
     return rule
 
 
-for _name, _plan in [("DepthToSpace", depth_to_space_plan), ("SpaceToDepth", space_to_depth_plan)]:
+for _name, _plan in [("DepthToSpace", _rearrange_plan), ("SpaceToDepth", _rearrange_plan)]:
     defop(_name, grad=_rearrange_grad(_plan),
           infer=lambda node, ins, p=_plan: [TensorInfo(ins[0].dtype, p(node, tuple(ins[0].shape)).out)],
           forward=lambda node, ins, p=_plan: np.ascontiguousarray(
@@ -606,6 +604,20 @@ class Interp:
     exclude_outside: bool
     antialias: bool
     extrapolation: float  # tf_crop_and_resize: the value of outputs that map outside the input
+
+    @classmethod
+    def resolved(cls, node: Node) -> Interp:
+        """The Interp of a node whose attributes are resolved (ops/resolve.py: every one of
+        `attrs()` explicit), read as they stand."""
+        a = node.attrs
+        missing = [k for k in ("mode", "coordinate_transformation_mode", "nearest_mode", "cubic_coeff_a",
+                               "exclude_outside", "antialias", "extrapolation_value") if k not in a]
+        if missing:
+            raise ShapeError(f"{node.label}: attributes {missing} are not resolved (anygrad.ir.passes.resolve_attributes)")
+        text = {k: v.decode() if isinstance(v, bytes) else str(v)
+                for k, v in a.items() if k in ("mode", "coordinate_transformation_mode", "nearest_mode")}
+        return cls(text["mode"], text["coordinate_transformation_mode"], text["nearest_mode"], float(a["cubic_coeff_a"]),
+                   bool(a["exclude_outside"]), bool(a["antialias"]), float(a["extrapolation_value"]))
 
     def attrs(self) -> dict:
         return {"mode": self.mode, "coordinate_transformation_mode": self.coordinates,

@@ -95,6 +95,15 @@ class Window:
     def crop(self, xp: np.ndarray) -> np.ndarray:
         return xp[self.interior]
 
+    @classmethod
+    def of(cls, node: Node, spatial) -> Window:
+        """The window of a node with resolved attributes (ops/resolve.py: explicit kernel_shape,
+        strides, dilations, pads, ceil_mode; no auto_pad) over an input of `spatial` dims: arithmetic
+        on those, what a backend needs to lay out a windowed op."""
+        if node.attr("kernel_shape") is None or node.attr("pads") is None or node.attr("auto_pad") is not None:
+            raise ShapeError(f"{node.label}: attributes are not resolved (anygrad.ir.passes.resolve_attributes)")
+        return window(node, spatial, tuple(node.attr("kernel_shape")), bool(node.attr("ceil_mode", 0)))
+
     def attrs(self) -> dict:
         """Explicit attributes for the internal gradient ops (no auto_pad left to resolve)."""
         return {"kernel_shape": list(self.kernel), "strides": list(self.strides),

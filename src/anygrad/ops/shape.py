@@ -340,6 +340,8 @@ defop("Range", infer=lambda node, ins: [TensorInfo(ins[0].dtype, (_range_args(no
 def slice_bounds(node: Node, ins: list, shape: tuple) -> list[tuple]:
     """Per axis (start, end, step) after ONNX's clamping rules; end -1 with a negative step means
     "through index 0". Unsliced axes get (0, dim, 1)."""
+    if node.attr("steps") is not None:  # resolved (ops/resolve.py): these bounds, one per axis
+        return list(zip(node.attr("starts"), node.attr("ends"), node.attr("steps")))
     if len(ins) > 1:  # opset 10+: inputs
         starts = ints_of(ins[1], "starts", node)
         ends = ints_of(ins[2], "ends", node)

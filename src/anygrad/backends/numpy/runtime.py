@@ -35,6 +35,7 @@ import numpy as np
 from ... import _parallel
 from ...errors import ShapeError
 from ...ir.graph import Graph, Node
+from ...ir.passes import resolve_attributes
 from ...ir.registry import get_op
 from ..base import Backend, Executable
 from .half import reads_half, run_in_float32
@@ -219,6 +220,7 @@ class NumpyBackend(Backend):
         return "cpu (numpy)"
 
     def compile(self, graph: Graph) -> NumpyExecutable:
+        resolve_attributes(graph)  # as every backend: nodes added after specialize included
         for name in graph.state_names:
             if name not in self.state and name in graph.initializers:
                 self.state[name] = np.array(graph.initializers[name])

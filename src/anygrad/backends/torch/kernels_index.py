@@ -18,9 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from ...ops.index import depth_to_space_plan, parse_einsum, space_to_depth_plan
-from ...ops.reduce import reduce_axes
-from .lowering import Site, TorchKernel, add_rows, is_float, lowering, norm_axis
+from ...ops.index import parse_einsum, rearrange
+from .lowering import Site, TorchKernel, add_rows, is_float, lowering
 
 
 def _kinds(site: Site, slots: tuple[int, ...], kinds: str) -> bool:
@@ -84,7 +83,7 @@ def _positive(idx: Any, dim: int, bad: int) -> Any:
 def _gather_elements(site: Site) -> TorchKernel | None:
     import torch
     shape = site.shape(0)
-    axis = norm_axis(site.attr("axis", 0), len(shape))
+    axis = int(site.resolved("axis"))
     if not _kinds(site, (1,), "iu") or not _const_in_range(site, 1, np.int64(shape[axis])):
         return None
     dim = shape[axis]
@@ -98,7 +97,7 @@ def _gather_elements_grad(site: Site) -> TorchKernel | None:
         return None
     import torch
     shape = tuple(int(d) for d in site.attr("shape"))
-    axis = norm_axis(site.attr("axis", 0), len(shape))
+    axis = int(site.resolved("axis"))
     size = int(np.prod(shape, dtype=np.int64))
     if not _const_in_range(site, 1, np.int64(shape[axis])):
         return None
@@ -138,7 +137,7 @@ def _reduction(site: Site) -> str | None:
 def _scatter_elements(site: Site) -> TorchKernel | None:
     red = _reduction(site)
     shape = site.shape(0)
-    axis = norm_axis(site.attr("axis", 0), len(shape))
+    axis = int(site.resolved("axis"))
     if red is None or site.dtype(0).kind not in "iuf" or not _kinds(site, (1,), "iu") \
             or not _const_in_range(site, 1, np.int64(shape[axis])):
         return None
@@ -261,8 +260,7 @@ def _topk(site: Site) -> TorchKernel | None:
     if site.dtype(0).kind not in "iuf":
         return None
     import torch
-    shape = site.shape(0)
-    axis = norm_axis(site.attr("axis", -1), len(shape))
+    axis = int(site.resolved("axis"))
     k = site.attr("k") if not site.has(1) else _const_int(site, 1)
     if k is None:
         return None
@@ -280,7 +278,7 @@ def _hardmax(site: Site) -> TorchKernel | None:
         return None
     import torch
     shape = site.shape(0)
-    axis = norm_axis(site.attr("axis", -1), len(shape))
+    axis = int(site.resolved("axis"))
     n = shape[axis]
 
     def hardmax(ins):  # argmax: the first maximum, as numpy's
@@ -293,11 +291,11 @@ def _hardmax(site: Site) -> TorchKernel | None:
 def _onehot(site: Site) -> TorchKernel | None:
     """Integer indices only: numpy truncates float indices by a cast whose out-of-range result
     is the platform's."""
-    depth = _const_int(site, 1)
+    depth = site.attr("depth")
     if depth is None or not _kinds(site, (0,), "iu"):
         return None
     import torch
-    axis = norm_axis(site.attr("axis", -1), len(site.shape(0)) + 1)
+    axis = int(site.resolved("axis"))
 
     def onehot(ins):
         idx, values = ins[0].long(), ins[2].reshape(-1)
@@ -310,13 +308,13 @@ def _onehot(site: Site) -> TorchKernel | None:
 # -- CumSum, Tile, Trilu, DepthToSpace, SpaceToDepth, EyeLike ---------------------------------------
 @lowering("CumSum")
 def _cumsum(site: Site) -> TorchKernel | None:
-    axis = _const_int(site, 1)
+    axis = site.attr("axis")
     if axis is None or site.dtype(0).kind not in "iuf":
-        return None
+        return None  # an axis known only at run time: the reference kernel reads it
     import torch
-    n = site.shape(0)[norm_axis(axis, len(site.shape(0)))]
-    axis = norm_axis(axis, len(site.shape(0)))
-    exclusive, reverse = bool(site.attr("exclusive", 0)), bool(site.attr("reverse", 0))
+    axis = int(axis)
+    n = site.shape(0)[axis]
+    exclusive, reverse = bool(site.resolved("exclusive")), bool(site.resolved("reverse"))
 
     def cumsum(ins):
         x = torch.flip(ins[0], [axis]) if reverse else ins[0]
@@ -340,19 +338,17 @@ def _tile(site: Site) -> TorchKernel | None:
 
 @lowering("Trilu")
 def _trilu(site: Site) -> TorchKernel | None:
-    k = 0
-    if site.has(1):
-        k = _const_int(site, 1)
-        if k is None:
-            return None
+    k = site.attr("k")
+    if k is None:
+        return None  # k known only at run time: the reference kernel reads it
     import torch
-    fn = torch.triu if site.attr("upper", 1) else torch.tril
+    fn = torch.triu if site.resolved("upper") else torch.tril
     return lambda ins: [fn(ins[0], k)]
 
 
 @lowering("DepthToSpace", "SpaceToDepth")
 def _depth_space(site: Site) -> TorchKernel | None:
-    plan = (depth_to_space_plan if site.node.op == "DepthToSpace" else space_to_depth_plan)(site.node, site.shape(0))
+    plan = rearrange(site.node.op, site.shape(0), int(site.resolved("blocksize")), site.resolved("mode"))
     return lambda ins: [ins[0].reshape(plan.split).permute(plan.perm).reshape(plan.out)]
 
 
@@ -409,8 +405,7 @@ def _reduce_more(site: Site) -> TorchKernel | None:
     if kind not in "iuf" or (op in ("ReduceLogSum", "ReduceLogSumExp") and kind != "f"):
         return None
     shape = site.shape(0)
-    axes = list(reduce_axes(site.node, site.ins, len(shape)))
-    keep = bool(site.attr("keepdims", 1))
+    axes, keep = list(site.resolved("axes")), bool(site.resolved("keepdims"))
     if not axes:  # noop_with_empty_axes: each element its own group
         one = {"ReduceL1": torch.abs, "ReduceLogSum": torch.log}.get(op, lambda x: x)
         return lambda ins: [one(ins[0])]

@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from ...ops.nn import Window, dropout_ratio, window
+from ...ops.nn import Window
 from . import rng
-from .lowering import Site, is_float, lowering, norm_axis
+from .lowering import Site, is_float, lowering
 
 
 def _pad_list(win: Window) -> list[int]:
@@ -48,11 +48,11 @@ def _conv_fn(nd: int) -> Any:
 
 @lowering("Conv")
 def _conv(site: Site):
-    x_shape, w_shape = site.shape(0), site.shape(1)
+    x_shape = site.shape(0)
     nd = len(x_shape) - 2
     if _conv_fn(nd) is None or not is_float(site.dtype(0)):
         return None
-    win = window(site.node, x_shape[2:], w_shape[2:])
+    win = Window.of(site.node, x_shape[2:])
     group, conv = int(site.attr("group", 1)), _conv_fn(nd)
     sym = _symmetric(win)
     has_b = site.has(2)
@@ -103,11 +103,10 @@ def _conv_backward(site: Site, nd: int, stride: Any, padding: Any, dilation: Any
 @lowering("ConvGradInput")
 def _conv_grad_input(site: Site):
     shape = tuple(int(d) for d in site.attr("input_shape"))
-    w_shape = site.shape(1)
     nd = len(shape) - 2
     if not 1 <= nd <= 3 or not is_float(site.dtype(0)):
         return None
-    win = window(site.node, shape[2:], w_shape[2:])
+    win = Window.of(site.node, shape[2:])
     group = int(site.attr("group", 1))
     padded = shape[:2] + tuple(win.padded)
     same = site.dtype(1) == site.dtype(0)
@@ -125,7 +124,7 @@ def _conv_grad_weight(site: Site):
     nd = len(x_shape) - 2
     if not 1 <= nd <= 3 or not is_float(site.dtype(0)):
         return None
-    win = window(site.node, x_shape[2:], w_shape[2:])
+    win = Window.of(site.node, x_shape[2:])
     group = int(site.attr("group", 1))
     same = site.dtype(1) == site.dtype(0)
     if _symmetric(win):
@@ -140,8 +139,7 @@ def _pool_window(site: Site) -> Window | None:
     kernel = site.attr("kernel_shape")
     if kernel is None:
         return None
-    return window(site.node, site.shape(0)[2:] if site.node.op != "MaxPoolGrad" else site.shape(1)[2:],
-                  kernel, bool(site.attr("ceil_mode", 0)))
+    return Window.of(site.node, site.shape(1 if site.node.op == "MaxPoolGrad" else 0)[2:])
 
 
 def _as_2d(x: Any, nd: int) -> Any:
@@ -228,7 +226,7 @@ def _avg_pool_grad(site: Site):
     kernel = site.attr("kernel_shape")
     if kernel is None or not is_float(site.dtype(0)):
         return None
-    win = window(site.node, shape[2:], kernel, bool(site.attr("ceil_mode", 0)))
+    win = Window.of(site.node, shape[2:])
     if (not 1 <= win.nd <= 3 or any(d != 1 for d in win.dilations) or not _symmetric(win)
             or any(2 * b > k for b, k in zip(win.begin, win.kernel))):
         return None
@@ -401,10 +399,10 @@ def _batch_norm_grad(site: Site):
 # -- Dropout -----------------------------------------------------------------------------------
 @lowering("Dropout")
 def _dropout(site: Site):
-    ratio = dropout_ratio(site.node, site.ins[1] if site.has(1) else None)
-    if site.has(2) and site.const(2) is None:
-        return None  # a training flag known only at run time: the reference kernel decides
-    training = bool(site.const(2).reshape(()).item()) if site.has(2) else False
+    ratio, training = site.attr("ratio"), site.attr("training_mode")
+    if ratio is None or training is None:
+        return None  # a ratio or training flag known only at run time: the reference kernel decides
+    ratio, training = float(ratio), bool(training)
     import torch
     if not training or ratio == 0:
         return lambda ins: [ins[0], torch.ones(ins[0].shape, dtype=torch.bool, device=ins[0].device)]
@@ -437,7 +435,7 @@ def _softmax(site: Site):
     if not is_float(site.dtype(0)):
         return None
     import torch
-    axis = norm_axis(site.attr("axis", -1), len(site.shape(0)))
+    axis = int(site.resolved("axis"))
     op = site.node.op
     if op == "Softmax":
         return lambda ins: [torch.softmax(ins[0], dim=axis)]
@@ -457,7 +455,7 @@ def _layer_norm_setup(site: Site, stash_type: int = 1):
     the last; float64 inputs (or stash_type 11, double) compute in float64, all else in float32."""
     import torch
     rank = len(site.shape(0 if site.node.op == "LayerNormalization" else 1))
-    axis = norm_axis(site.attr("axis", -1), rank)
+    axis = int(site.resolved("axis"))
     if not 0 <= axis < rank:
         return None
     x_dtype = site.dtype(0 if site.node.op == "LayerNormalization" else 1)

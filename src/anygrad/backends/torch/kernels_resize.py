@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ...ops.index import interp_matrices, interp_of, resize_plan
+from ...ops.index import Interp, interp_matrices
 from .lowering import Site, device_constants, is_float, lowering
 
 
@@ -96,14 +96,12 @@ def _separable(site: Site, in_shape: tuple, mats: list, outside: list | None, fi
 @lowering("Resize", "Upsample")
 def _resize(site: Site):
     """Scales, sizes and roi must be known when the graph is compiled (constants)."""
-    if any(site.has(s) and site.const(s) is None for s in range(1, len(site.ins))):
-        return None
+    scales, roi = site.attr("scales"), site.attr("roi")
+    if scales is None or roi is None:
+        return None  # scales, sizes or roi known only at run time: the reference kernel reads them
     shape = site.shape(0)
-    plan = resize_plan(site.node, shape, site.ins)
-    if tuple(int(d) for d in plan.out) != site.out_shape():
-        return None
-    it = interp_of(site.node)
-    mats, outside = interp_matrices(it, shape, plan.out, plan.scales, plan.roi)
+    it = Interp.resolved(site.node)
+    mats, outside = interp_matrices(it, shape, site.out_shape(), list(scales), list(roi))
     return _separable(site, shape, mats, outside, it.extrapolation)
 
 
@@ -114,6 +112,6 @@ def _resize_grad(site: Site) -> Any:
         return None
     shape = tuple(int(d) for d in site.attr("shape"))
     out = site.shape(0)
-    mats, _ = interp_matrices(interp_of(site.node), shape, out, list(site.attr("scales")), list(site.attr("roi")))
+    mats, _ = interp_matrices(Interp.resolved(site.node), shape, out, list(site.attr("scales")), list(site.attr("roi")))
     mats_t = [None if m is None else np.ascontiguousarray(m.T) for m in mats]
     return _separable(site, out, mats_t, None, 0.0)

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...ops.reduce import reduce_axes
-from ...ops.shape import pad_amounts, pad_mode, pad_source_index, slice_bounds, slice_len, split_sizes
-from .lowering import Site, add_rows, device_constants, is_float, lowering, norm_axis
+from ...ops.shape import pad_source_index, slice_len
+from .lowering import Site, add_rows, device_constants, is_float, lowering
 
 
 @lowering("Reshape", "Flatten", "Squeeze", "Unsqueeze")
@@ -26,16 +25,14 @@ def _expand(site: Site):
 
 @lowering("Transpose")
 def _transpose(site: Site):
-    rank = len(site.shape(0))
-    perm = site.attr("perm")
-    perm = [norm_axis(p, rank) for p in perm] if perm is not None else list(reversed(range(rank)))
+    perm = [int(p) for p in site.resolved("perm")]
     return lambda ins: [ins[0].permute(perm)]
 
 
 @lowering("Concat")
 def _concat(site: Site):
     import torch
-    axis = norm_axis(site.attr("axis"), len(site.out_shape()))
+    axis = int(site.resolved("axis"))
     return lambda ins: [torch.cat([x for x in ins if x is not None], dim=axis)]
 
 
@@ -43,7 +40,7 @@ def _concat(site: Site):
 def _gather(site: Site):
     import torch
     shape = site.shape(0)
-    axis = norm_axis(site.attr("axis", 0), len(shape))
+    axis = int(site.resolved("axis"))
     out = site.out_shape()
     dim = shape[axis]
 
@@ -65,7 +62,7 @@ def _gather_grad(site: Site):
         return None
     import torch
     shape = tuple(int(d) for d in site.attr("shape"))
-    axis = norm_axis(site.attr("axis", 0), len(shape))
+    axis = int(site.resolved("axis"))
     q = len(site.shape(1))
     dim = shape[axis]
     rest = shape[:axis] + shape[axis + 1:]
@@ -84,7 +81,7 @@ def _gather_grad(site: Site):
 @lowering("Slice")
 def _slice(site: Site):
     import torch
-    bounds = slice_bounds(site.node, site.ins, site.shape(0))
+    bounds = list(zip(site.resolved("starts"), site.resolved("ends"), site.resolved("steps")))
     if all(step > 0 for _, _, step in bounds):
         index = tuple(slice(s, e, st) for s, e, st in bounds)
         return lambda ins: [ins[0][index]]
@@ -104,7 +101,7 @@ def _slice(site: Site):
 @lowering("Split")
 def _split(site: Site):
     import torch
-    axis, sizes = split_sizes(site.node, site.shape(0), site.ins[1] if site.has(1) else None)
+    axis, sizes = int(site.resolved("axis")), list(site.resolved("split"))
     return lambda ins: list(torch.split(ins[0], sizes, dim=axis))
 
 
@@ -115,9 +112,7 @@ def _reduce(site: Site):
     op = site.node.op
     if site.dtype(0).kind not in "iuf" or (op in ("ReduceMean", "ReduceL2") and not is_float(site.dtype(0))):
         return None
-    shape = site.shape(0)
-    axes = list(reduce_axes(site.node, site.ins, len(shape)))
-    keep = bool(site.attr("keepdims", 1))
+    axes, keep = list(site.resolved("axes")), bool(site.resolved("keepdims"))
     if not axes:
         fns = {"ReduceSumSquare": lambda x: x * x, "ReduceL2": lambda x: torch.sqrt(x * x)}
         fn = fns.get(op, lambda x: x)
@@ -139,7 +134,7 @@ def _arg(site: Site):
     if site.attr("select_last_index", 0) or site.dtype(0).kind not in "iuf":
         return None
     import torch
-    axis = norm_axis(site.attr("axis", 0), len(site.shape(0)))
+    axis = int(site.resolved("axis"))
     keep = bool(site.attr("keepdims", 1))
     fn = torch.argmax if site.node.op == "ArgMax" else torch.argmin
     return lambda ins: [fn(ins[0], dim=axis, keepdim=keep)]  # ties: the first index, as numpy
@@ -199,12 +194,10 @@ def _pad(site: Site):
     import torch
     import torch.nn.functional as F
     shape = site.shape(0)
-    amounts = pad_amounts(site.node, site.ins, len(shape))
-    mode = pad_mode(site.node, shape, amounts)
-    value = site.const(2) if site.has(2) else None
-    if site.has(2) and value is None:
+    pads, mode, value = site.resolved("pads"), site.resolved("mode"), site.attr("value")
+    if value is None:
         return None  # a constant value known only at run time: the reference kernel reads it
-    value = site.attr("value", 0.0) if value is None or value.size == 0 else value.reshape(()).item()
+    amounts = list(zip(pads[:len(shape)], pads[len(shape):]))
     if mode == "constant":
         pads = _torch_pads(amounts)
         return lambda ins: [F.pad(ins[0], pads, value=value)]

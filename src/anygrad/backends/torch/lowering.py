@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ...ir.graph import Node, TensorInfo
+from ...ir.passes import resolved
 
 TorchKernel = Callable[[list[Any]], Sequence[Any]]
 
@@ -47,6 +48,11 @@ class Site:
     def attr(self, key: str, default: Any = None) -> Any:
         value = self.node.attrs.get(key, default)
         return value.decode() if isinstance(value, bytes) else value
+
+    def resolved(self, key: str) -> Any:
+        """An attribute `resolve_attributes` made explicit (ir/passes.py); a ShapeError naming the
+        node when it could not (an input only known when the step runs)."""
+        return resolved(self.node, key)
 
     def const(self, slot: int) -> np.ndarray | None:
         """The compile-time value of input `slot` (None when absent or not constant)."""

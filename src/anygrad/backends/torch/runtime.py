@@ -47,6 +47,7 @@ import numpy as np
 
 from ...errors import ConfigError, DataError, DeviceError, ShapeError, UnsupportedOpError
 from ...ir.graph import Graph, Node
+from ...ir.passes import resolve_attributes
 from ...ir.registry import get_op
 from ..base import Backend, Executable
 from . import (  # noqa: F401
@@ -777,6 +778,7 @@ class TorchBackend(Backend):
         return (op.op if isinstance(op, Node) else op) in LOWERINGS
 
     def compile(self, graph: Graph) -> TorchExecutable:
+        resolve_attributes(graph)  # the lowerings read explicit attributes (ir/passes.py)
         for name in graph.state_names:
             if name not in self.state and name in graph.initializers:
                 self.set_state(name, graph.initializers[name])

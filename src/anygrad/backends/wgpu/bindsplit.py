@@ -20,7 +20,7 @@ from dataclasses import replace
 import numpy as np
 
 from ...ir.graph import Graph, Node, TensorInfo
-from ...ops.reduce import reduce_axes
+from ...ir.passes import resolved
 from .bindpack import _DECL, _uses_only_indexed, index_rewrite
 from .kernel import AdapterCaps, Kernel
 from .kernels_elementwise import EW, FUSED
@@ -75,8 +75,7 @@ def _rowed(node: Node, graph: Graph) -> list[str] | None:
         return [ins[1]] + outs
     if op in COMBINE:
         shape = shape_of(graph, ins[0])
-        infos = [graph.info.get(i) if i else None for i in ins]
-        axes = reduce_axes(node, infos, len(shape))
+        axes = tuple(resolved(node, "axes"))
         if 0 in axes or not shape or shape[0] != lead:
             return None
         return [ins[0]] + outs

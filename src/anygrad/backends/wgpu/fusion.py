@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...ir.graph import Graph, Node, TensorInfo
+from ...ir.passes import resolve_attributes
 from .kernel import AdapterCaps
 from .kernels_elementwise import UNPACK_BYTES, bound_count, is_elementwise, make_fused
 from .kernels_gemm import EPILOGUE_ACTIVATIONS
@@ -539,8 +540,8 @@ def pack_byte_inputs(graph: Graph) -> None:
 
 
 def prepare(graph: Graph, caps: AdapterCaps, supports_epilogue: set[str], fuse: bool = True) -> Graph:
-    """A copy of graph rewritten for lowering."""
-    g = graph.copy()
+    """A copy of graph rewritten for lowering (its attributes resolved: what the lowerings read)."""
+    g = resolve_attributes(graph.copy())
     protected = set(g.outputs) | set(g.state_updates)
     inference_dropout_to_identity(g)
     pack_byte_inputs(g)  # not an optimisation: the runtime uploads those inputs packed either way

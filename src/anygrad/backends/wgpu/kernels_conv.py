@@ -11,8 +11,8 @@
 - Pools: one invocation per output (forward) or per input element (gradients gather over the
   windows that cover them, so no atomics and the sums are deterministic).
 
-Window geometry (auto_pad, ceil_mode, counts) comes from `anygrad.ops.nn.window`, the same code
-the numpy reference uses.
+Window geometry is `anygrad.ops.nn.Window.of` over the node's resolved attributes (explicit pads,
+strides, dilations, ceil_mode: ir/passes.resolve_attributes), the layout the numpy reference uses.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from ...errors import UnsupportedOpError
 from ...ir.graph import Graph, Node
-from ...ops.nn import window
+from ...ops.nn import Window
 from .kernel import AdapterCaps, Kernel, Scratch, lowering
 from .kernels_conv_nd import CONV_ND
 from .kernels_gemm import (
@@ -83,12 +83,13 @@ class Geo:
         return (self.taps == 1 and self.sh == self.sw == 1 and not (self.ph or self.pw or self.eh or self.ew))
 
 
-def geometry(node: Node, x_shape: tuple[int, ...], kernel: tuple[int, ...], ceil_mode: bool = False) -> Geo:
+def geometry(node: Node, x_shape: tuple[int, ...]) -> Geo:
+    """The layout of a windowed node (resolved attributes) over an input of `x_shape`."""
     nd = len(x_shape) - 2
     if nd not in (1, 2):
         raise UnsupportedOpError(f"{node.label}: the wgpu backend runs 1-D and 2-D {node.op} only "
                                  f"(input {tuple(x_shape)}); use the numpy backend for {nd}-D")
-    w = window(node, x_shape[2:], kernel, ceil_mode)
+    w = Window.of(node, x_shape[2:])
 
     def two(t):
         return (1,) + tuple(t) if nd == 1 else tuple(t)
@@ -157,7 +158,7 @@ def lower_conv(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     if len(static_shape(graph, node.inputs[0], node)) > 4:
         return CONV_ND[node.op](node, graph)
     xs, ws, G = _conv_shapes(node, graph, node.inputs[0], node.inputs[1])
-    g = geometry(node, xs, ws[2:])
+    g = geometry(node, xs)
     Co, Cg = ws[0], ws[1]
     Cog = Co // G
     has_bias = bool(node.input(2))
@@ -219,7 +220,7 @@ def lower_conv_grad_input(node: Node, graph: Graph, caps: AdapterCaps) -> list[K
     ws = static_shape(graph, w, node)
     xs = tuple(int(d) for d in node.attr("input_shape"))
     G = int(node.attr("group", 1))
-    g = geometry(node, xs, ws[2:])
+    g = geometry(node, xs)
     Co, Cg = ws[0], ws[1]
     Cog = Co // G
     K = Cog * g.taps
@@ -269,7 +270,7 @@ def lower_conv_grad_weight(node: Node, graph: Graph, caps: AdapterCaps) -> list[
     xs = static_shape(graph, x, node)
     ws = tuple(int(d) for d in node.attr("weight_shape"))
     G = int(node.attr("group", 1))
-    g = geometry(node, xs, ws[2:])
+    g = geometry(node, xs)
     Co, Cg = ws[0], ws[1]
     Cog = Co // G
     N = Cg * g.taps          # one output column per (input channel, tap)
@@ -308,7 +309,7 @@ def flat_kernel(name: str, reads: list[str], read_vars: list[str], write: str, w
 
 
 def _pool_geo(node: Node, x_shape) -> Geo:
-    return geometry(node, tuple(x_shape), tuple(node.attr("kernel_shape")), bool(node.attr("ceil_mode", 0)))
+    return geometry(node, tuple(x_shape))
 
 
 def _out_coords(g: Geo) -> str:

@@ -4,14 +4,15 @@
 One invocation per output element: a Conv output sums its receptive field; an input-gradient
 element gathers from the outputs whose windows cover it (no atomics); a weight-gradient element
 sums over the batch and every output position. Simple rather than fast: 3-D convolutions are
-rare in the models this backend trains. Window geometry: `anygrad.ops.nn.window`.
+rare in the models this backend trains. Window geometry: `anygrad.ops.nn.Window.of`
+over the node's resolved attributes.
 """
 from __future__ import annotations
 
 import math
 
 from ...ir.graph import Graph, Node
-from ...ops.nn import window
+from ...ops.nn import Window
 from .kernel import Kernel
 from .kernels_gemm import EPILOGUES
 from .kernels_index import _coords, _kernel
@@ -40,7 +41,7 @@ def conv(node: Node, graph: Graph) -> list[Kernel]:
     x, w = node.inputs[:2]
     bias = node.input(2)
     xs, ws = shape_of(graph, x), shape_of(graph, w)
-    win = window(node, xs[2:], ws[2:])
+    win = Window.of(node, xs[2:])
     G = int(node.attr("group", 1))
     co, cg = ws[0], ws[1]
     cog = co // G
@@ -69,7 +70,7 @@ def conv_grad_input(node: Node, graph: Graph) -> list[Kernel]:
     dy, w = node.inputs[:2]
     ws = shape_of(graph, w)
     xs = tuple(int(d) for d in node.attr("input_shape"))
-    win = window(node, xs[2:], ws[2:])
+    win = Window.of(node, xs[2:])
     G = int(node.attr("group", 1))
     co, cg = ws[0], ws[1]
     cog = co // G
@@ -98,7 +99,7 @@ def conv_grad_weight(node: Node, graph: Graph) -> list[Kernel]:
     dy, x = node.inputs[:2]
     xs = shape_of(graph, x)
     ws = tuple(int(d) for d in node.attr("weight_shape"))
-    win = window(node, xs[2:], ws[2:])
+    win = Window.of(node, xs[2:])
     G = int(node.attr("group", 1))
     co, cg = ws[0], ws[1]
     cog = co // G

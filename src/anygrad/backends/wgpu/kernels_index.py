@@ -16,7 +16,8 @@ import math
 from dataclasses import replace
 
 from ...ir.graph import Graph, Node
-from .attrs import ints_of, norm_axis
+from ...ir.passes import resolved
+from ...ops.index import rearrange
 from .kernel import AdapterCaps, Kernel, lowering
 from .kernels_elementwise import Emit, Val, ew
 from .kernels_shape import affine_copy
@@ -51,8 +52,8 @@ def _index(ity: str, expr: str, dim: int) -> str:
     return f"select({v}, {v} + {dim}, {v} < 0)"
 
 
-def _axis(node: Node, rank: int, default: int = 0) -> int:
-    return norm_axis(int(node.attr("axis", default)), rank)
+def _axis(node: Node) -> int:
+    return int(resolved(node, "axis"))
 
 
 # -- GatherElements / its gradient / ScatterElements ------------------------------------------
@@ -60,7 +61,7 @@ def _axis(node: Node, rank: int, default: int = 0) -> int:
 def lower_gather_elements(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     data, idx = node.inputs[:2]
     ds, ishape = shape_of(graph, data), shape_of(graph, idx)
-    axis = _axis(node, len(ds))
+    axis = _axis(node)
     coords = [f"c{d}" for d in range(len(ds))]
     coords[axis] = "u32(k)"
     body = f"""  {_coords('i', ishape)}
@@ -91,7 +92,7 @@ def lower_gather_elements_grad(node: Node, graph: Graph, caps: AdapterCaps) -> l
     dy, idx = node.inputs[:2]
     ds = tuple(int(d) for d in node.attr("shape"))
     ishape = shape_of(graph, idx)
-    axis = norm_axis(int(node.attr("axis")), len(ds))
+    axis = _axis(node)
     ity = vtype(graph, idx)
     return _segment_scatter("GatherElementsGrad", math.prod(ishape), math.prod(ds), 1,
                             _element_key(ds, ishape, axis, ity), idx, ity, [("dy", "f32", dy)], "0.0",
@@ -129,7 +130,7 @@ _COMBINE = {"none": "v = {u};", "add": "v = v + {u};", "mul": "v = v * {u};", "m
 def lower_scatter_elements(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     data, idx, upd = node.inputs[:3]
     ds, ishape = shape_of(graph, data), shape_of(graph, idx)
-    axis = _axis(node, len(ds))
+    axis = _axis(node)
     ty, ity = vtype(graph, data), vtype(graph, idx)
     comb = _COMBINE[_reduction(node)].format(u=f"{ty}(up[j])")
     return _segment_scatter("ScatterElements", math.prod(ishape), math.prod(ds), 1,
@@ -241,7 +242,7 @@ def lower_topk(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     stable sort does."""
     x = node.inputs[0]
     shape = shape_of(graph, x)
-    axis = _axis(node, len(shape), -1)
+    axis = _axis(node)
     k = shape_of(graph, node.outputs[0])[axis]
     outer, a, inner = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
     cmp = ">" if node.attr("largest", 1) else "<"
@@ -307,11 +308,10 @@ def lower_count_top_k(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kerne
 # -- OneHot, CumSum, Trilu -----------------------------------------------------------------------
 @lowering("OneHot")
 def lower_one_hot(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
-    idx, depth_in, values = node.inputs[:3]
+    idx, values = node.inputs[0], node.inputs[2]
     y = node.outputs[0]
     out = shape_of(graph, y)
-    depth = ints_of(graph.info[depth_in], "depth", node)[0]
-    axis = norm_axis(int(node.attr("axis", -1)), len(out))
+    depth, axis = int(resolved(node, "depth")), _axis(node)
     ishape = out[:axis] + out[axis + 1:]
     coords = [f"c{d}" for d in range(len(out)) if d != axis]
     ity, ty = vtype(graph, idx), vtype(graph, values)
@@ -327,7 +327,7 @@ def lower_cumsum(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     reversed."""
     x, y = node.inputs[0], node.outputs[0]
     shape = shape_of(graph, x)
-    axis = norm_axis(ints_of(graph.info[node.inputs[1]], "axis", node)[0], len(shape))
+    axis = _axis(node)
     outer, a, inner = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
     ty = vtype(graph, x)
     exclusive = bool(node.attr("exclusive", 0))
@@ -347,9 +347,9 @@ def lower_cumsum(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
 def lower_trilu(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     x, y = node.inputs[0], node.outputs[0]
     shape = shape_of(graph, x)
-    k = ints_of(graph.info[node.inputs[1]], "k", node)[0] if node.input(1) else 0
+    k = int(resolved(node, "k"))
     rows, cols = shape[-2], shape[-1]
-    keep = f"c >= r + {k}" if node.attr("upper", 1) else f"c <= r + {k}"
+    keep = f"c >= r + {k}" if resolved(node, "upper") else f"c <= r + {k}"
     ty = vtype(graph, x)
     body = f"""  let r = i32((i / {cols}u) % {max(rows, 1)}u);
   let c = i32(i % {cols}u);
@@ -360,9 +360,8 @@ def lower_trilu(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
 # -- DepthToSpace / SpaceToDepth: a transpose of a reshaped view ---------------------------------
 @lowering("DepthToSpace", "SpaceToDepth")
 def lower_rearrange(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
-    from ...ops.index import depth_to_space_plan, space_to_depth_plan
     x, y = node.inputs[0], node.outputs[0]
-    plan = (depth_to_space_plan if node.op == "DepthToSpace" else space_to_depth_plan)(node, shape_of(graph, x))
+    plan = rearrange(node.op, shape_of(graph, x), int(resolved(node, "blocksize")), resolved(node, "mode"))
     it = tuple(plan.split[p] for p in plan.perm)
     src = strides(plan.split)
     return affine_copy(node.op, x, y, vtype(graph, x), it, 0, [src[p] for p in plan.perm], 0, strides(it))

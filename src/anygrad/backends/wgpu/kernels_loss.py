@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 from ...ir.graph import Graph, Node
-from ...ops.loss import loss_reduction
+from ...ir.passes import resolved
 from .kernel import AdapterCaps, Kernel, Scratch, lowering
 from .kernels_elementwise import ew
 from .rowsplit import ROWS_WG, Rows, Stats, combine_code, partial_kernel, parts, row_pass
@@ -45,7 +45,7 @@ class ClassLoss:
         log_input = {"NegativeLogLikelihoodLoss": True, "SoftmaxCrossEntropyLoss": False}.get(
             node.op, bool(node.attr("log_input", 0)))
         ignore = node.attr("ignore_index")
-        return ClassLoss(log_input, loss_reduction(node), float(node.attr("label_smoothing", 0.0)),
+        return ClassLoss(log_input, resolved(node, "reduction"), float(node.attr("label_smoothing", 0.0)),
                          None if ignore is None else int(ignore), bool(weight))
 
     def target(self, c: int, row: str = "row") -> str:
@@ -283,8 +283,7 @@ def lower_count_correct(node: Node, graph: Graph, caps: AdapterCaps) -> list[Ker
 def lower_argmax(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     x = node.inputs[0]
     shape = shape_of(graph, x)
-    axis = int(node.attr("axis", 0))
-    axis = axis + len(shape) if axis < 0 else axis
+    axis = int(resolved(node, "axis"))
     outer, a, inner = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
     cmp = ">" if node.op == "ArgMax" else "<"
     if node.attr("select_last_index", 0):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from ...ir.graph import Graph, Node
-from .attrs import norm_axis
+from ...ir.passes import resolved
 from .kernel import AdapterCaps, Kernel, lowering
 from .kernels_elementwise import Emit, Val, ew
 from .kernels_index import _kernel
@@ -38,7 +38,7 @@ def lower_hardmax(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     """One invocation per row: 1 at the first maximum, 0 elsewhere."""
     x, y = node.inputs[0], node.outputs[0]
     shape = shape_of(graph, x)
-    axis = norm_axis(int(node.attr("axis", -1)), len(shape))
+    axis = int(resolved(node, "axis"))
     outer, a, inner = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
     ty = vtype(graph, x)
     body = f"""  let base = (i / {inner}u) * {a * inner}u + i % {inner}u;

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from ... import rng
 from ...ir.graph import Graph, Node
-from ...ops.nn import dropout_ratio, dropout_scale
+from ...ir.passes import resolved
+from ...ops.nn import dropout_scale
 from . import rowsplit
-from .attrs import norm_axis
 from .kernel import AdapterCaps, Kernel, Scratch, lowering
 from .kernels_elementwise import Emit, Val, ew
 from .rowsplit import Rows, Stats
@@ -47,8 +45,7 @@ def lower_softmax(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     an invocation) takes whole is one kernel; long rows that are few are split across
     workgroups: partial statistics, a per-row combine, then every element at once."""
     shape = shape_of(graph, node.inputs[0])
-    axis = norm_axis(int(node.attr("axis", -1)), len(shape))
-    outer, a, inner = rows(shape, axis)
+    outer, a, inner = rows(shape, int(resolved(node, "axis")))
     r = Rows(outer * inner, a, inner)
     st, store = _ROWWISE[node.op]
     ins = tuple(node.inputs[:2] if node.op.endswith("Grad") else node.inputs[:1])
@@ -301,20 +298,9 @@ fn rng_uniform(key: u32, i: u32) -> f32 {{
 }}"""
 
 
-def _const_scalar(c: Emit, node: Node, slot: int, default):
-    name = node.input(slot)
-    if not name:
-        return default
-    value = c.graph.initializers.get(name) if c.graph is not None else None
-    if value is None:
-        raise ValueError(f"{node.label}: input {slot} must be a compile-time constant on the wgpu backend")
-    return np.asarray(value).reshape(()).item()
-
-
 @ew("Dropout", raw=(3,), ignore=(1, 2))
 def _dropout(c: Emit, n: Node, a: list, ot: list[str]) -> list[Val]:
-    ratio = dropout_ratio(n, _const_scalar(c, n, 1, None))
-    training = bool(_const_scalar(c, n, 2, False))
+    ratio, training = float(resolved(n, "ratio")), bool(resolved(n, "training_mode"))
     x = a[0].expr
     if not training or ratio == 0:
         return [Val(x, "f32"), Val("1u", "u32")]

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 from ...ir.graph import Graph, Node
-from .attrs import norm_axis
+from ...ir.passes import resolved
 from .kernel import AdapterCaps, Kernel, Scratch, lowering
 from .kernels_reduce import COMBINE, reduce_kernels
 from .wgreduce import Part, reduce_code, shared_decl, use_subgroups
@@ -152,7 +152,7 @@ def _stat_post(d: int, eps: str) -> str:
 # -- LayerNormalization -----------------------------------------------------------------------
 def _ln_spec(node: Node, graph: Graph, x: str, scale: str) -> RowSpec:
     shape = shape_of(graph, x)
-    axis = norm_axis(int(node.attr("axis", -1)), len(shape))
+    axis = int(resolved(node, "axis"))
     norm = shape[axis:]
     param = broadcast_index(norm, shape_of(graph, scale), "k")
     return RowSpec(math.prod(shape[:axis]), math.prod(norm), param)

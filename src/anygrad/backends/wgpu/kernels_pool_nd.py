@@ -12,7 +12,7 @@ import math
 from dataclasses import replace
 
 from ...ir.graph import Graph, Node
-from ...ops.nn import window
+from ...ops.nn import Window
 from .kernel import Kernel, Scratch
 from .wgsl import bindings, flat_id, grid, shader, shape_of, vtype
 
@@ -21,7 +21,7 @@ LOWEST = {"f32": NEG_INF, "i32": "i32(-2147483647 - 1)", "u32": "0u"}  # the ide
 
 
 def _geo(node: Node, x_shape: tuple[int, ...]):
-    return window(node, x_shape[2:], tuple(node.attr("kernel_shape")), bool(node.attr("ceil_mode", 0)))
+    return Window.of(node, x_shape[2:])
 
 
 def _strides(shape) -> list[int]:

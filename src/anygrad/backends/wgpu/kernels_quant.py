@@ -13,9 +13,9 @@ import math
 import numpy as np
 
 from ...ir.graph import Graph, Node
-from ...ops.nn import window
+from ...ir.passes import resolved
+from ...ops.nn import Window
 from ...ops.quant import RANGES
-from .attrs import norm_axis
 from .kernel import AdapterCaps, Kernel, lowering
 from .kernels_index import _coords, _kernel
 from .wgsl import bindings, broadcast_index, shader, shape_of, strides, vtype
@@ -26,7 +26,6 @@ def _spread_index(x_shape, p_shape, axis: int, block: int, var: str = "i") -> st
     or per block along the axis)."""
     if math.prod(p_shape) == 1 and not block:
         return "0u"
-    axis = norm_axis(axis, len(x_shape))
     st = strides(x_shape)
     if not block:
         return f"(({var} / {st[axis]}u) % {x_shape[axis]}u)"
@@ -70,7 +69,7 @@ def lower_quantize(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     zp = node.input(2)
     y = node.outputs[0]
     xs = shape_of(graph, x)
-    axis, block = int(node.attr("axis", 1)), int(node.attr("block_size", 0))
+    axis, block = int(resolved(node, "axis")), int(node.attr("block_size", 0))
     lo, hi = _range(graph, y)
     si = _spread_index(xs, shape_of(graph, scale), axis, block)
     reads = [("x", "f32", x), ("sc", "f32", scale)]
@@ -88,7 +87,7 @@ def lower_dequantize(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel
     x, scale = node.inputs[:2]
     zp = node.input(2)
     xs = shape_of(graph, x)
-    axis, block = int(node.attr("axis", 1)), int(node.attr("block_size", 0))
+    axis, block = int(resolved(node, "axis")), int(node.attr("block_size", 0))
     reads = [("x", vtype(graph, x), x), ("sc", "f32", scale)]
     v = "f32(x[i])"
     if zp:
@@ -184,7 +183,7 @@ def lower_qlinear_matmul(node: Node, graph: Graph, caps: AdapterCaps) -> list[Ke
 def _conv_body(node: Node, graph: Graph, x: str, w: str, xzp: str, wzp: str, bias: str,
                reads: list) -> tuple[str, int]:
     xs, ws = shape_of(graph, x), shape_of(graph, w)
-    win = window(node, xs[2:], ws[2:])
+    win = Window.of(node, xs[2:])
     groups = int(node.attr("group", 1))
     co, cg = ws[0], ws[1]
     cog = co // groups

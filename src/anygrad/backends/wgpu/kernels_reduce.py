@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...ir.graph import Graph, Node
-from ...ops.reduce import reduce_axes
+from ...ir.passes import resolved
 from .kernel import AdapterCaps, Kernel, Scratch, lowering
 from .wgreduce import Part, reduce_code, shared_decl, use_subgroups
 from .wgsl import (
@@ -213,8 +213,7 @@ def reduce_kernels(name: str, x: str, y: str, shape: tuple[int, ...], axes: tupl
 def lower_reduce(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     x = node.inputs[0]
     shape = shape_of(graph, x)
-    infos = [graph.info.get(i) if i else None for i in node.inputs]
-    axes = reduce_axes(node, infos, len(shape))
+    axes = tuple(resolved(node, "axes"))
     return reduce_kernels(node.op, x, node.outputs[0], shape, axes, vtype(graph, x), COMBINE[node.op], caps)
 
 
@@ -226,8 +225,7 @@ _SAFE_MAX = "fn mm(o: u32) -> f32 { let v = m[o]; return select(0.0, v, abs(v) <
 def lower_logsumexp(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     x, y = node.inputs[0], node.outputs[0]
     shape = shape_of(graph, x)
-    infos = [graph.info.get(i) if i else None for i in node.inputs]
-    axes = reduce_axes(node, infos, len(shape))
+    axes = tuple(resolved(node, "axes"))
     n_out = 1
     for d, e in enumerate(shape):
         n_out *= 1 if d in axes else e

@@ -14,7 +14,8 @@ import math
 import numpy as np
 
 from ...ir.graph import Graph, Node
-from ...ops.index import interp_matrices, interp_of, resize_plan
+from ...ir.passes import resolved
+from ...ops.index import Interp, interp_matrices
 from .kernel import AdapterCaps, Kernel, lowering
 from .wgsl import bindings, flat_id, grid, literal, shader, shape_of, strides, vtype
 
@@ -79,13 +80,11 @@ def separable(name: str, x: str, y: str, in_shape, out_shape, mats: list, ty_in:
 @lowering("Resize", "Upsample")
 def lower_resize(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     x, y = node.inputs[0], node.outputs[0]
-    shape = shape_of(graph, x)
-    infos = [graph.info.get(i) if i else None for i in node.inputs]
-    plan = resize_plan(node, shape, infos)
-    it = interp_of(node)
-    mats, outside = interp_matrices(it, shape, plan.out, plan.scales, plan.roi)
+    shape, out = shape_of(graph, x), shape_of(graph, y)
+    it = Interp.resolved(node)
+    mats, outside = interp_matrices(it, shape, out, list(resolved(node, "scales")), list(resolved(node, "roi")))
     ty = vtype(graph, x)
-    return [separable(node.op, x, y, shape, plan.out, mats, ty, ty, outside, it.extrapolation)]
+    return [separable(node.op, x, y, shape, out, mats, ty, ty, outside, it.extrapolation)]
 
 
 @lowering("ResizeGrad")
@@ -93,6 +92,6 @@ def lower_resize_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kerne
     dy, dx = node.inputs[0], node.outputs[0]
     shape = tuple(int(d) for d in node.attr("shape"))
     out = shape_of(graph, dy)
-    mats, _ = interp_matrices(interp_of(node), shape, out, list(node.attr("scales")), list(node.attr("roi")))
+    mats, _ = interp_matrices(Interp.resolved(node), shape, out, list(node.attr("scales")), list(node.attr("roi")))
     mats_t = [None if m is None else np.ascontiguousarray(m.T) for m in mats]
     return [separable("ResizeGrad", dy, dx, out, shape, mats_t, "f32", "f32")]

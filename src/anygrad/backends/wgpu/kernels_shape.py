@@ -10,7 +10,8 @@ import math
 from collections.abc import Sequence
 
 from ...ir.graph import Graph, Node
-from ...ops.shape import slice_bounds, slice_len, split_sizes
+from ...ir.passes import resolved
+from ...ops.shape import pad_source_index, slice_len
 from .kernel import AdapterCaps, Kernel, lowering
 from .segments import sorted_segments
 from .wgsl import bindings, flat_id, grid, literal, shader, shape_of, strides, vtype
@@ -48,8 +49,7 @@ def affine_copy(name: str, src: str, dst: str, ty: str, iter_shape: Sequence[int
 def lower_transpose(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     x, y = node.inputs[0], node.outputs[0]
     shape = shape_of(graph, x)
-    perm = node.attr("perm")
-    perm = list(perm) if perm is not None else list(range(len(shape)))[::-1]
+    perm = [int(p) for p in resolved(node, "perm")]
     out = shape_of(graph, y)
     ist = strides(shape)
     return affine_copy("Transpose", x, y, vtype(graph, x), out, 0, [ist[p] for p in perm], 0, strides(out))
@@ -59,8 +59,7 @@ def lower_transpose(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]
 def lower_slice(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     x, y = node.inputs[0], node.outputs[0]
     shape = shape_of(graph, x)
-    infos = [graph.info.get(i) if i else None for i in node.inputs]
-    bounds = slice_bounds(node, infos, shape)
+    bounds = list(zip(resolved(node, "starts"), resolved(node, "ends"), resolved(node, "steps")))
     out = tuple(slice_len(*b) for b in bounds)
     ist = strides(shape)
     base = sum(b[0] * s for b, s in zip(bounds, ist))
@@ -84,8 +83,7 @@ def lower_slice_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel
 def lower_concat(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     y = node.outputs[0]
     out = shape_of(graph, y)
-    axis = int(node.attr("axis"))
-    axis = axis + len(out) if axis < 0 else axis
+    axis = int(resolved(node, "axis"))
     ost = strides(out)
     kernels, offset = [], 0
     for x in node.inputs:
@@ -102,8 +100,7 @@ def lower_concat(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
 def lower_split(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     x = node.inputs[0]
     shape = shape_of(graph, x)
-    infos = [graph.info.get(i) if i else None for i in node.inputs]
-    axis, sizes = split_sizes(node, shape, infos[1] if len(infos) > 1 else None)
+    axis, sizes = int(resolved(node, "axis")), resolved(node, "split")
     ist = strides(shape)
     kernels, offset = [], 0
     for y, size in zip(node.outputs, sizes):
@@ -115,8 +112,7 @@ def lower_split(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
 
 
 def _gather_geometry(node: Node, data_shape: tuple[int, ...], n_idx: int) -> tuple[int, int, int, int]:
-    axis = int(node.attr("axis", 0))
-    axis = axis + len(data_shape) if axis < 0 else axis
+    axis = int(resolved(node, "axis"))
     return math.prod(data_shape[:axis]), data_shape[axis], n_idx, math.prod(data_shape[axis + 1:])
 
 
@@ -232,30 +228,16 @@ def lower_tile(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     return [table_gather("Tile", x, y, vtype(graph, x), shape, out, tables, literal(0, vtype(graph, x)))]
 
 
-def _pad_geometry(node: Node, graph: Graph):
-    from ...ops.shape import pad_amounts, pad_mode
-    shape = shape_of(graph, node.inputs[0])
-    infos = [graph.info.get(i) if i else None for i in node.inputs]
-    amounts = pad_amounts(node, infos, len(shape))
-    return shape, amounts, pad_mode(node, shape, amounts)
-
-
 @lowering("Pad")
 def lower_pad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
-    import numpy as np
-
-    from ...ops.shape import pad_source_index
     x, y = node.inputs[0], node.outputs[0]
-    shape, amounts, mode = _pad_geometry(node, graph)
+    shape = shape_of(graph, x)
+    pads, mode = resolved(node, "pads"), resolved(node, "mode")
+    amounts = list(zip(pads[:len(shape)], pads[len(shape):]))
     ty = vtype(graph, x)
-    value = node.attr("value", 0.0)
-    fill_value = ""
-    if node.input(2):
-        const = graph.initializers.get(node.input(2))
-        if const is None:  # computed at run time: read from its buffer
-            fill_value = node.input(2)
-        elif np.asarray(const).size:
-            value = np.asarray(const).reshape(()).item()
+    # a fill value computed at run time is read from its buffer; a constant one was resolved
+    fill_value = node.input(2) if "value" not in node.attrs else ""
+    value = node.attrs.get("value", 0.0)
     tables = {d: pad_source_index(mode, s, b, a).tolist() for d, (s, (b, a)) in enumerate(zip(shape, amounts))
               if (b, a) != (0, 0)}
     return [table_gather("Pad", x, y, ty, shape, shape_of(graph, y), tables, literal(value, ty), fill_value)]
@@ -264,7 +246,6 @@ def lower_pad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
 @lowering("PadGrad")
 def lower_pad_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     """One scatter-free pass per padded axis: each input position sums the outputs that read it."""
-    from ...ops.shape import pad_source_index
     dy, dx = node.inputs[0], node.outputs[0]
     shape = [int(d) for d in node.attr("shape")]
     mode = node.attr("mode")

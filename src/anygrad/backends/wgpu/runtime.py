@@ -17,6 +17,7 @@ import numpy as np
 from ... import _parallel
 from ...errors import DeviceError, ShapeError
 from ...ir.graph import Graph, Node
+from ...ir.passes import resolve_attributes
 from ...ops import collective
 from ..base import Backend, Executable
 from . import autotune, pipeline_cache
@@ -474,6 +475,7 @@ class WgpuBackend(Backend):
         return replace(memory_report(plan), recomputed=len(recomputed))
 
     def compile(self, graph: Graph, fuse: bool = True) -> WgpuExecutable:
+        resolve_attributes(graph)  # before the plan cache's key: the graph as it is lowered
         for name in graph.state_names:
             if name not in self.state and name in graph.initializers:
                 self.set_state(name, graph.initializers[name])
