@@ -26,11 +26,6 @@ def _kinds(site: Site, slots: tuple[int, ...], kinds: str) -> bool:
     return all(not site.has(i) or site.dtype(i).kind in kinds for i in slots)
 
 
-def _const_int(site: Site, slot: int) -> int | None:
-    value = site.const(slot)
-    return None if value is None or value.size == 0 else int(value.reshape(-1)[0])
-
-
 def _const_in_range(site: Site, slot: int, dims: np.ndarray) -> bool:
     """False only for constant indices that some entry falls outside (negative: from the end)."""
     idx = site.const(slot)
@@ -261,10 +256,7 @@ def _topk(site: Site) -> TorchKernel | None:
         return None
     import torch
     axis = int(site.resolved("axis"))
-    k = site.attr("k") if not site.has(1) else _const_int(site, 1)
-    if k is None:
-        return None
-    k, largest = int(k), bool(site.attr("largest", 1))
+    k, largest = site.out_shape()[axis], bool(site.attr("largest", 1))   # k: the output's extent
 
     def topk(ins):
         values, order = torch.sort(ins[0], dim=axis, descending=largest, stable=True)
@@ -327,10 +319,10 @@ def _cumsum(site: Site) -> TorchKernel | None:
 
 @lowering("Tile")
 def _tile(site: Site) -> TorchKernel | None:
-    reps = site.const(1)
-    if reps is None:
+    shape, out = site.shape(0), site.out_shape()
+    if 0 in shape:   # an empty input tiles to an empty output of any repeats
         return None
-    reps = [int(r) for r in reps.reshape(-1)]
+    reps = [o // d for d, o in zip(shape, out)]   # the repeats, from the shapes (as wgpu reads them)
     if not reps:
         return lambda ins: [ins[0]]
     return lambda ins: [ins[0].repeat(reps)]
