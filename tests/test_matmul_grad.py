@@ -134,15 +134,14 @@ def test_gpt_like_step_planned_bytes_grow_with_tokens_not_weights():
     weight-sized gradient per sample (the head's D x V alone is 192 KiB a sample)."""
     pytest.importorskip("wgpu")
     from anygrad.backends.wgpu.fusion import prepare
-    from anygrad.backends.wgpu.kernel import AdapterCaps
+    from anygrad.backends.wgpu.kernel import AdapterCaps, ops_where
     from anygrad.backends.wgpu.planner import make_plan
-    from anygrad.backends.wgpu.runtime import EPILOGUE_SUPPORT
 
     caps = AdapterCaps()
 
     def planned(batch: int) -> int:
         graph = _gpt_like_step(batch)
-        prepared = prepare(graph, caps, EPILOGUE_SUPPORT)
+        prepared = prepare(graph, caps, ops_where("epilogue"))
         plan = make_plan(prepared, caps, set())
         return sum(plan.slot_bytes)
 

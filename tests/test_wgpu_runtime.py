@@ -231,6 +231,21 @@ def test_op_without_kernel_is_a_device_error_at_compile(wb, monkeypatch):
         wb.compile(g)
 
 
+def test_one_lowering_registry_holds_aliases_epilogues_and_updates(wb):
+    """The planner's aliases, fusion's epilogue GEMMs and optimizer updates are traits of the
+    backend's one registry (kernel.REGISTRY), not lists beside it: every optimizer's update op is
+    an update there, the aliases run no kernel of their own, and `supports` answers for all."""
+    from anygrad import optim
+    from anygrad.backends.wgpu.kernel import REGISTRY, ops_where
+    updates = {cls.op for cls in vars(optim).values() if isinstance(cls, type) and getattr(cls, "op", None)}
+    assert updates and updates == ops_where("update")
+    assert ops_where("epilogue") == {"MatMul", "Gemm", "Conv"}
+    assert {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"} == ops_where("alias")
+    assert all(wb.supports(op) for op in ops_where("alias"))      # Reshape: no kernel, but it runs
+    assert REGISTRY["Reshape"].fn is None and REGISTRY["Identity"].fn is not None
+    assert not wb.supports("NoSuchOp")
+
+
 def test_errors_are_anygrad_errors():
     assert issubclass(DeviceError, AnygradError)
 

@@ -1,7 +1,8 @@
 """The WebGPU backend (wgpu-py): WGSL kernels generated per op, fused, planned and run in one pass.
 
     adapters.py   which adapters exist, ranked; device names -> adapter
-    kernel.py     the contract: Kernel, Scratch, AdapterCaps, LOWERINGS, @lowering
+    kernel.py     the contract: Kernel, Scratch, AdapterCaps, and the backend's one lowering registry
+                  (REGISTRY: per op its kernels and traits, alias / epilogue / update; @lowering)
     kernels_*.py  one module per op family: node -> WGSL kernels with shapes baked in
                   (kernels_collective: AllReduceSum, a host step inside the step)
     fusion.py     graph rewrites before lowering: elementwise fusion, GEMM epilogues, fused
@@ -9,7 +10,7 @@
     planner.py    kernel list + where every value lives (aliases, slots by liveness, in place)
     runtime.py    WgpuBackend (device, state buffers, pipelines) and the executor
 
-Importing this package registers every lowering in `kernel.LOWERINGS`.
+Importing this package registers every lowering in `kernel.REGISTRY` (kernels in `kernel.LOWERINGS`).
 """
 from . import (  # noqa: F401  (each registers its lowerings)
     kernels_activation,

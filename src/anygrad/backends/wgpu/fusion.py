@@ -23,10 +23,10 @@ import numpy as np
 
 from ...ir.graph import Graph, Node, TensorInfo
 from ...ir.passes import resolve_attributes
-from .kernel import AdapterCaps
+from .kernel import AdapterCaps, ops_where
 from .kernels_elementwise import UNPACK_BYTES, bound_count, is_elementwise, make_fused
 from .kernels_gemm import EPILOGUE_ACTIVATIONS
-from .kernels_optim import COPY, FUSED_UPDATE, UPDATE_OPS
+from .kernels_optim import COPY, FUSED_UPDATE
 from .wgsl import shape_of
 
 MAX_GROUP = 48          # members per kernel: keeps shaders small and compile times short
@@ -316,7 +316,7 @@ def fuse_elementwise(graph: Graph, caps: AdapterCaps, protected: set[str]) -> No
 
 # -- optimizer updates over arenas -------------------------------------------------------------------
 ARENA_ALIGN = 64          # elements (256 bytes): every adapter's storage-offset alignment
-ALIAS_LIKE = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+ALIAS_LIKE = ops_where("alias")
 
 
 @dataclass(frozen=True)
@@ -343,8 +343,9 @@ def group_updates(graph: Graph, caps: AdapterCaps) -> None:
     order = {id(n): k for k, n in enumerate(graph.nodes)}
     groups: dict[tuple, list[Node]] = {}
     gates: dict[int, list[Node]] = {}  # update node -> its gating Where nodes (f16 loss scaling)
+    update_ops = ops_where("update")
     for n in graph.nodes:
-        if n.op not in UPDATE_OPS:
+        if n.op not in update_ops:
             continue
         targets = [graph.state_updates.get(o) for o in n.outputs]
         state_in = [n.inputs[0]] + n.inputs[2:2 + len(n.outputs) - 1]

@@ -11,7 +11,7 @@ named values too (`Scratch`), allocated by the executor like any temporary.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ...ir.graph import Graph, Node
 
@@ -66,15 +66,48 @@ class AdapterCaps:
 
 
 Lowering = Callable[[Node, Graph, AdapterCaps], list[Kernel]]
+
+
+@dataclass(frozen=True)
+class OpLowering:
+    """The wgpu backend's entry for one op: its kernels, and how fusion and the planner treat it."""
+
+    fn: Lowering | None = None  # the kernels; None for an alias, which never runs one
+    alias: bool = False         # the output is a view of the input's buffer (the planner binds it, no copy)
+    epilogue: bool = False      # a bias and an activation after it run in its store (fusion.fuse_epilogues)
+    update: bool = False        # an optimizer update (fusion.group_updates packs them into one kernel)
+
+
+# The backend's one lowering registry; LOWERINGS is its kernels (op -> fn, for ops that have some).
+REGISTRY: dict[str, OpLowering] = {}
 LOWERINGS: dict[str, Lowering] = {}
 
 
-def lowering(*ops: str) -> Callable[[Lowering], Lowering]:
-    """Register a lowering for one or more op types."""
+def register(op: str, entry: OpLowering) -> None:
+    """Add an op's entry; an alias entry declared first takes the op's kernels later (Identity)."""
+    old = REGISTRY.get(op)
+    if old is not None and (old.fn is not None or entry.fn is None):
+        raise ValueError(f"wgpu lowering for {op} registered twice")
+    if old is not None:  # an alias that also has a kernel (for when the planner must copy)
+        entry = replace(entry, alias=True)
+    REGISTRY[op] = entry
+    if entry.fn is not None:
+        LOWERINGS[op] = entry.fn
+
+
+def lowering(*ops: str, epilogue: bool = False, update: bool = False) -> Callable[[Lowering], Lowering]:
+    """Register a lowering for one or more op types, with its traits (OpLowering)."""
     def deco(fn: Lowering) -> Lowering:
         for op in ops:
-            if op in LOWERINGS:
-                raise ValueError(f"wgpu lowering for {op} registered twice")
-            LOWERINGS[op] = fn
+            register(op, OpLowering(fn, epilogue=epilogue, update=update))
         return fn
     return deco
+
+
+def ops_where(trait: str) -> frozenset[str]:
+    """The registered ops with an OpLowering flag set: ops_where("alias"), ("epilogue"), ("update")."""
+    return frozenset(op for op, entry in REGISTRY.items() if getattr(entry, trait))
+
+
+for _op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"):
+    register(_op, OpLowering(alias=True))

@@ -153,7 +153,7 @@ def _conv_shapes(node: Node, graph: Graph, x: str, w: str):
 
 
 # -- Conv forward -------------------------------------------------------------------------------
-@lowering("Conv")
+@lowering("Conv", epilogue=True)
 def lower_conv(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     if len(static_shape(graph, node.inputs[0], node)) > 4:
         return CONV_ND[node.op](node, graph)

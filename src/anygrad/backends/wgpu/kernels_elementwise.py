@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...ir.graph import Graph, Node
-from .kernel import LOWERINGS, AdapterCaps, Kernel, lowering
+from .kernel import AdapterCaps, Kernel, OpLowering, lowering, register
 from .wgsl import WG, bindings, broadcast_index, flat_id, grid, literal, shader, shape_of, size_of, vtype
 
 FUSED = "wgpu.Fused"
@@ -64,14 +64,15 @@ def _single(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     return lower_single(node, graph, caps)
 
 
-def ew(*names: str, raw=(), ignore=()):
-    """Register an elementwise op: its table row, and a lowering for when it is not fused."""
+def ew(*names: str, raw=(), ignore=(), update: bool = False):
+    """Register an elementwise op: its table row, and a lowering for when it is not fused
+    (`update`: an optimizer update, OpLowering.update)."""
     def deco(fn: EmitFn) -> EmitFn:
         for n in names:
             if n in EW:  # a second emitter would silently replace the first, as imports order them
                 raise ValueError(f"elementwise op {n} registered twice")
             EW[n] = EwOp(fn, frozenset(raw), frozenset(ignore))
-            LOWERINGS[n] = _single
+            register(n, OpLowering(_single, update=update))
         return fn
     return deco
 

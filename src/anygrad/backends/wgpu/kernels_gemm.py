@@ -902,7 +902,7 @@ def epilogue_of(node: Node) -> dict:
             "epilogue_attrs": tuple(sorted((node.attr("_epilogue_attrs") or {}).items()))}
 
 
-@lowering("MatMul")
+@lowering("MatMul", epilogue=True)
 def lower_matmul(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     """Batched, broadcasting MatMul over operands and a result in any layout.
 
@@ -947,7 +947,7 @@ def lower_matmul(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     return gemm_kernels(spec, caps, **variant_of(node))
 
 
-@lowering("Gemm")
+@lowering("Gemm", epilogue=True)
 def lower_gemm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     # operands are matrices, maybe with leading 1s (fusion.fold_transposes looks through reshapes)
     sa = static_shape(graph, node.inputs[0], node)[-2:]

@@ -17,7 +17,6 @@ from .wgsl import literal
 
 FUSED_UPDATE = "wgpu.FusedUpdate"
 COPY = "wgpu.Copy"
-UPDATE_OPS = frozenset({"SGDUpdate", "AdamUpdate", "AdagradUpdate", "AdadeltaUpdate", "RMSpropUpdate"})
 
 
 @ew(COPY)
@@ -74,7 +73,7 @@ def _f32(v: float) -> float:
     return float(np.float32(v))
 
 
-@ew("SGDUpdate")
+@ew("SGDUpdate", update=True)
 def _sgd(c: Emit, n: Node, a: list, ot: list[str]) -> list[Val]:
     h = n.attrs
     p, lr, step = a[0], a[-2], a[-1]
@@ -89,7 +88,7 @@ def _sgd(c: Emit, n: Node, a: list, ot: list[str]) -> list[Val]:
     return [c.let(f"{p.expr} - {lr.expr} * {g.expr}", "f32")] + outs
 
 
-@ew("AdamUpdate")
+@ew("AdamUpdate", update=True)
 def _adam(c: Emit, n: Node, a: list, ot: list[str]) -> list[Val]:
     h = n.attrs
     beta1, beta2 = (float(b) for b in h["betas"])
@@ -114,7 +113,7 @@ def _adam(c: Emit, n: Node, a: list, ot: list[str]) -> list[Val]:
     return [c.let(f"{p.expr} - {step_size.expr} * {exp_avg.expr} / {denom.expr}", "f32")] + outs
 
 
-@ew("AdagradUpdate")
+@ew("AdagradUpdate", update=True)
 def _adagrad(c: Emit, n: Node, a: list, ot: list[str]) -> list[Val]:
     h = n.attrs
     p, lr, step = a[0], a[-2], a[-1]
@@ -124,7 +123,7 @@ def _adagrad(c: Emit, n: Node, a: list, ot: list[str]) -> list[Val]:
     return [c.let(f"{p.expr} - {clr.expr} * {g.expr} / (sqrt({total.expr}) + {F(h['eps'])})", "f32"), total]
 
 
-@ew("AdadeltaUpdate")
+@ew("AdadeltaUpdate", update=True)
 def _adadelta(c: Emit, n: Node, a: list, ot: list[str]) -> list[Val]:
     h = n.attrs
     rho, eps = float(h["rho"]), float(h["eps"])
@@ -138,7 +137,7 @@ def _adadelta(c: Emit, n: Node, a: list, ot: list[str]) -> list[Val]:
     return [c.let(f"{p.expr} - {lr.expr} * {delta.expr}", "f32"), square_avg, acc_delta]
 
 
-@ew("RMSpropUpdate")
+@ew("RMSpropUpdate", update=True)
 def _rmsprop(c: Emit, n: Node, a: list, ot: list[str]) -> list[Val]:
     h = n.attrs
     alpha = float(h["alpha"])

@@ -30,11 +30,11 @@ from .bindsplit import split_rows
 from .fusion import PACKED
 from .gridfold import fold_kernel
 from .halfstore import half_kernels
-from .kernel import LOWERINGS, AdapterCaps, Kernel
+from .kernel import LOWERINGS, AdapterCaps, Kernel, ops_where
 from .wgsl import shape_of
 
 # Ops whose output is the input's bytes under another shape: no kernel, no copy.
-ALIAS_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+ALIAS_OPS = ops_where("alias")
 ELEM_BYTES = 4  # f32, i32, u32
 # Temporaries sharing a buffer start at multiples of this: WebGPU's largest allowed
 # minStorageBufferOffsetAlignment (256 on every adapter's limits), so any adapter binds them.

@@ -23,7 +23,7 @@ from ..base import Backend, Executable
 from . import autotune, pipeline_cache
 from .adapters import AdapterInfo, select_adapter
 from .fusion import packed_name, prepare
-from .kernel import LOWERINGS, AdapterCaps
+from .kernel import REGISTRY, AdapterCaps, ops_where
 from .kernels_collective import HOST_PREFIX
 from .limits import LimitsProfile, get_profile, parse_size
 from .planner import MemoryReport, Root, fit_plan, memory_report, recompute_elementwise, value_bytes
@@ -33,9 +33,6 @@ from .wgsl import np_device_dtype
 
 _FEATURES = ("shader-f16", "subgroup", "timestamp-query")
 UPLOAD_FLUSH = 64 << 20   # bytes of queued writes that may sit in wgpu staging memory (upload)
-# Op types whose lowering applies a fused epilogue (attrs["_epilogue"]: "relu" for all three; MatMul and
-# Gemm also a bias and the activations of kernels_gemm.EPILOGUE_ACTIVATIONS).
-EPILOGUE_SUPPORT: set[str] = {"Gemm", "Conv", "MatMul"}
 
 
 def _wgpu():
@@ -417,8 +414,8 @@ class WgpuBackend(Backend):
         return self.ctx.pipelines[key]
 
     def supports(self, op: str | Node) -> bool:
-        """An op this backend has a lowering for."""
-        return (op.op if isinstance(op, Node) else op) in LOWERINGS
+        """An op in this backend's lowering registry (an alias such as Reshape runs no kernel)."""
+        return (op.op if isinstance(op, Node) else op) in REGISTRY
 
     def pipelines(self, specs: Sequence[tuple[str, str, tuple[bool, ...], str]]) -> list[Any]:
         """pipeline() for each (wgsl, entry, read_only, name), the missing ones created in parallel
@@ -459,7 +456,7 @@ class WgpuBackend(Backend):
     def prepared(self, graph: Graph, fuse: bool, measure: bool = True) -> Graph:
         """The graph as it is lowered: fused (fusion.prepare), then GEMM tilings pinned by the
         autotuner when it is on (timed now when `measure`, else only winners already stored)."""
-        g = prepare(graph, self.caps, EPILOGUE_SUPPORT & set(LOWERINGS), fuse=fuse)
+        g = prepare(graph, self.caps, ops_where("epilogue"), fuse=fuse)
         if not autotune.enabled(self.caps):
             return g
         a = self.adapter
