@@ -58,12 +58,11 @@ def test_inplace_steps_are_chosen_and_exact():
 def test_epilogues_fuse_into_blocked_producers(monkeypatch):
     """An in-place kernel after a producer that writes in batch blocks runs on each block (many
     blocks on 2 threads here); bit-identical to the unfused, allocating run."""
-    from anygrad.backends.numpy import fastpaths
-    from anygrad.ops import nn
+    from anygrad.backends.numpy import conv, fastpaths
 
     monkeypatch.setenv("ANYGRAD_NUMPY_THREADS", "2")
     for name, value in (("_COLS_BUDGET", 2000), ("_PARALLEL_MIN", 0)):
-        monkeypatch.setattr(nn, name, value)
+        monkeypatch.setattr(conv, name, value)
     monkeypatch.setattr(fastpaths, "_BLOCK", 100)
     monkeypatch.setattr(_parallel, "SPLIT_MIN", 16)
     window = {"kernel_shape": [3, 3], "strides": [1, 1], "dilations": [1, 1], "pads": [1, 1, 1, 1], "group": 1}
@@ -180,19 +179,22 @@ def test_split_inplace_kernels_match(monkeypatch):
         np.testing.assert_array_equal(got[k], ref[k])
 
 
-@pytest.mark.parametrize("threads", ["1", "2", "3"])
+@pytest.mark.parametrize("threads", ["1", "2", "3", "reference"])
 @pytest.mark.parametrize("pads", [[0, 0, 0, 0], [1, 2, 0, 1]])
 @pytest.mark.parametrize("strides", [[1, 1], [2, 1]])
 def test_conv_batch_chunks_on_threads(monkeypatch, threads, pads, strides):
     """Conv, ConvGradInput and ConvGradWeight split into many batch chunks over worker threads
-    (single-threaded BLAS inside) agree with PyTorch in double."""
+    (the numpy backend's im2col kernels, single-threaded BLAS inside), and the registry's plain
+    tap-by-tap kernels, agree with PyTorch in double."""
     torch = pytest.importorskip("torch")
+    from anygrad.backends.numpy import conv
     from anygrad.ir.graph import Node
     from anygrad.ops import nn
 
-    monkeypatch.setenv("ANYGRAD_NUMPY_THREADS", threads)
-    monkeypatch.setattr(nn, "_COLS_BUDGET", 2000)  # a few samples per chunk: many chunks
-    monkeypatch.setattr(nn, "_PARALLEL_MIN", 0)  # threads even for these small tensors
+    monkeypatch.setenv("ANYGRAD_NUMPY_THREADS", "1" if threads == "reference" else threads)
+    monkeypatch.setattr(conv, "_COLS_BUDGET", 2000)  # a few samples per chunk: many chunks
+    monkeypatch.setattr(conv, "_PARALLEL_MIN", 0)  # threads even for these small tensors
+    kernels = nn if threads == "reference" else conv  # the registry's plain kernels, or the backend's
     blas_before = _parallel.blas_threads()[0]() if _parallel.blas_threads() else None
     rng = np.random.default_rng(2)
     x = rng.standard_normal((11, 4, 7, 6)).astype(np.float32)
@@ -200,7 +202,7 @@ def test_conv_batch_chunks_on_threads(monkeypatch, threads, pads, strides):
     b = rng.standard_normal(6).astype(np.float32)
     node = Node("Conv", ["x", "w", "b"], ["y"], {"pads": pads, "strides": strides, "group": 2})
     win = nn.window(node, x.shape[2:], w.shape[2:])
-    y = nn.conv(x, w, b, win, 2)
+    y = kernels.conv(x, w, b, win, 2)
     xt = torch.tensor(x, dtype=torch.float64, requires_grad=True)
     wt = torch.tensor(w, dtype=torch.float64, requires_grad=True)
     xpad = torch.nn.functional.pad(xt, (pads[1], pads[3], pads[0], pads[2]))
@@ -208,8 +210,8 @@ def test_conv_batch_chunks_on_threads(monkeypatch, threads, pads, strides):
     np.testing.assert_allclose(y, yt.detach().numpy(), rtol=1e-4, atol=1e-4)
     dy = rng.standard_normal(y.shape).astype(np.float32)
     yt.backward(torch.tensor(dy, dtype=torch.float64))
-    dx = nn.conv_grad_input(dy, w, win, 2, x.shape)
-    dw = nn.conv_grad_weight(dy, x, win, 2, w.shape)
+    dx = kernels.conv_grad_input(dy, w, win, 2, x.shape)
+    dw = kernels.conv_grad_weight(dy, x, win, 2, w.shape)
     np.testing.assert_allclose(dx, xt.grad.numpy(), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(dw, wt.grad.numpy(), rtol=1e-4, atol=1e-4)
     assert y.dtype == dx.dtype == dw.dtype == np.float32
@@ -222,13 +224,14 @@ def test_conv_weight_gradient_bits_do_not_depend_on_threads(monkeypatch):
     1, 2 and 3 workers give the same bits (a SIGKILL-resumed run must match the original)."""
     if not _parallel.blas_threads():
         pytest.skip("OpenBLAS's thread count cannot be set here, so BLAS work is never split over threads")
-    from anygrad.ops import nn
+    from anygrad.backends.numpy import conv as nn
+    from anygrad.ops.nn import Window
 
     monkeypatch.setattr(nn, "_PARALLEL_MIN", 0)
     rng = np.random.default_rng(6)
     x = rng.standard_normal((40, 16, 24, 24)).astype(np.float32)  # big enough for OpenBLAS to thread
     dy = rng.standard_normal((40, 24, 22, 22)).astype(np.float32)
-    win = nn.Window((24, 24), (3, 3), (1, 1), (1, 1), (0, 0), (0, 0), (22, 22))
+    win = Window((24, 24), (3, 3), (1, 1), (1, 1), (0, 0), (0, 0), (22, 22))
     monkeypatch.setattr(nn, "_COLS_BUDGET", 6 * nn._Im2col(x.shape, win, 1).footprint(24))  # 7 chunks
     got = []
     for threads in ("1", "2", "3"):

@@ -1,9 +1,10 @@
 """MatMul (batched, broadcasting) and Gemm."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
-from .. import _parallel
 from ..errors import ShapeError
 from ..ir.builder import GradContext
 from ..ir.graph import Node, TensorInfo
@@ -115,7 +116,7 @@ def _matmul_grad(g: GradContext):
 
 
 defop("MatMul", infer=_matmul_infer, grad=_matmul_grad,
-      forward=lambda node, ins: _parallel.matmul(ins[0], ins[1]).astype(ins[0].dtype, copy=False))
+      forward=lambda node, ins: np.matmul(ins[0], ins[1]).astype(ins[0].dtype, copy=False))
 
 
 def _gemm_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
@@ -132,11 +133,12 @@ def _gemm_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
     return [TensorInfo(ins[0].dtype, (m, n))]
 
 
-def _gemm_forward(node: Node, ins):
+def gemm(node: Node, ins, matmul: Callable[[np.ndarray, np.ndarray], np.ndarray] = np.matmul) -> np.ndarray:
+    """Gemm's values with `matmul` for the product (the numpy backend passes its threaded one)."""
     a, b = ins[0], ins[1]
     a = a.T if node.attr("transA", 0) else a
     b = b.T if node.attr("transB", 0) else b
-    ab = _parallel.matmul(a, b)
+    ab = matmul(a, b)
     y = np.float32(node.attr("alpha", 1.0)) * ab if node.attr("alpha", 1.0) != 1.0 else ab
     if len(ins) > 2 and ins[2] is not None:
         beta = node.attr("beta", 1.0)
@@ -161,4 +163,4 @@ def _gemm_grad(g: GradContext):
     return [da, db, dc]
 
 
-defop("Gemm", infer=_gemm_infer, forward=_gemm_forward, grad=_gemm_grad)
+defop("Gemm", infer=_gemm_infer, forward=gemm, grad=_gemm_grad)

@@ -21,13 +21,14 @@ def reads_half(graph: Graph, node: Node) -> bool:
                for v in list(node.inputs) + list(node.outputs))
 
 
-def run_in_float32(op: OpDef, node: Node, ins: list[np.ndarray | None], out_dtypes: list[np.dtype | None]
-                   ) -> list[np.ndarray]:
-    """op's outputs computed from float32 copies of the float16 inputs, rounded to out_dtypes.
-    Values past float16's range become inf, as on a GPU (loss scaling counts on it): no warning."""
+def run_in_float32(op: OpDef, node: Node, ins: list[np.ndarray | None], out_dtypes: list[np.dtype | None],
+                   kernel=None) -> list[np.ndarray]:
+    """op's outputs (`kernel`'s, when the backend has a faster one) computed from float32 copies
+    of the float16 inputs, rounded to out_dtypes. Values past float16's range become inf, as on a
+    GPU (loss scaling counts on it): no warning."""
     wide = [a.astype(np.float32) if isinstance(a, np.ndarray) and a.dtype == HALF else a for a in ins]
     with np.errstate(over="ignore"):
-        outs = op.run(node, wide)
+        outs = kernel(node, wide) if kernel is not None else op.run(node, wide)
         return [o.astype(d) if d is not None and o.dtype != d else o for o, d in zip(outs, out_dtypes)]
 
 

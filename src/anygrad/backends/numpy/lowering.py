@@ -1,6 +1,7 @@
 """The numpy backend's lowering registry: what it runs differently from an op's registry kernel.
 
-- `KERNELS`: faster kernels of the same values as the op's registry kernel (fastpaths.py).
+- `KERNELS`: faster kernels of the same values as the op's registry kernel (conv.py: im2col
+  convolutions; fastpaths.py).
 - `INPLACE`: kernels that write output 0 over input 0 (same shape and dtype, checked at compile
   time) and return the op's outputs. Each computes exactly what the op's registry kernel computes.
 - `BLOCKED`: ops whose numpy kernel can write output 0 (batch-major) in batch blocks and call an
@@ -19,6 +20,8 @@ import numpy as np
 from ... import _parallel
 from ...ir.graph import Node
 from ...ir.registry import OpDef
+from ...ops.linalg import gemm
+from .conv import conv_grad_input_node, conv_grad_weight_node, conv_node
 from .fastpaths import batch_norm, batch_norm_grad, maximum0
 
 InplaceKernel = Callable[[Node, list[np.ndarray]], list[np.ndarray]]
@@ -38,7 +41,14 @@ def _listed(kernel) -> InplaceKernel:
 
 
 KERNELS: dict[str, InplaceKernel] = {"Relu": _relu, "BatchNormalization": _listed(batch_norm),
-                                     "BatchNormGrad": _listed(batch_norm_grad)}
+                                     "BatchNormGrad": _listed(batch_norm_grad),
+                                     "Conv": _listed(lambda n, ins: [conv_node(n, ins)]),
+                                     "ConvGradInput": _listed(lambda n, ins: [conv_grad_input_node(n, ins)]),
+                                     "ConvGradWeight": _listed(lambda n, ins: [conv_grad_weight_node(n, ins)]),
+                                     # the products cut into row blocks on every worker (_parallel.matmul)
+                                     "MatMul": lambda n, ins: [_parallel.matmul(ins[0], ins[1]).astype(ins[0].dtype,
+                                                                                                        copy=False)],
+                                     "Gemm": lambda n, ins: [gemm(n, ins, _parallel.matmul)]}
 
 
 def _relu_grad_(node: Node, ins: list[np.ndarray]) -> list[np.ndarray]:
@@ -58,15 +68,16 @@ INPLACE: dict[str, InplaceKernel] = {
     "Mul": _binary_(np.multiply),
 }
 
-# Ops whose kernel accepts `epilogue=`: the im2col Conv and its input gradient (their registry
-# kernels, anygrad.ops.nn), BatchNormalization and its gradient over batch slices (fastpaths.py).
-BLOCKED: frozenset[str] = frozenset({"Conv", "ConvGradInput", "BatchNormalization", "BatchNormGrad"})
-_BLOCKED_KERNELS = {"BatchNormalization": batch_norm, "BatchNormGrad": batch_norm_grad}
+# Ops whose kernel accepts `epilogue=`: the im2col Conv and its input gradient (conv.py),
+# BatchNormalization and its gradient over batch slices (fastpaths.py).
+_BLOCKED_KERNELS = {"Conv": conv_node, "ConvGradInput": conv_grad_input_node,
+                    "BatchNormalization": batch_norm, "BatchNormGrad": batch_norm_grad}
+BLOCKED: frozenset[str] = frozenset(_BLOCKED_KERNELS)
 
 
 def run_blocked(op: OpDef, node: Node, ins: list[np.ndarray | None], epilogue: Epilogue) -> list[np.ndarray]:
     """A BLOCKED op's outputs as a list of arrays, epilogue applied to each block of output 0."""
-    out = _BLOCKED_KERNELS.get(node.op, op.forward)(node, ins, epilogue=epilogue)
+    out = _BLOCKED_KERNELS[node.op](node, ins, epilogue=epilogue)
     if isinstance(out, (list, tuple)):
         return [np.asarray(o) for o in out]
     return [np.asarray(out)]

@@ -169,9 +169,9 @@ class NumpyExecutable(Executable):
         kernel = self.inplace.get(step)
         if kernel is not None and _sole_owner(env, ins[0]):
             return run_split(kernel, node, [env[i] for i in ins])
-        if step in self.half:
-            return run_in_float32(op, node, [env[i] for i in ins], self.half[step])
         fast = KERNELS.get(node.op)
+        if step in self.half:
+            return run_in_float32(op, node, [env[i] for i in ins], self.half[step], fast)
         if fast is not None:
             return fast(node, [env[i] for i in ins])
         return op.run(node, [env[i] for i in ins])
