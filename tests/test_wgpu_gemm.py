@@ -241,6 +241,29 @@ def test_conv_pixel_decode_hoisted_out_of_the_k_loop(attrs, side, cout, block):
     assert hoisted >= 1
 
 
+@pytest.mark.parametrize("xs,ws,attrs", [
+    ((2, 8, 12, 12), (16, 8, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),     # ResNet's 3x3 downsampling
+    ((2, 16, 9, 11), (8, 16, 1, 1), {"strides": [2, 2]}),                          # 1x1: 3 of 4 phases empty
+    ((1, 4, 13, 10), (6, 2, 3, 2), {"strides": [3, 2], "pads": [2, 0, 1, 1], "group": 2}),
+    ((2, 3, 7, 9), (4, 3, 5, 5), {"strides": [2, 3], "pads": [2, 2, 2, 2]}),
+    ((1, 2, 5, 5), (3, 2, 2, 2), {"strides": [3, 3]}),                             # rows no tap reaches
+])
+@pytest.mark.parametrize("variant", [{}, {"_gemm_variant": "shared", "_gemm_block": 8, "_gemm_kt": 16}],
+                         ids=["rules", "shared8"])
+def test_strided_conv_grad_input_by_phase(xs, ws, attrs, variant):
+    """A strided input gradient runs one GEMM per phase of the input grid over the taps that reach
+    it (and zeroes the phases none reaches); against numpy, GPU rules and pinned shared tiles."""
+    explicit, out = _explicit(xs, ws, attrs)
+    dy = rnd(xs[0], ws[0], *out, seed=31)
+    kernels = check_op("ConvGradInput", [dy, rnd(*ws, seed=32)],
+                       {**explicit, "input_shape": list(xs), **variant}, GPU, rtol=1e-3, atol=1e-3)
+    sh, sw = attrs["strides"]
+    assert sum(":phase" in k.name for k in kernels) <= sh * sw and any(":phase" in k.name for k in kernels)
+    # phases no tap reaches are written by a kernel of their own (a reused buffer holds old values)
+    reached = sum(k.name.startswith("ConvGradInput:phase") and "reduce" not in k.name for k in kernels)
+    assert any("zero phases" in k.name for k in kernels) == (reached < sh * sw)
+
+
 @pytest.mark.parametrize("caps", [CPU, GPU], ids=["cpu", "gpu"])
 @pytest.mark.parametrize("xs,ws,attrs", CONVS, ids=_conv_ids())
 def test_conv_grad_weight(xs, ws, attrs, caps):
