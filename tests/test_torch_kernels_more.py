@@ -1,6 +1,7 @@
 """More torch lowerings against the numpy backend (device torch:cpu): activations, trigonometric
-functions, Mod and bitwise ops, gathers and scatters, TopK, OneHot, CumSum, Einsum and the
-remaining reductions. Each case asserts the op ran on a torch kernel (no reference fallback),
+functions, Mod and bitwise ops, gathers and scatters, TopK, OneHot, CumSum, Einsum, the
+remaining reductions, CumProd, Det, GridSample, Col2Im, RoiAlign, DeformConv and the quantization
+ops (ties at .5, saturation, per-axis and blocked scales, integer matmul / conv). Each case asserts the op ran on a torch kernel (no reference fallback),
 with its gradient ops where it has them."""
 from __future__ import annotations
 
@@ -487,3 +488,50 @@ def test_col2im_and_gradient(dtype, image, block, attrs):
     x = _x(shape, dtype) if dtype != np.int32 else R.integers(-50, 50, shape).astype(dtype)
     _agrees_with_numpy("Col2Im", [x, _Const(np.array(image, np.int64)), _Const(np.array(block, np.int64))], attrs,
                        diff=(0,) if dtype != np.int32 else (), lowered=("Col2Im",) + (("Col2ImGrad",) if dtype != np.int32 else ()))
+
+
+# -- RoiAlign --------------------------------------------------------------------------------------------
+@FLOATS
+@pytest.mark.parametrize("mode", ["avg", "max"])
+@pytest.mark.parametrize("ctm", ["half_pixel", "output_half_pixel"])
+@pytest.mark.parametrize("ratio, scale", [(2, 1.0), (1, 0.5), (3, 0.25)])
+def test_roi_align(dtype, mode, ctm, ratio, scale):
+    x = _x((2, 3, 10, 8), dtype)
+    rois = np.array([[0, 0, 7, 9], [1.5, 2.2, 6.1, 8.7], [-3, -2, 4, 3], [5, 6, 30, 40], [2, 2, 2.4, 2.2]],
+                    dtype) / scale
+    batch = np.array([0, 1, 1, 0, 1], np.int64)
+    attrs = {"mode": mode, "coordinate_transformation_mode": ctm, "sampling_ratio": ratio, "spatial_scale": scale,
+             "output_height": 3, "output_width": 4}
+    _agrees_with_numpy("RoiAlign", [x, rois, batch], attrs, diff=(), lowered=("RoiAlign",))
+
+
+def test_roi_align_adaptive_sampling_falls_back():
+    from test_torch_backend import _op_and_grads
+    x, rois, batch = _x((1, 2, 6, 6)), np.array([[0, 0, 5, 5]], np.float32), np.array([0], np.int64)
+    graph, _ = _op_and_grads("RoiAlign", [x, rois, batch], {"sampling_ratio": 0}, diff=())
+    assert TorchBackend("torch:cpu").compile(graph).fallback_ops == ["RoiAlign"]
+
+
+# -- DeformConv ----------------------------------------------------------------------------------------
+@FLOATS
+@pytest.mark.parametrize("attrs, group, og, bias, mask", [
+    ({}, 1, 1, False, False), ({"pads": [1, 1, 1, 1]}, 1, 2, True, True),
+    ({"strides": [2, 1], "dilations": [1, 2], "pads": [1, 0, 1, 0]}, 2, 1, True, False),
+    ({"pads": [2, 1, 0, 1]}, 2, 2, False, True)])
+def test_deform_conv(dtype, attrs, group, og, bias, mask):
+    n, c, h, w, oc, kh, kw = 2, 4, 7, 6, 6, 3, 2
+    st, dil = attrs.get("strides", [1, 1]), attrs.get("dilations", [1, 1])
+    pads = attrs.get("pads", [0, 0, 0, 0])
+    oh = (h + pads[0] + pads[2] - dil[0] * (kh - 1) - 1) // st[0] + 1
+    ow = (w + pads[1] + pads[3] - dil[1] * (kw - 1) - 1) // st[1] + 1
+    x, wt = _x((n, c, h, w), dtype), _x((oc, c // group, kh, kw), dtype)
+    offset = _x((n, og * kh * kw * 2, oh, ow), dtype, 1.5)
+    offset.flat[:4] = [0.0, 2.0, -7.0, 9.0]  # integer offsets and far outside the image
+    inputs = [x, wt, offset, _x((oc,), dtype) if bias else None, R.uniform(0, 1, (n, og * kh * kw, oh, ow)).astype(dtype)
+              if mask else None]
+    if inputs[-1] is None:
+        inputs = inputs[:-1]
+        if inputs[-1] is None:
+            inputs = inputs[:-1]
+    _agrees_with_numpy("DeformConv", inputs, {**attrs, "group": group, "offset_group": og}, diff=(),
+                       lowered=("DeformConv",), rtol=1e-5, atol=1e-5)

@@ -1,5 +1,5 @@
-"""Spatial lowerings (formulas: anygrad/ops/image.py): GridSample and GridSampleGrad, Col2Im and
-Col2ImGrad.
+"""Spatial lowerings (formulas: anygrad/ops/image.py, ops/detection.py): GridSample and
+GridSampleGrad, Col2Im and Col2ImGrad, DeformConv, RoiAlign.
 
 GridSample follows the reference's interpolation plan step for step in float64: per spatial dim
 the source coordinate (align_corners or not), the padding mode (zeros, border, reflection), the
@@ -9,7 +9,9 @@ then every combination of taps gathered and summed in the reference's order, rou
 output dtype once. The gradient scatters into the image with `add_rows` (never float atomics).
 
 Col2Im adds each kernel offset's blocks into the padded image in the reference's order; its
-gradient (im2col) gathers them back.
+gradient (im2col) gathers them back. DeformConv samples every tap at once (one gather per bilinear
+corner) in float64. RoiAlign runs when sampling_ratio is fixed (> 0): every ROI then has the same
+sampling grid; with 0 each ROI's grid depends on its values and the reference's loop runs.
 """
 from __future__ import annotations
 
@@ -230,3 +232,122 @@ def _col2im_grad(site: Site) -> TorchKernel | None:
         cols = torch.stack([padded[full + bl.slices(k)] for k in offsets], dim=2)
         return [cols.reshape(x_shape)]
     return im2col
+
+
+# -- RoiAlign (a fixed sampling_ratio: every ROI has the same sampling grid) ------------------------
+def _roi_axis(start: Any, bin_size: Any, bins: int, grid: int, size: int, device: Any):
+    """ops.detection._roi_axis for every ROI at once: (R, bins, grid) low/high indices, weights, validity."""
+    import torch
+    f64 = torch.float64
+    i = torch.arange(bins, dtype=f64, device=device)[None, :, None]
+    j = torch.arange(grid, dtype=f64, device=device)[None, None, :]
+    bs = bin_size[:, None, None]
+    pos = start[:, None, None] + i * bs + (j + 0.5) * bs / grid
+    valid = (pos >= -1.0) & (pos <= size)
+    pos = torch.clamp_min(pos, 0)
+    low = pos.to(torch.int64)
+    edge = low >= size - 1
+    low = torch.where(edge, size - 1, low)
+    high = torch.where(edge, size - 1, low + 1)
+    pos = torch.where(edge, low.to(f64), pos)
+    frac = pos - low
+    return low, high, 1 - frac, frac, valid
+
+
+@lowering("RoiAlign")
+def _roi_align(site: Site) -> TorchKernel | None:
+    mode = site.attr("mode", "avg")
+    ratio = int(site.attr("sampling_ratio", 0))
+    x_shape = site.shape(0)
+    if mode not in ("avg", "max") or ratio <= 0 or len(x_shape) != 4 or not is_float(site.dtype(0)) \
+            or not is_float(site.dtype(1)):
+        return None  # sampling_ratio 0: each ROI's grid depends on its size (the reference loops)
+    import torch
+    oh, ow = int(site.attr("output_height", 1)), int(site.attr("output_width", 1))
+    scale = float(site.attr("spatial_scale", 1.0))
+    half_pixel = site.attr("coordinate_transformation_mode", "half_pixel") == "half_pixel"
+    c, height, width = x_shape[1:]
+
+    def roi_align(ins):
+        x, rois, batch = ins[0], ins[1].to(torch.float64), ins[2].reshape(-1).to(torch.int64)
+        r = rois.shape[0]
+        box = rois * scale - (0.5 if half_pixel else 0.0)
+        x0, y0, x1, y1 = box.unbind(1)
+        rw, rh = x1 - x0, y1 - y0
+        if not half_pixel:
+            rw, rh = torch.clamp_min(rw, 1.0), torch.clamp_min(rh, 1.0)
+        ylo, yhi, wyl, wyh, vy = _roi_axis(y0, rh / oh, oh, ratio, height, x.device)
+        xlo, xhi, wxl, wxh, vx = _roi_axis(x0, rw / ow, ow, ratio, width, x.device)
+        img = x.to(torch.float64)[batch].reshape(r, c, height * width)
+        valid = (vy[:, :, :, None, None] & vx[:, None, None, :, :]).unsqueeze(1)  # (R, 1, oh, gh, ow, gw)
+        terms = []
+        for ys, wy in ((ylo, wyl), (yhi, wyh)):
+            for xs, wx in ((xlo, wxl), (xhi, wxh)):
+                flat = ys[:, :, :, None, None] * width + xs[:, None, None, :, :]  # (R, oh, gh, ow, gw)
+                vals = torch.gather(img, 2, flat.reshape(r, 1, -1).expand(r, c, -1)).reshape((r, c) + flat.shape[1:])
+                t = vals * (wy[:, :, :, None, None] * wx[:, None, None, :, :]).unsqueeze(1)
+                terms.append(torch.where(valid, t, torch.zeros_like(t)))
+        if mode == "avg":
+            total = ((terms[0] + terms[1]) + terms[2]) + terms[3]
+            out = total.sum(dim=(3, 5)) / max(ratio * ratio, 1)
+        else:
+            top = torch.maximum(torch.maximum(torch.maximum(terms[0], terms[1]), terms[2]), terms[3])
+            out = top.amax(dim=(3, 5))
+        return [out.to(x.dtype)]
+    return roi_align
+
+
+# -- DeformConv (2-D) --------------------------------------------------------------------------------
+@lowering("DeformConv")
+def _deform_conv(site: Site) -> TorchKernel | None:
+    """Every kernel tap's bilinear sample (corners outside read 0) at once, as one gather per corner
+    in the reference's corner order, scaled by the mask, then one grouped matmul in float64."""
+    x_shape, w_shape = site.shape(0), site.shape(1)
+    if len(x_shape) != 4 or len(w_shape) != 4 or not all(is_float(site.dtype(i)) for i in range(3)):
+        return None
+    if site.has(4) and not is_float(site.dtype(4)):
+        return None
+    import torch
+    n, c, height, width = x_shape
+    oc, _, kh, kw = w_shape
+    group, og = int(site.attr("group", 1)), int(site.attr("offset_group", 1))
+    sh, sw = site.attr("strides") or [1, 1]
+    dh, dw = site.attr("dilations") or [1, 1]
+    pads = site.attr("pads") or [0, 0, 0, 0]
+    oh, ow = site.shape(2)[2:]
+    has_b, has_m = site.has(3), site.has(4)
+    cg = c // og
+    base_h = [[(r * sh - pads[0]) + i * dh for r in range(oh)] for i in range(kh)]  # (kh, oh)
+    base_w = [[(q * sw - pads[1]) + j * dw for q in range(ow)] for j in range(kw)]  # (kw, ow)
+
+    def deform_conv(ins):
+        f64 = torch.float64
+        x, w, offset = ins[0], ins[1], ins[2]
+        dev = x.device
+        off = offset.to(f64).reshape(n, og, kh, kw, 2, oh, ow)
+        bh = torch.tensor(base_h, dtype=f64, device=dev).reshape(kh, 1, oh, 1)
+        bw = torch.tensor(base_w, dtype=f64, device=dev).reshape(1, kw, 1, ow)
+        h = bh + off[:, :, :, :, 0]  # (N, og, kh, kw, oh, ow)
+        ww = bw + off[:, :, :, :, 1]
+        img = x.to(f64).reshape(n, og, cg, height * width)
+        h0, w0 = torch.floor(h), torch.floor(ww)
+        sampled = None
+        for ah, aw in ((0, 0), (0, 1), (1, 0), (1, 1)):
+            hi, wi = h0 + ah, w0 + aw
+            weight = (1 - torch.abs(h - hi)) * (1 - torch.abs(ww - wi))
+            valid = (hi >= 0) & (hi <= height - 1) & (wi >= 0) & (wi <= width - 1)
+            hc = torch.clamp(hi, 0, height - 1).to(torch.int64)
+            wc = torch.clamp(wi, 0, width - 1).to(torch.int64)
+            flat = (hc * width + wc).reshape(n, og, 1, -1).expand(n, og, cg, -1)
+            vals = torch.gather(img, 3, flat)  # (N, og, cg, kh*kw*oh*ow)
+            term = vals * (weight * valid).reshape(n, og, 1, -1)
+            sampled = term if sampled is None else sampled + term
+        if has_m:
+            sampled = sampled * ins[4].to(f64).reshape(n, og, 1, -1)
+        cols = sampled.reshape(n, group, (c // group) * kh * kw, oh * ow)
+        weights = w.to(f64).reshape(group, oc // group, -1)
+        y = torch.matmul(weights, cols).reshape(n, oc, oh, ow)
+        if has_b:
+            y = y + ins[3].to(f64).reshape(1, -1, 1, 1)
+        return [y.to(x.dtype)]
+    return deform_conv
