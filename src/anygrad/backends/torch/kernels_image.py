@@ -22,7 +22,7 @@ import numpy as np
 
 from ...errors import ShapeError
 from ...ops.image import MODES, _cubic, col2im_blocks
-from .lowering import Site, TorchKernel, add_rows, is_float, lowering
+from .lowering import Site, TorchKernel, add_rows, device_constants, is_float, lowering
 
 
 def _reflect(x: Any, lo: float, hi: float) -> tuple[Any, Any]:
@@ -317,16 +317,16 @@ def _deform_conv(site: Site) -> TorchKernel | None:
     oh, ow = site.shape(2)[2:]
     has_b, has_m = site.has(3), site.has(4)
     cg = c // og
-    base_h = [[(r * sh - pads[0]) + i * dh for r in range(oh)] for i in range(kh)]  # (kh, oh)
-    base_w = [[(q * sw - pads[1]) + j * dw for q in range(ow)] for j in range(kw)]  # (kw, ow)
+    base_h = np.array([[(r * sh - pads[0]) + i * dh for r in range(oh)] for i in range(kh)])  # (kh, oh)
+    base_w = np.array([[(q * sw - pads[1]) + j * dw for q in range(ow)] for j in range(kw)])  # (kw, ow)
+    bases = device_constants(site, [base_h.reshape(kh, 1, oh, 1), base_w.reshape(1, kw, 1, ow)], floats=True)
 
     def deform_conv(ins):
         f64 = torch.float64
         x, w, offset = ins[0], ins[1], ins[2]
         dev = x.device
         off = offset.to(f64).reshape(n, og, kh, kw, 2, oh, ow)
-        bh = torch.tensor(base_h, dtype=f64, device=dev).reshape(kh, 1, oh, 1)
-        bw = torch.tensor(base_w, dtype=f64, device=dev).reshape(1, kw, 1, ow)
+        bh, bw = bases(dev, f64)
         h = bh + off[:, :, :, :, 0]  # (N, og, kh, kw, oh, ow)
         ww = bw + off[:, :, :, :, 1]
         img = x.to(f64).reshape(n, og, cg, height * width)

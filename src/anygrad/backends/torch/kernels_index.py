@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ...ops.index import parse_einsum, rearrange
-from .lowering import Site, TorchKernel, add_rows, is_float, lowering
+from .lowering import Site, TorchKernel, add_rows, device_constants, is_float, lowering
 
 
 def _kinds(site: Site, slots: tuple[int, ...], kinds: str) -> bool:
@@ -453,8 +453,9 @@ def _det_grad(site: Site) -> TorchKernel | None:
         return None
     import torch
     n = site.shape(1)[-1]
-    keep = [[k for k in range(n) if k != i] for i in range(n)]
-    signs = [[(-1.0) ** (i + j) for j in range(n)] for i in range(n)]
+    keep = np.array([[k for k in range(n) if k != i] for i in range(n)], np.int64).reshape(n, max(n - 1, 0))
+    signs = np.array([[(-1.0) ** (i + j) for j in range(n)] for i in range(n)])
+    index_of, signs_of = device_constants(site, [keep]), device_constants(site, [signs], floats=True)
     batch = site.shape(1)[:-2]
 
     def det_grad(ins):
@@ -462,10 +463,9 @@ def _det_grad(site: Site) -> TorchKernel | None:
         if n == 1:
             cof = torch.ones_like(x)
         else:
-            rows = torch.tensor(keep, device=x.device)  # (n, n-1): minor (i, j) keeps rows keep[i], cols keep[j]
-            # minors[..., i, j, :, :] = x[..., keep[i], :][..., keep[j]]
+            rows, = index_of(x.device)  # (n, n-1): minor (i, j) keeps rows keep[i] and columns keep[j]
             minors = x[..., rows[:, None, :, None], rows[None, :, None, :]]
-            cof = torch.linalg.det(minors) * torch.tensor(signs, dtype=torch.float64, device=x.device)
+            cof = torch.linalg.det(minors) * signs_of(x.device, torch.float64)[0]
         out = dy.reshape(batch + (1, 1)) * cof
         return [out.to(ins[1].dtype)]
     return det_grad

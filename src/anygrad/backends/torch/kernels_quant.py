@@ -123,8 +123,9 @@ def _dynamic_quantize(site: Site) -> TorchKernel | None:
 
     def dynamic_quantize(ins):
         x = ins[0]
-        hi = x.max().to(torch.float64).clamp_min(0.0).to(f32)
-        lo = x.min().to(torch.float64).clamp_max(0.0).to(f32)
+        top, bottom = x.max().to(torch.float64), x.min().to(torch.float64)
+        hi = torch.where(top > 0, top, torch.zeros_like(top)).to(f32)  # Python's max(0.0, m): 0 for NaN
+        lo = torch.where(bottom < 0, bottom, torch.zeros_like(bottom)).to(f32)
         span = torch.where(hi == lo, torch.ones_like(hi), hi - lo)
         scale = span / torch.full_like(span, 255.0)
         zp = torch.round(torch.clamp(torch.zeros_like(lo) - lo / scale, 0.0, 255.0))
