@@ -1,6 +1,7 @@
 """More torch lowerings against the numpy backend (device torch:cpu): activations, trigonometric
-functions, Mod and bitwise ops, gathers and scatters, TopK, OneHot, CumSum, Einsum and the
-remaining reductions. Each case asserts the op ran on a torch kernel (no reference fallback),
+functions, Mod and bitwise ops, gathers and scatters, TopK, OneHot, CumSum, Einsum, the
+remaining reductions, CumProd, Det, GridSample, Col2Im, RoiAlign, DeformConv and the quantization
+ops (ties at .5, saturation, per-axis and blocked scales, integer matmul / conv). Each case asserts the op ran on a torch kernel (no reference fallback),
 with its gradient ops where it has them."""
 from __future__ import annotations
 
@@ -277,6 +278,260 @@ def test_reductions(dtype, op, axes, keepdims, noop):
     if op == "ReduceLogSumExp" and dtype != np.int32:
         x = _x((3, 4, 2), dtype, 5.0)
     inputs = [x] if axes is None else [x, _Const(np.array(axes, np.int64))]
-    # ReduceProd's gradient runs CumProd, left to its reference kernel
-    diff = (0,) if dtype != np.int32 and op != "ReduceProd" else ()
+    diff = (0,) if dtype != np.int32 else ()  # ReduceProd's gradient runs CumProd (exclusive, both ways)
     _agrees_with_numpy(op, inputs, {"keepdims": keepdims, "noop_with_empty_axes": noop}, diff=diff, lowered=(op,))
+
+
+# -- quantization -----------------------------------------------------------------------------------
+def _ties(shape, scale, dtype=np.float32):
+    """Values at exact .5 ties of x / scale (both signs), large ones that saturate, and noise."""
+    x = (R.integers(-300, 300, shape) + 0.5) * scale
+    x.flat[::3] = R.standard_normal(x.size)[::3] * 40 * scale
+    x.flat[1] = 1000 * scale
+    x.flat[2] = -1000 * scale
+    return x.astype(dtype)
+
+
+@pytest.mark.parametrize("zp_dtype", [np.uint8, np.int8, np.int16, None])
+@pytest.mark.parametrize("dtype, scale_dtype", [(np.float32, np.float32), (np.float64, np.float32),
+                                                (np.float32, np.float64), (np.float16, np.float16)])
+def test_quantize_linear_per_tensor(dtype, scale_dtype, zp_dtype):
+    x = _ties((3, 5, 4), 0.25, dtype)
+    scale = np.array(0.25 if dtype != np.float16 else 0.5, scale_dtype)
+    inputs = [x, scale]
+    if zp_dtype is not None:
+        zp = 128 if zp_dtype == np.uint8 else (-3 if zp_dtype == np.int8 else -700)
+        inputs.append(np.array(zp, zp_dtype))
+    _agrees_with_numpy("QuantizeLinear", inputs, diff=(), lowered=("QuantizeLinear",))
+
+
+@pytest.mark.parametrize("axis, block", [(1, 0), (-1, 0), (0, 0), (1, 2), (2, 3)])
+def test_quantize_dequantize_per_axis_and_blocked(axis, block):
+    x = _ties((4, 6, 5), 0.1)
+    shape = list(x.shape)
+    if block:
+        shape[axis] = -(-shape[axis] // block)
+        scale = R.uniform(0.05, 0.3, shape).astype(np.float32)
+        zp = R.integers(-20, 20, shape).astype(np.int8)
+    else:
+        scale = R.uniform(0.05, 0.3, x.shape[axis]).astype(np.float32)
+        zp = R.integers(-20, 20, x.shape[axis]).astype(np.int8)
+    attrs = {"axis": axis, "block_size": block}
+    _agrees_with_numpy("QuantizeLinear", [x, scale, zp], attrs, diff=(), lowered=("QuantizeLinear",))
+    q = R.integers(-128, 128, x.shape).astype(np.int8)
+    _agrees_with_numpy("DequantizeLinear", [q, scale, zp], attrs, diff=(), lowered=("DequantizeLinear",))
+
+
+def test_quantize_linear_output_dtype_and_precision():
+    x = _ties((4, 7), 0.5)
+    _agrees_with_numpy("QuantizeLinear", [x, np.array(0.5, np.float32)], {"output_dtype": 3}, diff=(),
+                       lowered=("QuantizeLinear",))  # int8, no zero point
+    _agrees_with_numpy("QuantizeLinear", [x, np.array(0.5, np.float32)], diff=(), lowered=("QuantizeLinear",))
+    _agrees_with_numpy("QuantizeLinear", [x, np.array(0.3, np.float32), np.array(5, np.uint8)], {"precision": 11},
+                       diff=(), lowered=("QuantizeLinear",))
+
+
+@pytest.mark.parametrize("x_dtype, scale_dtype, zp", [(np.uint8, np.float32, 128), (np.int8, np.float32, -5),
+                                                      (np.int8, np.float64, 3), (np.int16, np.float16, -300),
+                                                      (np.int32, np.float32, None), (np.uint8, np.float16, None)])
+def test_dequantize_linear(x_dtype, scale_dtype, zp):
+    info = np.iinfo(x_dtype)
+    x = R.integers(max(info.min, -5000), min(info.max, 5000), (3, 4, 5), endpoint=True).astype(x_dtype)
+    inputs = [x, np.array(0.037, scale_dtype)] + ([np.array(zp, x_dtype)] if zp is not None else [])
+    _agrees_with_numpy("DequantizeLinear", inputs, diff=(), lowered=("DequantizeLinear",))
+    _agrees_with_numpy("DequantizeLinear", inputs, {"output_dtype": 11}, diff=(), lowered=("DequantizeLinear",))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+@pytest.mark.parametrize("case", ["mixed", "positive", "negative", "zeros", "ties"])
+def test_dynamic_quantize_linear(dtype, case):
+    x = {"mixed": _x((3, 8), np.float64, 3.0), "positive": np.abs(_x((3, 8), np.float64)) + 0.1,
+         "negative": -np.abs(_x((3, 8), np.float64)) - 0.1, "zeros": np.zeros((3, 8)),
+         "ties": (np.arange(24).reshape(3, 8) - 8) * 0.5}[case].astype(dtype)
+    _agrees_with_numpy("DynamicQuantizeLinear", [x], diff=(), n_outputs=3, lowered=("DynamicQuantizeLinear",))
+
+
+def _q(shape, dtype):
+    info = np.iinfo(dtype)
+    return R.integers(info.min, info.max, shape, endpoint=True).astype(dtype)
+
+
+@pytest.mark.parametrize("a_dtype, b_dtype", [(np.uint8, np.uint8), (np.int8, np.int8), (np.uint8, np.int8),
+                                              (np.int8, np.uint8)])
+@pytest.mark.parametrize("zps", ["none", "scalar", "per_row_col"])
+def test_matmul_integer(a_dtype, b_dtype, zps):
+    a, b = _q((2, 3, 6), a_dtype), _q((6, 5), b_dtype)
+    inputs = [a, b]
+    if zps == "scalar":
+        inputs += [_q((), a_dtype), _q((), b_dtype)]
+    elif zps == "per_row_col":
+        a = _q((6, 6), a_dtype)  # square: the reference centres A by column first (it raises otherwise)
+        inputs = [a, b, _q((6,), a_dtype), _q((5,), b_dtype)]
+    _agrees_with_numpy("MatMulInteger", inputs, diff=(), lowered=("MatMulInteger",))
+    if zps == "none":
+        _agrees_with_numpy("MatMulInteger", [a, b, None, _q((5,), b_dtype)], diff=(), lowered=("MatMulInteger",))
+
+
+@pytest.mark.parametrize("dtype, y_dtype", [(np.uint8, np.uint8), (np.int8, np.int8), (np.uint8, np.int8)])
+@pytest.mark.parametrize("per_col", [False, True])
+def test_qlinear_matmul(dtype, y_dtype, per_col):
+    a, b = _q((4, 7), dtype), _q((7, 3), dtype)
+    b_scale = R.uniform(0.001, 0.02, 3 if per_col else ()).astype(np.float32)
+    b_zp = _q((3,) if per_col else (), dtype)
+    inputs = [a, np.array(0.05, np.float32), _q((), dtype), b, b_scale, b_zp, np.array(0.3, np.float32),
+              _q((), y_dtype)]
+    _agrees_with_numpy("QLinearMatMul", inputs, diff=(), lowered=("QLinearMatMul",))
+    # y = 0.5-ties: scales 1 and integer accumulators over 2
+    a2, b2 = R.integers(-9, 9, (3, 2)).astype(np.int8), R.integers(-9, 9, (2, 4)).astype(np.int8)
+    ties = [a2, np.array(1.0, np.float32), np.array(0, np.int8), b2, np.array(0.5, np.float32), np.array(0, np.int8),
+            np.array(1.0, np.float32), np.array(0, np.int8)]
+    _agrees_with_numpy("QLinearMatMul", ties, diff=(), lowered=("QLinearMatMul",))
+
+
+@pytest.mark.parametrize("x_dtype, w_dtype", [(np.uint8, np.uint8), (np.int8, np.int8), (np.uint8, np.int8)])
+@pytest.mark.parametrize("attrs", [{}, {"pads": [1, 1, 1, 1], "strides": [2, 1]}, {"pads": [0, 1, 2, 0]},
+                                   {"group": 2, "dilations": [2, 1]}, {"auto_pad": "SAME_UPPER"}])
+def test_conv_integer_and_qlinear_conv(x_dtype, w_dtype, attrs):
+    x, w = _q((2, 4, 6, 5), x_dtype), _q((6, 4 // attrs.get("group", 1), 3, 2), w_dtype)
+    _agrees_with_numpy("ConvInteger", [x, w], attrs, diff=(), lowered=("ConvInteger",))
+    _agrees_with_numpy("ConvInteger", [x, w, _q((), x_dtype), _q((6,), w_dtype)], attrs, diff=(),
+                       lowered=("ConvInteger",))
+    for per_channel in (False, True):
+        ws = R.uniform(0.001, 0.01, 6 if per_channel else ()).astype(np.float32)
+        inputs = [x, np.array(0.04, np.float32), _q((), x_dtype), w, ws, _q((6,) if per_channel else (), w_dtype),
+                  np.array(0.5, np.float32), _q((), x_dtype), R.integers(-5000, 5000, 6).astype(np.int32)]
+        _agrees_with_numpy("QLinearConv", inputs, attrs, diff=(), lowered=("QLinearConv",))
+        _agrees_with_numpy("QLinearConv", inputs[:8], attrs, diff=(), lowered=("QLinearConv",))
+
+
+def test_conv_integer_1d():
+    x, w = _q((1, 2, 9), np.uint8), _q((3, 2, 4), np.uint8)
+    _agrees_with_numpy("ConvInteger", [x, w, np.array(7, np.uint8)], {"strides": [2]}, diff=(), lowered=("ConvInteger",))
+
+
+# -- CumProd, Det --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64, np.int8, np.uint8])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("exclusive, reverse", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_cumprod_and_gradient(dtype, axis, exclusive, reverse):
+    if np.dtype(dtype).kind == "f":
+        x = R.uniform(0.5, 1.5, (3, 4, 5)).astype(dtype) * np.where(R.random((3, 4, 5)) < 0.3, -1, 1).astype(dtype)
+        diff = (0,)
+    else:  # integers wrap in their own dtype (numpy's cumprod with dtype=x.dtype)
+        lo = 0 if np.dtype(dtype).kind == "u" else -9
+        x = R.integers(lo, 9, (3, 4, 5)).astype(dtype)
+        diff = ()
+    _agrees_with_numpy("CumProd", [x, _Const(np.array(axis, np.int64))], {"exclusive": exclusive, "reverse": reverse},
+                       diff=diff, lowered=("CumProd",))
+
+
+def test_cumprod_int32_overflow_wraps_as_numpy():
+    x = np.full((2, 40), 7, np.int32)
+    _agrees_with_numpy("CumProd", [x, _Const(np.array(1, np.int32))], diff=(), lowered=("CumProd",))
+
+
+@FLOATS
+@pytest.mark.parametrize("shape", [(3, 3), (2, 4, 4), (2, 1, 1), (5, 2, 2)])
+def test_det_and_gradient(dtype, shape):
+    x = _x(shape, dtype, 1.0)
+    if shape[-1] > 1:
+        x[0, ..., 0] = x[0, ..., 1] if len(shape) == 2 else x[0, :, 1]  # a singular matrix: cofactors, not inverse
+    _agrees_with_numpy("Det", [x], lowered=("Det", "DetGrad"), rtol=1e-4, atol=1e-5)
+
+
+# -- GridSample, Col2Im --------------------------------------------------------------------------------
+def _grid(shape, dtype):
+    g = R.uniform(-1.3, 1.3, shape).astype(dtype)
+    g.reshape(-1, shape[-1])[:6] = np.array([[-1, -1, -1], [1, 1, 1], [0, 0, 0], [-1.25, 0.5, 3.1],
+                                             [2.7, -3.3, 1.0], [0.2, -0.6, -1.0]])[:, :shape[-1]]
+    return g
+
+
+@FLOATS
+@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic", "linear", "cubic"])
+@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align", [0, 1])
+def test_grid_sample_2d_and_gradient(dtype, mode, padding, align):
+    x, grid = _x((2, 3, 5, 4), dtype), _grid((2, 6, 7, 2), dtype)
+    diff = (0,) if mode in ("bicubic", "cubic") else (0, 1)  # no grid gradient in cubic mode
+    _agrees_with_numpy("GridSample", [x, grid], {"mode": mode, "padding_mode": padding, "align_corners": align},
+                       diff=diff, lowered=("GridSample", "GridSampleGrad"), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["linear", "nearest", "cubic"])
+@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
+def test_grid_sample_1d_3d_and_nearest_ties(mode, padding):
+    x, grid = _x((1, 2, 4, 3, 5), np.float64), _grid((1, 3, 2, 4, 3), np.float64)
+    diff = (0,) if mode == "cubic" else (0, 1)
+    _agrees_with_numpy("GridSample", [x, grid], {"mode": mode, "padding_mode": padding},
+                       diff=diff, lowered=("GridSample", "GridSampleGrad"))
+    # pixel coordinates at exact .5 ties (size 4, align_corners=1: x = 1.5 * (g + 1))
+    ties = np.array([-1, -2 / 3, 0, 2 / 3, 1, -1 / 3, 1 / 3], np.float64).reshape(1, 7, 1)
+    _agrees_with_numpy("GridSample", [_x((1, 2, 4), np.float64), ties],
+                       {"mode": mode, "padding_mode": padding, "align_corners": 1}, diff=(0,), lowered=("GridSample",))
+    x1 = _x((2, 3, 6), np.float32)
+    _agrees_with_numpy("GridSample", [x1, _grid((2, 9, 1), np.float32)], {"mode": mode, "padding_mode": padding},
+                       diff=(0,), lowered=("GridSample", "GridSampleGrad"), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32])
+@pytest.mark.parametrize("image, block, attrs", [
+    ((5, 5), (2, 2), {}), ((6, 7), (3, 2), {"strides": [2, 1], "pads": [1, 0, 1, 2]}),
+    ((6, 6), (2, 3), {"dilations": [2, 1], "strides": [1, 2]}), ((9,), (3,), {"pads": [1, 2], "strides": [2]}),
+    ((4, 3, 4), (2, 2, 2), {"pads": [0, 1, 0, 1, 0, 1]})])
+def test_col2im_and_gradient(dtype, image, block, attrs):
+    nd = len(image)
+    dil, st = attrs.get("dilations", [1] * nd), attrs.get("strides", [1] * nd)
+    pads = attrs.get("pads", [0] * 2 * nd)
+    counts = [(image[i] + pads[i] + pads[nd + i] - dil[i] * (block[i] - 1) - 1) // st[i] + 1 for i in range(nd)]
+    shape = (2, 3 * int(np.prod(block)), int(np.prod(counts)))
+    x = _x(shape, dtype) if dtype != np.int32 else R.integers(-50, 50, shape).astype(dtype)
+    _agrees_with_numpy("Col2Im", [x, _Const(np.array(image, np.int64)), _Const(np.array(block, np.int64))], attrs,
+                       diff=(0,) if dtype != np.int32 else (), lowered=("Col2Im",) + (("Col2ImGrad",) if dtype != np.int32 else ()))
+
+
+# -- RoiAlign --------------------------------------------------------------------------------------------
+@FLOATS
+@pytest.mark.parametrize("mode", ["avg", "max"])
+@pytest.mark.parametrize("ctm", ["half_pixel", "output_half_pixel"])
+@pytest.mark.parametrize("ratio, scale", [(2, 1.0), (1, 0.5), (3, 0.25)])
+def test_roi_align(dtype, mode, ctm, ratio, scale):
+    x = _x((2, 3, 10, 8), dtype)
+    rois = np.array([[0, 0, 7, 9], [1.5, 2.2, 6.1, 8.7], [-3, -2, 4, 3], [5, 6, 30, 40], [2, 2, 2.4, 2.2]],
+                    dtype) / scale
+    batch = np.array([0, 1, 1, 0, 1], np.int64)
+    attrs = {"mode": mode, "coordinate_transformation_mode": ctm, "sampling_ratio": ratio, "spatial_scale": scale,
+             "output_height": 3, "output_width": 4}
+    _agrees_with_numpy("RoiAlign", [x, rois, batch], attrs, diff=(), lowered=("RoiAlign",))
+
+
+def test_roi_align_adaptive_sampling_falls_back():
+    from test_torch_backend import _op_and_grads
+    x, rois, batch = _x((1, 2, 6, 6)), np.array([[0, 0, 5, 5]], np.float32), np.array([0], np.int64)
+    graph, _ = _op_and_grads("RoiAlign", [x, rois, batch], {"sampling_ratio": 0}, diff=())
+    assert TorchBackend("torch:cpu").compile(graph).fallback_ops == ["RoiAlign"]
+
+
+# -- DeformConv ----------------------------------------------------------------------------------------
+@FLOATS
+@pytest.mark.parametrize("attrs, group, og, bias, mask", [
+    ({}, 1, 1, False, False), ({"pads": [1, 1, 1, 1]}, 1, 2, True, True),
+    ({"strides": [2, 1], "dilations": [1, 2], "pads": [1, 0, 1, 0]}, 2, 1, True, False),
+    ({"pads": [2, 1, 0, 1]}, 2, 2, False, True)])
+def test_deform_conv(dtype, attrs, group, og, bias, mask):
+    n, c, h, w, oc, kh, kw = 2, 4, 7, 6, 6, 3, 2
+    st, dil = attrs.get("strides", [1, 1]), attrs.get("dilations", [1, 1])
+    pads = attrs.get("pads", [0, 0, 0, 0])
+    oh = (h + pads[0] + pads[2] - dil[0] * (kh - 1) - 1) // st[0] + 1
+    ow = (w + pads[1] + pads[3] - dil[1] * (kw - 1) - 1) // st[1] + 1
+    x, wt = _x((n, c, h, w), dtype), _x((oc, c // group, kh, kw), dtype)
+    offset = _x((n, og * kh * kw * 2, oh, ow), dtype, 1.5)
+    offset.flat[:4] = [0.0, 2.0, -7.0, 9.0]  # integer offsets and far outside the image
+    inputs = [x, wt, offset, _x((oc,), dtype) if bias else None, R.uniform(0, 1, (n, og * kh * kw, oh, ow)).astype(dtype)
+              if mask else None]
+    if inputs[-1] is None:
+        inputs = inputs[:-1]
+        if inputs[-1] is None:
+            inputs = inputs[:-1]
+    _agrees_with_numpy("DeformConv", inputs, {**attrs, "group": group, "offset_group": og}, diff=(),
+                       lowered=("DeformConv",), rtol=1e-5, atol=1e-5)

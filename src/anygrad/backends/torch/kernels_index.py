@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ...ops.index import parse_einsum, rearrange
-from .lowering import Site, TorchKernel, add_rows, is_float, lowering
+from .lowering import Site, TorchKernel, add_rows, device_constants, is_float, lowering
 
 
 def _kinds(site: Site, slots: tuple[int, ...], kinds: str) -> bool:
@@ -413,3 +413,59 @@ def _reduce_more(site: Site) -> TorchKernel | None:
     out = site.out_shape()
     flat = tuple(shape[i] for i in kept) + (-1,)
     return lambda ins: [torch.prod(ins[0].permute(perm).reshape(flat), dim=-1).reshape(out)]
+
+
+@lowering("CumProd")
+def _cumprod(site: Site) -> TorchKernel | None:
+    axis = site.attr("axis")
+    if axis is None or site.dtype(0).kind not in "iuf":
+        return None  # an axis known only at run time: the reference kernel reads it
+    import torch
+    axis = int(axis)
+    n = site.shape(0)[axis]
+    exclusive, reverse = bool(site.resolved("exclusive")), bool(site.resolved("reverse"))
+
+    def cumprod(ins):
+        x = torch.flip(ins[0], [axis]) if reverse else ins[0]
+        if exclusive:  # element i multiplies the elements before i: the input shifted by one
+            x = torch.cat([torch.ones_like(x.narrow(axis, 0, 1)), x.narrow(axis, 0, n - 1)], dim=axis)
+        c = torch.cumprod(x, dim=axis, dtype=x.dtype)  # integers wrap in their own dtype, as numpy's
+        return [torch.flip(c, [axis]) if reverse else c]
+    return cumprod
+
+
+# -- Det and its gradient (linear algebra in float64, rounded once, as the reference) ---------------
+@lowering("Det")
+def _det(site: Site) -> TorchKernel | None:
+    if not is_float(site.dtype(0)) or site.dtype(0) == np.float16:
+        return None
+    import torch
+
+    def det(ins):
+        return [torch.linalg.det(ins[0].to(torch.float64)).to(ins[0].dtype)]
+    return det
+
+
+@lowering("DetGrad")
+def _det_grad(site: Site) -> TorchKernel | None:
+    """dy * cofactors(x), the cofactors from the (n-1)-minors' determinants (defined for singular x)."""
+    if not is_float(site.dtype(1)) or site.dtype(1) == np.float16:
+        return None
+    import torch
+    n = site.shape(1)[-1]
+    keep = np.array([[k for k in range(n) if k != i] for i in range(n)], np.int64).reshape(n, max(n - 1, 0))
+    signs = np.array([[(-1.0) ** (i + j) for j in range(n)] for i in range(n)])
+    index_of, signs_of = device_constants(site, [keep]), device_constants(site, [signs], floats=True)
+    batch = site.shape(1)[:-2]
+
+    def det_grad(ins):
+        dy, x = ins[0].to(torch.float64), ins[1].to(torch.float64)
+        if n == 1:
+            cof = torch.ones_like(x)
+        else:
+            rows, = index_of(x.device)  # (n, n-1): minor (i, j) keeps rows keep[i] and columns keep[j]
+            minors = x[..., rows[:, None, :, None], rows[None, :, None, :]]
+            cof = torch.linalg.det(minors) * signs_of(x.device, torch.float64)[0]
+        out = dy.reshape(batch + (1, 1)) * cof
+        return [out.to(ins[1].dtype)]
+    return det_grad

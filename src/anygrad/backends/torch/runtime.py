@@ -53,10 +53,12 @@ from ..base import Backend, Executable
 from . import (  # noqa: F401
     kernels_attention,
     kernels_elementwise,
+    kernels_image,
     kernels_index,
     kernels_loss,
     kernels_nn,
     kernels_optim,
+    kernels_quant,
     kernels_resize,
     kernels_shape,
 )
