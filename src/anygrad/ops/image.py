@@ -53,7 +53,7 @@ def _reflect(x: np.ndarray, lo: float, hi: float) -> tuple[np.ndarray, np.ndarra
     return out, sign
 
 
-def _cubic(t: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
+def cubic_weights(t: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
     """Keys' cubic convolution weights (a = -0.75) of taps -1..2 at fraction t, and their derivatives."""
     a = _CUBIC_A
 
@@ -98,7 +98,7 @@ def _grid_taps(node: Node, grid: np.ndarray, dims) -> tuple[list[list[Tap]], lis
         elif mode == "linear":
             offsets = [(0, 1 - frac, -np.ones_like(x)), (1, frac, np.ones_like(x))]
         else:
-            offsets = _cubic(frac)
+            offsets = cubic_weights(frac)
         dim_taps = []
         for off, w, dw in offsets:
             idx = base + off

@@ -46,12 +46,18 @@ def _check_quantized(node: Node, dtype: np.dtype) -> np.dtype:
     return dtype
 
 
+def quantize_precision(node: Node) -> np.dtype | None:
+    """The float type QuantizeLinear divides in (its `precision` attribute, opset 23), or None:
+    the inputs' own."""
+    precision = node.attr("precision", 0)
+    return onnx_dtype(precision, node) if precision else None
+
+
 def _quantize_forward(node: Node, ins: list) -> np.ndarray:
     x, scale, zp = ins[0], ins[1], slot(ins, 2)
     dtype = _check_quantized(node, _quantized_dtype(node, zp))
     axis, block = int(node.attr("axis", 1)), int(node.attr("block_size", 0))
-    precision = node.attr("precision", 0)
-    work = onnx_dtype(precision, node) if precision else None
+    work = quantize_precision(node)
     scale = _spread(scale, x.shape, axis, block)
     q = x.astype(work) / scale.astype(work) if work else x / scale
     q = np.rint(q).astype(np.int64)
@@ -118,9 +124,10 @@ def _matmul_shape(a, b) -> tuple:
 
 def _matmul_integer(node: Node, ins: list) -> np.ndarray:
     a, b, azp, bzp = ins[0], ins[1], slot(ins, 2), slot(ins, 3)
-    a64 = _centered(a, azp)
     if azp is not None and np.asarray(azp).ndim == 1 and np.asarray(azp).size > 1:  # per row of A
         a64 = a.astype(np.int64) - np.asarray(azp).astype(np.int64).reshape(-1, 1)
+    else:  # (centring first as per column broadcast a per-row zero point over a non-square A)
+        a64 = _centered(a, azp)
     return np.matmul(a64, _centered(b, bzp)).astype(np.int32)
 
 

@@ -4,7 +4,7 @@ GridSampleGrad, Col2Im and Col2ImGrad, DeformConv, RoiAlign.
 GridSample follows the reference's interpolation plan step for step in float64: per spatial dim
 the source coordinate (align_corners or not), the padding mode (zeros, border, reflection), the
 taps of the mode (nearest rounds half to even as np.rint; linear; cubic with Keys' a = -0.75,
-through the reference's own `_cubic`, which is plain arithmetic), each tap's weight and validity,
+through the reference's own `cubic_weights`, which is plain arithmetic), each tap's weight and validity,
 then every combination of taps gathered and summed in the reference's order, rounded to the
 output dtype once. The gradient scatters into the image with `add_rows` (never float atomics).
 
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import ShapeError
-from ...ops.image import MODES, _cubic, col2im_blocks
+from ...ops.image import MODES, col2im_blocks, cubic_weights
 from .lowering import Site, TorchKernel, add_rows, device_constants, is_float, lowering
 
 
@@ -68,7 +68,7 @@ def _grid_taps(grid: Any, dims: tuple, mode: str, padding: str, align: bool):
         elif mode == "linear":
             offsets = [(0, 1 - frac, -torch.ones_like(x)), (1, frac, torch.ones_like(x))]
         else:
-            offsets = _cubic(frac)
+            offsets = cubic_weights(frac)
         dim_taps = []
         for off, w, dw in offsets:
             idx = base + off

@@ -17,7 +17,7 @@ import numpy as np
 
 from ...errors import ShapeError
 from ...ops.nn import Window
-from ...ops.quant import RANGES
+from ...ops.quant import RANGES, quantize_precision
 from .convert import TORCH_DTYPES, torch_dtype
 from .kernels_nn import _conv_fn, _pad, _symmetric
 from .lowering import Site, TorchKernel, is_float, lowering, norm_axis
@@ -64,11 +64,8 @@ def _quantize(site: Site) -> TorchKernel | None:
     import torch
     xshape = site.shape(0)
     axis, block = int(site.attr("axis", 1)), int(site.attr("block_size", 0))
-    precision = site.attr("precision", 0)
-    if precision:
-        from ...ops._util import onnx_dtype
-        work = onnx_dtype(precision, site.node)
-    else:
+    work = quantize_precision(site.node)
+    if work is None:
         work = np.result_type(site.dtype(0), site.dtype(1))
     if work.kind != "f" or work not in TORCH_DTYPES:
         return None
