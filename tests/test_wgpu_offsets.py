@@ -59,7 +59,7 @@ def _check_valid(plan, cap: int) -> None:
 
 
 @pytest.mark.parametrize("batch", [16, 64])
-def test_activation_bytes_near_the_liveness_bound(batch):
+def test_activation_bytes_near_the_liveness_bound(batch, monkeypatch):
     caps = AdapterCaps()
     plan = _step_plan(batch, caps)
     _check_valid(plan, caps.max_storage_binding_size)
@@ -70,8 +70,12 @@ def test_activation_bytes_near_the_liveness_bound(batch):
     last = {r: la for r, (_, la) in plan.live.items()}
     slots = min(sum(_assign_slots(plan.steps, first, last, plan.nbytes, set(), grow)[1]) for grow in (True, False))
     assert temps <= slots  # never worse than a slot per tenant (it is one of the candidates)
-    if batch == 16:
-        assert plan.slot_offset  # here the offset plan is the one kept (at 64 the slot plan is 5% over)
+    # the offset plan alone is valid too, and the kept plan is never larger (it is the smaller
+    # candidate; on this step the slots have won since the strided conv's input gradient runs by phase)
+    monkeypatch.setattr(planner, "PLACEMENTS", ("offsets",))
+    offsets = _step_plan(batch, caps)
+    _check_valid(offsets, caps.max_storage_binding_size)
+    assert offsets.slot_offset and temps <= sum(offsets.slot_bytes)
 
 
 def test_small_binding_limit_opens_more_buffers():
