@@ -14,6 +14,7 @@ assignment does, rather than whichever write lands last.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -297,9 +298,10 @@ def _onehot(site: Site) -> TorchKernel | None:
     return onehot
 
 
-# -- CumSum, Tile, Trilu, DepthToSpace, SpaceToDepth, EyeLike ---------------------------------------
-@lowering("CumSum")
-def _cumsum(site: Site) -> TorchKernel | None:
+# -- CumSum, CumProd, Tile, Trilu, DepthToSpace, SpaceToDepth, EyeLike -------------------------------
+def _cumulative(site: Site, scan: Callable, identity: Callable) -> TorchKernel | None:
+    """CumSum / CumProd: `scan(x, axis)` along the resolved axis, reversed and exclusive as asked
+    (exclusive: element i combines the elements before i, the input shifted by one `identity`)."""
     axis = site.attr("axis")
     if axis is None or site.dtype(0).kind not in "iuf":
         return None  # an axis known only at run time: the reference kernel reads it
@@ -308,13 +310,26 @@ def _cumsum(site: Site) -> TorchKernel | None:
     n = site.shape(0)[axis]
     exclusive, reverse = bool(site.resolved("exclusive")), bool(site.resolved("reverse"))
 
-    def cumsum(ins):
+    def cumulative(ins):
         x = torch.flip(ins[0], [axis]) if reverse else ins[0]
-        if exclusive:  # element i sums the elements before i: the input shifted by one
-            x = torch.cat([torch.zeros_like(x.narrow(axis, 0, 1)), x.narrow(axis, 0, n - 1)], dim=axis)
-        c = torch.cumsum(x, dim=axis)
+        if exclusive:
+            x = torch.cat([identity(x.narrow(axis, 0, 1)), x.narrow(axis, 0, n - 1)], dim=axis)
+        c = scan(x, axis)
         return [torch.flip(c, [axis]) if reverse else c]
-    return cumsum
+    return cumulative
+
+
+@lowering("CumSum")
+def _cumsum(site: Site) -> TorchKernel | None:
+    import torch
+    return _cumulative(site, lambda x, axis: torch.cumsum(x, dim=axis), torch.zeros_like)
+
+
+@lowering("CumProd")
+def _cumprod(site: Site) -> TorchKernel | None:
+    import torch
+    # integers wrap in their own dtype, as numpy's
+    return _cumulative(site, lambda x, axis: torch.cumprod(x, dim=axis, dtype=x.dtype), torch.ones_like)
 
 
 @lowering("Tile")
@@ -413,25 +428,6 @@ def _reduce_more(site: Site) -> TorchKernel | None:
     out = site.out_shape()
     flat = tuple(shape[i] for i in kept) + (-1,)
     return lambda ins: [torch.prod(ins[0].permute(perm).reshape(flat), dim=-1).reshape(out)]
-
-
-@lowering("CumProd")
-def _cumprod(site: Site) -> TorchKernel | None:
-    axis = site.attr("axis")
-    if axis is None or site.dtype(0).kind not in "iuf":
-        return None  # an axis known only at run time: the reference kernel reads it
-    import torch
-    axis = int(axis)
-    n = site.shape(0)[axis]
-    exclusive, reverse = bool(site.resolved("exclusive")), bool(site.resolved("reverse"))
-
-    def cumprod(ins):
-        x = torch.flip(ins[0], [axis]) if reverse else ins[0]
-        if exclusive:  # element i multiplies the elements before i: the input shifted by one
-            x = torch.cat([torch.ones_like(x.narrow(axis, 0, 1)), x.narrow(axis, 0, n - 1)], dim=axis)
-        c = torch.cumprod(x, dim=axis, dtype=x.dtype)  # integers wrap in their own dtype, as numpy's
-        return [torch.flip(c, [axis]) if reverse else c]
-    return cumprod
 
 
 # -- Det and its gradient (linear algebra in float64, rounded once, as the reference) ---------------
