@@ -19,7 +19,6 @@ import numpy as np
 
 from ... import _parallel
 from ...ir.graph import Node
-from ...ir.registry import OpDef
 from ...ops.linalg import gemm
 from .conv import conv_grad_input_node, conv_grad_weight_node, conv_node
 from .fastpaths import batch_norm, batch_norm_grad, maximum0
@@ -40,15 +39,21 @@ def _listed(kernel) -> InplaceKernel:
     return lambda node, ins: [np.asarray(o) for o in kernel(node, ins)]
 
 
+def _one(kernel) -> InplaceKernel:
+    """A kernel of one output array as a kernel of the output list."""
+    return lambda node, ins: [kernel(node, ins)]
+
+
+def _matmul(node: Node, ins: list[np.ndarray]) -> np.ndarray:
+    # the product cut into row blocks on every worker
+    return _parallel.matmul(ins[0], ins[1]).astype(ins[0].dtype, copy=False)
+
+
 KERNELS: dict[str, InplaceKernel] = {"Relu": _relu, "BatchNormalization": _listed(batch_norm),
                                      "BatchNormGrad": _listed(batch_norm_grad),
-                                     "Conv": _listed(lambda n, ins: [conv_node(n, ins)]),
-                                     "ConvGradInput": _listed(lambda n, ins: [conv_grad_input_node(n, ins)]),
-                                     "ConvGradWeight": _listed(lambda n, ins: [conv_grad_weight_node(n, ins)]),
-                                     # the products cut into row blocks on every worker (_parallel.matmul)
-                                     "MatMul": lambda n, ins: [_parallel.matmul(ins[0], ins[1]).astype(ins[0].dtype,
-                                                                                                        copy=False)],
-                                     "Gemm": lambda n, ins: [gemm(n, ins, _parallel.matmul)]}
+                                     "Conv": _one(conv_node), "ConvGradInput": _one(conv_grad_input_node),
+                                     "ConvGradWeight": _one(conv_grad_weight_node), "MatMul": _one(_matmul),
+                                     "Gemm": _one(lambda n, ins: gemm(n, ins, _parallel.matmul))}
 
 
 def _relu_grad_(node: Node, ins: list[np.ndarray]) -> list[np.ndarray]:
@@ -75,7 +80,7 @@ _BLOCKED_KERNELS = {"Conv": conv_node, "ConvGradInput": conv_grad_input_node,
 BLOCKED: frozenset[str] = frozenset(_BLOCKED_KERNELS)
 
 
-def run_blocked(op: OpDef, node: Node, ins: list[np.ndarray | None], epilogue: Epilogue) -> list[np.ndarray]:
+def run_blocked(node: Node, ins: list[np.ndarray | None], epilogue: Epilogue) -> list[np.ndarray]:
     """A BLOCKED op's outputs as a list of arrays, epilogue applied to each block of output 0."""
     out = _BLOCKED_KERNELS[node.op](node, ins, epilogue=epilogue)
     if isinstance(out, (list, tuple)):

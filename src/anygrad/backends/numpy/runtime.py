@@ -162,7 +162,7 @@ class NumpyExecutable(Executable):
         if step in self.epilogue:
             consumer = self.graph.nodes[self.epilogue[step]]
             kernel, others = INPLACE[consumer.op], [env[i] for i in consumer.inputs[1:]]
-            return run_blocked(op, node, [env[i] for i in ins],
+            return run_blocked(node, [env[i] for i in ins],
                                lambda s, block: kernel(consumer, [block] + [o[s] for o in others]))
         if step in self.passed_on:
             return [env[ins[0]]]  # the producer already applied this op

@@ -292,6 +292,9 @@ def _grad_input_by_phase(node: Node, g: Geo, G: int, Co: int, Cg: int, caps: Ada
             empty.append((py, px))
             continue
         nt = nky * nkx
+        # image and phase-grid position (jy, jx) of column c: input pixel (py + sh jy, px + sw jx)
+        phase_pixel = (f"let img = c / {u(Hp * Wp)}; let pix = c % {u(Hp * Wp)}; "
+                       f"let jy = pix / {u(Wp)}; let jx = pix % {u(Wp)};")
         a = Operand("Wt", Cg, Cog * nt, f"((bt * {u(Cog)} + co) * {u(Cg)} + r) * {u(g.taps)} + ky * {u(g.kw)} + kx",
                     prelude=(f"let co = c / {u(nt)}; let t = c % {u(nt)}; "
                              f"let ky = {u(ky0)} + (t / {u(nkx)}) * {u(g.sh)}; "
@@ -302,13 +305,10 @@ def _grad_input_by_phase(node: Node, g: Geo, G: int, Co: int, Cg: int, caps: Ada
                     prelude=(f"let co = r / {u(nt)}; let t = r % {u(nt)}; "
                              f"let oy = jy + {u(qy)} - t / {u(nkx)}; let ox = jx + {u(qx)} - t % {u(nkx)};"),
                     valid=f"oy < {u(g.OH)} && ox < {u(g.OW)}",
-                    hoist=(f"let img = c / {u(Hp * Wp)}; let pix = c % {u(Hp * Wp)}; "
-                           f"let jy = pix / {u(Wp)}; let jx = pix % {u(Wp)};"),
-                    hoisted=("img", "pix", "jy", "jx"))
+                    hoist=phase_pixel, hoisted=("img", "pix", "jy", "jx"))
         out = Output("DX", f"((img * {u(g.C)} + bt * {u(Cg)} + r) * {u(g.H)} + {u(py)} + jy * {u(g.sh)}) * {u(g.W)}"
                            f" + {u(px)} + jx * {u(g.sw)}",
-                     prelude=(f"let img = c / {u(Hp * Wp)}; let pix = c % {u(Hp * Wp)}; "
-                              f"let jy = pix / {u(Wp)}; let jx = pix % {u(Wp)};"))
+                     prelude=phase_pixel)
         spec = GemmSpec(f"ConvGradInput:phase{py}{px}", Cg, g.B * Hp * Wp, Cog * nt, G, a, b, out,
                         (Binding(w, "Wt"), Binding(dy, "DY")), Binding(node.outputs[0], "DX"))
         # no split-K: the phases would share one scratch value (and their K is a few taps)
