@@ -106,8 +106,10 @@ def test_training_step_largest_batch_is_right():
         _founding_step(fit + 1, caps)
 
 
-def test_workgroup_grid_limit_names_a_batch_when_the_grid_scales():
-    # Exp over 64 x 1000: 250 workgroups of 256; grids fold into 3-D, so 5 per dimension hold 125.
+def test_workgroup_grid_limit_names_a_batch_when_the_grid_scales(monkeypatch):
+    # Exp over 64 x 1000, one element per invocation: 250 workgroups of 256; grids fold into 3-D,
+    # so 5 per dimension hold 125.
+    monkeypatch.setenv("ANYGRAD_WGPU_EW_VEC", "0")
     caps = AdapterCaps(max_workgroups_per_dim=5)
     with pytest.raises(DeviceError, match=r"max-compute-workgroups-per-dimension is 5, .*\(64 now\)\. The "
                                           r"largest batch that fits is about 32") as e:
@@ -118,7 +120,8 @@ def test_workgroup_grid_limit_names_a_batch_when_the_grid_scales():
         _plan(_exp(33), caps, fuse=False)
 
 
-def test_workgroup_grid_limit_that_does_not_scale_says_what_is_too_large():
+def test_workgroup_grid_limit_that_does_not_scale_says_what_is_too_large(monkeypatch):
+    monkeypatch.setenv("ANYGRAD_WGPU_EW_VEC", "0")  # one element per invocation: 391 workgroups
     g = make_graph([Node("Exp", ["w"], ["e"]), Node("ReduceSum", ["e"], ["s"], {"keepdims": 0}),
                 Node("Add", ["x", "s"], ["y"])], ["x"], ["y"], {"x": (F32, (2,))},
                {"w": np.zeros((100, 1000), np.float32)}, buffers=["w"])

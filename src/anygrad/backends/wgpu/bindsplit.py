@@ -113,6 +113,8 @@ def split_rows(node: Node, graph: Graph, caps: AdapterCaps, lower) -> list[Kerne
         return None
     # A window starts at an aligned offset at or before its rows (the shader skips the difference).
     rows = (limit - ALIGN) // row_bytes
+    if rows >= 4:  # every window then starts 16 bytes aligned, as a vec4 binding needs
+        rows -= rows % 4
     if rows <= 0:
         return None
     kernels: list[Kernel] = []

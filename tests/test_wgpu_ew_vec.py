@@ -1,0 +1,106 @@
+"""Elementwise kernels four elements per invocation (vec4 loads and stores), against numpy.
+
+A fused chain takes the vec4 path when the output's last axis is a multiple of 4; each input is
+then loaded as a vec4 (it keeps the last axis), as one scalar for all four lanes (broadcast along
+it), or indexed per lane (an input the op indexes itself). Everything else stays one element per
+invocation, and so does everything with ANYGRAD_WGPU_EW_VEC=0.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from wgpu_util import assert_close, check_wgpu, make_graph, run_both, wgpu_backend
+
+from anygrad.ir import Node
+from anygrad.ir.passes import RNG_STATE
+
+pytestmark = pytest.mark.wgpu
+F32 = np.float32
+RNG = np.random.default_rng(7)
+
+
+@pytest.fixture(scope="module")
+def wb():
+    return wgpu_backend()
+
+
+def _chain(shape: tuple[int, ...], bias_shape: tuple[int, ...], col_shape: tuple[int, ...]):
+    """y = where(x > 0, gelu(x * 2 + bias), x - col) and z = sigmoid(y) * mask: a vec4 input, a
+    bias along the last axis, a column broadcast along it, a literal, a bool, two outputs."""
+    nodes = [Node("Mul", ["x", "two"], ["a"]), Node("Add", ["a", "bias"], ["b"]), Node("Gelu", ["b"], ["c"]),
+             Node("Sub", ["x", "col"], ["d"]), Node("Greater", ["x", "zero"], ["p"]),
+             Node("Where", ["p", "c", "d"], ["y"]), Node("Sigmoid", ["y"], ["s"]),
+             Node("Cast", ["m"], ["mf"], {"to": 1}), Node("Mul", ["s", "mf"], ["z"])]
+    inits = {"two": np.array(2.0, F32), "zero": np.array(0.0, F32),
+             "bias": RNG.standard_normal(bias_shape).astype(F32), "col": RNG.standard_normal(col_shape).astype(F32)}
+    g = make_graph(nodes, ["x", "m"], ["y", "z"], {"x": (F32, shape), "m": (np.bool_, shape)}, inits)
+    feeds = {"x": RNG.standard_normal(shape).astype(F32), "m": RNG.random(shape) > 0.3}
+    return g, feeds
+
+
+def _ew_sources(exe) -> list[str]:
+    return [st.kernel.wgsl for st in exe.plan.steps if st.kernel.name.startswith("ew:")]
+
+
+@pytest.mark.parametrize("shape, bias, col, vec", [
+    ((6, 8), (8,), (6, 1), True),
+    ((2, 3, 12), (12,), (2, 3, 1), True),
+    ((5, 4), (1, 4), (), True),
+    ((3, 10), (10,), (3, 1), False),     # last axis not a multiple of 4
+    ((8, 4), (4,), (8, 4), True),
+])
+def test_fused_chain_matches_numpy(wb, shape, bias, col, vec):
+    g, feeds = _chain(shape, bias, col)
+    want, got, exe = run_both(g, feeds, backend=wb)
+    assert_close(want, got, rtol=2e-5, atol=2e-6)
+    srcs = _ew_sources(exe)
+    assert srcs and all(("vec4<f32>" in s) == vec for s in srcs), srcs
+
+
+def test_switch_keeps_one_element_per_invocation(wb, monkeypatch):
+    g, feeds = _chain((6, 8), (8,), (6, 1))
+    monkeypatch.setenv("ANYGRAD_WGPU_EW_VEC", "0")
+    want, got, exe = run_both(g, feeds, backend=wb)
+    assert_close(want, got, rtol=2e-5, atol=2e-6)
+    assert not any("vec4" in s for s in _ew_sources(exe))
+
+
+def test_a_middle_axis_broadcast_reads_whole_vectors(wb):
+    """An input (2, 1, 8) against output (2, 3, 8): each vec4 of the output maps to one vec4 of
+    the input at a broadcast vec4 index."""
+    g = make_graph([Node("Mul", ["x", "w"], ["y"])], ["x"], ["y"], {"x": (F32, (2, 3, 8))},
+                   {"w": RNG.standard_normal((2, 1, 8)).astype(F32)})
+    want, got, exe = run_both(g, {"x": RNG.standard_normal((2, 3, 8)).astype(F32)}, backend=wb)
+    assert_close(want, got)
+    assert "array<vec4<f32>>" in _ew_sources(exe)[0]
+
+
+def test_dropout_masks_are_the_same_per_element(wb, monkeypatch):
+    """Dropout draws its mask from the element's flat index: four lanes per invocation must give
+    numpy's mask bit for bit, and the scalar kernel's outputs."""
+    inputs = [RNG.standard_normal((4, 16)).astype(F32), np.array(0.4, F32), np.array(True),
+              np.array([11, 5], np.uint32)]
+    exe = check_wgpu("Dropout", inputs, {"salt": 3}, const=[1, 2], n_outputs=2, state={3: RNG_STATE},
+                     grad=False, rtol=0, atol=0)
+    assert any("vec4" in s for s in _ew_sources(exe))
+    monkeypatch.setenv("ANYGRAD_WGPU_EW_VEC", "0")
+    exe = check_wgpu("Dropout", inputs, {"salt": 3}, const=[1, 2], n_outputs=2, state={3: RNG_STATE},
+                     grad=False, rtol=0, atol=0)
+    assert not any("vec4" in s for s in _ew_sources(exe))
+
+
+def test_float16_values_round_the_same(wb, monkeypatch):
+    """A float16 chain loads and stores vec4<f16> and computes in f32 in between: numpy in float32
+    rounding only the stored value gives the same bits, as does the scalar kernel."""
+    shape = (4, 8)
+    nodes = [Node("Mul", ["x", "x"], ["a"]), Node("Add", ["a", "b"], ["y"])]
+    b = RNG.standard_normal(8).astype(np.float16)
+    g = make_graph(nodes, ["x"], ["y"], {"x": (np.float16, shape)}, {"b": b})
+    x = RNG.standard_normal(shape).astype(np.float16)
+    exe = wb.compile(g)
+    got = exe.run({"x": x})["y"]
+    assert got.dtype == np.float16 and "vec4<f16>" in _ew_sources(exe)[0]
+    xf = x.astype(F32)
+    np.testing.assert_array_equal(got, (xf * xf + b.astype(F32)).astype(np.float16))
+    monkeypatch.setenv("ANYGRAD_WGPU_EW_VEC", "0")
+    np.testing.assert_array_equal(wb.compile(g).run({"x": x})["y"], got)
