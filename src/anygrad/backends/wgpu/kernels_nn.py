@@ -7,6 +7,7 @@ mask is drawn from the counter-based generator of anygrad/rng.py, bit for bit.
 from __future__ import annotations
 
 import math
+import os
 
 from ... import rng
 from ...ir.graph import Graph, Node
@@ -95,9 +96,15 @@ def lower_softmax(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
 # combines, enough of them that the whole reduction has TARGET_GROUPS workgroups (few channels,
 # or few channels x long ones) and each takes at least MIN_PER_GROUP elements; a short one is
 # summed and combined by one workgroup.
+#
+# Every kernel reads x / y / dy / dx as vec4 when S % 4 == 0 (then 4 consecutive elements share a
+# channel): one 4-byte load per invocation kept too few bytes in flight to reach DRAM bandwidth on
+# a big GPU (H200: 1.76 of 4.8 TB/s for BatchNorm:apply). ANYGRAD_WGPU_BN_VEC=0 keeps scalar
+# loads, for A/B runs; the plan cache's key holds every ANYGRAD_WGPU_* variable (pipeline_cache.py).
 PER_GROUP = 4096       # a long channel gets a workgroup per this many elements (at most 256)
 MIN_PER_GROUP = 1024   # no workgroup takes fewer
 TARGET_GROUPS = 512
+VEC_ENV = "ANYGRAD_WGPU_BN_VEC"
 
 
 def _bn_geometry(shape: tuple[int, ...]) -> tuple[int, int, int]:
@@ -105,35 +112,60 @@ def _bn_geometry(shape: tuple[int, ...]) -> tuple[int, int, int]:
     return shape[0], shape[1], math.prod(shape[2:])
 
 
+def _width(s: int) -> int:
+    """Elements per load: 4 when S % 4 == 0 (unless ANYGRAD_WGPU_BN_VEC=0), else 1. Read at
+    lowering time, so the switch takes effect on the next compile."""
+    return 4 if s % 4 == 0 and os.environ.get(VEC_ENV, "1").strip() != "0" else 1
+
+
+def _elem_type(width: int) -> str:
+    return "vec4<f32>" if width == 4 else "f32"
+
+
+def _first(var: str, s: int, width: int) -> str:
+    """Channel ch's first element of var (sample 0, pixel 0): the statistics' shift k."""
+    return f"{var}[ch * {s // width}u]" + ("[0u]" if width == 4 else "")
+
+
 def _parts(c: int, count: int) -> int:
     want = max(-(-count // PER_GROUP), -(-TARGET_GROUPS // c))
     return max(1, min(256, want, count // MIN_PER_GROUP))
 
 
+def _horizontal(acc: str, width: int) -> str:
+    """The sum of an accumulator's lanes, pairwise in a fixed order (same bits every run)."""
+    return f"(({acc}.x + {acc}.y) + ({acc}.z + {acc}.w))" if width == 4 else acc
+
+
 def channel_stats(name: str, n: int, c: int, s: int, reads: list[tuple[str, str, str]], shift: str,
                   sums: list[str], combine: str, writes: list[tuple[str, str]], scratch_name: str,
-                  extra_scratch: tuple = (), inplace: tuple = (), subgroups: bool = False) -> list[Kernel]:
+                  extra_scratch: tuple = (), inplace: tuple = (), subgroups: bool = False,
+                  width: int = 1) -> list[Kernel]:
     """Kernels computing per-channel sums (WGSL exprs of idx and `k`, the channel's shift) and
     then `combine` (uses ch, s0.., writes outputs) once per channel.
 
     reads: (var, type, value); writes: (var, value) f32 outputs of combine; subgroups: combine
-    the workgroup with subgroup ops (wgreduce.py)."""
+    the workgroup with subgroup ops (wgreduce.py); width 4: the per-element reads are vec4
+    bindings, `idx` counts vec4s and the sums are vec4 expressions, accumulated per lane (four
+    chains: more loads in flight, and each chain sums a quarter of the terms)."""
     count = n * s
     parts = _parts(c, count)
     wg = 256 if count >= 1024 else 64
-    chunk = -(-count // parts)
+    sw, steps = s // width, count // width  # a channel's run and (sample, pixel) range, in loads
+    chunk = -(-steps // parts)
     m = len(sums)
-    totals = [Part(f"a{j}", f"s{j}") for j in range(m)]
+    totals = [Part(_horizontal(f"a{j}", width), f"s{j}") for j in range(m)]
     shared = shared_decl(totals, wg)
     loop_acc = "\n".join(f"    a{j} += {e};" for j, e in enumerate(sums))
+    zero = "vec4<f32>(0.0)" if width == 4 else "0.0"
     stage1 = f"""  let g = wid.x + wid.y * nwg.x;
   let ch = g / {parts}u;
   let lo = (g % {parts}u) * {chunk}u;
-  let hi = min(lo + {chunk}u, {count}u);
+  let hi = min(lo + {chunk}u, {steps}u);
   let k = {shift};
-{chr(10).join(f"  var a{j} = 0.0;" for j in range(m))}
+{chr(10).join(f"  var a{j} = {zero};" for j in range(m))}
   for (var q = lo + lid.x; q < hi; q += {wg}u) {{
-    let idx = (q / {s}u) * {c * s}u + ch * {s}u + q % {s}u;
+    let idx = (q / {sw}u) * {c * sw}u + ch * {sw}u + q % {sw}u;
 {loop_acc}
   }}
 {reduce_code(totals, wg, subgroups)}"""
@@ -153,21 +185,42 @@ def channel_stats(name: str, n: int, c: int, s: int, reads: list[tuple[str, str,
                 (c * parts, 1, 1), read_vals, (part,), scratch=sc)
     # one workgroup per channel sums its partials (one invocation per channel summing up to 256
     # of them serially was latency-bound: 36-60 us for 24 channels on an H200)
+    combined = [Part(f"a{j}", f"s{j}") for j in range(m)]
     body2 = f"""  let ch = wid.x;
   let k = {shift};
 {chr(10).join(f"  var a{j} = 0.0;" for j in range(m))}
   for (var p = lid.x; p < {parts}u; p += 64u) {{
 {chr(10).join(f"    a{j} += part[(ch * {parts}u + p) * {m}u + {j}u];" for j in range(m))}
   }}
-{reduce_code(totals, 64, subgroups)}
+{reduce_code(combined, 64, subgroups)}
   if (lid.x == 0u) {{
 {combine}
   }}"""
     decls2 = bindings(read_decl + [("part", "f32")], [(v, "f32") for v, _ in writes])
-    k2 = Kernel(f"{name}:combine", shader(decls2, body2, wg=64, shared=shared_decl(totals, 64), subgroups=subgroups),
+    k2 = Kernel(f"{name}:combine", shader(decls2, body2, wg=64, shared=shared_decl(combined, 64),
+                                          subgroups=subgroups),
                 (c, 1, 1), read_vals + (part,),
                 tuple(val for _, val in writes), scratch=sc, inplace=inplace)
     return [k1, k2]
+
+
+def _per_element(name: str, n: int, c: int, s: int, width: int, elems: list[tuple[str, str]],
+                 params: list[tuple[str, str]], lets: str, out: tuple[str, str], expr: str,
+                 scratch: tuple = ()) -> Kernel:
+    """out = expr at every element: `elems` (var, value) are bound per element, vec4 when width is
+    4 (then expr, written for scalars, computes 4 lanes at once: the per-channel terms broadcast,
+    each lane's arithmetic is the scalar kernel's), `params` (var, value) are per-channel f32 that
+    `lets` reads once at channel `ch`."""
+    ty = _elem_type(width)
+    total = n * c * s // width
+    decls = bindings([(v, ty) for v, _ in elems] + [(v, "f32") for v, _ in params], [(out[0], ty)])
+    body = f"""  {flat_id()}
+  if (i >= {total}u) {{ return; }}
+  let ch = (i / {s // width}u) % {c}u;
+{lets}
+  {out[0]}[i] = {expr};"""
+    return Kernel(name, shader(decls, body), grid(total), tuple(v for _, v in elems + params), (out[1],),
+                  scratch=scratch)
 
 
 @lowering("BatchNormalization")
@@ -175,17 +228,13 @@ def lower_batchnorm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]
     x, scale, bias, mean, var = node.inputs[:5]
     y = node.outputs[0]
     n, c, s = _bn_geometry(shape_of(graph, x))
+    width = _width(s)
     eps = literal(float(node.attr("epsilon", 1e-5)), "f32")
-    total = n * c * s
     if not node.attr("training_mode", 0):
-        decls = bindings([("x", "f32"), ("scale", "f32"), ("bias", "f32"), ("mean", "f32"), ("var_", "f32")],
-                         [("y", "f32")])
-        body = f"""  {flat_id()}
-  if (i >= {total}u) {{ return; }}
-  let ch = (i / {s}u) % {c}u;
-  let a = scale[ch] / sqrt(var_[ch] + {eps});
-  y[i] = x[i] * a + (bias[ch] - mean[ch] * a);"""
-        return [Kernel("BatchNorm:eval", shader(decls, body), grid(total), (x, scale, bias, mean, var), (y,))]
+        lets = f"  let a = scale[ch] / sqrt(var_[ch] + {eps});"
+        return [_per_element("BatchNorm:eval", n, c, s, width, [("x", x)],
+                             [("scale", scale), ("bias", bias), ("mean", mean), ("var_", var)],
+                             lets, ("y", y), "x[i] * a + (bias[ch] - mean[ch] * a)")]
     momentum = float(node.attr("momentum", 0.9))
     count = n * s
     st = f"bnstats.{y}"
@@ -196,7 +245,7 @@ def lower_batchnorm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]
     let v = max(s1 / {literal(count, 'f32')} - d * d, 0.0);
     st[ch * 2u] = k + d;
     st[ch * 2u + 1u] = 1.0 / sqrt(v + {eps});"""
-    reads = [("x", "f32", x)]
+    reads = [("x", _elem_type(width), x)]
     writes = [("st", st)]
     if has_running:
         combine += f"""
@@ -204,18 +253,13 @@ def lower_batchnorm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]
     rv_out[ch] = rv[ch] * {mom} + (v * {literal(count / max(count - 1, 1), 'f32')}) * {keep};"""
         reads += [("rm", "f32", mean), ("rv", "f32", var)]
         writes += [("rm_out", outs[0]), ("rv_out", outs[1])]
-    stats = channel_stats("BatchNorm", n, c, s, reads, f"x[ch * {s}u]", ["x[idx] - k", "(x[idx] - k) * (x[idx] - k)"],
-                          combine, writes, st, (Scratch(st, 2 * c),), inplace=(mean, var) if has_running else (),
-                          subgroups=use_subgroups(caps))
-    body = f"""  {flat_id()}
-  if (i >= {total}u) {{ return; }}
-  let ch = (i / {s}u) % {c}u;
-  let a = scale[ch] * st[ch * 2u + 1u];
-  let b = bias[ch] - st[ch * 2u] * a;
-  y[i] = x[i] * a + b;"""
-    decls = bindings([("x", "f32"), ("scale", "f32"), ("bias", "f32"), ("st", "f32")], [("y", "f32")])
-    apply = Kernel("BatchNorm:apply", shader(decls, body), grid(total), (x, scale, bias, st), (y,),
-                   scratch=(Scratch(st, 2 * c),))
+    stats = channel_stats("BatchNorm", n, c, s, reads, _first("x", s, width),
+                          ["x[idx] - k", "(x[idx] - k) * (x[idx] - k)"], combine, writes, st, (Scratch(st, 2 * c),),
+                          inplace=(mean, var) if has_running else (), subgroups=use_subgroups(caps), width=width)
+    lets = """  let a = scale[ch] * st[ch * 2u + 1u];
+  let b = bias[ch] - st[ch * 2u] * a;"""
+    apply = _per_element("BatchNorm:apply", n, c, s, width, [("x", x)], [("scale", scale), ("bias", bias), ("st", st)],
+                         lets, ("y", y), "x[i] * a + b", scratch=(Scratch(st, 2 * c),))
     return stats + [apply]
 
 
@@ -224,14 +268,16 @@ def lower_batchnorm_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Ke
     dy, x, scale = node.inputs[:3]
     dx, dscale, dbias = (node.outputs + ["", "", ""])[:3]
     n, c, s = _bn_geometry(shape_of(graph, x))
+    width = _width(s)
     eps = literal(float(node.attr("epsilon", 1e-5)), "f32")
     training = bool(node.attr("training", 1))
     count = n * s
     cnt = literal(count, "f32")
     st = f"bngrad.{dx or dscale}"  # per channel: mean, inv_std, dbias, dscale
-    reads = [("dy", "f32", dy), ("x", "f32", x)]
+    ty = _elem_type(width)
+    reads = [("dy", ty, dy), ("x", ty, x)]
     if training:
-        shift = f"x[ch * {s}u]"
+        shift = _first("x", s, width)
         sums = ["x[idx] - k", "(x[idx] - k) * (x[idx] - k)", "dy[idx]", "dy[idx] * (x[idx] - k)"]
         combine = f"""    let d = s0 / {cnt};
     let inv = 1.0 / sqrt(max(s1 / {cnt} - d * d, 0.0) + {eps});
@@ -259,22 +305,20 @@ def lower_batchnorm_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Ke
         combine += "\n    dbias[ch] = db;"
         writes.append(("dbias", dbias))
     kernels = channel_stats("BatchNormGrad", n, c, s, reads, shift, sums, combine, writes, st,
-                            (Scratch(st, 4 * c),), subgroups=use_subgroups(caps))
+                            (Scratch(st, 4 * c),), subgroups=use_subgroups(caps), width=width)
     if dx:
-        total = n * c * s
+        lets = "  let inv = st[ch * 4u + 1u];"
         if training:
-            expr = (f"scale[ch] * inv / {cnt} * (dy[i] * {cnt} - st[ch * 4u + 2u]"
-                    f" - (x[i] - st[ch * 4u]) * inv * st[ch * 4u + 3u])")
+            lets += """
+  let mean = st[ch * 4u];
+  let db = st[ch * 4u + 2u];
+  let ds = st[ch * 4u + 3u];"""
+            expr = f"scale[ch] * inv / {cnt} * (dy[i] * {cnt} - db - (x[i] - mean) * inv * ds)"
         else:
             expr = "dy[i] * (scale[ch] * inv)"
-        body = f"""  {flat_id()}
-  if (i >= {total}u) {{ return; }}
-  let ch = (i / {s}u) % {c}u;
-  let inv = st[ch * 4u + 1u];
-  dx[i] = {expr};"""
-        decls = bindings([("dy", "f32"), ("x", "f32"), ("scale", "f32"), ("st", "f32")], [("dx", "f32")])
-        kernels.append(Kernel("BatchNormGrad:dx", shader(decls, body), grid(total), (dy, x, scale, st), (dx,),
-                              scratch=(Scratch(st, 4 * c),)))
+        kernels.append(_per_element("BatchNormGrad:dx", n, c, s, width, [("dy", dy), ("x", x)],
+                                    [("scale", scale), ("st", st)], lets, ("dx", dx), expr,
+                                    scratch=(Scratch(st, 4 * c),)))
     return kernels
 
 
