@@ -27,13 +27,17 @@ def backend():
     return wgpu_backend()
 
 
-@pytest.fixture(params=["grouped", "wg"])
+@pytest.fixture(params=["grouped", "narrow", "wg"])
 def path(request, monkeypatch):
-    """The lowering path: several rows a workgroup (the default) or a workgroup a row."""
+    """The lowering path: several rows a workgroup (the default), the same with lanes sized as
+    for many rows ('narrow': a lane takes several whole steps, as on a GPU-sized batch; the test
+    shapes are few rows, which widen the lanes), or a workgroup a row."""
     if request.param == "wg":
         monkeypatch.setenv(rowsplit.ROWS_ENV, "wg")
     else:
         monkeypatch.delenv(rowsplit.ROWS_ENV, raising=False)
+    if request.param == "narrow":
+        monkeypatch.setattr(rowsplit, "TARGET_INVOCATIONS", 0)
     return request.param
 
 
