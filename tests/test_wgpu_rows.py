@@ -27,13 +27,14 @@ def backend():
     return wgpu_backend()
 
 
-@pytest.fixture(params=["grouped", "narrow", "wg"])
+@pytest.fixture(params=["grouped", "narrow", "short", "wg"])
 def path(request, monkeypatch):
     """The lowering path: several rows a workgroup (the default), the same with lanes sized as
     for many rows ('narrow': a lane takes several whole steps, as on a GPU-sized batch; the test
-    shapes are few rows, which widen the lanes), or a workgroup a row."""
-    if request.param == "wg":
-        monkeypatch.setenv(rowsplit.ROWS_ENV, "wg")
+    shapes are few rows, which widen the lanes), the lanes for short contiguous rows too
+    (ANYGRAD_WGPU_ROWS=short), or a workgroup a row (=wg)."""
+    if request.param in ("wg", "short"):
+        monkeypatch.setenv(rowsplit.ROWS_ENV, request.param)
     else:
         monkeypatch.delenv(rowsplit.ROWS_ENV, raising=False)
     if request.param == "narrow":
@@ -41,12 +42,12 @@ def path(request, monkeypatch):
     return request.param
 
 
-def kind(path: str, rows: int, length: int) -> str:
-    """The kernel-name suffix of a whole-row kernel on `path`."""
-    if length <= rowsplit.SERIAL_MAX:
-        return "row"
-    if path == "wg":
-        return "row-wg"
+def kind(path: str, rows: int, length: int, inner: int = 1) -> str:
+    """The kernel-name suffix of a whole-row kernel on `path` (the environment the fixture set)."""
+    way = rowsplit.row_path(length, inner)
+    assert (way == "wg") == (path == "wg" and length > rowsplit.SERIAL_MAX)
+    if way != "lanes":
+        return {"row": "row", "wg": "row-wg"}[way]
     lanes = rowsplit.row_lanes(rows, length)
     return f"rows{rowsplit.GROUP_WG // lanes}x{lanes}"
 
@@ -81,6 +82,17 @@ def test_row_lanes(rows, length, lanes):
     assert got == lanes and rowsplit.GROUP_WG % got == 0
 
 
+@pytest.mark.parametrize("mode,want", [
+    ("", {(40, 1): "row", (65, 1): "lanes", (65, 3): "lanes", (5000, 1): "lanes"}),
+    ("short", {(4, 1): "row", (40, 1): "lanes", (40, 3): "row", (65, 3): "lanes"}),
+    ("wg", {(40, 1): "row", (65, 1): "wg", (65, 3): "wg"}),
+])
+def test_row_path(monkeypatch, mode, want):
+    """ANYGRAD_WGPU_ROWS picks the path, read when a node is lowered."""
+    monkeypatch.setenv(rowsplit.ROWS_ENV, mode)
+    assert {key: rowsplit.row_path(*key) for key in want} == want
+
+
 def test_lane_loop_guards_only_a_partial_step():
     """A row a whole number of steps long runs no guarded step; one that is not ends with one,
     and a row shorter than one step has no unguarded loop at all."""
@@ -106,7 +118,7 @@ def test_grouped_kernel_combines_within_each_row():
 
 
 # -- Softmax / LogSoftmax and their gradients -------------------------------------------------------------
-SOFTMAX_CASES = [((37, 3), -1), ((21, 64), -1), ((37, 65), -1), ((45, 100), -1), ((300, 128), -1),
+SOFTMAX_CASES = [((37, 3), -1), ((21, 64), -1), ((30, 20, 3), 1), ((37, 65), -1), ((45, 100), -1), ((300, 128), -1),
                  ((9, 256), -1), ((5, 1000), -1), ((3, 100, 5), 1), ((2, 128, 3), 1)]
 
 
@@ -118,8 +130,8 @@ def test_softmax_rows(backend, path, op, shape, axis):
     x = randn(*shape) * 4
     x.reshape(-1)[::7] += 30
     length = shape[axis]
-    rows = x.size // length
-    k = kind(path, rows, length)
+    inner = int(np.prod(shape[axis:][1:]))
+    k = kind(path, x.size // length, length, inner)
     exe = check(backend, op, [x], {"axis": axis}, (f"{op}:{k}", f"{op}Grad:{k}"), rtol=2e-4, atol=2e-5)
     assert len([st for st in exe.plan.steps if st.kernel.name.startswith(op)]) == 2  # one kernel each way
 

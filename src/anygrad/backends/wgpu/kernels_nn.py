@@ -53,7 +53,7 @@ def lower_softmax(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     reads = [(f"x{k}", "f32", v) for k, v in enumerate(ins)]
     sg = use_subgroups(caps)
     p = rowsplit.parts(r)
-    if p == 1 and a > rowsplit.SERIAL_MAX and rowsplit.grouped():
+    if p == 1 and rowsplit.row_path(a, inner) == "lanes":
         return [rowsplit.lane_kernel(node.op, r, st, reads, store, node.outputs[0])]
     if p == 1:
         n_lanes = rowsplit.lanes(r, 1)

@@ -48,7 +48,8 @@ def _row_kernel(name: str, spec: RowSpec, sums: list[tuple[str, str]], post: str
     elem = f"let e = row * {d}u + k; let p = {spec.param};"
     acc = " ".join(f"a_{n} += {term};" for n, term in sums)
     parts = [Part(f"a_{n}", n) for n, _ in sums]
-    if d <= rowsplit.SERIAL_MAX:  # one invocation a row, as the softmax rows
+    path = rowsplit.row_path(d)
+    if path == "row":
         kind, wg, shared, dims = "row", 64, "", grid(rows, 64)
         head = [f"  {flat_id(64)}", f"  if (i >= {rows}u) {{ return; }}", "  let row = i;"]
 
@@ -56,7 +57,7 @@ def _row_kernel(name: str, spec: RowSpec, sums: list[tuple[str, str]], post: str
             return f"  for (var k = 0u; k < {d}u; k += 1u) {{ {elem} {body} }}"
         combine = "\n".join(f"  let {n} = a_{n};" for n, _ in sums)
         once = per_row
-    elif not rowsplit.grouped():  # a workgroup a row, however many rows: coalesced reads
+    elif path == "wg":  # a workgroup a row, however many rows: coalesced reads
         wg = 256 if d >= 2048 else 64
         kind, shared, dims = "row-wg", shared_decl(parts, wg), groups_grid(rows)
         head = [f"  {group_id()}", f"  if (g >= {rows}u) {{ return; }}", "  let row = g;"]

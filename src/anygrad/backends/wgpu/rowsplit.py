@@ -225,11 +225,17 @@ TARGET_INVOCATIONS = 65536  # or while the rows hold fewer invocations than this
 ROWS_ENV = "ANYGRAD_WGPU_ROWS"
 
 
-def grouped() -> bool:
-    """Several rows a workgroup for rows longer than SERIAL_MAX; ANYGRAD_WGPU_ROWS=wg keeps a
-    workgroup a row (the path before, for A/B runs on a GPU). Read at lowering time: the plan
-    cache's key holds every ANYGRAD_WGPU_* variable (pipeline_cache.plan_key)."""
-    return os.environ.get(ROWS_ENV, "").strip().lower() != "wg"
+def row_path(length: int, inner: int = 1) -> str:
+    """How rows taken whole run: 'row' (an invocation a row: rows up to SERIAL_MAX), 'lanes'
+    (several rows a workgroup) or 'wg' (a workgroup a row). ANYGRAD_WGPU_ROWS, read at lowering
+    time (the plan cache's key holds every ANYGRAD_WGPU_* variable: pipeline_cache.plan_key),
+    picks the path for A/B runs on a GPU: 'wg' the workgroup a row of before, 'short' the lanes
+    also for contiguous rows of LANE_LOADS+1 to SERIAL_MAX (an invocation a row reads them
+    uncoalesced; rows along a strided axis are neighbours in memory, so those stay serial)."""
+    mode = os.environ.get(ROWS_ENV, "").strip().lower()
+    if length <= SERIAL_MAX and not (mode == "short" and inner == 1 and length > LANE_LOADS):
+        return "row"
+    return "wg" if mode == "wg" else "lanes"
 
 
 def row_lanes(rows: int, length: int) -> int:
