@@ -175,8 +175,9 @@ def test_count_correct_spatial(backend, split):
 @pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
 @pytest.mark.parametrize("shape,axis", [((4, 300), 1), ((3, 200, 2), 1), ((50, 40), -1)])
 def test_softmax_rows(backend, split, op, shape, axis):
-    """Whole rows: one workgroup (300, 200 long) or one invocation (40 long) per row, one kernel;
-    split: partial statistics, the per-row combine, then every element. The axis may be strided."""
+    """Whole rows: several rows a workgroup (300, 200 long; rowsplit.row_lanes) or one invocation
+    (40 long) per row, one kernel; split: partial statistics, the per-row combine, then every
+    element. The axis may be strided."""
     x = randn(*shape) * 4
     x.reshape(-1)[::7] += 30  # large logits: the online max must rescale its sum
     length = shape[axis]
@@ -185,7 +186,9 @@ def test_softmax_rows(backend, split, op, shape, axis):
     elif split:
         kernels = (f"{op}:partial", f"{op}:rows", f"{op}:write", f"{op}Grad:partial", f"{op}Grad:write")
     else:
-        kernels = (f"{op}:row-wg", f"{op}Grad:row-wg")
+        lanes = rowsplit.row_lanes(x.size // length, length)
+        kind = f"rows{rowsplit.GROUP_WG // lanes}x{lanes}"
+        kernels = (f"{op}:{kind}", f"{op}Grad:{kind}")
     names = check(backend, op, [x], {"axis": axis}, rtol=2e-4, atol=2e-5, kernels=kernels)
     if not split or length <= rowsplit.SERIAL_MAX:
         assert len([n for n in names if n.startswith(op)]) == 2, names  # one kernel each way
@@ -210,7 +213,7 @@ def test_softmax_masked_rows(backend, split, op, length):
 
 
 # -- LayerNorm and its gradient -------------------------------------------------------------------------------
-@pytest.mark.parametrize("shape,kind", [((40, 48), "row"), ((5, 300), "row-wg"), ((3, 2100), "row-wg")])
+@pytest.mark.parametrize("shape,kind", [((40, 48), "row"), ((5, 300), "rows2x128"), ((3, 2100), "rows1x256")])
 @pytest.mark.parametrize("sliced", [False, True])
 def test_layer_norm_one_read_per_row(backend, monkeypatch, shape, kind, sliced):
     """Statistics from sums shifted by the row's first element, in one read: rows far from zero
@@ -231,7 +234,7 @@ def test_layer_norm_one_read_per_row(backend, monkeypatch, shape, kind, sliced):
 
 def test_group_norm_one_read_per_row(backend):
     check(backend, "GroupNormalization", [randn(2, 4, 90) + 3, randn(4), randn(4)], {"num_groups": 2},
-          rtol=5e-4, atol=5e-5, kernels=("GroupNormalization:row-wg", "GroupNormGrad:row-wg"))
+          rtol=5e-4, atol=5e-5, kernels=("GroupNormalization:rows4x64", "GroupNormGrad:rows4x64"))
 
 
 # -- a whole training step over a vocabulary -------------------------------------------------------------------

@@ -121,9 +121,16 @@ def test_reduce_max_all_negative_and_infinite(backend):
 
 
 # -- softmax rows -------------------------------------------------------------------------------------------
+@pytest.fixture
+def workgroup_rows(monkeypatch):
+    """A workgroup a row (ANYGRAD_WGPU_ROWS=wg): the whole-workgroup combine these tests check.
+    Several rows a workgroup combine without subgroup ops (test_wgpu_rows.py)."""
+    monkeypatch.setenv("ANYGRAD_WGPU_ROWS", "wg")
+
+
 @pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
 @pytest.mark.parametrize("shape,axis", [((3, 1000), 1), ((2, 4097), -1), ((2, 600, 3), 1)])
-def test_softmax_rows(backend, op, shape, axis):
+def test_softmax_rows(backend, workgroup_rows, op, shape, axis):
     """Forward (online max and sum) and the gradient kernels (one sum) on rows a workgroup each;
     two rows of 4097 are split in two chunks each (rowsplit.py) to give the GPU more workgroups."""
     kind = "partial" if shape[axis] > 4096 else "row-wg"
@@ -145,7 +152,7 @@ def test_batchnorm_stats_and_grad(backend, shape, kernels):
 
 # -- LayerNorm / GroupNorm ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("shape", [(3, 1000), (300, 65), (2, 4097)])
-def test_layer_norm_rows_and_param_sums(backend, shape):
+def test_layer_norm_rows_and_param_sums(backend, workgroup_rows, shape):
     """Rows a workgroup each, every sum from one read and one combine (the gradient's four
     together); dscale / dbias are column sums without a subgroup op (test_wgpu_rowwise.py)."""
     d = shape[-1]
@@ -153,7 +160,7 @@ def test_layer_norm_rows_and_param_sums(backend, shape):
           combined=("LayerNorm:row-wg", "LayerNormGrad:row-wg"))
 
 
-def test_group_norm_rows(backend):
+def test_group_norm_rows(backend, workgroup_rows):
     check(backend, "GroupNormalization", [randn(2, 4, 700), randn(4), randn(4)], {"num_groups": 2},
           rtol=5e-4, atol=5e-5, combined=("GroupNormalization:row-wg", "GroupNormGrad:row-wg",
                                           "GroupNormGrad:dy_xhat:wg", "GroupNormGrad:dy:wg"))

@@ -42,8 +42,9 @@ _ROWWISE = {
 @lowering(*_ROWWISE)
 def lower_softmax(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     """One read of a row for its statistics (online max and sum of exp for the forward ops, one
-    sum for the gradients), then the row's elements written. A row a workgroup (or, when short,
-    an invocation) takes whole is one kernel; long rows that are few are split across
+    sum for the gradients), then the row's elements written. Rows taken whole are one kernel:
+    an invocation a short row, else several rows a workgroup (rowsplit.lane_kernel), or a
+    workgroup a row under ANYGRAD_WGPU_ROWS=wg; long rows that are few are split across
     workgroups: partial statistics, a per-row combine, then every element at once."""
     shape = shape_of(graph, node.inputs[0])
     outer, a, inner = rows(shape, int(resolved(node, "axis")))
@@ -53,6 +54,8 @@ def lower_softmax(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     reads = [(f"x{k}", "f32", v) for k, v in enumerate(ins)]
     sg = use_subgroups(caps)
     p = rowsplit.parts(r)
+    if p == 1 and rowsplit.row_path(a, inner) == "lanes":
+        return [rowsplit.lane_kernel(node.op, r, st, reads, store, node.outputs[0])]
     if p == 1:
         n_lanes = rowsplit.lanes(r, 1)
         code, shared = rowsplit.stats_code(r, st, "x0", n_lanes, "0u", f"{a}u", sg)

@@ -4,10 +4,12 @@ their backward ops LayerNormGrad / GroupNormGrad (formulas: anygrad/ops/norm.py)
 All of them standardise contiguous rows: LayerNorm's rows are x.shape[:axis] x (the rest),
 GroupNorm's are (N x groups) x (channels of the group x spatial). One kernel per row reads the
 row once for every sum it needs (shifted by the row's first element, so the variance keeps its
-precision; the gradient's four sums together) and then writes every element of the row: a
-workgroup per row with one workgroup combine (wgreduce.py) for long rows, one invocation per row
-with serial loops for short ones. Parameter gradients (sums over rows, per scale/bias entry) are
-a second kernel reading the per-row statistics the first one left in a scratch buffer.
+precision; the gradient's four sums together) and then writes every element of the row: one
+invocation per row with serial loops for short rows, else several rows a workgroup, a run of
+lanes a row combining its sums in its own slice of workgroup memory (rowsplit.py's grouped
+rows); ANYGRAD_WGPU_ROWS=wg keeps a workgroup per row with one workgroup combine (wgreduce.py).
+Parameter gradients (sums over rows, per scale/bias entry) are a second kernel reading the
+per-row statistics the first one left in a scratch buffer.
 """
 from __future__ import annotations
 
@@ -16,12 +18,11 @@ from dataclasses import dataclass
 
 from ...ir.graph import Graph, Node
 from ...ir.passes import resolved
+from . import rowsplit
 from .kernel import AdapterCaps, Kernel, Scratch, lowering
 from .kernels_reduce import COMBINE, reduce_kernels
 from .wgreduce import Part, reduce_code, shared_decl, use_subgroups
 from .wgsl import bindings, broadcast_index, flat_id, grid, group_id, groups_grid, literal, shader, shape_of
-
-SERIAL_MAX = 64   # rows up to this long: one invocation per row
 
 
 @dataclass(frozen=True)
@@ -36,36 +37,52 @@ class RowSpec:
 
 def _row_kernel(name: str, spec: RowSpec, sums: list[tuple[str, str]], post: str, store: str,
                 reads: list[tuple[str, str]], writes: list[tuple[str, str]], scratch=(),
-                sg: bool = False) -> Kernel:
+                sg: bool = False, per_row: str = "") -> Kernel:
     """sums: (name, WGSL term in `e`, `p`, `k` and K, the row's first element) -> `let name` =
     the term summed over the row, all in one read of the row (one workgroup combine for all);
     post: statements after the sums; store: statements per element (e, p, k) after post;
-    reads/writes: (var, value) bindings (all f32); sg: subgroup ops (wgreduce.py)."""
+    per_row: statements after post run once a row (its per-row outputs: kept out of the element
+    loop, which stays straight-line); reads/writes: (var, value) bindings (all f32); sg:
+    subgroup ops (wgreduce.py)."""
     d, rows = spec.d, spec.rows
     elem = f"let e = row * {d}u + k; let p = {spec.param};"
-    serial = d <= SERIAL_MAX  # else a workgroup per row, however many rows: coalesced reads
-    wg = 256 if d >= 2048 else 64
-    if serial:
-        lines = [f"  {flat_id(64)}", f"  if (i >= {rows}u) {{ return; }}", "  let row = i;"]
-        start, step = "0u", "1u"
-    else:
-        lines = [f"  {group_id()}", f"  if (g >= {rows}u) {{ return; }}", "  let row = g;"]
-        start, step = "lid.x", f"{wg}u"
-    lines.append(f"  let K = X[row * {d}u];")
-    lines += [f"  var a_{n} = 0.0;" for n, _ in sums]
     acc = " ".join(f"a_{n} += {term};" for n, term in sums)
-    lines.append(f"  for (var k = {start}; k < {d}u; k += {step}) {{ {elem} {acc} }}")
     parts = [Part(f"a_{n}", n) for n, _ in sums]
-    if serial:
-        lines += [f"  let {n} = a_{n};" for n, _ in sums]
-    else:
-        lines.append(reduce_code(parts, wg, sg))
-    lines += [post, f"  for (var k = {start}; k < {d}u; k += {step}) {{ {elem} {store} }}"]
+    path = rowsplit.row_path(d)
+    if path == "row":
+        kind, wg, shared, dims = "row", 64, "", grid(rows, 64)
+        head = [f"  {flat_id(64)}", f"  if (i >= {rows}u) {{ return; }}", "  let row = i;"]
+
+        def walk(body: str) -> str:
+            return f"  for (var k = 0u; k < {d}u; k += 1u) {{ {elem} {body} }}"
+        combine = "\n".join(f"  let {n} = a_{n};" for n, _ in sums)
+        once = per_row
+    elif path == "wg":  # a workgroup a row, however many rows: coalesced reads
+        wg = 256 if d >= 2048 else 64
+        kind, shared, dims = "row-wg", shared_decl(parts, wg), groups_grid(rows)
+        head = [f"  {group_id()}", f"  if (g >= {rows}u) {{ return; }}", "  let row = g;"]
+
+        def walk(body: str) -> str:
+            return f"  for (var k = lid.x; k < {d}u; k += {wg}u) {{ {elem} {body} }}"
+        combine = reduce_code(parts, wg, sg)
+        once = f"  if (lid.x == 0u) {{ {per_row} }}"
+    else:  # several rows a workgroup (rowsplit.py); no subgroup op in a segmented combine
+        lanes = rowsplit.row_lanes(rows, d)
+        wg, sg = rowsplit.GROUP_WG, False
+        kind, shared, dims = f"rows{wg // lanes}x{lanes}", shared_decl(parts, wg), rowsplit.group_grid(rows, lanes)
+        head = rowsplit.group_head(rows, lanes)
+
+        def walk(body: str) -> str:
+            return rowsplit.live(rowsplit.lane_loop(d, lanes, f"{elem} {body}"), rows, lanes)
+        combine = reduce_code(parts, wg, sg, seg=lanes)
+        once = rowsplit.live(f"  if (ln == 0u) {{ {per_row} }}", rows, lanes)
+    # K: the row's first element (a spare row of the last workgroup reads row 0's instead)
+    lines = head + [f"  let K = X[min(row, {rows - 1}u) * {d}u];"] + [f"  var a_{n} = 0.0;" for n, _ in sums]
+    lines += [walk(acc), combine, post] + ([once] if per_row else []) + ([walk(store)] if store else [])
     decls = bindings([(v, "f32") for v, _ in reads], [(v, "f32") for v, _ in writes])
-    shared = "" if serial else shared_decl(parts, wg)
-    src = shader(decls, "\n".join(lines), wg=64 if serial else wg, shared=shared, subgroups=sg and not serial)
-    return Kernel(f"{name}:{'row' if serial else 'row-wg'}", src, grid(rows, 64) if serial else groups_grid(rows),
-                  tuple(val for _, val in reads), tuple(val for _, val in writes), scratch=tuple(scratch))
+    src = shader(decls, "\n".join(lines), wg=wg, shared=shared, subgroups=sg and kind == "row-wg")
+    return Kernel(f"{name}:{kind}", src, dims, tuple(val for _, val in reads), tuple(val for _, val in writes),
+                  scratch=tuple(scratch))
 
 
 def _param_sum(name: str, n_out: int, count: int, prelude: str, term: str, reads: list[tuple[str, str]],
@@ -168,14 +185,15 @@ def lower_layer_norm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel
     store = "Y[e] = (X[e] - mean) * inv * SC[p]" + (" + B[p];" if bias else ";")
     writes = [("Y", node.outputs[0])]
     outs = (node.outputs + ["", ""])[1:3]
+    per_row = ""
     if outs[0]:
         writes.append(("M", outs[0]))
-        store += " if (k == 0u) { M[row] = mean; }"
+        per_row += " M[row] = mean;"
     if outs[1]:
         writes.append(("IS", outs[1]))
-        store += " if (k == 0u) { IS[row] = inv; }"
+        per_row += " IS[row] = inv;"
     return [_row_kernel("LayerNorm", spec, _STAT_SUMS, _stat_post(spec.d, eps), store, reads, writes,
-                        sg=use_subgroups(caps))]
+                        sg=use_subgroups(caps), per_row=per_row)]
 
 
 @lowering("LayerNormGrad")
@@ -201,13 +219,14 @@ def _norm_grad(name: str, spec: RowSpec, eps: str, dy: str, x: str, scale: str, 
     fd = literal(spec.d, "f32")
     # mg = mean(dy * scale), mgx = mean(dy * scale * xhat) = inv * (s4 - (mean - K) * s3) / d
     post = _stat_post(spec.d, eps) + f"\n  let mg = s3 / {fd};\n  let mgx = inv * (s4 - m1 * s3) / {fd};"
-    store = "if (k == 0u) { ST[2u * row] = mean; ST[2u * row + 1u] = inv; }"
+    keep = "ST[2u * row] = mean; ST[2u * row + 1u] = inv;"
+    store = ""
     writes = [("ST", st)]
     if dx:
-        store += " DX[e] = inv * (DY[e] * SC[p] - mg - (X[e] - mean) * inv * mgx);"
+        store = "DX[e] = inv * (DY[e] * SC[p] - mg - (X[e] - mean) * inv * mgx);"
         writes.append(("DX", dx))
     kernels = [_row_kernel(name, spec, row_sums, post, store, [("DY", dy), ("X", x), ("SC", scale)], writes,
-                           scratch=sc, sg=sg)]
+                           scratch=sc, sg=sg, per_row=keep)]
     for out, what, n_out, count, prelude in sums:
         if not out:
             continue

@@ -7,13 +7,17 @@ an online max and sum of exp(v - max) (rescaled when the max grows), the first i
 max, a count of elements above a per-row value, and plain sums; workgroup reductions (max,
 then the rescaled sums) combine them, and the workgroup writes one record. A second pass
 combines the `parts` records of a row in order. Short rows take one invocation each and no
-workgroup reduction. Every combine runs in a fixed order: the same bits on every run, no atomics.
+workgroup reduction; rows taken whole otherwise go several to a workgroup, a run of lanes each
+(`row_lanes`, `lane_kernel`: the softmax rows; kernels_norm.py's rows use the same walk and
+combine). Every combine runs in a fixed order: the same bits on every run, no atomics.
 
 Rows are split only as far as the GPU needs: about TARGET_GROUPS workgroups in all, and never
 into chunks shorter than SPLIT_MIN (tests lower both to reach the split path on small shapes).
 """
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .kernel import Kernel, Scratch
@@ -87,10 +91,14 @@ def lanes(r: Rows, p: int) -> int:
     return 256 if -(-r.length // p) >= 2048 else 64
 
 
-def _accumulate(r: Rows, st: Stats, src: str, lo: str, hi: str, step: str) -> str:
+def _acc_init(st: Stats) -> list[str]:
     lines = [f"  var a_m = {NEG};", "  var a_s = 0.0;", f"  var a_arg = {NONE};", "  var a_cnt = 0u;"]
-    lines += [f"  var a_sum{j} = 0.0;" for j in range(len(st.sums))]
-    body = [f"let e = base + k * {r.inner}u;", f"let v = {src}[e];"]
+    return lines + [f"  var a_sum{j} = 0.0;" for j in range(len(st.sums))]
+
+
+def _acc_update(st: Stats) -> list[str]:
+    """Statements folding element v (index k, flat index e) into the a_* accumulators."""
+    body = []
     # The first element always starts the max (a row may hold only the lowest f32, or -inf);
     # an element equal to the max adds exp(0) even when both are -inf (masked leading elements).
     if st.softmax:  # online softmax: rescale the sum when the max grows
@@ -100,9 +108,13 @@ def _accumulate(r: Rows, st: Stats, src: str, lo: str, hi: str, step: str) -> st
         body.append(f"if (v > a_m || a_arg == {NONE}) {{ a_m = v; a_arg = k; }}")
     if st.greater:
         body.append(f"a_cnt += select(0u, 1u, v > {st.greater});")
-    body += [f"a_sum{j} += {term};" for j, term in enumerate(st.sums)]
-    lines.append(f"  for (var k = {lo}; k < {hi}; k += {step}) {{ {' '.join(body)} }}")
-    return "\n".join(lines)
+    return body + [f"a_sum{j} += {term};" for j, term in enumerate(st.sums)]
+
+
+def _accumulate(r: Rows, st: Stats, src: str, lo: str, hi: str, step: str) -> str:
+    body = [f"let e = base + k * {r.inner}u;", f"let v = {src}[e];"] + _acc_update(st)
+    loop = f"  for (var k = {lo}; k < {hi}; k += {step}) {{ {' '.join(body)} }}"
+    return "\n".join(_acc_init(st) + [loop])
 
 
 def _results(st: Stats, prefix: str) -> str:
@@ -126,21 +138,28 @@ def _group_parts(st: Stats) -> tuple[list[Part], list[Part]]:
     return first, rest
 
 
+def _combine_stats(st: Stats, wg: int, sg: bool, seg: int = 0) -> tuple[list[str], str]:
+    """(statements combining the a_* of each invocation into the r_* lets over the workgroup, or
+    over each `seg` invocations, workgroup declarations)."""
+    code = []
+    first, rest = _group_parts(st)
+    if first:
+        code.append(reduce_code(first, wg, sg, sh="shm", seg=seg))
+    if rest:
+        code.append(reduce_code(rest, wg, sg, sh="shs", seg=seg))
+    names = {p.result for p in first + rest}
+    defaults = {"r_m": NEG, "r_s": "0.0", "r_arg": NONE, "r_cnt": "0u"}
+    code += [f"  let {k} = {v};" for k, v in defaults.items() if k not in names]
+    return code, shared_decl(first, wg, "shm") + "\n" + shared_decl(rest, wg, "shs")
+
+
 def stats_code(r: Rows, st: Stats, src: str, n_lanes: int, lo: str, hi: str, sg: bool) -> tuple[str, str]:
     """(statements computing the r_* lets over elements [lo, hi) of the row at `base`, workgroup
     declarations). n_lanes 1: one invocation walks the range; else the workgroup strides it."""
     if n_lanes == 1:
         return _accumulate(r, st, src, lo, hi, "1u") + "\n" + _results(st, "a"), ""
-    code = [_accumulate(r, st, src, f"{lo} + lid.x", hi, f"{n_lanes}u")]
-    first, rest = _group_parts(st)
-    if first:
-        code.append(reduce_code(first, n_lanes, sg, sh="shm"))
-    if rest:
-        code.append(reduce_code(rest, n_lanes, sg, sh="shs"))
-    names = {p.result for p in first + rest}
-    defaults = {"r_m": NEG, "r_s": "0.0", "r_arg": NONE, "r_cnt": "0u"}
-    code += [f"  let {k} = {v};" for k, v in defaults.items() if k not in names]
-    return "\n".join(code), shared_decl(first, n_lanes, "shm") + "\n" + shared_decl(rest, n_lanes, "shs")
+    code, shared = _combine_stats(st, n_lanes, sg)
+    return "\n".join([_accumulate(r, st, src, f"{lo} + lid.x", hi, f"{n_lanes}u")] + code), shared
 
 
 def partial_kernel(name: str, r: Rows, st: Stats, src: str, reads: list[tuple[str, str, str]], prelude: str,
@@ -188,6 +207,114 @@ def combine_code(r: Rows, st: Stats, rec: str = "rec") -> str:
     step += [f"c_sum{j} += {rec}[o + {4 + j}u];" for j in range(len(st.sums))]
     lines.append(f"  for (var q = 0u; q < {p}u; q += 1u) {{ {' '.join(step)} }}")
     return "\n".join(lines) + "\n" + _results(st, "c")
+
+
+# -- several rows a workgroup ---------------------------------------------------------------------
+# Many short rows (attention probabilities, 128 long; LayerNorm's, 256-1024) are too short for a
+# workgroup each: its invocations hold an element or two, load one f32 at a time, then combine
+# over the whole workgroup. Instead a workgroup of GROUP_WG invocations takes GROUP_WG / lanes
+# rows side by side, `lanes` consecutive invocations a row (reads coalesce: a row's lanes read
+# neighbouring elements). A lane loads LANE_LOADS elements at once, every load ahead of its use
+# (bytes in flight), and each row's lanes combine their values in their own slice of workgroup
+# memory (wgreduce's segmented tree: fixed order, any subgroup size).
+GROUP_WG = 256
+LANE_LOADS = 4          # elements a lane loads at once
+SHORT_LANES = 32        # a row takes at most this many lanes while one step of loads covers it ...
+LANE_STEPS = 8          # ... and more only past this many steps a lane,
+TARGET_INVOCATIONS = 65536  # or while the rows hold fewer invocations than this (few rows)
+ROWS_ENV = "ANYGRAD_WGPU_ROWS"
+
+
+def row_path(length: int, inner: int = 1) -> str:
+    """How rows taken whole run: 'row' (an invocation a row: rows up to SERIAL_MAX), 'lanes'
+    (several rows a workgroup) or 'wg' (a workgroup a row). ANYGRAD_WGPU_ROWS, read at lowering
+    time (the plan cache's key holds every ANYGRAD_WGPU_* variable: pipeline_cache.plan_key),
+    picks the path for A/B runs on a GPU: 'wg' the workgroup a row of before, 'short' the lanes
+    also for contiguous rows of LANE_LOADS+1 to SERIAL_MAX (an invocation a row reads them
+    uncoalesced; rows along a strided axis are neighbours in memory, so those stay serial)."""
+    mode = os.environ.get(ROWS_ENV, "").strip().lower()
+    if length <= SERIAL_MAX and not (mode == "short" and inner == 1 and length > LANE_LOADS):
+        return "row"
+    return "wg" if mode == "wg" else "lanes"
+
+
+def row_lanes(rows: int, length: int) -> int:
+    """Invocations a row (a power of two dividing GROUP_WG): enough that one step of LANE_LOADS
+    loads a lane covers a short row (up to SHORT_LANES), doubled while a lane would take more
+    than LANE_STEPS steps, or while few rows leave the GPU idle and a lane has more than a step."""
+    lanes = 1
+    while lanes < SHORT_LANES and lanes * LANE_LOADS < length:
+        lanes *= 2
+
+    def wider() -> bool:
+        covered = lanes * LANE_LOADS
+        return length > covered * LANE_STEPS or (rows * lanes < TARGET_INVOCATIONS and length > covered)
+
+    while lanes < GROUP_WG and wider():
+        lanes *= 2
+    return lanes
+
+
+def group_head(rows: int, lanes: int) -> list[str]:
+    """Statements giving `row` (may be past the last: see live()) and `ln`, the lane in the row."""
+    return [f"  {group_id()}", f"  let row = g * {GROUP_WG // lanes}u + lid.x / {lanes}u;",
+            f"  let ln = lid.x % {lanes}u;"]
+
+
+def group_grid(rows: int, lanes: int) -> tuple[int, int, int]:
+    return groups_grid(-(-rows // (GROUP_WG // lanes)))
+
+
+def live(code: str, rows: int, lanes: int) -> str:
+    """`code` for rows that exist only: the last workgroup's spare rows still reach the barriers."""
+    if rows % (GROUP_WG // lanes) == 0:
+        return code
+    return f"  if (row < {rows}u) {{\n{code}\n  }}"
+
+
+def lane_loop(length: int, lanes: int, body: str, loads: Sequence[tuple[str, str]] = ()) -> str:
+    """Lane `ln`'s walk over k = ln, ln + lanes, ... < length, LANE_LOADS elements a step: the
+    `loads` ((name, WGSL with {k})) of all of them first, then `body` (k and the loads' names in
+    scope) for each in order. Whole steps run unguarded (straight-line, so the driver issues their
+    loads together); one guarded step ends the row when length is not a multiple of a step."""
+    u, span = LANE_LOADS, lanes * LANE_LOADS
+    lines = ["  {", "  var k0 = ln;"]
+    if (u - 1) * lanes < length:  # some lane has a whole step
+        fetch = [f"let k_{j} = k0 + {j * lanes}u;" for j in range(u)]
+        fetch += [f"let {n}_{j} = {t.format(k=f'k_{j}')};" for j in range(u) for n, t in loads]
+        uses = [" ".join([f"{{ let k = k_{j};"] + [f"let {n} = {n}_{j};" for n, _ in loads] + [body, "}"])
+                for j in range(u)]
+        lines += [f"  for (; k0 + {(u - 1) * lanes}u < {length}u; k0 += {span}u) {{",
+                  "    " + " ".join(fetch)] + [f"    {x}" for x in uses] + ["  }"]
+    if length % span:
+        for j in range(u):
+            got = " ".join(f"let {n} = {t.format(k='k')};" for n, t in loads)
+            lines.append(f"  {{ let k = k0 + {j * lanes}u; if (k < {length}u) {{ {got} {body} }} }}")
+    lines.append("  }")
+    return "\n".join(lines)
+
+
+def lane_stats(r: Rows, st: Stats, src: str, lanes: int) -> tuple[str, str]:
+    """(statements computing the r_* lets of each row of a grouped workgroup, every lane holding
+    them; workgroup declarations). `row`, `ln` and `base` in scope."""
+    elem = " ".join([f"let e = base + k * {r.inner}u;"] + _acc_update(st))
+    walk = lane_loop(r.length, lanes, elem, [("v", f"{src}[base + {{k}} * {r.inner}u]")])
+    code, shared = _combine_stats(st, GROUP_WG, False, seg=lanes)
+    return "\n".join(_acc_init(st) + [live(walk, r.rows, lanes)] + code), shared
+
+
+def lane_kernel(name: str, r: Rows, st: Stats, reads: list[tuple[str, str, str]], store: str,
+                out: str) -> Kernel:
+    """Statistics of each row, then out[e] = `store` (in e and the r_* lets) for its elements,
+    several rows a workgroup; reads: (var, type, value), the statistics over reads[0]'s."""
+    lanes = row_lanes(r.rows, r.length)
+    code, shared = lane_stats(r, st, reads[0][0], lanes)
+    write = lane_loop(r.length, lanes, f"let e = base + k * {r.inner}u; y0[e] = {store};")
+    body = "\n".join(group_head(r.rows, lanes) + [f"  let base = {r.base('row')};", code,
+                                                   live(write, r.rows, lanes)])
+    decls = bindings([(v, ty) for v, ty, _ in reads], [("y0", "f32")])
+    return Kernel(f"{name}:rows{GROUP_WG // lanes}x{lanes}", shader(decls, body, wg=GROUP_WG, shared=shared),
+                  group_grid(r.rows, lanes), tuple(v for _, _, v in reads), (out,))
 
 
 # -- sums over rows ---------------------------------------------------------------------------------

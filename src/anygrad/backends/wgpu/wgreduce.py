@@ -12,6 +12,10 @@ arrays may be reused. Call it in workgroup-uniform control flow (barriers and su
 
 naga in wgpu-native 29 rejects `enable subgroups;` (gfx-rs/wgpu#7474, #8202): the builtins work
 without the directive once the device has the feature, so none is emitted.
+
+A segmented combine (`seg`: each run of `seg` consecutive invocations combines only its own
+values, several rows a workgroup) is always the tree: a subgroup op would mix segments whenever
+the subgroup is wider than one, and the subgroup size is known only when the shader runs.
 """
 from __future__ import annotations
 
@@ -52,9 +56,12 @@ def shared_decl(parts: Sequence[Part], wg: int, sh: str = "sh") -> str:
     return "\n".join(f"var<workgroup> {sh}{j}: array<{p.ty}, {wg}>;" for j, p in enumerate(parts))
 
 
-def reduce_code(parts: Sequence[Part], wg: int, subgroups: bool, sh: str = "sh") -> str:
-    """Statements combining each part over the workgroup of `wg` invocations (lid.x < wg).
+def reduce_code(parts: Sequence[Part], wg: int, subgroups: bool, sh: str = "sh", seg: int = 0) -> str:
+    """Statements combining each part over the workgroup of `wg` invocations (lid.x < wg), or,
+    with `seg` (a power of two dividing wg), over each run of `seg` consecutive invocations.
     `subgroups`: the shader is built with the subgroup builtins (shader(..., subgroups=True))."""
+    if seg and seg < wg:
+        return _tree_code(parts, wg, sh, seg)
     if subgroups and all(p.op in SUBGROUP_OPS for p in parts):
         return _subgroup_code(parts, sh)
     return _tree_code(parts, wg, sh)
@@ -64,16 +71,20 @@ def _combine(p: Part, a: str, b: str) -> str:
     return p.op.format(a=a, b=b)
 
 
-def _tree_code(parts: Sequence[Part], wg: int, sh: str) -> str:
+def _tree_code(parts: Sequence[Part], wg: int, sh: str, seg: int = 0) -> str:
+    """Halving steps, each a barrier: invocation j adds j + wr_t's slot while j < wr_t (within
+    its segment when seg), a fixed order; the total is in the (segment's) first slot."""
+    seg = seg or wg
     arr = [f"{sh}{j}" for j in range(len(parts))]
     step = " ".join(f"{s}[lid.x] = {_combine(p, f'{s}[lid.x]', f'{s}[lid.x + wr_t]')};"
                     for p, s in zip(parts, arr))
+    active, first = ("lid.x", "0") if seg == wg else (f"lid.x % {seg}u", f"lid.x - lid.x % {seg}u")
     lines = [f"  {s}[lid.x] = {p.value};" for p, s in zip(parts, arr)]
     lines += ["  workgroupBarrier();",
-              f"  for (var wr_t = {wg // 2}u; wr_t > 0u; wr_t = wr_t >> 1u) {{",
-              f"    if (lid.x < wr_t) {{ {step} }}",
+              f"  for (var wr_t = {seg // 2}u; wr_t > 0u; wr_t = wr_t >> 1u) {{",
+              f"    if ({active} < wr_t) {{ {step} }}",
               "    workgroupBarrier();", "  }"]
-    lines += [f"  let {p.result} = {s}[0];" for p, s in zip(parts, arr)]
+    lines += [f"  let {p.result} = {s}[{first}];" for p, s in zip(parts, arr)]
     lines.append("  workgroupBarrier();")  # everyone has read: the arrays may be reused
     return "\n".join(lines)
 
