@@ -406,7 +406,7 @@ def _vec_loads(graph: Graph, inputs: list[str], raw: set[str], out_shape: tuple[
     broadcast along it (one scalar load, used four times). Inputs bound whole (raw) index
     themselves per lane. A kernel over the adapter's storage-buffer limit stays scalar: bindpack.py
     packs only scalar reads."""
-    if not vec_enabled() or not out_shape or out_shape[-1] % LANES or bound > caps.max_storage_buffers_per_stage:
+    if not vec_enabled() or not out_shape or out_shape[-1] % LANES or 0 in out_shape or bound > caps.max_storage_buffers_per_stage:
         return None
     quad = out_shape[:-1] + (out_shape[-1] // LANES,)
     loads: dict[str, tuple[bool, str]] = {}
