@@ -104,3 +104,37 @@ def test_float16_values_round_the_same(wb, monkeypatch):
     np.testing.assert_array_equal(got, (xf * xf + b.astype(F32)).astype(np.float16))
     monkeypatch.setenv("ANYGRAD_WGPU_EW_VEC", "0")
     np.testing.assert_array_equal(wb.compile(g).run({"x": x})["y"], got)
+
+
+# -- copies (kernels_shape.affine_copy) -------------------------------------------------------------
+def _i64(*v):
+    return np.array(v, np.int64)
+
+
+def _copy_sources(exe, name: str) -> list[str]:
+    return [st.kernel.wgsl for st in exe.plan.steps if st.kernel.name == name]
+
+
+@pytest.mark.parametrize("op, inputs, attrs, vec", [
+    ("Slice", [RNG.standard_normal((3, 5, 24)).astype(F32), _i64(8), _i64(16), _i64(2)], None, True),  # q of qkv
+    ("Slice", [RNG.standard_normal((3, 5, 24)).astype(F32), _i64(2), _i64(10), _i64(2)], None, False),  # 2 not 4-aligned
+    ("Slice", [RNG.standard_normal((6, 8)).astype(F32), _i64(1, 0), _i64(5, 8), _i64(0, 1), _i64(1, 1)], None, True),
+    ("Transpose", [RNG.standard_normal((2, 3, 4, 8)).astype(F32)], {"perm": [0, 2, 1, 3]}, True),  # head split
+    ("Transpose", [RNG.standard_normal((2, 4, 8)).astype(F32)], {"perm": [0, 2, 1]}, False),
+    ("Concat", [RNG.standard_normal((2, 3, 4)).astype(F32), RNG.standard_normal((2, 3, 8)).astype(F32)],
+     {"axis": -1}, True),
+    ("Concat", [RNG.standard_normal((2, 4)).astype(F32), RNG.standard_normal((3, 4)).astype(F32)], {"axis": 0}, True),
+    ("Concat", [RNG.standard_normal((2, 3)).astype(F32), RNG.standard_normal((2, 5)).astype(F32)], {"axis": 1}, False),
+])
+def test_copies_match_numpy(wb, op, inputs, attrs, vec):
+    """Forward copies and their gradients (SliceGrad's zero fill and scatter, the Concat and
+    Transpose gradients) against numpy; the forward kernel says which path it took."""
+    exe = check_wgpu(op, inputs, attrs, const=[1, 2, 3, 4] if op == "Slice" else [])
+    srcs = _copy_sources(exe, op)
+    assert srcs and all(("vec4<f32>" in s) == vec for s in srcs), srcs
+
+
+def test_split_into_aligned_parts(wb):
+    exe = check_wgpu("Split", [RNG.standard_normal((3, 16)).astype(F32), _i64(4, 12)], {"axis": 1}, const=[1],
+                     n_outputs=2)
+    assert all("vec4<f32>" in s for s in _copy_sources(exe, "Split"))

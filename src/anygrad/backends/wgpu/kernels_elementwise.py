@@ -392,7 +392,8 @@ _COMPONENTS = "xyzw"
 
 
 def vec_enabled() -> bool:
-    """ANYGRAD_WGPU_EW_VEC=0 keeps one element per invocation (A/B on a real GPU)."""
+    """ANYGRAD_WGPU_EW_VEC=0 keeps one element per invocation, in the elementwise kernels and the
+    copies (kernels_shape.affine_copy), for A/B runs on a real GPU."""
     return os.environ.get("ANYGRAD_WGPU_EW_VEC", "1") != "0"
 
 

@@ -13,6 +13,7 @@ from ...ir.graph import Graph, Node
 from ...ir.passes import resolved
 from ...ops.shape import pad_source_index, slice_len
 from .kernel import AdapterCaps, Kernel, lowering
+from .kernels_elementwise import vec_enabled
 from .segments import sorted_segments
 from .wgsl import bindings, flat_id, grid, literal, shader, shape_of, strides, vtype
 
@@ -31,6 +32,24 @@ def _affine(iter_shape: Sequence[int], base: int, mult: Sequence[int], var: str 
     return f"u32({' + '.join(terms)})"
 
 
+def _in_vec4s(iter_shape: Sequence[int], src_base: int, src_mult: Sequence[int], dst_base: int,
+              dst_mult: Sequence[int]) -> tuple | None:
+    """The same copy in units of four elements, or None when four consecutive elements of the
+    last axis are not four consecutive, 4-aligned elements on both sides. Copies move 16 bytes an
+    invocation then: a head split or a qkv slice is memory-bound, and one f32 an invocation keeps
+    too few bytes in flight for a large GPU's bandwidth (the elementwise kernels' reason too)."""
+    if not iter_shape or iter_shape[-1] % 4 or 0 in iter_shape or src_mult[-1] != 1 or dst_mult[-1] != 1:
+        return None
+    rest = [m for e, m in zip(list(iter_shape[:-1]) * 2, list(src_mult[:-1]) + list(dst_mult[:-1])) if e != 1]
+    if src_base % 4 or dst_base % 4 or any(m % 4 for m in rest):
+        return None
+
+    def quarter(mult: Sequence[int]) -> list[int]:
+        return [m // 4 for m in mult[:-1]] + [1]
+    return ((*iter_shape[:-1], iter_shape[-1] // 4), src_base // 4, quarter(src_mult), dst_base // 4,
+            quarter(dst_mult))
+
+
 def affine_copy(name: str, src: str, dst: str, ty: str, iter_shape: Sequence[int], src_base: int,
                 src_mult: Sequence[int], dst_base: int, dst_mult: Sequence[int], zero_fill: int = 0) -> list[Kernel]:
     """Copy kernel; zero_fill > 0 first clears `dst` (that many elements) with a separate kernel."""
@@ -38,6 +57,10 @@ def affine_copy(name: str, src: str, dst: str, ty: str, iter_shape: Sequence[int
     if zero_fill:
         body = f"  {flat_id()}\n  if (i >= {zero_fill}u) {{ return; }}\n  y[i] = {literal(0, ty)};"
         kernels.append(Kernel(f"{name}:zero", shader(bindings([], [("y", ty)]), body), grid(zero_fill), (), (dst,)))
+    quad = _in_vec4s(iter_shape, src_base, src_mult, dst_base, dst_mult) if vec_enabled() else None
+    if quad is not None:
+        iter_shape, src_base, src_mult, dst_base, dst_mult = quad
+        ty = f"vec4<{ty}>"
     n = math.prod(iter_shape)
     body = (f"  {flat_id()}\n  if (i >= {n}u) {{ return; }}\n"
             f"  y[{_affine(iter_shape, dst_base, dst_mult)}] = x[{_affine(iter_shape, src_base, src_mult)}];")
