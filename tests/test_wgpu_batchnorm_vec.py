@@ -31,6 +31,13 @@ def backend():
     return wgpu_backend()
 
 
+@pytest.fixture(autouse=True)
+def _whole_batchnorm(monkeypatch):
+    """These tests read the whole node's apply kernel: the split into statistics and a fusable
+    elementwise apply (fusion.split_batchnorm) is tested in test_wgpu_ew_vec.py."""
+    monkeypatch.setenv("ANYGRAD_WGPU_BN_SPLIT", "0")
+
+
 @pytest.fixture(params=["1", "0"], ids=["vec", "scalar-env"])
 def vec_env(request, monkeypatch):
     monkeypatch.setenv(kernels_nn.VEC_ENV, request.param)

@@ -138,3 +138,40 @@ def test_split_into_aligned_parts(wb):
     exe = check_wgpu("Split", [RNG.standard_normal((3, 16)).astype(F32), _i64(4, 12)], {"axis": 1}, const=[1],
                      n_outputs=2)
     assert all("vec4<f32>" in s for s in _copy_sources(exe, "Split"))
+
+
+# -- a training BatchNormalization split into statistics and a fusable apply -----------------------
+@pytest.mark.parametrize("shape", [(4, 3, 8), (3, 2, 5, 5), (6, 4)])
+def test_batchnorm_apply_fuses_with_what_reads_it(wb, shape):
+    """Forward (y and the running statistics, updated in place) and the input gradients against
+    numpy: the normalisation runs inside the elementwise kernel after it, no apply kernel of its
+    own; with ANYGRAD_WGPU_BN_SPLIT=0 the node stays whole, with the same values."""
+    c = shape[1]
+    ins = [RNG.standard_normal(shape).astype(F32) * 2 + 3, RNG.standard_normal(c).astype(F32),
+           RNG.standard_normal(c).astype(F32), RNG.standard_normal(c).astype(F32),
+           np.abs(RNG.standard_normal(c)).astype(F32) + 0.5]
+    exe = check_wgpu("BatchNormalization", ins, {"training_mode": 1}, n_outputs=3, state={3: "rm", 4: "rv"},
+                     rtol=2e-5, atol=2e-5)
+    names = [st.kernel.name for st in exe.plan.steps]
+    assert any(n.startswith("ew:wgpu.BatchNormApply+") for n in names), names
+    assert not any(n.startswith("BatchNorm:apply") for n in names), names
+
+
+def test_batchnorm_relu_block_keeps_no_bn_output(wb, monkeypatch):
+    """BN -> ReLU as in a ResNet: one kernel normalises and rectifies, and the BN output is not
+    stored (nothing else reads it: ReLU's gradient reads the ReLU output)."""
+    shape = (4, 3, 4, 4)
+    nodes = [Node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], {"training_mode": 1}),
+             Node("Relu", ["y"], ["z"])]
+    inits = {"s": RNG.standard_normal(3).astype(F32), "b": RNG.standard_normal(3).astype(F32),
+             "m": np.zeros(3, F32), "v": np.ones(3, F32)}
+    g = make_graph(nodes, ["x"], ["z"], {"x": (F32, shape)}, inits)
+    feeds = {"x": RNG.standard_normal(shape).astype(F32)}
+    want, got, exe = run_both(g, feeds, backend=wb)
+    assert_close(want, got, rtol=2e-5, atol=2e-5)
+    fused = [st for st in exe.plan.steps if st.kernel.name.startswith("ew:wgpu.BatchNormApply+Relu")]
+    assert len(fused) == 1 and fused[0].kernel.writes == ("z",)
+    monkeypatch.setenv("ANYGRAD_WGPU_BN_SPLIT", "0")
+    _, whole, exe = run_both(g, feeds, backend=wb)
+    np.testing.assert_array_equal(whole["z"], got["z"])
+    assert any(st.kernel.name == "BatchNorm:apply" for st in exe.plan.steps)

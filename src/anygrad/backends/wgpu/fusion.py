@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +27,7 @@ from ...ir.passes import resolve_attributes
 from .kernel import AdapterCaps, ops_where
 from .kernels_elementwise import UNPACK_BYTES, bound_count, is_elementwise, make_fused
 from .kernels_gemm import EPILOGUE_ACTIVATIONS
+from .kernels_nn import BN_APPLY, BN_STATS
 from .kernels_optim import COPY, FUSED_UPDATE
 from .wgsl import shape_of
 
@@ -497,6 +499,33 @@ def _merge_siblings(graph: Graph, groups: list[list[Node]], users, order, stored
     return merged
 
 
+def split_batchnorm(graph: Graph) -> None:
+    """Every training BatchNormalization as its statistics (BN_STATS, a reduction) and its
+    normalisation (BN_APPLY, an elementwise op), so that fuse_elementwise runs the normalisation
+    in the kernel of the ReLU or residual Add after it: one pass over the activation instead of
+    two, and the BN output is stored only when something outside that kernel reads it (the
+    backward reads the BN input and the ReLU output). ANYGRAD_WGPU_BN_SPLIT=0 keeps the node
+    whole (A/B runs)."""
+    if os.environ.get("ANYGRAD_WGPU_BN_SPLIT", "1") == "0":
+        return
+    nodes = []
+    for n in graph.nodes:
+        x = n.input(0)
+        if n.op != "BatchNormalization" or not n.attr("training_mode", 0) or len(shape_of(graph, x)) < 2:
+            nodes.append(n)
+            continue
+        shape = shape_of(graph, x)
+        channels, spatial = shape[1], int(np.prod(shape[2:], dtype=np.int64))
+        stats = f"{n.outputs[0]}@bnstats"
+        graph.info[stats] = TensorInfo(np.dtype(np.float32), (2 * channels,))
+        running = (list(n.outputs[1:3]) + ["", ""])[:2]
+        origin = {"_origin": n.label}  # errors name the model's node (planner._label)
+        nodes.append(Node(BN_STATS, list(n.inputs[:5]), [stats] + running, {**n.attrs, **origin}, name=n.name))
+        nodes.append(Node(BN_APPLY, [x, n.inputs[1], n.inputs[2], stats], [n.outputs[0]],
+                          {"channels": channels, "spatial": spatial, **origin}, name=f"{n.name}/apply"))
+    graph.nodes = nodes
+
+
 def inference_dropout_to_identity(graph: Graph) -> None:
     """Dropout outside training (no training flag, or a constant false one) is the identity: make it
     an Identity, which the planner turns into an alias (no kernel), when its mask is unused."""
@@ -554,5 +583,6 @@ def prepare(graph: Graph, caps: AdapterCaps, supports_epilogue: set[str], fuse: 
         claimed = {v for n in g.nodes if n.op == FUSED_UPDATE for v in n.attrs["grads"]}
         protected = set(g.outputs) | set(g.state_updates) | claimed
         fuse_epilogues(g, protected, supports_epilogue)
+        split_batchnorm(g)
         fuse_elementwise(g, caps, protected)
     return g

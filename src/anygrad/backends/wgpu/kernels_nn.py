@@ -238,9 +238,25 @@ def lower_batchnorm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]
         return [_per_element("BatchNorm:eval", n, c, s, width, [("x", x)],
                              [("scale", scale), ("bias", bias), ("mean", mean), ("var_", var)],
                              lets, ("y", y), "x[i] * a + (bias[ch] - mean[ch] * a)")]
+    st = f"bnstats.{y}"
+    scratch = (Scratch(st, 2 * c),)
+    lets = """  let a = scale[ch] * st[ch * 2u + 1u];
+  let b = bias[ch] - st[ch * 2u] * a;"""
+    apply = _per_element("BatchNorm:apply", n, c, s, width, [("x", x)], [("scale", scale), ("bias", bias), ("st", st)],
+                         lets, ("y", y), "x[i] * a + b", scratch=scratch)
+    return _batchnorm_stats(node, graph, caps, st, scratch) + [apply]
+
+
+def _batchnorm_stats(node: Node, graph: Graph, caps: AdapterCaps, st: str, scratch: tuple) -> list[Kernel]:
+    """The statistics kernels of a training BatchNormalization: per channel (mean, 1/std) into
+    `st` (a Scratch of the node's own, or the BN_STATS node's output value), and the running
+    mean and variance into outputs 1 and 2 when the node has them."""
+    x, mean, var = node.inputs[0], node.inputs[3], node.inputs[4]
+    n, c, s = _bn_geometry(shape_of(graph, x))
+    width = _width(s)
+    eps = literal(float(node.attr("epsilon", 1e-5)), "f32")
     momentum = float(node.attr("momentum", 0.9))
     count = n * s
-    st = f"bnstats.{y}"
     outs = [o for o in node.outputs[1:3] if o]
     has_running = len(outs) == 2
     mom, keep = literal(momentum, "f32"), literal(1 - momentum, "f32")
@@ -256,14 +272,32 @@ def lower_batchnorm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]
     rv_out[ch] = rv[ch] * {mom} + (v * {literal(count / max(count - 1, 1), 'f32')}) * {keep};"""
         reads += [("rm", "f32", mean), ("rv", "f32", var)]
         writes += [("rm_out", outs[0]), ("rv_out", outs[1])]
-    stats = channel_stats("BatchNorm", n, c, s, reads, _first("x", s, width),
-                          ["x[idx] - k", "(x[idx] - k) * (x[idx] - k)"], combine, writes, st, (Scratch(st, 2 * c),),
-                          inplace=(mean, var) if has_running else (), subgroups=use_subgroups(caps), width=width)
-    lets = """  let a = scale[ch] * st[ch * 2u + 1u];
-  let b = bias[ch] - st[ch * 2u] * a;"""
-    apply = _per_element("BatchNorm:apply", n, c, s, width, [("x", x)], [("scale", scale), ("bias", bias), ("st", st)],
-                         lets, ("y", y), "x[i] * a + b", scratch=(Scratch(st, 2 * c),))
-    return stats + [apply]
+    return channel_stats("BatchNorm", n, c, s, reads, _first("x", s, width),
+                         ["x[idx] - k", "(x[idx] - k) * (x[idx] - k)"], combine, writes, st, scratch,
+                         inplace=(mean, var) if has_running else (), subgroups=use_subgroups(caps), width=width)
+
+
+# A training BatchNormalization split in two (fusion.split_batchnorm), so that the normalisation
+# runs in the elementwise kernel of what follows it (the ReLU, a residual Add): BN_STATS reads x
+# once for each channel's (mean, 1/std) and the running statistics; BN_APPLY is an elementwise
+# op whose per-channel inputs (scale, bias, those statistics) are bound whole and indexed by
+# channel. The BN output is then stored only when something outside the fused group reads it.
+BN_STATS = "wgpu.BatchNormStats"   # x, scale, bias, mean, var -> stats (2C), running mean, var
+BN_APPLY = "wgpu.BatchNormApply"   # x, scale, bias, stats -> y; attrs channels, spatial
+
+
+@lowering(BN_STATS)
+def lower_batchnorm_stats(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    return _batchnorm_stats(node, graph, caps, node.outputs[0], ())
+
+
+@ew(BN_APPLY, raw=(1, 2, 3))
+def _batchnorm_apply(c: Emit, n: Node, a: list, ot: list[str]) -> list[Val]:
+    scale, bias, st = a[1].expr, a[2].expr, a[3].expr
+    ch = c.let(f"({c.index} / {int(n.attrs['spatial'])}u) % {int(n.attrs['channels'])}u", "u32").expr
+    k = c.let(f"{scale}[{ch}] * {st}[{ch} * 2u + 1u]", "f32").expr  # as BatchNorm:apply's a and b
+    b = c.let(f"{bias}[{ch}] - {st}[{ch} * 2u] * {k}", "f32").expr
+    return [c.let(f"{a[0].expr} * {k} + {b}", "f32")]
 
 
 @lowering("BatchNormGrad")

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ...errors import DeviceError
-from ...ir.graph import Graph
+from ...ir.graph import Graph, Node
 from ...ir.recompute import ELEMENTWISE, recompute
 from .adapters import _bytes
 from .bindpack import pack_reads
@@ -45,6 +45,12 @@ PLACEMENTS = ("slots", "offsets")
 HALF_BYTES = 2  # f16 (mixed precision: halfstore.py)
 HALF = np.dtype(np.float16)
 
+
+
+def _label(node: Node) -> str:
+    """How a message names node: as the model's node it was made from, for the nodes the
+    lowering passes split off one (fusion.split_batchnorm sets `_origin`)."""
+    return node.attrs.get("_origin") or node.label
 
 @dataclass(frozen=True)
 class Root:
@@ -123,7 +129,7 @@ def lower_all(graph: Graph, caps: AdapterCaps) -> tuple[list[tuple[int, Kernel]]
                 node_kernels = [part for kern in node_kernels
                                 for part in half_kernels(kern, lambda v: is_half(graph, v), elements)]
         except (ValueError, NotImplementedError) as e:  # attributes or inputs a kernel cannot take
-            raise DeviceError(f"{node.label}: the wgpu backend cannot run this node ({e}); "
+            raise DeviceError(f"{_label(node)}: the wgpu backend cannot run this node ({e}); "
                               "use device='cpu' for this model") from e
         # Scratch names are local to one node's kernels (any of them may declare it).
         ren: dict[str, str] = {}
@@ -559,7 +565,7 @@ def _root_label(graph: Graph, r: Root, labels: dict[Root, str]) -> str:
         return f"constant '{r.name}' (shape {tuple(shape_of(graph, r.name))})"
     base, _, k = r.name.rpartition("@")
     if r.name not in graph.info and base and k.isdigit():  # lower_all's per-node scratch name
-        return f"a scratch buffer of {graph.nodes[int(k)].label}"
+        return f"a scratch buffer of {_label(graph.nodes[int(k)])}"
     shape = shape_of(graph, r.name.removeprefix(PACKED)) if r.name.removeprefix(PACKED) in graph.info else None
     return f"value '{r.name}'" + (f" (shape {tuple(shape)})" if shape is not None else "")
 
@@ -583,7 +589,7 @@ def _check_limits(graph: Graph, caps: AdapterCaps, kernels, root_of, nbytes,
         if k is None:
             return ""
         op = graph.nodes[k].op.replace("wgpu.Fused", "fused elementwise")
-        return f" (bound whole by the {op} kernel of {graph.nodes[k].label}, which is not split by rows)"
+        return f" (bound whole by the {op} kernel of {_label(graph.nodes[k])}, which is not split by rows)"
 
     over = sorted(((b, r) for r, b in nbytes.items() if b > limit and r in whole), key=lambda t: (-t[0], t[1].name))
     have = (f"but this adapter's max-storage-buffer-binding-size is {_bytes(limit)}")
@@ -615,7 +621,7 @@ def _check_limits(graph: Graph, caps: AdapterCaps, kernels, root_of, nbytes,
         n = len(kern.reads) + len(kern.writes)
         if n > caps.max_storage_buffers_per_stage:
             # bindpack.py packed what it could: only reads of 4-byte elements that fit one binding pack
-            raise DeviceError(f"kernel {kern.name} of {graph.nodes[k].label} binds {n} storage buffers "
+            raise DeviceError(f"kernel {kern.name} of {_label(graph.nodes[k])} binds {n} storage buffers "
                               f"({len(kern.writes)} written); this adapter's max-storage-buffers-per-shader-stage "
                               f"is {caps.max_storage_buffers_per_stage}, and its reads cannot be packed into fewer. "
                               "Use another device (`anygrad devices` lists each adapter's limits) or device='cpu'.")
@@ -627,7 +633,7 @@ def _check_limits(graph: Graph, caps: AdapterCaps, kernels, root_of, nbytes,
         outs = [o for o in node.outputs if o and o in graph.info]
         grows = any(_batch_leading(graph, o, batch) and root_of.get(o, Root("temp", o)).kind not in _FIXED_ROOTS
                     for o in outs)
-        what = (f"kernel {kern.name} of {node.label} needs {total} workgroups {kern.workgroups}; this adapter's "
+        what = (f"kernel {kern.name} of {_label(node)} needs {total} workgroups {kern.workgroups}; this adapter's "
                 f"max-compute-workgroups-per-dimension is {max_wg}, so a dispatch holds at most {room}.")
         if grows and batch:
             fit = batch * room // total  # the grid grows in proportion to the batch
