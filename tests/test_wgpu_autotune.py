@@ -135,6 +135,28 @@ def test_the_time_budget_leaves_the_rest_to_later_compiles(tuning, monkeypatch):
     assert autotune.stats["timed"] == 3
 
 
+def test_a_plan_made_before_tuning_finished_is_not_kept(tuning, monkeypatch):
+    """A compile whose tuning ran out of time does not store its plan: the next compile (a new
+    process) tunes the shapes left over and plans again instead of loading the rules' plan, and
+    only that plan is stored and loaded afterwards."""
+    monkeypatch.setenv("ANYGRAD_PIPELINE_CACHE", "1")  # tests run without the disk cache otherwise
+    graph, feeds = _mlp_graph()
+    plans = tuning / "wgpu-plans"
+    monkeypatch.setattr(autotune, "BUDGET_S", 0.0)
+    want, rules, _ = run_both(graph, feeds, backend=wgpu_backend())
+    assert autotune.stats["timed"] == 0 and autotune.stats["left"] == 3
+    assert_close(want, rules, rtol=2e-4, atol=2e-5)
+    assert not plans.exists() or not any(plans.iterdir())
+    monkeypatch.setattr(autotune, "BUDGET_S", 60.0)
+    _, tuned, exe = run_both(graph, feeds, backend=wgpu_backend())
+    assert autotune.stats["timed"] == 3 and any(plans.iterdir())
+    assert all(p in autotune.CANDIDATES for p in _pins(exe))
+    _, again, exe2 = run_both(graph, feeds, backend=wgpu_backend())
+    assert autotune.stats["timed"] == 3 and _pins(exe2) == _pins(exe)
+    assert_close(want, tuned, rtol=2e-4, atol=2e-5)
+    assert_close(tuned, again, rtol=0, atol=0)
+
+
 def test_gemm_kernels_carry_their_flops():
     graph, _ = _mlp_graph()
     from anygrad.backends.wgpu.kernel import LOWERINGS

@@ -63,7 +63,9 @@ TARGET_MS = 4.0         # runs per timing: enough to last about this long (one r
 BUDGET_S = 20.0         # timing per compile; shapes left over keep the rules now and are tuned by later compiles
 _MAX_FILE = 1 << 20     # a cache file larger than this is not ours: ignored
 
-stats = {"timed": 0, "cached": 0, "candidates": 0, "seconds": 0.0}
+# "left": shapes a timed tuning left on the rules because the budget ran out (runtime.py does not
+# keep such a plan in the plan cache, so that a later compile tunes them and plans again)
+stats = {"timed": 0, "cached": 0, "candidates": 0, "seconds": 0.0, "left": 0}
 
 
 def enabled(caps: AdapterCaps) -> bool:
@@ -143,6 +145,7 @@ def tune(graph: Graph, caps: AdapterCaps, context: tuple, timer: Callable[[list[
         chosen |= new
         if new:
             _store(path, known | new)
+        stats["left"] += sum(1 for key in todo if key not in chosen)
     stats["seconds"] += time.perf_counter() - t0
     for key, ks in todo.items():
         if chosen.get(key):

@@ -604,15 +604,19 @@ class WgpuExecutable(Executable):
     def _compile_plan(self, graph: Graph, fuse: bool) -> tuple[Graph, Any, Any]:
         """The fused graph, its plan and what was recomputed to fit the budget: from the disk cache
         when this graph was compiled before on this adapter and driver (pipeline_cache; the caps in
-        the key hold the memory budget), else built (planner.fit_plan) and stored."""
+        the key hold the memory budget), else built (planner.fit_plan) and stored. A plan built
+        while the autotuner still had shapes to time (its budget per compile ran out) is not
+        stored: kept, it would pin the rules on those shapes for every later compile, which would
+        load it instead of tuning them."""
         backend = self.backend
         key = pipeline_cache.plan_key(graph, backend.plan_context(fuse)) if pipeline_cache.enabled() else ""
         cached = pipeline_cache.load(key, graph) if key else None
         if cached is not None and len(cached) == 3:
             return cached
+        left = autotune.stats["left"]
         built = fit_plan(graph, backend.caps, set(graph.state_names) | set(backend.state),
                          lambda g: backend.prepared(g, fuse))
-        if key:
+        if key and autotune.stats["left"] == left:
             pipeline_cache.save(key, graph, built)
         return built
 
