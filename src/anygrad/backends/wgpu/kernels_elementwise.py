@@ -407,7 +407,8 @@ def _vec_loads(graph: Graph, inputs: list[str], raw: set[str], out_shape: tuple[
     broadcast along it (one scalar load, used four times). Inputs bound whole (raw) index
     themselves per lane. A kernel over the adapter's storage-buffer limit stays scalar: bindpack.py
     packs only scalar reads."""
-    if not vec_enabled() or not out_shape or out_shape[-1] % LANES or 0 in out_shape or bound > caps.max_storage_buffers_per_stage:
+    if (not vec_enabled() or not out_shape or out_shape[-1] % LANES or 0 in out_shape
+            or bound > caps.max_storage_buffers_per_stage):
         return None
     quad = out_shape[:-1] + (out_shape[-1] // LANES,)
     loads: dict[str, tuple[bool, str]] = {}
@@ -445,13 +446,14 @@ def lower_fused(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
         if v not in outs:
             reads.append((var, f"vec4<{ty}>" if vec else ty))
             read_names.append(v)
-        loaded[v] = (var, ty) if v in raw else (c.let(f"{var}[{index}]", f"vec4<{ty}>" if vec else ty).expr, ty)
+        # (expression, element type, a vec4 whose lane the element is)
+        loaded[v] = (var, ty, False) if v in raw else (c.let(f"{var}[{index}]", f"vec4<{ty}>" if vec else ty).expr,
+                                                       ty, vec)
     stores: list[list[str]] = [[] for _ in outs]
     for lane in range(lanes):
         c.index = "i" if lanes == 1 else f"(i * {LANES}u + {lane}u)"
         env: dict[str, Val] = {}
-        for v, (expr, ty) in loaded.items():
-            vec = loads is not None and loads.get(v, (False, ""))[0]
+        for v, (expr, ty, vec) in loaded.items():
             env[v] = Val(f"{expr}.{_COMPONENTS[lane]}" if vec else expr, ty)
         for v, value in literals.items():
             ty = vtype(graph, v)
@@ -468,8 +470,8 @@ def lower_fused(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     wty = [vtype(graph, o) for o in outs]
     writes = [(f"y{k}", t if lanes == 1 else f"vec4<{t}>") for k, t in enumerate(wty)]
     body = [f"  {flat_id()}", f"  if (i >= {n // lanes}u) {{ return; }}", *c.lines]
-    body += [f"  y{k}[i] = {s[0] if lanes == 1 else f'vec4<{wty[k]}>({chr(44).join(s)})'};"
-             for k, s in enumerate(stores)]
+    values = [lv[0] if lanes == 1 else f"vec4<{t}>({', '.join(lv)})" for t, lv in zip(wty, stores)]
+    body += [f"  y{k}[i] = {value};" for k, value in enumerate(values)]
     src = shader(bindings(reads, writes), "\n".join(body), helpers="\n".join(c.helpers.values()))
     aligned = tuple(v for v in read_names if v not in raw and shape_of(graph, v) == out_shape)
     return [Kernel(f"ew:{node.name}"[:120], src, grid(n // lanes, WG), tuple(read_names), tuple(outs),
