@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ...ir.graph import Graph, Node
 from ...ir.passes import resolved
-from . import rowsplit
+from . import colsum, rowsplit
 from .kernel import AdapterCaps, Kernel, Scratch, lowering
 from .kernels_reduce import COMBINE, reduce_kernels
 from .wgreduce import Part, reduce_code, shared_decl, use_subgroups
@@ -155,6 +155,45 @@ def _column_sum(name: str, n_out: int, count: int, prelude: str, term: str, read
                                     COMBINE["ReduceSum"], caps, scratch=sc)
 
 
+def _param_columns(name: str, spec: RowSpec, dy: str, x: str, st: str, outs: list[tuple[str, str]],
+                   scratch: tuple) -> list[Kernel]:
+    """dscale and / or dbias (outs: (output, "dy_xhat" | "dy")) in one read of dy and x: a
+    slicing kernel writing every sum's partials into one scratch, and one kernel adding the
+    slices (colsum.py); a single slice is stored by the first kernel."""
+    width = 4 if spec.d % 4 == 0 else 1
+    geo = colsum.geometry(spec.rows, spec.d, width)
+    vt = colsum.vec_type("f32", width)
+    row = f"({{q}}) * {geo.cols}u + c"
+    xhat = any(what == "dy_xhat" for _, what in outs)
+    loads = f"let dy{{k}} = DY[{row}];"
+    if xhat:
+        loads += f" let x{{k}} = X[{row}]; let m{{k}} = ST[2u * ({{q}})]; let s{{k}} = ST[2u * ({{q}}) + 1u];"
+    terms = ["dy{k} * (x{k} - m{k}) * s{k}" if what == "dy_xhat" else "dy{k}" for _, what in outs]
+    reads = [("DY", dy)] + ([("X", x), ("ST", st)] if xhat else [])
+    types = {"DY": vt, "X": vt, "ST": "f32"}
+    n = len(outs)
+    init = colsum.splat("0.0", "f32", width)
+    if geo.slices == 1:
+        names = [f"D{j}" for j in range(n)]
+        decls = bindings([(v, types[v]) for v, _ in reads], [(v, vt) for v in names])
+        src = colsum.slice_shader(geo, vt, decls, loads, terms, "{a} + {b}", init, [f"{v}[c] = {{v}};" for v in names])
+        return [Kernel(f"{name}:params:cols", src, colsum.slice_grid(geo), tuple(v for _, v in reads),
+                       tuple(out for out, _ in outs), scratch=scratch)]
+    part = f"{st}.slices"
+    sc = tuple(scratch) + (Scratch(part, geo.slices * n * spec.d),)
+    decls = bindings([(v, types[v]) for v, _ in reads], [("P", vt)])
+    stores = [f"P[(slice * {n}u + {j}u) * {geo.cols}u + c] = {{v}};" for j in range(n)]
+    src = colsum.slice_shader(geo, vt, decls, loads, terms, "{a} + {b}", init, stores)
+    first = Kernel(f"{name}:params:cols", src, colsum.slice_grid(geo), tuple(v for _, v in reads), (part,),
+                   scratch=sc)
+    names = [f"D{j}" for j in range(n)]
+    body = colsum.finish_body(n, spec.d, geo.slices, "f32", "{a} + {b}", "0.0", [f"{v}[o] = {{v}};" for v in names])
+    src = shader(bindings([("P", "f32")], [(v, "f32") for v in names]), body, wg=colsum.WG)
+    last = Kernel(f"{name}:params:slices", src, grid(n * spec.d, colsum.WG), (part,), tuple(out for out, _ in outs),
+                  scratch=sc)
+    return [first, last]
+
+
 _STAT_SUMS = [("s1", "X[e] - K"), ("s2", "(X[e] - K) * (X[e] - K)")]
 
 
@@ -227,6 +266,9 @@ def _norm_grad(name: str, spec: RowSpec, eps: str, dy: str, x: str, scale: str, 
         writes.append(("DX", dx))
     kernels = [_row_kernel(name, spec, row_sums, post, store, [("DY", dy), ("X", x), ("SC", scale)], writes,
                            scratch=sc, sg=sg, per_row=keep)]
+    if columns and colsum.enabled() and any(out for out, *_ in sums):
+        outs = [(out, what) for out, what, *_ in sums if out]
+        return kernels + _param_columns(name, spec, dy, x, st, outs, sc)
     for out, what, n_out, count, prelude in sums:
         if not out:
             continue

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ...ir.graph import Graph, Node
 from ...ir.passes import resolved
+from . import colsum
 from .kernel import AdapterCaps, Kernel, Scratch, lowering
 from .wgreduce import Part, reduce_code, shared_decl, use_subgroups
 from .wgsl import (
@@ -175,6 +176,8 @@ def reduce_kernels(name: str, x: str, y: str, shape: tuple[int, ...], axes: tupl
   y[i] = {post};"""
             return [Kernel(f"{name}:serial", shader(decls, body, helpers=helpers), grid(n_out), (x,) + more,
                            (y,), scratch=scratch)]
+        if colsum.enabled():
+            return _column_kernels(name, x, y, kept, helpers, n_out, n_red, ty, comb, aux, scratch)
         part = f"reduce.parts.{y}"
         sc = (Scratch(part, parts * n_out, ty),) + tuple(scratch)
         body = f"""  {flat_id()}
@@ -207,6 +210,40 @@ def reduce_kernels(name: str, x: str, y: str, shape: tuple[int, ...], axes: tupl
     src = _wg_shader(decls, helpers, ty, wg, comb.op, init, head, step, "y[g] = acc;", sg)
     first = Kernel(f"{name}:split", src, groups_grid(n_out * parts), (x,) + more, (part,), scratch=sc)
     return [first] + reduce_kernels(f"{name}:partials", part, y, (n_out, parts), (1,), ty, rest, caps, aux, sc)
+
+
+def _column_kernels(name: str, x: str, y: str, kept: list[tuple[int, int]], helpers: str, n_out: int, n_red: int,
+                    ty: str, comb: Combine, aux: str, scratch: tuple) -> list[Kernel]:
+    """The columns layout in two kernels (colsum.py): slices of the reduced axis, lanes of each
+    combined in workgroup memory, then one serial pass over the slices (none for one slice).
+    vec4 loads when the innermost kept dim is contiguous and whole vec4s: every other stride is
+    then a multiple of its extent, so each vec4 is 4 neighbouring outputs of one reduced index.
+    An aux input stays scalar (pre and post read it per output)."""
+    width = 4 if not aux and kept and kept[-1][1] == 1 and kept[-1][0] % 4 == 0 else 1
+    geo = colsum.geometry(n_red, n_out, width)
+    vt = colsum.vec_type(ty, width)
+    extra = [("m", "f32")] if aux else []
+    more = (aux,) if aux else ()
+    at = "b + red_of({q})" if width == 1 else "(b + red_of({q})) / 4u"
+    head = f"  let b = base_of(c * {width}u);" + ("\n  let o = c;" if aux else "")
+    loads = f"let v{{k}}: {vt} = x[{at}];"
+    term = comb.pre.format(x="v{k}")
+    init = colsum.splat(_init(comb.init, ty), ty, width)
+    post = comb.post.format(x="{v}", n=literal(n_red, ty))
+    if geo.slices == 1:
+        decls = bindings([("x", vt)] + extra, [("y", vt)])
+        src = colsum.slice_shader(geo, vt, decls, loads, [term], comb.op, init, [f"y[c] = {post};"], helpers, head)
+        return [Kernel(f"{name}:cols", src, colsum.slice_grid(geo), (x,) + more, (y,), scratch=scratch)]
+    part = f"reduce.parts.{y}"
+    sc = (Scratch(part, geo.slices * n_out, ty),) + tuple(scratch)
+    decls = bindings([("x", vt)] + extra, [("P", vt)])
+    store = f"P[slice * {geo.cols}u + c] = {{v}};"
+    src = colsum.slice_shader(geo, vt, decls, loads, [term], comb.op, init, [store], helpers, head)
+    first = Kernel(f"{name}:cols", src, colsum.slice_grid(geo), (x,) + more, (part,), scratch=sc)
+    body = colsum.finish_body(1, n_out, geo.slices, ty, comb.op, _init(comb.init, ty), [f"y[o] = {post};"])
+    src = shader(bindings([("P", ty)] + extra, [("y", ty)]), body, wg=colsum.WG)
+    last = Kernel(f"{name}:partials:serial", src, grid(n_out, colsum.WG), (part,) + more, (y,), scratch=sc)
+    return [first, last]
 
 
 @lowering(*COMBINE)
