@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from wgpu_util import assert_close, op_graph, run_both, wgpu_backend
 
-from anygrad.backends.wgpu import kernels_norm, rowsplit
+from anygrad.backends.wgpu import colsum, kernels_norm, rowsplit
 
 pytestmark = pytest.mark.wgpu
 
@@ -219,7 +219,9 @@ def test_layer_norm_one_read_per_row(backend, monkeypatch, shape, kind, sliced):
     """Statistics from sums shifted by the row's first element, in one read: rows far from zero
     (mean 50, std 0.5) keep their variance; the gradient's four sums share one combine. dscale
     and dbias: 64 neighbouring entries per workgroup, over every row or (sliced) over slices of
-    one row each, added in order by a second kernel."""
+    one row each, added in order by a second kernel. These are the kernels of ANYGRAD_WGPU_COLSUM=0;
+    both sums in one pass (the default) are tested in test_wgpu_colsum.py."""
+    monkeypatch.setenv(colsum.COLSUM_ENV, "0")
     if sliced:
         monkeypatch.setattr(kernels_norm, "COL_MIN_SLICE", 1)
     d = shape[-1]
