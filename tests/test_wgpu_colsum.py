@@ -219,3 +219,20 @@ def test_bias_gradient_float64(backend):
     got = backend.compile(graph).run(feeds)["out0"]
     want = x.astype(np.float64).sum(axis=0)
     np.testing.assert_allclose(got, want, rtol=2e-6)
+
+
+@pytest.mark.parametrize("shape", [(600, 16), (600, 7)])
+def test_float16_columns(backend, switch, sliced, shape):
+    """float16 values: vec4<f16> loads (halfstore.py) the sums in f32."""
+    x = randn(*shape).astype(np.float16)
+    kernels = check(backend, "ReduceSum", [x, np.array([0], np.int64)], {"keepdims": 0}, grad=False, feed=[0],
+                    rtol=1e-2, atol=1e-2)
+    first = next(k for k in kernels if k.name == "ReduceSum:cols")
+    assert ("vec4<f16>" in first.wgsl) == (switch and shape[-1] % 4 == 0)
+
+
+def test_layer_norm_float16(backend, switch, sliced):
+    d = 16
+    x = (randn(40, d) + 2).astype(np.float16)
+    check(backend, "LayerNormalization", [x, randn(d).astype(np.float16), randn(d).astype(np.float16)], {"axis": -1},
+          rtol=2e-2, atol=2e-2)

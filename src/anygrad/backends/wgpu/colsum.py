@@ -29,6 +29,8 @@ GROUPS = 256        # slice the rows until about this many workgroups run (2^16 
 LANE_ROWS = 4       # ... but leave each lane at least this many rows of its slice,
 MAX_SLICES = 256    # and the finishing loop at most this many slices
 UNROLL = 4          # rows whose loads a lane issues before adding them
+FINISH_UNROLL = 8   # slices whose loads the finishing loop issues before adding them (its few
+                    # invocations are latency-bound: 64 slices are 8 round trips to L2)
 
 
 def enabled() -> bool:
@@ -81,10 +83,11 @@ def splat(value: str, ty: str, width: int) -> str:
 
 def slice_shader(geo: Geometry, vt: str, decls: str, loads: str, terms: list[str], op: str, init: str,
                  stores: list[str], helpers: str = "", head: str = "") -> str:
-    """The slicing kernel. loads: statements (in `{q}`, the row, `{k}`, a suffix for its names;
-    `c` is the column, and names `head` defines) loading one row; terms: per sum, its value of the row (in `{k}`); op:
-    "{a} + {b}" style; stores: per sum, statements storing `{v}` (in `slice`, `c`), run for the
-    columns that exist. A sum's partial of the slice: lanes in order, each its rows in order."""
+    """The slicing kernel. loads: statements loading one row (in `{q}`, the row, `{k}`, a suffix
+    for the names they define, `c`, the column, and what `head` defines); terms: per sum, its
+    value of the row (in `{k}`); op: "{a} + {b}" style; stores: per sum, statements storing `{v}`
+    (in `slice`, `c`), run for the columns that exist. A slice's partial: its lanes in order,
+    each lane its rows in order."""
     n, lanes, tile = len(terms), geo.lanes, geo.tile
     step = UNROLL * lanes
 
@@ -123,12 +126,12 @@ def slice_shader(geo: Geometry, vt: str, decls: str, loads: str, terms: list[str
 def finish_body(n_sums: int, entries: int, slices: int, ty: str, op: str, init: str, stores: list[str]) -> str:
     """The finishing kernel's body: invocation i adds entry o of sum j over the slices of `P`
     ((slice, sum, entry) order: neighbouring invocations read neighbouring entries), in order,
-    UNROLL loads ahead of their adds; stores[j] stores `{v}` (in `o`)."""
+    FINISH_UNROLL loads ahead of their adds; stores[j] stores `{v}` (in `o`)."""
     total = n_sums * entries
     load = (lambda s: f"P[{s} * {n_sums * entries}u + j * {entries}u + o]") if n_sums > 1 else (
         lambda s: f"P[{s} * {entries}u + o]")
-    loads = "\n".join(f"    let v{k}: {ty} = {load(f'(s + {k}u)')};" for k in range(UNROLL))
-    adds = " ".join(f"acc = {op.format(a='acc', b=f'v{k}')};" for k in range(UNROLL))
+    loads = "\n".join(f"    let v{k}: {ty} = {load(f'(s + {k}u)')};" for k in range(FINISH_UNROLL))
+    adds = " ".join(f"acc = {op.format(a='acc', b=f'v{k}')};" for k in range(FINISH_UNROLL))
     if n_sums == 1:
         store = f"  {stores[0].format(v='acc')}"
     else:
@@ -140,7 +143,7 @@ def finish_body(n_sums: int, entries: int, slices: int, ty: str, op: str, init: 
   let o = i % {entries}u;
   var acc: {ty} = {init};
   var s = 0u;
-  for (; s + {UNROLL - 1}u < {slices}u; s += {UNROLL}u) {{
+  for (; s + {FINISH_UNROLL - 1}u < {slices}u; s += {FINISH_UNROLL}u) {{
 {loads}
     {adds}
   }}

@@ -9,7 +9,9 @@ invocation per row with serial loops for short rows, else several rows a workgro
 lanes a row combining its sums in its own slice of workgroup memory (rowsplit.py's grouped
 rows); ANYGRAD_WGPU_ROWS=wg keeps a workgroup per row with one workgroup combine (wgreduce.py).
 Parameter gradients (sums over rows, per scale/bias entry) are a second kernel reading the
-per-row statistics the first one left in a scratch buffer.
+per-row statistics the first one left in a scratch buffer; LayerNorm's dscale and dbias are one
+read of dy and x and one kernel adding the slices (colsum.py; ANYGRAD_WGPU_COLSUM=0: a column
+sum each, as before).
 """
 from __future__ import annotations
 

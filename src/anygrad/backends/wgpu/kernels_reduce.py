@@ -6,6 +6,9 @@ reduced axis into chunks whose partial results a second pass (the same scheme, o
 shape) combines. Within a chunk, either one invocation sums it serially (kept axes innermost:
 neighbouring invocations read neighbouring outputs) or one workgroup strides over it and
 combines (wgreduce.py: subgroup ops where the adapter has them, else a tree in workgroup memory).
+Column reductions that need more than one pass run colsum.py's two kernels (slices of lanes
+combined in workgroup memory, vec4 where contiguous, then one serial pass over the slices);
+ANYGRAD_WGPU_COLSUM=0 keeps the recursive split of before.
 """
 from __future__ import annotations
 
