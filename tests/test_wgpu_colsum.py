@@ -11,6 +11,7 @@ import pytest
 from wgpu_util import assert_close, make_graph, op_graph, run_both, wgpu_backend
 
 from anygrad.backends.wgpu import colsum, kernels_norm, kernels_reduce
+from anygrad.backends.wgpu.kernel import Kernel
 from anygrad.ir import Node
 
 pytestmark = pytest.mark.wgpu
@@ -44,9 +45,9 @@ def sliced(request, monkeypatch):
     return request.param
 
 
-def check(backend, op, inputs, attrs, *, rtol, atol, **kw) -> list[str]:
+def check(backend, op, inputs, attrs, *, rtol, atol, **kw) -> list[Kernel]:
     """op and its input gradients on numpy and wgpu; a second run gives the same bits. Returns
-    the kernels' names."""
+    the plan's kernels."""
     graph, feeds = op_graph(op, inputs, attrs, **kw)
     want, got, exe = run_both(graph, feeds, backend=backend)
     assert_close(want, got, rtol, atol, what=op)
@@ -56,7 +57,7 @@ def check(backend, op, inputs, attrs, *, rtol, atol, **kw) -> list[str]:
     return [st.kernel for st in exe.plan.steps]
 
 
-def names(kernels) -> list[str]:
+def names(kernels: list[Kernel]) -> list[str]:
     return [k.name for k in kernels]
 
 
@@ -203,9 +204,10 @@ def test_old_kernels_with_switch_off(backend, monkeypatch):
     then a serial pass) at the real thresholds; on: two kernels."""
     x = randn(3000, 12)
     monkeypatch.setenv(colsum.COLSUM_ENV, "0")
-    off = names(check(backend, "ReduceSum", [x, np.array([0], np.int64)], {"keepdims": 0}, grad=False, feed=[0],
-                      rtol=3e-4, atol=1e-4))
-    assert off == ["ReduceSum:cols", "ReduceSum:partials:cols", "ReduceSum:partials:partials:serial"]
+    off = check(backend, "ReduceSum", [x, np.array([0], np.int64)], {"keepdims": 0}, grad=False, feed=[0],
+                rtol=3e-4, atol=1e-4)
+    assert names(off) == ["ReduceSum:cols", "ReduceSum:partials:cols", "ReduceSum:partials:partials:serial"]
+    assert not any(set(k.reads) & set(k.writes) for k in off)  # each pass its own scratch: no race
     monkeypatch.setenv(colsum.COLSUM_ENV, "1")
     on = names(check(backend, "ReduceSum", [x, np.array([0], np.int64)], {"keepdims": 0}, grad=False, feed=[0],
                      rtol=3e-4, atol=1e-4))

@@ -181,7 +181,9 @@ def reduce_kernels(name: str, x: str, y: str, shape: tuple[int, ...], axes: tupl
                            (y,), scratch=scratch)]
         if colsum.enabled():
             return _column_kernels(name, x, y, kept, helpers, n_out, n_red, ty, comb, aux, scratch)
-        part = f"reduce.parts.{y}"
+        # Named by the pass: a third pass of partials reads the second's scratch, and one shared
+        # name bound it as both input and output of the second (a race between its workgroups).
+        part = f"reduce.parts.{name}.{y}"
         sc = (Scratch(part, parts * n_out, ty),) + tuple(scratch)
         body = f"""  {flat_id()}
   if (i >= {parts * n_out}u) {{ return; }}
