@@ -238,3 +238,18 @@ def test_layer_norm_float16(backend, switch, sliced):
     x = (randn(40, d) + 2).astype(np.float16)
     check(backend, "LayerNormalization", [x, randn(d).astype(np.float16), randn(d).astype(np.float16)], {"axis": -1},
           rtol=2e-2, atol=2e-2)
+
+
+def test_real_thresholds_gpt_width(backend, monkeypatch):
+    """d = 256 at the real thresholds: 4 tiles x 64 slices of vec4 lanes, then one pass over the
+    64 slices, for a bias gradient and LayerNorm's parameter gradients alike."""
+    monkeypatch.setenv(colsum.COLSUM_ENV, "1")
+    x = randn(4096, 256)
+    kernels = check(backend, "ReduceSum", [x, np.array([0], np.int64)], {"keepdims": 0}, grad=False, feed=[0],
+                    rtol=1e-4, atol=1e-5)
+    assert [(k.name, k.workgroups) for k in kernels] == [("ReduceSum:cols", (256, 1, 1)),
+                                                          ("ReduceSum:partials:serial", (1, 1, 1))]
+    kernels = check(backend, "LayerNormalization", [randn(2, 2048, 256) + 1, randn(256), randn(256)], {"axis": -1},
+                    rtol=1e-3, atol=1e-4)
+    params = [(k.name, k.workgroups) for k in kernels if ":params:" in k.name]
+    assert params == [("LayerNormGrad:params:cols", (256, 1, 1)), ("LayerNormGrad:params:slices", (2, 1, 1))]
