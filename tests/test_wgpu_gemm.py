@@ -27,8 +27,9 @@ CPU = AdapterCaps(is_cpu=True)
 GPU = AdapterCaps(is_cpu=False)
 VARIANTS = [{"_gemm_variant": "register"}, {"_gemm_variant": "shared"},
             {"_gemm_variant": "register", "_gemm_block": 8}, {"_gemm_variant": "shared", "_gemm_block": 8, "_gemm_kt": 16},
-            {"_gemm_variant": "shared", "_gemm_block": 4, "_gemm_kt": 8, "_gemm_prefetch": 1}]
-VARIANT_IDS = ["register4", "shared4", "register8", "shared8k16", "shared4k8p"]   # the rules prefetch GEMMs, not convs
+            {"_gemm_variant": "shared", "_gemm_block": 4, "_gemm_kt": 8, "_gemm_prefetch": 1},
+            {"_gemm_variant": "shared", "_gemm_block": 8, "_gemm_kt": 16, "_gemm_prefetch": 1, "_gemm_unroll": 2}]
+VARIANT_IDS = ["register4", "shared4", "register8", "shared8k16", "shared4k8p", "shared8k16pu2"]   # the rules prefetch GEMMs, not convs
 
 
 @functools.cache
@@ -486,6 +487,16 @@ def test_scalar_k_fastest_copies_store_swizzled_rows(ta, tb, swizzled, layout):
         wgsl = check_op("Gemm", [a, b, rnd(n, seed=13)], attrs, caps=GPU, rtol=1e-3, atol=1e-3)[0].wgsl
         assert ("(mm / 4u ^" in wgsl) == ("A" in swizzled and not layout)
         assert ("(nn / 4u ^" in wgsl) == ("B" in swizzled and not layout)
+
+
+def test_k_loop_two_steps_a_pass_matches_numpy():
+    """Tiling.unroll = 2 (an autotuner candidate): the rolled K-tile loop of a prefetched GEMM
+    takes two K steps a pass; whole and ragged K tiles, against numpy."""
+    for m, k, n in ((130, 40, 70), (64, 64, 128)):
+        a, b = rnd(m, k, seed=1), rnd(k, n, seed=2)
+        pin = {"_gemm_variant": "shared", "_gemm_block": 8, "_gemm_kt": 16, "_gemm_prefetch": 1, "_gemm_unroll": 2}
+        kern = check_op("MatMul", [a, b], pin, caps=GPU, rtol=1e-3, atol=1e-3)[0]
+        assert "k0s = k0s + 2u" in kern.wgsl and "u2]" in kern.name
 
 
 @pytest.mark.parametrize("nN,nM", [(1, 1), (5, 1), (1, 9), (7, 8), (3, 17), (40, 25)])

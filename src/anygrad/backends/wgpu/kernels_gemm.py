@@ -130,6 +130,10 @@ class Tiling:
     # apart, which fall on one bank; XOR-permuting each row's vec4s spreads them (_sw)
     swizzle: bool = True
     hoist: bool = True      # shared variant: an operand's hoistable prelude runs before the K loop
+    # shared variant, K-tile loop kept rolled (prefetched, unsplit): K steps per pass of that loop.
+    # 2 sped up some GPT-2 GEMMs and slowed others (H200: fc forward 0.373 -> 0.285 ms, LM head
+    # forward 4.78 -> 5.63 ms): a choice for the autotuner, not a rule
+    unroll: int = 1
 
     @property
     def bm(self) -> int:
@@ -442,12 +446,20 @@ def _shared_body(spec: GemmSpec, t: Tiling, va: bool, vb: bool, unroll: bool) ->
                            for j in range(t.tn // 4)]
                         + fmas + ["}"])
     else:
-        compute = ([f"for (var kk = 0u; kk < {u(kt)}; kk = kk + 1u) {{"]
-                   + [f"  let av{ib} = As[kk * {u(bm4)} + ({u(ib * t.wy)} + lid.y{_sw(sa, 'kk')})];"
-                      for ib in range(t.tm // 4)]
-                   + [f"  let bv{j} = Bs[kk * {u(bn4)} + ({u(j * t.wx)} + lid.x{_sw(sb, 'kk')})];"
-                      for j in range(t.tn // 4)]
-                   + fmas + ["}"])
+        step = t.unroll if kt % t.unroll == 0 else 1
+
+        def k_step(kk: str) -> list[str]:
+            return ([f"  let av{ib} = As[{kk} * {u(bm4)} + ({u(ib * t.wy)} + lid.y{_sw(sa, kk)})];"
+                     for ib in range(t.tm // 4)]
+                    + [f"  let bv{j} = Bs[{kk} * {u(bn4)} + ({u(j * t.wx)} + lid.x{_sw(sb, kk)})];"
+                       for j in range(t.tn // 4)] + fmas)
+        if step == 1:
+            compute = [f"for (var kk = 0u; kk < {u(kt)}; kk = kk + 1u) {{"] + k_step("kk") + ["}"]
+        else:
+            compute = [f"for (var k0s = 0u; k0s < {u(kt)}; k0s = k0s + {u(step)}) {{"]
+            for d in range(step):
+                compute += ["{"] + k_step(f"(k0s + {u(d)})") + ["}"]
+            compute += ["}"]
     head = [f"  let tid = lid.x + lid.y * {u(t.wx)};"] + [f"  {ln}" for st in stages for ln in st.hoist]
     unrolled = all(_unrolls(st, nt) for st in stages)
     if not (t.prefetch and unrolled):
@@ -769,10 +781,10 @@ def _split_pair(spec: GemmSpec, caps: AdapterCaps, splits: int, tile: str, parti
 def gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None = None,
                  allow_split: bool = True, block: int | None = None, kt: int | None = None,
                  prefetch: bool | None = None, layout: str | None = None,
-                 threads: int | None = None) -> list[Kernel]:
+                 threads: int | None = None, unroll: int | None = None) -> list[Kernel]:
     """The kernel list for one GEMM-shaped op: one GEMM, or a split-K GEMM + reduce. The first
     kernel carries the GEMM's FLOPs (profiles report rates, the autotuner skips small GEMMs)."""
-    kernels = _gemm_kernels(spec, caps, variant, allow_split, block, kt, prefetch, layout, threads)
+    kernels = _gemm_kernels(spec, caps, variant, allow_split, block, kt, prefetch, layout, threads, unroll)
     flops = 2 * spec.batch * spec.M * spec.N * spec.K
     return [replace(kernels[0], flops=flops)] + kernels[1:]
 
@@ -784,7 +796,7 @@ def _plain(op: Operand) -> bool:
 
 def _gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None, allow_split: bool,
                   block: int | None, kt: int | None, prefetch: bool | None,
-                  layout: str | None = None, threads: int | None = None) -> list[Kernel]:
+                  layout: str | None = None, threads: int | None = None, unroll: int | None = None) -> list[Kernel]:
     if variant == "dot" or (variant is None and block is None and allow_split and use_dot(spec, caps)):
         return dot_kernels(spec, caps)
     lay = set((layout if layout is not None else os.environ.get("ANYGRAD_WGPU_GEMM_LAYOUT", "")).split(","))
@@ -793,9 +805,11 @@ def _gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None, allow_
         # prefetching sped up every plain GEMM measured (H100: +3-21%) but half the implicit-GEMM
         # convs lost up to 40% (their gathers): there the autotuner decides
         t = replace(t, prefetch=prefetch if prefetch is not None else _plain(spec.a) and _plain(spec.b))
-        t = replace(t, swizzle=not {"plain", "noswizzle"} & lay, hoist=not {"plain", "nohoist"} & lay)
+        t = replace(t, swizzle=not {"plain", "noswizzle"} & lay, hoist=not {"plain", "nohoist"} & lay,
+                    unroll=unroll or 1)
     splits, ksplit = choose_splits(spec, t, caps) if allow_split else (1, 0)
-    tile = f"{t.variant} {t.bm}x{t.bn}" + (f"k{t.kt}" + ("p" if t.prefetch else "") if t.variant == "shared" else "")
+    tile = f"{t.variant} {t.bm}x{t.bn}" + (f"k{t.kt}" + ("p" if t.prefetch else "") + (f"u{t.unroll}" if t.unroll > 1 else "")
+                                           if t.variant == "shared" else "")
     if splits == 1:
         wgsl, grid, reads = gemm_wgsl(spec, t, caps)
         return [Kernel(f"{spec.name}[{tile}]", wgsl, grid, reads, (spec.write.value,))]
@@ -818,11 +832,12 @@ def variant_of(node: Node) -> dict:
     the shared variant), '_gemm_prefetch' (0 | 1: register prefetch of the next K tile), '_gemm_layout'
     (comma list: "noswizzle" keeps the shared tiles' rows unpermuted, "nohoist" decodes im2col columns
     per element, "plain" both; also ANYGRAD_WGPU_GEMM_LAYOUT, for A/B runs), '_gemm_threads' (invocations
-    per workgroup of the shared variant, 256 by default: 128 makes 128x64 tiles of the 8x8 blocks)."""
+    per workgroup of the shared variant, 256 by default: 128 makes 128x64 tiles of the 8x8 blocks),
+    '_gemm_unroll' (K steps per pass of a rolled K-tile loop: Tiling.unroll)."""
     pf = node.attr("_gemm_prefetch")
     return {"variant": node.attr("_gemm_variant"), "block": node.attr("_gemm_block"), "kt": node.attr("_gemm_kt"),
             "prefetch": None if pf is None else bool(pf), "layout": node.attr("_gemm_layout"),
-            "threads": node.attr("_gemm_threads")}
+            "threads": node.attr("_gemm_threads"), "unroll": node.attr("_gemm_unroll")}
 
 
 def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
