@@ -29,6 +29,7 @@ from .kernels_elementwise import UNPACK_BYTES, bound_count, is_elementwise, make
 from .kernels_gemm import EPILOGUE_ACTIVATIONS
 from .kernels_nn import BN_APPLY, BN_STATS
 from .kernels_optim import COPY, FUSED_UPDATE
+from .kernels_reduce import NON_FINITE
 from .wgsl import shape_of
 
 MAX_GROUP = 48          # members per kernel: keeps shaders small and compile times short
@@ -499,6 +500,141 @@ def _merge_siblings(graph: Graph, groups: list[list[Node]], users, order, stored
     return merged
 
 
+F16_ARENA_ENV = "ANYGRAD_WGPU_F16_ARENA"
+
+
+def f16_arena_enabled() -> bool:
+    """ANYGRAD_WGPU_F16_ARENA=0 keeps the float16 step's per-tensor work as the graph builds it
+    (the per-gradient finite check), for A/B runs; default on."""
+    return os.environ.get(F16_ARENA_ENV, "1") != "0"
+
+
+def _alias_root(v: str, producers: dict[str, Node]) -> str:
+    while v in producers and producers[v].op in ALIAS_LIKE:
+        v = producers[v].inputs[0]
+    return v
+
+
+def arena_finite_check(graph: Graph) -> None:
+    """The loss scaler's finite check (grad_scaler.found_inf: Or(IsNaN(s), IsInf(s)), s a chain of
+    Adds of one ReduceSum per gradient) as one reduction per gradient arena instead of one per
+    gradient, for the wgpu.FusedUpdate nodes that `found` gates.
+
+    The reduction (wgpu.NonFinite, kernels_reduce.py) counts the elements of the whole garena
+    buffer whose exponent bits are all ones (inf or NaN; the zero padding between slices counts
+    nothing) and yields +inf when that count is positive, else 0, so it takes the place of the
+    arena's ReduceSums in the chain of Adds and IsNaN/IsInf read the sum as before. A count, not a
+    sum of the values: it decides exactly like torch's GradScaler (a tensor-by-tensor inf/NaN test),
+    where a sum of finite float32 gradients could overflow to inf and skip a good step (the
+    per-gradient ReduceSums, still used for gradients outside every arena, can); and not max(|x|),
+    whose NaN handling WGSL leaves to the implementation. Tested by bits, which shader compilers
+    cannot assume away. A count of ones in float32 is positive once any element is, whatever the
+    rounding of a large count (a sum of non-negative terms never rounds below its largest one).
+
+    An arena is taken only when every gradient in it is one of the chain's ReduceSum inputs (so the
+    check reads no gradient it did not read before). Its node is placed before the first reader of
+    `found`, after the copies into those arenas (moved there from in front of their updates); its
+    inputs after the garena name the gradients in it, so that later passes (elementwise fusion)
+    order their producers before it, as they did the ReduceSums reading them. The lowering reads
+    only the garena."""
+    if not f16_arena_enabled():
+        return
+    producers = graph.producers()
+    users = graph.consumers()
+    updates = [n for n in graph.nodes if n.op == FUSED_UPDATE and n.attrs.get("gate")]
+    for found in dict.fromkeys(n.inputs[-1] for n in updates):
+        gated = [n for n in updates if n.inputs[-1] == found]
+        _arena_finite_check(graph, found, gated, producers, users)
+        producers = graph.producers()
+        users = graph.consumers()
+
+
+def _sole_user(users: dict, v: str) -> Node | None:
+    use = users.get(v, [])
+    return use[0][0] if len(use) == 1 else None
+
+
+def _arena_finite_check(graph: Graph, found: str, gated: list[Node], producers: dict[str, Node],
+                        users: dict) -> None:
+    orn = producers.get(found)
+    if orn is None or orn.op != "Or" or found in graph.outputs or found in graph.state_updates:
+        return
+    tests = [producers.get(v) for v in orn.inputs]
+    if (sorted(t.op if t is not None else "" for t in tests) != ["IsInf", "IsNaN"]
+            or tests[0].inputs[0] != tests[1].inputs[0]
+            or any(_sole_user(users, t.outputs[0]) is not orn for t in tests)):
+        return
+    isinf = next(t for t in tests if t.op == "IsInf")
+    if isinf.attr("detect_positive", 1) != 1 or isinf.attr("detect_negative", 1) != 1:
+        return
+    s = tests[0].inputs[0]
+    if {id(u) for u, _ in users.get(s, [])} != {id(t) for t in tests} or s in graph.outputs:
+        return
+    # The chain of Adds: interior Adds read only by the chain; every leaf a float32 scalar.
+    chain, leaves, todo = [], [], [s]
+    while todo:
+        v = todo.pop()
+        p = producers.get(v)
+        if p is not None and p.op == "Add" and (v == s or _sole_user(users, v) is not None):
+            chain.append(p)
+            todo.extend(reversed(p.inputs))
+        else:
+            leaves.append(v)
+    if any(graph.info[v].shape != () or graph.info[v].dtype != np.float32 for v in leaves + [s]):
+        return
+    summed: dict[str, str] = {}  # gradient (alias root) -> its ReduceSum leaf
+    for v in leaves:
+        p = producers.get(v)
+        if (p is not None and p.op == "ReduceSum" and (v == s or _sole_user(users, v) is not None)
+                and graph.info[p.inputs[0]].dtype == np.float32):
+            summed.setdefault(_alias_root(p.inputs[0], producers), v)
+    order = {id(n): k for k, n in enumerate(graph.nodes)}
+    first_use = min(order[id(u)] for u, _ in users[found])
+    copies_of = {n.outputs[0]: n for n in graph.nodes if n.op == COPY}
+    taken, moved, checks, sources = set(), [], [], []
+    for upd in gated:
+        roots, srcs, cps = [], [], []
+        for claim in upd.attrs["grads"]:
+            cp = copies_of.get(claim)
+            src = cp.inputs[0] if cp is not None else claim
+            if src not in producers:  # a graph input or a state tensor: not from the chain
+                roots = None
+                break
+            roots.append(_alias_root(src, producers))
+            srcs.append(src)
+            if cp is not None:
+                cps.append(cp)
+        if (roots is None or any(r not in summed or summed[r] in taken for r in roots)
+                or any(order[id(producers[v])] >= first_use for v in srcs)):
+            continue
+        taken |= {summed[r] for r in roots}
+        moved += cps
+        sources += srcs
+        w = graph.fresh(f"{upd.attrs['garena']}.nonfinite")
+        graph.info[w] = TensorInfo(np.dtype(np.float32), ())
+        checks.append(Node(NON_FINITE, [upd.attrs["garena"]] + srcs, [w], name=graph.fresh("nonfinite")))
+    if not checks:
+        return
+    terms = [c.outputs[0] for c in checks] + [v for v in leaves if v not in taken]
+    adds = []
+    total = terms[0]
+    for t in terms[1:]:
+        out = graph.fresh("finite_check.sum")
+        graph.info[out] = TensorInfo(np.dtype(np.float32), ())
+        adds.append(Node("Add", [total, t], [out], name=graph.fresh("finite_check.add")))
+        total = out
+    for t in tests:
+        t.inputs = [total] + t.inputs[1:]
+    drop = {id(n) for n in chain + moved + tests + [orn]} | {id(producers[v]) for v in taken}
+    nodes = []
+    for k, n in enumerate(graph.nodes):
+        if k == first_use:
+            nodes += moved + checks + adds + tests + [orn]
+        if id(n) not in drop:
+            nodes.append(n)
+    graph.nodes = nodes
+
+
 def split_batchnorm(graph: Graph) -> None:
     """Every training BatchNormalization as its statistics (BN_STATS, a reduction) and its
     normalisation (BN_APPLY, an elementwise op), so that fuse_elementwise runs the normalisation
@@ -579,6 +715,7 @@ def prepare(graph: Graph, caps: AdapterCaps, supports_epilogue: set[str], fuse: 
         # first, so that the optimizer grouping sees the GEMMs that now read the weights directly
         fold_transposes(g, protected)
         group_updates(g, caps)
+        arena_finite_check(g)  # after group_updates: the gradient arenas it reduces
         # Gradients computed into their arena slice are read only through FusedUpdate's attrs.
         claimed = {v for n in g.nodes if n.op == FUSED_UPDATE for v in n.attrs["grads"]}
         protected = set(g.outputs) | set(g.state_updates) | claimed

@@ -1,0 +1,154 @@
+"""The float16 step's per-tensor work done once per arena on wgpu (ANYGRAD_WGPU_F16_ARENA, default on).
+
+The loss scaler's finite check reads the whole gradient arena in one reduction (wgpu.NonFinite,
+fusion.arena_finite_check) instead of one ReduceSum per gradient. Only the finiteness of the check
+matters, so the switch changes no bit of a step: losses, parameters, optimizer state, loss scale
+and the skipped-step count are compared exactly, on finite steps and on steps that overflow
+float16 or carry a NaN.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from wgpu_util import wgpu_backend
+
+import anygrad
+from anygrad import nn
+from anygrad.backends.wgpu.fusion import F16_ARENA_ENV
+from anygrad.optim import grad_scaler
+
+pytestmark = pytest.mark.wgpu
+
+
+def _mlp():
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)), (None, 8)
+
+
+def _cnn():
+    return (nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Flatten(), nn.Linear(4 * 3 * 3, 3)), (None, 1, 6, 6))
+
+
+def _data(kind: str):
+    rng = np.random.default_rng(0)
+    if kind == "mlp":
+        return rng.standard_normal((16, 8)).astype(np.float32), rng.integers(0, 4, 16)
+    return rng.standard_normal((8, 1, 6, 6)).astype(np.float32), rng.integers(0, 3, 8)
+
+
+def _train_exe(model):
+    return next(e for k, e in model._programs.items() if k[0] == "train")
+
+
+def _run(monkeypatch, switch: str, kind: str, batches, optimizer):
+    """Compile a fresh model under the switch; its losses, full state and kernel names."""
+    monkeypatch.setenv(F16_ARENA_ENV, switch)
+    net, shape = _mlp() if kind == "mlp" else _cnn()
+    net.load_state_dict({k: v for k, v in _weights(kind).items()})
+    m = net.to_model(input_shape=shape).compile("cross_entropy", optimizer(), device=wgpu_backend(), precision="f16")
+    losses = [m.train_on_batch(x, y) for x, y in batches]
+    names = [st.kernel.name for st in _train_exe(m).plan.steps]
+    return losses, m.full_state(), m.read_metrics(), names, len(m.graph.params)
+
+
+def _weights(kind: str) -> dict[str, np.ndarray]:
+    net, _ = _mlp() if kind == "mlp" else _cnn()
+    rng = np.random.default_rng(1)
+    return {k: (0.3 * rng.standard_normal(v.shape)).astype(np.float32) if v.dtype == np.float32 else v
+            for k, v in net.state_dict().items()}
+
+
+def _same(a, b):
+    la, sa, ma = a[:3]
+    lb, sb, mb = b[:3]
+    assert [np.float32(v).tobytes() for v in la] == [np.float32(v).tobytes() for v in lb], (la, lb)
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        np.testing.assert_array_equal(sa[k], sb[k], err_msg=k)
+    assert ma == mb
+
+
+def _sgd():
+    return anygrad.optim.SGD(lr=0.1, momentum=0.9)
+
+
+def _adam():
+    return anygrad.optim.Adam(lr=1e-2)
+
+
+@pytest.mark.parametrize("kind,optimizer", [("mlp", _sgd), ("cnn", _adam)])
+def test_switch_changes_no_bit_of_finite_steps_and_drops_the_per_gradient_reductions(monkeypatch, kind, optimizer):
+    x, y = _data(kind)
+    batches = [(x, y), (x[::-1].copy(), y[::-1].copy()), (x, y)]
+    on = _run(monkeypatch, "1", kind, batches, optimizer)
+    off = _run(monkeypatch, "0", kind, batches, optimizer)
+    _same(on, off)
+    assert on[2]["skipped_updates"] == 0.0
+    n_params = on[4]
+    assert not [n for n in off[3] if n.startswith("NonFinite")]
+    assert [n for n in on[3] if n.startswith("NonFinite")]  # one arena here: one reduction (1-2 kernels)
+    # every per-gradient ReduceSum of the finite check is gone: at least one kernel each
+    assert len(on[3]) <= len(off[3]) - n_params + 2, (on[3], off[3])
+    reductions = [len([n for n in names if n.startswith("ReduceSum")]) for names in (on[3], off[3])]
+    assert reductions[0] <= reductions[1] - n_params, reductions
+
+
+@pytest.mark.parametrize("bad", ["overflow", "nan"])
+def test_skipped_steps_are_the_same_with_and_without_the_switch(monkeypatch, bad):
+    """Inputs of 1e4 overflow float16 in the backward at the initial scale 2**16 (skipped steps
+    while the scale backs off); a NaN input makes every gradient NaN (skipped, loss not counted)."""
+    x, y = _data("mlp")
+    big = x * (1e4 if bad == "overflow" else 1.0)
+    if bad == "nan":
+        big[3, 2] = np.nan
+    batches = [(big, y), (x, y), (big, y), (x, y), (x, y)]
+    on = _run(monkeypatch, "1", "mlp", batches, _adam)
+    off = _run(monkeypatch, "0", "mlp", batches, _adam)
+    _same(on, off)
+    skipped = on[1][grad_scaler.SKIPPED_SUM]
+    assert skipped >= 2.0, skipped  # both bad batches skipped (the overflow case may back off longer)
+    assert on[1][grad_scaler.LOSS_SCALE] < grad_scaler.INIT_SCALE
+    assert [n for n in on[3] if n.startswith("NonFinite")]
+
+
+def test_a_skipped_first_step_leaves_every_parameter_unchanged(monkeypatch):
+    x, y = _data("mlp")
+    x = x.copy()
+    x[0, 0] = np.inf
+    w0 = _weights("mlp")
+    _, state, *_ = _run(monkeypatch, "1", "mlp", [(x, y)], _sgd)
+    for k, v in w0.items():
+        np.testing.assert_array_equal(state[k], v, err_msg=k)
+    assert state[grad_scaler.SKIPPED_SUM] == 1.0
+    assert state[grad_scaler.LOSS_SCALE] == grad_scaler.INIT_SCALE / 2
+
+
+def test_non_finite_kernel_counts_inf_and_nan_and_never_overflows():
+    """The arena check's kernels: +inf when any element is inf or NaN, else 0, also where a sum of
+    the (finite) values would overflow float32; short (one workgroup) and split (two passes) arenas."""
+    from test_wgpu_gemm import CPU, GPU, run_kernels
+
+    from anygrad.backends.wgpu.kernel import LOWERINGS
+    from anygrad.backends.wgpu.kernels_reduce import NON_FINITE
+    from anygrad.ir import Graph, Node, TensorInfo
+
+    for caps in (CPU, GPU):
+        for n in (100, 70000):
+            g = Graph()
+            g.info["x"] = TensorInfo(np.dtype(np.float32), (n,))
+            g.info["y"] = TensorInfo(np.dtype(np.float32), ())
+            kernels = LOWERINGS[NON_FINITE](Node(NON_FINITE, ["x"], ["y"], name="n"), g, caps)
+            assert len(kernels) == (1 if n == 100 else 2), [k.name for k in kernels]
+            rng = np.random.default_rng(n)
+            base = rng.standard_normal(n).astype(np.float32)
+            huge = base.copy()
+            huge[:4] = 3e38  # sums to inf: the count does not
+            cases = {"finite": (base, 0.0), "huge": (huge, 0.0)}
+            for label, v in (("inf", np.inf), ("-inf", -np.inf), ("nan", np.nan)):
+                for at in (0, n // 2, n - 1):
+                    a = base.copy()
+                    a[at] = v
+                    cases[f"{label}@{at}"] = (a, np.inf)
+            for label, (a, want) in cases.items():
+                got = run_kernels(kernels, {"x": a}, {"y": 1})["y"][0]
+                assert got == want, (caps, n, label, got)
