@@ -1,10 +1,12 @@
 """The float16 step's per-tensor work done once per arena on wgpu (ANYGRAD_WGPU_F16_ARENA, default on).
 
 The loss scaler's finite check reads the whole gradient arena in one reduction (wgpu.NonFinite,
-fusion.arena_finite_check) instead of one ReduceSum per gradient. Only the finiteness of the check
-matters, so the switch changes no bit of a step: losses, parameters, optimizer state, loss scale
-and the skipped-step count are compared exactly, on finite steps and on steps that overflow
-float16 or carry a NaN.
+fusion.arena_finite_check) instead of one ReduceSum per gradient, and the weights' float16 copies
+are one cast of the whole parameter arena (wgpu.ArenaCast, fusion.arena_weight_casts) instead of
+one Cast per weight (and per recomputed copy). Only the finiteness of the check matters and the
+cast rounds each weight as before, so the switch changes no bit of a step: losses, parameters,
+optimizer state, loss scale and the skipped-step count are compared exactly, on finite steps and
+on steps that overflow float16 or carry a NaN.
 """
 from __future__ import annotations
 
@@ -48,7 +50,7 @@ def _run(monkeypatch, switch: str, kind: str, batches, optimizer):
     m = net.to_model(input_shape=shape).compile("cross_entropy", optimizer(), device=wgpu_backend(), precision="f16")
     losses = [m.train_on_batch(x, y) for x, y in batches]
     names = [st.kernel.name for st in _train_exe(m).plan.steps]
-    return losses, m.full_state(), m.read_metrics(), names, len(m.graph.params)
+    return losses, m.full_state(), m.read_metrics(), names, len(m.graph.params), _train_exe(m).plan.graph
 
 
 def _weights(kind: str) -> dict[str, np.ndarray]:
@@ -56,6 +58,12 @@ def _weights(kind: str) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(1)
     return {k: (0.3 * rng.standard_normal(v.shape)).astype(np.float32) if v.dtype == np.float32 else v
             for k, v in net.state_dict().items()}
+
+
+def _param_casts(graph) -> list:
+    """The Cast nodes reading a parameter, fused ones included."""
+    nodes = [m for n in graph.nodes for m in (n.attrs["members"] if n.op == "wgpu.Fused" else [n])]
+    return [n for n in nodes if n.op == "Cast" and n.inputs[0] in graph.params]
 
 
 def _same(a, b):
@@ -91,6 +99,11 @@ def test_switch_changes_no_bit_of_finite_steps_and_drops_the_per_gradient_reduct
     assert len(on[3]) <= len(off[3]) - n_params + 2, (on[3], off[3])
     reductions = [len([n for n in names if n.startswith("ReduceSum")]) for names in (on[3], off[3])]
     assert reductions[0] <= reductions[1] - n_params, reductions
+    # the weights' float16 copies: one cast of the parameter arena instead of one (or more) per weight
+    assert on[3].count("ew:ArenaCast") == 1 and "ew:ArenaCast" not in off[3]
+    casts = [len([n for n in names if n.startswith("ew:") and "Cast" in n]) for names in (on[3], off[3])]
+    assert casts[0] < casts[1], casts
+    assert not _param_casts(on[5]) and len(_param_casts(off[5])) >= n_params - 2  # (BN's weights stay f32)
 
 
 @pytest.mark.parametrize("bad", ["overflow", "nan"])

@@ -28,7 +28,7 @@ from .kernel import AdapterCaps, ops_where
 from .kernels_elementwise import UNPACK_BYTES, bound_count, is_elementwise, make_fused
 from .kernels_gemm import EPILOGUE_ACTIVATIONS
 from .kernels_nn import BN_APPLY, BN_STATS
-from .kernels_optim import COPY, FUSED_UPDATE
+from .kernels_optim import ARENA_CAST, COPY, FUSED_UPDATE
 from .kernels_reduce import NON_FINITE
 from .wgsl import shape_of
 
@@ -319,6 +319,7 @@ def fuse_elementwise(graph: Graph, caps: AdapterCaps, protected: set[str]) -> No
 
 # -- optimizer updates over arenas -------------------------------------------------------------------
 ARENA_ALIGN = 64          # elements (256 bytes): every adapter's storage-offset alignment
+HALF_ARENA_ALIGN = 128    # elements: 256 bytes also in the float16 copy of the arena (arena_weight_casts)
 ALIAS_LIKE = ops_where("alias")
 
 
@@ -332,8 +333,8 @@ class ArenaSpec:
     total: int                       # elements
 
 
-def _aligned(n: int) -> int:
-    return -(-n // ARENA_ALIGN) * ARENA_ALIGN
+def _aligned(n: int, align: int = ARENA_ALIGN) -> int:
+    return -(-n // align) * align
 
 
 def group_updates(graph: Graph, caps: AdapterCaps) -> None:
@@ -368,8 +369,11 @@ def group_updates(graph: Graph, caps: AdapterCaps) -> None:
             continue
         key = (n.op, repr(sorted(n.attrs.items())), n.inputs[-2], n.inputs[-1], found)
         groups.setdefault(key, []).append(n)
+    half_cast = _half_cast_params(graph)
     for members in groups.values():
         gate_ids = {id(w) for m in members for w in gates.get(id(m), [])}
+        # Parameters cast to float16 (f16 steps): slices of the float16 arena start on 256 bytes too.
+        align = HALF_ARENA_ALIGN if any(m.inputs[0] in half_cast for m in members) else ARENA_ALIGN
         # Even one parameter gains: each arena is bound once (read_write), within 8 bindings.
         last = max(order[id(m)] for m in members)
         touched = {v for m in members for v in [m.inputs[0]] + m.inputs[2:2 + len(m.outputs) - 1]}
@@ -391,10 +395,10 @@ def group_updates(graph: Graph, caps: AdapterCaps) -> None:
         chunk: list[Node] = []
         size = 0
         for m in members + [None]:
-            n = _aligned(int(np.prod(shape_of(graph, m.inputs[0]), dtype=np.int64))) if m is not None else 0
+            n = _aligned(int(np.prod(shape_of(graph, m.inputs[0]), dtype=np.int64)), align) if m is not None else 0
             if m is None or (chunk and size + n > budget):
                 if chunk:
-                    _fuse_group(graph, chunk, producers, state, [gates.get(id(c), []) for c in chunk])
+                    _fuse_group(graph, chunk, producers, state, [gates.get(id(c), []) for c in chunk], align)
                 chunk, size = [], 0
             if m is not None:
                 chunk.append(m)
@@ -411,7 +415,7 @@ def _gate_of(users: dict, value: str, state_name: str) -> Node | None:
 
 
 def _fuse_group(graph: Graph, members: list[Node], producers: dict[str, Node], state: set[str],
-                gates: list[list[Node]] | None = None) -> None:
+                gates: list[list[Node]] | None = None, align: int = ARENA_ALIGN) -> None:
     first = members[0]
     wheres = [w for ws in (gates or []) for w in ws]
     n_slots = len(first.outputs) - 1
@@ -420,7 +424,7 @@ def _fuse_group(graph: Graph, members: list[Node], producers: dict[str, Node], s
     offsets, total = [], 0
     for p in params:
         offsets.append(total)
-        total += _aligned(int(np.prod(shape_of(graph, p), dtype=np.int64)))
+        total += _aligned(int(np.prod(shape_of(graph, p), dtype=np.int64)), align)
     arenas = []
     for j in range(n_slots + 1):
         names = tuple(m.inputs[0] if j == 0 else m.inputs[1 + j] for m in members)
@@ -547,6 +551,57 @@ def arena_finite_check(graph: Graph) -> None:
         _arena_finite_check(graph, found, gated, producers, users)
         producers = graph.producers()
         users = graph.consumers()
+
+
+def _is_half_cast(graph: Graph, n: Node) -> bool:
+    return (n.op == "Cast" and len(n.inputs) == 1 and len(n.outputs) == 1
+            and np.dtype(graph.info[n.outputs[0]].dtype) == np.float16
+            and np.dtype(graph.info[n.inputs[0]].dtype) == np.float32)
+
+
+def _half_cast_params(graph: Graph) -> set[str]:
+    """Trainable parameters some Cast reads straight into float16 (autocast, and recompute's copies)."""
+    if not f16_arena_enabled():
+        return set()
+    params = set(graph.params)
+    return {n.inputs[0] for n in graph.nodes if _is_half_cast(graph, n) and n.inputs[0] in params}
+
+
+def arena_weight_casts(graph: Graph) -> None:
+    """The float16 copies of the weights (autocast's Cast(param -> float16), and the copies
+    ir/recompute.py places in the backward) as one cast of the whole parameter arena per step: a
+    wgpu.ArenaCast writes `@garena:{gid}:f16` (a float16 buffer of the arena's size and layout,
+    held like the gradient arena: its own buffer, zeroed at creation), and each cast's value becomes
+    that weight's slice of it (planner Root "gslice"; group_updates aligned the arena to 128
+    elements so that every slice starts on a 256-byte boundary). The cast is placed where the
+    first of those Casts was: the parameters change only in the fused update, after every reader.
+    Parameters in the arena that nothing casts (a BatchNorm's, kept float32) are cast too, unread:
+    a few more elements, no more kernels. The float16 weights stay in memory through the step (2
+    bytes a parameter), where recomputation let each die after its forward reads."""
+    if not f16_arena_enabled():
+        return
+    for upd in [n for n in graph.nodes if n.op == FUSED_UPDATE]:
+        spec = upd.attrs["arenas"][0]
+        offset = dict(zip(spec.members, spec.offsets))
+        casts = [n for n in graph.nodes if _is_half_cast(graph, n) and n.inputs[0] in offset
+                 and offset[n.inputs[0]] % HALF_ARENA_ALIGN == 0 and n.outputs[0] not in graph.outputs
+                 and n.outputs[0] not in graph.state_updates]
+        if not casts:
+            continue
+        half = f"{upd.attrs['garena']}:f16"
+        graph.info[half] = TensorInfo(np.dtype(np.float16), (spec.total,))
+        upd.attrs["half"] = half
+        upd.attrs["half_slices"] = {n.outputs[0]: offset[n.inputs[0]] for n in casts}
+        cast = Node(ARENA_CAST, [spec.value], [half], name="ArenaCast")
+        drop = {id(n) for n in casts}
+        first = min(k for k, n in enumerate(graph.nodes) if id(n) in drop)
+        nodes = []
+        for k, n in enumerate(graph.nodes):
+            if k == first:
+                nodes.append(cast)
+            if id(n) not in drop:
+                nodes.append(n)
+        graph.nodes = nodes
 
 
 def _sole_user(users: dict, v: str) -> Node | None:
@@ -716,6 +771,7 @@ def prepare(graph: Graph, caps: AdapterCaps, supports_epilogue: set[str], fuse: 
         fold_transposes(g, protected)
         group_updates(g, caps)
         arena_finite_check(g)  # after group_updates: the gradient arenas it reduces
+        arena_weight_casts(g)
         # Gradients computed into their arena slice are read only through FusedUpdate's attrs.
         claimed = {v for n in g.nodes if n.op == FUSED_UPDATE for v in n.attrs["grads"]}
         protected = set(g.outputs) | set(g.state_updates) | claimed
