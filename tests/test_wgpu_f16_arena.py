@@ -165,3 +165,30 @@ def test_non_finite_kernel_counts_inf_and_nan_and_never_overflows():
             for label, (a, want) in cases.items():
                 got = run_kernels(kernels, {"x": a}, {"y": 1})["y"][0]
                 assert got == want, (caps, n, label, got)
+
+
+@pytest.mark.slow
+def test_a_tiny_gpt_is_the_same_bits_with_and_without_the_switch(monkeypatch):
+    """benchmarks/models.py's GPT decoder (weights also read through a tied/transposed embedding,
+    recomputed casts in the backward): identical losses and state, fewer kernels."""
+    import sys
+    from pathlib import Path
+
+    import torch
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from models import _gpt_module
+    torch.manual_seed(0)
+    module = _gpt_module(64, 8, 32, 2, 1).train()
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(0, 64, (2, 8)), rng.integers(0, 64, (16,))
+    runs = {}
+    for switch in ("1", "0"):
+        monkeypatch.setenv(F16_ARENA_ENV, switch)
+        m = anygrad.from_torch(module, torch.from_numpy(x), check=False)
+        m.compile("cross_entropy", anygrad.optim.AdamW(lr=1e-3), device=wgpu_backend(), precision="f16")
+        losses = [m.train_on_batch(x, y) for _ in range(3)]
+        runs[switch] = (losses, m.full_state(), m.read_metrics(), [st.kernel.name for st in _train_exe(m).plan.steps])
+    _same(runs["1"], runs["0"])
+    on, off = runs["1"][3], runs["0"][3]
+    assert "ew:ArenaCast" in on and [n for n in on if n.startswith("NonFinite")]
+    assert len(on) < len(off), (len(on), len(off))

@@ -10,6 +10,9 @@
 - GEMM -> Add(bias) -> activation and Conv -> Relu: bias and activation run in the GEMM's
   epilogue (a third input, attrs `_epilogue`/`_epilogue_attrs`).
 - Optimizer updates of one kind become one `wgpu.FusedUpdate` over arenas (see group_updates).
+- Under float16 (ANYGRAD_WGPU_F16_ARENA): the loss scaler's finite check reads each gradient arena
+  in one reduction (arena_finite_check), and the weights' float16 copies are one cast of the
+  parameter arena (arena_weight_casts).
 - Dropout outside training becomes an Identity, which the planner aliases.
 - Graph inputs of 1-byte elements (uint8 images) are uploaded four per u32 word and unpacked by an
   elementwise node, which fuses into whatever elementwise chain reads them (see pack_byte_inputs).
@@ -538,9 +541,10 @@ def arena_finite_check(graph: Graph) -> None:
     An arena is taken only when every gradient in it is one of the chain's ReduceSum inputs (so the
     check reads no gradient it did not read before). Its node is placed before the first reader of
     `found`, after the copies into those arenas (moved there from in front of their updates); its
-    inputs after the garena name the gradients in it, so that later passes (elementwise fusion)
-    order their producers before it, as they did the ReduceSums reading them. The lowering reads
-    only the garena."""
+    inputs after the garena name the values written into it (each gradient computed into its slice,
+    or the copy there), so that later passes (elementwise fusion, which emits a group at its last
+    member) keep their writers before it, as the ReduceSums reading the gradients did. The
+    lowering reads only the garena."""
     if not f16_arena_enabled():
         return
     producers = graph.producers()
@@ -646,7 +650,7 @@ def _arena_finite_check(graph: Graph, found: str, gated: list[Node], producers: 
     order = {id(n): k for k, n in enumerate(graph.nodes)}
     first_use = min(order[id(u)] for u, _ in users[found])
     copies_of = {n.outputs[0]: n for n in graph.nodes if n.op == COPY}
-    taken, moved, checks, sources = set(), [], [], []
+    taken, moved, checks = set(), [], []
     for upd in gated:
         roots, srcs, cps = [], [], []
         for claim in upd.attrs["grads"]:
@@ -664,10 +668,11 @@ def _arena_finite_check(graph: Graph, found: str, gated: list[Node], producers: 
             continue
         taken |= {summed[r] for r in roots}
         moved += cps
-        sources += srcs
         w = graph.fresh(f"{upd.attrs['garena']}.nonfinite")
         graph.info[w] = TensorInfo(np.dtype(np.float32), ())
-        checks.append(Node(NON_FINITE, [upd.attrs["garena"]] + srcs, [w], name=graph.fresh("nonfinite")))
+        # the values written into the arena (a gradient, or its copy) after the garena: ordering edges
+        checks.append(Node(NON_FINITE, [upd.attrs["garena"]] + list(upd.attrs["grads"]), [w],
+                           name=graph.fresh("nonfinite")))
     if not checks:
         return
     terms = [c.outputs[0] for c in checks] + [v for v in leaves if v not in taken]

@@ -365,7 +365,7 @@ def memory_report(plan: Plan) -> MemoryReport:
         elif r.kind == "arena":  # packed state: counted by what its first member is
             sums[kind(members.get(r.name, ("",))[0])] += n
         elif r.kind == "garena":
-            sums["activations"] += n  # the gradients of a fused update
+            sums["activations"] += n  # the gradients of a fused update (and its weights' float16 copy)
         elif r.kind == "input":
             sums["inputs"] += n
         elif r.kind == "const":
