@@ -192,3 +192,35 @@ def test_a_tiny_gpt_is_the_same_bits_with_and_without_the_switch(monkeypatch):
     on, off = runs["1"][3], runs["0"][3]
     assert "ew:ArenaCast" in on and [n for n in on if n.startswith("NonFinite")]
     assert len(on) < len(off), (len(on), len(off))
+
+
+def test_parameters_split_over_several_arenas_are_checked_and_cast_arena_by_arena(monkeypatch):
+    """A 32 KiB storage binding splits the parameter arena in two (group_updates): one check and
+    one cast per arena, the checks added; finite and overflowing steps the same bits as without."""
+    import dataclasses
+
+    from anygrad.backends.wgpu import WgpuBackend
+    from anygrad.backends.wgpu import limits as L
+    name = "test-32k-f16-arena"
+    monkeypatch.setitem(L.PROFILES, name, dataclasses.replace(L.PROFILES["webgpu-default"], name=name,
+                                                              max_storage_buffer_binding_size=32 << 10))
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((8, 8)).astype(np.float32), rng.integers(0, 4, 8)
+    batches = [(x * 1e4, y), (x, y), (x, y)]
+    runs = {}
+    for switch in ("1", "0"):
+        monkeypatch.setenv(F16_ARENA_ENV, switch)
+        net = nn.Sequential(nn.Linear(8, 768), nn.ReLU(), nn.Linear(768, 4))
+        net.load_state_dict({k: (0.1 * np.random.default_rng(2).standard_normal(v.shape)).astype(np.float32)
+                             for k, v in net.state_dict().items()})
+        m = net.to_model(input_shape=(None, 8)).compile("cross_entropy", _sgd(), device=WgpuBackend("wgpu", limits=name),
+                                                       precision="f16")
+        losses = [m.train_on_batch(bx, by) for bx, by in batches]
+        runs[switch] = (losses, m.full_state(), m.read_metrics(), [st.kernel.name for st in _train_exe(m).plan.steps],
+                        _train_exe(m).plan.graph)
+    _same(runs["1"], runs["0"])
+    graph = runs["1"][4]
+    assert len([n for n in graph.nodes if n.op == "wgpu.FusedUpdate"]) == 2
+    assert len([n for n in graph.nodes if n.op == "wgpu.NonFinite"]) == 2
+    assert runs["1"][3].count("ew:ArenaCast") == 2 and not _param_casts(graph)
+    assert runs["1"][1][grad_scaler.SKIPPED_SUM] >= 1.0
