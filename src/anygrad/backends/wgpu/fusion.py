@@ -10,6 +10,9 @@
 - GEMM -> Add(bias) -> activation and Conv -> Relu: bias and activation run in the GEMM's
   epilogue (a third input, attrs `_epilogue`/`_epilogue_attrs`).
 - Optimizer updates of one kind become one `wgpu.FusedUpdate` over arenas (see group_updates).
+- Under float16 (ANYGRAD_WGPU_F16_ARENA): the loss scaler's finite check reads each gradient arena
+  in one reduction (arena_finite_check), and the weights' float16 copies are one cast of the
+  parameter arena (arena_weight_casts).
 - Dropout outside training becomes an Identity, which the planner aliases.
 - Graph inputs of 1-byte elements (uint8 images) are uploaded four per u32 word and unpacked by an
   elementwise node, which fuses into whatever elementwise chain reads them (see pack_byte_inputs).
@@ -28,7 +31,8 @@ from .kernel import AdapterCaps, ops_where
 from .kernels_elementwise import UNPACK_BYTES, bound_count, is_elementwise, make_fused
 from .kernels_gemm import EPILOGUE_ACTIVATIONS
 from .kernels_nn import BN_APPLY, BN_STATS
-from .kernels_optim import COPY, FUSED_UPDATE
+from .kernels_optim import ARENA_CAST, COPY, FUSED_UPDATE
+from .kernels_reduce import NON_FINITE
 from .wgsl import shape_of
 
 MAX_GROUP = 48          # members per kernel: keeps shaders small and compile times short
@@ -318,6 +322,7 @@ def fuse_elementwise(graph: Graph, caps: AdapterCaps, protected: set[str]) -> No
 
 # -- optimizer updates over arenas -------------------------------------------------------------------
 ARENA_ALIGN = 64          # elements (256 bytes): every adapter's storage-offset alignment
+HALF_ARENA_ALIGN = 128    # elements: 256 bytes also in the float16 copy of the arena (arena_weight_casts)
 ALIAS_LIKE = ops_where("alias")
 
 
@@ -331,8 +336,8 @@ class ArenaSpec:
     total: int                       # elements
 
 
-def _aligned(n: int) -> int:
-    return -(-n // ARENA_ALIGN) * ARENA_ALIGN
+def _aligned(n: int, align: int = ARENA_ALIGN) -> int:
+    return -(-n // align) * align
 
 
 def group_updates(graph: Graph, caps: AdapterCaps) -> None:
@@ -367,8 +372,11 @@ def group_updates(graph: Graph, caps: AdapterCaps) -> None:
             continue
         key = (n.op, repr(sorted(n.attrs.items())), n.inputs[-2], n.inputs[-1], found)
         groups.setdefault(key, []).append(n)
+    half_cast = _half_cast_params(graph)
     for members in groups.values():
         gate_ids = {id(w) for m in members for w in gates.get(id(m), [])}
+        # Parameters cast to float16 (f16 steps): slices of the float16 arena start on 256 bytes too.
+        align = HALF_ARENA_ALIGN if any(m.inputs[0] in half_cast for m in members) else ARENA_ALIGN
         # Even one parameter gains: each arena is bound once (read_write), within 8 bindings.
         last = max(order[id(m)] for m in members)
         touched = {v for m in members for v in [m.inputs[0]] + m.inputs[2:2 + len(m.outputs) - 1]}
@@ -390,10 +398,10 @@ def group_updates(graph: Graph, caps: AdapterCaps) -> None:
         chunk: list[Node] = []
         size = 0
         for m in members + [None]:
-            n = _aligned(int(np.prod(shape_of(graph, m.inputs[0]), dtype=np.int64))) if m is not None else 0
+            n = _aligned(int(np.prod(shape_of(graph, m.inputs[0]), dtype=np.int64)), align) if m is not None else 0
             if m is None or (chunk and size + n > budget):
                 if chunk:
-                    _fuse_group(graph, chunk, producers, state, [gates.get(id(c), []) for c in chunk])
+                    _fuse_group(graph, chunk, producers, state, [gates.get(id(c), []) for c in chunk], align)
                 chunk, size = [], 0
             if m is not None:
                 chunk.append(m)
@@ -410,7 +418,7 @@ def _gate_of(users: dict, value: str, state_name: str) -> Node | None:
 
 
 def _fuse_group(graph: Graph, members: list[Node], producers: dict[str, Node], state: set[str],
-                gates: list[list[Node]] | None = None) -> None:
+                gates: list[list[Node]] | None = None, align: int = ARENA_ALIGN) -> None:
     first = members[0]
     wheres = [w for ws in (gates or []) for w in ws]
     n_slots = len(first.outputs) - 1
@@ -419,7 +427,7 @@ def _fuse_group(graph: Graph, members: list[Node], producers: dict[str, Node], s
     offsets, total = [], 0
     for p in params:
         offsets.append(total)
-        total += _aligned(int(np.prod(shape_of(graph, p), dtype=np.int64)))
+        total += _aligned(int(np.prod(shape_of(graph, p), dtype=np.int64)), align)
     arenas = []
     for j in range(n_slots + 1):
         names = tuple(m.inputs[0] if j == 0 else m.inputs[1 + j] for m in members)
@@ -497,6 +505,194 @@ def _merge_siblings(graph: Graph, groups: list[list[Node]], users, order, stored
             target.extend(g)
             target.sort(key=lambda m: order[id(m)])
     return merged
+
+
+F16_ARENA_ENV = "ANYGRAD_WGPU_F16_ARENA"
+
+
+def f16_arena_enabled() -> bool:
+    """ANYGRAD_WGPU_F16_ARENA=0 keeps the float16 step's per-tensor work as the graph builds it
+    (the per-gradient finite check), for A/B runs; default on."""
+    return os.environ.get(F16_ARENA_ENV, "1") != "0"
+
+
+def _alias_root(v: str, producers: dict[str, Node]) -> str:
+    while v in producers and producers[v].op in ALIAS_LIKE:
+        v = producers[v].inputs[0]
+    return v
+
+
+def arena_finite_check(graph: Graph) -> None:
+    """The loss scaler's finite check (grad_scaler.found_inf: Or(IsNaN(s), IsInf(s)), s a chain of
+    Adds of one ReduceSum per gradient) as one reduction per gradient arena instead of one per
+    gradient, for the wgpu.FusedUpdate nodes that `found` gates.
+
+    The reduction (wgpu.NonFinite, kernels_reduce.py) counts the elements of the whole garena
+    buffer whose exponent bits are all ones (inf or NaN; the zero padding between slices counts
+    nothing) and yields +inf when that count is positive, else 0, so it takes the place of the
+    arena's ReduceSums in the chain of Adds and IsNaN/IsInf read the sum as before. A count, not a
+    sum of the values: it decides exactly like torch's GradScaler (a tensor-by-tensor inf/NaN test),
+    where a sum of finite float32 gradients could overflow to inf and skip a good step (the
+    per-gradient ReduceSums, still used for gradients outside every arena, can); and not max(|x|),
+    whose NaN handling WGSL leaves to the implementation. Tested by bits, which shader compilers
+    cannot assume away. A count of ones in float32 is positive once any element is, whatever the
+    rounding of a large count (a sum of non-negative terms never rounds below its largest one).
+
+    An arena is taken only when every gradient in it is one of the chain's ReduceSum inputs (so the
+    check reads no gradient it did not read before). Its node is placed before the first reader of
+    `found`, after the copies into those arenas (moved there from in front of their updates); its
+    inputs after the garena name the values written into it (each gradient computed into its slice,
+    or the copy there), so that later passes (elementwise fusion, which emits a group at its last
+    member) keep their writers before it, as the ReduceSums reading the gradients did. The
+    lowering reads only the garena."""
+    if not f16_arena_enabled():
+        return
+    producers = graph.producers()
+    users = graph.consumers()
+    updates = [n for n in graph.nodes if n.op == FUSED_UPDATE and n.attrs.get("gate")]
+    for found in dict.fromkeys(n.inputs[-1] for n in updates):
+        gated = [n for n in updates if n.inputs[-1] == found]
+        _arena_finite_check(graph, found, gated, producers, users)
+        producers = graph.producers()
+        users = graph.consumers()
+
+
+def _is_half_cast(graph: Graph, n: Node) -> bool:
+    return (n.op == "Cast" and len(n.inputs) == 1 and len(n.outputs) == 1
+            and np.dtype(graph.info[n.outputs[0]].dtype) == np.float16
+            and np.dtype(graph.info[n.inputs[0]].dtype) == np.float32)
+
+
+def _half_cast_params(graph: Graph) -> set[str]:
+    """Trainable parameters some Cast reads straight into float16 (autocast, and recompute's copies)."""
+    if not f16_arena_enabled():
+        return set()
+    params = set(graph.params)
+    return {n.inputs[0] for n in graph.nodes if _is_half_cast(graph, n) and n.inputs[0] in params}
+
+
+def arena_weight_casts(graph: Graph) -> None:
+    """The float16 copies of the weights (autocast's Cast(param -> float16), and the copies
+    ir/recompute.py places in the backward) as one cast of the whole parameter arena per step: a
+    wgpu.ArenaCast writes `@garena:{gid}:f16` (a float16 buffer of the arena's size and layout,
+    held like the gradient arena: its own buffer, zeroed at creation), and each cast's value becomes
+    that weight's slice of it (planner Root "gslice"; group_updates aligned the arena to 128
+    elements so that every slice starts on a 256-byte boundary). The cast is placed where the
+    first of those Casts was: the parameters change only in the fused update, after every reader.
+    Parameters in the arena that nothing casts (a BatchNorm's, kept float32) are cast too, unread:
+    a few more elements, no more kernels. The float16 weights stay in memory through the step (2
+    bytes a parameter), where recomputation let each die after its forward reads."""
+    if not f16_arena_enabled():
+        return
+    for upd in [n for n in graph.nodes if n.op == FUSED_UPDATE]:
+        spec = upd.attrs["arenas"][0]
+        offset = dict(zip(spec.members, spec.offsets))
+        casts = [n for n in graph.nodes if _is_half_cast(graph, n) and n.inputs[0] in offset
+                 and offset[n.inputs[0]] % HALF_ARENA_ALIGN == 0 and n.outputs[0] not in graph.outputs
+                 and n.outputs[0] not in graph.state_updates]
+        if not casts:
+            continue
+        half = f"{upd.attrs['garena']}:f16"
+        graph.info[half] = TensorInfo(np.dtype(np.float16), (spec.total,))
+        upd.attrs["half"] = half
+        upd.attrs["half_slices"] = {n.outputs[0]: offset[n.inputs[0]] for n in casts}
+        cast = Node(ARENA_CAST, [spec.value], [half], name="ArenaCast")
+        drop = {id(n) for n in casts}
+        first = min(k for k, n in enumerate(graph.nodes) if id(n) in drop)
+        nodes = []
+        for k, n in enumerate(graph.nodes):
+            if k == first:
+                nodes.append(cast)
+            if id(n) not in drop:
+                nodes.append(n)
+        graph.nodes = nodes
+
+
+def _sole_user(users: dict, v: str) -> Node | None:
+    use = users.get(v, [])
+    return use[0][0] if len(use) == 1 else None
+
+
+def _arena_finite_check(graph: Graph, found: str, gated: list[Node], producers: dict[str, Node],
+                        users: dict) -> None:
+    orn = producers.get(found)
+    if orn is None or orn.op != "Or" or found in graph.outputs or found in graph.state_updates:
+        return
+    tests = [producers.get(v) for v in orn.inputs]
+    if (sorted(t.op if t is not None else "" for t in tests) != ["IsInf", "IsNaN"]
+            or tests[0].inputs[0] != tests[1].inputs[0]
+            or any(_sole_user(users, t.outputs[0]) is not orn for t in tests)):
+        return
+    isinf = next(t for t in tests if t.op == "IsInf")
+    if isinf.attr("detect_positive", 1) != 1 or isinf.attr("detect_negative", 1) != 1:
+        return
+    s = tests[0].inputs[0]
+    if {id(u) for u, _ in users.get(s, [])} != {id(t) for t in tests} or s in graph.outputs:
+        return
+    # The chain of Adds: interior Adds read only by the chain; every leaf a float32 scalar.
+    chain, leaves, todo = [], [], [s]
+    while todo:
+        v = todo.pop()
+        p = producers.get(v)
+        if p is not None and p.op == "Add" and (v == s or _sole_user(users, v) is not None):
+            chain.append(p)
+            todo.extend(reversed(p.inputs))
+        else:
+            leaves.append(v)
+    if any(graph.info[v].shape != () or graph.info[v].dtype != np.float32 for v in leaves + [s]):
+        return
+    summed: dict[str, str] = {}  # gradient (alias root) -> its ReduceSum leaf
+    for v in leaves:
+        p = producers.get(v)
+        if (p is not None and p.op == "ReduceSum" and (v == s or _sole_user(users, v) is not None)
+                and graph.info[p.inputs[0]].dtype == np.float32):
+            summed.setdefault(_alias_root(p.inputs[0], producers), v)
+    order = {id(n): k for k, n in enumerate(graph.nodes)}
+    first_use = min(order[id(u)] for u, _ in users[found])
+    copies_of = {n.outputs[0]: n for n in graph.nodes if n.op == COPY}
+    taken, moved, checks = set(), [], []
+    for upd in gated:
+        roots, srcs, cps = [], [], []
+        for claim in upd.attrs["grads"]:
+            cp = copies_of.get(claim)
+            src = cp.inputs[0] if cp is not None else claim
+            if src not in producers:  # a graph input or a state tensor: not from the chain
+                roots = None
+                break
+            roots.append(_alias_root(src, producers))
+            srcs.append(src)
+            if cp is not None:
+                cps.append(cp)
+        if (roots is None or any(r not in summed or summed[r] in taken for r in roots)
+                or any(order[id(producers[v])] >= first_use for v in srcs)):
+            continue
+        taken |= {summed[r] for r in roots}
+        moved += cps
+        w = graph.fresh(f"{upd.attrs['garena']}.nonfinite")
+        graph.info[w] = TensorInfo(np.dtype(np.float32), ())
+        # the values written into the arena (a gradient, or its copy) after the garena: ordering edges
+        checks.append(Node(NON_FINITE, [upd.attrs["garena"]] + list(upd.attrs["grads"]), [w],
+                           name=graph.fresh("nonfinite")))
+    if not checks:
+        return
+    terms = [c.outputs[0] for c in checks] + [v for v in leaves if v not in taken]
+    adds = []
+    total = terms[0]
+    for t in terms[1:]:
+        out = graph.fresh("finite_check.sum")
+        graph.info[out] = TensorInfo(np.dtype(np.float32), ())
+        adds.append(Node("Add", [total, t], [out], name=graph.fresh("finite_check.add")))
+        total = out
+    for t in tests:
+        t.inputs = [total] + t.inputs[1:]
+    drop = {id(n) for n in chain + moved + tests + [orn]} | {id(producers[v]) for v in taken}
+    nodes = []
+    for k, n in enumerate(graph.nodes):
+        if k == first_use:
+            nodes += moved + checks + adds + tests + [orn]
+        if id(n) not in drop:
+            nodes.append(n)
+    graph.nodes = nodes
 
 
 def split_batchnorm(graph: Graph) -> None:
@@ -579,6 +775,8 @@ def prepare(graph: Graph, caps: AdapterCaps, supports_epilogue: set[str], fuse: 
         # first, so that the optimizer grouping sees the GEMMs that now read the weights directly
         fold_transposes(g, protected)
         group_updates(g, caps)
+        arena_finite_check(g)  # after group_updates: the gradient arenas it reduces
+        arena_weight_casts(g)
         # Gradients computed into their arena slice are read only through FusedUpdate's attrs.
         claimed = {v for n in g.nodes if n.op == FUSED_UPDATE for v in n.attrs["grads"]}
         protected = set(g.outputs) | set(g.state_updates) | claimed

@@ -17,6 +17,7 @@ from .wgsl import literal
 
 FUSED_UPDATE = "wgpu.FusedUpdate"
 COPY = "wgpu.Copy"
+ARENA_CAST = "wgpu.ArenaCast"  # the whole parameter arena to float16 (fusion.arena_weight_casts)
 
 
 @ew(COPY)
@@ -38,6 +39,14 @@ def lower_fused_update(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kern
     fused = Node(FUSED, list(node.inputs), list(node.outputs), {"members": members, "literals": {}},
                  name=node.name)
     return lower_fused(fused, graph, caps)
+
+@lowering(ARENA_CAST)
+def lower_arena_cast(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    """One elementwise cast over the whole arena (not an elementwise node itself, so that fusion
+    neither merges it nor moves it after the readers of the slices)."""
+    cast = Node("Cast", list(node.inputs), list(node.outputs), {"to": 10}, name=node.name)
+    return lower_fused(Node(FUSED, list(node.inputs), list(node.outputs), {"members": [cast], "literals": {}},
+                            name=node.name), graph, caps)
 
 _ONE_MINUS_POW = """fn one_minus_pow(log_beta: f32, step: f32) -> f32 {
   // 1 - beta^step = -expm1(step * log(beta)), accurate also when the result is tiny.

@@ -259,6 +259,24 @@ def lower_reduce(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     return reduce_kernels(node.op, x, node.outputs[0], shape, axes, vtype(graph, x), COMBINE[node.op], caps)
 
 
+# The loss scaler's finite check over a whole gradient arena (fusion.arena_finite_check): the count
+# of elements whose exponent bits are all ones (inf or NaN, tested by bits), then +inf when it is
+# positive and 0 otherwise, so that IsNaN/IsInf read it as they read a sum of the gradients.
+# Inputs after the first are ordering edges for the graph passes; the kernels read only the first.
+NON_FINITE = "wgpu.NonFinite"
+_NON_FINITE = Combine("zero", "{a} + {b}", pre="select(0.0, 1.0, (bitcast<u32>({x}) & 0x7f800000u) == 0x7f800000u)",
+                      post="bitcast<f32>(select(0u, 0x7f800000u, {x} > 0.0))")
+
+
+@lowering(NON_FINITE)
+def lower_non_finite(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    x = node.inputs[0]
+    n = 1
+    for e in shape_of(graph, x):
+        n *= e
+    return reduce_kernels("NonFinite", x, node.outputs[0], (n,), (0,), "f32", _NON_FINITE, caps)
+
+
 # log(sum(exp(x - m))) + m with m the (finite) maximum: a max reduction, then a sum that reads it.
 _SAFE_MAX = "fn mm(o: u32) -> f32 { let v = m[o]; return select(0.0, v, abs(v) < 3.4e38); }"
 

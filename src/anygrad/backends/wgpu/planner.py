@@ -178,6 +178,12 @@ def make_plan(graph: Graph, caps: AdapterCaps, state_names: set[str]) -> Plan:
             for g, off in zip(node.attrs["grads"], node.attrs["offsets"]):
                 gslice[g] = Root("gslice", node.attrs["garena"], off * ELEM_BYTES)
                 labels[gslice[g]] = f"gradient '{g}'"
+            if node.attrs.get("half"):  # float16 weights: slices of the arena's float16 copy
+                labels[Root("garena", node.attrs["half"])] = _members(node.attrs["arenas"][0].members,
+                                                                     "the float16 arena of parameter")
+                for v, off in node.attrs["half_slices"].items():
+                    gslice[v] = Root("gslice", node.attrs["half"], off * HALF_BYTES)
+                    labels[gslice[v]] = f"float16 weight '{v}'"
 
     def root(v: str) -> Root:
         r = resolve(v)
@@ -359,7 +365,7 @@ def memory_report(plan: Plan) -> MemoryReport:
         elif r.kind == "arena":  # packed state: counted by what its first member is
             sums[kind(members.get(r.name, ("",))[0])] += n
         elif r.kind == "garena":
-            sums["activations"] += n  # the gradients of a fused update
+            sums["activations"] += n  # the gradients of a fused update (and its weights' float16 copy)
         elif r.kind == "input":
             sums["inputs"] += n
         elif r.kind == "const":
