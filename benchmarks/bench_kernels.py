@@ -241,7 +241,8 @@ def bench(device, caps: AdapterCaps, timestamps: bool, label: str, op: str, shap
           variant: str, peak: float | None, budget_s: float) -> Result:
     # variant tokens: register | shared | dot, then optionally the block and the K tile: shared8k16;
     # then optionally @ and a _gemm_layout (noswizzle, nohoist, plain), then % and invocations per
-    # workgroup: auto@nohoist, shared8k16%128
+    # workgroup: auto@nohoist, shared8k16%128; then +name=value pins (_gemm_<name>): shared8k16+tn=16+unroll=2
+    variant, *extra = variant.split("+")
     variant_, _, threads = variant.partition("%")
     tiling, _, layout = variant_.partition("@")
     name, _, kt = tiling.partition("k")
@@ -253,6 +254,7 @@ def bench(device, caps: AdapterCaps, timestamps: bool, label: str, op: str, shap
         pin["_gemm_layout"] = layout
     if threads:
         pin["_gemm_threads"] = int(threads)
+    pin |= {f"_gemm_{k}": int(v) for k, v in (e.split("=") for e in extra)}
     kernels, values = lower(op, shapes, {**attrs, **pin}, caps)
     runner = Runner(device, kernels, values, timestamps)
     runner.run(1)                                   # warm-up (first dispatch pays for driver setup)

@@ -28,8 +28,9 @@ GPU = AdapterCaps(is_cpu=False)
 VARIANTS = [{"_gemm_variant": "register"}, {"_gemm_variant": "shared"},
             {"_gemm_variant": "register", "_gemm_block": 8}, {"_gemm_variant": "shared", "_gemm_block": 8, "_gemm_kt": 16},
             {"_gemm_variant": "shared", "_gemm_block": 4, "_gemm_kt": 8, "_gemm_prefetch": 1},
-            {"_gemm_variant": "shared", "_gemm_block": 8, "_gemm_kt": 16, "_gemm_prefetch": 1, "_gemm_unroll": 2}]
-VARIANT_IDS = ["register4", "shared4", "register8", "shared8k16", "shared4k8p", "shared8k16pu2"]   # the rules prefetch GEMMs, not convs
+            {"_gemm_variant": "shared", "_gemm_block": 8, "_gemm_kt": 16, "_gemm_prefetch": 1, "_gemm_unroll": 2},
+            {"_gemm_variant": "shared", "_gemm_block": 8, "_gemm_kt": 16, "_gemm_prefetch": 1, "_gemm_tn": 16}]
+VARIANT_IDS = ["register4", "shared4", "register8", "shared8k16", "shared4k8p", "shared8k16pu2", "shared8x16k16p"]   # the rules prefetch GEMMs, not convs
 
 
 @functools.cache

@@ -167,7 +167,7 @@ LONG_K = 4096  # from this K on, 128x128 tiles for any M, N >= 128 (split-K fill
 
 def choose_tiling(M: int, N: int, K: int, caps: AdapterCaps, variant: str | None = None,
                   block: int | None = None, kt: int | None = None, batch: int = 1,
-                  split: bool = True, threads: int | None = None) -> Tiling:
+                  split: bool = True, threads: int | None = None, block_n: int | None = None) -> Tiling:
     """Tile shapes by adapter kind and problem size (small M, e.g. 16 conv channels, gets short tiles).
 
     block: outputs per invocation along each axis (4 or 8); by default 8 only for big shared GEMMs."""
@@ -193,6 +193,7 @@ def choose_tiling(M: int, N: int, K: int, caps: AdapterCaps, variant: str | None
         long_k = K >= LONG_K and few and split and M % 128 == 0 and N % 128 == 0
         big = (M * N >= 1024 * 1024 or long_k) and M >= 128 and N >= 128
         tm = tn = block or (8 if big else 4)
+        tn = block_n or tn
         threads = min(threads or 256, caps.max_invocations_per_workgroup)
     wy = min(_pow2_at_least(math.ceil(M / tm)), 16, threads)
     # wide-and-short tiles (small M) stay within 32 invocations along N: workgroup memory and
@@ -781,10 +782,10 @@ def _split_pair(spec: GemmSpec, caps: AdapterCaps, splits: int, tile: str, parti
 def gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None = None,
                  allow_split: bool = True, block: int | None = None, kt: int | None = None,
                  prefetch: bool | None = None, layout: str | None = None,
-                 threads: int | None = None, unroll: int | None = None) -> list[Kernel]:
+                 threads: int | None = None, unroll: int | None = None, tn: int | None = None) -> list[Kernel]:
     """The kernel list for one GEMM-shaped op: one GEMM, or a split-K GEMM + reduce. The first
     kernel carries the GEMM's FLOPs (profiles report rates, the autotuner skips small GEMMs)."""
-    kernels = _gemm_kernels(spec, caps, variant, allow_split, block, kt, prefetch, layout, threads, unroll)
+    kernels = _gemm_kernels(spec, caps, variant, allow_split, block, kt, prefetch, layout, threads, unroll, tn)
     flops = 2 * spec.batch * spec.M * spec.N * spec.K
     return [replace(kernels[0], flops=flops)] + kernels[1:]
 
@@ -796,11 +797,12 @@ def _plain(op: Operand) -> bool:
 
 def _gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None, allow_split: bool,
                   block: int | None, kt: int | None, prefetch: bool | None,
-                  layout: str | None = None, threads: int | None = None, unroll: int | None = None) -> list[Kernel]:
+                  layout: str | None = None, threads: int | None = None, unroll: int | None = None,
+                  tn: int | None = None) -> list[Kernel]:
     if variant == "dot" or (variant is None and block is None and allow_split and use_dot(spec, caps)):
         return dot_kernels(spec, caps)
     lay = set((layout if layout is not None else os.environ.get("ANYGRAD_WGPU_GEMM_LAYOUT", "")).split(","))
-    t = choose_tiling(spec.M, spec.N, spec.K, caps, variant, block, kt, spec.batch, allow_split, threads)
+    t = choose_tiling(spec.M, spec.N, spec.K, caps, variant, block, kt, spec.batch, allow_split, threads, tn)
     if t.variant == "shared":
         # prefetching sped up every plain GEMM measured (H100: +3-21%) but half the implicit-GEMM
         # convs lost up to 40% (their gathers): there the autotuner decides
@@ -833,11 +835,12 @@ def variant_of(node: Node) -> dict:
     (comma list: "noswizzle" keeps the shared tiles' rows unpermuted, "nohoist" decodes im2col columns
     per element, "plain" both; also ANYGRAD_WGPU_GEMM_LAYOUT, for A/B runs), '_gemm_threads' (invocations
     per workgroup of the shared variant, 256 by default: 128 makes 128x64 tiles of the 8x8 blocks),
-    '_gemm_unroll' (K steps per pass of a rolled K-tile loop: Tiling.unroll)."""
+    '_gemm_unroll' (K steps per pass of a rolled K-tile loop: Tiling.unroll), '_gemm_tn' (outputs per
+    invocation along N of the shared variant, when not _gemm_block)."""
     pf = node.attr("_gemm_prefetch")
     return {"variant": node.attr("_gemm_variant"), "block": node.attr("_gemm_block"), "kt": node.attr("_gemm_kt"),
             "prefetch": None if pf is None else bool(pf), "layout": node.attr("_gemm_layout"),
-            "threads": node.attr("_gemm_threads"), "unroll": node.attr("_gemm_unroll")}
+            "threads": node.attr("_gemm_threads"), "unroll": node.attr("_gemm_unroll"), "tn": node.attr("_gemm_tn")}
 
 
 def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
