@@ -129,3 +129,23 @@ def test_workgroup_grid_limit_that_does_not_scale_says_what_is_too_large(monkeyp
         _plan(g, AdapterCaps(max_workgroups_per_dim=5), fuse=False)
     msg = str(e.value)
     assert "'e' (100, 1000)" in msg and "does not depend on the batch" in msg and "largest batch" not in msg
+
+def test_a_gradient_written_into_its_arena_is_written_before_the_update_reads_it():
+    """The fused optimizer update reads each gradient from its arena slice (through its attrs, not
+    its inputs). An elementwise node computing a gradient there must not be carried past the
+    update by fusion: here its kernel could merge with a same-shape node that comes after the
+    update, and was emitted at that node's place, after the update had read the slice."""
+    attrs = {"momentum": 0.0, "dampening": 0.0, "weight_decay": 0.0, "nesterov": 0, "maximize": 0}
+    nodes = [Node("Mul", ["a", "b"], ["g"]), Node("SGDUpdate", ["p", "g", "lr", "step"], ["p2"], attrs),
+             Node("Add", ["c", "d"], ["z"])]
+    info = {k: (F32, (4,)) for k in ("a", "b", "c", "d", "g", "z", "p", "p2")} | {"lr": (F32, ()), "step": (F32, ())}
+    g = make_graph(nodes, ["a", "b", "c", "d"], ["z"], info, updates={"p2": "p"},
+                   inits={"p": np.zeros(4, np.float32), "lr": np.array(0.1, np.float32),
+                          "step": np.array(1.0, np.float32)})
+    g.params = ["p"]
+    g.nodes = sorted(g.nodes, key=lambda n: ["Mul", "SGDUpdate", "Add"].index(n.op))  # the add after the update
+    out = prepare(g, AdapterCaps(), set())
+    ops = [(n.op, n.outputs) for n in out.nodes]
+    writer = next(k for k, (_, outs) in enumerate(ops) if "g" in outs)
+    update = next(k for k, (op, _) in enumerate(ops) if op == "wgpu.FusedUpdate")
+    assert writer < update, ops

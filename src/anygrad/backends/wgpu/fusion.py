@@ -259,6 +259,13 @@ def fuse_elementwise(graph: Graph, caps: AdapterCaps, protected: set[str]) -> No
     state = set(graph.state_names)
     order = {id(n): k for k, n in enumerate(graph.nodes)}
     users = graph.consumers()
+    # A gradient computed into its arena slice is read by its FusedUpdate through attrs, not
+    # inputs: counted as a use here, so that no group holding its writer (joined or merged with a
+    # later one) is emitted after the update, which would then read the slice before it is written.
+    for n in graph.nodes:
+        if n.op == FUSED_UPDATE:
+            for v in n.attrs["grads"]:
+                users.setdefault(v, []).append((n, -1))
     producers = graph.producers()
     group_of: dict[int, list[Node]] = {}   # id(node) -> its group's member list
     groups: list[list[Node]] = []
