@@ -7,6 +7,7 @@ with a state update, so a backend runs a step with nothing but the batch as inpu
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,11 +15,12 @@ import numpy as np
 from .autodiff import gradients
 from .errors import ConfigError
 from .ir.attention import fuse_attention
-from .ir.autocast import PRECISIONS, autocast
+from .ir.autocast import LAYOUT_OPS, PRECISIONS, autocast
 from .ir.builder import Builder
 from .ir.gelu import fuse_gelu
 from .ir.graph import Graph, Node, Shape, TensorInfo, info_of
 from .ir.passes import RNG_STATE, infer_node, infer_shapes, resolve_attributes, set_training_mode, specialize
+from .ir.registry import get_op
 from .losses import Loss, _matching_target, class_layout
 from .ops._util import ONNX_CODES
 from .optim import grad_scaler
@@ -140,7 +142,50 @@ def _loss_and_metrics(g: Graph, b: Builder, heads: list[Head], target_shapes: di
         if i == 0:
             first_correct = correct
     _sum_into(g, b, LOSS_SUM, b.op("Mul", [total, n]))
+    loss_reads_half(g)
     return StepOutputs(total, first_correct)
+
+
+F16_LOSS_ENV = "ANYGRAD_F16_LOSS_READS_HALF"
+
+
+def loss_reads_half(g: Graph) -> None:
+    """Let the ops that compute in float32 whatever their input (OpDef.reads_half: the fused
+    cross-entropy) read the float16 value behind a float32 Cast -- autocast's float32 copy of a
+    float16 model output -- through any layout ops in between (an LM's (B*T, V) reshape).
+
+    f16 -> f32 is exact, so the loss and metrics are the same numbers; the gradient w.r.t. the
+    logits comes back float16, rounded once from float32 as the Cast's gradient rounded it. The
+    float32 logits and their float32 gradient, the step's two largest values for a big
+    vocabulary, then never exist. Only the loss's edge moves: a Cast another node (or a graph
+    output) still reads stays; one nothing reads goes with dce. ANYGRAD_F16_LOSS_READS_HALF=0
+    keeps the Cast (for A/B)."""
+    if os.environ.get(F16_LOSS_ENV, "1").strip() == "0":
+        return
+    producer = {o: n for n in g.nodes for o in n.outputs if o}
+    for node in list(g.nodes):
+        op = get_op(node.op)
+        for k in sorted(op.reads_half) if op is not None else ():
+            if k >= len(node.inputs) or not node.inputs[k]:
+                continue
+            chain, value = [], node.inputs[k]
+            while value in producer and producer[value].op in LAYOUT_OPS:
+                chain.append(producer[value])
+                value = producer[value].inputs[0]
+            cast = producer.get(value)
+            if (cast is None or cast.op != "Cast" or np.dtype(g.info[value].dtype) != np.float32
+                    or np.dtype(g.info[cast.inputs[0]].dtype) != np.float16):
+                continue
+            at, value = g.nodes.index(node), cast.inputs[0]
+            for layout in reversed(chain):  # the same views of the float16 value
+                view = Node(layout.op, [value] + list(layout.inputs[1:]), [g.fresh(f"{layout.outputs[0]}.float16")],
+                            dict(layout.attrs), g.fresh(layout.name or layout.op))
+                g.nodes.insert(at, view)
+                at += 1
+                infer_node(g, view)
+                value = view.outputs[0]
+            node.inputs[k] = value
+            infer_node(g, node)
 
 
 def own_loss(g: Graph, b: Builder, output: str) -> str:
@@ -427,6 +472,7 @@ def build_eval_step(model: Graph, input_shapes: dict[str, Shape], target_shape: 
 __all__ = [
     "ACCUM_PREFIX",
     "CORRECT_SUM",
+    "F16_LOSS_ENV",
     "LOSS_SUM",
     "METRIC_PREFIX",
     "METRIC_STATE",
@@ -445,6 +491,7 @@ __all__ = [
     "clip_grad_norm",
     "infer_shapes",
     "info_of",
+    "loss_reads_half",
     "own_loss",
     "top_k_for",
 ]

@@ -50,6 +50,10 @@ class OpDef:
               constant inputs (axes, pads, starts...) copied into attributes. Backends read only
               these (see anygrad.ir.passes.resolve_attributes); it must be idempotent, and the
               reference kernel must give the same result on the resolved node.
+    reads_half: input slots that may hold float16 although the op computes in float32 (a fused
+              loss, as cuDNN's): its float outputs stay float32 whatever those inputs' dtype, so
+              a float32 Cast of a float16 value into such a slot is only a copy, and the training
+              step lets the op read the float16 value instead (program.py).
     """
 
     name: str
@@ -63,6 +67,7 @@ class OpDef:
     expand: ExpandFn | None = None
     grad_attrs: frozenset[str] = field(default_factory=frozenset)
     resolve: ResolveFn | None = None
+    reads_half: frozenset[int] = field(default_factory=frozenset)
 
     def run(self, node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
         """forward's outputs as a list of arrays."""
@@ -78,7 +83,8 @@ _REGISTRY: dict[str, OpDef] = {}
 def defop(name: str, *, infer: InferFn, forward: ForwardFn | None = None, grad: GradFn | None = None,
           nondiff: Sequence[int] = (), foldable: bool = True, internal: bool = False,
           set_mode: ModeFn | None = None, expand: ExpandFn | None = None,
-          grad_attrs: Sequence[str] = (), resolve: ResolveFn | None = None) -> OpDef:
+          grad_attrs: Sequence[str] = (), resolve: ResolveFn | None = None,
+          reads_half: Sequence[int] = ()) -> OpDef:
     """Register an op. Redefining a name is a programming error."""
     if name in _REGISTRY:
         raise ValueError(f"op {name} registered twice")
@@ -87,7 +93,7 @@ def defop(name: str, *, infer: InferFn, forward: ForwardFn | None = None, grad: 
             raise ValueError(f"op {name} needs a forward kernel or an expansion")
         forward = _forward_by_expansion(expand)
     op = OpDef(name, infer, forward, grad, frozenset(nondiff), foldable, internal, set_mode, expand,
-               frozenset(grad_attrs), resolve)
+               frozenset(grad_attrs), resolve, frozenset(reads_half))
     _REGISTRY[name] = op
     return op
 

@@ -17,6 +17,12 @@ is a CrossEntropy over the model output, so a backend reads vocabulary-sized log
 the loss and the metrics, and the gradient (CrossEntropyGrad's optional input 4) needs no second
 softmax pass.
 
+Float16 scores: every kernel computes in float32 (f16 -> f32 is exact) and rounds its outputs
+once. CrossEntropy and CrossEntropyMetrics declare `reads_half` on the scores: their loss and
+log-sum-exp stay float32 whatever the scores' dtype, so mixed precision's training step feeds them
+the float16 logits rather than a float32 copy, and CrossEntropyGrad returns the gradient in the
+scores' dtype (the ONNX ops keep ONNX's rule: outputs of the input's type).
+
 Elementwise losses (BCE with logits, absolute error) are elementwise internal ops; losses.py
 takes their mean with ReduceSum, so a backend only needs one reduction kernel for them.
 """
@@ -27,7 +33,7 @@ import numpy as np
 from ..errors import DataError, ShapeError
 from ..ir.builder import GradContext
 from ..ir.graph import Node, TensorInfo
-from ..ir.registry import defop
+from ..ir.registry import defop, get_op
 from ._util import broadcast_infer
 from .metrics import count_top_k
 
@@ -44,6 +50,18 @@ def loss_reduction(node: Node) -> str:
     return r
 
 
+def _computes_in(dtype) -> np.dtype:
+    """The dtype a kernel computes in for scores of `dtype`: float16 ones in float32."""
+    dtype = np.dtype(dtype)
+    return np.dtype(np.float32) if dtype == np.float16 else dtype
+
+
+def _loss_dtype(node: Node, x_dtype) -> np.dtype:
+    """Float32 for an op that reads float16 scores as float32 (reads_half), else the scores' dtype."""
+    op = get_op(node.op)
+    return _computes_in(x_dtype) if op is not None and 0 in op.reads_half else np.dtype(x_dtype)
+
+
 def _class_loss_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
     x, t = ins[0], ins[1]
     if x.rank < 2:
@@ -56,7 +74,7 @@ def _class_loss_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
         raise ShapeError(f"{node.label}: target must hold integer class indices, got {t.dtype}")
     if len(ins) > 2 and ins[2] is not None and tuple(ins[2].shape) != (x.shape[1],):
         raise ShapeError(f"{node.label}: weight must have shape ({x.shape[1]},), got {tuple(ins[2].shape)}")
-    loss = TensorInfo(x.dtype, expected if loss_reduction(node) == "none" else ())
+    loss = TensorInfo(_loss_dtype(node, x.dtype), expected if loss_reduction(node) == "none" else ())
     return [loss, TensorInfo(x.dtype, x.shape)][:max(1, len(node.outputs))]
 
 
@@ -114,7 +132,7 @@ def _reduce(node: Node, per_sample: np.ndarray, wt: np.ndarray) -> np.ndarray:
 
 
 def _class_loss_forward(node: Node, ins):
-    x, target = ins[0], ins[1]
+    x, target = ins[0].astype(_computes_in(ins[0].dtype), copy=False), ins[1]
     weight = ins[2] if len(ins) > 2 else None
     logp = _logp(node, x)
     if node.attr("label_smoothing", 0.0):
@@ -123,12 +141,13 @@ def _class_loss_forward(node: Node, ins):
     else:  # gather: never multiplies 0 by a -inf log-probability
         safe, _, wt = _targets(node, x, target, weight)
         per_sample = -wt * np.take_along_axis(logp, _class_axis(safe), axis=1)[:, 0]
-    loss = np.asarray(_reduce(node, per_sample, wt), x.dtype)
-    return [loss, logp.astype(x.dtype)][:max(1, len(node.outputs))]
+    loss = np.asarray(_reduce(node, per_sample, wt), _loss_dtype(node, ins[0].dtype))
+    return [loss, logp.astype(ins[0].dtype)][:max(1, len(node.outputs))]
 
 
 def _class_loss_grad_forward(node: Node, ins):
-    dy, x, target = ins[0], ins[1], ins[2]
+    wide = _computes_in(ins[1].dtype)
+    dy, x, target = ins[0].astype(wide, copy=False), ins[1].astype(wide, copy=False), ins[2]
     weight = ins[3] if len(ins) > 3 else None
     lse = ins[4] if len(ins) > 4 else None  # the forward's per-sample log-sum-exp, when it kept one
     q, wt = _class_weights(node, x, target, weight)
@@ -145,7 +164,7 @@ def _class_loss_grad_forward(node: Node, ins):
     else:
         p = np.exp(_log_softmax(x) if lse is None else x - _class_axis(lse))
         dx = (p * q.sum(axis=1, keepdims=True) - q) * scale
-    return dx.astype(x.dtype)
+    return dx.astype(ins[1].dtype)  # rounded once, from the float32 computation
 
 
 def _class_loss_grad(log_input: int):
@@ -183,7 +202,7 @@ defop("SoftmaxCrossEntropyLoss", infer=_class_loss_infer, forward=_with_log_inpu
       grad=_class_loss_grad(0), nondiff=[1, 2])
 # Internal: adds label_smoothing, and log_input selects NLL (1) or softmax cross-entropy (0).
 defop("CrossEntropy", infer=_class_loss_infer, forward=_class_loss_forward, internal=True,
-      grad=lambda g: _class_loss_grad(int(g.node.attr("log_input", 0)))(g), nondiff=[1, 2])
+      grad=lambda g: _class_loss_grad(int(g.node.attr("log_input", 0)))(g), nondiff=[1, 2], reads_half=[0])
 defop("CrossEntropyGrad", infer=lambda node, ins: [TensorInfo(ins[1].dtype, ins[1].shape)],
       forward=_class_loss_grad_forward, internal=True)
 
@@ -195,17 +214,18 @@ def _metrics_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
     loss = _class_loss_infer(Node(node.op, node.inputs, node.outputs[:1], node.attrs, node.name), ins)[0]
     counts = _count_correct_infer(Node(node.op, node.inputs[:2], node.outputs[2:], node.attrs, node.name), ins[:2])
     x = ins[0]
-    return [loss, TensorInfo(x.dtype, (x.shape[0],) + tuple(x.shape[2:]))] + counts
+    return [loss, TensorInfo(_loss_dtype(node, x.dtype), (x.shape[0],) + tuple(x.shape[2:]))] + counts
 
 
 def _metrics_forward(node: Node, ins):
-    x = ins[0]
+    x = ins[0].astype(_computes_in(ins[0].dtype), copy=False)
     loss = _class_loss_forward(Node(node.op, node.inputs, node.outputs[:1], node.attrs, node.name), ins)[0]
+    lse_dtype = _loss_dtype(node, ins[0].dtype)
     if node.attr("log_input", 0):
-        lse = np.zeros((x.shape[0],) + x.shape[2:], x.dtype)
+        lse = np.zeros((x.shape[0],) + x.shape[2:], lse_dtype)
     else:
         m = x.max(axis=1)
-        lse = (m + np.log(np.exp(x - _class_axis(m)).sum(axis=1))).astype(x.dtype)
+        lse = (m + np.log(np.exp(x - _class_axis(m)).sum(axis=1))).astype(lse_dtype)
     target = ins[1]
     ignore = node.attr("ignore_index")
     if ignore is not None:  # ignored positions count neither as right nor as wrong (-1 never matches)
@@ -215,7 +235,7 @@ def _metrics_forward(node: Node, ins):
 
 
 defop("CrossEntropyMetrics", infer=_metrics_infer, forward=_metrics_forward, internal=True, foldable=False,
-      grad=lambda g: _class_loss_grad(int(g.node.attr("log_input", 0)))(g), nondiff=[1, 2])
+      grad=lambda g: _class_loss_grad(int(g.node.attr("log_input", 0)))(g), nondiff=[1, 2], reads_half=[0])
 
 
 # -- accuracy ---------------------------------------------------------------------------------

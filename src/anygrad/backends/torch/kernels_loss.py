@@ -1,10 +1,15 @@
 """Class-index losses, their gradient and the training metrics (anygrad/ops/loss.py): the
-plain and weighted cross-entropy and NLL; label smoothing runs on the reference kernel."""
+plain and weighted cross-entropy and NLL; label smoothing runs on the reference kernel.
+
+Float16 scores are computed in float32 (the reference's rule): upcast on entry, each output
+rounded once to the dtype the graph declares for it (the loss float32 for the internal ops, the
+gradient float16)."""
 from __future__ import annotations
 
 from typing import Any
 
 from ...errors import DataError
+from .convert import torch_dtype
 from .lowering import Site, is_float, lowering
 
 REDUCTIONS = ("none", "sum", "mean")
@@ -47,15 +52,29 @@ def _rows(logp: Any, target: Any) -> tuple[Any, Any]:
 
 
 def _plain(site: Site, weight_slot: int) -> bool:
-    """Lowered: float scores, a known reduction, no label smoothing, weights of the scores' dtype."""
+    """Lowered: float scores, a known reduction, no label smoothing, float weights."""
     x = 0 if site.node.op != "CrossEntropyGrad" else 1
     return (is_float(site.dtype(x)) and site.attr("reduction", "mean") in REDUCTIONS
             and not site.attr("label_smoothing", 0.0)
-            and (not site.has(weight_slot) or site.dtype(weight_slot) == site.dtype(x)))
+            and (not site.has(weight_slot) or is_float(site.dtype(weight_slot))))
+
+
+def _wide(x: Any) -> Any:
+    """Float16 scores (or weights) in float32, as every loss kernel computes them; others as they are."""
+    import torch
+    return x.float() if x is not None and x.dtype == torch.float16 else x
+
+
+def _as_out(site: Site, slot: int, value: Any) -> Any:
+    """`value` in the dtype the graph declares for output `slot`."""
+    info = site.outs[slot] if slot < len(site.outs) else None
+    return value if info is None else value.to(torch_dtype(info.dtype))
 
 
 def _loss(site: Site, log_input: bool, x: Any, target: Any, weight: Any) -> tuple[Any, Any]:
     import torch
+    x, weight = _wide(x), _wide(weight)
+    weight = weight if weight is None else weight.to(x.dtype)
     logp = x if log_input else torch.log_softmax(x, dim=1)
     if 1 not in site.host_checked:
         _check_targets(site, x, target)
@@ -77,7 +96,7 @@ def _class_loss(site: Site):
 
     def run(ins):
         loss, logp = _loss(site, log_input, ins[0], ins[1], ins[2] if has_w else None)
-        return [loss, logp]
+        return [_as_out(site, 0, loss), _as_out(site, 1, logp)]
     return run
 
 
@@ -113,9 +132,10 @@ def _metrics(site: Site):
     lse_shape = site.shape(0)[:1] + site.shape(0)[2:]  # per sample (and position)
 
     def run(ins):
-        x, target = ins[0], ins[1]
+        x, target = _wide(ins[0]), ins[1]
         loss, _ = _loss(site, log_input, x, target, ins[2] if has_w else None)
         lse = x.new_zeros(lse_shape) if log_input else torch.logsumexp(x, dim=1)
+        loss, lse = _as_out(site, 0, loss), _as_out(site, 1, lse)
         if ignore is not None:  # ignored positions count neither as right nor as wrong
             target = torch.where(target == ignore, -1, target)
         outs = [loss, lse, _count_correct(x, target)]
@@ -153,20 +173,21 @@ def _class_loss_grad(site: Site):
     ignore = _ignore(site)
 
     def run(ins):
-        dy, x, target = ins[0], ins[1], ins[2]
-        w = ins[3] if has_w else None
+        x, target = _wide(ins[1]), ins[2]
+        dy = ins[0].to(x.dtype)
+        w = _wide(ins[3]).to(x.dtype) if has_w else None
         if log_input:
             logp = x
         else:
-            logp = x - ins[4].unsqueeze(1) if has_lse else torch.log_softmax(x, dim=1)
+            logp = x - _wide(ins[4]).unsqueeze(1) if has_lse else torch.log_softmax(x, dim=1)
         lp, t = _rows(logp, target.long())
         _, total = aten.nll_loss_forward(lp, t, w, reduction, ignore)  # the sum of the weights taken
         d = aten.nll_loss_backward(dy.reshape(-1) if reduction == 0 else dy, lp, t, w, reduction, ignore, total)
         if logp.dim() > 2:
             d = d.reshape(logp.movedim(1, -1).shape).movedim(-1, 1)
         if log_input:
-            return [d]
-        return [aten._log_softmax_backward_data(d, logp, 1, logp.dtype)]
+            return [_as_out(site, 0, d)]
+        return [_as_out(site, 0, aten._log_softmax_backward_data(d, logp, 1, logp.dtype))]
     return run
 
 
