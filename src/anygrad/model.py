@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -59,6 +60,24 @@ def _identities_of(graph: Graph, name: str) -> set[str]:
                 same.add(n.outputs[0])
                 grown = True
     return same - {name}
+
+
+def _claim(backend: Backend, model: Any) -> None:
+    """Bind `backend` to `model`, refusing a backend object another live Model trains on: a
+    backend keeps state by name and initialises only what it lacks, so a second model with the
+    same parameter names would start from the first one's optimizer state (momentum, step count)
+    and overwrite its weights on the device, silently."""
+    owner = getattr(backend, "_anygrad_owner", None)
+    other = owner() if owner is not None else None
+    if other is model:
+        return
+    if other is not None:
+        raise ConfigError(f"device {backend.name!r}: this backend object already holds another Model's training "
+                          "state; give each model its own (device='wgpu' opens one), or compile on it "
+                          "once the other model is gone")
+    if owner is not None:  # a model that is gone: its state must not seed this one's
+        backend.release()
+    backend._anygrad_owner = weakref.ref(model)
 
 
 class Model:
@@ -249,6 +268,7 @@ class Model:
         backend = (device if isinstance(device, Backend)
                    else get_backend(device, limits=limits, memory_budget=memory_budget))
         for each in devices or [backend]:
+            _claim(each, self)
             use_torch_compile(each, torch_compile)
         self.backend = backend
         if self.precision == "f16":
@@ -508,6 +528,7 @@ class Model:
 
     def _use_backend(self, backend: Backend, state: dict[str, np.ndarray]) -> None:
         """Train on `backend` from `state` (a full_state()); programs compile anew."""
+        _claim(backend, self)
         self.backend = backend
         self._programs.clear()
         for name, value in state.items():
