@@ -169,18 +169,7 @@ def test_token_level_logits_read_half_and_train_like_the_float32_copy(device, mo
     _, off = _lm_run(device, False, monkeypatch)
     _check_on_off(device, m, on, off, lambda d, f: _lm_run(d, f, monkeypatch))
     theirs, _ = _lm_pair()
-    x, y = (torch.from_numpy(a) for a in _lm_data())
-    opt = torch.optim.SGD(theirs.parameters(), lr=0.1, momentum=0.9)
-    scaler = torch.amp.GradScaler("cpu")
-    want = []
-    for _ in range(STEPS):
-        opt.zero_grad()
-        with torch.autocast("cpu", dtype=torch.float16):
-            loss = torch.nn.functional.cross_entropy(theirs(x).reshape(-1, V), y.reshape(-1))
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        want.append(float(loss.detach()))
+    want = _torch_autocast_losses(theirs, "lm", STEPS, data=_lm_data(), flat=True)
     np.testing.assert_allclose(on, want, rtol=1e-3, atol=1e-4)
     if device == "cpu":
         g = _train_exe(m).graph

@@ -56,15 +56,19 @@ def _pair(kind: str):
     return theirs, ours.to_model(input_shape=shape)
 
 
-def _torch_autocast_losses(theirs, kind: str, steps: int = STEPS) -> list[float]:
-    x, y = (torch.from_numpy(a) for a in _data(kind))
+def _torch_autocast_losses(theirs, kind: str, steps: int = STEPS, data=None, flat: bool = False) -> list[float]:
+    """torch.autocast(float16) + GradScaler on CPU, SGD(0.1, momentum 0.9): the reference losses.
+    `data`: (x, y) instead of _data(kind); `flat`: logits (..., V) and labels flattened to rows."""
+    x, y = (torch.from_numpy(a) for a in (data if data is not None else _data(kind)))
     opt = torch.optim.SGD(theirs.parameters(), lr=0.1, momentum=0.9)
     scaler = torch.amp.GradScaler("cpu")
     out = []
     for _ in range(steps):
         opt.zero_grad()
         with torch.autocast("cpu", dtype=torch.float16):
-            loss = torch.nn.functional.cross_entropy(theirs(x), y)
+            scores = theirs(x)
+            loss = (torch.nn.functional.cross_entropy(scores.reshape(-1, scores.shape[-1]), y.reshape(-1)) if flat
+                    else torch.nn.functional.cross_entropy(scores, y))
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
