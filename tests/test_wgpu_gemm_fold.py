@@ -220,3 +220,57 @@ def test_matmul_any_operand_and_result_layout(sa, pa, sb, pb, py, variant):
               Node("Transpose", ["m"], ["y"], {"perm": py}, name="ty")]
     exe = _run(_graph(feeds, nodes, "y", grad=False), feeds)
     assert [n.op for n in exe.prepared.nodes] == ["MatMul"]
+
+
+@pytest.mark.parametrize("variant", ["register", "shared", "dot"])
+@pytest.mark.parametrize("bias,act", [(True, None), (False, None), (True, "Relu")])
+def test_matmul_residual_add_runs_in_the_epilogue(variant, bias, act):
+    """A transformer block's x + Linear(h) (and ResNet-style relu(x + W h + b)): the residual Add
+    runs in the GEMM's store, in the graph's order (bias, then residual, then activation); the
+    same bits as numpy's chain within rounding, and no kernel of its own."""
+    feeds = {"h": rnd(2, 5, 9, seed=30), "W": rnd(9, 12, seed=31), "x": rnd(2, 5, 12, seed=32)}
+    nodes = [Node("MatMul", ["h", "W"], ["hw"], {"_gemm_variant": variant}, name="mm")]
+    pre = "hw"
+    if bias:
+        feeds["b"] = rnd(12, seed=33)
+        nodes.append(Node("Add", ["hw", "b"], ["hb"], name="bias"))
+        pre = "hb"
+    nodes.append(Node("Add", ["x", pre], ["y"], name="residual"))
+    out = "y"
+    if act:
+        nodes.append(Node(act, ["y"], ["z"], name="act"))
+        out = "z"
+    exe = _run(_graph(feeds, nodes, out, grad=False), feeds)
+    assert [n.op for n in exe.prepared.nodes] == ["MatMul"]
+    (mm,) = exe.prepared.nodes
+    assert mm.attr("_residual") and mm.inputs[2:] == (["b"] if bias else [""]) + ["x"]
+
+
+def test_gemm_and_split_k_residual_and_training_gradients():
+    """Gemm (with its own C) + residual, and a long-K MatMul whose K is split (the residual is added by the
+    reducing kernel); in training every gradient matches numpy."""
+    feeds = {"a": rnd(6, 9, seed=34), "W": rnd(10, 9, seed=35), "c": rnd(10, seed=44), "r": rnd(6, 10, seed=36)}
+    nodes = [Node("Gemm", ["a", "W", "c"], ["g"], {"transB": 1, "alpha": 0.5, "beta": 0.25}, name="gemm"),
+             Node("Add", ["g", "r"], ["y"], name="residual")]
+    exe = _run(_graph(feeds, nodes, "y", grad=True), feeds)
+    assert any(n.op == "Gemm" and n.attr("_residual") for n in exe.prepared.nodes)
+    feeds = {"a": rnd(4, 3000, seed=37), "b": rnd(3000, 8, seed=38), "r": rnd(4, 8, seed=39)}
+    nodes = [Node("MatMul", ["a", "b"], ["ab"], {"_gemm_variant": "shared"}, name="mm"),
+             Node("Add", ["r", "ab"], ["y"], name="residual")]
+    exe = _run(_graph(feeds, nodes, "y", grad=False), feeds)
+    names = _kernel_names(exe)
+    assert [n.op for n in exe.prepared.nodes] == ["MatMul"] and any("reduce" in n for n in names), names
+
+
+def test_residual_read_elsewhere_or_broadcast_stays_an_add(monkeypatch):
+    """A GEMM result read by something else, a broadcasting addend, or the switch off: the Add
+    stays a kernel of its own."""
+    feeds = {"h": rnd(4, 6, seed=40), "W": rnd(6, 5, seed=41), "x": rnd(4, 5, seed=42), "v": rnd(5, seed=43)}
+    shared = [Node("MatMul", ["h", "W"], ["hw"], name="mm"), Node("Add", ["hw", "x"], ["y"], name="res"),
+              Node("Mul", ["hw", "y"], ["z"], name="reuse")]
+    exe = _run(_graph(feeds, shared, "z", grad=False), feeds)
+    assert not any(n.attr("_residual") for n in exe.prepared.nodes)
+    monkeypatch.setenv("ANYGRAD_WGPU_RESIDUAL", "0")
+    plain = [Node("MatMul", ["h", "W"], ["hw"], name="mm"), Node("Add", ["hw", "x"], ["y"], name="res")]
+    exe = _run(_graph(feeds, plain, "y", grad=False), feeds)
+    assert not any(n.attr("_residual") for n in exe.prepared.nodes)

@@ -63,6 +63,11 @@ def _then(first: list[int] | None, second: list[int]) -> list[int]:
     return list(second) if first is None else [int(first[i]) for i in second]
 
 
+def residual_enabled() -> bool:
+    """ANYGRAD_WGPU_RESIDUAL=0: a residual Add after a GEMM stays a kernel of its own (the old way)."""
+    return os.environ.get("ANYGRAD_WGPU_RESIDUAL", "1") != "0"
+
+
 def _has_bias(node: Node) -> bool:
     return bool(node.input(2))
 
@@ -188,10 +193,23 @@ def _bias_fits(graph: Graph, gemm: Node, bias: str, out: str) -> bool:
     return all(d in (1, e) for d, e in zip(sb[::-1], y[::-1]))
 
 
+def _residual_fits(graph: Graph, gemm: Node, other: str, out: str) -> bool:
+    """A residual the GEMM can add per output element (x + Linear(h), a transformer block's
+    skip connection): float32, the output's own shape, result stored in row-major order (so
+    the residual's index is the output's), before any activation (the graph's order of adds)."""
+    values = (other, gemm.outputs[0], out)
+    if any(v not in graph.info or np.dtype(graph.info[v].dtype) != np.float32 for v in values):
+        return False
+    return (gemm.op in GEMM_OPS and not gemm.attr("_residual") and gemm.attr("_epilogue") is None
+            and gemm.attr("_permY") is None and other != gemm.outputs[0]
+            and shape_of(graph, other) == shape_of(graph, gemm.outputs[0]) == shape_of(graph, out))
+
+
 def fuse_epilogues(graph: Graph, protected: set[str], supports_epilogue: set[str]) -> None:
-    """A GEMM's bias Add and activation run in its epilogue when nothing else reads the values
-    in between: MatMul/Gemm -> Add(bias) -> activation (Relu, Gelu, ... see EPILOGUE_ACTIVATIONS),
-    Conv -> Relu. The fused GEMM takes the place of the last node it absorbs."""
+    """A GEMM's bias Add, residual Add and activation run in its epilogue when nothing else reads
+    the values in between: MatMul/Gemm -> Add(bias) -> Add(residual) -> activation (Relu, Gelu,
+    ... see EPILOGUE_ACTIVATIONS), Conv -> Relu. The fused GEMM takes the place of the last node
+    it absorbs. A residual is input 3 (input 2, the bias, may be empty) with attr `_residual`."""
     users = graph.consumers()
     producers = graph.producers()
     replaced: dict[int, Node] = {}   # id(absorbed node) -> the GEMM now standing in its place
@@ -207,13 +225,19 @@ def fuse_epilogues(graph: Graph, protected: set[str], supports_epilogue: set[str
         if n.op == "Add" and len(n.inputs) == 2:
             for slot in (0, 1):
                 p = sole_input(n.inputs[slot])
-                bias = n.inputs[1 - slot]
-                if (p is None or p.op not in GEMM_OPS & supports_epilogue or _has_bias(p)
-                        or p.attr("_epilogue") is not None or not _bias_fits(graph, p, bias, n.outputs[0])):
+                other = n.inputs[1 - slot]
+                if p is None or p.op not in GEMM_OPS & supports_epilogue:
                     continue
-                p.inputs[2:] = [bias]
-                if p.op == "Gemm":
-                    p.attrs["beta"] = 1.0
+                if (not _has_bias(p) and not p.attr("_residual") and p.attr("_epilogue") is None
+                        and _bias_fits(graph, p, other, n.outputs[0])):
+                    p.inputs[2:] = [other]
+                    if p.op == "Gemm":
+                        p.attrs["beta"] = 1.0
+                elif _residual_fits(graph, p, other, n.outputs[0]) and residual_enabled():
+                    p.inputs[2:] = [p.input(2), other]
+                    p.attrs["_residual"] = True
+                else:
+                    continue
                 p.outputs[0] = n.outputs[0]
                 replaced[id(n)] = p
                 moved.add(id(p))

@@ -99,6 +99,7 @@ class Output:
     contig: bool = False     # c..c+3 consecutive for c % 4 == 0 (requires N % 4 == 0)
     alpha: float = 1.0
     bias: str = ""           # WGSL f32 expression of (bt, r, c) added after alpha
+    residual: str = ""       # WGSL f32 expression of (bt, r, c) added after the bias (a skip connection)
     epilogue: str | None = None   # a key of EPILOGUES, or an op of EPILOGUE_ACTIVATIONS
     epilogue_attrs: tuple = ()    # that op's attributes, as sorted (name, value) pairs
 
@@ -280,6 +281,7 @@ def _activation(out: Output) -> tuple[str, str, str]:
 
 def _epi_fn(out: Output, with_bias: bool) -> str:
     bias = f"  y = y + {out.bias};\n" if (with_bias and out.bias) else ""
+    bias += f"  y = y + {out.residual};\n" if (with_bias and out.residual) else ""
     alpha = f" * {f(out.alpha)}" if out.alpha != 1.0 else ""
     helpers, lines, result = _activation(out)
     return (f"{helpers}\nfn epi(bt: u32, r: u32, c: u32, v: f32) -> f32 {{\n  var y = v{alpha};\n{bias}"
@@ -920,6 +922,15 @@ def epilogue_of(node: Node) -> dict:
             "epilogue_attrs": tuple(sorted((node.attr("_epilogue_attrs") or {}).items()))}
 
 
+def _residual(node: Node, reads: list[Binding], index: str) -> str:
+    """The epilogue term of a fused residual (fusion.fuse_epilogues: input 3, same shape and
+    row-major order as the result, so it is read at the result's own index); binds it."""
+    if not node.attr("_residual"):
+        return ""
+    reads.append(Binding(node.inputs[3], "Rs"))
+    return f"Rs[{index}]"
+
+
 @lowering("MatMul", epilogue=True)
 def lower_matmul(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     """Batched, broadcasting MatMul over operands and a result in any layout.
@@ -959,8 +970,9 @@ def lower_matmul(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
         sc = static_shape(graph, node.inputs[2], node)
         bias = f"Cb[c * {u(1 if sc and sc[-1] != 1 else 0)}]"
         reads.append(Binding(node.inputs[2], "Cb"))
-    out = Output("Y", f"{y_off} + r * {u(ly_rs)} + c * {u(ly.strides[-1])}",
-                 contig=N % 4 == 0 and ly.strides[-1] == 1, bias=bias, **epilogue_of(node))
+    y_index = f"{y_off} + r * {u(ly_rs)} + c * {u(ly.strides[-1])}"
+    out = Output("Y", y_index, contig=N % 4 == 0 and ly.strides[-1] == 1, bias=bias,
+                 residual=_residual(node, reads, y_index), **epilogue_of(node))
     spec = GemmSpec("MatMul", M, N, K, batch, a, b, out, tuple(reads), Binding(node.outputs[0], "Y"))
     return gemm_kernels(spec, caps, **variant_of(node))
 
@@ -988,6 +1000,6 @@ def lower_gemm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
         bias = f"Cb[r * {u(sr)} + c * {u(scc)}]" + (f" * {f(beta)}" if beta != 1.0 else "")
         reads.append(Binding(node.inputs[2], "Cb"))
     out = Output("Y", f"r * {u(N)} + c", contig=N % 4 == 0, alpha=node.attr("alpha", 1.0), bias=bias,
-                 **epilogue_of(node))
+                 residual=_residual(node, reads, f"r * {u(N)} + c"), **epilogue_of(node))
     spec = GemmSpec("Gemm", M, N, K, 1, a, b, out, tuple(reads), Binding(node.outputs[0], "Y"))
     return gemm_kernels(spec, caps, **variant_of(node))
