@@ -274,3 +274,20 @@ def test_residual_read_elsewhere_or_broadcast_stays_an_add(monkeypatch):
     plain = [Node("MatMul", ["h", "W"], ["hw"], name="mm"), Node("Add", ["hw", "x"], ["y"], name="res")]
     exe = _run(_graph(feeds, plain, "y", grad=False), feeds)
     assert not any(n.attr("_residual") for n in exe.prepared.nodes)
+
+
+@pytest.mark.parametrize("switch", ["1", "0"])
+def test_pre_ln_block_gradients_with_residuals_fused(monkeypatch, switch):
+    """A pre-LN transformer block, y = x + LN(x) @ W + b: forward, the residual in the GEMM's
+    store; backward, the skip's gradient added in LayerNormGrad's dx store. Every gradient
+    matches numpy with the fusions on and off."""
+    monkeypatch.setenv("ANYGRAD_WGPU_RESIDUAL", switch)
+    feeds = {"x": rnd(3, 5, 16, seed=50), "g": rnd(16, seed=51), "be": rnd(16, seed=52),
+             "W": rnd(16, 16, seed=53), "b": rnd(16, seed=54)}
+    nodes = [Node("LayerNormalization", ["x", "g", "be"], ["ln"], {"axis": -1, "epsilon": 1e-5}, name="ln"),
+             Node("MatMul", ["ln", "W"], ["lw"], name="mm"),
+             Node("Add", ["lw", "b"], ["lb"], name="bias"),
+             Node("Add", ["x", "lb"], ["y"], name="residual")]
+    exe = _run(_graph(feeds, nodes, "y", grad=True), feeds)
+    fused = {n.op for n in exe.prepared.nodes if n.attr("_residual")}
+    assert fused == ({"MatMul", "LayerNormGrad"} if switch == "1" else set())

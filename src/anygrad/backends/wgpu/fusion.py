@@ -205,6 +205,37 @@ def _residual_fits(graph: Graph, gemm: Node, other: str, out: str) -> bool:
             and shape_of(graph, other) == shape_of(graph, gemm.outputs[0]) == shape_of(graph, out))
 
 
+# Row kernels whose first output may take a residual Add (input 3, attr `_residual`): in the
+# backward pass, the residual stream's gradient plus a LayerNorm's input gradient.
+ROW_RESIDUAL_OPS = frozenset({"LayerNormGrad"})
+
+
+def _fuse_row_residual(graph: Graph, add: Node, sole_input, producers: dict[str, Node], absorbed: set[int]) -> None:
+    """Add(other, p's first output) becomes p's store `+ other` when p is a row kernel of
+    ROW_RESIDUAL_OPS and `other` exists before p runs. p keeps its place: its other outputs
+    (LayerNorm's parameter gradients) may be read before the Add's place."""
+    order = {id(m): k for k, m in enumerate(graph.nodes)}
+    for slot in (0, 1):
+        p = sole_input(add.inputs[slot])
+        other = add.inputs[1 - slot]
+        if (p is None or p.op not in ROW_RESIDUAL_OPS or p.attr("_residual") or p.outputs[0] != add.inputs[slot]
+                or not residual_enabled() or len(p.inputs) > 3):
+            continue
+        maker = producers.get(other)
+        if (maker is not None and order.get(id(maker), len(order)) > order[id(p)]) or any(
+                v not in graph.info or np.dtype(graph.info[v].dtype) != np.float32
+                for v in (other, add.inputs[slot], add.outputs[0])):
+            continue
+        if not shape_of(graph, other) == shape_of(graph, add.inputs[slot]) == shape_of(graph, add.outputs[0]):
+            continue
+        p.inputs[3:] = [other]
+        p.attrs["_residual"] = True
+        p.outputs[0] = add.outputs[0]
+        producers[add.outputs[0]] = p
+        absorbed.add(id(add))
+        return
+
+
 def fuse_epilogues(graph: Graph, protected: set[str], supports_epilogue: set[str]) -> None:
     """A GEMM's bias Add, residual Add and activation run in its epilogue when nothing else reads
     the values in between: MatMul/Gemm -> Add(bias) -> Add(residual) -> activation (Relu, Gelu,
@@ -214,6 +245,7 @@ def fuse_epilogues(graph: Graph, protected: set[str], supports_epilogue: set[str
     producers = graph.producers()
     replaced: dict[int, Node] = {}   # id(absorbed node) -> the GEMM now standing in its place
     moved = set()                    # ids of GEMMs moved to a later place
+    absorbed: set[int] = set()       # ids of residual Adds a row kernel took over in its own place
 
     def sole_input(v: str) -> Node | None:
         p = producers.get(v)
@@ -243,6 +275,8 @@ def fuse_epilogues(graph: Graph, protected: set[str], supports_epilogue: set[str
                 moved.add(id(p))
                 producers[n.outputs[0]] = p
                 break
+            else:
+                _fuse_row_residual(graph, n, sole_input, producers, absorbed)
             continue
         if len(n.inputs) != 1:
             continue
@@ -264,6 +298,8 @@ def fuse_epilogues(graph: Graph, protected: set[str], supports_epilogue: set[str
     final = {id(p): nid for nid, p in replaced.items()}
     nodes = []
     for n in graph.nodes:
+        if id(n) in absorbed:
+            continue
         if id(n) in moved:
             continue
         if id(n) in replaced:

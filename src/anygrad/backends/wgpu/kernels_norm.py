@@ -247,13 +247,14 @@ def lower_layer_norm_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[K
         # (output, entries, count, prelude giving e and row from o, q)
         (dscale, "dy_xhat", spec.d, spec.rows, f"let row = q; let e = q * {spec.d}u + o;"),
         (dbias, "dy", spec.d, spec.rows, f"let row = q; let e = q * {spec.d}u + o;"),
-    ], use_subgroups(caps), columns=True, caps=caps)
+    ], use_subgroups(caps), columns=True, caps=caps, residual=node.input(3) if node.attr("_residual") else "")
 
 
 def _norm_grad(name: str, spec: RowSpec, eps: str, dy: str, x: str, scale: str, dx: str, sums: list,
-               sg: bool, columns: bool = False, caps: AdapterCaps | None = None) -> list[Kernel]:
+               sg: bool, columns: bool = False, caps: AdapterCaps | None = None, residual: str = "") -> list[Kernel]:
     """dx by rows (keeping mean and 1/std per row in a scratch), then each parameter gradient
-    (columns: entries are neighbours in memory, summed by _column_sum)."""
+    (columns: entries are neighbours in memory, summed by _column_sum). `residual`: a value of
+    dx's shape added to it in the store (fusion.ROW_RESIDUAL_OPS)."""
     st = f"normgrad.{dx or sums[0][0]}"
     sc = (Scratch(st, 2 * spec.rows),)
     row_sums = _STAT_SUMS + [("s3", "DY[e] * SC[p]"), ("s4", "DY[e] * SC[p] * (X[e] - K)")]
@@ -263,11 +264,13 @@ def _norm_grad(name: str, spec: RowSpec, eps: str, dy: str, x: str, scale: str, 
     keep = "ST[2u * row] = mean; ST[2u * row + 1u] = inv;"
     store = ""
     writes = [("ST", st)]
+    reads = [("DY", dy), ("X", x), ("SC", scale)]
     if dx:
-        store = "DX[e] = inv * (DY[e] * SC[p] - mg - (X[e] - mean) * inv * mgx);"
+        store = "DX[e] = inv * (DY[e] * SC[p] - mg - (X[e] - mean) * inv * mgx)"
+        store += " + RS[e];" if residual else ";"
+        reads += [("RS", residual)] if residual else []
         writes.append(("DX", dx))
-    kernels = [_row_kernel(name, spec, row_sums, post, store, [("DY", dy), ("X", x), ("SC", scale)], writes,
-                           scratch=sc, sg=sg, per_row=keep)]
+    kernels = [_row_kernel(name, spec, row_sums, post, store, reads, writes, scratch=sc, sg=sg, per_row=keep)]
     if columns and colsum.enabled() and any(out for out, *_ in sums):
         outs = [(out, what) for out, what, *_ in sums if out]
         return kernels + _param_columns(name, spec, dy, x, st, outs, sc)
