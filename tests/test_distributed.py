@@ -440,14 +440,34 @@ def test_sync_batchnorm_on_two_wgpu_devices(bn_data):
     assert np.abs(per_replica - losses).max() > 1e-3
 
 
-def test_buckets_are_read_back_during_the_backward_pass(tiny, monkeypatch):
+@pytest.mark.parametrize("hold", ["1", "0"])
+def test_buckets_are_read_back_during_the_backward_pass(tiny, monkeypatch, hold):
     """Tiny buckets on two lavapipe devices: each bucket's copy is encoded right after the kernel that
-    finishes it (WgpuExecutable.taps), the step is submitted in parts, and training is unchanged."""
+    finishes it (WgpuExecutable.taps), the step is submitted in parts, and training is unchanged.
+    With held parts (the default) a bucket's mapping is asked for right after the part copying it
+    is submitted and before any later part is (wgpu-py resolves a mapping only with the newest
+    submission), and a reader thread takes the buckets while the rest is submitted."""
+    from anygrad.backends.wgpu import WgpuBackend
     from anygrad.devices import list_adapters
     from anygrad.distributed import parallel
     if not list_adapters():
         pytest.fail("no wgpu adapter: install mesa-vulkan-drivers (lavapipe)")
+    monkeypatch.setenv("ANYGRAD_WGPU_HOLD_PARTS", hold)
     monkeypatch.setattr(parallel, "BUCKET_BYTES", 64 * 4)  # fc1.weight alone, then the rest
+    submits: list[tuple[int, int]] = []  # (backend, map requests run right after this submit)
+    plain = WgpuBackend.submit
+
+    def recorded(self, command_buffer, hooks=()):
+        submits.append((id(self), len(hooks)))
+        return plain(self, command_buffer, hooks)
+    monkeypatch.setattr(WgpuBackend, "submit", recorded)
+    readers = []
+    start = parallel.threading.Thread.start
+
+    def counted(thread):
+        readers.append(thread.name)
+        return start(thread)
+    monkeypatch.setattr(parallel.threading.Thread, "start", counted)
     model, _, x, y = tiny
     x, y = x[:32], y[:32]
     losses, state, _ = _reference(model, x, y, device="wgpu:0", epochs=1)
@@ -469,6 +489,12 @@ def test_buckets_are_read_back_during_the_backward_pass(tiny, monkeypatch):
         (k for k in ready if ready[k] is not None), key=lambda k: ready[k])  # taken in the order they finish
     parts = m.parallel.breakdown()
     assert {"run0", "run1", "compute_wait0", "sum", "write_back", "update", "step"} <= set(parts)
+    asked = [k for k, (_, n) in enumerate(submits) if n]
+    if hold == "1":  # maps asked mid-step, with later parts still to come from the same device
+        assert asked and any(b == submits[k][0] for k in asked for b, _ in submits[k + 1:k + 3])
+        assert "anygrad-readback" in readers
+    else:
+        assert not asked
 
 
 def test_cli_sync_batchnorm_needs_several_devices(tmp_path, mnist_like, capsys):

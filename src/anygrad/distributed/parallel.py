@@ -137,6 +137,7 @@ class DataParallel:
         self._arrived: list[set[int]] = []
         self._ordered = False  # buckets sorted by when the program finishes them (_order_buckets)
         self._ready = [queue.SimpleQueue() for _ in self.replicas]
+        self._step_seen: set[str] = set()
         self.timings: dict[str, float] = {}
         self.steps = 0
         self._sizes: list[int] = []  # this micro-batch's shares (AllReduceSum's weights)
@@ -345,6 +346,7 @@ class DataParallel:
             while not q.empty():
                 q.get_nowait()
         self._arrived = [set() for _ in self.replicas]
+        self._step_seen: set[str] = set()  # which timings this step has begun (_read_buckets)
 
     def _order_buckets(self, exe: Any) -> None:
         """Once: take the buckets in the order device 0's program finishes them (where it says), so
@@ -386,6 +388,7 @@ class DataParallel:
             host = self._host[i] if update else None
             ready = self._ready_steps(exe) if update else {}
             waits: dict[int, Callable[[], None]] = {}
+            reader: list[threading.Thread] = []
             if ready:
                 at: dict[int, list[int]] = {}
                 for k, step in ready.items():
@@ -397,26 +400,37 @@ class DataParallel:
                         names, a, b = self._buckets[k]
                         waits[k] = r.backend.export_states_async(names, host[a:b], encoder=enc)
                 exe.taps = {step: (lambda enc, ks=ks: tap(enc, ks)) for step, ks in at.items()}
+
+                def encoded() -> None:  # the tapped buckets are read while the rest of the step runs
+                    tapped = sorted(waits, key=lambda k: (ready[k], k))
+                    reader.append(threading.Thread(target=self._read_buckets, args=(i, waits, tapped),
+                                                   name="anygrad-readback", daemon=True))
+                    reader[0].start()
+                if hasattr(exe, "encoded"):
+                    exe.encoded = encoded
             try:
                 out = exe.run(feeds, fetch=[exe.graph.outputs[0]] if fetch else [])
             finally:
                 collective.set_reducer(None)
                 if ready:
                     exe.taps = {}
+                    if hasattr(exe, "encoded"):
+                        exe.encoded = None
             self._spent(f"run{i}", began)
             if self._timing:
                 self._times[i][0] += time.perf_counter() - began
                 self._times[i][1] += size
             if update:
-                for k, (names, a, b) in enumerate(self._buckets):
+                late = [k for k in range(len(self._buckets)) if k not in waits]  # read after the step
+                if not reader:  # taps without the encoded() call (another executable type): read them now
+                    late = sorted(waits, key=lambda k: (ready[k], k)) + late
+                for k in late:
                     if k not in waits:
+                        names, a, b = self._buckets[k]
                         waits[k] = r.backend.export_states_async(names, host[a:b])
-                last = float("inf")  # buckets read after the step: last, in bucket order
-                for n, k in enumerate(sorted(waits, key=lambda k: (last if ready.get(k) is None else ready[k], k))):
-                    t = time.perf_counter()
-                    waits[k]()
-                    self._spent(f"readback{i}" if n else f"compute_wait{i}", t)
-                    self._ready[i].put(k)
+                self._read_buckets(i, waits, late)
+                if reader:
+                    reader[0].join()
             return out
         except BaseException as e:
             if self._meet is not None:
@@ -424,6 +438,22 @@ class DataParallel:
             if update:
                 self._ready[i].put(e)
             raise
+
+    def _read_buckets(self, i: int, waits: dict[int, Callable[[], None]], order: list[int]) -> None:
+        """Device i's buckets `order` onto the host, one after the other, each announced on its
+        queue as it lands (an error too, then stop). The wait for its first bucket counts as
+        compute_wait<i>, the others as readback<i>."""
+        for k in order:
+            t = time.perf_counter()
+            try:
+                waits[k]()
+            except BaseException as e:  # noqa: BLE001 - handed to the main thread, which raises it
+                self._ready[i].put(e)
+                return
+            first = f"compute_wait{i}" not in self._step_seen
+            self._step_seen.add(f"compute_wait{i}")
+            self._spent(f"compute_wait{i}" if first else f"readback{i}", t)
+            self._ready[i].put(k)
 
     def _await(self, i: int, k: int, futures: list[Any]) -> None:
         """Until device i has bucket k on the host (devices may finish buckets in their own order)."""

@@ -6,8 +6,10 @@ buffer, submit one new command buffer, and map the staging buffer only when some
 """
 from __future__ import annotations
 
+import os
 import re
 import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -33,6 +35,12 @@ from .wgsl import np_device_dtype
 
 _FEATURES = ("shader-f16", "subgroup", "timestamp-query")
 UPLOAD_FLUSH = 64 << 20   # bytes of queued writes that may sit in wgpu staging memory (upload)
+
+
+def held_submit_enabled() -> bool:
+    """ANYGRAD_WGPU_HOLD_PARTS=0: a tapped step's copies are mapped after the whole step (the old
+    way: every mid-step readback then resolved at the end of the step)."""
+    return os.environ.get("ANYGRAD_WGPU_HOLD_PARTS", "1") != "0"
 
 
 def _wgpu():
@@ -119,6 +127,12 @@ def _owned(data: np.ndarray, value: np.ndarray) -> np.ndarray:
     return data.copy() if np.may_share_memory(data, value) else data
 
 
+def _cancel(hooks: Sequence[Callable[[], None]]) -> None:
+    """Map requests whose copies were never submitted: their readers stop waiting (and raise)."""
+    for hook in hooks:
+        getattr(hook, "cancel", lambda: None)()
+
+
 def _copy_mapped(buf: Any, mapping: Any, out: np.ndarray) -> None:
     """Wait for `mapping` (buf.map_async(READ); an event wait: the GIL is free), copy the first
     out.nbytes bytes of the mapped buffer into `out` over the threads, unmap."""
@@ -168,6 +182,20 @@ class WgpuBackend(Backend):
         self._export_bufs: dict[tuple, tuple[Any, int]] = {}  # export_states_async's, per list of names
         self._unflushed = 0   # bytes written by write_buffer since the last submit (staging held)
         self._flush_probe: Any = None
+        self._hooks: list[Callable[[], None]] = []  # map requests of copies in the encoder being built
+
+    def take_hooks(self) -> list[Callable[[], None]]:
+        """What must run right after the encoder now being finished is submitted (submit())."""
+        hooks, self._hooks = self._hooks, []
+        return hooks
+
+    def submit(self, command_buffer: Any, hooks: Sequence[Callable[[], None]] = ()) -> None:
+        """queue.submit, then `hooks`: mappings of buffers the submitted work copies into, asked for
+        at once. wgpu-py's poll thread waits for the newest submission whenever a mapping is
+        pending, so a map asked for only after later parts were submitted resolves at their end."""
+        self.device.queue.submit([command_buffer])
+        for hook in hooks:
+            hook()
 
     def check_precision(self, precision: str) -> str:
         """float16 needs the adapter's `shader-f16` feature (f16 storage and arithmetic in WGSL),
@@ -277,7 +305,8 @@ class WgpuBackend(Backend):
         returned function waits for that map and copies into `out`. Buckets exported one after
         the other each get their own submission, so the first is read while the next copies.
         With `encoder` the copies go into it instead (a tap of WgpuExecutable.taps: mid-step),
-        and the map is asked for when the returned function is called, after that submission."""
+        and the map is asked for when that encoder is submitted (take_hooks / submit, maybe on
+        another thread: the returned function waits for it), or else when it is called."""
         spans = self._float32_spans(names)
         if spans is None:
             return super().export_states_async(names, out)
@@ -295,17 +324,34 @@ class WgpuBackend(Backend):
         enc = encoder if encoder is not None else self.device.create_command_encoder()
         for src, at, nbytes, off in spans:
             enc.copy_buffer_to_buffer(src, at, buf, off, nbytes)
-        promise = None
+        promise: list[Any] = []
+        asked = threading.Event()
+
+        def request() -> None:
+            try:
+                promise.append(buf.map_async(wgpu.MapMode.READ))
+            finally:
+                asked.set()
+        request.cancel = asked.set  # its part was never submitted: finish() raises
+        hooked = encoder is not None and held_submit_enabled()
         if encoder is None:
             try:
                 self.device.queue.submit([enc.finish()])
-                promise = buf.map_async(wgpu.MapMode.READ)
+                request()
             except Exception as e:
                 raise _gpu_error(e, "reading gradients back") from e
+        elif hooked:
+            self._hooks.append(request)
 
         def finish() -> None:
             try:
-                _copy_mapped(buf, promise or buf.map_async(wgpu.MapMode.READ), out[:total // 4])
+                if hooked:
+                    asked.wait()
+                elif not promise:
+                    request()
+                if not promise:
+                    raise DeviceError("the gradient copy's submission failed")
+                _copy_mapped(buf, promise[0], out[:total // 4])
             except Exception as e:
                 raise _gpu_error(e, "reading gradients back") from e
         return finish
@@ -552,6 +598,9 @@ class WgpuExecutable(Executable):
         # much of the step is submitted, so the host reads them while the rest runs (set by the caller
         # for one run: data-parallel gradient buckets; see _encode_dispatches)
         self.taps: dict[int, Callable[[Any], None]] = {}
+        # called once the step is encoded, before its held parts are submitted (which waits for
+        # the GPU): the caller's reader of the taps' copies starts there (DataParallel)
+        self.encoded: Callable[[], None] | None = None
         # host steps (kernels_collective): AllReduceSum's data-parallel sums, run on the host
         self._host_steps = {k for k, st in enumerate(self.plan.steps) if st.kernel.name.startswith(HOST_PREFIX)}
         self._host_staging: dict[int, Any] = {}
@@ -695,6 +744,7 @@ class WgpuExecutable(Executable):
     def run(self, feeds: Mapping[str, np.ndarray], fetch: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         wgpu = _wgpu()
         fetch = tuple(self.graph.outputs if fetch is None else fetch)
+        _cancel(self.backend.take_hooks())  # left by a run that failed while encoding
         self._write_inputs(feeds)
         if self._dispatches is None or self._generation != self.backend.generation:
             self._build()
@@ -707,12 +757,13 @@ class WgpuExecutable(Executable):
                      and item[1].name in self._overwritten]
             for _, r, offset, nbytes in early:
                 enc.copy_buffer_to_buffer(self._buffer(r), self._offset(r), staging, offset, -(-nbytes // 4) * 4)
+            held: list[tuple[Any, list]] = []
             if self._dispatches and self._profiler is not None:
                 self._profiler.encode(enc, self._dispatches)
                 for step in sorted(self.taps):  # profiled: the taps' copies after the whole pass
                     self.taps[step](enc)
             elif self._dispatches:
-                enc = self._encode_dispatches(enc)
+                enc, held = self._encode_dispatches(enc)
             # Fetched values are copied before state copies, so a fetched state reads as before the step.
             for item in layout:
                 _, r, offset, nbytes = item
@@ -731,7 +782,17 @@ class WgpuExecutable(Executable):
                     enc.copy_buffer_to_buffer(self._holds[r.name], 0, st.buffer, st.offset, nbytes)
                 else:
                     enc.copy_buffer_to_buffer(self._buffer(r), self._offset(r), st.buffer, st.offset, nbytes)
-            self.backend.device.queue.submit([enc.finish()])
+            last = enc.finish()
+            if self.encoded is not None:
+                self.encoded()
+            try:
+                for part, hooks in held:
+                    self.backend.submit(part, hooks)
+                    hooks.clear()
+                self.backend.submit(last, self.backend.take_hooks())
+            except BaseException:
+                _cancel([h for _, hooks in held for h in hooks])
+                raise
             if self._dispatches and self._profiler is not None:
                 self._profiler.collect()
             if not fetch:
@@ -763,14 +824,20 @@ class WgpuExecutable(Executable):
             out[name] = from_device(raw[offset:offset + nbytes], dtype, shape)
         return out
 
-    def _encode_dispatches(self, enc: Any) -> Any:
+    def _encode_dispatches(self, enc: Any) -> tuple[Any, list[tuple[Any, list]]]:
         """The step's kernels in one compute pass, or with taps one pass per stretch between them:
-        at each tap the pass ends, the tap encodes its copies, and the encoder is submitted (a
-        mapping of what it copied resolves when that much of the step has run). A host step (with
-        a data-parallel reducer on this thread) ends the pass the same way and runs on the host.
-        Returns the encoder the rest of the step is encoded into."""
+        at each tap the pass ends, the tap encodes its copies, and that part is finished. Parts
+        are submitted as they are encoded until one asks for a mapping; the later ones are held
+        and returned, to be submitted once the whole step is encoded, each right after the one
+        before it has run: while a mapping is pending, wgpu-py polls until the newest submission
+        is done and a submit waits for that poll (DESIGN.md), so a mapping asked for after later
+        parts were submitted would resolve only at the end. A host step (with a data-parallel
+        reducer on this thread) ends the pass, submits and runs on the host.
+        Returns the encoder the rest of the step is encoded into, and the held parts."""
         at, n = 0, len(self._dispatches)
         hosted = {k - 1 for k in self._host_steps} if self._host_steps and collective.has_reducer() else set()
+        held: list[tuple[Any, list]] = []
+        asked = False
         for cut in sorted({k for k in self.taps if k < n} | hosted | {n - 1}):
             if cut >= at:
                 cpass = enc.begin_compute_pass()
@@ -783,12 +850,20 @@ class WgpuExecutable(Executable):
             if cut in self.taps:
                 self.taps[cut](enc)
             if cut in hosted:  # the next kernel is a host step: it runs on the host, between submissions
+                for part, hooks in held:
+                    self.backend.submit(part, hooks)
+                held, asked = [], False
                 enc = self._host_step(enc, cut + 1)
                 at = cut + 2
             elif cut in self.taps and cut < n - 1:
-                self.backend.device.queue.submit([enc.finish()])
+                hooks = self.backend.take_hooks()
+                if asked:
+                    held.append((enc.finish(), hooks))
+                else:
+                    self.backend.submit(enc.finish(), hooks)
+                    asked = bool(hooks)
                 enc = self.backend.device.create_command_encoder()
-        return enc
+        return enc, held
 
     def _host_step(self, enc: Any, k: int) -> Any:
         """Kernel k is a host step: submit the step so far with a copy of its input, wait, let the
@@ -803,7 +878,7 @@ class WgpuExecutable(Executable):
             self._host_staging[k] = self.backend.create_buffer(nbytes, U.MAP_READ | U.COPY_DST, "host step")
         staging = self._host_staging[k]
         enc.copy_buffer_to_buffer(self._buffer(src), self._offset(src), staging, 0, nbytes)
-        self.backend.device.queue.submit([enc.finish()])
+        self.backend.submit(enc.finish(), self.backend.take_hooks())
         staging.map_sync(wgpu.MapMode.READ)
         try:
             x = np.frombuffer(staging.read_mapped(0, nbytes, copy=True), np.float32)
