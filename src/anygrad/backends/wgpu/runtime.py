@@ -37,10 +37,19 @@ _FEATURES = ("shader-f16", "subgroup", "timestamp-query")
 UPLOAD_FLUSH = 64 << 20   # bytes of queued writes that may sit in wgpu staging memory (upload)
 
 
+def held_parts() -> int:
+    """How many parts of a tapped step may be held back so that their copies map mid-step
+    (WgpuExecutable._encode_dispatches; each costs the GPU a drain); ANYGRAD_WGPU_HOLD_PARTS, 2
+    by default. 0: every copy is mapped after the whole step (the old way: every mid-step
+    readback then resolved at the end of the step)."""
+    try:
+        return max(0, int(os.environ.get("ANYGRAD_WGPU_HOLD_PARTS", "2")))
+    except ValueError:
+        return 2
+
+
 def held_submit_enabled() -> bool:
-    """ANYGRAD_WGPU_HOLD_PARTS=0: a tapped step's copies are mapped after the whole step (the old
-    way: every mid-step readback then resolved at the end of the step)."""
-    return os.environ.get("ANYGRAD_WGPU_HOLD_PARTS", "1") != "0"
+    return held_parts() > 0
 
 
 def _wgpu():
@@ -856,6 +865,8 @@ class WgpuExecutable(Executable):
                 enc = self._host_step(enc, cut + 1)
                 at = cut + 2
             elif cut in self.taps and cut < n - 1:
+                if asked and len(held) >= held_parts():
+                    continue  # later taps' copies go with the next part held, or the last
                 hooks = self.backend.take_hooks()
                 if asked:
                     held.append((enc.finish(), hooks))
