@@ -133,6 +133,7 @@ def run(args: argparse.Namespace) -> None:
               "step_ms": 1000 * seconds / args.steps,
               "breakdown_ms": {k: round(v, 3) for k, v in sorted(breakdown.items())},
               "first_step_s": first_s, "loss": metrics.get("loss"),
+              "hold_parts": model.parallel.hold_parts if model.parallel is not None else None,
               "params": model.num_parameters()}
     if rank == 0:
         print(json.dumps(result), flush=True)
@@ -230,7 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--batch", type=int, required=True)
     b.add_argument("--device", default="wgpu")
     b.add_argument("--steps", type=int, default=20)
-    b.add_argument("--warmup", type=int, default=3)
+    b.add_argument("--warmup", type=int, default=8,
+                   help="steps before the clock starts (the first 7 updates of several devices time their "
+                        "readback settings, DataParallel.hold_parts)")
     b.add_argument("--json")
     d = sub.add_parser("suite", help="export, then 1 GPU / 2 ranks / 2 devices of one process per model; the table")
     d.add_argument("--out", required=True)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import os
 import queue
 import threading
 import time
@@ -78,6 +79,17 @@ def open_backends(devices: list[Any], limits: str | None = None, memory_budget: 
         else:
             out.append(get_backend(spec, limits=limits, memory_budget=memory_budget))
     return out
+
+
+HOLD_TRIALS = 3  # updates timed with each setting of hold_parts before one is kept
+HOLD_CANDIDATES = (2, 0)
+
+
+def _int_or(text: str, default: Any) -> Any:
+    try:
+        return max(0, int(text))
+    except ValueError:
+        return default
 
 
 class _Done:
@@ -145,6 +157,12 @@ class DataParallel:
         self.set_sync_batchnorm(model.sync_batchnorm if sync_batchnorm is None else sync_batchnorm)
         # Unlike devices (an iGPU beside a dGPU) share by speed, measured after the first update.
         self._balance_later = len({r.backend.description for r in self.replicas}) > 1
+        # How many parts of a wgpu step are held so that buckets map mid-step (runtime.held_parts):
+        # ANYGRAD_WGPU_HOLD_PARTS if set, else the faster of the default and 0, timed over
+        # HOLD_TRIALS updates each after the first (it depends on the model and the GPU).
+        fixed = os.environ.get("ANYGRAD_WGPU_HOLD_PARTS")
+        self.hold_parts: int | None = None if fixed is None else _int_or(fixed, None)
+        self._hold_trials: list[tuple[int, float]] = []
 
     def set_sync_batchnorm(self, on: bool) -> None:
         """BatchNorm statistics over every replica (every device, every rank) as SyncBatchNorm, or per
@@ -275,12 +293,15 @@ class DataParallel:
             start += size
             exe = r._program("train", take(inputs, part), take(targets, part), GRADIENT_PHASE[phase])
             feeds = {**take(inputs, part), **take(targets, part)}
-            jobs.append((i, r, exe, feeds, size, fetch_loss or self._timing, update))
+            jobs.append((i, r, exe, feeds, size, fetch_loss or self._timing, update, None))
         self._sizes = sizes
         if update and not self._ordered:  # before the devices start: their threads index the buckets
             self._order_buckets(jobs[0][2])
+        hold = self._hold_for_this_update() if update else None
+        trial = hold is not None and self.hold_parts is None and self.updates >= 1  # not the compiling one
         if self._meet is not None:
             self._meet.ready()
+        jobs = [job[:-1] + (hold,) for job in jobs]
         if self._timing and self._meet is None:  # balance(): each device alone, timed (compiled before the clock starts)
             futures = [_Done(self._gradient_job(*job)) for job in jobs]
         else:
@@ -300,6 +321,8 @@ class DataParallel:
                     self.speeds = [n / max(t, 1e-9) for t, n in self._times]
                     self._timing = False
         self._spent("step", began)
+        if trial:
+            self._hold_trials.append((hold, time.perf_counter() - began))
         if not fetch_loss:
             return None
         local = sum(float(out[next(iter(out))]) * s for out, s in zip(losses, sizes)) / sum(sizes)
@@ -373,8 +396,23 @@ class DataParallel:
             exe._bucket_ready = held
         return held[1]
 
+    def _hold_for_this_update(self) -> int | None:
+        """hold_parts for this update's gradient phases: the fixed or chosen value, or the next
+        trial (after a first update, which compiles); the trials done, the faster by median."""
+        if self.hold_parts is not None or not self._ordered:
+            return self.hold_parts
+        if self.updates < 1:  # the first update compiles: not timed
+            return HOLD_CANDIDATES[0]
+        if len(self._hold_trials) >= HOLD_TRIALS * len(HOLD_CANDIDATES):
+            times = {c: sorted(t for h, t in self._hold_trials if h == c) for c in HOLD_CANDIDATES}
+            self.hold_parts = min(HOLD_CANDIDATES, key=lambda c: (times[c][len(times[c]) // 2], c != HOLD_CANDIDATES[0]))
+            if self.group is not None and self.group.size > 1:  # every rank keeps rank 0's pick
+                self.hold_parts = int(self.group.gather_strings(str(self.hold_parts))[0])
+            return self.hold_parts
+        return HOLD_CANDIDATES[len(self._hold_trials) % len(HOLD_CANDIDATES)]
+
     def _gradient_job(self, i: int, r: Model, exe: Any, feeds: dict, size: int, fetch: bool,
-                      update: bool) -> Any:
+                      update: bool, hold: int | None = None) -> Any:
         """One device: its gradient phase, then (at an update) its gradient read back bucket by
         bucket, each announced on its queue as soon as it is on the host (an error too). On wgpu a
         bucket's copy is encoded right after the kernel that finishes it, and that much of the step
@@ -408,6 +446,7 @@ class DataParallel:
                     reader[0].start()
                 if hasattr(exe, "encoded"):
                     exe.encoded = encoded
+                    exe.hold_parts = hold
             try:
                 out = exe.run(feeds, fetch=[exe.graph.outputs[0]] if fetch else [])
             finally:

@@ -48,8 +48,13 @@ def held_parts() -> int:
         return 2
 
 
-def held_submit_enabled() -> bool:
-    return held_parts() > 0
+def early_chunk() -> int:
+    """Kernels in a tapped step's first submission, doubling up to its first tap (0: none before
+    it; ANYGRAD_WGPU_EARLY_CHUNK, default 16; WgpuExecutable._encode_dispatches)."""
+    try:
+        return max(0, int(os.environ.get("ANYGRAD_WGPU_EARLY_CHUNK", "16")))
+    except ValueError:
+        return 16
 
 
 def _wgpu():
@@ -342,7 +347,7 @@ class WgpuBackend(Backend):
             finally:
                 asked.set()
         request.cancel = asked.set  # its part was never submitted: finish() raises
-        hooked = encoder is not None and held_submit_enabled()
+        hooked = encoder is not None
         if encoder is None:
             try:
                 self.device.queue.submit([enc.finish()])
@@ -610,6 +615,9 @@ class WgpuExecutable(Executable):
         # called once the step is encoded, before its held parts are submitted (which waits for
         # the GPU): the caller's reader of the taps' copies starts there (DataParallel)
         self.encoded: Callable[[], None] | None = None
+        # parts held so that their copies map mid-step (_encode_dispatches); None: held_parts()
+        self.hold_parts: int | None = None
+        self._deferred: list[Callable[[], None]] = []
         # host steps (kernels_collective): AllReduceSum's data-parallel sums, run on the host
         self._host_steps = {k for k, st in enumerate(self.plan.steps) if st.kernel.name.startswith(HOST_PREFIX)}
         self._host_staging: dict[int, Any] = {}
@@ -753,7 +761,8 @@ class WgpuExecutable(Executable):
     def run(self, feeds: Mapping[str, np.ndarray], fetch: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         wgpu = _wgpu()
         fetch = tuple(self.graph.outputs if fetch is None else fetch)
-        _cancel(self.backend.take_hooks())  # left by a run that failed while encoding
+        _cancel(self.backend.take_hooks() + self._deferred)  # left by a run that failed while encoding
+        self._deferred = []
         self._write_inputs(feeds)
         if self._dispatches is None or self._generation != self.backend.generation:
             self._build()
@@ -794,13 +803,14 @@ class WgpuExecutable(Executable):
             last = enc.finish()
             if self.encoded is not None:
                 self.encoded()
+            deferred, self._deferred = self._deferred, []
             try:
                 for part, hooks in held:
                     self.backend.submit(part, hooks)
                     hooks.clear()
-                self.backend.submit(last, self.backend.take_hooks())
+                self.backend.submit(last, deferred + self.backend.take_hooks())
             except BaseException:
-                _cancel([h for _, hooks in held for h in hooks])
+                _cancel([h for _, hooks in held for h in hooks] + deferred)
                 raise
             if self._dispatches and self._profiler is not None:
                 self._profiler.collect()
@@ -847,7 +857,13 @@ class WgpuExecutable(Executable):
         hosted = {k - 1 for k in self._host_steps} if self._host_steps and collective.has_reducer() else set()
         held: list[tuple[Any, list]] = []
         asked = False
-        for cut in sorted({k for k in self.taps if k < n} | hosted | {n - 1}):
+        # Until the first tap nothing waits on a mapping: the first kernels go in doubling chunks,
+        # so the GPU starts while the rest is encoded.
+        cap = held_parts() if self.hold_parts is None else self.hold_parts
+        deferred: list[Callable[[], None]] = []  # cap 0: every map asked after the last part
+        first = min((k for k in self.taps if k < n), default=-1) if cap else -1
+        early = {c - 1 for c in (early_chunk() << j for j in range(32)) if 0 < c <= first}
+        for cut in sorted({k for k in self.taps if k < n} | hosted | {n - 1} | early):
             if cut >= at:
                 cpass = enc.begin_compute_pass()
                 for pipe, bg, wg in self._dispatches[at:cut + 1]:
@@ -861,11 +877,20 @@ class WgpuExecutable(Executable):
             if cut in hosted:  # the next kernel is a host step: it runs on the host, between submissions
                 for part, hooks in held:
                     self.backend.submit(part, hooks)
-                held, asked = [], False
+                for hook in deferred:
+                    hook()
+                held, asked, deferred = [], False, []
                 enc = self._host_step(enc, cut + 1)
                 at = cut + 2
+            elif cut in early and not asked:
+                self.backend.submit(enc.finish(), self.backend.take_hooks())
+                enc = self.backend.device.create_command_encoder()
+            elif cut in self.taps and cut < n - 1 and not cap:
+                deferred += self.backend.take_hooks()
+                self.backend.submit(enc.finish())
+                enc = self.backend.device.create_command_encoder()
             elif cut in self.taps and cut < n - 1:
-                if asked and len(held) >= held_parts():
+                if asked and len(held) >= cap:
                     continue  # later taps' copies go with the next part held, or the last
                 hooks = self.backend.take_hooks()
                 if asked:
@@ -874,6 +899,7 @@ class WgpuExecutable(Executable):
                     self.backend.submit(enc.finish(), hooks)
                     asked = bool(hooks)
                 enc = self.backend.device.create_command_encoder()
+        self._deferred = deferred
         return enc, held
 
     def _host_step(self, enc: Any, k: int) -> Any:
