@@ -528,3 +528,44 @@ def test_hold_parts_is_timed_then_kept(tiny, monkeypatch):
     monkeypatch.setenv("ANYGRAD_WGPU_HOLD_PARTS", "1")
     fixed = anygrad.load_onnx(str(model)).compile(optimizer=Adam(lr=0.01), device="cpu,cpu")
     assert fixed.parallel.hold_parts == 1
+
+
+def test_a_failed_part_submission_fails_the_step_and_the_next_one_trains(tiny, monkeypatch):
+    """A submit failing while the held parts go out (a lost device, say): the step raises instead of
+    leaving the bucket reader waiting, and the next step trains from equal replicas."""
+    import threading
+
+    from anygrad.backends.wgpu import WgpuBackend
+    from anygrad.devices import list_adapters
+    from anygrad.distributed import parallel
+    if not list_adapters():
+        pytest.fail("no wgpu adapter: install mesa-vulkan-drivers (lavapipe)")
+    monkeypatch.setenv("ANYGRAD_WGPU_HOLD_PARTS", "1")
+    monkeypatch.setattr(parallel, "BUCKET_BYTES", 64 * 4)
+    model, _, x, y = tiny
+    m = anygrad.load_onnx(str(model)).compile(optimizer=Adam(lr=0.01), device="wgpu:0,wgpu:0")
+    m.train_on_batch(x[:16], y[:16])
+    plain, calls = WgpuBackend.submit, []
+
+    def failing(self, command_buffer, hooks=()):
+        calls.append(len(hooks))
+        if hooks and sum(1 for n in calls if n) == 2:  # the first held part
+            raise RuntimeError("submit failed")
+        return plain(self, command_buffer, hooks)
+    monkeypatch.setattr(WgpuBackend, "submit", failing)
+    outcome = []
+
+    def step():
+        try:
+            m.train_on_batch(x[16:32], y[16:32])
+            outcome.append("trained")
+        except Exception as e:  # noqa: BLE001 - the outcome is checked below
+            outcome.append(e)
+    t = threading.Thread(target=step, daemon=True)
+    t.start()
+    t.join(120)
+    assert not t.is_alive(), "the step hung after a failed submission"
+    assert outcome and isinstance(outcome[0], Exception) and "submit failed" in str(outcome[0])
+    monkeypatch.setattr(WgpuBackend, "submit", plain)
+    assert np.isfinite(m.train_on_batch(x[32:48], y[32:48]))
+    m.parallel.check_replicas()

@@ -365,9 +365,8 @@ class DataParallel:
             self._ordered = False
             # device 0 reads into the sum itself; the others into a buffer of their own
             self._host = [np.empty(starts[-1], np.float32) for _ in self.replicas]
-        for q in self._ready:
-            while not q.empty():
-                q.get_nowait()
+        # new queues each update: a reader left from a failed step announces into its own, not this one's
+        self._ready = [queue.SimpleQueue() for _ in self.replicas]
         self._arrived = [set() for _ in self.replicas]
         self._step_seen: set[str] = set()  # which timings this step has begun (_read_buckets)
 
@@ -415,9 +414,11 @@ class DataParallel:
                       update: bool, hold: int | None = None) -> Any:
         """One device: its gradient phase, then (at an update) its gradient read back bucket by
         bucket, each announced on its queue as soon as it is on the host (an error too). On wgpu a
-        bucket's copy is encoded right after the kernel that finishes it, and that much of the step
-        is submitted at once: the bucket is read, summed and all-reduced during the rest of the
-        backward pass."""
+        bucket's copy is encoded right after the kernel that finishes it; once the step is encoded
+        (exe.encoded) a reader thread takes those buckets while the executable submits the rest
+        part by part (`hold` parts held: runtime._encode_dispatches), so each bucket is read,
+        summed and all-reduced during the rest of the backward pass."""
+        announce = self._ready[i]  # this update's queue (_prepare_exchange makes new ones)
         try:
             began = time.perf_counter()
             if self._timing:
@@ -441,7 +442,7 @@ class DataParallel:
 
                 def encoded() -> None:  # the tapped buckets are read while the rest of the step runs
                     tapped = sorted(waits, key=lambda k: (ready[k], k))
-                    reader.append(threading.Thread(target=self._read_buckets, args=(i, waits, tapped),
+                    reader.append(threading.Thread(target=self._read_buckets, args=(i, waits, tapped, announce),
                                                    name="anygrad-readback", daemon=True))
                     reader[0].start()
                 if hasattr(exe, "encoded"):
@@ -467,7 +468,7 @@ class DataParallel:
                     if k not in waits:
                         names, a, b = self._buckets[k]
                         waits[k] = r.backend.export_states_async(names, host[a:b])
-                self._read_buckets(i, waits, late)
+                self._read_buckets(i, waits, late, announce)
                 if reader:
                     reader[0].join()
             return out
@@ -475,10 +476,11 @@ class DataParallel:
             if self._meet is not None:
                 self._meet.barrier.abort()  # the other devices stop waiting for this one
             if update:
-                self._ready[i].put(e)
+                announce.put(e)
             raise
 
-    def _read_buckets(self, i: int, waits: dict[int, Callable[[], None]], order: list[int]) -> None:
+    def _read_buckets(self, i: int, waits: dict[int, Callable[[], None]], order: list[int],
+                      announce: queue.SimpleQueue) -> None:
         """Device i's buckets `order` onto the host, one after the other, each announced on its
         queue as it lands (an error too, then stop). The wait for its first bucket counts as
         compute_wait<i>, the others as readback<i>."""
@@ -487,12 +489,12 @@ class DataParallel:
             try:
                 waits[k]()
             except BaseException as e:  # noqa: BLE001 - handed to the main thread, which raises it
-                self._ready[i].put(e)
+                announce.put(e)
                 return
             first = f"compute_wait{i}" not in self._step_seen
             self._step_seen.add(f"compute_wait{i}")
             self._spent(f"compute_wait{i}" if first else f"readback{i}", t)
-            self._ready[i].put(k)
+            announce.put(k)
 
     def _await(self, i: int, k: int, futures: list[Any]) -> None:
         """Until device i has bucket k on the host (devices may finish buckets in their own order)."""

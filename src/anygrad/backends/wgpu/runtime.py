@@ -810,7 +810,7 @@ class WgpuExecutable(Executable):
                     hooks.clear()
                 self.backend.submit(last, deferred + self.backend.take_hooks())
             except BaseException:
-                _cancel([h for _, hooks in held for h in hooks] + deferred)
+                _cancel([h for _, hooks in held for h in hooks] + deferred + self.backend.take_hooks())
                 raise
             if self._dispatches and self._profiler is not None:
                 self._profiler.collect()
