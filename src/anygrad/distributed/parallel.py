@@ -149,7 +149,7 @@ class DataParallel:
         self._arrived: list[set[int]] = []
         self._ordered = False  # buckets sorted by when the program finishes them (_order_buckets)
         self._ready = [queue.SimpleQueue() for _ in self.replicas]
-        self._step_seen: set[str] = set()
+        self._first_read: set[int] = set()  # devices whose first bucket of this update arrived
         self.timings: dict[str, float] = {}
         self.steps = 0
         self._sizes: list[int] = []  # this micro-batch's shares (AllReduceSum's weights)
@@ -157,7 +157,7 @@ class DataParallel:
         self.set_sync_batchnorm(model.sync_batchnorm if sync_batchnorm is None else sync_batchnorm)
         # Unlike devices (an iGPU beside a dGPU) share by speed, measured after the first update.
         self._balance_later = len({r.backend.description for r in self.replicas}) > 1
-        # How many parts of a wgpu step are held so that buckets map mid-step (runtime.held_parts):
+        # How many parts of a wgpu step are held so that buckets map mid-step (WgpuExecutable.hold_parts):
         # ANYGRAD_WGPU_HOLD_PARTS if set, else the faster of the default and 0, timed over
         # HOLD_TRIALS updates each after the first (it depends on the model and the GPU).
         fixed = os.environ.get("ANYGRAD_WGPU_HOLD_PARTS")
@@ -293,7 +293,7 @@ class DataParallel:
             start += size
             exe = r._program("train", take(inputs, part), take(targets, part), GRADIENT_PHASE[phase])
             feeds = {**take(inputs, part), **take(targets, part)}
-            jobs.append((i, r, exe, feeds, size, fetch_loss or self._timing, update, None))
+            jobs.append((i, r, exe, feeds, size, fetch_loss or self._timing, update))
         self._sizes = sizes
         if update and not self._ordered:  # before the devices start: their threads index the buckets
             self._order_buckets(jobs[0][2])
@@ -301,7 +301,7 @@ class DataParallel:
         trial = hold is not None and self.hold_parts is None and self.updates >= 1  # not the compiling one
         if self._meet is not None:
             self._meet.ready()
-        jobs = [job[:-1] + (hold,) for job in jobs]
+        jobs = [job + (hold,) for job in jobs]
         if self._timing and self._meet is None:  # balance(): each device alone, timed (compiled before the clock starts)
             futures = [_Done(self._gradient_job(*job)) for job in jobs]
         else:
@@ -368,7 +368,7 @@ class DataParallel:
         # new queues each update: a reader left from a failed step announces into its own, not this one's
         self._ready = [queue.SimpleQueue() for _ in self.replicas]
         self._arrived = [set() for _ in self.replicas]
-        self._step_seen: set[str] = set()  # which timings this step has begun (_read_buckets)
+        self._first_read = set()
 
     def _order_buckets(self, exe: Any) -> None:
         """Once: take the buckets in the order device 0's program finishes them (where it says), so
@@ -387,7 +387,7 @@ class DataParallel:
     def _ready_steps(self, exe: Any) -> dict[int, int | None]:
         """Per bucket, the kernel of `exe` after which its gradients are final (None: at the end), for
         executables that can read back mid-step (wgpu's taps); {} for the others."""
-        if not hasattr(exe, "taps") or not hasattr(exe, "last_write"):
+        if not all(hasattr(exe, a) for a in ("taps", "last_write", "encoded", "hold_parts")):
             return {}
         held = getattr(exe, "_bucket_ready", None)
         if held is None or held[0] is not self._buckets:
@@ -445,29 +445,22 @@ class DataParallel:
                     reader.append(threading.Thread(target=self._read_buckets, args=(i, waits, tapped, announce),
                                                    name="anygrad-readback", daemon=True))
                     reader[0].start()
-                if hasattr(exe, "encoded"):
-                    exe.encoded = encoded
-                    exe.hold_parts = hold
+                exe.encoded, exe.hold_parts = encoded, hold or 0
             try:
                 out = exe.run(feeds, fetch=[exe.graph.outputs[0]] if fetch else [])
             finally:
                 collective.set_reducer(None)
                 if ready:
-                    exe.taps = {}
-                    if hasattr(exe, "encoded"):
-                        exe.encoded = None
+                    exe.taps, exe.encoded = {}, None
             self._spent(f"run{i}", began)
             if self._timing:
                 self._times[i][0] += time.perf_counter() - began
                 self._times[i][1] += size
             if update:
                 late = [k for k in range(len(self._buckets)) if k not in waits]  # read after the step
-                if not reader:  # taps without the encoded() call (another executable type): read them now
-                    late = sorted(waits, key=lambda k: (ready[k], k)) + late
                 for k in late:
-                    if k not in waits:
-                        names, a, b = self._buckets[k]
-                        waits[k] = r.backend.export_states_async(names, host[a:b])
+                    names, a, b = self._buckets[k]
+                    waits[k] = r.backend.export_states_async(names, host[a:b])
                 self._read_buckets(i, waits, late, announce)
                 if reader:
                     reader[0].join()
@@ -491,8 +484,8 @@ class DataParallel:
             except BaseException as e:  # noqa: BLE001 - handed to the main thread, which raises it
                 announce.put(e)
                 return
-            first = f"compute_wait{i}" not in self._step_seen
-            self._step_seen.add(f"compute_wait{i}")
+            first = i not in self._first_read
+            self._first_read.add(i)
             self._spent(f"compute_wait{i}" if first else f"readback{i}", t)
             announce.put(k)
 

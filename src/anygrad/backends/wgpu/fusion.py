@@ -200,7 +200,7 @@ def _residual_fits(graph: Graph, gemm: Node, other: str, out: str) -> bool:
     values = (other, gemm.outputs[0], out)
     if any(v not in graph.info or np.dtype(graph.info[v].dtype) != np.float32 for v in values):
         return False
-    return (gemm.op in GEMM_OPS and not gemm.attr("_residual") and gemm.attr("_epilogue") is None
+    return (not gemm.attr("_residual") and gemm.attr("_epilogue") is None
             and gemm.attr("_permY") is None and other != gemm.outputs[0]
             and shape_of(graph, other) == shape_of(graph, gemm.outputs[0]) == shape_of(graph, out))
 
@@ -210,11 +210,11 @@ def _residual_fits(graph: Graph, gemm: Node, other: str, out: str) -> bool:
 ROW_RESIDUAL_OPS = frozenset({"LayerNormGrad"})
 
 
-def _fuse_row_residual(graph: Graph, add: Node, sole_input, producers: dict[str, Node], absorbed: set[int]) -> None:
+def _fuse_row_residual(graph: Graph, add: Node, sole_input, producers: dict[str, Node], absorbed: set[int],
+                       order: dict[int, int]) -> None:
     """Add(other, p's first output) becomes p's store `+ other` when p is a row kernel of
-    ROW_RESIDUAL_OPS and `other` exists before p runs. p keeps its place: its other outputs
-    (LayerNorm's parameter gradients) may be read before the Add's place."""
-    order = {id(m): k for k, m in enumerate(graph.nodes)}
+    ROW_RESIDUAL_OPS and `other` exists before p runs (order: node id -> place). p keeps its
+    place: its other outputs (LayerNorm's parameter gradients) may be read before the Add's."""
     for slot in (0, 1):
         p = sole_input(add.inputs[slot])
         other = add.inputs[1 - slot]
@@ -246,6 +246,7 @@ def fuse_epilogues(graph: Graph, protected: set[str], supports_epilogue: set[str
     replaced: dict[int, Node] = {}   # id(absorbed node) -> the GEMM now standing in its place
     moved = set()                    # ids of GEMMs moved to a later place
     absorbed: set[int] = set()       # ids of residual Adds a row kernel took over in its own place
+    order = {id(m): k for k, m in enumerate(graph.nodes)}  # where each node will run (fused GEMMs move)
 
     def sole_input(v: str) -> Node | None:
         p = producers.get(v)
@@ -272,11 +273,12 @@ def fuse_epilogues(graph: Graph, protected: set[str], supports_epilogue: set[str
                     continue
                 p.outputs[0] = n.outputs[0]
                 replaced[id(n)] = p
+                order[id(p)] = order[id(n)]  # it will run there
                 moved.add(id(p))
                 producers[n.outputs[0]] = p
                 break
             else:
-                _fuse_row_residual(graph, n, sole_input, producers, absorbed)
+                _fuse_row_residual(graph, n, sole_input, producers, absorbed, order)
             continue
         if len(n.inputs) != 1:
             continue
@@ -292,6 +294,7 @@ def fuse_epilogues(graph: Graph, protected: set[str], supports_epilogue: set[str
             continue
         p.outputs[0] = n.outputs[0]
         replaced[id(n)] = p
+        order[id(p)] = order[id(n)]
         moved.add(id(p))
         producers[n.outputs[0]] = p
     # each fused GEMM runs where the last node it absorbed ran (its bias may be computed late)

@@ -6,7 +6,6 @@ buffer, submit one new command buffer, and map the staging buffer only when some
 """
 from __future__ import annotations
 
-import os
 import re
 import sys
 import threading
@@ -37,24 +36,7 @@ _FEATURES = ("shader-f16", "subgroup", "timestamp-query")
 UPLOAD_FLUSH = 64 << 20   # bytes of queued writes that may sit in wgpu staging memory (upload)
 
 
-def held_parts() -> int:
-    """How many parts of a tapped step may be held back so that their copies map mid-step
-    (WgpuExecutable._encode_dispatches; each costs the GPU a drain); ANYGRAD_WGPU_HOLD_PARTS, 2
-    by default. 0: every copy is mapped after the whole step (the old way: every mid-step
-    readback then resolved at the end of the step)."""
-    try:
-        return max(0, int(os.environ.get("ANYGRAD_WGPU_HOLD_PARTS", "2")))
-    except ValueError:
-        return 2
-
-
-def early_chunk() -> int:
-    """Kernels in a tapped step's first submission, doubling up to its first tap (0: none before
-    it; ANYGRAD_WGPU_EARLY_CHUNK, default 16; WgpuExecutable._encode_dispatches)."""
-    try:
-        return max(0, int(os.environ.get("ANYGRAD_WGPU_EARLY_CHUNK", "16")))
-    except ValueError:
-        return 16
+EARLY_CHUNK = 16  # kernels in a tapped step's first submission, doubling up to its first tap
 
 
 def _wgpu():
@@ -347,22 +329,18 @@ class WgpuBackend(Backend):
             finally:
                 asked.set()
         request.cancel = asked.set  # its part was never submitted: finish() raises
-        hooked = encoder is not None
         if encoder is None:
             try:
                 self.device.queue.submit([enc.finish()])
                 request()
             except Exception as e:
                 raise _gpu_error(e, "reading gradients back") from e
-        elif hooked:
+        else:
             self._hooks.append(request)
 
         def finish() -> None:
             try:
-                if hooked:
-                    asked.wait()
-                elif not promise:
-                    request()
+                asked.wait()
                 if not promise:
                     raise DeviceError("the gradient copy's submission failed")
                 _copy_mapped(buf, promise[0], out[:total // 4])
@@ -615,8 +593,9 @@ class WgpuExecutable(Executable):
         # called once the step is encoded, before its held parts are submitted (which waits for
         # the GPU): the caller's reader of the taps' copies starts there (DataParallel)
         self.encoded: Callable[[], None] | None = None
-        # parts held so that their copies map mid-step (_encode_dispatches); None: held_parts()
-        self.hold_parts: int | None = None
+        # parts held so that the taps' copies map mid-step (_encode_dispatches; set by the caller,
+        # DataParallel, which times it); 0: every map asked after the last part
+        self.hold_parts = 0
         self._deferred: list[Callable[[], None]] = []
         # host steps (kernels_collective): AllReduceSum's data-parallel sums, run on the host
         self._host_steps = {k for k, st in enumerate(self.plan.steps) if st.kernel.name.startswith(HOST_PREFIX)}
@@ -859,10 +838,10 @@ class WgpuExecutable(Executable):
         asked = False
         # Until the first tap nothing waits on a mapping: the first kernels go in doubling chunks,
         # so the GPU starts while the rest is encoded.
-        cap = held_parts() if self.hold_parts is None else self.hold_parts
+        cap = self.hold_parts
         deferred: list[Callable[[], None]] = []  # cap 0: every map asked after the last part
         first = min((k for k in self.taps if k < n), default=-1) if cap else -1
-        early = {c - 1 for c in (early_chunk() << j for j in range(32)) if 0 < c <= first}
+        early = {c - 1 for c in (EARLY_CHUNK << j for j in range(32)) if 0 < c <= first}
         for cut in sorted({k for k in self.taps if k < n} | hosted | {n - 1} | early):
             if cut >= at:
                 cpass = enc.begin_compute_pass()
