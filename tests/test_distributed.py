@@ -440,6 +440,30 @@ def test_sync_batchnorm_on_two_wgpu_devices(bn_data):
     assert np.abs(per_replica - losses).max() > 1e-3
 
 
+def test_device_shards_are_uploaded_through_mapped_buffers(tiny, monkeypatch):
+    """A data-parallel device waits for its shard, so a big input goes through a mapped buffer of its
+    own, filled over the host's threads with the cast to float32 in the same pass (here every input:
+    the threshold is 0, and the data float64), and the step copies it first. Training is unchanged."""
+    from anygrad.backends.wgpu import runtime
+    from anygrad.devices import list_adapters
+    if not list_adapters():
+        pytest.fail("no wgpu adapter: install mesa-vulkan-drivers (lavapipe)")
+    monkeypatch.setattr(runtime, "STAGED_INPUT_BYTES", 0)
+    model, _, x, y = tiny
+    x, y = x[:32], y[:32]
+    losses, state, _ = _reference(model, x, y, device="wgpu:0", epochs=1)
+    m = anygrad.load_onnx(str(model)).compile(optimizer=Adam(lr=0.01), device="wgpu:0,wgpu:0", accumulate=2,
+                                              clip_norm=1.0)
+    got = _epochs(m, x.astype(np.float64), y, epochs=1)
+    np.testing.assert_allclose(got, losses, **TOL)
+    for name, value in m.state_dict().items():
+        np.testing.assert_allclose(value, state[name], **TOL, err_msg=name)
+    for r in m.parallel.replicas:
+        programs = [e for k, e in r._programs.items() if k[0] == "train"]
+        assert programs and all(set(e._upload_bufs) == set(e.graph.inputs) for e in programs)
+    assert {"upload0", "upload1"} <= set(m.parallel.breakdown())
+
+
 @pytest.mark.parametrize("hold", ["1", "0"])
 def test_buckets_are_read_back_during_the_backward_pass(tiny, monkeypatch, hold):
     """Tiny buckets on two lavapipe devices: each bucket's copy is encoded right after the kernel that

@@ -37,7 +37,9 @@ R = TypeVar("R")
 
 _POOL: ThreadPoolExecutor | None = None
 _BLAS: tuple | None = None
-_local = threading.local()  # .worker: this thread is a pool worker (never waits on the pool)
+# .worker: this thread runs ops without the pool (a pool worker, or a data-parallel device's
+# thread); .pooled: it is one of the pool's (or running a share), so it never waits on the pool
+_local = threading.local()
 
 
 def _forget_pool() -> None:
@@ -115,7 +117,7 @@ def _pool(n: int) -> ThreadPoolExecutor:
     if _POOL is None or _POOL._max_workers < n:
 
         def mark() -> None:
-            _local.worker = True
+            _local.worker = _local.pooled = True
 
         _POOL = ThreadPoolExecutor(n, thread_name_prefix="anygrad-cpu", initializer=mark)
     return _POOL
@@ -137,16 +139,21 @@ def map_shares(work: Callable[[list[T]], list[R]], items: Sequence[T], n: int | 
     n = (blas_workers() if blas else workers()) if n is None else n
     if getattr(_local, "worker", False):
         n = 1  # already on a worker: never wait on the pool from inside it
+    return _run_shares(work, items, n, blas)
+
+
+def _run_shares(work: Callable[[list[T]], list[R]], items: Sequence[T], n: int, blas: bool) -> list[R]:
     parts = shares(items, n)
     if len(parts) <= 1:
         return list(work(list(items))) if items else []
     with serial_blas() if blas else contextlib.nullcontext():
         futures = [_pool(len(parts) - 1).submit(work, part) for part in parts[1:]]
-        _local.worker = True  # the calling thread is a worker too until its share is done
+        was = getattr(_local, "worker", False), getattr(_local, "pooled", False)
+        _local.worker = _local.pooled = True  # the calling thread is a worker too until its share is done
         try:
             first = work(parts[0])
         finally:
-            _local.worker = False
+            _local.worker, _local.pooled = was
         results = [first] + [f.result() for f in futures]
     out: list = [None] * len(items)
     for i, part_results in enumerate(results):
@@ -161,7 +168,7 @@ def copy(dst: np.ndarray, src: np.ndarray) -> None:
     """np.copyto for large 1-D arrays, in pieces over the threads: one core copies ~9 GB/s, short
     of what memory and PCIe give (a 45 MB gradient read back from a mapped wgpu buffer: 5.1 ms on
     one thread, 1.7 ms on 8, on the H100 host)."""
-    if dst.nbytes < 2 * COPY_CHUNK:
+    if dst.nbytes < 2 * COPY_CHUNK or getattr(_local, "pooled", False):
         np.copyto(dst, src)
         return
     step = max(1, COPY_CHUNK // dst.itemsize)
@@ -171,7 +178,9 @@ def copy(dst: np.ndarray, src: np.ndarray) -> None:
         for sl in share:
             np.copyto(dst[sl], src[sl])
         return [None] * len(share)
-    map_shares(work, pieces, min(len(pieces), workers()), blas=False)
+    # also from a data-parallel device's thread (mark_worker), unlike ops: a copy never waits on
+    # the pool from inside its share, and these are the host's bytes on their way to a GPU
+    _run_shares(work, pieces, min(len(pieces), workers()), blas=False)
 
 
 def ranges(n: int, parts: int, align: int = 1) -> list[slice]:

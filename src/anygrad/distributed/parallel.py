@@ -292,6 +292,8 @@ class DataParallel:
             part = slice(start, start + size)
             start += size
             exe = r._program("train", take(inputs, part), take(targets, part), GRADIENT_PHASE[phase])
+            if hasattr(exe, "stage_inputs"):  # the device waits for its shard: uploaded over the host's threads
+                exe.stage_inputs = True
             feeds = {**take(inputs, part), **take(targets, part)}
             jobs.append((i, r, exe, feeds, size, fetch_loss or self._timing, update))
         self._sizes = sizes
@@ -453,6 +455,7 @@ class DataParallel:
                 if ready:
                     exe.taps, exe.encoded = {}, None
             self._spent(f"run{i}", began)
+            self.timings[f"upload{i}"] = self.timings.get(f"upload{i}", 0.0) + getattr(exe, "upload_s", 0.0)
             if self._timing:
                 self._times[i][0] += time.perf_counter() - began
                 self._times[i][1] += size
@@ -588,7 +591,7 @@ class DataParallel:
     def breakdown(self, reset: bool = True) -> dict[str, float]:
         """Host milliseconds per step in each part of the data-parallel step, since the last reset:
         submit (the main thread handing each device its shard), run<i> (device i's thread
-        uploading its shard, encoding and submitting its gradient phase: on a GPU the host's part,
+        uploading its shard (upload<i> of it, on a GPU), encoding and submitting its gradient phase: on a GPU the host's part,
         on a CPU device the whole computation; with --sync-batchnorm also the waits for the other
         replicas), compute_wait<i> (device i finishing the step up to its first bucket and that
         bucket's readback), readback<i> (waiting for its other buckets), sum (host sum of the devices' parts), all_reduce_wait (gloo beyond what overlapped),

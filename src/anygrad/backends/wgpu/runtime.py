@@ -6,9 +6,12 @@ buffer, submit one new command buffer, and map the staging buffer only when some
 """
 from __future__ import annotations
 
+import ctypes
+import os
 import re
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -34,6 +37,10 @@ from .wgsl import np_device_dtype
 
 _FEATURES = ("shader-f16", "subgroup", "timestamp-query")
 UPLOAD_FLUSH = 64 << 20   # bytes of queued writes that may sit in wgpu staging memory (upload)
+# In a data-parallel step an input at least this big is copied by the host's threads into a mapped
+# buffer and from there into its input buffer by the step's first command: queue.write_buffer
+# took 68-93 ms for a 308 MB ImageNet batch of 512 on an H200 host, this 11-15 ms.
+STAGED_INPUT_BYTES = 16 << 20
 
 
 EARLY_CHUNK = 16  # kernels in a tapped step's first submission, doubling up to its first tap
@@ -137,6 +144,18 @@ def _copy_mapped(buf: Any, mapping: Any, out: np.ndarray) -> None:
         _parallel.copy(out, np.frombuffer(buf.read_mapped(0, out.nbytes, copy=False), out.dtype))
     finally:
         buf.unmap()
+
+
+def _write_view(buf: Any, nbytes: int) -> np.ndarray | None:
+    """The first nbytes of a buffer mapped for writing as a writable uint8 array (wgpu-py's
+    write_mapped copies on one thread), or None where this wgpu-py has no such internals."""
+    try:
+        from wgpu.backends.wgpu_native import _api
+        ptr = _api.libf.wgpuBufferGetMappedRange(buf._internal, 0, nbytes)
+        address = int(_api.ffi.cast("intptr_t", ptr))
+    except (ImportError, AttributeError):
+        return None
+    return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address))
 
 
 def to_device_packed(value: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray | None]:
@@ -555,6 +574,13 @@ class WgpuExecutable(Executable):
         self.inputs = {to: backend.create_buffer(value_bytes(self.prepared, to), usage, f"input {name}")
                        for name, to in self.feed_to.items()}
         self.input_bytes: dict[str, int] = {}  # bytes the last run wrote per input (uploads)
+        self.upload_s = 0.0  # host seconds the last run spent writing its inputs
+        # Where the GPU waits for the inputs (a data-parallel step starts once the last update is
+        # submitted), a big input goes through a mapped buffer of its own, filled over the host's
+        # threads (_write_inputs). Alone, queue.write_buffer's one-core copy overlaps the previous
+        # step, and mapping would wait for that step (DESIGN.md).
+        self.stage_inputs = False
+        self._upload_bufs: dict[str, Any] = {}
         # Arenas first: packing copies the state into them and frees the per-tensor buffers, and
         # done later (at the first run) that copy would briefly hold the parameters and optimizer
         # state twice beside every activation slot (1.3 GB more for GPT-2 small with momentum).
@@ -684,8 +710,13 @@ class WgpuExecutable(Executable):
         self._generation = self.backend.generation
 
     # -- run ----------------------------------------------------------------------------------------
-    def _write_inputs(self, feeds: Mapping[str, np.ndarray]) -> None:
+    def _write_inputs(self, feeds: Mapping[str, np.ndarray], staged: bool = False) -> list[tuple[Any, Any, int]]:
+        """Each input into its buffer. staged: a big one (STAGED_INPUT_BYTES) goes into a mapped
+        buffer of its own (kept from step to step), filled over the host's threads, with the
+        cast to the device type in the same pass; returns those (staging buffer, input buffer,
+        bytes), for the step's encoder to copy first."""
         q = self.backend.device.queue
+        copies = []
         for name in self.graph.inputs:
             if name not in feeds:
                 raise ShapeError(f"input '{name}' was not given (inputs: {self.graph.inputs})")
@@ -703,10 +734,34 @@ class WgpuExecutable(Executable):
                     q.write_buffer(buf, whole.nbytes, tail)
                 self.input_bytes[name] = whole.nbytes + (0 if tail is None else tail.nbytes)
                 continue
+            dtype = np_device_dtype(inf.dtype)
+            nbytes = value.size * dtype.itemsize
+            if staged and nbytes >= STAGED_INPUT_BYTES and dtype.itemsize == 4 and \
+                    np.can_cast(value.dtype, dtype, "same_kind"):
+                staging = self._upload_bufs.get(name)
+                if staging is not None:
+                    staging.map_sync(_wgpu().MapMode.WRITE)  # its last copy ran at the last step's start
+                else:
+                    U = _wgpu().BufferUsage
+                    staging = self.backend.device.create_buffer(size=nbytes, usage=U.COPY_SRC | U.MAP_WRITE,
+                                                                mapped_at_creation=True, label=f"upload {name}"[:60])
+                    self._upload_bufs[name] = staging
+                try:
+                    view = _write_view(staging, nbytes)
+                    if view is not None:
+                        _parallel.copy(view.view(dtype), value.reshape(-1))  # the cast in the same pass
+                    else:
+                        staging.write_mapped(to_device(value, inf.dtype))
+                finally:
+                    staging.unmap()
+                copies.append((staging, buf, nbytes))
+                self.input_bytes[name] = nbytes
+                continue
             data = to_device(value, inf.dtype)
             if data.nbytes:
                 q.write_buffer(buf, 0, data)
             self.input_bytes[name] = data.nbytes
+        return copies
 
     def _fetch_root(self, name: str) -> tuple[Root, int]:
         if self.feed_to.get(name, name) != name:  # a packed input: read its bytes as written
@@ -742,11 +797,16 @@ class WgpuExecutable(Executable):
         fetch = tuple(self.graph.outputs if fetch is None else fetch)
         _cancel(self.backend.take_hooks() + self._deferred)  # left by a run that failed while encoding
         self._deferred = []
-        self._write_inputs(feeds)
+        t = time.perf_counter()
+        staged = self.stage_inputs and os.environ.get("ANYGRAD_WGPU_STAGED_UPLOAD") != "0"
+        uploads = self._write_inputs(feeds, staged)
+        self.upload_s = time.perf_counter() - t
         if self._dispatches is None or self._generation != self.backend.generation:
             self._build()
         try:
             enc = self.backend.device.create_command_encoder()
+            for staging, buf, nbytes in uploads:
+                enc.copy_buffer_to_buffer(staging, 0, buf, 0, nbytes)
             staging, layout = self._staging_for(fetch) if fetch else (None, [])
             # A fetched state that the step overwrites in place is read before the step, as the
             # numpy backend returns it; everything else after.
