@@ -29,8 +29,12 @@ VARIANTS = [{"_gemm_variant": "register"}, {"_gemm_variant": "shared"},
             {"_gemm_variant": "register", "_gemm_block": 8}, {"_gemm_variant": "shared", "_gemm_block": 8, "_gemm_kt": 16},
             {"_gemm_variant": "shared", "_gemm_block": 4, "_gemm_kt": 8, "_gemm_prefetch": 1},
             {"_gemm_variant": "shared", "_gemm_block": 8, "_gemm_kt": 16, "_gemm_prefetch": 1, "_gemm_unroll": 2},
-            {"_gemm_variant": "shared", "_gemm_block": 8, "_gemm_kt": 16, "_gemm_prefetch": 1, "_gemm_tn": 16}]
-VARIANT_IDS = ["register4", "shared4", "register8", "shared8k16", "shared4k8p", "shared8k16pu2", "shared8x16k16p"]   # the rules prefetch GEMMs, not convs
+            {"_gemm_variant": "shared", "_gemm_block": 8, "_gemm_kt": 16, "_gemm_prefetch": 1, "_gemm_tn": 16},
+            # two workgroup tiles (Tiling.double): within the default 16 KiB of workgroup storage
+            {"_gemm_variant": "shared", "_gemm_block": 4, "_gemm_kt": 8, "_gemm_prefetch": 2},
+            {"_gemm_variant": "shared", "_gemm_block": 8, "_gemm_kt": 8, "_gemm_prefetch": 2}]
+VARIANT_IDS = ["register4", "shared4", "register8", "shared8k16", "shared4k8p", "shared8k16pu2", "shared8x16k16p",
+               "shared4k8pd", "shared8k8pd"]   # the rules prefetch GEMMs, not convs
 
 
 @functools.cache
@@ -498,6 +502,21 @@ def test_k_loop_two_steps_a_pass_matches_numpy():
         pin = {"_gemm_variant": "shared", "_gemm_block": 8, "_gemm_kt": 16, "_gemm_prefetch": 1, "_gemm_unroll": 2}
         kern = check_op("MatMul", [a, b], pin, caps=GPU, rtol=1e-3, atol=1e-3)[0]
         assert "k0s = k0s + 2u" in kern.wgsl and "u2]" in kern.name
+
+
+def test_two_workgroup_tiles_match_numpy():
+    """Tiling.double (prefetch 2, an autotuner candidate): K tile i multiplied out of one half of
+    workgroup memory while tile i + 1 is stored into the other, one barrier a tile; ragged K and
+    M/N edges, whole-K and split-K (unrolled) loops, against numpy. A pin whose two tiles exceed
+    the workgroup storage is refused (the autotuner skips it)."""
+    for m, k, n, caps in ((250, 40, 250, GPU), (64, 64, 128, GPU), (128, 1100, 128, GPU)):
+        a, b = rnd(m, k, seed=1), rnd(k, n, seed=2)
+        pin = {"_gemm_variant": "shared", "_gemm_block": 8, "_gemm_kt": 8, "_gemm_prefetch": 2}
+        kernels = check_op("MatMul", [a, b], pin, caps=caps, rtol=1e-3, atol=1e-3)
+        assert "1u - cur" in kernels[0].wgsl and "pd" in kernels[0].name
+    with pytest.raises(ValueError, match="workgroup storage"):
+        check_op("MatMul", [rnd(128, 64), rnd(64, 128)],
+                 {"_gemm_variant": "shared", "_gemm_block": 8, "_gemm_kt": 16, "_gemm_prefetch": 2}, caps=GPU)
 
 
 @pytest.mark.parametrize("nN,nM", [(1, 1), (5, 1), (1, 9), (7, 8), (3, 17), (40, 25)])

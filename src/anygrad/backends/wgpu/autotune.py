@@ -58,6 +58,10 @@ CANDIDATES: tuple[dict[str, Any], ...] = (
     # H200, GPT-2 small's fc2 forward 0.38 -> 0.30 ms and LM-head input gradient 5.1 -> 4.9 ms, its
     # LM-head forward 4.8 -> 10.0 ms
     {"_gemm_variant": "shared", "_gemm_block": 8, "_gemm_kt": 16, "_gemm_prefetch": 1, "_gemm_tn": 16},
+    # two workgroup tiles, one barrier a K tile (Tiling.double; prefetch 2)
+    {"_gemm_variant": "shared", "_gemm_block": 8, "_gemm_kt": 8, "_gemm_prefetch": 2},
+    {"_gemm_variant": "shared", "_gemm_block": 8, "_gemm_kt": 16, "_gemm_prefetch": 2},
+    {"_gemm_variant": "shared", "_gemm_block": 8, "_gemm_kt": 16, "_gemm_prefetch": 2, "_gemm_tn": 16},
     {"_gemm_variant": "register", "_gemm_block": 4},
     {"_gemm_variant": "register", "_gemm_block": 8},
     {"_gemm_variant": "dot"},

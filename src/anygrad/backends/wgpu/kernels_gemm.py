@@ -135,6 +135,9 @@ class Tiling:
     # 2 sped up some GPT-2 GEMMs and slowed others (H200: fc forward 0.373 -> 0.285 ms, LM head
     # forward 4.78 -> 5.63 ms): a choice for the autotuner, not a rule
     unroll: int = 1
+    # shared variant, prefetched: two workgroup tiles, the next K tile stored into one while the
+    # other is multiplied, so one barrier a K tile instead of two (twice the workgroup memory)
+    double: bool = False
 
     @property
     def bm(self) -> int:
@@ -481,6 +484,9 @@ def _shared_body(spec: GemmSpec, t: Tiling, va: bool, vb: bool, unroll: bool) ->
                 + ["    " + ln for ln in copy] + ["    workgroupBarrier();"]
                 + ["    " + ln for ln in compute] + ["    workgroupBarrier();", "  }"])
         return decl, body
+    if t.double:
+        decl = (f"var<workgroup> As: array<vec4<f32>, {2 * kt * bm4}>;\n"
+                f"var<workgroup> Bs: array<vec4<f32>, {2 * kt * bn4}>;")
     regs, fetch, put = [], [], []
     for name, st in zip("ab", stages):
         for i in range(st.count // nt):
@@ -490,6 +496,22 @@ def _shared_body(spec: GemmSpec, t: Tiling, va: bool, vb: bool, unroll: bool) ->
             fetch += ["{", f"  let l = tid + {u(i * nt)};"] + [f"  {ln}" for ln in st.index] + [f"  {r} = {st.load};", "}"]
             put += ["{", f"  let l = tid + {u(i * nt)};"] + [f"  {ln}" for ln in st.index] + [f"  let v = {r};"]
             put += [f"  {ln}" for ln in st.store] + ["}"]
+    if t.double:
+        # tile i is multiplied out of half i % 2 while tile i + 1 is stored into the other half:
+        # the barrier ending step i - 1 (everyone done reading that half) comes before the store
+        def half(lines: list[str], which: str) -> list[str]:
+            return [ln.replace("As[", f"As[{which} * {u(kt * bm4)} + ").replace("Bs[", f"Bs[{which} * {u(kt * bn4)} + ")
+                    for ln in lines]
+        body = (head + regs + ["  {", "    let k0 = kb;"] + ["    " + ln for ln in fetch]
+                + ["    let cur = 0u;"] + ["    " + ln for ln in half(put, "cur")] + ["  }", "  workgroupBarrier();",
+                                                                                        "  var cur = 0u;"]
+                + [f"  for (var k0 = kb; k0 < ke; k0 = k0 + {u(kt)}) {{",
+                   f"    let more = k0 + {u(kt)} < ke;",
+                   "    if (more) {", f"      let k0 = k0 + {u(kt)};"] + ["      " + ln for ln in fetch] + ["    }"]
+                + ["    " + ln for ln in half(compute, "cur")]
+                + ["    if (more) {", "      let cur = 1u - cur;"] + ["      " + ln for ln in half(put, "cur")] + ["    }"]
+                + ["    workgroupBarrier();", "    cur = 1u - cur;", "  }"])
+        return decl, body
     body = (head + regs + ["  {", "    let k0 = kb;"] + ["    " + ln for ln in fetch] + ["  }"]
             + [f"  for (var k0 = kb; k0 < ke; k0 = k0 + {u(kt)}) {{"]
             + ["    " + ln for ln in put] + ["    workgroupBarrier();",
@@ -783,7 +805,7 @@ def _split_pair(spec: GemmSpec, caps: AdapterCaps, splits: int, tile: str, parti
 
 def gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None = None,
                  allow_split: bool = True, block: int | None = None, kt: int | None = None,
-                 prefetch: bool | None = None, layout: str | None = None,
+                 prefetch: int | None = None, layout: str | None = None,
                  threads: int | None = None, unroll: int | None = None, tn: int | None = None) -> list[Kernel]:
     """The kernel list for one GEMM-shaped op: one GEMM, or a split-K GEMM + reduce. The first
     kernel carries the GEMM's FLOPs (profiles report rates, the autotuner skips small GEMMs)."""
@@ -798,7 +820,7 @@ def _plain(op: Operand) -> bool:
 
 
 def _gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None, allow_split: bool,
-                  block: int | None, kt: int | None, prefetch: bool | None,
+                  block: int | None, kt: int | None, prefetch: int | None,
                   layout: str | None = None, threads: int | None = None, unroll: int | None = None,
                   tn: int | None = None) -> list[Kernel]:
     if variant == "dot" or (variant is None and block is None and allow_split and use_dot(spec, caps)):
@@ -808,11 +830,16 @@ def _gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None, allow_
     if t.variant == "shared":
         # prefetching sped up every plain GEMM measured (H100: +3-21%) but half the implicit-GEMM
         # convs lost up to 40% (their gathers): there the autotuner decides
-        t = replace(t, prefetch=prefetch if prefetch is not None else _plain(spec.a) and _plain(spec.b))
+        t = replace(t, prefetch=bool(prefetch) if prefetch is not None else _plain(spec.a) and _plain(spec.b),
+                    double=prefetch == 2)
+        if t.double and 2 * (t.bm + t.bn) * t.kt * 4 > caps.max_workgroup_storage:
+            raise ValueError(f"two {t.bm}x{t.bn}x{t.kt} tiles do not fit {caps.max_workgroup_storage} bytes of "
+                             "workgroup storage")
         t = replace(t, swizzle=not {"plain", "noswizzle"} & lay, hoist=not {"plain", "nohoist"} & lay,
                     unroll=unroll or 1)
     splits, ksplit = choose_splits(spec, t, caps) if allow_split else (1, 0)
-    tile = f"{t.variant} {t.bm}x{t.bn}" + (f"k{t.kt}" + ("p" if t.prefetch else "") + (f"u{t.unroll}" if t.unroll > 1 else "")
+    tile = f"{t.variant} {t.bm}x{t.bn}" + (f"k{t.kt}" + ("p" if t.prefetch else "") + ("d" if t.double else "")
+                                           + (f"u{t.unroll}" if t.unroll > 1 else "")
                                            if t.variant == "shared" else "")
     if splits == 1:
         wgsl, grid, reads = gemm_wgsl(spec, t, caps)
@@ -833,7 +860,8 @@ def static_shape(graph: Graph, value: str, node: Node) -> tuple[int, ...]:
 def variant_of(node: Node) -> dict:
     """Tiling pinned by the node (benchmarks, tests, the autotuner): attrs '_gemm_variant' (register |
     shared | dot), '_gemm_block' (4 | 8 outputs per invocation along M and N), '_gemm_kt' (K tile of
-    the shared variant), '_gemm_prefetch' (0 | 1: register prefetch of the next K tile), '_gemm_layout'
+    the shared variant), '_gemm_prefetch' (0 | 1: register prefetch of the next K tile | 2: that and two
+    workgroup tiles, Tiling.double), '_gemm_layout'
     (comma list: "noswizzle" keeps the shared tiles' rows unpermuted, "nohoist" decodes im2col columns
     per element, "plain" both; also ANYGRAD_WGPU_GEMM_LAYOUT, for A/B runs), '_gemm_threads' (invocations
     per workgroup of the shared variant, 256 by default: 128 makes 128x64 tiles of the 8x8 blocks),
@@ -841,7 +869,7 @@ def variant_of(node: Node) -> dict:
     invocation along N of the shared variant, when not _gemm_block)."""
     pf = node.attr("_gemm_prefetch")
     return {"variant": node.attr("_gemm_variant"), "block": node.attr("_gemm_block"), "kt": node.attr("_gemm_kt"),
-            "prefetch": None if pf is None else bool(pf), "layout": node.attr("_gemm_layout"),
+            "prefetch": None if pf is None else int(pf), "layout": node.attr("_gemm_layout"),
             "threads": node.attr("_gemm_threads"), "unroll": node.attr("_gemm_unroll"), "tn": node.attr("_gemm_tn")}
 
 
