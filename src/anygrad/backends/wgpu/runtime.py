@@ -578,7 +578,7 @@ class WgpuExecutable(Executable):
         # Where the GPU waits for the inputs (a data-parallel step starts once the last update is
         # submitted), a big input goes through a mapped buffer of its own, filled over the host's
         # threads (_write_inputs). Alone, queue.write_buffer's one-core copy overlaps the previous
-        # step, and mapping would wait for that step (DESIGN.md).
+        # step, and mapping would wait for that step (docs/wgpu-facts.md).
         self.stage_inputs = False
         self._upload_bufs: dict[str, Any] = {}
         # Arenas first: packing copies the state into them and frees the per-tensor buffers, and
@@ -888,7 +888,7 @@ class WgpuExecutable(Executable):
         are submitted as they are encoded until one asks for a mapping; the later ones are held
         and returned, to be submitted once the whole step is encoded, each right after the one
         before it has run: while a mapping is pending, wgpu-py polls until the newest submission
-        is done and a submit waits for that poll (DESIGN.md), so a mapping asked for after later
+        is done and a submit waits for that poll (docs/wgpu-facts.md), so a mapping asked for after later
         parts were submitted would resolve only at the end. A host step (with a data-parallel
         reducer on this thread) ends the pass, submits and runs on the host.
         Returns the encoder the rest of the step is encoded into, and the held parts."""
