@@ -188,6 +188,29 @@ def loss_reads_half(g: Graph) -> None:
             infer_node(g, node)
 
 
+F16_SOFTMAX_GRAD_ENV = "ANYGRAD_F16_SOFTMAX_GRAD_READS_HALF"
+
+
+def softmax_grad_reads_half(g: Graph) -> None:
+    """Under autocast a softmax computes in float32 and its output is cast to float16 for the
+    product that reads it (attention's probabilities @ V). Its gradient then reads that float16
+    copy instead of the float32 output, which so lives only until the cast: a float32 tensor of
+    the attention's size per layer no longer waits in memory for the backward pass (the GPT at
+    batch 128: 4 x 32 MiB). The gradient's arithmetic stays float32; only the probabilities it
+    reads are rounded to float16, as the backward of P @ V reads them anyway.
+    ANYGRAD_F16_SOFTMAX_GRAD_READS_HALF=0 keeps the float32 read (for A/B)."""
+    if os.environ.get(F16_SOFTMAX_GRAD_ENV, "1").strip() == "0":
+        return
+    half_of: dict[str, str] = {}
+    for n in g.nodes:
+        if (n.op == "Cast" and np.dtype(g.info[n.outputs[0]].dtype) == np.float16
+                and np.dtype(g.info[n.inputs[0]].dtype) == np.float32):
+            half_of.setdefault(n.inputs[0], n.outputs[0])
+    for n in g.nodes:
+        if n.op == "SoftmaxGrad" and n.inputs[1] in half_of:
+            n.inputs[1] = half_of[n.inputs[1]]
+
+
 def own_loss(g: Graph, b: Builder, output: str) -> str:
     """loss="output": the model's output as the scalar to minimise; a ConfigError when it is not one."""
     shape = tuple(b.shape(output))
@@ -372,6 +395,8 @@ def build_train_step(model: Graph, input_shapes: dict[str, Shape], target_shape:
     if scaling:
         objective = grad_scaler.scaled(g, b, objective)
     grads = gradients(g, objective, g.params)
+    if precision == "f16":
+        softmax_grad_reads_half(g)
     b = Builder(g, prefix="optim")
     if scaling:  # accumulate true gradients: an inf stays inf in the sum, and the apply phase sees it
         grads = grad_scaler.unscale(b, grads)
@@ -473,6 +498,7 @@ __all__ = [
     "ACCUM_PREFIX",
     "CORRECT_SUM",
     "F16_LOSS_ENV",
+    "F16_SOFTMAX_GRAD_ENV",
     "LOSS_SUM",
     "METRIC_PREFIX",
     "METRIC_STATE",
@@ -493,5 +519,6 @@ __all__ = [
     "info_of",
     "loss_reads_half",
     "own_loss",
+    "softmax_grad_reads_half",
     "top_k_for",
 ]
