@@ -82,6 +82,36 @@ def test_the_fastest_candidate_wins_and_ties_keep_the_rules(tuning):
     assert not any(a in tuned.nodes[0].attrs for a in autotune.PIN_ATTRS)
 
 
+def test_a_slow_spell_during_the_rules_timing_does_not_crown_another_tiling(tuning):
+    """The rules' tiling is timed first and, that once, during a slow spell of the device (5.0 instead
+    of 1.0); another tiling really takes 1.5. The leaders and the rules are timed again, so the
+    rules keep the node; a really faster tiling (0.5) still wins over both timings."""
+    graph, _ = _mlp_graph()
+    caps = AdapterCaps()
+    fwd = next(n for n in graph.nodes if n.op == "MatMul")
+    one = graph.copy()
+    one.nodes = [fwd]
+    from anygrad.backends.wgpu.kernel import LOWERINGS
+    rules = [k.wgsl for k in LOWERINGS["MatMul"](fwd, one, caps)]
+    other_pin = {"_gemm_variant": "register", "_gemm_block": 8}
+    other = [k.wgsl for k in LOWERINGS["MatMul"](autotune._pinned(fwd, other_pin), one, caps)]
+    assert rules != other
+
+    def timer_with(other_ms: float):
+        seen = []
+
+        def timer(kernels, g):
+            code = [k.wgsl for k in kernels]
+            seen.append(code)
+            if code == rules:
+                return 5.0 if seen.count(rules) == 1 else 1.0
+            return other_ms if code == other else 3.0
+        return timer
+    for other_ms, want in ((1.5, {}), (0.5, other_pin)):
+        tuned = autotune.tune(one, caps, (f"adapter {other_ms}",), timer_with(other_ms))
+        assert {a: tuned.nodes[0].attrs[a] for a in autotune.PIN_ATTRS if a in tuned.nodes[0].attrs} == want
+
+
 def test_off_means_the_rule_based_plan(tuning, monkeypatch):
     monkeypatch.setenv(autotune.ENV, "0")
     graph, feeds = _mlp_graph()

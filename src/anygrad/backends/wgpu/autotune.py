@@ -68,6 +68,7 @@ CANDIDATES: tuple[dict[str, Any], ...] = (
 )
 MIN_FLOPS = 1 << 26     # smaller GEMMs take microseconds: launch overhead, not tiling, decides
 REPEATS, ROUNDS = 8, 2  # at most this many runs per timing, best of rounds
+CONFIRM = 3             # the fastest candidates of the first pass, timed once more (_fastest)
 TARGET_MS = 4.0         # runs per timing: enough to last about this long (one run of a slow conv is enough)
 BUDGET_S = 20.0         # timing per compile; shapes left over keep the rules now and are tuned by later compiles
 _MAX_FILE = 1 << 20     # a cache file larger than this is not ours: ignored
@@ -200,14 +201,23 @@ def _candidates(node: Node, graph: Graph, caps: AdapterCaps) -> list[tuple[dict[
 
 
 def _fastest(candidates: list[tuple[dict[str, Any], list[Kernel]]], graph: Graph, timer) -> dict[str, Any]:
-    best, best_ms = {}, float("inf")
-    for pin, kernels in candidates:
+    """The fastest candidate's pin. After one timing of each, the CONFIRM fastest and the first
+    (the rules' own tiling) are timed again, and each keeps its better time: a slow spell of the
+    device during one timing (seen on an H100: the same GEMM 4x slower for a whole benchmark
+    case) then cannot make a candidate win, and the winner is stored for good."""
+    times = []
+    for _, kernels in candidates:
         stats["candidates"] += 1
-        ms = timer(kernels, graph)
-        if ms < best_ms * 0.97:  # a win within timing noise keeps the earlier (rule-based) choice
-            best, best_ms = pin, ms
+        times.append(timer(kernels, graph))
+    leaders = sorted(range(len(candidates)), key=times.__getitem__)[:CONFIRM]
+    for i in sorted(set(leaders) | {0}):
+        times[i] = min(times[i], timer(candidates[i][1], graph))
+    best = 0
+    for i in range(1, len(candidates)):
+        if times[i] < times[best] * 0.97:  # a win within timing noise keeps the earlier (rule-based) choice
+            best = i
     stats["timed"] += 1
-    return best
+    return candidates[best][0] if candidates else {}
 
 
 def _store(path: Path, table: dict[str, dict[str, Any]]) -> None:
