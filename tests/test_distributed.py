@@ -440,15 +440,19 @@ def test_sync_batchnorm_on_two_wgpu_devices(bn_data):
     assert np.abs(per_replica - losses).max() > 1e-3
 
 
-def test_device_shards_are_uploaded_through_mapped_buffers(tiny, monkeypatch):
+@pytest.mark.parametrize("threads", [True, False])
+def test_device_shards_are_uploaded_through_mapped_buffers(tiny, monkeypatch, threads):
     """A data-parallel device waits for its shard, so a big input goes through a mapped buffer of its
     own, filled over the host's threads with the cast to float32 in the same pass (here every input:
-    the threshold is 0, and the data float64), and the step copies it first. Training is unchanged."""
+    the threshold is 0, and the data float64), and the step copies it first; without wgpu-py's
+    internals for a writable view (threads=False), through write_mapped. Training is unchanged."""
     from anygrad.backends.wgpu import runtime
     from anygrad.devices import list_adapters
     if not list_adapters():
         pytest.fail("no wgpu adapter: install mesa-vulkan-drivers (lavapipe)")
     monkeypatch.setattr(runtime, "STAGED_INPUT_BYTES", 0)
+    if not threads:
+        monkeypatch.setattr(runtime, "_write_view", lambda buf, nbytes: None)
     model, _, x, y = tiny
     x, y = x[:32], y[:32]
     losses, state, _ = _reference(model, x, y, device="wgpu:0", epochs=1)

@@ -738,23 +738,7 @@ class WgpuExecutable(Executable):
             nbytes = value.size * dtype.itemsize
             if staged and nbytes >= STAGED_INPUT_BYTES and dtype.itemsize == 4 and \
                     np.can_cast(value.dtype, dtype, "same_kind"):
-                staging = self._upload_bufs.get(name)
-                if staging is not None:
-                    staging.map_sync(_wgpu().MapMode.WRITE)  # its last copy ran at the last step's start
-                else:
-                    U = _wgpu().BufferUsage
-                    staging = self.backend.device.create_buffer(size=nbytes, usage=U.COPY_SRC | U.MAP_WRITE,
-                                                                mapped_at_creation=True, label=f"upload {name}"[:60])
-                    self._upload_bufs[name] = staging
-                try:
-                    view = _write_view(staging, nbytes)
-                    if view is not None:
-                        _parallel.copy(view.view(dtype), value.reshape(-1))  # the cast in the same pass
-                    else:
-                        staging.write_mapped(to_device(value, inf.dtype))
-                finally:
-                    staging.unmap()
-                copies.append((staging, buf, nbytes))
+                copies.append((self._stage_input(name, value, dtype, nbytes), buf, nbytes))
                 self.input_bytes[name] = nbytes
                 continue
             data = to_device(value, inf.dtype)
@@ -762,6 +746,27 @@ class WgpuExecutable(Executable):
                 q.write_buffer(buf, 0, data)
             self.input_bytes[name] = data.nbytes
         return copies
+
+    def _stage_input(self, name: str, value: np.ndarray, dtype: np.dtype, nbytes: int) -> Any:
+        """`value` as `dtype` in input `name`'s upload buffer (mapped again: its last copy ran at
+        the start of the last step), written over the host's threads; returns the buffer."""
+        staging = self._upload_bufs.get(name)
+        if staging is not None:
+            staging.map_sync(_wgpu().MapMode.WRITE)
+        else:
+            U = _wgpu().BufferUsage
+            staging = self.backend.device.create_buffer(size=nbytes, usage=U.COPY_SRC | U.MAP_WRITE,
+                                                        mapped_at_creation=True, label=f"upload {name}"[:60])
+            self._upload_bufs[name] = staging
+        try:
+            view = _write_view(staging, nbytes)
+            if view is not None:
+                _parallel.copy(view.view(dtype), value.reshape(-1))  # the cast in the same pass
+            else:
+                staging.write_mapped(to_device(value, dtype))
+        finally:
+            staging.unmap()
+        return staging
 
     def _fetch_root(self, name: str) -> tuple[Root, int]:
         if self.feed_to.get(name, name) != name:  # a packed input: read its bytes as written
