@@ -83,6 +83,8 @@ def open_backends(devices: list[Any], limits: str | None = None, memory_budget: 
 
 HOLD_TRIALS = 3  # updates timed with each setting of hold_parts before one is kept
 HOLD_CANDIDATES = (2, 0)
+# a device's big inputs staged through mapped memory (WgpuExecutable.stage_inputs); 0: write_buffer (A/B)
+STAGED_UPLOAD = os.environ.get("ANYGRAD_WGPU_STAGED_UPLOAD", "1") != "0"
 
 
 def _int_or(text: str, default: Any) -> Any:
@@ -293,7 +295,7 @@ class DataParallel:
             start += size
             exe = r._program("train", take(inputs, part), take(targets, part), GRADIENT_PHASE[phase])
             if hasattr(exe, "stage_inputs"):  # the device waits for its shard: uploaded over the host's threads
-                exe.stage_inputs = True
+                exe.stage_inputs = STAGED_UPLOAD
             feeds = {**take(inputs, part), **take(targets, part)}
             jobs.append((i, r, exe, feeds, size, fetch_loss or self._timing, update))
         self._sizes = sizes

@@ -205,6 +205,8 @@ def _fastest(candidates: list[tuple[dict[str, Any], list[Kernel]]], graph: Graph
     (the rules' own tiling) are timed again, and each keeps its better time: a slow spell of the
     device during one timing (seen on an H100: the same GEMM 4x slower for a whole benchmark
     case) then cannot make a candidate win, and the winner is stored for good."""
+    if not candidates:
+        return {}
     times = []
     for _, kernels in candidates:
         stats["candidates"] += 1
@@ -217,7 +219,7 @@ def _fastest(candidates: list[tuple[dict[str, Any], list[Kernel]]], graph: Graph
         if times[i] < times[best] * 0.97:  # a win within timing noise keeps the earlier (rule-based) choice
             best = i
     stats["timed"] += 1
-    return candidates[best][0] if candidates else {}
+    return candidates[best][0]
 
 
 def _store(path: Path, table: dict[str, dict[str, Any]]) -> None:

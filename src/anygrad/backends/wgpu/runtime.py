@@ -7,7 +7,6 @@ buffer, submit one new command buffer, and map the staging buffer only when some
 from __future__ import annotations
 
 import ctypes
-import os
 import re
 import sys
 import threading
@@ -803,8 +802,7 @@ class WgpuExecutable(Executable):
         _cancel(self.backend.take_hooks() + self._deferred)  # left by a run that failed while encoding
         self._deferred = []
         t = time.perf_counter()
-        staged = self.stage_inputs and os.environ.get("ANYGRAD_WGPU_STAGED_UPLOAD") != "0"
-        uploads = self._write_inputs(feeds, staged)
+        uploads = self._write_inputs(feeds, self.stage_inputs)
         self.upload_s = time.perf_counter() - t
         if self._dispatches is None or self._generation != self.backend.generation:
             self._build()
