@@ -165,6 +165,19 @@ def test_the_time_budget_leaves_the_rest_to_later_compiles(tuning, monkeypatch):
     assert autotune.stats["timed"] == 3
 
 
+def test_the_budget_can_be_set_in_the_environment(tuning, monkeypatch):
+    graph, _ = _mlp_graph()
+    monkeypatch.setenv(autotune.BUDGET_ENV, "0")
+    assert autotune.tune(graph, AdapterCaps(), ("c",), lambda k, g: 1.0) is graph
+    assert autotune.stats["timed"] == 0 and autotune.stats["left"] == 3
+    for junk in ("soon", "-1", "nan"):  # not a budget: the default one
+        monkeypatch.setenv(autotune.BUDGET_ENV, junk)
+        assert autotune._budget() == autotune.BUDGET_S
+    monkeypatch.setenv(autotune.BUDGET_ENV, "600")
+    autotune.tune(graph, AdapterCaps(), ("c",), lambda k, g: 1.0)
+    assert autotune.stats["timed"] == 3
+
+
 def test_a_plan_made_before_tuning_finished_is_not_kept(tuning, monkeypatch):
     """A compile whose tuning ran out of time does not store its plan: the next compile (a new
     process) tunes the shapes left over and plans again instead of loading the rules' plan, and
@@ -193,3 +206,22 @@ def test_gemm_kernels_carry_their_flops():
     fwd = next(n for n in graph.nodes if n.op == "MatMul" and n.inputs[:2] == ["x", "W"])
     kernels = LOWERINGS["MatMul"](fwd, graph, AdapterCaps())
     assert sum(k.flops for k in kernels) == 2 * 24 * 24 * 40 == int(np.prod([2, 24, 24, 40]))
+
+
+def _long_k_graph():
+    """x (2, 8, 512) @ W (512, 16): the forward GEMM has K = 512, enough for K splits."""
+    feeds = {"x": rnd(2, 8, 512, seed=4), "W": rnd(512, 16, seed=5)}
+    return _graph(feeds, [Node("MatMul", ["x", "W"], ["y"], name="mm")], "y", grad=False), feeds
+
+
+@pytest.mark.parametrize("splits", [1, 3, 4])
+def test_a_pinned_split_count_computes_what_numpy_computes(splits):
+    """`_gemm_splits` (benchmarks' `+splits=N`) splits K that many ways, evenly or not (3 of 512)."""
+    graph, feeds = _long_k_graph()
+    for n in graph.nodes:
+        if n.op == "MatMul":
+            n.attrs |= {"_gemm_variant": "shared", "_gemm_block": 4, "_gemm_kt": 16, "_gemm_splits": splits}
+    want, got, exe = run_both(graph, feeds)
+    assert_close(want, got, rtol=2e-4, atol=2e-5)
+    names = [step.kernel.name for step in exe.plan.steps]
+    assert any(f"splitK {splits}]" in s for s in names) == (splits > 1), names

@@ -10,7 +10,8 @@ buffers of the node's shapes, and the fastest is pinned on the node before plann
 
 Winners are stored per adapter, driver, device limits and anygrad source in
 `$ANYGRAD_CACHE/wgpu-autotune/` (JSON: shape key -> pin), so a shape is timed once per machine
-and later compiles only look the choice up. Timing is capped per compile (BUDGET_S): a model with
+and later compiles only look the choice up. Timing is capped per compile (BUDGET_S, or
+`ANYGRAD_AUTOTUNE_SECONDS`): a model with
 many shapes (ResNet-18 at 224 px took 240 s uncapped on an H200) keeps the rules for the shapes
 left over, and later compiles tune them. `ANYGRAD_AUTOTUNE=0` turns tuning off (the rule-based
 tilings: a plan that does not depend on timing noise); `=1` turns it on also for software
@@ -39,7 +40,7 @@ from .profiling import wall_ms
 
 ENV = "ANYGRAD_AUTOTUNE"
 TUNABLE_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvGradInput", "ConvGradWeight"})
-PIN_ATTRS = ("_gemm_variant", "_gemm_block", "_gemm_kt", "_gemm_prefetch", "_gemm_unroll", "_gemm_tn")
+PIN_ATTRS = ("_gemm_variant", "_gemm_block", "_gemm_kt", "_gemm_prefetch", "_gemm_unroll", "_gemm_tn", "_gemm_splits")
 # Candidate pins: the rules' own choice first (ties keep it), then each variant the GEMM
 # generator has. A lowering that cannot take a candidate (a K tile over workgroup storage, dot
 # on a shape it does not fit) raises, and the candidate is skipped.
@@ -71,6 +72,7 @@ REPEATS, ROUNDS = 8, 2  # at most this many runs per timing, best of rounds
 CONFIRM = 3             # the fastest candidates of the first pass, timed once more (_fastest)
 TARGET_MS = 4.0         # runs per timing: enough to last about this long (one run of a slow conv is enough)
 BUDGET_S = 20.0         # timing per compile; shapes left over keep the rules now and are tuned by later compiles
+BUDGET_ENV = "ANYGRAD_AUTOTUNE_SECONDS"  # another budget (benchmarks: tune a whole model in one compile)
 _MAX_FILE = 1 << 20     # a cache file larger than this is not ours: ignored
 
 # "left": shapes a timed tuning left on the rules because the budget ran out (runtime.py does not
@@ -131,6 +133,7 @@ def tune(graph: Graph, caps: AdapterCaps, context: tuple, timer: Callable[[list[
     (with a `timer`) the fastest candidate, timed now and stored. Nodes already pinned (tests,
     benchmarks) keep their pin. Without a timer only stored winners are applied."""
     t0 = time.perf_counter()
+    budget = _budget()
     path = cache_file(context)
     known = _load(path)
     nodes = list(graph.nodes)
@@ -149,7 +152,7 @@ def tune(graph: Graph, caps: AdapterCaps, context: tuple, timer: Callable[[list[
             prebuild([kern for cands in candidates.values() for _, kernels in cands for kern in kernels])
         new = {}
         for key, cands in candidates.items():
-            if time.perf_counter() - t0 > BUDGET_S:
+            if time.perf_counter() - t0 > budget:
                 break
             new[key] = _fastest(cands, graph, timer)
         chosen |= new
@@ -166,6 +169,15 @@ def tune(graph: Graph, caps: AdapterCaps, context: tuple, timer: Callable[[list[
     out = graph.copy()
     out.nodes = nodes
     return out
+
+
+def _budget() -> float:
+    """Seconds of timing per compile: BUDGET_S, or ANYGRAD_AUTOTUNE_SECONDS when it is a number."""
+    try:
+        value = float(os.environ.get(BUDGET_ENV, ""))
+    except ValueError:
+        return BUDGET_S
+    return value if value >= 0 else BUDGET_S
 
 
 def _flops(node: Node, graph: Graph, caps: AdapterCaps) -> int:

@@ -607,16 +607,22 @@ def _target_invocations(caps: AdapterCaps) -> int:
     return 2048 if caps.is_cpu else 128 * 1024
 
 
-def choose_splits(spec: GemmSpec, t: Tiling, caps: AdapterCaps) -> tuple[int, int]:
-    """(splits, K per split). Split only when the output grid is small and K is long."""
+def choose_splits(spec: GemmSpec, t: Tiling, caps: AdapterCaps, want: int | None = None) -> tuple[int, int]:
+    """(splits, K per split). Split only when the output grid is small and K is long; `want`
+    (a `_gemm_splits` pin) asks for that many, 1 for none."""
     tiles = math.ceil(spec.N / t.bn) * math.ceil(spec.M / t.bm) * spec.batch
     invocations = tiles * t.wx * t.wy
     step = t.kt if t.variant == "shared" else 4
     min_k = 256
     target = _target_invocations(caps)
-    if invocations >= target // 2 or spec.K < 2 * min_k:
+    if want is not None:
+        splits = max(1, min(int(want), spec.K // 128, 4096))  # at least 128 of K a split
+    elif invocations >= target // 2 or spec.K < 2 * min_k:
         return 1, 0
-    splits = min(math.ceil(target / invocations), spec.K // min_k, 4096)
+    else:
+        splits = min(math.ceil(target / invocations), spec.K // min_k, 4096)
+    if splits <= 1:
+        return 1, 0
     ksplit = math.ceil(math.ceil(spec.K / splits) / step) * step
     splits = math.ceil(spec.K / ksplit)
     # keep the scratch within one storage binding
@@ -806,10 +812,12 @@ def _split_pair(spec: GemmSpec, caps: AdapterCaps, splits: int, tile: str, parti
 def gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None = None,
                  allow_split: bool = True, block: int | None = None, kt: int | None = None,
                  prefetch: int | None = None, layout: str | None = None,
-                 threads: int | None = None, unroll: int | None = None, tn: int | None = None) -> list[Kernel]:
+                 threads: int | None = None, unroll: int | None = None, tn: int | None = None,
+                 splits: int | None = None) -> list[Kernel]:
     """The kernel list for one GEMM-shaped op: one GEMM, or a split-K GEMM + reduce. The first
     kernel carries the GEMM's FLOPs (profiles report rates, the autotuner skips small GEMMs)."""
-    kernels = _gemm_kernels(spec, caps, variant, allow_split, block, kt, prefetch, layout, threads, unroll, tn)
+    kernels = _gemm_kernels(spec, caps, variant, allow_split, block, kt, prefetch, layout, threads, unroll, tn,
+                            splits)
     flops = 2 * spec.batch * spec.M * spec.N * spec.K
     return [replace(kernels[0], flops=flops)] + kernels[1:]
 
@@ -822,7 +830,7 @@ def _plain(op: Operand) -> bool:
 def _gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None, allow_split: bool,
                   block: int | None, kt: int | None, prefetch: int | None,
                   layout: str | None = None, threads: int | None = None, unroll: int | None = None,
-                  tn: int | None = None) -> list[Kernel]:
+                  tn: int | None = None, want_splits: int | None = None) -> list[Kernel]:
     if variant == "dot" or (variant is None and block is None and allow_split and use_dot(spec, caps)):
         return dot_kernels(spec, caps)
     lay = set((layout if layout is not None else os.environ.get("ANYGRAD_WGPU_GEMM_LAYOUT", "")).split(","))
@@ -837,7 +845,7 @@ def _gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None, allow_
                              "workgroup storage")
         t = replace(t, swizzle=not {"plain", "noswizzle"} & lay, hoist=not {"plain", "nohoist"} & lay,
                     unroll=unroll or 1)
-    splits, ksplit = choose_splits(spec, t, caps) if allow_split else (1, 0)
+    splits, ksplit = choose_splits(spec, t, caps, want_splits) if allow_split else (1, 0)
     tile = f"{t.variant} {t.bm}x{t.bn}" + (f"k{t.kt}" + ("p" if t.prefetch else "") + ("d" if t.double else "")
                                            + (f"u{t.unroll}" if t.unroll > 1 else "")
                                            if t.variant == "shared" else "")
@@ -866,11 +874,13 @@ def variant_of(node: Node) -> dict:
     per element, "plain" both; also ANYGRAD_WGPU_GEMM_LAYOUT, for A/B runs), '_gemm_threads' (invocations
     per workgroup of the shared variant, 256 by default: 128 makes 128x64 tiles of the 8x8 blocks),
     '_gemm_unroll' (K steps per pass of a rolled K-tile loop: Tiling.unroll), '_gemm_tn' (outputs per
-    invocation along N of the shared variant, when not _gemm_block)."""
+    invocation along N of the shared variant, when not _gemm_block), '_gemm_splits' (K splits, 1 for none,
+    each at least 128 of K; bench_kernels' `+splits=N`)."""
     pf = node.attr("_gemm_prefetch")
     return {"variant": node.attr("_gemm_variant"), "block": node.attr("_gemm_block"), "kt": node.attr("_gemm_kt"),
             "prefetch": None if pf is None else int(pf), "layout": node.attr("_gemm_layout"),
-            "threads": node.attr("_gemm_threads"), "unroll": node.attr("_gemm_unroll"), "tn": node.attr("_gemm_tn")}
+            "threads": node.attr("_gemm_threads"), "unroll": node.attr("_gemm_unroll"), "tn": node.attr("_gemm_tn"),
+            "splits": node.attr("_gemm_splits")}
 
 
 def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
