@@ -172,7 +172,7 @@ def open_device(index: int | None):
 class Runner:
     """Buffers, pipelines and bind groups of one lowered case, timed over many repetitions."""
 
-    def __init__(self, device, kernels: list[Kernel], values: dict[str, int], timestamps: bool):
+    def __init__(self, device, kernels: list[Kernel], values: dict[str, int], timestamps: bool, zeros: bool = False):
         import wgpu
         self.wgpu, self.device, self.kernels = wgpu, device, kernels
         usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
@@ -182,7 +182,7 @@ class Runner:
         for k in kernels:
             sizes.update({s.name: s.elements for s in k.scratch})
         for name, n in sizes.items():
-            data = rng.standard_normal(n + (-n) % 4).astype(np.float32)
+            data = (np.zeros if zeros else rng.standard_normal)(n + (-n) % 4).astype(np.float32)
             self.bufs[name] = device.create_buffer_with_data(data=data.tobytes(), usage=usage)
         self.steps = []
         for k in kernels:
@@ -238,7 +238,7 @@ def lower(op: str, shapes: list[tuple[int, ...]], attrs: dict, caps: AdapterCaps
 
 
 def bench(device, caps: AdapterCaps, timestamps: bool, label: str, op: str, shapes, attrs, flop: float,
-          variant: str, peak: float | None, budget_s: float) -> Result:
+          variant: str, peak: float | None, budget_s: float, zeros: bool = False) -> Result:
     # variant tokens: register | shared | dot, then optionally the block and the K tile: shared8k16;
     # then optionally @ and a _gemm_layout (noswizzle, nohoist, plain), then % and invocations per
     # workgroup: auto@nohoist, shared8k16%128; then +name=value pins (_gemm_<name>): shared8k16+tn=16+unroll=2
@@ -256,7 +256,7 @@ def bench(device, caps: AdapterCaps, timestamps: bool, label: str, op: str, shap
         pin["_gemm_threads"] = int(threads)
     pin |= {f"_gemm_{k}": int(v) for k, v in (e.split("=") for e in extra)}
     kernels, values = lower(op, shapes, {**attrs, **pin}, caps)
-    runner = Runner(device, kernels, values, timestamps)
+    runner = Runner(device, kernels, values, timestamps, zeros)
     runner.run(1)                                   # warm-up (first dispatch pays for driver setup)
     wall, gpu = runner.run(1)
     reps = max(1, min(200, int(budget_s / max(gpu or wall, 1e-6))))
@@ -286,6 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default="auto,register,shared",
                     help="comma list of auto (what the backend picks) | register | shared | dot, register and shared "
                          "optionally with the block size and K tile: shared8k16")
+    ap.add_argument("--only", default="", help="only the cases whose label contains this text")
+    ap.add_argument("--zeros", action="store_true", help="operands of zeros (as the autotuner times with), not "
+                    "random numbers: a GPU may draw less power and clock higher on zeros")
     ap.add_argument("--peak-gflops", type=float, default=None, help="FP32 peak of the adapter")
     ap.add_argument("--seconds", type=float, default=0.2, help="timed work per case")
     ap.add_argument("--json", default=None, help="write the results here")
@@ -309,10 +312,11 @@ def main(argv: list[str] | None = None) -> int:
             torch_shapes.append((label, spec))
     results: list[Result] = []
     print(f"{'case':42s} {'variant':9s} {'GFLOP':>8s} {'ms':>9s} {'GFLOP/s':>9s} {'peak':>6s}  kernels")
-    for label, op, shapes, attrs, flop in cases:
+    for label, op, shapes, attrs, flop in (c for c in cases if args.only in c[0]):
         for variant in args.variants.split(","):
             try:
-                r = bench(device, caps, timestamps, label, op, shapes, attrs, flop, variant, peak, args.seconds)
+                r = bench(device, caps, timestamps, label, op, shapes, attrs, flop, variant, peak, args.seconds,
+                          args.zeros)
             except Exception as e:  # noqa: BLE001  one failing case (e.g. too large for this adapter) must not end the run
                 print(f"{label:42s} {variant:9s} failed: {str(e).splitlines()[0][:100]}")
                 continue
