@@ -403,7 +403,7 @@ def build_train_step(model: Graph, input_shapes: dict[str, Shape], target_shape:
     if phase != "step":
         grads = _accumulate(g, b, grads, phase)
     if phase in ("step", "apply"):
-        found = grad_scaler.found_inf(b, grads) if scaling else None
+        found = grad_scaler.found_inf(b, list(grads.values())) if scaling else None
         if clip_norm is not None:
             grads = clip_grad_norm(b, grads, clip_norm)
         _update(g, b, grads, optimizer)
@@ -413,7 +413,7 @@ def build_train_step(model: Graph, input_shapes: dict[str, Shape], target_shape:
             metric = {k: v for k, v in g.state_updates.items() if v.startswith(METRIC_PREFIX)}
             grad_scaler.gate(g, b, found, {k: v for k, v in g.state_updates.items()
                                            if v != RNG_STATE and k not in metric})
-            grad_scaler.gate(g, b, grad_scaler.non_finite(b, out.loss), metric)
+            grad_scaler.gate(g, b, grad_scaler.found_inf(b, [out.loss]), metric)
             grad_scaler.update_scale(g, b, found)
             _sum_into(g, b, UPDATE_COUNT, b.const(1.0))
             if report is not None:

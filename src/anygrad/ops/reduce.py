@@ -204,3 +204,21 @@ def _arg_forward(fn):
 
 for _name, _fn in [("ArgMax", np.argmax), ("ArgMin", np.argmin)]:
     defop(_name, infer=_arg_infer, forward=_arg_forward(_fn), nondiff=[0])
+
+
+# -- FoundInf: the loss scaler's test --------------------------------------------------------
+def _found_inf_infer(node, ins):
+    if not ins or any(i.dtype.kind != "f" for i in ins):
+        raise ShapeError(f"{node.label}: FoundInf reads one or more floating-point tensors")
+    return [TensorInfo(np.dtype(np.bool_), ())]
+
+
+def _found_inf(node, ins):
+    """True when some element of some input is inf or NaN: torch.amp.GradScaler's found_inf, an
+    elementwise test, not a test of a sum (a sum of finite float32 values can overflow)."""
+    return np.asarray(any(not np.isfinite(x).all() for x in ins))
+
+
+# FoundInf(x1, ..., xn) -> bool scalar. Built after the gradients (grad_scaler.found_inf), so it
+# has no gradient rule; backends may test a whole gradient arena at once (wgpu fusion).
+defop("FoundInf", infer=_found_inf_infer, forward=_found_inf, internal=True, foldable=False)

@@ -51,15 +51,11 @@ def unscale(b: Builder, grads: dict[str, str]) -> dict[str, str]:
     return {p: b.op("Mul", [grad, inv]) for p, grad in grads.items()}
 
 
-def found_inf(b: Builder, grads: dict[str, str]) -> str:
-    """A bool scalar: some gradient holds inf or NaN. One sum per gradient (inf and NaN survive a
-    sum), tested by its bits (IsNaN/IsInf), which shader compilers cannot assume away."""
-    return non_finite(b, b.add_all([b.op("ReduceSum", [grad], keepdims=0) for grad in grads.values()]))
-
-
-def non_finite(b: Builder, scalar: str) -> str:
-    """A bool scalar: `scalar` is inf or NaN."""
-    return b.op("Or", [b.op("IsNaN", [scalar]), b.op("IsInf", [scalar])])
+def found_inf(b: Builder, values: list[str]) -> str:
+    """A bool scalar: some element of `values` (the gradients, or the loss) is inf or NaN (the
+    FoundInf op, which each backend tests its own way: by the bits, which shader compilers cannot
+    assume away, and on wgpu a whole gradient arena at once)."""
+    return b.op("FoundInf", list(values))
 
 
 def gate(g: Graph, b: Builder, found: str, updates: dict[str, str]) -> None:
@@ -84,4 +80,4 @@ def update_scale(g: Graph, b: Builder, found: str) -> None:
 
 
 __all__ = ["BACKOFF_FACTOR", "GROWTH_FACTOR", "GROWTH_INTERVAL", "GROWTH_TRACKER", "INIT_SCALE", "LOSS_SCALE",
-           "SKIPPED_SUM", "found_inf", "gate", "non_finite", "scaled", "unscale", "update_scale"]
+           "SKIPPED_SUM", "found_inf", "gate", "scaled", "unscale", "update_scale"]

@@ -259,3 +259,14 @@ def _adam_group(sites: list[Site]):
             return [[p, m, v, s] for p, m, v, s in zip(news, exp_avg, exp_avg_sq, second)]
         return [[p, m, v] for p, m, v in zip(news, exp_avg, exp_avg_sq)]
     return run
+
+
+@lowering("FoundInf")
+def _found_inf(site: Site):
+    """Some element of some input is inf or NaN: an elementwise test per tensor (torch.isfinite),
+    as torch.amp.GradScaler's, never a sum (which finite values can overflow)."""
+    import torch
+
+    def run(ins):
+        return [torch.logical_not(torch.stack([torch.isfinite(x).all() for x in ins]).all())]
+    return run

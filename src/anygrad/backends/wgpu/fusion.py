@@ -10,8 +10,8 @@
 - GEMM -> Add(bias) -> activation and Conv -> Relu: bias and activation run in the GEMM's
   epilogue (a third input, attrs `_epilogue`/`_epilogue_attrs`).
 - Optimizer updates of one kind become one `wgpu.FusedUpdate` over arenas (see group_updates).
-- Under float16 (ANYGRAD_WGPU_F16_ARENA): the loss scaler's finite check reads each gradient arena
-  in one reduction (arena_finite_check), and the weights' float16 copies are one cast of the
+- Under float16 (ANYGRAD_WGPU_F16_ARENA): the loss scaler's test (FoundInf) reads each gradient
+  arena in one reduction (arena_finite_check), and the weights' float16 copies are one cast of the
   parameter arena (arena_weight_casts).
 - Dropout outside training becomes an Identity, which the planner aliases.
 - Graph inputs of 1-byte elements (uint8 images) are uploaded four per u32 word and unpacked by an
@@ -593,28 +593,25 @@ def _alias_root(v: str, producers: dict[str, Node]) -> str:
 
 
 def arena_finite_check(graph: Graph) -> None:
-    """The loss scaler's finite check (grad_scaler.found_inf: Or(IsNaN(s), IsInf(s)), s a chain of
-    Adds of one ReduceSum per gradient) as one reduction per gradient arena instead of one per
-    gradient, for the wgpu.FusedUpdate nodes that `found` gates.
+    """The loss scaler's test (grad_scaler.found_inf: FoundInf over the gradients) reads each
+    gradient arena whole, in one reduction, instead of each gradient in it, for the
+    wgpu.FusedUpdate nodes that the test gates.
 
     The reduction (wgpu.NonFinite, kernels_reduce.py) counts the elements of the whole garena
     buffer whose exponent bits are all ones (inf or NaN; the zero padding between slices counts
-    nothing) and yields +inf when that count is positive, else 0, so it takes the place of the
-    arena's ReduceSums in the chain of Adds and IsNaN/IsInf read the sum as before. A count, not a
-    sum of the values: it decides exactly like torch's GradScaler (a tensor-by-tensor inf/NaN test),
-    where a sum of finite float32 gradients could overflow to inf and skip a good step (the
-    per-gradient ReduceSums, still used for gradients outside every arena, can); and not max(|x|),
-    whose NaN handling WGSL leaves to the implementation. Tested by bits, which shader compilers
-    cannot assume away. A count of ones in float32 is positive once any element is, whatever the
-    rounding of a large count (a sum of non-negative terms never rounds below its largest one).
+    nothing) and yields +inf when that count is positive, else 0: FoundInf reads that scalar in
+    place of the arena's gradients (kernels_reduce.lower_found_inf), and it is non-finite exactly
+    when one of them is. A count, not
+    a sum of the values, so it decides exactly like torch's GradScaler (a sum of finite float32
+    gradients could overflow to inf and skip a good step); and not max(|x|), whose NaN handling
+    WGSL leaves to the implementation.
 
-    An arena is taken only when every gradient in it is one of the chain's ReduceSum inputs (so the
-    check reads no gradient it did not read before). Its node is placed before the first reader of
-    `found`, after the copies into those arenas (moved there from in front of their updates); its
-    inputs after the garena name the values written into it (each gradient computed into its slice,
-    or the copy there), so that later passes (elementwise fusion, which emits a group at its last
-    member) keep their writers before it, as the ReduceSums reading the gradients did. The
-    lowering reads only the garena."""
+    An arena is taken only when every gradient in it is one of FoundInf's inputs (so the test reads
+    no gradient it did not read before). Its node is placed before the first reader of the test,
+    after the copies into those arenas (moved there from in front of their updates); its inputs
+    after the garena name the values written into it (each gradient computed into its slice, or the
+    copy there), so that later passes (elementwise fusion, which emits a group at its last member)
+    keep their writers before it. The lowering reads only the garena."""
     if not f16_arena_enabled():
         return
     producers = graph.producers()
@@ -678,45 +675,12 @@ def arena_weight_casts(graph: Graph) -> None:
         graph.nodes = nodes
 
 
-def _sole_user(users: dict, v: str) -> Node | None:
-    use = users.get(v, [])
-    return use[0][0] if len(use) == 1 else None
-
-
 def _arena_finite_check(graph: Graph, found: str, gated: list[Node], producers: dict[str, Node],
                         users: dict) -> None:
-    orn = producers.get(found)
-    if orn is None or orn.op != "Or" or found in graph.outputs or found in graph.state_updates:
+    test = producers.get(found)
+    if test is None or test.op != "FoundInf" or found in graph.outputs or found in graph.state_updates:
         return
-    tests = [producers.get(v) for v in orn.inputs]
-    if (sorted(t.op if t is not None else "" for t in tests) != ["IsInf", "IsNaN"]
-            or tests[0].inputs[0] != tests[1].inputs[0]
-            or any(_sole_user(users, t.outputs[0]) is not orn for t in tests)):
-        return
-    isinf = next(t for t in tests if t.op == "IsInf")
-    if isinf.attr("detect_positive", 1) != 1 or isinf.attr("detect_negative", 1) != 1:
-        return
-    s = tests[0].inputs[0]
-    if {id(u) for u, _ in users.get(s, [])} != {id(t) for t in tests} or s in graph.outputs:
-        return
-    # The chain of Adds: interior Adds read only by the chain; every leaf a float32 scalar.
-    chain, leaves, todo = [], [], [s]
-    while todo:
-        v = todo.pop()
-        p = producers.get(v)
-        if p is not None and p.op == "Add" and (v == s or _sole_user(users, v) is not None):
-            chain.append(p)
-            todo.extend(reversed(p.inputs))
-        else:
-            leaves.append(v)
-    if any(graph.info[v].shape != () or graph.info[v].dtype != np.float32 for v in leaves + [s]):
-        return
-    summed: dict[str, str] = {}  # gradient (alias root) -> its ReduceSum leaf
-    for v in leaves:
-        p = producers.get(v)
-        if (p is not None and p.op == "ReduceSum" and (v == s or _sole_user(users, v) is not None)
-                and graph.info[p.inputs[0]].dtype == np.float32):
-            summed.setdefault(_alias_root(p.inputs[0], producers), v)
+    tested = {_alias_root(v, producers): v for v in test.inputs}  # gradient (alias root) -> FoundInf's input
     order = {id(n): k for k, n in enumerate(graph.nodes)}
     first_use = min(order[id(u)] for u, _ in users[found])
     copies_of = {n.outputs[0]: n for n in graph.nodes if n.op == COPY}
@@ -726,17 +690,17 @@ def _arena_finite_check(graph: Graph, found: str, gated: list[Node], producers: 
         for claim in upd.attrs["grads"]:
             cp = copies_of.get(claim)
             src = cp.inputs[0] if cp is not None else claim
-            if src not in producers:  # a graph input or a state tensor: not from the chain
+            if src not in producers:  # a graph input or a state tensor: not a gradient of this step
                 roots = None
                 break
             roots.append(_alias_root(src, producers))
             srcs.append(src)
             if cp is not None:
                 cps.append(cp)
-        if (roots is None or any(r not in summed or summed[r] in taken for r in roots)
+        if (roots is None or any(r not in tested or tested[r] in taken for r in roots)
                 or any(order[id(producers[v])] >= first_use for v in srcs)):
             continue
-        taken |= {summed[r] for r in roots}
+        taken |= {tested[r] for r in roots}
         moved += cps
         w = graph.fresh(f"{upd.attrs['garena']}.nonfinite")
         graph.info[w] = TensorInfo(np.dtype(np.float32), ())
@@ -745,21 +709,12 @@ def _arena_finite_check(graph: Graph, found: str, gated: list[Node], producers: 
                            name=graph.fresh("nonfinite")))
     if not checks:
         return
-    terms = [c.outputs[0] for c in checks] + [v for v in leaves if v not in taken]
-    adds = []
-    total = terms[0]
-    for t in terms[1:]:
-        out = graph.fresh("finite_check.sum")
-        graph.info[out] = TensorInfo(np.dtype(np.float32), ())
-        adds.append(Node("Add", [total, t], [out], name=graph.fresh("finite_check.add")))
-        total = out
-    for t in tests:
-        t.inputs = [total] + t.inputs[1:]
-    drop = {id(n) for n in chain + moved + tests + [orn]} | {id(producers[v]) for v in taken}
+    test.inputs = [c.outputs[0] for c in checks] + [v for v in test.inputs if v not in taken]
+    drop = {id(n) for n in moved + [test]}
     nodes = []
     for k, n in enumerate(graph.nodes):
         if k == first_use:
-            nodes += moved + checks + adds + tests + [orn]
+            nodes += moved + checks + [test]
         if id(n) not in drop:
             nodes.append(n)
     graph.nodes = nodes

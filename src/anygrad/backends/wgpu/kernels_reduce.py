@@ -277,6 +277,33 @@ def lower_non_finite(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel
     return reduce_kernels("NonFinite", x, node.outputs[0], (n,), (0,), "f32", _NON_FINITE, caps)
 
 
+# FoundInf(x1, ..., xn) -> bool: the NonFinite reduction of each input in turn, each adding the one
+# before it (its aux input, m), so the last is +inf when any input holds an inf or NaN; then one
+# invocation stores that as the bool (u32 1 or 0). Inputs of any number and size, 1-2 bindings a
+# kernel; a gradient arena's NonFinite scalar (fusion.arena_finite_check) is one more input.
+_FOUND_CHAIN = Combine("zero", "{a} + {b}", pre=_NON_FINITE.pre,
+                       post="bitcast<f32>(select(0u, 0x7f800000u, {x} > 0.0 || m[o] > 0.0))")
+
+
+@lowering("FoundInf")
+def lower_found_inf(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    y = node.outputs[0]
+    kernels: list[Kernel] = []
+    last = ""
+    for j, x in enumerate(node.inputs):
+        n = 1
+        for e in shape_of(graph, x):
+            n *= e
+        part = f"{y}.found{j}"
+        kernels += reduce_kernels(f"FoundInf{j}", x, part, (n,), (0,), "f32", _FOUND_CHAIN if last else _NON_FINITE,
+                                  caps, aux=last, scratch=(Scratch(part, 1),))
+        last = part
+    body = "  if (i > 0u) { return; }\n  y[0] = select(0u, 1u, s[0] > 0.0);"
+    kernels.append(Kernel("FoundInf", shader(bindings([("s", "f32")], [("y", "u32")]), f"  {flat_id()}\n{body}"),
+                          grid(1), (last,), (y,)))
+    return kernels
+
+
 # log(sum(exp(x - m))) + m with m the (finite) maximum: a max reduction, then a sum that reads it.
 _SAFE_MAX = "fn mm(o: u32) -> f32 { let v = m[o]; return select(0.0, v, abs(v) < 3.4e38); }"
 
