@@ -616,3 +616,20 @@ def test_from_torch_buffers_are_not_trained(exporter):
     back.load_state_dict(model.to_torch_state_dict(), strict=True)
     x = rng.standard_normal((2, 4)).astype(np.float32)
     np.testing.assert_allclose(model.predict(x), torch_out(back, x), atol=TOL, rtol=0)
+
+
+def test_from_torch_prints_no_exporter_traceback(capfd, caplog):
+    """The dynamo exporter's down-conversion to an older opset fails on a training-mode BatchNorm
+    network and prints that traceback (the export goes on): from_torch asks for the exporter's own
+    opset, so a user sees none; an explicit opset is still honoured."""
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                              torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(4, 2))
+    x = torch.randn(2, 3, 8, 8)
+    model = anygrad.from_torch(net, x)
+    out = capfd.readouterr()
+    assert "Traceback" not in out.out + out.err
+    assert not [r.getMessage() for r in caplog.records if r.exc_info]  # (the exporter logs it)
+    net.eval()
+    np.testing.assert_allclose(model.predict(x.numpy()), net(x).detach().numpy(), rtol=1e-4, atol=1e-5)
+    older = anygrad.from_torch(net, x, opset=17, dynamo=False)
+    np.testing.assert_allclose(older.predict(x.numpy()), net(x).detach().numpy(), rtol=1e-4, atol=1e-5)

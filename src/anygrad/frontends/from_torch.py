@@ -32,7 +32,11 @@ from .torch_weights import (
     recorded_names,
 )
 
-DEFAULT_OPSET = 17
+DEFAULT_OPSET = 17  # the TorchScript exporter's
+# The dynamo exporter builds opset 18 and down-converts to an older one with onnx's version
+# converter, which fails on a training-mode ResNet (ReduceMean axes that are not constants) and
+# prints that failure's traceback, though the export goes on: so it is asked for its own opset.
+DYNAMO_OPSET = 18
 
 
 def _torch() -> Any:
@@ -91,7 +95,7 @@ def _feeds(args: tuple, kwargs: dict, names: list[str]) -> dict[str, np.ndarray]
     return {n: v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v) for n, v in zip(names, values)}
 
 
-def from_torch(module: Any, example_input: Any, *, dynamo: bool = True, opset: int = DEFAULT_OPSET,
+def from_torch(module: Any, example_input: Any, *, dynamo: bool = True, opset: int | None = None,
                path: str | os.PathLike | None = None, output_name: str | Sequence[str] = "output",
                check: bool = True) -> Model:
     """Export `module` (an nn.Module) to ONNX in training mode and import it as a trainable Model
@@ -103,7 +107,8 @@ def from_torch(module: Any, example_input: Any, *, dynamo: bool = True, opset: i
     forward's parameters (`forward(self, ids, mask)` gives inputs 'ids' and 'mask'). `dynamo`
     (default) picks the torch.export-based exporter, which torch 2.9+ makes its default and which
     exports what TorchScript cannot (Hugging Face Llama, Qwen, GPT-2); dynamo=False the deprecated
-    TorchScript one. With `path` the ONNX file is kept there, else it is
+    TorchScript one. `opset`: the ONNX opset to export (default 18 with dynamo, its own, and
+    17 without). With `path` the ONNX file is kept there, else it is
     temporary. Outputs: one tensor is named `output_name`; a dict (a Hugging Face ModelOutput)
     of several tensors gives outputs named by its keys ('loss', 'logits'); a tuple of several
     'output', 'output1', ...; a list `output_name` names them all. The module is left as it was (its mode and state, which tracing in training mode
@@ -125,7 +130,8 @@ def from_torch(module: Any, example_input: Any, *, dynamo: bool = True, opset: i
         file = Path(path) if path is not None else Path(tmp) / "model.onnx"
         module.train(True)
         try:
-            _export(module, args, kwargs, file, dynamo, opset, input_names, output_names)
+            _export(module, args, kwargs, file, dynamo, opset or (DYNAMO_OPSET if dynamo else DEFAULT_OPSET),
+                    input_names, output_names)
         except AnygradError:
             raise
         except Exception as e:  # the exporter fails in many ways: say which, and for which module
