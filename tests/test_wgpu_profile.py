@@ -92,3 +92,16 @@ def test_env_profile_records_each_run_and_keeps_results(wb, monkeypatch, capsys)
 def test_no_profiler_without_env(wb, monkeypatch):
     monkeypatch.delenv(profiling.ENV, raising=False)
     assert wb.compile(_mlp_step())._profiler is None
+
+
+def test_gemms_are_grouped_by_tiling_and_size():
+    """Twelve layers' copies of a GEMM make one row: their count, time each and rate."""
+    prof = profiling.StepProfile(kernels=[("MatMul[shared 128x128k16p]", 1000.0)] * 12
+                                 + [("MatMul[shared 128x128k16p]", 4000.0), ("ew:Gelu", 500.0),
+                                    ("Gemm[splitK reduce]", 30.0)],
+                                 runs=1, flops=[2_000_000] * 12 + [2_000_000, 0, 0])
+    # the last MatMul has the same tiling and FLOPs: one group of 13, 16,000 ns in all
+    assert prof.by_gemm() == [("MatMul[shared 128x128k16p]", 2_000_000, 13, 16000.0)]
+    text = prof.format("t")
+    row = next(line for line in text.splitlines() if line.strip().startswith("MatMul[shared 128x128k16p]") and "13" in line)
+    assert row.split()[-3:] == ["13", "1.2", "1.6"]  # 16 us / 13 kernels; 26 MFLOP in 16 us

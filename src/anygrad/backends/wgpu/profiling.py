@@ -76,6 +76,17 @@ class StepProfile:
             a[1] += ns
         return sorted(((k, n, ns) for k, (n, ns) in acc.items()), key=lambda t: -t[2])
 
+    def by_gemm(self) -> list[tuple[str, int, int, float]]:
+        """(kernel name, FLOPs of one, kernels, ns) per GEMM of one tiling and size (kernels whose
+        FLOPs are known), largest total first: a transformer's 12 layers make one row each."""
+        acc: dict[tuple[str, int], list] = {}
+        for (name, ns), fl in zip(self.kernels, self.flops):
+            if fl:
+                a = acc.setdefault((name, fl), [0, 0.0])
+                a[0] += 1
+                a[1] += ns
+        return sorted(((name, fl, n, ns) for (name, fl), (n, ns) in acc.items()), key=lambda t: -t[3])
+
     def top(self, n: int = 10) -> list[tuple[int, str, float]]:
         """The n slowest kernels: (dispatch index, name, ns)."""
         return sorted(((i, name, ns) for i, (name, ns) in enumerate(self.kernels)), key=lambda t: -t[2])[:n]
@@ -94,6 +105,11 @@ class StepProfile:
                  f"  {'op kind':28s} {'kernels':>7s} {'us':>9s} {'share':>6s}"]
         for kind, n, ns in self.by_kind():
             lines.append(f"  {kind:28s} {n:7d} {ns / 1e3:9.1f} {100 * ns / total:5.1f}%")
+        gemms = self.by_gemm()
+        if gemms:
+            lines.append(f"  GEMMs by tiling and size: {'GFLOP':>8s} {'kernels':>7s} {'us each':>9s} {'TFLOP/s':>8s}")
+            for name, fl, n, ns in gemms[:top]:
+                lines.append(f"  {name:40s} {fl / 1e9:8.3f} {n:7d} {ns / n / 1e3:9.1f} {fl * n / ns / 1e3:8.1f}")
         lines.append("  slowest kernels:")
         for i, name, ns in self.top(top):
             rate = self.tflops(i)
