@@ -19,6 +19,11 @@ CASES = {
     "NaN": ([np.ones(3, np.float32), np.array([0.5, np.nan], np.float32)], True),
     "a scalar": ([np.array(np.nan, np.float32)], True),
     "one element of many": ([np.where(np.arange(1 << 18) == 200_000, np.inf, 1.0).astype(np.float32)], True),
+    # a later input reduced in several passes, which carry the earlier inputs' verdict along
+    "bad first, many after": ([np.array([np.nan], np.float32), np.ones(1 << 18, np.float32)], True),
+    "bad late in a long second": ([np.ones(3, np.float32),
+                                   np.where(np.arange(1 << 18) == (1 << 18) - 1, -np.inf, 1).astype(np.float32)], True),
+    "long and finite": ([np.ones(3, np.float32), np.full(1 << 18, BIG)], False),
     # more inputs than a kernel may bind (8 storage buffers on some adapters): the last one is bad
     "twelve inputs": ([np.ones(3, np.float32)] * 11 + [np.array([np.nan], np.float32)], True),
     "twelve finite": ([np.full(3, BIG)] * 12, False),
