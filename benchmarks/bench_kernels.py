@@ -169,12 +169,17 @@ def open_device(index: int | None):
     return adapter, device, caps, bool(feats)
 
 
+FLUSH_REPS = 256  # repetitions a --flush timing takes at most (two timestamps each)
+
+
 class Runner:
     """Buffers, pipelines and bind groups of one lowered case, timed over many repetitions."""
 
-    def __init__(self, device, kernels: list[Kernel], values: dict[str, int], timestamps: bool, zeros: bool = False):
+    def __init__(self, device, kernels: list[Kernel], values: dict[str, int], timestamps: bool, zeros: bool = False,
+                 flush_mb: float = 0.0):
         import wgpu
         self.wgpu, self.device, self.kernels = wgpu, device, kernels
+        self.flush = self._flusher(device, flush_mb) if flush_mb and timestamps else None
         usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
         rng = np.random.default_rng(0)
         self.bufs = {}
@@ -199,8 +204,59 @@ class Runner:
             self.resolve = device.create_buffer(size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE
                                                 | wgpu.BufferUsage.COPY_SRC)
 
+    @staticmethod
+    def _flusher(device, mb: float):
+        """A kernel writing `mb` MB, run between repetitions (--flush): the timed kernels then
+        start with caches holding other data, as in a training step, not their own operands."""
+        import wgpu
+        n = max(64, int(mb * (1 << 20)) // 4)
+        buf = device.create_buffer(size=4 * n, usage=wgpu.BufferUsage.STORAGE)
+        code = ("@group(0) @binding(0) var<storage, read_write> y: array<f32>;\n"
+                "@compute @workgroup_size(256)\nfn main(@builtin(global_invocation_id) g: vec3<u32>) {\n"
+                f"  let i = g.x + g.y * 65535u * 256u;\n  if (i < {n}u) {{ y[i] = f32(i); }}\n}}\n")
+        pipe = device.create_compute_pipeline(layout="auto", compute={
+            "module": device.create_shader_module(code=code), "entry_point": "main"})
+        bg = device.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[
+            {"binding": 0, "resource": {"buffer": buf, "offset": 0, "size": buf.size}}])
+        groups = -(-n // 256)
+        grid = (min(groups, 65535), -(-groups // 65535), 1)
+        return pipe, bg, grid, device.create_query_set(type=wgpu.QueryType.timestamp, count=2 * FLUSH_REPS)
+
+    def run_flushed(self, reps: int) -> tuple[float, float | None]:
+        """(wall seconds, GPU seconds of the timed kernels only) for `reps` (<= FLUSH_REPS)
+        repetitions, each in a pass of its own after the flushing kernel's pass."""
+        pipe_f, bg_f, grid_f, query = self.flush
+        enc = self.device.create_command_encoder()
+        for r in range(reps):
+            cp = enc.begin_compute_pass()
+            cp.set_pipeline(pipe_f)
+            cp.set_bind_group(0, bg_f)
+            cp.dispatch_workgroups(*grid_f)
+            cp.end()
+            cp = enc.begin_compute_pass(timestamp_writes={"query_set": query, "beginning_of_pass_write_index": 2 * r,
+                                                          "end_of_pass_write_index": 2 * r + 1})
+            for pipe, bg, grid in self.steps:
+                cp.set_pipeline(pipe)
+                cp.set_bind_group(0, bg)
+                cp.dispatch_workgroups(*grid)
+            cp.end()
+        resolve = self.device.create_buffer(size=16 * reps, usage=self.wgpu.BufferUsage.QUERY_RESOLVE
+                                            | self.wgpu.BufferUsage.COPY_SRC)
+        enc.resolve_query_set(query, 0, 2 * reps, resolve, 0)
+        t0 = time.perf_counter()
+        self.device.queue.submit([enc.finish()])
+        self.device.queue.read_buffer(self.bufs[self.out], 0, 16)
+        wall = time.perf_counter() - t0
+        t = np.frombuffer(self.device.queue.read_buffer(resolve), np.uint64).astype(np.int64).reshape(reps, 2)
+        spans = t[:, 1] - t[:, 0]
+        gpu = float(spans.sum()) * 1e-9 if (spans > 0).all() else None
+        return wall, gpu if gpu is None or gpu <= wall * 1.05 else None
+
     def run(self, reps: int) -> tuple[float, float | None]:
-        """(wall seconds, GPU seconds or None) for `reps` repetitions in one pass and one submit."""
+        """(wall seconds, GPU seconds or None) for `reps` repetitions in one pass and one submit;
+        with a flusher, each repetition after it, in passes of their own (run_flushed)."""
+        if self.flush is not None:
+            return self.run_flushed(reps)
         enc = self.device.create_command_encoder()
         ts = ({"query_set": self.query, "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1}
               if self.query else None)
@@ -238,7 +294,7 @@ def lower(op: str, shapes: list[tuple[int, ...]], attrs: dict, caps: AdapterCaps
 
 
 def bench(device, caps: AdapterCaps, timestamps: bool, label: str, op: str, shapes, attrs, flop: float,
-          variant: str, peak: float | None, budget_s: float, zeros: bool = False) -> Result:
+          variant: str, peak: float | None, budget_s: float, zeros: bool = False, flush_mb: float = 0.0) -> Result:
     # variant tokens: register | shared | dot, then optionally the block and the K tile: shared8k16;
     # then optionally @ and a _gemm_layout (noswizzle, nohoist, plain), then % and invocations per
     # workgroup: auto@nohoist, shared8k16%128; then +name=value pins (_gemm_<name>): shared8k16+tn=16+unroll=2
@@ -256,10 +312,10 @@ def bench(device, caps: AdapterCaps, timestamps: bool, label: str, op: str, shap
         pin["_gemm_threads"] = int(threads)
     pin |= {f"_gemm_{k}": int(v) for k, v in (e.split("=") for e in extra)}
     kernels, values = lower(op, shapes, {**attrs, **pin}, caps)
-    runner = Runner(device, kernels, values, timestamps, zeros)
+    runner = Runner(device, kernels, values, timestamps, zeros, flush_mb)
     runner.run(1)                                   # warm-up (first dispatch pays for driver setup)
     wall, gpu = runner.run(1)
-    reps = max(1, min(200, int(budget_s / max(gpu or wall, 1e-6))))
+    reps = max(1, min(200 if runner.flush is None else FLUSH_REPS, int(budget_s / max(gpu or wall, 1e-6))))
     runner.run(max(1, reps // 4))                   # settle clocks and caches at this kernel
     # best of two timed runs: a single run was seen 1.5-3x slow now and then on an H200
     secs = min((gpu if gpu is not None else wall) for wall, gpu in (runner.run(reps), runner.run(reps))) / reps
@@ -289,6 +345,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="only the cases whose label contains this text")
     ap.add_argument("--zeros", action="store_true", help="operands of zeros (as the autotuner times with), not "
                     "random numbers: a GPU may draw less power and clock higher on zeros")
+    ap.add_argument("--flush", type=float, default=0.0, metavar="MB",
+                    help="run a kernel writing MB megabytes before each repetition and time the case's kernels "
+                         "alone, each repetition in its own pass (as a step's profile does; needs timestamp queries)")
     ap.add_argument("--peak-gflops", type=float, default=None, help="FP32 peak of the adapter")
     ap.add_argument("--seconds", type=float, default=0.2, help="timed work per case")
     ap.add_argument("--json", default=None, help="write the results here")
@@ -316,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         for variant in args.variants.split(","):
             try:
                 r = bench(device, caps, timestamps, label, op, shapes, attrs, flop, variant, peak, args.seconds,
-                          args.zeros)
+                          args.zeros, args.flush)
             except Exception as e:  # noqa: BLE001  one failing case (e.g. too large for this adapter) must not end the run
                 print(f"{label:42s} {variant:9s} failed: {str(e).splitlines()[0][:100]}")
                 continue
