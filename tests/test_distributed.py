@@ -558,6 +558,44 @@ def test_hold_parts_is_timed_then_kept(tiny, monkeypatch):
     assert fixed.parallel.hold_parts == 1
 
 
+def test_a_failed_step_returns_only_once_every_device_has_finished_it(tiny, monkeypatch):
+    """One device fails while the other is still at its part of the step (held back here): the step
+    raises only after that part ends. The replicas share one thread pool, so a part still running
+    would meet the same device's next step on another thread (their executable's hooks crossed, and
+    the next step waited for a bucket nobody read: a hang seen in CI)."""
+    import time
+
+    from anygrad.distributed import parallel
+    model, _, x, y = tiny
+    m = anygrad.load_onnx(str(model)).compile(optimizer=Adam(lr=0.01), device="cpu,cpu")
+    m.train_on_batch(x[:16], y[:16])
+    plain_job, plain_read = parallel.DataParallel._gradient_job, parallel.DataParallel._read_buckets
+    running, failing = [], [True]
+
+    def job(self, i, *args):
+        running.append(i)
+        try:
+            if failing[0] and i == 1:
+                time.sleep(0.5)  # device 1 is still busy when device 0's error arrives
+            return plain_job(self, i, *args)
+        finally:
+            running.remove(i)
+
+    def read(self, i, waits, order, announce):  # device 0's gradient never comes back
+        if failing[0] and i == 0:
+            announce.put(RuntimeError("device 0 lost"))
+            return None
+        return plain_read(self, i, waits, order, announce)
+    monkeypatch.setattr(parallel.DataParallel, "_gradient_job", job)
+    monkeypatch.setattr(parallel.DataParallel, "_read_buckets", read)
+    with pytest.raises(RuntimeError, match="device 0 lost"):
+        m.train_on_batch(x[16:32], y[16:32])
+    assert running == []  # device 1's part of the failed step is over
+    failing[0] = False
+    assert np.isfinite(m.train_on_batch(x[32:48], y[32:48]))
+    m.parallel.check_replicas()
+
+
 def test_a_failed_part_submission_fails_the_step_and_the_next_one_trains(tiny, monkeypatch):
     """A submit failing while the held parts go out (a lost device, say): the step raises instead of
     leaving the bucket reader waiting, and the next step trains from equal replicas."""

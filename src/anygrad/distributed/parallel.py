@@ -27,6 +27,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, wait
 from typing import Any
 
 import numpy as np
@@ -311,9 +312,15 @@ class DataParallel:
         else:
             futures = [self._pool_submit(self._gradient_job, *job) for job in jobs]
         self._spent("submit", began)
-        if update:
-            self._reduce_and_update(futures)
-        losses = [f.result() for f in futures]
+        try:
+            if update:
+                self._reduce_and_update(futures)
+            losses = [f.result() for f in futures]
+        except BaseException:
+            # The step ends once every device's part of it has: the pool's threads are shared, so a
+            # device still finishing this step would otherwise run its executable beside its next one.
+            wait([f for f in futures if isinstance(f, Future)])
+            raise
         self.steps += 1
         if update:
             if self._balance_later:
