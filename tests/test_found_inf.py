@@ -27,6 +27,9 @@ CASES = {
     # more inputs than a kernel may bind (8 storage buffers on some adapters): the last one is bad
     "twelve inputs": ([np.ones(3, np.float32)] * 11 + [np.array([np.nan], np.float32)], True),
     "twelve finite": ([np.full(3, BIG)] * 12, False),
+    # scalars go straight to the kernel that stores the bool, as many as it may bind, the rest reduced
+    "twelve scalars, the last bad": ([np.array(1.0, np.float32)] * 11 + [np.array(-np.inf, np.float32)], True),
+    "scalars and tensors": ([np.array(2.0, np.float32), np.ones(9, np.float32), np.array(np.nan, np.float32)], True),
 }
 
 
@@ -66,6 +69,8 @@ def test_wgpu(case, fuse):
     ref, got, exe = run_both(graph, feeds, fuse=fuse)
     assert bool(got["found"]) is want and bool(ref["found"]) is want
     assert all(step.kernel.name.startswith("FoundInf") for step in exe.plan.steps)
+    if all(a.size == 1 for a in arrays) and len(arrays) <= 6:  # one kernel reads them all
+        assert len(exe.plan.steps) == 1
 
 
 def test_the_loss_scaler_builds_it_over_every_gradient():
@@ -82,3 +87,20 @@ def test_the_loss_scaler_builds_it_over_every_gradient():
     tests = [n for n in step.nodes if n.op == "FoundInf"]
     assert sorted(len(n.inputs) for n in tests) == [1, len(step.params)]
     assert not [n for n in step.nodes if n.op in ("IsNaN", "Or")]
+
+
+@pytest.mark.wgpu
+def test_wgpu_scalars_past_the_binding_limit_are_reduced():
+    """Under WebGPU's default limits (8 storage buffers a stage) twelve scalars do not fit the
+    storing kernel: six are read there, the others go through the reduction chain."""
+    from wgpu_util import run_both
+
+    from anygrad.backends.wgpu import WgpuBackend
+    for case in ("twelve scalars, the last bad", "twelve finite"):
+        arrays, want = CASES[case]
+        if case == "twelve finite":
+            arrays = [np.array(BIG)] * 12
+        graph, feeds = _graph(arrays)
+        _, got, exe = run_both(graph, feeds, backend=WgpuBackend("wgpu", limits="webgpu-default"))
+        assert bool(got["found"]) is want
+        assert len(exe.plan.steps) == 1 + 6 and exe.plan.steps[-1].kernel.name == "FoundInf"

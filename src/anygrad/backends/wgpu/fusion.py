@@ -601,10 +601,9 @@ def arena_finite_check(graph: Graph) -> None:
     buffer whose exponent bits are all ones (inf or NaN; the zero padding between slices counts
     nothing) and yields +inf when that count is positive, else 0: FoundInf reads that scalar in
     place of the arena's gradients (kernels_reduce.lower_found_inf), and it is non-finite exactly
-    when one of them is. A count, not
-    a sum of the values, so it decides exactly like torch's GradScaler (a sum of finite float32
-    gradients could overflow to inf and skip a good step); and not max(|x|), whose NaN handling
-    WGSL leaves to the implementation.
+    when one of them is. A count, not a sum of the values, so it decides exactly like torch's
+    GradScaler (a sum of finite float32 gradients could overflow to inf and skip a good step); and
+    not max(|x|), whose NaN handling WGSL leaves to the implementation.
 
     An arena is taken only when every gradient in it is one of FoundInf's inputs (so the test reads
     no gradient it did not read before). Its node is placed before the first reader of the test,

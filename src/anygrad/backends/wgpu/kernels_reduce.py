@@ -28,6 +28,7 @@ from .wgsl import (
     literal,
     shader,
     shape_of,
+    size_of,
     strides,
     vtype,
 )
@@ -277,10 +278,11 @@ def lower_non_finite(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel
     return reduce_kernels("NonFinite", x, node.outputs[0], (n,), (0,), "f32", _NON_FINITE, caps)
 
 
-# FoundInf(x1, ..., xn) -> bool: the NonFinite reduction of each input in turn, each adding the one
-# before it (its aux input, m), so the last is +inf when any input holds an inf or NaN; then one
-# invocation stores that as the bool (u32 1 or 0). Inputs of any number and size, 1-2 bindings a
-# kernel; a gradient arena's NonFinite scalar (fusion.arena_finite_check) is one more input.
+# FoundInf(x1, ..., xn) -> bool. Scalars (the loss; a gradient arena's NonFinite count from
+# fusion.arena_finite_check) are tested by the kernel that stores the bool (u32 1 or 0), as many
+# as it may bind. Every other input is a NonFinite reduction, each adding the one before it (its
+# aux input, m), so the last is +inf when any of them holds an inf or NaN; the storing kernel reads
+# that one too. Any number of inputs of any size, at most the adapter's bindings a kernel.
 _FOUND_CHAIN = Combine("zero", "{a} + {b}", pre=_NON_FINITE.pre,
                        post="bitcast<f32>(select(0u, 0x7f800000u, {x} > 0.0 || m[o] > 0.0))")
 
@@ -288,20 +290,21 @@ _FOUND_CHAIN = Combine("zero", "{a} + {b}", pre=_NON_FINITE.pre,
 @lowering("FoundInf")
 def lower_found_inf(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     y = node.outputs[0]
+    sizes = {x: size_of(graph, x) for x in node.inputs}
+    room = max(1, caps.max_storage_buffers_per_stage - 2)  # the bool, and the chain's total
+    direct = [x for x in node.inputs if sizes[x] == 1][:room]
     kernels: list[Kernel] = []
     last = ""
-    for j, x in enumerate(node.inputs):
-        n = 1
-        for e in shape_of(graph, x):
-            n *= e
+    for j, x in enumerate(x for x in node.inputs if x not in direct):
         part = f"{y}.found{j}"
-        kernels += reduce_kernels(f"FoundInf{j}", x, part, (n,), (0,), "f32", _FOUND_CHAIN if last else _NON_FINITE,
-                                  caps, aux=last, scratch=(Scratch(part, 1),))
+        kernels += reduce_kernels(f"FoundInf{j}", x, part, (sizes[x],), (0,), "f32",
+                                  _FOUND_CHAIN if last else _NON_FINITE, caps, aux=last, scratch=(Scratch(part, 1),))
         last = part
-    body = "  if (i > 0u) { return; }\n  y[0] = select(0u, 1u, s[0] > 0.0);"
-    kernels.append(Kernel("FoundInf", shader(bindings([("s", "f32")], [("y", "u32")]), f"  {flat_id()}\n{body}"),
-                          grid(1), (last,), (y,)))
-    return kernels
+    reads = direct + ([last] if last else [])
+    bad = " || ".join(f"(bitcast<u32>(s{k}[0]) & 0x7f800000u) == 0x7f800000u" for k in range(len(reads)))
+    body = f"  if (i > 0u) {{ return; }}\n  y[0] = select(0u, 1u, {bad});"
+    decls = bindings([(f"s{k}", "f32") for k in range(len(reads))], [("y", "u32")])
+    return kernels + [Kernel("FoundInf", shader(decls, f"  {flat_id()}\n{body}"), grid(1), tuple(reads), (y,))]
 
 
 # log(sum(exp(x - m))) + m with m the (finite) maximum: a max reduction, then a sum that reads it.
