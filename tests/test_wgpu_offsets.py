@@ -117,3 +117,51 @@ def test_offset_plan_trains_like_numpy_and_like_the_slot_plan(monkeypatch):
     ss = ms.state_dict()
     for name in sw:
         np.testing.assert_array_equal(sw[name], ss[name], err_msg=name)
+
+
+def test_shared_buffer_size_comes_from_the_environment_within_one_binding(monkeypatch):
+    from anygrad.backends.wgpu.limits import SHARED_BUFFER_BYTES, SHARED_BUFFER_ENV, shared_buffer_bytes
+    from anygrad.errors import AnygradError
+    monkeypatch.delenv(SHARED_BUFFER_ENV, raising=False)
+    assert shared_buffer_bytes(2 << 30) == SHARED_BUFFER_BYTES == 128 << 20
+    assert shared_buffer_bytes(1 << 20) == 1 << 20  # never above the adapter's binding limit
+    monkeypatch.setenv(SHARED_BUFFER_ENV, "64KiB")
+    assert shared_buffer_bytes(2 << 30) == 64 << 10
+    monkeypatch.setenv(SHARED_BUFFER_ENV, "binding")
+    assert shared_buffer_bytes(2 << 30) == 2 << 30
+    monkeypatch.setenv(SHARED_BUFFER_ENV, "lots")
+    with pytest.raises(AnygradError, match=SHARED_BUFFER_ENV):
+        shared_buffer_bytes(2 << 30)
+
+
+def test_shared_buffers_and_arenas_stay_within_the_shared_buffer_size(monkeypatch):
+    """Below the binding limit, the shared-buffer size bounds every buffer holding several
+    temporaries, and splits the parameter arena (one fused update per part)."""
+    monkeypatch.setattr(planner, "PLACEMENTS", ("offsets",))
+    caps = AdapterCaps()
+    monkeypatch.setenv("ANYGRAD_WGPU_SHARED_BUFFER", "binding")
+    whole = _step_plan(64, caps)
+    monkeypatch.setenv("ANYGRAD_WGPU_SHARED_BUFFER", "32KiB")
+    parts = _step_plan(64, caps)
+    _check_valid(parts, 32 << 10)
+    assert max(whole.slot_bytes) > 32 << 10 and len(parts.slot_bytes) > len(whole.slot_bytes)
+
+    def updates(plan):
+        return sum(st.kernel.name.startswith("ew:SGDUpdate") for st in plan.steps)
+    assert updates(whole) == 1 and updates(parts) > 1  # the 16*4*4 x 96 weight alone is 48 KiB
+
+
+@pytest.mark.wgpu
+def test_small_shared_buffers_train_bit_for_bit_like_one_large_one(monkeypatch):
+    monkeypatch.setenv("ANYGRAD_PIPELINE_CACHE", "0")
+    monkeypatch.setattr(planner, "PLACEMENTS", ("offsets",))
+    runs = []
+    for size in ("binding", "32KiB"):
+        monkeypatch.setenv("ANYGRAD_WGPU_SHARED_BUFFER", size)
+        model, losses, batches = _train(wgpu_backend())
+        plan = model._train_program(*model._batch(*batches[0]), flush=False).plan
+        runs.append((losses, model.state_dict(), len(plan.slot_bytes)))
+    (la, sa, na), (lb, sb, nb) = runs
+    assert nb > na and la == lb
+    for name in sa:
+        np.testing.assert_array_equal(sa[name], sb[name], err_msg=name)

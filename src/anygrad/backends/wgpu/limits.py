@@ -130,4 +130,28 @@ def parse_size(text: float | str, what: str = "--memory-budget") -> int:
     return n
 
 
-__all__ = ["ENV", "PROFILES", "LimitsProfile", "get_profile", "parse_size"]
+# The planner packs many tensors into one buffer (temporaries at offsets, parameters and optimizer
+# state into arenas) up to this size, not up to the largest binding the adapter allows. Measured on
+# an H100 (NVIDIA's Vulkan driver, session 31): GPT-2 small's GEMMs ran 15-25% slower on operands
+# at offsets into 2 GiB buffers than on the same operands in buffers of at most 128 MiB (the whole
+# step 62.7 against 55.9 ms; ResNet-50 +6%, the d-256 GPT +7%), with the same kernels, tilings and
+# offsets aligned to 2 MiB or not. Which of the driver's mappings makes the difference is not known;
+# smaller buffers cost nothing measurable elsewhere (the planned bytes stayed within 1%).
+SHARED_BUFFER_ENV = "ANYGRAD_WGPU_SHARED_BUFFER"
+SHARED_BUFFER_BYTES = 128 * MiB
+
+
+def shared_buffer_bytes(binding_limit: int) -> int:
+    """How large a buffer holding many tensors may grow: SHARED_BUFFER_BYTES, or what
+    ANYGRAD_WGPU_SHARED_BUFFER says ('256MiB'; 'binding': up to one binding, as before session 31),
+    never above the adapter's `binding_limit`. A single tensor larger than this still gets a buffer
+    of its own size."""
+    text = os.environ.get(SHARED_BUFFER_ENV, "").strip().lower()
+    if text == "binding":
+        return binding_limit
+    n = parse_size(text, SHARED_BUFFER_ENV) if text else SHARED_BUFFER_BYTES
+    return min(n, binding_limit)
+
+
+__all__ = ["ENV", "PROFILES", "SHARED_BUFFER_ENV", "LimitsProfile", "get_profile", "parse_size",
+           "shared_buffer_bytes"]

@@ -31,6 +31,7 @@ from .fusion import PACKED
 from .gridfold import fold_kernel
 from .halfstore import half_kernels
 from .kernel import LOWERINGS, AdapterCaps, Kernel, ops_where
+from .limits import shared_buffer_bytes
 from .wgsl import shape_of
 
 # Ops whose output is the input's bytes under another shape: no kernel, no copy.
@@ -262,7 +263,7 @@ def make_plan(graph: Graph, caps: AdapterCaps, state_names: set[str]) -> Plan:
     # Placements by liveness; the smallest total is kept (a tighter reuse at no cost per step).
     # Offsets into shared buffers usually win; a slot per tenant (offset 0) stays as a fallback.
     live = {r: (s, last[r]) for r, s in first.items() if r.kind == "temp" and r.name not in inplace}
-    cap = caps.max_storage_binding_size  # a shared buffer stays within one binding (<= max buffer size)
+    cap = shared_buffer_bytes(caps.max_storage_binding_size)
     slot_of, slot_bytes, slot_offset = min(
         [(*_assign_slots(steps, first, last, nbytes, set(inplace), grow), {})
          for grow in (True, False) if "slots" in PLACEMENTS]
