@@ -180,6 +180,18 @@ def test_matmul_split_k(caps):
     assert len(kernels) == 2 and kernels[0].scratch
 
 
+@pytest.mark.parametrize("n,splits", [(12, 3), (16, 5), (7, 4)])
+def test_split_k_reduce_applies_alpha_bias_and_relu(n, splits):
+    """The reduce sums the partials, then applies alpha, the bias and the epilogue, as the
+    unsplit Gemm does, at widths that are and are not a multiple of 4."""
+    pin = {"_gemm_variant": "shared", "_gemm_block": 4, "_gemm_kt": 16, "_gemm_splits": splits}
+    kernels = check_op("Gemm", [rnd(6, 704, seed=60), rnd(n, 704, seed=61), rnd(n, seed=62)],
+                       {"transB": 1, "alpha": 0.5, "_epilogue": "relu", **pin}, GPU, rtol=1e-4, atol=1e-4)
+    assert len(kernels) == 2 and kernels[0].scratch and f"splitK {splits}" in kernels[0].name
+    kernels = check_op("MatMul", [rnd(2, 6, 704, seed=63), rnd(704, n, seed=64)], pin, GPU, rtol=1e-4, atol=1e-4)
+    assert len(kernels) == 2 and kernels[0].scratch
+
+
 # -- convolutions -------------------------------------------------------------------------------
 CONVS = [  # x shape, w shape, attrs
     ((2, 3, 7, 6), (4, 3, 3, 3), {"pads": [1, 1, 1, 1]}),
