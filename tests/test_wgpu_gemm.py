@@ -15,6 +15,7 @@ from wgpu_util import no_adapter
 
 import anygrad.ops  # noqa: F401  (registers the op forwards)
 from anygrad.backends.wgpu import kernels_conv, kernels_gemm  # noqa: F401  (register the lowerings)
+from anygrad.backends.wgpu.autotune import CANDIDATES
 from anygrad.backends.wgpu.kernel import LOWERINGS, AdapterCaps
 from anygrad.ir import Graph, Node, TensorInfo, get_op, infer_node
 from anygrad.ir.passes import resolve_attributes
@@ -514,6 +515,17 @@ def test_k_loop_two_steps_a_pass_matches_numpy():
         pin = {"_gemm_variant": "shared", "_gemm_block": 8, "_gemm_kt": 16, "_gemm_prefetch": 1, "_gemm_unroll": 2}
         kern = check_op("MatMul", [a, b], pin, caps=GPU, rtol=1e-3, atol=1e-3)[0]
         assert "k0s = k0s + 2u" in kern.wgsl and "u2]" in kern.name
+
+
+@pytest.mark.parametrize("pin", [p for p in CANDIDATES if p], ids=lambda p: "-".join(f"{k[6:]}{v}" for k, v in p.items()))
+def test_every_autotuner_candidate_matches_numpy(pin):
+    """Each tiling the autotuner may pick computes what numpy does, at ragged M/N edges and a K
+    long enough to split; one it cannot take raises (the autotuner skips it)."""
+    for m, k, n in ((130, 300, 70), (64, 64, 128)):
+        try:
+            check_op("MatMul", [rnd(2, m, k, seed=1), rnd(k, n, seed=2)], pin, caps=GPU, rtol=1e-3, atol=1e-3)
+        except ValueError as e:
+            assert "workgroup" in str(e) or "fit" in str(e), e
 
 
 def test_two_workgroup_tiles_match_numpy():

@@ -40,7 +40,8 @@ from .profiling import wall_ms
 
 ENV = "ANYGRAD_AUTOTUNE"
 TUNABLE_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvGradInput", "ConvGradWeight"})
-PIN_ATTRS = ("_gemm_variant", "_gemm_block", "_gemm_kt", "_gemm_prefetch", "_gemm_unroll", "_gemm_tn", "_gemm_splits")
+PIN_ATTRS = ("_gemm_variant", "_gemm_block", "_gemm_kt", "_gemm_prefetch", "_gemm_unroll", "_gemm_tn", "_gemm_splits",
+             "_gemm_threads")
 # Candidate pins: the rules' own choice first (ties keep it), then each variant the GEMM
 # generator has. A lowering that cannot take a candidate (a K tile over workgroup storage, dot
 # on a shape it does not fit) raises, and the candidate is skipped.
