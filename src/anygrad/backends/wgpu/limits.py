@@ -135,8 +135,9 @@ def parse_size(text: float | str, what: str = "--memory-budget") -> int:
 # an H100 (NVIDIA's Vulkan driver, session 31): GPT-2 small's GEMMs ran 15-25% slower on operands
 # at offsets into 2 GiB buffers than on the same operands in buffers of at most 128 MiB (the whole
 # step 62.7 against 55.9 ms; ResNet-50 +6%, the d-256 GPT +7%), with the same kernels, tilings and
-# offsets aligned to 2 MiB or not. Which of the driver's mappings makes the difference is not known;
-# smaller buffers cost nothing measurable elsewhere (the planned bytes stayed within 1%).
+# offsets aligned to 2 MiB or not. Which of the driver's mappings makes the difference is not known.
+# The planned bytes stayed within 1%; the process peak grew by about 0.5 GiB on GPT-2 small (more
+# buffers for the driver's allocator), still below PyTorch's.
 SHARED_BUFFER_ENV = "ANYGRAD_WGPU_SHARED_BUFFER"
 SHARED_BUFFER_BYTES = 128 * MiB
 
