@@ -33,7 +33,6 @@ from .kernels_gemm import EPILOGUE_ACTIVATIONS
 from .kernels_nn import BN_APPLY, BN_STATS
 from .kernels_optim import ARENA_CAST, COPY, FUSED_UPDATE
 from .kernels_reduce import NON_FINITE
-from .limits import shared_buffer_bytes
 from .wgsl import shape_of
 
 MAX_GROUP = 48          # members per kernel: keeps shaders small and compile times short
@@ -464,9 +463,8 @@ def group_updates(graph: Graph, caps: AdapterCaps) -> None:
         # Bindings: gradients, lr, step, (the skip flag,) and each arena once (read_write).
         if 3 + bool(gate_ids) + len(members[0].outputs) > caps.max_storage_buffers_per_stage:
             continue
-        # Each arena must fit one storage binding, and is kept to a shared buffer's size: split
-        # into chunks that do (a chunk per larger parameter).
-        budget = shared_buffer_bytes(caps.max_storage_binding_size) // 4
+        # Each arena must fit one storage binding: split into chunks that do.
+        budget = caps.max_storage_binding_size // 4
         chunk: list[Node] = []
         size = 0
         for m in members + [None]:

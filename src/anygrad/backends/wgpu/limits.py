@@ -130,20 +130,20 @@ def parse_size(text: float | str, what: str = "--memory-budget") -> int:
     return n
 
 
-# The planner packs many tensors into one buffer (temporaries at offsets, parameters and optimizer
-# state into arenas) up to this size, not up to the largest binding the adapter allows. Measured on
-# an H100 (NVIDIA's Vulkan driver, session 31): GPT-2 small's GEMMs ran 15-25% slower on operands
-# at offsets into 2 GiB buffers than on the same operands in buffers of at most 128 MiB (the whole
-# step 62.7 against 55.9 ms; ResNet-50 +6%, the d-256 GPT +7%), with the same kernels, tilings and
-# offsets aligned to 2 MiB or not. Which of the driver's mappings makes the difference is not known.
-# The planned bytes stayed within 1%; the process peak grew by about 0.5 GiB on GPT-2 small (more
-# buffers for the driver's allocator), still below PyTorch's.
+# The planner packs a step's temporaries at offsets into shared buffers up to this size, not up
+# to the largest binding the adapter allows. Measured on an H100 (NVIDIA's Vulkan driver, session
+# 31): GPT-2 small's GEMMs ran 15-25% slower on operands at offsets into 2 GiB buffers than on the
+# same operands in buffers of at most 128 MiB (the whole step 62.7 against 55.9 ms; ResNet-50 +6%,
+# the d-256 GPT +5-7%), with the same kernels, tilings and planned bytes, offsets aligned to 2 MiB
+# or not. Which of the driver's mappings makes the difference is not known. Parameter arenas keep
+# one binding: splitting them too gained nothing measurable and cost GPT-2 small about 440 MiB
+# more process memory for the same planned bytes (the driver's allocator, with parts of 150 MB).
 SHARED_BUFFER_ENV = "ANYGRAD_WGPU_SHARED_BUFFER"
 SHARED_BUFFER_BYTES = 128 * MiB
 
 
 def shared_buffer_bytes(binding_limit: int) -> int:
-    """How large a buffer holding many tensors may grow: SHARED_BUFFER_BYTES, or what
+    """How large a buffer holding many temporaries may grow: SHARED_BUFFER_BYTES, or what
     ANYGRAD_WGPU_SHARED_BUFFER says ('256MiB'; 'binding': up to one binding, as before session 31),
     never above the adapter's `binding_limit`. A single tensor larger than this still gets a buffer
     of its own size."""
