@@ -22,6 +22,7 @@ import numpy as np
 import anygrad.ops  # noqa: F401  (op registry: shape rules)
 from anygrad.backends.wgpu import kernels_conv, kernels_gemm  # noqa: F401  (lowerings)
 from anygrad.backends.wgpu.kernel import LOWERINGS, AdapterCaps, Kernel
+from anygrad.backends.wgpu.runtime import _writable
 from anygrad.backends.wgpu.shader_module import create_shader_module
 from anygrad.ir import Graph, Node, TensorInfo, infer_node
 from anygrad.ir.passes import resolve_attributes
@@ -176,7 +177,7 @@ class Runner:
     """Buffers, pipelines and bind groups of one lowered case, timed over many repetitions."""
 
     def __init__(self, device, kernels: list[Kernel], values: dict[str, int], timestamps: bool, zeros: bool = False,
-                 flush_mb: float = 0.0):
+                 flush_mb: float = 0.0, shared_mb: float = 0.0):
         import wgpu
         self.wgpu, self.device, self.kernels = wgpu, device, kernels
         self.flush = self._flusher(device, flush_mb) if flush_mb and timestamps else None
@@ -186,15 +187,31 @@ class Runner:
         sizes = dict(values)
         for k in kernels:
             sizes.update({s.name: s.elements for s in k.scratch})
-        for name, n in sizes.items():
-            data = (np.zeros if zeros else rng.standard_normal)(n + (-n) % 4).astype(np.float32)
-            self.bufs[name] = device.create_buffer_with_data(data=data.tobytes(), usage=usage)
+        datas = {name: (np.zeros if zeros else rng.standard_normal)(n + (-n) % 4).astype(np.float32)
+                 for name, n in sizes.items()}
+        if shared_mb:
+            # --shared-buffer: every value at a 256-byte aligned offset into one buffer at least
+            # shared_mb large, as the planner packs a step's temporaries (the views: buffer, offset, size)
+            offsets, end = {}, 0
+            for name, data in datas.items():
+                offsets[name], end = end, end + -(-data.nbytes // 256) * 256
+            shared = device.create_buffer(size=max(end, int(shared_mb * (1 << 20)) // 256 * 256), usage=usage)
+            for name, data in datas.items():
+                device.queue.write_buffer(shared, offsets[name], data.tobytes())
+                self.bufs[name] = (shared, offsets[name], data.nbytes)
+        else:
+            for name, data in datas.items():
+                buf = device.create_buffer_with_data(data=data.tobytes(), usage=usage)
+                self.bufs[name] = (buf, 0, buf.size)
         self.steps = []
         for k in kernels:
-            module = create_shader_module(device, k.wgsl, k.name)  # as the runtime builds it
+            # in one shared buffer a kernel's reads share it with its writes: the runtime then
+            # declares them read_write (one usage scope may not mix read-only and writable views)
+            wgsl = _writable(k.wgsl, range(len(k.reads))) if shared_mb and k.reads else k.wgsl
+            module = create_shader_module(device, wgsl, k.name)  # as the runtime builds it
             pipe = device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": k.entry})
             bg = device.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[
-                {"binding": i, "resource": {"buffer": self.bufs[v], "offset": 0, "size": self.bufs[v].size}}
+                {"binding": i, "resource": dict(zip(("buffer", "offset", "size"), self.bufs[v]))}
                 for i, v in enumerate(list(k.reads) + list(k.writes))])
             self.steps.append((pipe, bg, k.workgroups))
         self.out = kernels[-1].writes[0]
@@ -203,6 +220,11 @@ class Runner:
             self.query = device.create_query_set(type=wgpu.QueryType.timestamp, count=2)
             self.resolve = device.create_buffer(size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE
                                                 | wgpu.BufferUsage.COPY_SRC)
+
+    def _wait(self) -> None:
+        """A readback of the last output's first bytes: returns once the submitted work is done."""
+        buf, offset, _ = self.bufs[self.out]
+        self.device.queue.read_buffer(buf, offset, 16)
 
     @staticmethod
     def _flusher(device, mb: float):
@@ -245,7 +267,7 @@ class Runner:
         enc.resolve_query_set(query, 0, 2 * reps, resolve, 0)
         t0 = time.perf_counter()
         self.device.queue.submit([enc.finish()])
-        self.device.queue.read_buffer(self.bufs[self.out], 0, 16)
+        self._wait()
         wall = time.perf_counter() - t0
         t = np.frombuffer(self.device.queue.read_buffer(resolve), np.uint64).astype(np.int64).reshape(reps, 2)
         spans = t[:, 1] - t[:, 0]
@@ -271,7 +293,7 @@ class Runner:
             enc.resolve_query_set(self.query, 0, 2, self.resolve, 0)
         t0 = time.perf_counter()
         self.device.queue.submit([enc.finish()])
-        self.device.queue.read_buffer(self.bufs[self.out], 0, 16)  # waits for the work
+        self._wait()
         wall = time.perf_counter() - t0
         gpu = None
         if self.query:
@@ -294,7 +316,8 @@ def lower(op: str, shapes: list[tuple[int, ...]], attrs: dict, caps: AdapterCaps
 
 
 def bench(device, caps: AdapterCaps, timestamps: bool, label: str, op: str, shapes, attrs, flop: float,
-          variant: str, peak: float | None, budget_s: float, zeros: bool = False, flush_mb: float = 0.0) -> Result:
+          variant: str, peak: float | None, budget_s: float, zeros: bool = False, flush_mb: float = 0.0,
+          shared_mb: float = 0.0) -> Result:
     # variant tokens: register | shared | dot, then optionally the block and the K tile: shared8k16;
     # then optionally @ and a _gemm_layout (noswizzle, nohoist, plain), then % and invocations per
     # workgroup: auto@nohoist, shared8k16%128; then +name=value pins (_gemm_<name>): shared8k16+tn=16+unroll=2
@@ -312,7 +335,7 @@ def bench(device, caps: AdapterCaps, timestamps: bool, label: str, op: str, shap
         pin["_gemm_threads"] = int(threads)
     pin |= {f"_gemm_{k}": int(v) for k, v in (e.split("=") for e in extra)}
     kernels, values = lower(op, shapes, {**attrs, **pin}, caps)
-    runner = Runner(device, kernels, values, timestamps, zeros, flush_mb)
+    runner = Runner(device, kernels, values, timestamps, zeros, flush_mb, shared_mb)
     runner.run(1)                                   # warm-up (first dispatch pays for driver setup)
     wall, gpu = runner.run(1)
     reps = max(1, min(200 if runner.flush is None else FLUSH_REPS, int(budget_s / max(gpu or wall, 1e-6))))
@@ -348,6 +371,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--flush", type=float, default=0.0, metavar="MB",
                     help="run a kernel writing MB megabytes before each repetition and time the case's kernels "
                          "alone, each repetition in its own pass (as a step's profile does; needs timestamp queries)")
+    ap.add_argument("--shared-buffer", type=float, default=0.0, metavar="MB",
+                    help="place the case's values at offsets into one buffer of at least MB megabytes, reads "
+                         "declared read_write as the runtime must then (how GEMMs ran in steps before session 31's "
+                         "planner kept a kernel's reads and writes apart), instead of a buffer each")
     ap.add_argument("--peak-gflops", type=float, default=None, help="FP32 peak of the adapter")
     ap.add_argument("--seconds", type=float, default=0.2, help="timed work per case")
     ap.add_argument("--json", default=None, help="write the results here")
@@ -375,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         for variant in args.variants.split(","):
             try:
                 r = bench(device, caps, timestamps, label, op, shapes, attrs, flop, variant, peak, args.seconds,
-                          args.zeros, args.flush)
+                          args.zeros, args.flush, args.shared_buffer)
             except Exception as e:  # noqa: BLE001  one failing case (e.g. too large for this adapter) must not end the run
                 print(f"{label:42s} {variant:9s} failed: {str(e).splitlines()[0][:100]}")
                 continue

@@ -165,3 +165,29 @@ def test_small_shared_buffers_train_bit_for_bit_like_one_large_one(monkeypatch):
     assert nb > na and la == lb
     for name in sa:
         np.testing.assert_array_equal(sa[name], sb[name], err_msg=name)
+
+
+def _reads_of_own_write_buffer(plan) -> int:
+    """Kernels reading a temporary from a buffer they write another temporary into."""
+    buffer = plan.slot_of.get
+    n = 0
+    for st in plan.steps:
+        written = {buffer(w) for w in st.writes if w in plan.live} - {None}
+        n += any(buffer(r) in written for r in st.reads if r in plan.live and r not in st.writes)
+    return n
+
+
+def test_no_kernel_reads_a_buffer_it_writes(monkeypatch):
+    """A read from a buffer the kernel also writes must be declared writable, which takes it off
+    the GPU's read-only path: temporaries read and written by one kernel go to different buffers,
+    at a planned size close to the liveness bound."""
+    monkeypatch.setattr(planner, "PLACEMENTS", ("offsets",))
+    monkeypatch.setenv("ANYGRAD_WGPU_SHARED_BUFFER", "binding")
+    caps = AdapterCaps()
+    plan = _step_plan(64, caps)
+    _check_valid(plan, caps.max_storage_binding_size)
+    assert _reads_of_own_write_buffer(plan) == 0 and len(plan.slot_bytes) > 1
+    assert sum(plan.slot_bytes) <= 1.25 * liveness_bound(plan)
+    monkeypatch.setattr(planner, "_read_while_written", lambda steps, live: {})
+    packed = _step_plan(64, caps)
+    assert len(packed.slot_bytes) == 1 and _reads_of_own_write_buffer(packed) > 10

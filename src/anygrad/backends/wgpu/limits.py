@@ -135,7 +135,8 @@ def parse_size(text: float | str, what: str = "--memory-budget") -> int:
 # 31): GPT-2 small's GEMMs ran 15-25% slower on operands at offsets into 2 GiB buffers than on the
 # same operands in buffers of at most 128 MiB (the whole step 62.7 against 55.9 ms; ResNet-50 +6%,
 # the d-256 GPT +5-7%), with the same kernels, tilings and planned bytes, offsets aligned to 2 MiB
-# or not. Which of the driver's mappings makes the difference is not known. Parameter arenas keep
+# or not. The likely cause: in a large shared buffer a GEMM often reads a buffer it also writes,
+# and such a read is declared writable (planner._read_while_written now avoids it). Parameter arenas keep
 # one binding: splitting them too gained nothing measurable and cost GPT-2 small about 440 MiB
 # more process memory for the same planned bytes (the driver's allocator, with parts of 150 MB).
 SHARED_BUFFER_ENV = "ANYGRAD_WGPU_SHARED_BUFFER"
