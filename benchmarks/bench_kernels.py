@@ -22,7 +22,7 @@ import numpy as np
 import anygrad.ops  # noqa: F401  (op registry: shape rules)
 from anygrad.backends.wgpu import kernels_conv, kernels_gemm  # noqa: F401  (lowerings)
 from anygrad.backends.wgpu.kernel import LOWERINGS, AdapterCaps, Kernel
-from anygrad.backends.wgpu.runtime import _writable
+from anygrad.backends.wgpu.runtime import writable_reads
 from anygrad.backends.wgpu.shader_module import create_shader_module
 from anygrad.ir import Graph, Node, TensorInfo, infer_node
 from anygrad.ir.passes import resolve_attributes
@@ -207,7 +207,7 @@ class Runner:
         for k in kernels:
             # in one shared buffer a kernel's reads share it with its writes: the runtime then
             # declares them read_write (one usage scope may not mix read-only and writable views)
-            wgsl = _writable(k.wgsl, range(len(k.reads))) if shared_mb and k.reads else k.wgsl
+            wgsl = writable_reads(k.wgsl, range(len(k.reads))) if shared_mb and k.reads else k.wgsl
             module = create_shader_module(device, wgsl, k.name)  # as the runtime builds it
             pipe = device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": k.entry})
             bg = device.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[

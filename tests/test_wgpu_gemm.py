@@ -43,7 +43,9 @@ def _device():
     adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
     if adapter is None:
         no_adapter()  # skips; fails under ANYGRAD_REQUIRE_WGPU=1
-    return adapter.request_device_sync()
+    # the adapter's own workgroup storage (lavapipe: 32 KiB), so two-tile candidates run too
+    storage = "max-compute-workgroup-storage-size"
+    return adapter.request_device_sync(required_limits={storage: adapter.limits[storage]})
 
 
 def run_kernels(kernels, feeds: dict[str, np.ndarray], sizes: dict[str, int]) -> dict[str, np.ndarray]:
@@ -521,11 +523,18 @@ def test_k_loop_two_steps_a_pass_matches_numpy():
 def test_every_autotuner_candidate_matches_numpy(pin):
     """Each tiling the autotuner may pick computes what numpy does, at ragged M/N edges and a K
     long enough to split; one it cannot take raises (the autotuner skips it)."""
+    storage = _device().limits["max-compute-workgroup-storage-size"]
+    caps = AdapterCaps(is_cpu=False, max_workgroup_storage=storage)
+    ran = 0
     for m, k, n in ((130, 300, 70), (64, 64, 128)):
         try:
-            check_op("MatMul", [rnd(2, m, k, seed=1), rnd(k, n, seed=2)], pin, caps=GPU, rtol=1e-3, atol=1e-3)
+            check_op("MatMul", [rnd(2, m, k, seed=1), rnd(k, n, seed=2)], pin, caps=caps, rtol=1e-3, atol=1e-3)
+            ran += 1
         except ValueError as e:
             assert "workgroup" in str(e) or "fit" in str(e), e
+    if not ran and storage < 48 << 10:
+        pytest.skip(f"{pin} needs more than this adapter's {storage} bytes of workgroup storage")
+    assert ran, f"{pin} ran on no shape"
 
 
 def test_two_workgroup_tiles_match_numpy():

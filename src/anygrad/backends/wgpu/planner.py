@@ -264,11 +264,11 @@ def make_plan(graph: Graph, caps: AdapterCaps, state_names: set[str]) -> Plan:
     # Offsets into shared buffers usually win; a slot per tenant (offset 0) stays as a fallback.
     live = {r: (s, last[r]) for r, s in first.items() if r.kind == "temp" and r.name not in inplace}
     cap = shared_buffer_bytes(caps.max_storage_binding_size)
+    apart = _read_while_written(steps, live)
     slot_of, slot_bytes, slot_offset = min(
         [(*_assign_slots(steps, first, last, nbytes, set(inplace), grow), {})
          for grow in (True, False) if "slots" in PLACEMENTS]
-        + [_place_offsets(live, nbytes, cap, SLOT_ALIGN, order, _read_while_written(steps, live))
-           for order in _ORDERS if "offsets" in PLACEMENTS],
+        + [_place_offsets(live, nbytes, cap, SLOT_ALIGN, apart, order) for order in _ORDERS if "offsets" in PLACEMENTS],
         key=lambda t: (sum(t[1]), len(t[1])))
     nbytes = {r: b for r, b in nbytes.items() if not (r.kind == "temp" and r.name in inplace)}
     plan = Plan(steps, nbytes, slot_of, slot_bytes, root_of, copies, inplace, graph, arenas,
@@ -464,7 +464,7 @@ _ORDERS = {
 def _read_while_written(steps: list[Step], live: dict[Root, tuple[int, int]]) -> dict[Root, set[Root]]:
     """For each temporary, the temporaries a kernel reads while writing it, or writes while
     reading it. In one buffer, the read binding must be declared writable (one usage scope may not
-    mix read-only and writable views: runtime._writable), which takes the read off the GPU's
+    mix read-only and writable views: runtime.writable_reads), which takes the read off the GPU's
     read-only path: at 2 GiB shared buffers 75 of the d-256 GPT's 92 GEMMs read a buffer they
     write, and the same kernels ran 15-40% slower than with each tensor in a buffer of its own."""
     apart: dict[Root, set[Root]] = {}
@@ -477,9 +477,8 @@ def _read_while_written(steps: list[Step], live: dict[Root, tuple[int, int]]) ->
     return apart
 
 
-def _place_offsets(live: dict[Root, tuple[int, int]], nbytes: dict[Root, int], cap: int,
-                   align: int, order: str = "size", apart: dict[Root, set[Root]] | None = None
-                   ) -> tuple[dict[Root, int], list[int], dict[Root, int]]:
+def _place_offsets(live: dict[Root, tuple[int, int]], nbytes: dict[Root, int], cap: int, align: int,
+                   apart: dict[Root, set[Root]], order: str = "size") -> tuple[dict[Root, int], list[int], dict[Root, int]]:
     """Greedy offsets (TFLite's offset planner, with several buffers): temporaries in `order`
     (_ORDERS), each into the tightest gap, in any buffer, that no temporary live at the same time occupies,
     else at the end of the buffer that grows least within `cap` bytes, else into a new buffer.
@@ -500,7 +499,7 @@ def _place_offsets(live: dict[Root, tuple[int, int]], nbytes: dict[Root, int], c
         f, la = live[r]
         best = None  # (bytes wasted or grown, grows, buffer, offset)
         busy = (p_first[:m] <= la) & (f <= p_last[:m])  # live at the same time as r
-        avoid = {slot_of[p] for p in (apart or {}).get(r, ()) if p in slot_of}
+        avoid = {slot_of[p] for p in apart.get(r, ()) if p in slot_of}
         for k in range(len(sizes)):
             if k in avoid:
                 continue

@@ -547,7 +547,7 @@ def from_device(raw: bytes, dtype: np.dtype, shape: tuple) -> np.ndarray:
 _READ_DECL = r"(@binding\({k}\)\s*var<storage,\s*)read>"
 
 
-def _writable(wgsl: str, bindings: Sequence[int]) -> str:
+def writable_reads(wgsl: str, bindings: Sequence[int]) -> str:
     """Re-declare read-only bindings read_write: the same buffer is also written by this dispatch
     (in-place state update), and one usage scope may not mix read-only and writable views."""
     for k in bindings:
@@ -668,7 +668,7 @@ class WgpuExecutable(Executable):
     def _pipeline_spec(self, st) -> tuple[str, str, tuple[bool, ...], str]:
         ro = self._read_only(st)
         shared = [k for k, r in enumerate(st.reads) if not ro[k]]
-        wgsl = _writable(st.kernel.wgsl, shared) if shared else st.kernel.wgsl
+        wgsl = writable_reads(st.kernel.wgsl, shared) if shared else st.kernel.wgsl
         return wgsl, st.kernel.entry, ro, st.kernel.name
 
     def _compile_plan(self, graph: Graph, fuse: bool) -> tuple[Graph, Any, Any]:
