@@ -120,10 +120,12 @@ def test_offset_plan_trains_like_numpy_and_like_the_slot_plan(monkeypatch):
 
 
 def test_shared_buffer_size_comes_from_the_environment_within_one_binding(monkeypatch):
-    from anygrad.backends.wgpu.limits import SHARED_BUFFER_BYTES, SHARED_BUFFER_ENV, shared_buffer_bytes
+    from anygrad.backends.wgpu.limits import SHARED_BUFFER_ENV, shared_buffer_bytes
     from anygrad.errors import AnygradError
     monkeypatch.delenv(SHARED_BUFFER_ENV, raising=False)
-    assert shared_buffer_bytes(2 << 30) == SHARED_BUFFER_BYTES == 128 << 20
+    assert shared_buffer_bytes(2 << 30) == 2 << 30   # one binding by default
+    monkeypatch.setenv(SHARED_BUFFER_ENV, "128MiB")
+    assert shared_buffer_bytes(2 << 30) == 128 << 20
     assert shared_buffer_bytes(1 << 20) == 1 << 20  # never above the adapter's binding limit
     monkeypatch.setenv(SHARED_BUFFER_ENV, "64KiB")
     assert shared_buffer_bytes(2 << 30) == 64 << 10

@@ -130,29 +130,27 @@ def parse_size(text: float | str, what: str = "--memory-budget") -> int:
     return n
 
 
-# The planner packs a step's temporaries at offsets into shared buffers up to this size, not up
-# to the largest binding the adapter allows. Measured on an H100 (NVIDIA's Vulkan driver, session
-# 31): GPT-2 small's GEMMs ran 15-25% slower on operands at offsets into 2 GiB buffers than on the
-# same operands in buffers of at most 128 MiB (the whole step 62.7 against 55.9 ms; ResNet-50 +6%,
-# the d-256 GPT +5-7%), with the same kernels, tilings and planned bytes, offsets aligned to 2 MiB
-# or not. The likely cause: in a large shared buffer a GEMM often reads a buffer it also writes,
-# and such a read is declared writable (planner._read_while_written now avoids it). Parameter arenas keep
-# one binding: splitting them too gained nothing measurable and cost GPT-2 small about 440 MiB
-# more process memory for the same planned bytes (the driver's allocator, with parts of 150 MB).
+# The planner packs a step's temporaries at offsets into shared buffers as large as one binding,
+# unless ANYGRAD_WGPU_SHARED_BUFFER caps them. Measured on an H100 (NVIDIA's Vulkan driver):
+# session 31 found GPT-2 small's GEMMs 15-25% slower on operands inside 2 GiB shared buffers than
+# in buffers of at most 128 MiB, and made 128 MiB the default. The cause was a kernel reading a
+# buffer it also writes: such a read is declared writable (WebGPU's usage scopes), off the GPU's
+# read-only path; planner._read_while_written keeps those tensors in different buffers. With that
+# rule (session 32) one binding and 128 MiB train at the same speed (GPT 8,933 vs 8,947 samples/s,
+# GPT-2 small 143.6 vs 143.9, ResNet-50 901.2 vs 900.3) and one binding holds 820 MiB less
+# process memory on ResNet-50 at 224 px (6,854 vs 7,674 MiB: the driver's allocator, per buffer),
+# so one binding is the default again. Parameter arenas always keep one binding.
 SHARED_BUFFER_ENV = "ANYGRAD_WGPU_SHARED_BUFFER"
-SHARED_BUFFER_BYTES = 128 * MiB
 
 
 def shared_buffer_bytes(binding_limit: int) -> int:
-    """How large a buffer holding many temporaries may grow: SHARED_BUFFER_BYTES, or what
-    ANYGRAD_WGPU_SHARED_BUFFER says ('256MiB'; 'binding': up to one binding, as before session 31),
-    never above the adapter's `binding_limit`. A single tensor larger than this still gets a buffer
-    of its own size."""
+    """How large a buffer holding many temporaries may grow: the adapter's `binding_limit`, or
+    what ANYGRAD_WGPU_SHARED_BUFFER says ('128MiB'; 'binding': the default), never above that
+    limit. A single tensor larger than a smaller cap still gets a buffer of its own size."""
     text = os.environ.get(SHARED_BUFFER_ENV, "").strip().lower()
-    if text == "binding":
+    if text in ("", "binding"):
         return binding_limit
-    n = parse_size(text, SHARED_BUFFER_ENV) if text else SHARED_BUFFER_BYTES
-    return min(n, binding_limit)
+    return min(parse_size(text, SHARED_BUFFER_ENV), binding_limit)
 
 
 __all__ = ["ENV", "PROFILES", "SHARED_BUFFER_ENV", "LimitsProfile", "get_profile", "parse_size",
