@@ -291,3 +291,128 @@ def test_pre_ln_block_gradients_with_residuals_fused(monkeypatch, switch):
     exe = _run(_graph(feeds, nodes, "y", grad=True), feeds)
     fused = {n.op for n in exe.prepared.nodes if n.attr("_residual")}
     assert fused == ({"MatMul", "LayerNormGrad"} if switch == "1" else set())
+
+
+def _qkv_attention() -> list[Node]:
+    """GPT-style attention on a (B, T, 3d) qkv projection: q, k, v sliced off, heads split
+    (the slice bounds and head shape: _qkv_consts). The projection is computed here, so that
+    its gradient is not a graph output (one that may not be stored by several kernels)."""
+    nodes = [Node("MatMul", ["inp", "wp"], ["x"], name="qkv")]
+    for j, name in enumerate("qkv"):
+        nodes += [Node("Slice", ["x", f"s{j}", f"e{j}", "ax"], [f"{name}s"], name=f"slice_{name}"),
+                  Node("Reshape", [f"{name}s", "hshape"], [f"{name}h"], name=f"view_{name}"),
+                  Node("Transpose", [f"{name}h"], [f"{name}t"], {"perm": [0, 2, 1, 3]}, name=f"heads_{name}")]
+    nodes += [Node("Transpose", ["kt"], ["ktt"], {"perm": [0, 1, 3, 2]}, name="kT"),
+              Node("MatMul", ["qt", "ktt"], ["scores"], name="qk"),
+              Node("Softmax", ["scores"], ["p"], {"axis": -1}, name="softmax"),
+              Node("MatMul", ["p", "vt"], ["o"], name="pv")]
+    return nodes
+
+
+def _qkv_consts(d: int, heads: int, t: int) -> dict:
+    c = {"ax": np.array([2], np.int64), "hshape": np.array([0, t, heads, d // heads], np.int64)}
+    for j in range(3):
+        c[f"s{j}"], c[f"e{j}"] = np.array([j * d], np.int64), np.array([(j + 1) * d], np.int64)
+    return c
+
+
+@pytest.mark.parametrize("d,heads", [(8, 2), (6, 2)], ids=["aligned", "unaligned"])
+def test_attention_reads_q_k_v_as_views_of_the_qkv_projection(d, heads):
+    """q, k and v sliced off one (B, T, 3d) projection are read by the attention MatMuls as
+    strided views of it, forward and backward: no Slice kernel; and the backward's dq, dk, dv
+    are stored by their MatMuls straight into the projection's gradient: no Concat kernel. With
+    d = 6 the views start at offsets that are not multiples of 4, so neither the loads nor the
+    stores may use vec4 there. Forward and the gradients of the projection's input and weight
+    match numpy."""
+    t = 5
+    feeds = {"inp": rnd(2, t, d, seed=80), "wp": rnd(d, 3 * d, seed=79)}
+    exe = _run(_graph(feeds, _qkv_attention(), "o", grad=True, consts=_qkv_consts(d, heads, t)), feeds)
+    assert not any(n.op in ("Slice", "Concat") for n in exe.prepared.nodes)
+    views = [n for n in exe.prepared.nodes if n.op == "MatMul" and (n.attr("_viewA") or n.attr("_viewB"))]
+    assert len(views) >= 5, [n.attrs for n in views]   # q k^T, p v, and the backward's reads of q, k, v
+    into = [n.attr("_intoY")[2] for n in exe.prepared.nodes if n.attr("_intoY")]
+    assert sorted(into) == [0, d, 2 * d]
+
+
+def test_concat_of_matmul_results_read_elsewhere_stays_a_copy(monkeypatch):
+    """A Concat along the last axis of two MatMul results (one reshaped on its way) is stored in
+    place by the MatMuls; it stays a copy when a part is not a MatMul's result, when a result is
+    also read elsewhere, or with the switch off. Forward and gradients match numpy."""
+    feeds = {"a": rnd(2, 3, 4, seed=85), "b": rnd(4, 8, seed=86), "c": rnd(2, 3, 3, seed=87), "w": rnd(3, 5, seed=88)}
+    consts = {"shape": np.array([2, 3, 5], np.int64), "s0": np.array([0], np.int64),
+              "e3": np.array([3], np.int64), "ax": np.array([2], np.int64)}
+
+    def graph(second: list[Node], outputs=("z",), grad=True):
+        nodes = [Node("MatMul", ["a", "b"], ["ab"], name="mm1"), Node("MatMul", ["c", "w"], ["cw"], name="mm2"),
+                 *second, Node("Concat", ["ab", "part"], ["y"], {"axis": -1}, name="cat"),
+                 Node("Mul", ["y", "y"], ["z"], name="square")]   # y itself is not a graph output
+        g = _graph(feeds, nodes, "z", grad=grad, consts=consts)
+        g.outputs = list(outputs) + g.outputs[1:]
+        return g
+
+    reshaped = [Node("Reshape", ["cw", "shape"], ["part"], name="r")]
+    exe = _run(graph(reshaped), feeds)
+    assert not any(n.op == "Concat" for n in exe.prepared.nodes)
+    assert sorted(n.attr("_intoY")[2] for n in exe.prepared.nodes if n.attr("_intoY")) == [0, 8]
+    sliced = [Node("Slice", ["cw", "s0", "e3", "ax"], ["part"], name="cut")]
+    assert any(n.op == "Concat" for n in _run(graph(sliced), feeds).prepared.nodes)
+    assert any(n.op == "Concat" for n in _run(graph(reshaped, ("z", "ab"), grad=False), feeds).prepared.nodes)
+    monkeypatch.setenv("ANYGRAD_WGPU_SLICE_VIEWS", "0")
+    assert any(n.op == "Concat" for n in _run(graph(reshaped), feeds).prepared.nodes)
+
+
+def test_slices_not_read_as_views_stay_copies(monkeypatch):
+    """A slice reshaped across its gap (no strides can walk it) stays a Slice kernel, as does
+    every slice with ANYGRAD_WGPU_SLICE_VIEWS=0; a stepped slice becomes a view (at inference:
+    in training a 2-D weight gradient reads it through a Gemm, which takes no views). All match
+    numpy."""
+    feeds = {"x": rnd(2, 3, 8, seed=81), "w": rnd(12, 5, seed=82)}
+    consts = {"s": np.array([0], np.int64), "e": np.array([4], np.int64), "ax": np.array([2], np.int64),
+              "flat": np.array([2, 12], np.int64), "st": np.array([2], np.int64)}
+    merged = [Node("Slice", ["x", "s", "e", "ax"], ["xs"], name="slice"),
+              Node("Reshape", ["xs", "flat"], ["xf"], name="merge"),
+              Node("MatMul", ["xf", "w"], ["y"], name="mm")]
+    exe = _run(_graph(feeds, merged, "y", grad=True, consts=consts), feeds)
+    assert any(n.op == "Slice" for n in exe.prepared.nodes)
+    feeds = {"x": rnd(2, 3, 8, seed=83), "w": rnd(4, 5, seed=84)}
+    consts["e"] = np.array([8], np.int64)
+    stepped = [Node("Slice", ["x", "s", "e", "ax", "st"], ["xs"], name="slice"),
+               Node("MatMul", ["xs", "w"], ["y"], name="mm")]
+    exe = _run(_graph(feeds, stepped, "y", grad=False, consts=consts), feeds)
+    assert not any(n.op == "Slice" for n in exe.prepared.nodes)
+    assert any(n.attr("_viewA") == ((2, 3, 4), (24, 8, 2), 0) for n in exe.prepared.nodes)
+    monkeypatch.setenv("ANYGRAD_WGPU_SLICE_VIEWS", "0")
+    exe = _run(_graph(feeds, stepped, "y", grad=False, consts=consts), feeds)
+    assert any(n.op == "Slice" for n in exe.prepared.nodes)
+
+
+def test_reshaped_strides_agree_with_numpy_views():
+    """fusion.reshaped_strides against numpy, which reshapes a view in place exactly when it
+    can: the same strides where numpy can, None where numpy must copy."""
+    from anygrad.backends.wgpu.fusion import reshaped_strides
+    rng = np.random.default_rng(7)
+    checked = 0
+    for _ in range(300):
+        shape = tuple(int(d) for d in rng.integers(1, 5, size=rng.integers(1, 5)))
+        base = np.zeros(tuple(d * 2 for d in shape), np.float32)
+        view = base[tuple(slice(int(rng.integers(0, d)), None, int(rng.integers(1, 3))) for d in shape)]
+        view = view[tuple(slice(0, d) for d in shape)]
+        sizes = [d for d in view.shape]
+        flat = int(np.prod(sizes))
+        cut = [f for f in range(1, flat + 1) if flat % f == 0]
+        new_shape = (int(rng.choice(cut)),)
+        new_shape = new_shape + (flat // new_shape[0],)
+        if rng.random() < 0.5:
+            new_shape = (1,) + new_shape
+        got = reshaped_strides(view.shape, tuple(s // 4 for s in view.strides), new_shape)
+        trial = view.view()
+        try:
+            trial.shape = new_shape
+        except AttributeError:
+            assert got is None, (view.shape, view.strides, new_shape)
+            continue
+        checked += 1
+        assert got is not None, (view.shape, view.strides, new_shape)
+        want = tuple(s // 4 for s in trial.strides)
+        assert all(g == w for g, w, n in zip(got, want, new_shape) if n != 1), (got, want, new_shape)
+    assert checked > 50

@@ -57,7 +57,7 @@ def _rowed(node: Node, graph: Graph) -> list[str] | None:
     if op == FUSED or (op in EW and op != "Identity"):
         return auto(ins) + outs
     if op == "MatMul":
-        if any(node.attr(a) is not None for a in ("_permA", "_permB", "_permY")):
+        if any(node.attr(a) is not None for a in ("_permA", "_permB", "_permY", "_viewA", "_viewB", "_intoY")):
             return None
         sa, sb = shape_of(graph, ins[0]), shape_of(graph, ins[1])
         if len(sa) != rank or sa[0] != lead or (len(sb) == rank > 2 and sb[0] not in (1, lead)):

@@ -907,11 +907,18 @@ class Layout:
         return Layout(tuple(stored[p] for p in perm), tuple(st[p] for p in perm))
 
     @staticmethod
-    def stored_as(logical: tuple[int, ...], perm) -> Layout:
-        """A logical result stored as transpose(logical, perm)."""
+    def viewed(shape: tuple[int, ...], strides: tuple[int, ...], perm=None) -> Layout:
+        """A strided view (fusion.fold_slices) read through `perm`."""
+        perm = list(perm) if perm is not None else list(range(len(shape)))
+        return Layout(tuple(shape[p] for p in perm), tuple(strides[p] for p in perm))
+
+    @staticmethod
+    def stored_as(logical: tuple[int, ...], perm, stored_strides: tuple[int, ...] | None = None) -> Layout:
+        """A logical result stored as transpose(logical, perm), in row-major order or, given
+        `stored_strides`, at those strides (a view into a larger buffer: fusion.fold_concats)."""
         if perm is None:
-            return Layout.of(logical)
-        st = _strides(tuple(logical[p] for p in perm))
+            return Layout(tuple(logical), stored_strides) if stored_strides else Layout.of(logical)
+        st = stored_strides or _strides(tuple(logical[p] for p in perm))
         where = np.argsort(perm)
         return Layout(tuple(logical), tuple(st[where[j]] for j in range(len(logical))))
 
@@ -945,12 +952,18 @@ def _batch_offset(out_batch: tuple[int, ...], own: Layout) -> str:
     return " + ".join(terms) if terms else "0u"
 
 
-def _operand(var: str, lay: Layout, off: str, rows: int | None = None, row_stride: int | None = None) -> Operand:
-    """Element (r, c) of a logical matrix (the last two dims of lay) at `off`; vec4 loads along
-    whichever logical axis is contiguous in memory."""
+def _operand(var: str, lay: Layout, off: str, rows: int | None = None, row_stride: int | None = None,
+             base: int = 0) -> Operand:
+    """Element (r, c) of a logical matrix (the last two dims of lay) at `off` (+ `base` elements:
+    a view's offset); vec4 loads along whichever logical axis is contiguous in memory, where
+    every other stride and the offset keep four-element groups aligned."""
     rs = lay.strides[-2] if row_stride is None else row_stride
     cs = lay.strides[-1]
     contig = 1 if cs == 1 else 0 if rs == 1 else None
+    if base:
+        off = f"{off} + {u(base)}"
+    if contig is not None and any(st % 4 for st in (base, *lay.strides[:-2], cs if contig == 0 else rs)):
+        contig = None
     return Operand(var, rows or lay.shape[-2], lay.shape[-1], f"{off} + r * {u(rs)} + c * {u(cs)}", contig=contig)
 
 
@@ -969,6 +982,21 @@ def _residual(node: Node, reads: list[Binding], index: str) -> str:
     return f"Rs[{index}]"
 
 
+def _operand_layout(node: Node, graph: Graph, slot: int) -> tuple[Layout, int]:
+    """(layout, element offset) of MatMul operand `slot` as the kernel reads it: the stored
+    tensor, or a strided view of it (attr `_viewA`/`_viewB`, fusion.fold_slices), through its
+    perm (`_permA`/`_permB`); a vector is a row of A or a column of B."""
+    view = node.attr(("_viewA", "_viewB")[slot])
+    perm = node.attr(("_permA", "_permB")[slot])
+    if view is not None:
+        shape, strides, offset = view
+        return Layout.viewed(tuple(shape), tuple(strides), perm), int(offset)
+    s = static_shape(graph, node.inputs[slot], node)
+    if len(s) > 1:
+        return Layout.of(s, perm), 0
+    return (Layout((1,) + s, (0, 1)) if slot == 0 else Layout(s + (1,), (1, 0))), 0
+
+
 @lowering("MatMul", epilogue=True)
 def lower_matmul(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     """Batched, broadcasting MatMul over operands and a result in any layout.
@@ -976,31 +1004,35 @@ def lower_matmul(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     Attrs `_permA` / `_permB` (set by fusion.fold_transposes): the operand is stored untransposed
     and the MatMul reads transpose(stored, perm), so a Transpose feeding it costs no kernel (x @ W.T,
     attention's K^T and its head split). `_permY`: the result is stored as transpose(result, perm)
-    (attention's head merge). An optional third input (fusion.fuse_epilogues) is a bias along the
-    result's last axis."""
-    sa = static_shape(graph, node.inputs[0], node)
-    sb = static_shape(graph, node.inputs[1], node)
-    la = Layout.of(sa, node.attr("_permA")) if len(sa) > 1 else Layout((1,) + sa, (0, 1))
-    lb = Layout.of(sb, node.attr("_permB")) if len(sb) > 1 else Layout(sb + (1,), (1, 0))
+    (attention's head merge). `_viewA` / `_viewB` (fusion.fold_slices): the operand is a strided
+    view of the bound tensor. `_intoY` (fusion.fold_concats): the stored result lies at strides
+    and an offset inside the bound output, a Concat's. An optional third input
+    (fusion.fuse_epilogues) is a bias along the result's last axis."""
+    la, base_a = _operand_layout(node, graph, 0)
+    lb, base_b = _operand_layout(node, graph, 1)
     M, K, N = la.shape[-2], la.shape[-1], lb.shape[-1]
     out_batch = tuple(np.broadcast_shapes(la.shape[:-2], lb.shape[:-2]))
     perm_y = node.attr("_permY")
     if perm_y is not None:  # the batch rank the perm was written for (operands seen through reshapes
         # of single matrices may have gained or lost leading 1s since)
         out_batch = Layout(out_batch, (0,) * len(out_batch)).padded(len(perm_y) - 2).shape
-    ly = Layout.stored_as(out_batch + (M, N), perm_y)
+    into = node.attr("_intoY")   # (shape, strides, offset) of the stored result in the buffer it joins
+    if into is not None:
+        out_batch = Layout(out_batch, (0,) * len(out_batch)).padded(len(into[0]) - 2).shape
+    ly = Layout.stored_as(out_batch + (M, N), perm_y, tuple(into[1]) if into is not None else None)
+    y_base = int(into[2]) if into is not None else 0
     if (int(np.prod(lb.shape[:-2], dtype=np.int64)) == 1 and la.rows_collapse() and ly.rows_collapse()
             and M * int(np.prod(out_batch, dtype=np.int64)) > M):
         # B is one matrix and A's and Y's rows run on across the batch: the batch folds into M
         rows = M * int(np.prod(out_batch, dtype=np.int64))
-        a = _operand("A", la, "0u", rows, la.row_stride())
+        a = _operand("A", la, "0u", rows, la.row_stride(), base=base_a)
         ly_rs, y_off = ly.row_stride(), "0u"
         out_batch = ()
         M = rows
     else:
-        a = _operand("A", la, _batch_offset(out_batch, Layout(la.shape[:-2], la.strides[:-2])))
+        a = _operand("A", la, _batch_offset(out_batch, Layout(la.shape[:-2], la.strides[:-2])), base=base_a)
         ly_rs, y_off = ly.strides[-2], _batch_offset(out_batch, Layout(ly.shape[:-2], ly.strides[:-2]))
-    b = _operand("B", lb, _batch_offset(out_batch, Layout(lb.shape[:-2], lb.strides[:-2])))
+    b = _operand("B", lb, _batch_offset(out_batch, Layout(lb.shape[:-2], lb.strides[:-2])), base=base_b)
     batch = int(np.prod(out_batch, dtype=np.int64))
     reads = [Binding(node.inputs[0], "A"), Binding(node.inputs[1], "B")]
     bias = ""
@@ -1008,8 +1040,10 @@ def lower_matmul(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
         sc = static_shape(graph, node.inputs[2], node)
         bias = f"Cb[c * {u(1 if sc and sc[-1] != 1 else 0)}]"
         reads.append(Binding(node.inputs[2], "Cb"))
-    y_index = f"{y_off} + r * {u(ly_rs)} + c * {u(ly.strides[-1])}"
-    out = Output("Y", y_index, contig=N % 4 == 0 and ly.strides[-1] == 1, bias=bias,
+    y_index = f"{y_off} + r * {u(ly_rs)} + c * {u(ly.strides[-1])}" + (f" + {u(y_base)}" if y_base else "")
+    # vec4 stores where four consecutive results are four aligned elements
+    vec_y = N % 4 == 0 and ly.strides[-1] == 1 and not any(st % 4 for st in (y_base, ly_rs, *ly.strides[:-2]))
+    out = Output("Y", y_index, contig=vec_y, bias=bias,
                  residual=_residual(node, reads, y_index), **epilogue_of(node))
     spec = GemmSpec("MatMul", M, N, K, batch, a, b, out, tuple(reads), Binding(node.outputs[0], "Y"))
     return gemm_kernels(spec, caps, **variant_of(node))
