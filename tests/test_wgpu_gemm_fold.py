@@ -416,3 +416,55 @@ def test_reshaped_strides_agree_with_numpy_views():
         want = tuple(s // 4 for s in trial.strides)
         assert all(g == w for g, w, n in zip(got, want, new_shape) if n != 1), (got, want, new_shape)
     assert checked > 50
+
+
+def test_exported_sdpa_scales_and_transposes_fold_into_the_matmuls(monkeypatch):
+    """Scaled dot-product attention as the dynamo exporter writes it (Hugging Face GPT-2): q and
+    K^T each multiplied by sqrt(scale), K^T taken as Reshape to 3-D -> Transpose -> Reshape back,
+    the key behind an Identity (an empty KV-cache concat), the output's head merge behind a
+    same-shape Reshape. The scales become the MatMuls' alpha and every Transpose folds into
+    their loads and stores, forward and backward; everything matches numpy."""
+    b, h, t, d = 2, 2, 5, 4
+    feeds = {"q": rnd(b, t, h, d, seed=90), "k": rnd(b, t, h, d, seed=91), "v": rnd(b, t, h, d, seed=92)}
+    consts = {"s": np.array(0.7, np.float32), "flat": np.array([b * h, t, d], np.int64),
+              "back": np.array([b, h, d, t], np.int64), "same": np.array([b, h, t, d], np.int64)}
+    nodes = [Node("Transpose", ["q"], ["qh"], {"perm": [0, 2, 1, 3]}, name="qh"),
+             Node("Transpose", ["k"], ["kh"], {"perm": [0, 2, 1, 3]}, name="kh"),
+             Node("Transpose", ["v"], ["vh"], {"perm": [0, 2, 1, 3]}, name="vh"),
+             Node("Identity", ["kh"], ["kc"], name="cache"),
+             Node("Reshape", ["kc", "flat"], ["k3"], name="k3"),
+             Node("Transpose", ["k3"], ["k3t"], {"perm": [0, 2, 1]}, name="kT"),
+             Node("Reshape", ["k3t", "back"], ["kt"], name="k4"),
+             Node("Mul", ["qh", "s"], ["qs"], name="scale_q"),
+             Node("Mul", ["kt", "s"], ["ks"], name="scale_k"),
+             Node("MatMul", ["qs", "ks"], ["scores"], name="qk"),
+             Node("Softmax", ["scores"], ["p"], {"axis": -1}, name="softmax"),
+             Node("MatMul", ["p", "vh"], ["o"], name="pv"),
+             Node("Reshape", ["o", "same"], ["o2"], name="rename"),
+             Node("Transpose", ["o2"], ["out"], {"perm": [0, 2, 1, 3]}, name="merge")]
+    exe = _run(_graph(feeds, nodes, "out", grad=True, consts=consts), feeds)
+    ops = [n.op for n in exe.prepared.nodes]
+    assert "Transpose" not in ops and "Identity" not in ops, ops
+    scales = [v for n in exe.prepared.nodes if n.op == "wgpu.Fused" for v in n.attrs["literals"].values()]
+    assert not any(np.isclose(float(v), 0.7) for v in scales), scales   # (the check's own sum(out * R) stays)
+    alphas = sorted(round(n.attr("_alpha"), 6) for n in exe.prepared.nodes if n.attr("_alpha") is not None)
+    assert alphas and all(a in (0.7, 0.49) for a in alphas) and 0.49 in alphas, alphas
+    monkeypatch.setenv("ANYGRAD_WGPU_SCALE_FOLD", "0")
+    exe = _run(_graph(feeds, nodes, "out", grad=False, consts=consts), feeds)
+    assert "Transpose" in [n.op for n in exe.prepared.nodes] and not any(n.attr("_alpha") for n in exe.prepared.nodes)
+
+
+def test_scale_of_a_matmul_result_is_its_alpha_unless_read_elsewhere():
+    """(a @ b) * 0.25 is one MatMul with alpha 0.25, its bias added after; a result read by
+    something else, or a scale that is a tensor, stays a multiplication."""
+    feeds = {"a": rnd(3, 6, seed=93), "b": rnd(6, 5, seed=94), "c": rnd(5, seed=95), "w": rnd(5, seed=96)}
+    consts = {"s": np.array([0.25], np.float32)}
+    nodes = [Node("MatMul", ["a", "b"], ["ab"], name="mm"), Node("Mul", ["ab", "s"], ["y"], name="scale"),
+             Node("Add", ["y", "c"], ["z"], name="bias")]
+    exe = _run(_graph(feeds, nodes, "z", grad=False, consts=consts), feeds)
+    (mm,) = exe.prepared.nodes
+    assert mm.attr("_alpha") == 0.25 and mm.input(2) == "c"
+    shared = nodes[:2] + [Node("Add", ["y", "ab"], ["z"], name="reuse")]
+    assert not any(n.attr("_alpha") for n in _run(_graph(feeds, shared, "z", grad=False, consts=consts), feeds).prepared.nodes)
+    tensor = [nodes[0], Node("Mul", ["ab", "w"], ["z"], name="scale")]
+    assert not any(n.attr("_alpha") for n in _run(_graph(feeds, tensor, "z", grad=True), feeds).prepared.nodes)

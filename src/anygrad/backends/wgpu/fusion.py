@@ -28,7 +28,7 @@ import numpy as np
 from ...ir.graph import Graph, Node, TensorInfo
 from ...ir.passes import resolve_attributes
 from .kernel import AdapterCaps, ops_where
-from .kernels_elementwise import UNPACK_BYTES, bound_count, is_elementwise, make_fused
+from .kernels_elementwise import UNPACK_BYTES, bound_count, is_elementwise, literal_value, make_fused
 from .kernels_gemm import EPILOGUE_ACTIVATIONS
 from .kernels_nn import BN_APPLY, BN_STATS
 from .kernels_optim import ARENA_CAST, COPY, FUSED_UPDATE
@@ -64,6 +64,12 @@ def _then(first: list[int] | None, second: list[int]) -> list[int]:
     return list(second) if first is None else [int(first[i]) for i in second]
 
 
+def scale_fold_enabled() -> bool:
+    """ANYGRAD_WGPU_SCALE_FOLD=0: constant scales next to MatMuls stay multiplications and the
+    exporters' 3-D K^T stays Reshape, Transpose, Reshape (fold_scales, canonical_transposes)."""
+    return os.environ.get("ANYGRAD_WGPU_SCALE_FOLD", "1") != "0"
+
+
 def slice_views_enabled() -> bool:
     """ANYGRAD_WGPU_SLICE_VIEWS=0: a Slice read by MatMuls stays a copy kernel (fold_slices), and
     a Concat of MatMul results too (fold_concats)."""
@@ -92,6 +98,11 @@ def _matrix_alias(graph: Graph, n: Node | None) -> bool:
             and shape_of(graph, n.inputs[0])[-2:] == shape_of(graph, n.outputs[0])[-2:])
 
 
+def _same_shape_alias(graph: Graph, n: Node | None) -> bool:
+    return (n is not None and n.op in ALIAS_LIKE and bool(n.inputs)
+            and shape_of(graph, n.inputs[0]) == shape_of(graph, n.outputs[0]))
+
+
 def _swapped_operands(graph: Graph, p: Node) -> None:
     """Rewrite GEMM p to compute its result transposed: (A B)^T = B^T A^T."""
     ka, kb = _TRANS[p.op]
@@ -112,8 +123,14 @@ def _read_through(graph: Graph, n: Node, slot: int, producers: dict) -> bool:
     key = _TRANS[n.op][slot]
     v = n.inputs[slot]
     via_alias = False
-    while _is_matrix(graph, v) and _matrix_alias(graph, producers.get(v)):
-        v, via_alias = producers[v].inputs[0], True
+    while True:
+        p = producers.get(v)
+        if p is not None and p.op == "Identity":   # an alias of any shape
+            v = p.inputs[0]
+        elif _is_matrix(graph, v) and _matrix_alias(graph, p):
+            v, via_alias = p.inputs[0], True
+        else:
+            break
     t = producers.get(v)
     if t is None or t.op != "Transpose" or len(shape_of(graph, t.inputs[0])) < 2:
         return False
@@ -135,6 +152,78 @@ def _read_through(graph: Graph, n: Node, slot: int, producers: dict) -> bool:
     return True
 
 
+def _scale_of(graph: Graph, n: Node) -> tuple[str, float] | None:
+    """(x, s) when n multiplies a float32 tensor x by a one-element float constant s."""
+    if n.op != "Mul" or len(n.inputs) != 2:
+        return None
+    for slot in (0, 1):
+        x, c = n.inputs[slot], n.inputs[1 - slot]
+        value = literal_value(graph, c, set(graph.state_names))
+        if (value is not None and np.issubdtype(value.dtype, np.floating) and x in graph.info
+                and np.dtype(graph.info[x].dtype) == np.float32 and shape_of(graph, x) == shape_of(graph, n.outputs[0])):
+            return x, float(value.reshape(()))
+    return None
+
+
+def fold_scales(graph: Graph, protected: set[str]) -> None:
+    """Multiplications by a constant next to a MatMul become its alpha (attr `_alpha`, applied
+    before any bias): a scaled operand that only MatMuls read (scaled dot-product attention as
+    the exporters write it, q * s^0.5 and k^T * s^0.5, and the backward's reads of them), and a
+    result only the multiplication reads (the backward's ds * s^0.5). Each is an elementwise
+    kernel fewer, and the Transposes around it can then fold into the MatMul's loads."""
+    users = graph.consumers()
+    producers = graph.producers()
+    drop = set()
+    for n in graph.nodes:
+        found = _scale_of(graph, n)
+        if found is None or n.outputs[0] in protected:
+            continue
+        x, scale = found
+        y = n.outputs[0]
+        readers = users.get(y, [])
+        p = producers.get(x)
+        if readers and all(u.op == "MatMul" and k in (0, 1) for u, k in readers):
+            for u, k in readers:
+                u.inputs[k] = x
+                u.attrs["_alpha"] = float(u.attr("_alpha", 1.0)) * scale
+            users.setdefault(x, []).extend(users.pop(y))
+            drop.add(id(n))
+        elif (p is not None and p.op == "MatMul" and len(users.get(x, [])) == 1 and x not in protected
+              and not p.input(2) and p.attr("_epilogue") is None):
+            p.attrs["_alpha"] = float(p.attr("_alpha", 1.0)) * scale
+            p.outputs[0] = y
+            producers[y] = p
+            drop.add(id(n))
+    graph.nodes = [n for n in graph.nodes if id(n) not in drop]
+
+
+def canonical_transposes(graph: Graph, protected: set[str]) -> None:
+    """Reshape -> swap of the last two axes -> Reshape, where the reshapes only merge the
+    leading axes and split them back (the exporters' K^T of a 4-D attention tensor, done in 3-D),
+    becomes one Transpose of the 4-D tensor, which fold_transposes can then fold."""
+    users = graph.consumers()
+    producers = graph.producers()
+    drop = set()
+    for t in graph.nodes:
+        if t.op != "Transpose" or not _swaps_last_two(graph, t):
+            continue
+        r1 = producers.get(t.inputs[0])
+        after = users.get(t.outputs[0], [])
+        if r1 is None or r1.op not in ALIAS_LIKE or len(after) != 1 or after[0][0].op not in ALIAS_LIKE:
+            continue
+        r2 = after[0][0]
+        x = r1.inputs[0]
+        sx, mid, sy = shape_of(graph, x), shape_of(graph, r1.outputs[0]), shape_of(graph, r2.outputs[0])
+        if (len(sx) < 2 or sx[-2:] != mid[-2:] or sy != sx[:-2] + (sx[-1], sx[-2])
+                or len(users.get(r1.outputs[0], [])) != 1
+                or any(v in protected for v in (r1.outputs[0], t.outputs[0]))):
+            continue
+        swap = Node("Transpose", [x], [r2.outputs[0]], {"perm": _swap(len(sx))}, name=t.name)
+        graph.nodes[graph.nodes.index(r2)] = swap
+        drop |= {id(r1), id(t)}
+    graph.nodes = [n for n in graph.nodes if id(n) not in drop]
+
+
 def fold_transposes(graph: Graph, protected: set[str]) -> None:
     """Transposes around GEMMs become operand and result layouts, not kernels.
 
@@ -153,10 +242,16 @@ def fold_transposes(graph: Graph, protected: set[str]) -> None:
     for n in graph.nodes:
         if n.op != "Transpose":
             continue
-        chain, v = [], n.inputs[0]
-        while _matrix_alias(graph, producers.get(v)) and len(users.get(v, [])) == 1 and v not in protected:
-            chain.append(producers[v])
-            v = producers[v].inputs[0]
+        chain, renames, v = [], [], n.inputs[0]
+        while len(users.get(v, [])) == 1 and v not in protected:
+            a = producers.get(v)
+            if _same_shape_alias(graph, a):   # a reshape to its own shape: a name, not a view
+                renames.append(a)
+            elif _matrix_alias(graph, a):
+                chain.append(a)
+            else:
+                break
+            v = a.inputs[0]
         p = producers.get(v)
         if (p is None or p.op not in GEMM_OPS or _has_bias(p) or v in protected or len(users.get(v, [])) != 1
                 or any(len(shape_of(graph, x)) < 2 for x in p.inputs[:2]) or p.attr("_permY") is not None):
@@ -169,7 +264,7 @@ def fold_transposes(graph: Graph, protected: set[str]) -> None:
             continue
         p.outputs[0] = n.outputs[0]
         producers[n.outputs[0]] = p   # a Transpose of this one may fold next
-        drop |= {id(n)} | {id(c) for c in chain}
+        drop |= {id(n)} | {id(c) for c in chain + renames}
     graph.nodes = [n for n in graph.nodes if id(n) not in drop]
     producers = graph.producers()
     for n in graph.nodes:
@@ -215,6 +310,11 @@ def reshaped_strides(shape: tuple[int, ...], strides: tuple[int, ...],
     if any(new_shape[j] != 1 for j in range(k + 1)):
         return None
     return tuple(out)
+
+
+def _too_big_to_bind(graph: Graph, v: str, caps: AdapterCaps) -> bool:
+    """Larger than one binding (f16 or f32 elements): bindsplit's row blocks, which take no views."""
+    return int(np.prod(shape_of(graph, v), dtype=np.int64)) * 4 > caps.max_storage_binding_size
 
 
 _VIEW_KEYS = ("_viewA", "_viewB")
@@ -270,7 +370,7 @@ def fold_slices(graph: Graph, protected: set[str], caps: AdapterCaps) -> None:
                     all(u.op in ALIAS_LIKE or (u.op == "MatMul" and k in (0, 1)) for u, k in users.get(x.outputs[0], []))
                     for x in between):
                 continue
-            if 4 * int(np.prod(shape_of(graph, base))) > caps.max_storage_binding_size:
+            if _too_big_to_bind(graph, base, caps):
                 continue
             n.inputs[slot] = base
             n.attrs[_VIEW_KEYS[slot]] = view
@@ -309,7 +409,7 @@ def _concat_part(graph: Graph, x: str, strides: tuple[int, ...], offset: int, us
     return p, chain, (tuple(shape), st, offset)
 
 
-def fold_concats(graph: Graph, protected: set[str]) -> None:
+def fold_concats(graph: Graph, protected: set[str], caps: AdapterCaps) -> None:
     """A Concat whose every input is a MatMul's result that nothing else reads (maybe reshaped)
     becomes those MatMuls storing their results straight into the Concat's output, each at its
     strided place (attr `_intoY`): no copy kernels, no separate results. It is the backward of
@@ -320,7 +420,8 @@ def fold_concats(graph: Graph, protected: set[str]) -> None:
     producers = graph.producers()
     drop: set[int] = set()
     for n in graph.nodes:
-        if n.op != "Concat" or not n.inputs or not all(n.inputs) or n.outputs[0] in protected:
+        if (n.op != "Concat" or not n.inputs or not all(n.inputs) or n.outputs[0] in protected
+                or _too_big_to_bind(graph, n.outputs[0], caps)):
             continue
         out_shape = shape_of(graph, n.outputs[0])
         axis = int(n.attrs.get("axis", 0)) % max(1, len(out_shape))
@@ -961,7 +1062,12 @@ def prepare(graph: Graph, caps: AdapterCaps, supports_epilogue: set[str], fuse: 
     pack_byte_inputs(g)  # not an optimisation: the runtime uploads those inputs packed either way
     if fuse:
         # first, so that the optimizer grouping sees the GEMMs that now read the weights directly
+        if scale_fold_enabled():
+            canonical_transposes(g, protected)
         fold_transposes(g, protected)
+        if scale_fold_enabled():
+            fold_scales(g, protected)        # a scale between a Transpose and a MatMul, once the
+            fold_transposes(g, protected)    # MatMuls read through the others, then that Transpose
         if slice_views_enabled():
             fold_slices(g, protected, caps)
         group_updates(g, caps)
@@ -974,5 +1080,5 @@ def prepare(graph: Graph, caps: AdapterCaps, supports_epilogue: set[str], fuse: 
         split_batchnorm(g)
         fuse_elementwise(g, caps, protected)
         if slice_views_enabled():
-            fold_concats(g, protected)   # last: it gives a value several writers
+            fold_concats(g, protected, caps)   # last: it gives a value several writers
     return g

@@ -1006,7 +1006,8 @@ def lower_matmul(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     attention's K^T and its head split). `_permY`: the result is stored as transpose(result, perm)
     (attention's head merge). `_viewA` / `_viewB` (fusion.fold_slices): the operand is a strided
     view of the bound tensor. `_intoY` (fusion.fold_concats): the stored result lies at strides
-    and an offset inside the bound output, a Concat's. An optional third input
+    and an offset inside the bound output, a Concat's. `_alpha` (fusion.fold_scales) scales the
+    product before the bias. An optional third input
     (fusion.fuse_epilogues) is a bias along the result's last axis."""
     la, base_a = _operand_layout(node, graph, 0)
     lb, base_b = _operand_layout(node, graph, 1)
@@ -1043,7 +1044,7 @@ def lower_matmul(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     y_index = f"{y_off} + r * {u(ly_rs)} + c * {u(ly.strides[-1])}" + (f" + {u(y_base)}" if y_base else "")
     # vec4 stores where four consecutive results are four aligned elements
     vec_y = N % 4 == 0 and ly.strides[-1] == 1 and not any(st % 4 for st in (y_base, ly_rs, *ly.strides[:-2]))
-    out = Output("Y", y_index, contig=vec_y, bias=bias,
+    out = Output("Y", y_index, contig=vec_y, alpha=float(node.attr("_alpha", 1.0)), bias=bias,
                  residual=_residual(node, reads, y_index), **epilogue_of(node))
     spec = GemmSpec("MatMul", M, N, K, batch, a, b, out, tuple(reads), Binding(node.outputs[0], "Y"))
     return gemm_kernels(spec, caps, **variant_of(node))
