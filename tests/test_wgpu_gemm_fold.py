@@ -387,9 +387,9 @@ def test_slices_not_read_as_views_stay_copies(monkeypatch):
 
 
 def test_reshaped_strides_agree_with_numpy_views():
-    """fusion.reshaped_strides against numpy, which reshapes a view in place exactly when it
+    """gemm_layout.reshaped_strides against numpy, which reshapes a view in place exactly when it
     can: the same strides where numpy can, None where numpy must copy."""
-    from anygrad.backends.wgpu.fusion import reshaped_strides
+    from anygrad.backends.wgpu.gemm_layout import reshaped_strides
     rng = np.random.default_rng(7)
     checked = 0
     for _ in range(300):
@@ -468,3 +468,20 @@ def test_scale_of_a_matmul_result_is_its_alpha_unless_read_elsewhere():
     assert not any(n.attr("_alpha") for n in _run(_graph(feeds, shared, "z", grad=False, consts=consts), feeds).prepared.nodes)
     tensor = [nodes[0], Node("Mul", ["ab", "w"], ["z"], name="scale")]
     assert not any(n.attr("_alpha") for n in _run(_graph(feeds, tensor, "z", grad=True), feeds).prepared.nodes)
+
+
+def test_a_slice_of_everything_is_an_alias():
+    """x[:, -T:, :] of a (B, T, d) tensor (Hugging Face's logits_to_keep=0) and its gradient are
+    Identities (no copy kernels); a slice that drops anything is still a Slice. Matches numpy."""
+    feeds = {"x": rnd(2, 3, 4, seed=97), "w": rnd(4, 5, seed=98)}
+    nodes = [Node("Slice", ["x", "s", "e", "ax"], ["xs"], name="keep"),
+             Node("Reshape", ["xs", "flat"], ["rows"], name="flat"),
+             Node("Gemm", ["rows", "w"], ["y"], name="head")]
+
+    def ops(first: int, rows: int) -> set[str]:
+        consts = {"s": np.array([first], np.int64), "e": np.array([2**62], np.int64),
+                  "ax": np.array([1], np.int64), "flat": np.array([rows, 4], np.int64)}
+        return {n.op for n in _run(_graph(feeds, nodes, "y", grad=True, consts=consts), feeds).prepared.nodes}
+
+    assert not ops(-3, 6) & {"Slice", "SliceGrad"}
+    assert {"Slice", "SliceGrad"} <= ops(-2, 4)

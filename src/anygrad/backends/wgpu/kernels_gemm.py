@@ -908,14 +908,14 @@ class Layout:
 
     @staticmethod
     def viewed(shape: tuple[int, ...], strides: tuple[int, ...], perm=None) -> Layout:
-        """A strided view (fusion.fold_slices) read through `perm`."""
+        """A strided view (gemm_layout.fold_slices) read through `perm`."""
         perm = list(perm) if perm is not None else list(range(len(shape)))
         return Layout(tuple(shape[p] for p in perm), tuple(strides[p] for p in perm))
 
     @staticmethod
     def stored_as(logical: tuple[int, ...], perm, stored_strides: tuple[int, ...] | None = None) -> Layout:
         """A logical result stored as transpose(logical, perm), in row-major order or, given
-        `stored_strides`, at those strides (a view into a larger buffer: fusion.fold_concats)."""
+        `stored_strides`, at those strides (a view into a larger buffer: gemm_layout.fold_concats)."""
         if perm is None:
             return Layout(tuple(logical), stored_strides) if stored_strides else Layout.of(logical)
         st = stored_strides or _strides(tuple(logical[p] for p in perm))
@@ -984,7 +984,7 @@ def _residual(node: Node, reads: list[Binding], index: str) -> str:
 
 def _operand_layout(node: Node, graph: Graph, slot: int) -> tuple[Layout, int]:
     """(layout, element offset) of MatMul operand `slot` as the kernel reads it: the stored
-    tensor, or a strided view of it (attr `_viewA`/`_viewB`, fusion.fold_slices), through its
+    tensor, or a strided view of it (attr `_viewA`/`_viewB`, gemm_layout.fold_slices), through its
     perm (`_permA`/`_permB`); a vector is a row of A or a column of B."""
     view = node.attr(("_viewA", "_viewB")[slot])
     perm = node.attr(("_permA", "_permB")[slot])
@@ -1001,12 +1001,12 @@ def _operand_layout(node: Node, graph: Graph, slot: int) -> tuple[Layout, int]:
 def lower_matmul(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     """Batched, broadcasting MatMul over operands and a result in any layout.
 
-    Attrs `_permA` / `_permB` (set by fusion.fold_transposes): the operand is stored untransposed
+    Attrs `_permA` / `_permB` (set by gemm_layout.fold_transposes): the operand is stored untransposed
     and the MatMul reads transpose(stored, perm), so a Transpose feeding it costs no kernel (x @ W.T,
     attention's K^T and its head split). `_permY`: the result is stored as transpose(result, perm)
-    (attention's head merge). `_viewA` / `_viewB` (fusion.fold_slices): the operand is a strided
-    view of the bound tensor. `_intoY` (fusion.fold_concats): the stored result lies at strides
-    and an offset inside the bound output, a Concat's. `_alpha` (fusion.fold_scales) scales the
+    (attention's head merge). `_viewA` / `_viewB` (gemm_layout.fold_slices): the operand is a strided
+    view of the bound tensor. `_intoY` (gemm_layout.fold_concats): the stored result lies at strides
+    and an offset inside the bound output, a Concat's. `_alpha` (gemm_layout.fold_scales) scales the
     product before the bias. An optional third input
     (fusion.fuse_epilogues) is a bias along the result's last axis."""
     la, base_a = _operand_layout(node, graph, 0)
@@ -1052,7 +1052,7 @@ def lower_matmul(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
 
 @lowering("Gemm", epilogue=True)
 def lower_gemm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
-    # operands are matrices, maybe with leading 1s (fusion.fold_transposes looks through reshapes)
+    # operands are matrices, maybe with leading 1s (gemm_layout.fold_transposes looks through reshapes)
     sa = static_shape(graph, node.inputs[0], node)[-2:]
     sb = static_shape(graph, node.inputs[1], node)[-2:]
     ta, tb = node.attr("transA", 0), node.attr("transB", 0)
