@@ -485,3 +485,18 @@ def test_a_slice_of_everything_is_an_alias():
 
     assert not ops(-3, 6) & {"Slice", "SliceGrad"}
     assert {"Slice", "SliceGrad"} <= ops(-2, 4)
+
+
+def test_residual_after_a_reshaped_2d_linear_runs_in_its_store():
+    """Hugging Face's Conv1D: a 2-D addmm over (B*T, d) viewed back as (B, T, d), then the skip
+    connection's Add: the Gemm adds the residual in its store (no Add kernel, no reshape), in
+    training too; every gradient matches numpy."""
+    feeds = {"h": rnd(2, 3, 6, seed=99), "w": rnd(6, 6, seed=100), "c": rnd(6, seed=101), "x": rnd(2, 3, 6, seed=102)}
+    consts = {"rows": np.array([6, 6], np.int64), "back": np.array([2, 3, 6], np.int64)}
+    nodes = [Node("Reshape", ["h", "rows"], ["h2"], name="flat"),
+             Node("Gemm", ["h2", "w", "c"], ["g"], name="addmm"),
+             Node("Reshape", ["g", "back"], ["g3"], name="view"),
+             Node("Add", ["x", "g3"], ["y"], name="skip")]
+    exe = _run(_graph(feeds, nodes, "y", grad=True, consts=consts), feeds)
+    (gemm,) = [n for n in exe.prepared.nodes if n.outputs[0] == "y"]
+    assert gemm.op == "Gemm" and gemm.attr("_residual") and gemm.inputs[2:] == ["c", "x"]

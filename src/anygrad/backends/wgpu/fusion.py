@@ -45,7 +45,7 @@ from .kernels_gemm import EPILOGUE_ACTIVATIONS
 from .kernels_nn import BN_APPLY, BN_STATS
 from .kernels_optim import ARENA_CAST, COPY, FUSED_UPDATE
 from .kernels_reduce import NON_FINITE
-from .wgsl import shape_of
+from .wgsl import shape_of, size_of
 
 MAX_GROUP = 48          # members per kernel: keeps shaders small and compile times short
 
@@ -69,16 +69,20 @@ def _bias_fits(graph: Graph, gemm: Node, bias: str, out: str) -> bool:
     return all(d in (1, e) for d, e in zip(sb[::-1], y[::-1]))
 
 
-def _residual_fits(graph: Graph, gemm: Node, other: str, out: str) -> bool:
+def _residual_fits(graph: Graph, gemm: Node, other: str, out: str, reshaped: bool = False) -> bool:
     """A residual the GEMM can add per output element (x + Linear(h), a transformer block's
-    skip connection): float32, the output's own shape, result stored in row-major order (so
-    the residual's index is the output's), before any activation (the graph's order of adds)."""
+    skip connection): float32, the output's own shape (or, `reshaped` on the way, as many
+    elements: Hugging Face's Conv1D is a 2-D addmm viewed back as 3-D), result stored in
+    row-major order (so the residual's index is the output's), before any activation (the
+    graph's order of adds)."""
     values = (other, gemm.outputs[0], out)
     if any(v not in graph.info or np.dtype(graph.info[v].dtype) != np.float32 for v in values):
         return False
+    same = (shape_of(graph, gemm.outputs[0]) == shape_of(graph, out) if not reshaped
+            else size_of(graph, gemm.outputs[0]) == size_of(graph, out))
     return (not gemm.attr("_residual") and gemm.attr("_epilogue") is None
             and gemm.attr("_permY") is None and other != gemm.outputs[0]
-            and shape_of(graph, other) == shape_of(graph, gemm.outputs[0]) == shape_of(graph, out))
+            and shape_of(graph, other) == shape_of(graph, out) and same)
 
 
 # Row kernels whose first output may take a residual Add (input 3, attr `_residual`): in the
@@ -135,18 +139,25 @@ def fuse_epilogues(graph: Graph, protected: set[str], supports_epilogue: set[str
             for slot in (0, 1):
                 p = sole_input(n.inputs[slot])
                 other = n.inputs[1 - slot]
+                via = None   # a reshape between the GEMM and the Add, which the fused GEMM replaces
+                if p is not None and p.op in ALIAS_LIKE and p.inputs:
+                    q = sole_input(p.inputs[0])
+                    if q is not None and q.op in GEMM_OPS:
+                        via, p = p, q
                 if p is None or p.op not in GEMM_OPS & supports_epilogue:
                     continue
-                if (not has_bias(p) and not p.attr("_residual") and p.attr("_epilogue") is None
+                if (via is None and not has_bias(p) and not p.attr("_residual") and p.attr("_epilogue") is None
                         and _bias_fits(graph, p, other, n.outputs[0])):
                     p.inputs[2:] = [other]
                     if p.op == "Gemm":
                         p.attrs["beta"] = 1.0
-                elif _residual_fits(graph, p, other, n.outputs[0]) and residual_enabled():
+                elif _residual_fits(graph, p, other, n.outputs[0], reshaped=via is not None) and residual_enabled():
                     p.inputs[2:] = [p.input(2), other]
                     p.attrs["_residual"] = True
                 else:
                     continue
+                if via is not None:
+                    absorbed.add(id(via))
                 p.outputs[0] = n.outputs[0]
                 replaced[id(n)] = p
                 order[id(p)] = order[id(n)]  # it will run there
