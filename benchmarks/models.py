@@ -103,6 +103,26 @@ def _gpt_module(vocab: int, seq: int, d: int, heads: int, layers: int):
     return GPT()
 
 
+def _hf_gpt2(vocab: int, seq: int, d: int, heads: int, layers: int):
+    """Hugging Face's GPT2LMHeadModel as users fine-tune it (Conv1D layers, scaled dot-product
+    attention, head tied to the token embedding), dropout 0, logits flattened to (N*T, vocab)."""
+    import torch
+    import transformers
+
+    cfg = transformers.GPT2Config(vocab_size=vocab, n_positions=max(seq, 1024), n_embd=d, n_layer=layers,
+                                  n_head=heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+
+    class LM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = transformers.GPT2LMHeadModel(cfg)
+
+        def forward(self, tokens):
+            return self.m(tokens).logits.reshape(-1, vocab)
+
+    return LM()
+
+
 @dataclass(frozen=True)
 class Spec:
     """One benchmark model: how to build it and what one batch of it looks like."""
@@ -163,6 +183,12 @@ MODELS: dict[str, Spec] = {
                   "GPT-2 small shape: 12 layers, d 768, 12 heads, vocab 50,257, T 256, untied head", (2,)),
     "resnet50": Spec(_tv("resnet50", num_classes=1000), "image", (3, 224, 224), 1000, (64,), True, False,
                      "torchvision ResNet-50, 224x224 input, 1000 classes", (8,)),
+    "hfgpt": Spec(lambda: _hf_gpt2(2048, 128, 256, 4, 4), "tokens", (128,), 2048, (128,), False, False,
+                  "Hugging Face GPT2LMHeadModel with the GPT's sizes (4 layers, d 256, 4 heads, T 128, vocab 2048, "
+                  "tied head)", (8,)),
+    "hfgpt2s": Spec(lambda: _hf_gpt2(50257, 256, 768, 12, 12), "tokens", (256,), 50257, (8,), False, False,
+                    "Hugging Face GPT2LMHeadModel, GPT-2 small (12 layers, d 768, 12 heads, vocab 50,257, T 256, "
+                    "tied head)", (2,)),
 }
 ISSUE11 = ("resnet18", "mobilenetv2", "gpt", "vit")
 LR, MOMENTUM = 0.01, 0.9
