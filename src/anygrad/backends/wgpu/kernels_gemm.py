@@ -1001,14 +1001,15 @@ def _operand_layout(node: Node, graph: Graph, slot: int) -> tuple[Layout, int]:
 def lower_matmul(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     """Batched, broadcasting MatMul over operands and a result in any layout.
 
-    Attrs `_permA` / `_permB` (set by gemm_layout.fold_transposes): the operand is stored untransposed
-    and the MatMul reads transpose(stored, perm), so a Transpose feeding it costs no kernel (x @ W.T,
-    attention's K^T and its head split). `_permY`: the result is stored as transpose(result, perm)
-    (attention's head merge). `_viewA` / `_viewB` (gemm_layout.fold_slices): the operand is a strided
-    view of the bound tensor. `_intoY` (gemm_layout.fold_concats): the stored result lies at strides
-    and an offset inside the bound output, a Concat's. `_alpha` (gemm_layout.fold_scales) scales the
-    product before the bias. An optional third input
-    (fusion.fuse_epilogues) is a bias along the result's last axis."""
+    The layouts come from gemm_layout.py:
+    - `_permA` / `_permB`: the operand is stored untransposed and the MatMul reads
+      transpose(stored, perm), so a Transpose feeding it costs no kernel (x @ W.T, attention's K^T
+      and its head split); `_permY`: the result is stored as transpose(result, perm) (attention's
+      head merge);
+    - `_viewA` / `_viewB`: the operand is a strided view (shape, strides, offset) of the bound
+      tensor; `_intoY`: the stored result lies at such a view inside the bound output, a Concat's;
+    - `_alpha`: scales the product, before the bias.
+    An optional third input (fusion.fuse_epilogues) is a bias along the result's last axis."""
     la, base_a = _operand_layout(node, graph, 0)
     lb, base_b = _operand_layout(node, graph, 1)
     M, K, N = la.shape[-2], la.shape[-1], lb.shape[-1]
