@@ -252,11 +252,16 @@ def fold_transposes(graph: Graph, protected: set[str]) -> None:
             for slot in (0, 1):
                 while _read_through(graph, n, slot, producers):  # K^T^T folds twice (dq = ds @ K)
                     pass
-    # the Transposes (and reshapes of them) nothing reads any more
+    _drop_unread(graph, protected, "Transpose")
+
+
+def _drop_unread(graph: Graph, protected: set[str], op: str) -> None:
+    """Remove the `op` nodes (and reshapes of them) nothing reads any more, a fold having
+    rewired their readers."""
     dead = True
     while dead:
         users = graph.consumers()
-        dead = {id(n) for n in graph.nodes if (n.op == "Transpose" or n.op in ALIAS_LIKE)
+        dead = {id(n) for n in graph.nodes if (n.op == op or n.op in ALIAS_LIKE)
                 and n.outputs[0] not in protected and not users.get(n.outputs[0])}
         graph.nodes = [n for n in graph.nodes if id(n) not in dead]
 
@@ -293,7 +298,9 @@ def reshaped_strides(shape: tuple[int, ...], strides: tuple[int, ...],
 
 
 def _too_big_to_bind(graph: Graph, v: str, caps: AdapterCaps) -> bool:
-    """Larger than one binding (f16 or f32 elements): bindsplit's row blocks, which take no views."""
+    """Larger than one binding, counting 4 bytes an element (an upper bound of planner.value_bytes,
+    which this module cannot import: the planner imports fusion): bindsplit's row blocks, which
+    take no views."""
     return int(np.prod(shape_of(graph, v), dtype=np.int64)) * 4 > caps.max_storage_binding_size
 
 
@@ -337,7 +344,7 @@ def fold_slices(graph: Graph, protected: set[str], caps: AdapterCaps) -> None:
     fit one binding (bindsplit does not split views)."""
     producers = graph.producers()
     users = graph.consumers()
-    folded = []
+    folded = False
     for n in graph.nodes:
         if n.op != "MatMul":
             continue
@@ -354,15 +361,9 @@ def fold_slices(graph: Graph, protected: set[str], caps: AdapterCaps) -> None:
                 continue
             n.inputs[slot] = base
             n.attrs[_VIEW_KEYS[slot]] = view
-            folded.append(n)
-    if not folded:
-        return
-    dead = True   # the Slices and reshapes nothing reads any more
-    while dead:
-        users = graph.consumers()
-        dead = {id(n) for n in graph.nodes if (n.op == "Slice" or n.op in ALIAS_LIKE)
-                and n.outputs[0] not in protected and not users.get(n.outputs[0])}
-        graph.nodes = [n for n in graph.nodes if id(n) not in dead]
+            folded = True
+    if folded:
+        _drop_unread(graph, protected, "Slice")
 
 
 def _concat_part(graph: Graph, x: str, strides: tuple[int, ...], offset: int, users: dict, producers: dict,

@@ -902,9 +902,8 @@ class Layout:
 
     @staticmethod
     def of(stored: tuple[int, ...], perm=None) -> Layout:
-        st = _strides(stored)
-        perm = list(perm) if perm is not None else list(range(len(stored)))
-        return Layout(tuple(stored[p] for p in perm), tuple(st[p] for p in perm))
+        """A row-major stored tensor read through `perm`."""
+        return Layout.viewed(stored, _strides(stored), perm)
 
     @staticmethod
     def viewed(shape: tuple[int, ...], strides: tuple[int, ...], perm=None) -> Layout:
