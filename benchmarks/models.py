@@ -354,6 +354,7 @@ def run_anygrad(spec: Spec, module, batches, device: str, args, mem: GpuMemory |
         out["planned"] = {k: getattr(rep, k) / 2**20 for k in
                           ("parameters", "optimizer_state", "buffers", "activations", "inputs", "constants")}
         out["kernels"] = exe.n_kernels
+        out["compile_times"] = exe.compile_times.as_dict()
         if mem and level is not None:
             out["smi_peak_mib"] = mem.peak_since() - level
         if args.profile and "timestamp-query" in model.backend.device.features:
@@ -546,6 +547,15 @@ def table(results: list[dict]) -> str:
                      f"{rate(c.get('eager-fp32'))} | {ratio('ratio_vs_eager-fp32')} | {rate(c.get('compile'))} | "
                      f"{ratio('ratio_vs_compile')} | {mem_ag} / {mem_pt} | {comp} | "
                      f"{r.get('first_loss_rel_diff', float('nan')):.1e} |")
+    times = [(r, x["compile_times"]) for r in results for x in r.get("cases", []) if x.get("compile_times")]
+    if times:  # where the compile went (runtime.CompileTimes); the rest is autodiff, uploads, the first step
+        head = "| model | batch | compile s | planning | tuning (shapes, candidates) | step pipelines (built) |"
+        lines += ["", head, "| --- " * 6 + "|"]
+        for r, t in times:
+            ag = next(x for x in r["cases"] if x.get("compile_times") is t)
+            lines.append(f"| {r['model']} | {r['batch']} | {ag['compile_s']:.1f} | {t['plan_s']:.1f} | "
+                         f"{t['tune_s']:.1f} ({t['tuned_shapes']}, "
+                         f"{t['tune_candidates']}) | {t['pipelines_s']:.1f} ({t['pipelines_built']}) |")
     return "\n".join(lines)
 
 

@@ -225,3 +225,43 @@ def test_a_pinned_split_count_computes_what_numpy_computes(splits):
     assert_close(want, got, rtol=2e-4, atol=2e-5)
     names = [step.kernel.name for step in exe.plan.steps]
     assert any(f"splitK {splits}]" in s for s in names) == (splits > 1), names
+
+
+def _square_matmul(n: int):
+    feeds = {"a": rnd(n, n, seed=6), "b": rnd(n, n, seed=7)}
+    graph = _graph(feeds, [Node("MatMul", ["a", "b"], ["c"], name="mm")], "c", grad=False)
+    node = graph.nodes[0]
+    from anygrad.backends.wgpu.kernel import LOWERINGS
+    return graph, LOWERINGS["MatMul"](node, graph, AdapterCaps())
+
+
+def test_candidates_timed_together_rank_as_their_work(tuning, monkeypatch):
+    """device_timer.all times a node's candidates in one submission a round (timestamps where the
+    device has them): a candidate that is the same GEMM run 6 times takes about 6 times as long
+    as the GEMM once, and each keeps its place in the list."""
+    monkeypatch.setattr(autotune, "REPEATS", 1)
+    graph, kernels = _square_matmul(128)
+    timer = autotune.device_timer(wgpu_backend())
+    once, six, again = timer.all([kernels, kernels * 6, kernels], graph)
+    assert once > 0 and again > 0
+    assert 3 * max(once, again) < six < 12 * min(once, again), (once, six, again)
+    assert timer(kernels, graph) > 0
+
+
+def test_pipelines_built_in_the_background_are_the_ones_used(tuning):
+    """pipelines(wait=False) starts the builds and returns; pipeline() then hands out the built
+    one, and a shader that cannot compile still fails on the asking thread, naming the kernel."""
+    from anygrad.backends.wgpu.runtime import WgpuBackend
+    backend = wgpu_backend()
+    assert isinstance(backend, WgpuBackend)
+    _, kernels = _square_matmul(16)
+    k = kernels[0]
+    ro = (True,) * len(k.reads) + (False,) * len(k.writes)
+    fresh = k.wgsl.replace("fn main(", "fn main_bg(")  # a shader this process has not built yet
+    assert backend.pipelines([(fresh, "main_bg", ro, "bg")], wait=False) == []
+    pipe = backend.pipeline(fresh, "main_bg", ro, "bg")
+    assert backend.pipelines([(fresh, "main_bg", ro, "bg")]) == [pipe]
+    broken = fresh.replace("fn main_bg(", "fn main_broken(").replace("let ", "lett ", 1)
+    backend.pipelines([(broken, "main_broken", ro, "Broken[1]")], wait=False)
+    with pytest.raises(Exception, match="Broken"):
+        backend.pipeline(broken, "main_broken", ro, "Broken[1]")

@@ -28,7 +28,7 @@ import hashlib
 import os
 import pickle
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,7 @@ def threads() -> int:
         n = int(os.environ.get(THREADS_ENV, "0"))
     except ValueError:
         n = 0
-    return n if n > 0 else max(1, min(8, os.cpu_count() or 1))
+    return n if n > 0 else max(1, min(16, os.cpu_count() or 1))
 
 
 # -- parallel pipeline creation -------------------------------------------------------------------
@@ -83,6 +83,19 @@ def build_parallel(create: Callable[[Any], Any], keys: Sequence[Any]) -> dict[An
         except Exception:  # noqa: BLE001  (whatever it was, the retry below raises it here)
             out[k] = create(k)
     return out
+
+
+def build_background(create: Callable[[Any], Any], keys: Sequence[Any]) -> dict[Any, Future]:
+    """create(key) for each distinct key on a thread pool, in order, without waiting: the caller
+    collects each Future when it needs that key (the autotuner times one shape's candidates while
+    the next shapes' shaders compile)."""
+    todo = list(dict.fromkeys(keys))
+    if not todo:
+        return {}
+    pool = ThreadPoolExecutor(min(threads(), len(todo)), thread_name_prefix="anygrad-pipeline")
+    futures = {k: pool.submit(create, k) for k in todo}
+    pool.shutdown(wait=False)  # the queued builds run on; the pool's threads end after them
+    return futures
 
 
 # -- the plan cache ---------------------------------------------------------------------------------

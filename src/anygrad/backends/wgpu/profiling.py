@@ -170,6 +170,20 @@ class TimestampProfiler:
             self._resolve(enc, self.count - 2, self.count, self.whole_at)
         enc.copy_buffer_to_buffer(self.resolved, 0, self.readback, 0, self.nbytes)
 
+    def encode_runs(self, enc: Any, runs: Sequence[Sequence[tuple]]) -> None:
+        """Each dispatch list of `runs` in a pass of its own between two timestamps, one list per
+        name (the autotuner's candidates); `collect_ns` reads their times."""
+        for k, dispatches in enumerate(runs):
+            cpass = enc.begin_compute_pass(timestamp_writes=self._writes(2 * k))
+            for pipe, bg, wg in dispatches:
+                cpass.set_pipeline(pipe)
+                cpass.set_bind_group(0, bg)
+                cpass.dispatch_workgroups(*wg)
+            cpass.end()
+        self._whole = False
+        self._resolve(enc, 0, 2 * len(runs), 0)
+        enc.copy_buffer_to_buffer(self.resolved, 0, self.readback, 0, self.nbytes)
+
     def _resolve(self, enc: Any, first: int, end: int, offset: int) -> None:
         """Queries [first, end) into the resolve buffer from byte `offset` (split at set ends,
         which fall on 32 KiB: aligned)."""
@@ -179,14 +193,23 @@ class TimestampProfiler:
             enc.resolve_query_set(self.sets[s], q, n, self.resolved, offset)
             first, offset = first + n, offset + 8 * n
 
-    def collect(self) -> None:
-        """Wait for the submitted work and add its times."""
+    def _read(self) -> np.ndarray:
+        """Wait for the submitted work; the resolved timestamps."""
         import wgpu
         self.readback.map_sync(wgpu.MapMode.READ)
         try:
-            t = np.frombuffer(bytes(self.readback.read_mapped()), np.uint64).astype(np.int64)
+            return np.frombuffer(bytes(self.readback.read_mapped()), np.uint64).astype(np.int64)
         finally:
             self.readback.unmap()
+
+    def collect_ns(self) -> np.ndarray:
+        """Wait for the submitted work; nanoseconds of each name's pass (encode_runs)."""
+        t, k = self._read(), len(self.names)
+        return np.maximum(t[1:2 * k:2] - t[0:2 * k:2], 0).astype(np.float64)
+
+    def collect(self) -> None:
+        """Wait for the submitted work and add its times."""
+        t = self._read()
         k = len(self.names)
         self.sum_ns += np.maximum(t[1:2 * k:2] - t[0:2 * k:2], 0)
         self.runs += 1

@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -59,6 +59,7 @@ class _Context:
     caps: AdapterCaps
     pipelines: dict
     layouts: dict
+    pending: dict = field(default_factory=dict)  # pipeline key -> Future of a build in the background
     f16_problem: str | None = None  # the f16 self-test's finding: None not run yet, "" passed
 
 
@@ -466,24 +467,33 @@ class WgpuBackend(Backend):
     def pipeline(self, wgsl: str, entry: str, read_only: tuple[bool, ...], name: str) -> Any:
         key = (wgsl, entry, read_only)
         if key not in self.ctx.pipelines:
-            self.ctx.pipelines[key] = self._create_pipeline(key, name)
+            pending = self.ctx.pending.pop(key, None)
+            try:
+                self.ctx.pipelines[key] = pending.result() if pending else self._create_pipeline(key, name)
+            except Exception:  # noqa: BLE001  (built again here, so its error is raised on this thread)
+                self.ctx.pipelines[key] = self._create_pipeline(key, name)
         return self.ctx.pipelines[key]
 
     def supports(self, op: str | Node) -> bool:
         """An op in this backend's lowering registry (an alias such as Reshape runs no kernel)."""
         return (op.op if isinstance(op, Node) else op) in REGISTRY
 
-    def pipelines(self, specs: Sequence[tuple[str, str, tuple[bool, ...], str]]) -> list[Any]:
+    def pipelines(self, specs: Sequence[tuple[str, str, tuple[bool, ...], str]], wait: bool = True) -> list[Any]:
         """pipeline() for each (wgsl, entry, read_only, name), the missing ones created in parallel
-        (pipeline_cache.build_parallel: the driver compiles several shaders at once)."""
+        (pipeline_cache.build_parallel: the driver compiles several shaders at once). With
+        wait=False the builds start in the background and nothing is returned; pipeline() waits
+        for each one when it is asked for."""
         names = {(w, e, ro): n for w, e, ro, n in specs}
-        missing = [k for k in names if k not in self.ctx.pipelines]
+        missing = [k for k in names if k not in self.ctx.pipelines and k not in self.ctx.pending]
         for k in missing:  # layouts first, on this thread: a pipeline and its bind groups share one
             self.layout(k[2])
-        for k, pipe in pipeline_cache.build_parallel(lambda k: self._create_pipeline(k, names[k]),
-                                                     missing).items():
+        if not wait:
+            self.ctx.pending.update(pipeline_cache.build_background(lambda k: self._create_pipeline(k, names[k]),
+                                                                    missing))
+            return []
+        for k, pipe in pipeline_cache.build_parallel(lambda k: self._create_pipeline(k, names[k]), missing).items():
             self.ctx.pipelines[k] = pipe
-        return [self.ctx.pipelines[(w, e, ro)] for w, e, ro, _ in specs]
+        return [self.pipeline(*spec) for spec in specs]
 
     def _create_pipeline(self, key: tuple[str, str, tuple[bool, ...]], name: str) -> Any:
         wgsl, entry, read_only = key
@@ -557,13 +567,36 @@ def writable_reads(wgsl: str, bindings: Sequence[int]) -> str:
     return wgsl
 
 
+@dataclass
+class CompileTimes:
+    """Where one executable's compile went, host seconds: planning (fusion, lowering, the memory
+    plan) without the autotuner's part, the autotuner (timing its candidates while their pipelines
+    build in the background), and the step's own pipelines (new ones built, the rest found built)."""
+    plan_s: float = 0.0
+    tune_s: float = 0.0
+    tuned_shapes: int = 0
+    tune_candidates: int = 0
+    pipelines_s: float = 0.0
+    pipelines_built: int = 0
+    from_plan_cache: bool = False
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
 class WgpuExecutable(Executable):
     def __init__(self, backend: WgpuBackend, graph: Graph, fuse: bool = True):
         self.backend = backend
         self.graph = graph
         # Within the memory budget: tighter reuse, else activations recomputed (planner.fit_plan);
         # from the disk cache when this graph was compiled before on this adapter and driver.
+        self.compile_times = times = CompileTimes()
+        t0, tuned = time.perf_counter(), dict(autotune.stats)
         self.prepared, self.plan, self.recomputed = self._compile_plan(graph, fuse)
+        times.tune_s = autotune.stats["seconds"] - tuned["seconds"]
+        times.plan_s = time.perf_counter() - t0 - times.tune_s
+        times.tuned_shapes = autotune.stats["timed"] - tuned["timed"]
+        times.tune_candidates = autotune.stats["candidates"] - tuned["candidates"]
         dev = backend.device
         usage = backend.storage_usage
         # Executable-owned storage: inputs, constants, temporary slots. A 1-byte input is written
@@ -601,7 +634,9 @@ class WgpuExecutable(Executable):
         self._dispatches: list[tuple[Any, Any, tuple]] | None = None
         self._generation = -1
         self._staging: dict[tuple, tuple[Any, list]] = {}
+        t0, known = time.perf_counter(), len(backend.ctx.pipelines)
         self._pipes = backend.pipelines([self._pipeline_spec(st) for st in self.plan.steps])  # compile every shader now
+        times.pipelines_s, times.pipelines_built = time.perf_counter() - t0, len(backend.ctx.pipelines) - known
         self._overwritten = set(self.plan.inplace.values()) | {m for a in self.plan.arenas for m in a.members}
         # A state copied onto another state while itself replaced (a swap, a shift) is first held
         # in a buffer of its own, so every copy reads the value from before the step.
@@ -682,6 +717,7 @@ class WgpuExecutable(Executable):
         key = pipeline_cache.plan_key(graph, backend.plan_context(fuse)) if pipeline_cache.enabled() else ""
         cached = pipeline_cache.load(key, graph) if key else None
         if cached is not None and len(cached) == 3:
+            self.compile_times.from_plan_cache = True
             return cached
         left = autotune.stats["left"]
         built = fit_plan(graph, backend.caps, set(graph.state_names) | set(backend.state),
