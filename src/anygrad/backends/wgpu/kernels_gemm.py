@@ -375,6 +375,26 @@ def _sw(on: bool, k: str) -> str:
     return f" ^ ((({k}) >> 2u ^ ({k})) & 7u)" if on else ""
 
 
+# Workgroup tiles as arrays of rows (As[k][m]) rather than one flat array (As[k * BM4 + m]): naga
+# clamps every dynamic index into a workgroup array (wgpu's Vulkan backend lowers WGSL with the
+# Restrict bounds-check policy), and a flat index is clamped whole at every load, where a row's
+# constant index needs no clamp and the clamped column (lid + a constant) is the same in every
+# K step. ANYGRAD_WGPU_GEMM_2D=0 keeps the flat arrays.
+TILE_2D = os.environ.get("ANYGRAD_WGPU_GEMM_2D", "1") != "0"
+
+
+def _at(arr: str, row: str, width: int, col: str) -> str:
+    """Element (row, col) of a workgroup tile of rows `width` vec4s long."""
+    return f"{arr}[{row}][{col}]" if TILE_2D else f"{arr}[({row}) * {u(width)} + {col}]"
+
+
+def _tile_decl(arr: str, rows: int, width: int, halves: int = 1) -> str:
+    if not TILE_2D:
+        return f"var<workgroup> {arr}: array<vec4<f32>, {halves * rows * width}>;"
+    t = f"array<array<vec4<f32>, {width}>, {rows}>"
+    return f"var<workgroup> {arr}: {t if halves == 1 else f'array<{t}, {halves}>'};"
+
+
 def _stages(spec: GemmSpec, t: Tiling, va: bool, vb: bool) -> tuple[_Stage, _Stage]:
     """How A (KT x BM) and B (KT x BN) are staged, as vec4 rows along M / N: vec4 global loads
     where the operand is contiguous (coalesced along its contiguous axis), else scalars."""
@@ -383,7 +403,7 @@ def _stages(spec: GemmSpec, t: Tiling, va: bool, vb: bool) -> tuple[_Stage, _Sta
 
     def scatter(arr: str, width4: int, k: str, x: str) -> tuple[str, ...]:
         """Write vec4 v (four consecutive k at column x) into the k-major tile."""
-        return tuple(f"{arr}[({k} + {c}u) * {u(width4)} + {x} / 4u][{x} % 4u] = v[{c}];" for c in range(4))
+        return tuple(f"{_at(arr, f'{k} + {c}u', width4, f'{x} / 4u')}[{x} % 4u] = v[{c}];" for c in range(4))
 
     if va and spec.a.contig == 1:       # vec4 along k
         a = _Stage(bm * kt4, (f"let kq = (l % {u(kt4)}) * 4u; let mm = l / {u(kt4)};",),
@@ -391,18 +411,18 @@ def _stages(spec: GemmSpec, t: Tiling, va: bool, vb: bool) -> tuple[_Stage, _Sta
     elif va and spec.a.contig == 0:     # vec4 along m
         a = _Stage(bm4 * kt, (f"let mq = l % {u(bm4)}; let kk = l / {u(bm4)};",),
                    f"a_v(bt, mb * {u(bm)} + mq * 4u, k0 + kk)", "vec4<f32>",
-                   (f"As[kk * {u(bm4)} + mq] = v;",))
+                   (f"{_at('As', 'kk', bm4, 'mq')} = v;",))
     else:
         a_fast = spec.a.fast if spec.a.fast is not None else spec.a.contig
         a_map = (f"let kk = l % {u(kt)}; let mm = l / {u(kt)};" if a_fast == 1
                  else f"let mm = l % {u(bm)}; let kk = l / {u(bm)};")
         sw = t.swizzle and a_fast == 1 and bm % 32 == 0
         a = _Stage(bm * kt, (a_map,), f"a_el(bt, mb * {u(bm)} + mm, k0 + kk)", "f32",
-                   (f"As[kk * {u(bm4)} + (mm / 4u{_sw(sw, 'kk')})][mm % 4u] = v;",), sw)
+                   (f"{_at('As', 'kk', bm4, '(mm / 4u' + _sw(sw, 'kk') + ')')}[mm % 4u] = v;",), sw)
     if vb and spec.b.contig == 1:       # vec4 along n
         b = _Stage(bn4 * kt, (f"let nq = l % {u(bn4)}; let kk = l / {u(bn4)};",),
                    f"b_v(bt, k0 + kk, nb * {u(bn)} + nq * 4u)", "vec4<f32>",
-                   (f"Bs[kk * {u(bn4)} + nq] = v;",))
+                   (f"{_at('Bs', 'kk', bn4, 'nq')} = v;",))
     elif vb and spec.b.contig == 0:     # vec4 along k
         b = _Stage(bn * kt4, (f"let kq = (l % {u(kt4)}) * 4u; let nn = l / {u(kt4)};",),
                    f"b_v(bt, k0 + kq, nb * {u(bn)} + nn)", "vec4<f32>", scatter("Bs", bn4, "kq", "nn"))
@@ -418,7 +438,7 @@ def _stages(spec: GemmSpec, t: Tiling, va: bool, vb: bool) -> tuple[_Stage, _Sta
             load = f"b_elh(bt, k0 + kk, nb * {u(bn)} + nn, {', '.join(spec.b.hoisted)})"
             hoist = (f"let c = nb * {u(bn)} + tid % {u(bn)};", spec.b.hoist)
         b = _Stage(bn * kt, (b_map,), load, "f32",
-                   (f"Bs[kk * {u(bn4)} + (nn / 4u{_sw(sw, 'kk')})][nn % 4u] = v;",), sw, hoist)
+                   (f"{_at('Bs', 'kk', bn4, '(nn / 4u' + _sw(sw, 'kk') + ')')}[nn % 4u] = v;",), sw, hoist)
     return a, b
 
 
@@ -437,8 +457,7 @@ def _shared_body(spec: GemmSpec, t: Tiling, va: bool, vb: bool, unroll: bool) ->
     memory after it, so their latency hides behind the FMAs (register prefetch)."""
     bm4, bn4, kt = t.bm // 4, t.bn // 4, t.kt
     nt = t.wx * t.wy
-    decl = (f"var<workgroup> As: array<vec4<f32>, {kt * bm4}>;\n"
-            f"var<workgroup> Bs: array<vec4<f32>, {kt * bn4}>;")
+    decl = _tile_decl("As", kt, bm4) + "\n" + _tile_decl("Bs", kt, bn4)
     stages = _stages(spec, t, va, vb)
     sa, sb = (st.swizzled for st in stages)
     fmas = [f"  acc{4 * ib + q}_{j} = fma(vec4<f32>(av{ib}[{q}]), bv{j}, acc{4 * ib + q}_{j});"
@@ -446,18 +465,18 @@ def _shared_body(spec: GemmSpec, t: Tiling, va: bool, vb: bool, unroll: bool) ->
     if unroll:   # constant tile offsets, loads scheduled ahead of the FMAs
         compute = []
         for kk in range(kt):
-            compute += (["{"] + [f"  let av{ib} = As[{u(kk * bm4)} + ({u(ib * t.wy)} + lid.y{_sw(sa, u(kk))})];"
+            compute += (["{"] + [f"  let av{ib} = {_at('As', u(kk), bm4, f'({u(ib * t.wy)} + lid.y{_sw(sa, u(kk))})')};"
                                  for ib in range(t.tm // 4)]
-                        + [f"  let bv{j} = Bs[{u(kk * bn4)} + ({u(j * t.wx)} + lid.x{_sw(sb, u(kk))})];"
+                        + [f"  let bv{j} = {_at('Bs', u(kk), bn4, f'({u(j * t.wx)} + lid.x{_sw(sb, u(kk))})')};"
                            for j in range(t.tn // 4)]
                         + fmas + ["}"])
     else:
         step = t.unroll if kt % t.unroll == 0 else 1
 
         def k_step(kk: str) -> list[str]:
-            return ([f"  let av{ib} = As[{kk} * {u(bm4)} + ({u(ib * t.wy)} + lid.y{_sw(sa, kk)})];"
+            return ([f"  let av{ib} = {_at('As', kk, bm4, f'({u(ib * t.wy)} + lid.y{_sw(sa, kk)})')};"
                      for ib in range(t.tm // 4)]
-                    + [f"  let bv{j} = Bs[{kk} * {u(bn4)} + ({u(j * t.wx)} + lid.x{_sw(sb, kk)})];"
+                    + [f"  let bv{j} = {_at('Bs', kk, bn4, f'({u(j * t.wx)} + lid.x{_sw(sb, kk)})')};"
                        for j in range(t.tn // 4)] + fmas)
         if step == 1:
             compute = [f"for (var kk = 0u; kk < {u(kt)}; kk = kk + 1u) {{"] + k_step("kk") + ["}"]
@@ -485,8 +504,7 @@ def _shared_body(spec: GemmSpec, t: Tiling, va: bool, vb: bool, unroll: bool) ->
                 + ["    " + ln for ln in compute] + ["    workgroupBarrier();", "  }"])
         return decl, body
     if t.double:
-        decl = (f"var<workgroup> As: array<vec4<f32>, {2 * kt * bm4}>;\n"
-                f"var<workgroup> Bs: array<vec4<f32>, {2 * kt * bn4}>;")
+        decl = _tile_decl("As", kt, bm4, 2) + "\n" + _tile_decl("Bs", kt, bn4, 2)
     regs, fetch, put = [], [], []
     for name, st in zip("ab", stages):
         for i in range(st.count // nt):
@@ -500,6 +518,8 @@ def _shared_body(spec: GemmSpec, t: Tiling, va: bool, vb: bool, unroll: bool) ->
         # tile i is multiplied out of half i % 2 while tile i + 1 is stored into the other half:
         # the barrier ending step i - 1 (everyone done reading that half) comes before the store
         def half(lines: list[str], which: str) -> list[str]:
+            if TILE_2D:
+                return [ln.replace("As[", f"As[{which}][").replace("Bs[", f"Bs[{which}][") for ln in lines]
             return [ln.replace("As[", f"As[{which} * {u(kt * bm4)} + ").replace("Bs[", f"Bs[{which} * {u(kt * bn4)} + ")
                     for ln in lines]
         body = (head + regs + ["  {", "    let k0 = kb;"] + ["    " + ln for ln in fetch]
