@@ -315,12 +315,11 @@ def lower(op: str, shapes: list[tuple[int, ...]], attrs: dict, caps: AdapterCaps
     return LOWERINGS[op](node, resolve_attributes(g), caps), values
 
 
-def bench(device, caps: AdapterCaps, timestamps: bool, label: str, op: str, shapes, attrs, flop: float,
-          variant: str, peak: float | None, budget_s: float, zeros: bool = False, flush_mb: float = 0.0,
-          shared_mb: float = 0.0) -> Result:
-    # variant tokens: register | shared | dot, then optionally the block and the K tile: shared8k16;
-    # then optionally @ and a _gemm_layout (noswizzle, nohoist, plain), then % and invocations per
-    # workgroup: auto@nohoist, shared8k16%128; then +name=value pins (_gemm_<name>): shared8k16+tn=16+unroll=2
+def parse_variant(variant: str) -> dict:
+    """The `_gemm_*` pins of a variant string: register | shared | dot, then optionally the block and
+    the K tile: shared8k16; then optionally @ and a _gemm_layout (noswizzle, nohoist, plain), then %
+    and invocations per workgroup: auto@nohoist, shared8k16%128; then +name=value pins
+    (_gemm_<name>): shared8k16+tn=16+unroll=2."""
     variant, *extra = variant.split("+")
     variant_, _, threads = variant.partition("%")
     tiling, _, layout = variant_.partition("@")
@@ -333,7 +332,37 @@ def bench(device, caps: AdapterCaps, timestamps: bool, label: str, op: str, shap
         pin["_gemm_layout"] = layout
     if threads:
         pin["_gemm_threads"] = int(threads)
-    pin |= {f"_gemm_{k}": int(v) for k, v in (e.split("=") for e in extra)}
+    return pin | {f"_gemm_{k}": int(v) for k, v in (e.split("=") for e in extra)}
+
+
+def bench(device, caps: AdapterCaps, timestamps: bool, label: str, op: str, shapes, attrs, flop: float,
+          variant: str, peak: float | None, budget_s: float, zeros: bool = False, flush_mb: float = 0.0,
+          shared_mb: float = 0.0) -> Result:
+    """One case in one variant (parse_variant), or with variant 'tuned' the fastest of the
+    autotuner's candidates (autotune.CANDIDATES), as a tuned compile would pick it."""
+    if variant == "tuned":
+        from anygrad.backends.wgpu.autotune import CANDIDATES
+        best = None
+        for pin in CANDIDATES:
+            try:
+                r = _bench_pin(device, caps, timestamps, label, op, shapes, attrs, flop, pin, peak, budget_s,
+                               zeros, flush_mb, shared_mb)
+            except Exception:  # noqa: BLE001, S112  a candidate this shape cannot take, as in autotune._candidates
+                continue
+            best = r if best is None or r.ms < best.ms else best
+        if best is None:
+            raise ValueError("no autotuner candidate lowers this case")
+        best.variant = "tuned"
+        return best
+    r = _bench_pin(device, caps, timestamps, label, op, shapes, attrs, flop, parse_variant(variant), peak,
+                   budget_s, zeros, flush_mb, shared_mb)
+    r.variant = variant
+    return r
+
+
+def _bench_pin(device, caps: AdapterCaps, timestamps: bool, label: str, op: str, shapes, attrs, flop: float,
+               pin: dict, peak: float | None, budget_s: float, zeros: bool, flush_mb: float,
+               shared_mb: float) -> Result:
     kernels, values = lower(op, shapes, {**attrs, **pin}, caps)
     runner = Runner(device, kernels, values, timestamps, zeros, flush_mb, shared_mb)
     runner.run(1)                                   # warm-up (first dispatch pays for driver setup)
@@ -343,7 +372,7 @@ def bench(device, caps: AdapterCaps, timestamps: bool, label: str, op: str, shap
     # best of two timed runs: a single run was seen 1.5-3x slow now and then on an H200
     secs = min((gpu if gpu is not None else wall) for wall, gpu in (runner.run(reps), runner.run(reps))) / reps
     gflops = flop / secs * 1e-9
-    return Result(label, variant, " + ".join(k.name for k in kernels), flop * 1e-9, secs * 1e3, gflops,
+    return Result(label, "", " + ".join(k.name for k in kernels), flop * 1e-9, secs * 1e3, gflops,
                   "timestamp" if gpu is not None else "wall", gflops / peak if peak else None)
 
 
@@ -362,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
                     + ": their Linear layers' forward, dX and dW GEMMs")
     ap.add_argument("--torch", action="store_true", help="also time PyTorch CUDA FP32 matmul at --sizes "
                     "and --transformer shapes")
-    ap.add_argument("--variants", default="auto,register,shared",
+    ap.add_argument("--variants", default="auto,register,shared",  # 'tuned': the autotuner's best
                     help="comma list of auto (what the backend picks) | register | shared | dot, register and shared "
                          "optionally with the block size and K tile: shared8k16")
     ap.add_argument("--only", default="", help="only the cases whose label contains this text")
