@@ -648,6 +648,18 @@ def test_layer_norm_runs_on_torch(dtype, axis, epsilon, bias):
                        diff=(0, 1, 2) if bias else (0, 1), n_outputs=3, lowered=("LayerNormGrad",))
 
 
+@FLOATS
+@pytest.mark.parametrize("axis, epsilon", [(-1, 1e-5), (1, 1e-3), (0, 1e-5)])
+def test_rms_norm_runs_on_torch(dtype, axis, epsilon):
+    """RMSNormalization's y, dx and d scale, with one leading axis or none (axis 0: d scale is not
+    summed at all)."""
+    r = np.random.default_rng(3)
+    x = (3 * r.standard_normal((2, 3, 4)) + 1).astype(dtype)
+    scale = r.standard_normal(x.shape[axis % 3:]).astype(dtype)
+    _agrees_with_numpy("RMSNormalization", [x, scale], {"axis": axis, "epsilon": epsilon}, diff=(0, 1),
+                       lowered=("RMSNormGrad",))
+
+
 def test_layer_norm_stash_type_double_keeps_float64_statistics():
     r = np.random.default_rng(1)
     x, scale = r.standard_normal((3, 5)).astype(np.float32), r.standard_normal(5).astype(np.float32)

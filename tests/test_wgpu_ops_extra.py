@@ -42,6 +42,19 @@ def test_layer_norm(shape, axis, scale_shape, bias):
     check_wgpu("LayerNormalization", ins, {"axis": axis, "epsilon": 1e-5}, rtol=2e-4, atol=2e-5)
 
 
+@pytest.mark.parametrize("shape,axis,scale_shape", [
+    ((3, 5), -1, (5,)),            # short rows: one invocation per row
+    ((2, 3, 7), 1, (3, 7)),
+    ((2, 3, 7), -1, (1,)),         # broadcast scale
+    ((3, 130), -1, (130,)),        # long rows: a workgroup per row
+    ((9000, 16), -1, (16,)),       # many rows: several a workgroup, dscale over sliced columns
+])
+def test_rms_norm(shape, axis, scale_shape):
+    """RMSNormalization and RMSNormGrad (LayerNorm's kernels with a mean of zero) against numpy."""
+    x = randn(*shape) * 2 + 0.5
+    check_wgpu("RMSNormalization", [x, randn(*scale_shape)], {"axis": axis, "epsilon": 1e-5}, rtol=5e-4, atol=5e-5)
+
+
 def test_layer_norm_stat_outputs():
     x = randn(4, 6)
     check_wgpu("LayerNormalization", [x, randn(6), randn(6)], {"axis": -1}, n_outputs=3, rtol=2e-4, atol=2e-5)

@@ -21,6 +21,7 @@ from .ir.gelu import fuse_gelu
 from .ir.graph import Graph, Node, Shape, TensorInfo, info_of
 from .ir.passes import RNG_STATE, infer_node, infer_shapes, resolve_attributes, set_training_mode, specialize
 from .ir.registry import get_op
+from .ir.rmsnorm import fuse_rms_norm
 from .losses import Loss, _matching_target, class_layout
 from .ops._util import ONNX_CODES
 from .optim import grad_scaler
@@ -359,6 +360,7 @@ def training_forward(model: Graph, input_shapes: dict[str, Shape], precision: st
     _add_buffer(g, RNG_STATE, np.zeros(2, np.uint32))
     g = specialize(g, input_shapes)
     fuse_gelu(g)  # before autodiff: the backward is one GeluGrad
+    fuse_rms_norm(g)  # likewise one RMSNormGrad
     fuse_attention(g)  # before autodiff (the backward is FusedAttentionGrad) and before autocast's Casts
     return _at_precision(g, precision)
 
@@ -477,6 +479,7 @@ def build_inference(model: Graph, input_shapes: dict[str, Shape], precision: str
     """The model in inference mode (running statistics, no dropout) for one input shape."""
     g = specialize(set_training_mode(model, False), input_shapes)
     fuse_gelu(g)
+    fuse_rms_norm(g)
     fuse_attention(g)
     return _at_precision(g, precision)
 

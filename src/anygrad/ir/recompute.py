@@ -23,7 +23,7 @@ CHEAP = frozenset({
     "Relu", "LeakyRelu", "Elu", "Selu", "Celu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Softplus",
     "Softsign", "Gelu", "Mish", "Erf", "Exp", "Log", "Sqrt", "Reciprocal", "Neg", "Abs", "Pow",
     "Add", "Sub", "Mul", "Div", "Max", "Min", "Cast", "Clip", "Where", "PRelu",
-    "BatchNormalization", "LayerNormalization",
+    "BatchNormalization", "LayerNormalization", "RMSNormalization",
 })
 # Of these, the ops whose other outputs (running statistics, saved mean) the copy computes unused.
 MULTI_OUTPUT = frozenset({"BatchNormalization", "LayerNormalization"})

@@ -1,5 +1,5 @@
-"""Transformer building blocks as composite ops: Attention (opset 23+), RMSNormalization,
-RotaryEmbedding, SwiGLU and CausalConvWithState.
+"""Transformer building blocks as composite ops: Attention (opset 23+), RotaryEmbedding, SwiGLU
+and CausalConvWithState (RMSNormalization is a primitive: ops/norm.py).
 
 Each is an `expand` rule over primitive ops (MatMul, Softmax, Where, Concat, Conv...): once input
 shapes are static `specialize` replaces the node by its expansion, so these ops differentiate
@@ -201,25 +201,6 @@ def _attention(b: Builder, node: Node) -> list[str]:
 
 
 defop("Attention", infer=_attention_infer, expand=_attention, nondiff=[3, 6])
-
-
-# -- RMSNormalization ------------------------------------------------------------------------
-def _rms_normalization(b: Builder, node: Node) -> list[str]:
-    x, scale = node.inputs[:2]
-    dtype = b.dtype(x)
-    rank = len(b.shape(x))
-    axis = norm_axis(int(node.attr("axis", -1)), rank)
-    stash = onnx_dtype(node.attr("stash_type", 1), node)
-    xs = b.op("Cast", [x], to=ONNX_CODES[stash]) if stash != dtype else x
-    mean_sq = b.op("ReduceMean", [b.op("Mul", [xs, xs]), _i64(b, list(range(axis, rank)))], keepdims=1)
-    eps = _scalar(b, float(node.attr("epsilon", 1e-5)), stash)
-    normed = b.op("Div", [xs, b.op("Sqrt", [b.op("Add", [mean_sq, eps])])])
-    if stash != dtype:
-        normed = b.op("Cast", [normed], to=ONNX_CODES[np.dtype(dtype)])
-    return [b.op("Mul", [normed, scale])]
-
-
-defop("RMSNormalization", infer=same_as_first, expand=_rms_normalization)
 
 
 # -- RotaryEmbedding -------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""Normalisations over the features of each sample: LayerNormalization, GroupNormalization,
-InstanceNormalization (BatchNormalization, which normalises over the batch, lives in nn.py).
+"""Normalisations over the features of each sample: LayerNormalization, RMSNormalization,
+GroupNormalization, InstanceNormalization (BatchNormalization, which normalises over the batch,
+lives in nn.py).
 
 All three standardise x over some axes and apply a scale and bias. Their backward passes share
 one formula (see `_normalize_backward`) and are two internal ops: LayerNormGrad and
@@ -104,6 +105,54 @@ defop("LayerNormalization", infer=_ln_infer, forward=_ln_forward, grad=_ln_grad)
 # Inputs dy, x, scale (attrs axis, epsilon) -> dx, and d scale / d bias over x.shape[axis:]
 # (the rule sums those down to the scale's and bias's own, possibly broadcast, shapes).
 defop("LayerNormGrad", internal=True, infer=_ln_grad_infer, forward=_ln_grad_forward)
+
+
+# -- RMSNormalization (ONNX opset 23; Llama's, T5's and Mistral's norm) ------------------------------
+# LayerNorm without the mean: y = x / sqrt(mean(x^2) + eps) * scale, over x.shape[axis:]. A
+# primitive, not an expansion into Pow/ReduceMean/Sqrt/Div, so that its forward is one read of
+# each row and its backward one RMSNormGrad; ir/rmsnorm.py turns the exporters' written-out form
+# into it.
+def _rms(x: np.ndarray, axes: tuple, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """(xhat, 1/rms) over `axes`, the statistic with kept dims."""
+    inv = 1.0 / np.sqrt(np.mean(x * x, axis=axes, keepdims=True) + eps)
+    return x * inv, inv
+
+
+def _rms_forward(node, ins):
+    x, scale = ins[0], ins[1]
+    dt = _compute_dtype(x, node.attr("stash_type", 1))
+    xhat, _ = _rms(x.astype(dt), _ln_axes(node, x.ndim), float(node.attr("epsilon", 1e-5)))
+    return (xhat * scale.astype(dt)).astype(x.dtype)
+
+
+def _rms_grad(g: GradContext):
+    x, scale = g.x[0], g.x[1]
+    dx, dscale = g.ops("RMSNormGrad", [g.dy, x, scale], 2, axis=int(g.node.attr("axis", -1)),
+                       epsilon=float(g.node.attr("epsilon", 1e-5)))
+    return [dx if g.need(0) else None, g.unbroadcast(dscale, g.shape(scale)) if g.need(1) else None]
+
+
+def _rms_grad_forward(node, ins):
+    """dx = inv * (g - xhat * mean(g * xhat)) with g = dy * scale (the LayerNorm formula with no
+    mean term); dscale = sum of dy * xhat over the leading axes."""
+    dy, x, scale = ins
+    axes = _ln_axes(node, x.ndim)
+    dt = _compute_dtype(x)
+    xhat, inv = _rms(x.astype(dt), axes, float(node.attr("epsilon", 1e-5)))
+    dy = dy.astype(dt)
+    gh = dy * scale.astype(dt)
+    dx = inv * (gh - xhat * np.mean(gh * xhat, axis=axes, keepdims=True))
+    return dx.astype(x.dtype), np.sum(dy * xhat, axis=tuple(range(axes[0]))).astype(x.dtype)
+
+
+def _rms_grad_infer(node, ins):
+    return _ln_grad_infer(node, ins)[:2]
+
+
+defop("RMSNormalization", infer=lambda node, ins: [TensorInfo(ins[0].dtype, tuple(ins[0].shape))],
+      forward=_rms_forward, grad=_rms_grad)
+# Inputs dy, x, scale (attrs axis, epsilon) -> dx, and d scale over x.shape[axis:].
+defop("RMSNormGrad", internal=True, infer=_rms_grad_infer, forward=_rms_grad_forward)
 
 
 # -- GroupNormalization / InstanceNormalization ------------------------------------------------

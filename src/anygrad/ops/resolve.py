@@ -118,7 +118,8 @@ def _shape_attr_rank(node: Node, ins: Ins) -> int:
 # the axis counts in)
 AXIS: dict[str, tuple[int | None, Callable[[Node, Ins], int]]] = {
     **{op: (-1, _rank()) for op in ("Softmax", "LogSoftmax", "SoftmaxGrad", "LogSoftmaxGrad", "Hardmax",
-                                    "LayerNormalization", "LayerNormGrad", "TopK")},
+                                    "LayerNormalization", "LayerNormGrad", "RMSNormalization", "RMSNormGrad",
+                                    "TopK")},
     **{op: (0, _rank()) for op in ("Gather", "GatherElements", "ScatterElements", "Scatter", "ArgMax", "ArgMin")},
     **{op: (1, _rank()) for op in ("Flatten", "QuantizeLinear", "DequantizeLinear")},
     "Concat": (None, _rank()),

@@ -454,11 +454,12 @@ def _layer_norm_setup(site: Site, stash_type: int = 1):
     """(normalised axes, epsilon, compute dtype) as ops.norm reads them: the axes from `axis` to
     the last; float64 inputs (or stash_type 11, double) compute in float64, all else in float32."""
     import torch
-    rank = len(site.shape(0 if site.node.op == "LayerNormalization" else 1))
+    x_slot = 0 if site.node.op in ("LayerNormalization", "RMSNormalization") else 1  # else a gradient: dy first
+    rank = len(site.shape(x_slot))
     axis = int(site.resolved("axis"))
     if not 0 <= axis < rank:
         return None
-    x_dtype = site.dtype(0 if site.node.op == "LayerNormalization" else 1)
+    x_dtype = site.dtype(x_slot)
     double = x_dtype == np.float64 or int(stash_type) == 11
     return list(range(axis, rank)), float(site.attr("epsilon", 1e-5)), torch.float64 if double else torch.float32
 
@@ -556,6 +557,47 @@ def _layer_norm_grad(site: Site):
         # the bias argument only shapes d bias (sum of dy): scale has its shape and dtype
         return list(backward(dy, x, norm, mean, inv, scale, scale, mask))
     return layer_norm_grad
+
+
+# RMSNormalization and RMSNormGrad (ops/norm.py's formulas; aten has no fused backward to reuse)
+@lowering("RMSNormalization")
+def _rms_norm(site: Site):
+    """(x, scale) -> x / sqrt(mean(x^2) + eps) * scale over x.shape[axis:]."""
+    if not is_float(site.dtype(0)):
+        return None
+    setup = _layer_norm_setup(site, site.attr("stash_type", 1))
+    if setup is None:
+        return None
+    axes, eps, dt = setup
+    import torch
+
+    def rms_norm(ins):
+        x = ins[0].to(dt)
+        return [x * torch.rsqrt((x * x).mean(dim=axes, keepdim=True) + eps) * ins[1].to(dt)]
+    return rms_norm
+
+
+@lowering("RMSNormGrad")
+def _rms_norm_grad(site: Site):
+    """(dy, x, scale) -> dx = inv * (g - xhat * mean(g * xhat)) with g = dy * scale, and d scale
+    (dy * xhat summed over the leading axes)."""
+    if not all(is_float(site.dtype(k)) for k in (0, 1, 2)):
+        return None
+    setup = _layer_norm_setup(site)
+    if setup is None:
+        return None
+    axes, eps, dt = setup
+    lead = list(range(axes[0]))
+    import torch
+
+    def rms_norm_grad(ins):
+        dy, x = ins[0].to(dt), ins[1].to(dt)
+        inv = torch.rsqrt((x * x).mean(dim=axes, keepdim=True) + eps)
+        xhat = x * inv
+        g = dy * ins[2].to(dt)
+        dx = inv * (g - xhat * (g * xhat).mean(dim=axes, keepdim=True))
+        return [dx, (dy * xhat).sum(dim=lead) if lead else dy * xhat]
+    return rms_norm_grad
 
 
 def _layer_norm_grad_ops(axes: list[int], eps: float, dt: Any):

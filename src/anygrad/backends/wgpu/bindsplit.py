@@ -29,7 +29,7 @@ from .wgsl import shape_of
 
 ALIGN = 256  # bytes: every adapter's min-storage-buffer-offset-alignment is at most this
 _BATCH_OPS = frozenset({"Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "ConvGradInput"})
-_ROWWISE = frozenset({"Softmax", "LogSoftmax", "LayerNormalization"})
+_ROWWISE = frozenset({"Softmax", "LogSoftmax", "LayerNormalization", "RMSNormalization"})
 
 
 def _rows_value(graph: Graph, v: str, lead: int, rank: int) -> bool:

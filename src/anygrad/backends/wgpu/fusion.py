@@ -86,8 +86,8 @@ def _residual_fits(graph: Graph, gemm: Node, other: str, out: str, reshaped: boo
 
 
 # Row kernels whose first output may take a residual Add (input 3, attr `_residual`): in the
-# backward pass, the residual stream's gradient plus a LayerNorm's input gradient.
-ROW_RESIDUAL_OPS = frozenset({"LayerNormGrad"})
+# backward pass, the residual stream's gradient plus a LayerNorm's (an RMSNorm's) input gradient.
+ROW_RESIDUAL_OPS = frozenset({"LayerNormGrad", "RMSNormGrad"})
 
 
 def _fuse_row_residual(graph: Graph, add: Node, sole_input, producers: dict[str, Node], absorbed: set[int],

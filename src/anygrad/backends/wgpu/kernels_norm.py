@@ -1,5 +1,6 @@
-"""Feature normalisations: LayerNormalization, GroupNormalization / InstanceNormalization and
-their backward ops LayerNormGrad / GroupNormGrad (formulas: anygrad/ops/norm.py).
+"""Feature normalisations: LayerNormalization, RMSNormalization, GroupNormalization /
+InstanceNormalization and their backward ops LayerNormGrad / RMSNormGrad / GroupNormGrad
+(formulas: anygrad/ops/norm.py). RMSNorm is LayerNorm's kernels with a mean of zero.
 
 All of them standardise contiguous rows: LayerNorm's rows are x.shape[:axis] x (the rest),
 GroupNorm's are (N x groups) x (channels of the group x spatial). One kernel per row reads the
@@ -207,6 +208,14 @@ def _stat_post(d: int, eps: str) -> str:
             f"  let inv = 1.0 / sqrt(max(s2 / {fd} - m1 * m1, 0.0) + {eps});")
 
 
+# RMSNorm's statistic: no mean (0, so that LayerNorm's stores and gradient formulas apply as written)
+_RMS_SUMS = [("s2", "X[e] * X[e]")]
+
+
+def _rms_post(d: int, eps: str) -> str:
+    return f"  let m1 = 0.0;\n  let mean = 0.0;\n  let inv = 1.0 / sqrt(s2 / {literal(d, 'f32')} + {eps});"
+
+
 # -- LayerNormalization -----------------------------------------------------------------------
 def _ln_spec(node: Node, graph: Graph, x: str, scale: str) -> RowSpec:
     shape = shape_of(graph, x)
@@ -237,6 +246,27 @@ def lower_layer_norm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel
                         sg=use_subgroups(caps), per_row=per_row)]
 
 
+@lowering("RMSNormalization")
+def lower_rms_norm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    x, scale = node.inputs[0], node.inputs[1]
+    spec = _ln_spec(node, graph, x, scale)
+    eps = literal(float(node.attr("epsilon", 1e-5)), "f32")
+    return [_row_kernel("RMSNorm", spec, _RMS_SUMS, _rms_post(spec.d, eps), "Y[e] = X[e] * inv * SC[p];",
+                        [("X", x), ("SC", scale)], [("Y", node.outputs[0])], sg=use_subgroups(caps))]
+
+
+@lowering("RMSNormGrad")
+def lower_rms_norm_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    dy, x, scale = node.inputs[:3]
+    dx, dscale = (list(node.outputs) + ["", ""])[:2]
+    spec = _ln_spec(node, graph, x, scale)
+    eps = literal(float(node.attr("epsilon", 1e-5)), "f32")
+    return _norm_grad("RMSNormGrad", spec, eps, dy, x, scale, dx, [
+        (dscale, "dy_xhat", spec.d, spec.rows, f"let row = q; let e = q * {spec.d}u + o;"),
+    ], use_subgroups(caps), columns=True, caps=caps, residual=node.input(3) if node.attr("_residual") else "",
+        centered=False)
+
+
 @lowering("LayerNormGrad")
 def lower_layer_norm_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     dy, x, scale = node.inputs[:3]
@@ -251,16 +281,22 @@ def lower_layer_norm_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[K
 
 
 def _norm_grad(name: str, spec: RowSpec, eps: str, dy: str, x: str, scale: str, dx: str, sums: list,
-               sg: bool, columns: bool = False, caps: AdapterCaps | None = None, residual: str = "") -> list[Kernel]:
+               sg: bool, columns: bool = False, caps: AdapterCaps | None = None, residual: str = "",
+               centered: bool = True) -> list[Kernel]:
     """dx by rows (keeping mean and 1/std per row in a scratch), then each parameter gradient
     (columns: entries are neighbours in memory, summed by _column_sum). `residual`: a value of
-    dx's shape added to it in the store (fusion.ROW_RESIDUAL_OPS)."""
+    dx's shape added to it in the store (fusion.ROW_RESIDUAL_OPS). centered=False: RMSNorm's
+    (mean 0: no mean term in dx, and the kept mean is 0)."""
     st = f"normgrad.{dx or sums[0][0]}"
     sc = (Scratch(st, 2 * spec.rows),)
-    row_sums = _STAT_SUMS + [("s3", "DY[e] * SC[p]"), ("s4", "DY[e] * SC[p] * (X[e] - K)")]
     fd = literal(spec.d, "f32")
-    # mg = mean(dy * scale), mgx = mean(dy * scale * xhat) = inv * (s4 - (mean - K) * s3) / d
-    post = _stat_post(spec.d, eps) + f"\n  let mg = s3 / {fd};\n  let mgx = inv * (s4 - m1 * s3) / {fd};"
+    if centered:
+        row_sums = _STAT_SUMS + [("s3", "DY[e] * SC[p]"), ("s4", "DY[e] * SC[p] * (X[e] - K)")]
+        # mg = mean(dy * scale), mgx = mean(dy * scale * xhat) = inv * (s4 - (mean - K) * s3) / d
+        post = _stat_post(spec.d, eps) + f"\n  let mg = s3 / {fd};\n  let mgx = inv * (s4 - m1 * s3) / {fd};"
+    else:
+        row_sums = _RMS_SUMS + [("s4", "DY[e] * SC[p] * X[e]")]
+        post = _rms_post(spec.d, eps) + f"\n  let mg = 0.0;\n  let mgx = inv * s4 / {fd};"
     keep = "ST[2u * row] = mean; ST[2u * row + 1u] = inv;"
     store = ""
     writes = [("ST", st)]
