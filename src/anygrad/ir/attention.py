@@ -33,6 +33,7 @@ import os
 import numpy as np
 
 from .graph import Graph, Node, info_of
+from .lookup import Lookup
 from .passes import infer_node
 
 MAX_HEAD_DIM = 128  # the wgpu kernels keep a query/key row per invocation: head dims up to this
@@ -43,22 +44,11 @@ def enabled() -> bool:
     return os.environ.get("ANYGRAD_FUSE_ATTENTION", "0") not in ("", "0")
 
 
-class _Ctx:
+class _Ctx(Lookup):
     def __init__(self, graph: Graph):
-        self.g = graph
-        self.producer = graph.producers()
-        self.users = graph.consumers()
-        self.pinned = set(graph.outputs) | set(graph.state_updates)
+        super().__init__(graph)
         self.trainable = _reached_by(graph, set(graph.params))
         self.new_nodes: list[Node] = []
-
-    def const(self, name: str) -> np.ndarray | None:
-        info = self.g.info.get(name)
-        return None if info is None or info.const is None else np.asarray(info.const)
-
-    def scalar(self, name: str) -> float | None:
-        c = self.const(name)
-        return float(c.reshape(())) if c is not None and c.size == 1 and c.dtype.kind == "f" else None
 
     def only_reader(self, name: str, node: Node) -> bool:
         """`node` is the one reader of `name`, which is no graph output: it may disappear."""

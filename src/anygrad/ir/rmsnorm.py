@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .graph import Graph, Node, info_of
+from .lookup import Lookup
 from .passes import infer_node
 
 
@@ -38,21 +39,7 @@ class _Chain:
     nodes: list[Node]
 
 
-class _Graph:
-    """The lookups a match needs: producers, readers, constants."""
-
-    def __init__(self, graph: Graph):
-        self.g, self.producer, self.users = graph, graph.producers(), graph.consumers()
-        self.pinned = set(graph.outputs) | set(graph.state_updates)
-
-    def const(self, name: str) -> np.ndarray | None:
-        info = self.g.info.get(name)
-        return None if info is None or info.const is None else np.asarray(info.const)
-
-    def scalar(self, name: str) -> float | None:
-        c = self.const(name)
-        return float(c.reshape(())) if c is not None and c.size == 1 and c.dtype.kind == "f" else None
-
+class _Graph(Lookup):
     def only(self, name: str, *ops: str) -> Node | None:
         """The producer of `name` (one of `ops`) when the chain is its value's only reader."""
         node = self.producer.get(name)
