@@ -151,6 +151,18 @@ def test_rms_normalization():
              lambda x, s: x / (x.pow(2).mean(dim=(1, 2), keepdim=True) + 1e-3).sqrt() * s)
 
 
+@pytest.mark.parametrize("axis,sign", [(-1, 1), (1, -1)])
+def test_rotate_half(axis, sign):
+    """RotateHalf (ir/rotary.py's fused rotate_half) and its gradient, the same op with the sign flipped."""
+    rng = np.random.default_rng(11)
+    x = _randn(rng, 2, 4, 6)
+
+    def ref(x):
+        x1, x2 = x.chunk(2, dim=axis)
+        return torch.cat((-x2, x1) if sign == 1 else (x2, -x1), dim=axis)
+    check_op("RotateHalf", [x], {"axis": axis, "sign": sign}, ref)
+
+
 @pytest.mark.parametrize("interleaved", [0, 1])
 @pytest.mark.parametrize("rotary_dim", [0, 4])
 def test_rotary_embedding(interleaved, rotary_dim):

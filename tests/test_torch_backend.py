@@ -660,6 +660,12 @@ def test_rms_norm_runs_on_torch(dtype, axis, epsilon):
                        lowered=("RMSNormGrad",))
 
 
+@pytest.mark.parametrize("axis, sign", [(-1, 1), (1, -1)])
+def test_rotate_half_runs_on_torch(axis, sign):
+    x = np.random.default_rng(4).standard_normal((2, 4, 6)).astype(np.float32)
+    _agrees_with_numpy("RotateHalf", [x], {"axis": axis, "sign": sign}, diff=(0,))
+
+
 def test_layer_norm_stash_type_double_keeps_float64_statistics():
     r = np.random.default_rng(1)
     x, scale = r.standard_normal((3, 5)).astype(np.float32), r.standard_normal(5).astype(np.float32)

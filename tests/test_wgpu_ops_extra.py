@@ -55,6 +55,12 @@ def test_rms_norm(shape, axis, scale_shape):
     check_wgpu("RMSNormalization", [x, randn(*scale_shape)], {"axis": axis, "epsilon": 1e-5}, rtol=5e-4, atol=5e-5)
 
 
+@pytest.mark.parametrize("shape,axis,sign", [((2, 3, 4, 16), -1, 1), ((2, 3, 4, 6), -1, -1), ((2, 6, 5), 1, 1)])
+def test_rotate_half(shape, axis, sign):
+    """RotateHalf: vec4 halves (head dim 16), scalar halves of 3, a middle axis."""
+    check_wgpu("RotateHalf", [randn(*shape)], {"axis": axis, "sign": sign})
+
+
 def test_layer_norm_stat_outputs():
     x = randn(4, 6)
     check_wgpu("LayerNormalization", [x, randn(6), randn(6)], {"axis": -1}, n_outputs=3, rtol=2e-4, atol=2e-5)

@@ -22,6 +22,7 @@ from .ir.graph import Graph, Node, Shape, TensorInfo, info_of
 from .ir.passes import RNG_STATE, infer_node, infer_shapes, resolve_attributes, set_training_mode, specialize
 from .ir.registry import get_op
 from .ir.rmsnorm import fuse_rms_norm
+from .ir.rotary import fuse_rotate_half
 from .losses import Loss, _matching_target, class_layout
 from .ops._util import ONNX_CODES
 from .optim import grad_scaler
@@ -361,6 +362,7 @@ def training_forward(model: Graph, input_shapes: dict[str, Shape], precision: st
     g = specialize(g, input_shapes)
     fuse_gelu(g)  # before autodiff: the backward is one GeluGrad
     fuse_rms_norm(g)  # likewise one RMSNormGrad
+    fuse_rotate_half(g)  # and one RotateHalf
     fuse_attention(g)  # before autodiff (the backward is FusedAttentionGrad) and before autocast's Casts
     return _at_precision(g, precision)
 
@@ -480,6 +482,7 @@ def build_inference(model: Graph, input_shapes: dict[str, Shape], precision: str
     g = specialize(set_training_mode(model, False), input_shapes)
     fuse_gelu(g)
     fuse_rms_norm(g)
+    fuse_rotate_half(g)
     fuse_attention(g)
     return _at_precision(g, precision)
 

@@ -119,7 +119,7 @@ def _shape_attr_rank(node: Node, ins: Ins) -> int:
 AXIS: dict[str, tuple[int | None, Callable[[Node, Ins], int]]] = {
     **{op: (-1, _rank()) for op in ("Softmax", "LogSoftmax", "SoftmaxGrad", "LogSoftmaxGrad", "Hardmax",
                                     "LayerNormalization", "LayerNormGrad", "RMSNormalization", "RMSNormGrad",
-                                    "TopK")},
+                                    "TopK", "RotateHalf")},
     **{op: (0, _rank()) for op in ("Gather", "GatherElements", "ScatterElements", "Scatter", "ArgMax", "ArgMin")},
     **{op: (1, _rank()) for op in ("Flatten", "QuantizeLinear", "DequantizeLinear")},
     "Concat": (None, _rank()),

@@ -685,3 +685,28 @@ def merge_slice_grads(graph: Graph, b: Builder, terms: list[str]) -> list[str]:
         merged = b.op("Concat", pieces, axis=axis)
         out = [t for t in out if t not in {p[2] for p in parts}] + [merged]
     return out
+
+
+# -- RotateHalf (internal: rotary embeddings' rotate_half, fused by ir/rotary.py) -------------------
+# y = concat(-sign * x2, sign * x1) along `axis`, x1 and x2 the halves of x there: Llama's
+# rotate_half (sign 1) is Slice, Slice, Neg and Concat written out. Its gradient is the same op
+# with the sign flipped (d x1 = sign * dy2, d x2 = -sign * dy1).
+def _rotate_half_infer(node: Node, ins):
+    shape = tuple(ins[0].shape)
+    axis = norm_axis(int(node.attr("axis", -1)), len(shape))
+    if not 0 <= axis < len(shape) or shape[axis] % 2:
+        raise ShapeError(f"{node.label}: RotateHalf needs an even dimension at axis {node.attr('axis', -1)}, "
+                         f"got shape {shape}")
+    return [TensorInfo(ins[0].dtype, shape)]
+
+
+def _rotate_half(node: Node, ins):
+    x = ins[0]
+    axis, sign = norm_axis(int(node.attr("axis", -1)), x.ndim), int(node.attr("sign", 1))
+    x1, x2 = np.split(x, 2, axis=axis)
+    return np.concatenate([-sign * x2, sign * x1], axis=axis).astype(x.dtype)
+
+
+defop("RotateHalf", internal=True, infer=_rotate_half_infer, forward=_rotate_half,
+      grad=lambda g: [g.op("RotateHalf", [g.dy], axis=int(g.node.attr("axis", -1)),
+                           sign=-int(g.node.attr("sign", 1)))])

@@ -36,6 +36,18 @@ def _concat(site: Site):
     return lambda ins: [torch.cat([x for x in ins if x is not None], dim=axis)]
 
 
+@lowering("RotateHalf")
+def _rotate_half(site: Site):
+    """concat(-sign * x2, sign * x1) of x's halves along axis (ops/shape.py)."""
+    import torch
+    axis, sign = int(site.resolved("axis")), int(site.attr("sign", 1))
+
+    def rotate(ins):
+        x1, x2 = torch.chunk(ins[0], 2, dim=axis)
+        return [torch.cat((-x2, x1) if sign == 1 else (x2, -x1), dim=axis)]
+    return rotate
+
+
 @lowering("Gather")
 def _gather(site: Site):
     import torch

@@ -243,6 +243,26 @@ def table_gather(name: str, src: str, dst: str, ty: str, in_shape: Sequence[int]
                   (src,) + ((fill_value,) if fill_value else ()), (dst,))
 
 
+@lowering("RotateHalf")
+def lower_rotate_half(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
+    """concat(-sign * x2, sign * x1) of x's halves along axis: one gather an element (a vec4 one
+    where the halves are whole vec4 runs of the last axis, as a rotary head dim's are)."""
+    x, y = node.inputs[0], node.outputs[0]
+    shape = shape_of(graph, x)
+    axis, sign = int(resolved(node, "axis")), int(node.attr("sign", 1))
+    d, inner, ty = shape[axis], math.prod(shape[axis + 1:]), vtype(graph, x)
+    width = 4 if inner == 1 and (d // 2) % 4 == 0 and vec_enabled() else 1
+    n, d = math.prod(shape) // width, d // width
+    half = d // 2 * inner
+    vty = f"vec4<{ty}>" if width == 4 else ty
+    first, second = ("-", "") if sign == 1 else ("", "-")
+    body = (f"  {flat_id()}\n  if (i >= {n}u) {{ return; }}\n"
+            f"  if ((i / {inner}u) % {d}u < {d // 2}u) {{ y[i] = {first}x[i + {half}u]; }}"
+            f" else {{ y[i] = {second}x[i - {half}u]; }}")
+    return [Kernel(f"RotateHalf{'x4' if width == 4 else ''}", shader(bindings([("x", vty)], [("y", vty)]), body),
+                   grid(n), (x,), (y,))]
+
+
 @lowering("Tile")
 def lower_tile(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     x, y = node.inputs[0], node.outputs[0]
