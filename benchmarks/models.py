@@ -123,6 +123,27 @@ def _hf_gpt2(vocab: int, seq: int, d: int, heads: int, layers: int):
     return LM()
 
 
+def _hf_llama(vocab: int, seq: int, d: int, heads: int, kv_heads: int, mlp: int, layers: int):
+    """Hugging Face's LlamaForCausalLM (RMSNorm, rotary embeddings, SwiGLU MLP, grouped-query
+    attention, untied head) at the given sizes, logits flattened to (N*T, vocab)."""
+    import torch
+    import transformers
+
+    cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=d, intermediate_size=mlp, num_hidden_layers=layers,
+                                   num_attention_heads=heads, num_key_value_heads=kv_heads,
+                                   max_position_embeddings=max(seq, 1024), tie_word_embeddings=False)
+
+    class LM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = transformers.LlamaForCausalLM(cfg)
+
+        def forward(self, tokens):
+            return self.m(input_ids=tokens).logits.reshape(-1, vocab)
+
+    return LM()
+
+
 @dataclass(frozen=True)
 class Spec:
     """One benchmark model: how to build it and what one batch of it looks like."""
@@ -189,6 +210,9 @@ MODELS: dict[str, Spec] = {
     "hfgpt2s": Spec(lambda: _hf_gpt2(50257, 256, 768, 12, 12), "tokens", (256,), 50257, (8,), False, False,
                     "Hugging Face GPT2LMHeadModel, GPT-2 small (12 layers, d 768, 12 heads, vocab 50,257, T 256, "
                     "tied head)", (2,)),
+    "hfllama": Spec(lambda: _hf_llama(2048, 128, 256, 4, 2, 688, 4), "tokens", (128,), 2048, (128,), False, False,
+                    "Hugging Face LlamaForCausalLM with the GPT's sizes (4 layers, d 256, 4 heads, 2 KV heads, "
+                    "SwiGLU 688, T 128, vocab 2048)", (8,)),
 }
 ISSUE11 = ("resnet18", "mobilenetv2", "gpt", "vit")
 LR, MOMENTUM = 0.01, 0.9
