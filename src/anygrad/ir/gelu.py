@@ -19,9 +19,8 @@ from __future__ import annotations
 import math
 import os
 
-import numpy as np
-
 from .graph import Graph, Node
+from .lookup import Lookup
 from .passes import infer_node
 
 _K = math.sqrt(2.0 / math.pi)
@@ -34,17 +33,11 @@ def enabled() -> bool:
 class _Match:
     """The nodes of one candidate chain; it fails (ValueError) at the first thing that differs."""
 
-    def __init__(self, graph: Graph, producer: dict[str, Node], users: dict[str, list]):
-        self.g, self.producer, self.users = graph, producer, users
-        self.pinned = set(graph.outputs) | set(graph.state_updates)
+    def __init__(self, look: Lookup):
+        self.g, self.producer, self.users = look.g, look.producer, look.users
+        self.pinned = look.pinned
+        self.scalar = look.scalar
         self.nodes: list[Node] = []
-
-    def scalar(self, name: str) -> float | None:
-        info = self.g.info.get(name)
-        if info is None or info.const is None:
-            return None
-        c = np.asarray(info.const)
-        return float(c.reshape(())) if c.size == 1 and c.dtype.kind == "f" else None
 
     def take(self, name: str, *ops: str) -> Node:
         """The producer of `name` (one of `ops`), which the chain is the only reader of."""
@@ -80,16 +73,16 @@ class _Match:
         raise ValueError(name)
 
 
-def _match(graph: Graph, tanh: Node, producer: dict, users: dict) -> tuple[str, str, list[Node]] | None:
+def _match(look: Lookup, tanh: Node) -> tuple[str, str, list[Node]] | None:
     """(x, the chain's output, its nodes) for the GELU around this Tanh, else None."""
-    m = _Match(graph, producer, users)
+    m, graph, users = _Match(look), look.g, look.users
     try:
         inner = m.split(m.take(tanh.inputs[0], "Mul"), _K)
         add = m.take(inner, "Add")
         x = None
         for cubed_scaled, cand in ((add.inputs[1], add.inputs[0]), (add.inputs[0], add.inputs[1])):
             try:
-                trial = _Match(graph, producer, users)
+                trial = _Match(look)
                 if trial.cube_of(trial.split(trial.take(cubed_scaled, "Mul"), 0.044715)) == cand:
                     m.nodes += trial.nodes
                     x = cand
@@ -143,13 +136,14 @@ def fuse_gelu(graph: Graph) -> int:
     """Rewrite every written-out tanh GELU in place; returns how many were fused."""
     if not enabled() or not any(n.op == "Tanh" for n in graph.nodes):
         return 0
-    producer, users = graph.producers(), graph.consumers()
+    look = Lookup(graph)
+    producer = look.producer
     replaced: dict[int, Node] = {}  # id of the chain's last node -> its Gelu
     gone: set[int] = set()
     for node in graph.nodes:
         if node.op != "Tanh" or id(node) in gone:
             continue
-        found = _match(graph, node, producer, users)
+        found = _match(look, node)
         if found is None or any(id(n) in gone for n in found[2]):
             continue
         x, out, nodes = found

@@ -1,4 +1,4 @@
-"""What the pattern passes (ir/attention.py, ir/rmsnorm.py) ask of a graph while they match: who
+"""What the pattern passes (ir/gelu.py, attention.py, rmsnorm.py, rotary.py) ask of a graph as they match: who
 makes and who reads each value, which values must stay (outputs, state updates), and constants."""
 from __future__ import annotations
 
