@@ -265,3 +265,25 @@ def test_pipelines_built_in_the_background_are_the_ones_used(tuning):
     backend.pipelines([(broken, "main_broken", ro, "Broken[1]")], wait=False)
     with pytest.raises(Exception, match="Broken"):
         backend.pipeline(broken, "main_broken", ro, "Broken[1]")
+
+
+def test_compile_times_say_where_a_compile_went(tuning):
+    """WgpuExecutable.compile_times: the first compile tunes the three GEMM shapes and builds the
+    step's pipelines; a second one (a new backend, as a new process) looks the winners up, times
+    nothing, finds the pipelines the first one built in this process, and says whether its plan
+    came from the disk cache."""
+    from anygrad.backends.wgpu import pipeline_cache
+    # shapes no other test of this process compiles, so its pipelines are new
+    feeds = {"x": rnd(3, 5, 20, seed=8), "W": rnd(20, 36, seed=9), "b": rnd(36, seed=10)}
+    graph = _graph(feeds, [Node("MatMul", ["x", "W"], ["xw"], name="mm"), Node("Add", ["xw", "b"], ["y"], name="add")],
+                   "y", grad=True)
+    _, _, exe = run_both(graph, feeds)
+    t = exe.compile_times
+    assert (t.tuned_shapes, t.from_plan_cache) == (3, False)
+    assert t.tune_candidates == autotune.stats["candidates"] >= 6
+    assert t.tune_s > 0 and t.plan_s > 0 and t.pipelines_built > 0
+    hits = pipeline_cache.stats["hits"]
+    _, _, exe2 = run_both(graph, feeds, backend=wgpu_backend())
+    t2 = exe2.compile_times
+    assert (t2.tuned_shapes, t2.tune_candidates, t2.pipelines_built) == (0, 0, 0)
+    assert t2.from_plan_cache == (pipeline_cache.stats["hits"] > hits)
