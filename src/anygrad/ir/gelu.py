@@ -20,8 +20,7 @@ import math
 import os
 
 from .graph import Graph, Node
-from .lookup import Lookup
-from .passes import infer_node
+from .lookup import Lookup, replace_chains
 
 _K = math.sqrt(2.0 / math.pi)
 
@@ -151,10 +150,4 @@ def fuse_gelu(graph: Graph) -> int:
         gelu = Node("Gelu", [x], [out], {"approximate": "tanh"}, name=graph.fresh("gelu"))
         gone.update(id(n) for n in nodes)
         replaced[id(last)] = gelu
-    if not replaced:
-        return 0
-    graph.nodes = [replaced.get(id(n), n) for n in graph.nodes if id(n) in replaced or id(n) not in gone]
-    for gelu in replaced.values():
-        infer_node(graph, gelu)
-    graph.dce()
-    return len(replaced)
+    return replace_chains(graph, replaced, gone)

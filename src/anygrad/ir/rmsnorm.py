@@ -21,8 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .graph import Graph, Node, info_of
-from .lookup import Lookup
-from .passes import infer_node
+from .lookup import Lookup, replace_chains
 
 
 def enabled() -> bool:
@@ -150,10 +149,4 @@ def fuse_rms_norm(graph: Graph) -> int:
         last = m.producer[chain.out]
         gone.update(id(n) for n in chain.nodes)
         replaced[id(last)] = rms
-    if not replaced:
-        return 0
-    graph.nodes = [replaced.get(id(n), n) for n in graph.nodes if id(n) in replaced or id(n) not in gone]
-    for rms in replaced.values():
-        infer_node(graph, rms)
-    graph.dce()
-    return len(replaced)
+    return replace_chains(graph, replaced, gone)

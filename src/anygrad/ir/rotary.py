@@ -15,8 +15,7 @@ from __future__ import annotations
 import os
 
 from .graph import Graph, Node
-from .lookup import Lookup
-from .passes import infer_node
+from .lookup import Lookup, replace_chains
 
 
 def enabled() -> bool:
@@ -83,10 +82,4 @@ def fuse_rotate_half(graph: Graph) -> int:
             found = _match(m, node)
             if found is not None:
                 replaced[id(node)] = found
-    if not replaced:
-        return 0
-    graph.nodes = [replaced.get(id(n), n) for n in graph.nodes]
-    for rot in replaced.values():
-        infer_node(graph, rot)
-    graph.dce()  # the Slices and the Neg, read by nothing now
-    return len(replaced)
+    return replace_chains(graph, replaced, set())  # the Slices and the Neg go as unread

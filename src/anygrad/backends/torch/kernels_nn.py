@@ -452,9 +452,13 @@ def _softmax(site: Site):
 # -- LayerNormalization ---------------------------------------------------------------------------
 def _layer_norm_setup(site: Site, stash_type: int = 1):
     """(normalised axes, epsilon, compute dtype) as ops.norm reads them: the axes from `axis` to
-    the last; float64 inputs (or stash_type 11, double) compute in float64, all else in float32."""
+    the last; float64 inputs (or stash_type 11, double) compute in float64, all else in float32.
+    None where torch cannot run the node (x, or a gradient's dy, x and scale, not floats; an axis
+    out of range)."""
     import torch
     x_slot = 0 if site.node.op in ("LayerNormalization", "RMSNormalization") else 1  # else a gradient: dy first
+    if not all(is_float(site.dtype(k)) for k in ((0,) if x_slot == 0 else (0, 1, 2))):
+        return None
     rank = len(site.shape(x_slot))
     axis = int(site.resolved("axis"))
     if not 0 <= axis < rank:
@@ -499,8 +503,6 @@ def _ln_cell(site: Site, x: str, axes: list[int], eps: float) -> list | None:
 @lowering("LayerNormalization")
 def _layer_norm(site: Site):
     """(x, scale, bias?) -> y [, mean, 1/std] in the stash dtype (the runtime casts)."""
-    if not is_float(site.dtype(0)):
-        return None
     setup = _layer_norm_setup(site, site.attr("stash_type", 1))
     if setup is None:
         return None
@@ -537,8 +539,6 @@ def _layer_norm_ops(axes: list[int], eps: float, dt: Any):
 def _layer_norm_grad(site: Site):
     """(dy, x, scale) -> dx, d scale and d bias over x.shape[axis:] (summed over the leading,
     batch-like axes). Recomputes the statistics from x, as the reference kernel does."""
-    if not all(is_float(site.dtype(k)) for k in (0, 1, 2)):
-        return None
     setup = _layer_norm_setup(site)
     if setup is None:
         return None
@@ -563,8 +563,6 @@ def _layer_norm_grad(site: Site):
 @lowering("RMSNormalization")
 def _rms_norm(site: Site):
     """(x, scale) -> x / sqrt(mean(x^2) + eps) * scale over x.shape[axis:]."""
-    if not is_float(site.dtype(0)):
-        return None
     setup = _layer_norm_setup(site, site.attr("stash_type", 1))
     if setup is None:
         return None
@@ -581,8 +579,6 @@ def _rms_norm(site: Site):
 def _rms_norm_grad(site: Site):
     """(dy, x, scale) -> dx = inv * (g - xhat * mean(g * xhat)) with g = dy * scale, and d scale
     (dy * xhat summed over the leading axes)."""
-    if not all(is_float(site.dtype(k)) for k in (0, 1, 2)):
-        return None
     setup = _layer_norm_setup(site)
     if setup is None:
         return None
