@@ -202,16 +202,19 @@ class TimestampProfiler:
         finally:
             self.readback.unmap()
 
+    def _pairs_ns(self, t: np.ndarray) -> np.ndarray:
+        """End minus beginning of each name's pair of timestamps."""
+        k = len(self.names)
+        return np.maximum(t[1:2 * k:2] - t[0:2 * k:2], 0).astype(np.float64)
+
     def collect_ns(self) -> np.ndarray:
         """Wait for the submitted work; nanoseconds of each name's pass (encode_runs)."""
-        t, k = self._read(), len(self.names)
-        return np.maximum(t[1:2 * k:2] - t[0:2 * k:2], 0).astype(np.float64)
+        return self._pairs_ns(self._read())
 
     def collect(self) -> None:
         """Wait for the submitted work and add its times."""
         t = self._read()
-        k = len(self.names)
-        self.sum_ns += np.maximum(t[1:2 * k:2] - t[0:2 * k:2], 0)
+        self.sum_ns += self._pairs_ns(t)
         self.runs += 1
         if self._whole:
             w = self.whole_at // 8

@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -467,11 +467,13 @@ class WgpuBackend(Backend):
     def pipeline(self, wgsl: str, entry: str, read_only: tuple[bool, ...], name: str) -> Any:
         key = (wgsl, entry, read_only)
         if key not in self.ctx.pipelines:
-            pending = self.ctx.pending.pop(key, None)
-            try:
-                self.ctx.pipelines[key] = pending.result() if pending else self._create_pipeline(key, name)
-            except Exception:  # noqa: BLE001  (built again here, so its error is raised on this thread)
-                self.ctx.pipelines[key] = self._create_pipeline(key, name)
+            pending, pipe = self.ctx.pending.pop(key, None), None
+            if pending is not None:
+                try:
+                    pipe = pending.result()
+                except Exception:  # noqa: BLE001, S110  (built again below: its error is raised on this thread)
+                    pass
+            self.ctx.pipelines[key] = pipe if pipe is not None else self._create_pipeline(key, name)
         return self.ctx.pipelines[key]
 
     def supports(self, op: str | Node) -> bool:
@@ -581,7 +583,7 @@ class CompileTimes:
     from_plan_cache: bool = False
 
     def as_dict(self) -> dict:
-        return dict(self.__dict__)
+        return asdict(self)
 
 
 class WgpuExecutable(Executable):
