@@ -87,6 +87,7 @@ def batches(kind: str, shape: tuple, classes: int, n: int, count: int, seed: int
 def run(args: argparse.Namespace) -> None:
     import anygrad
     from anygrad.distributed import DataParallel, ProcessGroup, device_list, rank_device, world_from_env
+    from anygrad.distributed.launch import BUCKET_BYTES
     from anygrad.optim import SGD
     world = world_from_env()
     group = ProcessGroup(world) if world is not None else None
@@ -134,6 +135,8 @@ def run(args: argparse.Namespace) -> None:
               "breakdown_ms": {k: round(v, 3) for k, v in sorted(breakdown.items())},
               "first_step_s": first_s, "loss": metrics.get("loss"),
               "hold_parts": model.parallel.hold_parts if model.parallel is not None else None,
+              "polls_freely": bool(getattr(getattr(model.backend, "ctx", None), "polls_freely", False)),
+              "bucket_mb": BUCKET_BYTES / (1 << 20),
               "params": model.num_parameters()}
     if rank == 0:
         print(json.dumps(result), flush=True)
@@ -256,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for f in args.files:
             got = json.loads(Path(f).read_text())
-            rows += got if isinstance(got, list) else [got]
+            rows += got if isinstance(got, list) else [{"case": Path(f).stem, **got}]
         print(table(rows))
     else:
         run(args)

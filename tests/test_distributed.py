@@ -216,19 +216,21 @@ def test_devices_of_one_process_train_like_one_device(tiny, devices):
         m.parallel.check_replicas()
 
 
-def test_uneven_shares_by_speed_keep_the_loss_weighting_exact(tiny):
+@pytest.mark.parametrize("devices", ["cpu,cpu", "wgpu:0,wgpu:0", "wgpu:0,cpu"])
+def test_uneven_shares_by_speed_keep_the_loss_weighting_exact(tiny, devices):
     """balance() times each device and shares batches by speed; shares 12 and 4 of 16 (an iGPU beside a
-    dGPU) train like one device, each device's gradient weighted by its share."""
+    dGPU) train like one device, each device's gradient weighted by its share: summed on the host
+    (cpu), straight into the devices' upload memory (wgpu), or both (a GPU beside the CPU)."""
     model, _, x, y = tiny
     x, y = x[:48], y[:48]
     losses, state, _ = _reference(model, x, y)
-    m = anygrad.load_onnx(str(model)).compile(optimizer=Adam(lr=0.01), device="cpu,cpu", accumulate=2, clip_norm=1.0)
+    m = anygrad.load_onnx(str(model)).compile(optimizer=Adam(lr=0.01), device=devices, accumulate=2, clip_norm=1.0)
 
     def before(epoch: int, i: int) -> None:
-        if epoch == 0 and i == 2:
+        if epoch == 0 and i == 2 and devices != "wgpu:0,cpu":  # unlike devices balance by themselves
             m.parallel.balance(steps=1)
         if epoch == 1 and i == 1:
-            assert m.parallel.speeds is not None and len(m.parallel.speeds) == 2
+            assert devices == "wgpu:0,cpu" or m.parallel.speeds is not None and len(m.parallel.speeds) == 2
             m.parallel.speeds = [3.0, 1.0]  # as measured beside a device three times slower
             assert m.parallel.shares(16) == [12, 4]
     got = _epochs(m, x, y, before=before)
@@ -468,19 +470,25 @@ def test_device_shards_are_uploaded_through_mapped_buffers(tiny, monkeypatch, th
     assert {"upload0", "upload1"} <= set(m.parallel.breakdown())
 
 
-@pytest.mark.parametrize("hold", ["1", "0"])
+@pytest.mark.parametrize("hold", ["free", "1", "0"])
 def test_buckets_are_read_back_during_the_backward_pass(tiny, monkeypatch, hold):
     """Tiny buckets on two lavapipe devices: each bucket's copy is encoded right after the kernel that
     finishes it (WgpuExecutable.taps), the step is submitted in parts, and training is unchanged.
-    With held parts (the default) a bucket's mapping is asked for right after the part copying it
-    is submitted and before any later part is (wgpu-py resolves a mapping only with the newest
-    submission), and a reader thread takes the buckets while the rest is submitted."""
-    from anygrad.backends.wgpu import WgpuBackend
+    Where the device polls without blocking (poller.py, "free") every part is submitted as it is
+    encoded, its mappings asked for at once. Where it blocks ("1": parts held, "0": none), a
+    bucket's mapping is asked for right after the part copying it is submitted and before any
+    later part is (wgpu-py then resolves a mapping only with the newest submission). A reader
+    thread takes the buckets while the rest is submitted."""
+    from anygrad.backends.wgpu import WgpuBackend, runtime
     from anygrad.devices import list_adapters
     from anygrad.distributed import parallel
     if not list_adapters():
         pytest.fail("no wgpu adapter: install mesa-vulkan-drivers (lavapipe)")
-    monkeypatch.setenv("ANYGRAD_WGPU_HOLD_PARTS", hold)
+    if hold != "free":  # the executables plan as for a blocking poll thread
+        monkeypatch.setenv("ANYGRAD_WGPU_HOLD_PARTS", hold)
+        for ctx in list(runtime._CONTEXTS.values()):
+            monkeypatch.setattr(ctx, "polls_freely", False)
+        monkeypatch.setattr(runtime, "poll_freely", lambda device: False)  # devices opened now
     monkeypatch.setattr(parallel, "BUCKET_BYTES", 64 * 4)  # fc1.weight alone, then the rest
     submits: list[tuple[int, int]] = []  # (backend, map requests run right after this submit)
     plain = WgpuBackend.submit
@@ -516,11 +524,11 @@ def test_buckets_are_read_back_during_the_backward_pass(tiny, monkeypatch, hold)
     assert [k for k in range(len(buckets)) if ready[k] is not None] == sorted(
         (k for k in ready if ready[k] is not None), key=lambda k: ready[k])  # taken in the order they finish
     parts = m.parallel.breakdown()
-    assert {"run0", "run1", "compute_wait0", "sum", "write_back", "update", "step"} <= set(parts)
+    assert {"run0", "run1", "compute_wait0", "write_back", "update", "step"} <= set(parts)
     asked = [k for k, (_, n) in enumerate(submits) if n]
     per_device = [sum(1 for k in asked if submits[k][0] == id(r.backend)) for r in m.parallel.replicas]
     assert "anygrad-readback" in readers
-    if hold == "1":  # maps asked mid-step, with later parts still to come from the same device
+    if hold in ("free", "1"):  # maps asked mid-step, with later parts still to come from the same device
         assert any(b == submits[k][0] for k in asked for b, _ in submits[k + 1:k + 3])
         assert min(per_device) >= 2
     else:  # one update: every map asked at its last submission
@@ -545,7 +553,7 @@ def test_hold_parts_is_timed_then_kept(tiny, monkeypatch):
     tried = []
     plain = parallel.DataParallel._hold_for_this_update
     monkeypatch.setattr(parallel.DataParallel, "_hold_for_this_update",
-                        lambda self: tried.append(plain(self)) or tried[-1])
+                        lambda self, exe: tried.append(plain(self, exe)) or tried[-1])
     n = 1 + parallel.HOLD_TRIALS * len(parallel.HOLD_CANDIDATES)
     for _ in range(n + 1):
         m.train_step(x[:16], y[:16])

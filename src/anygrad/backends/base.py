@@ -92,5 +92,12 @@ class Backend(ABC):
             self.set_state(n, flat[off:off + size].reshape(shape))
             off += size
 
+    def import_view(self, names: Sequence[str]) -> tuple[np.ndarray, Callable[[], None]] | None:
+        """import_states in two halves, for backends that upload from memory the host writes
+        directly (wgpu's mapped upload buffers): a writable float32 vector laid out as `flat`, and
+        the function that puts it into the states (which must be called, also after an error).
+        None where there is no such memory: use import_states."""
+        return None
+
     def get_state_shape(self, name: str) -> tuple:
         return tuple(self.get_state(name).shape)

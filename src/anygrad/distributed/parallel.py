@@ -48,7 +48,9 @@ from .sampler import ShardedLoader
 # What each phase of Model._next_phase becomes: gradients only, the update runs after the sum.
 GRADIENT_PHASE = {"step": "first", "first": "first", "accumulate": "accumulate", "apply": "accumulate"}
 UPDATES = ("step", "apply")
-SUM_CHUNK = 1 << 20  # float32 elements a thread sums at a time (4 MB)
+# float32 elements a thread sums at a time (1 MB: an 8 MB bucket spreads over 8 threads, and a
+# chunk's sum stays in the thread's cache on its way to every device's upload memory)
+SUM_CHUNK = 1 << 18
 
 
 def device_list(device: Any) -> list[Any] | None:
@@ -147,12 +149,14 @@ class DataParallel:
         self.speeds: list[float] | None = None  # samples/s per device, once balance() measured them
         self._timing, self._timed_steps, self._times = False, 0, []
         self._pool: Any = None  # a thread per device, made at the first step
+        self._write_pool: Any = None  # _writer()
         self._buckets: list[tuple[tuple[str, ...], int, int]] | None = None
         self._host: list[np.ndarray] = []
         self._arrived: list[set[int]] = []
         self._ordered = False  # buckets sorted by when the program finishes them (_order_buckets)
         self._ready = [queue.SimpleQueue() for _ in self.replicas]
         self._first_read: set[int] = set()  # devices whose first bucket of this update arrived
+        self._scratch = threading.local()  # _write_back's per-thread sum buffers
         self.timings: dict[str, float] = {}
         self.steps = 0
         self._sizes: list[int] = []  # this micro-batch's shares (AllReduceSum's weights)
@@ -302,7 +306,7 @@ class DataParallel:
         self._sizes = sizes
         if update and not self._ordered:  # before the devices start: their threads index the buckets
             self._order_buckets(jobs[0][2])
-        hold = self._hold_for_this_update() if update else None
+        hold = self._hold_for_this_update(jobs[0][2]) if update else None
         trial = hold is not None and self.hold_parts is None and self.updates >= 1  # not the compiling one
         if self._meet is not None:
             self._meet.ready()
@@ -406,9 +410,12 @@ class DataParallel:
             exe._bucket_ready = held
         return held[1]
 
-    def _hold_for_this_update(self) -> int | None:
+    def _hold_for_this_update(self, exe: Any) -> int | None:
         """hold_parts for this update's gradient phases: the fixed or chosen value, or the next
-        trial (after a first update, which compiles); the trials done, the faster by median."""
+        trial (after a first update, which compiles); the trials done, the faster by median.
+        None where the executable holds nothing back (a device whose mappings resolve mid-step)."""
+        if not getattr(exe, "holds_parts", True):
+            return None
         if self.hold_parts is not None or not self._ordered:
             return self.hold_parts
         if self.updates < 1:  # the first update compiles: not timed
@@ -511,49 +518,48 @@ class DataParallel:
             self._arrived[i].add(got)
 
     def _reduce_and_update(self, futures: list[Any]) -> None:
-        """As each bucket arrives from every device: the devices' parts summed into device 0's
-        buffer (weighted by their shares of the batch: exact with uneven shares, no new arrays),
-        then all-reduced through gloo (started at once, several buckets in flight); then each
-        bucket written back to every device as soon as it is reduced, and the update run everywhere
-        (the devices in parallel)."""
+        """As each bucket arrives from every device: without other ranks, the devices' parts
+        summed (weighted by their shares of the batch: exact with uneven shares) straight into
+        every device's upload memory, one pass over the host's threads (_write_back); with
+        ranks, summed into device 0's buffer and all-reduced through gloo (started at once,
+        several buckets in flight), then written back as each finishes. Then the update runs
+        everywhere (the devices in parallel)."""
         counts = self._group_counts
         flat = self._host[0]
         several = len(self.replicas) > 1
         ranks = self.group is not None and self.group.size > 1
-        scale = np.float32(1.0 / self.group.size) if ranks else None
-        works: dict[int, Any] = {}
-        pending: list[int] = []  # reduced or reducing, not yet written back (in bucket order)
+        total = float(sum(counts))
+        equal = len(set(counts)) == 1
+        local = ([1.0 / len(counts)] * len(counts)) if equal else [n / total for n in counts]
+        written: list[Future] = []  # the write-back thread's, one a bucket, in bucket order
 
-        def finish(k: int) -> None:  # bucket k is summed over every replica: back to every device
+        def finish(k: int, work: Any) -> None:  # bucket k's gloo sum: scaled, back to every device
             names, a, b = self._buckets[k]
-            if ranks:
-                t = time.perf_counter()
-                works.pop(k).wait()
-                np.multiply(flat[a:b], scale, out=flat[a:b])
-                self._spent("all_reduce_wait", t)
             t = time.perf_counter()
-            # the devices in parallel: an upload is a host copy into wgpu's staging memory
-            _parallel.map_shares(lambda rs: [r.backend.import_states(names, flat[a:b]) for r in rs],
-                                 self.replicas, blas=False)
-            self._spent("write_back", t)
+            work.wait()
+            self._spent("all_reduce_wait", t)
+            self._write_back(names, [flat[a:b]], [1.0 / self.group.size], True)
 
-        for k, (_, a, b) in enumerate(self._buckets):
-            for i in range(len(self.replicas)):
-                self._await(i, k, futures)
-            t = time.perf_counter()
-            if several:
-                self._sum_bucket(a, b, counts)
-            self._spent("sum", t)
-            if not (several or self.group is not None):
-                continue
-            if ranks:
-                works[k] = self.group.all_reduce_start(flat[a:b], k)
-            pending.append(k)
-            # write back what gloo has finished while later buckets are still on their way
-            while pending and (not ranks or works[pending[0]].is_completed()):
-                finish(pending.pop(0))
-        for k in pending:
-            finish(k)
+        try:
+            for k, (names, a, b) in enumerate(self._buckets):
+                for i in range(len(self.replicas)):
+                    self._await(i, k, futures)
+                if not (several or self.group is not None):
+                    continue
+                if not ranks:
+                    self._write_back(names, [h[a:b] for h in self._host], local, equal)
+                    continue
+                t = time.perf_counter()
+                if several:
+                    self._sum_bucket(a, b, counts)
+                self._spent("sum", t)
+                # a thread of its own writes each bucket back as soon as gloo has it, while this one
+                # waits for the next bucket's readback
+                written.append(self._writer().submit(finish, k, self.group.all_reduce_start(flat[a:b], k)))
+        finally:
+            wait(written)
+        for f in written:
+            f.result()
         t = time.perf_counter()
         for f in [self._pool_submit(self._update_job, r) for r in self.replicas] if several else \
                 [_Done(self._update_job(self.replicas[0]))]:
@@ -565,9 +571,67 @@ class DataParallel:
             self.check_replicas()
             self._spent("hash", t)
 
+    def _writer(self) -> Any:
+        """The thread that writes all-reduced buckets back to the devices (one: in bucket order)."""
+        if self._write_pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+            self._write_pool = ThreadPoolExecutor(1, thread_name_prefix="anygrad-writeback")
+        return self._write_pool
+
+    def _write_back(self, names: tuple[str, ...], parts: list[np.ndarray], weights: list[float],
+                    equal: bool) -> None:
+        """Every replica's gradients `names` = the weighted sum of `parts` (equal weights: their sum
+        times the weight; else each part times its own, summed in order). Where every device
+        exposes its upload memory (Backend.import_view), each chunk is summed once in a
+        cache-sized scratch on one of the host's threads and copied into every device's memory;
+        else summed into parts[0] in place and written with import_states. The same values reach
+        every device either way, so the replicas stay equal."""
+        t = time.perf_counter()
+        views = [r.backend.import_view(names) for r in self.replicas]
+        try:
+            n = parts[0].size
+            direct = [v for v, _ in (got for got in views if got is not None)]
+            into = direct if all(got is not None for got in views) else [parts[0]]
+            scratch = self._scratch
+
+            def work(spans: list[tuple[int, int]]) -> list[None]:
+                if getattr(scratch, "buf", None) is None:
+                    scratch.buf, scratch.tmp = np.empty(SUM_CHUNK, np.float32), np.empty(SUM_CHUNK, np.float32)
+                for lo, hi in spans:
+                    out = scratch.buf[:hi - lo]
+                    if equal:
+                        np.copyto(out, parts[0][lo:hi]) if len(parts) == 1 else \
+                            np.add(parts[0][lo:hi], parts[1][lo:hi], out=out)
+                        for part in parts[2:]:
+                            np.add(out, part[lo:hi], out=out)
+                        if weights[0] != 1.0:
+                            np.multiply(out, np.float32(weights[0]), out=out)
+                    else:
+                        np.multiply(parts[0][lo:hi], np.float32(weights[0]), out=out)
+                        for part, w in zip(parts[1:], weights[1:]):
+                            tmp = scratch.tmp[:hi - lo]
+                            np.multiply(part[lo:hi], np.float32(w), out=tmp)
+                            np.add(out, tmp, out=out)
+                    for dst in into:
+                        np.copyto(dst[lo:hi], out)
+                return [None] * len(spans)
+
+            spans = [(lo, min(lo + SUM_CHUNK, n)) for lo in range(0, n, SUM_CHUNK)]
+            _parallel.map_shares(work, spans, min(len(spans), _parallel.workers()), blas=False)
+            for (r, got) in zip(self.replicas, views):
+                if got is None:
+                    r.backend.import_states(names, parts[0])
+                elif into is not direct:
+                    np.copyto(got[0], parts[0])
+        finally:
+            for got in views:
+                if got is not None:
+                    got[1]()
+        self._spent("write_back", t)
+
     def _sum_bucket(self, a: int, b: int, counts: list[int]) -> None:
         """flat[a:b] = the devices' parts weighted by their shares, in place in device 0's buffer, in
-        chunks of a few MB over the CPU's threads (memory-bound: one thread does not saturate it).
+        chunks over the CPU's threads (memory-bound: one thread does not saturate it).
         Equal shares (the usual case) add, then scale once; uneven ones weight each part first."""
         total = float(sum(counts))
         equal = len(set(counts)) == 1
@@ -603,9 +667,11 @@ class DataParallel:
         uploading its shard (upload<i> of it, on a GPU), encoding and submitting its gradient phase: on a GPU the host's part,
         on a CPU device the whole computation; with --sync-batchnorm also the waits for the other
         replicas), compute_wait<i> (device i finishing the step up to its first bucket and that
-        bucket's readback), readback<i> (waiting for its other buckets), sum (host sum of the devices' parts), all_reduce_wait (gloo beyond what overlapped),
-        write_back (uploads of the reduced gradient), update (the update programs), hash, and step
-        (the whole). The device threads' parts overlap the main thread's ones."""
+        bucket's readback), readback<i> (waiting for its other buckets), sum (with ranks: host sum
+        of this process's devices' parts), all_reduce_wait (the write-back thread waiting for gloo
+        beyond what overlapped), write_back (the reduced gradient into the devices' upload memory;
+        without ranks, summed on the way), update (the update programs), hash, and step (the
+        whole). The device threads' and the write-back thread's parts overlap the main thread's."""
         steps = max(1, self.steps)
         out = {k: 1000.0 * v / steps for k, v in self.timings.items()}
         if reset:

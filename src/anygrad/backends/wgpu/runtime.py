@@ -30,6 +30,7 @@ from .kernel import REGISTRY, AdapterCaps, ops_where
 from .kernels_collective import HOST_PREFIX
 from .limits import LimitsProfile, get_profile, parse_size
 from .planner import MemoryReport, Root, fit_plan, memory_report, recompute_elementwise, value_bytes
+from .poller import poll_freely
 from .profiling import StepProfile, live_profiler, profile_dispatches, wall_ms
 from .shader_module import create_shader_module
 from .wgsl import np_device_dtype
@@ -61,6 +62,7 @@ class _Context:
     layouts: dict
     pending: dict = field(default_factory=dict)  # pipeline key -> Future of a build in the background
     f16_problem: str | None = None  # the f16 self-test's finding: None not run yet, "" passed
+    polls_freely: bool = False  # its poll thread does not block (poller.py): maps resolve mid-step
 
 
 _CONTEXTS: dict[tuple[int, str], _Context] = {}
@@ -87,7 +89,7 @@ def _context(info: AdapterInfo, adapter: Any, profile: LimitsProfile | None = No
         has_subgroups="subgroup" in device.features, has_f16="shader-f16" in device.features,
         is_cpu=info.is_software, memory_budget=profile.memory_budget if profile else None,
         limits_profile=profile.name if profile else "")
-    ctx = _Context(info, device, caps, {}, {})
+    ctx = _Context(info, device, caps, {}, {}, polls_freely=poll_freely(device))
     _CONTEXTS[key] = ctx
     return ctx
 
@@ -195,6 +197,7 @@ class WgpuBackend(Backend):
         self.arenas: dict[str, Any] = {}  # arena value -> (buffer, ArenaSpec)
         self.generation = 0   # bumped when a state buffer is replaced (bind groups must follow)
         self._export_bufs: dict[tuple, tuple[Any, int]] = {}  # export_states_async's, per list of names
+        self._import_bufs: dict[tuple, Any] = {}  # import_states' mapped upload buffers, per list of names
         self._unflushed = 0   # bytes written by write_buffer since the last submit (staging held)
         self._flush_probe: Any = None
         self._hooks: list[Callable[[], None]] = []  # map requests of copies in the encoder being built
@@ -209,6 +212,7 @@ class WgpuBackend(Backend):
         at once. wgpu-py's poll thread waits for the newest submission whenever a mapping is
         pending, so a map asked for only after later parts were submitted resolves at their end."""
         self.device.queue.submit([command_buffer])
+        self._unflushed = 0  # the writes before it are in this submission: their staging goes with it
         for hook in hooks:
             hook()
 
@@ -368,12 +372,67 @@ class WgpuBackend(Backend):
         return finish
 
     def import_states(self, names: Sequence[str], flat: np.ndarray) -> None:
-        """Each state's slice of the float32 vector `flat`, written in place (no new buffers)."""
+        """Each state's slice of the float32 vector `flat`, written in place (no new buffers):
+        through import_view where there is one (filled over the host's threads), else
+        write_buffer per span."""
+        got = self.import_view(names)
+        if got is not None:
+            view, commit = got
+            try:
+                _parallel.copy(view, flat[:view.size])
+            finally:
+                commit()
+            return
         spans = self._float32_spans(names)
         if spans is None:
             return super().import_states(names, flat)
         for buf, at, nbytes, off in spans:
             self.upload(buf, at, flat[off // 4:(off + nbytes) // 4])
+
+    def import_view(self, names: Sequence[str]) -> tuple[np.ndarray, Callable[[], None]] | None:
+        """The float32 states `names` back to back as a mapped upload buffer of their own (kept
+        between calls), and the commit that unmaps it and copies each span into its state (one
+        submission): a gradient bucket written back mid-step, by the host straight into memory
+        the GPU copies from. None where the device's poll blocks (poller.py: the map would wait
+        for the whole step), the states are not all float32, or this wgpu-py cannot expose a
+        mapped range as memory."""
+        spans = self._float32_spans(names)
+        if spans is None or not self.ctx.polls_freely:
+            return None
+        total = sum(nbytes for _, _, nbytes, _ in spans)
+        if total == 0:
+            return np.empty(0, np.float32), lambda: None
+        wgpu = _wgpu()
+        key = tuple(names)
+        staging = self._import_bufs.get(key)
+        if staging is not None and staging.size < total:
+            staging.destroy()
+            staging = None
+        try:
+            if staging is not None:
+                staging.map_sync(wgpu.MapMode.WRITE)  # its last copy ran in an earlier step
+            else:
+                U = wgpu.BufferUsage
+                staging = self.device.create_buffer(size=total, usage=U.COPY_SRC | U.MAP_WRITE,
+                                                    mapped_at_creation=True, label="state import")
+                self._import_bufs[key] = staging
+            view = _write_view(staging, total)
+        except Exception as e:
+            raise _gpu_error(e, "writing gradients back") from e
+        if view is None:
+            staging.unmap()
+            return None
+
+        def commit() -> None:
+            try:
+                staging.unmap()
+                enc = self.device.create_command_encoder()
+                for buf, at, nbytes, off in spans:
+                    enc.copy_buffer_to_buffer(staging, off, buf, at, nbytes)
+                self.submit(enc.finish())
+            except Exception as e:
+                raise _gpu_error(e, "writing gradients back") from e
+        return view.view(np.float32), commit
 
     def _float32_spans(self, names: Sequence[str]) -> list[tuple[Any, int, int, int]] | None:
         """(buffer, byte offset, bytes, byte offset in the flat vector) of the float32 states
@@ -656,8 +715,10 @@ class WgpuExecutable(Executable):
         # the GPU): the caller's reader of the taps' copies starts there (DataParallel)
         self.encoded: Callable[[], None] | None = None
         # parts held so that the taps' copies map mid-step (_encode_dispatches; set by the caller,
-        # DataParallel, which times it); 0: every map asked after the last part
+        # DataParallel, which times it); 0: every map asked after the last part. Only where the
+        # device's poll thread blocks: elsewhere every part goes as it is encoded (holds_parts False).
         self.hold_parts = 0
+        self.holds_parts = not backend.ctx.polls_freely
         self._deferred: list[Callable[[], None]] = []
         # host steps (kernels_collective): AllReduceSum's data-parallel sums, run on the host
         self._host_steps = {k for k, st in enumerate(self.plan.steps) if st.kernel.name.startswith(HOST_PREFIX)}
@@ -925,21 +986,24 @@ class WgpuExecutable(Executable):
 
     def _encode_dispatches(self, enc: Any) -> tuple[Any, list[tuple[Any, list]]]:
         """The step's kernels in one compute pass, or with taps one pass per stretch between them:
-        at each tap the pass ends, the tap encodes its copies, and that part is finished. Parts
-        are submitted as they are encoded until one asks for a mapping; the later ones are held
-        and returned, to be submitted once the whole step is encoded, each right after the one
-        before it has run: while a mapping is pending, wgpu-py polls until the newest submission
-        is done and a submit waits for that poll (docs/wgpu-facts.md), so a mapping asked for after later
-        parts were submitted would resolve only at the end. A host step (with a data-parallel
-        reducer on this thread) ends the pass, submits and runs on the host.
-        Returns the encoder the rest of the step is encoded into, and the held parts."""
+        at each tap the pass ends, the tap encodes its copies, and that part is finished.
+        Where the device polls without blocking (poller.py) each part is submitted as it is
+        encoded and its mappings asked for at once: each resolves when its part has run.
+        Elsewhere parts are submitted as they are encoded until one asks for a mapping; the later
+        ones are held and returned, to be submitted once the whole step is encoded, each right
+        after the one before it has run: while a mapping is pending, wgpu-py polls until the
+        newest submission is done and a submit waits for that poll (docs/wgpu-facts.md), so a
+        mapping asked for after later parts were submitted would resolve only at the end.
+        A host step (with a data-parallel reducer on this thread) ends the pass, submits and runs
+        on the host. Returns the encoder the rest of the step is encoded into, and the held parts."""
         at, n = 0, len(self._dispatches)
         hosted = {k - 1 for k in self._host_steps} if self._host_steps and collective.has_reducer() else set()
         held: list[tuple[Any, list]] = []
         asked = False
+        free = self.backend.ctx.polls_freely
         # Until the first tap nothing waits on a mapping: the first kernels go in doubling chunks,
         # so the GPU starts while the rest is encoded.
-        cap = self.hold_parts
+        cap = 1 if free else self.hold_parts
         deferred: list[Callable[[], None]] = []  # cap 0: every map asked after the last part
         first = min((k for k in self.taps if k < n), default=-1) if cap else -1
         early = {c - 1 for c in (EARLY_CHUNK << j for j in range(32)) if 0 < c <= first}
@@ -962,7 +1026,7 @@ class WgpuExecutable(Executable):
                 held, asked, deferred = [], False, []
                 enc = self._host_step(enc, cut + 1)
                 at = cut + 2
-            elif cut in early and not asked:
+            elif (cut in early and not asked) or (free and cut in self.taps and cut < n - 1):
                 self.backend.submit(enc.finish(), self.backend.take_hooks())
                 enc = self.backend.device.create_command_encoder()
             elif cut in self.taps and cut < n - 1 and not cap:
