@@ -580,8 +580,10 @@ class DataParallel:
         else summed into parts[0] in place and written with import_states. The same values reach
         every device either way, so the replicas stay equal."""
         t = time.perf_counter()
-        views = [r.backend.import_view(names) for r in self.replicas]
+        views: list[tuple[np.ndarray, Callable[[], None]] | None] = []
         try:
+            for r in self.replicas:  # acquired one by one: those mapped are committed whatever happens
+                views.append(r.backend.import_view(names))
             n = parts[0].size
             direct = [v for v, _ in (got for got in views if got is not None)]
             into = direct if all(got is not None for got in views) else [parts[0]]

@@ -209,8 +209,9 @@ class WgpuBackend(Backend):
 
     def submit(self, command_buffer: Any, hooks: Sequence[Callable[[], None]] = ()) -> None:
         """queue.submit, then `hooks`: mappings of buffers the submitted work copies into, asked for
-        at once. wgpu-py's poll thread waits for the newest submission whenever a mapping is
-        pending, so a map asked for only after later parts were submitted resolves at their end."""
+        at once. Where the device's poll thread blocks (wgpu-py's own: poller.py), it waits for
+        the newest submission whenever a mapping is pending, so a map asked for only after later
+        parts were submitted resolves at their end."""
         self.device.queue.submit([command_buffer])
         self._unflushed = 0  # the writes before it are in this submission: their staging goes with it
         for hook in hooks:
