@@ -549,8 +549,8 @@ class DataParallel:
                 self._write_back(names, [h[a:b] for h in self._host], local, equal)
                 continue
             t = time.perf_counter()
-            if several:
-                self._sum_bucket(a, b, counts)
+            if several:  # this process's devices first, into device 0's buffer
+                self._combine([h[a:b] for h in self._host], local, equal, [flat[a:b]])
             self._spent("sum", t)
             works[k] = self.group.all_reduce_start(flat[a:b], k)
             pending.append(k)
@@ -574,45 +574,18 @@ class DataParallel:
     def _write_back(self, names: tuple[str, ...], parts: list[np.ndarray], weights: list[float],
                     equal: bool) -> None:
         """Every replica's gradients `names` = the weighted sum of `parts` (equal weights: their sum
-        times the weight; else each part times its own, summed in order). Where every device
-        exposes its upload memory (Backend.import_view), each chunk is summed once in a
-        cache-sized scratch on one of the host's threads and copied into every device's memory;
-        else summed into parts[0] in place and written with import_states. The same values reach
-        every device either way, so the replicas stay equal."""
+        times the weight; else each part times its own, summed in order: _combine). Where every
+        device exposes its upload memory (Backend.import_view), the sum goes straight into every
+        device's memory; else into parts[0], then import_states. The same values reach every
+        device either way, so the replicas stay equal."""
         t = time.perf_counter()
         views: list[tuple[np.ndarray, Callable[[], None]] | None] = []
         try:
             for r in self.replicas:  # acquired one by one: those mapped are committed whatever happens
                 views.append(r.backend.import_view(names))
-            n = parts[0].size
             direct = [v for v, _ in (got for got in views if got is not None)]
             into = direct if all(got is not None for got in views) else [parts[0]]
-            scratch = self._scratch
-
-            def work(spans: list[tuple[int, int]]) -> list[None]:
-                if getattr(scratch, "buf", None) is None:
-                    scratch.buf, scratch.tmp = np.empty(SUM_CHUNK, np.float32), np.empty(SUM_CHUNK, np.float32)
-                for lo, hi in spans:
-                    out = scratch.buf[:hi - lo]
-                    if equal:
-                        np.copyto(out, parts[0][lo:hi]) if len(parts) == 1 else \
-                            np.add(parts[0][lo:hi], parts[1][lo:hi], out=out)
-                        for part in parts[2:]:
-                            np.add(out, part[lo:hi], out=out)
-                        if weights[0] != 1.0:
-                            np.multiply(out, np.float32(weights[0]), out=out)
-                    else:
-                        np.multiply(parts[0][lo:hi], np.float32(weights[0]), out=out)
-                        for part, w in zip(parts[1:], weights[1:]):
-                            tmp = scratch.tmp[:hi - lo]
-                            np.multiply(part[lo:hi], np.float32(w), out=tmp)
-                            np.add(out, tmp, out=out)
-                    for dst in into:
-                        np.copyto(dst[lo:hi], out)
-                return [None] * len(spans)
-
-            spans = [(lo, min(lo + SUM_CHUNK, n)) for lo in range(0, n, SUM_CHUNK)]
-            _parallel.map_shares(work, spans, min(len(spans), _parallel.workers()), blas=False)
+            self._combine(parts, weights, equal, into)
             for (r, got) in zip(self.replicas, views):
                 if got is None:
                     r.backend.import_states(names, parts[0])
@@ -624,30 +597,37 @@ class DataParallel:
                     got[1]()
         self._spent("write_back", t)
 
-    def _sum_bucket(self, a: int, b: int, counts: list[int]) -> None:
-        """flat[a:b] = the devices' parts weighted by their shares, in place in device 0's buffer, in
-        chunks over the CPU's threads (memory-bound: one thread does not saturate it).
-        Equal shares (the usual case) add, then scale once; uneven ones weight each part first."""
-        total = float(sum(counts))
-        equal = len(set(counts)) == 1
-        flat, parts = self._host[0], self._host[1:]
+    def _combine(self, parts: list[np.ndarray], weights: list[float], equal: bool,
+                 into: list[np.ndarray]) -> None:
+        """Every array of `into` = the weighted sum of `parts` (equal weights: their sum, in order,
+        times the weight; else each part times its own, summed in order), in chunks over the host's
+        threads (memory-bound: one thread does not saturate it). Each chunk is summed once in a
+        cache-sized scratch of its thread, then copied out, so `into` may hold parts[0]."""
+        scratch, n = self._scratch, parts[0].size
 
         def work(spans: list[tuple[int, int]]) -> list[None]:
+            if getattr(scratch, "buf", None) is None:
+                scratch.buf, scratch.tmp = np.empty(SUM_CHUNK, np.float32), np.empty(SUM_CHUNK, np.float32)
             for lo, hi in spans:
-                dst = flat[lo:hi]
+                out = scratch.buf[:hi - lo]
                 if equal:
-                    for part in parts:
-                        np.add(dst, part[lo:hi], out=dst)
-                    np.multiply(dst, np.float32(1.0 / len(counts)), out=dst)
-                    continue
-                np.multiply(dst, np.float32(counts[0] / total), out=dst)
-                for part, n in zip(parts, counts[1:]):
-                    src = part[lo:hi]
-                    np.multiply(src, np.float32(n / total), out=src)
-                    np.add(dst, src, out=dst)
+                    np.copyto(out, parts[0][lo:hi]) if len(parts) == 1 else \
+                        np.add(parts[0][lo:hi], parts[1][lo:hi], out=out)
+                    for part in parts[2:]:
+                        np.add(out, part[lo:hi], out=out)
+                    if weights[0] != 1.0:
+                        np.multiply(out, np.float32(weights[0]), out=out)
+                else:
+                    np.multiply(parts[0][lo:hi], np.float32(weights[0]), out=out)
+                    for part, w in zip(parts[1:], weights[1:]):
+                        tmp = scratch.tmp[:hi - lo]
+                        np.multiply(part[lo:hi], np.float32(w), out=tmp)
+                        np.add(out, tmp, out=out)
+                for dst in into:
+                    np.copyto(dst[lo:hi], out)
             return [None] * len(spans)
 
-        spans = [(lo, min(lo + SUM_CHUNK, b)) for lo in range(a, b, SUM_CHUNK)]
+        spans = [(lo, min(lo + SUM_CHUNK, n)) for lo in range(0, n, SUM_CHUNK)]
         _parallel.map_shares(work, spans, min(len(spans), _parallel.workers()), blas=False)
 
     def _update_job(self, r: Model) -> None:
