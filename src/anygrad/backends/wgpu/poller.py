@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 POLL_INTERVAL_S = 50e-6  # the host's sleep between polls while a mapping is pending (~0.1 ms latency)
@@ -27,8 +28,9 @@ def _native() -> tuple[Any, Any]:
     return ffi, libf
 
 
-def poll_freely(device: Any) -> bool:
-    """Make `device`'s poll thread poll without blocking; True if it now does."""
+def poll_freely(device: Any, sleep: Callable[[float], Any] = time.sleep) -> bool:
+    """Make `device`'s poll thread poll without blocking, `sleep`ing between polls while something
+    is pending; True if it now does."""
     if os.environ.get("ANYGRAD_WGPU_POLL", "").strip().lower() == "block":
         return False
     try:
@@ -44,7 +46,7 @@ def poll_freely(device: Any) -> bool:
         # Refers to the device's handle, not the device (as wgpu-py's own: no reference cycle).
         libf.wgpuDevicePoll(internal, False, null)
         if block:
-            time.sleep(POLL_INTERVAL_S)
+            sleep(POLL_INTERVAL_S)
 
     poller._poll_func = poll
     return True
