@@ -9,6 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from fusion_util import trains_like_pytorch as _trains_like_pytorch
+
 import anygrad
 from anygrad.program import training_forward
 
@@ -45,17 +47,7 @@ def _forward_ops(act) -> tuple[dict, anygrad.Model, torch.nn.Module]:
 def test_written_out_tanh_gelu_becomes_one_node_and_trains_like_pytorch(act):
     ops, model, module = _forward_ops(act)
     assert ops.get("Gelu") == 1 and "Tanh" not in ops and "Pow" not in ops
-    model.compile(loss="cross_entropy", optimizer=anygrad.optim.SGD(lr=0.1), device="cpu")
-    rng = np.random.default_rng(0)
-    opt = torch.optim.SGD(module.parameters(), lr=0.1)
-    for _ in range(3):
-        x = rng.standard_normal((4, 6)).astype(np.float32) * 2
-        y = rng.integers(0, 3, 4)
-        opt.zero_grad()
-        ref = torch.nn.functional.cross_entropy(module(torch.from_numpy(x)), torch.from_numpy(y))
-        ref.backward()
-        opt.step()
-        assert model.train_on_batch(x, y) == pytest.approx(ref.item(), rel=1e-5)
+    _trains_like_pytorch(model, module, "cpu")
     np.testing.assert_allclose(model.state_dict()["fc1.weight"], module.fc1.weight.detach().numpy(),
                                rtol=1e-5, atol=1e-6)
 

@@ -3,10 +3,11 @@ LlamaRMSNorm, nn.RMSNorm, a weightless one) become one RMSNormalization node, an
 it matches PyTorch on the numpy and wgpu backends; chains that differ stay as they are."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+
+from fusion_util import trains_like_pytorch as _trains_like_pytorch
 
 import anygrad
 from anygrad.program import training_forward
@@ -61,22 +62,6 @@ def _model(make):
 
 def _ops(model) -> dict:
     return training_forward(model.graph, {model.graph.inputs[0]: (4, 6)}).op_histogram()
-
-
-def _trains_like_pytorch(model, module, device: str, steps: int = 3, rtol: float = 1e-5) -> None:
-    model.compile(loss="cross_entropy", optimizer=anygrad.optim.SGD(lr=0.1), device=device)
-    rng = np.random.default_rng(0)
-    opt = torch.optim.SGD(module.parameters(), lr=0.1)
-    for _ in range(steps):
-        x = rng.standard_normal((4, 6)).astype(np.float32) * 2
-        y = rng.integers(0, 3, 4)
-        opt.zero_grad()
-        ref = torch.nn.functional.cross_entropy(module(torch.from_numpy(x)), torch.from_numpy(y))
-        ref.backward()
-        opt.step()
-        assert model.train_on_batch(x, y) == pytest.approx(ref.item(), rel=rtol)
-    for name, p in module.named_parameters():
-        np.testing.assert_allclose(model.state_dict()[name], p.detach().numpy(), rtol=10 * rtol, atol=1e-6)
 
 
 @pytest.mark.parametrize("norm", list(NORMS))

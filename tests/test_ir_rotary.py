@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from test_ir_rmsnorm import _trains_like_pytorch
+from fusion_util import trains_like_pytorch as _trains_like_pytorch
 
 import anygrad
 from anygrad.program import training_forward

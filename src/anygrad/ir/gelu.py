@@ -20,7 +20,7 @@ import math
 import os
 
 from .graph import Graph, Node
-from .lookup import Lookup, replace_chains
+from .lookup import Lookup, Match, fuse_chains
 
 _K = math.sqrt(2.0 / math.pi)
 
@@ -136,18 +136,11 @@ def fuse_gelu(graph: Graph) -> int:
     if not enabled() or not any(n.op == "Tanh" for n in graph.nodes):
         return 0
     look = Lookup(graph)
-    producer = look.producer
-    replaced: dict[int, Node] = {}  # id of the chain's last node -> its Gelu
-    gone: set[int] = set()
-    for node in graph.nodes:
-        if node.op != "Tanh" or id(node) in gone:
-            continue
-        found = _match(look, node)
-        if found is None or any(id(n) in gone for n in found[2]):
-            continue
+
+    def match(tanh: Node) -> Match | None:
+        found = _match(look, tanh)
+        if found is None:
+            return None
         x, out, nodes = found
-        last = producer[out]
-        gelu = Node("Gelu", [x], [out], {"approximate": "tanh"}, name=graph.fresh("gelu"))
-        gone.update(id(n) for n in nodes)
-        replaced[id(last)] = gelu
-    return replace_chains(graph, replaced, gone)
+        return nodes, out, lambda: Node("Gelu", [x], [out], {"approximate": "tanh"}, name=graph.fresh("gelu"))
+    return fuse_chains(look, "Tanh", match)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .graph import Graph, Node, info_of
-from .lookup import Lookup, replace_chains
+from .lookup import Lookup, Match, fuse_chains
 
 
 def enabled() -> bool:
@@ -130,23 +130,20 @@ def fuse_rms_norm(graph: Graph) -> int:
     if not enabled() or not any(n.op == "ReduceMean" for n in graph.nodes):
         return 0
     m = _Graph(graph)
-    replaced: dict[int, Node] = {}  # id of the chain's last node -> its RMSNormalization
-    gone: set[int] = set()
-    for node in graph.nodes:
-        if node.op != "ReduceMean" or id(node) in gone:
-            continue
-        chain = _match(m, node)
-        if chain is None or any(id(n) in gone for n in chain.nodes):
-            continue
-        scale = chain.weight
-        if scale is None:   # no weight: a scale of ones over the normalised dims
-            norm = graph.info[chain.x].shape[chain.axis:]
-            scale = graph.fresh("rmsnorm.ones")
-            graph.initializers[scale] = np.ones(norm, graph.info[chain.x].dtype)
-            graph.info[scale] = info_of(graph.initializers[scale])
-        rms = Node("RMSNormalization", [chain.x, scale], [chain.out], {"axis": chain.axis, "epsilon": chain.eps},
-                   name=graph.fresh("rmsnorm"))
-        last = m.producer[chain.out]
-        gone.update(id(n) for n in chain.nodes)
-        replaced[id(last)] = rms
-    return replace_chains(graph, replaced, gone)
+
+    def match(mean: Node) -> Match | None:
+        chain = _match(m, mean)
+        return None if chain is None else (chain.nodes, chain.out, lambda: _fused(graph, chain))
+    return fuse_chains(m, "ReduceMean", match)
+
+
+def _fused(graph: Graph, chain: _Chain) -> Node:
+    """The RMSNormalization that replaces `chain` (without a weight: a scale of ones, made here)."""
+    scale = chain.weight
+    if scale is None:
+        norm = graph.info[chain.x].shape[chain.axis:]
+        scale = graph.fresh("rmsnorm.ones")
+        graph.initializers[scale] = np.ones(norm, graph.info[chain.x].dtype)
+        graph.info[scale] = info_of(graph.initializers[scale])
+    return Node("RMSNormalization", [chain.x, scale], [chain.out], {"axis": chain.axis, "epsilon": chain.eps},
+                name=graph.fresh("rmsnorm"))

@@ -719,11 +719,15 @@ class WgpuExecutable(Executable):
         # DataParallel, which times it); 0: every map asked after the last part. Only where the
         # device's poll thread blocks: elsewhere every part goes as it is encoded (holds_parts False).
         self.hold_parts = 0
-        self.holds_parts = not backend.ctx.polls_freely
         self._deferred: list[Callable[[], None]] = []
         # host steps (kernels_collective): AllReduceSum's data-parallel sums, run on the host
         self._host_steps = {k for k, st in enumerate(self.plan.steps) if st.kernel.name.startswith(HOST_PREFIX)}
         self._host_staging: dict[int, Any] = {}
+
+    @property
+    def holds_parts(self) -> bool:
+        """Whether hold_parts matters: only where the device's poll thread blocks (poller.py)."""
+        return not self.backend.ctx.polls_freely
 
     # -- binding ----------------------------------------------------------------------------------
     def _buffer(self, r: Root) -> Any:
@@ -1001,12 +1005,12 @@ class WgpuExecutable(Executable):
         hosted = {k - 1 for k in self._host_steps} if self._host_steps and collective.has_reducer() else set()
         held: list[tuple[Any, list]] = []
         asked = False
-        free = self.backend.ctx.polls_freely
+        free = not self.holds_parts
+        cap = self.hold_parts
+        deferred: list[Callable[[], None]] = []  # cap 0: every map asked after the last part
         # Until the first tap nothing waits on a mapping: the first kernels go in doubling chunks,
         # so the GPU starts while the rest is encoded.
-        cap = 1 if free else self.hold_parts
-        deferred: list[Callable[[], None]] = []  # cap 0: every map asked after the last part
-        first = min((k for k in self.taps if k < n), default=-1) if cap else -1
+        first = min((k for k in self.taps if k < n), default=-1) if free or cap else -1
         early = {c - 1 for c in (EARLY_CHUNK << j for j in range(32)) if 0 < c <= first}
         for cut in sorted({k for k in self.taps if k < n} | hosted | {n - 1} | early):
             if cut >= at:
