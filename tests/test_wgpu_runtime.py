@@ -440,6 +440,49 @@ def test_export_and_import_states_merge_neighbours_in_one_buffer(wb):
         np.testing.assert_array_equal(wb.get_state(n), -2 * v)
 
 
+_LEFT_MAPPED = """
+import time
+import numpy as np
+from anygrad.devices import get_backend
+wb = get_backend("wgpu:0")
+v = np.arange(8, dtype=np.float32)
+out = np.zeros(8, np.float32)
+for k, settle in enumerate((0.0, 0.3)):  # the failed step's map still pending, then resolved
+    wb.set_state("g", v + k)
+    enc = wb.device.create_command_encoder()
+    wb.export_states_async(["g"], out, encoder=enc)  # a tap: the map is asked for at submit
+    wb.submit(enc.finish(), wb.take_hooks())  # ... and the step then failed: never read
+    time.sleep(settle)
+    wb.set_state("g", 10 * v + k)
+    wb.export_states_async(["g"], out)()  # the next step's read of the same bucket
+    assert (out == 10 * v + k).all(), out
+    view, commit = wb.import_view(["g"])  # a write-back that failed before its commit
+    view[:] = -1
+    view, commit = wb.import_view(["g"])
+    view[:] = 3 * v + k
+    commit()
+    assert (wb.get_state("g") == 3 * v + k).all(), wb.get_state("g")
+print("ok")
+"""
+
+
+def test_buffers_a_failed_step_left_mapped_are_reused_without_aborting(wb):
+    """A step that fails after a gradient bucket's map was asked for (a lost device, a failed
+    submit) leaves that kept buffer mapped or its map pending, and the write-back's upload view
+    mapped; wgpu-native aborts the whole process on a submit copying into a mapped buffer (CI
+    died of it). The next step unmaps them first and reads and writes the right values. In a
+    child process, so that a regression fails this test instead of killing the run."""
+    import subprocess
+    import sys
+    if not wb.ctx.polls_freely:
+        pytest.skip("import_view needs the non-blocking poll (ANYGRAD_WGPU_POLL=block is set)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [os.path.join(os.path.dirname(__file__), "..", "src"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", _LEFT_MAPPED], check=False, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+
+
 def test_parallel_copy_and_large_read(wb, monkeypatch):
     """A copy split over threads (small pieces forced) equals np.copyto; a read that takes that
     path returns the buffer's bytes."""

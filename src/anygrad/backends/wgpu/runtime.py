@@ -6,6 +6,7 @@ buffer, submit one new command buffer, and map the staging buffer only when some
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import re
 import sys
@@ -148,6 +149,21 @@ def _copy_mapped(buf: Any, mapping: Any, out: np.ndarray) -> None:
         buf.unmap()
 
 
+def _unmapped(buf: Any, mapping: Any = None) -> Any:
+    """A kept staging buffer, back to unmapped before new copies go into it. A step that failed
+    mid-way may have left its map asked for and never read (pending or mapped, `mapping` its
+    promise), and wgpu-native aborts the process on a submit that copies into a mapped buffer
+    (docs/wgpu-facts.md); wgpu-py cannot unmap a pending map, so that one is waited for first."""
+    state = getattr(buf, "map_state", "unmapped")
+    if state == "pending" and mapping is not None:
+        with contextlib.suppress(Exception):  # an aborted map leaves the buffer unmapped, as wanted
+            mapping.sync_wait()
+        state = buf.map_state
+    if state == "mapped":
+        buf.unmap()
+    return buf
+
+
 def _write_view(buf: Any, nbytes: int) -> np.ndarray | None:
     """The first nbytes of a buffer mapped for writing as a writable uint8 array (wgpu-py's
     write_mapped copies on one thread), or None where this wgpu-py has no such internals."""
@@ -196,7 +212,7 @@ class WgpuBackend(Backend):
         self.state: dict[str, _StateBuf] = {}
         self.arenas: dict[str, Any] = {}  # arena value -> (buffer, ArenaSpec)
         self.generation = 0   # bumped when a state buffer is replaced (bind groups must follow)
-        self._export_bufs: dict[tuple, tuple[Any, int]] = {}  # export_states_async's, per list of names
+        self._export_bufs: dict[tuple, list] = {}  # export_states_async's [buffer, size, last map], per list of names
         self._import_bufs: dict[tuple, Any] = {}  # import_states' mapped upload buffers, per list of names
         self._unflushed = 0   # bytes written by write_buffer since the last submit (staging held)
         self._flush_probe: Any = None
@@ -337,10 +353,10 @@ class WgpuBackend(Backend):
         key = tuple(names)
         held = self._export_bufs.get(key)
         if held is None or held[1] < total:
-            held = (self.create_buffer(total, wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST,
-                                       "state export"), total)
+            held = [self.create_buffer(total, wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST,
+                                       "state export"), total, None]
             self._export_bufs[key] = held
-        buf = held[0]
+        buf = _unmapped(held[0], held[2])
         enc = encoder if encoder is not None else self.device.create_command_encoder()
         for src, at, nbytes, off in spans:
             enc.copy_buffer_to_buffer(src, at, buf, off, nbytes)
@@ -350,6 +366,7 @@ class WgpuBackend(Backend):
         def request() -> None:
             try:
                 promise.append(buf.map_async(wgpu.MapMode.READ))
+                held[2] = promise[0]
             finally:
                 asked.set()
         request.cancel = asked.set  # its part was never submitted: finish() raises
@@ -410,7 +427,7 @@ class WgpuBackend(Backend):
             staging.destroy()
             staging = None
         try:
-            if staging is not None:
+            if staging is not None and staging.map_state != "mapped":  # (mapped: a failed step's, never committed)
                 staging.map_sync(wgpu.MapMode.WRITE)  # its last copy ran in an earlier step
             else:
                 U = wgpu.BufferUsage
