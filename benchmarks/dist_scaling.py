@@ -13,7 +13,10 @@ benchmarks/models.py (torch.manual_seed(0), SGD lr 0.01 momentum 0.9, synthetic 
 ResNet-18 (32x32 input, 10 classes) and the GPT-style decoder (4 layers, d 256, 4 heads, T 128,
 vocab 2048). Throughput is global samples/s over --steps steps after --warmup, timed on rank 0
 between two barriers-equivalent syncs (a parameter readback), so every rank's work is counted.
-Runs on several devices also report where a step's host time goes (DataParallel.breakdown()).
+Runs on several devices also report where a step's host time goes (DataParallel.breakdown()), and
+with --timeline PATH when each phase ran on which thread: ANYGRAD_DP_TIMELINE (anygrad.timeline), a
+Chrome trace per process (ranks: PATH.rank<N>.json) of every step, the first and the warm-up ones too
+(open it in https://ui.perfetto.dev; `python -m anygrad.timeline all.json PATH.rank*.json` merges ranks).
 """
 from __future__ import annotations
 
@@ -89,6 +92,8 @@ def run(args: argparse.Namespace) -> None:
     from anygrad.distributed import DataParallel, ProcessGroup, device_list, rank_device, world_from_env
     from anygrad.distributed.launch import BUCKET_BYTES
     from anygrad.optim import SGD
+    if args.timeline:  # before the DataParallel objects are made: they read it
+        os.environ["ANYGRAD_DP_TIMELINE"] = str(Path(args.timeline).absolute())
     world = world_from_env()
     group = ProcessGroup(world) if world is not None else None
     rank = group.rank if group else 0
@@ -127,6 +132,11 @@ def run(args: argparse.Namespace) -> None:
     breakdown = model.parallel.breakdown() if model.parallel is not None else {}
     if model.parallel is not None:
         model.parallel.check_replicas()
+        written = model.parallel.write_timeline()
+        if written is not None:
+            total = 1 + args.warmup + args.steps
+            print(f"rank {rank}: timeline of the first {model.parallel.timeline.steps} of {total} steps (steps "
+                  f"{1 + args.warmup}..{total - 1} timed, numbered from 0) in {written}", flush=True)
     samples = per_step * ranks * args.steps
     result = {"model": name, "batch_per_device": args.batch, "devices": local_devices * ranks, "ranks": ranks,
               "device": model.parallel.description if model.parallel else model.backend.description,
@@ -199,6 +209,9 @@ def suite(args: argparse.Namespace) -> None:
                  ("2dev-1proc", me + common + ["--device", two])]
         for label, cmd in cases:
             path = out / f"{model}-{batch}-{label}.json"
+            if args.timeline:
+                Path(args.timeline).mkdir(parents=True, exist_ok=True)
+                cmd = cmd + ["--timeline", str(Path(args.timeline) / f"{model}-{batch}-{label}.trace.json")]
             print("$", " ".join(cmd + ["--json", str(path)]), flush=True)
             proc = subprocess.run(cmd + ["--json", str(path)], check=False)
             if proc.returncode == 0 and path.exists():
@@ -238,10 +251,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="steps before the clock starts (the first 7 updates of several devices time their "
                         "readback settings, DataParallel.hold_parts)")
     b.add_argument("--json")
+    b.add_argument("--timeline", help="write a per-thread timeline of the data-parallel steps here (Chrome "
+                                      "trace; ranks insert .rank<N> before the suffix)")
     d = sub.add_parser("suite", help="export, then 1 GPU / 2 ranks / 2 devices of one process per model; the table")
     d.add_argument("--out", required=True)
     d.add_argument("--device", default="wgpu", choices=["wgpu", "cpu"])
     d.add_argument("--rows", default="", help="model:batch:steps,... (default resnet18:512:30,gpt:128:30)")
+    d.add_argument("--timeline", help="a folder: each several-device case writes its timeline there (run --timeline)")
     t = sub.add_parser("table", help="the table of result JSON files")
     t.add_argument("files", nargs="+")
     c = sub.add_parser("comm")

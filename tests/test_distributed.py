@@ -527,7 +527,7 @@ def test_buckets_are_read_back_during_the_backward_pass(tiny, monkeypatch, hold)
     assert {"run0", "run1", "compute_wait0", "write_back", "update", "step"} <= set(parts)
     asked = [k for k, (_, n) in enumerate(submits) if n]
     per_device = [sum(1 for k in asked if submits[k][0] == id(r.backend)) for r in m.parallel.replicas]
-    assert "anygrad-readback" in readers
+    assert any(name.startswith("anygrad-readback") for name in readers)
     if hold in ("free", "1"):  # maps asked mid-step, with later parts still to come from the same device
         assert any(b == submits[k][0] for k in asked for b, _ in submits[k + 1:k + 3])
         assert min(per_device) >= 2

@@ -12,7 +12,9 @@ starts its gloo all-reduce across ranks (whose shares are equal by construction,
 several buckets in flight on several gloo groups), and writes each reduced bucket back to every
 device. Every replica then runs the same update program (program.build_update_step) on the same
 summed gradient, so parameters stay equal; a hash of them is compared every `check_every`
-updates, and a mismatch is an error. breakdown() says where a step's host time went.
+updates, and a mismatch is an error. breakdown() says where a step's host time went; with
+ANYGRAD_DP_TIMELINE=<path>, a timeline of when each phase ran on which thread is written there
+(anygrad.timeline: a Chrome trace, the first ANYGRAD_DP_TIMELINE_STEPS steps, default 50).
 
 BatchNorm keeps per-replica statistics (DDP's default) unless set_sync_batchnorm(True): then the
 training program's BatchNorms become sums over every replica (ops.collective.AllReduceSum, which
@@ -24,15 +26,17 @@ import copy
 import hashlib
 import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, wait
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .. import _parallel
+from .. import _parallel, timeline
 from ..backends.base import Backend
 from ..batch import Batch, batch_size, take
 from ..data.loader import DataLoader
@@ -88,6 +92,7 @@ HOLD_TRIALS = 3  # updates timed with each setting of hold_parts before one is k
 HOLD_CANDIDATES = (2, 0)
 # a device's big inputs staged through mapped memory (WgpuExecutable.stage_inputs); 0: write_buffer (A/B)
 STAGED_UPLOAD = os.environ.get("ANYGRAD_WGPU_STAGED_UPLOAD", "1") != "0"
+TIMELINE_ENV = "ANYGRAD_DP_TIMELINE"
 
 
 def _int_or(text: str, default: Any) -> Any:
@@ -158,6 +163,9 @@ class DataParallel:
         self._scratch = threading.local()  # _write_back's per-thread sum buffers
         self.timings: dict[str, float] = {}
         self.steps = 0
+        # when each phase ran on which thread (ANYGRAD_DP_TIMELINE=path; ranks write path.rank<N>.json)
+        self.timeline = timeline.from_env(TIMELINE_ENV, group.rank if group is not None else None,
+                                          f"rank {group.rank}" if group is not None else "anygrad")
         self._sizes: list[int] = []  # this micro-batch's shares (AllReduceSum's weights)
         self._meet: _Meeting | None = None
         self.set_sync_batchnorm(model.sync_batchnorm if sync_batchnorm is None else sync_batchnorm)
@@ -193,10 +201,12 @@ class DataParallel:
         value = x.astype(np.float64) * (sizes[i] if mode == "weighted" else 1.0)
         meet = self._meet
         ranks = self.group is not None and self.group.size > 1
+        t = time.perf_counter()
         if meet is None or meet.k == 1:
             total = self.group.all_reduce_f64(value).reshape(x.shape) if ranks else value
         else:
             total = meet.sum(i, value, (lambda v: self.group.all_reduce_f64(v).reshape(v.shape)) if ranks else None)
+        self._mark(f"sync_bn{i}", t)  # the wait for the other replicas' statistics
         return total / sizes[i] if mode == "weighted" else total
 
     # -- replicas -------------------------------------------------------------------------------
@@ -318,7 +328,9 @@ class DataParallel:
         try:
             if update:
                 self._reduce_and_update(futures)
+            t = time.perf_counter()
             losses = [f.result() for f in futures]
+            self._mark("join", t)
         except BaseException:
             # The step ends once every device's part of it has: the pool's threads are shared, so a
             # device still finishing this step would otherwise run its executable beside its next one.
@@ -334,7 +346,9 @@ class DataParallel:
                 if self._timed_steps <= 0:
                     self.speeds = [n / max(t, 1e-9) for t, n in self._times]
                     self._timing = False
-        self._spent("step", began)
+        self._spent("step", began, {"update": update, "hold_parts": hold})
+        if self.timeline is not None and self.timeline.end_step():
+            self.write_timeline()
         if trial:
             self._hold_trials.append((hold, time.perf_counter() - began))
         if not fetch_loss:
@@ -459,8 +473,9 @@ class DataParallel:
 
                 def encoded() -> None:  # the tapped buckets are read while the rest of the step runs
                     tapped = sorted(waits, key=lambda k: (ready[k], k))
+                    # named per device: the timeline keeps a track per thread name
                     reader.append(threading.Thread(target=self._read_buckets, args=(i, waits, tapped, announce),
-                                                   name="anygrad-readback", daemon=True))
+                                                   name=f"anygrad-readback{i}", daemon=True))
                     reader[0].start()
                 exe.encoded, exe.hold_parts = encoded, hold or 0
             try:
@@ -471,6 +486,8 @@ class DataParallel:
                     exe.taps, exe.encoded = {}, None
             self._spent(f"run{i}", began)
             self.timings[f"upload{i}"] = self.timings.get(f"upload{i}", 0.0) + getattr(exe, "upload_s", 0.0)
+            if self.timeline is not None and getattr(exe, "upload_at", 0.0) >= began:  # a part of run<i>
+                self.timeline.record(f"upload{i}", exe.upload_at, exe.upload_at + exe.upload_s)
             if self._timing:
                 self._times[i][0] += time.perf_counter() - began
                 self._times[i][1] += size
@@ -509,12 +526,16 @@ class DataParallel:
 
     def _await(self, i: int, k: int, futures: list[Any]) -> None:
         """Until device i has bucket k on the host (devices may finish buckets in their own order)."""
+        t = time.perf_counter()
+        waited = k not in self._arrived[i]
         while k not in self._arrived[i]:
             got = self._ready[i].get()
             if isinstance(got, BaseException):
                 futures[i].result()  # raises the device's error
                 raise got
             self._arrived[i].add(got)
+        if waited:
+            self._mark(f"await{i}", t, {"bucket": k})
 
     def _reduce_and_update(self, futures: list[Any]) -> None:
         """As each bucket arrives from every device: without other ranks, the devices' parts
@@ -552,7 +573,9 @@ class DataParallel:
             if several:  # this process's devices first, into device 0's buffer
                 self._combine([h[a:b] for h in self._host], local, equal, [flat[a:b]])
             self._spent("sum", t)
+            t = time.perf_counter()
             works[k] = self.group.all_reduce_start(flat[a:b], k)
+            self._mark("all_reduce_start", t, {"bucket": k})
             pending.append(k)
             # write back what gloo has finished while later buckets are still on their way (a
             # thread of its own for this was slower on 2 H200s: GPT 1.15x -> 0.97x on 2 ranks)
@@ -561,8 +584,8 @@ class DataParallel:
         for k in pending:
             finish(k)
         t = time.perf_counter()
-        for f in [self._pool_submit(self._update_job, r) for r in self.replicas] if several else \
-                [_Done(self._update_job(self.replicas[0]))]:
+        for f in [self._pool_submit(self._update_job, r, i) for i, r in enumerate(self.replicas)] if several else \
+                [_Done(self._update_job(self.replicas[0], 0))]:
             f.result()
         self._spent("update", t)
         self.updates += 1
@@ -630,11 +653,33 @@ class DataParallel:
         spans = [(lo, min(lo + SUM_CHUNK, n)) for lo in range(0, n, SUM_CHUNK)]
         _parallel.map_shares(work, spans, min(len(spans), _parallel.workers()), blas=False)
 
-    def _update_job(self, r: Model) -> None:
+    def _update_job(self, r: Model, i: int) -> None:
+        t = time.perf_counter()
         self._update_program(r).run({}, fetch=[])
+        self._mark(f"update{i}", t)
 
-    def _spent(self, what: str, since: float) -> None:
-        self.timings[what] = self.timings.get(what, 0.0) + time.perf_counter() - since
+    def _spent(self, what: str, since: float, args: dict | None = None) -> None:
+        """Phase `what`, begun at `since` on this thread, into the totals (breakdown) and the timeline."""
+        now = time.perf_counter()
+        self.timings[what] = self.timings.get(what, 0.0) + now - since
+        if self.timeline is not None:
+            self.timeline.record(what, since, now, args)
+
+    def _mark(self, what: str, since: float, args: dict | None = None) -> None:
+        """A span for the timeline only (a wait or a part of a phase that breakdown does not total)."""
+        if self.timeline is not None:
+            self.timeline.record(what, since, time.perf_counter(), args)
+
+    def write_timeline(self) -> Path | None:
+        """Save the timeline now (it is also written after its last kept step and at exit); None
+        without ANYGRAD_DP_TIMELINE. A failed write is reported, not raised: training goes on."""
+        if self.timeline is None:
+            return None
+        try:
+            return self.timeline.write()
+        except OSError as e:
+            print(f"anygrad: timeline not written to {self.timeline.path}: {e}", file=sys.stderr)
+            return None
 
     def breakdown(self, reset: bool = True) -> dict[str, float]:
         """Host milliseconds per step in each part of the data-parallel step, since the last reset:

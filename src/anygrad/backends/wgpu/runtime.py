@@ -686,6 +686,7 @@ class WgpuExecutable(Executable):
                        for name, to in self.feed_to.items()}
         self.input_bytes: dict[str, int] = {}  # bytes the last run wrote per input (uploads)
         self.upload_s = 0.0  # host seconds the last run spent writing its inputs
+        self.upload_at = 0.0  # when (perf_counter) that began: DataParallel's timeline
         # Where the GPU waits for the inputs (a data-parallel step starts once the last update is
         # submitted), a big input goes through a mapped buffer of its own, filled over the host's
         # threads (_write_inputs). Alone, queue.write_buffer's one-core copy overlaps the previous
@@ -924,7 +925,7 @@ class WgpuExecutable(Executable):
         self._deferred = []
         t = time.perf_counter()
         uploads = self._write_inputs(feeds, self.stage_inputs)
-        self.upload_s = time.perf_counter() - t
+        self.upload_at, self.upload_s = t, time.perf_counter() - t
         if self._dispatches is None or self._generation != self.backend.generation:
             self._build()
         try:
