@@ -43,7 +43,7 @@ from .profiling import wall_ms
 ENV = "ANYGRAD_AUTOTUNE"
 TUNABLE_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvGradInput", "ConvGradWeight"})
 PIN_ATTRS = ("_gemm_variant", "_gemm_block", "_gemm_kt", "_gemm_prefetch", "_gemm_unroll", "_gemm_tn", "_gemm_splits",
-             "_gemm_threads")
+             "_gemm_threads", "_gemm_half")
 # Candidate pins: the rules' own choice first (ties keep it), then each variant the GEMM
 # generator has. A lowering that cannot take a candidate (a K tile over workgroup storage, dot
 # on a shape it does not fit) raises, and the candidate is skipped.
@@ -66,6 +66,13 @@ CANDIDATES: tuple[dict[str, Any], ...] = (
     {"_gemm_variant": "shared", "_gemm_block": 8, "_gemm_kt": 8, "_gemm_prefetch": 2},
     {"_gemm_variant": "shared", "_gemm_block": 8, "_gemm_kt": 16, "_gemm_prefetch": 2},
     {"_gemm_variant": "shared", "_gemm_block": 8, "_gemm_kt": 16, "_gemm_prefetch": 2, "_gemm_tn": 16},
+    # f16 products (kernels_gemm.half_math), for float16 operands on a device that passed their
+    # self-test; elsewhere these lower to an earlier candidate's kernels and are dropped as duplicates
+    {"_gemm_half": 1},
+    {"_gemm_variant": "shared", "_gemm_block": 4, "_gemm_kt": 16, "_gemm_prefetch": 1, "_gemm_half": 1},
+    {"_gemm_variant": "shared", "_gemm_block": 8, "_gemm_kt": 16, "_gemm_prefetch": 1, "_gemm_half": 1},
+    {"_gemm_variant": "shared", "_gemm_block": 8, "_gemm_kt": 16, "_gemm_prefetch": 2, "_gemm_half": 1},
+    {"_gemm_variant": "shared", "_gemm_block": 8, "_gemm_kt": 16, "_gemm_prefetch": 1, "_gemm_tn": 16, "_gemm_half": 1},
     {"_gemm_variant": "register", "_gemm_block": 4},
     {"_gemm_variant": "register", "_gemm_block": 8},
     {"_gemm_variant": "dot"},

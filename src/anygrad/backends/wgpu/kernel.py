@@ -59,6 +59,7 @@ class AdapterCaps:
     max_workgroups_per_dim: int = 65535
     has_subgroups: bool = False
     has_f16: bool = False
+    f16_math: bool = False              # f16 products passed the self-test (selftest.py): kernels_gemm.half_math
     is_cpu: bool = False                # lavapipe / software: prefer register-only variants
     memory_budget: int | None = None    # bytes one step may hold on the device (a limits profile's)
     memory_budget_set: bool = False     # the budget is the user's (--memory-budget), not the profile's

@@ -188,7 +188,7 @@ def lower_conv(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
                     Binding(node.outputs[0], "Y"))
     # split-K when the output grid is small: ResNet-18's last stage at 32x32 input (1x1 pixels,
     # 512 channels, K = 4608) ran 64 workgroups of 64x64 for 0.58 ms (4 TFLOP/s) on an H200
-    return gemm_kernels(spec, caps, **variant_of(node))
+    return gemm_kernels(spec, caps, **variant_of(node, graph, caps))
 
 
 def _depthwise(node: Node, g: Geo, has_bias: bool, caps: AdapterCaps) -> Kernel:
@@ -227,7 +227,7 @@ def lower_conv_grad_input(node: Node, graph: Graph, caps: AdapterCaps) -> list[K
     Co, Cg = ws[0], ws[1]
     Cog = Co // G
     if (g.sh > 1 or g.sw > 1) and g.dh == g.dw == 1:
-        return _grad_input_by_phase(node, g, G, Co, Cg, caps)
+        return _grad_input_by_phase(node, g, G, Co, Cg, caps, variant_of(node, graph, caps))
     K = Cog * g.taps
     N = g.B * g.HW
     if g.pointwise:
@@ -264,7 +264,7 @@ def lower_conv_grad_input(node: Node, graph: Graph, caps: AdapterCaps) -> list[K
                     (Binding(w, "Wt"), Binding(dy, "DY")), Binding(node.outputs[0], "DX"))
     # split-K when the output grid is small: ResNet-18's last stage at 32x32 input (1x1 pixels,
     # 512 channels, K = 4608) ran 64 workgroups of 64x64 for 0.58 ms (4 TFLOP/s) on an H200
-    return gemm_kernels(spec, caps, **variant_of(node))
+    return gemm_kernels(spec, caps, **variant_of(node, graph, caps))
 
 
 def _phase_taps(p: int, pad: int, stride: int, k: int) -> tuple[int, int, int]:
@@ -276,7 +276,8 @@ def _phase_taps(p: int, pad: int, stride: int, k: int) -> tuple[int, int, int]:
     return t0, max(0, -(-(k - t0) // stride)), (p + pad - t0) // stride
 
 
-def _grad_input_by_phase(node: Node, g: Geo, G: int, Co: int, Cg: int, caps: AdapterCaps) -> list[Kernel]:
+def _grad_input_by_phase(node: Node, g: Geo, G: int, Co: int, Cg: int, caps: AdapterCaps,
+                         pins: dict) -> list[Kernel]:
     """The input gradient of a strided conv, one GEMM per phase of the input grid (sub-pixel
     decomposition). Each input pixel of phase (py, px) receives only from the taps congruent to
     it modulo the stride, so a phase's GEMM reduces over those taps alone: the one-GEMM form
@@ -315,7 +316,7 @@ def _grad_input_by_phase(node: Node, g: Geo, G: int, Co: int, Cg: int, caps: Ada
         spec = GemmSpec(f"ConvGradInput:phase{py}{px}", Cg, g.B * Hp * Wp, Cog * nt, G, a, b, out,
                         (Binding(w, "Wt"), Binding(dy, "DY")), Binding(node.outputs[0], "DX"))
         # no split-K: the phases would share one scratch value (and their K is a few taps)
-        kernels += gemm_kernels(spec, caps, **variant_of(node), allow_split=False)
+        kernels += gemm_kernels(spec, caps, **pins, allow_split=False)
     if empty:
         cond = " || ".join(f"(iy % {u(g.sh)} == {u(py)} && ix % {u(g.sw)} == {u(px)})" for py, px in empty)
         body = (f"  let pix = i % {u(g.HW)}; let iy = pix / {u(g.W)}; let ix = pix % {u(g.W)};\n"
@@ -351,7 +352,7 @@ def lower_conv_grad_weight(node: Node, graph: Graph, caps: AdapterCaps) -> list[
     out = Output("DW", f"(bt * {u(Cog)} + r) * {u(N)} + c", contig=N % 4 == 0)
     spec = GemmSpec("ConvGradWeight", Cog, N, K, G, a, b, out, (Binding(dy, "DY"), Binding(x, "X")),
                     Binding(node.outputs[0], "DW"))
-    return gemm_kernels(spec, caps, **variant_of(node), allow_split=True)
+    return gemm_kernels(spec, caps, **variant_of(node, graph, caps), allow_split=True)
 
 
 # -- one-invocation-per-element kernels (depthwise conv, pools) -----------------------------------

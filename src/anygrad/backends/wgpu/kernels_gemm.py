@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -138,6 +139,9 @@ class Tiling:
     # shared variant, prefetched: two workgroup tiles, the next K tile stored into one while the
     # other is multiplied, so one barrier a K tile instead of two (twice the workgroup memory)
     double: bool = False
+    # shared variant, float16 operands: tiles held as f16 and each K tile's products summed in f16,
+    # then added into the f32 accumulators (half_math)
+    half: bool = False
 
     @property
     def bm(self) -> int:
@@ -381,6 +385,7 @@ def _sw(on: bool, k: str) -> str:
 # constant index needs no clamp and the clamped column (lid + a constant) is the same in every
 # K step. ANYGRAD_WGPU_GEMM_2D=0 keeps the flat arrays.
 TILE_2D = os.environ.get("ANYGRAD_WGPU_GEMM_2D", "1") != "0"
+F16_MATH_ENV = "ANYGRAD_F16_MATH"  # auto | 1 | 0: half_math
 
 
 def _at(arr: str, row: str, width: int, col: str) -> str:
@@ -388,10 +393,10 @@ def _at(arr: str, row: str, width: int, col: str) -> str:
     return f"{arr}[{row}][{col}]" if TILE_2D else f"{arr}[({row}) * {u(width)} + {col}]"
 
 
-def _tile_decl(arr: str, rows: int, width: int, halves: int = 1) -> str:
+def _tile_decl(arr: str, rows: int, width: int, halves: int = 1, elem: str = "f32") -> str:
     if not TILE_2D:
-        return f"var<workgroup> {arr}: array<vec4<f32>, {halves * rows * width}>;"
-    t = f"array<array<vec4<f32>, {width}>, {rows}>"
+        return f"var<workgroup> {arr}: array<vec4<{elem}>, {halves * rows * width}>;"
+    t = f"array<array<vec4<{elem}>, {width}>, {rows}>"
     return f"var<workgroup> {arr}: {t if halves == 1 else f'array<{t}, {halves}>'};"
 
 
@@ -457,11 +462,19 @@ def _shared_body(spec: GemmSpec, t: Tiling, va: bool, vb: bool, unroll: bool) ->
     memory after it, so their latency hides behind the FMAs (register prefetch)."""
     bm4, bn4, kt = t.bm // 4, t.bn // 4, t.kt
     nt = t.wx * t.wy
-    decl = _tile_decl("As", kt, bm4) + "\n" + _tile_decl("Bs", kt, bn4)
+    elem = "f16" if t.half else "f32"
+    decl = _tile_decl("As", kt, bm4, elem=elem) + "\n" + _tile_decl("Bs", kt, bn4, elem=elem)
     stages = _stages(spec, t, va, vb)
+    if t.half:  # each element rounded to f16 once, as it is staged (the operands are f16: exact)
+        stages = tuple(replace(st, load=f"{st.vtype.replace('f32', 'f16')}({st.load})",
+                               vtype=st.vtype.replace("f32", "f16")) for st in stages)
     sa, sb = (st.swizzled for st in stages)
-    fmas = [f"  acc{4 * ib + q}_{j} = fma(vec4<f32>(av{ib}[{q}]), bv{j}, acc{4 * ib + q}_{j});"
-            for ib in range(t.tm // 4) for q in range(4) for j in range(t.tn // 4)]
+    acc = "h" if t.half else "acc"
+    blocks = [(4 * ib + q, j) for ib in range(t.tm // 4) for q in range(4) for j in range(t.tn // 4)]
+    fmas = [f"  {acc}{i}_{j} = fma(vec4<{elem}>(av{i // 4}[{i % 4}]), bv{j}, {acc}{i}_{j});" for i, j in blocks]
+    # half: the K tile's f16 partial sums go into the f32 accumulators once per tile
+    flush = [f"acc{i}_{j} = acc{i}_{j} + vec4<f32>(h{i}_{j}); h{i}_{j} = vec4<f16>(0.0h);"
+             for i, j in blocks] if t.half else []
     if unroll:   # constant tile offsets, loads scheduled ahead of the FMAs
         compute = []
         for kk in range(kt):
@@ -470,6 +483,7 @@ def _shared_body(spec: GemmSpec, t: Tiling, va: bool, vb: bool, unroll: bool) ->
                         + [f"  let bv{j} = {_at('Bs', u(kk), bn4, f'({u(j * t.wx)} + lid.x{_sw(sb, u(kk))})')};"
                            for j in range(t.tn // 4)]
                         + fmas + ["}"])
+        compute += flush
     else:
         step = t.unroll if kt % t.unroll == 0 else 1
 
@@ -485,7 +499,9 @@ def _shared_body(spec: GemmSpec, t: Tiling, va: bool, vb: bool, unroll: bool) ->
             for d in range(step):
                 compute += ["{"] + k_step(f"(k0s + {u(d)})") + ["}"]
             compute += ["}"]
+        compute += flush
     head = [f"  let tid = lid.x + lid.y * {u(t.wx)};"] + [f"  {ln}" for st in stages for ln in st.hoist]
+    head += [f"  var h{i}_{j} = vec4<f16>(0.0h);" for i, j in blocks] if t.half else []
     unrolled = all(_unrolls(st, nt) for st in stages)
     if not (t.prefetch and unrolled):
         copy = []
@@ -504,7 +520,7 @@ def _shared_body(spec: GemmSpec, t: Tiling, va: bool, vb: bool, unroll: bool) ->
                 + ["    " + ln for ln in compute] + ["    workgroupBarrier();", "  }"])
         return decl, body
     if t.double:
-        decl = _tile_decl("As", kt, bm4, 2) + "\n" + _tile_decl("Bs", kt, bn4, 2)
+        decl = _tile_decl("As", kt, bm4, 2, elem) + "\n" + _tile_decl("Bs", kt, bn4, 2, elem)
     regs, fetch, put = [], [], []
     for name, st in zip("ab", stages):
         for i in range(st.count // nt):
@@ -613,7 +629,7 @@ def gemm_wgsl(spec: GemmSpec, t: Tiling, caps: AdapterCaps, splits: int = 1, ksp
                   for ib in range(t.tm // 4) for q in range(4) for j in range(nj)]
     else:
         stores = [f"  st4(bt, s, m0 + {i}u, n0 + {4 * j}u, acc{i}_{j});" for i in range(t.tm) for j in range(nj)]
-    wgsl = "\n".join(decls + [shared_decl,
+    wgsl = "\n".join((["enable f16;"] if t.half and t.variant == "shared" else []) + decls + [shared_decl,
                               _loader("a", spec.a, reads[0].vec4), _loader("b", spec.b, reads[1].vec4),
                               _epi_fn(out, with_bias), _store_fn(out, M, N)]
                      + head + body + stores + ["}"]) + "\n"
@@ -833,11 +849,13 @@ def gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None = None,
                  allow_split: bool = True, block: int | None = None, kt: int | None = None,
                  prefetch: int | None = None, layout: str | None = None,
                  threads: int | None = None, unroll: int | None = None, tn: int | None = None,
-                 splits: int | None = None) -> list[Kernel]:
+                 splits: int | None = None, half: bool = False) -> list[Kernel]:
     """The kernel list for one GEMM-shaped op: one GEMM, or a split-K GEMM + reduce. The first
-    kernel carries the GEMM's FLOPs (profiles report rates, the autotuner skips small GEMMs)."""
+    kernel carries the GEMM's FLOPs (profiles report rates, the autotuner skips small GEMMs).
+    half: f16 products summed in f16 within each K tile (Tiling.half; only with float16 operands,
+    shared variant: half_math decides)."""
     kernels = _gemm_kernels(spec, caps, variant, allow_split, block, kt, prefetch, layout, threads, unroll, tn,
-                            splits)
+                            splits, half)
     flops = 2 * spec.batch * spec.M * spec.N * spec.K
     return [replace(kernels[0], flops=flops)] + kernels[1:]
 
@@ -850,7 +868,7 @@ def _plain(op: Operand) -> bool:
 def _gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None, allow_split: bool,
                   block: int | None, kt: int | None, prefetch: int | None,
                   layout: str | None = None, threads: int | None = None, unroll: int | None = None,
-                  tn: int | None = None, want_splits: int | None = None) -> list[Kernel]:
+                  tn: int | None = None, want_splits: int | None = None, half: bool = False) -> list[Kernel]:
     if variant == "dot" or (variant is None and block is None and allow_split and use_dot(spec, caps)):
         return dot_kernels(spec, caps)
     lay = set((layout if layout is not None else os.environ.get("ANYGRAD_WGPU_GEMM_LAYOUT", "")).split(","))
@@ -864,10 +882,10 @@ def _gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None, allow_
             raise ValueError(f"two {t.bm}x{t.bn}x{t.kt} tiles do not fit {caps.max_workgroup_storage} bytes of "
                              "workgroup storage")
         t = replace(t, swizzle=not {"plain", "noswizzle"} & lay, hoist=not {"plain", "nohoist"} & lay,
-                    unroll=unroll or 1)
+                    unroll=unroll or 1, half=half)
     splits, ksplit = choose_splits(spec, t, caps, want_splits) if allow_split else (1, 0)
     tile = f"{t.variant} {t.bm}x{t.bn}" + (f"k{t.kt}" + ("p" if t.prefetch else "") + ("d" if t.double else "")
-                                           + (f"u{t.unroll}" if t.unroll > 1 else "")
+                                           + (f"u{t.unroll}" if t.unroll > 1 else "") + ("h" if t.half else "")
                                            if t.variant == "shared" else "")
     if splits == 1:
         wgsl, grid, reads = gemm_wgsl(spec, t, caps)
@@ -885,7 +903,29 @@ def static_shape(graph: Graph, value: str, node: Node) -> tuple[int, ...]:
     return tuple(int(d) for d in info.shape)
 
 
-def variant_of(node: Node) -> dict:
+def half_math(node: Node, graph: Graph, caps: AdapterCaps) -> bool:
+    """Whether this GEMM-shaped node's products are summed in float16 within each K tile (into
+    float32 accumulators across tiles: Tiling.half). f16 FMAs run at twice the f32 rate on most
+    GPUs and the f16 tiles take half the workgroup memory traffic, which f16 storage alone does not
+    give (its products are f32). Only where both operands are float16, on a device whose self-test
+    passed them (caps.f16_math), and then per ANYGRAD_F16_MATH: "auto" (default) leaves it to the
+    autotuner (pin `_gemm_half`), "1" uses it wherever it can, "0" never. Like PyTorch's default
+    `allow_fp16_reduced_precision_reduction`: partial sums of a few products may round to f16."""
+    mode = os.environ.get(F16_MATH_ENV, "auto").strip().lower()
+    if mode == "0" or not caps.f16_math:
+        return False
+    if any(graph.info.get(v) is None or graph.info[v].dtype != np.float16 for v in node.inputs[:2]):
+        return False
+    pin = node.attr("_gemm_half")
+    return bool(pin) if pin is not None else mode == "1"
+
+
+def has_half_tiles(kernel_name: str) -> bool:
+    """Whether a GEMM kernel's name says f16 products (the tile tag _gemm_kernels gives it)."""
+    return re.search(r"\bshared \d+x\d+k\d+[pdu\d]*h\b", kernel_name) is not None
+
+
+def variant_of(node: Node, graph: Graph | None = None, caps: AdapterCaps | None = None) -> dict:
     """Tiling pinned by the node (benchmarks, tests, the autotuner): attrs '_gemm_variant' (register |
     shared | dot), '_gemm_block' (4 | 8 outputs per invocation along M and N), '_gemm_kt' (K tile of
     the shared variant), '_gemm_prefetch' (0 | 1: register prefetch of the next K tile | 2: that and two
@@ -895,12 +935,14 @@ def variant_of(node: Node) -> dict:
     per workgroup of the shared variant, 256 by default: 128 makes 128x64 tiles of the 8x8 blocks),
     '_gemm_unroll' (K steps per pass of a rolled K-tile loop: Tiling.unroll), '_gemm_tn' (outputs per
     invocation along N of the shared variant, when not _gemm_block), '_gemm_splits' (K splits, 1 for none,
-    each at least 128 of K; bench_kernels' `+splits=N`)."""
+    each at least 128 of K; bench_kernels' `+splits=N`), '_gemm_half' (0 | 1: f16 products, half_math; needs
+    the graph and caps)."""
     pf = node.attr("_gemm_prefetch")
     return {"variant": node.attr("_gemm_variant"), "block": node.attr("_gemm_block"), "kt": node.attr("_gemm_kt"),
             "prefetch": None if pf is None else int(pf), "layout": node.attr("_gemm_layout"),
             "threads": node.attr("_gemm_threads"), "unroll": node.attr("_gemm_unroll"), "tn": node.attr("_gemm_tn"),
-            "splits": node.attr("_gemm_splits")}
+            "splits": node.attr("_gemm_splits"),
+            "half": graph is not None and caps is not None and half_math(node, graph, caps)}
 
 
 def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -1067,7 +1109,7 @@ def lower_matmul(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     out = Output("Y", y_index, contig=vec_y, alpha=float(node.attr("_alpha", 1.0)), bias=bias,
                  residual=_residual(node, reads, y_index), **epilogue_of(node))
     spec = GemmSpec("MatMul", M, N, K, batch, a, b, out, tuple(reads), Binding(node.outputs[0], "Y"))
-    return gemm_kernels(spec, caps, **variant_of(node))
+    return gemm_kernels(spec, caps, **variant_of(node, graph, caps))
 
 
 @lowering("Gemm", epilogue=True)
@@ -1095,4 +1137,4 @@ def lower_gemm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     out = Output("Y", f"r * {u(N)} + c", contig=N % 4 == 0, alpha=node.attr("alpha", 1.0), bias=bias,
                  residual=_residual(node, reads, f"r * {u(N)} + c"), **epilogue_of(node))
     spec = GemmSpec("Gemm", M, N, K, 1, a, b, out, tuple(reads), Binding(node.outputs[0], "Y"))
-    return gemm_kernels(spec, caps, **variant_of(node))
+    return gemm_kernels(spec, caps, **variant_of(node, graph, caps))

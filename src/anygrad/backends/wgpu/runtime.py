@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import re
 import sys
 import threading
@@ -63,6 +64,7 @@ class _Context:
     layouts: dict
     pending: dict = field(default_factory=dict)  # pipeline key -> Future of a build in the background
     f16_problem: str | None = None  # the f16 self-test's finding: None not run yet, "" passed
+    f16_math_problem: str | None = None  # the same for f16 products (selftest.f16_math_problem)
     polls_freely: bool = False  # its poll thread does not block (poller.py): maps resolve mid-step
 
 
@@ -250,7 +252,29 @@ class WgpuBackend(Backend):
             print(f"anygrad: f16 self-test failed on {self.adapter.summary}: {self.ctx.f16_problem}; "
                   "training in f32", file=sys.stderr)
             return "f32"
+        self._check_f16_math()
         return precision
+
+    def _check_f16_math(self) -> None:
+        """Allow f16 products (caps.f16_math: kernels_gemm.half_math) once their self-test passed on
+        this device; an adapter that fails it keeps f32 products, which this says in one line.
+        Not on software adapters (no f16 ALUs to gain from) nor with ANYGRAD_F16_MATH=0."""
+        from .kernels_gemm import F16_MATH_ENV
+        if self.caps.is_cpu or os.environ.get(F16_MATH_ENV, "auto").strip().lower() == "0":
+            return
+        if self.ctx.f16_math_problem is None:
+            from .selftest import f16_math_problem
+            plain = self.caps
+            self.caps = replace(plain, f16_math=True)
+            try:
+                self.ctx.f16_math_problem = f16_math_problem(self) or ""
+            finally:
+                self.caps = plain
+            if self.ctx.f16_math_problem:
+                print(f"anygrad: f16-product self-test failed on {self.adapter.summary}: "
+                      f"{self.ctx.f16_math_problem}; f16 training keeps f32 products", file=sys.stderr)
+        if not self.ctx.f16_math_problem:
+            self.caps = replace(self.caps, f16_math=True)
 
     @property
     def description(self) -> str:
