@@ -56,11 +56,12 @@ def _pair(kind: str):
     return theirs, ours.to_model(input_shape=shape)
 
 
-def _torch_autocast_losses(theirs, kind: str, steps: int = STEPS, data=None, flat: bool = False) -> list[float]:
-    """torch.autocast(float16) + GradScaler on CPU, SGD(0.1, momentum 0.9): the reference losses.
+def _torch_autocast_losses(theirs, kind: str, steps: int = STEPS, data=None, flat: bool = False,
+                           lr: float = 0.1) -> list[float]:
+    """torch.autocast(float16) + GradScaler on CPU, SGD(lr, momentum 0.9): the reference losses.
     `data`: (x, y) instead of _data(kind); `flat`: logits (..., V) and labels flattened to rows."""
     x, y = (torch.from_numpy(a) for a in (data if data is not None else _data(kind)))
-    opt = torch.optim.SGD(theirs.parameters(), lr=0.1, momentum=0.9)
+    opt = torch.optim.SGD(theirs.parameters(), lr=lr, momentum=0.9)
     scaler = torch.amp.GradScaler("cpu")
     out = []
     for _ in range(steps):

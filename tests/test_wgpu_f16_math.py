@@ -184,6 +184,7 @@ def test_training_with_f16_products_follows_torch_autocast_for_20_steps(half_bac
     products (ANYGRAD_F16_MATH=1); the losses stay within 1% of PyTorch autocast's (f32 products)
     over 20 steps, as close as numpy's f16 run is."""
     import torch
+    from test_precision import _torch_autocast_losses
 
     from anygrad import nn
     monkeypatch.setenv(kernels_gemm.F16_MATH_ENV, "1")
@@ -197,17 +198,7 @@ def test_training_with_f16_products_follows_torch_autocast_for_20_steps(half_bac
     theirs, ours = make(torch.nn), make(nn)
     ours.load_state_dict({k: v.detach().numpy().copy() for k, v in theirs.state_dict().items()})
     model = ours.to_model(input_shape=shape)
-    opt = torch.optim.SGD(theirs.parameters(), lr=0.05, momentum=0.9)
-    scaler = torch.amp.GradScaler("cpu")
-    want = []
-    for _ in range(20):
-        opt.zero_grad()
-        with torch.autocast("cpu", dtype=torch.float16):
-            loss = torch.nn.functional.cross_entropy(theirs(torch.from_numpy(x)), torch.from_numpy(y))
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        want.append(float(loss.detach()))
+    want = _torch_autocast_losses(theirs, kind, data=(x, y), lr=0.05)
     got = {}
     for device in ("cpu", half_backend):
         m = anygrad.Model(model.graph.copy()).compile("cross_entropy", anygrad.optim.SGD(lr=0.05, momentum=0.9),
