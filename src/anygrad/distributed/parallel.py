@@ -22,6 +22,7 @@ meets the device threads here and the ranks through gloo), forward and backward,
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import os
@@ -224,6 +225,26 @@ class DataParallel:
         for name, value in state.items():
             r.backend.set_state(name, value)
         r.optimizer.lr = self.model.optimizer.lr
+
+    def _resync(self, failed: list[int]) -> None:
+        """The update failed on devices `failed` and ran on the others: every replica takes the state
+        of one that completed it (so the step counts as applied, as on that device), or device 0's
+        when none did, so that they stay equal; left alone, they would train on apart until the
+        next parameter check. Metric sums stay each replica's own. Best effort: a lost device
+        cannot take it, and the step's own error is raised either way."""
+        done = [i for i in range(len(self.replicas)) if i not in failed]
+        source = self.replicas[done[0] if done else 0]
+        own = self.model._metric_buffers()
+        try:
+            state = {n: v for n, v in source.full_state().items() if n not in own}
+        except Exception:  # noqa: BLE001 - the source device failed too: nothing to copy from
+            return
+        for r in self.replicas:
+            if r is source:
+                continue
+            with contextlib.suppress(Exception):  # a lost device: its next step fails on its own
+                for name, value in state.items():
+                    r.backend.set_state(name, value)
 
     def state_loaded(self) -> None:
         """The model's state was overwritten (load_full_state): replicas take it."""
@@ -584,9 +605,15 @@ class DataParallel:
         for k in pending:
             finish(k)
         t = time.perf_counter()
-        for f in [self._pool_submit(self._update_job, r, i) for i, r in enumerate(self.replicas)] if several else \
-                [_Done(self._update_job(self.replicas[0], 0))]:
-            f.result()
+        if several:
+            updates = [self._pool_submit(self._update_job, r, i) for i, r in enumerate(self.replicas)]
+            wait(updates)  # all of them, even past a failure: the pool's threads serve the next step
+            failed = [i for i, f in enumerate(updates) if f.exception() is not None]
+            if failed:
+                self._resync(failed)
+                updates[failed[0]].result()  # raises that device's error
+        else:
+            self._update_job(self.replicas[0], 0)
         self._spent("update", t)
         self.updates += 1
         if self.check_every and self.updates % self.check_every == 0:
