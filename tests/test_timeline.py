@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from test_distributed import _mlp
 
 import anygrad
@@ -111,3 +112,48 @@ def test_data_parallel_without_the_variable_records_nothing(tmp_path, monkeypatc
     m.train_step(x, y)
     assert m.parallel.timeline is None and m.parallel.write_timeline() is None
     assert not list(tmp_path.glob("*.json"))
+
+
+def test_merge_refuses_what_is_not_a_trace_with_the_file_named(tmp_path, capsys):
+    """`python -m anygrad.timeline` reads files a user names: a missing, truncated, foreign, deeply
+    nested or huge one is a DataError naming it (the command prints it and exits 1), and random
+    bytes never escape as another exception."""
+    from anygrad.errors import DataError
+    good = tmp_path / "good.json"
+    tl = timeline.Timeline(good)
+    tl.record("step", 0.0, 1e-3)
+    tl.write()
+    text = good.read_text()
+    cases = {"missing.json": None, "truncated.json": text[: len(text) // 2], "list.json": "[1, 2, 3]",
+             "no_ts.json": json.dumps({"traceEvents": [{"ph": "X", "name": "a"}]}),
+             "nested.json": "[" * 100_000 + "]" * 100_000, "binary.json": bytes(range(256)) * 4}
+    for name, content in cases.items():
+        path = tmp_path / name
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        elif content is not None:
+            path.write_text(content)
+        with pytest.raises(DataError, match=name):
+            timeline.merge([good, path])
+    rng = np.random.default_rng(0)
+    for k in range(200):  # mutations of a real trace: DataError or a valid merge, nothing else
+        raw = bytearray(text.encode())
+        for at in rng.integers(0, len(raw), rng.integers(1, 8)):
+            raw[at] = int(rng.integers(0, 256))
+        path = tmp_path / f"fuzz{k}.json"
+        path.write_bytes(bytes(raw))
+        try:
+            merged = timeline.merge([path])
+        except DataError as e:
+            assert path.name in str(e)
+        else:
+            assert isinstance(merged["traceEvents"], list)
+    big = tmp_path / "big.json"
+    with open(big, "wb") as f:
+        f.truncate(timeline.MAX_TRACE_BYTES + 1)  # sparse: no disk used
+    with pytest.raises(DataError, match="larger than"):
+        timeline.merge([big])
+    assert timeline.main([str(tmp_path / "out.json"), str(tmp_path / "list.json")]) == 1
+    assert "list.json" in capsys.readouterr().err and not (tmp_path / "out.json").exists()
+    assert timeline.main([str(tmp_path / "out.json"), str(good)]) == 0
+    assert json.loads((tmp_path / "out.json").read_text())["traceEvents"]

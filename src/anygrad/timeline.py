@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from .errors import DataError
 from .fsutil import atomic_write
 
 MAX_STEPS = 50  # steps kept by default: a compiling first step, warm-up, and a few dozen timed ones
@@ -144,13 +145,36 @@ def from_env(var: str, rank: int | None = None, process: str = "anygrad") -> Tim
     return tl
 
 
+MAX_TRACE_BYTES = 512 << 20  # a trace file larger than this is not one of ours (MAX_EVENTS spans are far less)
+
+
+def read_trace(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The events of a Chrome trace file; DataError naming the file for anything else (a missing,
+    huge, truncated or foreign file), in bounded time and memory."""
+    path = Path(path)
+    hint = "give the files that ANYGRAD_DP_TIMELINE wrote"
+    try:
+        if path.stat().st_size > MAX_TRACE_BYTES:
+            raise DataError(f"timeline {path}: larger than {MAX_TRACE_BYTES >> 20} MiB, not a trace anygrad wrote; {hint}")
+        doc = json.loads(path.read_bytes())
+    except OSError as e:
+        raise DataError(f"timeline {path}: cannot read it ({e.strerror or e}); {hint}") from e
+    except (ValueError, RecursionError) as e:  # JSON or UTF-8 errors, absurd nesting
+        raise DataError(f"timeline {path}: not JSON ({str(e)[:120]}); {hint}") from e
+    events = doc.get("traceEvents") if isinstance(doc, dict) else None
+    if not isinstance(events, list) or not all(
+            isinstance(e, dict) and (e.get("ph") == "M" or isinstance(e.get("ts"), (int, float))) for e in events):
+        raise DataError(f"timeline {path}: not a Chrome trace (a 'traceEvents' list of events with times); {hint}")
+    return events
+
+
 def merge(paths: list[str | os.PathLike]) -> dict[str, Any]:
     """One trace of several files (the ranks of one job: pid = rank), to see them side by side."""
     events: list[dict[str, Any]] = []
     for p in paths:
-        events += json.loads(Path(p).read_text())["traceEvents"]
+        events += read_trace(p)
     meta = [e for e in events if e.get("ph") == "M"]
-    spans = sorted((e for e in events if e.get("ph") != "M"), key=lambda e: e.get("ts", 0))
+    spans = sorted((e for e in events if e.get("ph") != "M"), key=lambda e: e["ts"])
     return {"traceEvents": meta + spans, "displayTimeUnit": "ms"}
 
 
@@ -159,7 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) < 2:
         print("usage: python -m anygrad.timeline MERGED.json TRACE.json [TRACE.json ...]", file=sys.stderr)
         return 2
-    atomic_write(argv[0], json.dumps(merge(argv[1:])), fsync=False)
+    try:
+        atomic_write(argv[0], json.dumps(merge(argv[1:])), fsync=False)
+    except (DataError, OSError) as e:
+        print(f"anygrad: {e}", file=sys.stderr)
+        return 1
     return 0
 
 
