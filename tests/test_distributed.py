@@ -590,11 +590,11 @@ def test_a_failed_step_returns_only_once_every_device_has_finished_it(tiny, monk
         finally:
             running.remove(i)
 
-    def read(self, i, waits, order, announce):  # device 0's gradient never comes back
+    def read(self, i, waits, order, announce, views):  # device 0's gradient never comes back
         if failing[0] and i == 0:
             announce.put(RuntimeError("device 0 lost"))
             return None
-        return plain_read(self, i, waits, order, announce)
+        return plain_read(self, i, waits, order, announce, views)
     monkeypatch.setattr(parallel.DataParallel, "_gradient_job", job)
     monkeypatch.setattr(parallel.DataParallel, "_read_buckets", read)
     with pytest.raises(RuntimeError, match="device 0 lost"):
@@ -619,15 +619,15 @@ rng = np.random.default_rng(1)
 x, y = rng.standard_normal((80, 20)).astype(np.float32), rng.integers(0, 4, 80)
 m = anygrad.load_onnx(model_path).compile(optimizer=Adam(lr=0.01), device=devices)
 m.train_on_batch(x[:16], y[:16])
-points = [(parallel.DataParallel, "_combine"), (parallel.DataParallel, "_write_back"),
+points = [(parallel.DataParallel, "_combine"), (parallel.DataParallel, "_write_back"), (parallel.DataParallel, "_release"),
           (parallel.DataParallel, "_update_job"), (base.Backend, "import_states")]
 if devices.startswith("wgpu"):
     from anygrad.backends.wgpu import runtime
-    points += [(runtime.WgpuBackend, "submit"), (runtime, "_copy_mapped"), (runtime.WgpuBackend, "import_view"),
-               (runtime.WgpuBackend, "export_states_async"), (runtime.WgpuExecutable, "run")]
+    points += [(runtime.WgpuBackend, "submit"), (runtime.WgpuBackend, "import_view"),
+               (runtime.WgpuBackend, "export_view_async"), (runtime.WgpuExecutable, "run")]
 else:
     from anygrad.backends.numpy.runtime import NumpyExecutable
-    points += [(NumpyExecutable, "run"), (base.Backend, "export_states_async")]
+    points += [(NumpyExecutable, "run"), (base.Backend, "export_view_async")]
 calls = {"n": 0, "fail_at": None}
 
 
@@ -699,8 +699,8 @@ def test_a_failure_anywhere_in_a_step_fails_it_and_the_next_step_trains_from_equ
                           text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
     cases = json.loads(done.stdout.strip().splitlines()[-1])
-    reached = {"_combine", "_write_back", "_update_job", "run", "export_states_async"}
-    reached |= {"submit", "_copy_mapped", "import_view"} if devices.startswith("wgpu") else {"import_states"}
+    reached = {"_combine", "_write_back", "_update_job", "run", "export_view_async", "_release"}
+    reached |= {"submit", "import_view"} if devices.startswith("wgpu") else {"import_states"}
     assert {c["point"] for c in cases} == reached, cases  # every injection point was hit
     bad = [c for c in cases if not c["ok"]]
     assert not bad, bad

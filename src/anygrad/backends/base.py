@@ -3,11 +3,17 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
+from .. import _parallel
 from ..ir.graph import Graph, Node
 from ..ir.registry import get_op
+
+
+def _nothing() -> None:
+    pass
 
 
 class Executable(ABC):
@@ -77,11 +83,30 @@ class Backend(ABC):
             out[off:off + v.size] = v
             off += v.size
 
-    def export_states_async(self, names: Sequence[str], out: np.ndarray) -> Callable[[], None]:
+    def export_view_async(self, names: Sequence[str], out: np.ndarray,
+                          encoder: Any = None) -> Callable[[], tuple[np.ndarray, Callable[[], None]]]:
         """export_states split into a start (this call) and a wait (the function it returns), for
-        backends that read back asynchronously (wgpu); here the whole copy happens now."""
+        backends that read back asynchronously (wgpu: `encoder`, a command encoder being built,
+        takes the copies mid-step). The wait gives the float32 vector, laid out as `out`, and a
+        release to call once it has been read (also after an error): on wgpu the vector is the
+        mapped staging memory itself, valid until then, so that gradients are summed straight
+        from it. Here the whole copy into `out` happens now and `out` is the vector."""
         self.export_states(names, out)
-        return lambda: None
+        return lambda: (out, _nothing)
+
+    def export_states_async(self, names: Sequence[str], out: np.ndarray, encoder: Any = None) -> Callable[[], None]:
+        """export_view_async landing in `out`: the returned function waits, copies (over the host's
+        threads), releases."""
+        wait = self.export_view_async(names, out, encoder)
+
+        def finish() -> None:
+            view, release = wait()
+            try:
+                if view is not out:
+                    _parallel.copy(out[:view.size], view)
+            finally:
+                release()
+        return finish
 
     def import_states(self, names: Sequence[str], flat: np.ndarray) -> None:
         """The inverse of export_states: set each state from its slice of `flat`."""

@@ -94,6 +94,10 @@ HOLD_CANDIDATES = (2, 0)
 # a device's big inputs staged through mapped memory (WgpuExecutable.stage_inputs); 0: write_buffer (A/B)
 STAGED_UPLOAD = os.environ.get("ANYGRAD_WGPU_STAGED_UPLOAD", "1") != "0"
 TIMELINE_ENV = "ANYGRAD_DP_TIMELINE"
+# the devices of one process summed straight from their mapped readback memory; 0: each bucket
+# copied into a host buffer first (the A/B: one more pass over every gradient byte)
+SUM_VIEWS_ENV = "ANYGRAD_DP_SUM_MAPPED"
+READER_JOIN_S = 60.0  # a failed step waits this long at most for its bucket reader to stop
 
 
 def _int_or(text: str, default: Any) -> Any:
@@ -158,6 +162,8 @@ class DataParallel:
         self._buckets: list[tuple[tuple[str, ...], int, int]] | None = None
         self._host: list[np.ndarray] = []
         self._arrived: list[set[int]] = []
+        self._views: list[dict[int, tuple[np.ndarray, Callable[[], None]]]] = []  # per device, this update's buckets held
+        self._sum_views = False
         self._ordered = False  # buckets sorted by when the program finishes them (_order_buckets)
         self._ready = [queue.SimpleQueue() for _ in self.replicas]
         self._first_read: set[int] = set()  # devices whose first bucket of this update arrived
@@ -416,6 +422,13 @@ class DataParallel:
             self._host = [np.empty(starts[-1], np.float32) for _ in self.replicas]
         # new queues each update: a reader left from a failed step announces into its own, not this one's
         self._ready = [queue.SimpleQueue() for _ in self.replicas]
+        for held in self._views:  # a failed step's buckets, never summed: their memory goes back
+            for k in list(held):
+                with contextlib.suppress(Exception):
+                    held.pop(k)[1]()
+        self._views = [{} for _ in self.replicas]
+        # summed straight from where each device read its bucket (no copy into host buffers first)
+        self._sum_views = len(self.replicas) > 1 and os.environ.get(SUM_VIEWS_ENV, "1").strip() != "0"
         self._arrived = [set() for _ in self.replicas]
         self._first_read = set()
 
@@ -471,6 +484,7 @@ class DataParallel:
         part by part (`hold` parts held: runtime._encode_dispatches), so each bucket is read,
         summed and all-reduced during the rest of the backward pass."""
         announce = self._ready[i]  # this update's queue (_prepare_exchange makes new ones)
+        views = self._views[i] if update else {}  # and the buckets it holds mapped, for the sums to read
         try:
             began = time.perf_counter()
             if self._timing:
@@ -478,7 +492,7 @@ class DataParallel:
             collective.set_reducer((lambda x, mode: self._reduce_stat(i, x, mode)) if self._meet is not None else None)
             host = self._host[i] if update else None
             ready = self._ready_steps(exe) if update else {}
-            waits: dict[int, Callable[[], None]] = {}
+            waits: dict[int, Callable[[], tuple[np.ndarray, Callable[[], None]]]] = {}
             reader: list[threading.Thread] = []
             if ready:
                 at: dict[int, list[int]] = {}
@@ -489,13 +503,13 @@ class DataParallel:
                 def tap(enc: Any, ks: list[int]) -> None:
                     for k in ks:
                         names, a, b = self._buckets[k]
-                        waits[k] = r.backend.export_states_async(names, host[a:b], encoder=enc)
+                        waits[k] = r.backend.export_view_async(names, host[a:b], encoder=enc)
                 exe.taps = {step: (lambda enc, ks=ks: tap(enc, ks)) for step, ks in at.items()}
 
                 def encoded() -> None:  # the tapped buckets are read while the rest of the step runs
                     tapped = sorted(waits, key=lambda k: (ready[k], k))
                     # named per device: the timeline keeps a track per thread name
-                    reader.append(threading.Thread(target=self._read_buckets, args=(i, waits, tapped, announce),
+                    reader.append(threading.Thread(target=self._read_buckets, args=(i, waits, tapped, announce, views),
                                                    name=f"anygrad-readback{i}", daemon=True))
                     reader[0].start()
                 exe.encoded, exe.hold_parts = encoded, hold or 0
@@ -516,8 +530,8 @@ class DataParallel:
                 late = [k for k in range(len(self._buckets)) if k not in waits]  # read after the step
                 for k in late:
                     names, a, b = self._buckets[k]
-                    waits[k] = r.backend.export_states_async(names, host[a:b])
-                self._read_buckets(i, waits, late, announce)
+                    waits[k] = r.backend.export_view_async(names, host[a:b])
+                self._read_buckets(i, waits, late, announce, views)
                 if reader:
                     reader[0].join()
             return out
@@ -526,17 +540,33 @@ class DataParallel:
                 self._meet.barrier.abort()  # the other devices stop waiting for this one
             if update:
                 announce.put(e)
+            if reader:  # no reader of this step may still hold mapped memory when the next one starts
+                reader[0].join(READER_JOIN_S)
             raise
 
-    def _read_buckets(self, i: int, waits: dict[int, Callable[[], None]], order: list[int],
-                      announce: queue.SimpleQueue) -> None:
+    def _read_buckets(self, i: int, waits: dict[int, Callable[[], tuple[np.ndarray, Callable[[], None]]]],
+                      order: list[int], announce: queue.SimpleQueue,
+                      views: dict[int, tuple[np.ndarray, Callable[[], None]]]) -> None:
         """Device i's buckets `order` onto the host, one after the other, each announced on its
-        queue as it lands (an error too, then stop). The wait for its first bucket counts as
-        compute_wait<i>, the others as readback<i>."""
+        queue as it lands (an error too, then stop). Where the devices of this process are summed
+        (several), a bucket stays where the device put it (on wgpu its mapped staging memory),
+        kept in `views` until the sum has read it (_release); else it is copied into the device's
+        host buffer. The wait for its first bucket counts as compute_wait<i>, the others as
+        readback<i>."""
+        host = self._host[i]
         for k in order:
             t = time.perf_counter()
             try:
-                waits[k]()
+                view, release = waits[k]()
+                if self._sum_views:
+                    views[k] = (view, release)
+                else:
+                    _, a, b = self._buckets[k]
+                    try:
+                        if not np.may_share_memory(view, host):  # (the cpu backend reads into host itself)
+                            _parallel.copy(host[a:b], view)
+                    finally:
+                        release()
             except BaseException as e:  # noqa: BLE001 - handed to the main thread, which raises it
                 announce.put(e)
                 return
@@ -580,20 +610,24 @@ class DataParallel:
             t = time.perf_counter()
             works.pop(k).wait()
             self._spent("all_reduce_wait", t)
-            self._write_back(names, [flat[a:b]], [1.0 / self.group.size], True)
+            self._write_back(names, [flat[a:b]], [1.0 / self.group.size], True, flat[a:b])
 
         for k, (names, a, b) in enumerate(self._buckets):
             for i in range(len(self.replicas)):
                 self._await(i, k, futures)
             if not (several or self.group is not None):
                 continue
-            if not ranks:
-                self._write_back(names, [h[a:b] for h in self._host], local, equal)
-                continue
-            t = time.perf_counter()
-            if several:  # this process's devices first, into device 0's buffer
-                self._combine([h[a:b] for h in self._host], local, equal, [flat[a:b]])
-            self._spent("sum", t)
+            parts = [self._views[i][k][0] if self._sum_views else h[a:b] for i, h in enumerate(self._host)]
+            try:
+                if not ranks:
+                    self._write_back(names, parts, local, equal, flat[a:b])
+                    continue
+                t = time.perf_counter()
+                if several:  # this process's devices first, into device 0's buffer
+                    self._combine(parts, local, equal, [flat[a:b]])
+                self._spent("sum", t)
+            finally:
+                self._release(k)
             t = time.perf_counter()
             works[k] = self.group.all_reduce_start(flat[a:b], k)
             self._mark("all_reduce_start", t, {"bucket": k})
@@ -621,26 +655,34 @@ class DataParallel:
             self.check_replicas()
             self._spent("hash", t)
 
+    def _release(self, k: int) -> None:
+        """Bucket k's mapped readback memory goes back to its devices (its sum has read it)."""
+        for held in self._views:
+            got = held.pop(k, None)
+            if got is not None:
+                got[1]()
+
     def _write_back(self, names: tuple[str, ...], parts: list[np.ndarray], weights: list[float],
-                    equal: bool) -> None:
+                    equal: bool, spare: np.ndarray) -> None:
         """Every replica's gradients `names` = the weighted sum of `parts` (equal weights: their sum
         times the weight; else each part times its own, summed in order: _combine). Where every
         device exposes its upload memory (Backend.import_view), the sum goes straight into every
-        device's memory; else into parts[0], then import_states. The same values reach every
-        device either way, so the replicas stay equal."""
+        device's memory; else into `spare` (a host buffer; it may be parts[0]), then
+        import_states. The same values reach every device either way, so the replicas stay
+        equal."""
         t = time.perf_counter()
         views: list[tuple[np.ndarray, Callable[[], None]] | None] = []
         try:
             for r in self.replicas:  # acquired one by one: those mapped are committed whatever happens
                 views.append(r.backend.import_view(names))
             direct = [v for v, _ in (got for got in views if got is not None)]
-            into = direct if all(got is not None for got in views) else [parts[0]]
+            into = direct if all(got is not None for got in views) else [spare]
             self._combine(parts, weights, equal, into)
             for (r, got) in zip(self.replicas, views):
                 if got is None:
-                    r.backend.import_states(names, parts[0])
+                    r.backend.import_states(names, spare)
                 elif into is not direct:
-                    np.copyto(got[0], parts[0])
+                    np.copyto(got[0], spare)
         finally:
             for got in views:
                 if got is not None:

@@ -151,6 +151,10 @@ def _copy_mapped(buf: Any, mapping: Any, out: np.ndarray) -> None:
         buf.unmap()
 
 
+def _nothing() -> None:
+    pass
+
+
 def _unmapped(buf: Any, mapping: Any = None) -> Any:
     """A kept staging buffer, back to unmapped before new copies go into it. A step that failed
     mid-way may have left its map asked for and never read (pending or mapped, `mapping` its
@@ -359,20 +363,22 @@ class WgpuBackend(Backend):
         host copy, through a mapped staging buffer kept between calls (gradient exchange)."""
         self.export_states_async(names, out)()
 
-    def export_states_async(self, names: Sequence[str], out: np.ndarray, encoder: Any = None) -> Callable[[], None]:
-        """export_states in two halves, so that buckets pipeline: this call queues the copies into
-        a mapped staging buffer of these names' own (kept between calls) and asks to map it; the
-        returned function waits for that map and copies into `out`. Buckets exported one after
-        the other each get their own submission, so the first is read while the next copies.
-        With `encoder` the copies go into it instead (a tap of WgpuExecutable.taps: mid-step),
-        and the map is asked for when that encoder is submitted (take_hooks / submit, maybe on
-        another thread: the returned function waits for it), or else when it is called."""
+    def export_view_async(self, names: Sequence[str], out: np.ndarray,
+                          encoder: Any = None) -> Callable[[], tuple[np.ndarray, Callable[[], None]]]:
+        """Backend.export_view_async through a mapped staging buffer of these names' own (kept
+        between calls): this call queues the copies into it and asks to map it; the returned
+        function waits for that map and gives the mapped memory itself as the vector (no host
+        copy), valid until its release unmaps it. Buckets exported one after the other each get
+        their own submission, so the first is read while the next copies. With `encoder` the
+        copies go into it instead (a tap of WgpuExecutable.taps: mid-step), and the map is asked
+        for when that encoder is submitted (take_hooks / submit, maybe on another thread: the
+        returned function waits for it), or else when it is called."""
         spans = self._float32_spans(names)
         if spans is None:
-            return super().export_states_async(names, out)
+            return super().export_view_async(names, out)
         total = sum(nbytes for _, _, nbytes, _ in spans)
         if total == 0:
-            return lambda: None
+            return lambda: (out[:0], _nothing)
         wgpu = _wgpu()
         key = tuple(names)
         held = self._export_bufs.get(key)
@@ -403,14 +409,17 @@ class WgpuBackend(Backend):
         else:
             self._hooks.append(request)
 
-        def finish() -> None:
+        def finish() -> tuple[np.ndarray, Callable[[], None]]:
             try:
                 asked.wait()
                 if not promise:
                     raise DeviceError("the gradient copy's submission failed")
-                _copy_mapped(buf, promise[0], out[:total // 4])
+                promise[0].sync_wait()  # an event wait: the GIL is free
+                view = np.frombuffer(buf.read_mapped(0, total, copy=False), np.float32)
             except Exception as e:
+                _unmapped(buf)
                 raise _gpu_error(e, "reading gradients back") from e
+            return view, lambda: _unmapped(buf)
         return finish
 
     def import_states(self, names: Sequence[str], flat: np.ndarray) -> None:
@@ -1054,44 +1063,57 @@ class WgpuExecutable(Executable):
         # so the GPU starts while the rest is encoded.
         first = min((k for k in self.taps if k < n), default=-1) if free or cap else -1
         early = {c - 1 for c in (EARLY_CHUNK << j for j in range(32)) if 0 < c <= first}
-        for cut in sorted({k for k in self.taps if k < n} | hosted | {n - 1} | early):
-            if cut >= at:
-                cpass = enc.begin_compute_pass()
-                for pipe, bg, wg in self._dispatches[at:cut + 1]:
-                    cpass.set_pipeline(pipe)
-                    cpass.set_bind_group(0, bg)
-                    cpass.dispatch_workgroups(*wg)
-                cpass.end()
-                at = cut + 1
-            if cut in self.taps:
-                self.taps[cut](enc)
-            if cut in hosted:  # the next kernel is a host step: it runs on the host, between submissions
-                for part, hooks in held:
-                    self.backend.submit(part, hooks)
-                for hook in deferred:
-                    hook()
-                held, asked, deferred = [], False, []
-                enc = self._host_step(enc, cut + 1)
-                at = cut + 2
-            elif (cut in early and not asked) or (free and cut in self.taps and cut < n - 1):
-                self.backend.submit(enc.finish(), self.backend.take_hooks())
-                enc = self.backend.device.create_command_encoder()
-            elif cut in self.taps and cut < n - 1 and not cap:
-                deferred += self.backend.take_hooks()
-                self.backend.submit(enc.finish())
-                enc = self.backend.device.create_command_encoder()
-            elif cut in self.taps and cut < n - 1:
-                if asked and len(held) >= cap:
-                    continue  # later taps' copies go with the next part held, or the last
-                hooks = self.backend.take_hooks()
-                if asked:
-                    held.append((enc.finish(), hooks))
-                else:
-                    self.backend.submit(enc.finish(), hooks)
-                    asked = bool(hooks)
-                enc = self.backend.device.create_command_encoder()
+        try:
+            for cut in sorted({k for k in self.taps if k < n} | hosted | {n - 1} | early):
+                if cut >= at:
+                    cpass = enc.begin_compute_pass()
+                    for pipe, bg, wg in self._dispatches[at:cut + 1]:
+                        cpass.set_pipeline(pipe)
+                        cpass.set_bind_group(0, bg)
+                        cpass.dispatch_workgroups(*wg)
+                    cpass.end()
+                    at = cut + 1
+                if cut in self.taps:
+                    self.taps[cut](enc)
+                if cut in hosted:  # the next kernel is a host step: it runs on the host, between submissions
+                    for part, hooks in held:
+                        self._submit_part(part, hooks)
+                    for hook in deferred:
+                        hook()
+                    held, asked, deferred = [], False, []
+                    enc = self._host_step(enc, cut + 1)
+                    at = cut + 2
+                elif (cut in early and not asked) or (free and cut in self.taps and cut < n - 1):
+                    self._submit_part(enc.finish(), self.backend.take_hooks())
+                    enc = self.backend.device.create_command_encoder()
+                elif cut in self.taps and cut < n - 1 and not cap:
+                    deferred += self.backend.take_hooks()
+                    self.backend.submit(enc.finish())
+                    enc = self.backend.device.create_command_encoder()
+                elif cut in self.taps and cut < n - 1:
+                    if asked and len(held) >= cap:
+                        continue  # later taps' copies go with the next part held, or the last
+                    hooks = self.backend.take_hooks()
+                    if asked:
+                        held.append((enc.finish(), hooks))
+                    else:
+                        self._submit_part(enc.finish(), hooks)
+                        asked = bool(hooks)
+                    enc = self.backend.device.create_command_encoder()
+        except BaseException:  # the map requests not yet submitted: their readers raise, not wait
+            _cancel([h for _, hooks in held for h in hooks] + deferred + self.backend.take_hooks())
+            raise
         self._deferred = deferred
         return enc, held
+
+    def _submit_part(self, part: Any, hooks: list[Callable[[], None]]) -> None:
+        """A part of the step and the map requests of the copies in it; if the submit fails, those
+        requests are cancelled, so that their readers raise instead of waiting for ever."""
+        try:
+            self.backend.submit(part, hooks)
+        except BaseException:
+            _cancel(hooks)
+            raise
 
     def _host_step(self, enc: Any, k: int) -> Any:
         """Kernel k is a host step: submit the step so far with a copy of its input, wait, let the
