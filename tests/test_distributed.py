@@ -186,6 +186,20 @@ def test_ranks_train_like_one_process_on_the_global_batch(tmp_path, tiny, world)
     np.testing.assert_allclose(float(got["loss"]), metrics["loss"], **TOL)
 
 
+def test_wgpu_ranks_train_like_one_process_on_the_global_batch(tmp_path, tiny):
+    """Two gloo ranks on wgpu (two devices of lavapipe): each bucket is all-reduced in place in the
+    memory its device mapped it into for reading, then written back from there."""
+    from anygrad.devices import list_adapters
+    if not list_adapters():
+        pytest.fail("no wgpu adapter: install mesa-vulkan-drivers (lavapipe)")
+    model, data, x, y = tiny
+    got = _ranks(tmp_path, 2, model, data, "wgpu:0")
+    losses, state, _ = _reference(model, x, y)
+    np.testing.assert_allclose(got["losses"], losses, **TOL)
+    for name, value in state.items():
+        np.testing.assert_allclose(got[name], value, **TOL, err_msg=name)
+
+
 # -- several devices in one process -----------------------------------------------------------------------------
 @pytest.mark.parametrize("devices", ["cpu,cpu,cpu", "wgpu:0,wgpu:0"])
 def test_devices_of_one_process_train_like_one_device(tiny, devices):
@@ -455,7 +469,7 @@ def test_device_shards_are_uploaded_through_mapped_buffers(tiny, monkeypatch, th
         pytest.fail("no wgpu adapter: install mesa-vulkan-drivers (lavapipe)")
     monkeypatch.setattr(runtime, "STAGED_INPUT_BYTES", 0)
     if not threads:
-        monkeypatch.setattr(runtime, "_write_view", lambda buf, nbytes: None)
+        monkeypatch.setattr(runtime, "_mapped_view", lambda buf, nbytes: None)
     model, _, x, y = tiny
     x, y = x[:32], y[:32]
     losses, state, _ = _reference(model, x, y, device="wgpu:0", epochs=1)

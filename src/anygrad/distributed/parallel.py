@@ -94,8 +94,8 @@ HOLD_CANDIDATES = (2, 0)
 # a device's big inputs staged through mapped memory (WgpuExecutable.stage_inputs); 0: write_buffer (A/B)
 STAGED_UPLOAD = os.environ.get("ANYGRAD_WGPU_STAGED_UPLOAD", "1") != "0"
 TIMELINE_ENV = "ANYGRAD_DP_TIMELINE"
-# the devices of one process summed straight from their mapped readback memory; 0: each bucket
-# copied into a host buffer first (the A/B: one more pass over every gradient byte)
+# gradients summed and all-reduced straight from the devices' mapped readback memory; 0: each
+# bucket copied into a host buffer first (the A/B: one more pass over every gradient byte)
 SUM_VIEWS_ENV = "ANYGRAD_DP_SUM_MAPPED"
 READER_JOIN_S = 60.0  # a failed step waits this long at most for its bucket reader to stop
 
@@ -427,8 +427,9 @@ class DataParallel:
                 with contextlib.suppress(Exception):
                     held.pop(k)[1]()
         self._views = [{} for _ in self.replicas]
-        # summed straight from where each device read its bucket (no copy into host buffers first)
-        self._sum_views = len(self.replicas) > 1 and os.environ.get(SUM_VIEWS_ENV, "1").strip() != "0"
+        # summed (all-reduced) straight from where each device read its bucket, no copy into host buffers first
+        exchanged = len(self.replicas) > 1 or (self.group is not None and self.group.size > 1)
+        self._sum_views = exchanged and os.environ.get(SUM_VIEWS_ENV, "1").strip() != "0"
         self._arrived = [set() for _ in self.replicas]
         self._first_read = set()
 
@@ -602,42 +603,60 @@ class DataParallel:
         total = float(sum(counts))
         equal = len(set(counts)) == 1
         local = ([1.0 / len(counts)] * len(counts)) if equal else [n / total for n in counts]
-        works: dict[int, Any] = {}
+        works: dict[int, tuple[Any, np.ndarray]] = {}  # bucket -> (its gloo work, the array it sums in place)
         pending: list[int] = []  # all-reducing, not yet written back (in bucket order)
 
         def finish(k: int) -> None:  # bucket k's gloo sum is done: scaled, back to every device
-            names, a, b = self._buckets[k]
+            names = self._buckets[k][0]
             t = time.perf_counter()
-            works.pop(k).wait()
-            self._spent("all_reduce_wait", t)
-            self._write_back(names, [flat[a:b]], [1.0 / self.group.size], True, flat[a:b])
-
-        for k, (names, a, b) in enumerate(self._buckets):
-            for i in range(len(self.replicas)):
-                self._await(i, k, futures)
-            if not (several or self.group is not None):
-                continue
-            parts = [self._views[i][k][0] if self._sum_views else h[a:b] for i, h in enumerate(self._host)]
+            work, summed = works.pop(k)
             try:
-                if not ranks:
-                    self._write_back(names, parts, local, equal, flat[a:b])
-                    continue
-                t = time.perf_counter()
-                if several:  # this process's devices first, into device 0's buffer
-                    self._combine(parts, local, equal, [flat[a:b]])
-                self._spent("sum", t)
+                work.wait()
+                self._spent("all_reduce_wait", t)
+                self._write_back(names, [summed], [1.0 / self.group.size], True, summed)
             finally:
                 self._release(k)
-            t = time.perf_counter()
-            works[k] = self.group.all_reduce_start(flat[a:b], k)
-            self._mark("all_reduce_start", t, {"bucket": k})
-            pending.append(k)
-            # write back what gloo has finished while later buckets are still on their way (a
-            # thread of its own for this was slower on 2 H200s: GPT 1.15x -> 0.97x on 2 ranks)
-            while pending and works[pending[0]].is_completed():
-                finish(pending.pop(0))
-        for k in pending:
-            finish(k)
+
+        try:
+            for k, (names, a, b) in enumerate(self._buckets):
+                for i in range(len(self.replicas)):
+                    self._await(i, k, futures)
+                if not (several or self.group is not None):
+                    continue
+                parts = [self._views[i][k][0] if self._sum_views else h[a:b] for i, h in enumerate(self._host)]
+                if not ranks:
+                    try:
+                        self._write_back(names, parts, local, equal, flat[a:b])
+                    finally:
+                        self._release(k)
+                    continue
+                t = time.perf_counter()
+                summed = flat[a:b]
+                if not several and parts[0].flags.writeable:
+                    # all-reduced where the device put it (on wgpu its mapped readback memory: what
+                    # the host writes there is dropped when it is released, after the write-back)
+                    summed = parts[0]
+                else:
+                    try:  # this process's devices first (or its one, read-only), into device 0's buffer
+                        self._combine(parts, local, equal, [summed])
+                    finally:
+                        self._release(k)
+                self._spent("sum", t)
+                t = time.perf_counter()
+                works[k] = (self.group.all_reduce_start(summed, k), summed)
+                self._mark("all_reduce_start", t, {"bucket": k})
+                pending.append(k)
+                # write back what gloo has finished while later buckets are still on their way (a
+                # thread of its own for this was slower on 2 H200s: GPT 1.15x -> 0.97x on 2 ranks)
+                while pending and works[pending[0]][0].is_completed():
+                    finish(pending.pop(0))
+            for k in pending:
+                finish(k)
+        except BaseException:
+            for work, _ in works.values():  # gloo must be done with the memory before it is released
+                with contextlib.suppress(Exception):
+                    work.wait()
+            raise
         t = time.perf_counter()
         if several:
             updates = [self._pool_submit(self._update_job, r, i) for i, r in enumerate(self.replicas)]

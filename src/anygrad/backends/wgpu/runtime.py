@@ -170,9 +170,11 @@ def _unmapped(buf: Any, mapping: Any = None) -> Any:
     return buf
 
 
-def _write_view(buf: Any, nbytes: int) -> np.ndarray | None:
-    """The first nbytes of a buffer mapped for writing as a writable uint8 array (wgpu-py's
-    write_mapped copies on one thread), or None where this wgpu-py has no such internals."""
+def _mapped_view(buf: Any, nbytes: int) -> np.ndarray | None:
+    """The first nbytes of a mapped buffer as a writable uint8 array (wgpu-py's write_mapped copies
+    on one thread, and its read_mapped views are read-only), or None where this wgpu-py has no
+    such internals. Valid until the buffer is unmapped; writes into a read mapping are dropped
+    then (WebGPU's semantics), so it may serve as scratch."""
     try:
         from wgpu.backends.wgpu_native import _api
         ptr = _api.libf.wgpuBufferGetMappedRange(buf._internal, 0, nbytes)
@@ -415,7 +417,9 @@ class WgpuBackend(Backend):
                 if not promise:
                     raise DeviceError("the gradient copy's submission failed")
                 promise[0].sync_wait()  # an event wait: the GIL is free
-                view = np.frombuffer(buf.read_mapped(0, total, copy=False), np.float32)
+                raw = _mapped_view(buf, total)  # writable: the all-reduce may sum in it in place
+                view = (raw if raw is not None else np.frombuffer(buf.read_mapped(0, total, copy=False), np.uint8)
+                        ).view(np.float32)
             except Exception as e:
                 _unmapped(buf)
                 raise _gpu_error(e, "reading gradients back") from e
@@ -467,7 +471,7 @@ class WgpuBackend(Backend):
                 staging = self.device.create_buffer(size=total, usage=U.COPY_SRC | U.MAP_WRITE,
                                                     mapped_at_creation=True, label="state import")
                 self._import_bufs[key] = staging
-            view = _write_view(staging, total)
+            view = _mapped_view(staging, total)
         except Exception as e:
             raise _gpu_error(e, "writing gradients back") from e
         if view is None:
@@ -913,7 +917,7 @@ class WgpuExecutable(Executable):
                                                         mapped_at_creation=True, label=f"upload {name}"[:60])
             self._upload_bufs[name] = staging
         try:
-            view = _write_view(staging, nbytes)
+            view = _mapped_view(staging, nbytes)
             if view is not None:
                 _parallel.copy(view.view(dtype), value.reshape(-1))  # the cast in the same pass
             else:
