@@ -13,7 +13,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "anygrad"
 
 LAYERS = [
-    {"errors", "rng", "coerce", "_parallel", "fsutil", "torchfile"},  # leaf utilities (numpy only)
+    {"errors", "rng", "coerce", "_parallel", "fsutil", "torchfile", "timeline"},  # leaf utilities (numpy only)
     {"ir"},
     {"ops", "autodiff", "losses", "optim", "program", "batch"},
     {"backends", "devices"},
