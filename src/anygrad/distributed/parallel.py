@@ -593,9 +593,10 @@ class DataParallel:
         """As each bucket arrives from every device: without other ranks, the devices' parts
         summed (weighted by their shares of the batch: exact with uneven shares) straight into
         every device's upload memory, one pass over the host's threads (_write_back); with
-        ranks, summed into device 0's buffer and all-reduced through gloo (started at once,
-        several buckets in flight), then written back as each finishes. Then the update runs
-        everywhere (the devices in parallel)."""
+        ranks, summed into device 0's buffer (a rank's one device: left where it was read back)
+        and all-reduced there through gloo (started at once, several buckets in flight), then
+        written back as each finishes. The parts are read where each device put them (_views),
+        released once read. Then the update runs everywhere (the devices in parallel)."""
         counts = self._group_counts
         flat = self._host[0]
         several = len(self.replicas) > 1
