@@ -41,7 +41,7 @@ from .gemm_layout import (
 )
 from .kernel import AdapterCaps, ops_where
 from .kernels_elementwise import UNPACK_BYTES, bound_count, is_elementwise, make_fused
-from .kernels_gemm import EPILOGUE_ACTIVATIONS
+from .kernels_gemm import EPILOGUE_ACTIVATIONS, EPILOGUE_GRADS
 from .kernels_nn import BN_APPLY, BN_STATS
 from .kernels_optim import ARENA_CAST, COPY, FUSED_UPDATE
 from .kernels_reduce import NON_FINITE
@@ -53,6 +53,11 @@ MAX_GROUP = 48          # members per kernel: keeps shaders small and compile ti
 def residual_enabled() -> bool:
     """ANYGRAD_WGPU_RESIDUAL=0: a residual Add after a GEMM stays a kernel of its own (the old way)."""
     return os.environ.get("ANYGRAD_WGPU_RESIDUAL", "1") != "0"
+
+
+def grad_epilogue_enabled() -> bool:
+    """ANYGRAD_WGPU_GRAD_EPILOGUE=0: an activation gradient after a GEMM stays a kernel of its own."""
+    return os.environ.get("ANYGRAD_WGPU_GRAD_EPILOGUE", "1") != "0"
 
 
 def _bias_fits(graph: Graph, gemm: Node, bias: str, out: str) -> bool:
@@ -167,18 +172,35 @@ def fuse_epilogues(graph: Graph, protected: set[str], supports_epilogue: set[str
             else:
                 _fuse_row_residual(graph, n, sole_input, producers, absorbed, order)
             continue
-        if len(n.inputs) != 1:
-            continue
-        p = sole_input(n.inputs[0])
-        if p is None or p.op not in supports_epilogue or p.attr("_epilogue") is not None:
-            continue
-        if n.op == "Relu":
-            p.attrs["_epilogue"] = "relu"
-        elif n.op in EPILOGUE_ACTIVATIONS and p.op in GEMM_OPS and np.dtype(graph.info[n.outputs[0]].dtype) == np.float32:
-            p.attrs["_epilogue"] = n.op
-            p.attrs["_epilogue_attrs"] = dict(n.attrs)
+        if n.op in EPILOGUE_GRADS and len(n.inputs) == 2 and grad_epilogue_enabled():
+            # dy's GEMM applies the gradient, reading x at its own index as it reads a residual
+            # (through the reshape back to 3-D after a 2-D Gemm, which the fused GEMM replaces)
+            p, x, via = sole_input(n.inputs[0]), n.inputs[1], None
+            if p is not None and p.op in ALIAS_LIKE and p.inputs:
+                q = sole_input(p.inputs[0])
+                if q is not None and q.op in GEMM_OPS:
+                    via, p = p, q
+            if (p is None or p.op not in GEMM_OPS & supports_epilogue or has_bias(p) or x == n.inputs[0]
+                    or not _residual_fits(graph, p, x, n.outputs[0], reshaped=via is not None)):
+                continue
+            p.inputs[2:] = ["", x]
+            p.attrs.update(_epilogue=n.op, _epilogue_attrs=dict(n.attrs), _epilogue_arg=True)
+            if via is not None:
+                absorbed.add(id(via))
         else:
-            continue
+            if len(n.inputs) != 1:
+                continue
+            p = sole_input(n.inputs[0])
+            if p is None or p.op not in supports_epilogue or p.attr("_epilogue") is not None:
+                continue
+            if n.op == "Relu":
+                p.attrs["_epilogue"] = "relu"
+            elif (n.op in EPILOGUE_ACTIVATIONS and p.op in GEMM_OPS
+                  and np.dtype(graph.info[n.outputs[0]].dtype) == np.float32):
+                p.attrs["_epilogue"] = n.op
+                p.attrs["_epilogue_attrs"] = dict(n.attrs)
+            else:
+                continue
         p.outputs[0] = n.outputs[0]
         replaced[id(n)] = p
         order[id(p)] = order[id(n)]

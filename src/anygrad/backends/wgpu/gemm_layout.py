@@ -385,7 +385,8 @@ def _concat_part(graph: Graph, x: str, strides: tuple[int, ...], offset: int, us
         if st is None:
             return None
         shape = shape_of(graph, v)
-    if p is None or p.op != "MatMul" or p.attr("_residual") or p.attr("_intoY") is not None or p.outputs[0] != v:
+    if (p is None or p.op != "MatMul" or p.attr("_residual") or p.attr("_epilogue_arg") or p.attr("_intoY") is not None
+            or p.outputs[0] != v):
         return None
     return p, chain, (tuple(shape), st, offset)
 

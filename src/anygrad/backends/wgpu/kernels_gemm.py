@@ -36,6 +36,10 @@ EPILOGUES = {None: "y", "relu": "max(y, 0.0)"}
 # evaluated by the op's elementwise table row; Relu keeps the short `"relu"` key the convs share.
 EPILOGUE_ACTIVATIONS = frozenset({"Gelu", "Sigmoid", "Tanh", "LeakyRelu", "Elu", "Selu", "Celu", "Softplus",
                                   "Softsign", "HardSigmoid", "HardSwish", "Mish"})
+# Activation gradients (dy, x) -> dx that a GEMM computing dy applies in its epilogue, reading x at
+# the result's own index (attr `_epilogue_arg`, input 3): an MLP's input gradient through its
+# activation, without storing dy and reading it back (fusion.fuse_epilogues).
+EPILOGUE_GRADS = frozenset({"GeluGrad", "ReluGrad", "LeakyReluGrad", "EluGrad"})
 
 
 # -- WGSL literal helpers -------------------------------------------------------------------------
@@ -101,8 +105,9 @@ class Output:
     alpha: float = 1.0
     bias: str = ""           # WGSL f32 expression of (bt, r, c) added after alpha
     residual: str = ""       # WGSL f32 expression of (bt, r, c) added after the bias (a skip connection)
-    epilogue: str | None = None   # a key of EPILOGUES, or an op of EPILOGUE_ACTIVATIONS
+    epilogue: str | None = None   # a key of EPILOGUES, or an op of EPILOGUE_ACTIVATIONS or EPILOGUE_GRADS
     epilogue_attrs: tuple = ()    # that op's attributes, as sorted (name, value) pairs
+    operand: str = ""             # an EPILOGUE_GRADS op's second input x, a WGSL f32 expression of (bt, r, c)
 
 
 @dataclass(frozen=True)
@@ -281,6 +286,10 @@ def _activation(out: Output) -> tuple[str, str, str]:
     if out.epilogue in EPILOGUES:
         return "", "", EPILOGUES[out.epilogue]
     c = Emit()
+    if out.operand:  # read once: the gradient's formula may use x several times
+        node = Node(out.epilogue, ["y", "x"], ["z"], dict(out.epilogue_attrs))
+        (v,) = EW[out.epilogue].emit(c, node, [Val("y", "f32"), Val("ex", "f32")], ["f32"])
+        return "\n".join(c.helpers.values()), f"  let ex = {out.operand};\n" + "\n".join(c.lines) + "\n", v.expr
     node = Node(out.epilogue, ["y"], ["z"], dict(out.epilogue_attrs))
     (v,) = EW[out.epilogue].emit(c, node, [Val("y", "f32")], ["f32"])
     return "\n".join(c.helpers.values()), "\n".join(c.lines) + "\n", v.expr
@@ -1043,6 +1052,15 @@ def _residual(node: Node, reads: list[Binding], index: str) -> str:
     return f"Rs[{index}]"
 
 
+def _epilogue_arg(node: Node, reads: list[Binding], index: str) -> str:
+    """The x of a fused activation gradient (EPILOGUE_GRADS; input 3, attr `_epilogue_arg`: the
+    result's shape and row-major order, so it is read at the result's own index); binds it."""
+    if not node.attr("_epilogue_arg"):
+        return ""
+    reads.append(Binding(node.inputs[3], "Ex"))
+    return f"Ex[{index}]"
+
+
 def _operand_layout(node: Node, graph: Graph, slot: int) -> tuple[Layout, int]:
     """(layout, element offset) of MatMul operand `slot` as the kernel reads it: the stored
     tensor, or a strided view of it (attr `_viewA`/`_viewB`, gemm_layout.fold_slices), through its
@@ -1107,7 +1125,8 @@ def lower_matmul(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     # vec4 stores where four consecutive results are four aligned elements
     vec_y = N % 4 == 0 and ly.strides[-1] == 1 and not any(st % 4 for st in (y_base, ly_rs, *ly.strides[:-2]))
     out = Output("Y", y_index, contig=vec_y, alpha=float(node.attr("_alpha", 1.0)), bias=bias,
-                 residual=_residual(node, reads, y_index), **epilogue_of(node))
+                 residual=_residual(node, reads, y_index), operand=_epilogue_arg(node, reads, y_index),
+                 **epilogue_of(node))
     spec = GemmSpec("MatMul", M, N, K, batch, a, b, out, tuple(reads), Binding(node.outputs[0], "Y"))
     return gemm_kernels(spec, caps, **variant_of(node, graph, caps))
 
@@ -1135,6 +1154,7 @@ def lower_gemm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
         bias = f"Cb[r * {u(sr)} + c * {u(scc)}]" + (f" * {f(beta)}" if beta != 1.0 else "")
         reads.append(Binding(node.inputs[2], "Cb"))
     out = Output("Y", f"r * {u(N)} + c", contig=N % 4 == 0, alpha=node.attr("alpha", 1.0), bias=bias,
-                 residual=_residual(node, reads, f"r * {u(N)} + c"), **epilogue_of(node))
+                 residual=_residual(node, reads, f"r * {u(N)} + c"),
+                 operand=_epilogue_arg(node, reads, f"r * {u(N)} + c"), **epilogue_of(node))
     spec = GemmSpec("Gemm", M, N, K, 1, a, b, out, tuple(reads), Binding(node.outputs[0], "Y"))
     return gemm_kernels(spec, caps, **variant_of(node, graph, caps))
