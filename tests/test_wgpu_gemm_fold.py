@@ -301,6 +301,62 @@ def test_an_mlps_activation_gradient_runs_in_the_input_gradient_gemms_store(act,
                    if not n.attr("_epilogue_arg"))
 
 
+@pytest.mark.parametrize("variant", ["register", "shared", "dot", "split"])
+@pytest.mark.parametrize("act", ["Gelu", "Relu", "Sigmoid"])
+def test_an_activation_read_only_by_gemms_runs_in_their_operand_loads(act, variant):
+    """Linear -> activation -> Linear, trained: the activation's output is read only by the second
+    Linear (forward) and by its weight gradient (through a reshape), so both GEMMs apply it as
+    they load that operand and it is never stored; the activation's gradient reads its input.
+    Every gradient matches numpy, with each GEMM variant, and with an activation that is not 0
+    at 0 (Sigmoid: the tiles' padding must stay 0, the operand's, not sigmoid(0))."""
+    pin = {"_gemm_variant": "shared", "_gemm_splits": 2} if variant == "split" else {"_gemm_variant": variant}
+    rows = 300 if variant == "split" else 5
+    feeds = {"x": rnd(2, rows, 9, seed=70), "W1": rnd(9, 13, seed=71), "b1": rnd(13, seed=72), "W2": rnd(13, 7, seed=73)}
+    nodes = [Node("MatMul", ["x", "W1"], ["xw"], name="fc1"), Node("Add", ["xw", "b1"], ["h"], name="bias"),
+             Node(act, ["h"], ["a"], name="act"), Node("MatMul", ["a", "W2"], ["y"], dict(pin), name="fc2")]
+    g = _graph(feeds, nodes, "y", grad=True)
+    for n in g.nodes:
+        if n.op in ("MatMul", "Gemm") and n.outputs[0] != "xw":
+            n.attrs.update(pin)
+    exe = _run(g, feeds)
+    prepared = exe.prepared.nodes
+    assert not [n for n in prepared if n.op == act or act in n.attrs.get("ops", ())], [n.op for n in prepared]
+    applied = [n for n in prepared for k in ("_prologueA", "_prologueB") if n.attr(k) is not None]
+    if act == "Gelu":  # its gradient reads h: h has other readers, so the activation goes forward
+        assert len(applied) == 2 and all(n.attr("_prologueA", n.attr("_prologueB"))[0] == act for n in applied)
+    else:  # Relu's and Sigmoid's gradients read their output: fc1 stores it (its epilogue)
+        assert not applied and any(n.attr("_epilogue") in (act, "relu") for n in prepared)
+
+
+@pytest.mark.parametrize("variant", ["register", "shared", "dot", "split"])
+def test_an_operand_activation_that_is_not_zero_at_zero_keeps_the_tiles_padding_zero(variant):
+    """sigmoid(h) @ W over shapes that do not divide the tiles: the loads past the operand's edge
+    stay 0 (the activated operand's padding), not sigmoid(0) = 0.5."""
+    pin = {"_gemm_variant": "shared", "_gemm_splits": 2} if variant == "split" else {"_gemm_variant": variant}
+    feeds = {"h": rnd(37, 301 if variant == "split" else 45, seed=76), "W": rnd(301 if variant == "split" else 45, 19,
+                                                                             seed=77)}
+    nodes = [Node("Sigmoid", ["h"], ["a"], name="act"), Node("MatMul", ["a", "W"], ["y"], pin, name="mm")]
+    exe = _run(_graph(feeds, nodes, "y", grad=False), feeds)
+    assert [n.op for n in exe.prepared.nodes] == ["MatMul"] and exe.prepared.nodes[0].attr("_prologueA")[0] == "Sigmoid"
+
+
+def test_an_activation_read_by_anything_but_gemms_stays_a_kernel(monkeypatch):
+    feeds = {"h": rnd(4, 6, seed=74), "W": rnd(6, 5, seed=75)}
+    nodes = [Node("Gelu", ["h"], ["a"], name="act"), Node("MatMul", ["a", "W"], ["y"], name="mm"),
+             Node("Add", ["a", "h"], ["z"], name="other")]
+    g = Graph(name="pro")
+    exe = _run(_graph(feeds, nodes + [Node("Concat", ["y", "z"], ["o"], {"axis": 1}, name="cat")], "o", grad=False),
+               feeds)
+    assert not any(n.attr("_prologueA") is not None for n in exe.prepared.nodes)
+    del g
+    monkeypatch.setenv("ANYGRAD_WGPU_PROLOGUE", "0")
+    exe = _run(_graph(feeds, nodes[:2], "y", grad=False), feeds)
+    assert not any(n.attr("_prologueA") is not None for n in exe.prepared.nodes)
+    monkeypatch.setenv("ANYGRAD_WGPU_PROLOGUE", "1")
+    exe = _run(_graph(feeds, nodes[:2], "y", grad=False), feeds)
+    assert [n.op for n in exe.prepared.nodes] == ["MatMul"] and exe.prepared.nodes[0].attr("_prologueA")[0] == "Gelu"
+
+
 def test_an_activation_gradient_whose_dy_is_read_elsewhere_stays_a_kernel(monkeypatch):
     feeds = {"h": rnd(4, 6, seed=64), "W": rnd(6, 5, seed=65), "x": rnd(4, 5, seed=66)}
     shared = [Node("MatMul", ["h", "W"], ["dy"], name="mm"), Node("GeluGrad", ["dy", "x"], ["dx"], name="gg"),

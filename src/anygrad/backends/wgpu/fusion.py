@@ -41,7 +41,7 @@ from .gemm_layout import (
 )
 from .kernel import AdapterCaps, ops_where
 from .kernels_elementwise import UNPACK_BYTES, bound_count, is_elementwise, make_fused
-from .kernels_gemm import EPILOGUE_ACTIVATIONS, EPILOGUE_GRADS
+from .kernels_gemm import EPILOGUE_ACTIVATIONS, EPILOGUE_GRADS, PROLOGUE_ATTRS
 from .kernels_nn import BN_APPLY, BN_STATS
 from .kernels_optim import ARENA_CAST, COPY, FUSED_UPDATE
 from .kernels_reduce import NON_FINITE
@@ -221,6 +221,58 @@ def fuse_epilogues(graph: Graph, protected: set[str], supports_epilogue: set[str
             continue
         nodes.append(n)
     graph.nodes = nodes
+
+
+def prologue_enabled() -> bool:
+    """ANYGRAD_WGPU_PROLOGUE=0: an activation read only by GEMMs stays a kernel of its own."""
+    return os.environ.get("ANYGRAD_WGPU_PROLOGUE", "1") != "0"
+
+
+def fuse_prologues(graph: Graph, protected: set[str]) -> None:
+    """An activation whose output only GEMMs read (as an operand, maybe through reshapes that
+    nothing else reads) runs in those GEMMs' operand loads instead (attr `_prologueA` /
+    `_prologueB`, kernels_gemm._prologue), and its output is never stored: an MLP's GELU before
+    its second Linear, forward, and where the backward recomputes it for that Linear's weight
+    gradient (planner.recompute_elementwise). Each element is activated once per tile that
+    loads it (a few times over: N / BN), against a pass that writes and rereads all of them.
+    For the activations a GEMM epilogue takes (EPILOGUE_ACTIVATIONS, Relu), float32 only;
+    after fuse_epilogues, which takes an activation whose input only it reads."""
+    if not prologue_enabled():
+        return
+    users = graph.consumers()
+
+    def gemm_operands(v: str) -> list[tuple[Node, int]] | None:
+        """(GEMM, operand slot) of every reader of v, looking through reshapes; None if any other
+        node reads it (or a reshape of it), or a GEMM has a prologue there already."""
+        found = []
+        for node, slot in users.get(v, []):
+            if node.op in ALIAS_LIKE and slot == 0 and node.outputs[0] not in protected:
+                deeper = gemm_operands(node.outputs[0])
+                if deeper is None:
+                    return None
+                found += deeper
+            elif node.op in GEMM_OPS and slot <= 1 and node.inputs.count(v) == 1 and \
+                    node.attr(PROLOGUE_ATTRS[slot]) is None:
+                found.append((node, slot))
+            else:
+                return None
+        return found
+
+    dropped: set[int] = set()
+    for n in graph.nodes:
+        if (n.op not in EPILOGUE_ACTIVATIONS | {"Relu"} or len(n.inputs) != 1 or n.outputs[0] in protected
+                or any(np.dtype(graph.info[v].dtype) != np.float32 for v in (n.inputs[0], n.outputs[0])
+                       if v in graph.info)):
+            continue
+        operands = gemm_operands(n.outputs[0])
+        if not operands:
+            continue
+        for reader, slot in users[n.outputs[0]]:  # a reshape now views the input: as many elements, same order
+            reader.inputs[slot] = n.inputs[0]
+        for gemm, slot in operands:
+            gemm.attrs[PROLOGUE_ATTRS[slot]] = (n.op, dict(n.attrs))
+        dropped.add(id(n))
+    graph.nodes = [n for n in graph.nodes if id(n) not in dropped]
 
 
 def fuse_elementwise(graph: Graph, caps: AdapterCaps, protected: set[str]) -> None:
@@ -735,6 +787,7 @@ def prepare(graph: Graph, caps: AdapterCaps, supports_epilogue: set[str], fuse: 
         claimed = {v for n in g.nodes if n.op == FUSED_UPDATE for v in n.attrs["grads"]}
         protected = set(g.outputs) | set(g.state_updates) | claimed
         fuse_epilogues(g, protected, supports_epilogue)
+        fuse_prologues(g, protected)
         split_batchnorm(g)
         fuse_elementwise(g, caps, protected)
         if slice_views_enabled():

@@ -88,6 +88,7 @@ class Operand:
     fast: int | None = None
     hoist: str = ""                   # statements of the prelude that use only c (they run first)
     hoisted: tuple[str, ...] = ()     # the u32 names those statements define
+    apply: tuple = ()                 # (op, sorted attrs) of an activation applied to each element loaded
 
     @property
     def full_prelude(self) -> str:
@@ -259,48 +260,74 @@ def _scalar_read(var: str, vec4: bool, idx: str) -> str:
     return f"{var}[({idx}) >> 2u][({idx}) & 3u]" if vec4 else f"{var}[{idx}]"
 
 
-def _loader(fn: str, op: Operand, vec4: bool) -> str:
+def _loader(fn: str, op: Operand, vec4: bool, helpers: dict[str, str] | None = None) -> str:
     """fn_el(bt, r, c) -> f32 (0 outside), and fn_v(bt, r, c) -> vec4 along op.contig when vec4-bound;
-    with a hoisted prelude also fn_elh(bt, r, c, <hoisted names>): fn_el given those values."""
+    with a hoisted prelude also fn_elh(bt, r, c, <hoisted names>): fn_el given those values.
+    With op.apply, each element read goes through that activation (fn_act; its helper functions
+    into `helpers`, shared with the epilogue's); outside the operand it stays 0, as the operand
+    the activation's output would be."""
     guard = f"if (r >= {u(op.rows)} || c >= {u(op.cols)}) {{ return {{zero}}; }}"
     valid = f"if (!({op.valid})) {{ return {{zero}}; }}" if op.valid else ""
+    act = (lambda e: f"{fn}_act({e})") if op.apply else (lambda e: e)
 
     def scalar(name: str, params: str, pre: str) -> list[str]:
         return [f"fn {name}(bt: u32, r: u32, c: u32{params}) -> f32 {{",
                 "  " + guard.replace("{zero}", "0.0"), f"  {pre}", "  " + valid.replace("{zero}", "0.0"),
-                f"  let idx = {op.index};", f"  return {_scalar_read(op.var, vec4, 'idx')};", "}"]
+                f"  let idx = {op.index};", f"  return {act(_scalar_read(op.var, vec4, 'idx'))};", "}"]
 
-    out = scalar(f"{fn}_el", "", op.full_prelude)
+    out = _act_fn(f"{fn}_act", op.apply, helpers) if op.apply else []
+    out += scalar(f"{fn}_el", "", op.full_prelude)
     if op.hoist:
         out += scalar(f"{fn}_elh", "".join(f", {h}: u32" for h in op.hoisted), op.prelude)
     if vec4:
+        read = f"{op.var}[({op.index}) >> 2u]"
+        if op.apply:
+            read = f"vec4<f32>({', '.join(act(f'w[{q}]') for q in range(4))})"
         out += [f"fn {fn}_v(bt: u32, r: u32, c: u32) -> vec4<f32> {{",
                 "  " + guard.replace("{zero}", "vec4<f32>(0.0)"), f"  {op.full_prelude}",
-                "  " + valid.replace("{zero}", "vec4<f32>(0.0)"),
-                f"  return {op.var}[({op.index}) >> 2u];", "}"]
+                "  " + valid.replace("{zero}", "vec4<f32>(0.0)")]
+        out += ([f"  let w = {op.var}[({op.index}) >> 2u];"] if op.apply else []) + [f"  return {read};", "}"]
     return "\n".join(out)
 
 
-def _activation(out: Output) -> tuple[str, str, str]:
-    """(helper functions, statements, result expression) applying out.epilogue to `y`."""
+def _act_fn(name: str, apply: tuple, helpers: dict[str, str] | None) -> list[str]:
+    """`fn name(x: f32) -> f32`: the activation apply = (op, sorted attrs), by its elementwise
+    table row; the functions it calls go into `helpers` (or before it, without)."""
+    c = Emit()
+    op, attrs = apply
+    (v,) = EW[op].emit(c, Node(op, ["x"], ["y"], dict(attrs)), [Val("x", "f32")], ["f32"])
+    own = [] if helpers is not None else list(c.helpers.values())
+    if helpers is not None:
+        helpers.update(c.helpers)
+    return own + [f"fn {name}(x: f32) -> f32 {{"] + c.lines + [f"  return {v.expr};", "}"]
+
+
+def _activation(out: Output, helpers: dict[str, str] | None = None) -> tuple[str, str, str]:
+    """(helper functions, statements, result expression) applying out.epilogue to `y`; with
+    `helpers`, the helper functions go there instead (shared with the operands' prologues)."""
     if out.epilogue in EPILOGUES:
         return "", "", EPILOGUES[out.epilogue]
     c = Emit()
+    pre = ""
     if out.operand:  # read once: the gradient's formula may use x several times
         node = Node(out.epilogue, ["y", "x"], ["z"], dict(out.epilogue_attrs))
         (v,) = EW[out.epilogue].emit(c, node, [Val("y", "f32"), Val("ex", "f32")], ["f32"])
-        return "\n".join(c.helpers.values()), f"  let ex = {out.operand};\n" + "\n".join(c.lines) + "\n", v.expr
-    node = Node(out.epilogue, ["y"], ["z"], dict(out.epilogue_attrs))
-    (v,) = EW[out.epilogue].emit(c, node, [Val("y", "f32")], ["f32"])
-    return "\n".join(c.helpers.values()), "\n".join(c.lines) + "\n", v.expr
+        pre = f"  let ex = {out.operand};\n"
+    else:
+        node = Node(out.epilogue, ["y"], ["z"], dict(out.epilogue_attrs))
+        (v,) = EW[out.epilogue].emit(c, node, [Val("y", "f32")], ["f32"])
+    if helpers is not None:
+        helpers.update(c.helpers)
+        return "", pre + "\n".join(c.lines) + "\n", v.expr
+    return "\n".join(c.helpers.values()), pre + "\n".join(c.lines) + "\n", v.expr
 
 
-def _epi_fn(out: Output, with_bias: bool) -> str:
+def _epi_fn(out: Output, with_bias: bool, helpers: dict[str, str] | None = None) -> str:
     bias = f"  y = y + {out.bias};\n" if (with_bias and out.bias) else ""
     bias += f"  y = y + {out.residual};\n" if (with_bias and out.residual) else ""
     alpha = f" * {f(out.alpha)}" if out.alpha != 1.0 else ""
-    helpers, lines, result = _activation(out)
-    return (f"{helpers}\nfn epi(bt: u32, r: u32, c: u32, v: f32) -> f32 {{\n  var y = v{alpha};\n{bias}"
+    own, lines, result = _activation(out, helpers)
+    return (f"{own}\nfn epi(bt: u32, r: u32, c: u32, v: f32) -> f32 {{\n  var y = v{alpha};\n{bias}"
             f"{lines}  return {result};\n}}")
 
 
@@ -638,9 +665,11 @@ def gemm_wgsl(spec: GemmSpec, t: Tiling, caps: AdapterCaps, splits: int = 1, ksp
                   for ib in range(t.tm // 4) for q in range(4) for j in range(nj)]
     else:
         stores = [f"  st4(bt, s, m0 + {i}u, n0 + {4 * j}u, acc{i}_{j});" for i in range(t.tm) for j in range(nj)]
-    wgsl = "\n".join((["enable f16;"] if t.half and t.variant == "shared" else []) + decls + [shared_decl,
-                              _loader("a", spec.a, reads[0].vec4), _loader("b", spec.b, reads[1].vec4),
-                              _epi_fn(out, with_bias), _store_fn(out, M, N)]
+    helpers: dict[str, str] = {}
+    loaders = [_loader("a", spec.a, reads[0].vec4, helpers), _loader("b", spec.b, reads[1].vec4, helpers),
+               _epi_fn(out, with_bias, helpers)]
+    wgsl = "\n".join((["enable f16;"] if t.half and t.variant == "shared" else []) + decls + [shared_decl]
+                     + list(helpers.values()) + loaders + [_store_fn(out, M, N)]
                      + head + body + stores + ["}"]) + "\n"
     return wgsl, grid, tuple(b.value for b in reads)
 
@@ -824,8 +853,9 @@ def dot_wgsl(spec: GemmSpec, d: DotTiling, caps: AdapterCaps, splits: int, kspli
         f"  for (var t = 0u; t < {u(wg)}; t = t + 1u) {{ sum = sum + red[t * {u(stride)} + li]; }}",
         f"  st1(bt, s, r0 + li / {u(d.cb)}, c0 + li % {u(d.cb)}, sum);",
         "}"]
-    wgsl = "\n".join(decls + [_loader("a", spec.a, False), _loader("b", spec.b, False),
-                              _epi_fn(out, with_bias), _store_fn(out, M, N)] + body) + "\n"
+    helpers: dict[str, str] = {}
+    loaders = [_loader("a", spec.a, False, helpers), _loader("b", spec.b, False, helpers), _epi_fn(out, with_bias, helpers)]
+    wgsl = "\n".join(decls + list(helpers.values()) + loaders + [_store_fn(out, M, N)] + body) + "\n"
     return wgsl, grid, tuple(b.value for b in reads)
 
 
@@ -1052,6 +1082,16 @@ def _residual(node: Node, reads: list[Binding], index: str) -> str:
     return f"Rs[{index}]"
 
 
+PROLOGUE_ATTRS = ("_prologueA", "_prologueB")
+
+
+def _prologue(node: Node, op: Operand, slot: int) -> Operand:
+    """The operand with the activation fusion.fuse_prologues moved into its loads (attr
+    `_prologueA` / `_prologueB`: (op, attrs)), if any."""
+    got = node.attr(PROLOGUE_ATTRS[slot])
+    return op if got is None else replace(op, apply=(got[0], tuple(sorted(dict(got[1]).items()))))
+
+
 def _epilogue_arg(node: Node, reads: list[Binding], index: str) -> str:
     """The x of a fused activation gradient (EPILOGUE_GRADS; input 3, attr `_epilogue_arg`: the
     result's shape and row-major order, so it is read at the result's own index); binds it."""
@@ -1127,7 +1167,8 @@ def lower_matmul(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     out = Output("Y", y_index, contig=vec_y, alpha=float(node.attr("_alpha", 1.0)), bias=bias,
                  residual=_residual(node, reads, y_index), operand=_epilogue_arg(node, reads, y_index),
                  **epilogue_of(node))
-    spec = GemmSpec("MatMul", M, N, K, batch, a, b, out, tuple(reads), Binding(node.outputs[0], "Y"))
+    spec = GemmSpec("MatMul", M, N, K, batch, _prologue(node, a, 0), _prologue(node, b, 1), out, tuple(reads),
+                    Binding(node.outputs[0], "Y"))
     return gemm_kernels(spec, caps, **variant_of(node, graph, caps))
 
 
@@ -1156,5 +1197,6 @@ def lower_gemm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     out = Output("Y", f"r * {u(N)} + c", contig=N % 4 == 0, alpha=node.attr("alpha", 1.0), bias=bias,
                  residual=_residual(node, reads, f"r * {u(N)} + c"),
                  operand=_epilogue_arg(node, reads, f"r * {u(N)} + c"), **epilogue_of(node))
-    spec = GemmSpec("Gemm", M, N, K, 1, a, b, out, tuple(reads), Binding(node.outputs[0], "Y"))
+    spec = GemmSpec("Gemm", M, N, K, 1, _prologue(node, a, 0), _prologue(node, b, 1), out, tuple(reads),
+                    Binding(node.outputs[0], "Y"))
     return gemm_kernels(spec, caps, **variant_of(node, graph, caps))
