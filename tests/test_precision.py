@@ -425,18 +425,7 @@ def test_a_tiny_gpt_trains_in_f16_on_wgpu_like_numpy_and_torch_autocast():
     module = _gpt_module(64, 8, 32, 2, 1).train()
     rng = np.random.default_rng(0)
     x, y = rng.integers(0, 64, (2, 8)), rng.integers(0, 64, (16,))
-    theirs = copy.deepcopy(module)
-    opt = torch.optim.SGD(theirs.parameters(), lr=0.1, momentum=0.9)
-    scaler = torch.amp.GradScaler("cpu")
-    want = []
-    for _ in range(3):
-        opt.zero_grad()
-        with torch.autocast("cpu", dtype=torch.float16):
-            loss = torch.nn.functional.cross_entropy(theirs(torch.from_numpy(x)), torch.from_numpy(y))
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        want.append(float(loss.detach()))
+    want = _torch_autocast_losses(copy.deepcopy(module), "gpt", steps=3, data=(x, y))
     got = {}
     for device in ("cpu", backend):
         m = anygrad.from_torch(module, torch.from_numpy(x), check=False)

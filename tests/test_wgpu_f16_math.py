@@ -222,6 +222,7 @@ def test_a_tiny_gpt_with_f16_products_follows_torch_autocast(half_backend, monke
     from pathlib import Path
 
     import torch
+    from test_precision import _torch_autocast_losses
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     from models import _gpt_module
     monkeypatch.setenv(kernels_gemm.F16_MATH_ENV, "1")
@@ -230,18 +231,7 @@ def test_a_tiny_gpt_with_f16_products_follows_torch_autocast(half_backend, monke
     module = _gpt_module(96, 48, 128, 2, 1).train()  # head size 64, 48 tokens: tiled attention matmuls
     rng = np.random.default_rng(0)
     x, y = rng.integers(0, 96, (2, 48)), rng.integers(0, 96, (96,))
-    theirs = copy.deepcopy(module)
-    opt = torch.optim.SGD(theirs.parameters(), lr=0.1, momentum=0.9)
-    scaler = torch.amp.GradScaler("cpu")
-    want = []
-    for _ in range(10):
-        opt.zero_grad()
-        with torch.autocast("cpu", dtype=torch.float16):
-            loss = torch.nn.functional.cross_entropy(theirs(torch.from_numpy(x)), torch.from_numpy(y))
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        want.append(float(loss.detach()))
+    want = _torch_autocast_losses(copy.deepcopy(module), "gpt", steps=10, data=(x, y))
     m = anygrad.from_torch(module, torch.from_numpy(x), check=False)
     m.compile("cross_entropy", anygrad.optim.SGD(lr=0.1, momentum=0.9), device=half_backend, precision="f16")
     got = [m.train_on_batch(x, y) for _ in range(10)]
