@@ -493,7 +493,9 @@ class DataParallel:
             collective.set_reducer((lambda x, mode: self._reduce_stat(i, x, mode)) if self._meet is not None else None)
             host = self._host[i] if update else None
             ready = self._ready_steps(exe) if update else {}
-            waits: dict[int, Callable[[], tuple[np.ndarray, Callable[[], None]]]] = {}
+            # summed from where the device put a bucket (its view, released by the sum), or copied into host
+            export = r.backend.export_view_async if self._sum_views else r.backend.export_states_async
+            waits: dict[int, Callable[[], Any]] = {}
             reader: list[threading.Thread] = []
             if ready:
                 at: dict[int, list[int]] = {}
@@ -504,7 +506,7 @@ class DataParallel:
                 def tap(enc: Any, ks: list[int]) -> None:
                     for k in ks:
                         names, a, b = self._buckets[k]
-                        waits[k] = r.backend.export_view_async(names, host[a:b], encoder=enc)
+                        waits[k] = export(names, host[a:b], encoder=enc)
                 exe.taps = {step: (lambda enc, ks=ks: tap(enc, ks)) for step, ks in at.items()}
 
                 def encoded() -> None:  # the tapped buckets are read while the rest of the step runs
@@ -531,7 +533,7 @@ class DataParallel:
                 late = [k for k in range(len(self._buckets)) if k not in waits]  # read after the step
                 for k in late:
                     names, a, b = self._buckets[k]
-                    waits[k] = r.backend.export_view_async(names, host[a:b])
+                    waits[k] = export(names, host[a:b])
                 self._read_buckets(i, waits, late, announce, views)
                 if reader:
                     reader[0].join()
@@ -545,29 +547,20 @@ class DataParallel:
                 reader[0].join(READER_JOIN_S)
             raise
 
-    def _read_buckets(self, i: int, waits: dict[int, Callable[[], tuple[np.ndarray, Callable[[], None]]]],
-                      order: list[int], announce: queue.SimpleQueue,
-                      views: dict[int, tuple[np.ndarray, Callable[[], None]]]) -> None:
+    def _read_buckets(self, i: int, waits: dict[int, Callable[[], Any]], order: list[int],
+                      announce: queue.SimpleQueue, views: dict[int, tuple[np.ndarray, Callable[[], None]]]) -> None:
         """Device i's buckets `order` onto the host, one after the other, each announced on its
-        queue as it lands (an error too, then stop). Where the devices of this process are summed
-        (several), a bucket stays where the device put it (on wgpu its mapped staging memory),
-        kept in `views` until the sum has read it (_release); else it is copied into the device's
-        host buffer. The wait for its first bucket counts as compute_wait<i>, the others as
-        readback<i>."""
-        host = self._host[i]
+        queue as it lands (an error too, then stop). Where gradients are summed from the devices'
+        readback memory (_sum_views), a wait gives the bucket where the device put it (on wgpu its
+        mapped staging memory), kept in `views` until the sum has read it (_release); else it has
+        copied the bucket into the device's host buffer. The wait for its first bucket counts as
+        compute_wait<i>, the others as readback<i>."""
         for k in order:
             t = time.perf_counter()
             try:
-                view, release = waits[k]()
+                got = waits[k]()
                 if self._sum_views:
-                    views[k] = (view, release)
-                else:
-                    _, a, b = self._buckets[k]
-                    try:
-                        if not np.may_share_memory(view, host):  # (the cpu backend reads into host itself)
-                            _parallel.copy(host[a:b], view)
-                    finally:
-                        release()
+                    views[k] = got
             except BaseException as e:  # noqa: BLE001 - handed to the main thread, which raises it
                 announce.put(e)
                 return

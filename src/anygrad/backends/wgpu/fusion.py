@@ -139,16 +139,21 @@ def fuse_epilogues(graph: Graph, protected: set[str], supports_epilogue: set[str
             return None
         return p
 
+    def gemm_behind(v: str) -> tuple[Node | None, Node | None]:
+        """(v's sole producer, or the GEMM behind a reshape that is v's sole producer; that
+        reshape, which the fused GEMM replaces, or None)."""
+        p = sole_input(v)
+        if p is not None and p.op in ALIAS_LIKE and p.inputs:
+            q = sole_input(p.inputs[0])
+            if q is not None and q.op in GEMM_OPS:
+                return q, p
+        return p, None
+
     for n in graph.nodes:
         if n.op == "Add" and len(n.inputs) == 2:
             for slot in (0, 1):
-                p = sole_input(n.inputs[slot])
+                p, via = gemm_behind(n.inputs[slot])
                 other = n.inputs[1 - slot]
-                via = None   # a reshape between the GEMM and the Add, which the fused GEMM replaces
-                if p is not None and p.op in ALIAS_LIKE and p.inputs:
-                    q = sole_input(p.inputs[0])
-                    if q is not None and q.op in GEMM_OPS:
-                        via, p = p, q
                 if p is None or p.op not in GEMM_OPS & supports_epilogue:
                     continue
                 if (via is None and not has_bias(p) and not p.attr("_residual") and p.attr("_epilogue") is None
@@ -175,11 +180,7 @@ def fuse_epilogues(graph: Graph, protected: set[str], supports_epilogue: set[str
         if n.op in EPILOGUE_GRADS and len(n.inputs) == 2 and grad_epilogue_enabled():
             # dy's GEMM applies the gradient, reading x at its own index as it reads a residual
             # (through the reshape back to 3-D after a 2-D Gemm, which the fused GEMM replaces)
-            p, x, via = sole_input(n.inputs[0]), n.inputs[1], None
-            if p is not None and p.op in ALIAS_LIKE and p.inputs:
-                q = sole_input(p.inputs[0])
-                if q is not None and q.op in GEMM_OPS:
-                    via, p = p, q
+            (p, via), x = gemm_behind(n.inputs[0]), n.inputs[1]
             if (p is None or p.op not in GEMM_OPS & supports_epilogue or has_bias(p) or x == n.inputs[0]
                     or not _residual_fits(graph, p, x, n.outputs[0], reshaped=via is not None)):
                 continue

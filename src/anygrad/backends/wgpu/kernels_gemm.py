@@ -964,7 +964,7 @@ def has_half_tiles(kernel_name: str) -> bool:
     return re.search(r"\bshared \d+x\d+k\d+[pdu\d]*h\b", kernel_name) is not None
 
 
-def variant_of(node: Node, graph: Graph | None = None, caps: AdapterCaps | None = None) -> dict:
+def variant_of(node: Node, graph: Graph, caps: AdapterCaps) -> dict:
     """Tiling pinned by the node (benchmarks, tests, the autotuner): attrs '_gemm_variant' (register |
     shared | dot), '_gemm_block' (4 | 8 outputs per invocation along M and N), '_gemm_kt' (K tile of
     the shared variant), '_gemm_prefetch' (0 | 1: register prefetch of the next K tile | 2: that and two
@@ -974,14 +974,13 @@ def variant_of(node: Node, graph: Graph | None = None, caps: AdapterCaps | None 
     per workgroup of the shared variant, 256 by default: 128 makes 128x64 tiles of the 8x8 blocks),
     '_gemm_unroll' (K steps per pass of a rolled K-tile loop: Tiling.unroll), '_gemm_tn' (outputs per
     invocation along N of the shared variant, when not _gemm_block), '_gemm_splits' (K splits, 1 for none,
-    each at least 128 of K; bench_kernels' `+splits=N`), '_gemm_half' (0 | 1: f16 products, half_math; needs
-    the graph and caps)."""
+    each at least 128 of K; bench_kernels' `+splits=N`), '_gemm_half' (0 | 1: f16 products, half_math)."""
     pf = node.attr("_gemm_prefetch")
     return {"variant": node.attr("_gemm_variant"), "block": node.attr("_gemm_block"), "kt": node.attr("_gemm_kt"),
             "prefetch": None if pf is None else int(pf), "layout": node.attr("_gemm_layout"),
             "threads": node.attr("_gemm_threads"), "unroll": node.attr("_gemm_unroll"), "tn": node.attr("_gemm_tn"),
             "splits": node.attr("_gemm_splits"),
-            "half": graph is not None and caps is not None and half_math(node, graph, caps)}
+            "half": half_math(node, graph, caps)}
 
 
 def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -24,7 +24,7 @@ from ...errors import DeviceError, ShapeError
 from ...ir.graph import Graph, Node
 from ...ir.passes import resolve_attributes
 from ...ops import collective
-from ..base import Backend, Executable
+from ..base import Backend, Executable, _nothing
 from . import autotune, pipeline_cache
 from .adapters import AdapterInfo, select_adapter
 from .fusion import packed_name, prepare
@@ -149,10 +149,6 @@ def _copy_mapped(buf: Any, mapping: Any, out: np.ndarray) -> None:
         _parallel.copy(out, np.frombuffer(buf.read_mapped(0, out.nbytes, copy=False), out.dtype))
     finally:
         buf.unmap()
-
-
-def _nothing() -> None:
-    pass
 
 
 def _unmapped(buf: Any, mapping: Any = None) -> Any:
