@@ -206,6 +206,76 @@ def test_gather_grad_matches_sequential_scatter_add_bits(backend):
     assert np.asarray(got[grad]).tobytes() == np.asarray(want[grad]).tobytes()
 
 
+@pytest.fixture
+def small_scan_tiles(monkeypatch):
+    """Scan tiles of 4 x 4 vec4s (64 counts) and one workgroup for at most 2 of them, so that
+    small inputs reach the tiled loop and the multi-level scan (nested twice) that large ones do."""
+    from anygrad.backends.wgpu import segments
+    monkeypatch.setattr(segments, "SCAN_WG", 4)
+    monkeypatch.setattr(segments, "ONE_GROUP_TILES", 2)
+
+
+def _run_scan(b, n: int, counts: np.ndarray) -> tuple[list[str], np.ndarray]:
+    """segments' scan kernels over `counts` (n u32) on the device, read back."""
+    import wgpu
+
+    from anygrad.backends.wgpu.segments import _scan_kernels
+    kernels, scratch = _scan_kernels("t", "h", n)
+    sizes = {"h": n, **{sc.name: sc.elements for sc in scratch}}
+    bufs = {k: b.create_buffer(4 * v, b.storage_usage, k) for k, v in sizes.items()}
+    b.device.queue.write_buffer(bufs["h"], 0, counts.astype(np.uint32).tobytes())
+    enc = b.device.create_command_encoder()
+    for kern in kernels:
+        ro = (True,) * len(kern.reads) + (False,) * len(kern.writes)
+        bgl, _ = b.layout(ro)
+        bg = b.device.create_bind_group(layout=bgl, entries=[
+            {"binding": k, "resource": {"buffer": bufs[v]}} for k, v in enumerate(kern.reads + kern.writes)])
+        cpass = enc.begin_compute_pass()
+        cpass.set_pipeline(b.pipeline(kern.wgsl, kern.entry, ro, kern.name))
+        cpass.set_bind_group(0, bg)
+        cpass.dispatch_workgroups(*kern.workgroups)
+        cpass.end()
+    b.device.queue.submit([enc.finish()])
+    del wgpu
+    return [k.name for k in kernels], np.frombuffer(b.read(bufs["h"], n * 4), np.uint32).copy()
+
+
+@pytest.mark.parametrize("small,n,levels", [
+    (False, 4, 0), (False, 256, 0), (False, 4000, 0),           # one tile (huge counts at n = 4: u32 wrap)
+    (False, 13568, 0),                                          # 4 tiles in one workgroup
+    (False, 5 * 4096 - 256, 1),                                 # 5 tiles: a workgroup each
+    (True, 120, 0), (True, 256, 1), (True, 1200, 1),            # small tiles: loop, multi-level
+    (True, 4096 * 3 + 256 * 5, 2),                              # nested twice, padded totals
+])
+def test_sort_scan_matches_numpy(backend, request, small, n, levels):
+    """The radix sort's exclusive prefix sum, bit for bit: one tile, several tiles through one
+    workgroup, and a tile per workgroup (nested when the tile totals are many)."""
+    if small:
+        request.getfixturevalue("small_scan_tiles")
+    counts = RNG.integers(0, 1 << 31, size=n, dtype=np.uint32) if n == 4 else RNG.integers(0, 300, size=n)
+    names, got = _run_scan(backend, n, counts)
+    want = np.concatenate([[0], np.cumsum(counts.astype(np.uint64))[:-1]]).astype(np.uint32)
+    np.testing.assert_array_equal(got, want)
+    assert names.count("t:sort.scan.tiles") == levels, names
+
+
+@pytest.mark.parametrize("small", [False, True], ids=["default", "small_tiles"])
+def test_gather_grad_two_passes_several_scan_tiles_bits(backend, request, small):
+    """A vocabulary past 256 rows (two radix passes) and 16,000 tokens (four scan tiles in one
+    workgroup; with small tiles, the multi-level scan): each row still sums in index order, as
+    np.add.at does."""
+    if small:
+        request.getfixturevalue("small_scan_tiles")
+    graph, feeds = op_graph("Gather", [randn(700, 2), RNG.integers(0, 700, size=(16000,)).astype(np.int64)],
+                            {"axis": 0})
+    want, got, exe = run_both(graph, feeds, backend=backend)
+    grad = graph.outputs[-1]
+    assert np.asarray(got[grad]).tobytes() == np.asarray(want[grad]).tobytes()
+    names = [st.kernel.name for st in exe.plan.steps]
+    assert names.count("GatherGrad:sort.scatter") == 2
+    assert ("GatherGrad:sort.scan.tiles" in names) == small
+
+
 @pytest.mark.parametrize("dshape,ishape,axis", [((40, 6), (700, 6), 0), ((3, 300), (3, 500), 1),
                                                 ((2, 3, 5), (2, 2, 7), 2)])
 def test_gather_elements_grad_sorted_segments(backend, radix_bits, dshape, ishape, axis):
