@@ -596,3 +596,44 @@ def test_residual_after_a_reshaped_2d_linear_runs_in_its_store():
     exe = _run(_graph(feeds, nodes, "y", grad=True, consts=consts), feeds)
     (gemm,) = [n for n in exe.prepared.nodes if n.outputs[0] == "y"]
     assert gemm.op == "Gemm" and gemm.attr("_residual") and gemm.inputs[2:] == ["c", "x"]
+
+
+@pytest.mark.parametrize("variant", ["register", "shared", "dot"])
+@pytest.mark.parametrize("mask_shape,fill_true", [((6, 7), True), ((2, 1, 6, 7), False), ((1, 7), True)])
+def test_a_masked_fill_of_attention_scores_runs_in_their_gemms_store(variant, mask_shape, fill_true):
+    """softmax(where(mask, -inf, q @ k^T)), attention's causal mask as both exporters write it: the
+    Where runs in the scores GEMM's store, reading the mask where it broadcasts into (B, H, T, S)
+    (a trailing T x S block; a mask per sample and not per head; one row for every query), with
+    the fill as Where's true or false branch; forward and training gradients as numpy's."""
+    feeds = {"q": rnd(2, 3, 6, 4, seed=60), "k": rnd(2, 3, 4, 7, seed=61)}
+    mask = np.random.default_rng(62).random(mask_shape) < 0.4
+    mask[..., 0] = not fill_true  # no row masked whole: softmax over nothing is nan either way
+    fill = np.array(-np.inf if fill_true else -1e4, np.float32)
+    branches = ["fill", "s"] if fill_true else ["s", "fill"]
+    nodes = [Node("MatMul", ["q", "k"], ["s"], {"_gemm_variant": variant}, name="qk"),
+             Node("Where", ["mask", *branches], ["m"], name="masked_fill"),
+             Node("Softmax", ["m"], ["p"], {"axis": -1}, name="softmax")]
+    consts = {"mask": mask, "fill": fill}
+    g = _graph(feeds, nodes, "p", grad=False, consts=consts)
+    exe = _run(g, feeds)
+    (mm,) = [n for n in exe.prepared.nodes if n.op == "MatMul"]
+    assert mm.outputs[0] == "m" and mm.attr("_where") is not None and mm.inputs[4] == "mask"
+    assert not any(n.startswith("ew:") for n in _kernel_names(exe)), _kernel_names(exe)
+    _run(_graph(feeds, nodes, "p", grad=True, consts=consts), feeds)
+
+
+def test_a_masked_fill_after_a_split_k_gemm_is_applied_once_by_the_reduce(monkeypatch):
+    """A long K split over workgroups: the partial sums are stored unmasked and the reducing kernel
+    applies bias, then the fill; with ANYGRAD_WGPU_WHERE_EPILOGUE=0 the Where is a kernel again."""
+    feeds = {"a": rnd(4, 3000, seed=63), "b": rnd(3000, 8, seed=64), "c": rnd(8, seed=65)}
+    mask = np.random.default_rng(66).random((4, 8)) < 0.5
+    nodes = [Node("MatMul", ["a", "b"], ["ab"], {"_gemm_variant": "shared"}, name="mm"),
+             Node("Add", ["ab", "c"], ["abc"], name="bias"),
+             Node("Where", ["mask", "fill", "abc"], ["y"], name="masked_fill")]
+    consts = {"mask": mask, "fill": np.array(-3.5, np.float32)}
+    exe = _run(_graph(feeds, nodes, "y", grad=False, consts=consts), feeds)
+    names = _kernel_names(exe)
+    assert [n.op for n in exe.prepared.nodes] == ["MatMul"] and any("reduce" in n for n in names), names
+    monkeypatch.setenv("ANYGRAD_WGPU_WHERE_EPILOGUE", "0")
+    exe = _run(_graph(feeds, nodes, "y", grad=False, consts=consts), feeds)
+    assert any(n.startswith("ew:") for n in _kernel_names(exe)), _kernel_names(exe)

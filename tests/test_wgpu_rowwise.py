@@ -73,14 +73,16 @@ def test_cross_entropy_reductions_ignore_index(backend, split, reduction):
 
 
 @pytest.mark.parametrize("log_input", [0, 1])
-def test_cross_entropy_smoothing_and_weights(backend, split, log_input):
+@pytest.mark.parametrize("shape", [(3, 200, 2), (5, 200), (5, 199)])
+def test_cross_entropy_smoothing_and_weights(backend, split, log_input, shape):
     """Label smoothing with class weights (their total from one kernel), on spatial targets
-    (N, C, d): the class axis has stride d."""
-    x = randn(3, 200, 2) * 2
+    (N, C, d): the class axis has stride d; and on (N, C) rows, whose gradient goes 4 classes
+    an invocation where C allows (200) and one where it does not (199)."""
+    x = randn(*shape) * 2
     if log_input:
         x = x - np.log(np.exp(x).sum(axis=1, keepdims=True))
-    w = randn(200, lo=0.1)
-    check(backend, "CrossEntropy", [x, targets(3, 200, (3, 2), ignore=-1), w],
+    w = randn(shape[1], lo=0.1)
+    check(backend, "CrossEntropy", [x, targets(shape[0], shape[1], (shape[0], *shape[2:]), ignore=-1), w],
           {"log_input": log_input, "reduction": "mean", "ignore_index": -1, "label_smoothing": 0.2},
           const=[2], rtol=3e-4, atol=3e-5, kernels=("CrossEntropy:weight-total", "CrossEntropyGrad:dx"))
 

@@ -121,11 +121,35 @@ def _fuse_row_residual(graph: Graph, add: Node, sole_input, producers: dict[str,
         return
 
 
+def where_epilogue_enabled() -> bool:
+    """ANYGRAD_WGPU_WHERE_EPILOGUE=0: a masked_fill of a GEMM's result stays a kernel of its own."""
+    return os.environ.get("ANYGRAD_WGPU_WHERE_EPILOGUE", "1") != "0"
+
+
+def _where_fill(graph: Graph, gemm: Node, where: Node, slot: int) -> float | None:
+    """The fill of Where(cond, ., .) whose input `slot` is the GEMM's result, when the GEMM can
+    apply it as it stores (attr `_where`): the other branch a float constant of one element, the
+    condition broadcasting into the result without growing it, float32. Else None."""
+    other, out, cond = where.inputs[3 - slot], where.outputs[0], where.inputs[0]
+    fill = graph.initializers.get(other)
+    if fill is None or np.size(fill) != 1 or any(
+            v not in graph.info for v in (cond, out, gemm.outputs[0])):
+        return None
+    shape = shape_of(graph, out)
+    if (np.dtype(graph.info[out].dtype) != np.float32 or shape_of(graph, gemm.outputs[0]) != shape
+            or len(shape_of(graph, cond)) > len(shape)
+            or np.broadcast_shapes(shape_of(graph, cond), shape) != shape):
+        return None
+    return float(np.asarray(fill).reshape(()))
+
+
 def fuse_epilogues(graph: Graph, protected: set[str], supports_epilogue: set[str]) -> None:
     """A GEMM's bias Add, residual Add and activation run in its epilogue when nothing else reads
     the values in between: MatMul/Gemm -> Add(bias) -> Add(residual) -> activation (Relu, Gelu,
     ... see EPILOGUE_ACTIVATIONS), Conv -> Relu. The fused GEMM takes the place of the last node
-    it absorbs. A residual is input 3 (input 2, the bias, may be empty) with attr `_residual`."""
+    it absorbs. A residual is input 3 (input 2, the bias, may be empty) with attr `_residual`.
+    Last of all, a masked_fill (Where with a constant branch; attention's causal mask over its
+    scores): input 4 the condition, attr `_where`; nothing fuses into a GEMM after it."""
     users = graph.consumers()
     producers = graph.producers()
     replaced: dict[int, Node] = {}   # id(absorbed node) -> the GEMM now standing in its place
@@ -135,7 +159,7 @@ def fuse_epilogues(graph: Graph, protected: set[str], supports_epilogue: set[str
 
     def sole_input(v: str) -> Node | None:
         p = producers.get(v)
-        if p is None or len(users.get(v, [])) != 1 or v in protected:
+        if p is None or len(users.get(v, [])) != 1 or v in protected or p.attr("_where") is not None:
             return None
         return p
 
@@ -177,7 +201,19 @@ def fuse_epilogues(graph: Graph, protected: set[str], supports_epilogue: set[str
             else:
                 _fuse_row_residual(graph, n, sole_input, producers, absorbed, order)
             continue
-        if n.op in EPILOGUE_GRADS and len(n.inputs) == 2 and grad_epilogue_enabled():
+        if n.op == "Where" and len(n.inputs) == 3:
+            for slot in (1, 2):
+                p = sole_input(n.inputs[slot])
+                if p is None or p.op not in GEMM_OPS & supports_epilogue or not where_epilogue_enabled():
+                    continue
+                fill = _where_fill(graph, p, n, slot)
+                if fill is not None:
+                    break
+            else:
+                continue
+            p.inputs[2:] = [p.input(2), p.input(3), n.inputs[0]]
+            p.attrs["_where"] = (fill, slot == 2)  # the fill is Where's true branch when the GEMM is the false one
+        elif n.op in EPILOGUE_GRADS and len(n.inputs) == 2 and grad_epilogue_enabled():
             # dy's GEMM applies the gradient, reading x at its own index as it reads a residual
             # (through the reshape back to 3-D after a 2-D Gemm, which the fused GEMM replaces)
             (p, via), x = gemm_behind(n.inputs[0]), n.inputs[1]

@@ -30,6 +30,7 @@ from ...errors import ShapeError
 from ...ir.graph import Graph, Node
 from .kernel import AdapterCaps, Kernel, Scratch, lowering
 from .kernels_elementwise import EW, Emit, Val
+from .wgsl import literal, vtype
 
 EPILOGUES = {None: "y", "relu": "max(y, 0.0)"}
 # Activations a MatMul/Gemm applies in its epilogue (attrs `_epilogue` = the op, `_epilogue_attrs`),
@@ -58,6 +59,7 @@ class Binding:
     value: str          # graph value (or Scratch) name
     var: str            # WGSL variable name
     vec4: bool = False  # bound as array<vec4<f32>> (operand loaded four elements at a time)
+    elem: str = "f32"   # WGSL element type otherwise (a fused Where's condition: u32)
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,8 @@ class Output:
     epilogue: str | None = None   # a key of EPILOGUES, or an op of EPILOGUE_ACTIVATIONS or EPILOGUE_GRADS
     epilogue_attrs: tuple = ()    # that op's attributes, as sorted (name, value) pairs
     operand: str = ""             # an EPILOGUE_GRADS op's second input x, a WGSL f32 expression of (bt, r, c)
+    mask: str = ""                # a fused Where (masked_fill), last: where this WGSL bool of (bt, r, c)
+    fill: str = ""                # holds, the result is this f32 expression instead
 
 
 @dataclass(frozen=True)
@@ -252,7 +256,7 @@ def linear_id(grid: tuple[int, int, int]) -> str:
 
 # -- WGSL generation ----------------------------------------------------------------------------
 def _decl(i: int, b: Binding, access: str) -> str:
-    elem = "vec4<f32>" if b.vec4 else "f32"
+    elem = "vec4<f32>" if b.vec4 else b.elem
     return f"@group(0) @binding({i}) var<storage, {access}> {b.var}: array<{elem}>;"
 
 
@@ -327,6 +331,9 @@ def _epi_fn(out: Output, with_bias: bool, helpers: dict[str, str] | None = None)
     bias += f"  y = y + {out.residual};\n" if (with_bias and out.residual) else ""
     alpha = f" * {f(out.alpha)}" if out.alpha != 1.0 else ""
     own, lines, result = _activation(out, helpers)
+    if with_bias and out.mask:
+        lines += f"  let z = {result};\n"
+        result = f"select(z, {out.fill}, {out.mask})"
     return (f"{own}\nfn epi(bt: u32, r: u32, c: u32, v: f32) -> f32 {{\n  var y = v{alpha};\n{bias}"
             f"{lines}  return {result};\n}}")
 
@@ -1081,6 +1088,35 @@ def _residual(node: Node, reads: list[Binding], index: str) -> str:
     return f"Rs[{index}]"
 
 
+def _where_mask(node: Node, graph: Graph, reads: list[Binding], M: int, N: int) -> dict:
+    """The Output fields of a fused Where (fusion.fuse_epilogues: input 4 the condition, attr
+    `_where` = (fill, fill where the condition is true)): attention's causal masked_fill. The
+    condition broadcasts into the result, so it is read at the result's logical (row-major)
+    index, whatever the result's stored layout; M, N as the kernel sees them (a batch folded
+    into M leaves bt 0)."""
+    got = node.attr("_where")
+    if got is None:
+        return {}
+    fill, when = got
+    cond = node.inputs[4]
+    reads.append(Binding(cond, "Wc", elem=vtype(graph, cond)))
+    out_shape = static_shape(graph, node.outputs[0], node)
+    cs = static_shape(graph, cond, node)
+    cs = (1,) * (len(out_shape) - len(cs)) + tuple(cs)
+    e = f"((bt * {u(M)} + r) * {u(N)} + c)"
+    used = [d for d, n in enumerate(cs) if n != 1]
+    if not used:
+        index = "0u"
+    elif used == list(range(used[0], len(cs))) and cs[used[0]:] == tuple(out_shape[used[0]:]):
+        index = f"{e} % {u(math.prod(cs))}"   # a trailing block of the result, repeated (T x T over B x H)
+    else:
+        ostr = [math.prod(out_shape[d + 1:]) for d in range(len(out_shape))]
+        cstr = [math.prod(cs[d + 1:]) for d in range(len(cs))]
+        index = " + ".join(f"(({e} / {u(ostr[d])}) % {u(out_shape[d])}) * {u(cstr[d])}" for d in used)
+    test = f"(Wc[{index}] != {literal(0, vtype(graph, cond))})"
+    return {"mask": test if when else f"!{test}", "fill": literal(fill, "f32")}
+
+
 PROLOGUE_ATTRS = ("_prologueA", "_prologueB")
 
 
@@ -1165,7 +1201,7 @@ def lower_matmul(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     vec_y = N % 4 == 0 and ly.strides[-1] == 1 and not any(st % 4 for st in (y_base, ly_rs, *ly.strides[:-2]))
     out = Output("Y", y_index, contig=vec_y, alpha=float(node.attr("_alpha", 1.0)), bias=bias,
                  residual=_residual(node, reads, y_index), operand=_epilogue_arg(node, reads, y_index),
-                 **epilogue_of(node))
+                 **epilogue_of(node), **_where_mask(node, graph, reads, M, N))
     spec = GemmSpec("MatMul", M, N, K, batch, _prologue(node, a, 0), _prologue(node, b, 1), out, tuple(reads),
                     Binding(node.outputs[0], "Y"))
     return gemm_kernels(spec, caps, **variant_of(node, graph, caps))
@@ -1195,7 +1231,8 @@ def lower_gemm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
         reads.append(Binding(node.inputs[2], "Cb"))
     out = Output("Y", f"r * {u(N)} + c", contig=N % 4 == 0, alpha=node.attr("alpha", 1.0), bias=bias,
                  residual=_residual(node, reads, f"r * {u(N)} + c"),
-                 operand=_epilogue_arg(node, reads, f"r * {u(N)} + c"), **epilogue_of(node))
+                 operand=_epilogue_arg(node, reads, f"r * {u(N)} + c"), **epilogue_of(node),
+                 **_where_mask(node, graph, reads, M, N))
     spec = GemmSpec("Gemm", M, N, K, 1, _prologue(node, a, 0), _prologue(node, b, 1), out, tuple(reads),
                     Binding(node.outputs[0], "Y"))
     return gemm_kernels(spec, caps, **variant_of(node, graph, caps))

@@ -228,7 +228,29 @@ def lower_class_loss_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[K
                 f"{cl.weight_total(r.length)} * {okf}") if cl.smooth else "wt"
         grad = f"(exp(x[e] - lse[row]) * ({qsum}) - ({q})) * sc"
     n = r.rows * r.length
-    body = f"""  {flat_id()}
+    # Rows of contiguous classes (the usual (N, C) logits) go 4 classes per invocation through
+    # vec4 loads and stores: the scalar form moved 1.7 TB/s on an H200 (158 us for GPT's
+    # 16,384 x 2,048 logits), well below what the elementwise kernels reach.
+    w = 4 if r.inner == 1 and r.length % 4 == 0 else 1
+    if w == 4:
+        lanes = "\n".join(f"""  {{
+    let k = k0 + {j}u;
+    let xe = xv[{j}];
+    g[{j}] = {grad.replace("x[e]", "xe")};
+  }}""" for j in range(4))
+        body = f"""  {flat_id()}
+  if (i >= {n // 4}u) {{ return; }}
+  let e0 = i * 4u;
+  let row = {r.row_of('e0')};
+  let k0 = {r.index_of('e0')};
+{cl.target(r.length)}
+  let sc = {sc};
+  let xv = x[i];
+  var g: vec4<f32>;
+{lanes}
+  dx[i] = g;"""
+    else:
+        body = f"""  {flat_id()}
   let e = i;
   if (e >= {n}u) {{ return; }}
   let row = {r.row_of('e')};
@@ -236,16 +258,17 @@ def lower_class_loss_grad(node: Node, graph: Graph, caps: AdapterCaps) -> list[K
 {cl.target(r.length)}
   let sc = {sc};
   dx[e] = {grad};"""
-    dreads = reads + [("dy", "f32", dy)]
+    ty = "vec4<f32>" if w == 4 else "f32"
+    dreads = [(v, ty if v == "x" else t, val) for v, t, val in reads] + [("dy", "f32", dy)]
     if not cl.log_input:
         dreads.append(("lse", "f32", lse_buf))
     if cl.reduction == "mean":
         dreads.append(("scale", "f32", scale_buf))
-    decls = bindings([(v, ty) for v, ty, _ in dreads], [("dx", "f32")])
-    # Each invocation reads the logits only at the element it writes: dx may take their storage
+    decls = bindings([(v, t) for v, t, _ in dreads], [("dx", ty)])
+    # Each invocation reads the logits only at the elements it writes: dx may take their storage
     # once a planner lets temporaries share (they are dead after this kernel in a training step).
-    kernels.append(Kernel("CrossEntropyGrad:dx", shader(decls, body), grid(n), tuple(v for _, _, v in dreads), (dx,),
-                          scratch=scratch, inplace=(x,)))
+    kernels.append(Kernel("CrossEntropyGrad:dx", shader(decls, body), grid(n // w), tuple(v for _, _, v in dreads),
+                          (dx,), scratch=scratch, inplace=(x,)))
     return kernels
 
 
