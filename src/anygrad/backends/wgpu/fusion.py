@@ -260,6 +260,69 @@ def fuse_epilogues(graph: Graph, protected: set[str], supports_epilogue: set[str
     graph.nodes = nodes
 
 
+def bias_grad_enabled() -> bool:
+    """ANYGRAD_WGPU_BIAS_GRAD=0: a bias gradient stays a column-sum kernel of its own."""
+    return os.environ.get("ANYGRAD_WGPU_BIAS_GRAD", "1") != "0"
+
+
+def fuse_bias_grads(graph: Graph) -> None:
+    """A Linear's bias gradient, dY summed over all but its last axis, comes out of the GEMM of its
+    weight gradient, whose K runs over dY's tokens: X^T dY (dY is B: Hugging Face's Conv1D, any
+    (in, out) weight) or dY^T X (dY is A, read transposed: PyTorch's (out, in) Linear). That GEMM
+    adds up the operand tiles it stages anyway (GemmSpec.colsum; attr `_colsum` = the operand,
+    output 1) instead of a column-sum pass reading dY once more. For operands read plainly (no
+    view or operand-load activation), float32, where every reader of the sums runs after the
+    GEMM. The sums keep their name (a graph output, or a gradient in its optimizer arena, stays one)."""
+    if not bias_grad_enabled():
+        return
+    users = {v: [r for r, _ in rs] for v, rs in graph.consumers().items()}
+    order = {id(n): k for k, n in enumerate(graph.nodes)}
+
+    def reads_summed(p: Node, views: set[str]) -> int | None:
+        """The operand slot of GEMM p whose stored (K, length) matrix is one of `views`, if plain."""
+        if p.op not in GEMM_OPS or p.attr("_colsum") is not None or len(p.outputs) != 1:
+            return None
+        plain = {0: p.op == "Gemm" and p.attr("transA"), 1: not (p.op == "Gemm" and p.attr("transB"))}
+        for slot in (1, 0):
+            if (len(p.inputs) > slot and p.inputs[slot] in views and plain[slot]
+                    and len(shape_of(graph, p.inputs[slot])) == 2
+                    and all(p.attr(a + "AB"[slot]) is None for a in ("_perm", "_view", "_prologue"))):
+                return slot
+        return None
+
+    for n in list(graph.nodes):
+        if n.op != "ReduceSum" or not n.inputs:
+            continue
+        v, out = n.inputs[0], n.outputs[0]
+        if v not in graph.info or out not in graph.info or np.dtype(graph.info[v].dtype) != np.float32:
+            continue
+        shape = shape_of(graph, v)
+        axes = sorted(int(a) % len(shape) for a in (n.attr("axes") or [])) if shape else []
+        if len(shape) < 2 or axes != list(range(len(shape) - 1)) or size_of(graph, out) != shape[-1]:
+            continue
+        matrix = (size_of(graph, v) // shape[-1], shape[-1])
+        views = {v} | {r.outputs[0] for r in users.get(v, [])
+                       if r.op in ALIAS_LIKE and shape_of(graph, r.outputs[0]) == matrix}
+        aliases, readers, todo = [], [], [out]   # reshapes of the sums (no kernel) move after the GEMM
+        while todo:
+            for r in users.get(todo.pop(), []):
+                (aliases if r.op in ALIAS_LIKE else readers).append(r)
+                todo += r.outputs if r.op in ALIAS_LIKE else []
+        for p in (r for w in views for r in users.get(w, [])):
+            slot = reads_summed(p, views)
+            if slot is not None and all(order[id(r)] > order[id(p)] for r in readers):
+                break
+        else:
+            continue
+        p.outputs.append(out)
+        p.attrs["_colsum"] = slot
+        for m in [n] + aliases:
+            graph.nodes.remove(m)
+        at = graph.nodes.index(p) + 1
+        graph.nodes[at:at] = sorted(aliases, key=lambda m: order[id(m)])
+        order = {id(m): k for k, m in enumerate(graph.nodes)}
+
+
 def prologue_enabled() -> bool:
     """ANYGRAD_WGPU_PROLOGUE=0: an activation read only by GEMMs stays a kernel of its own."""
     return os.environ.get("ANYGRAD_WGPU_PROLOGUE", "1") != "0"
@@ -825,6 +888,7 @@ def prepare(graph: Graph, caps: AdapterCaps, supports_epilogue: set[str], fuse: 
         protected = set(g.outputs) | set(g.state_updates) | claimed
         fuse_epilogues(g, protected, supports_epilogue)
         fuse_prologues(g, protected)
+        fuse_bias_grads(g)
         split_batchnorm(g)
         fuse_elementwise(g, caps, protected)
         if slice_views_enabled():

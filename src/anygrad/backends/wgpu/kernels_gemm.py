@@ -28,7 +28,7 @@ import numpy as np
 
 from ...errors import ShapeError
 from ...ir.graph import Graph, Node
-from .kernel import AdapterCaps, Kernel, Scratch, lowering
+from .kernel import LOWERINGS, AdapterCaps, Kernel, Scratch, lowering
 from .kernels_elementwise import EW, Emit, Val
 from .wgsl import literal, vtype
 
@@ -127,6 +127,12 @@ class GemmSpec:
     out: Output
     reads: tuple[Binding, ...]      # A, B, bias buffers..., in binding order
     write: Binding
+    # An operand's sums over K written here too (a bias gradient beside its weight gradient:
+    # fusion.fuse_bias_grads): op(A)'s M row sums (colsum_of 0) or B's N column sums (1). The
+    # shared variant adds up the tiles it stages; the lowering adds a column-sum kernel where the
+    # chosen kernels do not (_with_column_sums)
+    colsum: Binding | None = None
+    colsum_of: int = 1
 
 
 @dataclass(frozen=True)
@@ -515,9 +521,22 @@ def _shared_body(spec: GemmSpec, t: Tiling, va: bool, vb: bool, unroll: bool) ->
     acc = "h" if t.half else "acc"
     blocks = [(4 * ib + q, j) for ib in range(t.tm // 4) for q in range(4) for j in range(t.tn // 4)]
     fmas = [f"  {acc}{i}_{j} = fma(vec4<{elem}>(av{i // 4}[{i % 4}]), bv{j}, {acc}{i}_{j});" for i, j in blocks]
+    sums = _sums_columns(spec, t)
+    if sums and spec.colsum_of == 1:  # the first row of invocations of the first row of tiles adds B's rows
+        fmas = fmas + ["  if (cs_on) { " + " ".join(f"cs{j} = cs{j} + vec4<f32>(bv{j});" for j in range(t.tn // 4))
+                       + " }"]
     # half: the K tile's f16 partial sums go into the f32 accumulators once per tile
     flush = [f"acc{i}_{j} = acc{i}_{j} + vec4<f32>(h{i}_{j}); h{i}_{j} = vec4<f16>(0.0h);"
              for i, j in blocks] if t.half else []
+    def row_sums(kk: str) -> list[str]:
+        """op(A)'s rows at K offset kk added up by the first row of invocations of the first column
+        of tiles, each its own vec4s of the tile (read again from workgroup memory: the rows an
+        invocation multiplies are not the ones it sums)."""
+        if not (sums and spec.colsum_of == 0):
+            return []
+        return ["  if (cs_on) {"] + [
+            f"    if ({u(r * t.wx)} + lid.x < {u(bm4)}) {{ cs{r} = cs{r} + vec4<f32>("
+            f"{_at('As', kk, bm4, f'({u(r * t.wx)} + lid.x{_sw(sa, kk)})')}); }}" for r in range(_row_sum_regs(t))] + ["  }"]
     if unroll:   # constant tile offsets, loads scheduled ahead of the FMAs
         compute = []
         for kk in range(kt):
@@ -525,7 +544,7 @@ def _shared_body(spec: GemmSpec, t: Tiling, va: bool, vb: bool, unroll: bool) ->
                                  for ib in range(t.tm // 4)]
                         + [f"  let bv{j} = {_at('Bs', u(kk), bn4, f'({u(j * t.wx)} + lid.x{_sw(sb, u(kk))})')};"
                            for j in range(t.tn // 4)]
-                        + fmas + ["}"])
+                        + fmas + row_sums(u(kk)) + ["}"])
         compute += flush
     else:
         step = t.unroll if kt % t.unroll == 0 else 1
@@ -534,7 +553,7 @@ def _shared_body(spec: GemmSpec, t: Tiling, va: bool, vb: bool, unroll: bool) ->
             return ([f"  let av{ib} = {_at('As', kk, bm4, f'({u(ib * t.wy)} + lid.y{_sw(sa, kk)})')};"
                      for ib in range(t.tm // 4)]
                     + [f"  let bv{j} = {_at('Bs', kk, bn4, f'({u(j * t.wx)} + lid.x{_sw(sb, kk)})')};"
-                       for j in range(t.tn // 4)] + fmas)
+                       for j in range(t.tn // 4)] + fmas + row_sums(kk))
         if step == 1:
             compute = [f"for (var kk = 0u; kk < {u(kt)}; kk = kk + 1u) {{"] + k_step("kk") + ["}"]
         else:
@@ -545,6 +564,9 @@ def _shared_body(spec: GemmSpec, t: Tiling, va: bool, vb: bool, unroll: bool) ->
         compute += flush
     head = [f"  let tid = lid.x + lid.y * {u(t.wx)};"] + [f"  {ln}" for st in stages for ln in st.hoist]
     head += [f"  var h{i}_{j} = vec4<f16>(0.0h);" for i, j in blocks] if t.half else []
+    if sums:
+        head += [f"  let cs_on = {'nb' if spec.colsum_of == 0 else 'mb'} == 0u && lid.y == 0u;"]
+        head += [f"  var cs{j} = vec4<f32>(0.0);" for j in range(_row_sum_regs(t) if spec.colsum_of == 0 else t.tn // 4)]
     unrolled = all(_unrolls(st, nt) for st in stages)
     if not (t.prefetch and unrolled):
         copy = []
@@ -620,6 +642,25 @@ def _tile_order(nN: int, nM: int) -> list[str]:
             "  let nb = tr / gm;"]
 
 
+def _sums_columns(spec: GemmSpec, t: Tiling) -> bool:
+    """Whether this tiling's kernel also sums an operand over K (GemmSpec.colsum)."""
+    return spec.colsum is not None and spec.batch == 1 and t.variant == "shared"
+
+
+def _row_sum_regs(t: Tiling) -> int:
+    """vec4 registers of op(A)'s row sums per invocation of the first row: the tile's BM/4 vec4s over WX."""
+    return -(-(t.bm // 4) // t.wx)
+
+
+def _colsum_length(spec: GemmSpec) -> int:
+    return spec.M if spec.colsum_of == 0 else spec.N
+
+
+def _colsum_target(spec: GemmSpec, splits: int) -> Binding:
+    """Where the GEMM kernel writes the operand's sums: the result, or with K split, a partial per split."""
+    return spec.colsum if splits == 1 else Binding(f"{spec.colsum.value}__splitk", "CS")
+
+
 def gemm_wgsl(spec: GemmSpec, t: Tiling, caps: AdapterCaps, splits: int = 1, ksplit: int = 0,
               out: Output | None = None, write: Binding | None = None, with_bias: bool = True) -> tuple[str, tuple]:
     """(shader, grid, read values) of one GEMM kernel; with splits > 1, problem `s` of the grid
@@ -640,6 +681,9 @@ def gemm_wgsl(spec: GemmSpec, t: Tiling, caps: AdapterCaps, splits: int = 1, ksp
         ksplit = math.ceil(K / kstep) * kstep
     decls = [_decl(i, b, "read") for i, b in enumerate(reads)]
     decls.append(_decl(len(reads), replace(write, vec4=out.contig), "read_write"))
+    sums = _sums_columns(spec, t)
+    if sums:  # the sums themselves, or this split's partial sums (_split_pair)
+        decls.append(_decl(len(reads) + 1, _colsum_target(spec, splits), "read_write"))
     nj = t.tn // 4
     accs = [f"  var acc{i}_{j} = vec4<f32>(0.0);" for i in range(t.tm) for j in range(nj)]
     head = [
@@ -672,6 +716,13 @@ def gemm_wgsl(spec: GemmSpec, t: Tiling, caps: AdapterCaps, splits: int = 1, ksp
                   for ib in range(t.tm // 4) for q in range(4) for j in range(nj)]
     else:
         stores = [f"  st4(bt, s, m0 + {i}u, n0 + {4 * j}u, acc{i}_{j});" for i in range(t.tm) for j in range(nj)]
+    if sums:   # invocation lid.x of the first row holds vec4s lid.x + j WX of its tile's row (column) sums
+        n, tile, tile0, count = ((M, t.bm, "mb", _row_sum_regs(t)) if spec.colsum_of == 0
+                                 else (N, t.bn, "nb", nj))
+        at = "c" if splits == 1 else f"s * {u(n)} + c"
+        stores += ["  if (cs_on) {"] + [
+            f"    {{ let c = {tile0} * {u(tile)} + lid.x * 4u + {u(j * t.wx * 4 + q)}; "
+            f"if (c < {u(n)}) {{ CS[{at}] = cs{j}[{q}]; }} }}" for j in range(count) for q in range(4)] + ["  }"]
     helpers: dict[str, str] = {}
     loaders = [_loader("a", spec.a, reads[0].vec4, helpers), _loader("b", spec.b, reads[1].vec4, helpers),
                _epi_fn(out, with_bias, helpers)]
@@ -714,8 +765,10 @@ def choose_splits(spec: GemmSpec, t: Tiling, caps: AdapterCaps, want: int | None
     return (splits, ksplit) if splits > 1 else (1, 0)
 
 
-def _reduce_wgsl(spec: GemmSpec, scratch: Binding, splits: int, caps: AdapterCaps) -> tuple[str, tuple]:
-    """Sum the K-split partials and apply alpha, bias and the epilogue.
+def _reduce_wgsl(spec: GemmSpec, scratch: Binding, splits: int, caps: AdapterCaps,
+                 colsum: Binding | None = None) -> tuple[str, tuple]:
+    """Sum the K-split partials and apply alpha, bias and the epilogue; with `colsum` (the
+    splits' partial column sums of B), the first N invocations also finish those.
 
     Few splits: one invocation per output sums them serially. Many splits (tiny outputs reduced
     over a long K): one workgroup per output, a strided sum per invocation, then a tree."""
@@ -724,10 +777,12 @@ def _reduce_wgsl(spec: GemmSpec, scratch: Binding, splits: int, caps: AdapterCap
     wg = 64
     tree = splits >= 64 and not caps.is_cpu
     grid = fold_grid(total if tree else math.ceil(total / wg), caps)
-    reads = [scratch] + list(spec.reads[2:])
+    reads = [scratch] + list(spec.reads[2:]) + ([colsum] if colsum is not None else [])
     out = spec.out
     decls = [_decl(i, b, "read") for i, b in enumerate(reads)]
     decls.append(_decl(len(reads), replace(spec.write, vec4=False), "read_write"))
+    if colsum is not None:
+        decls.append(_decl(len(reads) + 1, spec.colsum, "read_write"))
     if tree:
         head = [f"var<workgroup> part: array<f32, {wg}>;",
                 f"@compute @workgroup_size({wg}, 1, 1)",
@@ -761,8 +816,15 @@ def _reduce_wgsl(spec: GemmSpec, scratch: Binding, splits: int, caps: AdapterCap
         f"  let c = i % {u(N)};", f"  let r = (i / {u(N)}) % {u(M)};", f"  let bt = i / {u(M * N)};",
         "  let s = 0u;",
         f"  {out.prelude}",
-        f"  {spec.write.var}[{out.index}] = epi(bt, r, c, acc);",
-        "}"]
+        f"  {spec.write.var}[{out.index}] = epi(bt, r, c, acc);"]
+    if colsum is not None:  # in split order, as the partials of the result
+        n = _colsum_length(spec)
+        lines += [f"  if (i < {u(n)}) {{",
+                  "    var t = 0.0;",
+                  f"    for (var p = 0u; p < {u(splits)}; p = p + 1u) {{ t = t + {colsum.var}[p * {u(n)} + i]; }}",
+                  f"    {spec.colsum.var}[i] = t;",
+                  "  }"]
+    lines += ["}"]
     return "\n".join(lines) + "\n", grid, tuple(b.value for b in reads)
 
 
@@ -878,17 +940,24 @@ def dot_kernels(spec: GemmSpec, caps: AdapterCaps) -> list[Kernel]:
                                                  with_bias=False))
 
 
-def _split_pair(spec: GemmSpec, caps: AdapterCaps, splits: int, tile: str, partial) -> list[Kernel]:
-    """A K-split kernel writing partial sums into a Scratch, and the reduce that finishes them."""
+def _split_pair(spec: GemmSpec, caps: AdapterCaps, splits: int, tile: str, partial,
+                sums: bool = False) -> list[Kernel]:
+    """A K-split kernel writing partial sums into a Scratch, and the reduce that finishes them;
+    `sums`: the split kernel also writes partial column sums of B, which the reduce finishes."""
     sname = f"{spec.write.value}__splitk"
-    scratch = Scratch(sname, splits * spec.batch * spec.M * spec.N)
+    scratch = (Scratch(sname, splits * spec.batch * spec.M * spec.N),)
     part = Output("P", f"((s * {u(spec.batch)} + bt) * {u(spec.M)} + r) * {u(spec.N)} + c",
                   contig=spec.N % 4 == 0)
     wgsl, grid, reads = partial(part, Binding(sname, "P"))
-    red, rgrid, rreads = _reduce_wgsl(spec, Binding(sname, "P"), splits, caps)
-    return [Kernel(f"{spec.name}[{tile} splitK {splits}]", wgsl, grid, reads, (sname,),
-                   scratch=(scratch,)),
-            Kernel(f"{spec.name}[splitK reduce]", red, rgrid, rreads, (spec.write.value,))]
+    cs = _colsum_target(spec, splits) if sums else None
+    outs, red_outs = (sname,), (spec.write.value,)
+    if cs is not None:
+        scratch += (Scratch(cs.value, splits * _colsum_length(spec)),)
+        outs, red_outs = outs + (cs.value,), red_outs + (spec.colsum.value,)
+    red, rgrid, rreads = _reduce_wgsl(spec, Binding(sname, "P"), splits, caps,
+                                      replace(cs, var="CSP") if cs is not None else None)
+    return [Kernel(f"{spec.name}[{tile} splitK {splits}]", wgsl, grid, reads, outs, scratch=scratch),
+            Kernel(f"{spec.name}[splitK reduce]", red, rgrid, rreads, red_outs)]
 
 
 def gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None = None,
@@ -933,12 +1002,14 @@ def _gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None, allow_
     tile = f"{t.variant} {t.bm}x{t.bn}" + (f"k{t.kt}" + ("p" if t.prefetch else "") + ("d" if t.double else "")
                                            + (f"u{t.unroll}" if t.unroll > 1 else "") + ("h" if t.half else "")
                                            if t.variant == "shared" else "")
+    sums = _sums_columns(spec, t)
     if splits == 1:
         wgsl, grid, reads = gemm_wgsl(spec, t, caps)
-        return [Kernel(f"{spec.name}[{tile}]", wgsl, grid, reads, (spec.write.value,))]
+        return [Kernel(f"{spec.name}[{tile}]", wgsl, grid, reads,
+                       (spec.write.value,) + ((spec.colsum.value,) if sums else ()))]
     return _split_pair(spec, caps, splits, tile,
                        lambda part, sb: gemm_wgsl(spec, t, caps, splits, ksplit, out=part, write=sb,
-                                                  with_bias=False))
+                                                  with_bias=False), sums)
 
 
 # -- lowerings ----------------------------------------------------------------------------------
@@ -1117,6 +1188,25 @@ def _where_mask(node: Node, graph: Graph, reads: list[Binding], M: int, N: int) 
     return {"mask": test if when else f"!{test}", "fill": literal(fill, "f32")}
 
 
+def _colsum_of(node: Node) -> dict:
+    """GemmSpec fields of a GEMM that also sums an operand over K (attr `_colsum`: 0 for op(A), 1
+    for B; output 1; fusion.fuse_bias_grads)."""
+    slot = node.attr("_colsum")
+    return {} if slot is None else {"colsum": Binding(node.outputs[1], "CS"), "colsum_of": int(slot)}
+
+
+def _with_column_sums(node: Node, graph: Graph, caps: AdapterCaps, kernels: list[Kernel]) -> list[Kernel]:
+    """The GEMM's kernels, and where they do not sum the operand themselves (the register and dot
+    variants, a batched GEMM), the ReduceSum the fusion took the place of: the operand's stored
+    matrix (K rows: B, or A read transposed) summed over its rows."""
+    slot = node.attr("_colsum")
+    if slot is None or any(node.outputs[1] in k.writes for k in kernels):
+        return kernels
+    rows = Node("ReduceSum", [node.inputs[int(slot)]], [node.outputs[1]],
+                {"axes": [0], "keepdims": 0, "noop_with_empty_axes": 0}, name=f"{node.name}.colsum")
+    return kernels + LOWERINGS["ReduceSum"](rows, graph, caps)
+
+
 PROLOGUE_ATTRS = ("_prologueA", "_prologueB")
 
 
@@ -1203,8 +1293,8 @@ def lower_matmul(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
                  residual=_residual(node, reads, y_index), operand=_epilogue_arg(node, reads, y_index),
                  **epilogue_of(node), **_where_mask(node, graph, reads, M, N))
     spec = GemmSpec("MatMul", M, N, K, batch, _prologue(node, a, 0), _prologue(node, b, 1), out, tuple(reads),
-                    Binding(node.outputs[0], "Y"))
-    return gemm_kernels(spec, caps, **variant_of(node, graph, caps))
+                    Binding(node.outputs[0], "Y"), **_colsum_of(node))
+    return _with_column_sums(node, graph, caps, gemm_kernels(spec, caps, **variant_of(node, graph, caps)))
 
 
 @lowering("Gemm", epilogue=True)
@@ -1234,5 +1324,5 @@ def lower_gemm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
                  operand=_epilogue_arg(node, reads, f"r * {u(N)} + c"), **epilogue_of(node),
                  **_where_mask(node, graph, reads, M, N))
     spec = GemmSpec("Gemm", M, N, K, 1, _prologue(node, a, 0), _prologue(node, b, 1), out, tuple(reads),
-                    Binding(node.outputs[0], "Y"))
-    return gemm_kernels(spec, caps, **variant_of(node, graph, caps))
+                    Binding(node.outputs[0], "Y"), **_colsum_of(node))
+    return _with_column_sums(node, graph, caps, gemm_kernels(spec, caps, **variant_of(node, graph, caps)))
