@@ -643,16 +643,19 @@ def _sums(exe) -> int:
     return sum(n.op == "ReduceSum" for n in exe.prepared.nodes)
 
 
-@pytest.mark.parametrize("variant", ["register", "shared", "dot", "split"])
+@pytest.mark.parametrize("variant", ["register", "shared", "dot", "split", "double"])
 @pytest.mark.parametrize("layout", ["out_in", "in_out"])
 def test_a_bias_gradient_comes_out_of_the_weight_gradients_gemm(monkeypatch, variant, layout):
     """x @ W.T + b (PyTorch's (out, in) weight) and x @ W + b (Hugging Face's Conv1D), trained:
     the bias gradient, dy summed over the tokens, is added up by the weight gradient's GEMM from
     the dy tiles it stages (dy is its A read transposed, or its B), so no column-sum kernel reads dy
     again. Every gradient matches numpy with each GEMM variant: register and dot keep a column-sum
-    kernel beside the GEMM, split K has the reducing kernel finish the sums."""
-    pin = {"_gemm_variant": "shared", "_gemm_splits": 2} if variant == "split" else {"_gemm_variant": variant}
-    rows = 300 if variant == "split" else 5
+    kernel beside the GEMM, split K has the reducing kernel finish the sums (also with two
+    workgroup tiles, prefetched)."""
+    pin = {"split": {"_gemm_variant": "shared", "_gemm_splits": 2},
+           "double": {"_gemm_variant": "shared", "_gemm_prefetch": 2, "_gemm_splits": 2}}.get(
+        variant, {"_gemm_variant": variant})
+    rows = 300 if variant in ("split", "double") else 5
     # shared: several tiles each way (the sums come from the first row or column of tiles only)
     d_in, d_out = (70, 150) if variant == "shared" else (9, 7)
     w = rnd(d_out, d_in, seed=81) if layout == "out_in" else rnd(d_in, d_out, seed=81)

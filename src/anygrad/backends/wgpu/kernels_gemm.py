@@ -522,21 +522,23 @@ def _shared_body(spec: GemmSpec, t: Tiling, va: bool, vb: bool, unroll: bool) ->
     blocks = [(4 * ib + q, j) for ib in range(t.tm // 4) for q in range(4) for j in range(t.tn // 4)]
     fmas = [f"  {acc}{i}_{j} = fma(vec4<{elem}>(av{i // 4}[{i % 4}]), bv{j}, {acc}{i}_{j});" for i, j in blocks]
     sums = _sums_columns(spec, t)
-    if sums and spec.colsum_of == 1:  # the first row of invocations of the first row of tiles adds B's rows
-        fmas = fmas + ["  if (cs_on) { " + " ".join(f"cs{j} = cs{j} + vec4<f32>(bv{j});" for j in range(t.tn // 4))
-                       + " }"]
+    sums_decl = f"\nvar<workgroup> CSW: array<vec4<f32>, {_sum_width(spec, t)}>;" if sums else ""
     # half: the K tile's f16 partial sums go into the f32 accumulators once per tile
     flush = [f"acc{i}_{j} = acc{i}_{j} + vec4<f32>(h{i}_{j}); h{i}_{j} = vec4<f16>(0.0h);"
              for i, j in blocks] if t.half else []
-    def row_sums(kk: str) -> list[str]:
-        """op(A)'s rows at K offset kk added up by the first row of invocations of the first column
-        of tiles, each its own vec4s of the tile (read again from workgroup memory: the rows an
-        invocation multiplies are not the ones it sums)."""
-        if not (sums and spec.colsum_of == 0):
+    def tile_sums() -> list[str]:
+        """The staged K tile of the summed operand added up, after the multiply and apart from it
+        (in its unrolled loop, a branch cost every workgroup 3-70% on an H200): by the first row
+        of invocations of the first row (B) or column (op(A)) of tiles, each its own vec4s."""
+        if not sums:
             return []
-        return ["  if (cs_on) {"] + [
-            f"    if ({u(r * t.wx)} + lid.x < {u(bm4)}) {{ cs{r} = cs{r} + vec4<f32>("
-            f"{_at('As', kk, bm4, f'({u(r * t.wx)} + lid.x{_sw(sa, kk)})')}); }}" for r in range(_row_sum_regs(t))] + ["  }"]
+        arr, width, sw = ("As", bm4, sa) if spec.colsum_of == 0 else ("Bs", bn4, sb)
+        lines = ["if (cs_on) {", f"  for (var kk = 0u; kk < {u(kt)}; kk = kk + 1u) {{"]
+        for r in range(_sum_regs(spec, t)):
+            at = _at(arr, "kk", width, f"({u(r * t.wx)} + lid.x{_sw(sw, 'kk')})")
+            lines.append(f"    if ({u(r * t.wx)} + lid.x < {u(width)}) {{ CSW[{u(r * t.wx)} + lid.x] = "
+                         f"CSW[{u(r * t.wx)} + lid.x] + vec4<f32>({at}); }}")
+        return lines + ["  }", "}"]
     if unroll:   # constant tile offsets, loads scheduled ahead of the FMAs
         compute = []
         for kk in range(kt):
@@ -544,8 +546,8 @@ def _shared_body(spec: GemmSpec, t: Tiling, va: bool, vb: bool, unroll: bool) ->
                                  for ib in range(t.tm // 4)]
                         + [f"  let bv{j} = {_at('Bs', u(kk), bn4, f'({u(j * t.wx)} + lid.x{_sw(sb, u(kk))})')};"
                            for j in range(t.tn // 4)]
-                        + fmas + row_sums(u(kk)) + ["}"])
-        compute += flush
+                        + fmas + ["}"])
+        compute += flush + tile_sums()
     else:
         step = t.unroll if kt % t.unroll == 0 else 1
 
@@ -553,7 +555,7 @@ def _shared_body(spec: GemmSpec, t: Tiling, va: bool, vb: bool, unroll: bool) ->
             return ([f"  let av{ib} = {_at('As', kk, bm4, f'({u(ib * t.wy)} + lid.y{_sw(sa, kk)})')};"
                      for ib in range(t.tm // 4)]
                     + [f"  let bv{j} = {_at('Bs', kk, bn4, f'({u(j * t.wx)} + lid.x{_sw(sb, kk)})')};"
-                       for j in range(t.tn // 4)] + fmas + row_sums(kk))
+                       for j in range(t.tn // 4)] + fmas)
         if step == 1:
             compute = [f"for (var kk = 0u; kk < {u(kt)}; kk = kk + 1u) {{"] + k_step("kk") + ["}"]
         else:
@@ -561,12 +563,16 @@ def _shared_body(spec: GemmSpec, t: Tiling, va: bool, vb: bool, unroll: bool) ->
             for d in range(step):
                 compute += ["{"] + k_step(f"(k0s + {u(d)})") + ["}"]
             compute += ["}"]
-        compute += flush
+        compute += flush + tile_sums()
     head = [f"  let tid = lid.x + lid.y * {u(t.wx)};"] + [f"  {ln}" for st in stages for ln in st.hoist]
     head += [f"  var h{i}_{j} = vec4<f16>(0.0h);" for i, j in blocks] if t.half else []
     if sums:
         head += [f"  let cs_on = {'nb' if spec.colsum_of == 0 else 'mb'} == 0u && lid.y == 0u;"]
-        head += [f"  var cs{j} = vec4<f32>(0.0);" for j in range(_row_sum_regs(t) if spec.colsum_of == 0 else t.tn // 4)]
+        # in workgroup memory, each invocation its own vec4s: registers held over the K loop cost
+        # the multiply its occupancy (+3-70% on an H200 with the sums as vec4 registers)
+        head += [f"  if (cs_on && {u(r * t.wx)} + lid.x < {u(_sum_width(spec, t))}) "
+                 f"{{ CSW[{u(r * t.wx)} + lid.x] = vec4<f32>(0.0); }}" for r in range(_sum_regs(spec, t))]
+        decl += sums_decl
     unrolled = all(_unrolls(st, nt) for st in stages)
     if not (t.prefetch and unrolled):
         copy = []
@@ -585,7 +591,7 @@ def _shared_body(spec: GemmSpec, t: Tiling, va: bool, vb: bool, unroll: bool) ->
                 + ["    " + ln for ln in compute] + ["    workgroupBarrier();", "  }"])
         return decl, body
     if t.double:
-        decl = _tile_decl("As", kt, bm4, 2, elem) + "\n" + _tile_decl("Bs", kt, bn4, 2, elem)
+        decl = _tile_decl("As", kt, bm4, 2, elem) + "\n" + _tile_decl("Bs", kt, bn4, 2, elem) + sums_decl
     regs, fetch, put = [], [], []
     for name, st in zip("ab", stages):
         for i in range(st.count // nt):
@@ -647,9 +653,14 @@ def _sums_columns(spec: GemmSpec, t: Tiling) -> bool:
     return spec.colsum is not None and spec.batch == 1 and t.variant == "shared"
 
 
-def _row_sum_regs(t: Tiling) -> int:
-    """vec4 registers of op(A)'s row sums per invocation of the first row: the tile's BM/4 vec4s over WX."""
-    return -(-(t.bm // 4) // t.wx)
+def _sum_width(spec: GemmSpec, t: Tiling) -> int:
+    """vec4s of the sums a tile holds: BM/4 (op(A)'s rows) or BN/4 (B's columns)."""
+    return (t.bm if spec.colsum_of == 0 else t.bn) // 4
+
+
+def _sum_regs(spec: GemmSpec, t: Tiling) -> int:
+    """vec4s of the sums per invocation of the first row (lid.x, lid.x + WX, ...)."""
+    return -(-_sum_width(spec, t) // t.wx)
 
 
 def _colsum_length(spec: GemmSpec) -> int:
@@ -717,12 +728,13 @@ def gemm_wgsl(spec: GemmSpec, t: Tiling, caps: AdapterCaps, splits: int = 1, ksp
     else:
         stores = [f"  st4(bt, s, m0 + {i}u, n0 + {4 * j}u, acc{i}_{j});" for i in range(t.tm) for j in range(nj)]
     if sums:   # invocation lid.x of the first row holds vec4s lid.x + j WX of its tile's row (column) sums
-        n, tile, tile0, count = ((M, t.bm, "mb", _row_sum_regs(t)) if spec.colsum_of == 0
-                                 else (N, t.bn, "nb", nj))
+        n, tile, tile0 = (M, t.bm, "mb") if spec.colsum_of == 0 else (N, t.bn, "nb")
+        count = _sum_regs(spec, t)
         at = "c" if splits == 1 else f"s * {u(n)} + c"
         stores += ["  if (cs_on) {"] + [
             f"    {{ let c = {tile0} * {u(tile)} + lid.x * 4u + {u(j * t.wx * 4 + q)}; "
-            f"if (c < {u(n)}) {{ CS[{at}] = cs{j}[{q}]; }} }}" for j in range(count) for q in range(4)] + ["  }"]
+            f"if (c < {u(n)}) {{ CS[{at}] = CSW[{u(j * t.wx)} + lid.x][{q}]; }} }}" for j in range(count)
+            for q in range(4)] + ["  }"]
     helpers: dict[str, str] = {}
     loaders = [_loader("a", spec.a, reads[0].vec4, helpers), _loader("b", spec.b, reads[1].vec4, helpers),
                _epi_fn(out, with_bias, helpers)]
