@@ -1010,6 +1010,9 @@ def _gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None, allow_
                              "workgroup storage")
         t = replace(t, swizzle=not {"plain", "noswizzle"} & lay, hoist=not {"plain", "nohoist"} & lay,
                     unroll=unroll or 1, half=half)
+        tiles = (2 if t.double else 1) * (t.bm + t.bn) * t.kt * (2 if t.half else 4)
+        if spec.colsum is not None and tiles + 16 * _sum_width(spec, t) > caps.max_workgroup_storage:
+            spec = replace(spec, colsum=None)  # no room for the sums: the lowering's column-sum kernel
     splits, ksplit = choose_splits(spec, t, caps, want_splits) if allow_split else (1, 0)
     tile = f"{t.variant} {t.bm}x{t.bn}" + (f"k{t.kt}" + ("p" if t.prefetch else "") + ("d" if t.double else "")
                                            + (f"u{t.unroll}" if t.unroll > 1 else "") + ("h" if t.half else "")
