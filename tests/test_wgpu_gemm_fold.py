@@ -646,12 +646,14 @@ def _sums(exe) -> int:
 @pytest.mark.parametrize("variant", ["register", "shared", "dot", "split", "double"])
 @pytest.mark.parametrize("layout", ["out_in", "in_out"])
 def test_a_bias_gradient_comes_out_of_the_weight_gradients_gemm(monkeypatch, variant, layout):
-    """x @ W.T + b (PyTorch's (out, in) weight) and x @ W + b (Hugging Face's Conv1D), trained:
+    """ANYGRAD_WGPU_BIAS_GRAD=1 (off by default). x @ W.T + b (PyTorch's (out, in) weight) and x @ W + b
+    (Hugging Face's Conv1D), trained:
     the bias gradient, dy summed over the tokens, is added up by the weight gradient's GEMM from
     the dy tiles it stages (dy is its A read transposed, or its B), so no column-sum kernel reads dy
     again. Every gradient matches numpy with each GEMM variant: register and dot keep a column-sum
     kernel beside the GEMM, split K has the reducing kernel finish the sums (also with two
     workgroup tiles, prefetched)."""
+    monkeypatch.setenv("ANYGRAD_WGPU_BIAS_GRAD", "1")
     pin = {"split": {"_gemm_variant": "shared", "_gemm_splits": 2},
            "double": {"_gemm_variant": "shared", "_gemm_prefetch": 2, "_gemm_splits": 2}}.get(
         variant, {"_gemm_variant": variant})
@@ -673,7 +675,7 @@ def test_a_bias_gradient_comes_out_of_the_weight_gradients_gemm(monkeypatch, var
     summing = [n for n in prepared if n.attr("_colsum") is not None]
     assert [n.attr("_colsum") for n in summing] == [0 if layout == "out_in" else 1], [n.op for n in prepared]
     names = [n for n in _kernel_names(exe) if n.startswith("ReduceSum")]
-    monkeypatch.setenv("ANYGRAD_WGPU_BIAS_GRAD", "0")   # the bias gradient's ReduceSum is back
+    monkeypatch.setenv("ANYGRAD_WGPU_BIAS_GRAD", "0")   # the default: the bias gradient's ReduceSum
     before = _run(g, feeds)
     assert _sums(before) == _sums(exe) + 1 and not any(n.attr("_colsum") is not None for n in before.prepared.nodes)
     # register and dot: the lowering's own column-sum kernels beside the GEMM (as many as before)
