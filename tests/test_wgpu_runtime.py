@@ -538,3 +538,27 @@ def test_state_packed_into_arenas_before_the_slots_without_buffers_of_its_own(wb
     for m in members:
         assert not [b for kind, label, b in events if kind == "create" and label == f"state {m}"], m
         assert model.backend.state[m].arena
+
+
+def test_a_shader_over_the_workgroup_memory_limit_is_refused_before_it_runs(wb):
+    """wgpu-native creates such a pipeline without an error and fails only when it is dispatched,
+    unseen (an autotuner candidate on an H200 left a compile waiting forever): anygrad sizes the
+    shader's workgroup variables and refuses it, naming the kernel; the GEMM tiles are sized as
+    WGSL lays them out."""
+    from anygrad.backends.wgpu import kernels_gemm as kg
+    from anygrad.backends.wgpu.wgsl import workgroup_bytes
+    limit = wb.caps.max_workgroup_storage
+    n = limit // 16 + 1
+    wgsl = (f"var<workgroup> big: array<vec4<f32>, {n}>;\n"
+            "@group(0) @binding(0) var<storage, read_write> y: array<f32>;\n"
+            "@compute @workgroup_size(64) fn main(@builtin(local_invocation_index) i: u32) "
+            "{ big[i] = vec4<f32>(f32(i)); workgroupBarrier(); y[i] = big[63u - i].x; }")
+    assert workgroup_bytes(wgsl) == 16 * n > limit
+    with pytest.raises(RuntimeError, match=f"oversized needs {16 * n} bytes of workgroup memory"):
+        wb.pipeline(wgsl, "main", (False,), "oversized")
+    spec = kg.GemmSpec("Gemm", 64, 64, 64, 1, kg.Operand("A", 64, 64, "r * 64u + c", contig=1),
+                       kg.Operand("B", 64, 64, "r * 64u + c", contig=1), kg.Output("Y", "r * 64u + c"),
+                       (kg.Binding("a", "A"), kg.Binding("b", "B")), kg.Binding("y", "Y"))
+    (gemm,) = kg.gemm_kernels(spec, wb.caps, variant="shared", block=4, kt=16, prefetch=2, allow_split=False)
+    # two 64-row tiles of 16 k for each operand, f32
+    assert workgroup_bytes(gemm.wgsl) == 2 * 2 * 64 * 16 * 4 <= limit

@@ -39,6 +39,7 @@ from ...ir.graph import Graph, Node
 from .gridfold import fold_kernel
 from .kernel import LOWERINGS, AdapterCaps, Kernel
 from .profiling import wall_ms
+from .wgsl import workgroup_bytes
 
 ENV = "ANYGRAD_AUTOTUNE"
 TUNABLE_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvGradInput", "ConvGradWeight"})
@@ -215,6 +216,8 @@ def _candidates(node: Node, graph: Graph, caps: AdapterCaps) -> list[tuple[dict[
                        for kern in LOWERINGS[node.op](_pinned(node, pin), graph, caps)]
         except (ValueError, NotImplementedError, KeyError, AssertionError):
             continue
+        if any(workgroup_bytes(kern.wgsl) > caps.max_workgroup_storage for kern in kernels):
+            continue   # a pipeline over the limit would fail only when dispatched
         text = tuple((kern.wgsl, kern.workgroups) for kern in kernels)
         if text not in seen:
             seen.add(text)

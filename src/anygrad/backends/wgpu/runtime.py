@@ -35,7 +35,7 @@ from .planner import MemoryReport, Root, fit_plan, memory_report, recompute_elem
 from .poller import poll_freely
 from .profiling import StepProfile, live_profiler, profile_dispatches, wall_ms
 from .shader_module import create_shader_module
-from .wgsl import np_device_dtype
+from .wgsl import np_device_dtype, workgroup_bytes
 
 _FEATURES = ("shader-f16", "subgroup", "timestamp-query")
 UPLOAD_FLUSH = 64 << 20   # bytes of queued writes that may sit in wgpu staging memory (upload)
@@ -609,6 +609,11 @@ class WgpuBackend(Backend):
 
     def _create_pipeline(self, key: tuple[str, str, tuple[bool, ...]], name: str) -> Any:
         wgsl, entry, read_only = key
+        need = workgroup_bytes(wgsl)
+        if need > self.caps.max_workgroup_storage:  # created without an error, it would fail unseen when run
+            raise RuntimeError(f"wgpu kernel {name} needs {need} bytes of workgroup memory; adapter "
+                               f"{self.adapter.summary} has {self.caps.max_workgroup_storage} (an anygrad bug: "
+                               "please report it)")
         _, pl = self.layout(read_only)
         try:
             module = create_shader_module(self.device, wgsl, name[:60])

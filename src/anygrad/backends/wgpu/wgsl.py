@@ -6,6 +6,7 @@ modulo by literals, which shader compilers strength-reduce.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -168,3 +169,27 @@ def shader(decls: str, body: str, wg: int = WG, helpers: str = "", shared: str =
     args = ENTRY_ARGS + (SUBGROUP_ARGS if subgroups else "")
     return (f"{decls}\n{shared}\n{helpers}\n@compute @workgroup_size({wg})\n"
             f"fn main({args}) {{\n{body}\n}}\n")
+
+
+_WORKGROUP_VAR = re.compile(r"var<workgroup>\s*\w+\s*:\s*(.+?);")
+_SCALAR_BYTES = {"f32": 4, "u32": 4, "i32": 4, "f16": 2, "bool": 4}
+
+
+def _type_bytes(ty: str) -> int:
+    """Bytes of a WGSL workgroup variable's type: scalars, vec2/vec4, atomics and (nested) fixed arrays."""
+    ty = ty.strip()
+    m = re.fullmatch(r"array<(.+),\s*(\d+)u?>", ty)
+    if m:
+        return _type_bytes(m.group(1)) * int(m.group(2))
+    m = re.fullmatch(r"vec([24])<(\w+)>", ty)
+    if m:
+        return int(m.group(1)) * _SCALAR_BYTES[m.group(2)]
+    m = re.fullmatch(r"atomic<(\w+)>", ty)
+    return _SCALAR_BYTES[m.group(1) if m else ty]
+
+
+def workgroup_bytes(wgsl: str) -> int:
+    """Workgroup memory a shader declares (the sum of its `var<workgroup>` sizes). A pipeline over
+    the device's limit is created without an error by wgpu-native and fails only when dispatched,
+    where nothing reports it (an H200 compile waited forever), so callers check this first."""
+    return sum(_type_bytes(t) for t in _WORKGROUP_VAR.findall(wgsl))
