@@ -526,6 +526,7 @@ def _shared_body(spec: GemmSpec, t: Tiling, va: bool, vb: bool, unroll: bool) ->
     # half: the K tile's f16 partial sums go into the f32 accumulators once per tile
     flush = [f"acc{i}_{j} = acc{i}_{j} + vec4<f32>(h{i}_{j}); h{i}_{j} = vec4<f16>(0.0h);"
              for i, j in blocks] if t.half else []
+
     def tile_sums() -> list[str]:
         """The staged K tile of the summed operand added up, after the multiply and apart from it
         (in its unrolled loop, a branch cost every workgroup 3-70% on an H200): by the first row
@@ -780,7 +781,8 @@ def choose_splits(spec: GemmSpec, t: Tiling, caps: AdapterCaps, want: int | None
 def _reduce_wgsl(spec: GemmSpec, scratch: Binding, splits: int, caps: AdapterCaps,
                  colsum: Binding | None = None) -> tuple[str, tuple]:
     """Sum the K-split partials and apply alpha, bias and the epilogue; with `colsum` (the
-    splits' partial column sums of B), the first N invocations also finish those.
+    splits' partial sums of an operand, GemmSpec.colsum), the first M (N) invocations also
+    finish those.
 
     Few splits: one invocation per output sums them serially. Many splits (tiny outputs reduced
     over a long K): one workgroup per output, a strided sum per invocation, then a tree."""
@@ -955,7 +957,8 @@ def dot_kernels(spec: GemmSpec, caps: AdapterCaps) -> list[Kernel]:
 def _split_pair(spec: GemmSpec, caps: AdapterCaps, splits: int, tile: str, partial,
                 sums: bool = False) -> list[Kernel]:
     """A K-split kernel writing partial sums into a Scratch, and the reduce that finishes them;
-    `sums`: the split kernel also writes partial column sums of B, which the reduce finishes."""
+    `sums`: the split kernel also writes partial sums of an operand (GemmSpec.colsum), which the
+    reduce finishes."""
     sname = f"{spec.write.value}__splitk"
     scratch = (Scratch(sname, splits * spec.batch * spec.M * spec.N),)
     part = Output("P", f"((s * {u(spec.batch)} + bt) * {u(spec.M)} + r) * {u(spec.N)} + c",
