@@ -307,7 +307,7 @@ def test_wgpu_f16_steps_match_numpy(kind):
 @pytest.mark.wgpu
 def test_wgpu_f16_activation_buffers_take_two_bytes_per_element(monkeypatch):
     from anygrad.backends.wgpu.planner import value_bytes
-    # like for like: the activation-gradient epilogue (float32 only) keeps f32's dy out of memory
+    # like for like: without the activation-gradient epilogue both precisions store dy
     monkeypatch.setenv("ANYGRAD_WGPU_GRAD_EPILOGUE", "0")
     backend = wgpu_backend()
     _, model = _pair("mlp")
@@ -500,3 +500,34 @@ def test_autocast_keeps_pow_by_2_or_3_in_f16_and_other_pows_in_f32():
     half = _autocast_after_matmul(lambda b, h: [b.op("Pow", [h, b.const(3.0)]), b.op("Pow", [h, b.const(2.5)])])
     pows = [n for n in half.nodes if n.op == "Pow"]
     assert [half.info[n.inputs[0]].dtype for n in pows] == [HALF, np.float32]
+
+
+@pytest.mark.wgpu
+def test_wgpu_f16_casts_around_norms_and_softmax_fold_with_the_same_bits(monkeypatch):
+    """A tiny GPT (benchmarks/models.py's decoder) trained in f16 on wgpu: the Casts between its
+    f16 matmuls and its f32 LayerNorms and softmaxes cost no kernel (fusion.fold_float_casts: the
+    row kernels store f16 and read f16 themselves), and 3 steps give the same bits as with the
+    Casts as kernels (ANYGRAD_WGPU_CAST_FOLD=0): the same conversions, in other kernels."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from models import _gpt_module
+    wgpu_backend()  # skips without an adapter
+    torch.manual_seed(0)
+    module = _gpt_module(64, 16, 32, 2, 2).train()
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(0, 64, (2, 16)), rng.integers(0, 64, (32,))
+    onnx_model = anygrad.from_torch(module, torch.from_numpy(x), check=False)
+    runs = {}
+    for fold in ("1", "0"):
+        monkeypatch.setenv("ANYGRAD_WGPU_CAST_FOLD", fold)
+        m = anygrad.Model(onnx_model.graph.copy()).compile(
+            "cross_entropy", anygrad.optim.SGD(lr=0.1, momentum=0.9), device="wgpu", precision="f16")
+        losses = [m.train_on_batch(x, y) for _ in range(3)]
+        casts = sum(st.kernel.name == "ew:Cast" for st in _train_exe(m).plan.steps)
+        runs[fold] = (losses, m.state_dict(), casts)
+    (folded, w_folded, n_folded), (kept, w_kept, n_kept) = runs["1"], runs["0"]
+    assert n_folded < n_kept, (n_folded, n_kept)
+    np.testing.assert_array_equal(folded, kept)
+    for k, v in w_kept.items():
+        np.testing.assert_array_equal(w_folded[k], v, err_msg=k)

@@ -60,11 +60,16 @@ def grad_epilogue_enabled() -> bool:
     return os.environ.get("ANYGRAD_WGPU_GRAD_EPILOGUE", "1") != "0"
 
 
+def _float32(graph: Graph, values) -> bool:
+    """All of `values` float32. Not float16: a fused step would round to f16 once where the graph
+    (and the numpy backend, autocast's semantics) rounds after each node."""
+    return all(v in graph.info and np.dtype(graph.info[v].dtype) == np.float32 for v in values)
+
+
 def _bias_fits(graph: Graph, gemm: Node, bias: str, out: str) -> bool:
     """A bias the GEMM can add per output element: along the last axis for MatMul (Linear's
     bias), any shape broadcasting to the 2-D output for Gemm; never one that grows the output."""
-    info = graph.info.get(bias)
-    if info is None or np.dtype(info.dtype) != np.float32:
+    if bias not in graph.info or not _float32(graph, (bias, gemm.outputs[0], out)):
         return False
     y, sb = shape_of(graph, gemm.outputs[0]), shape_of(graph, bias)
     if shape_of(graph, out) != y or len(sb) > len(y):
@@ -80,8 +85,7 @@ def _residual_fits(graph: Graph, gemm: Node, other: str, out: str, reshaped: boo
     elements: Hugging Face's Conv1D is a 2-D addmm viewed back as 3-D), result stored in
     row-major order (so the residual's index is the output's), before any activation (the
     graph's order of adds)."""
-    values = (other, gemm.outputs[0], out)
-    if any(v not in graph.info or np.dtype(graph.info[v].dtype) != np.float32 for v in values):
+    if not _float32(graph, (other, gemm.outputs[0], out)):
         return False
     same = (shape_of(graph, gemm.outputs[0]) == shape_of(graph, out) if not reshaped
             else size_of(graph, gemm.outputs[0]) == size_of(graph, out))
@@ -136,7 +140,7 @@ def _where_fill(graph: Graph, gemm: Node, where: Node, slot: int) -> float | Non
             v not in graph.info for v in (cond, out, gemm.outputs[0])):
         return None
     shape = shape_of(graph, out)
-    if (np.dtype(graph.info[out].dtype) != np.float32 or shape_of(graph, gemm.outputs[0]) != shape
+    if (not _float32(graph, (out, gemm.outputs[0])) or shape_of(graph, gemm.outputs[0]) != shape
             or len(shape_of(graph, cond)) > len(shape)
             or np.broadcast_shapes(shape_of(graph, cond), shape) != shape):
         return None
@@ -233,7 +237,7 @@ def fuse_epilogues(graph: Graph, protected: set[str], supports_epilogue: set[str
             if n.op == "Relu":
                 p.attrs["_epilogue"] = "relu"
             elif (n.op in EPILOGUE_ACTIVATIONS and p.op in GEMM_OPS
-                  and np.dtype(graph.info[n.outputs[0]].dtype) == np.float32):
+                  and _float32(graph, (p.outputs[0], n.outputs[0]))):
                 p.attrs["_epilogue"] = n.op
                 p.attrs["_epilogue_attrs"] = dict(n.attrs)
             else:
@@ -325,6 +329,51 @@ def fuse_bias_grads(graph: Graph) -> None:
         order = {id(m): k for k, m in enumerate(graph.nodes)}
 
 
+# Row kernels of mixed precision's float32 islands (autocast computes norms and softmax in f32):
+# the float16 values on their edges are read and written through halfstore.py's conversions.
+FLOAT_ISLANDS = frozenset({"LayerNormalization", "LayerNormGrad", "RMSNormalization", "RMSNormGrad",
+                           "Softmax", "SoftmaxGrad", "LogSoftmax", "LogSoftmaxGrad"})
+
+
+def cast_fold_enabled() -> bool:
+    """ANYGRAD_WGPU_CAST_FOLD=0: float Casts on the edges of the float32 islands stay kernels."""
+    return os.environ.get("ANYGRAD_WGPU_CAST_FOLD", "1") != "0"
+
+
+def fold_float_casts(graph: Graph, protected: set[str]) -> None:
+    """Casts between float32 and float16 on the edges of the float32 islands cost no kernel:
+    - a row kernel whose float32 result only a Cast to float16 reads stores the float16 value
+      itself (its store rounds as the Cast would: the same conversion, the same bits);
+    - a float16 value widened by a Cast that only row kernels read is read by them directly (the
+      widening is exact, and their reads convert).
+    The GPT's f16 step had 34 such Casts, 3% of its H200 step."""
+    if not cast_fold_enabled():
+        return
+    producers = graph.producers()
+    users = {v: [r for r, _ in rs] for v, rs in graph.consumers().items()}
+    f16, f32 = np.dtype(np.float16), np.dtype(np.float32)
+    dropped: set[int] = set()
+    for n in graph.nodes:
+        if n.op != "Cast" or len(n.inputs) != 1 or n.inputs[0] not in graph.info or n.outputs[0] not in graph.info:
+            continue
+        x, y = n.inputs[0], n.outputs[0]
+        src, dst = np.dtype(graph.info[x].dtype), np.dtype(graph.info[y].dtype)
+        p = producers.get(x)
+        if (src, dst) == (f32, f16) and p is not None and p.op in FLOAT_ISLANDS and x not in protected \
+                and [id(r) for r in users.get(x, [])] == [id(n)]:
+            p.outputs[p.outputs.index(x)] = y
+            producers[y] = p
+        elif (src, dst) == (f16, f32) and y not in protected and users.get(y) \
+                and all(r.op in FLOAT_ISLANDS for r in users[y]):
+            for r in users[y]:
+                r.inputs[:] = [x if v == y else v for v in r.inputs]
+            users[x] = [r for r in users.get(x, []) if r is not n] + users[y]
+        else:
+            continue
+        dropped.add(id(n))
+    graph.nodes = [n for n in graph.nodes if id(n) not in dropped]
+
+
 def prologue_enabled() -> bool:
     """ANYGRAD_WGPU_PROLOGUE=0: an activation read only by GEMMs stays a kernel of its own."""
     return os.environ.get("ANYGRAD_WGPU_PROLOGUE", "1") != "0"
@@ -363,8 +412,7 @@ def fuse_prologues(graph: Graph, protected: set[str]) -> None:
     dropped: set[int] = set()
     for n in graph.nodes:
         if (n.op not in EPILOGUE_ACTIVATIONS | {"Relu"} or len(n.inputs) != 1 or n.outputs[0] in protected
-                or any(np.dtype(graph.info[v].dtype) != np.float32 for v in (n.inputs[0], n.outputs[0])
-                       if v in graph.info)):
+                or not _float32(graph, (n.inputs[0], n.outputs[0]))):
             continue
         operands = gemm_operands(n.outputs[0])
         if not operands:
@@ -891,6 +939,7 @@ def prepare(graph: Graph, caps: AdapterCaps, supports_epilogue: set[str], fuse: 
         fuse_epilogues(g, protected, supports_epilogue)
         fuse_prologues(g, protected)
         fuse_bias_grads(g)
+        fold_float_casts(g, protected)
         split_batchnorm(g)
         fuse_elementwise(g, caps, protected)
         if slice_views_enabled():
