@@ -346,7 +346,7 @@ def fold_float_casts(graph: Graph, protected: set[str]) -> None:
       itself (its store rounds as the Cast would: the same conversion, the same bits);
     - a float16 value widened by a Cast that only row kernels read is read by them directly (the
       widening is exact, and their reads convert).
-    The GPT's f16 step had 34 such Casts, 3% of its H200 step."""
+    26 of the d-256 GPT's 34 f16 Cast kernels (the 34 took 3% of its H200 step)."""
     if not cast_fold_enabled():
         return
     producers = graph.producers()
