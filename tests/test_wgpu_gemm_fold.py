@@ -681,3 +681,28 @@ def test_a_bias_gradient_comes_out_of_the_weight_gradients_gemm(monkeypatch, var
     # register and dot: the lowering's own column-sum kernels beside the GEMM (as many as before)
     kept = [n for n in _kernel_names(before) if n.startswith("ReduceSum")]
     assert (len(names) == len(kept)) == (variant in ("register", "dot")) and len(names) <= len(kept), (names, kept)
+
+
+@pytest.mark.parametrize("variant", ["register", "shared"])
+def test_a_masked_fill_by_a_mask_fed_each_step_runs_in_the_store(variant):
+    """A padding mask fed as a bool graph input (B, 1, 1, S), as attention masks from a tokenizer
+    arrive, not a constant, kept where true: the GEMM reads it as the device stores bools."""
+    q, k = rnd(2, 3, 5, 4, seed=90), rnd(2, 3, 4, 6, seed=91)
+    keep = np.random.default_rng(92).random((2, 1, 1, 6)) < 0.6
+    keep[..., 0] = True
+    g = Graph(name="masked")
+    for name, a in (("q", q), ("k", k)):
+        g.inputs.append(name)
+        g.info[name] = TensorInfo(F32, a.shape)
+    g.inputs.append("keep")
+    g.info["keep"] = TensorInfo(np.dtype(np.bool_), keep.shape)
+    g.initializers["fill"] = np.array(-1e9, np.float32)
+    g.nodes = [Node("MatMul", ["q", "k"], ["s"], {"_gemm_variant": variant}, name="qk"),
+               Node("Where", ["keep", "s", "fill"], ["m"], name="masked_fill"),
+               Node("Softmax", ["m"], ["p"], {"axis": -1}, name="softmax")]
+    g.outputs = ["p"]
+    exe = _run(specialize(g, {}), {"q": q, "k": k, "keep": keep})
+    (mm,) = [n for n in exe.prepared.nodes if n.op == "MatMul"]
+    assert mm.attr("_where") == (-1e9, False)
+    # the only elementwise kernel unpacks the bytes of the bool input (uploaded four to a word)
+    assert [n for n in _kernel_names(exe) if n.startswith("ew:")] == ["ew:wgpu.UnpackBytes"], _kernel_names(exe)
