@@ -147,7 +147,6 @@ def test_grid_fold_keeps_ids_of_a_3d_grid():
 
 def _run_raw(b, kern, n_u32: int) -> np.ndarray:
     """Dispatch one kernel with a single u32 output buffer and read it back."""
-    import wgpu
     buf = b.create_buffer(n_u32 * 4, b.storage_usage, "out")
     pipe = b.pipeline(kern.wgsl, kern.entry, (False,), kern.name)
     bgl, _ = b.layout((False,))
@@ -159,7 +158,6 @@ def _run_raw(b, kern, n_u32: int) -> np.ndarray:
     cpass.dispatch_workgroups(*kern.workgroups)
     cpass.end()
     b.device.queue.submit([enc.finish()])
-    del wgpu
     return np.frombuffer(b.read(buf, n_u32 * 4), np.uint32).copy()
 
 
@@ -217,8 +215,6 @@ def small_scan_tiles(monkeypatch):
 
 def _run_scan(b, n: int, counts: np.ndarray) -> tuple[list[str], np.ndarray]:
     """segments' scan kernels over `counts` (n u32) on the device, read back."""
-    import wgpu
-
     from anygrad.backends.wgpu.segments import _scan_kernels
     kernels, scratch = _scan_kernels("t", "h", n)
     sizes = {"h": n, **{sc.name: sc.elements for sc in scratch}}
@@ -236,7 +232,6 @@ def _run_scan(b, n: int, counts: np.ndarray) -> tuple[list[str], np.ndarray]:
         cpass.dispatch_workgroups(*kern.workgroups)
         cpass.end()
     b.device.queue.submit([enc.finish()])
-    del wgpu
     return [k.name for k in kernels], np.frombuffer(b.read(bufs["h"], n * 4), np.uint32).copy()
 
 
