@@ -353,17 +353,24 @@ def bench(device, caps: AdapterCaps, timestamps: bool, label: str, op: str, shap
     """One case in one variant (parse_variant), or with variant 'tuned' the fastest of the
     autotuner's candidates (autotune.CANDIDATES), as a tuned compile would pick it."""
     if variant == "tuned":
-        from anygrad.backends.wgpu.autotune import CANDIDATES
-        best = None
-        for pin in CANDIDATES:
-            try:
-                r = _bench_pin(device, caps, timestamps, label, op, shapes, attrs, flop, pin, peak, budget_s,
-                               zeros, flush_mb, shared_mb)
-            except Exception:  # noqa: BLE001, S112  a candidate this shape cannot take, as in autotune._candidates
-                continue
-            best = r if best is None or r.ms < best.ms else best
+        from anygrad.backends.wgpu.autotune import CANDIDATES, split_pins, tunes_splits
+        best, best_pin = None, None
+
+        def consider(pins) -> None:
+            nonlocal best, best_pin
+            for pin in pins:
+                try:
+                    r = _bench_pin(device, caps, timestamps, label, op, shapes, attrs, flop, pin, peak, budget_s,
+                                   zeros, flush_mb, shared_mb)
+                except Exception:  # noqa: BLE001, S112  a candidate this shape cannot take, as in autotune._candidates
+                    continue
+                if best is None or r.ms < best.ms:
+                    best, best_pin = r, pin
+        consider(CANDIDATES)
         if best is None:
             raise ValueError("no autotuner candidate lowers this case")
+        if tunes_splits():  # the winner at other K splits, as the autotuner times it (autotune.split_pins)
+            consider(split_pins(best_pin, lower(op, shapes, {**attrs, **best_pin}, caps)[0]))
         best.variant = "tuned"
         return best
     r = _bench_pin(device, caps, timestamps, label, op, shapes, attrs, flop, parse_variant(variant), peak,

@@ -215,16 +215,61 @@ def _long_k_graph():
 
 
 @pytest.mark.parametrize("splits", [1, 3, 4])
-def test_a_pinned_split_count_computes_what_numpy_computes(splits):
-    """`_gemm_splits` (benchmarks' `+splits=N`) splits K that many ways, evenly or not (3 of 512)."""
+@pytest.mark.parametrize("variant", ["shared", "dot"])
+def test_a_pinned_split_count_computes_what_numpy_computes(splits, variant):
+    """`_gemm_splits` (benchmarks' `+splits=N`, the autotuner's split counts) splits K that many
+    ways, evenly or not (3 of 512), in the tiled and the dot-product variants."""
     graph, feeds = _long_k_graph()
+    pin = {"_gemm_variant": "shared", "_gemm_block": 4, "_gemm_kt": 16} if variant == "shared" else {"_gemm_variant": "dot"}
     for n in graph.nodes:
         if n.op == "MatMul":
-            n.attrs |= {"_gemm_variant": "shared", "_gemm_block": 4, "_gemm_kt": 16, "_gemm_splits": splits}
+            n.attrs |= pin | {"_gemm_splits": splits}
     want, got, exe = run_both(graph, feeds)
     assert_close(want, got, rtol=2e-4, atol=2e-5)
     names = [step.kernel.name for step in exe.plan.steps]
     assert any(f"splitK {splits}]" in s for s in names) == (splits > 1), names
+
+
+def test_the_winning_tiling_is_timed_at_other_k_splits_and_the_fastest_count_is_stored(tuning, monkeypatch):
+    """The rules split this K = 512 GEMM s ways; the winning tiling is timed again at s/2 and 2s
+    splits, the count the timer finds fastest is pinned and stored with it, a count within noise
+    keeps the rules' own, and ANYGRAD_AUTOTUNE_SPLITS=0 (its own cache file) tunes tilings only."""
+    from anygrad.backends.wgpu.kernel import LOWERINGS
+    from anygrad.backends.wgpu.kernels_gemm import split_count
+    graph, _ = _long_k_graph()
+    caps = AdapterCaps()
+    node = graph.nodes[0]
+    s = split_count(LOWERINGS["MatMul"](node, graph, caps))
+    assert s > 1
+    assert autotune.split_pins({}, LOWERINGS["MatMul"](node, graph, caps)) == [{"_gemm_splits": s // 2},
+                                                                                {"_gemm_splits": 2 * s}]
+    timed = []
+
+    def timer(kernels, g):
+        timed.append(split_count(kernels))
+        return {2 * s: 0.5}.get(timed[-1], 1.0)
+    tuned = autotune.tune(graph, caps, ("ctx",), timer)
+    assert tuned.nodes[0].attrs.get("_gemm_splits") == 2 * s and {s // 2, 2 * s} <= set(timed)
+    assert split_count(LOWERINGS["MatMul"](tuned.nodes[0], tuned, caps)) == 2 * s
+    again = autotune.tune(graph, caps, ("ctx",), None)  # the stored winner, split count included
+    assert again.nodes[0].attrs.get("_gemm_splits") == 2 * s
+
+    within_noise = autotune.tune(graph, caps, ("other",), lambda k, g: {2 * s: 0.98}.get(split_count(k), 1.0))
+    assert "_gemm_splits" not in within_noise.nodes[0].attrs
+
+    monkeypatch.setenv(autotune.SPLITS_ENV, "0")
+    timed.clear()
+    off = autotune.tune(graph, caps, ("ctx",), timer)
+    assert "_gemm_splits" not in off.nodes[0].attrs and 2 * s not in timed
+
+
+@pytest.mark.parametrize("pin", [{"_gemm_splits": 0}, {"_gemm_splits": 5000}, {"_gemm_splits": "4"},
+                                 {"_gemm_splits": 2.0}, {"_gemm_variant": "evil", "_gemm_splits": 2}])
+def test_a_stored_split_count_out_of_range_is_ignored(tuning, pin):
+    path = autotune.cache_file(("ctx",))
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"k": pin, "ok": {"_gemm_splits": 2}}))
+    assert autotune._load(path) == {"ok": {"_gemm_splits": 2}}
 
 
 def _square_matmul(n: int):

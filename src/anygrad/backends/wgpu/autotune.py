@@ -17,6 +17,13 @@ left over, and later compiles tune them. `ANYGRAD_AUTOTUNE=0` turns tuning off (
 tilings: a plan that does not depend on timing noise); `=1` turns it on also for software
 adapters (lavapipe), where it is off by default because it only costs compile time there.
 
+The K split is tuned too: the rules split K to fill the GPU (kernels_gemm.choose_splits), and
+how many splits pay depends on the shape and the adapter (session 34, H100: GPT-2 small's attention
+weight gradient ran at 0.63x cuBLAS with the rule's 4 splits and 0.70x with 8, while twice the
+splits for every shape cost whole steps 1-10%). So the winning tiling, where it splits, is timed
+again at half and at twice its splits, and the fastest count is kept with it
+(`ANYGRAD_AUTOTUNE_SPLITS=0`: the rule's count).
+
 Results are the same numbers up to float32 summation order: a different tiling or split-K changes
 the order of the K sum, so a tuned plan and an untuned one differ in the last bits, while two runs
 of one plan give the same bits.
@@ -38,10 +45,13 @@ from ...fsutil import atomic_write
 from ...ir.graph import Graph, Node
 from .gridfold import fold_kernel
 from .kernel import LOWERINGS, AdapterCaps, Kernel
+from .kernels_gemm import split_count
 from .profiling import wall_ms
 from .wgsl import workgroup_bytes
 
 ENV = "ANYGRAD_AUTOTUNE"
+SPLITS_ENV = "ANYGRAD_AUTOTUNE_SPLITS"
+MAX_SPLITS = 4096  # kernels_gemm.choose_splits' own cap
 TUNABLE_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvGradInput", "ConvGradWeight"})
 PIN_ATTRS = ("_gemm_variant", "_gemm_block", "_gemm_kt", "_gemm_prefetch", "_gemm_unroll", "_gemm_tn", "_gemm_splits",
              "_gemm_threads", "_gemm_half")
@@ -101,11 +111,38 @@ def enabled(caps: AdapterCaps) -> bool:
     return not caps.is_cpu
 
 
+def tunes_splits() -> bool:
+    """Whether the winning tiling's K split is timed at other counts (ANYGRAD_AUTOTUNE_SPLITS=0: no)."""
+    return os.environ.get(SPLITS_ENV, "").strip().lower() not in ("0", "false", "no", "off")
+
+
+def settings(caps: AdapterCaps) -> tuple[bool, bool]:
+    """What a tuned plan depends on besides its graph and adapter (for plan caches)."""
+    return enabled(caps), tunes_splits()
+
+
+def split_pins(pin: dict[str, Any], kernels: list[Kernel]) -> list[dict[str, Any]]:
+    """`pin` at half and at twice the K splits its lowering has; none where it does not split."""
+    s = split_count(kernels)
+    if s <= 1:
+        return []
+    return [pin | {"_gemm_splits": v} for v in sorted({max(1, s // 2), min(2 * s, MAX_SPLITS)}) if v != s]
+
+
+def _known(pin: Any) -> bool:
+    """A pin the tuner can have stored: a candidate, optionally with a split count."""
+    if not isinstance(pin, dict):
+        return False
+    splits = pin.get("_gemm_splits")
+    base = {k: v for k, v in pin.items() if k != "_gemm_splits"}
+    return base in CANDIDATES and (splits is None or (type(splits) is int and 1 <= splits <= MAX_SPLITS))
+
+
 def cache_file(context: tuple) -> Path:
     root = os.environ.get("ANYGRAD_CACHE")
     base = Path(root).expanduser() if root else Path.home() / ".cache" / "anygrad"
     from .pipeline_cache import _source_hash
-    digest = hashlib.sha256(repr((context, _source_hash())).encode()).hexdigest()[:32]
+    digest = hashlib.sha256(repr((context, tunes_splits(), _source_hash())).encode()).hexdigest()[:32]
     return base / "wgpu-autotune" / f"{digest}.json"
 
 
@@ -120,7 +157,7 @@ def _load(path: Path) -> dict[str, dict[str, Any]]:
         return {}
     if not isinstance(data, dict):
         return {}
-    return {k: v for k, v in data.items() if isinstance(k, str) and v in CANDIDATES}
+    return {k: v for k, v in data.items() if isinstance(k, str) and _known(v)}
 
 
 def shape_key(node: Node, graph: Graph) -> str:
@@ -166,6 +203,9 @@ def tune(graph: Graph, caps: AdapterCaps, context: tuple, timer: Callable[[list[
             if time.perf_counter() - t0 > budget:
                 break
             new[key] = _fastest(cands, graph, timer)
+            stats["timed"] += 1
+            if tunes_splits():
+                new[key] = _fastest_split(nodes[todo[key][0]], graph, caps, new[key], cands, timer)
         chosen |= new
         if new:
             _store(path, known | new)
@@ -206,11 +246,11 @@ def _too_big(node: Node, graph: Graph, caps: AdapterCaps) -> bool:
                for v in list(node.inputs) + list(node.outputs))
 
 
-def _candidates(node: Node, graph: Graph, caps: AdapterCaps) -> list[tuple[dict[str, Any], list[Kernel]]]:
-    """(pin, kernels) for each candidate the lowering takes, duplicates (the same shaders and
+def _candidates(node: Node, graph: Graph, caps: AdapterCaps, pins=CANDIDATES) -> list[tuple[dict[str, Any], list[Kernel]]]:
+    """(pin, kernels) for each of `pins` the lowering takes, duplicates (the same shaders and
     grids as an earlier candidate) left out."""
     out, seen = [], set()
-    for pin in CANDIDATES:
+    for pin in pins:
         try:
             kernels = [fold_kernel(kern, caps.max_workgroups_per_dim)
                        for kern in LOWERINGS[node.op](_pinned(node, pin), graph, caps)]
@@ -223,6 +263,19 @@ def _candidates(node: Node, graph: Graph, caps: AdapterCaps) -> list[tuple[dict[
             seen.add(text)
             out.append((pin, kernels))
     return out
+
+
+def _fastest_split(node: Node, graph: Graph, caps: AdapterCaps, best: dict[str, Any],
+                   cands: list[tuple[dict[str, Any], list[Kernel]]], timer) -> dict[str, Any]:
+    """`best` or the same tiling at another K split (split_pins), whichever times fastest; `best`
+    is timed again beside them, so a win within noise keeps it."""
+    kernels = next((k for pin, k in cands if pin == best), None)
+    if kernels is None:
+        return best
+    others = _candidates(node, graph, caps, split_pins(best, kernels))
+    if not others:
+        return best
+    return _fastest([(best, kernels)] + others, graph, timer)
 
 
 def _fastest(candidates: list[tuple[dict[str, Any], list[Kernel]]], graph: Graph, timer) -> dict[str, Any]:
@@ -243,7 +296,6 @@ def _fastest(candidates: list[tuple[dict[str, Any], list[Kernel]]], graph: Graph
     for i in range(1, len(candidates)):
         if times[i] < times[best] * 0.97:  # a win within timing noise keeps the earlier (rule-based) choice
             best = i
-    stats["timed"] += 1
     return candidates[best][0]
 
 
@@ -335,4 +387,5 @@ def device_timer(backend: Any) -> Callable[[list[Kernel], Graph], float]:
     return timer
 
 
-__all__ = ["CANDIDATES", "ENV", "TUNABLE_OPS", "device_timer", "enabled", "shape_key", "tune"]
+__all__ = ["CANDIDATES", "ENV", "SPLITS_ENV", "TUNABLE_OPS", "device_timer", "enabled", "settings", "shape_key",
+           "split_pins", "tune", "tunes_splits"]

@@ -879,13 +879,17 @@ def use_dot(spec: GemmSpec, caps: AdapterCaps) -> bool:
     return not caps.is_cpu and spec.M * spec.N * spec.batch <= 1024 and spec.K >= 64
 
 
-def dot_splits(spec: GemmSpec, d: DotTiling, caps: AdapterCaps) -> tuple[int, int]:
+def dot_splits(spec: GemmSpec, d: DotTiling, caps: AdapterCaps, want: int | None = None) -> tuple[int, int]:
     """(splits, K per split): enough workgroups to fill the adapter, 8 k or more per invocation,
     and 2 or more for a K of a few thousand (fc2's weight gradient at batch 1000: 10 blocks of 64
-    invocations, 16 k each, took 25 us as one latency-bound pass)."""
+    invocations, 16 k each, took 25 us as one latency-bound pass); `want` (a `_gemm_splits` pin)
+    asks for that many, each at least one k per invocation."""
     blocks = math.ceil(spec.M / d.rb) * math.ceil(spec.N / d.cb) * spec.batch
     per = 8 if spec.K >= 64 * DOT_WG * 8 else 2
-    want = min(math.ceil(_target_invocations(caps) / (blocks * DOT_WG)), spec.K // (per * DOT_WG), 4096)
+    if want is not None:
+        want = min(int(want), spec.K // DOT_WG, 4096)
+    else:
+        want = min(math.ceil(_target_invocations(caps) / (blocks * DOT_WG)), spec.K // (per * DOT_WG), 4096)
     splits = max(1, want)
     while splits > 1 and splits * spec.batch * spec.M * spec.N * 4 > caps.max_storage_binding_size:
         splits //= 2
@@ -942,9 +946,9 @@ def dot_wgsl(spec: GemmSpec, d: DotTiling, caps: AdapterCaps, splits: int, kspli
     return wgsl, grid, tuple(b.value for b in reads)
 
 
-def dot_kernels(spec: GemmSpec, caps: AdapterCaps) -> list[Kernel]:
+def dot_kernels(spec: GemmSpec, caps: AdapterCaps, want_splits: int | None = None) -> list[Kernel]:
     d = dot_tiling(spec.M, spec.N, caps)
-    splits, ksplit = dot_splits(spec, d, caps)
+    splits, ksplit = dot_splits(spec, d, caps, want_splits)
     tile = f"dot {d.rb}x{d.cb}"
     if splits == 1:
         wgsl, grid, reads = dot_wgsl(spec, d, caps, 1, ksplit)
@@ -975,6 +979,18 @@ def _split_pair(spec: GemmSpec, caps: AdapterCaps, splits: int, tile: str, parti
             Kernel(f"{spec.name}[splitK reduce]", red, rgrid, rreads, red_outs)]
 
 
+_SPLIT_NAME = re.compile(r" splitK (\d+)\]$")
+
+
+def split_count(kernels: list[Kernel]) -> int:
+    """The K splits of a GEMM lowering (1: none), read from the name _split_pair gives its kernel."""
+    for kern in kernels:
+        m = _SPLIT_NAME.search(kern.name)
+        if m:
+            return int(m.group(1))
+    return 1
+
+
 def gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None = None,
                  allow_split: bool = True, block: int | None = None, kt: int | None = None,
                  prefetch: int | None = None, layout: str | None = None,
@@ -1000,7 +1016,7 @@ def _gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None, allow_
                   layout: str | None = None, threads: int | None = None, unroll: int | None = None,
                   tn: int | None = None, want_splits: int | None = None, half: bool = False) -> list[Kernel]:
     if variant == "dot" or (variant is None and block is None and allow_split and use_dot(spec, caps)):
-        return dot_kernels(spec, caps)
+        return dot_kernels(spec, caps, want_splits)
     lay = set((layout if layout is not None else os.environ.get("ANYGRAD_WGPU_GEMM_LAYOUT", "")).split(","))
     t = choose_tiling(spec.M, spec.N, spec.K, caps, variant, block, kt, spec.batch, allow_split, threads, tn)
     if t.variant == "shared":

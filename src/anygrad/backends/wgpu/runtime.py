@@ -634,7 +634,7 @@ class WgpuBackend(Backend):
         from ... import __version__
         a = self.adapter
         return (__version__, a.name, a.vendor, a.driver, a.backend, a.type, repr(self.caps), fuse,
-                tuple(sorted(self.state)), autotune.enabled(self.caps), recompute_elementwise())
+                tuple(sorted(self.state)), autotune.settings(self.caps), recompute_elementwise())
 
     def prepared(self, graph: Graph, fuse: bool, measure: bool = True) -> Graph:
         """The graph as it is lowered: fused (fusion.prepare), then GEMM tilings pinned by the
