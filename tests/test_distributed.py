@@ -27,7 +27,7 @@ from anygrad.data import DataLoader, write_idx
 from anygrad.data.mnist import MNIST_FILES
 from anygrad.distributed import ShardedLoader, shard_indices
 from anygrad.errors import ConfigError
-from anygrad.optim import Adam
+from anygrad.optim import Adam, grad_scaler
 
 SRC = str(Path(anygrad.__file__).resolve().parents[1])
 TOL = {"rtol": 1e-5, "atol": 1e-5}
@@ -105,13 +105,16 @@ WORKER = textwrap.dedent("""
     import anygrad
     from anygrad.distributed import DataParallel, ProcessGroup, world_from_env
     from anygrad.optim import Adam
-    model_path, data_path, out, devices, clip_norm, sync = sys.argv[1:7]
+    model_path, data_path, out, devices, clip_norm, sync, precision, scale = sys.argv[1:9]
     group = ProcessGroup(world_from_env())
     z = np.load(data_path)
     m = anygrad.load_onnx(model_path).compile(optimizer=Adam(lr=0.01), device=devices, accumulate=2,
-                                              clip_norm=float(clip_norm) if clip_norm else None)
+                                              clip_norm=float(clip_norm) if clip_norm else None, precision=precision)
     local = [r.backend for r in m.parallel.replicas[1:]] if m.parallel else []
     m.parallel = DataParallel(m, local, group, check_every=3, sync_batchnorm=True if sync == "1" else None)
+    if scale:  # f16: the loss scale every replica starts from
+        for r in m.parallel.replicas:
+            r.backend.set_state("anygrad.loss_scale", np.array(float(scale), np.float32))
     loader = m.parallel.loader(z["x"], z["y"], 16, seed=3)
     losses = []
     for epoch in range(2):
@@ -121,17 +124,20 @@ WORKER = textwrap.dedent("""
     metrics = m.read_metrics()
     m.parallel.check_replicas()
     if group.rank == 0:
-        np.savez(out, losses=np.array(losses), loss=metrics["loss"], count=metrics["count"], **m.state_dict())
+        np.savez(out, losses=np.array(losses), loss=metrics["loss"], count=metrics["count"],
+                 skipped=metrics.get("skipped_updates", -1.0),
+                 scale=m.backend.get_state("anygrad.loss_scale") if precision == "f16" else -1.0, **m.state_dict())
     group.close()
 """)
 
 
 def _ranks(tmp_path: Path, world: int, model: Path, data: Path, devices: str = "cpu", clip_norm: str = "1.0",
-           sync: bool = False):
+           sync: bool = False, precision: str = "f32", scale: float | None = None):
     """WORKER on `world` gloo ranks of localhost; what rank 0 saved."""
     port = str(_free_port())
     out = tmp_path / "rank0.npz"
-    args = [str(model), str(data), str(out), devices, clip_norm, "1" if sync else "0"]
+    args = [str(model), str(data), str(out), devices, clip_norm, "1" if sync else "0", precision,
+            "" if scale is None else repr(scale)]
     procs = [subprocess.Popen([sys.executable, "-c", WORKER, *args],
                               env=_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                                        MASTER_PORT=port), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -155,8 +161,10 @@ def _epochs(m, x: np.ndarray, y: np.ndarray, epochs: int = 2, before=None) -> np
     return np.array(losses)
 
 
-def _reference(model: Path, x: np.ndarray, y: np.ndarray, device: str = "cpu", epochs: int = 2) -> tuple:
-    m = anygrad.load_onnx(str(model)).compile(optimizer=Adam(lr=0.01), device=device, accumulate=2, clip_norm=1.0)
+def _reference(model: Path, x: np.ndarray, y: np.ndarray, device: str = "cpu", epochs: int = 2,
+               precision: str = "f32") -> tuple:
+    m = anygrad.load_onnx(str(model)).compile(optimizer=Adam(lr=0.01), device=device, accumulate=2, clip_norm=1.0,
+                                              precision=precision)
     losses = _epochs(m, x, y, epochs)
     return losses, m.state_dict(), m.read_metrics()
 
@@ -200,6 +208,24 @@ def test_wgpu_ranks_train_like_one_process_on_the_global_batch(tmp_path, tiny):
         np.testing.assert_allclose(got[name], value, **TOL, err_msg=name)
 
 
+def test_f16_ranks_train_like_one_f16_process_with_loss_scaling_in_the_update(tmp_path, tiny):
+    """Mixed precision under torchrun: each rank's gradient phase unscales its float16 gradients,
+    and the update after the all-reduce is the loss-scaled one (checked, gated, scale updated), as
+    one process's f16 steps are; before, the ranks' update had no loss scaling at all."""
+    model, data, x, y = tiny
+    got = _ranks(tmp_path, 2, model, data, precision="f16")
+    losses, state, metrics = _reference(model, x, y, precision="f16")
+    np.testing.assert_allclose(got["losses"], losses, rtol=1e-4, atol=1e-4)
+    for name, value in state.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-4, err_msg=name)
+    assert float(got["skipped"]) == metrics["skipped_updates"] == 0.0
+    # from a scale of 2**20 the first updates overflow: skipped on both ranks alike, the scale backs
+    # off, and the weights stay finite (an update from an inf gradient would make them NaN)
+    over = _ranks(tmp_path, 2, model, data, precision="f16", scale=2.0 ** 20)
+    assert 0 < float(over["skipped"]) < 1 and float(over["scale"]) < 2.0 ** 20
+    assert all(np.isfinite(over[name]).all() for name in state)
+
+
 # -- several devices in one process -----------------------------------------------------------------------------
 @pytest.mark.parametrize("devices", ["cpu,cpu,cpu", "wgpu:0,wgpu:0"])
 def test_devices_of_one_process_train_like_one_device(tiny, devices):
@@ -229,6 +255,38 @@ def test_devices_of_one_process_train_like_one_device(tiny, devices):
     r.backend.set_state("fc1.bias", r.backend.get_state("fc1.bias") + 1)
     with pytest.raises(anygrad.AnygradError, match="diverged.*device 1"):
         m.parallel.check_replicas()
+
+
+@pytest.mark.parametrize("devices", ["cpu,cpu,cpu", "wgpu:0,wgpu:0"])
+def test_f16_devices_of_one_process_train_like_one_f16_device_and_skip_overflowing_updates_together(tiny, devices):
+    """precision='f16' on several devices: the same losses and weights as one f16 device; and an
+    update whose summed gradient overflowed (a loss scale of 2**40) is skipped on every replica, the
+    scale halved on every replica, the weights left as they were, and counted once."""
+    model, _, x, y = tiny
+    x, y = x[:48], y[:48]
+    losses, state, _ = _reference(model, x, y, device=devices.split(",")[0], precision="f16")
+
+    def compiled():
+        return anygrad.load_onnx(str(model)).compile(optimizer=Adam(lr=0.01), device=devices, accumulate=2,
+                                                     clip_norm=1.0, precision="f16")
+    m = compiled()
+    assert m.precision == "f16" and len(m.parallel.replicas) == len(devices.split(","))
+    np.testing.assert_allclose(_epochs(m, x, y), losses, rtol=1e-4, atol=1e-4)
+    for name, value in m.state_dict().items():
+        np.testing.assert_allclose(value, state[name], rtol=1e-4, atol=1e-4, err_msg=name)
+    m.parallel.check_replicas()
+
+    m = compiled()
+    before = m.state_dict()
+    for r in m.parallel.replicas:
+        r.backend.set_state(grad_scaler.LOSS_SCALE, np.array(2.0 ** 40, np.float32))
+    m.train_on_batch(x[:16], y[:16], flush=True)  # accumulate=2: flushed after one micro-batch, one update
+    assert m.read_metrics()["skipped_updates"] == 1.0
+    assert [float(r.backend.get_state(grad_scaler.LOSS_SCALE)) for r in m.parallel.replicas] == \
+        [2.0 ** 39] * len(m.parallel.replicas)
+    for name, value in m.state_dict().items():
+        np.testing.assert_array_equal(value, before[name], err_msg=name)
+    m.parallel.check_replicas()
 
 
 @pytest.mark.parametrize("devices", ["cpu,cpu", "wgpu:0,wgpu:0", "wgpu:0,cpu"])

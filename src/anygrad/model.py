@@ -271,10 +271,9 @@ class Model:
             _claim(each, self)
             use_torch_compile(each, torch_compile)
         self.backend = backend
-        if self.precision == "f16":
-            if devices and len(devices) > 1:
-                raise ConfigError("precision='f16' trains on one device for now; drop the other devices or use f32")
-            self.precision = self.backend.check_precision(self.precision)
+        for each in devices or [backend]:  # every device runs f16, or (one lacks it) every device f32
+            if self.precision == "f16":
+                self.precision = each.check_precision(self.precision)
         self.seed = seed
         self._programs.clear()
         for name in self.graph.state_names:

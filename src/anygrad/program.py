@@ -407,21 +407,7 @@ def build_train_step(model: Graph, input_shapes: dict[str, Shape], target_shape:
     if phase != "step":
         grads = _accumulate(g, b, grads, phase)
     if phase in ("step", "apply"):
-        found = grad_scaler.found_inf(b, list(grads.values())) if scaling else None
-        if clip_norm is not None:
-            grads = clip_grad_norm(b, grads, clip_norm)
-        _update(g, b, grads, optimizer)
-        if found is not None:
-            # A skipped step changes no state, BatchNorm's running statistics included; its metrics
-            # count unless the forward itself overflowed float16 (no NaN loss for --on-nan to see).
-            metric = {k: v for k, v in g.state_updates.items() if v.startswith(METRIC_PREFIX)}
-            grad_scaler.gate(g, b, found, {k: v for k, v in g.state_updates.items()
-                                           if v != RNG_STATE and k not in metric})
-            grad_scaler.gate(g, b, grad_scaler.found_inf(b, [out.loss]), metric)
-            grad_scaler.update_scale(g, b, found)
-            _sum_into(g, b, UPDATE_COUNT, b.const(1.0))
-            if report is not None:
-                report["skipped_updates"] = MetricSpec(grad_scaler.SKIPPED_SUM, UPDATE_COUNT)
+        _apply_update(g, b, grads, optimizer, clip_norm, scaling, report, loss=out.loss)
     g.state_updates[b.op("Add", [RNG_STATE, b.const(np.array([0, 1], np.uint32), np.uint32)])] = RNG_STATE
     g.outputs = [out.loss] + ([out.correct] if out.correct else [])
     g.dce()
@@ -438,6 +424,28 @@ def _accumulate(g: Graph, b: Builder, grads: dict[str, str], phase: str) -> dict
         if phase != "apply":
             g.state_updates[total[p]] = name
     return total
+
+
+def _apply_update(g: Graph, b: Builder, grads: dict[str, str], optimizer: Optimizer, clip_norm: float | None,
+                  scaling: bool, report: dict[str, MetricSpec] | None, loss: str | None = None) -> None:
+    """(Clip,) optimizer update from `grads`. With loss scaling, a gradient that is not finite skips
+    the update (every state it changes keeps its value, BatchNorm's running statistics included), the
+    scale backs off or grows, and skipped updates are counted; the step's metrics count unless the
+    forward itself overflowed float16 (`loss` not finite: no NaN loss for --on-nan to see)."""
+    found = grad_scaler.found_inf(b, list(grads.values())) if scaling else None
+    if clip_norm is not None:
+        grads = clip_grad_norm(b, grads, clip_norm)
+    _update(g, b, grads, optimizer)
+    if found is None:
+        return
+    metric = {k: v for k, v in g.state_updates.items() if v.startswith(METRIC_PREFIX)}
+    grad_scaler.gate(g, b, found, {k: v for k, v in g.state_updates.items() if v != RNG_STATE and k not in metric})
+    if loss is not None:
+        grad_scaler.gate(g, b, grad_scaler.found_inf(b, [loss]), metric)
+    grad_scaler.update_scale(g, b, found)
+    _sum_into(g, b, UPDATE_COUNT, b.const(1.0))
+    if report is not None:
+        report["skipped_updates"] = MetricSpec(grad_scaler.SKIPPED_SUM, UPDATE_COUNT)
 
 
 def _update(g: Graph, b: Builder, grads: dict[str, str], optimizer: Optimizer) -> None:
@@ -457,10 +465,14 @@ def _update(g: Graph, b: Builder, grads: dict[str, str], optimizer: Optimizer) -
             g.state_updates[value] = slots[slot]
 
 
-def build_update_step(model: Graph, optimizer: Optimizer, *, clip_norm: float | None = None) -> Graph:
+def build_update_step(model: Graph, optimizer: Optimizer, *, clip_norm: float | None = None, precision: str = "f32",
+                      report: dict[str, MetricSpec] | None = None) -> Graph:
     """The update alone: (clip,) optimizer step from the gradients in the accum.<param> buffers,
     which the "first"/"accumulate" phases filled. Data parallelism runs it after summing those
-    buffers across replicas, so the gradient phase and the update are two programs."""
+    buffers across replicas, so the gradient phase and the update are two programs. With
+    `precision` "f16" it is the "apply" phase's loss-scaled update: the summed gradients (unscaled
+    by each gradient phase) are checked, the update skipped where one is not finite, and the
+    scale the gradient phases read (a state of the same device) updated."""
     g = Graph(name=f"{model.name}.update")
     for p in model.params:
         g.initializers[p] = model.initializers[p]
@@ -471,9 +483,10 @@ def build_update_step(model: Graph, optimizer: Optimizer, *, clip_norm: float | 
         grads[p] = ACCUM_PREFIX + p
         _add_buffer(g, grads[p], np.zeros_like(model.initializers[p]))
     b = Builder(g, prefix="optim")
-    if clip_norm is not None:
-        grads = clip_grad_norm(b, grads, clip_norm)
-    _update(g, b, grads, optimizer)
+    scaling = check_precision(precision) == "f16"
+    if scaling:
+        grad_scaler.add_state(g)
+    _apply_update(g, b, grads, optimizer, clip_norm, scaling, report)
     return resolve_attributes(g)
 
 

@@ -782,9 +782,12 @@ class DataParallel:
 
     def _update_program(self, r: Model):
         g = r.graph
-        key = ("update", tuple(g.params), r.clip_norm, id(r.optimizer))
+        key = ("update", tuple(g.params), r.clip_norm, id(r.optimizer), r.precision)
         if key not in r._programs:
-            r._programs[key] = r.backend.compile(build_update_step(g, r.optimizer, clip_norm=r.clip_norm))
+            report: dict = {}  # f16: the skipped updates, counted by every replica (a ratio: the same)
+            r._programs[key] = r.backend.compile(build_update_step(g, r.optimizer, clip_norm=r.clip_norm,
+                                                                   precision=r.precision, report=report))
+            self.model._metric_specs.update(report)
         return r._programs[key]
 
     # -- equality of the replicas ---------------------------------------------------------------------

@@ -38,10 +38,16 @@ def _buffer(g: Graph, name: str, value: float) -> None:
         g.buffers.append(name)
 
 
-def scaled(g: Graph, b: Builder, objective: str) -> str:
-    """objective * scale: what the backward pass differentiates."""
+def add_state(g: Graph) -> None:
+    """The scale and its growth tracker as state buffers of `g` (a device keeps one of each, which
+    every program on it that scales, unscales or updates reads)."""
     _buffer(g, LOSS_SCALE, INIT_SCALE)
     _buffer(g, GROWTH_TRACKER, 0.0)
+
+
+def scaled(g: Graph, b: Builder, objective: str) -> str:
+    """objective * scale: what the backward pass differentiates."""
+    add_state(g)
     return b.op("Mul", [objective, LOSS_SCALE])
 
 
@@ -80,4 +86,4 @@ def update_scale(g: Graph, b: Builder, found: str) -> None:
 
 
 __all__ = ["BACKOFF_FACTOR", "GROWTH_FACTOR", "GROWTH_INTERVAL", "GROWTH_TRACKER", "INIT_SCALE", "LOSS_SCALE",
-           "SKIPPED_SUM", "found_inf", "gate", "scaled", "unscale", "update_scale"]
+           "SKIPPED_SUM", "add_state", "found_inf", "gate", "scaled", "unscale", "update_scale"]
