@@ -7,6 +7,7 @@ each, gradients all-reduced through gloo) over one GPU, for ResNet-18 and a GPT-
     python benchmarks/dist_scaling.py run --onnx /tmp/models/resnet18.onnx --batch 512 --json r1.json
     torchrun --nproc-per-node 2 benchmarks/dist_scaling.py run --onnx ... --batch 512 --json r2.json
     python benchmarks/dist_scaling.py run --onnx ... --device wgpu:0,wgpu:1 ...   # one process, 2 devices
+    python benchmarks/dist_scaling.py run --onnx ... --precision f16 ...          # mixed precision on each
 
 --batch is per device (each rank's share); the global batch is batch x devices. Models as in
 benchmarks/models.py (torch.manual_seed(0), SGD lr 0.01 momentum 0.9, synthetic data): torchvision
@@ -105,7 +106,7 @@ def run(args: argparse.Namespace) -> None:
     name = Path(args.onnx).stem
     kind, shape, classes = spec_of(name)
     model = anygrad.load_onnx(args.onnx)
-    model.compile(loss="cross_entropy", optimizer=SGD(lr=0.01, momentum=0.9), device=device)
+    model.compile(loss="cross_entropy", optimizer=SGD(lr=0.01, momentum=0.9), device=device, precision=args.precision)
     local_devices = len(model.parallel.replicas) if model.parallel else 1
     if group is not None:
         local = [r.backend for r in model.parallel.replicas[1:]] if model.parallel else []
@@ -138,7 +139,7 @@ def run(args: argparse.Namespace) -> None:
             print(f"rank {rank}: timeline of the first {model.parallel.timeline.steps} of {total} steps (steps "
                   f"{1 + args.warmup}..{total - 1} timed, numbered from 0) in {written}", flush=True)
     samples = per_step * ranks * args.steps
-    result = {"model": name, "batch_per_device": args.batch, "devices": local_devices * ranks, "ranks": ranks,
+    result = {"model": name, "precision": model.precision, "batch_per_device": args.batch, "devices": local_devices * ranks, "ranks": ranks,
               "device": model.parallel.description if model.parallel else model.backend.description,
               "steps": args.steps, "seconds": seconds, "samples_per_s": samples / seconds,
               "step_ms": 1000 * seconds / args.steps,
@@ -246,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--onnx", required=True)
     b.add_argument("--batch", type=int, required=True)
     b.add_argument("--device", default="wgpu")
+    b.add_argument("--precision", choices=("f32", "f16"), default="f32", help="f16: mixed precision on every device")
     b.add_argument("--steps", type=int, default=20)
     b.add_argument("--warmup", type=int, default=8,
                    help="steps before the clock starts (the first 7 updates of several devices time their "
