@@ -706,3 +706,67 @@ def test_a_masked_fill_by_a_mask_fed_each_step_runs_in_the_store(variant):
     assert mm.attr("_where") == (-1e9, False)
     # the only elementwise kernel unpacks the bytes of the bool input (uploaded four to a word)
     assert [n for n in _kernel_names(exe) if n.startswith("ew:")] == ["ew:wgpu.UnpackBytes"], _kernel_names(exe)
+
+
+def _f16_mlp_block(hidden: int, gelu_first: bool = False) -> tuple[Graph, dict]:
+    """autocast(x + Linear2(GELU(Linear1(x)))) with the gradients of sum(out * R): under f16 the
+    Linears are f16 GEMMs, the bias and GELU f16, the residual stream f32 (the GEMM's f16 result
+    widened by a Cast), and the backward holds GELU's gradient after the GEMM computing dy.
+    `gelu_first`: x + Linear2(Linear1(GELU(float16(x)))), whose GELU only GEMMs read (its forward
+    and the weight gradient's): applied as they load it."""
+    from anygrad.ir.autocast import autocast
+    g = Graph(name="f16block")
+    g.inputs = ["x"]
+    g.info["x"] = TensorInfo(F32, (2, 8, 64))
+    for name, value in {"W1": rnd(64, hidden, seed=11) * 0.2, "b1": rnd(hidden, seed=12),
+                        "W2": rnd(hidden, 64, seed=13) * 0.1}.items():
+        g.initializers[name] = value
+        g.info[name] = TensorInfo(F32, value.shape)
+        g.params.append(name)
+    b = Builder(g, prefix="t")
+    if gelu_first:
+        h = b.op("Add", [b.op("MatMul", [b.op("Gelu", [b.op("Cast", ["x"], to=10)]), "W1"]), "b1"])  # f16 GELU
+    else:
+        h = b.op("Gelu", [b.op("Add", [b.op("MatMul", ["x", "W1"]), "b1"])])
+    g.outputs = [b.op("Add", ["x", b.op("MatMul", [h, "W2"])])]
+    s = autocast(specialize(g, {"x": (2, 8, 64)}))
+    out = s.outputs[0]
+    b = Builder(s, prefix="check")
+    loss = b.op("ReduceSum", [b.op("Mul", [out, b.const(rnd(2, 8, 64, seed=99))])], keepdims=0)
+    grads = gradients(s, loss, ["x", "W1", "b1", "W2"])
+    s.outputs = [out] + [grads[n] for n in ("x", "W1", "b1", "W2")]
+    return s, {"x": rnd(2, 8, 64, seed=10)}
+
+
+@pytest.mark.parametrize("variant", ["shared", "split", "prologue"])
+def test_f16_epilogues_round_each_step_as_its_kernel_would(variant, monkeypatch):
+    """Under f16 a Linear's bias and GELU, the next Linear's residual add (through the Cast widening
+    its f16 result), GELU's gradient after the GEMM computing dy, and GELU recomputed at a GEMM's
+    operand load run inside the GEMMs, each fused step rounding to f16 where the graph holds
+    float16 (kernels_gemm.Output.rounds): the same bits as every node as a kernel of its own
+    (fuse=False), and the numpy backend's numbers; with these fusions float32-only
+    (ANYGRAD_WGPU_F16_EPILOGUES=0) GELU and its gradient are kernels of their own."""
+    from wgpu_util import wgpu_backend
+
+    from anygrad.backends.wgpu.gemm_layout import GEMM_OPS
+    graph, feeds = _f16_mlp_block(256, gelu_first=variant == "prologue")
+    pin = {"_gemm_variant": "shared", "_gemm_block": 4, "_gemm_kt": 16}
+    if variant == "split":
+        pin["_gemm_splits"] = 2
+    for n in graph.nodes:
+        if n.op in GEMM_OPS:
+            n.attrs.update(pin)
+    want, fused, exe = run_both(graph, feeds)
+    plain = wgpu_backend().compile(graph, fuse=False).run(feeds)
+    for k, v in plain.items():
+        np.testing.assert_array_equal(fused[k], v, err_msg=k)
+    assert_close(want, fused, rtol=2e-2, atol=2e-3)   # float16 results, the numpy backend's own kernels
+    names = _kernel_names(exe)
+    assert not any(n.startswith("ew:") and "Gelu" in n for n in names), names
+    assert any("splitK 2" in n for n in names) == (variant == "split")
+    if variant == "prologue":
+        assert sum(n.attr("_prologueA") is not None for n in exe.prepared.nodes) == 2  # forward, weight gradient
+    monkeypatch.setenv("ANYGRAD_WGPU_F16_EPILOGUES", "0")
+    _, off, exe_off = run_both(graph, feeds)
+    assert any("Gelu" in n for n in _kernel_names(exe_off)), _kernel_names(exe_off)
+    assert_close(want, off, rtol=2e-2, atol=2e-3)

@@ -66,10 +66,50 @@ def _float32(graph: Graph, values) -> bool:
     return all(v in graph.info and np.dtype(graph.info[v].dtype) == np.float32 for v in values)
 
 
+def f16_epilogues_enabled() -> bool:
+    """ANYGRAD_WGPU_F16_EPILOGUES=0: GEMM epilogues and operand-load activations stay float32-only
+    (a float16 step's bias, residual, activation and their gradients run as kernels of their own)."""
+    return os.environ.get("ANYGRAD_WGPU_F16_EPILOGUES", "1") != "0"
+
+
+def _is_half(graph: Graph, v: str) -> bool:
+    return v in graph.info and np.dtype(graph.info[v].dtype) == np.float16
+
+
+def _floats(graph: Graph, values) -> bool:
+    """All of `values` float32, or float16 where each fused step rounds its float16 result as its
+    own kernel would (kernels_gemm.Output.rounds: the same bits as the separate kernels)."""
+    if not f16_epilogues_enabled():
+        return _float32(graph, values)
+    return all(v in graph.info and np.dtype(graph.info[v].dtype) in (np.float32, np.float16) for v in values)
+
+
+def _last_step(gemm: Node) -> str:
+    """The epilogue step (kernels_gemm.Output.rounds) whose result is the fused GEMM's output now."""
+    if gemm.attr("_epilogue") is not None:
+        return "epilogue"
+    if gemm.attr("_residual"):
+        return "residual"
+    return "bias" if has_bias(gemm) else "gemm"
+
+
+def _round_output(graph: Graph, gemm: Node) -> None:
+    """Before another step joins the GEMM's epilogue: if its output so far is float16 in the graph,
+    the step that computes it rounds to f16 (attr `_round`), as its stored value would be."""
+    if _is_half(graph, gemm.outputs[0]):
+        gemm.attrs["_round"] = tuple(sorted(set(gemm.attr("_round") or ()) | {_last_step(gemm)}))
+
+
+def _is_widening(graph: Graph, n: Node) -> bool:
+    """A Cast from float16 to float32: exact, so a GEMM may store its rounded result as float32."""
+    return (n.op == "Cast" and len(n.inputs) == 1 and _is_half(graph, n.inputs[0])
+            and n.outputs[0] in graph.info and np.dtype(graph.info[n.outputs[0]].dtype) == np.float32)
+
+
 def _bias_fits(graph: Graph, gemm: Node, bias: str, out: str) -> bool:
     """A bias the GEMM can add per output element: along the last axis for MatMul (Linear's
     bias), any shape broadcasting to the 2-D output for Gemm; never one that grows the output."""
-    if bias not in graph.info or not _float32(graph, (bias, gemm.outputs[0], out)):
+    if bias not in graph.info or not _floats(graph, (bias, gemm.outputs[0], out)):
         return False
     y, sb = shape_of(graph, gemm.outputs[0]), shape_of(graph, bias)
     if shape_of(graph, out) != y or len(sb) > len(y):
@@ -85,7 +125,7 @@ def _residual_fits(graph: Graph, gemm: Node, other: str, out: str, reshaped: boo
     elements: Hugging Face's Conv1D is a 2-D addmm viewed back as 3-D), result stored in
     row-major order (so the residual's index is the output's), before any activation (the
     graph's order of adds)."""
-    if not _float32(graph, (other, gemm.outputs[0], out)):
+    if not _floats(graph, (other, gemm.outputs[0], out)):
         return False
     same = (shape_of(graph, gemm.outputs[0]) == shape_of(graph, out) if not reshaped
             else size_of(graph, gemm.outputs[0]) == size_of(graph, out))
@@ -140,7 +180,7 @@ def _where_fill(graph: Graph, gemm: Node, where: Node, slot: int) -> float | Non
             v not in graph.info for v in (cond, out, gemm.outputs[0])):
         return None
     shape = shape_of(graph, out)
-    if (not _float32(graph, (out, gemm.outputs[0])) or shape_of(graph, gemm.outputs[0]) != shape
+    if (not _floats(graph, (out, gemm.outputs[0])) or shape_of(graph, gemm.outputs[0]) != shape
             or len(shape_of(graph, cond)) > len(shape)
             or np.broadcast_shapes(shape_of(graph, cond), shape) != shape):
         return None
@@ -168,10 +208,11 @@ def fuse_epilogues(graph: Graph, protected: set[str], supports_epilogue: set[str
         return p
 
     def gemm_behind(v: str) -> tuple[Node | None, Node | None]:
-        """(v's sole producer, or the GEMM behind a reshape that is v's sole producer; that
-        reshape, which the fused GEMM replaces, or None)."""
+        """(v's sole producer, or the GEMM behind a reshape or a float16 -> float32 Cast that is v's
+        sole producer; that node, which the fused GEMM replaces, or None)."""
         p = sole_input(v)
-        if p is not None and p.op in ALIAS_LIKE and p.inputs:
+        if p is not None and (p.op in ALIAS_LIKE or (_is_widening(graph, p) and f16_epilogues_enabled())) \
+                and p.inputs:
             q = sole_input(p.inputs[0])
             if q is not None and q.op in GEMM_OPS:
                 return q, p
@@ -186,10 +227,12 @@ def fuse_epilogues(graph: Graph, protected: set[str], supports_epilogue: set[str
                     continue
                 if (via is None and not has_bias(p) and not p.attr("_residual") and p.attr("_epilogue") is None
                         and _bias_fits(graph, p, other, n.outputs[0])):
+                    _round_output(graph, p)
                     p.inputs[2:] = [other]
                     if p.op == "Gemm":
                         p.attrs["beta"] = 1.0
                 elif _residual_fits(graph, p, other, n.outputs[0], reshaped=via is not None) and residual_enabled():
+                    _round_output(graph, p)
                     p.inputs[2:] = [p.input(2), other]
                     p.attrs["_residual"] = True
                 else:
@@ -215,6 +258,7 @@ def fuse_epilogues(graph: Graph, protected: set[str], supports_epilogue: set[str
                     break
             else:
                 continue
+            _round_output(graph, p)
             p.inputs[2:] = [p.input(2), p.input(3), n.inputs[0]]
             p.attrs["_where"] = (fill, slot == 2)  # the fill is Where's true branch when the GEMM is the false one
         elif n.op in EPILOGUE_GRADS and len(n.inputs) == 2 and grad_epilogue_enabled():
@@ -224,6 +268,7 @@ def fuse_epilogues(graph: Graph, protected: set[str], supports_epilogue: set[str
             if (p is None or p.op not in GEMM_OPS & supports_epilogue or has_bias(p) or x == n.inputs[0]
                     or not _residual_fits(graph, p, x, n.outputs[0], reshaped=via is not None)):
                 continue
+            _round_output(graph, p)
             p.inputs[2:] = ["", x]
             p.attrs.update(_epilogue=n.op, _epilogue_attrs=dict(n.attrs), _epilogue_arg=True)
             if via is not None:
@@ -235,11 +280,14 @@ def fuse_epilogues(graph: Graph, protected: set[str], supports_epilogue: set[str
             if p is None or p.op not in supports_epilogue or p.attr("_epilogue") is not None:
                 continue
             if n.op == "Relu":
-                p.attrs["_epilogue"] = "relu"
+                p.attrs["_epilogue"] = "relu"  # relu(f16(y)) == f16(relu(y)): no rounding needed between
             elif (n.op in EPILOGUE_ACTIVATIONS and p.op in GEMM_OPS
-                  and _float32(graph, (p.outputs[0], n.outputs[0]))):
+                  and _floats(graph, (p.outputs[0], n.outputs[0]))):
+                _round_output(graph, p)
                 p.attrs["_epilogue"] = n.op
                 p.attrs["_epilogue_attrs"] = dict(n.attrs)
+            elif _is_widening(graph, n) and p.op in GEMM_OPS and f16_epilogues_enabled():
+                _round_output(graph, p)  # the GEMM stores its float16 result widened to float32
             else:
                 continue
         p.outputs[0] = n.outputs[0]
@@ -412,15 +460,16 @@ def fuse_prologues(graph: Graph, protected: set[str]) -> None:
     dropped: set[int] = set()
     for n in graph.nodes:
         if (n.op not in EPILOGUE_ACTIVATIONS | {"Relu"} or len(n.inputs) != 1 or n.outputs[0] in protected
-                or not _float32(graph, (n.inputs[0], n.outputs[0]))):
+                or not _floats(graph, (n.inputs[0], n.outputs[0]))
+                or graph.info[n.inputs[0]].dtype != graph.info[n.outputs[0]].dtype):
             continue
         operands = gemm_operands(n.outputs[0])
         if not operands:
             continue
         for reader, slot in users[n.outputs[0]]:  # a reshape now views the input: as many elements, same order
             reader.inputs[slot] = n.inputs[0]
-        for gemm, slot in operands:
-            gemm.attrs[PROLOGUE_ATTRS[slot]] = (n.op, dict(n.attrs))
+        for gemm, slot in operands:  # a float16 activation rounds each element as its kernel would store it
+            gemm.attrs[PROLOGUE_ATTRS[slot]] = (n.op, dict(n.attrs), _is_half(graph, n.outputs[0]))
         dropped.add(id(n))
     graph.nodes = [n for n in graph.nodes if id(n) not in dropped]
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from ...errors import ShapeError
 from ...ir.graph import Graph, Node
+from .halfstore import with_enable
 from .kernel import LOWERINGS, AdapterCaps, Kernel, Scratch, lowering
 from .kernels_elementwise import EW, Emit, Val
 from .wgsl import literal, vtype
@@ -91,6 +92,7 @@ class Operand:
     hoist: str = ""                   # statements of the prelude that use only c (they run first)
     hoisted: tuple[str, ...] = ()     # the u32 names those statements define
     apply: tuple = ()                 # (op, sorted attrs) of an activation applied to each element loaded
+    apply_half: bool = False          # that activation's result rounded to f16 (the graph holds it in float16)
 
     @property
     def full_prelude(self) -> str:
@@ -113,6 +115,9 @@ class Output:
     operand: str = ""             # an EPILOGUE_GRADS op's second input x, a WGSL f32 expression of (bt, r, c)
     mask: str = ""                # a fused Where (masked_fill), last: where this WGSL bool of (bt, r, c)
     fill: str = ""                # holds, the result is this f32 expression instead
+    # Steps of the epilogue ("gemm", "bias", "residual", "epilogue") whose result the graph holds in
+    # float16: rounded to f16 there, as the separate kernels would store it (fusion.fuse_epilogues)
+    rounds: frozenset = frozenset()
 
 
 @dataclass(frozen=True)
@@ -285,7 +290,7 @@ def _loader(fn: str, op: Operand, vec4: bool, helpers: dict[str, str] | None = N
                 "  " + guard.replace("{zero}", "0.0"), f"  {pre}", "  " + valid.replace("{zero}", "0.0"),
                 f"  let idx = {op.index};", f"  return {act(_scalar_read(op.var, vec4, 'idx'))};", "}"]
 
-    out = _act_fn(f"{fn}_act", op.apply, helpers) if op.apply else []
+    out = _act_fn(f"{fn}_act", op.apply, helpers, op.apply_half) if op.apply else []
     out += scalar(f"{fn}_el", "", op.full_prelude)
     if op.hoist:
         out += scalar(f"{fn}_elh", "".join(f", {h}: u32" for h in op.hoisted), op.prelude)
@@ -300,16 +305,23 @@ def _loader(fn: str, op: Operand, vec4: bool, helpers: dict[str, str] | None = N
     return "\n".join(out)
 
 
-def _act_fn(name: str, apply: tuple, helpers: dict[str, str] | None) -> list[str]:
+def _act_fn(name: str, apply: tuple, helpers: dict[str, str] | None, half: bool = False) -> list[str]:
     """`fn name(x: f32) -> f32`: the activation apply = (op, sorted attrs), by its elementwise
-    table row; the functions it calls go into `helpers` (or before it, without)."""
+    table row; the functions it calls go into `helpers` (or before it, without); `half`: its
+    result rounded to f16, as the activation's own kernel would store it."""
     c = Emit()
     op, attrs = apply
     (v,) = EW[op].emit(c, Node(op, ["x"], ["y"], dict(attrs)), [Val("x", "f32")], ["f32"])
     own = [] if helpers is not None else list(c.helpers.values())
     if helpers is not None:
         helpers.update(c.helpers)
-    return own + [f"fn {name}(x: f32) -> f32 {{"] + c.lines + [f"  return {v.expr};", "}"]
+    return own + [f"fn {name}(x: f32) -> f32 {{"] + c.lines + [f"  return {_rounded(v.expr, half)};", "}"]
+
+
+def _rounded(expr: str, half: bool) -> str:
+    """expr (f32) rounded to float16 and back when `half`: a float16 value of the graph, held in a
+    register instead of stored (the shader enables f16: halfstore.py does for its f16 bindings)."""
+    return f"f32(f16({expr}))" if half else expr
 
 
 def _activation(out: Output, helpers: dict[str, str] | None = None) -> tuple[str, str, str]:
@@ -333,15 +345,18 @@ def _activation(out: Output, helpers: dict[str, str] | None = None) -> tuple[str
 
 
 def _epi_fn(out: Output, with_bias: bool, helpers: dict[str, str] | None = None) -> str:
-    bias = f"  y = y + {out.bias};\n" if (with_bias and out.bias) else ""
-    bias += f"  y = y + {out.residual};\n" if (with_bias and out.residual) else ""
+    def step(name: str, line: str) -> str:
+        return line + (f"  y = {_rounded('y', True)};\n" if name in out.rounds else "")
+    bias = step("bias", f"  y = y + {out.bias};\n") if (with_bias and out.bias) else ""
+    bias += step("residual", f"  y = y + {out.residual};\n") if (with_bias and out.residual) else ""
     alpha = f" * {f(out.alpha)}" if out.alpha != 1.0 else ""
     own, lines, result = _activation(out, helpers)
+    result = _rounded(result, "epilogue" in out.rounds and out.epilogue is not None)
     if with_bias and out.mask:
         lines += f"  let z = {result};\n"
         result = f"select(z, {out.fill}, {out.mask})"
-    return (f"{own}\nfn epi(bt: u32, r: u32, c: u32, v: f32) -> f32 {{\n  var y = v{alpha};\n{bias}"
-            f"{lines}  return {result};\n}}")
+    return (f"{own}\nfn epi(bt: u32, r: u32, c: u32, v: f32) -> f32 {{\n  var y = v{alpha};\n"
+            f"{step('gemm', '')}{bias}{lines}  return {result};\n}}")
 
 
 def _store_fn(out: Output, M: int, N: int) -> str:
@@ -1002,6 +1017,8 @@ def gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None = None,
     shared variant: half_math decides)."""
     kernels = _gemm_kernels(spec, caps, variant, allow_split, block, kt, prefetch, layout, threads, unroll, tn,
                             splits, half)
+    if spec.out.rounds or spec.a.apply_half or spec.b.apply_half:  # f16 values held in registers (_rounded)
+        kernels = [replace(k, wgsl=with_enable(k.wgsl)) if "f16(" in k.wgsl else k for k in kernels]
     flops = 2 * spec.batch * spec.M * spec.N * spec.K
     return [replace(kernels[0], flops=flops)] + kernels[1:]
 
@@ -1179,9 +1196,11 @@ def _operand(var: str, lay: Layout, off: str, rows: int | None = None, row_strid
 
 
 def epilogue_of(node: Node) -> dict:
-    """The Output fields of a node's fused activation (attrs set by fusion.fuse_epilogues)."""
+    """The Output fields of a node's fused activation and of the float16 rounding between its
+    fused steps (attrs set by fusion.fuse_epilogues: `_epilogue`, `_epilogue_attrs`, `_round`)."""
     return {"epilogue": node.attr("_epilogue"),
-            "epilogue_attrs": tuple(sorted((node.attr("_epilogue_attrs") or {}).items()))}
+            "epilogue_attrs": tuple(sorted((node.attr("_epilogue_attrs") or {}).items())),
+            "rounds": frozenset(node.attr("_round") or ())}
 
 
 def _residual(node: Node, reads: list[Binding], index: str) -> str:
@@ -1246,9 +1265,11 @@ PROLOGUE_ATTRS = ("_prologueA", "_prologueB")
 
 def _prologue(node: Node, op: Operand, slot: int) -> Operand:
     """The operand with the activation fusion.fuse_prologues moved into its loads (attr
-    `_prologueA` / `_prologueB`: (op, attrs)), if any."""
+    `_prologueA` / `_prologueB`: (op, attrs[, its result float16])), if any."""
     got = node.attr(PROLOGUE_ATTRS[slot])
-    return op if got is None else replace(op, apply=(got[0], tuple(sorted(dict(got[1]).items()))))
+    if got is None:
+        return op
+    return replace(op, apply=(got[0], tuple(sorted(dict(got[1]).items()))), apply_half=bool(got[2:] and got[2]))
 
 
 def _epilogue_arg(node: Node, reads: list[Binding], index: str) -> str:
