@@ -8,7 +8,9 @@
 - Transposes, Slices, Concats and constant scales around a MatMul/Gemm become its operand and
   result layouts (gemm_layout.py): the GEMM's loads and stores do the data movement.
 - GEMM -> Add(bias) -> activation and Conv -> Relu: bias and activation run in the GEMM's
-  epilogue (a third input, attrs `_epilogue`/`_epilogue_attrs`).
+  epilogue (a third input, attrs `_epilogue`/`_epilogue_attrs`). Under float16 each fused step
+  whose result the graph holds in float16 rounds to f16 there (attr `_round`), so the fused
+  kernel gives the bits the separate kernels would (ANYGRAD_WGPU_F16_EPILOGUES=0: float32 only).
 - Optimizer updates of one kind become one `wgpu.FusedUpdate` over arenas (see group_updates).
 - Under float16 (ANYGRAD_WGPU_F16_ARENA): the loss scaler's test (FoundInf) reads each gradient
   arena in one reduction (arena_finite_check), and the weights' float16 copies are one cast of the
