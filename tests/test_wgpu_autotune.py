@@ -231,9 +231,10 @@ def test_a_pinned_split_count_computes_what_numpy_computes(splits, variant):
 
 
 def test_the_winning_tiling_is_timed_at_other_k_splits_and_the_fastest_count_is_stored(tuning, monkeypatch):
-    """The rules split this K = 512 GEMM s ways; the winning tiling is timed again at s/2 and 2s
-    splits, the count the timer finds fastest is pinned and stored with it, a count within noise
-    keeps the rules' own, and ANYGRAD_AUTOTUNE_SPLITS=0 (its own cache file) tunes tilings only."""
+    """The rules split this K = 512 GEMM s ways; the first round's leading tiling is also timed at
+    s/2 and 2s splits in the confirming round, the count the timer finds fastest is pinned and
+    stored with it, a count within noise keeps the rules' own, and ANYGRAD_AUTOTUNE_SPLITS=0 (its
+    own cache file) tunes tilings only."""
     from anygrad.backends.wgpu.kernel import LOWERINGS
     from anygrad.backends.wgpu.kernels_gemm import split_count
     graph, _ = _long_k_graph()
@@ -256,6 +257,18 @@ def test_the_winning_tiling_is_timed_at_other_k_splits_and_the_fastest_count_is_
 
     within_noise = autotune.tune(graph, caps, ("other",), lambda k, g: {2 * s: 0.98}.get(split_count(k), 1.0))
     assert "_gemm_splits" not in within_noise.nodes[0].attrs
+
+    rounds = []  # a timer that times lists together (device_timer's `all`): the splits ride in round 2
+
+    def together(lists, g):
+        rounds.append(sorted(split_count(k) for k in lists))
+        return [{2 * s: 0.5}.get(split_count(k), 1.0) for k in lists]
+
+    def grouped(kernels, g):
+        return together([kernels], g)[0]
+    grouped.all = together
+    assert autotune.tune(graph, caps, ("together",), grouped).nodes[0].attrs.get("_gemm_splits") == 2 * s
+    assert len(rounds) == 2 and 2 * s not in rounds[0] and {s // 2, 2 * s} <= set(rounds[1])
 
     monkeypatch.setenv(autotune.SPLITS_ENV, "0")
     timed.clear()

@@ -20,9 +20,9 @@ adapters (lavapipe), where it is off by default because it only costs compile ti
 The K split is tuned too: the rules split K to fill the GPU (kernels_gemm.choose_splits), and
 how many splits pay depends on the shape and the adapter (session 34, H100: GPT-2 small's attention
 weight gradient ran at 0.63x cuBLAS with the rule's 4 splits and 0.70x with 8, while twice the
-splits for every shape cost whole steps 1-10%). So the winning tiling, where it splits, is timed
-again at half and at twice its splits, and the fastest count is kept with it
-(`ANYGRAD_AUTOTUNE_SPLITS=0`: the rule's count).
+splits for every shape cost whole steps 1-10%). So the leading tiling of a shape's first timing
+round, where it splits, is also timed at half and at twice its splits, in the confirming round,
+and the fastest count is kept with it (`ANYGRAD_AUTOTUNE_SPLITS=0`: the rule's count).
 
 Results are the same numbers up to float32 summation order: a different tiling or split-K changes
 the order of the K sum, so a tuned plan and an untuned one differ in the last bits, while two runs
@@ -202,10 +202,11 @@ def tune(graph: Graph, caps: AdapterCaps, context: tuple, timer: Callable[[list[
         for key, cands in candidates.items():
             if time.perf_counter() - t0 > budget:
                 break
-            new[key] = _fastest(cands, graph, timer)
+            node = nodes[todo[key][0]]
+            splits = (lambda pin, kernels, node=node: _candidates(node, graph, caps, split_pins(pin, kernels))) \
+                if tunes_splits() else None
+            new[key] = _fastest(cands, graph, timer, splits)
             stats["timed"] += 1
-            if tunes_splits():
-                new[key] = _fastest_split(nodes[todo[key][0]], graph, caps, new[key], cands, timer)
         chosen |= new
         if new:
             _store(path, known | new)
@@ -265,31 +266,25 @@ def _candidates(node: Node, graph: Graph, caps: AdapterCaps, pins=CANDIDATES) ->
     return out
 
 
-def _fastest_split(node: Node, graph: Graph, caps: AdapterCaps, best: dict[str, Any],
-                   cands: list[tuple[dict[str, Any], list[Kernel]]], timer) -> dict[str, Any]:
-    """`best` or the same tiling at another K split (split_pins), whichever times fastest; `best`
-    is timed again beside them, so a win within noise keeps it."""
-    kernels = next((k for pin, k in cands if pin == best), None)
-    if kernels is None:
-        return best
-    others = _candidates(node, graph, caps, split_pins(best, kernels))
-    if not others:
-        return best
-    return _fastest([(best, kernels)] + others, graph, timer)
-
-
-def _fastest(candidates: list[tuple[dict[str, Any], list[Kernel]]], graph: Graph, timer) -> dict[str, Any]:
+def _fastest(candidates: list[tuple[dict[str, Any], list[Kernel]]], graph: Graph, timer,
+             variants: Callable[[dict[str, Any], list[Kernel]], list] | None = None) -> dict[str, Any]:
     """The fastest candidate's pin. After one timing of each, the CONFIRM fastest and the first
     (the rules' own tiling) are timed again, and each keeps its better time: a slow spell of the
     device during one timing (seen on an H100: the same GEMM 4x slower for a whole benchmark
-    case) then cannot make a candidate win, and the winner is stored for good. A timer with an
+    case) then cannot make a candidate win, and the winner is stored for good. `variants(pin,
+    kernels)`: more candidates made from the first pass's leader (its other K splits), timed in
+    that second round beside the others, so they cost no round of their own. A timer with an
     `all` method times a list of candidates together (device_timer: one submission a round)."""
     if not candidates:
         return {}
     time_all = getattr(timer, "all", None) or (lambda lists, g: [timer(kernels, g) for kernels in lists])
     times = list(time_all([kernels for _, kernels in candidates], graph))
+    leaders = sorted(range(len(candidates)), key=times.__getitem__)[:CONFIRM]
+    more = variants(*candidates[leaders[0]]) if variants is not None else []
+    candidates = list(candidates) + list(more)
+    times += [float("inf")] * len(more)
     stats["candidates"] += len(candidates)
-    again = sorted(set(sorted(range(len(candidates)), key=times.__getitem__)[:CONFIRM]) | {0})
+    again = sorted(set(leaders) | {0} | set(range(len(candidates) - len(more), len(candidates))))
     for i, t in zip(again, time_all([candidates[i][1] for i in again], graph)):
         times[i] = min(times[i], t)
     best = 0
