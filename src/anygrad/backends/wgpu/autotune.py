@@ -112,7 +112,7 @@ def enabled(caps: AdapterCaps) -> bool:
 
 
 def tunes_splits() -> bool:
-    """Whether the winning tiling's K split is timed at other counts (ANYGRAD_AUTOTUNE_SPLITS=0: no)."""
+    """Whether a shape's leading tiling is also timed at other K splits (ANYGRAD_AUTOTUNE_SPLITS=0: no)."""
     return os.environ.get(SPLITS_ENV, "").strip().lower() not in ("0", "false", "no", "off")
 
 

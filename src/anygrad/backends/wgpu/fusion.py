@@ -62,12 +62,6 @@ def grad_epilogue_enabled() -> bool:
     return os.environ.get("ANYGRAD_WGPU_GRAD_EPILOGUE", "1") != "0"
 
 
-def _float32(graph: Graph, values) -> bool:
-    """All of `values` float32. Not float16: a fused step would round to f16 once where the graph
-    (and the numpy backend, autocast's semantics) rounds after each node."""
-    return all(v in graph.info and np.dtype(graph.info[v].dtype) == np.float32 for v in values)
-
-
 def f16_epilogues_enabled() -> bool:
     """ANYGRAD_WGPU_F16_EPILOGUES=0: GEMM epilogues and operand-load activations stay float32-only
     (a float16 step's bias, residual, activation and their gradients run as kernels of their own)."""
@@ -79,11 +73,11 @@ def _is_half(graph: Graph, v: str) -> bool:
 
 
 def _floats(graph: Graph, values) -> bool:
-    """All of `values` float32, or float16 where each fused step rounds its float16 result as its
-    own kernel would (kernels_gemm.Output.rounds: the same bits as the separate kernels)."""
-    if not f16_epilogues_enabled():
-        return _float32(graph, values)
-    return all(v in graph.info and np.dtype(graph.info[v].dtype) in (np.float32, np.float16) for v in values)
+    """All of `values` float32, or float16 too: each fused step then rounds its float16 result as
+    its own kernel would (kernels_gemm.Output.rounds: the same bits as the separate kernels).
+    With ANYGRAD_WGPU_F16_EPILOGUES=0 float32 only."""
+    kinds = (np.float32, np.float16) if f16_epilogues_enabled() else (np.float32,)
+    return all(v in graph.info and np.dtype(graph.info[v].dtype) in kinds for v in values)
 
 
 def _last_step(gemm: Node) -> str:
@@ -103,8 +97,9 @@ def _round_output(graph: Graph, gemm: Node) -> None:
 
 
 def _is_widening(graph: Graph, n: Node) -> bool:
-    """A Cast from float16 to float32: exact, so a GEMM may store its rounded result as float32."""
-    return (n.op == "Cast" and len(n.inputs) == 1 and _is_half(graph, n.inputs[0])
+    """A Cast from float16 to float32 a GEMM before it may take in: the widening is exact, so the
+    GEMM stores its rounded result as float32 (not with ANYGRAD_WGPU_F16_EPILOGUES=0)."""
+    return (f16_epilogues_enabled() and n.op == "Cast" and len(n.inputs) == 1 and _is_half(graph, n.inputs[0])
             and n.outputs[0] in graph.info and np.dtype(graph.info[n.outputs[0]].dtype) == np.float32)
 
 
@@ -213,8 +208,7 @@ def fuse_epilogues(graph: Graph, protected: set[str], supports_epilogue: set[str
         """(v's sole producer, or the GEMM behind a reshape or a float16 -> float32 Cast that is v's
         sole producer; that node, which the fused GEMM replaces, or None)."""
         p = sole_input(v)
-        if p is not None and (p.op in ALIAS_LIKE or (_is_widening(graph, p) and f16_epilogues_enabled())) \
-                and p.inputs:
+        if p is not None and (p.op in ALIAS_LIKE or _is_widening(graph, p)) and p.inputs:
             q = sole_input(p.inputs[0])
             if q is not None and q.op in GEMM_OPS:
                 return q, p
@@ -288,7 +282,7 @@ def fuse_epilogues(graph: Graph, protected: set[str], supports_epilogue: set[str
                 _round_output(graph, p)
                 p.attrs["_epilogue"] = n.op
                 p.attrs["_epilogue_attrs"] = dict(n.attrs)
-            elif _is_widening(graph, n) and p.op in GEMM_OPS and f16_epilogues_enabled():
+            elif _is_widening(graph, n) and p.op in GEMM_OPS:
                 _round_output(graph, p)  # the GEMM stores its float16 result widened to float32
             else:
                 continue

@@ -1265,11 +1265,12 @@ PROLOGUE_ATTRS = ("_prologueA", "_prologueB")
 
 def _prologue(node: Node, op: Operand, slot: int) -> Operand:
     """The operand with the activation fusion.fuse_prologues moved into its loads (attr
-    `_prologueA` / `_prologueB`: (op, attrs[, its result float16])), if any."""
+    `_prologueA` / `_prologueB`: (op, attrs, its result float16)), if any."""
     got = node.attr(PROLOGUE_ATTRS[slot])
     if got is None:
         return op
-    return replace(op, apply=(got[0], tuple(sorted(dict(got[1]).items()))), apply_half=bool(got[2:] and got[2]))
+    name, attrs, half = got
+    return replace(op, apply=(name, tuple(sorted(dict(attrs).items()))), apply_half=bool(half))
 
 
 def _epilogue_arg(node: Node, reads: list[Binding], index: str) -> str:
