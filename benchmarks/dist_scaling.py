@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> None:
               "first_step_s": first_s, "loss": metrics.get("loss"),
               "hold_parts": model.parallel.hold_parts if model.parallel is not None else None,
               "polls_freely": bool(getattr(getattr(model.backend, "ctx", None), "polls_freely", False)),
-              "bucket_mb": BUCKET_BYTES / (1 << 20),
+              "bucket_mb": (model.parallel.bucket_bytes if model.parallel is not None else BUCKET_BYTES) / (1 << 20),
               "params": model.num_parameters()}
     if rank == 0:
         print(json.dumps(result), flush=True)
@@ -249,9 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--device", default="wgpu")
     b.add_argument("--precision", choices=("f32", "f16"), default="f32", help="f16: mixed precision on every device")
     b.add_argument("--steps", type=int, default=20)
-    b.add_argument("--warmup", type=int, default=8,
-                   help="steps before the clock starts (the first 7 updates of several devices time their "
-                        "readback settings, DataParallel.hold_parts)")
+    b.add_argument("--warmup", type=int, default=16,
+                   help="steps before the clock starts (after the first, 8 updates of several devices time "
+                        "their bucket size, and 6 more hold_parts where the device polls blocking)")
     b.add_argument("--json")
     b.add_argument("--timeline", help="write a per-thread timeline of the data-parallel steps here (Chrome "
                                       "trace; ranks insert .rank<N> before the suffix)")

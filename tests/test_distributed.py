@@ -132,13 +132,13 @@ WORKER = textwrap.dedent("""
 
 
 def _ranks(tmp_path: Path, world: int, model: Path, data: Path, devices: str = "cpu", clip_norm: str = "1.0",
-           sync: bool = False, precision: str = "f32", scale: float | None = None):
+           sync: bool = False, precision: str = "f32", scale: float | None = None, worker: str = WORKER):
     """WORKER on `world` gloo ranks of localhost; what rank 0 saved."""
     port = str(_free_port())
     out = tmp_path / "rank0.npz"
     args = [str(model), str(data), str(out), devices, clip_norm, "1" if sync else "0", precision,
             "" if scale is None else repr(scale)]
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, *args],
+    procs = [subprocess.Popen([sys.executable, "-c", worker, *args],
                               env=_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                                        MASTER_PORT=port), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for r in range(world)]
@@ -563,6 +563,7 @@ def test_buckets_are_read_back_during_the_backward_pass(tiny, monkeypatch, hold)
             monkeypatch.setattr(ctx, "polls_freely", False)
         monkeypatch.setattr(runtime, "poll_freely", lambda device: False)  # devices opened now
     monkeypatch.setattr(parallel, "BUCKET_BYTES", 64 * 4)  # fc1.weight alone, then the rest
+    monkeypatch.setattr(parallel, "BUCKET_SCALES", (1.0,))
     submits: list[tuple[int, int]] = []  # (backend, map requests run right after this submit)
     plain = WgpuBackend.submit
 
@@ -608,6 +609,84 @@ def test_buckets_are_read_back_during_the_backward_pass(tiny, monkeypatch, hold)
         assert per_device == [1, 1]
 
 
+def _recorded_bucket_sizes(monkeypatch) -> list[int]:
+    """The bucket size of every update from now on (tiny buckets: 64 and 512 floats, one trial each)."""
+    from anygrad.distributed import parallel
+    monkeypatch.setattr(parallel, "BUCKET_BYTES", 64 * 4)
+    monkeypatch.setattr(parallel, "BUCKET_SCALES", (1.0, 8.0))
+    monkeypatch.setattr(parallel, "BUCKET_TRIALS", 1)
+    sizes: list[int] = []
+    plain = parallel.DataParallel._prepare_exchange
+
+    def prepare(self):
+        plain(self)
+        sizes.append(self.bucket_bytes)
+        assert all(b - a <= max(self.bucket_bytes // 4, b - a if len(names) == 1 else 0)
+                   for names, a, b in self._buckets)  # cut at this size (a parameter larger than it alone)
+    monkeypatch.setattr(parallel.DataParallel, "_prepare_exchange", prepare)
+    return sizes
+
+
+@pytest.mark.parametrize("devices", ["cpu,cpu", "wgpu:0,wgpu:0"])
+def test_bucket_size_is_timed_then_kept(tiny, monkeypatch, devices):
+    """Without ANYGRAD_BUCKET_MB, the updates after the first try each candidate size (the buckets
+    cut anew each time, the devices' old staging buffers dropped), then keep the fastest; the sums
+    are elementwise, so training is the same as on one device whatever the size."""
+    from anygrad.devices import list_adapters
+    if devices.startswith("wgpu") and not list_adapters():
+        pytest.fail("no wgpu adapter: install mesa-vulkan-drivers (lavapipe)")
+    model, _, x, y = tiny
+    losses, state, _ = _reference(model, x, y, device=devices.split(",")[0])
+    sizes = _recorded_bucket_sizes(monkeypatch)
+    m = anygrad.load_onnx(str(model)).compile(optimizer=Adam(lr=0.01), device=devices, accumulate=2, clip_norm=1.0)
+    got = _epochs(m, x, y)
+    np.testing.assert_allclose(got, losses, **TOL)
+    for name, value in m.state_dict().items():
+        np.testing.assert_allclose(value, state[name], **TOL, err_msg=name)
+    assert len(sizes) == 6 and sizes[:3] == [256, 256, 2048]  # untimed first update, then each candidate
+    assert sizes[3] in (256, 2048) and set(sizes[3:]) == {m.parallel.bucket_bytes}
+    if devices.startswith("wgpu"):  # staging buffers of the kept buckets only
+        keys = {names for names, _, _ in m.parallel._buckets}
+        for r in m.parallel.replicas:
+            assert set(r.backend._export_bufs) <= keys and set(r.backend._import_bufs) <= keys
+    m.parallel.check_replicas()
+
+
+def test_ranks_time_bucket_sizes_and_keep_rank_0s_choice(tmp_path, tiny):
+    """Two gloo ranks try the same sizes at the same updates (their buckets must match to be
+    all-reduced) and keep rank 0's pick; they train like one process."""
+    model, data, x, y = tiny
+    worker = WORKER.replace("group = ProcessGroup(", "from anygrad.distributed import parallel\n"
+                            "parallel.BUCKET_BYTES, parallel.BUCKET_SCALES, parallel.BUCKET_TRIALS = 256, (1.0, 8.0), 1\n"
+                            "group = ProcessGroup(", 1)
+    worker = worker.replace("metrics = m.read_metrics()", "metrics = m.read_metrics()\n"
+                            "assert m.parallel._bucket.value in (256, 2048), m.parallel._bucket.value", 1)
+    assert worker.count("BUCKET_TRIALS") == 1 and worker.count("_bucket.value in") == 1
+    got = _ranks(tmp_path, 2, model, data, worker=worker)
+    losses, state, _ = _reference(model, x, y)
+    np.testing.assert_allclose(got["losses"], losses, **TOL)
+    for name, value in state.items():
+        np.testing.assert_allclose(got[name], value, **TOL, err_msg=name)
+
+
+def test_a_choice_keeps_the_lowest_median_and_the_first_on_a_tie():
+    from anygrad.distributed.parallel import _Choice
+    c = _Choice((8, 2, 4), trials=3)
+    tried = []
+    for t in [5.0, 4.0, 6.0, 1.0, 4.5, 6.0, 5.0, 3.0, 6.0]:  # 8: 5, 1, 5 (median 5); 2: 4, 4.5, 3 (4); 4: 6s
+        value, timed = c.now(True, None)
+        assert timed
+        tried.append(value)
+        c.times.append((value, t))
+    assert tried == [8, 2, 4] * 3
+    assert c.now(True, None) == (2, False) and c.value == 2
+    tie = _Choice((8, 2), trials=1)
+    tie.times = [(8, 1.0), (2, 1.0)]
+    assert tie.now(True, None) == (8, False)
+    assert _Choice((8, 2), trials=1).now(False, None) == (8, False)  # untimed: the first candidate
+    assert _Choice((8,), trials=2).value == 8  # one candidate: chosen from the start
+
+
 def test_cli_sync_batchnorm_needs_several_devices(tmp_path, mnist_like, capsys):
     from anygrad import cli
     model = _mlp(tmp_path / "mlp.onnx", inputs=784, hidden=8, classes=10, image=True)
@@ -622,6 +701,7 @@ def test_hold_parts_is_timed_then_kept(tiny, monkeypatch):
     from anygrad.distributed import parallel
     model, _, x, y = tiny
     monkeypatch.delenv("ANYGRAD_WGPU_HOLD_PARTS", raising=False)
+    monkeypatch.setattr(parallel, "BUCKET_SCALES", (1.0,))  # the bucket size is not timed first
     m = anygrad.load_onnx(str(model)).compile(optimizer=Adam(lr=0.01), device="cpu,cpu")
     tried = []
     plain = parallel.DataParallel._hold_for_this_update
@@ -686,7 +766,7 @@ from anygrad.distributed import parallel
 from anygrad.optim import Adam
 
 model_path, devices = sys.argv[1], sys.argv[2]
-parallel.BUCKET_BYTES = 64 * 4  # several buckets
+parallel.BUCKET_BYTES, parallel.BUCKET_SCALES = 64 * 4, (1.0,)  # several buckets, of this size only
 rng = np.random.default_rng(1)
 x, y = rng.standard_normal((80, 20)).astype(np.float32), rng.integers(0, 4, 80)
 m = anygrad.load_onnx(model_path).compile(optimizer=Adam(lr=0.01), device=devices)
@@ -790,6 +870,7 @@ def test_a_failed_part_submission_fails_the_step_and_the_next_one_trains(tiny, m
         pytest.fail("no wgpu adapter: install mesa-vulkan-drivers (lavapipe)")
     monkeypatch.setenv("ANYGRAD_WGPU_HOLD_PARTS", "1")
     monkeypatch.setattr(parallel, "BUCKET_BYTES", 64 * 4)
+    monkeypatch.setattr(parallel, "BUCKET_SCALES", (1.0,))
     model, _, x, y = tiny
     m = anygrad.load_onnx(str(model)).compile(optimizer=Adam(lr=0.01), device="wgpu:0,wgpu:0")
     m.train_on_batch(x[:16], y[:16])

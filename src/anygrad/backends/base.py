@@ -117,6 +117,10 @@ class Backend(ABC):
             self.set_state(n, flat[off:off + size].reshape(shape))
             off += size
 
+    def drop_transfer_buffers(self) -> None:
+        """Forget the staging memory export_view_async and import_view keep per list of names (the
+        lists changed: data parallelism cut its gradient buckets anew). Here there is none."""
+
     def import_view(self, names: Sequence[str]) -> tuple[np.ndarray, Callable[[], None]] | None:
         """import_states in two halves, for backends that upload from memory the host writes
         directly (wgpu's mapped upload buffers): a writable float32 vector laid out as `flat`, and

@@ -18,6 +18,7 @@ REQUIRED = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 # Gradients travel in buckets of this size (ANYGRAD_BUCKET_MB overrides): smaller than DDP's 25 MB
 # because a bucket is read back, summed and all-reduced while the next one is still on its way.
 BUCKET_BYTES = int(float(os.environ.get("ANYGRAD_BUCKET_MB", "8")) * (1 << 20))
+BUCKET_FIXED = "ANYGRAD_BUCKET_MB" in os.environ  # else DataParallel times other sizes too
 # gloo process groups the buckets take turns on: one group moves one bucket at a time over its own
 # TCP connections, so several groups reduce several buckets at once (ANYGRAD_GLOO_GROUPS).
 GLOO_GROUPS = max(1, int(os.environ.get("ANYGRAD_GLOO_GROUPS", "4")))

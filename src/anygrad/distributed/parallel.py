@@ -4,7 +4,7 @@ summed across replicas in between.
 The gradient phase is the step program's "first"/"accumulate" phase (program.PHASES): it leaves
 the micro-batch's gradient in the accum.<param> buffers instead of updating. Each device runs it
 on a thread of its own (wgpu-py waits on events and numpy releases the GIL, so devices overlap).
-The gradient travels in buckets (launch.BUCKET_BYTES, last parameters first): on wgpu a bucket's
+The gradient travels in buckets (a size timed over the first updates, last parameters first): on wgpu a bucket's
 copy is encoded right after the kernel that finishes it and that part of the step is submitted,
 so the host reads it back while the backward pass goes on; the main thread sums each bucket over
 the devices of this process (weighted by their share of the batch, into preallocated buffers),
@@ -47,7 +47,7 @@ from ..model import Model
 from ..ops import collective
 from ..optim.base import LR_STATE
 from ..program import ACCUM_PREFIX, build_update_step
-from .launch import BUCKET_BYTES, ProcessGroup
+from .launch import BUCKET_BYTES, BUCKET_FIXED, ProcessGroup
 from .sampler import ShardedLoader
 
 # What each phase of Model._next_phase becomes: gradients only, the update runs after the sum.
@@ -91,6 +91,12 @@ def open_backends(devices: list[Any], limits: str | None = None, memory_budget: 
 
 HOLD_TRIALS = 3  # updates timed with each setting of hold_parts before one is kept
 HOLD_CANDIDATES = (2, 0)
+# Bucket sizes timed over the first updates, as multiples of BUCKET_BYTES, the fastest kept: the
+# best size depends on the model, the batch and the machine (2 H200s: the GPT ran fastest at 8 MB
+# with batch 128 a GPU, at 2 MB with batch 512; ResNet-18 in one process at 16 MB). With
+# ANYGRAD_BUCKET_MB set, that size only.
+BUCKET_SCALES = (1.0,) if BUCKET_FIXED else (1.0, 2.0, 0.5, 0.25)
+BUCKET_TRIALS = 2
 # a device's big inputs staged through mapped memory (WgpuExecutable.stage_inputs); 0: write_buffer (A/B)
 STAGED_UPLOAD = os.environ.get("ANYGRAD_WGPU_STAGED_UPLOAD", "1") != "0"
 TIMELINE_ENV = "ANYGRAD_DP_TIMELINE"
@@ -142,6 +148,37 @@ class _Meeting:
         return self.total.copy()
 
 
+class _Choice:
+    """A setting of the exchange whose best value depends on the model, the batch and the machine,
+    chosen by timing whole steps: each candidate in turn over `trials` updates, then the one with
+    the lowest (lower) median is kept, the first on a tie. Ranks keep rank 0's choice: choosing is
+    a collective, which every rank reaches at the same update. `value` is None until chosen."""
+
+    def __init__(self, candidates: tuple, trials: int, value: Any = None):
+        self.candidates, self.trials = tuple(candidates), trials
+        self.value = self.candidates[0] if value is None and len(self.candidates) == 1 else value
+        self.times: list[tuple[Any, float]] = []
+
+    def now(self, may_time: bool, group: ProcessGroup | None) -> tuple[Any, bool]:
+        """(the value for this update, whether this update times it). Without `may_time` (the
+        first update, which compiles; another setting timed in it) the chosen value or the
+        first candidate, untimed."""
+        if self.value is None and may_time:
+            if len(self.times) < self.trials * len(self.candidates):
+                return self.candidates[len(self.times) % len(self.candidates)], True
+            self._choose(group)
+        return (self.candidates[0] if self.value is None else self.value), False
+
+    def _choose(self, group: ProcessGroup | None) -> None:
+        def median(c: Any) -> float:
+            times = sorted(t for v, t in self.times if v == c)
+            return times[(len(times) - 1) // 2]
+        best = min(self.candidates, key=lambda c: (median(c), c != self.candidates[0]))
+        if group is not None and group.size > 1:
+            best = type(best)(group.gather_strings(str(best))[0])
+        self.value = best
+
+
 class DataParallel:
     """Attached to a compiled Model as `model.parallel`: Model.train_step and the metric reads
     come here. `backends`: the devices besides the model's own (this process); `group`: the
@@ -182,8 +219,25 @@ class DataParallel:
         # ANYGRAD_WGPU_HOLD_PARTS if set, else the faster of the default and 0, timed over
         # HOLD_TRIALS updates each after the first (it depends on the model and the GPU).
         fixed = os.environ.get("ANYGRAD_WGPU_HOLD_PARTS")
-        self.hold_parts: int | None = None if fixed is None else _int_or(fixed, None)
-        self._hold_trials: list[tuple[int, float]] = []
+        self._hold = _Choice(HOLD_CANDIDATES, HOLD_TRIALS, None if fixed is None else _int_or(fixed, None))
+        # The bucket size: timed first, then hold_parts (one setting timed at a time).
+        self._bucket = _Choice(tuple(max(4, int(BUCKET_BYTES * f)) for f in BUCKET_SCALES), BUCKET_TRIALS)
+        self._bucket_bytes = self._bucket.candidates[0]
+        self._timed: tuple[_Choice, Any] | None = None  # the setting this update times, and its value
+
+    @property
+    def hold_parts(self) -> int | None:
+        """How many parts of a wgpu step are held back (None: still being timed)."""
+        return self._hold.value
+
+    @hold_parts.setter
+    def hold_parts(self, value: int | None) -> None:
+        self._hold.value = value
+
+    @property
+    def bucket_bytes(self) -> int:
+        """The gradient bucket size in use (chosen over the first updates unless ANYGRAD_BUCKET_MB)."""
+        return self._bucket_bytes
 
     def set_sync_batchnorm(self, on: bool) -> None:
         """BatchNorm statistics over every replica (every device, every rank) as SyncBatchNorm, or per
@@ -328,8 +382,7 @@ class DataParallel:
         update = phase in UPDATES
         grouped = phase not in ("first", "step") and self._group_counts
         self._group_counts = [c + s for c, s in zip(self._group_counts, sizes)] if grouped else sizes
-        if update:
-            self._prepare_exchange()
+        self._timed = None
         jobs, start = [], 0
         for i, (r, size) in enumerate(zip(self.replicas, sizes)):
             part = slice(start, start + size)
@@ -340,10 +393,12 @@ class DataParallel:
             feeds = {**take(inputs, part), **take(targets, part)}
             jobs.append((i, r, exe, feeds, size, fetch_loss or self._timing, update))
         self._sizes = sizes
-        if update and not self._ordered:  # before the devices start: their threads index the buckets
-            self._order_buckets(jobs[0][2])
+        if update:
+            self._cut_buckets()
+            self._prepare_exchange()
+            if not self._ordered:  # before the devices start: their threads index the buckets
+                self._order_buckets(jobs[0][2])
         hold = self._hold_for_this_update(jobs[0][2]) if update else None
-        trial = hold is not None and self.hold_parts is None and self.updates >= 1  # not the compiling one
         if self._meet is not None:
             self._meet.ready()
         jobs = [job + (hold,) for job in jobs]
@@ -376,8 +431,9 @@ class DataParallel:
         self._spent("step", began, {"update": update, "hold_parts": hold})
         if self.timeline is not None and self.timeline.end_step():
             self.write_timeline()
-        if trial:
-            self._hold_trials.append((hold, time.perf_counter() - began))
+        if self._timed is not None:
+            choice, value = self._timed
+            choice.times.append((value, time.perf_counter() - began))
         if not fetch_loss:
             return None
         local = sum(float(out[next(iter(out))]) * s for out, s in zip(losses, sizes)) / sum(sizes)
@@ -396,7 +452,7 @@ class DataParallel:
         return self._pool.submit(fn, *args)
 
     def _prepare_exchange(self) -> None:
-        """Buckets of about BUCKET_BYTES, each a run of consecutive parameters (a range of the flat
+        """Buckets of about bucket_bytes, each a run of consecutive parameters (a range of the flat
         vector, which is in parameter order), listed from the last parameters to the first (the
         order the backward finishes them, as DDP's), the host buffers they land in (kept from step
         to step), and a queue per device that says which buckets it has read back."""
@@ -404,7 +460,7 @@ class DataParallel:
             params = list(self.model.graph.params)
             sizes = [int(self.model.graph.initializers[p].size) for p in params]
             starts = np.concatenate([[0], np.cumsum(sizes)]).astype(int).tolist()
-            limit = max(1, BUCKET_BYTES // 4)
+            limit = max(1, self._bucket_bytes // 4)
             buckets: list[tuple[tuple[str, ...], int, int]] = []
             run: list[int] = []
             for j in reversed(range(len(params))):
@@ -458,23 +514,30 @@ class DataParallel:
             exe._bucket_ready = held
         return held[1]
 
+    def _timing_choice(self, choice: _Choice) -> Any:
+        """`choice`'s value for this update, timed if it is still being chosen, nothing else is
+        timed in this update, and this is not the first update (it compiles)."""
+        value, timed = choice.now(self.updates >= 1 and self._timed is None, self.group)
+        if timed:
+            self._timed = (choice, value)
+        return value
+
+    def _cut_buckets(self) -> None:
+        """This update's bucket size; a new size re-cuts the buckets, and the devices' staging
+        buffers of the old ones are dropped."""
+        size = self._timing_choice(self._bucket)
+        if size != self._bucket_bytes:
+            self._bucket_bytes, self._buckets = size, None
+            for r in self.replicas:
+                r.backend.drop_transfer_buffers()
+
     def _hold_for_this_update(self, exe: Any) -> int | None:
-        """hold_parts for this update's gradient phases: the fixed or chosen value, or the next
-        trial (after a first update, which compiles); the trials done, the faster by median.
-        None where the executable holds nothing back (a device whose mappings resolve mid-step)."""
+        """hold_parts for this update's gradient phases (timed over the first updates unless
+        fixed); None where the executable holds nothing back (a device whose mappings resolve
+        mid-step)."""
         if not getattr(exe, "holds_parts", True):
             return None
-        if self.hold_parts is not None or not self._ordered:
-            return self.hold_parts
-        if self.updates < 1:  # the first update compiles: not timed
-            return HOLD_CANDIDATES[0]
-        if len(self._hold_trials) >= HOLD_TRIALS * len(HOLD_CANDIDATES):
-            times = {c: sorted(t for h, t in self._hold_trials if h == c) for c in HOLD_CANDIDATES}
-            self.hold_parts = min(HOLD_CANDIDATES, key=lambda c: (times[c][len(times[c]) // 2], c != HOLD_CANDIDATES[0]))
-            if self.group is not None and self.group.size > 1:  # every rank keeps rank 0's pick
-                self.hold_parts = int(self.group.gather_strings(str(self.hold_parts))[0])
-            return self.hold_parts
-        return HOLD_CANDIDATES[len(self._hold_trials) % len(HOLD_CANDIDATES)]
+        return self._timing_choice(self._hold)
 
     def _gradient_job(self, i: int, r: Model, exe: Any, feeds: dict, size: int, fetch: bool,
                       update: bool, hold: int | None = None) -> Any:

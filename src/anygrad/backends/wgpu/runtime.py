@@ -440,6 +440,15 @@ class WgpuBackend(Backend):
         for buf, at, nbytes, off in spans:
             self.upload(buf, at, flat[off // 4:(off + nbytes) // 4])
 
+    def drop_transfer_buffers(self) -> None:
+        # between steps: no copy into or out of them is pending, and none is mapped for a reader
+        for held in self._export_bufs.values():
+            held[0].destroy()
+        for staging in self._import_bufs.values():
+            staging.destroy()
+        self._export_bufs.clear()
+        self._import_bufs.clear()
+
     def import_view(self, names: Sequence[str]) -> tuple[np.ndarray, Callable[[], None]] | None:
         """The float32 states `names` back to back as a mapped upload buffer of their own (kept
         between calls), and the commit that unmaps it and copies each span into its state (one
