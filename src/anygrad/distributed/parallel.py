@@ -751,18 +751,23 @@ class DataParallel:
         try:
             for r in self.replicas:  # acquired one by one: those mapped are committed whatever happens
                 views.append(r.backend.import_view(names))
+            self._mark("write_back_map", t)
             direct = [v for v, _ in (got for got in views if got is not None)]
             into = direct if all(got is not None for got in views) else [spare]
+            summed = time.perf_counter()
             self._combine(parts, weights, equal, into)
+            self._mark("write_back_sum", summed)
             for (r, got) in zip(self.replicas, views):
                 if got is None:
                     r.backend.import_states(names, spare)
                 elif into is not direct:
                     np.copyto(got[0], spare)
         finally:
+            committed = time.perf_counter()
             for got in views:
                 if got is not None:
                     got[1]()
+            self._mark("write_back_commit", committed)
         self._spent("write_back", t)
 
     def _combine(self, parts: list[np.ndarray], weights: list[float], equal: bool,
