@@ -37,3 +37,9 @@ if os.environ.get("EXP_DEFER") == "1" or os.environ.get("EXP_NOTAPS") == "1":
         WgpuBackend.import_view, WgpuBackend.submit, P.DataParallel._update_job = import_view, submit, update_job
     if os.environ.get("EXP_NOTAPS") == "1":
         P.DataParallel._ready_steps = lambda self, exe: {}
+
+if os.environ.get("EXP_CUTS"):  # "scales;tails", e.g. "0.25;" or ";3": only these bucket cuts
+    from anygrad.distributed import parallel as _P
+    _sc, _tl = os.environ["EXP_CUTS"].split(";")
+    _P.BUCKET_SCALES = tuple(float(v) for v in _sc.split(",") if v)
+    _P.BUCKET_TAILS = tuple(int(v) for v in _tl.split(",") if v)
