@@ -185,12 +185,12 @@ def tune(graph: Graph, caps: AdapterCaps, context: tuple, timer: Callable[[list[
     path = cache_file(context)
     known = _load(path)
     nodes = list(graph.nodes)
-    todo: dict[str, list[int]] = {}  # shape key -> the nodes of that shape
+    shapes: dict[str, list[int]] = {}  # shape key -> the nodes of that shape
     for k, node in enumerate(nodes):
-        if (node.op not in TUNABLE_OPS or any(a in node.attrs for a in PIN_ATTRS)
-                or _too_big(node, graph, caps) or _flops(node, graph, caps) < MIN_FLOPS):
-            continue
-        todo.setdefault(shape_key(node, graph), []).append(k)
+        if node.op in TUNABLE_OPS and not any(a in node.attrs for a in PIN_ATTRS) and not _too_big(node, graph, caps):
+            shapes.setdefault(shape_key(node, graph), []).append(k)
+    # the work of one node a shape (it lowers the node: a transformer repeats each shape per layer)
+    todo = {key: ks for key, ks in shapes.items() if _flops(nodes[ks[0]], graph, caps) >= MIN_FLOPS}
     chosen = {key: known[key] for key in todo if key in known}
     stats["cached"] += len(chosen)
     if timer is not None:

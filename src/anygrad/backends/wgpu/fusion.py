@@ -692,8 +692,10 @@ def _fuse_group(graph: Graph, members: list[Node], producers: dict[str, Node], s
             graph.state_updates.pop(o, None)
     for w in wheres:
         graph.state_updates.pop(w.outputs[0], None)
-    last = max(graph.nodes.index(m) for m in members)
-    drop = {id(m) for m in members} | {id(w) for w in wheres}
+    ids = {id(m) for m in members}
+    # by identity: list.index compares Nodes field by field (a dataclass), node after node
+    last = max(k for k, n in enumerate(graph.nodes) if id(n) in ids)
+    drop = ids | {id(w) for w in wheres}
     nodes = []
     for k, n in enumerate(graph.nodes):
         if id(n) not in drop:
