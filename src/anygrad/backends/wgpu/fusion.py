@@ -623,7 +623,7 @@ def group_updates(graph: Graph, caps: AdapterCaps) -> None:
         chunk: list[Node] = []
         size = 0
         for m in members + [None]:
-            n = _aligned(int(np.prod(shape_of(graph, m.inputs[0]), dtype=np.int64)), align) if m is not None else 0
+            n = _aligned(size_of(graph, m.inputs[0]), align) if m is not None else 0
             if m is None or (chunk and size + n > budget):
                 if chunk:
                     _fuse_group(graph, chunk, producers, state, [gates.get(id(c), []) for c in chunk], align)
@@ -652,7 +652,7 @@ def _fuse_group(graph: Graph, members: list[Node], producers: dict[str, Node], s
     offsets, total = [], 0
     for p in params:
         offsets.append(total)
-        total += _aligned(int(np.prod(shape_of(graph, p), dtype=np.int64)), align)
+        total += _aligned(size_of(graph, p), align)
     arenas = []
     for j in range(n_slots + 1):
         names = tuple(m.inputs[0] if j == 0 else m.inputs[1 + j] for m in members)

@@ -16,6 +16,7 @@ No GPU objects here, only decisions, so the plan can be tested and printed on an
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, replace
 
@@ -85,7 +86,7 @@ class Plan:
 def value_bytes(graph: Graph, name: str) -> int:
     """Device bytes of a value: 4 per element, 2 for float16 (rounded up to whole 4-byte words,
     as bindings and copies need)."""
-    n = int(np.prod(shape_of(graph, name), dtype=np.int64))
+    n = math.prod(shape_of(graph, name))
     if np.dtype(graph.info[name].dtype) == HALF:
         return max(ELEM_BYTES, -(-n * HALF_BYTES // ELEM_BYTES) * ELEM_BYTES)
     return max(ELEM_BYTES, n * ELEM_BYTES)
@@ -111,7 +112,7 @@ def lower_all(graph: Graph, caps: AdapterCaps) -> tuple[list[tuple[int, Kernel]]
 
     def elements(v: str) -> int | None:
         if v in graph.info:
-            return int(np.prod(shape_of(graph, v), dtype=np.int64))
+            return math.prod(shape_of(graph, v))
         if v in scratch_bytes:
             return scratch_bytes[v] // ELEM_BYTES
         return arena_total.get(v)

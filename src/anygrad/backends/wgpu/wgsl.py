@@ -45,7 +45,7 @@ def shape_of(graph: Graph, value: str) -> tuple[int, ...]:
 
 
 def size_of(graph: Graph, value: str) -> int:
-    return int(np.prod(shape_of(graph, value), dtype=np.int64))
+    return math.prod(shape_of(graph, value))
 
 
 def literal(value, ty: str) -> str:
