@@ -85,26 +85,33 @@ TRANSFORMER_LINEARS = {
 }
 
 
+# The LM heads: nn.Linear in Hugging Face's GPT-2 too (tied to the token embedding), whose other
+# Linears are Conv1D
+HEADS = ("head", "mlm-head")
+
+
 def transformer_cases(model: str) -> list[tuple]:
     """(label, op, shapes, attrs, flop, torch spec) for forward, dX and dW of each Linear. `model`
     alone: weights stored (d_in, d_out), as Hugging Face GPT-2's Conv1D; `model:linear`: stored
     (d_out, d_in), as nn.Linear (benchmarks/models.py's GPT-2 small, BERT, the LM heads), so the
-    forward reads W transposed, dX = dY @ W reads both plain and dW = dY^T @ X is (d_out, d_in)."""
+    forward reads W transposed, dX = dY @ W reads both plain and dW = dY^T @ X is (d_out, d_in);
+    `model:hf`: as Hugging Face's GPT-2 stores them, Conv1D but the LM head nn.Linear."""
     model, _, layout = model.partition(":")
-    if layout not in ("", "linear"):
-        raise SystemExit(f"--transformer {model}:{layout}: the layout is ':linear' or nothing")
+    if layout not in ("", "linear", "hf"):
+        raise SystemExit(f"--transformer {model}:{layout}: the layout is ':linear', ':hf' or nothing")
     out = []
     for name, m, k, n in TRANSFORMER_LINEARS[model]:
         flop = 2.0 * m * k * n
-        if layout:
-            tag = f"{model}:linear {name}"
+        if layout == "linear" or (layout == "hf" and name in HEADS):
+            tag = f"{model}:{layout} {name}"
             out += [(f"{tag} fwd {m}x{k}x{n}",) + gemm_case(m, k, n, tb=1, bias=False) + ((m, k, n, 0, 1),),
                     (f"{tag} dX {m}x{n}x{k}",) + gemm_case(m, n, k, bias=False) + ((m, n, k, 0, 0),),
                     (f"{tag} dW {n}x{m}x{k}",) + gemm_case(n, m, k, ta=1, bias=False) + ((n, m, k, 1, 0),)]
         else:
-            out += [(f"{model} {name} fwd {m}x{k}x{n}",) + gemm_case(m, k, n, bias=False) + ((m, k, n, 0, 0),),
-                    (f"{model} {name} dX {m}x{n}x{k}",) + gemm_case(m, n, k, tb=1, bias=False) + ((m, n, k, 0, 1),),
-                    (f"{model} {name} dW {k}x{m}x{n}",) + gemm_case(k, m, n, ta=1, bias=False) + ((k, m, n, 1, 0),)]
+            tag = f"{model}:{layout} {name}" if layout else f"{model} {name}"
+            out += [(f"{tag} fwd {m}x{k}x{n}",) + gemm_case(m, k, n, bias=False) + ((m, k, n, 0, 0),),
+                    (f"{tag} dX {m}x{n}x{k}",) + gemm_case(m, n, k, tb=1, bias=False) + ((m, n, k, 0, 1),),
+                    (f"{tag} dW {k}x{m}x{n}",) + gemm_case(k, m, n, ta=1, bias=False) + ((k, m, n, 1, 0),)]
         assert all(c[4] == flop for c in out[-3:])
     return out
 
@@ -407,7 +414,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--convs", default="", help="extra 3x3 conv layers BxCINxCOUTxHW, comma list "
                     "(e.g. 32x64x64x56)")
     ap.add_argument("--transformer", default="", help="comma list of " + ", ".join(TRANSFORMER_LINEARS)
-                    + " (weights (d_in, d_out), as HF GPT-2's Conv1D; with ':linear', (d_out, d_in) as nn.Linear): "
+                    + " (weights (d_in, d_out), as HF GPT-2's Conv1D; with ':linear', (d_out, d_in) as nn.Linear; "
+                    "with ':hf', as HF GPT-2: Conv1D but the LM head nn.Linear): "
                     "their Linear layers' forward, dX and dW GEMMs")
     ap.add_argument("--torch", action="store_true", help="also time PyTorch CUDA FP32 matmul at --sizes "
                     "and --transformer shapes")
