@@ -652,6 +652,19 @@ def test_bucket_size_is_timed_then_kept(tiny, monkeypatch, devices):
     m.parallel.check_replicas()
 
 
+def test_bucket_sizes_are_not_timed_while_the_devices_are_balanced(tiny, monkeypatch):
+    """balance() runs the devices one after the other for its timed updates: those do not count
+    as trials of a bucket size (they would make the size tried then look slow)."""
+    model, _, x, y = tiny
+    sizes = _recorded_bucket_sizes(monkeypatch)
+    m = anygrad.load_onnx(str(model)).compile(optimizer=Adam(lr=0.01), device="cpu,cpu")
+    m.train_step(x[:16], y[:16])
+    m.parallel.balance(steps=2)
+    for k in range(4):
+        m.train_step(x[16 * k:16 * k + 16], y[16 * k:16 * k + 16])
+    assert sizes == [256, 256, 256, 256, 2048] and len(m.parallel._bucket.times) == 2
+
+
 def test_ranks_time_bucket_sizes_and_keep_rank_0s_choice(tmp_path, tiny):
     """Two gloo ranks try the same sizes at the same updates (their buckets must match to be
     all-reduced) and keep rank 0's pick; they train like one process."""

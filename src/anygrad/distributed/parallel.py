@@ -516,8 +516,9 @@ class DataParallel:
 
     def _timing_choice(self, choice: _Choice) -> Any:
         """`choice`'s value for this update, timed if it is still being chosen, nothing else is
-        timed in this update, and this is not the first update (it compiles)."""
-        value, timed = choice.now(self.updates >= 1 and self._timed is None, self.group)
+        timed in this update, this is not the first update (it compiles) and the devices do not
+        run one after the other (balance())."""
+        value, timed = choice.now(self.updates >= 1 and self._timed is None and not self._timing, self.group)
         if timed:
             self._timed = (choice, value)
         return value
