@@ -517,8 +517,11 @@ class DataParallel:
     def _timing_choice(self, choice: _Choice) -> Any:
         """`choice`'s value for this update, timed if it is still being chosen, nothing else is
         timed in this update, this is not the first update (it compiles) and the devices do not
-        run one after the other (balance())."""
-        value, timed = choice.now(self.updates >= 1 and self._timed is None and not self._timing, self.group)
+        run one after the other (balance()). With other ranks, balanced updates are timed too:
+        every rank must try the same value at the same update (its buckets are all-reduced with
+        theirs), and another rank may have no devices to balance."""
+        balancing = self._timing and (self.group is None or self.group.size == 1)
+        value, timed = choice.now(self.updates >= 1 and self._timed is None and not balancing, self.group)
         if timed:
             self._timed = (choice, value)
         return value
