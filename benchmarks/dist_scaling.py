@@ -181,7 +181,8 @@ def comm(args: argparse.Namespace) -> None:
     group.close()
 
 
-ROWS = (("resnet18", 512, 30), ("gpt", 128, 30))
+# the GPT at two batches a GPU: the exchange costs about the same at both (BENCHMARKS.md, session 38)
+ROWS = (("resnet18", 512, 30), ("gpt", 128, 30), ("gpt", 512, 30))
 
 
 def suite(args: argparse.Namespace) -> None:
@@ -258,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("suite", help="export, then 1 GPU / 2 ranks / 2 devices of one process per model; the table")
     d.add_argument("--out", required=True)
     d.add_argument("--device", default="wgpu", choices=["wgpu", "cpu"])
-    d.add_argument("--rows", default="", help="model:batch:steps,... (default resnet18:512:30,gpt:128:30)")
+    d.add_argument("--rows", default="", help="model:batch:steps,... (default resnet18:512:30,gpt:128:30,gpt:512:30)")
     d.add_argument("--timeline", help="a folder: each several-device case writes its timeline there (run --timeline)")
     t = sub.add_parser("table", help="the table of result JSON files")
     t.add_argument("files", nargs="+")
