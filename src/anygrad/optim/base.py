@@ -94,10 +94,7 @@ class ElementwiseOptimizer(Optimizer):
         return 0.0
 
     def init_state(self, param: np.ndarray) -> dict[str, np.ndarray]:
-        # zeros (most slots) untouched until written: GPT-2 small's momentum is 650 MB of them
-        return {s: np.zeros(param.shape, param.dtype) if self.initial_value(s) == 0 else
-                np.full(param.shape, self.initial_value(s), param.dtype)
-                for s in type(self).slots_of(self.attrs())}
+        return {s: _filled(param, self.initial_value(s)) for s in type(self).slots_of(self.attrs())}
 
     def update(self, b: Builder, param: str, grad: str, state: dict[str, str], lr: str, step: str
                ) -> tuple[str, dict[str, str]]:
@@ -119,3 +116,9 @@ def lerp(a: np.ndarray, b: np.ndarray, w: float) -> np.ndarray:
     """torch.lerp's formula (which branch depends on the weight), for bit-compatible averages."""
     w32 = np.float32(w)
     return a + w32 * (b - a) if abs(w) < 0.5 else b - (b - a) * (np.float32(1) - w32)
+
+
+def _filled(param: np.ndarray, value: float) -> np.ndarray:
+    """A slot of param's shape and dtype holding `value`; zeros (most slots) as np.zeros, whose
+    pages stay untouched until written (GPT-2 small's momentum is 650 MB of them)."""
+    return np.zeros(param.shape, param.dtype) if value == 0 else np.full(param.shape, value, param.dtype)
