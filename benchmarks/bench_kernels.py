@@ -453,7 +453,25 @@ def main(argv: list[str] | None = None) -> int:
         for label, op, shapes, attrs, flop, spec in transformer_cases(model):
             cases.append((label, op, shapes, attrs, flop))
             torch_shapes.append((label, spec))
+    # PyTorch's reference first: it takes seconds where tuning every case takes minutes, so a run
+    # cut short by a time limit still has it; the JSON is rewritten after every case for the same reason
+    reference = (torch_matmul([int(v) for v in args.sizes.split(",") if v], args.seconds,
+                              [t for t in torch_shapes if args.only in t[0]])
+                 if args.torch else [])
+    for r in reference:
+        frac = f"{100 * r['gflops'] / peak:5.1f}%" if peak else "     -"
+        print(f"{r['case']:42s} {'torch' + (' tf32' if r['tf32'] else ''):9s} {'':8s} {r['ms']:9.3f} "
+              f"{r['gflops']:9.1f} {frac}  PyTorch CUDA {r['torch']}", flush=True)
     results: list[Result] = []
+
+    def dump() -> None:
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump({"adapter": dict(adapter.info), "peak_gflops": peak, "timestamps": timestamps,
+                           "results": [asdict(r) for r in results], "torch_reference": reference}, fh,
+                          indent=1)
+
+    dump()
     print(f"{'case':42s} {'variant':9s} {'GFLOP':>8s} {'ms':>9s} {'GFLOP/s':>9s} {'peak':>6s}  kernels")
     for label, op, shapes, attrs, flop in (c for c in cases if args.only in c[0]):
         for variant in args.variants.split(","):
@@ -467,16 +485,7 @@ def main(argv: list[str] | None = None) -> int:
             frac = f"{100 * r.peak_fraction:5.1f}%" if r.peak_fraction is not None else "     -"
             print(f"{label:42s} {variant:9s} {r.gflop:8.3f} {r.ms:9.3f} {r.gflops:9.1f} {frac}  {r.kernels}",
                   flush=True)
-    reference = (torch_matmul([int(v) for v in args.sizes.split(",") if v], args.seconds, torch_shapes)
-                 if args.torch else [])
-    for r in reference:
-        frac = f"{100 * r['gflops'] / peak:5.1f}%" if peak else "     -"
-        print(f"{r['case']:42s} {'torch' + (' tf32' if r['tf32'] else ''):9s} {'':8s} {r['ms']:9.3f} "
-              f"{r['gflops']:9.1f} {frac}  PyTorch CUDA {r['torch']}")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"adapter": dict(adapter.info), "peak_gflops": peak, "timestamps": timestamps,
-                       "results": [asdict(r) for r in results], "torch_reference": reference}, fh, indent=1)
+            dump()
     return 0
 
 
