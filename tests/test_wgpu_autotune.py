@@ -276,6 +276,31 @@ def test_the_winning_tiling_is_timed_at_other_k_splits_and_the_fastest_count_is_
     assert "_gemm_splits" not in off.nodes[0].attrs and 2 * s not in timed
 
 
+def test_every_shape_is_timed_once_before_any_confirming_round_and_its_splits_build_meanwhile(tuning):
+    """Two long-K shapes: both first rounds, then both confirming rounds; each shape's split
+    variants are handed to the timer's prebuild (background pipeline builds) right after its first
+    round, so the second shape's first round runs while they build."""
+    feeds = {"x": rnd(2, 8, 512, seed=4), "W": rnd(512, 16, seed=5), "V": rnd(512, 24, seed=6)}
+    graph = _graph(feeds, [Node("MatMul", ["x", "W"], ["y"], name="mm"), Node("MatMul", ["x", "V"], ["z"], name="mm2"),
+                           Node("Concat", ["y", "z"], ["out"], name="cat", attrs={"axis": -1})], "out", grad=False)
+    events = []
+
+    def together(lists, g):
+        events.append(("time", len(lists)))
+        return [1.0 + 0.01 * i for i in range(len(lists))]
+
+    def timer(kernels, g):
+        return together([kernels], g)[0]
+    timer.all = together
+    timer.prebuild = lambda kernels: events.append(("build", len(kernels)))
+    autotune.tune(graph, AdapterCaps(), ("order",), timer)
+    kinds = [e[0] for e in events]
+    # every candidate's build, two first rounds (each followed by its split variants' build), then
+    # two confirming rounds, which time fewer candidates
+    assert kinds == ["build", "time", "build", "time", "build", "time", "time"], events
+    assert events[1][1] > events[5][1] and events[3][1] > events[6][1]
+
+
 @pytest.mark.parametrize("pin", [{"_gemm_splits": 0}, {"_gemm_splits": 5000}, {"_gemm_splits": "4"},
                                  {"_gemm_splits": 2.0}, {"_gemm_variant": "evil", "_gemm_splits": 2}])
 def test_a_stored_split_count_out_of_range_is_ignored(tuning, pin):

@@ -90,7 +90,7 @@ CANDIDATES: tuple[dict[str, Any], ...] = (
 )
 MIN_FLOPS = 1 << 26     # smaller GEMMs take microseconds: launch overhead, not tiling, decides
 REPEATS, ROUNDS = 8, 2  # at most this many runs per timing, best of rounds
-CONFIRM = 3             # the fastest candidates of the first pass, timed once more (_fastest)
+CONFIRM = 3             # the fastest candidates of the first pass, timed once more (_Rounds)
 TARGET_MS = 4.0         # runs per timing: enough to last about this long (one run of a slow conv is enough)
 BUDGET_S = 20.0         # timing per compile; shapes left over keep the rules now and are tuned by later compiles
 BUDGET_ENV = "ANYGRAD_AUTOTUNE_SECONDS"  # another budget (benchmarks: tune a whole model in one compile)
@@ -198,15 +198,16 @@ def tune(graph: Graph, caps: AdapterCaps, context: tuple, timer: Callable[[list[
         prebuild = getattr(timer, "prebuild", None)
         if prebuild is not None:  # every candidate's pipelines, built in the background in the order timed
             prebuild([kern for cands in candidates.values() for _, kernels in cands for kern in kernels])
-        new = {}
-        for key, cands in candidates.items():
+        rounds: dict[str, _Rounds] = {}
+        for key, cands in candidates.items():  # every shape's first round, then every confirming round
             if time.perf_counter() - t0 > budget:
                 break
             node = nodes[todo[key][0]]
             splits = (lambda pin, kernels, node=node: _candidates(node, graph, caps, split_pins(pin, kernels))) \
                 if tunes_splits() else None
-            new[key] = _fastest(cands, graph, timer, splits)
+            rounds[key] = _Rounds(cands, graph, timer, splits)
             stats["timed"] += 1
+        new = {key: r.confirm() for key, r in rounds.items()}
         chosen |= new
         if new:
             _store(path, known | new)
@@ -266,32 +267,50 @@ def _candidates(node: Node, graph: Graph, caps: AdapterCaps, pins=CANDIDATES) ->
     return out
 
 
-def _fastest(candidates: list[tuple[dict[str, Any], list[Kernel]]], graph: Graph, timer,
-             variants: Callable[[dict[str, Any], list[Kernel]], list] | None = None) -> dict[str, Any]:
-    """The fastest candidate's pin. After one timing of each, the CONFIRM fastest and the first
-    (the rules' own tiling) are timed again, and each keeps its better time: a slow spell of the
-    device during one timing (seen on an H100: the same GEMM 4x slower for a whole benchmark
-    case) then cannot make a candidate win, and the winner is stored for good. `variants(pin,
-    kernels)`: more candidates made from the first pass's leader (its other K splits), timed in
-    that second round beside the others, so they cost no round of their own. A timer with an
-    `all` method times a list of candidates together (device_timer: one submission a round)."""
-    if not candidates:
-        return {}
-    time_all = getattr(timer, "all", None) or (lambda lists, g: [timer(kernels, g) for kernels in lists])
-    times = list(time_all([kernels for _, kernels in candidates], graph))
-    leaders = sorted(range(len(candidates)), key=times.__getitem__)[:CONFIRM]
-    more = variants(*candidates[leaders[0]]) if variants is not None else []
-    candidates = list(candidates) + list(more)
-    times += [float("inf")] * len(more)
-    stats["candidates"] += len(candidates)
-    again = sorted(set(leaders) | {0} | set(range(len(candidates) - len(more), len(candidates))))
-    for i, t in zip(again, time_all([candidates[i][1] for i in again], graph)):
-        times[i] = min(times[i], t)
-    best = 0
-    for i in range(1, len(candidates)):
-        if times[i] < times[best] * 0.97:  # a win within timing noise keeps the earlier (rule-based) choice
-            best = i
-    return candidates[best][0]
+class _Rounds:
+    """One shape's timing: a first round of every candidate, then (confirm) the CONFIRM fastest
+    and the first (the rules' own tiling) timed again, each keeping its better time. A slow spell
+    of the device during one timing (seen on an H100: the same GEMM 4x slower for a whole
+    benchmark case) then cannot make a candidate win, and the winner is stored for good.
+
+    `variants(pin, kernels)`: more candidates made from the first round's leader (its other K
+    splits), timed in the confirming round beside the others, so they cost no round of their
+    own. Their pipelines start building (the timer's `prebuild`) as soon as the first round has
+    picked the leader, and tune() runs every shape's first round before any confirming round, so
+    they build while other shapes are timed: built when first timed, one by one, they took about
+    5 of GPT-2 small's 14 s cold compile (H100, session 39). A timer with an `all` method times a
+    list of candidates together (device_timer: one submission a round)."""
+
+    def __init__(self, candidates: list[tuple[dict[str, Any], list[Kernel]]], graph: Graph, timer,
+                 variants: Callable[[dict[str, Any], list[Kernel]], list] | None = None):
+        self.graph = graph
+        self.time_all = getattr(timer, "all", None) or (lambda lists, g: [timer(kernels, g) for kernels in lists])
+        self.candidates = list(candidates)
+        if not candidates:
+            return
+        self.times = list(self.time_all([kernels for _, kernels in candidates], graph))
+        leaders = sorted(range(len(candidates)), key=self.times.__getitem__)[:CONFIRM]
+        more = list(variants(*candidates[leaders[0]])) if variants is not None else []
+        self.candidates += more
+        self.times += [float("inf")] * len(more)
+        stats["candidates"] += len(self.candidates)
+        self.again = sorted(set(leaders) | {0} | set(range(len(self.candidates) - len(more), len(self.candidates))))
+        prebuild = getattr(timer, "prebuild", None)
+        if prebuild is not None and more:
+            prebuild([kern for _, kernels in more for kern in kernels])
+
+    def confirm(self) -> dict[str, Any]:
+        """The fastest candidate's pin, after the confirming round."""
+        if not self.candidates:
+            return {}
+        times = self.times
+        for i, t in zip(self.again, self.time_all([self.candidates[i][1] for i in self.again], self.graph)):
+            times[i] = min(times[i], t)
+        best = 0
+        for i in range(1, len(self.candidates)):
+            if times[i] < times[best] * 0.97:  # a win within timing noise keeps the earlier (rule-based) choice
+                best = i
+        return self.candidates[best][0]
 
 
 def _store(path: Path, table: dict[str, dict[str, Any]]) -> None:
