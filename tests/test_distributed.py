@@ -543,6 +543,89 @@ def test_device_shards_are_uploaded_through_mapped_buffers(tiny, monkeypatch, th
     assert {"upload0", "upload1"} <= set(m.parallel.breakdown())
 
 
+@pytest.mark.parametrize("n", [5, 40_000, 300_001])
+def test_bucket_sums_over_the_threads_are_the_in_order_sums(tiny, monkeypatch, n):
+    """DataParallel._combine cuts a bucket into pieces, one a thread (at least MIN_SUM_CHUNK, at most
+    SUM_CHUNK elements): every piece is the parts summed in order, then weighted (equal weights), or
+    each part weighted then summed in order (uneven), exactly as numpy does it in one pass, into
+    every output, parts[0] included."""
+    from anygrad.distributed import parallel
+    monkeypatch.setenv("ANYGRAD_NUMPY_THREADS", "4")
+    plain, pieces = parallel._parallel.map_shares, []
+
+    def shares(work, items, *args, **kwargs):
+        pieces.append(len(items))
+        return plain(work, items, *args, **kwargs)
+    monkeypatch.setattr(parallel._parallel, "map_shares", shares)
+    model, _, _, _ = tiny
+    m = anygrad.load_onnx(str(model)).compile(optimizer=Adam(lr=0.01), device="cpu,cpu")
+    rng = np.random.default_rng(n)
+    parts = [rng.standard_normal(n).astype(np.float32) for _ in range(3)]
+    want_equal = ((parts[0] + parts[1]) + parts[2]) * np.float32(1 / 3)
+    weights = [0.5, 0.25, 0.25]
+    want_uneven = (parts[0] * np.float32(0.5) + parts[1] * np.float32(0.25)) + parts[2] * np.float32(0.25)
+    into = [np.empty(n, np.float32), np.empty(n, np.float32)]
+    m.parallel._combine(parts, [1 / 3] * 3, True, into)
+    for out in into:
+        np.testing.assert_array_equal(out, want_equal)
+    first = parts[0].copy()
+    m.parallel._combine([first] + parts[1:], weights, False, [first])
+    np.testing.assert_array_equal(first, want_uneven)
+    assert pieces == [{5: 1, 40_000: 2, 300_001: 4}[n]] * 2
+
+
+def test_upload_memory_is_mapped_before_the_first_bucket_and_given_back_after_an_error(tiny, monkeypatch):
+    """Two lavapipe devices, tiny buckets: at an update every bucket's upload memory on both devices
+    is mapped before the first bucket is summed (the main thread waits for that bucket anyway), so
+    the write-backs at the end of the step need no map; training is unchanged. A step failing at
+    its first sum gives every one of them back unwritten (the commit's cancel): none is left
+    mapped, and the next step trains from equal replicas."""
+    from anygrad.backends.wgpu import WgpuBackend
+    from anygrad.devices import list_adapters
+    from anygrad.distributed import parallel
+    if not list_adapters():
+        pytest.fail("no wgpu adapter: install mesa-vulkan-drivers (lavapipe)")
+    monkeypatch.setattr(parallel, "BUCKET_BYTES", 64 * 4)
+    monkeypatch.setattr(parallel, "BUCKET_SCALES", (1.0,))
+    model, _, x, y = tiny
+    x, y = x[:32], y[:32]
+    losses, state, _ = _reference(model, x, y, device="wgpu:0", epochs=1)
+    events = []
+    plain_view, plain_combine = WgpuBackend.import_view, parallel.DataParallel._combine
+
+    def view(self, names):
+        events.append("map")
+        return plain_view(self, names)
+
+    def combine(self, *args):
+        events.append("sum")
+        return plain_combine(self, *args)
+    monkeypatch.setattr(WgpuBackend, "import_view", view)
+    monkeypatch.setattr(parallel.DataParallel, "_combine", combine)
+    m = anygrad.load_onnx(str(model)).compile(optimizer=Adam(lr=0.01), device="wgpu:0,wgpu:0", accumulate=2,
+                                              clip_norm=1.0)
+    got = _epochs(m, x, y, epochs=1)
+    np.testing.assert_allclose(got, losses, **TOL)
+    for name, value in m.state_dict().items():
+        np.testing.assert_allclose(value, state[name], **TOL, err_msg=name)
+    buckets = len(m.parallel._buckets)
+    assert buckets >= 3
+    events.clear()
+    m.train_on_batch(x[:16], y[:16], flush=True)  # an update
+    assert events == ["map"] * (2 * buckets) + ["sum"] * buckets, events
+
+    def failing(self, *args):
+        raise RuntimeError("sum failed")
+    monkeypatch.setattr(parallel.DataParallel, "_combine", failing)
+    with pytest.raises(RuntimeError, match="sum failed"):
+        m.train_on_batch(x[16:32], y[16:32], flush=True)
+    staged = [b for r in m.parallel.replicas for b in r.backend._import_bufs.values()]
+    assert len(staged) == 2 * buckets and all(b.map_state == "unmapped" for b in staged)
+    monkeypatch.setattr(parallel.DataParallel, "_combine", plain_combine)
+    assert np.isfinite(m.train_on_batch(x[16:32], y[16:32], flush=True))
+    m.parallel.check_replicas()
+
+
 @pytest.mark.parametrize("hold", ["free", "1", "0"])
 def test_buckets_are_read_back_during_the_backward_pass(tiny, monkeypatch, hold):
     """Tiny buckets on two lavapipe devices: each bucket's copy is encoded right after the kernel that

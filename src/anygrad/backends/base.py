@@ -125,7 +125,9 @@ class Backend(ABC):
         """import_states in two halves, for backends that upload from memory the host writes
         directly (wgpu's mapped upload buffers): a writable float32 vector laid out as `flat`, and
         the function that puts it into the states (which must be called, also after an error).
-        None where there is no such memory: use import_states."""
+        That function's `cancel` attribute gives the memory back instead, leaving the states as
+        they are (memory mapped ahead of its values, which never came). None where there is no
+        such memory: use import_states."""
         return None
 
     def get_state_shape(self, name: str) -> tuple:

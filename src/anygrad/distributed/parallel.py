@@ -54,8 +54,11 @@ from .sampler import ShardedLoader
 GRADIENT_PHASE = {"step": "first", "first": "first", "accumulate": "accumulate", "apply": "accumulate"}
 UPDATES = ("step", "apply")
 # float32 elements a thread sums at a time (1 MB: an 8 MB bucket spreads over 8 threads, and a
-# chunk's sum stays in the thread's cache on its way to every device's upload memory)
+# chunk's sum stays in the thread's cache on its way to every device's upload memory); smaller
+# buckets are cut into pieces of at least MIN_SUM_CHUNK, one a thread (a 2 MB bucket over 8
+# threads, not 2: the last buckets' sums are on the step's critical path)
 SUM_CHUNK = 1 << 18
+MIN_SUM_CHUNK = 1 << 15
 
 
 def device_list(device: Any) -> list[Any] | None:
@@ -666,15 +669,15 @@ class DataParallel:
         local = ([1.0 / len(counts)] * len(counts)) if equal else [n / total for n in counts]
         works: dict[int, tuple[Any, np.ndarray]] = {}  # bucket -> (its gloo work, the array it sums in place)
         pending: list[int] = []  # all-reducing, not yet written back (in bucket order)
+        mapped = self._map_uploads() if several or ranks else {}  # bucket -> its upload memory, until written back
 
         def finish(k: int) -> None:  # bucket k's gloo sum is done: scaled, back to every device
-            names = self._buckets[k][0]
             t = time.perf_counter()
             work, summed = works.pop(k)
             try:
                 work.wait()
                 self._spent("all_reduce_wait", t)
-                self._write_back(names, [summed], [1.0 / self.group.size], True, summed)
+                self._write_back_bucket(mapped, k, [summed], [1.0 / self.group.size], True, summed)
             finally:
                 self._release(k)
 
@@ -687,7 +690,7 @@ class DataParallel:
                 parts = [self._views[i][k][0] if self._sum_views else h[a:b] for i, h in enumerate(self._host)]
                 if not ranks:
                     try:
-                        self._write_back(names, parts, local, equal, flat[a:b])
+                        self._write_back_bucket(mapped, k, parts, local, equal, flat[a:b])
                     finally:
                         self._release(k)
                     continue
@@ -717,6 +720,7 @@ class DataParallel:
             for work, _ in works.values():  # gloo must be done with the memory before it is released
                 with contextlib.suppress(Exception):
                     work.wait()
+            self._unmap(mapped)
             raise
         t = time.perf_counter()
         if several:
@@ -743,19 +747,20 @@ class DataParallel:
                 got[1]()
 
     def _write_back(self, names: tuple[str, ...], parts: list[np.ndarray], weights: list[float],
-                    equal: bool, spare: np.ndarray) -> None:
+                    equal: bool, spare: np.ndarray, mapped: list | None = None) -> None:
         """Every replica's gradients `names` = the weighted sum of `parts` (equal weights: their sum
         times the weight; else each part times its own, summed in order: _combine). Where every
-        device exposes its upload memory (Backend.import_view), the sum goes straight into every
-        device's memory; else into `spare` (a host buffer; it may be parts[0]), then
-        import_states. The same values reach every device either way, so the replicas stay
-        equal."""
+        device exposes its upload memory (Backend.import_view; `mapped`: mapped already, by
+        _map_uploads), the sum goes straight into every device's memory; else into `spare` (a
+        host buffer; it may be parts[0]), then import_states. The same values reach every device
+        either way, so the replicas stay equal."""
         t = time.perf_counter()
-        views: list[tuple[np.ndarray, Callable[[], None]] | None] = []
+        views: list[tuple[np.ndarray, Callable[[], None]] | None] = list(mapped or [])
         try:
-            for r in self.replicas:  # acquired one by one: those mapped are committed whatever happens
-                views.append(r.backend.import_view(names))
-            self._mark("write_back_map", t)
+            if mapped is None:
+                for r in self.replicas:  # acquired one by one: those mapped are committed whatever happens
+                    views.append(r.backend.import_view(names))
+                self._mark("write_back_map", t)
             direct = [v for v, _ in (got for got in views if got is not None)]
             into = direct if all(got is not None for got in views) else [spare]
             summed = time.perf_counter()
@@ -773,6 +778,55 @@ class DataParallel:
                     got[1]()
             self._mark("write_back_commit", committed)
         self._spent("write_back", t)
+
+    def _write_back_bucket(self, mapped: dict[int, list], k: int, parts: list[np.ndarray], weights: list[float],
+                           equal: bool, spare: np.ndarray) -> None:
+        """_write_back of bucket k into the upload memory _map_uploads mapped for it (if any), which
+        is given back whatever happens."""
+        views = mapped.pop(k, None)
+        try:
+            self._write_back(self._buckets[k][0], parts, weights, equal, spare, views)
+        except BaseException:
+            if views is not None:  # (committed already if _write_back got that far: cancel does nothing then)
+                self._unmap({k: views})
+            raise
+
+    def _map_uploads(self) -> dict[int, list[tuple[np.ndarray, Callable[[], None]]]]:
+        """Every bucket's upload memory on every device (Backend.import_view), mapped now: the
+        main thread waits for the first bucket during most of the backward pass anyway, so the
+        write-backs at the end of the step, after gloo's last sums, need not wait for a map
+        (0.1-0.3 ms a bucket on 2 H200s, session 38's timelines). A bucket some device has no
+        such memory for is left out (_write_back then does without). Each one mapped is
+        committed by _write_back, or unmapped unwritten by _unmap after an error."""
+        t = time.perf_counter()
+        out: dict[int, list[tuple[np.ndarray, Callable[[], None]]]] = {}
+        try:
+            for k, (names, _, _) in enumerate(self._buckets):
+                views = []
+                for r in self.replicas:
+                    got = r.backend.import_view(names)
+                    if got is None:
+                        break
+                    views.append(got)
+                if len(views) == len(self.replicas):
+                    out[k] = views
+                else:
+                    self._unmap({k: views})
+        except BaseException:
+            self._unmap(out)
+            raise
+        self._mark("write_back_map", t)
+        return out
+
+    @staticmethod
+    def _unmap(mapped: dict[int, list[tuple[np.ndarray, Callable[[], None]]]]) -> None:
+        """Upload memory mapped and never written, given back without being copied anywhere (the
+        commit's `cancel`, Backend.import_view)."""
+        for views in mapped.values():
+            for _, commit in views:
+                with contextlib.suppress(Exception):
+                    getattr(commit, "cancel", commit)()
+        mapped.clear()
 
     def _combine(self, parts: list[np.ndarray], weights: list[float], equal: bool,
                  into: list[np.ndarray]) -> None:
@@ -804,7 +858,8 @@ class DataParallel:
                     np.copyto(dst[lo:hi], out)
             return [None] * len(spans)
 
-        spans = [(lo, min(lo + SUM_CHUNK, n)) for lo in range(0, n, SUM_CHUNK)]
+        chunk = min(SUM_CHUNK, max(MIN_SUM_CHUNK, -(-n // _parallel.workers())))
+        spans = [(lo, min(lo + chunk, n)) for lo in range(0, n, chunk)]
         _parallel.map_shares(work, spans, min(len(spans), _parallel.workers()), blas=False)
 
     def _update_job(self, r: Model, i: int) -> None:

@@ -492,6 +492,7 @@ class WgpuBackend(Backend):
                 self.submit(enc.finish())
             except Exception as e:
                 raise _gpu_error(e, "writing gradients back") from e
+        commit.cancel = staging.unmap
         return view.view(np.float32), commit
 
     def _float32_spans(self, names: Sequence[str]) -> list[tuple[Any, int, int, int]] | None:
