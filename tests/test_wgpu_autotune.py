@@ -232,7 +232,7 @@ def test_a_pinned_split_count_computes_what_numpy_computes(splits, variant):
 
 def test_the_winning_tiling_is_timed_at_other_k_splits_and_the_fastest_count_is_stored(tuning, monkeypatch):
     """The rules split this K = 512 GEMM s ways; the first round's leading tiling is also timed at
-    s/2 and 2s splits in the confirming round, the count the timer finds fastest is pinned and
+    s/2, 3s/4, 4s/3 and 2s splits in the confirming round, the count the timer finds fastest is pinned and
     stored with it, a count within noise keeps the rules' own, and ANYGRAD_AUTOTUNE_SPLITS=0 (its
     own cache file) tunes tilings only."""
     from anygrad.backends.wgpu.kernel import LOWERINGS
@@ -242,8 +242,8 @@ def test_the_winning_tiling_is_timed_at_other_k_splits_and_the_fastest_count_is_
     node = graph.nodes[0]
     s = split_count(LOWERINGS["MatMul"](node, graph, caps))
     assert s > 1
-    assert autotune.split_pins({}, LOWERINGS["MatMul"](node, graph, caps)) == [{"_gemm_splits": s // 2},
-                                                                                {"_gemm_splits": 2 * s}]
+    assert autotune.split_pins({}, LOWERINGS["MatMul"](node, graph, caps)) == [
+        {"_gemm_splits": v} for v in sorted({s // 2, s * 3 // 4, s * 4 // 3, 2 * s} - {s})]
     timed = []
 
     def timer(kernels, g):

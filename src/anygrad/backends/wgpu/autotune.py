@@ -21,7 +21,7 @@ The K split is tuned too: the rules split K to fill the GPU (kernels_gemm.choose
 how many splits pay depends on the shape and the adapter (session 34, H100: GPT-2 small's attention
 weight gradient ran at 0.63x cuBLAS with the rule's 4 splits and 0.70x with 8, while twice the
 splits for every shape cost whole steps 1-10%). So the leading tiling of a shape's first timing
-round, where it splits, is also timed at half and at twice its splits, in the confirming round,
+round, where it splits, is also timed at other split counts (SPLIT_FACTORS), in the confirming round,
 and the fastest count is kept with it (`ANYGRAD_AUTOTUNE_SPLITS=0`: the rule's count).
 
 Results are the same numbers up to float32 summation order: a different tiling or split-K changes
@@ -52,6 +52,12 @@ from .wgsl import workgroup_bytes
 ENV = "ANYGRAD_AUTOTUNE"
 SPLITS_ENV = "ANYGRAD_AUTOTUNE_SPLITS"
 MAX_SPLITS = 4096  # kernels_gemm.choose_splits' own cap
+# The K split counts the leading tiling is also timed at, as multiples of the rule's count s. Which
+# count is fastest follows how the workgroups fill the GPU's waves, which WebGPU does not tell
+# (H100, GPT-2 small's MLP output forward, 2048x3072x768 on 128x256 tiles: 0.295 ms at 5 splits,
+# 0.284 at 8, 0.328 at 12, the rule's 11 in between; on 128x128 tiles 0.337 at the rule's 6,
+# 0.268 at 8; session 39): 3s/4 and 4s/3 besides s/2 and 2s sample the waves more finely
+SPLIT_FACTORS = (0.5, 0.75, 4 / 3, 2.0)
 TUNABLE_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvGradInput", "ConvGradWeight"})
 PIN_ATTRS = ("_gemm_variant", "_gemm_block", "_gemm_kt", "_gemm_prefetch", "_gemm_unroll", "_gemm_tn", "_gemm_splits",
              "_gemm_threads", "_gemm_half")
@@ -122,11 +128,13 @@ def settings(caps: AdapterCaps) -> tuple[bool, bool]:
 
 
 def split_pins(pin: dict[str, Any], kernels: list[Kernel]) -> list[dict[str, Any]]:
-    """`pin` at half and at twice the K splits its lowering has; none where it does not split."""
+    """`pin` at the other K split counts tried (SPLIT_FACTORS times the count its lowering has);
+    none where it does not split."""
     s = split_count(kernels)
     if s <= 1:
         return []
-    return [pin | {"_gemm_splits": v} for v in sorted({max(1, s // 2), min(2 * s, MAX_SPLITS)}) if v != s]
+    counts = sorted({min(max(1, int(s * f)), MAX_SPLITS) for f in SPLIT_FACTORS} - {s})
+    return [pin | {"_gemm_splits": v} for v in counts]
 
 
 def _known(pin: Any) -> bool:
