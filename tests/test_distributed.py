@@ -169,6 +169,19 @@ def _reference(model: Path, x: np.ndarray, y: np.ndarray, device: str = "cpu", e
     return losses, m.state_dict(), m.read_metrics()
 
 
+def _two_wgpu_devices_train_like_one(model: Path, x: np.ndarray, y: np.ndarray):
+    """A model on two lavapipe devices of one process (accumulate 2, clip_norm 1), trained one epoch of
+    x, y after checking that one device gives the same losses and weights; the model."""
+    losses, state, _ = _reference(model, x, y, device="wgpu:0", epochs=1)
+    m = anygrad.load_onnx(str(model)).compile(optimizer=Adam(lr=0.01), device="wgpu:0,wgpu:0", accumulate=2,
+                                              clip_norm=1.0)
+    got = _epochs(m, x, y, epochs=1)
+    np.testing.assert_allclose(got, losses, **TOL)
+    for name, value in m.state_dict().items():
+        np.testing.assert_allclose(value, state[name], **TOL, err_msg=name)
+    return m
+
+
 def _dataset(tmp: Path, build, x: np.ndarray, y: np.ndarray) -> tuple[Path, Path, np.ndarray, np.ndarray]:
     """(model file, data file, x, y): build(path)'s model and (x, y) as .npz, under tmp."""
     np.savez(tmp / "data.npz", x=x, y=y)
@@ -589,7 +602,6 @@ def test_upload_memory_is_mapped_before_the_first_bucket_and_given_back_after_an
     monkeypatch.setattr(parallel, "BUCKET_SCALES", (1.0,))
     model, _, x, y = tiny
     x, y = x[:32], y[:32]
-    losses, state, _ = _reference(model, x, y, device="wgpu:0", epochs=1)
     events = []
     plain_view, plain_combine = WgpuBackend.import_view, parallel.DataParallel._combine
 
@@ -602,12 +614,7 @@ def test_upload_memory_is_mapped_before_the_first_bucket_and_given_back_after_an
         return plain_combine(self, *args)
     monkeypatch.setattr(WgpuBackend, "import_view", view)
     monkeypatch.setattr(parallel.DataParallel, "_combine", combine)
-    m = anygrad.load_onnx(str(model)).compile(optimizer=Adam(lr=0.01), device="wgpu:0,wgpu:0", accumulate=2,
-                                              clip_norm=1.0)
-    got = _epochs(m, x, y, epochs=1)
-    np.testing.assert_allclose(got, losses, **TOL)
-    for name, value in m.state_dict().items():
-        np.testing.assert_allclose(value, state[name], **TOL, err_msg=name)
+    m = _two_wgpu_devices_train_like_one(model, x, y)
     buckets = len(m.parallel._buckets)
     assert buckets >= 3
     events.clear()
@@ -663,13 +670,7 @@ def test_buckets_are_read_back_during_the_backward_pass(tiny, monkeypatch, hold)
     monkeypatch.setattr(parallel.threading.Thread, "start", counted)
     model, _, x, y = tiny
     x, y = x[:32], y[:32]
-    losses, state, _ = _reference(model, x, y, device="wgpu:0", epochs=1)
-    m = anygrad.load_onnx(str(model)).compile(optimizer=Adam(lr=0.01), device="wgpu:0,wgpu:0", accumulate=2,
-                                              clip_norm=1.0)
-    got = _epochs(m, x, y, epochs=1)
-    np.testing.assert_allclose(got, losses, **TOL)
-    for name, value in m.state_dict().items():
-        np.testing.assert_allclose(value, state[name], **TOL, err_msg=name)
+    m = _two_wgpu_devices_train_like_one(model, x, y)
     buckets = m.parallel._buckets
     assert len(buckets) >= 2 and sum(b - a for _, a, b in buckets) == m.num_parameters()
     programs = {k[3]: e for k, e in m.parallel.replicas[1]._programs.items() if k[0] == "train"}
