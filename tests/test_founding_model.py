@@ -94,7 +94,9 @@ def test_losses_match_pytorch(trained):
 
 def test_trains_on_torch_cpu_like_numpy_and_pytorch(trained, one_torch_thread):
     """The same 10 steps on torch:cpu (the PyTorch backend): numpy's losses and state to float32
-    noise, and so PyTorch's."""
+    noise, and so PyTorch's (weights to the same 1e-3 of their scale as numpy's against PyTorch's
+    own training: PyTorch's CPU convolutions sum in another order than numpy's, e.g. on an AMD EPYC
+    host with torch 2.14.1, conv1's weight ended 2.7e-4 of its scale away)."""
     path, _, model, ours, theirs = trained
     on_torch = anygrad.load_onnx(path, init="onnx").compile(
         loss="nll", optimizer=anygrad.optim.SGD(lr=0.1, momentum=0.9), device="torch:cpu")
@@ -104,7 +106,13 @@ def test_trains_on_torch_cpu_like_numpy_and_pytorch(trained, one_torch_thread):
     want, got = model.state_dict(), on_torch.state_dict()
     assert want.keys() == got.keys()
     for name in want:
-        assert_close_to_scale(got[name], want[name], 1e-4, name)
+        assert_close_to_scale(got[name], want[name], state_tolerance(name), name)
+
+
+def state_tolerance(name: str) -> float:
+    """Running statistics to 1e-4 of their scale; weights moved by O(1) in 10 steps of lr 0.1 with
+    momentum, and float32 rounding differences through 3 convolutions leave them within 1e-3."""
+    return 1e-4 if name.endswith(("running_mean", "running_var")) else 1e-3
 
 
 def assert_close_to_scale(actual: np.ndarray, expected: np.ndarray, tol: float, name: str) -> None:
@@ -120,10 +128,7 @@ def test_state_after_training_matches_pytorch(trained):
     state = model.state_dict()
     for onnx_name, tname in model.origin.torch_names.items():
         value = state[onnx_name].T if tname.transpose else state[onnx_name]
-        # Running statistics to 1e-4; weights moved by O(1) in 10 steps of lr 0.1 with momentum,
-        # and float32 rounding differences through 3 convolutions leave them within 1e-3.
-        tol = 1e-4 if tname.key.endswith(("running_mean", "running_var")) else 1e-3
-        assert_close_to_scale(value, expected[tname.key], tol, onnx_name)
+        assert_close_to_scale(value, expected[tname.key], state_tolerance(tname.key), onnx_name)
     # every running statistic is known by its PyTorch name
     assert {n.key for n in model.origin.torch_names.values()} >= {
         f"norm{i}.{s}" for i in (1, 2) for s in ("running_mean", "running_var")}
