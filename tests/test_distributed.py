@@ -561,7 +561,7 @@ def test_bucket_sums_over_the_threads_are_the_in_order_sums(tiny, monkeypatch, n
     """DataParallel._combine cuts a bucket into pieces, one a thread (at least MIN_SUM_CHUNK, at most
     SUM_CHUNK elements): every piece is the parts summed in order, then weighted (equal weights), or
     each part weighted then summed in order (uneven), exactly as numpy does it in one pass, into
-    every output, parts[0] included."""
+    every output, parts[0] included; one part into one output (a rank's write-back) likewise."""
     from anygrad.distributed import parallel
     monkeypatch.setenv("ANYGRAD_NUMPY_THREADS", "4")
     plain, pieces = parallel._parallel.map_shares, []
@@ -584,7 +584,13 @@ def test_bucket_sums_over_the_threads_are_the_in_order_sums(tiny, monkeypatch, n
     first = parts[0].copy()
     m.parallel._combine([first] + parts[1:], weights, False, [first])
     np.testing.assert_array_equal(first, want_uneven)
-    assert pieces == [{5: 1, 40_000: 2, 300_001: 4}[n]] * 2
+    one = np.empty(n, np.float32)  # a rank's one device: its all-reduced bucket times 1/ranks, one pass
+    m.parallel._combine(parts[:1], [0.5], True, [one])
+    np.testing.assert_array_equal(one, parts[0] * np.float32(0.5))
+    in_place = parts[1].copy()
+    m.parallel._combine([in_place], [0.25], True, [in_place])
+    np.testing.assert_array_equal(in_place, parts[1] * np.float32(0.25))
+    assert pieces == [{5: 1, 40_000: 2, 300_001: 4}[n]] * 4
 
 
 def test_upload_memory_is_mapped_before_the_first_bucket_and_given_back_after_an_error(tiny, monkeypatch):

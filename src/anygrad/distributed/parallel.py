@@ -833,13 +833,23 @@ class DataParallel:
         """Every array of `into` = the weighted sum of `parts` (equal weights: their sum, in order,
         times the weight; else each part times its own, summed in order), in chunks over the host's
         threads (memory-bound: one thread does not saturate it). Each chunk is summed once in a
-        cache-sized scratch of its thread, then copied out, so `into` may hold parts[0]."""
+        cache-sized scratch of its thread, then copied out, so `into` may hold parts[0]. One part
+        into one array (a rank's one device) is one pass, part times weight straight into it: the
+        write-back of a rank's all-reduced bucket into its device's upload memory, at the end of
+        the step."""
         scratch, n = self._scratch, parts[0].size
+        one_pass = len(parts) == 1 and len(into) == 1
 
         def work(spans: list[tuple[int, int]]) -> list[None]:
             if getattr(scratch, "buf", None) is None:
                 scratch.buf, scratch.tmp = np.empty(SUM_CHUNK, np.float32), np.empty(SUM_CHUNK, np.float32)
             for lo, hi in spans:
+                if one_pass:
+                    if weights[0] != 1.0:
+                        np.multiply(parts[0][lo:hi], np.float32(weights[0]), out=into[0][lo:hi])
+                    elif into[0] is not parts[0]:
+                        np.copyto(into[0][lo:hi], parts[0][lo:hi])
+                    continue
                 out = scratch.buf[:hi - lo]
                 if equal:
                     np.copyto(out, parts[0][lo:hi]) if len(parts) == 1 else \
