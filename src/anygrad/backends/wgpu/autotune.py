@@ -54,9 +54,9 @@ SPLITS_ENV = "ANYGRAD_AUTOTUNE_SPLITS"
 MAX_SPLITS = 4096  # kernels_gemm.choose_splits' own cap
 # The K split counts the leading tiling is also timed at, as multiples of the rule's count s. Which
 # count is fastest follows how the workgroups fill the GPU's waves, which WebGPU does not tell
-# (H100, GPT-2 small's MLP output forward, 2048x3072x768 on 128x256 tiles: 0.295 ms at 5 splits,
-# 0.284 at 8, 0.328 at 12, the rule's 11 in between; on 128x128 tiles 0.337 at the rule's 6,
-# 0.268 at 8; session 39): 3s/4 and 4s/3 besides s/2 and 2s sample the waves more finely
+# (H100, GPT-2 small's MLP output forward, 2048x3072x768 on 128x256 tiles, for which the rule
+# splits 11 ways: 0.295 ms at 5 splits, 0.284 at 8, 0.328 at 12; on 128x128 tiles 0.337 at the
+# rule's 6, 0.268 at 8; session 39): 3s/4 and 4s/3 besides s/2 and 2s sample the waves more finely
 SPLIT_FACTORS = (0.5, 0.75, 4 / 3, 2.0)
 TUNABLE_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvGradInput", "ConvGradWeight"})
 PIN_ATTRS = ("_gemm_variant", "_gemm_block", "_gemm_kt", "_gemm_prefetch", "_gemm_unroll", "_gemm_tn", "_gemm_splits",
