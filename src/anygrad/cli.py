@@ -724,6 +724,9 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sync-batchnorm", action="store_true", default=None, help="data parallel (several devices, or "
                    "torchrun ranks): BatchNorm statistics over the whole global batch, as torch's SyncBatchNorm "
                    "(default: per device, as DDP)")
+    p.add_argument("--grad-compression", choices=("none", "bf16"), help="torchrun ranks: send the gradients as "
+                   "bfloat16 (half the bytes over gloo, summed in bfloat16, as DDP's bf16_compress_hook; default "
+                   "none: float32)")
     p.add_argument("--drop-last", action="store_true", default=None, help="skip the last partial batch of each epoch")
     p.add_argument("--clip-grad-norm", type=float, metavar="MAX", help="scale the gradients down to this global "
                    "2-norm (torch.nn.utils.clip_grad_norm_)")

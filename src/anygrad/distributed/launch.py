@@ -118,6 +118,16 @@ class ProcessGroup:
         group = self.lanes[lane % len(self.lanes)]
         return self.dist.all_reduce(torch.from_numpy(view), group=group, async_op=True)
 
+    def all_reduce_start_bf16(self, view: np.ndarray, scale: float, lane: int = 0) -> Any:
+        """all_reduce_start of the float32 vector `view` times `scale`, sent as bfloat16 (half the
+        bytes; rounded to nearest even by torch, summed in bfloat16 by gloo, as DDP's
+        bf16_compress_hook does); the returned work's wait() puts the sum back into `view` as
+        float32 (exactly: bfloat16 widens without rounding)."""
+        import torch
+        packed = torch.mul(torch.from_numpy(view), scale).to(torch.bfloat16)
+        group = self.lanes[lane % len(self.lanes)]
+        return _Widened(self.dist.all_reduce(packed, group=group, async_op=True), packed, view)
+
     def all_reduce_flat(self, flat: np.ndarray, scale: float = 1.0) -> None:
         """Sum the float32 vector `flat` over the ranks in place (times `scale`): buckets of
         BUCKET_BYTES, reduced asynchronously on the groups in turn, so that gloo moves several at once."""
@@ -146,3 +156,18 @@ class ProcessGroup:
     def close(self) -> None:
         if self.owned and self.dist.is_initialized():
             self.dist.destroy_process_group()
+
+
+class _Widened:
+    """gloo's work on a bfloat16 copy of a float32 vector: once done, the sum is widened back into it."""
+
+    def __init__(self, work: Any, packed: Any, view: np.ndarray):
+        self.work, self.packed, self.view = work, packed, view
+
+    def is_completed(self) -> bool:
+        return self.work.is_completed()
+
+    def wait(self) -> None:
+        import torch
+        self.work.wait()
+        torch.from_numpy(self.view).copy_(self.packed)

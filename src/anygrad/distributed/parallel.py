@@ -58,6 +58,7 @@ UPDATES = ("step", "apply")
 # buckets are cut into pieces of at least MIN_SUM_CHUNK, one a thread (a 2 MB bucket over 8
 # threads, not 2: the last buckets' sums are on the step's critical path)
 SUM_CHUNK = 1 << 18
+GRAD_COMPRESSIONS = ("none", "bf16")
 MIN_SUM_CHUNK = 1 << 15
 
 
@@ -188,8 +189,12 @@ class DataParallel:
     torch.distributed job, or None."""
 
     def __init__(self, model: Model, backends: list[Backend] | None = None, group: ProcessGroup | None = None,
-                 check_every: int = 100, sync_batchnorm: bool | None = None):
+                 check_every: int = 100, sync_batchnorm: bool | None = None, grad_compression: str = "none"):
         model._require_compiled()
+        if grad_compression not in GRAD_COMPRESSIONS:
+            raise ConfigError(f"grad_compression {grad_compression!r}: choose one of {', '.join(GRAD_COMPRESSIONS)}")
+        # what gloo moves between ranks: float32, or bfloat16 (half the bytes, as DDP's bf16_compress_hook)
+        self.grad_compression = grad_compression
         self.model, self.group, self.check_every = model, group, int(check_every)
         self.replicas: list[Model] = [model] + [self._replica(b) for b in backends or []]
         self.updates = 0
@@ -668,6 +673,7 @@ class DataParallel:
         equal = len(set(counts)) == 1
         local = ([1.0 / len(counts)] * len(counts)) if equal else [n / total for n in counts]
         works: dict[int, tuple[Any, np.ndarray]] = {}  # bucket -> (its gloo work, the array it sums in place)
+        compressed = ranks and self.grad_compression == "bf16"
         pending: list[int] = []  # all-reducing, not yet written back (in bucket order)
         mapped = self._map_uploads() if several or ranks else {}  # bucket -> its upload memory, until written back
 
@@ -677,7 +683,8 @@ class DataParallel:
             try:
                 work.wait()
                 self._spent("all_reduce_wait", t)
-                self._write_back_bucket(mapped, k, [summed], [1.0 / self.group.size], True, summed)
+                scale = 1.0 if compressed else 1.0 / self.group.size  # (bfloat16: scaled before it was sent)
+                self._write_back_bucket(mapped, k, [summed], [scale], True, summed)
             finally:
                 self._release(k)
 
@@ -707,7 +714,8 @@ class DataParallel:
                         self._release(k)
                 self._spent("sum", t)
                 t = time.perf_counter()
-                works[k] = (self.group.all_reduce_start(summed, k), summed)
+                works[k] = (self.group.all_reduce_start_bf16(summed, 1.0 / self.group.size, k) if compressed
+                            else self.group.all_reduce_start(summed, k), summed)
                 self._mark("all_reduce_start", t, {"bucket": k})
                 pending.append(k)
                 # write back what gloo has finished while later buckets are still on their way (a

@@ -47,6 +47,7 @@ class TrainConfig:
     limits: str | None = None            # a wgpu limits profile to train within (backends/wgpu/limits.py)
     memory_budget: str | None = None     # device bytes a step may hold, e.g. '1.5GB' (default: the profile's)
     sync_batchnorm: bool = False         # BatchNorm statistics over every device and rank (SyncBatchNorm)
+    grad_compression: str = "none"       # none, or bf16: gradients sent between ranks as bfloat16
     torch_compile: bool = False          # the step through torch.compile (torch devices only; --compile)
     precision: str = "f32"               # f32, or f16: mixed precision with loss scaling (ir/autocast.py)
     init: str = ""

@@ -189,7 +189,11 @@ def _prepare(config: TrainConfig, log: Log, default_batch: bool = False,
     if group is not None:  # one rank of a torch.distributed job (with this process's devices, if several)
         from ..distributed import DataParallel
         local = [r.backend for r in model.parallel.replicas[1:]] if model.parallel is not None else []
-        model.parallel = DataParallel(model, local, group, sync_batchnorm=config.sync_batchnorm)
+        model.parallel = DataParallel(model, local, group, sync_batchnorm=config.sync_batchnorm,
+                                      grad_compression=config.grad_compression)
+    elif config.grad_compression != "none":
+        raise ConfigError(f"--grad-compression {config.grad_compression} compresses the gradients torchrun's ranks "
+                          "send each other: launch with torchrun (the devices of one process sum in host memory)")
     elif config.sync_batchnorm:
         if model.parallel is None:
             raise ConfigError("--sync-batchnorm syncs BatchNorm across data-parallel devices or ranks: give several "
