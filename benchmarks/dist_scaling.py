@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> None:
     local_devices = len(model.parallel.replicas) if model.parallel else 1
     if group is not None:
         local = [r.backend for r in model.parallel.replicas[1:]] if model.parallel else []
-        model.parallel = DataParallel(model, local, group, check_every=0)
+        model.parallel = DataParallel(model, local, group, check_every=0, grad_compression=args.grad_compression)
     per_step = args.batch * local_devices  # this process's samples per step
     data = batches(kind, shape, classes, per_step, 4, seed=rank)
     t0 = time.perf_counter()
@@ -148,6 +148,7 @@ def run(args: argparse.Namespace) -> None:
               "hold_parts": model.parallel.hold_parts if model.parallel is not None else None,
               "polls_freely": bool(getattr(getattr(model.backend, "ctx", None), "polls_freely", False)),
               "bucket_mb": (model.parallel.bucket_bytes if model.parallel is not None else BUCKET_BYTES) / (1 << 20),
+              "grad_compression": model.parallel.grad_compression if model.parallel is not None else "none",
               "params": model.num_parameters()}
     if rank == 0:
         print(json.dumps(result), flush=True)
@@ -249,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--batch", type=int, required=True)
     b.add_argument("--device", default="wgpu")
     b.add_argument("--precision", choices=("f32", "f16"), default="f32", help="f16: mixed precision on every device")
+    b.add_argument("--grad-compression", choices=("none", "bf16"), default="none",
+                   help="ranks: gradients sent as bfloat16 (DataParallel grad_compression)")
     b.add_argument("--steps", type=int, default=20)
     b.add_argument("--warmup", type=int, default=16,
                    help="steps before the clock starts (after the first, 8 updates of several devices time "
