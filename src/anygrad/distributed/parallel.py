@@ -58,8 +58,8 @@ UPDATES = ("step", "apply")
 # buckets are cut into pieces of at least MIN_SUM_CHUNK, one a thread (a 2 MB bucket over 8
 # threads, not 2: the last buckets' sums are on the step's critical path)
 SUM_CHUNK = 1 << 18
-GRAD_COMPRESSIONS = ("none", "bf16")
 MIN_SUM_CHUNK = 1 << 15
+GRAD_COMPRESSIONS = ("none", "bf16")  # what gloo moves between ranks (DataParallel grad_compression)
 
 
 def device_list(device: Any) -> list[Any] | None:
