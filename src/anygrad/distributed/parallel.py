@@ -689,7 +689,7 @@ class DataParallel:
                 self._release(k)
 
         try:
-            for k, (names, a, b) in enumerate(self._buckets):
+            for k, (_, a, b) in enumerate(self._buckets):
                 for i in range(len(self.replicas)):
                     self._await(i, k, futures)
                 if not (several or self.group is not None):
