@@ -627,7 +627,8 @@ def test_bucket_sums_over_the_threads_are_the_in_order_sums(tiny, monkeypatch, n
     """DataParallel._combine cuts a bucket into pieces, one a thread (at least MIN_SUM_CHUNK, at most
     SUM_CHUNK elements): every piece is the parts summed in order, then weighted (equal weights), or
     each part weighted then summed in order (uneven), exactly as numpy does it in one pass, into
-    every output, parts[0] included; one part into one output (a rank's write-back) likewise."""
+    every output, parts[0] included; one part into one output (a rank's write-back) likewise; and on
+    one thread (`threads=1`, the write into mapped upload memory) in SUM_CHUNK pieces, the same bits."""
     from anygrad.distributed import parallel
     monkeypatch.setenv("ANYGRAD_NUMPY_THREADS", "4")
     plain, pieces = parallel._parallel.map_shares, []
@@ -657,6 +658,10 @@ def test_bucket_sums_over_the_threads_are_the_in_order_sums(tiny, monkeypatch, n
     m.parallel._combine([in_place], [0.25], True, [in_place])
     np.testing.assert_array_equal(in_place, parts[1] * np.float32(0.25))
     assert pieces == [{5: 1, 40_000: 2, 300_001: 4}[n]] * 4
+    one_thread = np.empty(n, np.float32)  # into mapped upload memory: MAPPED_WRITERS threads, the same bits
+    m.parallel._combine(parts, [1 / 3] * 3, True, [one_thread], threads=1)
+    np.testing.assert_array_equal(one_thread, want_equal)
+    assert pieces[-1] == -(-n // parallel.SUM_CHUNK)
 
 
 def test_upload_memory_is_mapped_before_the_first_bucket_and_given_back_after_an_error(tiny, monkeypatch):
@@ -682,7 +687,7 @@ def test_upload_memory_is_mapped_before_the_first_bucket_and_given_back_after_an
         return plain_view(self, names)
 
     def combine(self, *args):
-        events.append("sum")
+        events.append(("sum", args[4] if len(args) > 4 else None))  # (its threads)
         return plain_combine(self, *args)
     monkeypatch.setattr(WgpuBackend, "import_view", view)
     monkeypatch.setattr(parallel.DataParallel, "_combine", combine)
@@ -691,7 +696,8 @@ def test_upload_memory_is_mapped_before_the_first_bucket_and_given_back_after_an
     assert buckets >= 3
     events.clear()
     m.train_on_batch(x[:16], y[:16], flush=True)  # an update
-    assert events == ["map"] * (2 * buckets) + ["sum"] * buckets, events
+    # each sum goes straight into the mapped memory, on MAPPED_WRITERS threads (write-combined memory)
+    assert events == ["map"] * (2 * buckets) + [("sum", parallel.MAPPED_WRITERS)] * buckets, events
 
     def failing(self, *args):
         raise RuntimeError("sum failed")

@@ -59,6 +59,10 @@ UPDATES = ("step", "apply")
 # threads, not 2: the last buckets' sums are on the step's critical path)
 SUM_CHUNK = 1 << 18
 MIN_SUM_CHUNK = 1 << 15
+# threads that write into devices' mapped upload memory (write-combined on NVIDIA): on 2 H200s one
+# thread writes a 2 MB bucket there in 0.17 ms and 8 threads take 0.52 ms (session 40,
+# benchmarks/probe_writeback.py); host memory is summed over every thread
+MAPPED_WRITERS = 1
 GRAD_COMPRESSIONS = ("none", "bf16")  # what gloo moves between ranks (DataParallel grad_compression)
 
 
@@ -772,7 +776,7 @@ class DataParallel:
             direct = [v for v, _ in (got for got in views if got is not None)]
             into = direct if all(got is not None for got in views) else [spare]
             summed = time.perf_counter()
-            self._combine(parts, weights, equal, into)
+            self._combine(parts, weights, equal, into, MAPPED_WRITERS if into is direct else None)
             self._mark("write_back_sum", summed)
             for (r, got) in zip(self.replicas, views):
                 if got is None:
@@ -837,14 +841,14 @@ class DataParallel:
         mapped.clear()
 
     def _combine(self, parts: list[np.ndarray], weights: list[float], equal: bool,
-                 into: list[np.ndarray]) -> None:
+                 into: list[np.ndarray], threads: int | None = None) -> None:
         """Every array of `into` = the weighted sum of `parts` (equal weights: their sum, in order,
         times the weight; else each part times its own, summed in order), in chunks over the host's
         threads (memory-bound: one thread does not saturate it). Each chunk is summed once in a
         cache-sized scratch of its thread, then copied out, so `into` may hold parts[0]. One part
         into one array (a rank's one device) is one pass, part times weight straight into it: the
         write-back of a rank's all-reduced bucket into its device's upload memory, at the end of
-        the step."""
+        the step. `threads`: at most that many (default every worker of the host)."""
         scratch, n = self._scratch, parts[0].size
         one_pass = len(parts) == 1 and len(into) == 1
 
@@ -876,9 +880,10 @@ class DataParallel:
                     np.copyto(dst[lo:hi], out)
             return [None] * len(spans)
 
-        chunk = min(SUM_CHUNK, max(MIN_SUM_CHUNK, -(-n // _parallel.workers())))
+        threads = threads or _parallel.workers()
+        chunk = min(SUM_CHUNK, max(MIN_SUM_CHUNK, -(-n // threads)))
         spans = [(lo, min(lo + chunk, n)) for lo in range(0, n, chunk)]
-        _parallel.map_shares(work, spans, min(len(spans), _parallel.workers()), blas=False)
+        _parallel.map_shares(work, spans, min(len(spans), threads), blas=False)
 
     def _update_job(self, r: Model, i: int) -> None:
         t = time.perf_counter()
