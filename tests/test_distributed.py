@@ -666,8 +666,9 @@ def test_bucket_sums_over_the_threads_are_the_in_order_sums(tiny, monkeypatch, n
 
 def test_upload_memory_is_mapped_before_the_first_bucket_and_given_back_after_an_error(tiny, monkeypatch):
     """Two lavapipe devices, tiny buckets: at an update every bucket's upload memory on both devices
-    is mapped before the first bucket is summed (the main thread waits for that bucket anyway), so
-    the write-backs at the end of the step need no map; training is unchanged. A step failing at
+    is mapped once the first bucket is on the host, before it is summed (not at the step's start,
+    beside the devices' uploads), so the write-backs at the end of the step need no map; training
+    is unchanged. A step failing at
     its first sum gives every one of them back unwritten (the commit's cancel): none is left
     mapped, and the next step trains from equal replicas."""
     from anygrad.backends.wgpu import WgpuBackend
@@ -689,15 +690,23 @@ def test_upload_memory_is_mapped_before_the_first_bucket_and_given_back_after_an
     def combine(self, *args):
         events.append(("sum", args[4] if len(args) > 4 else None))  # (its threads)
         return plain_combine(self, *args)
+    plain_await = parallel.DataParallel._await
+
+    def awaited(self, i, k, futures):
+        plain_await(self, i, k, futures)
+        events.append(("await", k))
     monkeypatch.setattr(WgpuBackend, "import_view", view)
     monkeypatch.setattr(parallel.DataParallel, "_combine", combine)
+    monkeypatch.setattr(parallel.DataParallel, "_await", awaited)
     m = _two_wgpu_devices_train_like_one(model, x, y)
     buckets = len(m.parallel._buckets)
     assert buckets >= 3
     events.clear()
     m.train_on_batch(x[:16], y[:16], flush=True)  # an update
     # each sum goes straight into the mapped memory, on MAPPED_WRITERS threads (write-combined memory)
-    assert events == ["map"] * (2 * buckets) + [("sum", parallel.MAPPED_WRITERS)] * buckets, events
+    summed = ("sum", parallel.MAPPED_WRITERS)
+    assert events == [("await", 0)] * 2 + ["map"] * (2 * buckets) + [summed] + \
+        [e for k in range(1, buckets) for e in [("await", k)] * 2 + [summed]], events
 
     def failing(self, *args):
         raise RuntimeError("sum failed")

@@ -679,7 +679,7 @@ class DataParallel:
         works: dict[int, tuple[Any, np.ndarray]] = {}  # bucket -> (its gloo work, the array it sums in place)
         compressed = ranks and self.grad_compression == "bf16"
         pending: list[int] = []  # all-reducing, not yet written back (in bucket order)
-        mapped = self._map_uploads() if several or ranks else {}  # bucket -> its upload memory, until written back
+        mapped: dict[int, list] = {}  # bucket -> its upload memory, until written back (_map_uploads)
 
         def finish(k: int) -> None:  # bucket k's gloo sum is done: scaled, back to every device
             t = time.perf_counter()
@@ -698,6 +698,8 @@ class DataParallel:
                     self._await(i, k, futures)
                 if not (several or self.group is not None):
                     continue
+                if k == 0 and (several or ranks):
+                    mapped.update(self._map_uploads())
                 parts = [self._views[i][k][0] if self._sum_views else h[a:b] for i, h in enumerate(self._host)]
                 if not ranks:
                     try:
@@ -804,10 +806,12 @@ class DataParallel:
             raise
 
     def _map_uploads(self) -> dict[int, list[tuple[np.ndarray, Callable[[], None]]]]:
-        """Every bucket's upload memory on every device (Backend.import_view), mapped now: the
-        main thread waits for the first bucket during most of the backward pass anyway, so the
-        write-backs at the end of the step, after gloo's last sums, need not wait for a map
-        (0.1-0.3 ms a bucket on 2 H200s, session 38's timelines). A bucket some device has no
+        """Every bucket's upload memory on every device (Backend.import_view), mapped now, once
+        the first bucket is on the host: the write-backs at the end of the step, after gloo's
+        last sums, then need not wait for a map (0.1-0.3 ms a bucket on 2 H200s, session 38's
+        timelines), and the maps stay out of the step's start, where they held up the devices'
+        input uploads (GPT on 2 H200s: 0.4 -> 0.9 ms; session 40) and so the GPUs' start. Later
+        buckets arrive a few ms apart, time enough to catch up. A bucket some device has no
         such memory for is left out (_write_back then does without). Each one mapped is
         committed by _write_back, or unmapped unwritten by _unmap after an error."""
         t = time.perf_counter()
