@@ -664,6 +664,62 @@ def test_bucket_sums_over_the_threads_are_the_in_order_sums(tiny, monkeypatch, n
     assert pieces[-1] == -(-n // parallel.SUM_CHUNK)
 
 
+class _MirrorGroup:
+    """A process group of two ranks whose other rank is this one's mirror: it has the same
+    gradients and statistics, so every all-reduce doubles (exact in float), and its gloo work is
+    done at once. Training through it equals training alone; `events` records each all-reduce."""
+    size, rank, is_writer = 2, 0, True
+
+    def __init__(self):
+        self.events: list[tuple[str, int]] = []
+
+    def all_reduce_start(self, view: np.ndarray, lane: int = 0):
+        self.events.append(("start", lane))
+        view *= np.float32(2)
+        return type("Done", (), {"is_completed": lambda self: True, "wait": lambda self: None})()
+
+    def all_reduce_f64(self, values: np.ndarray) -> np.ndarray:
+        return np.asarray(values, np.float64) * 2
+
+    def gather_strings(self, text: str) -> list[str]:
+        return [text, text]
+
+
+def test_ranks_start_every_all_reduce_at_hand_before_writing_back(tiny, monkeypatch):
+    """At an update a rank starts the all-reduce of each bucket already on the host before it writes
+    back a finished one (a write-back at the end of the step held up the last bucket's gloo sum,
+    session 40), and still trains exactly as one process: a two-rank group whose other rank is a
+    mirror (the same gradients) gives the same bits as no group at all."""
+    from anygrad.distributed import DataParallel, parallel
+    monkeypatch.setattr(parallel, "BUCKET_BYTES", 64 * 4)
+    monkeypatch.setattr(parallel, "BUCKET_SCALES", (1.0,))
+    model, _, x, y = tiny
+    alone = anygrad.load_onnx(str(model)).compile(optimizer=SGD(lr=0.1, momentum=0.9), device="cpu")
+    m = anygrad.load_onnx(str(model)).compile(optimizer=SGD(lr=0.1, momentum=0.9), device="cpu")
+    group = _MirrorGroup()
+    m.parallel = DataParallel(m, [], group)
+    plain_await, plain_write = DataParallel._await, DataParallel._write_back_bucket
+
+    def all_here(self, i, k, futures):  # every bucket on the host before the first is handled
+        for j in range(k, len(self._buckets)):
+            plain_await(self, i, j, futures)
+
+    def write(self, mapped, k, *args):
+        group.events.append(("write", k))
+        return plain_write(self, mapped, k, *args)
+    monkeypatch.setattr(DataParallel, "_await", all_here)
+    monkeypatch.setattr(DataParallel, "_write_back_bucket", write)
+    for step in range(3):
+        xb, yb = x[16 * step:16 * step + 16], y[16 * step:16 * step + 16]
+        assert m.train_on_batch(xb, yb) == alone.train_on_batch(xb, yb)
+    for name, value in alone.state_dict().items():
+        np.testing.assert_array_equal(m.state_dict()[name], value, err_msg=name)
+    buckets = len(m.parallel._buckets)
+    assert buckets >= 3
+    last = group.events[-2 * buckets:]
+    assert last == [("start", k) for k in range(buckets)] + [("write", k) for k in range(buckets)], last
+
+
 def test_upload_memory_is_mapped_before_the_first_bucket_and_given_back_after_an_error(tiny, monkeypatch):
     """Two lavapipe devices, tiny buckets: at an update every bucket's upload memory on both devices
     is mapped once the first bucket is on the host, before it is summed (not at the step's start,
