@@ -16,7 +16,7 @@ upload memory:
 Each at 1, 2, 4 and 8 threads (chunks of the bucket over the host's thread pool, as
 DataParallel._combine cuts them), the median of `--repeats` runs; also the map and the commit
 (unmap and the copy's submission). On 2 H200s (session 40) one thread wrote 2 MB in 0.17 ms and
-eight took 0.52 ms: hence DataParallel.MAPPED_WRITERS.
+eight took 0.52 ms: hence DataParallel.MAPPED_COPY_WRITERS and MAPPED_SUM_WRITERS.
 """
 from __future__ import annotations
 

@@ -658,7 +658,7 @@ def test_bucket_sums_over_the_threads_are_the_in_order_sums(tiny, monkeypatch, n
     m.parallel._combine([in_place], [0.25], True, [in_place])
     np.testing.assert_array_equal(in_place, parts[1] * np.float32(0.25))
     assert pieces == [{5: 1, 40_000: 2, 300_001: 4}[n]] * 4
-    one_thread = np.empty(n, np.float32)  # into mapped upload memory: MAPPED_WRITERS threads, the same bits
+    one_thread = np.empty(n, np.float32)  # into mapped upload memory: MAPPED_COPY_WRITERS (1), the same bits
     m.parallel._combine(parts, [1 / 3] * 3, True, [one_thread], threads=1)
     np.testing.assert_array_equal(one_thread, want_equal)
     assert pieces[-1] == -(-n // parallel.SUM_CHUNK)
@@ -759,8 +759,8 @@ def test_upload_memory_is_mapped_before_the_first_bucket_and_given_back_after_an
     assert buckets >= 3
     events.clear()
     m.train_on_batch(x[:16], y[:16], flush=True)  # an update
-    # each sum goes straight into the mapped memory, on MAPPED_WRITERS threads (write-combined memory)
-    summed = ("sum", parallel.MAPPED_WRITERS)
+    # each sum goes straight into the mapped memory, on MAPPED_SUM_WRITERS threads (write-combined memory)
+    summed = ("sum", parallel.MAPPED_SUM_WRITERS)
     assert events == [("await", 0)] * 2 + ["map"] * (2 * buckets) + [summed] + \
         [e for k in range(1, buckets) for e in [("await", k)] * 2 + [summed]], events
 

@@ -59,10 +59,13 @@ UPDATES = ("step", "apply")
 # threads, not 2: the last buckets' sums are on the step's critical path)
 SUM_CHUNK = 1 << 18
 MIN_SUM_CHUNK = 1 << 15
-# threads that write into devices' mapped upload memory (write-combined on NVIDIA): on 2 H200s one
-# thread writes a 2 MB bucket there in 0.17 ms and 8 threads take 0.52 ms (session 40,
-# benchmarks/probe_writeback.py); host memory is summed over every thread
-MAPPED_WRITERS = 1
+# threads that write into devices' mapped upload memory (write-combined on NVIDIA), by what they
+# write (2 H200s, session 40, benchmarks/probe_writeback.py): a rank's bucket, scaled, into its one
+# device's memory goes fastest on one thread (2 MB: 0.17 ms; 8 threads 0.52 ms); several devices'
+# parts summed into each one's memory on four (8 MB: 1.26 ms; one thread 2.2 ms, 8 threads 1.27 ms).
+# Host memory is summed over every thread.
+MAPPED_COPY_WRITERS = 1
+MAPPED_SUM_WRITERS = 4
 GRAD_COMPRESSIONS = ("none", "bf16")  # what gloo moves between ranks (DataParallel grad_compression)
 
 
@@ -797,7 +800,8 @@ class DataParallel:
             direct = [v for v, _ in (got for got in views if got is not None)]
             into = direct if all(got is not None for got in views) else [spare]
             summed = time.perf_counter()
-            self._combine(parts, weights, equal, into, MAPPED_WRITERS if into is direct else None)
+            writers = MAPPED_COPY_WRITERS if len(parts) == 1 and len(into) == 1 else MAPPED_SUM_WRITERS
+            self._combine(parts, weights, equal, into, writers if into is direct else None)
             self._mark("write_back_sum", summed)
             for (r, got) in zip(self.replicas, views):
                 if got is None:
