@@ -698,7 +698,7 @@ def test_ranks_start_every_all_reduce_at_hand_before_writing_back(tiny, monkeypa
     m = anygrad.load_onnx(str(model)).compile(optimizer=SGD(lr=0.1, momentum=0.9), device="cpu")
     group = _MirrorGroup()
     m.parallel = DataParallel(m, [], group)
-    plain_await, plain_write = DataParallel._await, DataParallel._write_back_bucket
+    plain_await, plain_write = DataParallel._await, DataParallel._write_back
 
     def all_here(self, i, k, futures):  # every bucket on the host before the first is handled
         for j in range(k, len(self._buckets)):
@@ -708,7 +708,7 @@ def test_ranks_start_every_all_reduce_at_hand_before_writing_back(tiny, monkeypa
         group.events.append(("write", k))
         return plain_write(self, mapped, k, *args)
     monkeypatch.setattr(DataParallel, "_await", all_here)
-    monkeypatch.setattr(DataParallel, "_write_back_bucket", write)
+    monkeypatch.setattr(DataParallel, "_write_back", write)
     for step in range(3):
         xb, yb = x[16 * step:16 * step + 16], y[16 * step:16 * step + 16]
         assert m.train_on_batch(xb, yb) == alone.train_on_batch(xb, yb)

@@ -708,7 +708,7 @@ class DataParallel:
                 work.wait()
                 self._spent("all_reduce_wait", t)
                 scale = 1.0 if compressed else 1.0 / self.group.size  # (bfloat16: scaled before it was sent)
-                self._write_back_bucket(mapped, k, [summed], [scale], True, summed)
+                self._write_back(mapped, k, [summed], [scale], True, summed)
             finally:
                 self._release(k)
 
@@ -723,7 +723,7 @@ class DataParallel:
                 parts = [self._views[i][k][0] if self._sum_views else h[a:b] for i, h in enumerate(self._host)]
                 if not ranks:
                     try:
-                        self._write_back_bucket(mapped, k, parts, local, equal, flat[a:b])
+                        self._write_back(mapped, k, parts, local, equal, flat[a:b])
                     finally:
                         self._release(k)
                     continue
@@ -782,51 +782,35 @@ class DataParallel:
             if got is not None:
                 got[1]()
 
-    def _write_back(self, names: tuple[str, ...], parts: list[np.ndarray], weights: list[float],
-                    equal: bool, spare: np.ndarray, mapped: list | None = None) -> None:
-        """Every replica's gradients `names` = the weighted sum of `parts` (equal weights: their sum
-        times the weight; else each part times its own, summed in order: _combine). Where every
-        device exposes its upload memory (Backend.import_view; `mapped`: mapped already, by
-        _map_uploads), the sum goes straight into every device's memory; else into `spare` (a
-        host buffer; it may be parts[0]), then import_states. The same values reach every device
-        either way, so the replicas stay equal."""
+    def _write_back(self, mapped: dict[int, list], k: int, parts: list[np.ndarray], weights: list[float],
+                    equal: bool, spare: np.ndarray) -> None:
+        """Every replica's gradients of bucket k = the weighted sum of `parts` (equal weights: their
+        sum times the weight; else each part times its own, summed in order: _combine). Where
+        _map_uploads mapped every device's upload memory for the bucket (`mapped[k]`, taken out),
+        the sum goes straight into each and is committed; after an error what is not committed
+        yet is given back unwritten. Else it goes into `spare` (a host buffer; it may be
+        parts[0]), then import_states. The same values reach every device either way, so the
+        replicas stay equal."""
         t = time.perf_counter()
-        views: list[tuple[np.ndarray, Callable[[], None]] | None] = list(mapped or [])
+        names, views = self._buckets[k][0], mapped.pop(k, None)
+        if views is None:
+            self._combine(parts, weights, equal, [spare])
+            for r in self.replicas:
+                r.backend.import_states(names, spare)
+            self._spent("write_back", t)
+            return
         try:
-            if mapped is None:
-                for r in self.replicas:  # acquired one by one: those mapped are committed whatever happens
-                    views.append(r.backend.import_view(names))
-                self._mark("write_back_map", t)
-            direct = [v for v, _ in (got for got in views if got is not None)]
-            into = direct if all(got is not None for got in views) else [spare]
-            summed = time.perf_counter()
-            writers = MAPPED_COPY_WRITERS if len(parts) == 1 and len(into) == 1 else MAPPED_SUM_WRITERS
-            self._combine(parts, weights, equal, into, writers if into is direct else None)
-            self._mark("write_back_sum", summed)
-            for (r, got) in zip(self.replicas, views):
-                if got is None:
-                    r.backend.import_states(names, spare)
-                elif into is not direct:
-                    np.copyto(got[0], spare)
-        finally:
+            writers = MAPPED_COPY_WRITERS if len(parts) == 1 and len(views) == 1 else MAPPED_SUM_WRITERS
+            self._combine(parts, weights, equal, [v for v, _ in views], writers)
+            self._mark("write_back_sum", t)
             committed = time.perf_counter()
-            for got in views:
-                if got is not None:
-                    got[1]()
+            for _, commit in views:
+                commit()
             self._mark("write_back_commit", committed)
-        self._spent("write_back", t)
-
-    def _write_back_bucket(self, mapped: dict[int, list], k: int, parts: list[np.ndarray], weights: list[float],
-                           equal: bool, spare: np.ndarray) -> None:
-        """_write_back of bucket k into the upload memory _map_uploads mapped for it (if any), which
-        is given back whatever happens."""
-        views = mapped.pop(k, None)
-        try:
-            self._write_back(self._buckets[k][0], parts, weights, equal, spare, views)
         except BaseException:
-            if views is not None:  # (committed already if _write_back got that far: cancel does nothing then)
-                self._unmap({k: views})
+            self._unmap({k: views})  # (a committed one is unmapped already: its cancel does nothing)
             raise
+        self._spent("write_back", t)
 
     def _map_uploads(self) -> dict[int, list[tuple[np.ndarray, Callable[[], None]]]]:
         """Every bucket's upload memory on every device (Backend.import_view), mapped now, once
@@ -835,8 +819,8 @@ class DataParallel:
         timelines), and the maps stay out of the step's start, where they held up the devices'
         input uploads (GPT on 2 H200s: 0.4 -> 0.9 ms; session 40) and so the GPUs' start. Later
         buckets arrive a few ms apart, time enough to catch up. A bucket some device has no
-        such memory for is left out (_write_back then does without). Each one mapped is
-        committed by _write_back, or unmapped unwritten by _unmap after an error."""
+        such memory for is left out (_write_back then goes through import_states). Each one
+        mapped is committed by _write_back, or unmapped unwritten by _unmap after an error."""
         t = time.perf_counter()
         out: dict[int, list[tuple[np.ndarray, Callable[[], None]]]] = {}
         try:
