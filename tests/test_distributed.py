@@ -670,13 +670,14 @@ class _MirrorGroup:
     done at once. Training through it equals training alone; `events` records each all-reduce."""
     size, rank, is_writer = 2, 0, True
 
-    def __init__(self):
-        self.events: list[tuple[str, int]] = []
+    def __init__(self, slow: bool = False):
+        self.events: list[tuple] = []
+        self.slow = slow  # each sum completes only when waited for (gloo still busy)
 
     def all_reduce_start(self, view: np.ndarray, lane: int = 0):
         self.events.append(("start", lane))
         view *= np.float32(2)
-        return type("Done", (), {"is_completed": lambda self: True, "wait": lambda self: None})()
+        return _Work(not self.slow)
 
     def all_reduce_f64(self, values: np.ndarray) -> np.ndarray:
         return np.asarray(values, np.float64) * 2
@@ -685,18 +686,32 @@ class _MirrorGroup:
         return [text, text]
 
 
-def test_ranks_start_every_all_reduce_at_hand_before_writing_back(tiny, monkeypatch):
+class _Work:
+    def __init__(self, done: bool):
+        self.done = done
+
+    def is_completed(self) -> bool:
+        return self.done
+
+    def wait(self) -> None:
+        self.done = True
+
+
+@pytest.mark.parametrize("slow", [False, True])
+def test_ranks_start_every_all_reduce_at_hand_before_writing_back(tiny, monkeypatch, slow):
     """At an update a rank starts the all-reduce of each bucket already on the host before it writes
     back a finished one (a write-back at the end of the step held up the last bucket's gloo sum,
     session 40), and still trains exactly as one process: a two-rank group whose other rank is a
-    mirror (the same gradients) gives the same bits as no group at all."""
+    mirror (the same gradients) gives the same bits as no group at all. The write-backs after the
+    last all-reduce started leave their copies to the update's submission (`later`) unless the
+    host would then wait for the next sum anyway (`slow` gloo: only the last one)."""
     from anygrad.distributed import DataParallel, parallel
     monkeypatch.setattr(parallel, "BUCKET_BYTES", 64 * 4)
     monkeypatch.setattr(parallel, "BUCKET_SCALES", (1.0,))
     model, _, x, y = tiny
     alone = anygrad.load_onnx(str(model)).compile(optimizer=SGD(lr=0.1, momentum=0.9), device="cpu")
     m = anygrad.load_onnx(str(model)).compile(optimizer=SGD(lr=0.1, momentum=0.9), device="cpu")
-    group = _MirrorGroup()
+    group = _MirrorGroup(slow)
     m.parallel = DataParallel(m, [], group)
     plain_await, plain_write = DataParallel._await, DataParallel._write_back
 
@@ -704,9 +719,9 @@ def test_ranks_start_every_all_reduce_at_hand_before_writing_back(tiny, monkeypa
         for j in range(k, len(self._buckets)):
             plain_await(self, i, j, futures)
 
-    def write(self, mapped, k, *args):
-        group.events.append(("write", k))
-        return plain_write(self, mapped, k, *args)
+    def write(self, mapped, k, parts, weights, equal, spare, later=False):
+        group.events.append(("write", k, later))
+        return plain_write(self, mapped, k, parts, weights, equal, spare, later)
     monkeypatch.setattr(DataParallel, "_await", all_here)
     monkeypatch.setattr(DataParallel, "_write_back", write)
     for step in range(3):
@@ -717,7 +732,8 @@ def test_ranks_start_every_all_reduce_at_hand_before_writing_back(tiny, monkeypa
     buckets = len(m.parallel._buckets)
     assert buckets >= 3
     last = group.events[-2 * buckets:]
-    assert last == [("start", k) for k in range(buckets)] + [("write", k) for k in range(buckets)], last
+    assert last == [("start", k) for k in range(buckets)] + \
+        [("write", k, not slow or k == buckets - 1) for k in range(buckets)], last
 
 
 def test_upload_memory_is_mapped_before_the_first_bucket_and_given_back_after_an_error(tiny, monkeypatch):
@@ -739,9 +755,20 @@ def test_upload_memory_is_mapped_before_the_first_bucket_and_given_back_after_an
     events = []
     plain_view, plain_combine = WgpuBackend.import_view, parallel.DataParallel._combine
 
+    commits = []
+
     def view(self, names):
         events.append("map")
-        return plain_view(self, names)
+        got = plain_view(self, names)
+        if got is None:
+            return None
+        arr, commit = got
+
+        def recorded(later=False):
+            commits.append((tuple(names), later))
+            return commit(later=later)
+        recorded.cancel = commit.cancel
+        return arr, recorded
 
     def combine(self, *args):
         events.append(("sum", args[4] if len(args) > 4 else None))  # (its threads)
@@ -758,11 +785,15 @@ def test_upload_memory_is_mapped_before_the_first_bucket_and_given_back_after_an
     buckets = len(m.parallel._buckets)
     assert buckets >= 3
     events.clear()
+    commits.clear()
     m.train_on_batch(x[:16], y[:16], flush=True)  # an update
     # each sum goes straight into the mapped memory, on MAPPED_SUM_WRITERS threads (write-combined memory)
     summed = ("sum", parallel.MAPPED_SUM_WRITERS)
     assert events == [("await", 0)] * 2 + ["map"] * (2 * buckets) + [summed] + \
         [e for k in range(1, buckets) for e in [("await", k)] * 2 + [summed]], events
+    # the last bucket's copies go with the update's submission on each device
+    names = [tuple(m.parallel._buckets[k][0]) for k in range(buckets)]
+    assert commits == [(names[k], k == buckets - 1) for k in range(buckets) for _ in range(2)], commits
 
     def failing(self, *args):
         raise RuntimeError("sum failed")

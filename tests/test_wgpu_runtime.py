@@ -462,6 +462,14 @@ for k, settle in enumerate((0.0, 0.3)):  # the failed step's map still pending, 
     view[:] = 3 * v + k
     commit()
     assert (wb.get_state("g") == 3 * v + k).all(), wb.get_state("g")
+    view, commit = wb.import_view(["g"])  # copies left to a next submission that never came ...
+    view[:] = 7
+    commit(later=True)
+    wb.drop_transfer_buffers()  # ... and their buffers dropped (the buckets were cut anew)
+    view, commit = wb.import_view(["g"])
+    view[:] = 4 * v + k
+    commit()
+    assert (wb.get_state("g") == 4 * v + k).all(), wb.get_state("g")
 print("ok")
 """
 
@@ -481,6 +489,31 @@ def test_buffers_a_failed_step_left_mapped_are_reused_without_aborting(wb):
     done = subprocess.run([sys.executable, "-c", _LEFT_MAPPED], check=False, env=env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+
+
+def test_a_later_commit_goes_with_the_next_submission(wb, monkeypatch):
+    """import_view's commit(later=True) submits nothing itself: its copies go first in the next
+    submission (one queue.submit for the step's last write-backs and the update), so what comes
+    after them reads the written values."""
+    from anygrad.backends.wgpu import WgpuBackend
+    if not wb.ctx.polls_freely:
+        pytest.skip("import_view needs the non-blocking poll (ANYGRAD_WGPU_POLL=block is set)")
+    v = np.arange(12, dtype=np.float32)
+    wb.set_state("a", v)
+    wb.set_state("b", -v)
+    submitted = []
+    plain = WgpuBackend.submit
+    monkeypatch.setattr(WgpuBackend, "submit", lambda self, cb, hooks=(): (submitted.append(len(self._riders)),
+                                                                           plain(self, cb, hooks))[1])
+    for name, value in (("a", 5 * v), ("b", v + 1)):
+        view, commit = wb.import_view([name])
+        view[:] = value
+        commit(later=True)
+    assert submitted == []
+    np.testing.assert_array_equal(wb.get_state("a"), 5 * v)  # its read is the next submission
+    assert submitted == [2]
+    np.testing.assert_array_equal(wb.get_state("b"), v + 1)
+    assert submitted == [2, 0]
 
 
 def test_parallel_copy_and_large_read(wb, monkeypatch):

@@ -221,6 +221,7 @@ class WgpuBackend(Backend):
         self._unflushed = 0   # bytes written by write_buffer since the last submit (staging held)
         self._flush_probe: Any = None
         self._hooks: list[Callable[[], None]] = []  # map requests of copies in the encoder being built
+        self._riders: list[Any] = []  # finished command buffers that go with the next submit (import_view)
 
     def take_hooks(self) -> list[Callable[[], None]]:
         """What must run right after the encoder now being finished is submitted (submit())."""
@@ -231,8 +232,10 @@ class WgpuBackend(Backend):
         """queue.submit, then `hooks`: mappings of buffers the submitted work copies into, asked for
         at once. Where the device's poll thread blocks (wgpu-py's own: poller.py), it waits for
         the newest submission whenever a mapping is pending, so a map asked for only after later
-        parts were submitted resolves at their end."""
-        self.device.queue.submit([command_buffer])
+        parts were submitted resolves at their end. Command buffers left to ride with the next
+        submission (import_view's commit(later=True)) go first, in the same queue.submit."""
+        riders, self._riders = self._riders, []
+        self.device.queue.submit([*riders, command_buffer])
         self._unflushed = 0  # the writes before it are in this submission: their staging goes with it
         for hook in hooks:
             hook()
@@ -400,7 +403,7 @@ class WgpuBackend(Backend):
         request.cancel = asked.set  # its part was never submitted: finish() raises
         if encoder is None:
             try:
-                self.device.queue.submit([enc.finish()])
+                self.submit(enc.finish())
                 request()
             except Exception as e:
                 raise _gpu_error(e, "reading gradients back") from e
@@ -446,13 +449,14 @@ class WgpuBackend(Backend):
             held[0].destroy()
         for staging in self._import_bufs.values():
             staging.destroy()
+        self._riders.clear()  # (copies out of those buffers, never submitted: a step that failed)
         self._export_bufs.clear()
         self._import_bufs.clear()
 
     def import_view(self, names: Sequence[str]) -> tuple[np.ndarray, Callable[[], None]] | None:
         """The float32 states `names` back to back as a mapped upload buffer of their own (kept
         between calls), and the commit that unmaps it and copies each span into its state (one
-        submission): a gradient bucket written back mid-step, by the host straight into memory
+        submission; with later=True the copies go with the next one, see Backend.import_view): a gradient bucket written back mid-step, by the host straight into memory
         the GPU copies from. None where the device's poll blocks (poller.py: the map would wait
         for the whole step), the states are not all float32, or this wgpu-py cannot expose a
         mapped range as memory."""
@@ -461,7 +465,7 @@ class WgpuBackend(Backend):
             return None
         total = sum(nbytes for _, _, nbytes, _ in spans)
         if total == 0:
-            return np.empty(0, np.float32), lambda: None
+            return np.empty(0, np.float32), lambda later=False: None
         wgpu = _wgpu()
         key = tuple(names)
         staging = self._import_bufs.get(key)
@@ -483,13 +487,16 @@ class WgpuBackend(Backend):
             staging.unmap()
             return None
 
-        def commit() -> None:
+        def commit(later: bool = False) -> None:
             try:
                 staging.unmap()
                 enc = self.device.create_command_encoder()
                 for buf, at, nbytes, off in spans:
                     enc.copy_buffer_to_buffer(staging, off, buf, at, nbytes)
-                self.submit(enc.finish())
+                if later:
+                    self._riders.append(enc.finish())
+                else:
+                    self.submit(enc.finish())
             except Exception as e:
                 raise _gpu_error(e, "writing gradients back") from e
         commit.cancel = staging.unmap
@@ -526,7 +533,7 @@ class WgpuBackend(Backend):
             st = self.state[m]
             if st.buffer is not None and st.nbytes:
                 enc.copy_buffer_to_buffer(st.buffer, st.offset, buf, off * 4, -(-st.nbytes // 4) * 4)
-        self.device.queue.submit([enc.finish()])
+        self.submit(enc.finish())
         for m, off in zip(spec.members, spec.offsets):  # never placed: written straight into the arena
             st = self.state[m]
             if st.buffer is None and st.pending is not None:
@@ -561,7 +568,7 @@ class WgpuBackend(Backend):
         try:
             enc = self.device.create_command_encoder()
             enc.copy_buffer_to_buffer(buffer, offset, staging, 0, size)
-            self.device.queue.submit([enc.finish()])
+            self.submit(enc.finish())
             out = np.empty(size, np.uint8)
             _copy_mapped(staging, staging.map_async(wgpu.MapMode.READ), out)
         except Exception as e:
