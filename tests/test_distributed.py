@@ -223,7 +223,7 @@ WORKER_BF16 = textwrap.dedent("""
     m = anygrad.load_onnx(model_path).compile(optimizer=SGD(lr=0.1), device=devices)
     m.parallel = DataParallel(m, [], group, check_every=1, grad_compression="bf16")
     sent, plain = [], group.all_reduce_start
-    group.all_reduce_start = lambda view, lane=0: sent.append(view.size) or plain(view, lane)  # float32 sends
+    group.all_reduce_start = lambda view: sent.append(view.size) or plain(view)  # float32 sends
     loader = m.parallel.loader(z["x"], z["y"], 16, seed=3)
     losses = [m.train_on_batch(x, y) for epoch in range(2) for x, y in loader]
     m.parallel.check_replicas()
@@ -263,6 +263,48 @@ def test_bf16_compressed_ranks_send_bfloat16_and_train_like_one_process(tmp_path
     np.testing.assert_allclose(got["losses"], losses, rtol=2e-3)
     for name, value in ref.state_dict().items():
         np.testing.assert_allclose(got[name], value, rtol=2e-2, atol=2e-3, err_msg=name)
+
+
+# Two ranks: sums cut into pieces over the gloo groups (a small PIECE_BYTES); rank 0 saves each
+# piece's size and group, and the sums.
+WORKER_PIECES = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import torch.distributed as dist
+    from anygrad.distributed import ProcessGroup, launch, world_from_env
+    out = sys.argv[3]
+    launch.PIECE_BYTES = 1000
+    group = ProcessGroup(world_from_env())
+    sent, plain = [], dist.all_reduce
+    dist.all_reduce = lambda t, group=None, async_op=False: sent.append((t.numel(), group)) or \
+        plain(t, group=group, async_op=async_op)
+    big = (np.arange(2501) * (1 + group.rank)).astype(np.float32)  # 10,004 bytes: 4 pieces, one a group
+    mid = (np.arange(600) - group.rank).astype(np.float32)  # 2,400 bytes: 2 pieces
+    small = np.full(100, 1.0 + group.rank, np.float32)  # one piece
+    works = [group.all_reduce_start(v) for v in (big, mid, small)]
+    for w in works:
+        w.wait()
+    dist.all_reduce = plain
+    if group.rank == 0:
+        np.savez(out, big=big, mid=mid, small=small, sizes=[n for n, _ in sent],
+                 lanes=[group.lanes.index(g) for _, g in sent], groups=len(group.lanes))
+    group.close()
+""")
+
+
+def test_a_large_sum_is_cut_into_pieces_over_the_gloo_groups(tmp_path, tiny):
+    """An all-reduce of at least two PIECE_BYTES goes in pieces, at most one per gloo group, each
+    piece on the next group in turn (so the step's last buckets move over every TCP connection at
+    once); the sums are exact."""
+    model, data, _, _ = tiny
+    got = _ranks(tmp_path, 2, model, data, worker=WORKER_PIECES)
+    groups = int(got["groups"])
+    assert groups == 4  # (ANYGRAD_GLOO_GROUPS' default)
+    assert list(got["sizes"]) == [626, 625, 625, 625, 300, 300, 100]
+    assert list(got["lanes"]) == [k % groups for k in range(7)]
+    np.testing.assert_array_equal(got["big"], np.arange(2501, dtype=np.float32) * 3)
+    np.testing.assert_array_equal(got["mid"], np.arange(600, dtype=np.float32) * 2 - 1)
+    np.testing.assert_array_equal(got["small"], np.full(100, 3.0, np.float32))
 
 
 def test_grad_compression_is_checked(tiny):
@@ -674,8 +716,8 @@ class _MirrorGroup:
         self.events: list[tuple] = []
         self.slow = slow  # each sum completes only when waited for (gloo still busy)
 
-    def all_reduce_start(self, view: np.ndarray, lane: int = 0):
-        self.events.append(("start", lane))
+    def all_reduce_start(self, view: np.ndarray):
+        self.events.append(("start", view.size))
         view *= np.float32(2)
         return _Work(not self.slow)
 
@@ -702,9 +744,10 @@ def test_ranks_start_every_all_reduce_at_hand_before_writing_back(tiny, monkeypa
     """At an update a rank starts the all-reduce of each bucket already on the host before it writes
     back a finished one (a write-back at the end of the step held up the last bucket's gloo sum,
     session 40), and still trains exactly as one process: a two-rank group whose other rank is a
-    mirror (the same gradients) gives the same bits as no group at all. The write-backs after the
-    last all-reduce started leave their copies to the update's submission (`later`) unless the
-    host would then wait for the next sum anyway (`slow` gloo: only the last one)."""
+    mirror (the same gradients) gives the same bits as no group at all. After the last all-reduce
+    started, the buckets gloo has finished are written back together (side by side), and leave
+    their copies to the update's submission (`later`) unless the host would then wait for the next
+    sum anyway (`slow` gloo: one by one, only the last one later)."""
     from anygrad.distributed import DataParallel, parallel
     monkeypatch.setattr(parallel, "BUCKET_BYTES", 64 * 4)
     monkeypatch.setattr(parallel, "BUCKET_SCALES", (1.0,))
@@ -719,9 +762,9 @@ def test_ranks_start_every_all_reduce_at_hand_before_writing_back(tiny, monkeypa
         for j in range(k, len(self._buckets)):
             plain_await(self, i, j, futures)
 
-    def write(self, mapped, k, parts, weights, equal, spare, later=False):
-        group.events.append(("write", k, later))
-        return plain_write(self, mapped, k, parts, weights, equal, spare, later)
+    def write(self, mapped, jobs, later=False):
+        group.events.append(("write", [job[0] for job in jobs], later))
+        return plain_write(self, mapped, jobs, later)
     monkeypatch.setattr(DataParallel, "_await", all_here)
     monkeypatch.setattr(DataParallel, "_write_back", write)
     for step in range(3):
@@ -731,9 +774,12 @@ def test_ranks_start_every_all_reduce_at_hand_before_writing_back(tiny, monkeypa
         np.testing.assert_array_equal(m.state_dict()[name], value, err_msg=name)
     buckets = len(m.parallel._buckets)
     assert buckets >= 3
-    last = group.events[-2 * buckets:]
-    assert last == [("start", k) for k in range(buckets)] + \
-        [("write", k, not slow or k == buckets - 1) for k in range(buckets)], last
+    # the write-backs: one after the other while gloo is still busy with the next (`slow`), else
+    # all together, side by side
+    writes = [("write", [k], k == buckets - 1) for k in range(buckets)] if slow else \
+        [("write", list(range(buckets)), True)]
+    last = group.events[-buckets - len(writes):]
+    assert last == [("start", b - a) for _, a, b in m.parallel._buckets] + writes, last
 
 
 def test_upload_memory_is_mapped_before_the_first_bucket_and_given_back_after_an_error(tiny, monkeypatch):

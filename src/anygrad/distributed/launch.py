@@ -22,6 +22,11 @@ BUCKET_FIXED = "ANYGRAD_BUCKET_MB" in os.environ  # else DataParallel times othe
 # gloo process groups the buckets take turns on: one group moves one bucket at a time over its own
 # TCP connections, so several groups reduce several buckets at once (ANYGRAD_GLOO_GROUPS).
 GLOO_GROUPS = max(1, int(os.environ.get("ANYGRAD_GLOO_GROUPS", "4")))
+# A sum at least twice this size is cut into pieces of at least this size, one a group at most,
+# each started on the next group in turn (ANYGRAD_GLOO_PIECE_MB): the step's last two buckets,
+# 2 MB each, otherwise took 1.1-1.5 ms on two of the four groups while the GPUs waited (GPT on 2
+# H200s, session 41's timeline).
+PIECE_BYTES = max(1, int(float(os.environ.get("ANYGRAD_GLOO_PIECE_MB", "1")) * (1 << 20)))
 
 
 @dataclass(frozen=True)
@@ -106,33 +111,45 @@ class ProcessGroup:
         # Every rank creates the same groups in the same order (new_group is collective).
         self.lanes: list[Any] = [None] + [dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
                                           for _ in range(GLOO_GROUPS - 1 if self.size > 1 else 0)]
+        self._turn = 0  # the lane the next piece goes to: every rank starts the same sums in the same order
 
     @property
     def is_writer(self) -> bool:
         return self.rank == 0
 
-    def all_reduce_start(self, view: np.ndarray, lane: int = 0) -> Any:
+    def all_reduce_start(self, view: np.ndarray) -> Any:
         """Start summing the float32 vector `view` over the ranks in place (a zero-copy torch view),
-        on gloo group `lane` (mod GLOO_GROUPS); returns the work to wait() for."""
+        in pieces over the gloo groups (_start); returns the work to wait() for."""
         import torch
-        group = self.lanes[lane % len(self.lanes)]
-        return self.dist.all_reduce(torch.from_numpy(view), group=group, async_op=True)
+        return self._start(torch.from_numpy(view))
 
-    def all_reduce_start_bf16(self, view: np.ndarray, scale: float, lane: int = 0) -> Any:
+    def all_reduce_start_bf16(self, view: np.ndarray, scale: float) -> Any:
         """all_reduce_start of the float32 vector `view` times `scale`, sent as bfloat16 (half the
         bytes; rounded to nearest even by torch, summed in bfloat16 by gloo, as DDP's
         bf16_compress_hook does); the returned work's wait() puts the sum back into `view` as
         float32 (exactly: bfloat16 widens without rounding)."""
         import torch
         packed = torch.mul(torch.from_numpy(view), scale).to(torch.bfloat16)
-        group = self.lanes[lane % len(self.lanes)]
-        return _Widened(self.dist.all_reduce(packed, group=group, async_op=True), packed, view)
+        return _Widened(self._start(packed), packed, view)
+
+    def _start(self, t: Any) -> Any:
+        """gloo's in-place all-reduce of the 1-D tensor `t`, started: one piece per PIECE_BYTES (at
+        most one per group), each on the next group in turn, so that a large sum and the sums
+        started right after it move over several TCP connections at once. Elementwise, so the
+        cut changes no value."""
+        import torch
+        pieces = max(1, min(len(self.lanes), t.numel() * t.element_size() // PIECE_BYTES))
+        works = []
+        for piece in (torch.tensor_split(t, pieces) if pieces > 1 else (t,)):
+            works.append(self.dist.all_reduce(piece, group=self.lanes[self._turn % len(self.lanes)], async_op=True))
+            self._turn += 1
+        return works[0] if pieces == 1 else _Pieces(works)
 
     def all_reduce_flat(self, flat: np.ndarray, scale: float = 1.0) -> None:
         """Sum the float32 vector `flat` over the ranks in place (times `scale`): buckets of
-        BUCKET_BYTES, reduced asynchronously on the groups in turn, so that gloo moves several at once."""
+        BUCKET_BYTES, reduced asynchronously, so that gloo moves several at once."""
         step = max(1, BUCKET_BYTES // flat.itemsize)
-        works = [self.all_reduce_start(flat[i:i + step], k) for k, i in enumerate(range(0, flat.size, step))]
+        works = [self.all_reduce_start(flat[i:i + step]) for i in range(0, flat.size, step)]
         for work in works:
             work.wait()
         if scale != 1.0:
@@ -156,6 +173,27 @@ class ProcessGroup:
     def close(self) -> None:
         if self.owned and self.dist.is_initialized():
             self.dist.destroy_process_group()
+
+
+class _Pieces:
+    """The works of one sum's pieces (ProcessGroup._start): done when all are; wait() waits for
+    every one, also past a failed one (gloo must be done with the memory before it is reused)."""
+
+    def __init__(self, works: list[Any]):
+        self.works = works
+
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self.works)
+
+    def wait(self) -> None:
+        failed = None
+        for w in self.works:
+            try:
+                w.wait()
+            except Exception as e:  # noqa: BLE001 - raised once the others are done
+                failed = failed or e
+        if failed is not None:
+            raise failed
 
 
 class _Widened:
