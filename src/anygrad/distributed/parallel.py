@@ -758,8 +758,10 @@ class DataParallel:
             # copies go with the update's submission (one queue.submit at the step's end instead
             # of one each), unless the host would wait for gloo after them anyway.
             while pending:
+                t = time.perf_counter()
                 ks = [pending.pop(0)]
                 works[ks[0]][0].wait()
+                self._spent("all_reduce_wait", t)
                 while pending and works[pending[0]][0].is_completed():
                     ks.append(pending.pop(0))
                 finish(ks, not pending or works[pending[0]][0].is_completed())
