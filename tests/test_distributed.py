@@ -739,21 +739,27 @@ class _Work:
         self.done = True
 
 
+@pytest.mark.parametrize("device", ["cpu", "wgpu:0"])
 @pytest.mark.parametrize("slow", [False, True])
-def test_ranks_start_every_all_reduce_at_hand_before_writing_back(tiny, monkeypatch, slow):
+def test_ranks_start_every_all_reduce_at_hand_before_writing_back(tiny, monkeypatch, slow, device):
     """At an update a rank starts the all-reduce of each bucket already on the host before it writes
     back a finished one (a write-back at the end of the step held up the last bucket's gloo sum,
     session 40), and still trains exactly as one process: a two-rank group whose other rank is a
     mirror (the same gradients) gives the same bits as no group at all. After the last all-reduce
     started, the buckets gloo has finished are written back together (side by side), and leave
     their copies to the update's submission (`later`) unless the host would then wait for the next
-    sum anyway (`slow` gloo: one by one, only the last one later)."""
+    sum anyway (`slow` gloo: one by one, only the last one later). On wgpu the buckets are summed
+    in the memory they were read back into and written straight into mapped upload memory."""
     from anygrad.distributed import DataParallel, parallel
+    if device.startswith("wgpu"):
+        from anygrad.devices import list_adapters
+        if not list_adapters():
+            pytest.fail("no wgpu adapter: install mesa-vulkan-drivers (lavapipe)")
     monkeypatch.setattr(parallel, "BUCKET_BYTES", 64 * 4)
     monkeypatch.setattr(parallel, "BUCKET_SCALES", (1.0,))
     model, _, x, y = tiny
-    alone = anygrad.load_onnx(str(model)).compile(optimizer=SGD(lr=0.1, momentum=0.9), device="cpu")
-    m = anygrad.load_onnx(str(model)).compile(optimizer=SGD(lr=0.1, momentum=0.9), device="cpu")
+    alone = anygrad.load_onnx(str(model)).compile(optimizer=SGD(lr=0.1, momentum=0.9), device=device)
+    m = anygrad.load_onnx(str(model)).compile(optimizer=SGD(lr=0.1, momentum=0.9), device=device)
     group = _MirrorGroup(slow)
     m.parallel = DataParallel(m, [], group)
     plain_await, plain_write = DataParallel._await, DataParallel._write_back
@@ -780,6 +786,8 @@ def test_ranks_start_every_all_reduce_at_hand_before_writing_back(tiny, monkeypa
         [("write", list(range(buckets)), True)]
     last = group.events[-buckets - len(writes):]
     assert last == [("start", b - a) for _, a, b in m.parallel._buckets] + writes, last
+    if device != "cpu":  # each bucket went through upload memory of its own
+        assert len(m.parallel.replicas[0].backend._import_bufs) == buckets
 
 
 def test_upload_memory_is_mapped_before_the_first_bucket_and_given_back_after_an_error(tiny, monkeypatch):
