@@ -273,7 +273,7 @@ WORKER_PIECES = textwrap.dedent("""
     import torch.distributed as dist
     from anygrad.distributed import ProcessGroup, launch, world_from_env
     out = sys.argv[3]
-    launch.PIECE_BYTES = 1000
+    launch.PIECE_BYTES, launch.PIECES_BELOW = 1000, 12_000
     group = ProcessGroup(world_from_env())
     sent, plain = [], dist.all_reduce
     dist.all_reduce = lambda t, group=None, async_op=False: sent.append((t.numel(), group)) or \
@@ -281,30 +281,32 @@ WORKER_PIECES = textwrap.dedent("""
     big = (np.arange(2501) * (1 + group.rank)).astype(np.float32)  # 10,004 bytes: 4 pieces, one a group
     mid = (np.arange(600) - group.rank).astype(np.float32)  # 2,400 bytes: 2 pieces
     small = np.full(100, 1.0 + group.rank, np.float32)  # one piece
-    works = [group.all_reduce_start(v) for v in (big, mid, small)]
+    whole = np.full(3000, 2.0 - group.rank, np.float32)  # 12,000 bytes: PIECES_BELOW, one piece
+    works = [group.all_reduce_start(v) for v in (big, mid, small, whole)]
     for w in works:
         w.wait()
     dist.all_reduce = plain
     if group.rank == 0:
-        np.savez(out, big=big, mid=mid, small=small, sizes=[n for n, _ in sent],
+        np.savez(out, big=big, mid=mid, small=small, whole=whole, sizes=[n for n, _ in sent],
                  lanes=[group.lanes.index(g) for _, g in sent], groups=len(group.lanes))
     group.close()
 """)
 
 
 def test_a_large_sum_is_cut_into_pieces_over_the_gloo_groups(tmp_path, tiny):
-    """An all-reduce of at least two PIECE_BYTES goes in pieces, at most one per gloo group, each
-    piece on the next group in turn (so the step's last buckets move over every TCP connection at
-    once); the sums are exact."""
+    """An all-reduce of at least two PIECE_BYTES (and less than PIECES_BELOW) goes in pieces, at
+    most one per gloo group, each piece on the next group in turn (so the step's last buckets move
+    over every TCP connection at once); the sums are exact."""
     model, data, _, _ = tiny
     got = _ranks(tmp_path, 2, model, data, worker=WORKER_PIECES)
     groups = int(got["groups"])
     assert groups == 4  # (ANYGRAD_GLOO_GROUPS' default)
-    assert list(got["sizes"]) == [626, 625, 625, 625, 300, 300, 100]
-    assert list(got["lanes"]) == [k % groups for k in range(7)]
+    assert list(got["sizes"]) == [626, 625, 625, 625, 300, 300, 100, 3000]
+    assert list(got["lanes"]) == [k % groups for k in range(8)]
     np.testing.assert_array_equal(got["big"], np.arange(2501, dtype=np.float32) * 3)
     np.testing.assert_array_equal(got["mid"], np.arange(600, dtype=np.float32) * 2 - 1)
     np.testing.assert_array_equal(got["small"], np.full(100, 3.0, np.float32))
+    np.testing.assert_array_equal(got["whole"], np.full(3000, 3.0, np.float32))
 
 
 def test_grad_compression_is_checked(tiny):
@@ -746,9 +748,8 @@ def test_ranks_start_every_all_reduce_at_hand_before_writing_back(tiny, monkeypa
     back a finished one (a write-back at the end of the step held up the last bucket's gloo sum,
     session 40), and still trains exactly as one process: a two-rank group whose other rank is a
     mirror (the same gradients) gives the same bits as no group at all. After the last all-reduce
-    started, the buckets gloo has finished are written back together (side by side), and leave
-    their copies to the update's submission (`later`) unless the host would then wait for the next
-    sum anyway (`slow` gloo: one by one, only the last one later). On wgpu the buckets are summed
+    started, the write-backs leave their copies to the update's submission (`later`) unless the
+    host would then wait for the next sum anyway (`slow` gloo: only the last one). On wgpu the buckets are summed
     in the memory they were read back into and written straight into mapped upload memory."""
     from anygrad.distributed import DataParallel, parallel
     if device.startswith("wgpu"):
@@ -768,9 +769,9 @@ def test_ranks_start_every_all_reduce_at_hand_before_writing_back(tiny, monkeypa
         for j in range(k, len(self._buckets)):
             plain_await(self, i, j, futures)
 
-    def write(self, mapped, jobs, later=False):
-        group.events.append(("write", [job[0] for job in jobs], later))
-        return plain_write(self, mapped, jobs, later)
+    def write(self, mapped, k, parts, weights, equal, spare, later=False):
+        group.events.append(("write", k, later))
+        return plain_write(self, mapped, k, parts, weights, equal, spare, later)
     monkeypatch.setattr(DataParallel, "_await", all_here)
     monkeypatch.setattr(DataParallel, "_write_back", write)
     for step in range(3):
@@ -780,12 +781,9 @@ def test_ranks_start_every_all_reduce_at_hand_before_writing_back(tiny, monkeypa
         np.testing.assert_array_equal(m.state_dict()[name], value, err_msg=name)
     buckets = len(m.parallel._buckets)
     assert buckets >= 3
-    # the write-backs: one after the other while gloo is still busy with the next (`slow`), else
-    # all together, side by side
-    writes = [("write", [k], k == buckets - 1) for k in range(buckets)] if slow else \
-        [("write", list(range(buckets)), True)]
-    last = group.events[-buckets - len(writes):]
-    assert last == [("start", b - a) for _, a, b in m.parallel._buckets] + writes, last
+    last = group.events[-2 * buckets:]
+    assert last == [("start", b - a) for _, a, b in m.parallel._buckets] + \
+        [("write", k, not slow or k == buckets - 1) for k in range(buckets)], last
     if device != "cpu":  # each bucket went through upload memory of its own
         assert len(m.parallel.replicas[0].backend._import_bufs) == buckets
 

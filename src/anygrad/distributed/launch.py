@@ -22,11 +22,14 @@ BUCKET_FIXED = "ANYGRAD_BUCKET_MB" in os.environ  # else DataParallel times othe
 # gloo process groups the buckets take turns on: one group moves one bucket at a time over its own
 # TCP connections, so several groups reduce several buckets at once (ANYGRAD_GLOO_GROUPS).
 GLOO_GROUPS = max(1, int(os.environ.get("ANYGRAD_GLOO_GROUPS", "4")))
-# A sum at least twice this size is cut into pieces of at least this size, one a group at most,
-# each started on the next group in turn (ANYGRAD_GLOO_PIECE_MB): the step's last two buckets,
-# 2 MB each, otherwise took 1.1-1.5 ms on two of the four groups while the GPUs waited (GPT on 2
-# H200s, session 41's timeline).
+# A sum of at least twice this size and less than PIECES_BELOW is cut into pieces of at least
+# this size, one a group at most, each started on the next group in turn (ANYGRAD_GLOO_PIECE_MB):
+# the GPT's last two buckets, 2 MB each, otherwise took 1.1-1.5 ms on two of the four groups while
+# the GPUs waited (2 H200s: 1.81-1.83x with pieces, 1.80-1.81x without; session 41, cmd51).
+# Larger sums fill the groups between them already, and cut they were slower (ResNet-18 at 32 px,
+# 16 MB buckets: 43,193 samples/s against 48,770, cmd52).
 PIECE_BYTES = max(1, int(float(os.environ.get("ANYGRAD_GLOO_PIECE_MB", "1")) * (1 << 20)))
+PIECES_BELOW = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -134,11 +137,12 @@ class ProcessGroup:
 
     def _start(self, t: Any) -> Any:
         """gloo's in-place all-reduce of the 1-D tensor `t`, started: one piece per PIECE_BYTES (at
-        most one per group), each on the next group in turn, so that a large sum and the sums
-        started right after it move over several TCP connections at once. Elementwise, so the
-        cut changes no value."""
+        most one per group; whole from PIECES_BELOW up), each on the next group in turn, so that
+        the last few sums of a step move over several TCP connections at once. Elementwise, so
+        the cut changes no value."""
         import torch
-        pieces = max(1, min(len(self.lanes), t.numel() * t.element_size() // PIECE_BYTES))
+        nbytes = t.numel() * t.element_size()
+        pieces = max(1, min(len(self.lanes), nbytes // PIECE_BYTES)) if nbytes < PIECES_BELOW else 1
         works = []
         for piece in (torch.tensor_split(t, pieces) if pieces > 1 else (t,)):
             works.append(self.dist.all_reduce(piece, group=self.lanes[self._turn % len(self.lanes)], async_op=True))

@@ -701,18 +701,16 @@ class DataParallel:
         pending: list[int] = []  # all-reducing, not yet written back (in bucket order)
         mapped: dict[int, list] = {}  # bucket -> its upload memory, until written back (_map_uploads)
 
-        def finish(ks: list[int], later: bool = False) -> None:  # their gloo sums are done: scaled, back to every device
+        def finish(k: int, later: bool = False) -> None:  # bucket k's gloo sum is done: scaled, back to every device
             t = time.perf_counter()
+            work, summed = works.pop(k)
             try:
-                for k in ks:
-                    works[k][0].wait()
+                work.wait()
                 self._spent("all_reduce_wait", t)
                 scale = 1.0 if compressed else 1.0 / self.group.size  # (bfloat16: scaled before it was sent)
-                self._write_back(mapped, [(k, [works[k][1]], [scale], True, works[k][1]) for k in ks], later)
+                self._write_back(mapped, k, [summed], [scale], True, summed, later)
             finally:
-                for k in ks:
-                    works.pop(k, None)
-                    self._release(k)
+                self._release(k)
 
         try:
             for k, (_, a, b) in enumerate(self._buckets):
@@ -725,7 +723,7 @@ class DataParallel:
                 parts = [self._views[i][k][0] if self._sum_views else h[a:b] for i, h in enumerate(self._host)]
                 if not ranks:
                     try:
-                        self._write_back(mapped, [(k, parts, local, equal, flat[a:b])], k == len(self._buckets) - 1)
+                        self._write_back(mapped, k, parts, local, equal, flat[a:b], k == len(self._buckets) - 1)
                     finally:
                         self._release(k)
                     continue
@@ -752,19 +750,13 @@ class DataParallel:
                 # a write-back (0.3-0.6 ms) held up the last bucket's gloo sum (session 40's timeline)
                 while k + 1 < len(self._buckets) and pending and works[pending[0]][0].is_completed() \
                         and not self._here(k + 1):
-                    finish([pending.pop(0)])
-            # The rest, after the last all-reduce started: the next one, with those after it that
-            # gloo has finished too (written back side by side: _write_back), and so on. Their
-            # copies go with the update's submission (one queue.submit at the step's end instead
-            # of one each), unless the host would wait for gloo after them anyway.
-            while pending:
-                t = time.perf_counter()
-                ks = [pending.pop(0)]
-                works[ks[0]][0].wait()
-                self._spent("all_reduce_wait", t)
-                while pending and works[pending[0]][0].is_completed():
-                    ks.append(pending.pop(0))
-                finish(ks, not pending or works[pending[0]][0].is_completed())
+                    finish(pending.pop(0))
+            # The rest, after the last all-reduce started, one after the other (side by side, a
+            # thread each, was no faster: session 41, cmd52): their copies go with the update's
+            # submission (one queue.submit at the step's end instead of one each), unless the host
+            # would wait for gloo after it anyway
+            for j, k in enumerate(pending):
+                finish(k, j + 1 == len(pending) or works[pending[j + 1]][0].is_completed())
         except BaseException:
             for work, _ in works.values():  # gloo must be done with the memory before it is released
                 with contextlib.suppress(Exception):
@@ -795,46 +787,34 @@ class DataParallel:
             if got is not None:
                 got[1]()
 
-    def _write_back(self, mapped: dict[int, list], jobs: list[tuple[int, list[np.ndarray], list[float], bool, np.ndarray]],
-                    later: bool = False) -> None:
-        """For each (k, parts, weights, equal, spare) of `jobs`, every replica's gradients of bucket k
-        = the weighted sum of `parts` (equal weights: their sum times the weight; else each part
-        times its own, summed in order: _combine). Where _map_uploads mapped every device's upload
-        memory for the bucket (`mapped[k]`, taken out), the sum goes straight into each and is
-        committed (`later`: its copies go with the device's next submission, the update's); after
-        an error what is not committed yet is given back unwritten. Else it goes into `spare` (a
-        host buffer; it may be parts[0]), then import_states. The same values reach every device
-        either way, so the replicas stay equal. Several buckets (the step's last ones, all-reduced
-        together) are summed side by side, a thread each (write-combined memory takes one writer
-        per bucket best: probe_writeback.py), then committed in order."""
+    def _write_back(self, mapped: dict[int, list], k: int, parts: list[np.ndarray], weights: list[float],
+                    equal: bool, spare: np.ndarray, later: bool = False) -> None:
+        """Every replica's gradients of bucket k = the weighted sum of `parts` (equal weights: their
+        sum times the weight; else each part times its own, summed in order: _combine). Where
+        _map_uploads mapped every device's upload memory for the bucket (`mapped[k]`, taken out),
+        the sum goes straight into each and is committed (`later`: its copies go with the
+        device's next submission, the update's); after an error what is not committed yet is
+        given back unwritten. Else it goes into `spare` (a host buffer; it may be
+        parts[0]), then import_states. The same values reach every device either way, so the
+        replicas stay equal."""
         t = time.perf_counter()
-        todo = [(job, mapped.pop(job[0], None)) for job in jobs]
-
-        def sums(share: list) -> list[None]:
-            for (_, parts, weights, equal, spare), views in share:
-                if views is None:
-                    self._combine(parts, weights, equal, [spare])
-                else:
-                    writers = MAPPED_COPY_WRITERS if len(parts) == 1 and len(views) == 1 else MAPPED_SUM_WRITERS
-                    self._combine(parts, weights, equal, [v for v, _ in views], writers)
-            return [None] * len(share)
+        names, views = self._buckets[k][0], mapped.pop(k, None)
+        if views is None:
+            self._combine(parts, weights, equal, [spare])
+            for r in self.replicas:
+                r.backend.import_states(names, spare)
+            self._spent("write_back", t)
+            return
         try:
-            _parallel.map_shares(sums, todo, len(todo), blas=False)
+            writers = MAPPED_COPY_WRITERS if len(parts) == 1 and len(views) == 1 else MAPPED_SUM_WRITERS
+            self._combine(parts, weights, equal, [v for v, _ in views], writers)
             self._mark("write_back_sum", t)
             committed = time.perf_counter()
-            while todo:
-                (k, _, _, _, spare), views = todo[0]
-                if views is None:
-                    for r in self.replicas:
-                        r.backend.import_states(self._buckets[k][0], spare)
-                else:
-                    for _, commit in views:
-                        commit(later=True) if later else commit()
-                todo.pop(0)
+            for _, commit in views:
+                commit(later=True) if later else commit()
             self._mark("write_back_commit", committed)
         except BaseException:
-            # (a committed one is unmapped already: its cancel does nothing)
-            self._unmap({job[0]: views for job, views in todo if views is not None})
+            self._unmap({k: views})  # (a committed one is unmapped already: its cancel does nothing)
             raise
         self._spent("write_back", t)
 
