@@ -1,6 +1,9 @@
 # dist_scaling with session 41's experiments: EXP_NORIDE=1 commits every write-back at once (no
 # riders on the update's submission); EXP_SWI=s sets the GIL switch interval
-import os, runpy, sys
+import os
+import runpy
+import sys
+
 if os.environ.get("EXP_SWI"):
     sys.setswitchinterval(float(os.environ["EXP_SWI"]))
 if os.environ.get("EXP_NORIDE"):

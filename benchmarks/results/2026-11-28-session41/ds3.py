@@ -1,6 +1,9 @@
 # dist_scaling with EXP_SERIAL=1: the step's last buckets written back one after the other (session
 # 41's A/B against side by side)
-import os, runpy, sys
+import os
+import runpy
+import sys
+
 if os.environ.get("EXP_SERIAL"):
     from anygrad.distributed.parallel import DataParallel
     plain = DataParallel._write_back
