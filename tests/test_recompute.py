@@ -114,6 +114,37 @@ def test_a_budget_that_needs_recomputation_trains_like_pytorch(monkeypatch):
 
 
 @pytest.mark.wgpu
+def test_a_budget_takes_the_tightest_placement_before_recomputing():
+    """Over its budget, a step is first placed as tightly as the planner can: the rule that keeps a
+    kernel's inputs out of the buffer it writes (faster reads) is dropped. A budget between that
+    placement and the default one gets it, with nothing recomputed, and trains to the same bits
+    as without a budget (and as the numpy backend, to float rounding)."""
+    if not has_adapter():
+        no_adapter()
+    from anygrad.backends.wgpu.planner import make_plan, memory_report
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((BATCH, 16)).astype(np.float32), rng.integers(0, 4, BATCH)
+
+    def train(**compile_args):
+        _, ours = _nets()
+        model = ours.to_model(input_shape=(None, 16)).compile(loss="cross_entropy",
+                                                              optimizer=anygrad.optim.SGD(lr=0.1), **compile_args)
+        return model, [model.train_on_batch(x, y) for _ in range(3)]
+    plain_model, plain = train(device="wgpu")
+    exe = _executable(plain_model)
+    full = memory_report(exe.plan).total
+    tight = memory_report(make_plan(exe.plan.graph.copy(), plain_model.backend.caps, set(exe.graph.state_names),
+                                    read_apart=False)).total
+    assert tight < full - 32 * 1024
+    budget = (tight + full) // 2
+    model, fitted = train(device="wgpu", memory_budget=budget)
+    fit = _executable(model)
+    assert memory_report(fit.plan).total == tight and not fit.recomputed
+    np.testing.assert_array_equal(fitted, plain)
+    np.testing.assert_allclose(fitted, train(device="cpu")[1], rtol=1e-4)
+
+
+@pytest.mark.wgpu
 def test_a_budget_nothing_fits_names_the_batch_that_does(monkeypatch):
     monkeypatch.setenv("ANYGRAD_RECOMPUTE_ELEMENTWISE", "0")  # the budget's own recomputation
     if not has_adapter():
