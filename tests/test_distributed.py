@@ -455,6 +455,22 @@ def _train_args(model: Path, data: Path, run: Path, epochs: int = 2) -> list[str
             "--artifacts", str(run), "--quiet"]
 
 
+@pytest.mark.parametrize("var,value,says", [
+    ("ANYGRAD_BUCKET_MB", "abc", "give a positive number of megabytes"),
+    ("ANYGRAD_GLOO_GROUPS", "0", "give a whole number of groups, 1 or more"),
+    ("ANYGRAD_GLOO_PIECE_MB", "-1", "give a positive number of megabytes")])
+def test_a_bad_exchange_setting_is_named_not_a_traceback(tmp_path, mnist_like, var, value, says):
+    """The exchange's environment settings, read when data parallelism is first used: a value that
+    is not one is an error naming the variable, shown by the CLI as a message."""
+    model = Path(anygrad.__file__).parent / "examples" / "mnist.onnx"
+    args = _train_args(model, mnist_like, tmp_path / "run", epochs=1)
+    args[args.index("--device") + 1] = "cpu,cpu"
+    r = subprocess.run([sys.executable, "-m", "anygrad", *args], env=_env(**{var: value}), capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert f"anygrad: error: {var}={value!r}: {says}, or unset it" in r.stderr, r.stderr[-2000:]
+
+
 def _weights(run: Path) -> dict[str, np.ndarray]:
     with np.load(run / "weights.npz", allow_pickle=False) as z:
         return {k: z[k] for k in z.files}

@@ -15,20 +15,35 @@ import numpy as np
 from ..errors import ConfigError, DeviceError
 
 REQUIRED = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _env_number(name: str, default: str, what: str, least: float = 0.0) -> float:
+    """The number in the environment variable `name` (`what` it is, above `least`); a clear
+    error naming the variable otherwise."""
+    text = os.environ.get(name, default)
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > least:  # (NaN too)
+        raise ConfigError(f"{name}={text!r}: give {what}, or unset it (default {default})")
+    return value
+
+
 # Gradients travel in buckets of this size (ANYGRAD_BUCKET_MB overrides): smaller than DDP's 25 MB
 # because a bucket is read back, summed and all-reduced while the next one is still on its way.
-BUCKET_BYTES = int(float(os.environ.get("ANYGRAD_BUCKET_MB", "8")) * (1 << 20))
+BUCKET_BYTES = max(4, int(_env_number("ANYGRAD_BUCKET_MB", "8", "a positive number of megabytes") * (1 << 20)))
 BUCKET_FIXED = "ANYGRAD_BUCKET_MB" in os.environ  # else DataParallel times other sizes too
 # gloo process groups the buckets take turns on: one group moves one bucket at a time over its own
 # TCP connections, so several groups reduce several buckets at once (ANYGRAD_GLOO_GROUPS).
-GLOO_GROUPS = max(1, int(os.environ.get("ANYGRAD_GLOO_GROUPS", "4")))
+GLOO_GROUPS = int(_env_number("ANYGRAD_GLOO_GROUPS", "4", "a whole number of groups, 1 or more", 0.999))
 # A sum of at least twice this size and less than PIECES_BELOW is cut into pieces of at least
 # this size, one a group at most, each started on the next group in turn (ANYGRAD_GLOO_PIECE_MB):
 # the GPT's last two buckets, 2 MB each, otherwise took 1.1-1.5 ms on two of the four groups while
 # the GPUs waited (2 H200s: 1.81-1.83x with pieces, 1.80-1.81x without; session 41, cmd51).
 # Larger sums fill the groups between them already, and cut they were slower (ResNet-18 at 32 px,
 # 16 MB buckets: 43,193 samples/s against 48,770, cmd52).
-PIECE_BYTES = max(1, int(float(os.environ.get("ANYGRAD_GLOO_PIECE_MB", "1")) * (1 << 20)))
+PIECE_BYTES = max(1, int(_env_number("ANYGRAD_GLOO_PIECE_MB", "1", "a positive number of megabytes") * (1 << 20)))
 PIECES_BELOW = 8 << 20
 
 
