@@ -222,6 +222,10 @@ class WgpuBackend(Backend):
         self._flush_probe: Any = None
         self._hooks: list[Callable[[], None]] = []  # map requests of copies in the encoder being built
         self._riders: list[Any] = []  # finished command buffers that go with the next submit (import_view)
+        # Held to add a rider or take them all: the host's write-back commits one while a device
+        # thread may be submitting the rest of its step (a rider added to a list already taken
+        # was lost: ~1 run in 6 of a two-device f16 test trained apart)
+        self._riders_lock = threading.Lock()
 
     def take_hooks(self) -> list[Callable[[], None]]:
         """What must run right after the encoder now being finished is submitted (submit())."""
@@ -234,11 +238,15 @@ class WgpuBackend(Backend):
         the newest submission whenever a mapping is pending, so a map asked for only after later
         parts were submitted resolves at their end. Command buffers left to ride with the next
         submission (import_view's commit(later=True)) go first, in the same queue.submit."""
-        riders, self._riders = self._riders, []
-        self.device.queue.submit([*riders, command_buffer])
+        self.device.queue.submit([*self._take_riders(), command_buffer])
         self._unflushed = 0  # the writes before it are in this submission: their staging goes with it
         for hook in hooks:
             hook()
+
+    def _take_riders(self) -> list[Any]:
+        with self._riders_lock:
+            riders, self._riders = self._riders, []
+        return riders
 
     def check_precision(self, precision: str) -> str:
         """float16 needs the adapter's `shader-f16` feature (f16 storage and arithmetic in WGSL),
@@ -449,7 +457,8 @@ class WgpuBackend(Backend):
             held[0].destroy()
         for staging in self._import_bufs.values():
             staging.destroy()
-        self._riders.clear()  # (copies out of those buffers, never submitted: a step that failed)
+        with self._riders_lock:  # (copies out of those buffers, never submitted: a step that failed)
+            self._riders.clear()
         self._export_bufs.clear()
         self._import_bufs.clear()
 
@@ -474,6 +483,9 @@ class WgpuBackend(Backend):
             staging = None
         try:
             if staging is not None and staging.map_state != "mapped":  # (mapped: a failed step's, never committed)
+                riders = self._take_riders()  # its last copy may still wait to ride: never map ahead of it
+                if riders:
+                    self.device.queue.submit(riders)
                 staging.map_sync(wgpu.MapMode.WRITE)  # its last copy ran in an earlier step
             else:
                 U = wgpu.BufferUsage
@@ -494,7 +506,9 @@ class WgpuBackend(Backend):
                 for buf, at, nbytes, off in spans:
                     enc.copy_buffer_to_buffer(staging, off, buf, at, nbytes)
                 if later:
-                    self._riders.append(enc.finish())
+                    rider = enc.finish()
+                    with self._riders_lock:
+                        self._riders.append(rider)
                 else:
                     self.submit(enc.finish())
             except Exception as e:
