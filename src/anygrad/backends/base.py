@@ -126,9 +126,7 @@ class Backend(ABC):
         directly (wgpu's mapped upload buffers): a writable float32 vector laid out as `flat`, and
         the function that puts it into the states (which must be called, also after an error).
         That function's `cancel` attribute gives the memory back instead, leaving the states as
-        they are (memory mapped ahead of its values, which never came). Called with later=True
-        it leaves the copy to go with the backend's next submission (the update's: one submission
-        for the step's last buckets and the update instead of one each). None where there is no
+        they are (memory mapped ahead of its values, which never came). None where there is no
         such memory: use import_states."""
         return None
 

@@ -701,14 +701,14 @@ class DataParallel:
         pending: list[int] = []  # all-reducing, not yet written back (in bucket order)
         mapped: dict[int, list] = {}  # bucket -> its upload memory, until written back (_map_uploads)
 
-        def finish(k: int, later: bool = False) -> None:  # bucket k's gloo sum is done: scaled, back to every device
+        def finish(k: int) -> None:  # bucket k's gloo sum is done: scaled, back to every device
             t = time.perf_counter()
             work, summed = works.pop(k)
             try:
                 work.wait()
                 self._spent("all_reduce_wait", t)
                 scale = 1.0 if compressed else 1.0 / self.group.size  # (bfloat16: scaled before it was sent)
-                self._write_back(mapped, k, [summed], [scale], True, summed, later)
+                self._write_back(mapped, k, [summed], [scale], True, summed)
             finally:
                 self._release(k)
 
@@ -723,7 +723,7 @@ class DataParallel:
                 parts = [self._views[i][k][0] if self._sum_views else h[a:b] for i, h in enumerate(self._host)]
                 if not ranks:
                     try:
-                        self._write_back(mapped, k, parts, local, equal, flat[a:b], k == len(self._buckets) - 1)
+                        self._write_back(mapped, k, parts, local, equal, flat[a:b])
                     finally:
                         self._release(k)
                     continue
@@ -748,15 +748,10 @@ class DataParallel:
                 # thread of its own for this was slower on 2 H200s: GPT 1.15x -> 0.97x on 2 ranks),
                 # but start the next bucket's all-reduce first if it is here: at the end of the step
                 # a write-back (0.3-0.6 ms) held up the last bucket's gloo sum (session 40's timeline)
-                while k + 1 < len(self._buckets) and pending and works[pending[0]][0].is_completed() \
-                        and not self._here(k + 1):
+                while pending and works[pending[0]][0].is_completed() and not self._here(k + 1):
                     finish(pending.pop(0))
-            # The rest, after the last all-reduce started, one after the other (side by side, a
-            # thread each, was no faster: session 41, cmd52): their copies go with the update's
-            # submission (one queue.submit at the step's end instead of one each), unless the host
-            # would wait for gloo after it anyway
-            for j, k in enumerate(pending):
-                finish(k, j + 1 == len(pending) or works[pending[j + 1]][0].is_completed())
+            for k in pending:
+                finish(k)
         except BaseException:
             for work, _ in works.values():  # gloo must be done with the memory before it is released
                 with contextlib.suppress(Exception):
@@ -788,13 +783,12 @@ class DataParallel:
                 got[1]()
 
     def _write_back(self, mapped: dict[int, list], k: int, parts: list[np.ndarray], weights: list[float],
-                    equal: bool, spare: np.ndarray, later: bool = False) -> None:
+                    equal: bool, spare: np.ndarray) -> None:
         """Every replica's gradients of bucket k = the weighted sum of `parts` (equal weights: their
         sum times the weight; else each part times its own, summed in order: _combine). Where
         _map_uploads mapped every device's upload memory for the bucket (`mapped[k]`, taken out),
-        the sum goes straight into each and is committed (`later`: its copies go with the
-        device's next submission, the update's); after an error what is not committed yet is
-        given back unwritten. Else it goes into `spare` (a host buffer; it may be
+        the sum goes straight into each and is committed; after an error what is not committed
+        yet is given back unwritten. Else it goes into `spare` (a host buffer; it may be
         parts[0]), then import_states. The same values reach every device either way, so the
         replicas stay equal."""
         t = time.perf_counter()
@@ -811,7 +805,7 @@ class DataParallel:
             self._mark("write_back_sum", t)
             committed = time.perf_counter()
             for _, commit in views:
-                commit(later=True) if later else commit()
+                commit()
             self._mark("write_back_commit", committed)
         except BaseException:
             self._unmap({k: views})  # (a committed one is unmapped already: its cancel does nothing)

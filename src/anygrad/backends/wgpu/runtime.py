@@ -221,11 +221,6 @@ class WgpuBackend(Backend):
         self._unflushed = 0   # bytes written by write_buffer since the last submit (staging held)
         self._flush_probe: Any = None
         self._hooks: list[Callable[[], None]] = []  # map requests of copies in the encoder being built
-        self._riders: list[Any] = []  # finished command buffers that go with the next submit (import_view)
-        # Held to add a rider or take them all: the host's write-back commits one while a device
-        # thread may be submitting the rest of its step (a rider added to a list already taken
-        # was lost: ~1 run in 6 of a two-device f16 test trained apart)
-        self._riders_lock = threading.Lock()
 
     def take_hooks(self) -> list[Callable[[], None]]:
         """What must run right after the encoder now being finished is submitted (submit())."""
@@ -236,17 +231,11 @@ class WgpuBackend(Backend):
         """queue.submit, then `hooks`: mappings of buffers the submitted work copies into, asked for
         at once. Where the device's poll thread blocks (wgpu-py's own: poller.py), it waits for
         the newest submission whenever a mapping is pending, so a map asked for only after later
-        parts were submitted resolves at their end. Command buffers left to ride with the next
-        submission (import_view's commit(later=True)) go first, in the same queue.submit."""
-        self.device.queue.submit([*self._take_riders(), command_buffer])
+        parts were submitted resolves at their end."""
+        self.device.queue.submit([command_buffer])
         self._unflushed = 0  # the writes before it are in this submission: their staging goes with it
         for hook in hooks:
             hook()
-
-    def _take_riders(self) -> list[Any]:
-        with self._riders_lock:
-            riders, self._riders = self._riders, []
-        return riders
 
     def check_precision(self, precision: str) -> str:
         """float16 needs the adapter's `shader-f16` feature (f16 storage and arithmetic in WGSL),
@@ -411,7 +400,7 @@ class WgpuBackend(Backend):
         request.cancel = asked.set  # its part was never submitted: finish() raises
         if encoder is None:
             try:
-                self.submit(enc.finish())
+                self.device.queue.submit([enc.finish()])
                 request()
             except Exception as e:
                 raise _gpu_error(e, "reading gradients back") from e
@@ -457,15 +446,13 @@ class WgpuBackend(Backend):
             held[0].destroy()
         for staging in self._import_bufs.values():
             staging.destroy()
-        with self._riders_lock:  # (copies out of those buffers, never submitted: a step that failed)
-            self._riders.clear()
         self._export_bufs.clear()
         self._import_bufs.clear()
 
     def import_view(self, names: Sequence[str]) -> tuple[np.ndarray, Callable[[], None]] | None:
         """The float32 states `names` back to back as a mapped upload buffer of their own (kept
         between calls), and the commit that unmaps it and copies each span into its state (one
-        submission; with later=True the copies go with the next one, see Backend.import_view): a gradient bucket written back mid-step, by the host straight into memory
+        submission): a gradient bucket written back mid-step, by the host straight into memory
         the GPU copies from. None where the device's poll blocks (poller.py: the map would wait
         for the whole step), the states are not all float32, or this wgpu-py cannot expose a
         mapped range as memory."""
@@ -474,7 +461,7 @@ class WgpuBackend(Backend):
             return None
         total = sum(nbytes for _, _, nbytes, _ in spans)
         if total == 0:
-            return np.empty(0, np.float32), lambda later=False: None
+            return np.empty(0, np.float32), lambda: None
         wgpu = _wgpu()
         key = tuple(names)
         staging = self._import_bufs.get(key)
@@ -483,9 +470,6 @@ class WgpuBackend(Backend):
             staging = None
         try:
             if staging is not None and staging.map_state != "mapped":  # (mapped: a failed step's, never committed)
-                riders = self._take_riders()  # its last copy may still wait to ride: never map ahead of it
-                if riders:
-                    self.device.queue.submit(riders)
                 staging.map_sync(wgpu.MapMode.WRITE)  # its last copy ran in an earlier step
             else:
                 U = wgpu.BufferUsage
@@ -499,18 +483,13 @@ class WgpuBackend(Backend):
             staging.unmap()
             return None
 
-        def commit(later: bool = False) -> None:
+        def commit() -> None:
             try:
                 staging.unmap()
                 enc = self.device.create_command_encoder()
                 for buf, at, nbytes, off in spans:
                     enc.copy_buffer_to_buffer(staging, off, buf, at, nbytes)
-                if later:
-                    rider = enc.finish()
-                    with self._riders_lock:
-                        self._riders.append(rider)
-                else:
-                    self.submit(enc.finish())
+                self.submit(enc.finish())
             except Exception as e:
                 raise _gpu_error(e, "writing gradients back") from e
         commit.cancel = staging.unmap
@@ -547,7 +526,7 @@ class WgpuBackend(Backend):
             st = self.state[m]
             if st.buffer is not None and st.nbytes:
                 enc.copy_buffer_to_buffer(st.buffer, st.offset, buf, off * 4, -(-st.nbytes // 4) * 4)
-        self.submit(enc.finish())
+        self.device.queue.submit([enc.finish()])
         for m, off in zip(spec.members, spec.offsets):  # never placed: written straight into the arena
             st = self.state[m]
             if st.buffer is None and st.pending is not None:
@@ -582,7 +561,7 @@ class WgpuBackend(Backend):
         try:
             enc = self.device.create_command_encoder()
             enc.copy_buffer_to_buffer(buffer, offset, staging, 0, size)
-            self.submit(enc.finish())
+            self.device.queue.submit([enc.finish()])
             out = np.empty(size, np.uint8)
             _copy_mapped(staging, staging.map_async(wgpu.MapMode.READ), out)
         except Exception as e:
