@@ -457,7 +457,7 @@ def _train_args(model: Path, data: Path, run: Path, epochs: int = 2) -> list[str
 
 @pytest.mark.parametrize("var,value,says", [
     ("ANYGRAD_BUCKET_MB", "abc", "give a positive number of megabytes"),
-    ("ANYGRAD_GLOO_GROUPS", "0", "give a whole number of groups, 1 or more"),
+    ("ANYGRAD_GLOO_GROUPS", "2.5", "give a whole number of groups, 1 or more"),
     ("ANYGRAD_GLOO_PIECE_MB", "-1", "give a positive number of megabytes")])
 def test_a_bad_exchange_setting_is_named_not_a_traceback(tmp_path, mnist_like, var, value, says):
     """The exchange's environment settings, read when data parallelism is first used: a value that

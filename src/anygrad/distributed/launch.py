@@ -17,15 +17,15 @@ from ..errors import ConfigError, DeviceError
 REQUIRED = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-def _env_number(name: str, default: str, what: str, least: float = 0.0) -> float:
-    """The number in the environment variable `name` (`what` it is, above `least`); a clear
-    error naming the variable otherwise."""
+def _env_number(name: str, default: str, what: str, whole: bool = False) -> float:
+    """The positive number (`whole`: whole number) in the environment variable `name`, `what` it
+    is; a clear error naming the variable otherwise."""
     text = os.environ.get(name, default)
     try:
         value = float(text)
     except ValueError:
         value = float("nan")
-    if not value > least:  # (NaN too)
+    if not value > 0 or (whole and not value.is_integer()):  # (NaN too)
         raise ConfigError(f"{name}={text!r}: give {what}, or unset it (default {default})")
     return value
 
@@ -36,7 +36,7 @@ BUCKET_BYTES = max(4, int(_env_number("ANYGRAD_BUCKET_MB", "8", "a positive numb
 BUCKET_FIXED = "ANYGRAD_BUCKET_MB" in os.environ  # else DataParallel times other sizes too
 # gloo process groups the buckets take turns on: one group moves one bucket at a time over its own
 # TCP connections, so several groups reduce several buckets at once (ANYGRAD_GLOO_GROUPS).
-GLOO_GROUPS = int(_env_number("ANYGRAD_GLOO_GROUPS", "4", "a whole number of groups, 1 or more", 0.999))
+GLOO_GROUPS = int(_env_number("ANYGRAD_GLOO_GROUPS", "4", "a whole number of groups, 1 or more", whole=True))
 # A sum of at least twice this size and less than PIECES_BELOW is cut into pieces of at least
 # this size, one a group at most, each started on the next group in turn (ANYGRAD_GLOO_PIECE_MB):
 # the GPT's last two buckets, 2 MB each, otherwise took 1.1-1.5 ms on two of the four groups while
@@ -159,7 +159,7 @@ class ProcessGroup:
         nbytes = t.numel() * t.element_size()
         pieces = max(1, min(len(self.lanes), nbytes // PIECE_BYTES)) if nbytes < PIECES_BELOW else 1
         works = []
-        for piece in (torch.tensor_split(t, pieces) if pieces > 1 else (t,)):
+        for piece in torch.tensor_split(t, pieces):
             works.append(self.dist.all_reduce(piece, group=self.lanes[self._turn % len(self.lanes)], async_op=True))
             self._turn += 1
         return works[0] if pieces == 1 else _Pieces(works)
