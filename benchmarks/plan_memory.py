@@ -6,6 +6,7 @@ what a placement with no fragmentation would need (planner.liveness_bound).
 
     PYTHONPATH=src python benchmarks/plan_memory.py gpt:8 gpt:128 vit:128 resnet18:128
     PYTHONPATH=src python benchmarks/plan_memory.py --binding lavapipe gpt:8
+    PYTHONPATH=src python benchmarks/plan_memory.py --phase apply resnet18:512   # accumulating 2 batches
 
 --binding h100 (default) plans for a 2 GiB - 4 storage binding (an H100 under Vulkan), f16
 available; `lavapipe` uses this machine's adapter limits as they are.
@@ -24,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 MIB = 2 ** 20
 
 
-def plan_step(name: str, batch: int, precision: str, binding: str):
+def plan_step(name: str, batch: int, precision: str, binding: str, phase: str = "step"):
     import torch
     from models import MODELS
 
@@ -46,7 +47,8 @@ def plan_step(name: str, batch: int, precision: str, binding: str):
     shape = (batch,) + tuple(spec.shape)
     target = (batch * spec.shape[0],) if spec.kind == "tokens" else (batch,)
     step = build_train_step(g, {g.inputs[0]: shape}, target, get_loss("cross_entropy"),
-                            SGD(lr=0.01, momentum=0.9), precision=precision)
+                            SGD(lr=0.01, momentum=0.9), precision=precision,
+                            accumulate=1 if phase == "step" else 2, phase=phase)
     _, plan, _ = fit_plan(step, backend.caps, set(step.state_names),
                           lambda gr: backend.prepared(gr, True, measure=False))
     return plan
@@ -58,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("cases", nargs="+", help="MODEL:BATCH (models from benchmarks/models.py)")
     ap.add_argument("--precision", default="f32,f16")
     ap.add_argument("--binding", choices=("h100", "lavapipe"), default="h100")
+    ap.add_argument("--phase", choices=("step", "accumulate", "apply"), default="step",
+                    help="with gradient accumulation: a micro-batch that only adds its gradients, or the last one")
     args = ap.parse_args(argv)
     print("| model | batch | precision | parameters | optimizer | activations: slots by first use (before) | "
           "offsets into shared buffers (after) | lower bound | after over bound | buffers before/after | total after |")
@@ -65,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     for case in args.cases:
         name, batch = case.split(":")
         for prec in args.precision.split(","):
-            plan = plan_step(name, int(batch), prec, args.binding)
+            plan = plan_step(name, int(batch), prec, args.binding, args.phase)
             rep = memory_report(plan)
             temps = sum(plan.slot_bytes)
             bound = liveness_bound(plan)

@@ -423,6 +423,7 @@ def _accumulate(g: Graph, b: Builder, grads: dict[str, str], phase: str) -> dict
         total[p] = grad if phase == "first" else b.op("Add", [name, grad])
         if phase != "apply":
             g.state_updates[total[p]] = name
+    g.hoist(total.values())  # each sum as soon as its gradient is made: the gradient dies there
     return total
 
 

@@ -151,6 +151,49 @@ class Graph:
             raise ModelError(f"the graph has a cycle through {rest[0].label}")
         self.nodes = [self.nodes[k] for k in order]
 
+    def hoist(self, values: Iterable[str]) -> None:
+        """Move the nodes producing `values` as early as their inputs allow: each runs right after
+        the last producer of what it reads (a node among them that reads another runs after it),
+        the rest keep their order. For a node that is the last reader of a large value, e.g. a
+        float16 gradient widened and unscaled into its float32 master gradient, this frees that
+        value where it is made instead of at the end of the backward pass."""
+        want = set(values)
+        movable = {id(n) for n in self.nodes if any(o in want for o in n.outputs)}
+        if not movable:
+            return
+        index = {id(n): k for k, n in enumerate(self.nodes)}
+        produced = set(self.inputs) | set(self.initializers) | {""}
+        missing: dict[int, int] = {}
+        waiting: dict[str, list[Node]] = {}
+        ready: list[Node] = []
+        for n in self.nodes:
+            if id(n) in movable:
+                needs = {i for i in n.inputs if i not in produced}
+                missing[id(n)] = len(needs)
+                for v in needs:
+                    waiting.setdefault(v, []).append(n)
+                if not needs:
+                    ready.append(n)
+        order: list[Node] = []
+
+        def emit(n: Node) -> None:
+            order.append(n)
+            woken = []
+            for o in n.outputs:
+                produced.add(o)
+                for m in waiting.pop(o, ()):
+                    missing[id(m)] -= 1
+                    if missing[id(m)] == 0:
+                        woken.append(m)
+            for m in sorted(woken, key=lambda m: index[id(m)]):
+                emit(m)
+        for n in ready:
+            emit(n)
+        for n in self.nodes:
+            if id(n) not in movable:
+                emit(n)
+        self.nodes = order
+
     def dce(self, keep: Iterable[str] = ()) -> None:
         """Drop nodes and initializers that no output or state update needs."""
         live = set(self.outputs) | set(self.state_updates) | set(keep)

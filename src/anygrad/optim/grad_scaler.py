@@ -52,9 +52,13 @@ def scaled(g: Graph, b: Builder, objective: str) -> str:
 
 
 def unscale(b: Builder, grads: dict[str, str]) -> dict[str, str]:
-    """The gradients of the true objective (float32 master gradients / scale)."""
+    """The gradients of the true objective (float32 master gradients / scale), each computed as
+    soon as its scaled gradient is: that frees a float16 weight gradient (widened here) where it
+    is made, not after the whole backward pass."""
     inv = b.op("Div", [b.const(1.0), LOSS_SCALE])
-    return {p: b.op("Mul", [grad, inv]) for p, grad in grads.items()}
+    out = {p: b.op("Mul", [grad, inv]) for p, grad in grads.items()}
+    b.graph.hoist([inv, *out.values()])
+    return out
 
 
 def found_inf(b: Builder, values: list[str]) -> str:
