@@ -20,7 +20,7 @@ def _net() -> anygrad.Model:
     rng = np.random.default_rng(0)
     net = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
                         nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
-                        nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(),
+                        nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(),
                         nn.Flatten(), nn.Linear(64 * 8 * 8, 10))
     net.load_state_dict({k: (0.1 * rng.standard_normal(np.shape(v))).astype(np.float32)
                          if k.endswith(("weight", "bias")) else np.array(v) for k, v in net.state_dict().items()})
@@ -102,3 +102,27 @@ def test_hoist_moves_a_chain_and_keeps_the_rest_in_order():
     assert [n.name for n in g.nodes] == ["inv", "a", "h", "b", "c", "e"]
     g.hoist(["nothing"])
     assert [n.name for n in g.nodes] == ["inv", "a", "h", "b", "c", "e"]
+
+
+@pytest.mark.parametrize("phase", ["step", "apply"])
+def test_a_group_that_frees_a_gradient_keeps_its_place(phase, monkeypatch):
+    """Horizontal fusion (fusion._merge_siblings) does not move the kernel that widens and unscales a
+    float16 weight gradient to a later sibling's place, which would hold that gradient across the
+    kernels in between: each runs before the next convolution gradient. (The threshold is lowered
+    to this small net's gradients; with no threshold the two 64x64 convolutions' kernels merge.)"""
+    from anygrad.backends.wgpu import fusion
+    from anygrad.backends.wgpu.kernel import AdapterCaps, ops_where
+    caps = AdapterCaps(has_f16=True, is_cpu=False, max_storage_binding_size=1 << 30)
+    step = _step("f16", phase, True, monkeypatch)
+
+    def held_across_a_convolution(limit: int) -> list[str]:
+        monkeypatch.setattr(fusion, "MERGE_FREES_BELOW", limit)
+        g = fusion.prepare(step.copy(), caps, ops_where("epilogue"))
+        made = {o: k for k, n in enumerate(g.nodes) if n.op == "ConvGradWeight" for o in n.outputs}
+        readers = [(made[v], k) for k, n in enumerate(g.nodes) if n.op != "ConvGradWeight"
+                   for v in n.inputs if v in made]
+        assert len(readers) >= 4
+        return [g.nodes[last].name for first, last in readers
+                if any(n.op.startswith("ConvGrad") for n in g.nodes[first + 1:last])]
+    assert held_across_a_convolution(4096) == []
+    assert held_across_a_convolution(1 << 62)

@@ -50,6 +50,7 @@ from .kernels_reduce import NON_FINITE
 from .wgsl import shape_of, size_of
 
 MAX_GROUP = 48          # members per kernel: keeps shaders small and compile times short
+MERGE_FREES_BELOW = 1 << 20  # bytes: a group that frees more runs in its own place (_merge_siblings)
 
 
 def residual_enabled() -> bool:
@@ -708,14 +709,24 @@ def _fuse_group(graph: Graph, members: list[Node], producers: dict[str, Node], s
 def _merge_siblings(graph: Graph, groups: list[list[Node]], users, order, stored, limit: int,
                     state: set[str]) -> list[list[Node]]:
     """Horizontal fusion: independent groups of one shape become one kernel (emitted at the later
-    one's place) when nothing between them reads what the earlier one stores."""
+    one's place) when nothing between them reads what the earlier one stores, and the earlier one
+    frees little: moved later, it would hold what it reads last (a float16 weight gradient it
+    widens into its arena) alive across the kernels in between, at the backward pass's peak."""
     groups = sorted(groups, key=lambda g: order[id(g[-1])])
+    fixed = set(graph.initializers) | set(graph.inputs)
+
+    def frees(a: list[Node]) -> int:
+        """Bytes of the computed values nothing after group `a` reads."""
+        ids, end = {id(m) for m in a}, order[id(a[-1])]
+        last = {v for m in a for v in m.inputs if v and v not in fixed and v in graph.info
+                and all(id(u) in ids or order[id(u)] <= end for u, _ in users.get(v, []))}
+        return sum(size_of(graph, v) * np.dtype(graph.info[v].dtype).itemsize for v in last)
     merged: list[list[Node]] = []
     for g in groups:
         target = None
         for a in reversed(merged):
             if (shape_of(graph, a[-1].outputs[0]) != shape_of(graph, g[-1].outputs[0])
-                    or len(a) + len(g) > MAX_GROUP):
+                    or len(a) + len(g) > MAX_GROUP or frees(a) >= MERGE_FREES_BELOW):
                 continue
             ids = {id(m) for m in a + g}
             here = order[id(g[-1])]
