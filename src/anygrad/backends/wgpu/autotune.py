@@ -44,6 +44,7 @@ import numpy as np
 from ...fsutil import atomic_write
 from ...ir.graph import Graph, Node
 from .gridfold import fold_kernel
+from .halfstore import stored_half
 from .kernel import LOWERINGS, AdapterCaps, Kernel
 from .kernels_gemm import split_count
 from .profiling import wall_ms
@@ -263,7 +264,7 @@ def _candidates(node: Node, graph: Graph, caps: AdapterCaps, pins=CANDIDATES) ->
     for pin in pins:
         try:
             kernels = [fold_kernel(kern, caps.max_workgroups_per_dim)
-                       for kern in LOWERINGS[node.op](_pinned(node, pin), graph, caps)]
+                       for kern in stored_half(LOWERINGS[node.op](_pinned(node, pin), graph, caps), graph)]
         except (ValueError, NotImplementedError, KeyError, AssertionError):
             continue
         if any(workgroup_bytes(kern.wgsl) > caps.max_workgroup_storage for kern in kernels):

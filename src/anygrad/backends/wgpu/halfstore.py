@@ -20,12 +20,16 @@ correct and general, at the cost of that copy.
 """
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import replace
 
+import numpy as np
+
+from ...ir.graph import Graph
 from .kernel import Kernel, Scratch
-from .wgsl import grid
+from .wgsl import grid, shape_of
 
 _DECL = re.compile(r"@group\(0\)\s*@binding\((\d+)\)\s*var<storage,\s*(read|read_write)>\s*(\w+)\s*:\s*array<([\w<>]+)>\s*;")
 # device element type of an f32 binding -> (its f16 storage type, the f32 type a read converts to)
@@ -130,6 +134,23 @@ def _convert_kernel(name: str, src: str, dst: str, n: int, to_half: bool) -> Ker
             f"  if (i >= {n}u) {{ return; }}\n"
             f"  dst[i] = {dst_t}(src[i]);\n}}\n")
     return Kernel(f"{name}:{'to_f16' if to_half else 'to_f32'}", wgsl, grid(n), (src,), (dst,))
+
+
+def is_half(graph: Graph, name: str) -> bool:
+    """A float16 graph value (stored as f16 on the device)."""
+    info = graph.info.get(name)
+    return info is not None and np.dtype(info.dtype) == np.float16
+
+
+def stored_half(kernels: list[Kernel], graph: Graph, elements: Callable[[str], int | None] | None = None
+                ) -> list[Kernel]:
+    """A node's kernels as the device runs them: every binding of a float16 value of `graph`
+    rewritten to f16 storage (half_kernels). The planner lowers a step through this, and the
+    autotuner must time its candidates through it too: the f32 shaders it would otherwise time
+    read f16-sized buffers as f32, not the kernels the step runs. `elements`: the element count of
+    a value a conversion copy needs (default: its graph shape)."""
+    count = elements or (lambda v: math.prod(shape_of(graph, v)))
+    return [part for kern in kernels for part in half_kernels(kern, lambda v: is_half(graph, v), count)]
 
 
 def half_kernels(kern: Kernel, is_half: Callable[[str], bool], elements: Callable[[str], int]) -> list[Kernel]:

@@ -30,7 +30,7 @@ from .bindpack import pack_reads
 from .bindsplit import split_rows
 from .fusion import PACKED
 from .gridfold import fold_kernel
-from .halfstore import half_kernels
+from .halfstore import is_half, stored_half
 from .kernel import LOWERINGS, AdapterCaps, Kernel, ops_where
 from .limits import shared_buffer_bytes
 from .wgsl import shape_of
@@ -92,12 +92,6 @@ def value_bytes(graph: Graph, name: str) -> int:
     return max(ELEM_BYTES, n * ELEM_BYTES)
 
 
-def is_half(graph: Graph, name: str) -> bool:
-    """A float16 graph value (stored as f16 on the device)."""
-    info = graph.info.get(name)
-    return info is not None and np.dtype(info.dtype) == HALF
-
-
 def lower_all(graph: Graph, caps: AdapterCaps) -> tuple[list[tuple[int, Kernel]], dict[str, str], dict[str, int]]:
     """Kernels for every node (tagged with the node index), the alias map, and scratch sizes."""
     missing = sorted({n.op for n in graph.nodes if n.op not in ALIAS_OPS and n.op not in LOWERINGS})
@@ -128,8 +122,7 @@ def lower_all(graph: Graph, caps: AdapterCaps) -> tuple[list[tuple[int, Kernel]]
             if node_kernels is None:
                 node_kernels = LOWERINGS[node.op](node, graph, caps)
             if any(is_half(graph, v) for v in list(node.inputs) + list(node.outputs) if v):
-                node_kernels = [part for kern in node_kernels
-                                for part in half_kernels(kern, lambda v: is_half(graph, v), elements)]
+                node_kernels = stored_half(node_kernels, graph, elements)
         except (ValueError, NotImplementedError) as e:  # attributes or inputs a kernel cannot take
             raise DeviceError(f"{_label(node)}: the wgpu backend cannot run this node ({e}); "
                               "use device='cpu' for this model") from e
