@@ -423,7 +423,8 @@ def _accumulate(g: Graph, b: Builder, grads: dict[str, str], phase: str) -> dict
         total[p] = grad if phase == "first" else b.op("Add", [name, grad])
         if phase != "apply":
             g.state_updates[total[p]] = name
-    g.hoist(total.values())  # each sum as soon as its gradient is made: the gradient dies there
+    if phase != "first":  # each sum as soon as its gradient is made: the gradient dies there
+        g.hoist(total.values())
     return total
 
 
