@@ -1,4 +1,7 @@
-"""README's Python examples run as written (data paths pointed at the shared MNIST subset)."""
+"""README's and the docs' examples work as written: the Python quick start (data pointed at the
+shared MNIST subset), the anygrad.nn example against PyTorch, and every command line and flag
+example of README and the user pages parsed by the real CLI. tests/test_docs.py runs every other
+Python block and builds the site."""
 from __future__ import annotations
 
 import re
@@ -9,14 +12,19 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SUBSET = REPO.parent / "shared/datasets/mnist-subset"
+README = REPO / "README.md"
+# the pages whose command lines and flags a user copies (not benchmarks, history or generated tables)
+CLI_PAGES = [README, *(REPO / "docs" / f"{name}.md" for name in (
+    "cli", "training", "optimizers", "runs", "dashboard", "your-model", "exporting", "from-torch", "pytorch",
+    "devices", "small-gpus", "mixed-precision", "distributed", "troubleshooting"))]
 
 
-def _python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), flags=re.DOTALL)
+def _python_blocks(page: Path = README) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.DOTALL)
 
 
-def _block(containing: str) -> str:
-    (block,) = [b for b in _python_blocks() if containing in b]
+def _block(containing: str, page: Path = README) -> str:
+    (block,) = [b for b in _python_blocks(page) if containing in b]
     return block
 
 
@@ -52,7 +60,7 @@ def test_python_api_example(tmp_path, monkeypatch):
 def test_nn_example_loads_a_torch_checkpoint(tmp_path, monkeypatch):
     torch = pytest.importorskip("torch")
     monkeypatch.chdir(tmp_path)
-    code = _block("class Net(nn.Module)")
+    code = _block("class Net(nn.Module)", REPO / "docs/pytorch.md")
 
     class TorchNet(torch.nn.Module):  # the same network in PyTorch, saved with torch.save
         def __init__(self):
@@ -66,20 +74,20 @@ def test_nn_example_loads_a_torch_checkpoint(tmp_path, monkeypatch):
     reference = TorchNet()
     torch.save(reference.state_dict(), tmp_path / "net.pt")
     scope: dict = {}
-    exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 -- README's own example code
+    exec(compile(code, "docs/pytorch.md", "exec"), scope)  # noqa: S102 -- the docs' own example code
     x = np.random.default_rng(0).standard_normal((3, 1, 28, 28)).astype(np.float32)
     with torch.no_grad():
         expected = reference(torch.tensor(x)).numpy()
     np.testing.assert_allclose(scope["model"].predict(x), expected, rtol=1e-4, atol=1e-5)
 
 
-# -- every command line and flag example in README parses with the real CLI --------------------------------
+# -- every command line and flag example in README and the user pages parses with the real CLI --------------
 PLACEHOLDER = re.compile(r"^[A-Z][A-Z0-9_]*(\.[a-z]+)?$")  # N, MAX, DIR, RUN, FILE.npz, MODEL.onnx
 
 
 def _readme_examples() -> tuple[list[str], list[str]]:
     """(`anygrad ...` command lines from bash blocks and inline code, inline `--flag ...` spans)."""
-    text = (REPO / "README.md").read_text()
+    text = "\n".join(p.read_text() for p in CLI_PAGES if p.is_file())
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", text, flags=re.DOTALL):
         for line in block.replace("\\\n", " ").splitlines():
