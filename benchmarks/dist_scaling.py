@@ -90,7 +90,14 @@ def batches(kind: str, shape: tuple, classes: int, n: int, count: int, seed: int
 
 def run(args: argparse.Namespace) -> None:
     import anygrad
-    from anygrad.distributed import DataParallel, ProcessGroup, device_list, rank_device, world_from_env
+    from anygrad.distributed import (
+        DataParallel,
+        ProcessGroup,
+        data_parallel,
+        device_list,
+        rank_device,
+        world_from_env,
+    )
     from anygrad.distributed.launch import BUCKET_BYTES
     from anygrad.optim import SGD
     if args.timeline:  # before the DataParallel objects are made: they read it
@@ -107,10 +114,11 @@ def run(args: argparse.Namespace) -> None:
     kind, shape, classes = spec_of(name)
     model = anygrad.load_onnx(args.onnx)
     model.compile(loss="cross_entropy", optimizer=SGD(lr=0.01, momentum=0.9), device=device, precision=args.precision)
-    local_devices = len(model.parallel.replicas) if model.parallel else 1
+    local_devices = len(model.devices)
     if group is not None:
-        local = [r.backend for r in model.parallel.replicas[1:]] if model.parallel else []
-        model.parallel = DataParallel(model, local, group, check_every=0, grad_compression=args.grad_compression)
+        model.strategy = DataParallel(model, model.devices[1:], group, check_every=0,
+                                      grad_compression=args.grad_compression)
+    parallel = data_parallel(model)
     per_step = args.batch * local_devices  # this process's samples per step
     data = batches(kind, shape, classes, per_step, 4, seed=rank)
     t0 = time.perf_counter()
@@ -121,8 +129,8 @@ def run(args: argparse.Namespace) -> None:
     model.read_metrics(reset=True)  # a readback: the device is idle before the clock starts
     if group is not None:
         group.barrier()
-    if model.parallel is not None:
-        model.parallel.breakdown(reset=True)  # the timed steps only
+    if parallel is not None:
+        parallel.breakdown(reset=True)  # the timed steps only
     t0 = time.perf_counter()
     for i in range(args.steps):
         model.train_step(*data[i % 4])
@@ -130,25 +138,25 @@ def run(args: argparse.Namespace) -> None:
     if group is not None:
         group.barrier()
     seconds = time.perf_counter() - t0
-    breakdown = model.parallel.breakdown() if model.parallel is not None else {}
-    if model.parallel is not None:
-        model.parallel.check_replicas()
-        written = model.parallel.write_timeline()
+    breakdown = parallel.breakdown() if parallel is not None else {}
+    if parallel is not None:
+        parallel.check_replicas()
+        written = parallel.write_timeline()
         if written is not None:
             total = 1 + args.warmup + args.steps
-            print(f"rank {rank}: timeline of the first {model.parallel.timeline.steps} of {total} steps (steps "
+            print(f"rank {rank}: timeline of the first {parallel.timeline.steps} of {total} steps (steps "
                   f"{1 + args.warmup}..{total - 1} timed, numbered from 0) in {written}", flush=True)
     samples = per_step * ranks * args.steps
     result = {"model": name, "precision": model.precision, "batch_per_device": args.batch, "devices": local_devices * ranks, "ranks": ranks,
-              "device": model.parallel.description if model.parallel else model.backend.description,
+              "device": parallel.description if parallel else model.backend.description,
               "steps": args.steps, "seconds": seconds, "samples_per_s": samples / seconds,
               "step_ms": 1000 * seconds / args.steps,
               "breakdown_ms": {k: round(v, 3) for k, v in sorted(breakdown.items())},
               "first_step_s": first_s, "loss": metrics.get("loss"),
-              "hold_parts": model.parallel.hold_parts if model.parallel is not None else None,
+              "hold_parts": parallel.hold_parts if parallel is not None else None,
               "polls_freely": bool(getattr(getattr(model.backend, "ctx", None), "polls_freely", False)),
-              "bucket_mb": (model.parallel.bucket_bytes if model.parallel is not None else BUCKET_BYTES) / (1 << 20),
-              "grad_compression": model.parallel.grad_compression if model.parallel is not None else "none",
+              "bucket_mb": (parallel.bucket_bytes if parallel is not None else BUCKET_BYTES) / (1 << 20),
+              "grad_compression": parallel.grad_compression if parallel is not None else "none",
               "params": model.num_parameters()}
     if rank == 0:
         print(json.dumps(result), flush=True)
@@ -173,9 +181,10 @@ def comm(args: argparse.Namespace) -> None:
         group.all_reduce_flat(flat)
     ms = 1000 * (time.perf_counter() - t0) / args.repeats
     if group.rank == 0:
-        from anygrad.distributed.launch import BUCKET_BYTES, GLOO_GROUPS
+        from anygrad.distributed.launch import BUCKET_BYTES, fixed_bucket_bytes
         got = {"all_reduce_mib": args.mib, "ranks": group.size, "ms": ms, "gb_per_s": (args.mib << 20) / ms / 1e6,
-               "gloo_groups": GLOO_GROUPS, "bucket_mb": BUCKET_BYTES / (1 << 20)}
+               "gloo_groups": len(group.lanes),
+               "bucket_mb": (fixed_bucket_bytes() or BUCKET_BYTES) / (1 << 20)}
         print(json.dumps(got), flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps(got, indent=1))

@@ -4,6 +4,7 @@
     python benchmarks/models.py --models gpt2s:8,resnet50:64 --profile  # issue 19's sizes
     python benchmarks/models.py --device cpu --models resnet18:32,gpt:8 --seconds 3   # vs PyTorch CPU
     python benchmarks/models.py --list
+    python benchmarks/models.py --implementation dawn --precision f16 --torch-cases eager,amp --profile
 
 Every model is built here, from torchvision or from a small module in this file (no downloads),
 with torch.manual_seed(0). anygrad gets the same initial weights through `anygrad.from_torch`;
@@ -19,6 +20,8 @@ Per (model, batch), in this order:
   of the step (the buffers anygrad allocates) and the process's GPU memory from nvidia-smi
   (peak during the anygrad case minus the level before anygrad opened the device, so the
   Vulkan context counts); with --profile a timestamp GPU profile of one step;
+- with --profile on wgpu: the share of the step's GPU time on matrix units (kernels_mma) and the
+  op kinds that stay on ALUs;
 - PyTorch eager with its defaults (cuDNN convolutions in TF32 on the GPU; matmuls stay FP32,
   PyTorch's default), `eager-fp32` (cuDNN TF32 off; only for models with convolutions, the
   GPTs are FP32 either way), and `compile` (torch.compile, mode --compile-mode, PyTorch
@@ -370,7 +373,7 @@ def run_anygrad(spec: Spec, module, batches, device: str, args, mem: GpuMemory |
         out["cuda_profile"] = cuda_profile(lambda i: model.train_step(*batches[i % n]), torch.cuda.synchronize,
                                            top=args.top)
     inputs0, targets0 = model._batch(x0, y0)
-    exe = model._train_program(inputs0, targets0, flush=False)
+    exe = model.train_program(inputs0, targets0, flush=False)
     if model.backend.name == "wgpu":
         from anygrad.backends.wgpu.planner import memory_report
         rep = memory_report(exe.plan)
@@ -382,8 +385,33 @@ def run_anygrad(spec: Spec, module, batches, device: str, args, mem: GpuMemory |
         if mem and level is not None:
             out["smi_peak_mib"] = mem.peak_since() - level
         if args.profile and "timestamp-query" in model.backend.device.features:
-            out["profile"] = exe.step_profile({**inputs0, **targets0}, repeat=3).as_dict()
+            prof = exe.step_profile({**inputs0, **targets0}, repeat=3)
+            out["profile"] = prof.as_dict()
+            out["matrix_units"] = matrix_unit_share(prof.kernels)
     return out  # the model's buffers go with this frame (the worker collects after each case)
+
+
+def matrix_unit_share(kernels: list[tuple[str, float]], top: int = 8) -> dict:
+    """Of a step profile's (kernel, ns): the share of GPU time in kernels on matrix units
+    (kernels_mma: '[mma ' in the name), and the op kinds that stay on ALUs with their shares."""
+    from anygrad.backends.wgpu.profiling import op_kind
+    total = sum(ns for _, ns in kernels) or 1.0
+    mma = sum(ns for name, ns in kernels if "[mma " in name)
+    alu: dict[str, float] = {}
+    for name, ns in kernels:
+        if "[mma " not in name:
+            alu[op_kind(name)] = alu.get(op_kind(name), 0.0) + ns
+    kinds = sorted(alu.items(), key=lambda kv: -kv[1])[:top]
+    return {"mma_share": mma / total, "mma_kernels": sum("[mma " in name for name, _ in kernels),
+            "kernels": len(kernels), "alu_top": [(k, ns / total) for k, ns in kinds]}
+
+
+def with_implementation(device: str, implementation: str | None) -> str:
+    """`wgpu` (or `wgpu:<n|api>`) on the chosen WebGPU implementation: wgpu:dawn / wgpu:native
+    (--implementation); other devices unchanged."""
+    if not implementation or not device.startswith("wgpu") or device in ("wgpu:dawn", "wgpu:native"):
+        return device
+    return f"wgpu:{implementation}"
 
 
 def run_torch(spec: Spec, module, batches, case: str, args, mem: GpuMemory | None) -> dict:
@@ -537,7 +565,7 @@ def machine() -> dict:
         info["gpu"] = out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
-    for mod in ("wgpu", "torch", "torchvision"):
+    for mod in ("wgpu", "wgpudawn", "torch", "torchvision"):
         try:
             info[mod] = __import__(mod).__version__
         except ImportError:
@@ -606,6 +634,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="wgpu", help="anygrad device: wgpu or torch:cuda (vs PyTorch CUDA; torch:cuda+eager without CUDA "
                    "graphs, +compile as --compile, +inductor torch.compile alone), cpu or "
                    "torch:cpu (vs PyTorch CPU)")
+    p.add_argument("--implementation", choices=("dawn", "native"), default=None,
+                   help="WebGPU implementation for --device wgpu: dawn (wgpudawn: matrix units where the adapter "
+                   "lists them) or native (wgpu-native); the device becomes wgpu:dawn / wgpu:native")
     p.add_argument("--torch-cases", default="eager,eager-fp32,compile",
                    help="PyTorch cases: eager (defaults), eager-fp32 (cuDNN TF32 off), compile, amp (autocast "
                    "float16 + GradScaler); 'none' for none")
@@ -629,6 +660,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=900, help="seconds per (model, batch) child")
     args = p.parse_args(argv)
     args.torch_cases = [] if args.torch_cases == "none" else [c for c in args.torch_cases.split(",") if c]
+    args.device = with_implementation(args.device, args.implementation)
 
     if args.list:
         for name, s in MODELS.items():

@@ -141,7 +141,7 @@ def bench_anygrad(device: str, batch: int, x: np.ndarray, y: np.ndarray, warmup:
     def finish() -> dict:
         extra = {"loss": model.read_metrics(reset=True).get("loss")}
         if model.backend.name == "wgpu":
-            exe = model._train_program(*batches[0], flush=False)
+            exe = model.train_program(*batches[0], flush=False)
             feeds = model._feeds(*batches[0])
             n = 50
             h0 = time.perf_counter()

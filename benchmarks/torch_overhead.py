@@ -143,7 +143,7 @@ def measure(name: str, batch: int, device: str, steps: int, repeats: int, profil
     model.compile(loss=loss, optimizer=make_opt(), device=device)
     out["anygrad_us"] = _median_us(lambda i: model.train_step(*batches[i % n]), steps, repeats, sync)
     inputs, targets = model._batch(*batches[0])
-    exe = model._train_program(inputs, targets, flush=False)
+    exe = model.train_program(inputs, targets, flush=False)
     feeds = {**inputs, **targets}
     out["run_us"] = _median_us(lambda i: exe.run(feeds, fetch=[]), steps, repeats, sync)
     vals = exe._values(feeds)

@@ -13,6 +13,8 @@ import os
 
 import pytest
 
+from anygrad.ir import private_attrs
+
 if importlib.util.find_spec("triton") is not None:
     import triton  # noqa: F401
 
@@ -26,6 +28,10 @@ os.environ.setdefault("ANYGRAD_PIPELINE_CACHE", "0")
 # every model and op they train plans within what any adapter offers (issue 13). Tests of other
 # profiles set their own; ANYGRAD_WGPU_LIMITS= (empty) in the environment gives the adapter's limits.
 os.environ.setdefault("ANYGRAD_WGPU_LIMITS", "webgpu-default")
+
+# Private node attributes (anygrad/ir/private_attrs.py): in tests, reading an undeclared one fails
+# too, not only setting one (fusion.prepare checks what the rewrites set).
+private_attrs.checking(True)
 
 
 @pytest.fixture

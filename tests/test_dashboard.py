@@ -126,6 +126,91 @@ def test_live_reporter_renders_to_a_forced_terminal():
     assert "★ best" in text and "done: 2 epochs" in text
 
 
+def _live(width: int = 110):
+    from rich.console import Console
+    out = io.StringIO()
+    return LiveReporter(Console(file=out, force_terminal=True, width=width, color_system=None)), out
+
+
+def test_the_run_bar_counts_training_steps_not_validation_batches():
+    """8 epochs of 6 steps with 10 validation batches each: `run 48/48`, never out of 128."""
+    from anygrad.train.report import ValidInfo
+    r, out = _live()
+    r.run_begin(RunInfo("m.onnx", "cpu (numpy)", 8, 6, 32, valid_steps=10))
+    g = 0
+    for e in range(1, 9):
+        for s in range(1, 7):
+            g += 1
+            r.step(StepInfo(e, s, 6, g, 1.0 / g, 0.5, 0.01, 1000.0))
+        for v in range(1, 11):
+            r.validation(ValidInfo(e, v, 10))
+        task = r.progress.tasks[1]  # its ETA counts the validation batches; what it says does not
+        assert (task.completed, task.total, task.fields["count"]) == (16 * e, 128, f"{6 * e}/48")
+        r.epoch_end(EpochInfo(e, {"train_loss": 1.0 / e}, 1.0))
+    r.run_end()
+    text = out.getvalue()
+    assert "48/48" in text and "/128" not in text
+
+
+def test_a_resumed_dashboard_keeps_the_earlier_epochs_and_curve():
+    history = [EpochInfo(e, {"train_loss": 2.0 / e, "train_accuracy": 0.1 * e, "valid_loss": 1.5 / e,
+                             "valid_accuracy": 0.1 * e}, 3.0, best=e == 2) for e in (1, 2)]
+    earlier = [StepInfo(e, s, 4, 4 * (e - 1) + s, 2.0 / (4 * (e - 1) + s), None, 0.01, 100.0)
+               for e in (1, 2) for s in (2, 4)]
+    r, out = _live()
+    r.run_begin(RunInfo("m.onnx", "cpu (numpy)", 3, 4, 32, start_epoch=3, history=history,
+                        earlier_steps=earlier))
+    assert len(r.losses) == 4  # the curve goes on from the earlier progress reads
+    r.step(StepInfo(3, 4, 4, 12, 0.1, 0.9, 0.01, 100.0))
+    r.epoch_end(EpochInfo(3, {"train_loss": 0.9, "train_accuracy": 0.2, "valid_loss": 0.9,
+                              "valid_accuracy": 0.2}, 3.0, best=False))
+    r.run_end()
+    rows = [line for line in out.getvalue().splitlines() if re.match(r"^\W*[123]\s+\d\.\d{4}", line)]
+    final = rows[-3:]
+    assert [int(re.match(r"^\W*(\d)", line)[1]) for line in final] == [1, 2, 3], rows
+    assert f"{1.5 / 2:.4f}" in final[1] and "★ best" in final[1] and "★" not in final[2]
+    assert "done: 1 epoch in" in out.getvalue()  # the summary counts this invocation's epochs
+
+
+def test_a_resumed_run_hands_the_dashboard_its_history(tmp_path):
+    """Through the Learner: the resumed run's RunInfo holds the epochs and progress reads before."""
+    import numpy as np
+    from test_cli import _mlp
+
+    import anygrad
+    from anygrad.optim import get_optimizer
+    from anygrad.train import LineReporter, fit
+
+    class Recording(LineReporter):
+        def run_begin(self, info):
+            self.info = info
+
+    path = _mlp(tmp_path / "mlp.onnx")
+    rng = np.random.default_rng(0)
+    data = rng.standard_normal((16, 1, 28, 28)).astype(np.float32), rng.integers(0, 10, 16).astype(np.int64)
+
+    def model():
+        return anygrad.load_onnx(str(path)).compile("cross_entropy", get_optimizer("sgd", lr=0.05), "cpu")
+    settings = {"batch_size": 8, "log_every": 1, "artifacts_dir": str(tmp_path / "run")}
+    first = Recording(None)
+    fit(model(), data, data, epochs=2, reporter=first, **settings)
+    assert first.info.history == [] and first.info.earlier_steps == []
+    again = Recording(None)
+    result = fit(model(), data, data, epochs=3, reporter=again, resume=True, **settings)
+    info = again.info
+    assert info.start_epoch == 3 and [e.epoch for e in info.history] == [1, 2]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [e.metrics["train_loss"] for e in info.history] == [row["train_loss"] for row in rows[:2]]
+    assert [e.best for e in info.history].count(True) == 1
+    import csv
+    with open(tmp_path / "run" / "metrics_steps.csv", newline="") as f:
+        logged = [(int(r["epoch"]), int(r["step"]), float(r["loss"])) for r in csv.DictReader(f)
+                  if int(r["epoch"]) <= 2]  # what was there when the resumed run began
+    assert {e for e, _, _ in logged} == {1, 2}  # the progress reads of both earlier epochs
+    assert [(s.epoch, s.step, s.loss) for s in info.earlier_steps] == logged
+    assert len(result.history) == 3
+
+
 # -- the live view in a real terminal -------------------------------------------------------------
 def _capture(session: str) -> str:
     return subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True,
@@ -226,8 +311,9 @@ def test_live_dashboard_of_a_real_training_run(tmp_path: Path):
             screen = _capture(session)
         assert "REAL-DONE" in screen, screen
         assert "tiny.onnx" in screen and "cpu (numpy)" in screen and "epoch 2/2" in screen, screen
-        # run and epoch bars complete; the run bar counts the validation batches too (10 per epoch)
-        assert "60/60" in screen and "20/20" in screen, screen
+        # run and epoch bars complete; the run bar counts training steps only (2 epochs x 20), not the
+        # validation batches (10 per epoch) the epoch's bar shows while they run
+        assert "40/40" in screen and "20/20" in screen and "/60" not in screen, screen
         rows = [line for line in screen.splitlines() if re.match(r"^│\s+[12]\s+\d\.\d{4}", line)]
         assert len(rows) == 2, screen
         metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -110,19 +110,19 @@ WORKER = textwrap.dedent("""
     z = np.load(data_path)
     m = anygrad.load_onnx(model_path).compile(optimizer=Adam(lr=0.01), device=devices, accumulate=2,
                                               clip_norm=float(clip_norm) if clip_norm else None, precision=precision)
-    local = [r.backend for r in m.parallel.replicas[1:]] if m.parallel else []
-    m.parallel = DataParallel(m, local, group, check_every=3, sync_batchnorm=True if sync == "1" else None)
+    local = m.devices[1:]
+    m.strategy = DataParallel(m, local, group, check_every=3, sync_batchnorm=True if sync == "1" else None)
     if scale:  # f16: the loss scale every replica starts from
-        for r in m.parallel.replicas:
+        for r in m.strategy.replicas:
             r.backend.set_state("anygrad.loss_scale", np.array(float(scale), np.float32))
-    loader = m.parallel.loader(z["x"], z["y"], 16, seed=3)
+    loader = m.strategy.loader(z["x"], z["y"], 16, seed=3)
     losses = []
     for epoch in range(2):
         loader.epoch = epoch
         for i, (x, y) in enumerate(loader, 1):
             losses.append(m.train_on_batch(x, y, flush=i == len(loader)))
     metrics = m.read_metrics()
-    m.parallel.check_replicas()
+    m.strategy.check_replicas()
     if group.rank == 0:
         np.savez(out, losses=np.array(losses), loss=metrics["loss"], count=metrics["count"],
                  skipped=metrics.get("skipped_updates", -1.0),
@@ -221,12 +221,12 @@ WORKER_BF16 = textwrap.dedent("""
     group.all_reduce_start_bf16(probe, 0.5).wait()
     z = np.load(data_path)
     m = anygrad.load_onnx(model_path).compile(optimizer=SGD(lr=0.1), device=devices)
-    m.parallel = DataParallel(m, [], group, check_every=1, grad_compression="bf16")
+    m.strategy = DataParallel(m, [], group, check_every=1, grad_compression="bf16")
     sent, plain = [], group.all_reduce_start
     group.all_reduce_start = lambda view: sent.append(view.size) or plain(view)  # float32 sends
-    loader = m.parallel.loader(z["x"], z["y"], 16, seed=3)
+    loader = m.strategy.loader(z["x"], z["y"], 16, seed=3)
     losses = [m.train_on_batch(x, y) for epoch in range(2) for x, y in loader]
-    m.parallel.check_replicas()
+    m.strategy.check_replicas()
     if group.rank == 0:
         np.savez(out, losses=np.array(losses), probe=probe, float32_sends=len(sent), **m.state_dict())
     group.close()
@@ -363,21 +363,21 @@ def test_devices_of_one_process_train_like_one_device(tiny, devices):
     one = devices.split(",")[0]
     losses, state, metrics = _reference(model, x, y, device=one)
     m = anygrad.load_onnx(str(model)).compile(optimizer=Adam(lr=0.01), device=devices, accumulate=2, clip_norm=1.0)
-    assert len(m.parallel.replicas) == len(devices.split(","))
+    assert len(m.strategy.replicas) == len(devices.split(","))
     if devices.startswith("wgpu"):
-        assert m.parallel.replicas[0].backend.device is not m.parallel.replicas[1].backend.device
-    m.parallel.check_every = 2
+        assert m.strategy.replicas[0].backend.device is not m.strategy.replicas[1].backend.device
+    m.strategy.check_every = 2
     got = _epochs(m, x, y)
     np.testing.assert_allclose(got, losses, **TOL)
     for name, value in m.state_dict().items():
         np.testing.assert_allclose(value, state[name], **TOL, err_msg=name)
     assert m.read_metrics()["count"] == metrics["count"]
-    m.parallel.check_replicas()
+    m.strategy.check_replicas()
     # a replica that drifts is caught by the hash check
-    r = m.parallel.replicas[1]
+    r = m.strategy.replicas[1]
     r.backend.set_state("fc1.bias", r.backend.get_state("fc1.bias") + 1)
     with pytest.raises(anygrad.AnygradError, match="diverged.*device 1"):
-        m.parallel.check_replicas()
+        m.strategy.check_replicas()
 
 
 @pytest.mark.parametrize("devices", ["cpu,cpu,cpu", "wgpu:0,wgpu:0"])
@@ -393,23 +393,23 @@ def test_f16_devices_of_one_process_train_like_one_f16_device_and_skip_overflowi
         return anygrad.load_onnx(str(model)).compile(optimizer=Adam(lr=0.01), device=devices, accumulate=2,
                                                      clip_norm=1.0, precision="f16")
     m = compiled()
-    assert m.precision == "f16" and len(m.parallel.replicas) == len(devices.split(","))
+    assert m.precision == "f16" and len(m.strategy.replicas) == len(devices.split(","))
     np.testing.assert_allclose(_epochs(m, x, y), losses, rtol=1e-4, atol=1e-4)
     for name, value in m.state_dict().items():
         np.testing.assert_allclose(value, state[name], rtol=1e-4, atol=1e-4, err_msg=name)
-    m.parallel.check_replicas()
+    m.strategy.check_replicas()
 
     m = compiled()
     before = m.state_dict()
-    for r in m.parallel.replicas:
+    for r in m.strategy.replicas:
         r.backend.set_state(grad_scaler.LOSS_SCALE, np.array(2.0 ** 40, np.float32))
     m.train_on_batch(x[:16], y[:16], flush=True)  # accumulate=2: flushed after one micro-batch, one update
     assert m.read_metrics()["skipped_updates"] == 1.0
-    assert [float(r.backend.get_state(grad_scaler.LOSS_SCALE)) for r in m.parallel.replicas] == \
-        [2.0 ** 39] * len(m.parallel.replicas)
+    assert [float(r.backend.get_state(grad_scaler.LOSS_SCALE)) for r in m.strategy.replicas] == \
+        [2.0 ** 39] * len(m.strategy.replicas)
     for name, value in m.state_dict().items():
         np.testing.assert_array_equal(value, before[name], err_msg=name)
-    m.parallel.check_replicas()
+    m.strategy.check_replicas()
 
 
 @pytest.mark.parametrize("devices", ["cpu,cpu", "wgpu:0,wgpu:0", "wgpu:0,cpu"])
@@ -424,11 +424,11 @@ def test_uneven_shares_by_speed_keep_the_loss_weighting_exact(tiny, devices):
 
     def before(epoch: int, i: int) -> None:
         if epoch == 0 and i == 2 and devices != "wgpu:0,cpu":  # unlike devices balance by themselves
-            m.parallel.balance(steps=1)
+            m.strategy.balance(steps=1)
         if epoch == 1 and i == 1:
-            assert devices == "wgpu:0,cpu" or m.parallel.speeds is not None and len(m.parallel.speeds) == 2
-            m.parallel.speeds = [3.0, 1.0]  # as measured beside a device three times slower
-            assert m.parallel.shares(16) == [12, 4]
+            assert devices == "wgpu:0,cpu" or m.strategy.speeds is not None and len(m.strategy.speeds) == 2
+            m.strategy.speeds = [3.0, 1.0]  # as measured beside a device three times slower
+            assert m.strategy.shares(16) == [12, 4]
     got = _epochs(m, x, y, before=before)
     np.testing.assert_allclose(got, losses, **TOL)
     for name, value in m.state_dict().items():
@@ -456,9 +456,9 @@ def _train_args(model: Path, data: Path, run: Path, epochs: int = 2) -> list[str
 
 
 @pytest.mark.parametrize("var,value,says", [
-    ("ANYGRAD_BUCKET_MB", "abc", "give a positive number of megabytes"),
-    ("ANYGRAD_GLOO_GROUPS", "2.5", "give a whole number of groups, 1 or more"),
-    ("ANYGRAD_GLOO_PIECE_MB", "-1", "give a positive number of megabytes")])
+    ("ANYGRAD_BUCKET_MB", "abc", "give a number > 0"),
+    ("ANYGRAD_GLOO_GROUPS", "2.5", "give a whole number >= 1"),
+    ("ANYGRAD_GLOO_PIECE_MB", "-1", "give a number > 0")])
 def test_a_bad_exchange_setting_is_named_not_a_traceback(tmp_path, mnist_like, var, value, says):
     """The exchange's environment settings, read when data parallelism is first used: a value that
     is not one is an error naming the variable, shown by the CLI as a message."""
@@ -597,7 +597,7 @@ def bn_data(tmp_path_factory) -> tuple[Path, Path, np.ndarray, np.ndarray]:
 def _bn_train(model: Path, x: np.ndarray, y: np.ndarray, device: str, sync: bool | None = None) -> tuple:
     m = anygrad.load_onnx(str(model)).compile(optimizer=Adam(lr=0.01), device=device, accumulate=2)
     if sync is not None:
-        m.parallel.set_sync_batchnorm(sync)
+        m.strategy.set_sync_batchnorm(sync)
     return _epochs(m, x, y), m.state_dict(), m
 
 
@@ -613,7 +613,7 @@ def test_sync_batchnorm_devices_train_like_one_device_on_the_global_batch(bn_dat
     assert set(got_state) == set(state) and "bn.running_var" in state
     for name, value in state.items():
         np.testing.assert_allclose(got_state[name], value, **TOL, err_msg=name)
-    for r in m.parallel.replicas[1:]:
+    for r in m.strategy.replicas[1:]:
         np.testing.assert_allclose(r.backend.get_state("bn.running_mean"), got_state["bn.running_mean"], **TOL)
     per_replica, _, _ = _bn_train(model, x, y, "cpu,cpu,cpu")
     assert np.abs(per_replica - losses).max() > 1e-3  # the shards' statistics differ from the batch's
@@ -647,8 +647,8 @@ def test_sync_batchnorm_on_two_wgpu_devices(bn_data):
     np.testing.assert_allclose(got, losses, **TOL)
     for name, value in state.items():
         np.testing.assert_allclose(got_state[name], value, **TOL, err_msg=name)
-    m.parallel.check_replicas()
-    exe = next(e for k, e in m.parallel.replicas[1]._programs.items() if k[0] == "train")
+    m.strategy.check_replicas()
+    exe = next(e for k, e in m.strategy.replicas[1].programs().items() if k[0] == "train")
     assert len(exe._host_steps) >= 5  # count, sum, squares forward; two weighted sums backward
     per_replica, _, _ = _bn_train(model, x[:32], y[:32], "wgpu:0,wgpu:0")
     assert np.abs(per_replica - losses).max() > 1e-3
@@ -676,10 +676,10 @@ def test_device_shards_are_uploaded_through_mapped_buffers(tiny, monkeypatch, th
     np.testing.assert_allclose(got, losses, **TOL)
     for name, value in m.state_dict().items():
         np.testing.assert_allclose(value, state[name], **TOL, err_msg=name)
-    for r in m.parallel.replicas:
-        programs = [e for k, e in r._programs.items() if k[0] == "train"]
+    for r in m.strategy.replicas:
+        programs = [e for k, e in r.programs().items() if k[0] == "train"]
         assert programs and all(set(e._upload_bufs) == set(e.graph.inputs) for e in programs)
-    assert {"upload0", "upload1"} <= set(m.parallel.breakdown())
+    assert {"upload0", "upload1"} <= set(m.strategy.breakdown())
 
 
 @pytest.mark.parametrize("n", [5, 40_000, 300_001])
@@ -705,21 +705,21 @@ def test_bucket_sums_over_the_threads_are_the_in_order_sums(tiny, monkeypatch, n
     weights = [0.5, 0.25, 0.25]
     want_uneven = (parts[0] * np.float32(0.5) + parts[1] * np.float32(0.25)) + parts[2] * np.float32(0.25)
     into = [np.empty(n, np.float32), np.empty(n, np.float32)]
-    m.parallel._combine(parts, [1 / 3] * 3, True, into)
+    m.strategy._combine(parts, [1 / 3] * 3, True, into)
     for out in into:
         np.testing.assert_array_equal(out, want_equal)
     first = parts[0].copy()
-    m.parallel._combine([first] + parts[1:], weights, False, [first])
+    m.strategy._combine([first] + parts[1:], weights, False, [first])
     np.testing.assert_array_equal(first, want_uneven)
     one = np.empty(n, np.float32)  # a rank's one device: its all-reduced bucket times 1/ranks, one pass
-    m.parallel._combine(parts[:1], [0.5], True, [one])
+    m.strategy._combine(parts[:1], [0.5], True, [one])
     np.testing.assert_array_equal(one, parts[0] * np.float32(0.5))
     in_place = parts[1].copy()
-    m.parallel._combine([in_place], [0.25], True, [in_place])
+    m.strategy._combine([in_place], [0.25], True, [in_place])
     np.testing.assert_array_equal(in_place, parts[1] * np.float32(0.25))
     assert pieces == [{5: 1, 40_000: 2, 300_001: 4}[n]] * 4
     one_thread = np.empty(n, np.float32)  # into mapped upload memory: MAPPED_COPY_WRITERS (1), the same bits
-    m.parallel._combine(parts, [1 / 3] * 3, True, [one_thread], threads=1)
+    m.strategy._combine(parts, [1 / 3] * 3, True, [one_thread], threads=1)
     np.testing.assert_array_equal(one_thread, want_equal)
     assert pieces[-1] == -(-n // parallel.SUM_CHUNK)
 
@@ -777,7 +777,7 @@ def test_ranks_start_every_all_reduce_at_hand_before_writing_back(tiny, monkeypa
     alone = anygrad.load_onnx(str(model)).compile(optimizer=SGD(lr=0.1, momentum=0.9), device=device)
     m = anygrad.load_onnx(str(model)).compile(optimizer=SGD(lr=0.1, momentum=0.9), device=device)
     group = _MirrorGroup(slow)
-    m.parallel = DataParallel(m, [], group)
+    m.strategy = DataParallel(m, [], group)
     plain_await, plain_write = DataParallel._await, DataParallel._write_back
 
     def all_here(self, i, k, futures):  # every bucket on the host before the first is handled
@@ -794,12 +794,12 @@ def test_ranks_start_every_all_reduce_at_hand_before_writing_back(tiny, monkeypa
         assert m.train_on_batch(xb, yb) == alone.train_on_batch(xb, yb)
     for name, value in alone.state_dict().items():
         np.testing.assert_array_equal(m.state_dict()[name], value, err_msg=name)
-    buckets = len(m.parallel._buckets)
+    buckets = len(m.strategy._buckets)
     assert buckets >= 3
     last = group.events[-2 * buckets:]
-    assert last == [("start", b - a) for _, a, b in m.parallel._buckets] + [("write", k) for k in range(buckets)], last
+    assert last == [("start", b - a) for _, a, b in m.strategy._buckets] + [("write", k) for k in range(buckets)], last
     if device != "cpu":  # each bucket went through upload memory of its own
-        assert len(m.parallel.replicas[0].backend._import_bufs) == buckets
+        assert len(m.strategy.replicas[0].backend._import_bufs) == buckets
 
 
 def test_upload_memory_is_mapped_before_the_first_bucket_and_given_back_after_an_error(tiny, monkeypatch):
@@ -837,7 +837,7 @@ def test_upload_memory_is_mapped_before_the_first_bucket_and_given_back_after_an
     monkeypatch.setattr(parallel.DataParallel, "_combine", combine)
     monkeypatch.setattr(parallel.DataParallel, "_await", awaited)
     m = _two_wgpu_devices_train_like_one(model, x, y)
-    buckets = len(m.parallel._buckets)
+    buckets = len(m.strategy._buckets)
     assert buckets >= 3
     events.clear()
     m.train_on_batch(x[:16], y[:16], flush=True)  # an update
@@ -851,11 +851,11 @@ def test_upload_memory_is_mapped_before_the_first_bucket_and_given_back_after_an
     monkeypatch.setattr(parallel.DataParallel, "_combine", failing)
     with pytest.raises(RuntimeError, match="sum failed"):
         m.train_on_batch(x[16:32], y[16:32], flush=True)
-    staged = [b for r in m.parallel.replicas for b in r.backend._import_bufs.values()]
+    staged = [b for r in m.strategy.replicas for b in r.backend._import_bufs.values()]
     assert len(staged) == 2 * buckets and all(b.map_state == "unmapped" for b in staged)
     monkeypatch.setattr(parallel.DataParallel, "_combine", plain_combine)
     assert np.isfinite(m.train_on_batch(x[16:32], y[16:32], flush=True))
-    m.parallel.check_replicas()
+    m.strategy.check_replicas()
 
 
 @pytest.mark.parametrize("hold", ["free", "1", "0"])
@@ -896,20 +896,20 @@ def test_buckets_are_read_back_during_the_backward_pass(tiny, monkeypatch, hold)
     model, _, x, y = tiny
     x, y = x[:32], y[:32]
     m = _two_wgpu_devices_train_like_one(model, x, y)
-    buckets = m.parallel._buckets
+    buckets = m.strategy._buckets
     assert len(buckets) >= 2 and sum(b - a for _, a, b in buckets) == m.num_parameters()
-    programs = {k[3]: e for k, e in m.parallel.replicas[1]._programs.items() if k[0] == "train"}
+    programs = {k[3]: e for k, e in m.strategy.replicas[1].programs().items() if k[0] == "train"}
     # the first micro-batch's program writes every gradient in place: every bucket is read back mid-step
-    assert all(step is not None for step in m.parallel._ready_steps(programs["first"]).values())
+    assert all(step is not None for step in m.strategy._ready_steps(programs["first"]).values())
     # the accumulating one: the biases in place (read mid-step), weights through a copy after the kernels
-    ready = m.parallel._ready_steps(programs["accumulate"])
+    ready = m.strategy._ready_steps(programs["accumulate"])
     assert any(step is not None for step in ready.values())
     assert [k for k in range(len(buckets)) if ready[k] is not None] == sorted(
         (k for k in ready if ready[k] is not None), key=lambda k: ready[k])  # taken in the order they finish
-    parts = m.parallel.breakdown()
+    parts = m.strategy.breakdown()
     assert {"run0", "run1", "compute_wait0", "write_back", "update", "step"} <= set(parts)
     asked = [k for k, (_, n) in enumerate(submits) if n]
-    per_device = [sum(1 for k in asked if submits[k][0] == id(r.backend)) for r in m.parallel.replicas]
+    per_device = [sum(1 for k in asked if submits[k][0] == id(r.backend)) for r in m.strategy.replicas]
     assert any(name.startswith("anygrad-readback") for name in readers)
     if hold in ("free", "1"):  # maps asked mid-step, with later parts still to come from the same device
         assert any(b == submits[k][0] for k in asked for b, _ in submits[k + 1:k + 3])
@@ -953,12 +953,12 @@ def test_bucket_size_is_timed_then_kept(tiny, monkeypatch, devices):
     for name, value in m.state_dict().items():
         np.testing.assert_allclose(value, state[name], **TOL, err_msg=name)
     assert len(sizes) == 6 and sizes[:3] == [256, 256, 2048]  # untimed first update, then each candidate
-    assert sizes[3] in (256, 2048) and set(sizes[3:]) == {m.parallel.bucket_bytes}
+    assert sizes[3] in (256, 2048) and set(sizes[3:]) == {m.strategy.bucket_bytes}
     if devices.startswith("wgpu"):  # staging buffers of the kept buckets only
-        keys = {names for names, _, _ in m.parallel._buckets}
-        for r in m.parallel.replicas:
+        keys = {names for names, _, _ in m.strategy._buckets}
+        for r in m.strategy.replicas:
             assert set(r.backend._export_bufs) <= keys and set(r.backend._import_bufs) <= keys
-    m.parallel.check_replicas()
+    m.strategy.check_replicas()
 
 
 def test_bucket_sizes_are_not_timed_while_the_devices_are_balanced(tiny, monkeypatch):
@@ -968,10 +968,10 @@ def test_bucket_sizes_are_not_timed_while_the_devices_are_balanced(tiny, monkeyp
     sizes = _recorded_bucket_sizes(monkeypatch)
     m = anygrad.load_onnx(str(model)).compile(optimizer=Adam(lr=0.01), device="cpu,cpu")
     m.train_step(x[:16], y[:16])
-    m.parallel.balance(steps=2)
+    m.strategy.balance(steps=2)
     for k in range(4):
         m.train_step(x[16 * k:16 * k + 16], y[16 * k:16 * k + 16])
-    assert sizes == [256, 256, 256, 256, 2048] and len(m.parallel._bucket.times) == 2
+    assert sizes == [256, 256, 256, 256, 2048] and len(m.strategy._bucket.times) == 2
 
 
 def test_ranks_time_bucket_sizes_and_keep_rank_0s_choice(tmp_path, tiny):
@@ -982,7 +982,7 @@ def test_ranks_time_bucket_sizes_and_keep_rank_0s_choice(tmp_path, tiny):
                             "parallel.BUCKET_BYTES, parallel.BUCKET_SCALES, parallel.BUCKET_TRIALS = 256, (1.0, 8.0), 1\n"
                             "group = ProcessGroup(", 1)
     worker = worker.replace("metrics = m.read_metrics()", "metrics = m.read_metrics()\n"
-                            "assert m.parallel._bucket.value in (256, 2048), m.parallel._bucket.value", 1)
+                            "assert m.strategy._bucket.value in (256, 2048), m.strategy._bucket.value", 1)
     assert worker.count("BUCKET_TRIALS") == 1 and worker.count("_bucket.value in") == 1
     got = _ranks(tmp_path, 2, model, data, worker=worker)
     losses, state, _ = _reference(model, x, y)
@@ -1044,10 +1044,10 @@ def test_hold_parts_is_timed_then_kept(tiny, monkeypatch):
     trials = tried[1:n]
     assert sorted(trials) == sorted(list(parallel.HOLD_CANDIDATES) * parallel.HOLD_TRIALS)
     assert trials[:2] == list(parallel.HOLD_CANDIDATES)  # alternating
-    assert m.parallel.hold_parts in parallel.HOLD_CANDIDATES and tried[-1] == m.parallel.hold_parts
+    assert m.strategy.hold_parts in parallel.HOLD_CANDIDATES and tried[-1] == m.strategy.hold_parts
     monkeypatch.setenv("ANYGRAD_WGPU_HOLD_PARTS", "1")
     fixed = anygrad.load_onnx(str(model)).compile(optimizer=Adam(lr=0.01), device="cpu,cpu")
-    assert fixed.parallel.hold_parts == 1
+    assert fixed.strategy.hold_parts == 1
 
 
 def test_a_failed_step_returns_only_once_every_device_has_finished_it(tiny, monkeypatch):
@@ -1085,7 +1085,7 @@ def test_a_failed_step_returns_only_once_every_device_has_finished_it(tiny, monk
     assert running == []  # device 1's part of the failed step is over
     failing[0] = False
     assert np.isfinite(m.train_on_batch(x[32:48], y[32:48]))
-    m.parallel.check_replicas()
+    m.strategy.check_replicas()
 
 
 FAILURE_SWEEP = r"""
@@ -1150,7 +1150,7 @@ for owner, attr in points:
         after = step(k + 2)
         k += 2
         try:
-            m.parallel.check_replicas()
+            m.strategy.check_replicas()
             equal = "equal"
         except Exception as e:
             equal = repr(e)[:300]
@@ -1228,4 +1228,4 @@ def test_a_failed_part_submission_fails_the_step_and_the_next_one_trains(tiny, m
     assert outcome and isinstance(outcome[0], Exception) and "submit failed" in str(outcome[0])
     monkeypatch.setattr(WgpuBackend, "submit", plain)
     assert np.isfinite(m.train_on_batch(x[32:48], y[32:48]))
-    m.parallel.check_replicas()
+    m.strategy.check_replicas()

@@ -173,3 +173,13 @@ def test_linear_model_through_model_matches_torch(name, kwargs):
         np.testing.assert_allclose(state["W"], lin.weight.detach().numpy(), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(state["b"], lin.bias.detach().numpy(), rtol=1e-5, atol=1e-6)
     assert model.read_metrics()["count"] == 40
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_a_non_finite_hyperparameter_is_refused_by_name(value):
+    from anygrad.errors import ConfigError
+    from anygrad.optim import SGD, AdamW
+    with pytest.raises(ConfigError, match="adamw: lr must be a finite number"):
+        AdamW(lr=value)
+    with pytest.raises(ConfigError, match="sgd: momentum must be a finite number"):
+        SGD(lr=0.1, momentum=value)

@@ -109,10 +109,10 @@ def test_plot_without_matplotlib_says_what_to_install(tmp_path, monkeypatch, cap
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     _metrics(tmp_path / "run")
     from anygrad.plot import plot_run
-    with pytest.raises(ConfigError, match=r"pip install anygrad\[plot\]"):
+    with pytest.raises(ConfigError, match=r"pip install 'anygrad-train\[plot\]'"):
         plot_run(tmp_path / "run")
     assert cli.main(["plot", str(tmp_path / "run")]) == cli.EXIT_ERROR
-    assert "pip install anygrad[plot]" in capsys.readouterr().err
+    assert "pip install 'anygrad-train[plot]'" in capsys.readouterr().err
 
 
 def test_plot_of_a_folder_without_metrics(tmp_path, capsys):
@@ -190,7 +190,7 @@ def test_predict_image_without_pillow(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(builtins, "__import__", no_pil)
     (tmp_path / "a.png").write_bytes(b"")
     assert cli.main(["predict", str(_mlp(tmp_path / "m.onnx")), "--image", str(tmp_path / "a.png")]) == cli.EXIT_ERROR
-    assert "pip install anygrad[image]" in capsys.readouterr().err
+    assert "pip install 'anygrad-train[image]'" in capsys.readouterr().err
 
 
 # -- eval -------------------------------------------------------------------------------------------

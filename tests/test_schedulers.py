@@ -132,9 +132,14 @@ def test_resume_from_state_dict(name, options):
 
 
 def test_interval_defaults_and_override():
-    assert {n: c(BASE_LR, **dict(CASES)[n]).interval for n, c in SCHEDULERS.items()} == {
+    options = {**dict(CASES), "cosine_restarts": {"T_0": 5}, "lambda": {"lr_lambda": abs},
+               "multiplicative": {"lr_lambda": abs},
+               "sequential": {"schedulers": [get_scheduler("step", BASE_LR, step_size=2)]},
+               "chained": {"schedulers": [get_scheduler("step", BASE_LR, step_size=2)]}}
+    assert {n: c(BASE_LR, **options[n]).interval for n, c in SCHEDULERS.items()} == {
         "step": "epoch", "multistep": "epoch", "exponential": "epoch", "cosine": "epoch",
-        "linear": "epoch", "onecycle": "step", "plateau": "epoch"}
+        "linear": "epoch", "onecycle": "step", "plateau": "epoch", "cosine_restarts": "epoch",
+        "lambda": "step", "multiplicative": "epoch", "sequential": "epoch", "chained": "epoch"}
     assert get_scheduler("cosine", 0.1, T_max=100, interval="step").interval == "step"
 
 

@@ -2,8 +2,9 @@
 
 Frontends produce Models, so in the code the layers run (bottom to top): leaf utilities, the IR,
 the training-graph builders, backends, the Model, the frontends and model builders, the product.
-The one sanctioned exception is the Model facade's convenience methods (fit, PyTorch weights),
-which import upward lazily inside the method so that users can call them on the object they hold.
+There is no exception, not even a lazy import inside a function: the Model's convenience methods
+whose work lives above it (fit, PyTorch weights) call what anygrad.train and anygrad.frontends
+register in anygrad.facade, as the strategy for several devices is registered in anygrad.strategy.
 """
 from __future__ import annotations
 
@@ -13,18 +14,16 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "anygrad"
 
 LAYERS = [
-    {"errors", "rng", "coerce", "_parallel", "fsutil", "torchfile", "timeline"},  # leaf utilities (numpy only)
+    {"errors", "settings", "rng", "coerce", "_parallel", "fsutil", "torchfile", "timeline"},  # leaf utilities
     {"ir"},
     {"ops", "autodiff", "losses", "optim", "program", "batch"},
-    {"backends", "devices"},
-    {"model"},
+    {"backends", "devices", "strategy"},  # (strategy: how a Model's steps reach its devices)
+    {"model", "facade"},  # (facade: Model methods whose work the layers above register)
     {"frontends", "nn", "data", "codegen"},                      # build Models from files and code
     {"train", "inference", "plot", "distributed"},
     {"cli", "examples", "__init__", "__main__"},
 ]
 LEVEL = {name: i for i, names in enumerate(LAYERS) for name in names}
-# (importer, imported) pairs allowed upward, and only inside a function body (lazily).
-FACADE = {("model", "train"), ("model", "frontends"), ("model", "distributed")}
 
 
 def _unit(path: Path) -> str:
@@ -33,13 +32,9 @@ def _unit(path: Path) -> str:
     return rel.parts[0].removesuffix(".py")
 
 
-def _imports(path: Path) -> list[tuple[str, bool, int]]:
-    """(imported unit, inside a function?, line) for each anygrad import of the file."""
+def _imports(path: Path) -> list[tuple[str, int]]:
+    """(imported unit, line) for each anygrad import of the file, at its top or inside a function."""
     tree = ast.parse(path.read_text())
-    in_function: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            in_function.update(id(n) for n in ast.walk(node) if n is not node)
     depth = len(path.relative_to(PACKAGE).parts) - 1  # packages between anygrad/ and the file
     found = []
     for node in ast.walk(tree):
@@ -51,7 +46,7 @@ def _imports(path: Path) -> list[tuple[str, bool, int]]:
             else:
                 parts = node.module.split(".")[1:]
             units = [parts[0]] if parts and parts[0] else [a.name for a in node.names]
-            found += [(u, id(node) in in_function, node.lineno) for u in units]
+            found += [(u, node.lineno) for u in units]
     return found
 
 
@@ -61,10 +56,8 @@ def test_no_module_imports_a_layer_above_its_own():
     upward = []
     for path in PACKAGE.rglob("*.py"):
         unit = _unit(path)
-        for target, lazy, line in _imports(path):
+        for target, line in _imports(path):
             if target not in LEVEL or LEVEL[target] <= LEVEL[unit]:
-                continue
-            if lazy and (unit, target) in FACADE:
                 continue
             upward.append(f"{path.relative_to(PACKAGE)}:{line} ({unit}) imports {target}")
     assert not upward, "\n".join(upward)
@@ -78,7 +71,7 @@ APART = {("data", "model")}
 def test_data_does_not_import_the_model():
     apart = [f"{path.relative_to(PACKAGE)}:{line} ({unit}) imports {target}"
              for path in PACKAGE.rglob("*.py") for unit in [_unit(path)]
-             for target, _lazy, line in _imports(path) if (unit, target) in APART]
+             for target, line in _imports(path) if (unit, target) in APART]
     assert not apart, "\n".join(apart)
 
 

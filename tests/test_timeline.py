@@ -101,7 +101,7 @@ def test_data_parallel_writes_a_timeline_of_its_steps(tmp_path, monkeypatch):
         assert s["dur"] >= 0
         assert step["ts"] - SLACK_US <= s["ts"] and s["ts"] + s["dur"] <= step["ts"] + step["dur"] + SLACK_US, s
     # nothing more is kept, nor written at exit
-    assert len(m.parallel.timeline.events) == len(spans) == m.parallel.timeline.written
+    assert len(m.strategy.timeline.events) == len(spans) == m.strategy.timeline.written
 
 
 def test_data_parallel_without_the_variable_records_nothing(tmp_path, monkeypatch):
@@ -110,7 +110,7 @@ def test_data_parallel_without_the_variable_records_nothing(tmp_path, monkeypatc
     x, y = rng.standard_normal((16, 20)).astype(np.float32), rng.integers(0, 4, 16)
     m = anygrad.load_onnx(str(_mlp(tmp_path / "mlp.onnx"))).compile(optimizer=Adam(lr=0.01), device="cpu,cpu")
     m.train_step(x, y)
-    assert m.parallel.timeline is None and m.parallel.write_timeline() is None
+    assert m.strategy.timeline is None and m.strategy.write_timeline() is None
     assert not list(tmp_path.glob("*.json"))
 
 

@@ -234,7 +234,7 @@ def test_auto_with_two_gpus_times_the_step_on_each_and_trains_on_the_faster(monk
     faster from the state as it was: the same bits as training on that backend alone, also after
     a checkpoint was loaded (its optimizer slots kept); the slower one holds no state after."""
     made: list = []
-    monkeypatch.setattr(devices, "auto_backends", lambda limits=None, memory_budget=None: made.append(
+    monkeypatch.setattr(devices, "auto_backends", lambda limits=None, memory_budget=None, precision=None: made.append(
         [NumpyBackend(), TorchBackend("torch:cpu")]) or made[-1])
     make = lambda: anygrad.optim.SGD(lr=0.05, momentum=0.9)
     start = anygrad.load_onnx(FOUNDING_MODEL).compile(loss="nll", optimizer=make(), device="cpu", seed=3)
@@ -275,7 +275,7 @@ def test_auto_leaves_out_a_candidate_that_cannot_train_the_model(monkeypatch, ca
         def compile(self, graph):
             raise DeviceError("out of device memory")
     monkeypatch.setattr(devices, "auto_backends",
-                        lambda limits=None, memory_budget=None: [Broken(), TorchBackend("torch:cpu")])
+                        lambda limits=None, memory_budget=None, precision=None: [Broken(), TorchBackend("torch:cpu")])
     make = lambda: anygrad.optim.SGD(lr=0.05, momentum=0.9)
     model = anygrad.load_onnx(FOUNDING_MODEL).compile(loss="nll", optimizer=make(), device="auto", seed=3)
     losses = [model.train_on_batch(x, y) for x, y in _batches(2)]
@@ -283,7 +283,7 @@ def test_auto_leaves_out_a_candidate_that_cannot_train_the_model(monkeypatch, ca
     assert "broken GPU left out (DeviceError: out of device memory)" in err and isinstance(model.backend, TorchBackend)
     ref = anygrad.load_onnx(FOUNDING_MODEL).compile(loss="nll", optimizer=make(), device="torch:cpu", seed=3)
     assert losses == [ref.train_on_batch(x, y) for x, y in _batches(2)]
-    monkeypatch.setattr(devices, "auto_backends", lambda limits=None, memory_budget=None: [Broken(), Broken()])
+    monkeypatch.setattr(devices, "auto_backends", lambda limits=None, memory_budget=None, precision=None: [Broken(), Broken()])
     model = anygrad.load_onnx(FOUNDING_MODEL).compile(loss="nll", optimizer=make(), device="auto")
     with pytest.raises(DeviceError, match="out of device memory"):
         model.train_on_batch(*_batches(1)[0])

@@ -437,10 +437,10 @@ def test_from_torch_train_and_back():
 
 def test_from_torch_without_torch(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch -> ImportError
-    with pytest.raises(AnygradError, match=r"pip install anygrad\[torch\]"):
+    with pytest.raises(AnygradError, match=r"pip install 'anygrad-train\[torch\]'"):
         anygrad.from_torch(object(), None)
     model = anygrad.load_onnx(FOUNDING_MODEL)
-    with pytest.raises(AnygradError, match=r"pip install anygrad\[torch\]"):
+    with pytest.raises(AnygradError, match=r"pip install 'anygrad-train\[torch\]'"):
         model.to_torch_state_dict()
     assert "conv1.weight" in model.to_torch_state_dict(as_numpy=True)
 

@@ -12,6 +12,7 @@ from wgpu_util import assert_close, run_both, wgpu_backend
 
 from anygrad.backends.wgpu import autotune
 from anygrad.backends.wgpu.kernel import AdapterCaps
+from anygrad.errors import ConfigError
 from anygrad.ir import Node
 
 pytestmark = pytest.mark.wgpu
@@ -170,9 +171,12 @@ def test_the_budget_can_be_set_in_the_environment(tuning, monkeypatch):
     monkeypatch.setenv(autotune.BUDGET_ENV, "0")
     assert autotune.tune(graph, AdapterCaps(), ("c",), lambda k, g: 1.0) is graph
     assert autotune.stats["timed"] == 0 and autotune.stats["left"] == 3
-    for junk in ("soon", "-1", "nan"):  # not a budget: the default one
+    for junk in ("soon", "-1", "nan"):  # not a budget: an error naming the variable
         monkeypatch.setenv(autotune.BUDGET_ENV, junk)
-        assert autotune._budget() == autotune.BUDGET_S
+        with pytest.raises(ConfigError, match=f"{autotune.BUDGET_ENV}={junk!r}: give a number >= 0"):
+            autotune._budget()
+    monkeypatch.delenv(autotune.BUDGET_ENV)
+    assert autotune._budget() == autotune.BUDGET_S
     monkeypatch.setenv(autotune.BUDGET_ENV, "600")
     autotune.tune(graph, AdapterCaps(), ("c",), lambda k, g: 1.0)
     assert autotune.stats["timed"] == 3

@@ -509,8 +509,8 @@ def test_scalar_k_fastest_copies_store_swizzled_rows(ta, tb, swizzled, layout):
                 {"_gemm_variant": "shared", "_gemm_block": 4, "_gemm_kt": 8, "_gemm_prefetch": 1}):
         attrs = {"transA": ta, "transB": tb, **var} | ({"_gemm_layout": layout} if layout else {})
         wgsl = check_op("Gemm", [a, b, rnd(n, seed=13)], attrs, caps=GPU, rtol=1e-3, atol=1e-3)[0].wgsl
-        assert ("(mm / 4u ^" in wgsl) == ("A" in swizzled and not layout)
-        assert ("(nn / 4u ^" in wgsl) == ("B" in swizzled and not layout)
+        assert ("((mm / 4u) ^" in wgsl) == ("A" in swizzled and not layout)
+        assert ("((nn / 4u) ^" in wgsl) == ("B" in swizzled and not layout)
 
 
 def test_k_loop_two_steps_a_pass_matches_numpy():
@@ -535,6 +535,8 @@ def test_every_autotuner_candidate_matches_numpy(pin):
             check_op("MatMul", [rnd(2, m, k, seed=1), rnd(k, n, seed=2)], pin, caps=caps, rtol=1e-3, atol=1e-3)
             ran += 1
         except ValueError as e:
+            if "matrix units" in str(e):  # tests/test_matrix_units_dawn.py runs these where they exist
+                pytest.skip(f"{pin} needs subgroup matrices, which this adapter lacks")
             assert "workgroup" in str(e) or "fit" in str(e), e
     if not ran and storage < 48 << 10:
         pytest.skip(f"{pin} needs more than this adapter's {storage} bytes of workgroup storage")

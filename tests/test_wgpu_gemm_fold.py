@@ -639,50 +639,6 @@ def test_a_masked_fill_after_a_split_k_gemm_is_applied_once_by_the_reduce(monkey
     assert any(n.startswith("ew:") for n in _kernel_names(exe)), _kernel_names(exe)
 
 
-def _sums(exe) -> int:
-    return sum(n.op == "ReduceSum" for n in exe.prepared.nodes)
-
-
-@pytest.mark.parametrize("variant", ["register", "shared", "dot", "split", "double"])
-@pytest.mark.parametrize("layout", ["out_in", "in_out"])
-def test_a_bias_gradient_comes_out_of_the_weight_gradients_gemm(monkeypatch, variant, layout):
-    """ANYGRAD_WGPU_BIAS_GRAD=1 (off by default). x @ W.T + b (PyTorch's (out, in) weight) and x @ W + b
-    (Hugging Face's Conv1D), trained:
-    the bias gradient, dy summed over the tokens, is added up by the weight gradient's GEMM from
-    the dy tiles it stages (dy is its A read transposed, or its B), so no column-sum kernel reads dy
-    again. Every gradient matches numpy with each GEMM variant: register and dot keep a column-sum
-    kernel beside the GEMM, split K has the reducing kernel finish the sums (also with two
-    workgroup tiles, prefetched)."""
-    monkeypatch.setenv("ANYGRAD_WGPU_BIAS_GRAD", "1")
-    pin = {"split": {"_gemm_variant": "shared", "_gemm_splits": 2},
-           "double": {"_gemm_variant": "shared", "_gemm_prefetch": 2, "_gemm_splits": 2}}.get(
-        variant, {"_gemm_variant": variant})
-    rows = 300 if variant in ("split", "double") else 5
-    # shared: several tiles each way (the sums come from the first row or column of tiles only)
-    d_in, d_out = (70, 150) if variant == "shared" else (9, 7)
-    w = rnd(d_out, d_in, seed=81) if layout == "out_in" else rnd(d_in, d_out, seed=81)
-    feeds = {"x": rnd(2, rows, d_in, seed=80), "W": w, "b": rnd(d_out, seed=82)}
-    nodes = ([Node("Transpose", ["W"], ["Wt"], {"perm": [1, 0]}, name="t"),
-              Node("MatMul", ["x", "Wt"], ["xw"], dict(pin), name="mm")] if layout == "out_in"
-             else [Node("MatMul", ["x", "W"], ["xw"], dict(pin), name="mm")])
-    nodes.append(Node("Add", ["xw", "b"], ["y"], name="bias"))
-    g = _graph(feeds, nodes, "y", grad=True)
-    for n in g.nodes:
-        if n.op in ("MatMul", "Gemm"):
-            n.attrs.update(pin)
-    exe = _run(g, feeds)
-    prepared = exe.prepared.nodes
-    summing = [n for n in prepared if n.attr("_colsum") is not None]
-    assert [n.attr("_colsum") for n in summing] == [0 if layout == "out_in" else 1], [n.op for n in prepared]
-    names = [n for n in _kernel_names(exe) if n.startswith("ReduceSum")]
-    monkeypatch.setenv("ANYGRAD_WGPU_BIAS_GRAD", "0")   # the default: the bias gradient's ReduceSum
-    before = _run(g, feeds)
-    assert _sums(before) == _sums(exe) + 1 and not any(n.attr("_colsum") is not None for n in before.prepared.nodes)
-    # register and dot: the lowering's own column-sum kernels beside the GEMM (as many as before)
-    kept = [n for n in _kernel_names(before) if n.startswith("ReduceSum")]
-    assert (len(names) == len(kept)) == (variant in ("register", "dot")) and len(names) <= len(kept), (names, kept)
-
-
 @pytest.mark.parametrize("variant", ["register", "shared"])
 def test_a_masked_fill_by_a_mask_fed_each_step_runs_in_the_store(variant):
     """A padding mask fed as a bool graph input (B, 1, 1, S), as attention masks from a tokenizer

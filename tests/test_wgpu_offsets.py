@@ -102,7 +102,7 @@ def test_offset_plan_trains_like_numpy_and_like_the_slot_plan(monkeypatch):
     # At this tiny batch 256-byte alignment makes slots smaller: pin the offset plan, then the slot plan.
     monkeypatch.setattr(planner, "PLACEMENTS", ("offsets",))
     mw, lw, batches = _train(wgpu_backend())
-    plan = mw._train_program(*mw._batch(*batches[0]), flush=False).plan
+    plan = mw.train_program(*mw._batch(*batches[0])).plan
     assert plan.slot_offset, "the step should place temporaries at offsets"
     mn, ln, _ = _train(NumpyBackend())
     np.testing.assert_allclose(lw, ln, rtol=1e-4, atol=1e-5)
@@ -112,7 +112,7 @@ def test_offset_plan_trains_like_numpy_and_like_the_slot_plan(monkeypatch):
     # Only placement differs from the slot plan: the same kernels on the same values, bit for bit.
     monkeypatch.setattr(planner, "PLACEMENTS", ("slots",))
     ms, ls, _ = _train(wgpu_backend())
-    assert not ms._train_program(*ms._batch(*batches[0]), flush=False).plan.slot_offset
+    assert not ms.train_program(*ms._batch(*batches[0])).plan.slot_offset
     assert lw == ls
     ss = ms.state_dict()
     for name in sw:
@@ -161,7 +161,7 @@ def test_small_shared_buffers_train_bit_for_bit_like_one_large_one(monkeypatch):
     for size in ("binding", "32KiB"):
         monkeypatch.setenv("ANYGRAD_WGPU_SHARED_BUFFER", size)
         model, losses, batches = _train(wgpu_backend())
-        plan = model._train_program(*model._batch(*batches[0]), flush=False).plan
+        plan = model.train_program(*model._batch(*batches[0])).plan
         runs.append((losses, model.state_dict(), len(plan.slot_bytes)))
     (la, sa, na), (lb, sb, nb) = runs
     assert nb > na and la == lb

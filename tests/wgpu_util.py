@@ -49,13 +49,46 @@ def has_adapter() -> bool:
     return found
 
 
+# The device the wgpu tests run on: e.g. wgpu:gl, or wgpu:dawn to run the numpy-oracle tests on Dawn
+# (the device machine: `ANYGRAD_TEST_DEVICE=wgpu:dawn python -m pytest tests/test_wgpu_ops.py ...`).
+TEST_DEVICE_ENV = "ANYGRAD_TEST_DEVICE"
+
+
+def device_under_test() -> str:
+    return os.environ.get(TEST_DEVICE_ENV, "").strip().lower() or "wgpu"
+
+
+def has_dawn_adapter() -> bool:
+    """Whether Dawn (wgpudawn) is installed and reaches an adapter: it refuses lavapipe, so not in CI."""
+    from anygrad.backends.wgpu.adapters import list_adapters
+    from anygrad.backends.wgpu.implementation import DAWN, available
+    return available(DAWN) and bool(list_adapters((DAWN,)))
+
+
+def no_dawn() -> NoReturn:
+    pytest.skip("no Dawn adapter: wgpudawn is not installed, or it found no GPU (Dawn refuses software "
+                "adapters such as lavapipe; these tests run on a machine with a GPU)")
+
+
 def wgpu_backend():
     """A fresh WgpuBackend on the best adapter (lavapipe in CI), or on $ANYGRAD_TEST_DEVICE
-    (e.g. wgpu:gl); skips when no adapter exists (fails with $ANYGRAD_REQUIRE_WGPU=1)."""
+    (e.g. wgpu:gl, wgpu:dawn); skips when no adapter exists (fails with $ANYGRAD_REQUIRE_WGPU=1),
+    and when Dawn is asked for but has no adapter here."""
     if not has_adapter():
         no_adapter()
+    device = device_under_test()
+    if "dawn" in device.split(":") and not has_dawn_adapter():
+        no_dawn()
     from anygrad.backends.wgpu import WgpuBackend
-    return WgpuBackend(os.environ.get("ANYGRAD_TEST_DEVICE", "wgpu"))
+    return WgpuBackend(device)
+
+
+def dawn_backend():
+    """A fresh WgpuBackend on Dawn's best adapter; skips (with the reason) where there is none."""
+    if not has_dawn_adapter():
+        no_dawn()
+    from anygrad.backends.wgpu import WgpuBackend
+    return WgpuBackend("wgpu:dawn")
 
 
 def op_graph(op: str, inputs: Sequence[np.ndarray | None], attrs: dict | None = None, *,

@@ -32,6 +32,8 @@ from typing import TypeVar
 
 import numpy as np
 
+from . import settings
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -53,8 +55,9 @@ if hasattr(os, "register_at_fork"):
 
 def workers() -> int:
     """How many threads share an op: ANYGRAD_NUMPY_THREADS, else the CPUs this process may use."""
-    if os.environ.get("ANYGRAD_NUMPY_THREADS"):
-        return max(1, int(os.environ["ANYGRAD_NUMPY_THREADS"]))
+    fixed = settings.get("ANYGRAD_NUMPY_THREADS")
+    if fixed is not None:
+        return fixed
     n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(n, 8))
 

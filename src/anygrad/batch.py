@@ -13,11 +13,28 @@ dtype the graph declares (int64 ids stay integers, a float mask stays float); th
 to that dtype.
 
 Targets take the same structures, keyed by the names of the outputs that have a loss.
+
+Samples and batches as datasets and loaders yield them (the second half of this module; the data
+layer's loaders and the Learner use it): `(inputs, targets)`, each an array, a dict or a tuple of
+arrays. Users bring data in the shapes PyTorch and Hugging Face code produce: `(x, y)` tuples, the
+lists torch's default collate makes of them, dicts of named columns ({"input_ids",
+"attention_mask", "labels"}), torch tensors, lists of numbers. `split` turns one such sample or
+batch into a pair (inputs, targets) of numpy trees with the structure kept as the user gave it, and
+`collate` batches samples of one structure. Every way a sample can be malformed is a DataError
+naming the sample (or batch) and what to do; nothing else escapes. The rules:
+- a dict (any Mapping with string keys): the keys in `target_keys` are the targets (one key: that
+  array; several: a dict of them), the others the inputs (a dict by input name);
+- a tuple, or a list whose elements are not plain numbers (what torch's default collate makes of
+  tuples): `(inputs, targets)`, or `(inputs,)` without targets; any other length is refused;
+- anything else (an array, a tensor, a list of numbers, a number): the inputs alone.
+Inside the inputs and targets, dicts and tuples nest; leaves become numpy arrays (torch tensors
+without a copy when they are on the CPU).
 """
 from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -39,21 +56,28 @@ def is_array_like(value: Any) -> bool:
     return isinstance(value, (np.ndarray, np.generic, int, float, bool)) or is_torch_tensor(value)
 
 
+def tensor_to_numpy(tensor: Any, what: str) -> np.ndarray:
+    """A torch tensor as a numpy array: a CPU tensor without a copy (.numpy()), others after
+    .cpu(); bfloat16, which numpy lacks, as float32. `what` names it in errors."""
+    t = tensor.detach()
+    if getattr(getattr(t, "device", None), "type", "cpu") != "cpu":
+        t = t.cpu()
+    if str(getattr(t, "dtype", "")) == "torch.bfloat16":  # numpy has no bfloat16
+        t = t.float()
+    try:
+        return t.numpy()
+    except (TypeError, RuntimeError) as e:  # float8 and other dtypes numpy lacks
+        raise DataError(f"{what}: a torch tensor of dtype {t.dtype} has no numpy form ({e}); convert it "
+                        "(e.g. .float()) first, or pass a numpy array") from None
+
+
 def to_numpy(value: Any, what: str) -> np.ndarray:
     """`value` as a numpy array: CPU torch tensors without a copy (.numpy()), others after .cpu();
     numpy arrays as they are; nested lists of numbers via np.asarray. `what` names it in errors."""
     if isinstance(value, np.ndarray):
         return value
     if is_torch_tensor(value):
-        t = value.detach()
-        if getattr(getattr(t, "device", None), "type", "cpu") != "cpu":
-            t = t.cpu()
-        if str(getattr(t, "dtype", "")) == "torch.bfloat16":  # numpy has no bfloat16
-            t = t.float()
-        try:
-            return t.numpy()
-        except (TypeError, RuntimeError) as e:
-            raise DataError(f"{what}: cannot read the torch tensor ({e}); pass a numpy array") from None
+        return tensor_to_numpy(value, what)
     if isinstance(value, (Mapping, str, bytes)) or value is None:
         raise DataError(f"{what}: expected an array or tensor, got {_kind(value)}")
     try:
@@ -229,5 +253,199 @@ def length(value: Any, what: str = "data") -> int:
     return next(iter(sizes.values()))
 
 
-__all__ = ["Batch", "batch_size", "check_batch_sizes", "check_value", "is_torch_tensor", "length", "parse_inputs",
-           "structure", "take", "to_numpy"]
+# -- samples and batches as datasets and loaders yield them --------------------------------------
+# Keys of a dict sample that are targets unless `target_keys` says otherwise: Hugging Face's
+# `labels` (what its models and Trainer take) and `label` (what its datasets name the column),
+# and the names Keras-style and plain-numpy code use.
+DEFAULT_TARGET_KEYS = ("labels", "label", "y", "target", "targets")
+MAX_DEPTH = 8  # nesting deeper than this is not a batch structure anyone means
+NUMERIC_KINDS = "biuf"
+
+Tree = Any  # np.ndarray | dict[str, Tree] | tuple[Tree, ...]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How samples split into inputs and targets: the dict keys that are targets, and whether
+    the loss needs targets at all (a loss computed inside the model's graph does not)."""
+
+    target_keys: tuple[str, ...] = DEFAULT_TARGET_KEYS
+    needs_targets: bool = True
+
+
+def _numbers_only(value: Any, depth: int = 0) -> bool:
+    """A (nested) list of plain numbers: an array written as Python lists."""
+    if isinstance(value, (bool, int, float, np.number, np.bool_)):
+        return True
+    if isinstance(value, list) and depth < MAX_DEPTH:
+        return all(_numbers_only(v, depth + 1) for v in value)
+    return False
+
+
+def _is_sequence_structure(value: Any) -> bool:
+    if isinstance(value, tuple):
+        return True
+    return isinstance(value, list) and not _numbers_only(value)
+
+
+def _leaf(value: Any, where: str) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        array = value
+    elif is_torch_tensor(value):
+        array = tensor_to_numpy(value, where)
+    elif isinstance(value, (bool, int, float, np.number, np.bool_, list)):
+        try:
+            array = np.asarray(value)
+        except (ValueError, TypeError, OverflowError):
+            array = None
+        if array is None or array.dtype == object:
+            raise DataError(f"{where}: a list that is not a rectangular array of numbers (sequences of "
+                            "different lengths?); pad them to one length in the dataset or a collate function")
+    else:
+        raise DataError(f"{where}: holds {type(value).__name__}, not an array, a tensor or a number; samples "
+                        "are arrays, dicts of arrays or (inputs, targets) tuples: drop or encode this field "
+                        "(e.g. ds.remove_columns([...]) for a Hugging Face dataset)")
+    if array.dtype.kind not in NUMERIC_KINDS:
+        raise DataError(f"{where}: holds values of dtype {array.dtype}, not numbers; drop or encode this field")
+    return array
+
+
+def to_tree(value: Any, where: str, depth: int = 0) -> Tree:
+    """`value` with its dicts and tuples kept and every leaf a numpy array."""
+    if depth > MAX_DEPTH:
+        raise DataError(f"{where}: nested more than {MAX_DEPTH} levels deep; give arrays, dicts of arrays or "
+                        "(inputs, targets) tuples")
+    if isinstance(value, Mapping):
+        if not value:
+            raise DataError(f"{where}: an empty dict; give at least one array")
+        bad = [k for k in value if not isinstance(k, str)]
+        if bad:
+            raise DataError(f"{where}: dict keys must be input or target names (strings), got {bad[0]!r}")
+        return {k: to_tree(v, f"{where} key '{k}'", depth + 1) for k, v in value.items()}
+    if _is_sequence_structure(value):
+        if not value:
+            raise DataError(f"{where}: an empty {type(value).__name__}; give at least one array")
+        return tuple(to_tree(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value))
+    return _leaf(value, where)
+
+
+def split(value: Any, where: str, layout: Layout) -> tuple[Tree, Tree | None]:
+    """One sample or batch as (inputs, targets) trees (targets None when there are none)."""
+    if isinstance(value, Mapping):
+        keys = list(value)
+        bad = [k for k in keys if not isinstance(k, str)]
+        if bad:
+            raise DataError(f"{where}: dict keys must be input or target names (strings), got {bad[0]!r}")
+        targets = [k for k in layout.target_keys if k in value]
+        inputs = {k: v for k, v in value.items() if k not in targets}
+        if not inputs:
+            raise DataError(f"{where}: every key ({', '.join(keys)}) is a target; the inputs are missing "
+                            f"(target keys: {', '.join(layout.target_keys) or 'none'}; pass target_keys=[...] "
+                            "to choose others)")
+        x = to_tree(inputs, where)
+        if not targets:
+            y = None
+        elif len(targets) == 1:
+            y = to_tree(value[targets[0]], f"{where} key '{targets[0]}'")
+        else:
+            y = to_tree({k: value[k] for k in targets}, where)
+    elif _is_sequence_structure(value):
+        if len(value) == 2:
+            x, y = to_tree(value[0], f"{where} inputs ([0])"), to_tree(value[1], f"{where} targets ([1])")
+        elif len(value) == 1:
+            x, y = to_tree(value[0], f"{where} inputs ([0])"), None
+        else:
+            raise DataError(f"{where}: a {type(value).__name__} of {len(value)} elements; anygrad reads a tuple as "
+                            "(inputs, targets) or (inputs,): nest several inputs, as ((ids, mask), labels), or "
+                            "give dicts by input name ({'ids': ..., 'mask': ..., 'labels': ...})")
+    else:
+        x, y = to_tree(value, where), None
+    if y is None and layout.needs_targets:
+        raise DataError(f"{where}: has no targets, which the loss needs; give (inputs, targets) tuples or dicts "
+                        f"with a target key ({', '.join(layout.target_keys) or 'none set'}; target_keys=[...] "
+                        "names others), or compile(loss='output') for a model that computes its own loss")
+    return x, y
+
+
+def signature(tree: Tree) -> Any:
+    """The structure of a sample: dict keys, tuple arity, and each leaf's shape and dtype kind."""
+    if isinstance(tree, dict):
+        return ("dict", tuple((k, signature(v)) for k, v in tree.items()))
+    if isinstance(tree, tuple):
+        return ("tuple", tuple(signature(v) for v in tree))
+    if tree is None:
+        return ("none",)
+    return ("array", tuple(tree.shape), tree.dtype.kind)
+
+
+def describe(sig: Any) -> str:
+    kind = sig[0]
+    if kind == "dict":
+        return "{" + ", ".join(f"'{k}': {describe(v)}" for k, v in sig[1]) + "}"
+    if kind == "tuple":
+        return "(" + ", ".join(describe(v) for v in sig[1]) + ("," if len(sig[1]) == 1 else "") + ")"
+    if kind == "none":
+        return "no targets"
+    kinds = {"b": "bool", "i": "int", "u": "uint", "f": "float"}
+    return f"{kinds.get(sig[2], sig[2])} array{sig[1]}"
+
+
+def leaves(tree: Tree) -> list[np.ndarray]:
+    if isinstance(tree, dict):
+        return [a for v in tree.values() for a in leaves(v)]
+    if isinstance(tree, tuple):
+        return [a for v in tree for a in leaves(v)]
+    return [tree]
+
+
+def stack(trees: Sequence[Tree]) -> Tree:
+    """Samples of one signature stacked along a new batch axis, structure kept."""
+    first = trees[0]
+    if isinstance(first, dict):
+        return {k: stack([t[k] for t in trees]) for k in first}
+    if isinstance(first, tuple):
+        return tuple(stack([t[i] for t in trees]) for i in range(len(first)))
+    return np.stack(trees)
+
+
+def collate(samples: Sequence[Any], indices: Sequence[int], layout: Layout) -> tuple[Tree, Tree | None]:
+    """Samples (dataset items `indices`) as one batch of (inputs, targets) with their structure.
+    Every sample must have the structure of the first: the same keys, arity, shapes and kinds."""
+    pairs = [split(s, f"dataset item {int(i)}", layout) for s, i in zip(samples, indices)]
+    sig = signature(pairs[0])
+    for (pair, i) in zip(pairs[1:], indices[1:]):
+        other = signature(pair)
+        if other != sig:
+            raise DataError(f"dataset item {int(i)} is {describe(other)} but item {int(indices[0])} is "
+                            f"{describe(sig)}; every item needs the same structure and shapes to batch (pad "
+                            "sequences to one length, or give batches yourself through a DataLoader)")
+    return stack([p[0] for p in pairs]), (None if pairs[0][1] is None else stack([p[1] for p in pairs]))
+
+
+def batch_size_of(x: Tree, y: Tree | None, where: str) -> int:
+    """The batch size of a batch whose arrays must all agree on it (their first axis)."""
+    arrays = leaves(x) + ([] if y is None else leaves(y))
+    sizes = set()
+    for a in arrays:
+        if a.ndim == 0:
+            raise DataError(f"{where}: holds a single number where a batch needs an array with a batch axis; "
+                            "give batches, or samples in an indexable dataset, which anygrad batches (a list of "
+                            "samples: anygrad.data.DatasetSamples(samples))")
+        sizes.add(a.shape[0])
+    if len(sizes) != 1:
+        raise DataError(f"{where}: its arrays disagree on the batch size ({', '.join(map(str, sorted(sizes)))}); "
+                        "every input and target needs the same number of samples")
+    return sizes.pop()
+
+
+def unwrap_single(x: Tree, n_inputs: int) -> Tree:
+    """A one-input model takes the array itself: {'pixels': a} or (a,) becomes a."""
+    if n_inputs == 1 and isinstance(x, (dict, tuple)) and len(x) == 1:
+        inner = next(iter(x.values())) if isinstance(x, dict) else x[0]
+        return inner if isinstance(inner, np.ndarray) else x
+    return x
+
+
+__all__ = ["DEFAULT_TARGET_KEYS", "Batch", "Layout", "Tree", "batch_size", "batch_size_of", "check_batch_sizes",
+           "check_value", "collate", "is_torch_tensor", "length", "parse_inputs", "split", "structure", "take",
+           "tensor_to_numpy", "to_numpy", "to_tree", "unwrap_single"]

@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -22,6 +22,7 @@ EXIT_ERROR = 2
 EXIT_UNSUPPORTED = 1
 EXIT_INTERRUPTED = 130  # stopped by Ctrl-C after writing a checkpoint
 EXIT_DIVERGED = 3       # --on-nan stop ended the run: a loss or weight was not finite
+EXIT_BROKEN_PIPE = 141  # stdout closed by its reader (`| head -1`): 128 + SIGPIPE, as a Unix tool ends
 
 # Settings the founding example was trained with; the defaults when no MODEL is given.
 FOUNDING_DEFAULTS = {"optimizer": "adagrad", "lr": 1.0, "batch_size": 1000, "epochs": 8, "loss": "nll"}
@@ -66,7 +67,10 @@ def _shape(shape: Any) -> str:
 
 def cmd_info(args: argparse.Namespace) -> int:
     from .frontends.onnx_import import summarize
-    unused = [f"--{k}" for k in ("device", "limits", "loss") if getattr(args, k) is not None]
+    unused = [f"--{k.replace('_', '-')}" for k in ("device", "limits", "loss", "optimizer", "memory_budget")
+              if getattr(args, k) is not None]
+    if args.no_decay or args.param_groups:  # --optimizer also names the optimizer whose groups are listed
+        unused = [k for k in unused if k != "--optimizer"]
     if unused and args.batch_size is None:
         raise ConfigError(f"{', '.join(unused)} describe the training step whose memory `info` plans at "
                           "--batch-size N; give --batch-size too")
@@ -92,10 +96,44 @@ def cmd_info(args: argparse.Namespace) -> int:
         if s.inference_only:
             out.append("anygrad can run this model (predict, eval) but cannot train it: a parameter's gradient "
                        "would have to pass through ops without a gradient rule")
+    if args.no_decay or args.param_groups:
+        out += _group_lines(args)
     if args.batch_size is not None and s.supported and not s.inference_only:
         out += _memory_lines(args)
     print("\n".join(out))
     return 0 if s.supported else EXIT_UNSUPPORTED
+
+
+def _info_optimizer(args: argparse.Namespace, model: Any) -> tuple[Any, list[Any]]:
+    """The optimizer `train` would give this model with these groups, and its groups over it."""
+    from .optim import get_optimizer
+    from .optim.groups import config_groups, resolve_groups
+    from .train import TrainConfig
+    settings = TrainConfig(param_groups=args.param_groups or [], no_decay=args.no_decay or [])
+    optimizer = get_optimizer(args.optimizer or model_defaults(args.model)["optimizer"],
+                              param_groups=config_groups(settings.param_groups, settings.no_decay))
+    g = model.graph
+    shapes = {p: tuple(g.initializers[p].shape) for p in g.params}
+    return optimizer, resolve_groups(optimizer, g.params, shapes, model.parameter_aliases())
+
+
+def _group_lines(args: argparse.Namespace) -> list[str]:
+    """The parameter groups --no-decay and --param-group make: tensors, parameters, settings."""
+    from . import load_onnx
+    model = load_onnx(args.model, freeze=args.freeze or ())
+    optimizer, groups = _info_optimizer(args, model)
+    own = optimizer.settings()
+    out = [f"parameter groups ({optimizer.name}; settings besides its own {_settings_text(own)}):"]
+    for grp in groups:
+        n = sum(int(model.graph.initializers[p].size) for p in grp.params)
+        changed = {k: v for k, v in grp.settings().items() if own.get(k) != v}
+        out.append(f"  {grp.label}: {len(grp.params)} tensors, {n:,} parameters"
+                   + (f"; {_settings_text(changed)}" if changed else ""))
+    return out
+
+
+def _settings_text(settings: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in settings.items())
 
 
 def _memory_lines(args: argparse.Namespace) -> list[str]:
@@ -103,11 +141,11 @@ def _memory_lines(args: argparse.Namespace) -> list[str]:
     from . import load_onnx
     from .devices import get_backend
     from .losses import get_loss
-    from .optim import get_optimizer
     from .program import build_train_step
-    from .train.run import auto_loss
+    from .train.run import auto_loss, check_memory_budget
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size must be at least 1, got {args.batch_size}")
+    check_memory_budget(args.memory_budget)
     backend = get_backend(args.device or "wgpu", limits=args.limits, memory_budget=args.memory_budget)
     if not hasattr(backend, "memory_report"):
         return [f"memory: the report needs a wgpu device; {backend.name} has no device memory to plan"]
@@ -119,11 +157,13 @@ def _memory_lines(args: argparse.Namespace) -> list[str]:
     if any(not isinstance(d, int) for d in shape + target):
         return ["memory: the model's input or output has symbolic dims besides the batch; no report"]
     precision = backend.check_precision(args.precision)
-    step = build_train_step(model.graph, {model.input_name: shape}, target, loss, get_optimizer(args.optimizer),
-                            precision=precision)
+    opt, groups = _info_optimizer(args, model)  # the one `train` would use, with its groups
+    optimizer = opt.name
+    step = build_train_step(model.graph, {model.input_name: shape}, target, loss, opt, precision=precision,
+                            groups=groups)
     report = backend.memory_report(step)
     mixed = ", f16" if precision == "f16" else ""
-    return [f"training step at batch {args.batch_size} on {backend.description} ({args.optimizer}, {loss.name}{mixed}):"] + [
+    return [f"training step at batch {args.batch_size} on {backend.description} ({optimizer}, {loss.name}{mixed}):"] + [
         f"  {line}" for line in report.lines()]
 
 
@@ -217,6 +257,10 @@ def _train_settings(args: argparse.Namespace) -> dict[str, Any]:
     settings: dict[str, Any] = {}
     if args.resume:
         run = Path(args.resume)
+        if not run.is_dir():
+            raise ConfigError(f"--resume {run}: " + ("no such folder" if not os.path.lexists(run) else
+                              "a file, not a folder") + "; --resume takes the --artifacts folder of an earlier "
+                              "`anygrad train`")
         if not (run / "config.json").is_file():
             raise ConfigError(f"{run}: not a training run folder (no config.json); --resume takes the "
                               "--artifacts folder of an earlier `anygrad train`")
@@ -230,13 +274,21 @@ def _train_settings(args: argparse.Namespace) -> dict[str, Any]:
     if not settings.get("model"):
         from .examples import FOUNDING_MODEL
         settings["model"] = str(Path(FOUNDING_MODEL))
-        defaults = FOUNDING_DEFAULTS
-    else:
-        defaults = MODEL_DEFAULTS
-    for key, value in {**TRAIN_DEFAULTS, **defaults}.items():
+    for key, value in {**TRAIN_DEFAULTS, **model_defaults(settings["model"])}.items():
         if settings.get(key) in (None, ""):
             settings[key] = value
     return settings
+
+
+def model_defaults(model: str | os.PathLike) -> dict[str, Any]:
+    """The settings `train` gives `model` unless told otherwise: the founding example's own
+    (FOUNDING_DEFAULTS) for that file, MODEL_DEFAULTS for any other. `info` plans with the same."""
+    from .examples import FOUNDING_MODEL
+    try:
+        founding = Path(model).resolve() == Path(FOUNDING_MODEL).resolve()
+    except (OSError, RuntimeError, ValueError):
+        founding = False
+    return FOUNDING_DEFAULTS if founding else MODEL_DEFAULTS
 
 
 def _check_dataset(name: str) -> None:
@@ -289,90 +341,28 @@ def _not_a_folder(path: Path, what: str) -> Path:
     return path
 
 
-def _make_artifacts_dir(path: Path) -> list[Path]:
-    """Create the run's folder (and missing parents) before anything slow happens, and check it
-    takes files: a bad --artifacts fails at once, not after loading data and model. Returns the
-    folders it created, outermost first, for removing them again if the run fails before it starts."""
-    missing, existing = [], path
-    while not os.path.lexists(existing) and existing != existing.parent:
-        missing.append(existing)
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ConfigError(f"--artifacts {path}: {existing} is a file, not a folder; choose another --artifacts "
-                          "folder")
-    created: list[Path] = []
-    where = path
-    try:
-        for where in reversed(missing):
-            where.mkdir()
-            created.append(where)
-        probe = path / f".anygrad-write-test.{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        _remove_empty(created)
-        raise ConfigError(f"--artifacts {path}: cannot {'write into' if where == path and not missing else 'create'} "
-                          f"{where} ({e.strerror or e}); choose a folder you can write to") from None
-    return created
-
-
-def _remove_empty(folders: list[Path]) -> None:
-    """Remove the folders `_make_artifacts_dir` created (innermost first) while they are empty."""
-    for folder in reversed(folders):
-        try:
-            folder.rmdir()
-        except OSError:
-            return
-
-
 # Paths a run records: stored absolute (a later `predict` or `eval` may run from another folder),
 # and as typed under config.json's resolved.paths_as_typed, for messages.
 _PATH_SETTINGS = ("model", "weights", "data_dir", "artifacts_dir")
 
 
-def _elastic_resume(args: argparse.Namespace) -> None:
-    """A rank torchrun restarted (--max-restarts) continues the run from its last checkpoint: the
-    same command line, resuming its --artifacts folder when a checkpoint is there."""
-    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) <= 0 or args.resume or not args.artifacts:
-        return
-    from .train import checkpoint
-    if checkpoint.latest(Path(args.artifacts) / "checkpoints") is not None:
-        args.resume = args.artifacts
-    else:  # the job died before its first checkpoint: what the folder holds is this job's own start
-        args.overwrite = True
-
-
 def cmd_train(args: argparse.Namespace) -> int:
-    from .distributed import world_from_env
-
-    world = world_from_env()  # set by torchrun & co: this process is one rank of a job
-    if world is not None:
-        _elastic_resume(args)
-        if world.rank != 0:  # the other ranks say nothing but errors (stderr)
-            args.quiet = True
-            import contextlib
-            with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
-                return _cmd_train(args, world)
-    return _cmd_train(args, world)
-
-
-def _cmd_train(args: argparse.Namespace, world: Any) -> int:
-    from .distributed import ProcessGroup
+    """Parse the settings into a RunConfig and run it (train.run.run: the folder, the process group
+    of a torchrun job, rank 0's output and an elastic restart's resume are the run's own)."""
     from .losses import get_loss
     from .optim import get_optimizer
     from .train import TrainConfig
-    from .train.run import RunConfig, default_artifacts, run
+    from .train.run import RunConfig, run
 
     s = _train_settings(args)
     given = set(_given_settings(args)) | (set(_read_config(Path(args.resume) / "config.json")) if args.resume else
                                           set(_read_config(Path(args.config))) if args.config else set())
-    model_path = _not_a_folder(Path(s["model"]), "an ONNX model file")
+    _not_a_folder(Path(s["model"]), "an ONNX model file")
     _check_dataset(s["dataset"])
     if s["loss"] != "auto":
         get_loss(s["loss"])  # fail on a bad name before any slow work
+    _check_finite(s)
     get_optimizer(s["optimizer"], lr=s["lr"])
-    if not s.get("artifacts_dir"):
-        s["artifacts_dir"] = str(default_artifacts(model_path.stem))
     typed = {k: str(s[k]) for k in _PATH_SETTINGS if s.get(k)}
     config = TrainConfig.from_dict({**s, **{k: _absolute(v) for k, v in typed.items()}})
     config.check()
@@ -385,29 +375,27 @@ def _cmd_train(args: argparse.Namespace, world: Any) -> int:
             raise ConfigError(f"--weights {typed['weights']}: no such file")
     if not Path(config.model).exists():
         raise ModelError(f"{_short(typed['model'])}: no such model file")
-    group = ProcessGroup(world) if world is not None else None
-    try:
-        if group is not None:  # rank 0's folder (the default one has a timestamp)
-            config = replace(config, artifacts_dir=group.gather_strings(config.artifacts_dir)[0])
-        created = _make_artifacts_dir(Path(config.artifacts_dir)) if group is None or group.is_writer else []
-        console = Console(quiet=args.quiet)
-        try:
-            result = run(RunConfig(config, resume=bool(args.resume), overwrite=bool(args.overwrite),
-                                   reporter=_reporter(args.quiet, config.log_every, console), log=console.line,
-                                   typed_paths={k: v for k, v in typed.items() if _absolute(v) != v},
-                                   defaulted=tuple(k for k in ("batch_size",) if k not in given), group=group))
-        except BaseException:  # a run that never started leaves nothing behind (a started one keeps its files)
-            _remove_empty(created)
-            raise
-    finally:
-        if group is not None:
-            group.close()
-    console.line(f"artifacts: {result.artifacts_dir}")
+    console = Console(quiet=args.quiet)
+    result = run(RunConfig(config, resume=bool(args.resume), overwrite=bool(args.overwrite),
+                           reporter=_reporter(args.quiet, config.log_every, console), log=console.line,
+                           typed_paths={k: v for k, v in typed.items() if _absolute(v) != v},
+                           defaulted=tuple(k for k in ("batch_size",) if k not in given)))
     if result.diverged:
         print(f"anygrad: error: {result.diverged} (--on-nan stop); the newest checkpoint holds the last finite "
               f"state; start again with a smaller --lr (or --clip-grad-norm), or use --on-nan skip", file=sys.stderr)
         return EXIT_DIVERGED
     return EXIT_INTERRUPTED if result.interrupted else 0
+
+
+# Number settings that must be finite: 'nan' and 'inf' parse as floats, but are not numbers to train with.
+_FINITE_SETTINGS = ("lr", "clip_grad_norm", "min_delta", "valid_fraction")
+
+
+def _check_finite(settings: dict[str, Any]) -> None:
+    for name in _FINITE_SETTINGS:
+        value = settings.get(name)
+        if isinstance(value, float) and not np.isfinite(value):
+            raise ConfigError(f"--{name.replace('_', '-')} {value}: not a number; give a finite value")
 
 
 def _absolute(path: str) -> str:
@@ -423,6 +411,10 @@ def cmd_devices(args: argparse.Namespace) -> int:
     if list_adapters is not None:
         for adapter in list_adapters():
             print(adapter)
+    from .backends.wgpu.implementation import DAWN, DIST, available
+    if not available(DAWN):
+        print(f"(Dawn, the WebGPU implementation with subgroup matrices, is not installed: "
+              f"pip install '{DIST}[dawn]')")
     return 0
 
 
@@ -603,7 +595,7 @@ def _add_plot(p: argparse.ArgumentParser) -> None:
 def _add_predict(p: argparse.ArgumentParser) -> None:
     _add_inference_args(p, INFERENCE_DEVICE)
     p.add_argument("--index", type=int, default=0, help="which sample of the split (default: 0)")
-    p.add_argument("--image", metavar="FILE", help="classify your own image (PNG/JPEG; needs anygrad[image]): "
+    p.add_argument("--image", metavar="FILE", help="classify your own image (PNG/JPEG; needs anygrad-train[image]): "
                    "resized to the model's input, greyscale for one channel, inverted when the background is "
                    "white, normalised as the run was trained (its config.json)")
     p.add_argument("--top", type=int, default=3, help="how many classes to list (default: 3)")
@@ -618,9 +610,26 @@ def _add_eval(p: argparse.ArgumentParser) -> None:
 def cmd_codegen(args: argparse.Namespace) -> int:
     from .codegen import write_code
     out = Path(args.output) if args.output else Path(f"{Path(args.model).stem}_model.py")
+    for target in filter(None, (out, Path(args.weights_out) if args.weights_out else None)):
+        _make_parent(target, "-o" if target is out else "--weights-out")
     written = write_code(str(_not_a_folder(Path(args.model), "an ONNX model file")), out, weights_out=args.weights_out, write_weights=not args.no_weights)
     print(f"wrote {written.code}" + (f" and {written.weights}" if written.weights else ""))
     return 0
+
+
+def _make_parent(path: Path, option: str) -> None:
+    """Create the folder a file option's path names (and its parents), as --artifacts and plot -o do."""
+    folder = path.parent
+    existing = folder
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{option} {path}: {existing} is a file, not a folder; choose another path")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{option} {path}: cannot create {folder} ({e.strerror or e}); choose a folder you can "
+                          "write to") from None
 
 
 def _add_codegen(p: argparse.ArgumentParser) -> None:
@@ -632,6 +641,15 @@ def _add_codegen(p: argparse.ArgumentParser) -> None:
 
 
 # -- the command table ---------------------------------------------------------------------------
+def _add_group_args(p: argparse.ArgumentParser) -> None:
+    """--no-decay and --param-group (optim/groups.py), for train and info alike."""
+    p.add_argument("--no-decay", action="append", metavar="PATTERN", help="no weight decay for the parameters "
+                   "matching this glob over graph or PyTorch names (repeatable), e.g. '*.bias' '*norm*'")
+    p.add_argument("--param-group", dest="param_groups", action="append", metavar="PATTERN:KEY=VALUE,...",
+                   help="a parameter group with its own optimizer settings, as torch.optim's param_groups "
+                   "(repeatable), e.g. 'head.*:lr=1e-3,weight_decay=0' (patterns joined by |, betas=0.9;0.95)")
+
+
 def _add_info(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL.onnx", help="the ONNX file to describe")
     p.add_argument("--freeze", action="append", metavar="PATTERN", help="count the parameters matching this "
@@ -642,7 +660,9 @@ def _add_info(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limits", metavar="PROFILE", help="plan under a limits profile: webgpu-default, uhd630, m1-8gb")
     p.add_argument("--memory-budget", metavar="SIZE", help="plan within this much device memory, e.g. 1.5GB "
                    "(default: the limits profile's); recomputes activations to fit, else names the batch that fits")
-    p.add_argument("--optimizer", default="adam", help="the optimizer whose state to count (default: adam)")
+    p.add_argument("--optimizer", help="the optimizer whose state to count (default: the one `train` gives this "
+                   f"model: {MODEL_DEFAULTS['optimizer']}, {FOUNDING_DEFAULTS['optimizer']} for the founding example)")
+    _add_group_args(p)
     p.add_argument("--precision", choices=("f32", "f16"), default="f32", help="plan the step at this precision "
                    "(f16: float16 activations, half their bytes)")
     p.add_argument("--loss", help="the loss (default: nll after LogSoftmax, else cross_entropy)")
@@ -687,10 +707,13 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--valid-batch-size", type=int, metavar="N", help="validation batch size (default: batch-size)")
     p.add_argument("--optimizer", metavar="NAME", help="sgd, adam, adamw, adagrad, adadelta, rmsprop")
     p.add_argument("--lr", type=float, help="learning rate")
-    p.add_argument("--loss", metavar="NAME", help="nll, cross_entropy, mse, l1, bce_with_logits")
-    p.add_argument("--device", help="auto, cpu, wgpu, wgpu:N, wgpu:vulkan|metal|dx12|gl, or with "
-                   "anygrad[torch] torch, torch:cuda, torch:mps, torch:cpu (default: auto: a wgpu GPU, "
-                   "else torch's CUDA/MPS, else the CPU)")
+    _add_group_args(p)
+    p.add_argument("--loss", metavar="NAME", help="nll, cross_entropy, mse, l1, bce_with_logits; output: the "
+                   "model's own scalar loss output (output:NAME picks one of several)")
+    p.add_argument("--device", help="auto, cpu, wgpu, wgpu:N, wgpu:vulkan|metal|dx12|gl, wgpu:native or "
+                   "wgpu:dawn (the WebGPU implementation; Dawn needs anygrad-train[dawn]), or with "
+                   "anygrad-train[torch] torch, torch:cuda, torch:mps, torch:cpu (default: auto: a wgpu GPU, "
+                   "Dawn's where it has matrix units for the precision, else torch's CUDA/MPS, else the CPU)")
     p.add_argument("--compile", dest="torch_compile", action="store_true", default=None,
                    help="torch devices: the training step goes through torch.compile (inductor; a C++ compiler "
                    "on the CPU), with CUDA graphs on CUDA; the first steps compile (seconds to minutes)")
@@ -767,7 +790,7 @@ COMMANDS: dict[str, Command] = {
                     cmd_info),
     "train": Command("train a model (default: the founding MNIST example)", _add_train, cmd_train),
     "devices": Command("list the devices anygrad can train on", lambda p: None, cmd_devices),
-    "plot": Command("draw a run's loss and accuracy curves as PNG (needs anygrad[plot])", _add_plot, cmd_plot),
+    "plot": Command("draw a run's loss and accuracy curves as PNG (needs anygrad-train[plot])", _add_plot, cmd_plot),
     "predict": Command("classify one dataset sample or your own image with a trained model", _add_predict,
                        cmd_predict),
     "eval": Command("loss, accuracy and confusion matrix of a trained model on a dataset", _add_eval, cmd_eval),
@@ -843,6 +866,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # before training started (a run checkpoints and returns 130 itself)
         print("anygrad: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError as e:
+        if e.filename is not None:  # a file the command writes, not its output: an error as any other
+            print(f"anygrad: error: {_short(e.filename)}: {e.strerror or e}", file=sys.stderr)
+            return EXIT_ERROR
+        _drop_stdout()
+        return EXIT_BROKEN_PIPE
     except OSError as e:  # a file the command had to write or read, failing outside its own checks
         where = f"{_short(e.filename)}: " if e.filename else ""
         print(f"anygrad: error: {where}{e.strerror or e}; check the path and its folder's permissions and free "
@@ -850,6 +879,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RecursionError:
         print("anygrad: error: an input is nested too deeply to read", file=sys.stderr)
     return EXIT_ERROR
+
+
+def _drop_stdout() -> None:
+    """Point stdout at the null device: its reader is gone (`anygrad info M | head -1`), and the
+    interpreter's last flush at exit would report the broken pipe once more."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError, AttributeError):  # no real file behind sys.stdout: nothing is flushed
+        pass
 
 
 def _elide_words(text: str) -> str:

@@ -1,7 +1,10 @@
-"""Device names -> backends: 'auto', 'cpu', 'wgpu', 'wgpu:N', 'wgpu:vulkan|metal|dx12|gl', and
-with PyTorch installed (`anygrad[torch]`) 'torch', 'torch:cuda[:N]', 'torch:mps', 'torch:cpu'.
+"""Device names -> backends: 'auto', 'cpu', 'wgpu', 'wgpu:N', 'wgpu:vulkan|metal|dx12|gl',
+'wgpu:native' / 'wgpu:dawn' (the WebGPU implementation: wgpu-native, or Dawn with `[dawn]`, also
+with an API: 'wgpu:dawn:vulkan'), and with PyTorch installed (`anygrad-train[torch]`) 'torch', 'torch:cuda[:N]', 'torch:mps', 'torch:cpu'.
 
-`auto` takes the best real GPU through wgpu (discrete, then integrated); without one, torch's
+`auto` takes the best real GPU through wgpu (discrete, then integrated), through wgpu-native unless
+Dawn offers matrix units for the training precision there (f16: subgroup matrices), which it says
+in one line (adapters.auto_adapter); without one, torch's
 CUDA or MPS device when torch is installed and has one; else the CPU (numpy), which beats a
 software rasteriser (lavapipe). A choice other than a wgpu GPU is printed: never a silent switch.
 Where both a wgpu GPU and torch's CUDA/MPS are there (`auto_backends`), a model compiled for
@@ -16,22 +19,24 @@ from typing import Any
 
 from .backends.base import Backend
 from .backends.numpy import NumpyBackend
-from .backends.wgpu.adapters import AdapterInfo, best_adapter, list_adapters
+from .backends.wgpu.adapters import AdapterInfo, auto_adapter, best_adapter, list_adapters
 from .errors import ConfigError
 
 __all__ = ["AdapterInfo", "auto_backends", "get_backend", "list_adapters", "use_torch_compile"]
 
 
-def get_backend(device: str = "auto", limits: str | None = None, memory_budget: int | str | None = None) -> Backend:
+def get_backend(device: str = "auto", limits: str | None = None, memory_budget: int | str | None = None,
+                precision: str = "f32") -> Backend:
     """The backend for a device name. `limits`: a wgpu limits profile (webgpu-default, uhd630,
     m1-8gb; see anygrad.backends.wgpu.limits) to train as on that hardware; None: the
     ANYGRAD_WGPU_LIMITS variable, else the adapter's own limits. `memory_budget` ('1.5GB' or
-    bytes): what a compiled wgpu step may hold, instead of the profile's. The CPU has neither."""
+    bytes): what a compiled wgpu step may hold, instead of the profile's. The CPU has neither.
+    `precision` ('f32', 'f16'): what `auto` looks for matrix units for."""
     device = (device or "auto").strip().lower()
     if device in ("cpu", "numpy"):
         return NumpyBackend()
     if device == "auto":
-        return _auto_backend(best_adapter(include_software=False), limits, memory_budget)
+        return _auto_backend(_auto_pick(precision), limits, memory_budget)
     if device == "wgpu" or device.startswith("wgpu:"):
         from .backends.wgpu import WgpuBackend
         return WgpuBackend(device, limits=limits, memory_budget=memory_budget)
@@ -39,14 +44,23 @@ def get_backend(device: str = "auto", limits: str | None = None, memory_budget: 
         from .backends.torch import TorchBackend
         return TorchBackend(device)
     raise ConfigError(f"unknown device '{device}'; use auto, cpu, wgpu, wgpu:N, wgpu:vulkan|metal|dx12|gl, "
-                      "or with PyTorch installed torch, torch:cuda, torch:mps, torch:cpu")
+                      "wgpu:native, wgpu:dawn, or with PyTorch installed torch, torch:cuda, torch:mps, torch:cpu")
 
 
-def auto_backends(limits: str | None = None, memory_budget: int | str | None = None) -> list[Backend]:
+def _auto_pick(precision: str) -> Any:
+    """auto_adapter's pick of a real GPU, its reason printed (one line) when it is not wgpu-native's."""
+    pick, why = auto_adapter(precision)
+    if why:
+        print(why, file=sys.stderr)
+    return pick
+
+
+def auto_backends(limits: str | None = None, memory_budget: int | str | None = None,
+                  precision: str = "f32") -> list[Backend]:
     """The backends `auto` chooses between for training: a wgpu GPU and torch's CUDA/MPS device
     when there are both (the faster for a model is measured on its first step), else the one
-    get_backend('auto') gives."""
-    pick = best_adapter(include_software=False)
+    get_backend('auto') gives (matrix units for `precision` count: auto_adapter)."""
+    pick = _auto_pick(precision)
     torch_device = _torch_gpu() if pick is not None else None
     if torch_device is None:
         return [_auto_backend(pick, limits, memory_budget)]
@@ -97,6 +111,36 @@ def use_torch_compile(backend: Backend, torch_compile: bool | str = True) -> Non
         raise ConfigError(f"--compile (torch_compile) puts the step through torch.compile, which only the "
                           f"torch backend has, but the device is {backend.description}; "
                           "choose --device torch, torch:cuda, torch:mps or torch:cpu (pip install "
-                          "'anygrad[torch]'), or leave --compile out")
+                          "'anygrad-train[torch]'), or leave --compile out")
     backend.set_torch_compile(torch_compile)  # type: ignore[attr-defined]
     backend.cuda_graph = True  # type: ignore[attr-defined]  (used on CUDA devices only)
+
+
+def device_list(device: Any) -> list[Any] | None:
+    """The devices of a multi-device spec ('wgpu:0,wgpu:1' or a list), or None for one device."""
+    if isinstance(device, (list, tuple)):
+        return list(device) if len(device) > 1 else None
+    if isinstance(device, str) and "," in device:
+        items = [d.strip() for d in device.split(",") if d.strip()]
+        return items if len(items) > 1 else None
+    return None
+
+
+def open_backends(devices: list[Any], limits: str | None = None, memory_budget: Any = None) -> list[Backend]:
+    """Backends for a device list; a wgpu adapter named again opens another device of it (its own
+    queue and memory), which is how two devices of one adapter share a batch."""
+    out: list[Backend] = []
+    seen: dict[str, int] = {}
+    for d in devices:
+        if isinstance(d, Backend):
+            out.append(d)
+            continue
+        spec = str(d).strip().lower()
+        again = seen.get(spec, 0)
+        seen[spec] = again + 1
+        if again and spec.startswith("wgpu"):
+            from .backends.wgpu import WgpuBackend
+            out.append(WgpuBackend(spec, limits=limits, replica=again, memory_budget=memory_budget))
+        else:
+            out.append(get_backend(spec, limits=limits, memory_budget=memory_budget))
+    return out

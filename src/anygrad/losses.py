@@ -60,8 +60,13 @@ LOSSES: dict[str, Callable[..., Loss]] = {}
 def get_loss(name: str, **options) -> Loss:
     if not isinstance(name, str):
         raise ConfigError(f"a loss is a name ({', '.join(sorted(LOSSES))}) or a Loss, got {type(name).__name__}")
+    if name.startswith("output:"):  # loss="output:NAME": the model's own loss, output NAME
+        if options:
+            raise ConfigError(f"loss '{name}' takes no options, got {sorted(options)}")
+        return output(name.split(":", 1)[1])
     if name not in LOSSES:
-        raise ConfigError(f"unknown loss '{name}'; choose one of {', '.join(sorted(LOSSES))}")
+        raise ConfigError(f"unknown loss '{name}'; choose one of {', '.join(sorted(LOSSES))} "
+                          "(or output:NAME for a model's own loss output)")
     try:
         return LOSSES[name](**options)
     except TypeError as e:  # an option this loss does not take
@@ -219,12 +224,19 @@ def bce_with_logits() -> Loss:
         "bce_with_logits", lambda b, x, y: b.op("BinaryCrossEntropyWithLogits", [x, y])))
 
 
-def output() -> Loss:
-    """The model's own output is the loss (its first output, a scalar): what a PyTorch module whose
-    forward returns its loss trains with. No targets; labels, if any, are model inputs."""
+def output(output: str | None = None) -> Loss:
+    """The model's own output is the loss (a scalar): what a PyTorch module whose forward returns
+    its loss trains with. No targets; labels, if any, are model inputs. `output` names which
+    output it is (the name "output:NAME" says the same); left out, the model's only scalar float
+    output, wherever it stands (Model.compile chooses)."""
+    if output is not None and (not isinstance(output, str) or not output):
+        raise ConfigError(f"loss 'output': the output to minimise is named by a non-empty string, "
+                          f"got {output!r}")
+
     def build(b: Builder, out: str, target: str) -> str:
         raise ConfigError("loss 'output' takes no targets: the program uses the model's output as it is")
-    return Loss("output", build, np.float32, False, {}, needs_target=False)
+    return Loss("output", build, np.float32, False, {} if output is None else {"output": output},
+                needs_target=False)
 
 
 LOSSES.update({"cross_entropy": cross_entropy, "nll": nll, "mse": mse, "l1": l1,

@@ -1,8 +1,6 @@
 """The trainable model users hold: an imported Graph, its state, and compiled programs per shape."""
 from __future__ import annotations
 
-import difflib
-import fnmatch
 import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -12,10 +10,13 @@ import numpy as np
 from .backends.base import Backend, Executable
 from .batch import Batch, check_batch_sizes, parse_inputs, structure, take, to_numpy
 from .errors import ConfigError, DataError
+from .facade import operation
 from .ir.graph import Graph
 from .ir.passes import RNG_STATE
 from .losses import LOSSES, Loss, get_loss
-from .optim.base import LR_STATE, Optimizer
+from .optim.base import Optimizer
+from .optim.groups import ResolvedGroup, match_names, resolve_groups
+from .optim.schedulers import GroupSchedule
 from .program import (
     METRIC_PREFIX,
     METRIC_STATE,
@@ -27,27 +28,11 @@ from .program import (
     build_eval_step,
     build_inference,
     build_train_step,
+    build_update_step,
     top_k_for,
     training_forward,
 )
-
-
-def match_names(aliases: Mapping[str, Iterable[str]], patterns: Iterable[str], what: str) -> list[str]:
-    """The keys of `aliases` one of whose names matches one of the fnmatch `patterns`, in the
-    order of `aliases`. A pattern matching nothing is a ConfigError naming a few close names."""
-    matched: set[str] = set()
-    for pattern in patterns:
-        if not isinstance(pattern, str) or not pattern:
-            raise ConfigError(f"{what}: patterns are non-empty strings such as 'conv1.*', got {pattern!r}")
-        hits = {key for key, names in aliases.items() if any(fnmatch.fnmatchcase(n, pattern) for n in names)}
-        if not hits:
-            every = sorted({n for names in aliases.values() for n in names})
-            close = difflib.get_close_matches(pattern.replace("*", "").replace("?", ""), every, n=5, cutoff=0.3)
-            raise ConfigError(f"{what}: '{pattern}' matches no parameter; "
-                              + (f"close names: {', '.join(close or every[:5])}" if every else "there are none")
-                              + " (fnmatch globs over graph and PyTorch names, e.g. 'conv1.*')")
-        matched |= hits
-    return [key for key in aliases if key in matched]
+from .strategy import SingleDevice, TrainStrategy, for_devices
 
 
 def _identities_of(graph: Graph, name: str) -> set[str]:
@@ -60,6 +45,14 @@ def _identities_of(graph: Graph, name: str) -> set[str]:
                 same.add(n.outputs[0])
                 grown = True
     return same - {name}
+
+
+def _is_float_scalar(info: Any) -> bool:
+    """Whether a graph value's declared info is one float number (shape () or all ones)."""
+    shape = getattr(info, "shape", None)
+    if shape is None or not all(isinstance(d, (int, np.integer)) and d == 1 for d in shape):
+        return False
+    return np.issubdtype(np.dtype(info.dtype), np.floating)
 
 
 def _claim(backend: Backend, model: Any) -> None:
@@ -92,6 +85,8 @@ class Model:
         self.heads: list[Head] = []        # every output with a loss (compile's loss=...)
         self._metric_specs: dict[str, MetricSpec] = {}  # what read_metrics reports, from the programs
         self.optimizer: Optimizer | None = None
+        self.param_groups: list[ResolvedGroup] = []  # the optimizer's groups over this model (compile)
+        self._group_lrs: list[float] = []            # each group's current rate (host copy of its buffer)
         self.backend: Backend | None = None
         self.seed = 0
         self._programs: dict[tuple, Executable] = {}
@@ -101,10 +96,12 @@ class Model:
         self.micro_step = 0                  # micro-batches accumulated since the last update
         self.frozen: list[str] = []          # parameters freeze() made buffers (graph names)
         self._state_order: list[str] | None = None  # the parameters' order before the first freeze
-        self.sync_batchnorm = False  # BatchNorm statistics over the data-parallel replicas (DataParallel sets it)
-        self.parallel: Any = None  # data parallelism (anygrad.distributed.DataParallel): steps and metrics go there
+        self.sync_batchnorm = False  # BatchNorm statistics summed over the replicas a strategy runs (AllReduceSum)
+        self.strategy: TrainStrategy = SingleDevice()  # how training steps reach the devices (strategy.py)
+        self.devices: list[Backend] = []  # the backends compile() opened: the first is `backend`
         self.auto_candidates: list[Backend] = []  # device="auto" still choosing: timed on the first step
         self.backend_trial: dict[str, float] = {}  # that timing: ms per step by backend description
+        self.scheduler: GroupSchedule | None = None  # the learning-rate schedule (compile's scheduler=)
 
     # -- introspection --------------------------------------------------------------------
     @property
@@ -216,20 +213,26 @@ class Model:
         # Programs bake in which tensors get gradients and optimizer slots. A parameter's slots
         # stay in the backend's state while it is frozen, as torch.optim keeps them.
         self._programs.clear()
+        if self.optimizer is not None:
+            self._resolve_groups(keep_rates=True)
 
     # -- setup ----------------------------------------------------------------------------
     def compile(self, loss: str | Loss | Mapping[str, str | Loss] = "cross_entropy",
                 optimizer: Optimizer | None = None, device: str | Backend | list = "cpu", seed: int = 0, *,
                 loss_weights: Mapping[str, float] | None = None, clip_norm: float | None = None,
                 accumulate: int = 1, limits: str | None = None, memory_budget: int | str | None = None,
-                torch_compile: bool | str = False, precision: str = "f32", **loss_options: Any) -> Model:
+                torch_compile: bool | str = False, precision: str = "f32", scheduler: Any = None,
+                scheduler_interval: str | None = None, loss_output: str | None = None,
+                **loss_options: Any) -> Model:
         """Choose the loss, optimizer and device.
 
         `loss`: a name (cross_entropy, nll, mse, l1, bce_with_logits) or a Loss for the first
         output; a dict {output name: loss} for several outputs, each trained on its own targets
         (passed by output name), their losses summed with `loss_weights` (default 1 each);
-        or "output": the model's first output is its own scalar loss (a forward that returns
-        the loss), trained with no targets. `loss_options` go to the named losses that take them
+        or "output": the model's own scalar loss output (a forward that returns the loss, also
+        as (logits, loss)) is minimised, with no targets: its only scalar float output, wherever
+        it stands; with several, name it with "output:NAME" or `loss_output=NAME`. `loss_options`
+        go to the named losses that take them
         (ignore_index, reduction, label_smoothing, weight, class_axis).
         `device`: one device, or several ('wgpu:0,wgpu:1' or a list) that share each batch;
         'auto': the best there is (devices.get_backend), or, with a wgpu GPU and torch's CUDA/MPS
@@ -242,31 +245,37 @@ class Model:
         `precision`: "f32", or "f16" to train in mixed precision as torch.autocast + GradScaler do
         (float16 activations and matmul/conv operands, float32 master weights, optimizer state,
         softmax, norms and losses; dynamic loss scaling); evaluate and predict stay float32.
-        See README "Mixed precision"."""
+        See README "Mixed precision".
+        `scheduler`: the learning-rate schedule (see set_scheduler: an anygrad Scheduler, a torch
+        scheduler converted by anygrad.optim.from_torch, or a function step -> lr factor), advanced
+        per optimizer update (`scheduler_interval` "step") in train_on_batch, train_step and fit,
+        or per epoch of fit ("epoch"). See docs/optimizers.md."""
         from .devices import auto_backends, get_backend, use_torch_compile
         from .program import check_precision
         self.precision = check_precision(precision)
         devices = None
         self.auto_candidates = []
         if isinstance(device, str) and device.strip().lower() == "auto" and not torch_compile:
-            candidates = auto_backends(limits=limits, memory_budget=memory_budget)
+            candidates = auto_backends(limits=limits, memory_budget=memory_budget, precision=self.precision)
             device = candidates[0]
             self.auto_candidates = candidates if len(candidates) > 1 else []
         if isinstance(device, (list, tuple)) or (isinstance(device, str) and "," in device):
-            from .distributed import device_list, open_backends
+            from .devices import device_list, open_backends
             devices = open_backends(device_list(device) or list(device if isinstance(device, (list, tuple))
                                                                 else [device]), limits, memory_budget)
             device = devices[0]
-        self.heads = self._heads(loss, loss_weights, loss_options)
+        self.heads = self._heads(loss, loss_weights, loss_options, loss_output)
         self.loss = self.heads[0].loss
         self._metric_specs = {}
         if optimizer is None:
             from .optim import SGD
             optimizer = SGD(lr=0.01)
         self.optimizer = optimizer
+        self._resolve_groups(keep_rates=False)
         state = self.state_dict() if self.backend is not None else None
         backend = (device if isinstance(device, Backend)
-                   else get_backend(device, limits=limits, memory_budget=memory_budget))
+                   else get_backend(device, limits=limits, memory_budget=memory_budget,
+                                    precision=self.precision))
         for each in devices or [backend]:
             _claim(each, self)
             use_torch_compile(each, torch_compile)
@@ -280,16 +289,26 @@ class Model:
             value = state[name] if state and name in state else self.graph.initializers[name]
             self.backend.set_state(name, value)
         self.backend.set_state(RNG_STATE, np.array([seed & 0xFFFFFFFF, 0], np.uint32))
+        for group, lr in zip(self.param_groups, self._group_lrs):  # this optimizer's rates, not a former one's
+            self.backend.set_state(group.lr_state, np.array(lr, np.float32))
         self.configure_step(clip_norm=clip_norm, accumulate=accumulate)
-        self.parallel = None
-        if devices and len(devices) > 1:
-            from .distributed import DataParallel
-            self.parallel = DataParallel(self, devices[1:])
+        self.scheduler = None
+        if scheduler is not None:
+            self.set_scheduler(scheduler, scheduler_interval)
+        elif scheduler_interval is not None:
+            raise ConfigError(f"scheduler_interval={scheduler_interval!r} without a scheduler; "
+                              "pass scheduler= too")
+        self.devices = list(devices or [backend])
+        self.strategy = for_devices(self, self.devices)  # several: DataParallel (anygrad.distributed)
         return self
 
-    def _heads(self, loss: Any, weights: Mapping[str, float] | None, options: dict[str, Any]) -> list[Head]:
+    def _heads(self, loss: Any, weights: Mapping[str, float] | None, options: dict[str, Any],
+               loss_output: str | None = None) -> list[Head]:
         """compile's loss/loss_weights/options as Heads (see compile)."""
         outputs = list(self.graph.outputs)
+        if loss_output is not None and not (isinstance(loss, str) and loss.split(":")[0] == "output"):
+            raise ConfigError(f"loss_output={loss_output!r} chooses the output of loss='output' (a model "
+                              f"that returns its own loss), not of loss={loss!r}")
         if isinstance(loss, Mapping):
             if not loss:
                 raise ConfigError(f"loss: an empty dict; name a loss per output, e.g. {{'{outputs[0]}': 'cross_entropy'}}")
@@ -307,7 +326,8 @@ class Model:
             if left:
                 raise ConfigError(f"loss options {sorted(left)} are taken by none of the losses {dict(loss)}")
         else:
-            chosen = {outputs[0]: self._one_loss(loss, options, None)}
+            one = self._one_loss(loss, options, None)
+            chosen = {self._own_loss_output(one, loss_output) if not one.needs_target else outputs[0]: one}
         weights = dict(weights or {})
         unknown = [k for k in weights if k not in chosen]
         if unknown:
@@ -321,6 +341,33 @@ class Model:
         if not heads[0].loss.needs_target and weights:
             raise ConfigError("loss_weights do not apply to loss='output' (the model computes its own loss)")
         return heads
+
+    def _own_loss_output(self, loss: Loss, requested: str | None) -> str:
+        """Which output loss='output' minimises: the one named (loss='output:NAME' or
+        loss_output=NAME); else the first output when it is a float scalar (a forward returning
+        the loss first, as loss='output' always took); else the model's only scalar float
+        output, wherever it stands (a forward returning (logits, loss)); several such scalars
+        must be chosen between."""
+        outputs, named = list(self.graph.outputs), loss.options.get("output")
+        if requested is not None and named is not None and requested != named:
+            raise ConfigError(f"loss='output:{named}' and loss_output={requested!r} name different outputs; "
+                              "give one")
+        requested = requested if requested is not None else named
+        if requested is not None:
+            if not isinstance(requested, str) or requested not in outputs:
+                raise ConfigError(f"loss_output: the model has no output named {requested!r}; its outputs "
+                                  f"are {outputs}")
+            return requested
+        scalars = [o for o in outputs if _is_float_scalar(self.graph.info.get(o))]
+        if scalars and scalars[0] == outputs[0]:  # the loss first: the convention loss='output' always took
+            return outputs[0]
+        if len(scalars) > 1:
+            first = scalars[0]
+            raise ConfigError(f"loss='output': the model has several scalar float outputs "
+                              f"({', '.join(scalars)}); choose the loss with loss='output:{first}' or "
+                              f"loss_output='{first}' (CLI: --loss output:{first}); the others are reported "
+                              "as metrics")
+        return scalars[0] if scalars else outputs[0]  # none: the step's check names the first output's shape
 
     @staticmethod
     def _one_loss(loss: Any, options: dict[str, Any], used: set | None) -> Loss:
@@ -367,10 +414,13 @@ class Model:
         """Whether the compiled backend runs `op` (each backend answers for itself)."""
         return self.backend is None or bool(self.backend.supports(op))
 
-    def _require_compiled(self) -> Backend:
+    def require_compiled(self) -> Backend:
+        """The backend training runs on; a ConfigError before compile()."""
         if self.backend is None or self.loss is None:
             raise ConfigError("call model.compile(loss=..., optimizer=..., device=...) first")
         return self.backend
+
+    _require_compiled = require_compiled  # (the name this module's methods use)
 
     def _program(self, kind: str, inputs: Batch, targets: Batch | None = None, phase: str = "step") -> Executable:
         shapes = {n: tuple(v.shape) for n, v in inputs.items()}
@@ -387,7 +437,7 @@ class Model:
                 graph = build_train_step(self.graph, shapes, target_shapes, self.heads, self.optimizer,
                                          clip_norm=self.clip_norm, accumulate=self.accumulate, phase=phase,
                                          top_k=self.top_k, report=report, sync_batchnorm=self.sync_batchnorm,
-                                         precision=self.precision)
+                                         precision=self.precision, groups=self.param_groups)
             # Evaluation and prediction run in float32 even for f16 training: no backward to fit, and
             # BatchNorm's running statistics lag the weights early in training, so inference-mode
             # activations can pass float16's 65504 where the training step's do not.
@@ -456,8 +506,9 @@ class Model:
         return inputs, self.parse_targets(y, inputs) if need_targets or y is not None else {}
 
     # -- training and inference ----------------------------------------------------------
-    def _next_phase(self, flush: bool) -> str:
-        """Which step program this micro-batch runs (see program.PHASES); advances micro_step."""
+    def next_phase(self, flush: bool) -> str:
+        """Which step program this micro-batch runs (see program.PHASES); advances micro_step.
+        A strategy calls it once per micro-batch (`flush`: this one ends the accumulation)."""
         if self.accumulate == 1:
             return "step"
         phase = "first" if self.micro_step == 0 else "accumulate"
@@ -467,11 +518,58 @@ class Model:
             self.micro_step = 0
         return phase
 
-    def _train_program(self, inputs: Batch, targets: Batch, flush: bool) -> Executable:
+    def train_program(self, inputs: Batch, targets: Batch, phase: str = "step") -> Executable:
+        """The compiled training step for these parsed inputs and targets (their shapes) and `phase`
+        (program.PHASES: "step" updates; "first"/"accumulate" only sum the gradients into the
+        accum.<param> buffers, which is what a data-parallel strategy runs before its exchange).
+        With device='auto' still choosing, the first call times the candidates."""
         if self.auto_candidates:
             self._choose_backend(inputs, targets)
-        phase = self._next_phase(flush)  # a lone flushed micro-batch: "step", its loss still scaled by 1/N
         return self._program("train", inputs, targets, phase)
+
+    def update_program(self) -> Executable:
+        """The optimizer update alone (program.build_update_step), from the gradients in the
+        accum.<param> buffers: what every replica runs after a data-parallel exchange."""
+        g = self.graph
+        key = ("update", tuple(g.params), self.clip_norm, id(self.optimizer), self.precision)
+        if key not in self._programs:
+            report: dict[str, MetricSpec] = {}  # f16: the skipped updates (counted by every replica alike)
+            self._programs[key] = self.require_compiled().compile(
+                build_update_step(g, self.optimizer, clip_norm=self.clip_norm, precision=self.precision,
+                                  report=report, groups=self.param_groups))
+            self._metric_specs.update(report)
+        return self._programs[key]
+
+    def clear_programs(self) -> None:
+        """Drop the compiled programs (their settings changed: sync_batchnorm, clipping, freezing);
+        the next steps compile anew. The state stays."""
+        self._programs.clear()
+
+    def programs(self, kind: str = "train") -> dict[tuple, Executable]:
+        """The compiled programs of `kind` ("train", "eval", "predict", "update") by their key
+        (kind, first input's shape, first target's shape, phase, every shape)."""
+        return {k: e for k, e in self._programs.items() if k[0] == kind}
+
+    def replica(self, backend: Backend) -> Model:
+        """A Model on `backend` sharing this one's graph, losses, optimizer and step settings, with
+        programs of its own and a copy of this one's full state (a data-parallel replica)."""
+        import copy
+        r = copy.copy(self)
+        r.backend, r.devices, r._programs, r.micro_step = backend, [backend], {}, 0
+        r.strategy = SingleDevice()
+        r.take_state(self)
+        return r
+
+    def take_state(self, source: Model) -> None:
+        """This model's backend takes `source`'s full state and learning rates (a replica following
+        the model it was made of)."""
+        state = source.full_state()
+        for name in source.graph.state_names:
+            state.setdefault(name, source.graph.initializers[name])
+        for name, value in state.items():
+            self.backend.set_state(name, value)
+        self.optimizer.lr = source.optimizer.lr
+        self._group_lrs = source.group_lrs
 
     def _choose_backend(self, inputs: Batch, targets: Batch) -> None:
         """device='auto' with a wgpu GPU and torch's CUDA/MPS (devices.auto_backends): time this
@@ -528,7 +626,7 @@ class Model:
     def _use_backend(self, backend: Backend, state: dict[str, np.ndarray]) -> None:
         """Train on `backend` from `state` (a full_state()); programs compile anew."""
         _claim(backend, self)
-        self.backend = backend
+        self.backend, self.devices = backend, [backend]
         self._programs.clear()
         for name, value in state.items():
             backend.set_state(name, value)
@@ -539,19 +637,46 @@ class Model:
         `x`: the inputs (see parse_inputs); `y`: the targets (see parse_targets; none for
         loss='output')."""
         inputs, targets = self._batch(x, y)
-        if self.parallel is not None:
-            self.parallel.train_step(inputs, targets, flush)
-            return
-        self._train_program(inputs, targets, flush).run({**inputs, **targets}, fetch=[])
+        self.strategy.train_step(self, inputs, targets, flush, False)
+        self._after_update()
 
     def train_on_batch(self, x: Any, y: Any = None, flush: bool = False) -> float:
         """One optimizer step; returns the batch loss (before the update)."""
         inputs, targets = self._batch(x, y)
-        if self.parallel is not None:
-            return self.parallel.train_step(inputs, targets, flush, fetch_loss=True)
-        exe = self._train_program(inputs, targets, flush)
-        out = exe.run({**inputs, **targets}, fetch=[exe.graph.outputs[0]])
-        return float(out[exe.graph.outputs[0]])
+        loss = self.strategy.train_step(self, inputs, targets, flush, True)
+        self._after_update()
+        return loss
+
+    # -- the learning-rate schedule -------------------------------------------------------
+    def set_scheduler(self, scheduler: Any, interval: str | None = None) -> GroupSchedule | None:
+        """Schedule every parameter group's rate (what compile's `scheduler=` does): an anygrad
+        Scheduler (get_scheduler; each group scaled from its own initial rate, as torch does), a
+        torch scheduler converted by anygrad.optim.from_torch, or a function `step -> factor`
+        of the initial rates (LambdaLR); None removes the schedule. `interval`: "step" (advance
+        after every optimizer update, in train_on_batch, train_step and fit) or "epoch" (fit
+        advances it after each epoch; elsewhere call step_scheduler()); default: the
+        scheduler's own. The rates go to the device's rate buffers, without a recompile."""
+        self._require_compiled()
+        if scheduler is None:
+            self.scheduler = None
+            return None
+        self.scheduler = GroupSchedule.build(scheduler, self.base_lrs, interval)
+        self.group_lrs = self.scheduler.lrs
+        return self.scheduler
+
+    def step_scheduler(self, metric: float | None = None) -> list[float]:
+        """Advance the schedule one step (one epoch, for interval "epoch"); `metric` feeds
+        ReduceLROnPlateau. Returns every group's new rate."""
+        if self.scheduler is None:
+            raise ConfigError("step_scheduler: this model has no schedule; compile(..., scheduler=...) first")
+        self.group_lrs = self.scheduler.step(metric)
+        return self.group_lrs
+
+    def _after_update(self) -> None:
+        """A per-step schedule moves after each optimizer update (not after an accumulated
+        micro-batch: with accumulate=k a step is k batches, as in PyTorch)."""
+        if self.scheduler is not None and self.scheduler.interval == "step" and self.micro_step == 0:
+            self.group_lrs = self.scheduler.step()
 
     def eval_step(self, x: Any, y: Any = None) -> None:
         """Accumulate validation loss and metric sums for one batch, in inference mode."""
@@ -587,7 +712,8 @@ class Model:
         return {h.output: targets[h.target] for h in self.heads if h.target in targets}
 
     # -- metrics (device-side sums) --------------------------------------------------------
-    def _metric_buffers(self) -> set[str]:
+    def metric_buffers(self) -> set[str]:
+        """The names of the metric sums the step programs add to on the device (read_metric_sums)."""
         names = set(METRIC_STATE)
         for spec in self._metric_specs.values():
             names.update((spec.num, spec.den))
@@ -596,11 +722,8 @@ class Model:
         return names
 
     def reset_metrics(self) -> None:
-        backend = self._require_compiled()
-        for name in sorted(self._metric_buffers()):
-            backend.set_state(name, np.zeros((), np.float32))
-        if self.parallel is not None:
-            self.parallel.reset_metrics()
+        self._require_compiled()
+        self.strategy.reset_metrics(self, sorted(self.metric_buffers()))
 
     @property
     def metric_names(self) -> list[str]:
@@ -628,10 +751,8 @@ class Model:
         adds these up over reads, so that each metric is weighted by its own denominator (tokens,
         pixels, elements), not by samples. Metrics without a denominator yet are left out."""
         backend = self._require_compiled()
-        names = sorted(n for n in self._metric_buffers() if backend.has_state(n))
-        # one read of every sum: from this device, or summed over the data-parallel replicas
-        sums = self.parallel.metric_sums(names) if self.parallel is not None else \
-            {k: float(backend.get_state(k)) for k in names}
+        names = sorted(n for n in self.metric_buffers() if backend.has_state(n))
+        sums = self.strategy.metric_sums(self, names)  # one read of every sum, over every device trained on
         n = sums.get(SAMPLE_COUNT, 0.0)
         parts: dict[str, tuple[float, float, bool]] = {}
         if n:
@@ -644,17 +765,74 @@ class Model:
         return n, parts
 
     # -- state ------------------------------------------------------------------------------
+    def _resolve_groups(self, keep_rates: bool) -> None:
+        """The optimizer's parameter groups over the trainable parameters (optim/groups.py); each
+        group's rate starts at its base_lr, or (`keep_rates`, after a freeze) stays where it was."""
+        g = self.graph
+        before = self._group_lrs
+        self.param_groups = resolve_groups(self.optimizer, g.params, {p: tuple(g.initializers[p].shape)
+                                                                      for p in g.params}, self.parameter_aliases())
+        self._group_lrs = [before[i] if keep_rates and i < len(before) else grp.base_lr
+                           for i, grp in enumerate(self.param_groups)]
+
     @property
     def lr(self) -> float:
-        """The rate the next update uses. The host copy, which the setter and load_full_state keep
-        equal to the device's LR_STATE: reading that would cost a readback per call (per step)."""
+        """The rate the next update uses (of the first parameter group, with several: what
+        torch users log as param_groups[0]['lr']). The host copy, which the setter and
+        load_full_state keep equal to the device's buffer: reading that would cost a readback
+        per call (per step). Setting it with several groups scales every group's rate by the
+        same factor relative to its base_lr (value / the first group's base_lr), as torch's
+        schedulers scale each group; when the first group's base_lr is 0, every group gets
+        `value`. Per-group rates: group_lrs."""
         self._require_compiled()
-        return float(self.optimizer.lr)
+        return float(self._group_lrs[0])
 
     @lr.setter
     def lr(self, value: float) -> None:
-        self._require_compiled().set_state(LR_STATE, np.array(value, np.float32))
-        self.optimizer.lr = float(value)
+        self._require_compiled()
+        value = float(value)
+        bases = [grp.base_lr for grp in self.param_groups]
+        if len(bases) == 1 or bases[0] == 0:
+            self.group_lrs = [value] * len(bases)
+        else:
+            self.group_lrs = [b * (value / bases[0]) for b in bases]
+        self._group_lrs[0] = value  # exactly what was set (the scaling may round the first)
+
+    @property
+    def group_lrs(self) -> list[float]:
+        """Each parameter group's current rate, in group order (param_groups); the setter
+        writes the device buffers, so a scheduler moves them per step without a recompile."""
+        self._require_compiled()
+        return list(self._group_lrs)
+
+    @group_lrs.setter
+    def group_lrs(self, values: Iterable[float]) -> None:
+        backend = self._require_compiled()
+        values = list(values)
+        if len(values) != len(self.param_groups):
+            raise ConfigError(f"group_lrs: {len(values)} rates for {len(self.param_groups)} parameter groups")
+        for group, v in zip(self.param_groups, values):
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.floating)) or not (np.isfinite(v) and v >= 0):
+                raise ConfigError(f"group_lrs: the rate of {group.label} must be a finite number >= 0, got {v!r}")
+        for group, v in zip(self.param_groups, values):
+            backend.set_state(group.lr_state, np.array(v, np.float32))
+        self._group_lrs = [float(v) for v in values]
+        if len(values) == 1:
+            self.optimizer.lr = self._group_lrs[0]  # the optimizer shows the rate, as before groups
+
+    @property
+    def base_lrs(self) -> list[float]:
+        """Each group's initial rate (torch's group['initial_lr']), which schedulers scale."""
+        return [grp.base_lr for grp in self.param_groups]
+
+    def describe_groups(self) -> list[dict[str, Any]]:
+        """The parameter groups as JSON: label, selector, parameters (graph names), settings."""
+        from .optim.groups import describe_groups
+        return describe_groups(self.param_groups)
+
+    def lr_states(self) -> dict[str, np.ndarray]:
+        """Each group's rate buffer as a checkpoint holds it (name -> float32 scalar)."""
+        return {grp.lr_state: np.array(lr, np.float32) for grp, lr in zip(self.param_groups, self._group_lrs)}
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Parameters and buffers (running statistics) by graph name, as host arrays."""
@@ -675,10 +853,10 @@ class Model:
         step programs hold (optimizer slots `optim.*`, accumulation sums, lr, step, RNG counter,
         metric sums). Restoring it with load_full_state() continues training bit for bit."""
         backend = self._require_compiled()
-        names = set(self.graph.state_names) | {RNG_STATE}
+        names = set(self.graph.state_names) | {RNG_STATE} | {g.lr_state for g in self.param_groups}
         for exe in self._programs.values():
             names.update(exe.graph.state_names)
-        names.update(self._metric_buffers())
+        names.update(self.metric_buffers())
         return {n: backend.get_state(n) for n in sorted(names) if backend.has_state(n)}
 
     def load_full_state(self, state: dict[str, np.ndarray]) -> None:
@@ -693,10 +871,12 @@ class Model:
             if info is not None and name in self.graph.state_names and tuple(info.shape) != tuple(value.shape):
                 raise ConfigError(f"saved '{name}' has shape {tuple(value.shape)}, the model's is {tuple(info.shape)}")
             backend.set_state(name, np.asarray(value))
-        if LR_STATE in state and np.float32(self.optimizer.lr) != np.float32(state[LR_STATE]):
-            self.optimizer.lr = float(state[LR_STATE])  # else keep the host's exact value (0.002, not its float32)
-        if self.parallel is not None:
-            self.parallel.state_loaded()
+        for i, group in enumerate(self.param_groups):  # else keep the host's exact value (0.002, not its float32)
+            if group.lr_state in state and np.float32(self._group_lrs[i]) != np.float32(state[group.lr_state]):
+                self._group_lrs[i] = float(state[group.lr_state])
+        if len(self.param_groups) == 1:
+            self.optimizer.lr = self._group_lrs[0]
+        self.strategy.state_loaded(self)
 
     def fingerprint(self) -> str:
         """A hash of the graph's structure and its state names, shapes and dtypes (not values):
@@ -711,31 +891,33 @@ class Model:
         return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:16]
 
     def fit(self, train: tuple[np.ndarray, np.ndarray], valid: tuple[np.ndarray, np.ndarray] | None = None,
-            **settings: Any):
+            *, overwrite: bool = False, **settings: Any):
         """Train for `epochs` with validation, metrics, early stopping, clipping, accumulation,
-        schedulers, checkpoints (see anygrad.train.TrainConfig for every setting)."""
-        from .train import fit
-        return fit(self, train, valid, **settings)
+        schedulers, checkpoints (see anygrad.train.TrainConfig for every setting). An
+        `artifacts_dir` that holds another run is refused unless `resume=True` continues it or
+        `overwrite=True` replaces it; files of yours there are never replaced."""
+        return operation("fit")(self, train, valid, overwrite=overwrite, **settings)
 
-    # -- PyTorch interop (anygrad.frontends.torch_weights) ---------------------------------------
+    # -- PyTorch interop (anygrad.frontends.torch_weights, through anygrad.facade) ---------------
     def load_state_dict(self, state_dict: Any, strict: bool = True, key: str | None = None) -> Any:
         """Load PyTorch weights: a state_dict (numpy arrays or torch tensors) or a .pt/.pth,
         .safetensors or .npz path; `key` picks the entry of a checkpoint dict. Returns a LoadResult;
         with strict=True any missing, unexpected or mis-shaped key raises (all listed)."""
-        from .frontends.torch_weights import load_state_dict
-        return load_state_dict(self, state_dict, strict=strict, key=key)
+        return operation("load_state_dict")(self, state_dict, strict=strict, key=key)
 
     def to_torch_state_dict(self, as_numpy: bool = False) -> dict[str, Any]:
         """The state under PyTorch names, ready for `module.load_state_dict` (torch tensors, which
         needs torch; numpy arrays with as_numpy=True)."""
-        from .frontends.torch_weights import to_torch_state_dict
-        state = to_torch_state_dict(self)
-        if as_numpy:
-            return state
-        from .frontends.from_torch import to_torch_tensors
-        return to_torch_tensors(state)
+        state = operation("to_torch_state_dict")(self)
+        return state if as_numpy else operation("to_torch_tensors")(state)
 
     def save_safetensors(self, path: Any) -> Any:
         """Write the state with PyTorch names to a .safetensors file; returns its Path."""
-        from .frontends.torch_weights import save_safetensors
-        return save_safetensors(self, path)
+        return operation("save_safetensors")(self, path)
+
+    def save_adapters(self, folder: Any, overwrite: bool = False) -> Any:
+        """Write only the trained adapters to `folder`: peft's adapter_model.safetensors and
+        adapter_config.json for a model from_torch made of a peft model (PeftModel.from_pretrained
+        loads them), else the trainable parameters of a model with frozen ones, by PyTorch name.
+        Returns the safetensors path."""
+        return operation("save_adapters")(self, folder, overwrite=overwrite)

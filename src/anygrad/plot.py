@@ -4,7 +4,7 @@ box_mae.png, ...: every train_<name>/valid_<name> pair the run wrote); the train
 at every progress read (DIR/metrics_steps.csv) when the run wrote one, so short runs draw more
 than a point per epoch.
 
-matplotlib is an optional extra (`pip install anygrad[plot]`), imported only here and only when
+matplotlib is an optional extra (`pip install 'anygrad-train[plot]'`), imported only here and only when
 plotting, with the non-interactive Agg backend (no display needed).
 """
 from __future__ import annotations
@@ -119,7 +119,7 @@ def _pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise ConfigError("plotting needs matplotlib: pip install anygrad[plot]") from None
+        raise ConfigError("plotting needs matplotlib: pip install 'anygrad-train[plot]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt

@@ -7,11 +7,11 @@ with a state update, so a backend runs a step with nothing but the batch as inpu
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
+from . import settings
 from .autodiff import gradients
 from .errors import ConfigError
 from .ir.attention import fuse_attention
@@ -26,7 +26,8 @@ from .ir.rotary import fuse_rotate_half
 from .losses import Loss, _matching_target, class_layout
 from .ops._util import ONNX_CODES
 from .optim import grad_scaler
-from .optim.base import LR_STATE, STEP_STATE, Optimizer
+from .optim.base import STEP_STATE, Optimizer
+from .optim.groups import ResolvedGroup, resolve_groups
 
 TARGET = "anygrad.target"                # the target input of the first (or only) output with a loss
 TARGET_PREFIX = "anygrad.target."         # ... of the others: anygrad.target.<output>
@@ -120,7 +121,7 @@ def _loss_and_metrics(g: Graph, b: Builder, heads: list[Head], target_shapes: di
     specs["loss"] = MetricSpec(LOSS_SUM, SAMPLE_COUNT)
     if not heads[0].loss.needs_target:
         objective = own_loss(g, b, heads[0].output)
-        for other in g.outputs[1:]:  # the others, reported like metrics when they are numbers
+        for other in g.outputs:  # the others, reported like metrics when they are numbers
             if other != heads[0].output and int(np.prod(b.shape(other))) == 1:
                 value = other if b.shape(other) == () else b.reshape(other, ())
                 buffer = f"{METRIC_PREFIX}output.{other}"
@@ -162,7 +163,7 @@ def loss_reads_half(g: Graph) -> None:
     vocabulary, then never exist. Only the loss's edge moves: a Cast another node (or a graph
     output) still reads stays; one nothing reads goes with dce. ANYGRAD_F16_LOSS_READS_HALF=0
     keeps the Cast (for A/B)."""
-    if os.environ.get(F16_LOSS_ENV, "1").strip() == "0":
+    if not settings.get(F16_LOSS_ENV):
         return
     producer = {o: n for n in g.nodes for o in n.outputs if o}
     for node in list(g.nodes):
@@ -201,7 +202,7 @@ def softmax_grad_reads_half(g: Graph) -> None:
     batch 128: 4 x 32 MiB). The gradient's arithmetic stays float32; only the probabilities it
     reads are rounded to float16, as the backward of P @ V reads them anyway.
     ANYGRAD_F16_SOFTMAX_GRAD_READS_HALF=0 keeps the float32 read (for A/B)."""
-    if os.environ.get(F16_SOFTMAX_GRAD_ENV, "1").strip() == "0":
+    if not settings.get(F16_SOFTMAX_GRAD_ENV):
         return
     half_of: dict[str, str] = {}
     for n in g.nodes:
@@ -217,10 +218,12 @@ def own_loss(g: Graph, b: Builder, output: str) -> str:
     """loss="output": the model's output as the scalar to minimise; a ConfigError when it is not one."""
     shape = tuple(b.shape(output))
     if int(np.prod(shape)) != 1 or not np.issubdtype(b.dtype(output), np.floating):
-        raise ConfigError(f"loss='output' minimises the model's first output '{output}', but it has shape {shape} "
+        which = "first output" if g.outputs and output == g.outputs[0] else "output"
+        raise ConfigError(f"loss='output' minimises the model's {which} '{output}', but it has shape {shape} "
                           f"and dtype {b.dtype(output)}, not a float scalar; make forward return the loss "
-                          "(e.g. F.cross_entropy(logits, labels)) first, or compile with a loss such as "
-                          "'cross_entropy' and pass targets")
+                          "(e.g. F.cross_entropy(logits, labels)), name the loss output with "
+                          "loss='output:NAME', or compile with a loss such as 'cross_entropy' and pass "
+                          "targets")
     return output if shape == () else b.reshape(output, ())
 
 
@@ -371,7 +374,8 @@ def build_train_step(model: Graph, input_shapes: dict[str, Shape], target_shape:
                      loss: Loss | list[Head], optimizer: Optimizer, *, clip_norm: float | None = None,
                      accumulate: int = 1, phase: str = "step", top_k: int | None = None,
                      report: dict[str, MetricSpec] | None = None, sync_batchnorm: bool = False,
-                     precision: str = "f32", loss_scaling: bool | None = None) -> Graph:
+                     precision: str = "f32", loss_scaling: bool | None = None,
+                     groups: list[ResolvedGroup] | None = None) -> Graph:
     """The training step for one batch shape: forward, loss, backward, (clip,) update.
 
     `loss` is one Loss for the first output (target_shape its target's shape) or a list of Heads
@@ -382,6 +386,8 @@ def build_train_step(model: Graph, input_shapes: dict[str, Shape], target_shape:
     `precision` "f16": float16 activations and matmul/conv operands (ir/autocast.py) and dynamic
     loss scaling (optim/grad_scaler.py; `loss_scaling` False turns it off, for tests); master
     weights, gradients and optimizer state stay float32.
+    `groups`: the optimizer's parameter groups as the Model resolved them (optim/groups.py;
+    default: resolved here over graph names).
     """
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
@@ -407,7 +413,7 @@ def build_train_step(model: Graph, input_shapes: dict[str, Shape], target_shape:
     if phase != "step":
         grads = _accumulate(g, b, grads, phase)
     if phase in ("step", "apply"):
-        _apply_update(g, b, grads, optimizer, clip_norm, scaling, report, loss=out.loss)
+        _apply_update(g, b, grads, optimizer, clip_norm, scaling, report, loss=out.loss, groups=groups)
     g.state_updates[b.op("Add", [RNG_STATE, b.const(np.array([0, 1], np.uint32), np.uint32)])] = RNG_STATE
     g.outputs = [out.loss] + ([out.correct] if out.correct else [])
     g.dce()
@@ -429,7 +435,8 @@ def _accumulate(g: Graph, b: Builder, grads: dict[str, str], phase: str) -> dict
 
 
 def _apply_update(g: Graph, b: Builder, grads: dict[str, str], optimizer: Optimizer, clip_norm: float | None,
-                  scaling: bool, report: dict[str, MetricSpec] | None, loss: str | None = None) -> None:
+                  scaling: bool, report: dict[str, MetricSpec] | None, loss: str | None = None,
+                  groups: list[ResolvedGroup] | None = None) -> None:
     """(Clip,) optimizer update from `grads`. With loss scaling, a gradient that is not finite skips
     the update (every state it changes keeps its value, BatchNorm's running statistics included), the
     scale backs off or grows, and skipped updates are counted; the step's metrics count unless the
@@ -437,7 +444,7 @@ def _apply_update(g: Graph, b: Builder, grads: dict[str, str], optimizer: Optimi
     found = grad_scaler.found_inf(b, list(grads.values())) if scaling else None
     if clip_norm is not None:
         grads = clip_grad_norm(b, grads, clip_norm)
-    _update(g, b, grads, optimizer)
+    _update(g, b, grads, optimizer, groups)
     if found is None:
         return
     metric = {k: v for k, v in g.state_updates.items() if v.startswith(METRIC_PREFIX)}
@@ -450,25 +457,35 @@ def _apply_update(g: Graph, b: Builder, grads: dict[str, str], optimizer: Optimi
         report["skipped_updates"] = MetricSpec(grad_scaler.SKIPPED_SUM, UPDATE_COUNT)
 
 
-def _update(g: Graph, b: Builder, grads: dict[str, str], optimizer: Optimizer) -> None:
-    _add_buffer(g, LR_STATE, np.array(optimizer.lr, np.float32))
+def _update(g: Graph, b: Builder, grads: dict[str, str], optimizer: Optimizer,
+            groups: list[ResolvedGroup] | None = None) -> None:
+    """Each parameter's update with its group's settings, reading its group's rate buffer."""
+    if groups is None:
+        groups = resolve_groups(optimizer, g.params, {p: tuple(g.initializers[p].shape) for p in g.params})
+    group_of = {p: group for group in groups for p in group.params}
+    for group in groups:
+        _add_buffer(g, group.lr_state, np.array(group.optimizer.lr, np.float32))
     _add_buffer(g, STEP_STATE, np.zeros((), np.float32))
     step = b.op("Add", [STEP_STATE, b.const(1.0)])
     g.state_updates[step] = STEP_STATE
     for p in g.params:
+        if p not in group_of:
+            raise ValueError(f"parameter {p!r} is in none of the optimizer's resolved groups")
+        group = group_of[p]
         slots = {}
-        for slot, init in optimizer.init_state(g.initializers[p]).items():
+        for slot, init in group.optimizer.init_state(g.initializers[p]).items():
             name = f"optim.{slot}.{p}"
             _add_buffer(g, name, init)
             slots[slot] = name
-        new_p, new_slots = optimizer.update(b, p, grads[p], slots, LR_STATE, step)
+        new_p, new_slots = group.optimizer.update(b, p, grads[p], slots, group.lr_state, step)
         g.state_updates[new_p] = p
         for slot, value in new_slots.items():
             g.state_updates[value] = slots[slot]
 
 
 def build_update_step(model: Graph, optimizer: Optimizer, *, clip_norm: float | None = None, precision: str = "f32",
-                      report: dict[str, MetricSpec] | None = None) -> Graph:
+                      report: dict[str, MetricSpec] | None = None,
+                      groups: list[ResolvedGroup] | None = None) -> Graph:
     """The update alone: (clip,) optimizer step from the gradients in the accum.<param> buffers,
     which the "first"/"accumulate" phases filled. Data parallelism runs it after summing those
     buffers across replicas, so the gradient phase and the update are two programs. With
@@ -488,7 +505,7 @@ def build_update_step(model: Graph, optimizer: Optimizer, *, clip_norm: float | 
     scaling = check_precision(precision) == "f16"
     if scaling:
         grad_scaler.add_state(g)
-    _apply_update(g, b, grads, optimizer, clip_norm, scaling, report)
+    _apply_update(g, b, grads, optimizer, clip_norm, scaling, report, groups=groups)
     return resolve_attributes(g)
 
 

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from . import settings
 from .errors import DataError
 from .fsutil import atomic_write
 
@@ -131,15 +132,12 @@ def rank_path(path: str | os.PathLike, rank: int | None) -> Path:
 
 
 def from_env(var: str, rank: int | None = None, process: str = "anygrad") -> Timeline | None:
-    """A timeline writing to the path in environment variable `var` (with the rank inserted, rank_path),
-    keeping `<var>_STEPS` steps (default MAX_STEPS) and written at exit; None where `var` is unset or empty."""
-    path = os.environ.get(var, "").strip()
+    """A timeline writing to the path in the declared setting `var` (with the rank inserted, rank_path),
+    keeping `<var>_STEPS` steps and written at exit; None where `var` is unset or empty."""
+    path = settings.get(var)
     if not path:
         return None
-    try:
-        steps = int(os.environ.get(f"{var}_STEPS", MAX_STEPS))
-    except ValueError:
-        steps = MAX_STEPS
+    steps = settings.get(f"{var}_STEPS")
     tl = Timeline(rank_path(path, rank), pid=rank or 0, process=process, max_steps=steps)
     tl.write_at_exit()
     return tl

@@ -46,8 +46,6 @@ def _cases():
             if route != "load_state_dict" and route not in family.exporters:
                 continue
             marks = [pytest.mark.slow] if family.slow else []
-            if route in family.xfail:
-                marks.append(pytest.mark.xfail(strict=True, reason=family.xfail[route]))
             yield pytest.param(name, route, marks=marks, id=f"{name}-{route}")
 
 
@@ -60,6 +58,9 @@ def test_family_matches_pytorch(name, route, reference, exported, tmp_path):
         model, extra = load_by_names(family, path, tmp_path)
     else:
         model, _ = exported(name, route)
+        # the exporter that wrote the graph: the one asked for, or the other where it cannot
+        other = next(e for e in ("dynamo", "torchscript") if e != route)
+        assert model.torch_binding.exporter == (other if route in family.falls_back else route)
     run = check_route(model, family, reference(name), "cpu", extra)
     if route == "load_state_dict":
         _numpy_runs[name] = run

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -16,14 +17,53 @@ def _nothing() -> None:
     pass
 
 
+@dataclass
+class Exchange:
+    """The one hook through which a caller takes part in a run (Executable.run's `exchange`): a
+    data-parallel strategy exchanging gradient buckets (ready -> reduced -> written back) and
+    summing over replicas inside the step. Every field is optional; no exchange: a plain run.
+
+    - `reduce(x, mode)`: AllReduceSum's sum of `x` over the replicas (ops.collective's modes),
+      called where the step holds one; None: the identity (the sum over one replica).
+    - `ready`: {kernel index (Executable.ready_step): fn(encoder)}: right after that kernel the
+      caller encodes its copies (a bucket of gradients, final there) and that much of the step is
+      submitted, so the host reads them while the rest runs. An executable without kernel
+      indices (ready_step None) runs whole; the caller reads after the run.
+    - `encoded()`: called once the whole step is encoded, before its held parts are submitted
+      (the caller's reader of the `ready` copies starts there).
+    - `hold_parts`: parts held back so that those copies map mid-step, where the device's poll
+      thread blocks (Executable.holds_parts); 0: every map asked after the last part.
+    - `stage_inputs`: big inputs go up through mapped memory over the host's threads (the device
+      waits for them: its last update was submitted just before)."""
+
+    reduce: Callable[[np.ndarray, str], np.ndarray] | None = None
+    ready: dict[int, Callable[[Any], None]] = field(default_factory=dict)
+    encoded: Callable[[], None] | None = None
+    hold_parts: int = 0
+    stage_inputs: bool = False
+
+
+NO_EXCHANGE = Exchange()
+
+
 class Executable(ABC):
     """One compiled graph (fixed input shapes). Running it updates the backend's state in place."""
 
     graph: Graph
+    holds_parts = True   # whether Exchange.hold_parts may change a run (False: it never does)
+    upload_s = 0.0       # host seconds the last run spent writing its inputs
+    upload_at = 0.0      # when (perf_counter) that began
 
     @abstractmethod
-    def run(self, feeds: Mapping[str, np.ndarray], fetch: Sequence[str] | None = None) -> dict[str, np.ndarray]:
-        """Execute once; return the fetched values (graph outputs when fetch is None) as numpy."""
+    def run(self, feeds: Mapping[str, np.ndarray], fetch: Sequence[str] | None = None,
+            exchange: Exchange | None = None) -> dict[str, np.ndarray]:
+        """Execute once; return the fetched values (graph outputs when fetch is None) as numpy.
+        `exchange`: a caller's part in this run (Exchange)."""
+
+    def ready_step(self, states: Sequence[str]) -> int | None:
+        """The kernel after which these states are final in this run (an Exchange.ready index), or
+        None: only once the run is over (the default: a step run whole)."""
+        return None
 
 
 class Backend(ABC):

@@ -8,7 +8,7 @@ from .idx import parse_idx, read_idx, write_idx
 from .loader import ArraySamples, BatchSource, DataLoader, Samples, permutation
 from .mnist import MIRRORS, MNIST_FILES, MnistData, default_cache_dir, load_mnist, normalize
 from .sources import DatasetSamples, IterableBatches, batch_source, load_npy
-from .structure import DEFAULT_TARGET_KEYS, Layout
+from ..batch import DEFAULT_TARGET_KEYS, Layout
 from .tokens import TokenBlocks, TokenWindows, read_tokens, token_split
 from .transforms import BatchTransform, augment, normalize_images
 

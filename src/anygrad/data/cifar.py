@@ -17,6 +17,7 @@ import numpy as np
 from ..errors import DataError
 from ..torchfile.pickle_reader import Buildable, SafeGlobal, Unpickler
 from ..torchfile.tensors import FormatError
+from .idx import USERS_FILE
 from .remote import RemoteFile, RemoteSet
 
 CIFAR10 = RemoteSet(
@@ -119,7 +120,7 @@ def _no_persistent(pid: Any) -> Any:
     raise FormatError("persistent ids are not allowed in a CIFAR batch")
 
 
-def _members(path: Path) -> dict[str, bytes]:
+def _members(path: Path, remedy: str) -> dict[str, bytes]:
     """Batch name -> bytes, from the tarball or an extracted cifar-10-batches-py folder."""
     wanted = (*TRAIN_BATCHES, TEST_BATCH)
     if path.is_dir():
@@ -135,7 +136,7 @@ def _members(path: Path) -> dict[str, bytes]:
                 if member.isfile() and name in wanted:
                     out[name] = tar.extractfile(member).read()
     except (tarfile.TarError, OSError, EOFError) as e:
-        raise DataError(f"{path} is not a readable CIFAR-10 tarball ({e}); delete it and download it again") \
+        raise DataError(f"{path} is truncated or corrupt: not a readable CIFAR-10 tarball ({e}); {remedy}") \
             from None
     missing = [n for n in wanted if n not in out]
     if missing:
@@ -143,10 +144,12 @@ def _members(path: Path) -> dict[str, bytes]:
     return out
 
 
-def read_cifar10(path: str | Path) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
-    """(train, test) as uint8 NCHW images and int64 labels, from the tarball or its extracted folder."""
+def read_cifar10(path: str | Path, remedy: str = USERS_FILE) -> tuple[tuple[np.ndarray, np.ndarray],
+                                                                     tuple[np.ndarray, np.ndarray]]:
+    """(train, test) as uint8 NCHW images and int64 labels, from the tarball or its extracted folder.
+    `remedy`: what a damaged tarball's message says to do (anygrad.data.idx.CACHED_FILE for the cache's)."""
     path = Path(path)
-    batches = _members(path)
+    batches = _members(path, remedy)
     train = [read_batch(batches[n], f"{path}:{n}") for n in TRAIN_BATCHES]
     test = read_batch(batches[TEST_BATCH], f"{path}:{TEST_BATCH}")
     return (np.concatenate([b[0] for b in train]), np.concatenate([b[1] for b in train])), test

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import ConfigError, DataError
 from ..rng import key, mix32
-from .idx import read_idx
+from .idx import CACHED_FILE, USERS_FILE, read_idx
 from .loader import DataLoader
 from .remote import RemoteFile, RemoteSet, locate
 from .transforms import BatchTransform
@@ -162,9 +162,14 @@ def _remote_kw(kw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _remedy(data_dir: str | None) -> str:
+    """What to do about a damaged file: the user's own (data_dir) is replaced, the cache's deleted."""
+    return USERS_FILE if data_dir is not None else CACHED_FILE
+
+
 def _fashion(data_dir: str | None, log: Log | None, **kw: Any) -> Dataset:
     paths, folder = locate(FASHION_MNIST, data_dir, log=log, **_remote_kw(kw))
-    arrays = {role: read_idx(p) for role, p in paths.items()}
+    arrays = {role: read_idx(p, _remedy(data_dir)) for role, p in paths.items()}
     for split_name in ("train", "test"):
         x, y = arrays[f"x_{split_name}"], arrays[f"y_{split_name}"]
         if x.ndim != 3 or x.shape[1:] != (28, 28) or x.dtype != np.uint8 or y.ndim != 1 or len(y) != len(x):
@@ -178,7 +183,7 @@ def _fashion(data_dir: str | None, log: Log | None, **kw: Any) -> Dataset:
 def _cifar10(data_dir: str | None, log: Log | None, **kw: Any) -> Dataset:
     from .cifar import CIFAR10, CLASSES, MEAN, STD, read_cifar10
     paths, folder = locate(CIFAR10, data_dir, log=log, **_remote_kw(kw))
-    train, test = read_cifar10(paths["archive"])
+    train, test = read_cifar10(paths["archive"], _remedy(data_dir))
     return Dataset("cifar-10", train, test, list(CLASSES), MEAN, STD, str(folder))
 
 

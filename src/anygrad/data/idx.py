@@ -25,8 +25,14 @@ IDX_DTYPES: dict[int, np.dtype] = {
 }
 GZIP_MAGIC = b"\x1f\x8b"
 
+# What a message about a damaged file tells the user to do. A file in the user's own folder
+# (data_dir) is theirs: replace it, never "delete it". Only a file anygrad downloaded into its cache
+# may be deleted, to be downloaded again.
+USERS_FILE = "replace it with a complete copy"
+CACHED_FILE = "delete it and anygrad downloads it again on the next run"
 
-def _read_bytes(path: Path) -> bytes:
+
+def _read_bytes(path: Path, remedy: str = USERS_FILE) -> bytes:
     try:
         raw = path.read_bytes()
     except OSError as e:
@@ -36,11 +42,12 @@ def _read_bytes(path: Path) -> bytes:
     try:
         return gzip.decompress(raw)
     except (OSError, EOFError, zlib.error) as e:
-        raise DataError(f"{path} is not a valid gzip file ({e}); delete it and download it again") from None
+        raise DataError(f"{path} is truncated or corrupt: not a valid gzip file ({e}); {remedy}") from None
 
 
-def parse_idx(data: bytes, source: str = "<bytes>") -> np.ndarray:
-    """Decode IDX bytes; `source` names the file in error messages."""
+def parse_idx(data: bytes, source: str = "<bytes>", remedy: str = USERS_FILE) -> np.ndarray:
+    """Decode IDX bytes; `source` names the file in error messages, `remedy` says what to do
+    about a damaged one."""
     if len(data) < 4 or data[0] != 0 or data[1] != 0:
         raise DataError(f"{source} is not an IDX file (bad magic {data[:4].hex() or 'empty'})")
     code, ndim = data[2], data[3]
@@ -55,15 +62,16 @@ def parse_idx(data: bytes, source: str = "<bytes>") -> np.ndarray:
     got = len(data) - header
     if got != expected:
         raise DataError(f"{source}: header says {'x'.join(map(str, dims))} ({expected} data bytes) "
-                        f"but the file holds {got}; the file is truncated or corrupt, replace it")
+                        f"but the file holds {got}; the file is truncated or corrupt: {remedy}")
     array = np.frombuffer(data, dtype=dtype, offset=header).reshape(dims)
     return array.astype(dtype.newbyteorder("="), copy=True)
 
 
-def read_idx(path: str | Path) -> np.ndarray:
-    """Read an IDX file (raw or gzip) into a native-endian numpy array."""
+def read_idx(path: str | Path, remedy: str = USERS_FILE) -> np.ndarray:
+    """Read an IDX file (raw or gzip) into a native-endian numpy array. `remedy`: what a message
+    about a damaged file says to do (CACHED_FILE for a file in anygrad's download cache)."""
     path = Path(path)
-    return parse_idx(_read_bytes(path), str(path))
+    return parse_idx(_read_bytes(path, remedy), str(path), remedy)
 
 
 def write_idx(path: str | Path, array: np.ndarray, compress: bool | None = None) -> Path:

@@ -1,6 +1,6 @@
 """An image folder: one subfolder per class (sorted names = class indices), PNG/JPEG inside.
 
-Pillow is optional (`pip install anygrad[image]`). Every image is converted to the mode and size
+Pillow is optional (`pip install 'anygrad-train[image]'`). Every image is converted to the mode and size
 of the first one (or the given ones), so the set is one uint8 NCHW array.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ def pillow():
     try:
         from PIL import Image
     except ImportError:
-        raise DataError("reading images needs Pillow: pip install anygrad[image]") from None
+        raise DataError("reading images needs Pillow: pip install 'anygrad-train[image]'") from None
     return Image
 
 

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import settings
 from ..errors import DataError
-from .idx import read_idx
+from .idx import CACHED_FILE, USERS_FILE, read_idx
 
 
 @dataclass(frozen=True)
@@ -68,16 +69,16 @@ def normalize(images: np.ndarray) -> np.ndarray:
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get(CACHE_ENV)
+    root = settings.get(CACHE_ENV)
     if root:
         return Path(root).expanduser() / "mnist"
-    xdg = os.environ.get("XDG_CACHE_HOME")
+    xdg = settings.external("XDG_CACHE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
     return base / "anygrad" / "mnist"
 
 
 def default_mirrors() -> list[str]:
-    env = os.environ.get(MIRRORS_ENV)
+    env = settings.get(MIRRORS_ENV)
     if env:
         return [m for m in env.replace(",", " ").split() if m]
     return list(MIRRORS)
@@ -166,8 +167,8 @@ def _missing_message(folder: Path, names: Sequence[str], why: str) -> str:
 
 
 # -- loading -------------------------------------------------------------------------------
-def _read_split(paths: dict[str, Path]) -> dict[str, np.ndarray]:
-    arrays = {role: read_idx(path) for role, path in paths.items()}
+def _read_split(paths: dict[str, Path], remedy: str) -> dict[str, np.ndarray]:
+    arrays = {role: read_idx(path, remedy) for role, path in paths.items()}
     for split in ("train", "test"):
         x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
         xp, yp = paths[f"x_{split}"], paths[f"y_{split}"]
@@ -198,7 +199,7 @@ def load_mnist(data_dir: str | Path | None = None, cache_dir: str | Path | None 
         missing = [MNIST_FILES[r].name for r, p in found.items() if p is None]
         if missing:
             raise DataError(_missing_message(folder, missing, f"MNIST files missing in {folder}"))
-        return MnistData(**_read_split(found), source=str(folder))
+        return MnistData(**_read_split(found, USERS_FILE), source=str(folder))
 
     folder = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     found = {role: find_file(folder, f.name) for role, f in MNIST_FILES.items()}
@@ -222,4 +223,4 @@ def load_mnist(data_dir: str | Path | None = None, cache_dir: str | Path | None 
                 why = (f"could not download {file.name}.gz from any mirror (offline?): "
                        + "; ".join(errors or ["no mirrors given"]))
                 raise DataError(_missing_message(folder, [MNIST_FILES[r].name for r in missing[i:]], why))
-    return MnistData(**_read_split(found), source=str(folder))
+    return MnistData(**_read_split(found, CACHED_FILE), source=str(folder))

@@ -6,12 +6,12 @@ cache never holds half a file. Files in a user's own folder (`data_dir`) are rea
 """
 from __future__ import annotations
 
-import os
 import urllib.error
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import settings
 from ..errors import DataError
 from .mnist import CACHE_ENV, default_cache_dir, download, folder_problem
 
@@ -34,7 +34,7 @@ class RemoteSet:
         return f"ANYGRAD_{self.key.upper().replace('-', '_')}_MIRRORS"
 
     def default_mirrors(self) -> list[str]:
-        env = os.environ.get(self.mirrors_env)
+        env = settings.get(self.mirrors_env)
         return [m for m in env.replace(",", " ").split() if m] if env else list(self.mirrors)
 
     def cache_dir(self) -> Path:

@@ -28,10 +28,10 @@ from typing import Any
 
 import numpy as np
 
+from ..batch import DEFAULT_TARGET_KEYS, Layout, batch_size_of, collate, is_torch_tensor, split, to_tree
 from ..errors import ConfigError, DataError
 from ..torchfile.npzfile import map_npy
 from .loader import BatchSource, DataLoader, Samples, Transform
-from .structure import DEFAULT_TARGET_KEYS, Layout, batch_size_of, collate, is_tensor, split, to_tree
 
 
 def load_npy(path: str | PathLike) -> np.ndarray:
@@ -64,7 +64,7 @@ def _arrays(tree: Any, where: str) -> Any:
 
 
 def _is_arrays(value: Any) -> bool:
-    if isinstance(value, (np.ndarray, str, PathLike)) or is_tensor(value):
+    if isinstance(value, (np.ndarray, str, PathLike)) or is_torch_tensor(value):
         return True
     if isinstance(value, Mapping):
         return bool(value) and all(_is_arrays(v) for v in value.values())
@@ -198,7 +198,7 @@ def batch_source(data: Any, *, batch_size: int, shuffle: bool = True, seed: int 
         if y is None and layout.needs_targets:
             raise DataError(f"{role}: inputs without targets, which the loss needs; give (inputs, targets)")
         return DataLoader(x, y, batch_size, shuffle, seed, drop_last, transform, prefetch)
-    if isinstance(data, np.ndarray) or is_tensor(data):
+    if isinstance(data, np.ndarray) or is_torch_tensor(data):
         if layout.needs_targets:
             raise DataError(f"{role}: one array, but the loss needs targets too; give (inputs, targets)")
         return DataLoader(_arrays(data, f"{role}"), None, batch_size, shuffle, seed, drop_last, transform, prefetch)

@@ -5,46 +5,47 @@ torch is imported here only when a process group is started.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import numpy as np
 
+from .. import settings
 from ..errors import ConfigError, DeviceError
 
 REQUIRED = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-def _env_number(name: str, default: str, what: str, whole: bool = False) -> float:
-    """The positive number (`whole`: whole number) in the environment variable `name`, `what` it
-    is; a clear error naming the variable otherwise."""
-    text = os.environ.get(name, default)
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value > 0 or (whole and not value.is_integer()):  # (NaN too)
-        raise ConfigError(f"{name}={text!r}: give {what}, or unset it (default {default})")
-    return value
-
-
-# Gradients travel in buckets of this size (ANYGRAD_BUCKET_MB overrides): smaller than DDP's 25 MB
-# because a bucket is read back, summed and all-reduced while the next one is still on its way.
-BUCKET_BYTES = max(4, int(_env_number("ANYGRAD_BUCKET_MB", "8", "a positive number of megabytes") * (1 << 20)))
-BUCKET_FIXED = "ANYGRAD_BUCKET_MB" in os.environ  # else DataParallel times other sizes too
-# gloo process groups the buckets take turns on: one group moves one bucket at a time over its own
-# TCP connections, so several groups reduce several buckets at once (ANYGRAD_GLOO_GROUPS).
-GLOO_GROUPS = int(_env_number("ANYGRAD_GLOO_GROUPS", "4", "a whole number of groups, 1 or more", whole=True))
+# Gradients travel in buckets of this size (ANYGRAD_BUCKET_MB fixes another: fixed_bucket_bytes):
+# smaller than DDP's 25 MB because a bucket is read back, summed and all-reduced while the next one
+# is still on its way.
+BUCKET_BYTES = 8 << 20
+# gloo process groups the buckets take turns on (ANYGRAD_GLOO_GROUPS, default 4): one group moves
+# one bucket at a time over its own TCP connections, so several groups reduce several buckets at once.
 # A sum of at least twice this size and less than PIECES_BELOW is cut into pieces of at least
 # this size, one a group at most, each started on the next group in turn (ANYGRAD_GLOO_PIECE_MB):
 # the GPT's last two buckets, 2 MB each, otherwise took 1.1-1.5 ms on two of the four groups while
 # the GPUs waited (2 H200s: 1.81-1.83x with pieces, 1.80-1.81x without; session 41, cmd51).
 # Larger sums fill the groups between them already, and cut they were slower (ResNet-18 at 32 px,
 # 16 MB buckets: 43,193 samples/s against 48,770, cmd52).
-PIECE_BYTES = max(1, int(_env_number("ANYGRAD_GLOO_PIECE_MB", "1", "a positive number of megabytes") * (1 << 20)))
+PIECE_BYTES = 1 << 20
 PIECES_BELOW = 8 << 20
+
+
+def _megabytes(name: str, default: int, least: int) -> int:
+    mb = settings.get(name)
+    return default if mb is None else max(least, int(mb * (1 << 20)))
+
+
+def fixed_bucket_bytes() -> int | None:
+    """The bucket size ANYGRAD_BUCKET_MB fixes, None when unset (DataParallel then times sizes).
+    Also checks the other exchange settings, so that a bad one is named when data parallelism starts."""
+    settings.get("ANYGRAD_GLOO_GROUPS")
+    settings.get("ANYGRAD_GLOO_PIECE_MB")
+    if not settings.is_set("ANYGRAD_BUCKET_MB"):
+        return None
+    return _megabytes("ANYGRAD_BUCKET_MB", BUCKET_BYTES, 4)
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class WorldInfo:
 def world_from_env(env: dict[str, str] | None = None) -> WorldInfo | None:
     """The job this process belongs to, from torchrun's variables; None when WORLD_SIZE is unset
     (a plain run). A partial set is an error that names what is missing."""
-    env = os.environ if env is None else env
+    env = settings.environment() if env is None else env
     if "WORLD_SIZE" not in env:
         return None
     missing = [k for k in REQUIRED if not env.get(k)]
@@ -99,10 +100,11 @@ def _store(world: WorldInfo, timeout_s: float) -> Any:
     with this attempt's prefix: torchrun keeps its store across --max-restarts, and gloo's keys
     are the same in every attempt, so without it a restarted rank may read a dead peer's address."""
     import torch.distributed as dist
-    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world.world_size,
+    agent = settings.external("TORCHELASTIC_USE_AGENT_STORE") == str(True)
+    address, port = settings.external("MASTER_ADDR"), settings.external("MASTER_PORT")
+    store = dist.TCPStore(address, int(port or 0), world.world_size,
                           is_master=world.rank == 0 and not agent, timeout=timedelta(seconds=timeout_s))
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    attempt = settings.external("TORCHELASTIC_RESTART_COUNT", "0")
     return dist.PrefixStore(f"anygrad/attempt_{attempt}", store)
 
 
@@ -114,7 +116,7 @@ class ProcessGroup:
         try:
             import torch.distributed as dist
         except ImportError:
-            raise ConfigError("distributed training needs torch: pip install 'anygrad[distributed]'") from None
+            raise ConfigError("distributed training needs torch: pip install 'anygrad-train[distributed]'") from None
         self.dist, self.world = dist, world
         self.rank, self.size = world.rank, world.world_size
         self.owned = not dist.is_initialized()
@@ -123,12 +125,14 @@ class ProcessGroup:
                 dist.init_process_group("gloo", store=_store(world, timeout_s), rank=world.rank,
                                         world_size=world.world_size, timeout=timedelta(seconds=timeout_s))
             except Exception as e:
-                raise DeviceError(f"could not join the process group at {os.environ.get('MASTER_ADDR')}:"
-                                  f"{os.environ.get('MASTER_PORT')} as rank {world.rank} of {world.world_size}: "
+                raise DeviceError(f"could not join the process group at {settings.external('MASTER_ADDR')}:"
+                                  f"{settings.external('MASTER_PORT')} as rank {world.rank} of {world.world_size}: "
                                   f"{e}") from e
         # Every rank creates the same groups in the same order (new_group is collective).
+        groups = settings.get("ANYGRAD_GLOO_GROUPS") if self.size > 1 else 1
         self.lanes: list[Any] = [None] + [dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
-                                          for _ in range(GLOO_GROUPS - 1 if self.size > 1 else 0)]
+                                          for _ in range(groups - 1)]
+        self.piece_bytes = _megabytes("ANYGRAD_GLOO_PIECE_MB", PIECE_BYTES, 1)
         self._turn = 0  # the lane the next piece goes to: every rank starts the same sums in the same order
 
     @property
@@ -157,7 +161,7 @@ class ProcessGroup:
         the cut changes no value."""
         import torch
         nbytes = t.numel() * t.element_size()
-        pieces = max(1, min(len(self.lanes), nbytes // PIECE_BYTES)) if nbytes < PIECES_BELOW else 1
+        pieces = max(1, min(len(self.lanes), nbytes // self.piece_bytes)) if nbytes < PIECES_BELOW else 1
         works = []
         for piece in torch.tensor_split(t, pieces):
             works.append(self.dist.all_reduce(piece, group=self.lanes[self._turn % len(self.lanes)], async_op=True))
@@ -167,7 +171,7 @@ class ProcessGroup:
     def all_reduce_flat(self, flat: np.ndarray, scale: float = 1.0) -> None:
         """Sum the float32 vector `flat` over the ranks in place (times `scale`): buckets of
         BUCKET_BYTES, reduced asynchronously, so that gloo moves several at once."""
-        step = max(1, BUCKET_BYTES // flat.itemsize)
+        step = max(1, (fixed_bucket_bytes() or BUCKET_BYTES) // flat.itemsize)
         works = [self.all_reduce_start(flat[i:i + step]) for i in range(0, flat.size, step)]
         for work in works:
             work.wait()

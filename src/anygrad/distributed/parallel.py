@@ -23,9 +23,7 @@ meets the device threads here and the ranks through gloo), forward and backward,
 from __future__ import annotations
 
 import contextlib
-import copy
 import hashlib
-import os
 import queue
 import sys
 import threading
@@ -38,19 +36,18 @@ from typing import Any
 import numpy as np
 
 from .. import _parallel, timeline
-from ..backends.base import Backend
+from .. import settings as env_settings  # (`settings` is a local name below)
+from ..backends.base import Backend, Exchange, Executable
 from ..batch import Batch, batch_size, take
 from ..data.loader import DataLoader
 from ..errors import ConfigError, DeviceError
 from ..ir.passes import RNG_STATE
 from ..model import Model
-from ..ops import collective
-from ..optim.base import LR_STATE
-from ..program import ACCUM_PREFIX, build_update_step
-from .launch import BUCKET_BYTES, BUCKET_FIXED, ProcessGroup
+from ..program import ACCUM_PREFIX
+from .launch import BUCKET_BYTES, ProcessGroup, fixed_bucket_bytes
 from .sampler import ShardedLoader
 
-# What each phase of Model._next_phase becomes: gradients only, the update runs after the sum.
+# What each phase of Model.next_phase becomes: gradients only, the update runs after the sum.
 GRADIENT_PHASE = {"step": "first", "first": "first", "accumulate": "accumulate", "apply": "accumulate"}
 UPDATES = ("step", "apply")
 # float32 elements a thread sums at a time (1 MB: an 8 MB bucket spreads over 8 threads, and a
@@ -69,35 +66,9 @@ MAPPED_SUM_WRITERS = 4
 GRAD_COMPRESSIONS = ("none", "bf16")  # what gloo moves between ranks (DataParallel grad_compression)
 
 
-def device_list(device: Any) -> list[Any] | None:
-    """The devices of a multi-device spec ('wgpu:0,wgpu:1' or a list), or None for one device."""
-    if isinstance(device, (list, tuple)):
-        return list(device) if len(device) > 1 else None
-    if isinstance(device, str) and "," in device:
-        items = [d.strip() for d in device.split(",") if d.strip()]
-        return items if len(items) > 1 else None
-    return None
-
-
-def open_backends(devices: list[Any], limits: str | None = None, memory_budget: Any = None) -> list[Backend]:
-    """Backends for a device list; a wgpu adapter named again opens another device of it (its own
-    queue and memory), which is how two devices of one adapter share a batch."""
-    from ..devices import get_backend
-    out: list[Backend] = []
-    seen: dict[str, int] = {}
-    for d in devices:
-        if isinstance(d, Backend):
-            out.append(d)
-            continue
-        spec = str(d).strip().lower()
-        again = seen.get(spec, 0)
-        seen[spec] = again + 1
-        if again and spec.startswith("wgpu"):
-            from ..backends.wgpu import WgpuBackend
-            out.append(WgpuBackend(spec, limits=limits, replica=again, memory_budget=memory_budget))
-        else:
-            out.append(get_backend(spec, limits=limits, memory_budget=memory_budget))
-    return out
+def data_parallel(model: Any) -> DataParallel | None:
+    """The DataParallel strategy training `model`, or None (one device, SingleDevice)."""
+    return model.strategy if isinstance(model.strategy, DataParallel) else None
 
 
 HOLD_TRIALS = 3  # updates timed with each setting of hold_parts before one is kept
@@ -106,22 +77,15 @@ HOLD_CANDIDATES = (2, 0)
 # best size depends on the model, the batch and the machine (2 H200s: the GPT ran fastest at 8 MB
 # with batch 128 a GPU, at 2 MB with batch 512; ResNet-18 in one process at 16 MB). With
 # ANYGRAD_BUCKET_MB set, that size only.
-BUCKET_SCALES = (1.0,) if BUCKET_FIXED else (1.0, 2.0, 0.5, 0.25)
+BUCKET_SCALES = (1.0, 2.0, 0.5, 0.25)
 BUCKET_TRIALS = 2
-# a device's big inputs staged through mapped memory (WgpuExecutable.stage_inputs); 0: write_buffer (A/B)
-STAGED_UPLOAD = os.environ.get("ANYGRAD_WGPU_STAGED_UPLOAD", "1") != "0"
+# a device's big inputs staged through mapped memory (WgpuExecutable.stage_inputs) unless
+# ANYGRAD_WGPU_STAGED_UPLOAD=0 (write_buffer, for A/B runs)
 TIMELINE_ENV = "ANYGRAD_DP_TIMELINE"
 # gradients summed and all-reduced straight from the devices' mapped readback memory; 0: each
 # bucket copied into a host buffer first (the A/B: one more pass over every gradient byte)
 SUM_VIEWS_ENV = "ANYGRAD_DP_SUM_MAPPED"
 READER_JOIN_S = 60.0  # a failed step waits this long at most for its bucket reader to stop
-
-
-def _int_or(text: str, default: Any) -> Any:
-    try:
-        return max(0, int(text))
-    except ValueError:
-        return default
 
 
 class _Done:
@@ -191,21 +155,23 @@ class _Choice:
 
 
 class DataParallel:
-    """Attached to a compiled Model as `model.parallel`: Model.train_step and the metric reads
-    come here. `backends`: the devices besides the model's own (this process); `group`: the
-    torch.distributed job, or None."""
+    """A training strategy (anygrad.strategy): the batch shared by the model's device and
+    `backends` (the devices besides the model's own, this process) and by the ranks of `group`
+    (a torch.distributed job, or None). compile(device="wgpu:0,wgpu:1") makes one; for a job,
+    `model.strategy = DataParallel(model, model.devices[1:], group)`. Model.train_step and the
+    metric reads come here, through the Model's public methods; the Model never knows."""
 
     def __init__(self, model: Model, backends: list[Backend] | None = None, group: ProcessGroup | None = None,
                  check_every: int = 100, sync_batchnorm: bool | None = None, grad_compression: str = "none"):
-        model._require_compiled()
+        model.require_compiled()
         if grad_compression not in GRAD_COMPRESSIONS:
             raise ConfigError(f"grad_compression {grad_compression!r}: choose one of {', '.join(GRAD_COMPRESSIONS)}")
         # what gloo moves between ranks: float32, or bfloat16 (half the bytes, as DDP's bf16_compress_hook)
         self.grad_compression = grad_compression
         self.model, self.group, self.check_every = model, group, int(check_every)
-        self.replicas: list[Model] = [model] + [self._replica(b) for b in backends or []]
+        self.replicas: list[Model] = [model] + [model.replica(b) for b in backends or []]
         self.updates = 0
-        self._lr = model.optimizer.lr
+        self._lr = model.group_lrs
         self._group_counts: list[int] = []  # samples per replica since the last update
         self._settings = (tuple(model.graph.params), model.clip_norm, model.accumulate)
         self.speeds: list[float] | None = None  # samples/s per device, once balance() measured them
@@ -217,6 +183,7 @@ class DataParallel:
         self._views: list[dict[int, tuple[np.ndarray, Callable[[], None]]]] = []  # per device, this update's buckets held
         self._sum_views = False
         self._ordered = False  # buckets sorted by when the program finishes them (_order_buckets)
+        self._ready_at: dict[int, tuple] = {}  # id(executable) -> (it, buckets, _ready_steps's answer)
         self._ready = [queue.SimpleQueue() for _ in self.replicas]
         self._first_read: set[int] = set()  # devices whose first bucket of this update arrived
         self._scratch = threading.local()  # _write_back's per-thread sum buffers
@@ -233,10 +200,12 @@ class DataParallel:
         # How many parts of a wgpu step are held so that buckets map mid-step (WgpuExecutable.hold_parts):
         # ANYGRAD_WGPU_HOLD_PARTS if set, else the faster of the default and 0, timed over
         # HOLD_TRIALS updates each after the first (it depends on the model and the GPU).
-        fixed = os.environ.get("ANYGRAD_WGPU_HOLD_PARTS")
-        self._hold = _Choice(HOLD_CANDIDATES, HOLD_TRIALS, None if fixed is None else _int_or(fixed, None))
+        self._hold = _Choice(HOLD_CANDIDATES, HOLD_TRIALS, env_settings.get("ANYGRAD_WGPU_HOLD_PARTS"))
         # The bucket size: timed first, then hold_parts (one setting timed at a time).
-        self._bucket = _Choice(tuple(max(4, int(BUCKET_BYTES * f)) for f in BUCKET_SCALES), BUCKET_TRIALS)
+        fixed_bucket = fixed_bucket_bytes()  # (ANYGRAD_BUCKET_MB: that size only)
+        sizes = (fixed_bucket,) if fixed_bucket is not None else \
+            tuple(max(4, int(BUCKET_BYTES * f)) for f in BUCKET_SCALES)
+        self._bucket = _Choice(sizes, BUCKET_TRIALS)
         self._bucket_bytes = self._bucket.candidates[0]
         self._timed: tuple[_Choice, Any] | None = None  # the setting this update times, and its value
 
@@ -265,7 +234,7 @@ class DataParallel:
         for r in self.replicas:
             if r.sync_batchnorm != bool(on):
                 r.sync_batchnorm = bool(on)
-                r._programs.clear()
+                r.clear_programs()
         self._meet = _Meeting(len(self.replicas)) if on else None
 
     def _reduce_stat(self, i: int, x: np.ndarray, mode: str) -> np.ndarray:
@@ -286,21 +255,6 @@ class DataParallel:
         return total / sizes[i] if mode == "weighted" else total
 
     # -- replicas -------------------------------------------------------------------------------
-    def _replica(self, backend: Backend) -> Model:
-        """A Model sharing the graph, loss and optimizer settings, with its own device and programs."""
-        r = copy.copy(self.model)
-        r.backend, r._programs, r.parallel, r.micro_step = backend, {}, None, 0
-        self._copy_state(r)
-        return r
-
-    def _copy_state(self, r: Model) -> None:
-        state = self.model.full_state()
-        for name in self.model.graph.state_names:
-            state.setdefault(name, self.model.graph.initializers[name])
-        for name, value in state.items():
-            r.backend.set_state(name, value)
-        r.optimizer.lr = self.model.optimizer.lr
-
     def _resync(self, failed: list[int]) -> None:
         """The update failed on devices `failed` and ran on the others: every replica takes the state
         of one that completed it (so the step counts as applied, as on that device), or device 0's
@@ -309,7 +263,7 @@ class DataParallel:
         cannot take it, and the step's own error is raised either way."""
         done = [i for i in range(len(self.replicas)) if i not in failed]
         source = self.replicas[done[0] if done else 0]
-        own = self.model._metric_buffers()
+        own = self.model.metric_buffers()
         try:
             state = {n: v for n, v in source.full_state().items() if n not in own}
         except Exception:  # noqa: BLE001 - the source device failed too: nothing to copy from
@@ -321,11 +275,11 @@ class DataParallel:
                 for name, value in state.items():
                     r.backend.set_state(name, value)
 
-    def state_loaded(self) -> None:
+    def state_loaded(self, model: Model) -> None:
         """The model's state was overwritten (load_full_state): replicas take it."""
         for r in self.replicas[1:]:
-            self._copy_state(r)
-        self._lr = self.model.optimizer.lr
+            r.take_state(model)
+        self._lr = model.group_lrs
 
     @property
     def world_size(self) -> int:
@@ -374,22 +328,23 @@ class DataParallel:
         second each reached. The gradient weighting stays exact (each device by its share)."""
         self._timing, self._timed_steps, self._times = True, int(steps), [[0.0, 0.0] for _ in self.replicas]
 
-    def train_step(self, inputs: Batch, targets: Batch, flush: bool = False,
+    def train_step(self, model: Model, inputs: Batch, targets: Batch, flush: bool = False,
                    fetch_loss: bool = False) -> float | None:
         """Model.train_step (and train_on_batch with fetch_loss: the global batch's mean loss) on
         this process's batch (parsed: {input name: array}, {target name: array}): its devices'
         gradient phases, each on a thread of its own, then, at an update, the exchange."""
-        model = self.model
-        phase = model._next_phase(flush)
-        if model.optimizer.lr != self._lr:  # a scheduler moved it: the model's device has it already
+        phase = model.next_phase(flush)
+        if model.group_lrs != self._lr:  # a scheduler moved them: the model's device has them already
             for r in self.replicas[1:]:
-                r.backend.set_state(LR_STATE, np.array(model.optimizer.lr, np.float32))
-            self._lr = model.optimizer.lr
+                for name, value in model.lr_states().items():
+                    r.backend.set_state(name, value)
+            self._lr = model.group_lrs
         settings = (tuple(model.graph.params), model.clip_norm, model.accumulate)
         if settings != self._settings:  # freeze() or configure_step(): the replicas' programs are stale
             for r in self.replicas[1:]:
-                r._programs.clear()
+                r.clear_programs()
                 r.clip_norm, r.accumulate = model.clip_norm, model.accumulate
+                r.param_groups = model.param_groups
             self._settings = settings
             self._buckets = None
         began = time.perf_counter()
@@ -402,9 +357,7 @@ class DataParallel:
         for i, (r, size) in enumerate(zip(self.replicas, sizes)):
             part = slice(start, start + size)
             start += size
-            exe = r._program("train", take(inputs, part), take(targets, part), GRADIENT_PHASE[phase])
-            if hasattr(exe, "stage_inputs"):  # the device waits for its shard: uploaded over the host's threads
-                exe.stage_inputs = STAGED_UPLOAD
+            exe = r.train_program(take(inputs, part), take(targets, part), GRADIENT_PHASE[phase])
             feeds = {**take(inputs, part), **take(targets, part)}
             jobs.append((i, r, exe, feeds, size, fetch_loss or self._timing, update))
         self._sizes = sizes
@@ -500,7 +453,7 @@ class DataParallel:
         self._views = [{} for _ in self.replicas]
         # summed (all-reduced) straight from where each device read its bucket, no copy into host buffers first
         exchanged = len(self.replicas) > 1 or (self.group is not None and self.group.size > 1)
-        self._sum_views = exchanged and os.environ.get(SUM_VIEWS_ENV, "1").strip() != "0"
+        self._sum_views = exchanged and env_settings.get(SUM_VIEWS_ENV)
         self._arrived = [set() for _ in self.replicas]
         self._first_read = set()
 
@@ -518,16 +471,15 @@ class DataParallel:
             return  # every rank calls the gather (a collective), whatever its device
         self._buckets = [self._buckets[k] for k in order]
 
-    def _ready_steps(self, exe: Any) -> dict[int, int | None]:
-        """Per bucket, the kernel of `exe` after which its gradients are final (None: at the end), for
-        executables that can read back mid-step (wgpu's taps); {} for the others."""
-        if not all(hasattr(exe, a) for a in ("taps", "last_write", "encoded", "hold_parts")):
-            return {}
-        held = getattr(exe, "_bucket_ready", None)
-        if held is None or held[0] is not self._buckets:
-            held = (self._buckets, {k: exe.last_write(names) for k, (names, _, _) in enumerate(self._buckets)})
-            exe._bucket_ready = held
-        return held[1]
+    def _ready_steps(self, exe: Executable) -> dict[int, int | None]:
+        """Per bucket, the kernel of `exe` after which its gradients are final (Executable.ready_step;
+        None: at the end); {} where no bucket is final before the end (a step run whole)."""
+        held = self._ready_at.get(id(exe))
+        if held is None or held[0] is not exe or held[1] is not self._buckets:
+            ready = {k: exe.ready_step(names) for k, (names, _, _) in enumerate(self._buckets)}
+            held = (exe, self._buckets, ready if any(v is not None for v in ready.values()) else {})
+            self._ready_at[id(exe)] = held
+        return held[2]
 
     def _timing_choice(self, choice: _Choice) -> Any:
         """`choice`'s value for this update, timed if it is still being chosen, nothing else is
@@ -554,25 +506,29 @@ class DataParallel:
         """hold_parts for this update's gradient phases (timed over the first updates unless
         fixed); None where the executable holds nothing back (a device whose mappings resolve
         mid-step)."""
-        if not getattr(exe, "holds_parts", True):
+        if not exe.holds_parts:
             return None
         return self._timing_choice(self._hold)
 
-    def _gradient_job(self, i: int, r: Model, exe: Any, feeds: dict, size: int, fetch: bool,
+    def _gradient_job(self, i: int, r: Model, exe: Executable, feeds: dict, size: int, fetch: bool,
                       update: bool, hold: int | None = None) -> Any:
         """One device: its gradient phase, then (at an update) its gradient read back bucket by
         bucket, each announced on its queue as soon as it is on the host (an error too). On wgpu a
-        bucket's copy is encoded right after the kernel that finishes it; once the step is encoded
-        (exe.encoded) a reader thread takes those buckets while the executable submits the rest
-        part by part (`hold` parts held: runtime._encode_dispatches), so each bucket is read,
-        summed and all-reduced during the rest of the backward pass."""
+        bucket's copy is encoded right after the kernel that finishes it (the run's Exchange.ready);
+        once the step is encoded (Exchange.encoded) a reader thread takes those buckets while the
+        executable submits the rest part by part (`hold` parts held: runtime._encode_dispatches),
+        so each bucket is read, summed and all-reduced during the rest of the backward pass. With
+        SyncBatchNorm the run's AllReduceSums meet the other replicas through Exchange.reduce."""
         announce = self._ready[i]  # this update's queue (_prepare_exchange makes new ones)
         views = self._views[i] if update else {}  # and the buckets it holds mapped, for the sums to read
         try:
             began = time.perf_counter()
             if self._timing:
                 r.backend.get_state(RNG_STATE)  # the device is idle when the clock starts
-            collective.set_reducer((lambda x, mode: self._reduce_stat(i, x, mode)) if self._meet is not None else None)
+            # the device waits for its shard: uploaded over the host's threads
+            exchange = Exchange(stage_inputs=env_settings.get("ANYGRAD_WGPU_STAGED_UPLOAD"))
+            if self._meet is not None:
+                exchange.reduce = lambda x, mode: self._reduce_stat(i, x, mode)
             host = self._host[i] if update else None
             ready = self._ready_steps(exe) if update else {}
             # summed from where the device put a bucket (its view, released by the sum), or copied into host
@@ -589,7 +545,7 @@ class DataParallel:
                     for k in ks:
                         names, a, b = self._buckets[k]
                         waits[k] = export(names, host[a:b], encoder=enc)
-                exe.taps = {step: (lambda enc, ks=ks: tap(enc, ks)) for step, ks in at.items()}
+                exchange.ready = {step: (lambda enc, ks=ks: tap(enc, ks)) for step, ks in at.items()}
 
                 def encoded() -> None:  # the tapped buckets are read while the rest of the step runs
                     tapped = sorted(waits, key=lambda k: (ready[k], k))
@@ -597,16 +553,11 @@ class DataParallel:
                     reader.append(threading.Thread(target=self._read_buckets, args=(i, waits, tapped, announce, views),
                                                    name=f"anygrad-readback{i}", daemon=True))
                     reader[0].start()
-                exe.encoded, exe.hold_parts = encoded, hold or 0
-            try:
-                out = exe.run(feeds, fetch=[exe.graph.outputs[0]] if fetch else [])
-            finally:
-                collective.set_reducer(None)
-                if ready:
-                    exe.taps, exe.encoded = {}, None
+                exchange.encoded, exchange.hold_parts = encoded, hold or 0
+            out = exe.run(feeds, fetch=[exe.graph.outputs[0]] if fetch else [], exchange=exchange)
             self._spent(f"run{i}", began)
-            self.timings[f"upload{i}"] = self.timings.get(f"upload{i}", 0.0) + getattr(exe, "upload_s", 0.0)
-            if self.timeline is not None and getattr(exe, "upload_at", 0.0) >= began:  # a part of run<i>
+            self.timings[f"upload{i}"] = self.timings.get(f"upload{i}", 0.0) + exe.upload_s
+            if self.timeline is not None and exe.upload_at >= began:  # a part of run<i>
                 self.timeline.record(f"upload{i}", exe.upload_at, exe.upload_at + exe.upload_s)
             if self._timing:
                 self._times[i][0] += time.perf_counter() - began
@@ -898,7 +849,7 @@ class DataParallel:
 
     def _update_job(self, r: Model, i: int) -> None:
         t = time.perf_counter()
-        self._update_program(r).run({}, fetch=[])
+        r.update_program().run({}, fetch=[])
         self._mark(f"update{i}", t)
 
     def _spent(self, what: str, since: float, args: dict | None = None) -> None:
@@ -941,16 +892,6 @@ class DataParallel:
             self.timings, self.steps = {}, 0
         return out
 
-    def _update_program(self, r: Model):
-        g = r.graph
-        key = ("update", tuple(g.params), r.clip_norm, id(r.optimizer), r.precision)
-        if key not in r._programs:
-            report: dict = {}  # f16: the skipped updates, counted by every replica (a ratio: the same)
-            r._programs[key] = r.backend.compile(build_update_step(g, r.optimizer, clip_norm=r.clip_norm,
-                                                                   precision=r.precision, report=report))
-            self.model._metric_specs.update(report)
-        return r._programs[key]
-
     # -- equality of the replicas ---------------------------------------------------------------------
     def parameter_hash(self, r: Model) -> str:
         state = r.backend.get_states(list(r.graph.params))
@@ -975,7 +916,7 @@ class DataParallel:
                               "to find which")
 
     # -- metrics (Model.read_metrics / reset_metrics) ----------------------------------------------
-    def metric_sums(self, names: list[str]) -> dict[str, float]:
+    def metric_sums(self, model: Model, names: list[str]) -> dict[str, float]:
         """The metric buffers `names` summed over every replica (every device, every rank)."""
         sums = np.zeros(len(names), np.float64)
         for r in self.replicas:
@@ -984,8 +925,10 @@ class DataParallel:
             sums = self.group.all_reduce_f64(sums)
         return dict(zip(names, sums.tolist()))
 
-    def reset_metrics(self) -> None:
-        names = self.model._metric_buffers()
+    def reset_metrics(self, model: Model, names: list[str]) -> None:
+        """Zero the metric sums `names` on every replica (the model's own: every one)."""
+        for name in names:
+            model.backend.set_state(name, np.zeros((), np.float32))
         for r in self.replicas[1:]:
             for name in names:
                 if r.backend.has_state(name):

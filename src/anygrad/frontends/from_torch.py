@@ -8,12 +8,17 @@ state_dict is copied with its shared storages, so both names of a tied tensor st
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
+import io
 import os
+import re
+import sys
 import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +30,8 @@ from ..model import Model
 from ..program import build_inference
 from .onnx_import import load_onnx
 from .torch_weights import (
+    ADAPTER_CONFIG,
+    AdapterFile,
     binding_of,
     load_state_dict,
     placeholder_path,
@@ -43,7 +50,7 @@ def _torch() -> Any:
     try:
         import torch
     except ImportError:
-        raise AnygradError("this needs PyTorch, which is not installed: pip install anygrad[torch]") from None
+        raise AnygradError("this needs PyTorch, which is not installed: pip install 'anygrad-train[torch]'") from None
     return torch
 
 
@@ -53,90 +60,255 @@ def to_torch_tensors(state: dict[str, np.ndarray]) -> dict[str, Any]:
     return {k: torch.from_numpy(np.array(v)) for k, v in state.items()}
 
 
-def _export(module: Any, args: tuple, kwargs: dict, path: Path, dynamo: bool, opset: int,
-            input_names: list[str], output_names: list[str]) -> None:
+EXPORTERS = ("dynamo", "torchscript")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # the dynamo exporter colours its messages
+CAUSE_LINES = 30  # a cause longer than this is cut (with a count); torch's own summaries are far shorter
+
+
+@dataclass
+class Examples:
+    """The example inputs as the exported graph takes them: every tensor is a graph input named
+    after the forward's parameter (or the dict's key); other values (flags such as
+    `return_dict=False`) are passed as given, so the trace bakes them in."""
+
+    names: list[str]  # graph inputs, in order
+    values: list[Any]  # their example tensors
+    args: tuple  # the positional examples as the user gave them
+    kwargs: dict[str, Any]  # the keyword examples as the user gave them
+    positions: list[int | str]  # where each graph input goes: a positional index or a keyword
+
+    def call(self, values: Sequence[Any]) -> tuple[tuple, dict]:
+        """(args, kwargs) for the module, with `values` in place of the example tensors."""
+        args, kwargs = list(self.args), dict(self.kwargs)
+        for where, v in zip(self.positions, values):
+            if isinstance(where, int):
+                args[where] = v
+            else:
+                kwargs[where] = v
+        return tuple(args), kwargs
+
+
+def _examples(module: Any, example_input: Any) -> Examples:
+    """Name the examples: positional ones after the forward's parameters (`forward(self, ids, mask)`
+    -> 'ids', 'mask'), keyword ones by their keys, in the order forward declares them."""
     torch = _torch()
-    axes = {n: {0: "batch"} for n in input_names + output_names}
-    options = {"optimize": False} if dynamo else {}  # the dynamo optimizer fuses BatchNorm into Gemm
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # deprecation and tracer notes about the exporter, not the model
-        torch.onnx.export(module, args, str(path), kwargs=kwargs or None, dynamo=dynamo, opset_version=opset,
-                          training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
-                          input_names=input_names, output_names=output_names, dynamic_axes=axes, **options)
-
-
-def _examples(module: Any, example_input: Any) -> tuple[tuple, dict, list[str]]:
-    """(positional examples, keyword examples, graph input names): inputs are named after the
-    forward's parameters (`forward(self, ids, mask)` -> 'ids', 'mask'), keyword examples by their
-    keys, in the order forward declares them."""
     if isinstance(example_input, Mapping):
         kwargs, args = dict(example_input), ()
     else:
         args = tuple(example_input) if isinstance(example_input, (tuple, list)) else (example_input,)
         kwargs = {}
     try:
-        params = [p for p in inspect.signature(module.forward).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        every = list(inspect.signature(module.forward).parameters.values())
     except (TypeError, ValueError):  # a forward without a signature (a C extension, a wrapped call)
-        params = []
+        every = []
+    params = [p for p in every if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     positional = [p.name for p in params if p.kind != p.KEYWORD_ONLY]
-    names = positional[:len(args)] if len(positional) >= len(args) else [f"input{i}" for i in range(len(args))]
+    arg_names = positional[:len(args)] if len(positional) >= len(args) else [f"input{i}" for i in range(len(args))]
     unknown = [k for k in kwargs if k not in {p.name for p in params}]
-    if unknown and not any(p.kind == p.VAR_KEYWORD for p in inspect.signature(module.forward).parameters.values()):
+    if unknown and not any(p.kind == p.VAR_KEYWORD for p in every):
         raise ConfigError(f"from_torch: {type(module).__name__}.forward takes no argument named "
                           f"{', '.join(map(repr, unknown))}; it takes {', '.join(p.name for p in params) or 'none'}")
     order = {p.name: i for i, p in enumerate(params)}
-    names += sorted(kwargs, key=lambda k: order.get(k, len(order)))
-    return args, kwargs, names
+    keys = sorted(kwargs, key=lambda k: order.get(k, len(order)))
+    slots = [(n, i, args[i]) for i, n in enumerate(arg_names)] + [(k, k, kwargs[k]) for k in keys]
+    inputs = [(n, where, v) for n, where, v in slots if isinstance(v, torch.Tensor)]
+    return Examples([n for n, _, _ in inputs], [v for _, _, v in inputs], args, kwargs,
+                    [where for _, where, _ in inputs])
 
 
-def _feeds(args: tuple, kwargs: dict, names: list[str]) -> dict[str, np.ndarray]:
-    values = list(args) + [kwargs[k] for k in names[len(args):]]
-    return {n: v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v) for n, v in zip(names, values)}
+def _feeds(ex: Examples) -> dict[str, np.ndarray]:
+    return {n: v.detach().cpu().numpy() for n, v in zip(ex.names, ex.values)}
+
+
+@contextlib.contextmanager
+def _positional(module: Any, ex: Examples):
+    """While the exporter runs, the module's forward takes the graph inputs positionally, by
+    name, and passes them on as the user's examples were passed. Both exporters then see one
+    plain signature, whatever the real one is: a Hugging Face or peft `forward(*args, **kwargs)`
+    gets its keywords (TorchScript drops keywords a signature does not name), and torch.export
+    its dynamic shapes per input. The module itself is exported (an instance attribute shadows
+    its forward, removed afterwards), so its tensors keep their state_dict names."""
+    before = module.__dict__.get("forward", _ABSENT)  # an instance-level forward (accelerate's hooks)
+    original = module.forward
+
+    def forward(*values: Any) -> Any:
+        args, kwargs = ex.call(values)
+        return _graph_outputs(original(*args, **kwargs))
+
+    forward.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in ex.names])
+    object.__setattr__(module, "forward", forward)
+    try:
+        yield module
+    finally:
+        if before is _ABSENT:
+            del module.__dict__["forward"]
+        else:
+            object.__setattr__(module, "forward", before)
+
+
+_ABSENT = object()
+
+
+def _graph_outputs(out: Any) -> Any:
+    """What the graph returns: a dict's (a ModelOutput's) tensors, in order, as a tuple; other
+    entries (a DynamicCache, which neither exporter can return; tuples of hidden states) are left
+    out. Anything else as the module returns it."""
+    if isinstance(out, Mapping):
+        return tuple(v for _, v in _entries(out))
+    return out
+
+
+def _export(module: Any, ex: Examples, path: Path, exporter: str, opset: int | None,
+            output_names: list[str], verbose: bool) -> None:
+    torch = _torch()
+    if exporter == "dynamo":
+        batch = torch.export.Dim("batch")
+        # dynamic_shapes, not dynamic_axes: torch converts dynamic_axes by position and fails on
+        # keyword inputs ("Failed to convert 'dynamic_axes' to 'dynamic_shapes'", "4 not in VR[10, 10]")
+        options = {"dynamic_shapes": tuple({0: batch} if v.dim() else None for v in ex.values),
+                   "optimize": False,  # the dynamo optimizer fuses BatchNorm into Gemm
+                   "verbose": None if verbose else False}
+    else:
+        options = {"dynamic_axes": {n: {0: "batch"} for n in ex.names + output_names}, "verbose": False}
+    with warnings.catch_warnings(), _quiet(not verbose), _positional(module, ex) as shim:
+        warnings.simplefilter("ignore")  # deprecation and tracer notes about the exporter, not the model
+        torch.onnx.export(shim, tuple(ex.values), str(path), dynamo=exporter == "dynamo",
+                          opset_version=opset or (DYNAMO_OPSET if exporter == "dynamo" else DEFAULT_OPSET),
+                          training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
+                          input_names=ex.names, output_names=output_names, **options)
+
+
+@contextlib.contextmanager
+def _quiet(on: bool):
+    """Silence stdout and stderr at the file-descriptor level while the exporter runs: it prints
+    progress lines, and torch, onnx and the model's library print tracebacks and notes through
+    print, logging handlers and C++, which no Python-level redirect reaches."""
+    if not on:
+        yield
+        return
+    saved = []
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        with open(os.devnull, "w") as null:
+            for fd in (1, 2):
+                saved.append((fd, os.dup(fd)))
+                os.dup2(null.fileno(), fd)
+    except (OSError, ValueError, AttributeError):  # no real descriptors (an embedding host): Python level only
+        for fd, copy_fd in saved:
+            os.dup2(copy_fd, fd)
+            os.close(copy_fd)
+        saved = []
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        for fd, copy_fd in saved:
+            os.dup2(copy_fd, fd)
+            os.close(copy_fd)
+
+
+def exporter_cause(e: BaseException) -> str:
+    """What went wrong inside the exporter, in words: the innermost exception of the chain (the
+    dynamo exporter wraps the real cause, `AssertionError: 4 not in VR[10, 10]`, in a
+    TorchExportError whose message is advice), without colour codes, every line of it."""
+    chain = [e]
+    while (nxt := chain[-1].__cause__ or (None if chain[-1].__suppress_context__ else chain[-1].__context__)) \
+            is not None and nxt not in chain:
+        chain.append(nxt)
+    root = chain[-1]
+    text = _ANSI.sub("", str(root)).strip()
+    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
+    if len(lines) > CAUSE_LINES:
+        lines = lines[:CAUSE_LINES] + [f"... ({len(lines) - CAUSE_LINES} more lines)"]
+    cause = f"{type(root).__name__}: " + "\n    ".join(lines) if lines else type(root).__name__
+    if root is not e:
+        cause += f" (raised inside {type(e).__name__})"
+    return cause
+
+
+def _export_any(module: Any, ex: Examples, path: Path, first: str, opset: int | None,
+                output_names: list[str], verbose: bool) -> str:
+    """Export with `first`, or else with the other exporter (saying so in one line); returns the
+    exporter that wrote `path`. When both fail, a ModelError carries each one's cause."""
+    causes = {}
+    for exporter in (first, *[x for x in EXPORTERS if x != first]):
+        try:
+            _export(module, ex, path, exporter, opset, output_names, verbose)
+        except AnygradError:
+            raise
+        except Exception as e:  # noqa: BLE001  (the exporters fail in many ways: keep each one's cause)
+            causes[exporter] = exporter_cause(e)
+            continue
+        if causes:
+            failed = next(iter(causes))
+            print(f"anygrad: from_torch: the {failed} exporter failed on {type(module).__name__} "
+                  f"({causes[failed].splitlines()[0]}); exported with {exporter} instead", file=sys.stderr)
+        return exporter
+    name = type(module).__name__
+    raise ModelError(
+        f"torch.onnx.export could not export {name} with either exporter:\n"
+        + "\n".join(f"  {x}: {c}" for x, c in causes.items())
+        + f"\nTo try: make {name} export with torch.export.export(module, args, kwargs) (the dynamo exporter's "
+        "first step; https://pytorch.org/docs/stable/export.html); pass the inputs the forward needs, "
+        "as tensors; see what the exporters print with from_torch(..., verbose=True); or export the "
+        "ONNX file yourself and load it with anygrad.load_onnx")
 
 
 def from_torch(module: Any, example_input: Any, *, dynamo: bool = True, opset: int | None = None,
                path: str | os.PathLike | None = None, output_name: str | Sequence[str] = "output",
-               check: bool = True) -> Model:
+               check: bool = True, verbose: bool = False) -> Model:
     """Export `module` (an nn.Module) to ONNX in training mode and import it as a trainable Model
     with the module's current weights.
 
     `example_input` is one tensor, a tuple of them (the forward's positional arguments) or a dict
     of keyword arguments, each with a batch dim of 2 or more (BatchNorm cannot normalise one
     sample in training mode); the batch dim stays symbolic. Graph inputs are named after the
-    forward's parameters (`forward(self, ids, mask)` gives inputs 'ids' and 'mask'). `dynamo`
-    (default) picks the torch.export-based exporter, which torch 2.9+ makes its default and which
-    exports what TorchScript cannot (Hugging Face Llama, Qwen, GPT-2); dynamo=False the deprecated
-    TorchScript one. `opset`: the ONNX opset to export (default 18 with dynamo, its own, and
-    17 without). With `path` the ONNX file is kept there, else it is
-    temporary. Outputs: one tensor is named `output_name`; a dict (a Hugging Face ModelOutput)
-    of several tensors gives outputs named by its keys ('loss', 'logits'); a tuple of several
-    'output', 'output1', ...; a list `output_name` names them all. The module is left as it was (its mode and state, which tracing in training mode
-    moves).
+    forward's parameters (`forward(self, ids, mask)` gives inputs 'ids' and 'mask') or the dict's
+    keys (`{"input_ids": ..., "labels": ...}`, also for a `forward(*args, **kwargs)` such as a
+    peft model's); an example that is not a tensor (`return_dict=False`) is passed as given and
+    is no graph input. `dynamo` (default) tries the torch.export-based exporter first, which
+    torch 2.9+ makes its default and which exports what TorchScript cannot (Hugging Face Llama,
+    Qwen, GPT-2); dynamo=False the deprecated TorchScript one first. When the first fails, the
+    other is tried, with one line on stderr; when both fail, the ModelError gives each one's
+    cause. The model's `torch_binding.exporter` says which one wrote the graph. `opset`: the ONNX
+    opset to export (default 18 with dynamo, its own, and 17 with TorchScript). With `path` the
+    ONNX file is kept there, else it is temporary. `verbose`: let the exporters print their
+    progress and notes (silenced by default).
 
-    What ONNX cannot say is carried from the module: buffers are not trained, and an
-    `nn.Embedding(padding_idx=i)` passes no gradient to row i. With `check` (default), the
-    imported model's inference output is compared with the module's in eval mode on the example
-    input; a difference beyond float32 noise is a ModelError naming the first parameter that
-    differs, so a wrongly bound model is never trained silently."""
+    Outputs: one tensor is named `output_name`; a dict (a Hugging Face ModelOutput) gives its
+    tensors as outputs named by its keys ('loss', 'logits'; 'logits' alone too), without its other
+    entries (a cache, tuples of hidden states); a tuple of several 'output',
+    'output1', ...; a list `output_name` names them all. The module is left as it was (its mode
+    and state, which tracing in training mode moves).
+
+    What ONNX cannot say is carried from the module: parameters with requires_grad=False come in
+    frozen (no gradient, no optimizer state: `model.frozen`; a peft/LoRA model trains only its
+    adapters, and `model.save_adapters(folder)` writes them as peft does), buffers are not
+    trained, and an `nn.Embedding(padding_idx=i)` passes no gradient to row i. With `check`
+    (default), the imported model's inference output is compared with the module's in eval mode
+    on the example input; a difference beyond float32 noise is a ModelError naming the first
+    parameter that differs, so a wrongly bound model is never trained silently."""
     torch = _torch()
     if not isinstance(module, torch.nn.Module):
         raise ConfigError(f"from_torch needs a torch.nn.Module, not {type(module).__name__}")
-    args, kwargs, input_names = _examples(module, example_input)
-    output_names = _output_names(module, args, kwargs, output_name)
+    ex = _examples(module, example_input)
+    if not ex.names:
+        raise ConfigError(f"from_torch: no example input of {type(module).__name__} is a tensor; pass the "
+                          "forward's inputs as a tensor, a tuple of tensors or a dict of them")
+    output_names = _output_names(module, ex, output_name)
     pristine = copy.deepcopy(module.state_dict())  # deepcopy keeps tied tensors sharing one storage
     modes = {m: m.training for m in module.modules()}  # submodules may differ (a frozen BatchNorm in eval)
     with tempfile.TemporaryDirectory(prefix="anygrad-") as tmp:
         file = Path(path) if path is not None else Path(tmp) / "model.onnx"
         module.train(True)
         try:
-            _export(module, args, kwargs, file, dynamo, opset or (DYNAMO_OPSET if dynamo else DEFAULT_OPSET),
-                    input_names, output_names)
-        except AnygradError:
-            raise
-        except Exception as e:  # the exporter fails in many ways: say which, and for which module
-            raise ModelError(f"torch.onnx.export could not export {type(module).__name__}: "
-                             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+            exporter = _export_any(module, ex, file, "dynamo" if dynamo else "torchscript", opset,
+                                   output_names, verbose)
         finally:
             module.load_state_dict(pristine)
             for m, training in modes.items():
@@ -149,13 +321,67 @@ def from_torch(module: Any, example_input: Any, *, dynamo: bool = True, opset: i
     if missing or result.mismatched:
         raise ModelError(f"from_torch: the exported graph of {type(module).__name__} does not match its "
                          f"state_dict: missing {missing}, mis-shaped {result.mismatched}")
+    binding = binding_of(model)
+    binding.exporter = exporter
     # Parameters the forward pass never uses are not in the graph; keep them so the exported
     # state_dict still loads into the module with strict=True.
-    binding_of(model).extra.update({k: state[k] for k in result.unexpected})
+    binding.extra.update({k: state[k] for k in result.unexpected})
     _carry_padding_idx(model, module)
+    _carry_requires_grad(model, module)
+    binding.adapters = peft_adapters(module)
     if check:
-        _check_forward(model, module, args, kwargs, input_names, state)
+        _check_forward(model, module, ex, state)
     return model
+
+
+def _carry_requires_grad(model: Model, module: Any) -> list[str]:
+    """Parameters with requires_grad=False come in frozen (Model.freeze): no gradient, no optimizer
+    state, unchanged by training. Returns the graph names frozen."""
+    graph_name = _graph_names_of(model)
+    trainable = set(model.graph.params)
+    frozen = {graph_name[k] for k, p in module.named_parameters(remove_duplicate=False)
+              if not p.requires_grad and graph_name.get(k) in trainable}
+    if not frozen:
+        return []
+    return model.freeze(*(_literal(g) for g in sorted(frozen)))
+
+
+def _literal(name: str) -> str:
+    """An fnmatch pattern that matches exactly `name` (PyTorch names may hold '[', '*' or '?')."""
+    return "".join(f"[{c}]" if c in "[]*?" else c for c in name)
+
+
+def peft_adapters(module: Any) -> AdapterFile | None:
+    """What `save_adapters` needs to write a peft model's adapters as peft does: the active
+    adapter's config file and each saved tensor's name (peft's get_peft_model_state_dict, which
+    knows LoRA, DoRA, biases and modules_to_save) by the module's state_dict key. None for a
+    module that is not a peft model."""
+    if not any(c.__module__.startswith("peft.") for c in type(module).__mro__):
+        return None  # peft is imported only for its own models
+    from peft import PeftModel, get_peft_model_state_dict
+    configs = module.peft_config if isinstance(module, PeftModel) else None
+    if not isinstance(configs, Mapping) or not configs:
+        return None  # a peft tuner layer passed alone: its trainable tensors are saved by PyTorch name
+    adapter = getattr(module, "active_adapter", None)
+    adapter = adapter if isinstance(adapter, str) and adapter in configs else next(iter(configs))
+    where = {t.data_ptr(): k for k, t in module.state_dict(keep_vars=True).items() if t.numel()}
+    names = {}
+    for saved, t in get_peft_model_state_dict(module, adapter_name=adapter).items():
+        key = where.get(t.data_ptr()) if t.numel() else None
+        if key is None:
+            return None  # a tensor peft builds on the fly: no faithful mapping; saved by PyTorch name
+        names[key] = saved
+    # peft's own save writes the config as peft would for this model (inference_mode, auto_mapping,
+    # base_model_name_or_path); it fills in fields of the user's config, which are put back
+    before = copy.deepcopy(configs[adapter].__dict__)
+    try:
+        with tempfile.TemporaryDirectory(prefix="anygrad-") as tmp, warnings.catch_warnings(), _quiet(True):
+            warnings.simplefilter("ignore")
+            module.save_pretrained(tmp, selected_adapters=[adapter])
+            config = next(Path(tmp).rglob(ADAPTER_CONFIG)).read_text()
+    finally:
+        configs[adapter].__dict__.update(before)
+    return AdapterFile(names, config)
 
 
 def _eval_forward(module: Any, args: tuple, kwargs: dict) -> Any:
@@ -172,27 +398,31 @@ def _eval_forward(module: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def _entries(out: Any) -> list[tuple[str | None, Any]]:
-    """The top-level (key, value) pairs of an output structure: keys for dicts (None values
-    left out, as exporters do), None for positions; one pair for a lone tensor."""
+    """The top-level (key, value) pairs of an output structure: keys for dicts (only their
+    tensors: the graph returns those, see _graph_outputs), None for positions; one pair for a
+    lone tensor."""
     if isinstance(out, Mapping):
-        return [(str(k), v) for k, v in out.items() if v is not None]
+        return [(str(k), v) for k, v in out.items() if hasattr(v, "detach")]
     if isinstance(out, (tuple, list)):
         return [(None, v) for v in out]
     return [(None, out)]
 
 
-def _output_names(module: Any, args: tuple, kwargs: dict, output_name: str | Sequence[str]) -> list[str]:
-    """Graph output names (see from_torch's docstring)."""
+def _output_names(module: Any, ex: Examples, output_name: str | Sequence[str]) -> list[str]:
+    """Graph output names (see from_torch's docstring). A dict names its tensors by their keys,
+    however many: a Hugging Face ModelOutput is {'logits'} without labels and {'loss', 'logits'}
+    with them, and `compile(loss={"logits": ...})` must find 'logits' in both."""
     if not isinstance(output_name, str):
         names = [str(n) for n in output_name]
         if not names or len(set(names)) != len(names):
             raise ConfigError(f"from_torch: output_name needs distinct names, got {list(output_name)}")
         return names
-    pairs = _entries(_eval_forward(module, args, kwargs))
+    out = _eval_forward(module, *ex.call(ex.values))
+    pairs = _entries(out)
+    if isinstance(out, Mapping):
+        return [k for k, _ in pairs] or [output_name]
     if len(pairs) == 1 or not all(hasattr(v, "detach") for _, v in pairs):  # one, or nested (caches)
         return [output_name]
-    if all(k is not None for k, _ in pairs):
-        return [k for k, _ in pairs]
     return [output_name] + [f"{output_name}{i}" for i in range(1, len(pairs))]
 
 
@@ -221,15 +451,14 @@ def _carry_padding_idx(model: Model, module: Any) -> None:
                 model.set_padding_idx(table, m.padding_idx)
 
 
-def _check_forward(model: Model, module: Any, args: tuple, kwargs: dict, input_names: list[str],
-                   state: dict[str, np.ndarray]) -> None:
+def _check_forward(model: Model, module: Any, ex: Examples, state: dict[str, np.ndarray]) -> None:
     """The imported model's inference output against the module's, in eval mode, on the examples."""
-    pairs = _entries(_eval_forward(module, args, kwargs))
+    pairs = _entries(_eval_forward(module, *ex.call(ex.values)))
     expected = pairs[0][1] if pairs else None
     if not hasattr(expected, "detach"):
         return  # an output structure the graph does not mirror: nothing to compare
     expected = expected.detach().cpu().double().numpy()
-    feeds = _feeds(args, kwargs, input_names)
+    feeds = _feeds(ex)
     graph = build_inference(model.graph, {n: tuple(v.shape) for n, v in feeds.items()})
     got = NumpyBackend().compile(graph).run(feeds)[graph.outputs[0]]
     if got.shape != expected.shape:

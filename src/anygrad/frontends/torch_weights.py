@@ -70,6 +70,18 @@ def placeholder_path(name: str) -> str | None:
     return m.group(1) if m else None
 
 
+ADAPTER_WEIGHTS = "adapter_model.safetensors"  # peft's file names (peft.utils.constants)
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+@dataclass
+class AdapterFile:
+    """How peft saves a model's adapters (from_torch of a peft model learns it from peft)."""
+
+    names: dict[str, str]  # the module's state_dict key -> the name in adapter_model.safetensors
+    config: str  # adapter_config.json as peft writes it
+
+
 @dataclass
 class TorchBinding:
     """What a Model learnt about its PyTorch counterpart beyond the importer's record."""
@@ -78,6 +90,8 @@ class TorchBinding:
     batches_base: int = 0  # num_batches_tracked at the last load, less the steps taken by then
     extra: dict[str, np.ndarray] = field(default_factory=dict)  # entries the graph does not use (from_torch)
     aliases: dict[str, str] = field(default_factory=dict)  # key -> the key of the same (tied) tensor in the graph
+    exporter: str = ""  # the torch.onnx exporter from_torch used: "dynamo" or "torchscript"
+    adapters: AdapterFile | None = None  # a peft model's adapters (from_torch), for save_adapters
 
 
 @dataclass
@@ -457,5 +471,48 @@ def save_safetensors(model: Model, path: str | os.PathLike) -> Path:
     return path
 
 
-__all__ = ["LoadResult", "TorchBinding", "binding_of", "certain_names", "load_state_dict", "match", "read_state_dict",
-           "save_safetensors", "ties", "to_torch_state_dict"]
+def save_adapters(model: Model, folder: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Write the trained adapters alone, the way back to PyTorch for a model with frozen weights.
+
+    A model from_torch made of a peft model: `folder/adapter_model.safetensors` under peft's names
+    and peft's `adapter_config.json`, so `PeftModel.from_pretrained(base, folder)` (or
+    `model.load_adapter(folder)`) loads them. Any other model with frozen parameters: its
+    trainable parameters under their PyTorch names, for `module.load_state_dict(..., strict=False)`.
+    Files already in `folder` are kept unless `overwrite`. Returns the safetensors path."""
+    from ..fsutil import atomic_write
+    binding = getattr(model, "torch_binding", None)
+    adapters = binding.adapters if binding is not None else None
+    state = to_torch_state_dict(model)
+    if adapters is not None:
+        absent = sorted(k for k in adapters.names if k not in state)
+        if absent:
+            raise ModelError(f"save_adapters: the model holds no tensor for peft's {', '.join(absent[:5])}")
+        tensors = {saved: state[key] for key, saved in adapters.names.items()}
+    else:
+        if not model.frozen:
+            raise ModelError("save_adapters: nothing in this model is frozen, so every parameter is trained; "
+                             "save them all with save_safetensors (freeze the base weights, or pass a "
+                             "module with requires_grad=False ones to from_torch, to train adapters)")
+        names = recorded_names(model)
+        keys = {names[g].key if g in names else g for g in model.graph.params}
+        keys |= {k for k, same in (binding.aliases if binding is not None else {}).items() if same in keys}
+        tensors = {k: v for k, v in state.items() if k in keys}
+    folder = Path(folder)
+    files = [folder / ADAPTER_WEIGHTS] + ([folder / ADAPTER_CONFIG] if adapters is not None else [])
+    there = [f.name for f in files if os.path.lexists(f)]
+    if there and not overwrite:
+        raise ModelError(f"save_adapters: {folder} already holds {', '.join(there)}; pass overwrite=True to "
+                         "replace them, or choose another folder")
+    if folder.exists() and not folder.is_dir():
+        raise ModelError(f"save_adapters: {folder} is a file, not a folder; pass a folder to hold the adapters")
+    folder.mkdir(parents=True, exist_ok=True)
+    from ..torchfile import save_safetensors as write
+    write(tensors, files[0], metadata={"format": "pt"})
+    if adapters is not None:
+        atomic_write(files[1], adapters.config)
+    return files[0]
+
+
+__all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "AdapterFile", "LoadResult", "TorchBinding", "binding_of",
+           "certain_names", "load_state_dict", "match", "read_state_dict", "save_adapters", "save_safetensors",
+           "ties", "to_torch_state_dict"]

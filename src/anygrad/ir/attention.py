@@ -28,10 +28,9 @@ correct and tested; making them fast (GEMM-tiled score blocks) is what is left.
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
+from .. import settings
 from .graph import Graph, Node, info_of
 from .lookup import Lookup
 from .passes import infer_node
@@ -41,7 +40,7 @@ _VERY_NEGATIVE = -1e30  # a mask fill at or below this hides a key (finfo.min, -
 
 
 def enabled() -> bool:
-    return os.environ.get("ANYGRAD_FUSE_ATTENTION", "0") not in ("", "0")
+    return settings.get("ANYGRAD_FUSE_ATTENTION")
 
 
 class _Ctx(Lookup):

@@ -17,8 +17,8 @@ autodiff. ANYGRAD_FUSE_GELU=0 turns it off.
 from __future__ import annotations
 
 import math
-import os
 
+from .. import settings
 from .graph import Graph, Node
 from .lookup import Lookup, Match, fuse_chains
 
@@ -26,7 +26,7 @@ _K = math.sqrt(2.0 / math.pi)
 
 
 def enabled() -> bool:
-    return os.environ.get("ANYGRAD_FUSE_GELU", "1") not in ("", "0")
+    return settings.get("ANYGRAD_FUSE_GELU")
 
 
 class _Match:

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from . import private_attrs
+
 Dim = int | str
 Shape = tuple[Dim, ...]
 
@@ -54,6 +56,8 @@ class Node:
     name: str = ""
 
     def attr(self, key: str, default: Any = None) -> Any:
+        if private_attrs.is_checking() and key[:1] == "_":  # (tests: a misspelt private key fails)
+            private_attrs.check_key(key, self.label)
         return self.attrs.get(key, default)
 
     def input(self, i: int) -> str:

@@ -15,17 +15,17 @@ on specialised graphs (constants known), before autodiff. ANYGRAD_FUSE_RMSNORM=0
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
+from .. import settings
 from .graph import Graph, Node, info_of
 from .lookup import Lookup, Match, fuse_chains
 
 
 def enabled() -> bool:
-    return os.environ.get("ANYGRAD_FUSE_RMSNORM", "1") not in ("", "0")
+    return settings.get("ANYGRAD_FUSE_RMSNORM")
 
 
 @dataclass

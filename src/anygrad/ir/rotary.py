@@ -12,14 +12,13 @@ it off.
 """
 from __future__ import annotations
 
-import os
-
+from .. import settings
 from .graph import Graph, Node
 from .lookup import Lookup, replace_chains
 
 
 def enabled() -> bool:
-    return os.environ.get("ANYGRAD_FUSE_ROTARY", "1") not in ("", "0")
+    return settings.get("ANYGRAD_FUSE_ROTARY")
 
 
 def _half(m: Lookup, name: str) -> tuple[str, int, int] | None:

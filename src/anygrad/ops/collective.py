@@ -1,10 +1,10 @@
 """AllReduceSum: a sum over the data-parallel replicas inside the compiled step, and the SyncBatchNorm
 rewrite built on it.
 
-The op calls the reducer this thread was given (`set_reducer`, by anygrad.distributed.DataParallel
-around each replica's step): every replica runs the same program, so the k-th AllReduceSum of each
-meets the others' k-th. Without a reducer (one device, no process group) it is the identity: the
-sum over one replica.
+A backend runs the op with the reducer the run was given (backends.base.Exchange.reduce, which
+a data-parallel strategy passes to each replica's run; `reduce_forward`): every replica runs the
+same program, so the k-th AllReduceSum of each meets the others' k-th. Without one (one device, no
+process group) it is the identity: the sum over one replica.
 
 Modes (attribute `mode`):
 - "sum": the sum of x over every replica (forward statistics);
@@ -16,7 +16,6 @@ Modes (attribute `mode`):
 """
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -27,23 +26,15 @@ from ..ir.passes import infer_node
 from ..ir.registry import defop
 
 Reducer = Callable[[np.ndarray, str], np.ndarray]
-_local = threading.local()
+OP = "AllReduceSum"
 
 
-def set_reducer(reducer: Reducer | None) -> None:
-    """The reducer AllReduceSum calls on this thread: reducer(x, mode) -> the result (see modes)."""
-    _local.reducer = reducer
-
-
-def has_reducer() -> bool:
-    """Whether AllReduceSum on this thread meets other replicas (else it is the identity)."""
-    return getattr(_local, "reducer", None) is not None
-
-
-def host_reduce(x: np.ndarray, mode: str) -> np.ndarray:
-    """AllReduceSum of `x` through this thread's reducer (a backend running the op on the host)."""
-    reducer = getattr(_local, "reducer", None)
-    return x.copy() if reducer is None else np.asarray(reducer(x, mode), dtype=x.dtype).reshape(x.shape)
+def reduce_forward(reduce: Reducer | None, node: Node, ins: list[np.ndarray | None]) -> list[np.ndarray]:
+    """AllReduceSum of ins[0] through `reduce` (a run's Exchange.reduce; None: the identity)."""
+    x = np.asarray(ins[0])
+    if reduce is None:
+        return [x.copy()]
+    return [np.asarray(reduce(x, str(node.attr("mode", "sum"))), dtype=x.dtype).reshape(x.shape)]
 
 
 def _infer(node: Node, ins: list[TensorInfo | None]) -> list[TensorInfo]:
@@ -51,7 +42,7 @@ def _infer(node: Node, ins: list[TensorInfo | None]) -> list[TensorInfo]:
 
 
 def _forward(node: Node, ins: list[np.ndarray | None]) -> list[np.ndarray]:
-    return [host_reduce(np.asarray(ins[0]), str(node.attr("mode", "sum")))]
+    return reduce_forward(None, node, ins)  # the reference: one replica (backends pass a run's reducer)
 
 
 def _grad(g: GradContext) -> list[str | None]:
@@ -60,7 +51,7 @@ def _grad(g: GradContext) -> list[str | None]:
     return [g.op("AllReduceSum", [g.dy], mode="weighted")]
 
 
-defop("AllReduceSum", infer=_infer, forward=_forward, grad=_grad, foldable=False, internal=True)
+defop(OP, infer=_infer, forward=_forward, grad=_grad, foldable=False, internal=True)
 
 
 # -- SyncBatchNorm ------------------------------------------------------------------------------------

@@ -407,7 +407,7 @@ def _image_decoder_forward(node: Node, ins: list) -> np.ndarray:
     try:
         from PIL import Image
     except ImportError:
-        raise UnsupportedOpError(f"{node.label}: decoding images needs Pillow: pip install anygrad[image]") from None
+        raise UnsupportedOpError(f"{node.label}: decoding images needs Pillow: pip install 'anygrad-train[image]'") from None
     fmt = node.attr("pixel_format", "RGB")
     if fmt not in ("RGB", "BGR", "Grayscale"):
         raise UnsupportedOpError(f"{node.label}: pixel_format '{fmt}'; expected RGB, BGR or Grayscale")

@@ -6,8 +6,10 @@ from .adadelta import Adadelta
 from .adagrad import Adagrad
 from .adam import Adam, AdamW
 from .base import LR_STATE, STEP_STATE, ElementwiseOptimizer, Optimizer
+from .from_torch import from_torch
+from .groups import ParamGroup, no_decay
 from .rmsprop import RMSprop
-from .schedulers import SCHEDULERS, Scheduler, get_scheduler
+from .schedulers import SCHEDULERS, GroupSchedule, Scheduler, get_scheduler
 from .sgd import SGD
 
 AdaGrad = Adagrad  # the spelling of the founding example's write-up; torch.optim's is Adagrad
@@ -40,9 +42,13 @@ __all__ = [
     "Adam",
     "AdamW",
     "ElementwiseOptimizer",
+    "GroupSchedule",
     "Optimizer",
+    "ParamGroup",
     "RMSprop",
     "Scheduler",
+    "from_torch",
     "get_optimizer",
     "get_scheduler",
+    "no_decay",
 ]

@@ -4,12 +4,14 @@ State tensors (momentum buffers, accumulators) become graph buffers named
 `optim.<slot>.<param>`, so they live on the device, are updated in place by the step, and are
 saved in checkpoints like any other state. The learning rate and the step count are graph
 buffers too (LR_STATE, STEP_STATE), so a scheduler changes the rate without recompiling.
+Parameter groups (`param_groups`, optim/groups.py) give each group its own settings and rate.
 """
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 import numpy as np
@@ -26,6 +28,9 @@ STEP_STATE = "anygrad.step"  # optimizer steps taken before this one, float32 sc
 @dataclass
 class Optimizer(ABC):
     lr: float
+    # torch.optim's groups: [{"params": glob | [globs] | (name, shape) -> bool, setting: value}, ...]
+    # (keyword-only, so the settings keep their positions); see optim/groups.py.
+    param_groups: list = field(default_factory=list, kw_only=True)
 
     name = "optimizer"
 
@@ -39,8 +44,18 @@ class Optimizer(ABC):
         """Emit the update; return (new param value, {slot: new state value}). `step` is the
         1-based index of this update (float32 scalar value), `lr` the current learning rate."""
 
+    def settings(self) -> dict[str, Any]:
+        """The hyperparameters by name (lr included, the groups not)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "param_groups"}
+
     def config(self) -> dict:
-        return {"name": self.name, **asdict(self)}
+        """Name and settings as JSON (config.json); a group's predicate appears by its name."""
+        from .groups import as_group
+        settings = self.settings()
+        groups = [as_group(e, i) for i, e in enumerate(self.param_groups)]
+        return {"name": self.name, **settings,
+                **({"param_groups": [{"params": g.describe(), **({"name": g.name} if g.name else {}),
+                                       **g.options} for g in groups]} if groups else {})}
 
 
 # -- optimizers whose whole update is one elementwise op ----------------------------------------
@@ -87,8 +102,9 @@ class ElementwiseOptimizer(Optimizer):
     slots_of: ClassVar[SlotsFn]
 
     def attrs(self) -> dict[str, Any]:
-        """Hyperparameters as op attributes (everything but lr, which is a graph buffer)."""
-        return {k: v for k, v in asdict(self).items() if k != "lr"}
+        """Hyperparameters as op attributes (everything but lr, which is a graph buffer, and the
+        groups, each of which is an optimizer of its own settings: optim/groups.py)."""
+        return {k: v for k, v in self.settings().items() if k != "lr"}
 
     def initial_value(self, slot: str) -> float:
         return 0.0
@@ -107,6 +123,8 @@ class ElementwiseOptimizer(Optimizer):
         """Raise ConfigError unless each named hyperparameter lies in [low, high)."""
         for key, (low, high) in bounds.items():
             v = getattr(self, key)
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ConfigError(f"{self.name}: {key} must be a finite number, got {v}")
             if not (v >= low and (high is None or v < high)):
                 span = f">= {low}" if high is None else f"in [{low}, {high})"
                 raise ConfigError(f"{self.name}: {key} must be {span}, got {v}")

@@ -20,7 +20,9 @@ Usage:
 """
 from __future__ import annotations
 
+import bisect
 import copy
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Callable
@@ -104,18 +106,48 @@ class Scheduler:
     def _load_extra_state(self, state: dict[str, Any]) -> None:
         pass
 
+    # -- how a composite (SequentialLR, ChainedScheduler) drives this one on a shared rate ----
+    def _initial(self, lr: float) -> float:
+        """torch's construction step applied to the shared rate `lr` (last_epoch becomes 0)."""
+        self.steps = 0
+        self.lr = self._next(lr, 0)
+        return self.lr
+
+    def _advance(self, lr: float) -> float:
+        """torch's step(): the rate after one more step from the shared rate `lr`."""
+        self.lr = self._next(lr, self.steps + 1)  # first, so that a refused step changes nothing
+        self.steps += 1
+        return self.lr
+
+    def _restart(self, lr: float) -> float:
+        """What SequentialLR does at this scheduler's milestone (torch's `_update_lr(0)`): the
+        closed form at epoch 0 where torch has one (from base_lr), else get_lr at epoch 0."""
+        self.steps = 0
+        self.lr = self._next(self.base_lr, 0)
+        return self.lr
+
+    def for_group(self, index: int, base_lr: float) -> Scheduler:
+        """This schedule for parameter group `index`, whose initial rate is `base_lr` (torch's
+        base_lrs[index]), at the same position; `self` where nothing differs."""
+        if index == 0 and base_lr == self.base_lr:
+            return self
+        if self.steps and self.needs_metric:
+            raise ConfigError(f"scheduler '{self.name}' was already stepped with metrics, so it cannot be "
+                              "spread over parameter groups; pass it before its first step")
+        lane = dataclasses.replace(self, base_lr=base_lr)
+        for _ in range(self.steps):
+            lane.step()
+        return lane
+
     # -- public API -------------------------------------------------------------------------
     def reset(self) -> None:
         """Back to the start of the schedule."""
-        self.steps = 0
-        self.lr = self._next(self.base_lr, 0)
+        self._initial(self.base_lr)
 
     def step(self, metric: float | None = None) -> float:
         """Advance one epoch/batch (per `interval`); returns the rate for the next step.
         `metric` is only used by schedulers with `needs_metric` (reduce-on-plateau)."""
-        self.lr = self._next(self.lr, self.steps + 1)
-        self.steps += 1
-        return self.lr
+        return self._advance(self.lr)
 
     def lr_at(self, step: int) -> float:
         """The rate after `step` calls of step() from the start (replays the recursion, as
@@ -123,7 +155,7 @@ class Scheduler:
         step = self._check_step(step)
         if step == self.steps:
             return self.lr
-        replay = copy.copy(self)
+        replay = copy.deepcopy(self)  # composites hold their children's state
         replay.reset()
         for _ in range(step):
             replay.step()
@@ -299,6 +331,135 @@ class CosineLR(Scheduler):
         if t == w:  # SequentialLR restarts the cosine scheduler with its closed form at epoch 0
             return self.eta_min + (self.base_lr - self.eta_min) * (1 + math.cos(math.pi * 0 / self.T_max)) / 2
         return _cosine_next(lr, t - w, self.base_lr, self.eta_min, self.T_max)
+
+    def _restart(self, lr: float) -> float:
+        if self.warmup_steps:
+            return super()._restart(lr)
+        self.steps = 0  # CosineAnnealingLR._get_closed_form_lr at epoch 0
+        self.lr = self.eta_min + (self.base_lr - self.eta_min) * (1 + math.cos(math.pi * 0 / self.T_max)) / 2
+        return self.lr
+
+
+@dataclass
+class CosineAnnealingWarmRestarts(Scheduler):
+    """torch.optim.lr_scheduler.CosineAnnealingWarmRestarts (SGDR): a cosine from base_lr down to
+    eta_min over T_0 steps, then again over T_0 * T_mult, T_0 * T_mult**2, ... (integer steps)."""
+
+    T_0: int | None = None
+    T_mult: int = 1
+    eta_min: float = 0.0
+
+    name = "cosine_restarts"
+
+    def _validate(self) -> None:
+        self._require(self.T_0 is not None, "needs T_0 (the length of the first cosine cycle)")
+        self._require(self.T_0 >= 1, f"T_0 must be >= 1, got {self.T_0}")
+        self._require(self.T_mult >= 1, f"T_mult must be an integer >= 1, got {self.T_mult}")
+
+    def _cycle(self, t: int) -> tuple[int, int]:
+        """(T_cur, T_i) after t steps: torch's recursion, in exact integers."""
+        t_cur, t_i = t, self.T_0
+        while t_cur >= t_i:
+            t_cur, t_i = t_cur - t_i, t_i * self.T_mult
+        return t_cur, t_i
+
+    def _next(self, lr: float, t: int) -> float:
+        t_cur, t_i = self._cycle(t)
+        return self.eta_min + (self.base_lr - self.eta_min) * (1 + math.cos(math.pi * t_cur / t_i)) / 2
+
+
+# -- schedules written as Python functions (called on the host, once per step) ---------------------
+def _check_lambdas(sched: Scheduler, option: str) -> None:
+    """lr_lambda: one function step -> factor, or a list of them (one per parameter group)."""
+    fns = sched.lr_lambda if isinstance(sched.lr_lambda, (list, tuple)) else [sched.lr_lambda]
+    sched._require(len(fns) > 0 and all(callable(f) for f in fns),
+                   f"{option} must be a function of the step returning a factor (e.g. lambda step: "
+                   f"0.95 ** step), or a list of them, one per parameter group; got {sched.lr_lambda!r}")
+    sched._require(isinstance(sched.group, int) and 0 <= sched.group < len(fns),
+                   f"group {sched.group!r} has no function among the {len(fns)} lr_lambda functions")
+
+
+def _factor(sched: Scheduler, t: int) -> float:
+    fns = sched.lr_lambda if isinstance(sched.lr_lambda, (list, tuple)) else [sched.lr_lambda]
+    value = fns[sched.group](t)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"scheduler '{sched.name}': lr_lambda({t}) returned {value!r}, "
+                          "not a number") from None
+
+
+def _lambda_for_group(sched: Scheduler, index: int, base_lr: float) -> Scheduler:
+    """A list of functions gives group `index` its own one (torch's lr_lambdas[index])."""
+    if not isinstance(sched.lr_lambda, (list, tuple)) or index == sched.group:
+        return Scheduler.for_group(sched, index, base_lr)
+    lane = dataclasses.replace(sched, base_lr=base_lr, group=index)
+    for _ in range(sched.steps):
+        lane.step()
+    return lane
+
+
+def _lambda_config(sched: Scheduler) -> dict[str, Any]:
+    """config() with the functions by name (config.json is JSON)."""
+    fns = sched.lr_lambda if isinstance(sched.lr_lambda, (list, tuple)) else [sched.lr_lambda]
+    names = [getattr(getattr(f, "func", f), "__qualname__", repr(f)) for f in fns]
+    cfg = {f.name: getattr(sched, f.name) for f in fields(sched)}
+    several = isinstance(sched.lr_lambda, (list, tuple))
+    return {"name": sched.name, **cfg, "lr_lambda": names if several else names[0]}
+
+
+@dataclass
+class LambdaLR(Scheduler):
+    """torch.optim.lr_scheduler.LambdaLR: the rate after t steps is base_lr * lr_lambda(t).
+    `lr_lambda` may be a list with one function per parameter group (`group` picks this lane's)."""
+
+    lr_lambda: Any = None
+    group: int = 0
+    interval: str = field(default="step", kw_only=True)
+
+    name = "lambda"
+
+    def _validate(self) -> None:
+        _check_lambdas(self, "lr_lambda")
+
+    def _next(self, lr: float, t: int) -> float:
+        return self.base_lr * _factor(self, t)
+
+    def _restart(self, lr: float) -> float:
+        return self._initial(lr)
+
+    def for_group(self, index: int, base_lr: float) -> Scheduler:
+        return _lambda_for_group(self, index, base_lr)
+
+    def config(self) -> dict[str, Any]:
+        return _lambda_config(self)
+
+
+@dataclass
+class MultiplicativeLR(Scheduler):
+    """torch.optim.lr_scheduler.MultiplicativeLR: each step multiplies the rate by lr_lambda(t)."""
+
+    lr_lambda: Any = None
+    group: int = 0
+
+    name = "multiplicative"
+
+    def _validate(self) -> None:
+        _check_lambdas(self, "lr_lambda")
+
+    def _next(self, lr: float, t: int) -> float:
+        return lr if t == 0 else lr * _factor(self, t)
+
+    def _restart(self, lr: float) -> float:
+        self.steps = 0  # no closed form: get_lr at epoch 0 outside the construction step
+        self.lr = lr * _factor(self, 0)
+        return self.lr
+
+    def for_group(self, index: int, base_lr: float) -> Scheduler:
+        return _lambda_for_group(self, index, base_lr)
+
+    def config(self) -> dict[str, Any]:
+        return _lambda_config(self)
 
 
 # -- batch schedule (closed form) -------------------------------------------------------------------
@@ -506,9 +667,217 @@ class ReduceLROnPlateau(Scheduler):
         self.cooldown_counter = to_int(state["cooldown_counter"])
 
 
+# -- composites: schedulers on one shared rate, as torch's drive one optimizer ------------------------
+def _check_children(owner: Scheduler, children: list[Any]) -> list[Scheduler]:
+    owner._require(len(children) > 0, "schedulers must list at least one scheduler")
+    for i, child in enumerate(children):
+        owner._require(isinstance(child, Scheduler),
+                       f"schedulers[{i}] is {child!r}, not an anygrad Scheduler")
+        owner._require(not child.needs_metric, f"schedulers[{i}] is '{child.name}', which steps on a metric; "
+                       "torch cannot chain it either: use it on its own")
+    # every child scales the same groups from the same initial rate
+    return [c if c.base_lr == owner.base_lr else c.for_group(0, owner.base_lr) for c in children]
+
+
+def _composite_config(sched: Scheduler) -> dict[str, Any]:
+    cfg = {f.name: getattr(sched, f.name) for f in fields(sched)}
+    return {"name": sched.name, **cfg, "schedulers": [c.config() for c in sched.schedulers]}
+
+
+@dataclass
+class SequentialLR(Scheduler):
+    """torch.optim.lr_scheduler.SequentialLR: schedulers[i] runs from milestones[i-1] on,
+    restarted at its milestone as torch does (its closed form at epoch 0)."""
+
+    schedulers: list[Any] = field(default_factory=list)
+    milestones: list[int] = field(default_factory=list)
+
+    name = "sequential"
+
+    def _validate(self) -> None:
+        self.schedulers = _check_children(self, self.schedulers)
+        self._require(len(self.milestones) == len(self.schedulers) - 1,
+                      f"milestones must list one step fewer than schedulers "
+                      f"({len(self.schedulers) - 1}), got {self.milestones}")
+        self._require(list(self.milestones) == sorted(self.milestones),
+                      f"milestones must be in increasing order, got {self.milestones}")
+
+    def _initial(self, lr: float) -> float:
+        for child in self.schedulers:  # torch's recursive_undo: not started yet
+            child._initial(lr)
+            child.steps = -1
+        self.steps = 0
+        self.lr = self.schedulers[bisect.bisect_right(self.milestones, 0)]._initial(self.base_lr)
+        return self.lr
+
+    def _advance(self, lr: float) -> float:
+        t = self.steps + 1
+        idx = bisect.bisect_right(self.milestones, t)
+        child = self.schedulers[idx]
+        self.lr = child._restart(lr) if idx > 0 and self.milestones[idx - 1] == t else child._advance(lr)
+        self.steps = t
+        return self.lr
+
+    def for_group(self, index: int, base_lr: float) -> Scheduler:
+        if index == 0 and base_lr == self.base_lr:
+            return self
+        lane = dataclasses.replace(self, base_lr=base_lr,
+                                   schedulers=[c.for_group(index, base_lr) for c in self.schedulers])
+        for _ in range(self.steps):
+            lane.step()
+        return lane
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {"schedulers": [c.state_dict() for c in self.schedulers]}
+
+    def _load_extra_state(self, state: dict[str, Any]) -> None:
+        saved = state["schedulers"]
+        if len(saved) != len(self.schedulers):
+            raise ValueError(f"{len(saved)} scheduler states for {len(self.schedulers)} schedulers")
+        for child, child_state in zip(self.schedulers, saved):
+            child.load_state_dict(child_state)
+
+    def config(self) -> dict[str, Any]:
+        return _composite_config(self)
+
+
+@dataclass
+class ChainedScheduler(Scheduler):
+    """torch.optim.lr_scheduler.ChainedScheduler: every step, each scheduler in turn steps the
+    shared rate (their factors compose)."""
+
+    schedulers: list[Any] = field(default_factory=list)
+
+    name = "chained"
+
+    def _validate(self) -> None:
+        self.schedulers = _check_children(self, self.schedulers)
+
+    def _initial(self, lr: float) -> float:
+        for child in self.schedulers:  # each one's construction step, in order, on the shared rate
+            lr = child._initial(lr)
+        self.steps, self.lr = 0, lr
+        return lr
+
+    def _advance(self, lr: float) -> float:
+        for child in self.schedulers:
+            lr = child._advance(lr)
+        self.steps, self.lr = self.steps + 1, lr
+        return lr
+
+    for_group = SequentialLR.for_group
+    _extra_state = SequentialLR._extra_state
+    _load_extra_state = SequentialLR._load_extra_state
+    config = SequentialLR.config
+
+
+# -- what a compiled model runs: one lane per parameter group -------------------------------------------
+@dataclass
+class GroupSchedule:
+    """A learning-rate schedule over a model's parameter groups, as one torch scheduler drives
+    every group of its optimizer: lane i is the schedule on group i's own initial rate (torch's
+    base_lrs[i]). `interval`: "step" advances it per optimizer update, "epoch" per epoch of fit
+    (or per `Model.step_scheduler()` call). Build it with `GroupSchedule.build`."""
+
+    lanes: list[Scheduler]
+    interval: str = "step"
+    from_fit: bool = False  # fit(scheduler=NAME) set it for its run (compile's stays)
+
+    @classmethod
+    def build(cls, scheduler: Any, base_lrs: list[float], interval: str | None = None) -> GroupSchedule:
+        """From an anygrad Scheduler (spread over the groups from their initial rates), a
+        GroupSchedule (one lane per group already, e.g. from anygrad.optim.from_torch), or a plain
+        function `step -> factor of the initial rate` (LambdaLR)."""
+        if interval is not None and to_lower_str(interval) not in INTERVALS:
+            raise ConfigError(f"scheduler_interval must be one of {', '.join(INTERVALS)}, got {interval!r}")
+        interval = None if interval is None else to_lower_str(interval)
+        schedule = cls._build(scheduler, base_lrs, interval)
+        if schedule.needs_metric and schedule.interval != "epoch":
+            raise ConfigError(f"scheduler '{schedule.name}' steps on a validation metric, once per epoch: "
+                              "scheduler_interval must be 'epoch' (fit feeds it the monitored metric)")
+        return schedule
+
+    @classmethod
+    def _build(cls, scheduler: Any, base_lrs: list[float], interval: str | None) -> GroupSchedule:
+        if isinstance(scheduler, GroupSchedule):
+            if len(scheduler.lanes) != len(base_lrs):
+                raise ConfigError(f"scheduler: it schedules {len(scheduler.lanes)} parameter groups, the "
+                                  f"model's optimizer has {len(base_lrs)}; convert the scheduler of the "
+                                  "optimizer you converted")
+            for i, (lane, lr) in enumerate(zip(scheduler.lanes, base_lrs)):
+                if not math.isclose(lane.base_lr, lr, rel_tol=1e-12, abs_tol=0.0):
+                    raise ConfigError(f"scheduler: parameter group {i} starts at lr {lr:g} in the optimizer "
+                                      f"but {lane.base_lr:g} in the schedule (torch's initial_lr); convert "
+                                      "the scheduler of the optimizer you compile with")
+            return cls(scheduler.lanes, interval or scheduler.interval)
+        if isinstance(scheduler, Scheduler):
+            fns = getattr(scheduler, "lr_lambda", None)
+            if isinstance(fns, (list, tuple)) and len(fns) != len(base_lrs):
+                raise ConfigError(f"scheduler '{scheduler.name}': {len(fns)} lr_lambda functions for "
+                                  f"{len(base_lrs)} parameter groups; give one, or one per group")
+            lanes = [scheduler.for_group(i, lr) for i, lr in enumerate(base_lrs)]
+            return cls(lanes, interval or scheduler.interval)
+        if callable(scheduler):
+            return cls([LambdaLR(lr, lr_lambda=scheduler) for lr in base_lrs], interval or "step")
+        raise ConfigError("scheduler must be an anygrad Scheduler (anygrad.optim.get_scheduler), a "
+                          "converted torch scheduler (anygrad.optim.from_torch) or a function step -> lr "
+                          f"factor; got {type(scheduler).__name__}")
+
+    @property
+    def name(self) -> str:
+        return self.lanes[0].name
+
+    @property
+    def needs_metric(self) -> bool:
+        return self.lanes[0].needs_metric
+
+    @property
+    def steps(self) -> int:
+        return self.lanes[0].steps
+
+    @property
+    def lrs(self) -> list[float]:
+        """The rate of each group for the next optimizer update."""
+        return [lane.lr for lane in self.lanes]
+
+    @property
+    def lr(self) -> float:
+        return self.lanes[0].lr
+
+    def step(self, metric: float | None = None) -> list[float]:
+        """Advance every group one step (or epoch); returns the new rates."""
+        for lane in self.lanes:
+            lane.step(metric)
+        return self.lrs
+
+    def config(self) -> dict[str, Any]:
+        cfg = {**self.lanes[0].config(), "interval": self.interval}
+        return cfg if len(self.lanes) == 1 else {**cfg, "groups": len(self.lanes),
+                                                 "base_lrs": [lane.base_lr for lane in self.lanes]}
+
+    def state_dict(self) -> dict[str, Any]:
+        """One group: its lane's state (the format of a lone Scheduler's); several: every lane's."""
+        if len(self.lanes) == 1:
+            return self.lanes[0].state_dict()
+        return {"name": self.name, "groups": [lane.state_dict() for lane in self.lanes]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        groups = state.get("groups") if isinstance(state, dict) else None
+        if groups is None:
+            groups = [state]
+        if not isinstance(groups, list) or len(groups) != len(self.lanes):
+            count = len(groups) if isinstance(groups, list) else "?"
+            raise ConfigError(f"scheduler state for {count} parameter groups, this schedule has "
+                              f"{len(self.lanes)}")
+        for lane, lane_state in zip(self.lanes, groups):
+            lane.load_state_dict(lane_state)
+
+
 # -- the name table ------------------------------------------------------------------------------------
 SCHEDULERS: dict[str, type[Scheduler]] = {
-    cls.name: cls for cls in (StepLR, MultiStepLR, ExponentialLR, CosineLR, LinearLR, OneCycleLR, ReduceLROnPlateau)
+    cls.name: cls for cls in (StepLR, MultiStepLR, ExponentialLR, CosineLR, LinearLR, OneCycleLR,
+                              ReduceLROnPlateau, CosineAnnealingWarmRestarts, LambdaLR, MultiplicativeLR,
+                              SequentialLR, ChainedScheduler)
 }
 
 # Other spellings people use (compared after dropping '-', '_' and spaces, lower-cased).
@@ -516,7 +885,9 @@ _ALIASES: dict[str, str] = {
     "steplr": "step", "multisteplr": "multistep", "exp": "exponential", "exponentiallr": "exponential",
     "cosineannealing": "cosine", "cosineannealinglr": "cosine", "linearlr": "linear", "warmup": "linear",
     "linearwarmup": "linear", "onecyclelr": "onecycle", "reduceonplateau": "plateau",
-    "reducelronplateau": "plateau",
+    "reducelronplateau": "plateau", "cosineannealingwarmrestarts": "cosine_restarts",
+    "cosinerestarts": "cosine_restarts", "sgdr": "cosine_restarts", "lambdalr": "lambda",
+    "multiplicativelr": "multiplicative", "sequentiallr": "sequential", "chainedscheduler": "chained",
 }
 
 
@@ -558,14 +929,20 @@ def get_scheduler(name: str, base_lr: float, *, run: RunFacts | None = None, **o
 
 __all__ = [
     "SCHEDULERS",
+    "ChainedScheduler",
+    "CosineAnnealingWarmRestarts",
     "CosineLR",
     "ExponentialLR",
+    "GroupSchedule",
+    "LambdaLR",
     "LinearLR",
     "MultiStepLR",
+    "MultiplicativeLR",
     "OneCycleLR",
     "ReduceLROnPlateau",
     "RunFacts",
     "Scheduler",
+    "SequentialLR",
     "StepLR",
     "check_options",
     "get_scheduler",

@@ -43,6 +43,10 @@ class TrainConfig:
     loss: str = ""
     optimizer: str = ""
     lr: float | None = None
+    # parameter groups (anygrad.optim.groups): {"params": [globs], setting: value} or --param-group's
+    # 'PATTERN:KEY=VALUE,...'; then one group without weight decay for the no_decay globs
+    param_groups: list[Any] = field(default_factory=list)
+    no_decay: list[str] = field(default_factory=list)
     device: str = ""
     limits: str | None = None            # a wgpu limits profile to train within (backends/wgpu/limits.py)
     memory_budget: str | None = None     # device bytes a step may hold, e.g. '1.5GB' (default: the profile's)
@@ -123,7 +127,7 @@ class TrainConfig:
         if m in FIXED_MONITORS:
             return
         base = m.split("_", 1)[1] if m.startswith(("train_", "valid_")) else ""
-        own = self.loss == "output" if own_loss is None else own_loss
+        own = str(self.loss).split(":")[0] == "output" if own_loss is None else own_loss
         if base and (metric_family(base) is not None or (own and base.replace("_", "").replace(".", "").isalnum())):
             return
         names = monitorable_names()
@@ -145,6 +149,16 @@ class TrainConfig:
         # so a wrong value fails here, naming the setting, not as a TypeError inside the loop.
         coerce_fields(self, lambda name, what, value: ConfigError(
             f"setting '{name}' must be {what}, got {json_text(value)}"))
+        from ..optim.groups import parse_group_spec
+        # one form (the dict) whichever way a group came, so a resume compares like with like
+        self.param_groups = [parse_group_spec(g, "param-group") for g in self.param_groups]
+        if any(not p for p in self.no_decay):
+            raise ConfigError("no-decay: patterns are non-empty globs such as '*.bias'")
+
+    def optimizer_groups(self) -> list[dict[str, Any]]:
+        """The optimizer's param_groups these settings ask for (--param-group, then --no-decay)."""
+        from ..optim.groups import config_groups
+        return config_groups(self.param_groups, self.no_decay)
 
     @classmethod
     def from_dict(cls, record: dict[str, Any], source: str = "config") -> TrainConfig:

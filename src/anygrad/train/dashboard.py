@@ -116,13 +116,18 @@ class _Summary:
 
     def __init__(self) -> None:
         self.run: RunInfo | None = None
-        self.epochs: list[EpochInfo] = []
+        self.earlier: list[EpochInfo] = []  # a resumed run's epochs from before (the table shows them)
+        self.epochs: list[EpochInfo] = []   # this invocation's (the summary line counts them)
         self.start = time.perf_counter()
         self.best_epoch: int | None = None
 
     def begin(self, info: RunInfo) -> None:
-        self.run, self.epochs, self.start = info, [], time.perf_counter()
-        self.best_epoch: int | None = None
+        self.run, self.earlier, self.epochs, self.start = info, list(info.history), [], time.perf_counter()
+        self.best_epoch = next((e.epoch for e in reversed(self.earlier) if e.best), None)
+
+    @property
+    def all_epochs(self) -> list[EpochInfo]:
+        return self.earlier + self.epochs
 
     def add(self, info: EpochInfo) -> None:
         self.epochs.append(info)
@@ -253,6 +258,19 @@ def _hide_control_echo() -> Callable[[], None] | None:
     return restore
 
 
+def _count_column():
+    """The bars' done/total: a task's own `count` field where it has one (the run's bar: training
+    steps), else its completed/total."""
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class Count(ProgressColumn):
+        def render(self, task) -> Text:
+            text = task.fields.get("count") or f"{int(task.completed)}/{int(task.total or 0)}"
+            return Text(text, style="progress.download")
+    return Count()
+
+
 class LiveReporter:
     """A rich `Live` view: epoch and run progress with ETA, current metrics, a loss sparkline, the
     finished epochs. Messages print above it; the final view stays on screen after the run."""
@@ -261,7 +279,6 @@ class LiveReporter:
         from rich.console import Console
         from rich.progress import (
             BarColumn,
-            MofNCompleteColumn,
             Progress,
             TextColumn,
             TimeElapsedColumn,
@@ -270,7 +287,7 @@ class LiveReporter:
 
         self.console = console or Console()
         self.progress = Progress(TextColumn("{task.description:<12}"), BarColumn(bar_width=None),
-                                 MofNCompleteColumn(), TextColumn("elapsed"), TimeElapsedColumn(),
+                                 _count_column(), TextColumn("elapsed"), TimeElapsedColumn(),
                                  TextColumn("eta"), TimeRemainingColumn(), console=self.console, expand=True)
         self.summary = _Summary()
         self.live = None
@@ -335,7 +352,7 @@ class LiveReporter:
         from rich.table import Table
         table = Table(expand=False, header_style="bold", box=None, padding=(0, 1))
         table.add_column("epoch", justify="right")
-        epochs = self.summary.epochs[-EPOCH_ROWS:]
+        epochs = self.summary.all_epochs[-EPOCH_ROWS:]
         # the accuracy columns when some epoch has one (a regression run has none); then the task's
         columns = [(key, heading, ratio) for key, _, heading, ratio in EPOCH_FIELDS
                    if not ratio or any(e.metrics.get(key) is not None for e in epochs)]
@@ -362,7 +379,7 @@ class LiveReporter:
         if self.summary.run is None:
             return Group()
         parts = [self._header(), self.progress, self._metrics(), self._curve()]
-        if self.summary.epochs:
+        if self.summary.all_epochs:
             parts.append(self._table())
         return Panel(Group(*parts), border_style="blue", padding=(0, 1))
 
@@ -370,12 +387,16 @@ class LiveReporter:
     def run_begin(self, info: RunInfo) -> None:
         from rich.live import Live
         self.summary.begin(info)
-        # the run's bar counts validation batches too, so its ETA includes validation
-        done_before = (info.start_epoch - 1) * self._epoch_units(info)
-        total = info.epochs * self._epoch_units(info)
+        for earlier in info.earlier_steps:  # a resumed run's curve goes on from where it was
+            if earlier.loss is not None:
+                self.losses.append(self._window_loss(earlier))
+        # The run's bar moves through validation batches too, so that its ETA counts them, but it
+        # says training steps (epochs x steps): validation batches are the epoch bar's to show.
         self._epoch_task = self.progress.add_task(f"epoch {info.start_epoch}/{info.epochs}",
                                                   total=info.steps_per_epoch)
-        self._run_task = self.progress.add_task("run", total=total, completed=done_before)
+        self._run_task = self.progress.add_task("run", total=info.epochs * self._epoch_units(info),
+                                                completed=(info.start_epoch - 1) * self._epoch_units(info))
+        self._count_steps((info.start_epoch - 1) * info.steps_per_epoch)
         self._epoch_seen = info.start_epoch
         self.live = Live(get_renderable=self.render, console=self.console, refresh_per_second=8,
                          transient=False, redirect_stdout=True, redirect_stderr=True)
@@ -386,6 +407,11 @@ class LiveReporter:
     @staticmethod
     def _epoch_units(run: RunInfo) -> int:
         return run.steps_per_epoch + run.valid_steps
+
+    def _count_steps(self, done: int) -> None:
+        run = self.summary.run
+        total = run.epochs * run.steps_per_epoch if run else 0
+        self.progress.update(self._run_task, count=f"{done}/{total}")
 
     def _stop(self) -> None:
         if self.live:
@@ -402,8 +428,10 @@ class LiveReporter:
             self.progress.reset(self._epoch_task, total=info.steps,
                                 description=f"epoch {info.epoch}/{run.epochs if run else '?'}")
         self.progress.update(self._epoch_task, completed=info.step, total=info.steps)
-        done = (info.epoch - 1) * (self._epoch_units(run) if run else info.steps) + info.step
-        self.progress.update(self._run_task, completed=done)
+        before = info.epoch - 1
+        self.progress.update(self._run_task, completed=before * (self._epoch_units(run) if run else info.steps)
+                             + info.step)
+        self._count_steps(before * (run.steps_per_epoch if run else info.steps) + info.step)
         if info.loss is not None:
             self.losses.append(self._window_loss(info))
             self.current = info
@@ -433,6 +461,7 @@ class LiveReporter:
         run = self.summary.run
         if run is not None:
             self.progress.update(self._run_task, completed=info.epoch * self._epoch_units(run))
+            self._count_steps(info.epoch * run.steps_per_epoch)
             self.progress.update(self._epoch_task, completed=run.steps_per_epoch, total=run.steps_per_epoch,
                                  description=f"epoch {info.epoch}/{run.epochs}")
         if self.live:

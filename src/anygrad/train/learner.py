@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..batch import unwrap_single
 from ..data.loader import BatchSource, DataLoader
 from ..data.sources import batch_source, layout_for
-from ..data.structure import unwrap_single
 from ..data.tokens import TokenWindows
+from ..distributed import data_parallel
 from ..errors import ConfigError, ShapeError
 from ..model import Model
 from ..optim.schedulers import RunFacts, get_scheduler
@@ -31,6 +33,7 @@ from .line_reporter import LineReporter, Log
 from .metrics import FIXED_MONITORS, EpochMetrics, _finite, _Sums, metric_family
 from .monitor import Monitor
 from .report import EpochInfo, Reporter, RunInfo, StepInfo, ValidInfo
+from .runfolder import PYTHON, RunFolder
 from .steplog import StepLog
 
 Arrays = tuple[np.ndarray, np.ndarray]
@@ -137,7 +140,7 @@ class Learner:
         if config.clip_grad_norm is not None or config.accumulate != 1:  # else keep what compile() set
             model.configure_step(clip_norm=config.clip_grad_norm, accumulate=config.accumulate)
         # Data parallelism (anygrad.distributed): this rank's share of each global batch; rank 0 writes.
-        parallel = model.parallel
+        parallel = data_parallel(model)
         self.writer = parallel is None or parallel.is_writer
         self.world_size = 1 if parallel is None else parallel.world_size
         layout = _layout(model, config.target_keys)
@@ -171,11 +174,16 @@ class Learner:
         self.ckpt_dir = self.out_dir / "checkpoints" if self.out_dir else None
         self.monitor = Monitor(config.monitor, config.mode, config.patience, config.min_delta)
         self.notes: list[str] = []  # said when the run begins
-        self.scheduler = None
-        if config.scheduler:
-            self.scheduler = get_scheduler(config.scheduler, base_lr=model.lr, run=self.run_facts(),
-                                           **config.scheduler_options)
-            model.lr = self.scheduler.lr
+        if config.scheduler:  # the model runs the schedule (one mechanism with compile's scheduler=)
+            if model.scheduler is not None and not getattr(model.scheduler, "from_fit", False):
+                self.notes.append(f"note: --scheduler {config.scheduler} replaces the schedule compile() set")
+            base = model.base_lrs[0] if getattr(model, "base_lrs", None) else model.lr
+            model.set_scheduler(get_scheduler(config.scheduler, base_lr=base, run=self.run_facts(),
+                                              **config.scheduler_options))
+            model.scheduler.from_fit = True
+        elif model.scheduler is not None and model.scheduler.from_fit:
+            model.set_scheduler(None)  # an earlier fit's schedule ends with it
+        self.scheduler = model.scheduler
         self._check_monitor()
         self._monitor_checked = False
         self._length_noted = False
@@ -274,7 +282,7 @@ class Learner:
                 "steps_per_epoch": self.steps, "history": [_finite(m.row()) for m in r.history],
                 "sums": r.sums.state_dict(), "monitor": self.monitor.state_dict(), "world_size": self.world_size,
                 "scheduler": self.scheduler.state_dict() if self.scheduler else None,
-                "config": asdict(self.config)}
+                "param_groups": self.model.describe_groups(), "config": asdict(self.config)}
 
     def save_checkpoint(self, best: bool = False) -> Path | None:
         if self.ckpt_dir is None or not self.writer:
@@ -310,6 +318,11 @@ class Learner:
         if diff:
             raise ckpt.CheckpointError(f"{path}: the checkpoint was made with different settings: " + ", ".join(
                 f"{k} {saved[k]!r} (now {now[k]!r})" for k in diff) + "; resume with the run's own config.json")
+        groups = self.model.describe_groups()
+        if m.get("param_groups") is not None and m["param_groups"] != groups:
+            raise ckpt.CheckpointError(f"{path}: the checkpoint was made with other parameter groups "
+                                       f"({_groups_text(m['param_groups'])}; now {_groups_text(groups)}); resume "
+                                       "with the optimizer and groups the run was started with")
         if not self.loader.positionable and not m.get("epoch_done") and int(m.get("step", 0) or 0) > 0:
             raise ckpt.CheckpointError(f"{path} was written mid-epoch (epoch {m.get('epoch')}, step {m.get('step')}),"
                                        f" but {self.loader.what} is an iterable, which cannot be positioned there; "
@@ -319,7 +332,7 @@ class Learner:
         if m.get("steps_per_epoch") != self.steps and m.get("world_size", 1) == self.world_size:
             raise ckpt.CheckpointError(f"{path}: the run had {m.get('steps_per_epoch')} steps per epoch, this "
                                        f"one {self.steps}: the training data differ")
-        ckpt.validate(c, self.steps, {**self.model.state_dict(), "anygrad.lr": np.zeros((), np.float32)},
+        ckpt.validate(c, self.steps, {**self.model.state_dict(), **self.model.lr_states()},
                       allow_nonfinite=self.config.on_nan == "warn")
         try:
             self.model.load_full_state(c.state)
@@ -359,7 +372,10 @@ class Learner:
         self.reporter.run_begin(RunInfo(model=model.source, device=model.backend.description,
                                         epochs=cfg.epochs, steps_per_epoch=self.steps, batch_size=cfg.batch_size,
                                         start_epoch=r.epoch, artifacts_dir=str(self.out_dir) if self.out_dir else None,
-                                        valid_steps=self._valid_steps))
+                                        valid_steps=self._valid_steps, history=[
+                                            EpochInfo(m.epoch, _finite(m.row()), m.seconds,
+                                                      m.epoch == self.monitor.best_epoch) for m in r.history],
+                                        earlier_steps=self.steplog.steps() if self.steplog and r.global_step else []))
         for note in self.notes:
             self.reporter.message(note)
         if r.stopped_early:  # resumed after an early stop (see resume): nothing to train
@@ -435,8 +451,6 @@ class Learner:
             model.train_step(self._inputs(x), y, flush=last)
             self._check_monitor_reported()
             r.step, r.global_step = step, r.global_step + 1
-            if self.scheduler is not None and self.scheduler.interval == "step" and model.micro_step == 0:
-                model.lr = self.scheduler.step()
             if last and step != self.steps and not self._length_noted:
                 self._length_noted = True
                 self.reporter.message(f"note: epoch {r.epoch} of {self.loader.what} had {step} batches, the first "
@@ -449,7 +463,7 @@ class Learner:
                 self.reporter.step(info)
                 if self.steplog is not None:
                     self.steplog.add(info)
-            if stop.requested if model.parallel is None else model.parallel.agree(stop.requested):
+            if model.strategy.agree(stop.requested):
                 return True  # (every rank stops after the same step: a Ctrl-C reaches them at different ones)
             if cfg.checkpoint_every and r.global_step % cfg.checkpoint_every == 0 and step < self.steps \
                     and self.loader.positionable:
@@ -484,7 +498,7 @@ class Learner:
         row = metrics.row()
         best = self.monitor.update(r.epoch, row) if self._monitorable(row) else False
         if self.scheduler is not None and self.scheduler.interval == "epoch":
-            model.lr = self.scheduler.step(self.monitor.value(row) if self.scheduler.needs_metric else None)
+            model.step_scheduler(self.monitor.value(row) if self.scheduler.needs_metric else None)
         r.stopped_early = self.monitor.should_stop
         self.reporter.epoch_end(EpochInfo(r.epoch, _finite(row), seconds, best))
         if not warned and self._diverged():
@@ -533,10 +547,19 @@ class Learner:
         return m is not None and any(v is not None and not np.isfinite(v) for v in (m.train_loss, m.valid_loss))
 
 
+def _groups_text(groups: Any) -> str:
+    """Saved or current parameter groups in a few words, for a resume's error."""
+    if not isinstance(groups, list):
+        return repr(groups)
+    return "; ".join(f"{g.get('group')}: {len(g.get('params', []))} tensors, {g.get('settings')}"
+                     for g in groups if isinstance(g, dict))
+
+
 def fit(model: Model, train_data: Data, valid_data: Data | None = None, config: TrainConfig | None = None,
         *, reporter: Reporter | None = None, log: Log | None = print, progress: Log | None = None,
         resume: bool | str | Path = False, transforms: tuple[Transform | None, Transform | None] = (None, None),
-        resolved: dict[str, Any] | None = None, **settings: Any) -> FitResult:
+        resolved: dict[str, Any] | None = None, overwrite: bool = False, claim: bool = True,
+        **settings: Any) -> FitResult:
     """Train a compiled model for `config.epochs` epochs (TrainConfig fields may be passed as keywords).
 
     `train_data` and `valid_data`: (inputs, targets) arrays, memmaps or .npy paths; an indexable
@@ -551,14 +574,28 @@ def fit(model: Model, train_data: Data, valid_data: Data | None = None, config: 
     (True: the newest checkpoint there, or a checkpoint's .json path) continues a run.
     `resolved` goes into config.json's "resolved" record (e.g. {"normalisation": {"mean": ...,
     "std": ..., "on": "host"}, "classes": [...]}, which predict and eval read).
+
+    The artifacts folder is claimed as `anygrad train` claims it (train/runfolder.py): one that
+    holds another run is refused unless `resume` or `overwrite=True`, and files of the user's that a
+    run would write over (or the model's own file) are never replaced. `claim=False`: the caller
+    holds the folder already (train.run.run does).
     """
     unknown = set(settings) - set(TrainConfig.__dataclass_fields__)
     if unknown:
         raise ConfigError(f"unknown training setting(s) {sorted(unknown)}")
     config = replace(config or TrainConfig(), **settings)
     config.check(own_loss=getattr(model.loss, "name", None) == "output")
+    if (config.param_groups or config.no_decay) and model.optimizer is not None and \
+            config.optimizer_groups() != list(model.optimizer.param_groups):
+        raise ConfigError("param_groups and no_decay are the optimizer's: compile(optimizer=AdamW(param_groups="
+                          "[anygrad.optim.no_decay('*.bias'), ...])) and fit without them")
     learner = Learner(model, train_data, valid_data, config, reporter or LineReporter(log, progress), transforms,
                       resolved)
-    if resume:
-        learner.resume(None if resume is True else Path(resume))
-    return learner.fit()
+    folder: AbstractContextManager = nullcontext()
+    if claim and learner.out_dir is not None and learner.writer:
+        folder = RunFolder(learner.out_dir, resume=bool(resume), overwrite=overwrite, log=learner.reporter.message,
+                           inputs=(model.source, config.model, config.weights, config.data_dir), wording=PYTHON)
+    with folder:
+        if resume:
+            learner.resume(None if resume is True else Path(resume))
+        return learner.fit()

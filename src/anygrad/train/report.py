@@ -20,6 +20,10 @@ class RunInfo:
     start_epoch: int = 1            # > 1 when resumed
     artifacts_dir: str | None = None
     valid_steps: int = 0            # validation batches after each epoch (0: no validation)
+    # A resumed run: the epochs done before (best=True on the best one) and the progress reads of
+    # the epoch it resumes into and those before (metrics_steps.csv), so views keep the whole run.
+    history: list[EpochInfo] = field(default_factory=list)
+    earlier_steps: list[StepInfo] = field(default_factory=list)
 
 
 @dataclass

@@ -4,8 +4,12 @@ What `anygrad train` does besides parsing and printing lives here, so that Pytho
 same run: the model loaded (its weights, frozen parameters, padding rows), the data read and
 normalised (on the device or the host), the step compiled, the Learner's fit, and around it:
 
-- the run folder claimed (train/runfolder.py): refused when it holds another run unless
-  `overwrite` (or `resume`), locked while the run lives, cleared of what a killed run left;
+- the run folder made at once (a bad one fails before the slow work, and is removed again when
+  the run fails before it starts) and claimed (train/runfolder.py): refused when it holds another
+  run unless `overwrite` (or `resume`), or files of the user's that the run would replace, locked
+  while the run lives, cleared of what a killed run left;
+- one rank of a torchrun job (train/job.py): the process group joined, the folder and the output
+  rank 0's, a rank torchrun restarted resumed from the last checkpoint;
 - a full disk or read-only folder mid-run: a RunFolderError that names the folder, says the last
   checkpoint is intact and how to resume, instead of an OSError traceback;
 - the best epoch's weights exported at the end when a metric is monitored (`export="last"` keeps
@@ -26,12 +30,13 @@ import numpy as np
 from ..errors import ConfigError
 from ..fsutil import atomic_write
 from . import checkpoint as ckpt
+from . import job
 from .artifacts import save_weights
 from .config import TrainConfig
 from .learner import FitResult, fit
 from .line_reporter import LineReporter
 from .report import Reporter
-from .runfolder import RunFolder, RunFolderError
+from .runfolder import RunFolder, RunFolderError, make_folder, remove_empty
 
 Log = Callable[[str], None]
 # errno values that mean "the folder cannot take more files": said as such, with the way out
@@ -51,6 +56,7 @@ class RunConfig:
     defaulted: tuple[str, ...] = ()  # settings nobody gave (defaults): softer checks, e.g. batch_size vs data
     # One rank of a torch.distributed job (anygrad.distributed.ProcessGroup): it trains its share of
     # each global batch on the device of its local rank; only rank 0 claims and writes the folder.
+    # None: the job torchrun's variables describe, when they are set (train/job.py).
     group: Any = None
 
 
@@ -66,17 +72,44 @@ def default_artifacts(model_name: str) -> Path:
 
 def run(rc: RunConfig) -> FitResult:
     """Train as `anygrad train` does. Bad settings, a folder holding another run or in use, and
-    divergence under on_nan='stop' (FitResult.diverged) are reported; see the module's doc."""
+    divergence under on_nan='stop' (FitResult.diverged) are reported; see the module's doc.
+    Started by torchrun (its variables set), the process trains as one rank of the job
+    (train/job.py): its process group opened, rank 0 alone writing the folder and speaking, and a
+    restarted rank resuming the run."""
     config = rc.config
     config.check()
     if not config.model:
         raise ConfigError("RunConfig.config.model: name the ONNX model file to train")
-    log = rc.log or (lambda text: None)
-    if not config.artifacts_dir:
-        config = replace(config, artifacts_dir=str(default_artifacts(Path(config.model).stem)))
-    folder = Path(config.artifacts_dir)
-    writer = rc.group is None or rc.group.is_writer
-    claim = RunFolder(folder, resume=rc.resume, overwrite=rc.overwrite, log=log) if writer else nullcontext()
+    check_memory_budget(config.memory_budget)
+    with job.joined(rc.group) as group, job.rank_output(group) as speaks:
+        resume, overwrite = job.elastic_resume(config.artifacts_dir, rc.resume, rc.overwrite) \
+            if group is not None else (rc.resume, rc.overwrite)
+        typed = dict(rc.typed_paths or {})
+        if not config.artifacts_dir:  # absolute (predict and eval may run elsewhere), noted as made
+            default = default_artifacts(Path(config.model).stem)
+            config = replace(config, artifacts_dir=str(default.absolute()))
+            typed["artifacts_dir"] = str(default)
+        if group is not None:  # rank 0's folder (the default one has a timestamp)
+            config = replace(config, artifacts_dir=group.gather_strings(config.artifacts_dir)[0])
+        log = (rc.log if speaks else None) or (lambda text: None)
+        reporter = (rc.reporter or LineReporter(log)) if speaks else LineReporter(None)
+        writer = group is None or group.is_writer
+        created = make_folder(Path(config.artifacts_dir)) if writer else []
+        try:
+            result = _run(replace(rc, config=config, resume=resume, overwrite=overwrite, reporter=reporter, log=log,
+                                  typed_paths=typed, group=group), writer)
+        except BaseException:  # a run that never started leaves nothing behind (a started one keeps its files)
+            remove_empty(created)
+            raise
+        log(f"artifacts: {result.artifacts_dir}")
+    return result
+
+
+def _run(rc: RunConfig, writer: bool) -> FitResult:
+    """The run in its folder, claimed (by the writer), with the model and data prepared."""
+    config, log, folder = rc.config, rc.log or (lambda text: None), Path(rc.config.artifacts_dir)
+    claim = RunFolder(folder, resume=rc.resume, overwrite=rc.overwrite, log=log,
+                      inputs=(config.model, config.weights, config.data_dir)) if writer else nullcontext()
     with claim:
         model, train, valid, transforms, resolved, config = _prepare(config, log, "batch_size" in rc.defaulted,
                                                                      rc.group)
@@ -87,14 +120,21 @@ def run(rc: RunConfig) -> FitResult:
         reporter = rc.reporter or LineReporter(log)
         try:
             result = fit(model, train, valid, config, reporter=reporter, resume=rc.resume,
-                         transforms=transforms, resolved=resolved)
-            if not result.interrupted and writer:
+                         transforms=transforms, resolved=resolved, claim=False)  # claimed above
+            if writer:  # an interrupted run too: its weights.* are said for what they are
                 _export(model, config, result, reporter)
         except OSError as e:
             if e.errno not in _WRITE_ERRNOS and not _inside(e.filename, folder):
                 raise
             raise RunFolderError(_write_failure(folder, e)) from None
     return result
+
+
+def check_memory_budget(budget: Any) -> None:
+    """A bad --memory-budget is an error on every device, not only where it is used (wgpu)."""
+    if budget is not None:
+        from ..backends.wgpu.limits import parse_size
+        parse_size(budget)
 
 
 def _inside(filename: Any, folder: Path) -> bool:
@@ -122,9 +162,16 @@ def _write_failure(folder: Path, e: OSError) -> str:
 
 def _export(model: Any, config: TrainConfig, result: FitResult, reporter: Reporter) -> None:
     """weights.*, model.onnx and export.json at the end: the best epoch's (Keras'
-    restore_best_weights) unless export='last' or nothing was monitored."""
+    restore_best_weights) unless export='last' or nothing was monitored. An interrupted run gets
+    the same, over the epochs it finished (none finished: export.json says no weights were
+    exported)."""
     out = result.artifacts_dir
-    if out is None or not result.history:
+    if out is None:
+        return
+    if not result.history:
+        if result.interrupted:
+            atomic_write(out / "export.json", json_text({"epoch": None, "chosen": None, "monitor": config.monitor,
+                                                         "value": None, "last_epoch": None, "interrupted": True}))
         return
     last = result.history[-1].epoch
     best_file = out / "checkpoints" / f"{ckpt.BEST}.json"
@@ -138,7 +185,8 @@ def _export(model: Any, config: TrainConfig, result: FitResult, reporter: Report
     elif result.diverged:
         chosen = "last finite"
     value = result.history[epoch - 1].row().get(config.monitor) if chosen == "best" else None
-    record = {"epoch": epoch, "chosen": chosen, "monitor": config.monitor, "value": value, "last_epoch": last}
+    record = {"epoch": epoch, "chosen": chosen, "monitor": config.monitor, "value": value, "last_epoch": last,
+              "interrupted": bool(result.interrupted)}
     atomic_write(out / "export.json", json_text(record))
     result.exported_epoch = epoch
     if chosen == "best":
@@ -163,7 +211,7 @@ def _prepare(config: TrainConfig, log: Log, default_batch: bool = False,
     from .. import load_onnx
     from ..optim import get_optimizer
     model_path = Path(config.model)
-    optimizer = get_optimizer(config.optimizer or "adam", lr=config.lr)
+    optimizer = get_optimizer(config.optimizer or "adam", lr=config.lr, param_groups=config.optimizer_groups())
     # 'auto' (one process, no torch.compile) is resolved by compile: with a wgpu GPU and torch's
     # CUDA/MPS both there, it times the model's step on each (devices.auto_backends)
     auto = (config.device or "auto").strip().lower() == "auto" and group is None and not config.torch_compile
@@ -188,17 +236,17 @@ def _prepare(config: TrainConfig, log: Log, default_batch: bool = False,
                   memory_budget=config.memory_budget, torch_compile=config.torch_compile, precision=config.precision)
     if group is not None:  # one rank of a torch.distributed job (with this process's devices, if several)
         from ..distributed import DataParallel
-        local = [r.backend for r in model.parallel.replicas[1:]] if model.parallel is not None else []
-        model.parallel = DataParallel(model, local, group, sync_batchnorm=config.sync_batchnorm,
+        model.strategy = DataParallel(model, model.devices[1:], group, sync_batchnorm=config.sync_batchnorm,
                                       grad_compression=config.grad_compression)
     elif config.grad_compression != "none":
         raise ConfigError(f"--grad-compression {config.grad_compression} compresses the gradients torchrun's ranks "
                           "send each other: launch with torchrun (the devices of one process sum in host memory)")
     elif config.sync_batchnorm:
-        if model.parallel is None:
+        from ..distributed import data_parallel
+        if data_parallel(model) is None:
             raise ConfigError("--sync-batchnorm syncs BatchNorm across data-parallel devices or ranks: give several "
                               "devices (--device cpu,cpu or wgpu:0,wgpu:1) or launch with torchrun")
-        model.parallel.set_sync_batchnorm(True)
+        data_parallel(model).set_sync_batchnorm(True)
     # the folder the data came from, absolute: predict and eval may run from elsewhere
     config = replace(config, data_dir=str(Path(source).absolute()) if source and Path(source).exists() else source,
                      loss=loss)
@@ -208,7 +256,12 @@ def _prepare(config: TrainConfig, log: Log, default_batch: bool = False,
               f"scheduler {config.scheduler}" if config.scheduler else "",
               f"from weights {Path(config.weights).name}" if config.weights else "",
               f"{model.num_frozen_parameters():,} frozen" if config.freeze else ""]
-    where = model.parallel.description if model.parallel is not None else model.backend.description
+    devices = [model.backend, *(model.auto_candidates or [])]
+    if config.memory_budget is not None and not any(str(d.name).startswith("wgpu") for d in devices):
+        log(f"note: --memory-budget applies to wgpu devices only; {model.backend.description} does not use it")
+    from ..distributed import data_parallel
+    parallel = data_parallel(model)
+    where = parallel.description if parallel is not None else model.backend.description
     if model.auto_candidates:
         where = (" or ".join(b.description for b in model.auto_candidates)
                  + ", whichever runs its first steps faster")

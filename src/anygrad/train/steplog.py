@@ -45,6 +45,23 @@ class StepLog:
         self.fields = self._header() or list(FIELDS)
         atomic_write(self.path, _csv(kept, header=True, fields=self.fields))
 
+    def steps(self) -> list[StepInfo]:
+        """The rows as StepInfo (what a resumed run's dashboard redraws its curve from); rows that
+        do not parse are left out."""
+        try:
+            rows = list(csv.DictReader(io.StringIO(self.path.read_text()))) if self.path.is_file() else []
+        except (OSError, UnicodeDecodeError, csv.Error):
+            return []
+        out = []
+        for r in rows:
+            try:
+                out.append(StepInfo(int(r["epoch"]), int(r["step"]), int(r["steps"]), int(r["global_step"]),
+                                    _float(r["loss"]), _float(r["accuracy"]), float(r["lr"]),
+                                    float(r["samples_per_s"])))
+            except (KeyError, TypeError, ValueError):
+                continue
+        return out
+
     def add(self, info: StepInfo) -> None:
         row = {"epoch": info.epoch, "step": info.step, "steps": info.steps, "global_step": info.global_step,
                "loss": info.loss,
@@ -65,3 +82,7 @@ def _csv(rows: list[dict], header: bool, fields: list[str] | tuple[str, ...] = F
         writer.writeheader()
     writer.writerows(rows)
     return buf.getvalue()
+
+
+def _float(text: str | None) -> float | None:
+    return None if text in (None, "") else float(text)

@@ -25,19 +25,19 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ... import _parallel
+from ... import _parallel, settings
 from ...errors import ShapeError
 from ...ir.graph import Graph, Node
 from ...ir.passes import resolve_attributes
 from ...ir.registry import get_op
-from ..base import Backend, Executable
+from ...ops import collective
+from ..base import NO_EXCHANGE, Backend, Exchange, Executable
 from .half import reads_half, run_in_float32
 from .lowering import BLOCKED, INPLACE, KERNELS, InplaceKernel, run_blocked, run_split
 
@@ -49,7 +49,7 @@ def keep_freed_memory() -> bool:
     """Serve large arrays from glibc's heap and keep freed ones for reuse (no page faults per
     step). True when glibc accepted it; a no-op elsewhere and after the first call."""
     global _malloc_tuned
-    if _malloc_tuned or not sys.platform.startswith("linux") or os.environ.get("ANYGRAD_NUMPY_MALLOC") == "0":
+    if _malloc_tuned or not sys.platform.startswith("linux") or not settings.get("ANYGRAD_NUMPY_MALLOC"):
         return _malloc_tuned
     try:
         libc = ctypes.CDLL("libc.so.6")
@@ -89,6 +89,9 @@ class NumpyExecutable(Executable):
         state = set(graph.state_names)
         self.consts = {k: v for k, v in graph.initializers.items() if k not in state}
         self.plan = [(get_op(n.op), n, n.inputs, n.outputs) for n in graph.nodes]
+        # AllReduceSum steps: the sum over replicas goes through the run's Exchange.reduce
+        self.exchanged = {k for k, n in enumerate(graph.nodes) if n.op == collective.OP}
+        self._reduce: collective.Reducer | None = None  # this run's (run() sets it)
         keep = set(graph.outputs) | set(graph.state_updates)
         last_use: dict[str, int] = {}
         for step, n in enumerate(graph.nodes):
@@ -115,7 +118,7 @@ class NumpyExecutable(Executable):
         self.passed_on = set(self.epilogue.values())
         for step in self.passed_on:
             del self.inplace[step]
-        self.profile: dict[str, float] | None = {} if os.environ.get("ANYGRAD_NUMPY_PROFILE") else None
+        self.profile: dict[str, float] | None = {} if settings.get("ANYGRAD_NUMPY_PROFILE") else None
 
     def _fits(self, node: Node) -> bool:
         """Output 0 can live in input 0's buffer: same shape, and every input of the output's
@@ -166,6 +169,8 @@ class NumpyExecutable(Executable):
                                lambda s, block: kernel(consumer, [block] + [o[s] for o in others]))
         if step in self.passed_on:
             return [env[ins[0]]]  # the producer already applied this op
+        if step in self.exchanged:
+            return collective.reduce_forward(self._reduce, node, [env[i] for i in ins])
         kernel = self.inplace.get(step)
         if kernel is not None and _sole_owner(env, ins[0]):
             return run_split(kernel, node, [env[i] for i in ins])
@@ -183,7 +188,15 @@ class NumpyExecutable(Executable):
             if o:
                 env[o] = v
 
-    def run(self, feeds: Mapping[str, np.ndarray], fetch: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    def run(self, feeds: Mapping[str, np.ndarray], fetch: Sequence[str] | None = None,
+            exchange: Exchange | None = None) -> dict[str, np.ndarray]:
+        self._reduce = (exchange or NO_EXCHANGE).reduce
+        try:
+            return self._run(feeds, fetch)
+        finally:
+            self._reduce = None
+
+    def _run(self, feeds: Mapping[str, np.ndarray], fetch: Sequence[str] | None) -> dict[str, np.ndarray]:
         env: dict[str, np.ndarray | None] = {"": None}
         env.update(self.consts)
         env.update(self.backend.state)

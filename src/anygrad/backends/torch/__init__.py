@@ -1,4 +1,4 @@
-"""The PyTorch backend (`anygrad[torch]`): the compiled training step run with torch tensor ops
+"""The PyTorch backend (`anygrad-train[torch]`): the compiled training step run with torch tensor ops
 on CUDA, Apple's MPS or the CPU.
 
 The graph is anygrad's own (forward, loss, backward from anygrad's autodiff, optimizer update,

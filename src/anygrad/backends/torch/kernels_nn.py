@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from ... import settings
 from ...ops.nn import Window
 from . import rng
 from .lowering import Site, is_float, lowering
@@ -288,8 +288,8 @@ def _fused_norms() -> Callable[[Any, Any], bool]:
     was the step). On GPUs by default; on the CPU the double path, whose trajectories match the
     numpy backend's to float32 tolerance. ANYGRAD_TORCH_FUSED_NORMS=1/0 forces either; it is
     read when the kernel is built, the device is seen when it runs."""
-    forced = os.environ.get("ANYGRAD_TORCH_FUSED_NORMS")
-    return lambda x, scale: (x.device.type != "cpu" if forced is None else forced == "1") \
+    forced = settings.get("ANYGRAD_TORCH_FUSED_NORMS")
+    return lambda x, scale: (x.device.type != "cpu" if forced is None else forced) \
         and x.dtype == scale.dtype and x.dim() >= 2
 
 

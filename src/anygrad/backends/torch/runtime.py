@@ -38,18 +38,19 @@ the first has compiled them.
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from ... import settings
 from ...errors import ConfigError, DataError, DeviceError, ShapeError, UnsupportedOpError
 from ...ir.graph import Graph, Node
 from ...ir.passes import resolve_attributes
 from ...ir.registry import get_op
-from ..base import Backend, Executable
+from ...ops import collective
+from ..base import NO_EXCHANGE, Backend, Exchange, Executable
 from . import (  # noqa: F401
     kernels_attention,
     kernels_elementwise,
@@ -70,7 +71,7 @@ def _torch() -> Any:
     try:
         import torch
     except ImportError as e:
-        raise ConfigError("the torch backend needs PyTorch: pip install 'anygrad[torch]' "
+        raise ConfigError("the torch backend needs PyTorch: pip install 'anygrad-train[torch]' "
                           "(or choose device='cpu' or 'wgpu')") from e
     return torch
 
@@ -100,10 +101,6 @@ def resolve_device(device: str) -> str:
         return "cpu"
     raise ConfigError(f"unknown torch device '{device}'; use torch, torch:cuda, torch:cuda:N, torch:mps "
                       "or torch:cpu")
-
-
-def _env_flag(name: str, default: str = "0") -> bool:
-    return os.environ.get(name, default) not in ("", "0")
 
 
 def best_torch_device() -> str | None:
@@ -251,6 +248,7 @@ class TorchExecutable(Executable):
         self.fallback_ops: list[str] = []
         self.target_checks: list[tuple[str, int, int | None, str]] = []  # (input, classes, ignore, node)
         self.torch_compile = torch_compile
+        self._reduce: collective.Reducer | None = None  # this run's Exchange.reduce (AllReduceSum's)
         steps = self._group(_fuse_bias(graph, self._steps(graph)))
         self.step_ops = ["+".join(n.op for n in st.nodes) if st.grouped else st.nodes[0].op for st in steps]
         self.input_info = {name: graph.info[name] for name in graph.inputs}
@@ -283,7 +281,8 @@ class TorchExecutable(Executable):
             if kernel is None:
                 if node.op not in self.fallback_ops:
                     self.fallback_ops.append(node.op)
-                steps.append(_Step([node], op.run, False, host_dtypes=[
+                run = self._exchanged if node.op == collective.OP else op.run
+                steps.append(_Step([node], run, False, host_dtypes=[
                     np.dtype(graph.info[i].dtype) if i and i in graph.info else None for i in node.inputs]))
             else:
                 steps.append(_Step([node], kernel, True,
@@ -507,7 +506,19 @@ class TorchExecutable(Executable):
             vals[k] = self._check_feed(name, feeds[name])
         return vals
 
-    def run(self, feeds: Mapping[str, np.ndarray], fetch: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    def _exchanged(self, node: Node, ins: list) -> list:
+        """AllReduceSum on the host, through the run's reducer (ops.collective)."""
+        return collective.reduce_forward(self._reduce, node, ins)
+
+    def run(self, feeds: Mapping[str, np.ndarray], fetch: Sequence[str] | None = None,
+            exchange: Exchange | None = None) -> dict[str, np.ndarray]:
+        self._reduce = (exchange or NO_EXCHANGE).reduce
+        try:
+            return self._run(feeds, fetch)
+        finally:
+            self._reduce = None
+
+    def _run(self, feeds: Mapping[str, np.ndarray], fetch: Sequence[str] | None) -> dict[str, np.ndarray]:
         # Inference mode: no tensor here ever needs torch.autograd (the graph has its own
         # gradients), and torch ops then skip autograd's dispatch (~0.4 us per op on a CPU).
         # Values made here are inference tensors, which may be changed in place only in this
@@ -740,10 +751,10 @@ class TorchBackend(Backend):
         self.torch = _torch()
         self.device = self.torch.device(resolve_device(device))
         if torch_compile is None:
-            torch_compile = os.environ.get("ANYGRAD_TORCH_COMPILE", "0")
-            torch_compile = torch_compile if torch_compile not in ("", "0", "1") else torch_compile == "1"
+            torch_compile = settings.get("ANYGRAD_TORCH_COMPILE")
+            torch_compile = torch_compile if torch_compile not in ("0", "1") else torch_compile == "1"
         if cuda_graph is None:
-            cuda_graph = _env_flag("ANYGRAD_TORCH_CUDA_GRAPH", default="1")
+            cuda_graph = settings.get("ANYGRAD_TORCH_CUDA_GRAPH")
         self.set_torch_compile(torch_compile)
         self.cuda_graph = bool(cuda_graph)
         self.state: dict[str, Any] = {}

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -41,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from ... import settings as env_settings  # (`settings` below: what a tuned plan depends on)
 from ...fsutil import atomic_write
 from ...ir.graph import Graph, Node
 from .gridfold import fold_kernel
@@ -94,6 +94,14 @@ CANDIDATES: tuple[dict[str, Any], ...] = (
     {"_gemm_variant": "register", "_gemm_block": 4},
     {"_gemm_variant": "register", "_gemm_block": 8},
     {"_gemm_variant": "dot"},
+    # matrix units (kernels_mma.py; operands of a type the adapter's subgroup-matrix configs take,
+    # elsewhere they raise and are skipped): 4 x 4 fragments a subgroup on 4 or 8 subgroups (H200,
+    # 4096^3 f16: 103 and 125 TFLOP/s), 2 x 2 for shapes that fill the GPU only with small tiles
+    {"_gemm_variant": "mma"},
+    {"_gemm_variant": "mma", "_gemm_block": 4, "_gemm_threads": 128},
+    {"_gemm_variant": "mma", "_gemm_block": 4, "_gemm_threads": 256},
+    {"_gemm_variant": "mma", "_gemm_block": 2, "_gemm_threads": 128},
+    {"_gemm_variant": "mma", "_gemm_block": 2, "_gemm_threads": 256},
 )
 MIN_FLOPS = 1 << 26     # smaller GEMMs take microseconds: launch overhead, not tiling, decides
 REPEATS, ROUNDS = 8, 2  # at most this many runs per timing, best of rounds
@@ -110,17 +118,13 @@ stats = {"timed": 0, "cached": 0, "candidates": 0, "seconds": 0.0, "left": 0}
 
 def enabled(caps: AdapterCaps) -> bool:
     """Tuning for this adapter: ANYGRAD_AUTOTUNE=0/1, else on for real GPUs only."""
-    v = os.environ.get(ENV, "").strip().lower()
-    if v in ("0", "false", "no", "off"):
-        return False
-    if v in ("1", "true", "yes", "on"):
-        return True
-    return not caps.is_cpu
+    forced = env_settings.get(ENV)
+    return not caps.is_cpu if forced is None else forced
 
 
 def tunes_splits() -> bool:
     """Whether a shape's leading tiling is also timed at other K splits (ANYGRAD_AUTOTUNE_SPLITS=0: no)."""
-    return os.environ.get(SPLITS_ENV, "").strip().lower() not in ("0", "false", "no", "off")
+    return env_settings.get(SPLITS_ENV)
 
 
 def settings(caps: AdapterCaps) -> tuple[bool, bool]:
@@ -148,7 +152,7 @@ def _known(pin: Any) -> bool:
 
 
 def cache_file(context: tuple) -> Path:
-    root = os.environ.get("ANYGRAD_CACHE")
+    root = env_settings.get("ANYGRAD_CACHE")
     base = Path(root).expanduser() if root else Path.home() / ".cache" / "anygrad"
     from .pipeline_cache import _source_hash
     digest = hashlib.sha256(repr((context, tunes_splits(), _source_hash())).encode()).hexdigest()[:32]
@@ -235,11 +239,8 @@ def tune(graph: Graph, caps: AdapterCaps, context: tuple, timer: Callable[[list[
 
 def _budget() -> float:
     """Seconds of timing per compile: BUDGET_S, or ANYGRAD_AUTOTUNE_SECONDS when it is a number."""
-    try:
-        value = float(os.environ.get(BUDGET_ENV, ""))
-    except ValueError:
-        return BUDGET_S
-    return value if value >= 0 else BUDGET_S
+    value = env_settings.get(BUDGET_ENV)
+    return BUDGET_S if value is None else value
 
 
 def _flops(node: Node, graph: Graph, caps: AdapterCaps) -> int:

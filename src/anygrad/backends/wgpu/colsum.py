@@ -13,13 +13,13 @@ the GPU has invocations, a third kernel to add them, and one kernel per sum).
 Entries are loaded as vec4 where every row's run of them splits into whole vec4s (the caller
 says so). Slice counts depend only on the shape, and every sum's order is fixed: the same bits
 each run. ANYGRAD_WGPU_COLSUM=0, read at lowering time (the plan cache's key holds every
-ANYGRAD_WGPU_* variable), keeps the kernels of before for A/B runs on a GPU.
+tuning setting), keeps the kernels of before for A/B runs on a GPU.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
+from ... import settings
 from .wgsl import flat_id, group_id, groups_grid, shader
 
 COLSUM_ENV = "ANYGRAD_WGPU_COLSUM"
@@ -34,7 +34,7 @@ FINISH_UNROLL = 8   # slices whose loads the finishing loop issues before adding
 
 
 def enabled() -> bool:
-    return os.environ.get(COLSUM_ENV, "1").strip() != "0"
+    return settings.get(COLSUM_ENV)
 
 
 def _pow2_at_least(n: int) -> int:

@@ -22,13 +22,14 @@
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
+from ... import settings
 from ...ir.graph import Graph, Node, TensorInfo
 from ...ir.passes import resolve_attributes
+from ...ir.private_attrs import check_graph
 from .gemm_layout import (
     ALIAS_LIKE,
     GEMM_OPS,
@@ -55,18 +56,18 @@ MERGE_FREES_BELOW = 1 << 20  # bytes: a group that frees more runs in its own pl
 
 def residual_enabled() -> bool:
     """ANYGRAD_WGPU_RESIDUAL=0: a residual Add after a GEMM stays a kernel of its own (the old way)."""
-    return os.environ.get("ANYGRAD_WGPU_RESIDUAL", "1") != "0"
+    return settings.get("ANYGRAD_WGPU_RESIDUAL")
 
 
 def grad_epilogue_enabled() -> bool:
     """ANYGRAD_WGPU_GRAD_EPILOGUE=0: an activation gradient after a GEMM stays a kernel of its own."""
-    return os.environ.get("ANYGRAD_WGPU_GRAD_EPILOGUE", "1") != "0"
+    return settings.get("ANYGRAD_WGPU_GRAD_EPILOGUE")
 
 
 def f16_epilogues_enabled() -> bool:
     """ANYGRAD_WGPU_F16_EPILOGUES=0: GEMM epilogues and operand-load activations stay float32-only
     (a float16 step's bias, residual, activation and their gradients run as kernels of their own)."""
-    return os.environ.get("ANYGRAD_WGPU_F16_EPILOGUES", "1") != "0"
+    return settings.get("ANYGRAD_WGPU_F16_EPILOGUES")
 
 
 def _is_half(graph: Graph, v: str) -> bool:
@@ -165,7 +166,7 @@ def _fuse_row_residual(graph: Graph, add: Node, sole_input, producers: dict[str,
 
 def where_epilogue_enabled() -> bool:
     """ANYGRAD_WGPU_WHERE_EPILOGUE=0: a masked_fill of a GEMM's result stays a kernel of its own."""
-    return os.environ.get("ANYGRAD_WGPU_WHERE_EPILOGUE", "1") != "0"
+    return settings.get("ANYGRAD_WGPU_WHERE_EPILOGUE")
 
 
 def _where_fill(graph: Graph, gemm: Node, where: Node, slot: int) -> float | None:
@@ -309,71 +310,6 @@ def fuse_epilogues(graph: Graph, protected: set[str], supports_epilogue: set[str
     graph.nodes = nodes
 
 
-def bias_grad_enabled() -> bool:
-    """ANYGRAD_WGPU_BIAS_GRAD=1: bias gradients from the weight-gradient GEMMs (fuse_bias_grads).
-    Off by default: on an H200 the GPT's step ran 0.2-1% slower with it (its dW GEMMs 3-7% slower,
-    more than the column-sum kernels it saves); an adapter with less bandwidth may gain."""
-    return os.environ.get("ANYGRAD_WGPU_BIAS_GRAD", "0") == "1"
-
-
-def fuse_bias_grads(graph: Graph) -> None:
-    """A Linear's bias gradient, dY summed over all but its last axis, comes out of the GEMM of its
-    weight gradient, whose K runs over dY's tokens: X^T dY (dY is B: Hugging Face's Conv1D, any
-    (in, out) weight) or dY^T X (dY is A, read transposed: PyTorch's (out, in) Linear). That GEMM
-    adds up the operand tiles it stages anyway (GemmSpec.colsum; attr `_colsum` = the operand,
-    output 1) instead of a column-sum pass reading dY once more. For operands read plainly (no
-    view or operand-load activation), float32, where every reader of the sums runs after the
-    GEMM. The sums keep their name (a graph output, or a gradient in its optimizer arena, stays one)."""
-    if not bias_grad_enabled():
-        return
-    users = {v: [r for r, _ in rs] for v, rs in graph.consumers().items()}
-    order = {id(n): k for k, n in enumerate(graph.nodes)}
-
-    def reads_summed(p: Node, views: set[str]) -> int | None:
-        """The operand slot of GEMM p whose stored (K, length) matrix is one of `views`, if plain."""
-        if p.op not in GEMM_OPS or p.attr("_colsum") is not None or len(p.outputs) != 1:
-            return None
-        plain = {0: p.op == "Gemm" and p.attr("transA"), 1: not (p.op == "Gemm" and p.attr("transB"))}
-        for slot in (1, 0):
-            if (len(p.inputs) > slot and p.inputs[slot] in views and plain[slot]
-                    and len(shape_of(graph, p.inputs[slot])) == 2
-                    and all(p.attr(a + "AB"[slot]) is None for a in ("_perm", "_view", "_prologue"))):
-                return slot
-        return None
-
-    for n in list(graph.nodes):
-        if n.op != "ReduceSum" or not n.inputs:
-            continue
-        v, out = n.inputs[0], n.outputs[0]
-        if v not in graph.info or out not in graph.info or np.dtype(graph.info[v].dtype) != np.float32:
-            continue
-        shape = shape_of(graph, v)
-        axes = sorted(int(a) % len(shape) for a in (n.attr("axes") or [])) if shape else []
-        if len(shape) < 2 or axes != list(range(len(shape) - 1)) or size_of(graph, out) != shape[-1]:
-            continue
-        matrix = (size_of(graph, v) // shape[-1], shape[-1])
-        views = {v} | {r.outputs[0] for r in users.get(v, [])
-                       if r.op in ALIAS_LIKE and shape_of(graph, r.outputs[0]) == matrix}
-        aliases, readers, todo = [], [], [out]   # reshapes of the sums (no kernel) move after the GEMM
-        while todo:
-            for r in users.get(todo.pop(), []):
-                (aliases if r.op in ALIAS_LIKE else readers).append(r)
-                todo += r.outputs if r.op in ALIAS_LIKE else []
-        for p in (r for w in views for r in users.get(w, [])):
-            slot = reads_summed(p, views)
-            if slot is not None and all(order[id(r)] > order[id(p)] for r in readers):
-                break
-        else:
-            continue
-        p.outputs.append(out)
-        p.attrs["_colsum"] = slot
-        for m in [n] + aliases:
-            graph.nodes.remove(m)
-        at = graph.nodes.index(p) + 1
-        graph.nodes[at:at] = sorted(aliases, key=lambda m: order[id(m)])
-        order = {id(m): k for k, m in enumerate(graph.nodes)}
-
-
 # Row kernels of mixed precision's float32 islands (autocast computes norms and softmax in f32):
 # the float16 values on their edges are read and written through halfstore.py's conversions.
 FLOAT_ISLANDS = frozenset({"LayerNormalization", "LayerNormGrad", "RMSNormalization", "RMSNormGrad",
@@ -382,7 +318,7 @@ FLOAT_ISLANDS = frozenset({"LayerNormalization", "LayerNormGrad", "RMSNormalizat
 
 def cast_fold_enabled() -> bool:
     """ANYGRAD_WGPU_CAST_FOLD=0: float Casts on the edges of the float32 islands stay kernels."""
-    return os.environ.get("ANYGRAD_WGPU_CAST_FOLD", "1") != "0"
+    return settings.get("ANYGRAD_WGPU_CAST_FOLD")
 
 
 def fold_float_casts(graph: Graph, protected: set[str]) -> None:
@@ -421,7 +357,7 @@ def fold_float_casts(graph: Graph, protected: set[str]) -> None:
 
 def prologue_enabled() -> bool:
     """ANYGRAD_WGPU_PROLOGUE=0: an activation read only by GEMMs stays a kernel of its own."""
-    return os.environ.get("ANYGRAD_WGPU_PROLOGUE", "1") != "0"
+    return settings.get("ANYGRAD_WGPU_PROLOGUE")
 
 
 def fuse_prologues(graph: Graph, protected: set[str]) -> None:
@@ -751,7 +687,7 @@ F16_ARENA_ENV = "ANYGRAD_WGPU_F16_ARENA"
 def f16_arena_enabled() -> bool:
     """ANYGRAD_WGPU_F16_ARENA=0 keeps the float16 step's per-tensor work as the graph builds it
     (the per-gradient finite check), for A/B runs; default on."""
-    return os.environ.get(F16_ARENA_ENV, "1") != "0"
+    return settings.get(F16_ARENA_ENV)
 
 
 def _alias_root(v: str, producers: dict[str, Node]) -> str:
@@ -894,7 +830,7 @@ def split_batchnorm(graph: Graph) -> None:
     two, and the BN output is stored only when something outside that kernel reads it (the
     backward reads the BN input and the ReLU output). ANYGRAD_WGPU_BN_SPLIT=0 keeps the node
     whole (A/B runs)."""
-    if os.environ.get("ANYGRAD_WGPU_BN_SPLIT", "1") == "0":
+    if not settings.get("ANYGRAD_WGPU_BN_SPLIT"):
         return
     nodes = []
     for n in graph.nodes:
@@ -996,10 +932,10 @@ def prepare(graph: Graph, caps: AdapterCaps, supports_epilogue: set[str], fuse: 
         protected = set(g.outputs) | set(g.state_updates) | claimed
         fuse_epilogues(g, protected, supports_epilogue)
         fuse_prologues(g, protected)
-        fuse_bias_grads(g)
         fold_float_casts(g, protected)
         split_batchnorm(g)
         fuse_elementwise(g, caps, protected)
         if slice_views_enabled():
             fold_concats(g, protected, caps)   # last: it gives a value several writers
+    check_graph(g.nodes)  # every private attribute the rewrites (and pins) set is declared
     return g

@@ -13,10 +13,9 @@ replace copy kernels by the operand and result layouts the GEMM kernels take
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
+from ... import settings
 from ...ir.graph import Graph, Node
 from .kernel import AdapterCaps, ops_where
 from .kernels_elementwise import literal_value
@@ -52,13 +51,13 @@ def _then(first: list[int] | None, second: list[int]) -> list[int]:
 def scale_fold_enabled() -> bool:
     """ANYGRAD_WGPU_SCALE_FOLD=0: constant scales next to MatMuls stay multiplications and the
     exporters' 3-D K^T stays Reshape, Transpose, Reshape (fold_scales, canonical_transposes)."""
-    return os.environ.get("ANYGRAD_WGPU_SCALE_FOLD", "1") != "0"
+    return settings.get("ANYGRAD_WGPU_SCALE_FOLD")
 
 
 def slice_views_enabled() -> bool:
     """ANYGRAD_WGPU_SLICE_VIEWS=0: a Slice read by MatMuls stays a copy kernel (fold_slices), and
     a Concat of MatMul results too (fold_concats)."""
-    return os.environ.get("ANYGRAD_WGPU_SLICE_VIEWS", "1") != "0"
+    return settings.get("ANYGRAD_WGPU_SLICE_VIEWS")
 
 
 def has_bias(node: Node) -> bool:

@@ -8,9 +8,19 @@ dtype) is rewritten in the shader text, the way bindpack.py rewrites packed read
   and `enable f16;` goes on top;
 - every read `var[e]` becomes `f32(var[e])` (`vec4<f32>(var[e])`): arithmetic and accumulation
   stay f32;
-- every store `var[e] = x;` becomes `var[e] = f16(x);`, a compound `var[e] += x;` becomes
-  `var[e] = f16(f32(var[e]) + (x));`, and a store into a component of a vec4 element
+- every store `var[e] = x;` becomes `var[e] = to_f16(x);`, a compound `var[e] += x;` becomes
+  `var[e] = to_f16(f32(var[e]) + (x));`, and a store into a component of a vec4 element
   `var[e][c] = x;` rounds x to f16.
+
+Every f32 -> f16 conversion a kernel emits goes through `to_half` (functions TO_HALF, TO_HALF4,
+defined once per shader by `with_conversions`). WGSL leaves the rounding of that conversion to
+the implementation ("correctly rounded" allows either neighbour) and an out-of-range value
+indeterminate; NVIDIA's Vulkan driver through Dawn rounds toward zero and gives 65504 for
+overflow, where PyTorch and numpy round to nearest even and overflow to inf (which GradScaler's
+found-inf relies on). So the plain definitions (the driver's conversion, free) are swapped for
+exact ones (IEEE round-to-nearest-even in integer arithmetic on the f32 bits, ~20 ALU
+operations an element, no branches) on a device whose conversion a probe found wrong
+(`exact_conversions`, selftest.f16_rounding_problem).
 
 So a matmul reads f16 operands and accumulates in f32, an elementwise chain reads and writes
 f16, and the value takes half the bytes (planner.value_bytes). A binding used otherwise (a
@@ -97,7 +107,7 @@ def _rewrite_accesses(text: str, var: str, store_t: str, load_t: str) -> str:
         if assign.group(1):
             old = f"f32({target})" if chain else f"{load_t}({var}[{first}])"
             rhs = f"{old} {assign.group(1)} ({rhs})"
-        out.append(f"{target} = {cast_t}({rhs})")
+        out.append(f"{target} = {to_half(rhs, cast_t != 'f16')}")
         pos = stop
 
 
@@ -117,23 +127,86 @@ def rewrite_binding(wgsl: str, var: str, elem: str) -> str | None:
     body = wgsl[:decl.start()] + "\0" + wgsl[decl.end():]  # the declaration itself is no access
     body = _rewrite_accesses(body, var, store_t, load_t)
     new_decl = decl.group(0).replace(f"array<{elem}>", f"array<{store_t}>")
-    return with_enable(body.replace("\0", new_decl, 1))
+    return with_conversions(body.replace("\0", new_decl, 1))
 
 
 def with_enable(wgsl: str) -> str:
     return wgsl if re.search(r"^\s*enable\s+f16\s*;", wgsl, re.MULTILINE) else ENABLE + wgsl
 
 
-def _convert_kernel(name: str, src: str, dst: str, n: int, to_half: bool) -> Kernel:
-    src_t, dst_t = ("f32", "f16") if to_half else ("f16", "f32")
-    wgsl = (f"{ENABLE}@group(0) @binding(0) var<storage, read> src: array<{src_t}>;\n"
+# -- f32 -> f16 conversions -------------------------------------------------------------------
+TO_HALF, TO_HALF4 = "anygrad_to_f16", "anygrad_to_f16x4"
+# parameter names no kernel uses: passes that rename a kernel's variables (merge_bindings) leave them
+_PLAIN = (f"fn {TO_HALF}(anygrad_x: f32) -> f16 {{ return f16(anygrad_x); }}\n"
+          f"fn {TO_HALF4}(anygrad_x: vec4<f32>) -> vec4<f16> {{ return vec4<f16>(anygrad_x); }}\n")
+
+
+def to_half(expr: str, vec4: bool = False) -> str:
+    """WGSL converting the f32 (vec4<f32>) `expr` to f16 (vec4<f16>); the shader needs
+    with_conversions for the function's definition."""
+    return f"{TO_HALF4 if vec4 else TO_HALF}({expr})"
+
+
+def with_conversions(wgsl: str) -> str:
+    """`enable f16;` and the (plain) conversion functions, where the shader calls them."""
+    if (f"{TO_HALF}(" in wgsl or f"{TO_HALF4}(" in wgsl) and f"fn {TO_HALF}(" not in wgsl:
+        wgsl = wgsl + "\n" + _PLAIN
+    return with_enable(wgsl)
+
+
+def _exact_bits(t: str) -> str:
+    """Statements turning `a` (|x|'s f32 bits, of u32 type t: u32 or vec4<u32>) into `h`, the bits
+    of the f16 nearest to |x| (ties to even): 0x7c00 from 65520 on, NaN kept a quiet NaN.
+    The bits become the f16 through unpack2x16float and an f32 -> f16 conversion of a value that
+    f16 holds exactly (inf and NaN included), which no rounding mode changes (naga has no
+    bitcast from u32 to vec2<f16>)."""
+    def k(v: str) -> str:
+        return v if t == "u32" else f"{t}({v})"
+    return f"""  let e = a >> {k('23u')};
+  // f16 normals (|x| >= 2^-14): the exponent rebiased (127 -> 15), 13 bits dropped, to nearest even
+  let n = (a - {k('0x38000000u')} + {k('0xfffu')} + ((a >> {k('13u')}) & {k('1u')})) >> {k('13u')};
+  // f16 subnormals: the 24-bit significand shifted right by 126 - exponent (at most 25: zero)
+  let sh = min({k('126u')} - min(e, {k('125u')}), {k('25u')});
+  let m = (a & {k('0x7fffffu')}) | {k('0x800000u')};
+  let q = m >> sh;
+  let rem = m & ((({k('1u')}) << sh) - {k('1u')});
+  let halfway = {k('1u')} << (sh - {k('1u')});
+  let up = (rem > halfway) | ((rem == halfway) & ((q & {k('1u')}) == {k('1u')}));
+  var h = select(q, q + {k('1u')}, up);
+  h = select(h, n, a >= {k('0x38800000u')});
+  h = select(h, {k('0x7c00u')}, a >= {k('0x477ff000u')});
+  h = select(h, {k('0x7e00u')} | ((a >> {k('13u')}) & {k('0x3ffu')}), a > {k('0x7f800000u')});"""
+
+
+_EXACT = (f"fn {TO_HALF}(anygrad_x: f32) -> f16 {{\n  let b = bitcast<u32>(anygrad_x);\n  let a = b & 0x7fffffffu;\n"
+          f"{_exact_bits('u32')}\n  return f16(unpack2x16float(h | ((b >> 16u) & 0x8000u)).x);\n}}\n"
+          f"fn {TO_HALF4}(anygrad_x: vec4<f32>) -> vec4<f16> {{\n  let b = bitcast<vec4<u32>>(anygrad_x);\n"
+          f"  let a = b & vec4<u32>(0x7fffffffu);\n{_exact_bits('vec4<u32>')}\n"
+          "  let w = h | ((b >> vec4<u32>(16u)) & vec4<u32>(0x8000u));\n"
+          "  return vec4<f16>(vec4<f32>(unpack2x16float(w.x | (w.y << 16u)), unpack2x16float(w.z | (w.w << 16u))));\n}\n")
+
+
+def plain_conversions(wgsl: str) -> bool:
+    """Whether the shader has the plain conversion functions (which exact_conversions replaces)."""
+    return _PLAIN in wgsl
+
+
+def exact_conversions(wgsl: str) -> str:
+    """The shader with its conversion functions (with_conversions) rounding to nearest even in
+    integer arithmetic, whatever the driver's own f32 -> f16 conversion does."""
+    return wgsl.replace(_PLAIN, _EXACT) if _PLAIN in wgsl else wgsl
+
+
+def _convert_kernel(name: str, src: str, dst: str, n: int, to_f16: bool) -> Kernel:
+    src_t, dst_t = ("f32", "f16") if to_f16 else ("f16", "f32")
+    wgsl = with_conversions(f"@group(0) @binding(0) var<storage, read> src: array<{src_t}>;\n"
             f"@group(0) @binding(1) var<storage, read_write> dst: array<{dst_t}>;\n"
             "@compute @workgroup_size(256)\n"
             "fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {\n"
             "  let i = gid.x + gid.y * (nwg.x * 256u);\n"
             f"  if (i >= {n}u) {{ return; }}\n"
-            f"  dst[i] = {dst_t}(src[i]);\n}}\n")
-    return Kernel(f"{name}:{'to_f16' if to_half else 'to_f32'}", wgsl, grid(n), (src,), (dst,))
+            f"  dst[i] = {to_half('src[i]') if to_f16 else 'f32(src[i])'};\n}}\n")
+    return Kernel(f"{name}:{'to_f16' if to_f16 else 'to_f32'}", wgsl, grid(n), (src,), (dst,))
 
 
 def is_half(graph: Graph, name: str) -> bool:
@@ -174,14 +247,15 @@ def half_kernels(kern: Kernel, is_half: Callable[[str], bool], elements: Callabl
         copy = f"@f32:{value}:{k}"
         scratch.append(Scratch(copy, n, "f32"))
         if k < len(reads):
-            before.append(_convert_kernel(kern.name, value, copy, n, to_half=False))
+            before.append(_convert_kernel(kern.name, value, copy, n, to_f16=False))
             reads[k] = copy
         else:
-            after.append(_convert_kernel(kern.name, copy, value, n, to_half=True))
+            after.append(_convert_kernel(kern.name, copy, value, n, to_f16=True))
             writes[k - len(reads)] = copy
     fitted = replace(kern, wgsl=wgsl, reads=tuple(reads), writes=tuple(writes), scratch=tuple(scratch),
                      inplace=tuple(v for v in kern.inplace if v in reads))
     return before + [fitted] + after
 
 
-__all__ = ["half_kernels", "rewrite_binding", "with_enable"]
+__all__ = ["TO_HALF", "TO_HALF4", "exact_conversions", "half_kernels", "plain_conversions", "rewrite_binding",
+           "to_half", "with_conversions", "with_enable"]

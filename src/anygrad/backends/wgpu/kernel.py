@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ...ir.graph import Graph, Node
 
@@ -64,6 +65,9 @@ class AdapterCaps:
     memory_budget: int | None = None    # bytes one step may hold on the device (a limits profile's)
     memory_budget_set: bool = False     # the budget is the user's (--memory-budget), not the profile's
     limits_profile: str = ""            # the limits.PROFILES entry the device was created under
+    # adapters.AdapterFacts of the device (implementation, subgroup sizes, subgroup-matrix configs
+    # its device enabled): matrix_units.units_of reads it; None: ALU kernels only
+    adapter_facts: Any = None
 
 
 Lowering = Callable[[Node, Graph, AdapterCaps], list[Kernel]]

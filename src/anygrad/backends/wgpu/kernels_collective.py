@@ -1,10 +1,10 @@
 """AllReduceSum (ops/collective.py) on wgpu: a host step inside the compiled step.
 
-The lowering is one copy kernel named "host:AllReduceSum:<mode>". Alone (no data-parallel reducer
-on this thread) the executor dispatches it like any kernel: the sum over one replica is the value.
-With a reducer (DataParallel with --sync-batchnorm) the executor ends the compute pass before it,
-reads its input back, lets the reducer meet the other replicas on the host, writes the result
-where the kernel would have, and goes on with the rest of the step (runtime._encode_dispatches).
+The lowering is one copy kernel named "host:AllReduceSum:<mode>". Alone (a run without an
+Exchange.reduce) the executor dispatches it like any kernel: the sum over one replica is the value.
+With one (DataParallel with --sync-batchnorm) the executor ends the compute pass before it, reads
+its input back, lets the reducer meet the other replicas on the host, writes the result where the
+kernel would have, and goes on with the rest of the step (runtime._encode_dispatches).
 """
 from __future__ import annotations
 

@@ -18,10 +18,10 @@ strides, dilations, ceil_mode: ir/passes.resolve_attributes), the layout the num
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ... import settings
 from ...errors import UnsupportedOpError
 from ...ir.graph import Graph, Node
 from ...ops.nn import Window
@@ -502,7 +502,7 @@ def _gather_scalar(g: Geo, dy: str, arg: str, dx: str, sc: tuple[Scratch, ...]) 
 # results leave in one vec4 store. Each lane keeps the scalar kernel's order (taps row-major for the
 # maximum and the first maximum, windows in the scalar gather's order for the sums), so the bits
 # match it. ANYGRAD_WGPU_POOL_VEC=0 keeps one element an invocation; read at lowering time, and the
-# plan cache's key holds every ANYGRAD_WGPU_* variable (pipeline_cache.plan_key).
+# plan cache's key holds every tuning setting (pipeline_cache.plan_key).
 POOL_VEC_ENV = "ANYGRAD_WGPU_POOL_VEC"
 LANES = 4
 MAX_SPAN = 32   # input columns under four neighbouring windows that one invocation holds at most
@@ -519,7 +519,7 @@ def _lanes_fit(width: int, total: int, span: int = 1) -> bool:
     straddle rows (width % 4 == 0), something to store (a vec4 binding of an empty value's
     placeholder fails validation), a span its registers hold, and not ANYGRAD_WGPU_POOL_VEC=0."""
     return (width % LANES == 0 and total > 0 and span <= MAX_SPAN
-            and os.environ.get(POOL_VEC_ENV, "1").strip() != "0")
+            and settings.get(POOL_VEC_ENV))
 
 
 def _lane_taps(g: Geo, tap: Callable[[int, int], str]) -> str:

@@ -8,12 +8,12 @@ something outside the group needs. A lone elementwise node is a group of one.
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ... import settings
 from ...ir.graph import Graph, Node
 from .kernel import AdapterCaps, Kernel, OpLowering, lowering, register
 from .wgsl import WG, bindings, broadcast_index, flat_id, grid, literal, shader, shape_of, size_of, vtype
@@ -394,7 +394,7 @@ _COMPONENTS = "xyzw"
 def vec_enabled() -> bool:
     """ANYGRAD_WGPU_EW_VEC=0 keeps one element per invocation, in the elementwise kernels and the
     copies (kernels_shape.affine_copy), for A/B runs on a real GPU."""
-    return os.environ.get("ANYGRAD_WGPU_EW_VEC", "1") != "0"
+    return settings.get("ANYGRAD_WGPU_EW_VEC")
 
 
 def _vec_loads(graph: Graph, inputs: list[str], raw: set[str], out_shape: tuple[int, ...], bound: int,

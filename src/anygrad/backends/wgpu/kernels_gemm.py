@@ -20,16 +20,17 @@ small reduce kernel adds them and applies the epilogue.
 from __future__ import annotations
 
 import math
-import os
 import re
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ... import settings
 from ...errors import ShapeError
 from ...ir.graph import Graph, Node
-from .halfstore import with_enable
-from .kernel import LOWERINGS, AdapterCaps, Kernel, Scratch, lowering
+from . import matrix_units
+from .halfstore import to_half, with_conversions
+from .kernel import AdapterCaps, Kernel, Scratch, lowering
 from .kernels_elementwise import EW, Emit, Val
 from .wgsl import literal, vtype
 
@@ -132,12 +133,6 @@ class GemmSpec:
     out: Output
     reads: tuple[Binding, ...]      # A, B, bias buffers..., in binding order
     write: Binding
-    # An operand's sums over K written here too (a bias gradient beside its weight gradient:
-    # fusion.fuse_bias_grads): op(A)'s M row sums (colsum_of 0) or B's N column sums (1). The
-    # shared variant adds up the tiles it stages; the lowering adds a column-sum kernel where the
-    # chosen kernels do not (_with_column_sums)
-    colsum: Binding | None = None
-    colsum_of: int = 1
 
 
 @dataclass(frozen=True)
@@ -321,7 +316,7 @@ def _act_fn(name: str, apply: tuple, helpers: dict[str, str] | None, half: bool 
 def _rounded(expr: str, half: bool) -> str:
     """expr (f32) rounded to float16 and back when `half`: a float16 value of the graph, held in a
     register instead of stored (the shader enables f16: halfstore.py does for its f16 bindings)."""
-    return f"f32(f16({expr}))" if half else expr
+    return f"f32({to_half(expr)})" if half else expr
 
 
 def _activation(out: Output, helpers: dict[str, str] | None = None) -> tuple[str, str, str]:
@@ -440,25 +435,34 @@ def _sw(on: bool, k: str) -> str:
     at 14-22 TFLOP/s, 23-31 swizzled). ((k >> 2) ^ k) & 7 gives any 8 consecutive rows distinct
     groups of banks; it permutes vec4s within aligned groups of 8, so the tile's rows must be
     whole groups (a multiple of 32 floats)."""
-    return f" ^ ((({k}) >> 2u ^ ({k})) & 7u)" if on else ""
+    return f" ^ (((({k}) >> 2u) ^ ({k})) & 7u)" if on else ""
+
+
+def _swizzled(index: str, on: bool, k: str) -> str:
+    """`index` XOR-permuted at K offset `k` (_sw), parenthesised whole: WGSL's grammar takes only
+    unary operands beside `^` (Tint refuses `a / 4u ^ b` and `a + b ^ c`, which naga accepts)."""
+    return f"(({index}){_sw(on, k)})" if on else f"({index})"
 
 
 # Workgroup tiles as arrays of rows (As[k][m]) rather than one flat array (As[k * BM4 + m]): naga
 # clamps every dynamic index into a workgroup array (wgpu's Vulkan backend lowers WGSL with the
 # Restrict bounds-check policy), and a flat index is clamped whole at every load, where a row's
 # constant index needs no clamp and the clamped column (lid + a constant) is the same in every
-# K step. ANYGRAD_WGPU_GEMM_2D=0 keeps the flat arrays.
-TILE_2D = os.environ.get("ANYGRAD_WGPU_GEMM_2D", "1") != "0"
+# K step. ANYGRAD_WGPU_GEMM_2D=0 keeps the flat arrays (read when a kernel is generated).
+def _tile_2d() -> bool:
+    return settings.get("ANYGRAD_WGPU_GEMM_2D")
+
+
 F16_MATH_ENV = "ANYGRAD_F16_MATH"  # auto | 1 | 0: half_math
 
 
 def _at(arr: str, row: str, width: int, col: str) -> str:
     """Element (row, col) of a workgroup tile of rows `width` vec4s long."""
-    return f"{arr}[{row}][{col}]" if TILE_2D else f"{arr}[({row}) * {u(width)} + {col}]"
+    return f"{arr}[{row}][{col}]" if _tile_2d() else f"{arr}[({row}) * {u(width)} + {col}]"
 
 
 def _tile_decl(arr: str, rows: int, width: int, halves: int = 1, elem: str = "f32") -> str:
-    if not TILE_2D:
+    if not _tile_2d():
         return f"var<workgroup> {arr}: array<vec4<{elem}>, {halves * rows * width}>;"
     t = f"array<array<vec4<{elem}>, {width}>, {rows}>"
     return f"var<workgroup> {arr}: {t if halves == 1 else f'array<{t}, {halves}>'};"
@@ -487,7 +491,7 @@ def _stages(spec: GemmSpec, t: Tiling, va: bool, vb: bool) -> tuple[_Stage, _Sta
                  else f"let mm = l % {u(bm)}; let kk = l / {u(bm)};")
         sw = t.swizzle and a_fast == 1 and bm % 32 == 0
         a = _Stage(bm * kt, (a_map,), f"a_el(bt, mb * {u(bm)} + mm, k0 + kk)", "f32",
-                   (f"{_at('As', 'kk', bm4, '(mm / 4u' + _sw(sw, 'kk') + ')')}[mm % 4u] = v;",), sw)
+                   (f"{_at('As', 'kk', bm4, _swizzled('mm / 4u', sw, 'kk'))}[mm % 4u] = v;",), sw)
     if vb and spec.b.contig == 1:       # vec4 along n
         b = _Stage(bn4 * kt, (f"let nq = l % {u(bn4)}; let kk = l / {u(bn4)};",),
                    f"b_v(bt, k0 + kk, nb * {u(bn)} + nq * 4u)", "vec4<f32>",
@@ -507,7 +511,7 @@ def _stages(spec: GemmSpec, t: Tiling, va: bool, vb: bool) -> tuple[_Stage, _Sta
             load = f"b_elh(bt, k0 + kk, nb * {u(bn)} + nn, {', '.join(spec.b.hoisted)})"
             hoist = (f"let c = nb * {u(bn)} + tid % {u(bn)};", spec.b.hoist)
         b = _Stage(bn * kt, (b_map,), load, "f32",
-                   (f"{_at('Bs', 'kk', bn4, '(nn / 4u' + _sw(sw, 'kk') + ')')}[nn % 4u] = v;",), sw, hoist)
+                   (f"{_at('Bs', 'kk', bn4, _swizzled('nn / 4u', sw, 'kk'))}[nn % 4u] = v;",), sw, hoist)
     return a, b
 
 
@@ -536,41 +540,25 @@ def _shared_body(spec: GemmSpec, t: Tiling, va: bool, vb: bool, unroll: bool) ->
     acc = "h" if t.half else "acc"
     blocks = [(4 * ib + q, j) for ib in range(t.tm // 4) for q in range(4) for j in range(t.tn // 4)]
     fmas = [f"  {acc}{i}_{j} = fma(vec4<{elem}>(av{i // 4}[{i % 4}]), bv{j}, {acc}{i}_{j});" for i, j in blocks]
-    sums = _sums_columns(spec, t)
-    sums_decl = f"\nvar<workgroup> CSW: array<vec4<f32>, {_sum_width(spec, t)}>;" if sums else ""
     # half: the K tile's f16 partial sums go into the f32 accumulators once per tile
     flush = [f"acc{i}_{j} = acc{i}_{j} + vec4<f32>(h{i}_{j}); h{i}_{j} = vec4<f16>(0.0h);"
              for i, j in blocks] if t.half else []
-
-    def tile_sums() -> list[str]:
-        """The staged K tile of the summed operand added up, after the multiply and apart from it
-        (in its unrolled loop, a branch cost every workgroup 3-70% on an H200): by the first row
-        of invocations of the first row (B) or column (op(A)) of tiles, each its own vec4s."""
-        if not sums:
-            return []
-        arr, width, sw = ("As", bm4, sa) if spec.colsum_of == 0 else ("Bs", bn4, sb)
-        lines = ["if (cs_on) {", f"  for (var kk = 0u; kk < {u(kt)}; kk = kk + 1u) {{"]
-        for r in range(_sum_regs(spec, t)):
-            at = _at(arr, "kk", width, f"({u(r * t.wx)} + lid.x{_sw(sw, 'kk')})")
-            lines.append(f"    if ({u(r * t.wx)} + lid.x < {u(width)}) {{ CSW[{u(r * t.wx)} + lid.x] = "
-                         f"CSW[{u(r * t.wx)} + lid.x] + vec4<f32>({at}); }}")
-        return lines + ["  }", "}"]
     if unroll:   # constant tile offsets, loads scheduled ahead of the FMAs
         compute = []
         for kk in range(kt):
-            compute += (["{"] + [f"  let av{ib} = {_at('As', u(kk), bm4, f'({u(ib * t.wy)} + lid.y{_sw(sa, u(kk))})')};"
+            compute += (["{"] + [f"  let av{ib} = {_at('As', u(kk), bm4, _swizzled(f'{u(ib * t.wy)} + lid.y', sa, u(kk)))};"
                                  for ib in range(t.tm // 4)]
-                        + [f"  let bv{j} = {_at('Bs', u(kk), bn4, f'({u(j * t.wx)} + lid.x{_sw(sb, u(kk))})')};"
+                        + [f"  let bv{j} = {_at('Bs', u(kk), bn4, _swizzled(f'{u(j * t.wx)} + lid.x', sb, u(kk)))};"
                            for j in range(t.tn // 4)]
                         + fmas + ["}"])
-        compute += flush + tile_sums()
+        compute += flush
     else:
         step = t.unroll if kt % t.unroll == 0 else 1
 
         def k_step(kk: str) -> list[str]:
-            return ([f"  let av{ib} = {_at('As', kk, bm4, f'({u(ib * t.wy)} + lid.y{_sw(sa, kk)})')};"
+            return ([f"  let av{ib} = {_at('As', kk, bm4, _swizzled(f'{u(ib * t.wy)} + lid.y', sa, kk))};"
                      for ib in range(t.tm // 4)]
-                    + [f"  let bv{j} = {_at('Bs', kk, bn4, f'({u(j * t.wx)} + lid.x{_sw(sb, kk)})')};"
+                    + [f"  let bv{j} = {_at('Bs', kk, bn4, _swizzled(f'{u(j * t.wx)} + lid.x', sb, kk))};"
                        for j in range(t.tn // 4)] + fmas)
         if step == 1:
             compute = [f"for (var kk = 0u; kk < {u(kt)}; kk = kk + 1u) {{"] + k_step("kk") + ["}"]
@@ -579,16 +567,9 @@ def _shared_body(spec: GemmSpec, t: Tiling, va: bool, vb: bool, unroll: bool) ->
             for d in range(step):
                 compute += ["{"] + k_step(f"(k0s + {u(d)})") + ["}"]
             compute += ["}"]
-        compute += flush + tile_sums()
+        compute += flush
     head = [f"  let tid = lid.x + lid.y * {u(t.wx)};"] + [f"  {ln}" for st in stages for ln in st.hoist]
     head += [f"  var h{i}_{j} = vec4<f16>(0.0h);" for i, j in blocks] if t.half else []
-    if sums:
-        head += [f"  let cs_on = {'nb' if spec.colsum_of == 0 else 'mb'} == 0u && lid.y == 0u;"]
-        # in workgroup memory, each invocation its own vec4s: registers held over the K loop cost
-        # the multiply its occupancy (+3-70% on an H200 with the sums as vec4 registers)
-        head += [f"  if (cs_on && {u(r * t.wx)} + lid.x < {u(_sum_width(spec, t))}) "
-                 f"{{ CSW[{u(r * t.wx)} + lid.x] = vec4<f32>(0.0); }}" for r in range(_sum_regs(spec, t))]
-        decl += sums_decl
     unrolled = all(_unrolls(st, nt) for st in stages)
     if not (t.prefetch and unrolled):
         copy = []
@@ -607,7 +588,7 @@ def _shared_body(spec: GemmSpec, t: Tiling, va: bool, vb: bool, unroll: bool) ->
                 + ["    " + ln for ln in compute] + ["    workgroupBarrier();", "  }"])
         return decl, body
     if t.double:
-        decl = _tile_decl("As", kt, bm4, 2, elem) + "\n" + _tile_decl("Bs", kt, bn4, 2, elem) + sums_decl
+        decl = _tile_decl("As", kt, bm4, 2, elem) + "\n" + _tile_decl("Bs", kt, bn4, 2, elem)
     regs, fetch, put = [], [], []
     for name, st in zip("ab", stages):
         for i in range(st.count // nt):
@@ -621,7 +602,7 @@ def _shared_body(spec: GemmSpec, t: Tiling, va: bool, vb: bool, unroll: bool) ->
         # tile i is multiplied out of half i % 2 while tile i + 1 is stored into the other half:
         # the barrier ending step i - 1 (everyone done reading that half) comes before the store
         def half(lines: list[str], which: str) -> list[str]:
-            if TILE_2D:
+            if _tile_2d():
                 return [ln.replace("As[", f"As[{which}][").replace("Bs[", f"Bs[{which}][") for ln in lines]
             return [ln.replace("As[", f"As[{which} * {u(kt * bm4)} + ").replace("Bs[", f"Bs[{which} * {u(kt * bn4)} + ")
                     for ln in lines]
@@ -664,30 +645,6 @@ def _tile_order(nN: int, nM: int) -> list[str]:
             "  let nb = tr / gm;"]
 
 
-def _sums_columns(spec: GemmSpec, t: Tiling) -> bool:
-    """Whether this tiling's kernel also sums an operand over K (GemmSpec.colsum)."""
-    return spec.colsum is not None and spec.batch == 1 and t.variant == "shared"
-
-
-def _sum_width(spec: GemmSpec, t: Tiling) -> int:
-    """vec4s of the sums a tile holds: BM/4 (op(A)'s rows) or BN/4 (B's columns)."""
-    return (t.bm if spec.colsum_of == 0 else t.bn) // 4
-
-
-def _sum_regs(spec: GemmSpec, t: Tiling) -> int:
-    """vec4s of the sums per invocation of the first row (lid.x, lid.x + WX, ...)."""
-    return -(-_sum_width(spec, t) // t.wx)
-
-
-def _colsum_length(spec: GemmSpec) -> int:
-    return spec.M if spec.colsum_of == 0 else spec.N
-
-
-def _colsum_target(spec: GemmSpec, splits: int) -> Binding:
-    """Where the GEMM kernel writes the operand's sums: the result, or with K split, a partial per split."""
-    return spec.colsum if splits == 1 else Binding(f"{spec.colsum.value}__splitk", "CS")
-
-
 def gemm_wgsl(spec: GemmSpec, t: Tiling, caps: AdapterCaps, splits: int = 1, ksplit: int = 0,
               out: Output | None = None, write: Binding | None = None, with_bias: bool = True) -> tuple[str, tuple]:
     """(shader, grid, read values) of one GEMM kernel; with splits > 1, problem `s` of the grid
@@ -708,9 +665,6 @@ def gemm_wgsl(spec: GemmSpec, t: Tiling, caps: AdapterCaps, splits: int = 1, ksp
         ksplit = math.ceil(K / kstep) * kstep
     decls = [_decl(i, b, "read") for i, b in enumerate(reads)]
     decls.append(_decl(len(reads), replace(write, vec4=out.contig), "read_write"))
-    sums = _sums_columns(spec, t)
-    if sums:  # the sums themselves, or this split's partial sums (_split_pair)
-        decls.append(_decl(len(reads) + 1, _colsum_target(spec, splits), "read_write"))
     nj = t.tn // 4
     accs = [f"  var acc{i}_{j} = vec4<f32>(0.0);" for i in range(t.tm) for j in range(nj)]
     head = [
@@ -743,14 +697,6 @@ def gemm_wgsl(spec: GemmSpec, t: Tiling, caps: AdapterCaps, splits: int = 1, ksp
                   for ib in range(t.tm // 4) for q in range(4) for j in range(nj)]
     else:
         stores = [f"  st4(bt, s, m0 + {i}u, n0 + {4 * j}u, acc{i}_{j});" for i in range(t.tm) for j in range(nj)]
-    if sums:   # invocation lid.x of the first row holds vec4s lid.x + j WX of its tile's row (column) sums
-        n, tile, tile0 = (M, t.bm, "mb") if spec.colsum_of == 0 else (N, t.bn, "nb")
-        count = _sum_regs(spec, t)
-        at = "c" if splits == 1 else f"s * {u(n)} + c"
-        stores += ["  if (cs_on) {"] + [
-            f"    {{ let c = {tile0} * {u(tile)} + lid.x * 4u + {u(j * t.wx * 4 + q)}; "
-            f"if (c < {u(n)}) {{ CS[{at}] = CSW[{u(j * t.wx)} + lid.x][{q}]; }} }}" for j in range(count)
-            for q in range(4)] + ["  }"]
     helpers: dict[str, str] = {}
     loaders = [_loader("a", spec.a, reads[0].vec4, helpers), _loader("b", spec.b, reads[1].vec4, helpers),
                _epi_fn(out, with_bias, helpers)]
@@ -793,11 +739,8 @@ def choose_splits(spec: GemmSpec, t: Tiling, caps: AdapterCaps, want: int | None
     return (splits, ksplit) if splits > 1 else (1, 0)
 
 
-def _reduce_wgsl(spec: GemmSpec, scratch: Binding, splits: int, caps: AdapterCaps,
-                 colsum: Binding | None = None) -> tuple[str, tuple]:
-    """Sum the K-split partials and apply alpha, bias and the epilogue; with `colsum` (the
-    splits' partial sums of an operand, GemmSpec.colsum), the first M (N) invocations also
-    finish those.
+def _reduce_wgsl(spec: GemmSpec, scratch: Binding, splits: int, caps: AdapterCaps) -> tuple[str, tuple]:
+    """Sum the K-split partials and apply alpha, bias and the epilogue.
 
     Few splits: one invocation per output sums them serially. Many splits (tiny outputs reduced
     over a long K): one workgroup per output, a strided sum per invocation, then a tree."""
@@ -806,12 +749,10 @@ def _reduce_wgsl(spec: GemmSpec, scratch: Binding, splits: int, caps: AdapterCap
     wg = 64
     tree = splits >= 64 and not caps.is_cpu
     grid = fold_grid(total if tree else math.ceil(total / wg), caps)
-    reads = [scratch] + list(spec.reads[2:]) + ([colsum] if colsum is not None else [])
+    reads = [scratch] + list(spec.reads[2:])
     out = spec.out
     decls = [_decl(i, b, "read") for i, b in enumerate(reads)]
     decls.append(_decl(len(reads), replace(spec.write, vec4=False), "read_write"))
-    if colsum is not None:
-        decls.append(_decl(len(reads) + 1, spec.colsum, "read_write"))
     if tree:
         head = [f"var<workgroup> part: array<f32, {wg}>;",
                 f"@compute @workgroup_size({wg}, 1, 1)",
@@ -845,15 +786,8 @@ def _reduce_wgsl(spec: GemmSpec, scratch: Binding, splits: int, caps: AdapterCap
         f"  let c = i % {u(N)};", f"  let r = (i / {u(N)}) % {u(M)};", f"  let bt = i / {u(M * N)};",
         "  let s = 0u;",
         f"  {out.prelude}",
-        f"  {spec.write.var}[{out.index}] = epi(bt, r, c, acc);"]
-    if colsum is not None:  # in split order, as the partials of the result
-        n = _colsum_length(spec)
-        lines += [f"  if (i < {u(n)}) {{",
-                  "    var t = 0.0;",
-                  f"    for (var p = 0u; p < {u(splits)}; p = p + 1u) {{ t = t + {colsum.var}[p * {u(n)} + i]; }}",
-                  f"    {spec.colsum.var}[i] = t;",
-                  "  }"]
-    lines += ["}"]
+        f"  {spec.write.var}[{out.index}] = epi(bt, r, c, acc);",
+        "}"]
     return "\n".join(lines) + "\n", grid, tuple(b.value for b in reads)
 
 
@@ -973,25 +907,16 @@ def dot_kernels(spec: GemmSpec, caps: AdapterCaps, want_splits: int | None = Non
                                                  with_bias=False))
 
 
-def _split_pair(spec: GemmSpec, caps: AdapterCaps, splits: int, tile: str, partial,
-                sums: bool = False) -> list[Kernel]:
-    """A K-split kernel writing partial sums into a Scratch, and the reduce that finishes them;
-    `sums`: the split kernel also writes partial sums of an operand (GemmSpec.colsum), which the
-    reduce finishes."""
+def _split_pair(spec: GemmSpec, caps: AdapterCaps, splits: int, tile: str, partial) -> list[Kernel]:
+    """A K-split kernel writing partial sums into a Scratch, and the reduce that finishes them."""
     sname = f"{spec.write.value}__splitk"
     scratch = (Scratch(sname, splits * spec.batch * spec.M * spec.N),)
     part = Output("P", f"((s * {u(spec.batch)} + bt) * {u(spec.M)} + r) * {u(spec.N)} + c",
                   contig=spec.N % 4 == 0)
     wgsl, grid, reads = partial(part, Binding(sname, "P"))
-    cs = _colsum_target(spec, splits) if sums else None
-    outs, red_outs = (sname,), (spec.write.value,)
-    if cs is not None:
-        scratch += (Scratch(cs.value, splits * _colsum_length(spec)),)
-        outs, red_outs = outs + (cs.value,), red_outs + (spec.colsum.value,)
-    red, rgrid, rreads = _reduce_wgsl(spec, Binding(sname, "P"), splits, caps,
-                                      replace(cs, var="CSP") if cs is not None else None)
-    return [Kernel(f"{spec.name}[{tile} splitK {splits}]", wgsl, grid, reads, outs, scratch=scratch),
-            Kernel(f"{spec.name}[splitK reduce]", red, rgrid, rreads, red_outs)]
+    red, rgrid, rreads = _reduce_wgsl(spec, Binding(sname, "P"), splits, caps)
+    return [Kernel(f"{spec.name}[{tile} splitK {splits}]", wgsl, grid, reads, (sname,), scratch=scratch),
+            Kernel(f"{spec.name}[splitK reduce]", red, rgrid, rreads, (spec.write.value,))]
 
 
 _SPLIT_NAME = re.compile(r" splitK (\d+)\]$")
@@ -1010,15 +935,23 @@ def gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None = None,
                  allow_split: bool = True, block: int | None = None, kt: int | None = None,
                  prefetch: int | None = None, layout: str | None = None,
                  threads: int | None = None, unroll: int | None = None, tn: int | None = None,
-                 splits: int | None = None, half: bool = False) -> list[Kernel]:
+                 splits: int | None = None, half: bool = False, operands: str | None = None) -> list[Kernel]:
     """The kernel list for one GEMM-shaped op: one GEMM, or a split-K GEMM + reduce. The first
     kernel carries the GEMM's FLOPs (profiles report rates, the autotuner skips small GEMMs).
     half: f16 products summed in f16 within each K tile (Tiling.half; only with float16 operands,
-    shared variant: half_math decides)."""
-    kernels = _gemm_kernels(spec, caps, variant, allow_split, block, kt, prefetch, layout, threads, unroll, tn,
-                            splits, half)
+    shared variant: half_math decides). operands: the WGSL type both operands hold (f16 | f32,
+    None when they differ): variant "mma" (matrix units, kernels_mma.py) needs a config for it."""
+    if variant == "mma" or (variant is None and block is None and not (allow_split and use_dot(spec, caps))
+                            and matrix_units.by_default(spec.M, spec.N, spec.K, spec.batch, caps, operands)):
+        if operands is None:
+            raise ValueError(f"{spec.name}: matrix units need both operands of one type")
+        from .kernels_mma import mma_kernels  # it builds on this module's loaders and stores
+        kernels = mma_kernels(spec, caps, operands, allow_split, block, kt, threads, splits)
+    else:
+        kernels = _gemm_kernels(spec, caps, variant, allow_split, block, kt, prefetch, layout, threads, unroll, tn,
+                                splits, half)
     if spec.out.rounds or spec.a.apply_half or spec.b.apply_half:  # f16 values held in registers (_rounded)
-        kernels = [replace(k, wgsl=with_enable(k.wgsl)) if "f16(" in k.wgsl else k for k in kernels]
+        kernels = [replace(k, wgsl=with_conversions(k.wgsl)) if "f16(" in k.wgsl else k for k in kernels]
     flops = 2 * spec.batch * spec.M * spec.N * spec.K
     return [replace(kernels[0], flops=flops)] + kernels[1:]
 
@@ -1034,7 +967,7 @@ def _gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None, allow_
                   tn: int | None = None, want_splits: int | None = None, half: bool = False) -> list[Kernel]:
     if variant == "dot" or (variant is None and block is None and allow_split and use_dot(spec, caps)):
         return dot_kernels(spec, caps, want_splits)
-    lay = set((layout if layout is not None else os.environ.get("ANYGRAD_WGPU_GEMM_LAYOUT", "")).split(","))
+    lay = set((layout or "").split(","))
     t = choose_tiling(spec.M, spec.N, spec.K, caps, variant, block, kt, spec.batch, allow_split, threads, tn)
     if t.variant == "shared":
         # prefetching sped up every plain GEMM measured (H100: +3-21%) but half the implicit-GEMM
@@ -1046,21 +979,16 @@ def _gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None, allow_
                              "workgroup storage")
         t = replace(t, swizzle=not {"plain", "noswizzle"} & lay, hoist=not {"plain", "nohoist"} & lay,
                     unroll=unroll or 1, half=half)
-        tiles = (2 if t.double else 1) * (t.bm + t.bn) * t.kt * (2 if t.half else 4)
-        if spec.colsum is not None and tiles + 16 * _sum_width(spec, t) > caps.max_workgroup_storage:
-            spec = replace(spec, colsum=None)  # no room for the sums: the lowering's column-sum kernel
     splits, ksplit = choose_splits(spec, t, caps, want_splits) if allow_split else (1, 0)
     tile = f"{t.variant} {t.bm}x{t.bn}" + (f"k{t.kt}" + ("p" if t.prefetch else "") + ("d" if t.double else "")
                                            + (f"u{t.unroll}" if t.unroll > 1 else "") + ("h" if t.half else "")
                                            if t.variant == "shared" else "")
-    sums = _sums_columns(spec, t)
     if splits == 1:
         wgsl, grid, reads = gemm_wgsl(spec, t, caps)
-        return [Kernel(f"{spec.name}[{tile}]", wgsl, grid, reads,
-                       (spec.write.value,) + ((spec.colsum.value,) if sums else ()))]
+        return [Kernel(f"{spec.name}[{tile}]", wgsl, grid, reads, (spec.write.value,))]
     return _split_pair(spec, caps, splits, tile,
                        lambda part, sb: gemm_wgsl(spec, t, caps, splits, ksplit, out=part, write=sb,
-                                                  with_bias=False), sums)
+                                                  with_bias=False))
 
 
 # -- lowerings ----------------------------------------------------------------------------------
@@ -1079,13 +1007,13 @@ def half_math(node: Node, graph: Graph, caps: AdapterCaps) -> bool:
     passed them (caps.f16_math), and then per ANYGRAD_F16_MATH: "auto" (default) leaves it to the
     autotuner (pin `_gemm_half`), "1" uses it wherever it can, "0" never. Like PyTorch's default
     `allow_fp16_reduced_precision_reduction`: partial sums of a few products may round to f16."""
-    mode = os.environ.get(F16_MATH_ENV, "auto").strip().lower()
-    if mode == "0" or not caps.f16_math:
+    mode = settings.get(F16_MATH_ENV)  # None: auto
+    if mode is False or not caps.f16_math:
         return False
     if any(graph.info.get(v) is None or graph.info[v].dtype != np.float16 for v in node.inputs[:2]):
         return False
     pin = node.attr("_gemm_half")
-    return bool(pin) if pin is not None else mode == "1"
+    return bool(pin) if pin is not None else mode is True
 
 
 def has_half_tiles(kernel_name: str) -> bool:
@@ -1099,7 +1027,7 @@ def variant_of(node: Node, graph: Graph, caps: AdapterCaps) -> dict:
     the shared variant), '_gemm_prefetch' (0 | 1: register prefetch of the next K tile | 2: that and two
     workgroup tiles, Tiling.double), '_gemm_layout'
     (comma list: "noswizzle" keeps the shared tiles' rows unpermuted, "nohoist" decodes im2col columns
-    per element, "plain" both; also ANYGRAD_WGPU_GEMM_LAYOUT, for A/B runs), '_gemm_threads' (invocations
+    per element, "plain" both, for A/B runs), '_gemm_threads' (invocations
     per workgroup of the shared variant, 256 by default: 128 makes 128x64 tiles of the 8x8 blocks),
     '_gemm_unroll' (K steps per pass of a rolled K-tile loop: Tiling.unroll), '_gemm_tn' (outputs per
     invocation along N of the shared variant, when not _gemm_block), '_gemm_splits' (K splits, 1 for none,
@@ -1109,7 +1037,14 @@ def variant_of(node: Node, graph: Graph, caps: AdapterCaps) -> dict:
             "prefetch": None if pf is None else int(pf), "layout": node.attr("_gemm_layout"),
             "threads": node.attr("_gemm_threads"), "unroll": node.attr("_gemm_unroll"), "tn": node.attr("_gemm_tn"),
             "splits": node.attr("_gemm_splits"),
-            "half": half_math(node, graph, caps)}
+            "half": half_math(node, graph, caps), "operands": operand_type(node, graph)}
+
+
+def operand_type(node: Node, graph: Graph) -> str | None:
+    """The WGSL type both GEMM operands hold on the device (f16 | f32), None when they differ."""
+    kinds = {matrix_units.OPERAND_TYPES.get(str(np.dtype(graph.info[v].dtype)))
+             if graph.info.get(v) is not None else None for v in node.inputs[:2]}
+    return kinds.pop() if len(kinds) == 1 else None
 
 
 def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -1241,25 +1176,6 @@ def _where_mask(node: Node, graph: Graph, reads: list[Binding], M: int, N: int) 
     return {"mask": test if when else f"!{test}", "fill": literal(fill, "f32")}
 
 
-def _colsum_of(node: Node) -> dict:
-    """GemmSpec fields of a GEMM that also sums an operand over K (attr `_colsum`: 0 for op(A), 1
-    for B; output 1; fusion.fuse_bias_grads)."""
-    slot = node.attr("_colsum")
-    return {} if slot is None else {"colsum": Binding(node.outputs[1], "CS"), "colsum_of": int(slot)}
-
-
-def _with_column_sums(node: Node, graph: Graph, caps: AdapterCaps, kernels: list[Kernel]) -> list[Kernel]:
-    """The GEMM's kernels, and where they do not sum the operand themselves (the register and dot
-    variants, a batched GEMM), the ReduceSum the fusion took the place of: the operand's stored
-    matrix (K rows: B, or A read transposed) summed over its rows."""
-    slot = node.attr("_colsum")
-    if slot is None or any(node.outputs[1] in k.writes for k in kernels):
-        return kernels
-    rows = Node("ReduceSum", [node.inputs[int(slot)]], [node.outputs[1]],
-                {"axes": [0], "keepdims": 0, "noop_with_empty_axes": 0}, name=f"{node.name}.colsum")
-    return kernels + LOWERINGS["ReduceSum"](rows, graph, caps)
-
-
 PROLOGUE_ATTRS = ("_prologueA", "_prologueB")
 
 
@@ -1349,8 +1265,8 @@ def lower_matmul(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
                  residual=_residual(node, reads, y_index), operand=_epilogue_arg(node, reads, y_index),
                  **epilogue_of(node), **_where_mask(node, graph, reads, M, N))
     spec = GemmSpec("MatMul", M, N, K, batch, _prologue(node, a, 0), _prologue(node, b, 1), out, tuple(reads),
-                    Binding(node.outputs[0], "Y"), **_colsum_of(node))
-    return _with_column_sums(node, graph, caps, gemm_kernels(spec, caps, **variant_of(node, graph, caps)))
+                    Binding(node.outputs[0], "Y"))
+    return gemm_kernels(spec, caps, **variant_of(node, graph, caps))
 
 
 @lowering("Gemm", epilogue=True)
@@ -1380,5 +1296,5 @@ def lower_gemm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
                  operand=_epilogue_arg(node, reads, f"r * {u(N)} + c"), **epilogue_of(node),
                  **_where_mask(node, graph, reads, M, N))
     spec = GemmSpec("Gemm", M, N, K, 1, _prologue(node, a, 0), _prologue(node, b, 1), out, tuple(reads),
-                    Binding(node.outputs[0], "Y"), **_colsum_of(node))
-    return _with_column_sums(node, graph, caps, gemm_kernels(spec, caps, **variant_of(node, graph, caps)))
+                    Binding(node.outputs[0], "Y"))
+    return gemm_kernels(spec, caps, **variant_of(node, graph, caps))

@@ -7,9 +7,8 @@ mask is drawn from the counter-based generator of anygrad/rng.py, bit for bit.
 from __future__ import annotations
 
 import math
-import os
 
-from ... import rng
+from ... import rng, settings
 from ...ir.graph import Graph, Node
 from ...ir.passes import resolved
 from ...ops.nn import dropout_scale
@@ -103,7 +102,7 @@ def lower_softmax(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
 # Every kernel reads x / y / dy / dx as vec4 when S % 4 == 0 (then 4 consecutive elements share a
 # channel): one 4-byte load per invocation kept too few bytes in flight to reach DRAM bandwidth on
 # a big GPU (H200: 1.76 of 4.8 TB/s for BatchNorm:apply). ANYGRAD_WGPU_BN_VEC=0 keeps scalar
-# loads, for A/B runs; the plan cache's key holds every ANYGRAD_WGPU_* variable (pipeline_cache.py).
+# loads, for A/B runs; the plan cache's key holds every tuning setting (settings.py).
 PER_GROUP = 4096       # a long channel gets a workgroup per this many elements (at most 256)
 MIN_PER_GROUP = 1024   # no workgroup takes fewer
 TARGET_GROUPS = 512
@@ -118,7 +117,7 @@ def _bn_geometry(shape: tuple[int, ...]) -> tuple[int, int, int]:
 def _width(s: int) -> int:
     """Elements per load: 4 when S % 4 == 0 (unless ANYGRAD_WGPU_BN_VEC=0), else 1. Read at
     lowering time, so the switch takes effect on the next compile."""
-    return 4 if s % 4 == 0 and os.environ.get(VEC_ENV, "1").strip() != "0" else 1
+    return 4 if s % 4 == 0 and settings.get(VEC_ENV) else 1
 
 
 def _elem_type(width: int) -> str:

@@ -10,10 +10,10 @@ profile takes the lowest that users meet.
 """
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, fields, replace
 
+from ... import settings
 from ...errors import ConfigError
 
 ENV = "ANYGRAD_WGPU_LIMITS"
@@ -88,7 +88,7 @@ def get_profile(name: str | None) -> LimitsProfile | None:
     A profile may be lowered further for a test, limit by limit, in WebGPU's names:
     'webgpu-default:max-storage-buffers-per-shader-stage=4,max-storage-buffer-binding-size=64KiB'."""
     if name is None:
-        name = os.environ.get(ENV, "")
+        name = settings.get(ENV) or ""
     name, _, overrides = name.strip().lower().partition(":")
     if name in ("", "adapter", "none"):
         return None
@@ -147,7 +147,7 @@ def shared_buffer_bytes(binding_limit: int) -> int:
     """How large a buffer holding many temporaries may grow: the adapter's `binding_limit`, or
     what ANYGRAD_WGPU_SHARED_BUFFER says ('128MiB'; 'binding': the default), never above that
     limit. A single tensor larger than a smaller cap still gets a buffer of its own size."""
-    text = os.environ.get(SHARED_BUFFER_ENV, "").strip().lower()
+    text = (settings.get(SHARED_BUFFER_ENV) or "").lower()
     if text in ("", "binding"):
         return binding_limit
     return min(parse_size(text, SHARED_BUFFER_ENV), binding_limit)

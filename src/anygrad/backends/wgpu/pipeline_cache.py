@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from ... import settings
 from ...fsutil import atomic_write
 from ...ir.graph import Graph
 
@@ -49,29 +50,28 @@ stats = {"hits": 0, "misses": 0, "writes": 0, "corrupt": 0}
 
 
 def enabled() -> bool:
-    return os.environ.get(SWITCH_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return settings.get(SWITCH_ENV)
 
 
 def cache_dir() -> Path:
-    root = os.environ.get(CACHE_ENV)
+    root = settings.get(CACHE_ENV)
     base = Path(root).expanduser() if root else Path.home() / ".cache" / "anygrad"
     return base / "wgpu-plans"
 
 
 def threads() -> int:
-    try:
-        n = int(os.environ.get(THREADS_ENV, "0"))
-    except ValueError:
-        n = 0
+    n = settings.get(THREADS_ENV)
     return n if n > 0 else max(1, min(16, os.cpu_count() or 1))
 
 
 # -- parallel pipeline creation -------------------------------------------------------------------
-def build_parallel(create: Callable[[Any], Any], keys: Sequence[Any]) -> dict[Any, Any]:
+def build_parallel(create: Callable[[Any], Any], keys: Sequence[Any], threaded: bool = True) -> dict[Any, Any]:
     """create(key) for each distinct key, on a thread pool. A key whose creation fails in a thread
-    is created again on the calling thread, so its error is raised there with its own message."""
+    is created again on the calling thread, so its error is raised there with its own message.
+    threaded=False: all on the calling thread (Dawn's devices are not safe to call from several
+    threads at once without implicit device synchronisation)."""
     todo = list(dict.fromkeys(keys))
-    n = min(threads(), len(todo))
+    n = min(threads(), len(todo)) if threaded else 1
     if n <= 1:
         return {k: create(k) for k in todo}
     out: dict[Any, Any] = {}
@@ -150,9 +150,7 @@ def plan_key(graph: Graph, context: Sequence[Any]) -> str:
         _feed(h, [name, str(arr.dtype), arr.shape])
         if name not in state:
             _feed(h, arr)
-    for k in sorted(os.environ):  # knobs the lowering reads (tilings, kernel variants)
-        if k.startswith("ANYGRAD_WGPU"):
-            _feed(h, [k, os.environ[k]])
+    _feed(h, settings.tuning_values())  # the switches lowering and planning read (declared kind "tuning")
     return h.hexdigest()
 
 

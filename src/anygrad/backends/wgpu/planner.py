@@ -17,11 +17,11 @@ No GPU objects here, only decisions, so the plan can be tested and printed on an
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from ... import settings
 from ...errors import DeviceError
 from ...ir.graph import Graph, Node
 from ...ir.recompute import ELEMENTWISE, recompute
@@ -280,7 +280,7 @@ def recompute_elementwise() -> bool:
     """Per-element forward values recomputed in the backward when that plans smaller (default);
     ANYGRAD_RECOMPUTE_ELEMENTWISE=0 keeps them stored instead (one elementwise kernel fewer per
     recomputed segment, more memory)."""
-    return os.environ.get("ANYGRAD_RECOMPUTE_ELEMENTWISE", "1") not in ("", "0")
+    return settings.get("ANYGRAD_RECOMPUTE_ELEMENTWISE")
 
 
 def fit_plan(graph: Graph, caps: AdapterCaps, state_names: set[str], prepare_fn) -> tuple[Graph, Plan, list[str]]:

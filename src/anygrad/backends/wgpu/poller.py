@@ -14,24 +14,29 @@ keep holding parts back, `polls_freely` False). `ANYGRAD_WGPU_POLL=block` keeps 
 """
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Any
+
+from ... import settings
 
 POLL_INTERVAL_S = 50e-6  # the host's sleep between polls while a mapping is pending (~0.1 ms latency)
 
 
 def _native() -> tuple[Any, Any]:
-    """wgpu-py's cffi module and wgpu-native's function table."""
-    from wgpu.backends.wgpu_native._api import ffi, libf
-    return ffi, libf
+    """wgpu-py's cffi module and wgpu-native's function table (AttributeError: this wgpu-py has none)."""
+    from .implementation import NATIVE, load
+    api = load(NATIVE).native_api
+    return api.ffi, api.libf
 
 
 def poll_freely(device: Any, sleep: Callable[[float], Any] = time.sleep) -> bool:
     """Make `device`'s poll thread poll without blocking, `sleep`ing between polls while something
     is pending; True if it now does."""
-    if os.environ.get("ANYGRAD_WGPU_POLL", "").strip().lower() == "block":
+    if settings.get("ANYGRAD_WGPU_POLL") == "block":
+        return False
+    from .implementation import NATIVE, of
+    if of(device).key != NATIVE:  # Dawn has no poll thread; its maps resolve in wgpuInstanceWaitAny
         return False
     try:
         ffi, libf = _native()

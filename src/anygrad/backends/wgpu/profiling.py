@@ -18,7 +18,6 @@ the Vulkan drivers measured (NVIDIA, lavapipe); `StepProfile.wall_ms` lets a rea
 from __future__ import annotations
 
 import atexit
-import os
 import re
 import sys
 import time
@@ -28,13 +27,15 @@ from typing import Any
 
 import numpy as np
 
+from ... import settings
+
 ENV = "ANYGRAD_WGPU_PROFILE"
 FEATURE = "timestamp-query"
 _MAX_QUERIES = 4096  # wgpu's limit on one query set
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "") not in ("", "0")
+    return settings.get(ENV)
 
 
 def op_kind(kernel_name: str) -> str:
@@ -123,7 +124,8 @@ class TimestampProfiler:
     resolved times. One profiler per executable; `encode` then `collect` once per submit."""
 
     def __init__(self, device: Any, names: Sequence[str]):
-        import wgpu
+        from .implementation import flags
+        wgpu = flags()
         if FEATURE not in device.features:
             raise RuntimeError(f"the device has no '{FEATURE}' feature")
         self.device, self.names = device, list(names)
@@ -195,8 +197,8 @@ class TimestampProfiler:
 
     def _read(self) -> np.ndarray:
         """Wait for the submitted work; the resolved timestamps."""
-        import wgpu
-        self.readback.map_sync(wgpu.MapMode.READ)
+        from .implementation import flags, map_now
+        map_now(self.readback, flags().MapMode.READ)
         try:
             return np.frombuffer(bytes(self.readback.read_mapped()), np.uint64).astype(np.int64)
         finally:

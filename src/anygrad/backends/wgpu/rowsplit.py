@@ -16,10 +16,10 @@ into chunks shorter than SPLIT_MIN (tests lower both to reach the split path on 
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ... import settings
 from .kernel import Kernel, Scratch
 from .wgreduce import Part, reduce_code, shared_decl
 from .wgsl import bindings, flat_id, grid, group_id, groups_grid, shader
@@ -228,11 +228,11 @@ ROWS_ENV = "ANYGRAD_WGPU_ROWS"
 def row_path(length: int, inner: int = 1) -> str:
     """How rows taken whole run: 'row' (an invocation a row: rows up to SERIAL_MAX), 'lanes'
     (several rows a workgroup) or 'wg' (a workgroup a row). ANYGRAD_WGPU_ROWS, read at lowering
-    time (the plan cache's key holds every ANYGRAD_WGPU_* variable: pipeline_cache.plan_key),
+    time (the plan cache's key holds every tuning setting: pipeline_cache.plan_key),
     picks the path for A/B runs on a GPU: 'wg' the workgroup a row of before, 'short' the lanes
     also for contiguous rows of LANE_LOADS+1 to SERIAL_MAX (an invocation a row reads them
     uncoalesced; rows along a strided axis are neighbours in memory, so those stay serial)."""
-    mode = os.environ.get(ROWS_ENV, "").strip().lower()
+    mode = settings.get(ROWS_ENV)
     if length <= SERIAL_MAX and not (mode == "short" and inner == 1 and length > LANE_LOADS):
         return "row"
     return "wg" if mode == "wg" else "lanes"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import os
 import re
 import sys
 import threading
@@ -19,14 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from ... import _parallel
+from ... import _parallel, settings
 from ...errors import DeviceError, ShapeError
 from ...ir.graph import Graph, Node
 from ...ir.passes import resolve_attributes
-from ...ops import collective
-from ..base import Backend, Executable, _nothing
-from . import autotune, pipeline_cache
-from .adapters import AdapterInfo, select_adapter
+from ..base import NO_EXCHANGE, Backend, Exchange, Executable, _nothing
+from . import autotune, halfstore, implementation, pipeline_cache
+from .adapters import AdapterInfo, enabled_facts, say_matrix_fallback, select_adapter
 from .fusion import packed_name, prepare
 from .kernel import REGISTRY, AdapterCaps, ops_where
 from .kernels_collective import HOST_PREFIX
@@ -34,10 +32,9 @@ from .limits import LimitsProfile, get_profile, parse_size
 from .planner import MemoryReport, Root, fit_plan, memory_report, recompute_elementwise, value_bytes
 from .poller import poll_freely
 from .profiling import StepProfile, live_profiler, profile_dispatches, wall_ms
-from .shader_module import create_shader_module
+from .shader_module import create_shader_module, shader_rejected
 from .wgsl import np_device_dtype, workgroup_bytes
 
-_FEATURES = ("shader-f16", "subgroup", "timestamp-query")
 UPLOAD_FLUSH = 64 << 20   # bytes of queued writes that may sit in wgpu staging memory (upload)
 # In a data-parallel step an input at least this big is copied by the host's threads into a mapped
 # buffer and from there into its input buffer by the step's first command: queue.write_buffer
@@ -49,8 +46,8 @@ EARLY_CHUNK = 16  # kernels in a tapped step's first submission, doubling up to 
 
 
 def _wgpu():
-    import wgpu
-    return wgpu
+    """WebGPU's flag and enum constants (the same values in wgpu-native and Dawn: implementation.py)."""
+    return implementation.flags()
 
 
 @dataclass
@@ -65,6 +62,9 @@ class _Context:
     pending: dict = field(default_factory=dict)  # pipeline key -> Future of a build in the background
     f16_problem: str | None = None  # the f16 self-test's finding: None not run yet, "" passed
     f16_math_problem: str | None = None  # the same for f16 products (selftest.f16_math_problem)
+    # the driver's f32 -> f16 conversion against IEEE's (selftest.f16_rounding_problem): None not
+    # probed yet, "" it matches (kernels use it), else why kernels get halfstore.exact_conversions
+    f16_rounding: str | None = None
     polls_freely: bool = False  # its poll thread does not block (poller.py): maps resolve mid-step
 
 
@@ -75,7 +75,7 @@ def _context(info: AdapterInfo, adapter: Any, profile: LimitsProfile | None = No
     key = (info.index, profile.name if profile else "") + ((replica,) if replica else ())
     if key in _CONTEXTS:
         return _CONTEXTS[key]
-    feats = [f for f in _FEATURES if f in adapter.features]
+    feats = [f for f in implementation.of(adapter).features if f in adapter.features]
     limits = profile.required_limits(dict(adapter.limits)) if profile else None
     try:
         device = adapter.request_device_sync(required_features=feats, required_limits=limits)
@@ -91,7 +91,8 @@ def _context(info: AdapterInfo, adapter: Any, profile: LimitsProfile | None = No
         max_workgroups_per_dim=int(lim["max-compute-workgroups-per-dimension"]),
         has_subgroups="subgroup" in device.features, has_f16="shader-f16" in device.features,
         is_cpu=info.is_software, memory_budget=profile.memory_budget if profile else None,
-        limits_profile=profile.name if profile else "")
+        limits_profile=profile.name if profile else "",
+        adapter_facts=enabled_facts(info.facts, device.features))
     ctx = _Context(info, device, caps, {}, {}, polls_freely=poll_freely(device))
     _CONTEXTS[key] = ctx
     return ctx
@@ -144,7 +145,7 @@ def _cancel(hooks: Sequence[Callable[[], None]]) -> None:
 def _copy_mapped(buf: Any, mapping: Any, out: np.ndarray) -> None:
     """Wait for `mapping` (buf.map_async(READ); an event wait: the GIL is free), copy the first
     out.nbytes bytes of the mapped buffer into `out` over the threads, unmap."""
-    mapping.sync_wait()
+    implementation.wait_mapped(buf, mapping)
     try:
         _parallel.copy(out, np.frombuffer(buf.read_mapped(0, out.nbytes, copy=False), out.dtype))
     finally:
@@ -171,8 +172,10 @@ def _mapped_view(buf: Any, nbytes: int) -> np.ndarray | None:
     on one thread, and its read_mapped views are read-only), or None where this wgpu-py has no
     such internals. Valid until the buffer is unmapped; writes into a read mapping are dropped
     then (WebGPU's semantics), so it may serve as scratch."""
+    _api = implementation.of(buf).native_api  # wgpu-native's C API takes wgpu-native buffers only
+    if _api is None:
+        return None
     try:
-        from wgpu.backends.wgpu_native import _api
         ptr = _api.libf.wgpuBufferGetMappedRange(buf._internal, 0, nbytes)
         address = int(_api.ffi.cast("intptr_t", ptr))
     except (ImportError, AttributeError):
@@ -247,6 +250,7 @@ class WgpuBackend(Backend):
             raise DeviceError(f"precision='f16' needs the WebGPU feature 'shader-f16', which adapter "
                               f"{self.adapter.summary} does not have; train with --precision f32 "
                               "(precision='f32'), or pick another adapter (`anygrad devices`)")
+        say_matrix_fallback(self.adapter, self.caps.adapter_facts, precision)  # Dawn without f16 matrices: once
         if self.ctx.f16_problem is None:
             from .selftest import f16_problem
             self.ctx.f16_problem = f16_problem(self) or ""
@@ -262,7 +266,7 @@ class WgpuBackend(Backend):
         this device; an adapter that fails it keeps f32 products, which this says in one line.
         Not on software adapters (no f16 ALUs to gain from) nor with ANYGRAD_F16_MATH=0."""
         from .kernels_gemm import F16_MATH_ENV
-        if self.caps.is_cpu or os.environ.get(F16_MATH_ENV, "auto").strip().lower() == "0":
+        if self.caps.is_cpu or settings.get(F16_MATH_ENV) is False:
             return
         if self.ctx.f16_math_problem is None:
             from .selftest import f16_math_problem
@@ -281,7 +285,8 @@ class WgpuBackend(Backend):
     @property
     def description(self) -> str:
         limits = f", limits {self.caps.limits_profile}" if self.caps.limits_profile else ""
-        return f"wgpu: {self.adapter.name} ({self.adapter.backend}, {self.adapter.type}{limits})"
+        impl = ", Dawn" if self.adapter.implementation == "dawn" else ""
+        return f"wgpu: {self.adapter.name} ({self.adapter.backend}, {self.adapter.type}{impl}{limits})"
 
     # -- buffers ------------------------------------------------------------------------------
     def create_buffer(self, nbytes: int, usage: int, label: str = "") -> Any:
@@ -412,7 +417,7 @@ class WgpuBackend(Backend):
                 asked.wait()
                 if not promise:
                     raise DeviceError("the gradient copy's submission failed")
-                promise[0].sync_wait()  # an event wait: the GIL is free
+                implementation.wait_mapped(buf, promise[0])  # an event wait: the GIL is free
                 raw = _mapped_view(buf, total)  # writable: the all-reduce may sum in it in place
                 view = (raw if raw is not None else np.frombuffer(buf.read_mapped(0, total, copy=False), np.uint8)
                         ).view(np.float32)
@@ -470,7 +475,7 @@ class WgpuBackend(Backend):
             staging = None
         try:
             if staging is not None and staging.map_state != "mapped":  # (mapped: a failed step's, never committed)
-                staging.map_sync(wgpu.MapMode.WRITE)  # its last copy ran in an earlier step
+                implementation.map_now(staging, wgpu.MapMode.WRITE)  # its last copy ran in an earlier step
             else:
                 U = wgpu.BufferUsage
                 staging = self.device.create_buffer(size=total, usage=U.COPY_SRC | U.MAP_WRITE,
@@ -584,7 +589,22 @@ class WgpuBackend(Backend):
             self.ctx.layouts[key] = (bgl, self.device.create_pipeline_layout(bind_group_layouts=[bgl]))
         return self.ctx.layouts[key]
 
+    def device_wgsl(self, wgsl: str) -> str:
+        """The shader as this device runs it: its f32 -> f16 conversions exact (halfstore.py) where
+        the driver's own differ from IEEE rounding (probed once per device, on first use)."""
+        if not halfstore.plain_conversions(wgsl):
+            return wgsl
+        if self.ctx.f16_rounding is None:
+            from .selftest import f16_rounding_problem
+            self.ctx.f16_rounding = "(being probed)"  # the probe's own shader has no conversion functions
+            self.ctx.f16_rounding = f16_rounding_problem(self)
+            if self.ctx.f16_rounding:  # once per device: the kernels stay correct, a little slower
+                print(f"anygrad: {self.adapter.summary}: {self.ctx.f16_rounding}; f16 kernels round "
+                      "exactly in integer arithmetic instead", file=sys.stderr)
+        return halfstore.exact_conversions(wgsl) if self.ctx.f16_rounding else wgsl
+
     def pipeline(self, wgsl: str, entry: str, read_only: tuple[bool, ...], name: str) -> Any:
+        wgsl = self.device_wgsl(wgsl)
         key = (wgsl, entry, read_only)
         if key not in self.ctx.pipelines:
             pending, pipe = self.ctx.pending.pop(key, None), None
@@ -605,15 +625,20 @@ class WgpuBackend(Backend):
         (pipeline_cache.build_parallel: the driver compiles several shaders at once). With
         wait=False the builds start in the background and nothing is returned; pipeline() waits
         for each one when it is asked for."""
+        specs = [(self.device_wgsl(w), e, ro, n) for w, e, ro, n in specs]
         names = {(w, e, ro): n for w, e, ro, n in specs}
         missing = [k for k in names if k not in self.ctx.pipelines and k not in self.ctx.pending]
         for k in missing:  # layouts first, on this thread: a pipeline and its bind groups share one
             self.layout(k[2])
+        threaded = implementation.of(self.device).threaded_device  # Dawn: one thread per device
         if not wait:
+            if not threaded:
+                return []  # built on this thread when pipeline() asks for each
             self.ctx.pending.update(pipeline_cache.build_background(lambda k: self._create_pipeline(k, names[k]),
                                                                     missing))
             return []
-        for k, pipe in pipeline_cache.build_parallel(lambda k: self._create_pipeline(k, names[k]), missing).items():
+        for k, pipe in pipeline_cache.build_parallel(lambda k: self._create_pipeline(k, names[k]), missing,
+                                                     threaded=threaded).items():
             self.ctx.pipelines[k] = pipe
         return [self.pipeline(*spec) for spec in specs]
 
@@ -636,7 +661,7 @@ class WgpuBackend(Backend):
                 raise DeviceError(f"adapter {self.adapter.summary} cannot run compute shaders "
                                   f"({text.strip().splitlines()[-1]}); use another device (`anygrad "
                                   "devices`), e.g. its Vulkan/Metal/DX12 adapter, or device='cpu'") from e
-            raise RuntimeError(f"wgpu kernel {name} failed to compile: {e}\n--- WGSL ---\n{wgsl}") from e
+            raise shader_rejected(name, e, wgsl, implementation.of(self.device)) from e
 
     def plan_context(self, fuse: bool) -> tuple:
         """What a compiled plan depends on besides the graph: the adapter, its driver, the device's
@@ -734,12 +759,11 @@ class WgpuExecutable(Executable):
                        for name, to in self.feed_to.items()}
         self.input_bytes: dict[str, int] = {}  # bytes the last run wrote per input (uploads)
         self.upload_s = 0.0  # host seconds the last run spent writing its inputs
-        self.upload_at = 0.0  # when (perf_counter) that began: DataParallel's timeline
-        # Where the GPU waits for the inputs (a data-parallel step starts once the last update is
-        # submitted), a big input goes through a mapped buffer of its own, filled over the host's
-        # threads (_write_inputs). Alone, queue.write_buffer's one-core copy overlaps the previous
-        # step, and mapping would wait for that step (docs/wgpu-facts.md).
-        self.stage_inputs = False
+        self.upload_at = 0.0  # when (perf_counter) that began: an exchanging caller's timeline
+        # Where the GPU waits for the inputs (Exchange.stage_inputs: a data-parallel step starts once
+        # the last update is submitted), a big input goes through a mapped buffer of its own, filled
+        # over the host's threads (_write_inputs). Alone, queue.write_buffer's one-core copy overlaps
+        # the previous step, and mapping would wait for that step (docs/wgpu-facts.md).
         self._upload_bufs: dict[str, Any] = {}
         # Arenas first: packing copies the state into them and frees the per-tensor buffers, and
         # done later (at the first run) that copy would briefly hold the parameters and optimizer
@@ -763,6 +787,7 @@ class WgpuExecutable(Executable):
         self._generation = -1
         self._staging: dict[tuple, tuple[Any, list]] = {}
         t0, known = time.perf_counter(), len(backend.ctx.pipelines)
+        self._merged: dict[int, dict[int, int]] = {}  # id(step) -> bindings merged into others (Dawn)
         self._pipes = backend.pipelines([self._pipeline_spec(st) for st in self.plan.steps])  # compile every shader now
         times.pipelines_s, times.pipelines_built = time.perf_counter() - t0, len(backend.ctx.pipelines) - known
         self._overwritten = set(self.plan.inplace.values()) | {m for a in self.plan.arenas for m in a.members}
@@ -774,25 +799,16 @@ class WgpuExecutable(Executable):
         # ANYGRAD_WGPU_PROFILE=1: GPU time per kernel on every run (profiling.py)
         self._profiler = live_profiler(dev, [st.kernel.name for st in self.plan.steps], f"graph '{graph.name}'",
                                        [st.kernel.flops for st in self.plan.steps])
-        # step index -> fn(encoder): after that kernel the pass ends, fn encodes its copies and that
-        # much of the step is submitted, so the host reads them while the rest runs (set by the caller
-        # for one run: data-parallel gradient buckets; see _encode_dispatches)
-        self.taps: dict[int, Callable[[Any], None]] = {}
-        # called once the step is encoded, before its held parts are submitted (which waits for
-        # the GPU): the caller's reader of the taps' copies starts there (DataParallel)
-        self.encoded: Callable[[], None] | None = None
-        # parts held so that the taps' copies map mid-step (_encode_dispatches; set by the caller,
-        # DataParallel, which times it); 0: every map asked after the last part. Only where the
-        # device's poll thread blocks: elsewhere every part goes as it is encoded (holds_parts False).
-        self.hold_parts = 0
+        # A run's Exchange (backends.base) says after which kernels the caller encodes copies (its
+        # `ready` taps), how many parts to hold, and how AllReduceSum sums: see _encode_dispatches.
         self._deferred: list[Callable[[], None]] = []
-        # host steps (kernels_collective): AllReduceSum's data-parallel sums, run on the host
+        # host steps (kernels_collective): AllReduceSum's sums over replicas (Exchange.reduce), on the host
         self._host_steps = {k for k, st in enumerate(self.plan.steps) if st.kernel.name.startswith(HOST_PREFIX)}
         self._host_staging: dict[int, Any] = {}
 
     @property
     def holds_parts(self) -> bool:
-        """Whether hold_parts matters: only where the device's poll thread blocks (poller.py)."""
+        """Whether Exchange.hold_parts matters: only where the device's poll thread blocks (poller.py)."""
         return not self.backend.ctx.polls_freely
 
     # -- binding ----------------------------------------------------------------------------------
@@ -810,6 +826,14 @@ class WgpuExecutable(Executable):
         if r.kind == "const":
             return self.consts[r.name]
         return self.slots[self.plan.slot_of[r]]
+
+    def _placeholder(self, k: int) -> Any:
+        """A small storage buffer for binding k where a merged shader no longer reads it
+        (_pipeline_spec): one per binding index, as writable bindings of a dispatch may not alias."""
+        bufs = self.__dict__.setdefault("_placeholder_bufs", {})
+        if k not in bufs:
+            bufs[k] = self.backend.create_buffer(16, self.backend.storage_usage, f"unused binding {k}")
+        return bufs[k]
 
     def _nbytes(self, r: Root) -> int:
         if r.kind == "state":
@@ -838,7 +862,29 @@ class WgpuExecutable(Executable):
         ro = self._read_only(st)
         shared = [k for k, r in enumerate(st.reads) if not ro[k]]
         wgsl = writable_reads(st.kernel.wgsl, shared) if shared else st.kernel.wgsl
+        same = self._same_bytes(st, ro) if shared else {}
+        if same:  # Dawn: no two writable bindings of one dispatch may alias (merged into one)
+            wgsl, self._merged[id(st)] = implementation.merge_bindings(wgsl, same)
         return wgsl, st.kernel.entry, ro, st.kernel.name
+
+    def _same_bytes(self, st, ro: tuple[bool, ...]) -> dict[int, int]:
+        """Read binding k -> write binding j viewing the very same bytes (an in-place update),
+        where the implementation enforces WebGPU's no-aliasing rule for writable bindings (Dawn)."""
+        if implementation.of(self.backend.device).key == implementation.NATIVE:
+            return {}
+        roots = st.reads + st.writes
+        windows = st.kernel.windows or (None,) * len(roots)
+
+        def key(r: Root, win: Any) -> tuple:
+            if r.kind == "state":
+                return ("state", r.name, win)
+            if r.kind == "temp":
+                return ("slot", self.plan.slot_of[r], self.plan.slot_offset.get(r, 0), self.plan.nbytes.get(r), win)
+            return (r.kind, r.name, r.offset, win)
+        n_reads = len(st.reads)
+        written = {key(roots[j], windows[j]): j for j in range(n_reads, len(roots))}
+        return {k: written[key(roots[k], windows[k])] for k in range(n_reads)
+                if not ro[k] and key(roots[k], windows[k]) in written}
 
     def _compile_plan(self, graph: Graph, fuse: bool) -> tuple[Graph, Any, Any]:
         """The fused graph, its plan and what was recomputed to fit the budget: from the disk cache
@@ -869,7 +915,12 @@ class WgpuExecutable(Executable):
             bgl, _ = self.backend.layout(self._read_only(st))
             entries = []
             windows = st.kernel.windows or (None,) * (len(st.reads) + len(st.writes))
+            merged = self._merged.get(id(st), {})
             for k, (r, win) in enumerate(zip(st.reads + st.writes, windows)):
+                if k in merged:  # its shader reads through binding merged[k] (_pipeline_spec)
+                    entries.append({"binding": k, "resource": {"buffer": self._placeholder(k), "offset": 0,
+                                                               "size": 16}})
+                    continue
                 # a window: rows of a value larger than one binding (planner's binding split)
                 off, size = (0, -(-self._nbytes(r) // 4) * 4) if win is None else win
                 entries.append({"binding": k, "resource": {"buffer": self._buffer(r), "offset": self._offset(r) + off,
@@ -921,7 +972,7 @@ class WgpuExecutable(Executable):
         the start of the last step), written over the host's threads; returns the buffer."""
         staging = self._upload_bufs.get(name)
         if staging is not None:
-            staging.map_sync(_wgpu().MapMode.WRITE)
+            implementation.map_now(staging, _wgpu().MapMode.WRITE)
         else:
             U = _wgpu().BufferUsage
             staging = self.backend.device.create_buffer(size=nbytes, usage=U.COPY_SRC | U.MAP_WRITE,
@@ -966,13 +1017,15 @@ class WgpuExecutable(Executable):
             self._staging[fetch] = (buf, layout)
         return self._staging[fetch]
 
-    def run(self, feeds: Mapping[str, np.ndarray], fetch: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    def run(self, feeds: Mapping[str, np.ndarray], fetch: Sequence[str] | None = None,
+            exchange: Exchange | None = None) -> dict[str, np.ndarray]:
         wgpu = _wgpu()
+        ex = exchange or NO_EXCHANGE
         fetch = tuple(self.graph.outputs if fetch is None else fetch)
         _cancel(self.backend.take_hooks() + self._deferred)  # left by a run that failed while encoding
         self._deferred = []
         t = time.perf_counter()
-        uploads = self._write_inputs(feeds, self.stage_inputs)
+        uploads = self._write_inputs(feeds, ex.stage_inputs)
         self.upload_at, self.upload_s = t, time.perf_counter() - t
         if self._dispatches is None or self._generation != self.backend.generation:
             self._build()
@@ -990,10 +1043,10 @@ class WgpuExecutable(Executable):
             held: list[tuple[Any, list]] = []
             if self._dispatches and self._profiler is not None:
                 self._profiler.encode(enc, self._dispatches)
-                for step in sorted(self.taps):  # profiled: the taps' copies after the whole pass
-                    self.taps[step](enc)
+                for step in sorted(ex.ready):  # profiled: the taps' copies after the whole pass
+                    ex.ready[step](enc)
             elif self._dispatches:
-                enc, held = self._encode_dispatches(enc)
+                enc, held = self._encode_dispatches(enc, ex)
             # Fetched values are copied before state copies, so a fetched state reads as before the step.
             for item in layout:
                 _, r, offset, nbytes = item
@@ -1013,8 +1066,8 @@ class WgpuExecutable(Executable):
                 else:
                     enc.copy_buffer_to_buffer(self._buffer(r), self._offset(r), st.buffer, st.offset, nbytes)
             last = enc.finish()
-            if self.encoded is not None:
-                self.encoded()
+            if ex.encoded is not None:
+                ex.encoded()
             deferred, self._deferred = self._deferred, []
             try:
                 for part, hooks in held:
@@ -1028,7 +1081,7 @@ class WgpuExecutable(Executable):
                 self._profiler.collect()
             if not fetch:
                 return {}
-            staging.map_sync(wgpu.MapMode.READ)
+            implementation.map_now(staging, wgpu.MapMode.READ)
             try:
                 raw = bytes(staging.read_mapped())
             finally:
@@ -1055,8 +1108,9 @@ class WgpuExecutable(Executable):
             out[name] = from_device(raw[offset:offset + nbytes], dtype, shape)
         return out
 
-    def _encode_dispatches(self, enc: Any) -> tuple[Any, list[tuple[Any, list]]]:
-        """The step's kernels in one compute pass, or with taps one pass per stretch between them:
+    def _encode_dispatches(self, enc: Any, ex: Exchange) -> tuple[Any, list[tuple[Any, list]]]:
+        """The step's kernels in one compute pass, or with taps (the exchange's `ready`) one pass
+        per stretch between them:
         at each tap the pass ends, the tap encodes its copies, and that part is finished.
         Where the device polls without blocking (poller.py) each part is submitted as it is
         encoded and its mappings asked for at once: each resolves when its part has run.
@@ -1065,21 +1119,22 @@ class WgpuExecutable(Executable):
         after the one before it has run: while a mapping is pending, wgpu-py polls until the
         newest submission is done and a submit waits for that poll (docs/wgpu-facts.md), so a
         mapping asked for after later parts were submitted would resolve only at the end.
-        A host step (with a data-parallel reducer on this thread) ends the pass, submits and runs
-        on the host. Returns the encoder the rest of the step is encoded into, and the held parts."""
+        A host step (with the exchange's reducer) ends the pass, submits and runs on the host.
+        Returns the encoder the rest of the step is encoded into, and the held parts."""
         at, n = 0, len(self._dispatches)
-        hosted = {k - 1 for k in self._host_steps} if self._host_steps and collective.has_reducer() else set()
+        taps = ex.ready
+        hosted = {k - 1 for k in self._host_steps} if self._host_steps and ex.reduce is not None else set()
         held: list[tuple[Any, list]] = []
         asked = False
         free = not self.holds_parts
-        cap = self.hold_parts
+        cap = ex.hold_parts
         deferred: list[Callable[[], None]] = []  # cap 0: every map asked after the last part
         # Until the first tap nothing waits on a mapping: the first kernels go in doubling chunks,
         # so the GPU starts while the rest is encoded.
-        first = min((k for k in self.taps if k < n), default=-1) if free or cap else -1
+        first = min((k for k in taps if k < n), default=-1) if free or cap else -1
         early = {c - 1 for c in (EARLY_CHUNK << j for j in range(32)) if 0 < c <= first}
         try:
-            for cut in sorted({k for k in self.taps if k < n} | hosted | {n - 1} | early):
+            for cut in sorted({k for k in taps if k < n} | hosted | {n - 1} | early):
                 if cut >= at:
                     cpass = enc.begin_compute_pass()
                     for pipe, bg, wg in self._dispatches[at:cut + 1]:
@@ -1088,24 +1143,24 @@ class WgpuExecutable(Executable):
                         cpass.dispatch_workgroups(*wg)
                     cpass.end()
                     at = cut + 1
-                if cut in self.taps:
-                    self.taps[cut](enc)
+                if cut in taps:
+                    taps[cut](enc)
                 if cut in hosted:  # the next kernel is a host step: it runs on the host, between submissions
                     for part, hooks in held:
                         self._submit_part(part, hooks)
                     for hook in deferred:
                         hook()
                     held, asked, deferred = [], False, []
-                    enc = self._host_step(enc, cut + 1)
+                    enc = self._host_step(enc, cut + 1, ex.reduce)
                     at = cut + 2
-                elif (cut in early and not asked) or (free and cut in self.taps and cut < n - 1):
+                elif (cut in early and not asked) or (free and cut in taps and cut < n - 1):
                     self._submit_part(enc.finish(), self.backend.take_hooks())
                     enc = self.backend.device.create_command_encoder()
-                elif cut in self.taps and cut < n - 1 and not cap:
+                elif cut in taps and cut < n - 1 and not cap:
                     deferred += self.backend.take_hooks()
                     self.backend.submit(enc.finish())
                     enc = self.backend.device.create_command_encoder()
-                elif cut in self.taps and cut < n - 1:
+                elif cut in taps and cut < n - 1:
                     if asked and len(held) >= cap:
                         continue  # later taps' copies go with the next part held, or the last
                     hooks = self.backend.take_hooks()
@@ -1130,7 +1185,7 @@ class WgpuExecutable(Executable):
             _cancel(hooks)
             raise
 
-    def _host_step(self, enc: Any, k: int) -> Any:
+    def _host_step(self, enc: Any, k: int, reduce: Callable[[np.ndarray, str], np.ndarray]) -> Any:
         """Kernel k is a host step: submit the step so far with a copy of its input, wait, let the
         reducer sum it with the other replicas', write the result where the kernel writes, and
         return a fresh encoder for the rest. One GPU round trip per sum (SyncBatchNorm's cost)."""
@@ -1144,15 +1199,19 @@ class WgpuExecutable(Executable):
         staging = self._host_staging[k]
         enc.copy_buffer_to_buffer(self._buffer(src), self._offset(src), staging, 0, nbytes)
         self.backend.submit(enc.finish(), self.backend.take_hooks())
-        staging.map_sync(wgpu.MapMode.READ)
+        implementation.map_now(staging, wgpu.MapMode.READ)
         try:
             x = np.frombuffer(staging.read_mapped(0, nbytes, copy=True), np.float32)
         finally:
             staging.unmap()
         mode = st.kernel.name.rsplit(":", 1)[-1]
-        y = np.ascontiguousarray(collective.host_reduce(x, mode), np.float32)
+        y = np.ascontiguousarray(np.asarray(reduce(x, mode), np.float32).reshape(x.shape))
         self.backend.device.queue.write_buffer(self._buffer(dst), self._offset(dst), y)
         return self.backend.device.create_command_encoder()
+
+    def ready_step(self, states: Sequence[str]) -> int | None:
+        """Executable.ready_step: the last kernel writing these states (last_write)."""
+        return self.last_write(states)
 
     def last_write(self, states: Sequence[str]) -> int | None:
         """The index of the last kernel writing any of these states in place, or None when one of

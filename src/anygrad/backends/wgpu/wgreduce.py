@@ -19,10 +19,10 @@ the subgroup is wider than one, and the subgroup size is known only when the sha
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ... import settings
 from .kernel import AdapterCaps
 
 # combine ("{a} op {b}", as the kernels write it) -> the subgroup op computing it
@@ -48,7 +48,7 @@ class Part:
 def use_subgroups(caps: AdapterCaps) -> bool:
     """Subgroup ops for this adapter; ANYGRAD_WGPU_SUBGROUPS=0 turns them off (a driver whose
     subgroup ops misbehave, or comparing both paths)."""
-    return caps.has_subgroups and os.environ.get("ANYGRAD_WGPU_SUBGROUPS", "1") != "0"
+    return caps.has_subgroups and settings.get("ANYGRAD_WGPU_SUBGROUPS")
 
 
 def shared_decl(parts: Sequence[Part], wg: int, sh: str = "sh") -> str:

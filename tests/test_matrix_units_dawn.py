@@ -1,0 +1,211 @@
+"""Subgroup-matrix GEMM and convolution kernels (kernels_mma.py) run on a Dawn adapter with matrix
+units, each against numpy's float64 forward of the same float16 operands.
+
+Every GEMM layout the lowering has (transposed operands, batches, broadcast batches, Gemm's
+transA/transB, bias + activation epilogues, alpha, split-K) and the three convolution kernels
+(forward, input gradient, weight gradient), on shapes that do not divide the tiles. Operands and
+results are float16 in device memory (halfstore.stored_half, as the planner binds them); the
+products accumulate in f32, so the error is about the f16 rounding of the stored result.
+
+Skips where wgpudawn is not installed or no adapter lists chromium-experimental-subgroup-matrix
+with f16 configs (CI, lavapipe: Dawn refuses lavapipe); runs on the device machine.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+import anygrad.ops  # noqa: F401  (registers the op forwards)
+from anygrad.backends.wgpu import kernels_conv, kernels_gemm  # noqa: F401  (register the lowerings)
+from anygrad.backends.wgpu.halfstore import stored_half
+from anygrad.backends.wgpu.kernel import LOWERINGS, AdapterCaps
+from anygrad.backends.wgpu.kernels_mma import FEATURES, uses_matrix_units
+from anygrad.backends.wgpu.matrix_units import MatrixConfig, MatrixUnits
+from anygrad.ir import Graph, Node, TensorInfo, get_op, infer_node
+from anygrad.ir.passes import resolve_attributes
+
+pytestmark = pytest.mark.wgpu
+F16 = np.dtype("float16")
+U16 = 2.0 ** -11
+
+
+@functools.cache
+def dawn() -> tuple:
+    """(wgpu module, device, caps) of the first Dawn adapter with f16 subgroup matrices."""
+    from anygrad.backends.wgpu import implementation
+    if not implementation.available("dawn"):
+        pytest.skip("wgpudawn is not installed (pip install 'anygrad[dawn]')")
+    impl = implementation.load("dawn")
+    wgpu = impl.module
+    for adapter in wgpu.gpu.enumerate_adapters_sync():
+        if not all(f in adapter.features for f in FEATURES):
+            continue
+        raw = impl.matrix_configs(adapter)
+        configs = tuple(MatrixConfig(int(c["m"]), int(c["n"]), int(c["k"]), str(c["component_type"]).lower(),
+                                     str(c["result_component_type"]).lower()) for c in raw)
+        if not any(c.operand == "f16" and c.result == "f32" for c in configs):
+            continue
+        lim = adapter.limits
+        keys = ("max-compute-workgroup-storage-size", "max-storage-buffer-binding-size", "max-buffer-size",
+                "max-compute-invocations-per-workgroup")
+        from wgpudawn.backends.dawn import extras
+        device = extras.request_device_sync(adapter, required_features=list(FEATURES),
+                                            required_limits={k: lim[k] for k in keys})
+        size = max(impl.subgroup_sizes(adapter)) or 32
+        caps = AdapterCaps(max_storage_binding_size=int(lim["max-storage-buffer-binding-size"]),
+                           max_workgroup_storage=int(lim["max-compute-workgroup-storage-size"]),
+                           max_invocations_per_workgroup=int(lim["max-compute-invocations-per-workgroup"]),
+                           has_subgroups=True, has_f16=True, is_cpu=False,
+                           adapter_facts=MatrixUnits(configs, size, True, True))
+        return wgpu, device, caps
+    pytest.skip("no Dawn adapter with f16 subgroup matrices (chromium-experimental-subgroup-matrix)")
+
+
+def run_kernels(kernels, graph: Graph, feeds: dict[str, np.ndarray], outs: list[str]) -> dict[str, np.ndarray]:
+    """Bind (f16 values as f16, others f32), dispatch in order, read back `outs` in their dtype."""
+    wgpu, dev, _ = dawn()
+    usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+
+    def dtype(v: str) -> np.dtype:
+        info = graph.info.get(v)
+        return F16 if info is not None and info.dtype == F16 else np.dtype(np.float32)
+    bufs = {}
+    for name, arr in feeds.items():
+        data = np.ascontiguousarray(arr, dtype=dtype(name)).reshape(-1).tobytes()
+        bufs[name] = dev.create_buffer_with_data(data=data + bytes((-len(data)) % 16), usage=usage)
+    for k in kernels:
+        for s in k.scratch:
+            bufs.setdefault(s.name, dev.create_buffer(size=max(16, 4 * s.elements), usage=usage))
+    for name in outs:
+        n = int(np.prod(graph.info[name].shape)) * dtype(name).itemsize
+        bufs[name] = dev.create_buffer_with_data(data=b"\xff" * (n + (-n) % 16), usage=usage)  # NaN
+    enc = dev.create_command_encoder()
+    for k in kernels:
+        module = dev.create_shader_module(code=k.wgsl)
+        pipe = dev.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": k.entry})
+        bg = dev.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[
+            {"binding": i, "resource": {"buffer": bufs[v], "offset": 0, "size": bufs[v].size}}
+            for i, v in enumerate(list(k.reads) + list(k.writes))])
+        cp = enc.begin_compute_pass()
+        cp.set_pipeline(pipe)
+        cp.set_bind_group(0, bg)
+        cp.dispatch_workgroups(*k.workgroups)
+        cp.end()
+    dev.queue.submit([enc.finish()])
+    return {name: np.frombuffer(dev.queue.read_buffer(bufs[name]), dtype(name))[:int(np.prod(graph.info[name].shape))]
+            .reshape(graph.info[name].shape).copy() for name in outs}
+
+
+def check_mma(op: str, inputs: list[np.ndarray | None], attrs: dict, pin: dict | None = None):
+    """Lower one node with float16 operands on matrix units, run it on Dawn, compare to the op's
+    numpy forward in float64 on the same f16 values: |err| <= 2 u |y| + 8 u 2^-8 sum |a b| style
+    bound, i.e. f16 rounding of the result plus f32 accumulation."""
+    _, _, caps = dawn()
+    g = Graph()
+    names = []
+    halves = [None if a is None else np.asarray(a, np.float32).astype(F16) for a in inputs]
+    for i, a in enumerate(halves):
+        if a is None:
+            names.append("")
+            continue
+        names.append(f"x{i}")
+        g.info[f"x{i}"] = TensorInfo(F16, tuple(a.shape))
+    node = Node(op, names, ["y0"], {**attrs, "_gemm_variant": "mma", **(pin or {})}, name="n")
+    g.nodes = [node]
+    wide = [None if a is None else a.astype(np.float64) for a in halves]
+    if op == "MatMul":   # the layout attrs (gemm_layout.py) are the backend's own: no op forward knows them
+        want, mag = _matmul(wide, attrs), _matmul([np.abs(a) for a in wide], attrs)
+        g.info["y0"] = TensorInfo(F16, want.shape)
+    else:
+        infer_node(g, node)
+        g.info["y0"] = TensorInfo(F16, g.info["y0"].shape)
+        want = np.asarray(get_op(op).run(node, wide)[0], np.float64)
+        mag = np.asarray(get_op(op).run(node, [None if a is None else np.abs(a) for a in wide])[0], np.float64)
+    if attrs.get("_epilogue") == "relu":
+        want = np.maximum(want, 0)
+    kernels = stored_half(LOWERINGS[op](node, resolve_attributes(g), caps), g)
+    assert any(uses_matrix_units(k) for k in kernels), [k.name for k in kernels]
+    got = run_kernels(kernels, g, {n: a for n, a in zip(names, halves) if n}, ["y0"])["y0"].astype(np.float64)
+    bound = 2 * U16 * np.abs(want) + 2.0 ** -16 * mag + 1e-6
+    bad = np.abs(got - want) > bound
+    assert not bad.any(), (f"{op} {attrs} {pin}: {bad.sum()} of {bad.size} outside the bound, worst "
+                           f"{np.max(np.abs(got - want) - bound):.3g}; kernels {[k.name for k in kernels]}")
+    return kernels
+
+
+def _matmul(ab: list[np.ndarray], attrs: dict) -> np.ndarray:
+    """MatMul with gemm_layout's operand perms, result perm and alpha, in float64."""
+    a, b = (x if attrs.get(k) is None else np.transpose(x, attrs[k]) for x, k in zip(ab, ("_permA", "_permB")))
+    y = np.matmul(a, b) * attrs.get("_alpha", 1.0)
+    return y if attrs.get("_permY") is None else np.transpose(y, attrs["_permY"])
+
+
+def rnd(*shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+PLANS = {"rules": {}, "b2t64": {"_gemm_block": 2, "_gemm_threads": 64}, "b4k64": {"_gemm_block": 4, "_gemm_kt": 64},
+         "b2t256": {"_gemm_block": 2, "_gemm_threads": 256}}
+
+
+@pytest.mark.parametrize("plan", list(PLANS))
+@pytest.mark.parametrize("sa,sb,attrs", [
+    ((70, 100), (100, 36), {}),                            # edges on every axis
+    ((129, 64), (64, 130), {}),
+    ((2, 33, 48), (48, 20), {}),                           # batch folds into M
+    ((3, 17, 40), (3, 40, 24), {}),                        # batched
+    ((2, 1, 9, 32), (3, 32, 8), {}),                       # broadcast batches
+    ((50, 72), (40, 72), {"_permB": [1, 0]}),              # x @ W.T
+    ((72, 50), (72, 40), {"_permA": [1, 0]}),              # dW = x.T @ dy
+    ((2, 6, 40, 16), (2, 6, 16, 40), {"_permY": [0, 2, 1, 3]}),  # attention's head merge
+    ((64, 300), (300, 48), {"_alpha": 0.125}),
+])
+def test_matmul_layouts(sa, sb, attrs, plan):
+    check_mma("MatMul", [rnd(*sa, seed=1), rnd(*sb, seed=2)], attrs, PLANS[plan])
+
+
+@pytest.mark.parametrize("ta,tb", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_gemm_transposes_bias_and_relu(ta, tb):
+    m, k, n = 45, 70, 66
+    a = rnd(k, m, seed=3) if ta else rnd(m, k, seed=3)
+    b = rnd(n, k, seed=4) if tb else rnd(k, n, seed=4)
+    check_mma("Gemm", [a, b, rnd(n, seed=5)], {"transA": ta, "transB": tb, "_epilogue": "relu"})
+
+
+@pytest.mark.parametrize("splits", [2, 5])
+def test_split_k(splits):
+    kernels = check_mma("MatMul", [rnd(40, 2000, seed=6), rnd(2000, 24, seed=7)], {}, {"_gemm_splits": splits})
+    assert any("splitK" in k.name for k in kernels)
+
+
+CONVS = [((2, 8, 13, 11), (16, 8, 3, 3), {"pads": [1, 1, 1, 1]}),
+         ((2, 16, 12, 12), (24, 16, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+         ((1, 32, 7, 9), (40, 32, 1, 1), {}),
+         ((2, 12, 10, 10), (20, 6, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]})]
+
+
+def _explicit(xs, ws, attrs):
+    from anygrad.ops.nn import window
+    win = window(Node("Conv", [], ["y"], attrs), xs[2:], ws[2:])
+    return {**win.attrs(), "group": attrs.get("group", 1)}, win.out
+
+
+@pytest.mark.parametrize("xs,ws,attrs", CONVS)
+def test_conv_forward(xs, ws, attrs):
+    check_mma("Conv", [rnd(*xs, seed=8), rnd(*ws, seed=9), rnd(ws[0], seed=10)], {**attrs, "_epilogue": "relu"})
+
+
+@pytest.mark.parametrize("xs,ws,attrs", CONVS)
+def test_conv_input_gradient(xs, ws, attrs):
+    explicit, out = _explicit(xs, ws, attrs)
+    check_mma("ConvGradInput", [rnd(xs[0], ws[0], *out, seed=11), rnd(*ws, seed=12)],
+              {**explicit, "input_shape": list(xs)})
+
+
+@pytest.mark.parametrize("xs,ws,attrs", CONVS)
+def test_conv_weight_gradient(xs, ws, attrs):
+    explicit, out = _explicit(xs, ws, attrs)
+    check_mma("ConvGradWeight", [rnd(xs[0], ws[0], *out, seed=13), rnd(*xs, seed=14)],
+              {**explicit, "weight_shape": list(ws)})
