@@ -20,10 +20,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 import anygrad.ops  # noqa: F401  (op registry: shape rules)
-from anygrad.backends.wgpu import kernels_conv, kernels_gemm  # noqa: F401  (lowerings)
-from anygrad.backends.wgpu.kernel import LOWERINGS, AdapterCaps, Kernel
-from anygrad.backends.wgpu.runtime import writable_reads
-from anygrad.backends.wgpu.shader_module import create_shader_module
+from anygrad.backends.wgpu.device.shader_module import create_shader_module
+from anygrad.backends.wgpu.kernels import kernels_conv, kernels_gemm  # noqa: F401  (lowerings)
+from anygrad.backends.wgpu.kernels.kernel import LOWERINGS, AdapterCaps, Kernel
+from anygrad.backends.wgpu.runtime.encode import writable_reads
 from anygrad.ir import Graph, Node, TensorInfo, infer_node
 from anygrad.ir.passes import resolve_attributes
 
@@ -360,7 +360,7 @@ def bench(device, caps: AdapterCaps, timestamps: bool, label: str, op: str, shap
     """One case in one variant (parse_variant), or with variant 'tuned' the fastest of the
     autotuner's candidates (autotune.CANDIDATES), as a tuned compile would pick it."""
     if variant == "tuned":
-        from anygrad.backends.wgpu.autotune import CANDIDATES, split_pins, tunes_splits
+        from anygrad.backends.wgpu.tuning.autotune import CANDIDATES, split_pins, tunes_splits
         best, best_pin = None, None
 
         def consider(pins) -> None:

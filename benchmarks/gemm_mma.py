@@ -39,8 +39,8 @@ def main() -> None:
     args = ap.parse_args()
     from test_matrix_units_dawn import dawn
 
-    from anygrad.backends.wgpu.halfstore import stored_half
-    from anygrad.backends.wgpu.kernel import LOWERINGS
+    from anygrad.backends.wgpu.kernels.halfstore import stored_half
+    from anygrad.backends.wgpu.kernels.kernel import LOWERINGS
     from anygrad.ir import Graph, Node, TensorInfo, infer_node
     wgpu, dev, caps = dawn()
     n = args.size

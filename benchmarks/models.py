@@ -375,7 +375,7 @@ def run_anygrad(spec: Spec, module, batches, device: str, args, mem: GpuMemory |
     inputs0, targets0 = model._batch(x0, y0)
     exe = model.train_program(inputs0, targets0, flush=False)
     if model.backend.name == "wgpu":
-        from anygrad.backends.wgpu.planner import memory_report
+        from anygrad.backends.wgpu.planning.planner import memory_report
         rep = memory_report(exe.plan)
         out["planned_mib"] = rep.total / 2**20
         out["planned"] = {k: getattr(rep, k) / 2**20 for k in
@@ -394,7 +394,7 @@ def run_anygrad(spec: Spec, module, batches, device: str, args, mem: GpuMemory |
 def matrix_unit_share(kernels: list[tuple[str, float]], top: int = 8) -> dict:
     """Of a step profile's (kernel, ns): the share of GPU time in kernels on matrix units
     (kernels_mma: '[mma ' in the name), and the op kinds that stay on ALUs with their shares."""
-    from anygrad.backends.wgpu.profiling import op_kind
+    from anygrad.backends.wgpu.tuning.profiling import op_kind
     total = sum(ns for _, ns in kernels) or 1.0
     mma = sum(ns for name, ns in kernels if "[mma " in name)
     alu: dict[str, float] = {}
@@ -612,7 +612,7 @@ def table(results: list[dict]) -> str:
 
 
 def profiles(results: list[dict], top: int) -> str:
-    from anygrad.backends.wgpu.profiling import StepProfile
+    from anygrad.backends.wgpu.tuning.profiling import StepProfile
     text = []
     for r in results:
         for c in r.get("cases", []):

@@ -30,8 +30,8 @@ def plan_step(name: str, batch: int, precision: str, binding: str, phase: str = 
     from models import MODELS
 
     import anygrad
-    from anygrad.backends.wgpu.planner import fit_plan
-    from anygrad.backends.wgpu.runtime import WgpuBackend
+    from anygrad.backends.wgpu.planning.planner import fit_plan
+    from anygrad.backends.wgpu.runtime.backend import WgpuBackend
     from anygrad.losses import get_loss
     from anygrad.optim import SGD
     from anygrad.program import build_train_step
@@ -55,7 +55,7 @@ def plan_step(name: str, batch: int, precision: str, binding: str, phase: str = 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from anygrad.backends.wgpu.planner import _assign_slots, liveness_bound, memory_report
+    from anygrad.backends.wgpu.planning.planner import _assign_slots, liveness_bound, memory_report
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("cases", nargs="+", help="MODEL:BATCH (models from benchmarks/models.py)")
     ap.add_argument("--precision", default="f32,f16")

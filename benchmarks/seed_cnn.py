@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         meta["loadavg_start"], meta["loadavg_end"] = load_start, os.getloadavg()
     for r in rows:
         if "profile" in r:
-            from anygrad.backends.wgpu.profiling import StepProfile
+            from anygrad.backends.wgpu.tuning.profiling import StepProfile
             d = r["profile"]
             prof = StepProfile([tuple(k) for k in d["kernels"]], d["runs"], d["step_ns"], d["wall_ms"])
             print("\n" + prof.format(f"{r['label']} training step, batch {r['batch']}"))

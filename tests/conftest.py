@@ -19,7 +19,7 @@ if importlib.util.find_spec("triton") is not None:
     import triton  # noqa: F401
 
 
-# The wgpu plan cache (backends/wgpu/pipeline_cache.py) writes under ~/.cache/anygrad; tests keep
+# The wgpu plan cache (backends/wgpu/device/pipeline_cache.py) writes under ~/.cache/anygrad; tests keep
 # it off unless they test it (test_wgpu_pipeline_cache.py turns it on in a temporary folder).
 os.environ.setdefault("ANYGRAD_PIPELINE_CACHE", "0")
 

@@ -296,7 +296,7 @@ def wgpu():
 def tiles(request, monkeypatch):
     """'tiles': 4 rows per workgroup and per tile, so every small case crosses query blocks and
     key tiles, with ragged last ones."""
-    from anygrad.backends.wgpu import kernels_attention
+    from anygrad.backends.wgpu.kernels import kernels_attention
     if request.param == "tiles":
         monkeypatch.setattr(kernels_attention, "BLOCK_Q", 4)
         monkeypatch.setattr(kernels_attention, "MAX_BLOCK_K", 4)
@@ -428,8 +428,8 @@ def test_wgpu_kernels_fit_the_weakest_adapter(dims):
 
     from wgpu_util import op_graph
 
-    from anygrad.backends.wgpu import kernels_attention as ka
-    from anygrad.backends.wgpu.kernel import AdapterCaps
+    from anygrad.backends.wgpu.kernels import kernels_attention as ka
+    from anygrad.backends.wgpu.kernels.kernel import AdapterCaps
     d, dv = dims
     ins = _attention_case(2, 3, 70, 130, d, dv, "float")
     graph, _ = op_graph("FusedAttention", ins, {"scale": 0.1, "causal": 1, "causal_offset": 60}, n_outputs=2,

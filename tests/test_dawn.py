@@ -1,4 +1,4 @@
-"""The wgpu backend on either WebGPU implementation (backends/wgpu/implementation.py): device names,
+"""The wgpu backend on either WebGPU implementation (backends/wgpu/device/implementation.py): device names,
 `auto`'s choice, the missing `[dawn]` extra, adapter facts and the ALU fallback message, Tint's
 errors, mappings under WebGPU's rules. Without a GPU (CI, lavapipe): Dawn refuses software adapters,
 so adapters are faked here; the tests at the end run on Dawn where it has an adapter and skip
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import wgpu_util
 
-from anygrad.backends.wgpu import adapters, implementation
-from anygrad.backends.wgpu.adapters import (
+from anygrad.backends.wgpu.device import adapters, implementation
+from anygrad.backends.wgpu.device.adapters import (
     AdapterFacts,
     AdapterInfo,
     MatrixConfig,
@@ -22,8 +22,8 @@ from anygrad.backends.wgpu.adapters import (
     say_matrix_fallback,
     select_adapter,
 )
-from anygrad.backends.wgpu.implementation import Implementation, wait_mapped, wgsl_for
-from anygrad.backends.wgpu.shader_module import ShaderRejectedError, first_error_line, shader_rejected
+from anygrad.backends.wgpu.device.implementation import Implementation, wait_mapped, wgsl_for
+from anygrad.backends.wgpu.device.shader_module import ShaderRejectedError, first_error_line, shader_rejected
 from anygrad.errors import AnygradError, ConfigError, DeviceError
 
 # What Dawn reports on an H200 through Vulkan (the probe of 2026-12-01), as get_adapter_properties gives it
@@ -205,12 +205,12 @@ def test_first_error_line_of_tint_and_naga():
 
 def test_a_kernel_tint_rejects_is_an_anygrad_error(wb, monkeypatch):
     """The pipeline path itself, fed Tint's words: an AnygradError naming the kernel and the first error line."""
-    from anygrad.backends.wgpu import runtime
+    from anygrad.backends.wgpu.runtime import backend as runtime
 
     def tint(device, wgsl, label):
         raise RuntimeError(TINT_ERROR)
     monkeypatch.setattr(runtime, "create_shader_module", tint)
-    monkeypatch.setattr(runtime.implementation, "of", lambda obj: DAWN)
+    monkeypatch.setattr(implementation, "of", lambda obj: DAWN)
     wgsl = "@compute @workgroup_size(1) fn main() {}"
     with pytest.raises(ShaderRejectedError) as e:
         wb.pipeline(wgsl + " // tint", "main", (False,), "MatMul:gemm_mma_16x16x16")

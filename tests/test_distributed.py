@@ -660,13 +660,13 @@ def test_device_shards_are_uploaded_through_mapped_buffers(tiny, monkeypatch, th
     own, filled over the host's threads with the cast to float32 in the same pass (here every input:
     the threshold is 0, and the data float64), and the step copies it first; without wgpu-py's
     internals for a writable view (threads=False), through write_mapped. Training is unchanged."""
-    from anygrad.backends.wgpu import runtime
+    from anygrad.backends.wgpu.runtime import executable
     from anygrad.devices import list_adapters
     if not list_adapters():
         pytest.fail("no wgpu adapter: install mesa-vulkan-drivers (lavapipe)")
-    monkeypatch.setattr(runtime, "STAGED_INPUT_BYTES", 0)
+    monkeypatch.setattr(executable, "STAGED_INPUT_BYTES", 0)
     if not threads:
-        monkeypatch.setattr(runtime, "_mapped_view", lambda buf, nbytes: None)
+        monkeypatch.setattr(executable, "_mapped_view", lambda buf, nbytes: None)
     model, _, x, y = tiny
     x, y = x[:32], y[:32]
     losses, state, _ = _reference(model, x, y, device="wgpu:0", epochs=1)
@@ -867,16 +867,17 @@ def test_buckets_are_read_back_during_the_backward_pass(tiny, monkeypatch, hold)
     bucket's mapping is asked for right after the part copying it is submitted and before any
     later part is (wgpu-py then resolves a mapping only with the newest submission). A reader
     thread takes the buckets while the rest is submitted."""
-    from anygrad.backends.wgpu import WgpuBackend, runtime
+    from anygrad.backends.wgpu import WgpuBackend
+    from anygrad.backends.wgpu.runtime import context
     from anygrad.devices import list_adapters
     from anygrad.distributed import parallel
     if not list_adapters():
         pytest.fail("no wgpu adapter: install mesa-vulkan-drivers (lavapipe)")
     if hold != "free":  # the executables plan as for a blocking poll thread
         monkeypatch.setenv("ANYGRAD_WGPU_HOLD_PARTS", hold)
-        for ctx in list(runtime._CONTEXTS.values()):
+        for ctx in list(context._CONTEXTS.values()):
             monkeypatch.setattr(ctx, "polls_freely", False)
-        monkeypatch.setattr(runtime, "poll_freely", lambda device: False)  # devices opened now
+        monkeypatch.setattr(context, "poll_freely", lambda device: False)  # devices opened now
     monkeypatch.setattr(parallel, "BUCKET_BYTES", 64 * 4)  # fc1.weight alone, then the rest
     monkeypatch.setattr(parallel, "BUCKET_SCALES", (1.0,))
     submits: list[tuple[int, int]] = []  # (backend, map requests run right after this submit)
@@ -1105,9 +1106,9 @@ m.train_on_batch(x[:16], y[:16])
 points = [(parallel.DataParallel, "_combine"), (parallel.DataParallel, "_write_back"), (parallel.DataParallel, "_release"),
           (parallel.DataParallel, "_update_job"), (base.Backend, "import_states")]
 if devices.startswith("wgpu"):
-    from anygrad.backends.wgpu import runtime
-    points += [(runtime.WgpuBackend, "submit"), (runtime.WgpuBackend, "import_view"),
-               (runtime.WgpuBackend, "export_view_async"), (runtime.WgpuExecutable, "run")]
+    from anygrad.backends.wgpu import WgpuBackend, WgpuExecutable
+    points += [(WgpuBackend, "submit"), (WgpuBackend, "import_view"),
+               (WgpuBackend, "export_view_async"), (WgpuExecutable, "run")]
 else:
     from anygrad.backends.numpy.runtime import NumpyExecutable
     points += [(NumpyExecutable, "run"), (base.Backend, "export_view_async")]
@@ -1172,7 +1173,7 @@ def test_a_failure_anywhere_in_a_step_fails_it_and_the_next_step_trains_from_equ
     does not hang, and the next step trains with the replicas still equal. Found by this sweep: an
     update failing on one device left it a step behind the others (they now take the state of one
     that completed it), and a gradient buffer left mapped killed the process at the next submit
-    (runtime._unmapped). In a child process, so that an abort fails this test, not the run."""
+    (runtime.buffers._unmapped). In a child process, so that an abort fails this test, not the run."""
     if devices.startswith("wgpu"):
         from anygrad.devices import list_adapters
         if not list_adapters():

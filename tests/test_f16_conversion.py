@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from wgpu_util import make_graph, run_both, wgpu_backend
 
-from anygrad.backends.wgpu import halfstore, selftest
+from anygrad.backends.wgpu.kernels import halfstore
+from anygrad.backends.wgpu.tuning import selftest
 from anygrad.ir import Node
 
 pytestmark = pytest.mark.wgpu

@@ -75,7 +75,7 @@ def rezip(src: bytes, replace: dict[str, bytes]) -> bytes:
 def _readers(seed_dir: Path):
     """reader -> (seed bytes, how to make the fuzzed file's bytes, the reads to try on it)."""
     from anygrad import torchfile
-    from anygrad.backends.wgpu import pipeline_cache
+    from anygrad.backends.wgpu.device import pipeline_cache
     from anygrad.cli import _file_settings
     from anygrad.data.npz import read_npz
     from anygrad.data.tokens import read_tokens, token_split
@@ -223,7 +223,7 @@ def _write_seeds(d: Path) -> None:
 
 
 def _write_plan_seed(d: Path) -> None:
-    from anygrad.backends.wgpu import pipeline_cache
+    from anygrad.backends.wgpu.device import pipeline_cache
     old = {k: os.environ.get(k) for k in (pipeline_cache.CACHE_ENV, pipeline_cache.SWITCH_ENV)}
     os.environ[pipeline_cache.CACHE_ENV], os.environ[pipeline_cache.SWITCH_ENV] = str(d), "1"
     try:
@@ -281,7 +281,7 @@ def test_the_seed_files_are_read(tmp_path_factory):
     from anygrad.data.tokens import read_tokens
     for name in ("tokens.npy", "tokens.bin"):
         assert read_tokens(d / name).tolist() == (np.arange(64) * 7 % 50).tolist()
-    from anygrad.backends.wgpu import pipeline_cache
+    from anygrad.backends.wgpu.device import pipeline_cache
     os.environ[pipeline_cache.CACHE_ENV], os.environ[pipeline_cache.SWITCH_ENV] = str(d), "1"
     try:
         payload = pipeline_cache.load("k", _plan_source())

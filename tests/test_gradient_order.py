@@ -57,9 +57,9 @@ def _run(step: Graph, seed: int = 1) -> dict[str, np.ndarray]:
 
 def _planned_activations(step: Graph) -> int:
     """Activation bytes as the wgpu backend plans the step: fused, gradients in their arenas."""
-    from anygrad.backends.wgpu.fusion import prepare
-    from anygrad.backends.wgpu.kernel import AdapterCaps, ops_where
-    from anygrad.backends.wgpu.planner import fit_plan, memory_report
+    from anygrad.backends.wgpu.fusion.passes import prepare
+    from anygrad.backends.wgpu.kernels.kernel import AdapterCaps, ops_where
+    from anygrad.backends.wgpu.planning.planner import fit_plan, memory_report
     caps = AdapterCaps(has_f16=True, is_cpu=False, max_storage_binding_size=1 << 30)
     _, plan, _ = fit_plan(step.copy(), caps, set(step.state_names),
                           lambda g: prepare(g, caps, ops_where("epilogue")))
@@ -106,18 +106,18 @@ def test_hoist_moves_a_chain_and_keeps_the_rest_in_order():
 
 @pytest.mark.parametrize("phase", ["step", "apply"])
 def test_a_group_that_frees_a_gradient_keeps_its_place(phase, monkeypatch):
-    """Horizontal fusion (fusion._merge_siblings) does not move the kernel that widens and unscales a
+    """Horizontal fusion (elementwise._merge_siblings) does not move the kernel that widens and unscales a
     float16 weight gradient to a later sibling's place, which would hold that gradient across the
     kernels in between: each runs before the next convolution gradient. (The threshold is lowered
     to this small net's gradients; with no threshold the two 64x64 convolutions' kernels merge.)"""
-    from anygrad.backends.wgpu import fusion
-    from anygrad.backends.wgpu.kernel import AdapterCaps, ops_where
+    from anygrad.backends.wgpu.fusion import elementwise, passes
+    from anygrad.backends.wgpu.kernels.kernel import AdapterCaps, ops_where
     caps = AdapterCaps(has_f16=True, is_cpu=False, max_storage_binding_size=1 << 30)
     step = _step("f16", phase, True, monkeypatch)
 
     def held_across_a_convolution(limit: int) -> list[str]:
-        monkeypatch.setattr(fusion, "MERGE_FREES_BELOW", limit)
-        g = fusion.prepare(step.copy(), caps, ops_where("epilogue"))
+        monkeypatch.setattr(elementwise, "MERGE_FREES_BELOW", limit)
+        g = passes.prepare(step.copy(), caps, ops_where("epilogue"))
         made = {o: k for k, n in enumerate(g.nodes) if n.op == "ConvGradWeight" for o in n.outputs}
         readers = [(made[v], k) for k, n in enumerate(g.nodes) if n.op != "ConvGradWeight"
                    for v in n.inputs if v in made]

@@ -133,9 +133,9 @@ def test_gpt_like_step_planned_bytes_grow_with_tokens_not_weights():
     """The wgpu planner's temporaries grow by about a few activations per sample, never by a
     weight-sized gradient per sample (the head's D x V alone is 192 KiB a sample)."""
     pytest.importorskip("wgpu")
-    from anygrad.backends.wgpu.fusion import prepare
-    from anygrad.backends.wgpu.kernel import AdapterCaps, ops_where
-    from anygrad.backends.wgpu.planner import make_plan
+    from anygrad.backends.wgpu.fusion.passes import prepare
+    from anygrad.backends.wgpu.kernels.kernel import AdapterCaps, ops_where
+    from anygrad.backends.wgpu.planning.planner import make_plan
 
     caps = AdapterCaps()
 

@@ -19,15 +19,15 @@ import numpy as np
 import pytest
 
 import anygrad.ops  # noqa: F401  (registers the op forwards)
-from anygrad.backends.wgpu import kernels_conv, kernels_gemm  # noqa: F401  (register the lowerings)
-from anygrad.backends.wgpu.adapters import AdapterFacts
-from anygrad.backends.wgpu.adapters import MatrixConfig as AdapterConfig
-from anygrad.backends.wgpu.halfstore import stored_half
-from anygrad.backends.wgpu.kernel import LOWERINGS, AdapterCaps
-from anygrad.backends.wgpu.kernels_gemm import GROUP_M
-from anygrad.backends.wgpu.kernels_mma import uses_matrix_units
-from anygrad.backends.wgpu.matrix_units import MatrixConfig, MatrixUnits, MmaPlan, plan_mma, units_of
-from anygrad.backends.wgpu.wgsl import workgroup_bytes
+from anygrad.backends.wgpu.device.adapters import AdapterFacts
+from anygrad.backends.wgpu.device.adapters import MatrixConfig as AdapterConfig
+from anygrad.backends.wgpu.kernels import kernels_conv, kernels_gemm  # noqa: F401  (register the lowerings)
+from anygrad.backends.wgpu.kernels.gemm_wgsl import GROUP_M
+from anygrad.backends.wgpu.kernels.halfstore import stored_half
+from anygrad.backends.wgpu.kernels.kernel import LOWERINGS, AdapterCaps
+from anygrad.backends.wgpu.kernels.kernels_mma import uses_matrix_units
+from anygrad.backends.wgpu.kernels.matrix_units import MatrixConfig, MatrixUnits, MmaPlan, plan_mma, units_of
+from anygrad.backends.wgpu.kernels.wgsl import workgroup_bytes
 from anygrad.ir import Graph, Node, TensorInfo, infer_node
 from anygrad.ir.passes import resolve_attributes
 
@@ -197,7 +197,7 @@ def test_plans_fit_small_workgroup_storage_and_small_shapes():
 
 
 def _tile_order(lin: int, nN: int, nM: int) -> tuple[int, int]:
-    """kernels_gemm._tile_order in Python: (mb, nb) of workgroup `lin`."""
+    """gemm_wgsl._tile_order in Python: (mb, nb) of workgroup `lin`."""
     t = lin % (nN * nM)
     if nM == 1:
         return 0, t

@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 
 import anygrad.ops  # noqa: F401  (registers the op forwards)
-from anygrad.backends.wgpu import kernels_conv, kernels_gemm  # noqa: F401  (register the lowerings)
-from anygrad.backends.wgpu.halfstore import stored_half
-from anygrad.backends.wgpu.kernel import LOWERINGS, AdapterCaps
-from anygrad.backends.wgpu.kernels_mma import FEATURES, uses_matrix_units
-from anygrad.backends.wgpu.matrix_units import MatrixConfig, MatrixUnits
+from anygrad.backends.wgpu.kernels import kernels_conv, kernels_gemm  # noqa: F401  (register the lowerings)
+from anygrad.backends.wgpu.kernels.halfstore import stored_half
+from anygrad.backends.wgpu.kernels.kernel import LOWERINGS, AdapterCaps
+from anygrad.backends.wgpu.kernels.kernels_mma import FEATURES, uses_matrix_units
+from anygrad.backends.wgpu.kernels.matrix_units import MatrixConfig, MatrixUnits
 from anygrad.ir import Graph, Node, TensorInfo, get_op, infer_node
 from anygrad.ir.passes import resolve_attributes
 
@@ -34,7 +34,7 @@ U16 = 2.0 ** -11
 @functools.cache
 def dawn() -> tuple:
     """(wgpu module, device, caps) of the first Dawn adapter with f16 subgroup matrices."""
-    from anygrad.backends.wgpu import implementation
+    from anygrad.backends.wgpu.device import implementation
     if not implementation.available("dawn"):
         pytest.skip("wgpudawn is not installed (pip install 'anygrad[dawn]')")
     impl = implementation.load("dawn")

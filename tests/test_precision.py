@@ -306,7 +306,7 @@ def test_wgpu_f16_steps_match_numpy(kind):
 
 @pytest.mark.wgpu
 def test_wgpu_f16_activation_buffers_take_two_bytes_per_element(monkeypatch):
-    from anygrad.backends.wgpu.planner import value_bytes
+    from anygrad.backends.wgpu.planning.planner import value_bytes
     # like for like: without the activation-gradient epilogue both precisions store dy
     monkeypatch.setenv("ANYGRAD_WGPU_GRAD_EPILOGUE", "0")
     backend = wgpu_backend()
@@ -366,7 +366,7 @@ def test_wgpu_rewritten_elementwise_and_reduction_kernels_match_numpy():
 
 # -- the shader rewrite, as text -----------------------------------------------------------------------
 def test_rewrite_binding_reads_f32_and_rounds_stores():
-    from anygrad.backends.wgpu.halfstore import rewrite_binding
+    from anygrad.backends.wgpu.kernels.halfstore import rewrite_binding
     src = ("@group(0) @binding(0) var<storage, read> a: array<f32>;\n"
            "@group(0) @binding(1) var<storage, read_write> y: array<f32>;\n"
            "fn main() {\n  let i = 0u;\n  y[i] = a[i] * a[a_idx(i)];\n  y[i + 1u] += exp(y[i]);\n"
@@ -382,8 +382,8 @@ def test_rewrite_binding_reads_f32_and_rounds_stores():
 
 
 def test_rewrite_binding_vec4_operands_and_unrewritable_bindings():
-    from anygrad.backends.wgpu.halfstore import half_kernels, rewrite_binding
-    from anygrad.backends.wgpu.kernel import Kernel
+    from anygrad.backends.wgpu.kernels.halfstore import half_kernels, rewrite_binding
+    from anygrad.backends.wgpu.kernels.kernel import Kernel
     src = ("@group(0) @binding(0) var<storage, read> b: array<vec4<f32>>;\n"
            "@group(0) @binding(1) var<storage, read_write> y: array<vec4<f32>>;\n"
            "fn main() { let v = b[3u][2u]; y[1u] = b[0u] * v; y[2u][1u] = v; }\n")
@@ -402,7 +402,7 @@ def test_rewrite_binding_vec4_operands_and_unrewritable_bindings():
 
 @pytest.mark.wgpu
 def test_wgpu_f16_self_test_passes_here_and_a_failing_one_falls_back_to_f32(monkeypatch, capsys):
-    from anygrad.backends.wgpu.selftest import f16_problem
+    from anygrad.backends.wgpu.tuning.selftest import f16_problem
     backend = wgpu_backend()
     assert f16_problem(backend) is None
     monkeypatch.setattr(backend.ctx, "f16_problem", "its float16 matmul is wrong (relative error 3.2)")

@@ -53,8 +53,8 @@ def _matmul_graph(attrs: dict) -> Graph:
 def test_prepare_refuses_a_graph_carrying_an_undeclared_private_attribute():
     """The wgpu rewrites end in the check: a pin spelt wrong by a test, a benchmark or a pass is an
     error, not a tiling silently left to the rules."""
-    from anygrad.backends.wgpu.fusion import prepare
-    from anygrad.backends.wgpu.kernel import AdapterCaps
+    from anygrad.backends.wgpu.fusion.passes import prepare
+    from anygrad.backends.wgpu.kernels.kernel import AdapterCaps
     caps = AdapterCaps()
     prepared = prepare(_matmul_graph({"_gemm_variant": "register", "_gemm_block": 4}), caps, set())
     assert [n.attr("_gemm_block") for n in prepared.nodes] == [4]
@@ -63,7 +63,7 @@ def test_prepare_refuses_a_graph_carrying_an_undeclared_private_attribute():
 
 
 def test_the_autotuner_pins_only_declared_attributes():
-    from anygrad.backends.wgpu import autotune
+    from anygrad.backends.wgpu.tuning import autotune
     for pin in autotune.CANDIDATES:
         check_attrs(pin, f"autotune candidate {pin}")
 

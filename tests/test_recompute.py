@@ -87,7 +87,7 @@ def test_a_budget_that_needs_recomputation_trains_like_pytorch(monkeypatch):
     monkeypatch.setenv("ANYGRAD_RECOMPUTE_ELEMENTWISE", "0")  # the budget's own recomputation
     if not has_adapter():
         no_adapter()
-    from anygrad.backends.wgpu.planner import memory_report
+    from anygrad.backends.wgpu.planning.planner import memory_report
     theirs, ours = _nets()
     want = _torch_losses(theirs, 3)
     _, ours_plain = _nets()
@@ -121,7 +121,7 @@ def test_a_budget_takes_the_tightest_placement_before_recomputing():
     as without a budget (and as the numpy backend, to float rounding)."""
     if not has_adapter():
         no_adapter()
-    from anygrad.backends.wgpu.planner import make_plan, memory_report
+    from anygrad.backends.wgpu.planning.planner import make_plan, memory_report
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((BATCH, 16)).astype(np.float32), rng.integers(0, 4, BATCH)
 
@@ -211,8 +211,8 @@ def test_f16_casts_are_recomputed_exactly_and_plan_smaller():
     copies of weights are cast again in the backward instead of living across it
     (the casts of recompute.ELEMENTWISE); the step computes the same bits, and the wgpu planner keeps the rewrite
     because it plans fewer bytes (activations of a batch of 1024 outweigh the weights)."""
-    from anygrad.backends.wgpu.kernel import AdapterCaps
-    from anygrad.backends.wgpu.planner import fit_plan, make_plan, memory_report
+    from anygrad.backends.wgpu.kernels.kernel import AdapterCaps
+    from anygrad.backends.wgpu.planning.planner import fit_plan, make_plan, memory_report
     from anygrad.ir.recompute import recompute
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(16, 64), nn.SiLU(), nn.Linear(64, 64), nn.Softmax(dim=-1), nn.Linear(64, 4))
@@ -243,10 +243,10 @@ def test_elementwise_values_are_recomputed_by_default(monkeypatch):
     and there is nothing to recompute: fewer bytes than storing it, and fewer kernels.)"""
     if not has_adapter():
         no_adapter()
-    from anygrad.backends.wgpu.fusion import prologue_enabled
+    from anygrad.backends.wgpu.fusion.gemm_epilogues import prologue_enabled
     assert prologue_enabled()
     monkeypatch.setenv("ANYGRAD_WGPU_PROLOGUE", "0")
-    from anygrad.backends.wgpu.planner import memory_report
+    from anygrad.backends.wgpu.planning.planner import memory_report
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((256, 16)).astype(np.float32), rng.standard_normal((256, 4)).astype(np.float32)
     runs, weights = {}, None

@@ -155,7 +155,7 @@ def _tiny_graph() -> Graph:
 
 
 def test_the_plan_cache_key_holds_the_tuning_settings_and_not_the_debug_ones():
-    from anygrad.backends.wgpu import pipeline_cache
+    from anygrad.backends.wgpu.device import pipeline_cache
     g = _tiny_graph()
     key = pipeline_cache.plan_key(g, ("ctx",))
     assert pipeline_cache.plan_key(g, ("ctx",)) == key

@@ -138,3 +138,28 @@ ATTRIBUTE_HELPERS = {
 def test_no_backend_interprets_attributes_with_ops_helpers():
     found = [(f, name) for f, name in _backend_ops_imports() if name in ATTRIBUTE_HELPERS]
     assert not found, f"backends re-derive attributes with ops/ helpers (read the resolved node.attrs): {found}"
+
+
+# The wgpu backend by stage, each importing only stages before it (device/ underneath them all):
+# lowering, fusion, planning, tuning (which measures plans on the device), the runtime.
+WGPU = PACKAGE / "backends" / "wgpu"
+WGPU_STAGES = ["device", "kernels", "fusion", "planning", "tuning", "runtime"]
+
+
+def test_wgpu_stages_import_only_earlier_stages():
+    assert {p.name for p in WGPU.iterdir() if (p / "__init__.py").exists()} == set(WGPU_STAGES), \
+        "a new wgpu subpackage: add it to WGPU_STAGES"
+    assert not [p.name for p in WGPU.glob("*.py") if p.name != "__init__.py"], "wgpu modules live in a stage"
+    later = []
+    for path in WGPU.rglob("*.py"):
+        rel = path.relative_to(WGPU).parts
+        if len(rel) < 2:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 2 and node.module:
+                target = node.module.split(".")[0]
+                if target in WGPU_STAGES and WGPU_STAGES.index(target) > WGPU_STAGES.index(rel[0]):
+                    later.append(f"{'/'.join(rel)}:{node.lineno} ({rel[0]}) imports {target}")
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("anygrad.backends.wgpu"):
+                later.append(f"{'/'.join(rel)}:{node.lineno} imports its own backend absolutely")
+    assert not later, "\n".join(later)

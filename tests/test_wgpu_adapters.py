@@ -7,7 +7,7 @@ import sys
 import pytest
 import wgpu_util
 
-from anygrad.backends.wgpu.adapters import AdapterInfo
+from anygrad.backends.wgpu.device.adapters import AdapterInfo
 
 LIMITS = {"max-storage-buffer-binding-size": 128 << 20, "max-buffer-size": (1 << 31) - 1,
           "max-storage-buffers-per-shader-stage": 8, "max-compute-workgroup-storage-size": 16384,

@@ -1,4 +1,4 @@
-"""The GEMM autotuner (backends/wgpu/autotune.py): candidates timed on the device, the fastest pinned,
+"""The GEMM autotuner (backends/wgpu/tuning/autotune.py): candidates timed on the device, the fastest pinned,
 winners stored per adapter and looked up on the next compile, a hostile cache file ignored, and a
 tuned step computing what numpy computes."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from test_wgpu_gemm_fold import _graph, rnd
 from wgpu_util import assert_close, run_both, wgpu_backend
 
-from anygrad.backends.wgpu import autotune
-from anygrad.backends.wgpu.kernel import AdapterCaps
+from anygrad.backends.wgpu.kernels.kernel import AdapterCaps
+from anygrad.backends.wgpu.tuning import autotune
 from anygrad.errors import ConfigError
 from anygrad.ir import Node
 
@@ -69,7 +69,7 @@ def test_the_fastest_candidate_wins_and_ties_keep_the_rules(tuning):
     one.nodes = [fwd]
     want = {"_gemm_variant": "register", "_gemm_block": 8}
 
-    from anygrad.backends.wgpu.kernel import LOWERINGS
+    from anygrad.backends.wgpu.kernels.kernel import LOWERINGS
     fastest = [k.wgsl for k in LOWERINGS["MatMul"](autotune._pinned(fwd, want), one, caps)]
 
     def timer(kernels, g):
@@ -92,7 +92,7 @@ def test_a_slow_spell_during_the_rules_timing_does_not_crown_another_tiling(tuni
     fwd = next(n for n in graph.nodes if n.op == "MatMul")
     one = graph.copy()
     one.nodes = [fwd]
-    from anygrad.backends.wgpu.kernel import LOWERINGS
+    from anygrad.backends.wgpu.kernels.kernel import LOWERINGS
     rules = [k.wgsl for k in LOWERINGS["MatMul"](fwd, one, caps)]
     other_pin = {"_gemm_variant": "register", "_gemm_block": 8}
     other = [k.wgsl for k in LOWERINGS["MatMul"](autotune._pinned(fwd, other_pin), one, caps)]
@@ -206,7 +206,7 @@ def test_a_plan_made_before_tuning_finished_is_not_kept(tuning, monkeypatch):
 
 def test_gemm_kernels_carry_their_flops():
     graph, _ = _mlp_graph()
-    from anygrad.backends.wgpu.kernel import LOWERINGS
+    from anygrad.backends.wgpu.kernels.kernel import LOWERINGS
     fwd = next(n for n in graph.nodes if n.op == "MatMul" and n.inputs[:2] == ["x", "W"])
     kernels = LOWERINGS["MatMul"](fwd, graph, AdapterCaps())
     assert sum(k.flops for k in kernels) == 2 * 24 * 24 * 40 == int(np.prod([2, 24, 24, 40]))
@@ -239,8 +239,8 @@ def test_the_winning_tiling_is_timed_at_other_k_splits_and_the_fastest_count_is_
     s/2, 3s/4, 4s/3 and 2s splits in the confirming round, the count the timer finds fastest is pinned and
     stored with it, a count within noise keeps the rules' own, and ANYGRAD_AUTOTUNE_SPLITS=0 (its
     own cache file) tunes tilings only."""
-    from anygrad.backends.wgpu.kernel import LOWERINGS
-    from anygrad.backends.wgpu.kernels_gemm import split_count
+    from anygrad.backends.wgpu.kernels.gemm_splitk import split_count
+    from anygrad.backends.wgpu.kernels.kernel import LOWERINGS
     graph, _ = _long_k_graph()
     caps = AdapterCaps()
     node = graph.nodes[0]
@@ -318,7 +318,7 @@ def _square_matmul(n: int):
     feeds = {"a": rnd(n, n, seed=6), "b": rnd(n, n, seed=7)}
     graph = _graph(feeds, [Node("MatMul", ["a", "b"], ["c"], name="mm")], "c", grad=False)
     node = graph.nodes[0]
-    from anygrad.backends.wgpu.kernel import LOWERINGS
+    from anygrad.backends.wgpu.kernels.kernel import LOWERINGS
     return graph, LOWERINGS["MatMul"](node, graph, AdapterCaps())
 
 
@@ -338,7 +338,7 @@ def test_candidates_timed_together_rank_as_their_work(tuning, monkeypatch):
 def test_pipelines_built_in_the_background_are_the_ones_used(tuning):
     """pipelines(wait=False) starts the builds and returns; pipeline() then hands out the built
     one, and a shader that cannot compile still fails on the asking thread, naming the kernel."""
-    from anygrad.backends.wgpu.runtime import WgpuBackend
+    from anygrad.backends.wgpu.runtime.backend import WgpuBackend
     backend = wgpu_backend()
     assert isinstance(backend, WgpuBackend)
     _, kernels = _square_matmul(16)
@@ -359,7 +359,7 @@ def test_compile_times_say_where_a_compile_went(tuning):
     step's pipelines; a second one (a new backend, as a new process) looks the winners up, times
     nothing, finds the pipelines the first one built in this process, and says whether its plan
     came from the disk cache."""
-    from anygrad.backends.wgpu import pipeline_cache
+    from anygrad.backends.wgpu.device import pipeline_cache
     # shapes no other test of this process compiles, so its pipelines are new
     feeds = {"x": rnd(3, 5, 20, seed=8), "W": rnd(20, 36, seed=9), "b": rnd(36, seed=10)}
     graph = _graph(feeds, [Node("MatMul", ["x", "W"], ["xw"], name="mm"), Node("Add", ["xw", "b"], ["y"], name="add")],
@@ -383,8 +383,8 @@ def test_float16_gemms_are_timed_as_the_step_runs_them(tuning):
     autotuner then picked tilings that were fast only there; ResNet-18 f16 lost 12% to f32)."""
     import re
 
-    from anygrad.backends.wgpu.halfstore import stored_half
-    from anygrad.backends.wgpu.kernel import LOWERINGS
+    from anygrad.backends.wgpu.kernels.halfstore import stored_half
+    from anygrad.backends.wgpu.kernels.kernel import LOWERINGS
     from anygrad.ir import Graph, TensorInfo
     g = Graph(name="half", inputs=["x", "W"], outputs=["y"])
     g.info.update({"x": TensorInfo(np.dtype(np.float16), (64, 32)), "W": TensorInfo(np.dtype(np.float16), (32, 48)),

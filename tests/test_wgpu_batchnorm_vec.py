@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from wgpu_util import op_graph, wgpu_backend
 
-from anygrad.backends.wgpu import kernels_nn, pipeline_cache
+from anygrad.backends.wgpu.device import pipeline_cache
+from anygrad.backends.wgpu.kernels import kernels_nn
 
 pytestmark = pytest.mark.wgpu
 

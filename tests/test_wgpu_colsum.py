@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from wgpu_util import assert_close, make_graph, op_graph, run_both, wgpu_backend
 
-from anygrad.backends.wgpu import colsum, kernels_norm, kernels_reduce
-from anygrad.backends.wgpu.kernel import Kernel
+from anygrad.backends.wgpu.kernels import colsum, kernels_norm, kernels_reduce
+from anygrad.backends.wgpu.kernels.kernel import Kernel
 from anygrad.ir import Node
 
 pytestmark = pytest.mark.wgpu

@@ -16,7 +16,7 @@ from wgpu_util import wgpu_backend
 
 import anygrad
 from anygrad import nn
-from anygrad.backends.wgpu.fusion import F16_ARENA_ENV
+from anygrad.backends.wgpu.fusion.arenas import F16_ARENA_ENV
 from anygrad.optim import grad_scaler
 
 pytestmark = pytest.mark.wgpu
@@ -142,8 +142,8 @@ def test_non_finite_kernel_counts_inf_and_nan_and_never_overflows():
     the (finite) values would overflow float32; short (one workgroup) and split (two passes) arenas."""
     from test_wgpu_gemm import CPU, GPU, run_kernels
 
-    from anygrad.backends.wgpu.kernel import LOWERINGS
-    from anygrad.backends.wgpu.kernels_reduce import NON_FINITE
+    from anygrad.backends.wgpu.kernels.kernel import LOWERINGS
+    from anygrad.backends.wgpu.kernels.kernels_reduce import NON_FINITE
     from anygrad.ir import Graph, Node, TensorInfo
 
     for caps in (CPU, GPU):
@@ -204,7 +204,7 @@ def test_parameters_split_over_several_arenas_are_checked_and_cast_arena_by_aren
     import dataclasses
 
     from anygrad.backends.wgpu import WgpuBackend
-    from anygrad.backends.wgpu import limits as L
+    from anygrad.backends.wgpu.planning import limits as L
     name = "test-32k-f16-arena"
     monkeypatch.setitem(L.PROFILES, name, dataclasses.replace(L.PROFILES["webgpu-default"], name=name,
                                                               max_storage_buffer_binding_size=32 << 10))

@@ -15,8 +15,9 @@ import pytest
 from wgpu_util import wgpu_backend
 
 import anygrad
-from anygrad.backends.wgpu import autotune, kernels_gemm, selftest
-from anygrad.backends.wgpu.kernels_mma import uses_matrix_units
+from anygrad.backends.wgpu.kernels import gemm_wgsl, kernels_gemm
+from anygrad.backends.wgpu.kernels.kernels_mma import uses_matrix_units
+from anygrad.backends.wgpu.tuning import autotune, selftest
 from anygrad.ir import Builder, Graph, TensorInfo
 
 pytestmark = pytest.mark.wgpu
@@ -138,12 +139,12 @@ def test_the_autotuner_offers_f16_products_for_f16_operands_only(half_backend):
 
 def test_the_f16_product_self_test_passes_here_and_catches_a_broken_kernel(half_backend, monkeypatch):
     assert selftest.f16_math_problem(half_backend) is None
-    body = kernels_gemm._shared_body
+    body = gemm_wgsl._shared_body
 
     def never_reset(*args, **kwargs):  # each K tile's partial sums added again at every later tile
         decl, lines = body(*args, **kwargs)
         return decl, [ln.split("; h")[0] + ";" if "vec4<f32>(h" in ln else ln for ln in lines]
-    monkeypatch.setattr(kernels_gemm, "_shared_body", never_reset)
+    monkeypatch.setattr(gemm_wgsl, "_shared_body", never_reset)
     problem = selftest.f16_math_problem(half_backend)
     assert problem and "wrong" in problem and "f16 bound" in problem
 

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from wgpu_util import no_adapter
 
 import anygrad.ops  # noqa: F401  (registers the op forwards)
-from anygrad.backends.wgpu import kernels_conv, kernels_gemm  # noqa: F401  (register the lowerings)
-from anygrad.backends.wgpu.autotune import CANDIDATES
-from anygrad.backends.wgpu.kernel import LOWERINGS, AdapterCaps
+from anygrad.backends.wgpu.kernels import gemm_spec, kernels_conv, kernels_gemm  # noqa: F401  (lowerings)
+from anygrad.backends.wgpu.kernels.kernel import LOWERINGS, AdapterCaps
+from anygrad.backends.wgpu.tuning.autotune import CANDIDATES
 from anygrad.ir import Graph, Node, TensorInfo, get_op, infer_node
 from anygrad.ir.passes import resolve_attributes
 
@@ -157,17 +157,17 @@ def test_gemm_bias_broadcast_and_relu(cshape, variant):
 def test_long_k_weight_gradient_takes_128x128_split_tiles(monkeypatch):
     """A weight gradient's long K (tokens or pixels) gets 8x8 blocks (128x128 tiles) split over K
     even when M x N is small; scaled down: LONG_K 512, K 1200 (transA, as dW = X^T dY)."""
-    monkeypatch.setattr(kernels_gemm, "LONG_K", 512)
-    t = kernels_gemm.choose_tiling(128, 256, 1200, GPU)
+    monkeypatch.setattr(gemm_spec, "LONG_K", 512)
+    t = gemm_spec.choose_tiling(128, 256, 1200, GPU)
     assert (t.variant, t.tm, t.bm, t.bn) == ("shared", 8, 128, 128)
     kernels = check_op("Gemm", [rnd(1200, 128, seed=3), rnd(1200, 256, seed=4), rnd(256, seed=5)],
                        {"transA": 1}, GPU, rtol=1e-3, atol=1e-3)
     assert "shared 128x128" in kernels[0].name and "splitK" in kernels[0].name
-    assert kernels_gemm.choose_tiling(128, 256, 511, GPU).tm == 4
+    assert gemm_spec.choose_tiling(128, 256, 511, GPU).tm == 4
     # without split-K, with a grid that fills the GPU, or with part tiles, 64x64 tiles stay
-    assert kernels_gemm.choose_tiling(128, 256, 1200, GPU, split=False).tm == 4
-    assert kernels_gemm.choose_tiling(128, 256, 1200, GPU, batch=512).tm == 4
-    assert kernels_gemm.choose_tiling(192, 768, 1200, GPU).tm == 4
+    assert gemm_spec.choose_tiling(128, 256, 1200, GPU, split=False).tm == 4
+    assert gemm_spec.choose_tiling(128, 256, 1200, GPU, batch=512).tm == 4
+    assert gemm_spec.choose_tiling(192, 768, 1200, GPU).tm == 4
 
 
 @settings(max_examples=12, deadline=None)
@@ -435,7 +435,7 @@ def test_matmul_dot_batched_split_k():
 
 def test_thin_and_wide_uses_register8_on_gpus_only():
     """<= 8 rows over enough columns to fill a GPU with 8x8 blocks: register, block 8 (H200: conv2 dX)."""
-    from anygrad.backends.wgpu.kernels_gemm import choose_tiling
+    from anygrad.backends.wgpu.kernels.gemm_spec import choose_tiling
     t = choose_tiling(8, 676_000, 144, GPU)
     assert (t.variant, t.tm, t.tn) == ("register", 8, 8)
     assert choose_tiling(8, 43_264, 144, GPU).variant == "shared"      # batch 64: too few blocks
@@ -463,7 +463,7 @@ def test_conv_gathers_unpadded_and_stride1(b, cin, cout, h, w, k, stride, pad, d
 
 
 def test_unpadded_gather_has_no_bounds_test():
-    from anygrad.backends.wgpu.kernels_conv import _x_gather, geometry
+    from anygrad.backends.wgpu.kernels.kernels_conv import _x_gather, geometry
     xs, ws = (2, 3, 8, 8), (4, 3, 3, 3)
     node = Node("Conv", ["x", "w"], ["y"], _explicit(xs, ws, {})[0])
     assert _x_gather(geometry(node, xs), "ci")[1] == ""
@@ -564,7 +564,7 @@ def test_tile_order_visits_every_tile_once(nN, nM):
     last partial group included: its WGSL statements evaluated for every workgroup."""
     import re
 
-    from anygrad.backends.wgpu.kernels_gemm import _tile_order
+    from anygrad.backends.wgpu.kernels.gemm_wgsl import _tile_order
     code = [re.sub(r"(\d+)u\b", r"\1", ln.strip().removeprefix("let ").rstrip(";")).replace("/", "//")
             for ln in _tile_order(nN, nM)]
     seen = set()

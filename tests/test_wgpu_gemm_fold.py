@@ -485,7 +485,7 @@ def test_slices_not_read_as_views_stay_copies(monkeypatch):
 def test_reshaped_strides_agree_with_numpy_views():
     """gemm_layout.reshaped_strides against numpy, which reshapes a view in place exactly when it
     can: the same strides where numpy can, None where numpy must copy."""
-    from anygrad.backends.wgpu.gemm_layout import reshaped_strides
+    from anygrad.backends.wgpu.fusion.gemm_layout import reshaped_strides
     rng = np.random.default_rng(7)
     checked = 0
     for _ in range(300):
@@ -699,12 +699,12 @@ def test_f16_epilogues_round_each_step_as_its_kernel_would(variant, monkeypatch)
     """Under f16 a Linear's bias and GELU, the next Linear's residual add (through the Cast widening
     its f16 result), GELU's gradient after the GEMM computing dy, and GELU recomputed at a GEMM's
     operand load run inside the GEMMs, each fused step rounding to f16 where the graph holds
-    float16 (kernels_gemm.Output.rounds): the same bits as every node as a kernel of its own
+    float16 (gemm_spec.Output.rounds): the same bits as every node as a kernel of its own
     (fuse=False), and the numpy backend's numbers; with these fusions float32-only
     (ANYGRAD_WGPU_F16_EPILOGUES=0) GELU and its gradient are kernels of their own."""
     from wgpu_util import wgpu_backend
 
-    from anygrad.backends.wgpu.gemm_layout import GEMM_OPS
+    from anygrad.backends.wgpu.fusion.gemm_layout import GEMM_OPS
     graph, feeds = _f16_mlp_block(256, gelu_first=variant == "prologue")
     pin = {"_gemm_variant": "shared", "_gemm_block": 4, "_gemm_kt": 16}
     if variant == "split":

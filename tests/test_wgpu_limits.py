@@ -33,7 +33,7 @@ def _backend(limits):
 
 
 def test_a_profile_lowers_the_device_limits_and_never_raises_them():
-    from anygrad.backends.wgpu.limits import PROFILES
+    from anygrad.backends.wgpu.planning.limits import PROFILES
     plain, lowered = _backend("adapter"), _backend("webgpu-default")
     profile = PROFILES["webgpu-default"]
     for key, value in profile.device_limits().items():
@@ -104,7 +104,7 @@ def test_memory_report_counts_what_the_step_holds():
 
 
 def test_memory_budget_refuses_a_step_and_names_a_batch_that_fits(monkeypatch):
-    from anygrad.backends.wgpu import limits
+    from anygrad.backends.wgpu.planning import limits
     tight = dataclasses.replace(limits.PROFILES["webgpu-default"], name="test-tight", memory_budget=40 << 20)
     monkeypatch.setitem(limits.PROFILES, "test-tight", tight)
     backend = _backend("test-tight")

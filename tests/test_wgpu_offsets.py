@@ -10,10 +10,10 @@ from wgpu_util import wgpu_backend
 
 import anygrad
 from anygrad.backends import NumpyBackend
-from anygrad.backends.wgpu import planner
-from anygrad.backends.wgpu.fusion import prepare
-from anygrad.backends.wgpu.kernel import AdapterCaps
-from anygrad.backends.wgpu.planner import SLOT_ALIGN, _assign_slots, liveness_bound, make_plan
+from anygrad.backends.wgpu.fusion.passes import prepare
+from anygrad.backends.wgpu.kernels.kernel import AdapterCaps
+from anygrad.backends.wgpu.planning import planner
+from anygrad.backends.wgpu.planning.planner import SLOT_ALIGN, _assign_slots, liveness_bound, make_plan
 from anygrad.losses import get_loss
 from anygrad.optim import SGD
 from anygrad.program import build_train_step
@@ -120,7 +120,7 @@ def test_offset_plan_trains_like_numpy_and_like_the_slot_plan(monkeypatch):
 
 
 def test_shared_buffer_size_comes_from_the_environment_within_one_binding(monkeypatch):
-    from anygrad.backends.wgpu.limits import SHARED_BUFFER_ENV, shared_buffer_bytes
+    from anygrad.backends.wgpu.planning.limits import SHARED_BUFFER_ENV, shared_buffer_bytes
     from anygrad.errors import AnygradError
     monkeypatch.delenv(SHARED_BUFFER_ENV, raising=False)
     assert shared_buffer_bytes(2 << 30) == 2 << 30   # one binding by default

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from wgpu_util import assert_close, op_graph, run_both, wgpu_backend
 
-from anygrad.backends.wgpu import colsum, kernels_reduce
+from anygrad.backends.wgpu.kernels import colsum, kernels_reduce
 
 pytestmark = pytest.mark.wgpu
 
@@ -125,9 +125,9 @@ def test_grid_fold_runs_every_kernel_within_the_limit(tiny_grid_backend, op, inp
 def test_grid_fold_keeps_ids_of_a_3d_grid():
     """The folded kernel sees the workgroup_id / num_workgroups / global_invocation_id of the grid
     it was written for: a kernel writing them per invocation, compared with numpy."""
-    from anygrad.backends.wgpu.gridfold import fold_kernel
-    from anygrad.backends.wgpu.kernel import Kernel
-    from anygrad.backends.wgpu.wgsl import bindings, shader
+    from anygrad.backends.wgpu.kernels.kernel import Kernel
+    from anygrad.backends.wgpu.kernels.wgsl import bindings, shader
+    from anygrad.backends.wgpu.planning.gridfold import fold_kernel
 
     b = wgpu_backend()
     X, Y, Z, W = 5, 4, 3, 2
@@ -166,7 +166,7 @@ def _run_raw(b, kern, n_u32: int) -> np.ndarray:
 def radix_bits(request, monkeypatch):
     """8 bits a pass (the default), and 3 (several passes on a small vocabulary: odd and even
     ping-pong, keys wider than one pass)."""
-    from anygrad.backends.wgpu import segments
+    from anygrad.backends.wgpu.kernels import segments
     monkeypatch.setattr(segments, "BITS", request.param)
 
 
@@ -208,14 +208,14 @@ def test_gather_grad_matches_sequential_scatter_add_bits(backend):
 def small_scan_tiles(monkeypatch):
     """Scan tiles of 4 x 4 vec4s (64 counts) and one workgroup for at most 2 of them, so that
     small inputs reach the tiled loop and the multi-level scan (nested twice) that large ones do."""
-    from anygrad.backends.wgpu import segments
+    from anygrad.backends.wgpu.kernels import segments
     monkeypatch.setattr(segments, "SCAN_WG", 4)
     monkeypatch.setattr(segments, "ONE_GROUP_TILES", 2)
 
 
 def _run_scan(b, n: int, counts: np.ndarray) -> tuple[list[str], np.ndarray]:
     """segments' scan kernels over `counts` (n u32) on the device, read back."""
-    from anygrad.backends.wgpu.segments import _scan_kernels
+    from anygrad.backends.wgpu.kernels.segments import _scan_kernels
     kernels, scratch = _scan_kernels("t", "h", n)
     sizes = {"h": n, **{sc.name: sc.elements for sc in scratch}}
     bufs = {k: b.create_buffer(4 * v, b.storage_usage, k) for k, v in sizes.items()}
@@ -320,7 +320,7 @@ def test_max_pool_grad_gathers_from_window_maxima(backend, xs, attrs, kernel):
 
 # -- BatchNorm statistics: channels split until the reduction has enough workgroups -------------------
 def test_batchnorm_few_channels_split_into_partials(backend, monkeypatch):
-    from anygrad.backends.wgpu import kernels_nn
+    from anygrad.backends.wgpu.kernels import kernels_nn
     monkeypatch.setattr(kernels_nn, "MIN_PER_GROUP", 16)
     monkeypatch.setattr(kernels_nn, "TARGET_GROUPS", 24)  # 3 channels x 8 partials
     c = 3

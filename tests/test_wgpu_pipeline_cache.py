@@ -7,7 +7,7 @@ import pytest
 from wgpu_util import assert_close, make_graph, wgpu_backend
 
 from anygrad.backends import NumpyBackend
-from anygrad.backends.wgpu import pipeline_cache
+from anygrad.backends.wgpu.device import pipeline_cache
 from anygrad.ir import Node
 
 pytestmark = pytest.mark.wgpu

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from wgpu_util import make_graph
 
-from anygrad.backends.wgpu.fusion import prepare
-from anygrad.backends.wgpu.kernel import AdapterCaps
-from anygrad.backends.wgpu.planner import make_plan
+from anygrad.backends.wgpu.fusion.passes import prepare
+from anygrad.backends.wgpu.kernels.kernel import AdapterCaps
+from anygrad.backends.wgpu.planning.planner import make_plan
 from anygrad.errors import DeviceError
 from anygrad.ir import Graph, Node
 

@@ -1,4 +1,4 @@
-"""The device's poll thread polls without blocking (backends/wgpu/poller.py), mappings still resolve,
+"""The device's poll thread polls without blocking (backends/wgpu/device/poller.py), mappings still resolve,
 and states written back through a kept mapped upload buffer land (lavapipe)."""
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def test_the_poll_thread_never_waits(monkeypatch):
     the data-parallel breakdown's compute_wait.)"""
     from types import SimpleNamespace
 
-    from anygrad.backends.wgpu import poller
+    from anygrad.backends.wgpu.device import poller
     ffi, _ = poller._native()
     recorder = _Recorder()
     monkeypatch.setattr(poller, "_native", lambda: (ffi, recorder))

@@ -1,4 +1,4 @@
-"""GPU profiling of a compiled wgpu step (backends/wgpu/profiling.py) on lavapipe.
+"""GPU profiling of a compiled wgpu step (backends/wgpu/tuning/profiling.py) on lavapipe.
 
 Checks that the timestamp profile covers every kernel of the plan, that its per-kind view adds up,
 and that ANYGRAD_WGPU_PROFILE=1 records every run without changing results (reference: numpy).
@@ -10,7 +10,7 @@ import pytest
 from wgpu_util import wgpu_backend
 
 from anygrad.backends import NumpyBackend
-from anygrad.backends.wgpu import profiling
+from anygrad.backends.wgpu.tuning import profiling
 from anygrad.ir import Graph, Node, TensorInfo, specialize
 
 pytestmark = pytest.mark.wgpu

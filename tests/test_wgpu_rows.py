@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from wgpu_util import assert_close, op_graph, run_both, wgpu_backend
 
-from anygrad.backends.wgpu import rowsplit
-from anygrad.backends.wgpu.rowsplit import Rows, Stats
+from anygrad.backends.wgpu.kernels import rowsplit
+from anygrad.backends.wgpu.kernels.rowsplit import Rows, Stats
 
 pytestmark = pytest.mark.wgpu
 

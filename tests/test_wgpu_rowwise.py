@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from wgpu_util import assert_close, op_graph, run_both, wgpu_backend
 
-from anygrad.backends.wgpu import colsum, kernels_norm, rowsplit
+from anygrad.backends.wgpu.kernels import colsum, kernels_norm, rowsplit
 
 pytestmark = pytest.mark.wgpu
 

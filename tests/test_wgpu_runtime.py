@@ -46,7 +46,7 @@ def _check_adapter_list(adapters) -> None:
 def test_adapter_list_check_holds_for_an_opengl_only_machine():
     """What test_list_adapters_describes_each asserts, on the adapters of a machine whose only
     driver is Mesa's OpenGL llvmpipe (issue 12, item 16)."""
-    from anygrad.backends.wgpu.adapters import AdapterInfo
+    from anygrad.backends.wgpu.device.adapters import AdapterInfo
     gl = AdapterInfo(0, "llvmpipe (LLVM 15.0.6, 256 bits)", "OpenGL", "unknown", "Mesa", "",
                      {"max-storage-buffer-binding-size": 1 << 27})
     _check_adapter_list([gl])
@@ -99,7 +99,7 @@ def test_state_uploads_flush_and_zeros_skip_the_upload(wb, monkeypatch):
     """Uploads past UPLOAD_FLUSH bytes are submitted (wgpu's staging memory recycled) and every
     value still arrives; a fresh all-zero state is not uploaded (new buffers start zeroed), a zero
     value written over an existing buffer is."""
-    from anygrad.backends.wgpu import runtime
+    from anygrad.backends.wgpu.runtime import backend as runtime
     monkeypatch.setattr(runtime, "UPLOAD_FLUSH", 1024)
     rng = np.random.default_rng(3)
     values = {f"u{i}": rng.standard_normal(300 + i).astype(np.float32) for i in range(8)}  # 1.2 KB each
@@ -236,7 +236,7 @@ def test_one_lowering_registry_holds_aliases_epilogues_and_updates(wb):
     backend's one registry (kernel.REGISTRY), not lists beside it: every optimizer's update op is
     an update there, the aliases run no kernel of their own, and `supports` answers for all."""
     from anygrad import optim
-    from anygrad.backends.wgpu.kernel import REGISTRY, ops_where
+    from anygrad.backends.wgpu.kernels.kernel import REGISTRY, ops_where
     updates = {cls.op for cls in vars(optim).values() if isinstance(cls, type) and getattr(cls, "op", None)}
     assert updates and updates == ops_where("update")
     assert ops_where("epilogue") == {"MatMul", "Gemm", "Conv"}
@@ -383,7 +383,7 @@ def _run_reverse_cumsum(dev, module, x: np.ndarray) -> np.ndarray:
 
 
 def test_trusted_shader_modules_compute_what_checked_ones_do(wb, monkeypatch):
-    from anygrad.backends.wgpu import shader_module
+    from anygrad.backends.wgpu.device import shader_module
     assert shader_module._native() is not None, "the pinned wgpu-native lost wgpuDeviceCreateShaderModuleTrusted"
     x = np.random.default_rng(0).standard_normal(256).astype(np.float32)
     want = np.cumsum(x.reshape(4, 64)[:, ::-1].astype(np.float64), axis=1).ravel()
@@ -396,7 +396,7 @@ def test_trusted_shader_modules_compute_what_checked_ones_do(wb, monkeypatch):
 
 
 def test_trusted_module_still_validates_wgsl(wb):
-    from anygrad.backends.wgpu import shader_module
+    from anygrad.backends.wgpu.device import shader_module
     with pytest.raises(Exception, match="(?i)unknown|parse|error"):
         shader_module.create_shader_module(wb.device, "@compute @workgroup_size(1) fn main() { nope(); }", "bad")
 
@@ -404,7 +404,7 @@ def test_trusted_module_still_validates_wgsl(wb):
 def test_pack_arena_moves_placed_and_pending_state(wb, monkeypatch):
     """An arena gathers states of both kinds: one already on the device (copied there, its own
     buffer destroyed) and ones only recorded on the host (written straight in), zeros included."""
-    from anygrad.backends.wgpu.fusion import ArenaSpec
+    from anygrad.backends.wgpu.fusion.arenas import ArenaSpec
     a, b = np.arange(5, dtype=np.float32), np.linspace(-1, 1, 7).astype(np.float32)
     for name, v in (("a", a), ("b", b), ("z", np.zeros(3, np.float32))):
         wb.set_state(name, v)
@@ -424,7 +424,7 @@ def test_pack_arena_moves_placed_and_pending_state(wb, monkeypatch):
 def test_export_and_import_states_merge_neighbours_in_one_buffer(wb):
     """States lying back to back in one arena move as one span (one copy, one upload); the flat
     vector still holds each state at its place, and a state elsewhere joins it."""
-    from anygrad.backends.wgpu.fusion import ArenaSpec
+    from anygrad.backends.wgpu.fusion.arenas import ArenaSpec
     rng = np.random.default_rng(5)
     vals = {n: rng.standard_normal(k).astype(np.float32) for n, k in (("a", 5), ("b", 7), ("c", 3))}
     for n, v in vals.items():
@@ -505,7 +505,7 @@ def test_state_packed_into_arenas_before_the_slots_without_buffers_of_its_own(wb
     numpy backend."""
     import anygrad
     from anygrad import nn
-    from anygrad.backends.wgpu import runtime
+    from anygrad.backends.wgpu.runtime import backend as runtime
     events = []
     create, destroy = runtime.WgpuBackend.create_buffer, type(wb.device.create_buffer(size=16, usage=8)).destroy
 
@@ -545,8 +545,8 @@ def test_a_shader_over_the_workgroup_memory_limit_is_refused_before_it_runs(wb):
     unseen (an autotuner candidate on an H200 left a compile waiting forever): anygrad sizes the
     shader's workgroup variables and refuses it, naming the kernel; the GEMM tiles are sized as
     WGSL lays them out."""
-    from anygrad.backends.wgpu import kernels_gemm as kg
-    from anygrad.backends.wgpu.wgsl import workgroup_bytes
+    from anygrad.backends.wgpu.kernels import kernels_gemm as kg
+    from anygrad.backends.wgpu.kernels.wgsl import workgroup_bytes
     limit = wb.caps.max_workgroup_storage
     n = limit // 16 + 1
     wgsl = (f"var<workgroup> big: array<vec4<f32>, {n}>;\n"

@@ -21,7 +21,7 @@ def _adapter():
 @pytest.fixture
 def profile(monkeypatch):
     """make(name, **limits): a test profile, webgpu-default with these limits lowered."""
-    from anygrad.backends.wgpu import limits as L
+    from anygrad.backends.wgpu.planning import limits as L
 
     def make(name: str, **lowered):
         prof = dataclasses.replace(L.PROFILES["webgpu-default"], name=name, **lowered)
@@ -158,9 +158,9 @@ def test_embedding_lookup_larger_than_one_binding_splits_index_rows(profile):
 
 def test_a_kernel_whose_writes_pass_the_buffer_count_is_a_clear_error():
     """Planned against made-up caps (no GPU): BatchNorm's statistics kernel writes 4 buffers."""
-    from anygrad.backends.wgpu.fusion import prepare
-    from anygrad.backends.wgpu.kernel import AdapterCaps
-    from anygrad.backends.wgpu.planner import make_plan
+    from anygrad.backends.wgpu.fusion.passes import prepare
+    from anygrad.backends.wgpu.kernels.kernel import AdapterCaps
+    from anygrad.backends.wgpu.planning.planner import make_plan
     from anygrad.errors import DeviceError
     x = np.random.default_rng(0).standard_normal((4, 3, 5, 5)).astype(np.float32)
     graph, _ = op_graph("BatchNormalization", [x, np.ones(3, np.float32), np.zeros(3, np.float32),
@@ -175,7 +175,7 @@ def test_a_kernel_whose_writes_pass_the_buffer_count_is_a_clear_error():
 def test_a_profile_lowered_limit_by_limit_from_the_environment(monkeypatch):
     """ANYGRAD_WGPU_LIMITS=webgpu-default:LIMIT=VALUE,... lowers a profile further (CI, tests)."""
     from anygrad.backends.wgpu import WgpuBackend
-    from anygrad.backends.wgpu.limits import get_profile
+    from anygrad.backends.wgpu.planning.limits import get_profile
     from anygrad.errors import ConfigError
     monkeypatch.setenv("ANYGRAD_WGPU_LIMITS", "webgpu-default:max-storage-buffers-per-shader-stage=4,"
                                               "max-storage-buffer-binding-size=64KiB")

@@ -59,7 +59,7 @@ def test_training_step_is_few_kernels_and_in_place():
     wb = wgpu_backend()
     model, _ = _train(wb, SGD(lr=0.01, momentum=0.9), 1)
     (exe,) = [e for k, e in model._programs.items() if k[0] == "train"]
-    from anygrad.backends.wgpu.kernels_elementwise import is_elementwise
+    from anygrad.backends.wgpu.kernels.kernels_elementwise import is_elementwise
     ew_nodes = sum(is_elementwise(n, exe.graph) for n in exe.graph.nodes)
     ew_kernels = sum(st.kernel.name.startswith("ew:") for st in exe.plan.steps)
     assert ew_kernels < ew_nodes

@@ -187,7 +187,7 @@ def test_env_switch_turns_subgroups_off(backends, monkeypatch):
     """ANYGRAD_WGPU_SUBGROUPS=0 keeps an adapter with the feature on the tree."""
     if True not in backends:
         pytest.skip("this adapter has no 'subgroup' feature")
-    from anygrad.backends.wgpu.wgreduce import use_subgroups
+    from anygrad.backends.wgpu.kernels.wgreduce import use_subgroups
     caps = backends[True].caps
     assert use_subgroups(caps)
     monkeypatch.setenv("ANYGRAD_WGPU_SUBGROUPS", "0")

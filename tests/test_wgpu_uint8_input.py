@@ -12,7 +12,7 @@ from wgpu_util import wgpu_backend
 
 import anygrad
 from anygrad.backends import NumpyBackend
-from anygrad.backends.wgpu.fusion import packed_name
+from anygrad.backends.wgpu.fusion.passes import packed_name
 from anygrad.data.graph_input import add_input_normalisation
 from anygrad.examples import FOUNDING_MODEL
 from anygrad.ir import Graph, Node, TensorInfo, specialize

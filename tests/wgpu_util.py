@@ -60,8 +60,8 @@ def device_under_test() -> str:
 
 def has_dawn_adapter() -> bool:
     """Whether Dawn (wgpudawn) is installed and reaches an adapter: it refuses lavapipe, so not in CI."""
-    from anygrad.backends.wgpu.adapters import list_adapters
-    from anygrad.backends.wgpu.implementation import DAWN, available
+    from anygrad.backends.wgpu.device.adapters import list_adapters
+    from anygrad.backends.wgpu.device.implementation import DAWN, available
     return available(DAWN) and bool(list_adapters((DAWN,)))
 
 

@@ -45,7 +45,7 @@ def probe(device_name: str, mb: float, repeats: int) -> dict:
 
     from anygrad import _parallel
     from anygrad.backends.wgpu import WgpuBackend
-    from anygrad.backends.wgpu.runtime import _mapped_view
+    from anygrad.backends.wgpu.runtime.buffers import _mapped_view
     backend = WgpuBackend(device_name)
     dev, U = backend.device, wgpu.BufferUsage
     nbytes = int(mb * (1 << 20)) // 4 * 4

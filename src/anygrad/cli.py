@@ -411,7 +411,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
     if list_adapters is not None:
         for adapter in list_adapters():
             print(adapter)
-    from .backends.wgpu.implementation import DAWN, DIST, available
+    from .backends.wgpu.device.implementation import DAWN, DIST, available
     if not available(DAWN):
         print(f"(Dawn, the WebGPU implementation with subgroup matrices, is not installed: "
               f"pip install '{DIST}[dawn]')")

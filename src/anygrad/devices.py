@@ -19,7 +19,7 @@ from typing import Any
 
 from .backends.base import Backend
 from .backends.numpy import NumpyBackend
-from .backends.wgpu.adapters import AdapterInfo, auto_adapter, best_adapter, list_adapters
+from .backends.wgpu.device.adapters import AdapterInfo, auto_adapter, best_adapter, list_adapters
 from .errors import ConfigError
 
 __all__ = ["AdapterInfo", "auto_backends", "get_backend", "list_adapters", "use_torch_compile"]
@@ -28,7 +28,7 @@ __all__ = ["AdapterInfo", "auto_backends", "get_backend", "list_adapters", "use_
 def get_backend(device: str = "auto", limits: str | None = None, memory_budget: int | str | None = None,
                 precision: str = "f32") -> Backend:
     """The backend for a device name. `limits`: a wgpu limits profile (webgpu-default, uhd630,
-    m1-8gb; see anygrad.backends.wgpu.limits) to train as on that hardware; None: the
+    m1-8gb; see anygrad.backends.wgpu.planning.limits) to train as on that hardware; None: the
     ANYGRAD_WGPU_LIMITS variable, else the adapter's own limits. `memory_budget` ('1.5GB' or
     bytes): what a compiled wgpu step may hold, instead of the profile's. The CPU has neither.
     `precision` ('f32', 'f16'): what `auto` looks for matrix units for."""
@@ -75,7 +75,7 @@ def _auto_backend(pick: Any, limits: str | None, memory_budget: int | str | None
     if pick is not None:
         from .backends.wgpu import WgpuBackend
         return WgpuBackend(f"wgpu:{pick[0].index}", limits=limits, memory_budget=memory_budget)
-    from .backends.wgpu.runtime import warn_cpu_fallback
+    from .backends.wgpu.runtime.backend import warn_cpu_fallback
     torch_device = _torch_gpu()
     if torch_device is not None:
         from .backends.torch import TorchBackend

@@ -516,7 +516,7 @@ class DataParallel:
         bucket, each announced on its queue as soon as it is on the host (an error too). On wgpu a
         bucket's copy is encoded right after the kernel that finishes it (the run's Exchange.ready);
         once the step is encoded (Exchange.encoded) a reader thread takes those buckets while the
-        executable submits the rest part by part (`hold` parts held: runtime._encode_dispatches),
+        executable submits the rest part by part (`hold` parts held: wgpu/runtime/encode.py),
         so each bucket is read, summed and all-reduced during the rest of the backward pass. With
         SyncBatchNorm the run's AllReduceSums meet the other replicas through Exchange.reduce."""
         announce = self._ready[i]  # this update's queue (_prepare_exchange makes new ones)

@@ -62,13 +62,13 @@ PRIVATE_ATTRS: dict[str, PrivateAttr] = {a.name: a for a in (
     _a("_viewB", tuple, "operand B as a strided view (shape, strides, offset) of a Slice's input"),
     _a("_intoY", tuple, "the result stored at (shape, strides, offset) within a Concat's output"),
     _a("_alpha", _NUMBER, "constant scale the GEMM multiplies its products by (fold_scales)"),
-    # epilogues and prologues (fusion.py)
+    # epilogues and prologues (backends/wgpu/fusion/gemm_epilogues.py)
     _a("_epilogue", str, "activation (or activation gradient) applied in the GEMM's or conv's store"),
     _a("_epilogue_attrs", dict, "the attributes of the node the epilogue replaced"),
     _a("_epilogue_arg", bool, "the epilogue reads a fourth input at the result's own index (a gradient's x)"),
     _a("_residual", bool, "a residual Add of the last input runs in the kernel's store"),
     _a("_where", tuple, "(fill, fill where true): a masked_fill of the result runs in the store"),
-    _a("_round", tuple, "the fused steps whose float16 results round to f16 (kernels_gemm.Output.rounds)"),
+    _a("_round", tuple, "the fused steps whose float16 results round to f16 (gemm_spec.Output.rounds)"),
     _a("_prologueA", tuple, "(op, attrs, result float16) of an activation applied in operand A's loads"),
     _a("_prologueB", tuple, "(op, attrs, result float16) of an activation applied in operand B's loads"),
     # provenance

@@ -48,7 +48,7 @@ class TrainConfig:
     param_groups: list[Any] = field(default_factory=list)
     no_decay: list[str] = field(default_factory=list)
     device: str = ""
-    limits: str | None = None            # a wgpu limits profile to train within (backends/wgpu/limits.py)
+    limits: str | None = None            # a wgpu limits profile to train within (wgpu/planning/limits.py)
     memory_budget: str | None = None     # device bytes a step may hold, e.g. '1.5GB' (default: the profile's)
     sync_batchnorm: bool = False         # BatchNorm statistics over every device and rank (SyncBatchNorm)
     grad_compression: str = "none"       # none, or bf16: gradients sent between ranks as bfloat16

@@ -133,7 +133,7 @@ def _run(rc: RunConfig, writer: bool) -> FitResult:
 def check_memory_budget(budget: Any) -> None:
     """A bad --memory-budget is an error on every device, not only where it is used (wgpu)."""
     if budget is not None:
-        from ..backends.wgpu.limits import parse_size
+        from ..backends.wgpu.planning.limits import parse_size
         parse_size(budget)
 
 

@@ -1,18 +1,21 @@
 """The WebGPU backend (wgpu-py): WGSL kernels generated per op, fused, planned and run in one pass.
 
-    adapters.py   which adapters exist, ranked; device names -> adapter
-    kernel.py     the contract: Kernel, Scratch, AdapterCaps, and the backend's one lowering registry
-                  (REGISTRY: per op its kernels and traits, alias / epilogue / update; @lowering)
-    kernels_*.py  one module per op family: node -> WGSL kernels with shapes baked in
-                  (kernels_collective: AllReduceSum, a host step inside the step)
-    fusion.py     graph rewrites before lowering: elementwise fusion, GEMM epilogues, fused
-                  optimizer updates over parameter arenas
-    planner.py    kernel list + where every value lives (aliases, slots by liveness, in place)
-    runtime.py    WgpuBackend (device, state buffers, pipelines) and the executor
+By stage, data flowing one way (kernels <- fusion <- planning <- tuning <- runtime; device/ under all):
+    device/    the WebGPU implementation (wgpu-native or Dawn), adapters, shader modules, the
+               poll thread, the on-disk pipeline and plan cache
+    kernels/   the contract (kernel.py: Kernel, Scratch, AdapterCaps, REGISTRY, @lowering), WGSL
+               helpers, one kernels_*.py per op family (node -> WGSL kernels, shapes baked in)
+    fusion/    graph rewrites before lowering (passes.prepare): elementwise fusion, GEMM epilogues
+               and layouts, fused optimizer updates over parameter arenas
+    planning/  kernel list + where every value lives (aliases, slots by liveness, in place),
+               binding packing/splitting, grid folding, limits profiles
+    tuning/    the GEMM autotuner, GPU profiling, f16 self-tests
+    runtime/   WgpuBackend (device context, state buffers, pipelines) and WgpuExecutable
+               (encode.py builds and encodes the dispatches; executable.py runs a step)
 
 Importing this package registers every lowering in `kernel.REGISTRY` (kernels in `kernel.LOWERINGS`).
 """
-from . import (  # noqa: F401  (each registers its lowerings)
+from .kernels import (  # noqa: F401  (each registers its lowerings)
     kernels_activation,
     kernels_collective,
     kernels_attention,
@@ -33,9 +36,10 @@ from . import (  # noqa: F401  (each registers its lowerings)
     kernels_resize,
     kernels_shape,
 )
-from .adapters import AdapterInfo, list_adapters
-from .kernel import LOWERINGS, AdapterCaps, Kernel, Scratch, lowering
-from .runtime import WgpuBackend, WgpuExecutable
+from .device.adapters import AdapterInfo, list_adapters
+from .kernels.kernel import LOWERINGS, AdapterCaps, Kernel, Scratch, lowering
+from .runtime.backend import WgpuBackend
+from .runtime.executable import WgpuExecutable
 
 __all__ = [
     "LOWERINGS",

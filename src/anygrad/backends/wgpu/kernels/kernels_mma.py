@@ -1,0 +1,237 @@
+"""GEMM kernels on matrix units (subgroup matrices), for any GemmSpec: MatMul and Gemm in every
+layout kernels_gemm.lower_matmul has, and the implicit-GEMM convolutions of kernels_conv.py.
+
+The kernel takes its operands and its result from the spec exactly as the ALU kernels do:
+- each K tile of A (BM x BK) and of B (BK x BN) is copied into workgroup memory through the
+  spec's own element loaders (`a_el` / `a_v`: transposes, strided views, batch offsets, im2col
+  gathers and fused prologues all live there), zero outside the matrix, so edges need no case of
+  their own;
+- each subgroup multiplies its block of result fragments out of those tiles;
+- each fragment is stored to a small workgroup buffer and written out through the spec's store
+  (`st4`: alpha, bias, residual, activation, mask, float16 rounding, any stored layout, split-K
+  partials).
+Offsets and strides of every matrix operation come from workgroup_id and subgroup_id alone, as
+subgroup matrices require; local_invocation_index only places the element copies.
+
+The WGSL of the matrix operations is written by one renderer (`SubgroupMatrixWgsl`): types, load,
+multiply-accumulate, store. naga's `wgpu_cooperative_matrix` dialect (coop_mat16x16<f16, A>,
+coopLoad, coopMultiplyAdd, coopStore) can be a second renderer with the same four methods once
+wgpu-native enables it (wgpu-native#516).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from .gemm_spec import Binding, GemmSpec, Output, fold_grid, linear_id, u
+from .gemm_splitk import _split_pair, choose_splits
+from .gemm_wgsl import _decl, _epi_fn, _loader, _store_fn, _tile_order, _vec_ok
+from .kernel import AdapterCaps, Kernel
+from .matrix_units import MatrixConfig, MmaPlan, plan_mma
+
+
+@dataclass(frozen=True)
+class SubgroupMatrixWgsl:
+    """Dawn's `chromium_experimental_subgroup_matrix` (WGSL): the one place matrix operations are
+    spelled. Matrices are row-major in the arrays they are loaded from and stored to."""
+
+    extension: str = "chromium_experimental_subgroup_matrix"
+
+    def enables(self, cfg: MatrixConfig, subgroup_builtins: bool) -> list[str]:
+        # f16 first: halfstore.with_enable looks for it on a line of its own
+        return (["enable f16;"] + (["enable subgroups;"] if subgroup_builtins else [])
+                + [f"enable {self.extension};"])
+
+    def types(self, cfg: MatrixConfig) -> list[str]:
+        """Aliases ML (m x k left), MR (k x n right), MC (m x n result)."""
+        return [f"alias ML = subgroup_matrix_left<{cfg.operand}, {cfg.k}, {cfg.m}>;",
+                f"alias MR = subgroup_matrix_right<{cfg.operand}, {cfg.n}, {cfg.k}>;",
+                f"alias MC = subgroup_matrix_result<{cfg.result}, {cfg.n}, {cfg.m}>;"]
+
+    def zero(self) -> str:
+        return "MC()"
+
+    def load_left(self, arr: str, offset: str, stride: str) -> str:
+        return f"subgroupMatrixLoad<ML>(&{arr}, {offset}, false, {stride})"
+
+    def load_right(self, arr: str, offset: str, stride: str) -> str:
+        return f"subgroupMatrixLoad<MR>(&{arr}, {offset}, false, {stride})"
+
+    def multiply_add(self, a: str, b: str, c: str) -> str:
+        return f"subgroupMatrixMultiplyAccumulate({a}, {b}, {c})"
+
+    def store(self, arr: str, offset: str, value: str, stride: str) -> str:
+        return f"subgroupMatrixStore(&{arr}, {offset}, {value}, false, {stride});"
+
+
+DIALECT = SubgroupMatrixWgsl()
+FEATURES = ("chromium-experimental-subgroup-matrix", "shader-f16", "subgroups")  # what a device must enable
+
+
+def _copies(count: int, threads: int, body: list[str]) -> list[str]:
+    """`body` (using l, the element-group number) for l = li, li + threads, ... < count: straight
+    code where the invocations divide the tile (shared index arithmetic folds), else a loop."""
+    if count % threads == 0 and count // threads <= 16:
+        out = []
+        for i in range(count // threads):
+            out += ["{", f"  let l = li + {u(i * threads)};"] + [f"  {ln}" for ln in body] + ["}"]
+        return out
+    return ([f"for (var l = li; l < {u(count)}; l = l + {u(threads)}) {{"] + [f"  {ln}" for ln in body] + ["}"])
+
+
+def _stage_a(spec: GemmSpec, p: MmaPlan, vec: bool, cast: str) -> list[str]:
+    """Copy A's BM x BK tile at (row m0, k0) into Ta (row-major, stride SA)."""
+    bm, bk, sa = p.bm, p.bk, p.stride_a
+    if vec and spec.a.contig == 1:     # four consecutive k a load
+        body = [f"let kq = (l % {u(bk // 4)}) * 4u; let mm = l / {u(bk // 4)};",
+                "let v = a_v(bt, m0 + mm, k0 + kq);"]
+        body += [f"Ta[mm * {u(sa)} + kq + {u(q)}] = {cast}(v[{q}]);" for q in range(4)]
+        return _copies(bm * bk // 4, p.threads, body)
+    if vec and spec.a.contig == 0:     # four consecutive rows a load (A stored transposed)
+        body = [f"let mq = (l % {u(bm // 4)}) * 4u; let kk = l / {u(bm // 4)};",
+                "let v = a_v(bt, m0 + mq, k0 + kk);"]
+        body += [f"Ta[(mq + {u(q)}) * {u(sa)} + kk] = {cast}(v[{q}]);" for q in range(4)]
+        return _copies(bm * bk // 4, p.threads, body)
+    fast = spec.a.fast if spec.a.fast is not None else spec.a.contig
+    index = (f"let kk = l % {u(bk)}; let mm = l / {u(bk)};" if fast == 1
+             else f"let mm = l % {u(bm)}; let kk = l / {u(bm)};")
+    return _copies(bm * bk, p.threads, [index, f"Ta[mm * {u(sa)} + kk] = {cast}(a_el(bt, m0 + mm, k0 + kk));"])
+
+
+def _stage_b(spec: GemmSpec, p: MmaPlan, vec: bool, cast: str) -> list[str]:
+    """Copy B's BK x BN tile at (k0, column n0) into Tb (row-major, stride SB)."""
+    bn, bk, sb = p.bn, p.bk, p.stride_b
+    if vec and spec.b.contig == 1:     # four consecutive columns a load
+        body = [f"let nq = (l % {u(bn // 4)}) * 4u; let kk = l / {u(bn // 4)};",
+                "let v = b_v(bt, k0 + kk, n0 + nq);"]
+        body += [f"Tb[kk * {u(sb)} + nq + {u(q)}] = {cast}(v[{q}]);" for q in range(4)]
+        return _copies(bn * bk // 4, p.threads, body)
+    if vec and spec.b.contig == 0:     # four consecutive k a load (B stored transposed: x @ W.T)
+        body = [f"let kq = (l % {u(bk // 4)}) * 4u; let nn = l / {u(bk // 4)};",
+                "let v = b_v(bt, k0 + kq, n0 + nn);"]
+        body += [f"Tb[(kq + {u(q)}) * {u(sb)} + nn] = {cast}(v[{q}]);" for q in range(4)]
+        return _copies(bn * bk // 4, p.threads, body)
+    fast = spec.b.fast if spec.b.fast is not None else spec.b.contig
+    index = (f"let kk = l % {u(bk)}; let nn = l / {u(bk)};" if fast == 0
+             else f"let nn = l % {u(bn)}; let kk = l / {u(bn)};")
+    return _copies(bn * bk, p.threads, [index, f"Tb[kk * {u(sb)} + nn] = {cast}(b_el(bt, k0 + kk, n0 + nn));"])
+
+
+def mma_wgsl(spec: GemmSpec, p: MmaPlan, caps: AdapterCaps, splits: int = 1, ksplit: int = 0,
+             out: Output | None = None, write: Binding | None = None, with_bias: bool = True,
+             dialect: SubgroupMatrixWgsl = DIALECT) -> tuple[str, tuple, tuple]:
+    """(shader, grid, read values) of one subgroup-matrix GEMM kernel; with splits > 1, problem
+    `s` covers K range [s * ksplit, (s + 1) * ksplit) and `out` is the Scratch of partial sums
+    (as gemm_wgsl.gemm_wgsl)."""
+    out = out or spec.out
+    write = write or spec.write
+    cfg = p.config
+    M, N, K = spec.M, spec.N, spec.K
+    nN, nM = math.ceil(N / p.bn), math.ceil(M / p.bm)
+    total = nN * nM * spec.batch * splits
+    grid = fold_grid(total, caps)
+    va, vb = _vec_ok(spec.a), _vec_ok(spec.b)
+    reads = [replace(spec.reads[0], vec4=va), replace(spec.reads[1], vec4=vb)]
+    reads += list(spec.reads[2:]) if with_bias else []
+    if splits == 1:
+        ksplit = math.ceil(K / p.bk) * p.bk
+    decls = [_decl(i, b, "read") for i, b in enumerate(reads)]
+    decls.append(_decl(len(reads), replace(write, vec4=out.contig), "read_write"))
+    e = cfg.operand
+    cast = e   # loaders return f32: f16 operands round exactly (they are f16 values), f32 ones stay
+    sa, sb, sc = p.stride_a, p.stride_b, p.stride_c
+    frag = cfg.m * sc
+    tiles = [f"var<workgroup> Ta: array<{e}, {p.bm * sa}>;",
+             f"var<workgroup> Tb: array<{e}, {p.bk * sb}>;",
+             f"var<workgroup> Tc: array<f32, {p.subgroups * frag}>;"]
+    builtins = ["@builtin(workgroup_id) wid: vec3<u32>", "@builtin(local_invocation_index) li: u32"]
+    if p.by_subgroup_id:
+        builtins += ["@builtin(subgroup_id) sg: u32", "@builtin(subgroup_invocation_id) lane: u32"]
+    frags = [(i, j) for i in range(p.frag_rows) for j in range(p.frag_cols)]
+    head = [f"@compute @workgroup_size({p.threads}, 1, 1)",
+            f"fn main({', '.join(builtins)}) {{",
+            f"  let lin = {linear_id(grid)};",
+            f"  if (lin >= {u(total)}) {{ return; }}"] + _tile_order(nN, nM) + [
+            f"  let bt = (lin / {u(nN * nM)}) % {u(spec.batch)};",
+            f"  let s = lin / {u(nN * nM * spec.batch)};",
+            f"  let m0 = mb * {u(p.bm)};",
+            f"  let n0 = nb * {u(p.bn)};",
+            f"  let kb = s * {u(ksplit)};",
+            f"  let ke = min(kb + {u(ksplit)}, {u(K)});"]
+    if not p.by_subgroup_id:
+        head += ["  let sg = 0u;", "  let lane = li;"]
+    # this subgroup's block within the workgroup tile: uniform (subgroup_id and constants)
+    head += [f"  let sr = (sg / {u(p.sg_cols)}) * {u(p.sub_m)};",
+             f"  let sc = (sg % {u(p.sg_cols)}) * {u(p.sub_n)};"]
+    head += [f"  var c{i}_{j} = {dialect.zero()};" for i, j in frags]
+    step = []
+    for kk in range(0, p.bk, cfg.k):
+        step += ["{"]
+        step += [f"  let a{i} = {dialect.load_left('Ta', f'(sr + {u(i * cfg.m)}) * {u(sa)} + {u(kk)}', u(sa))};"
+                 for i in range(p.frag_rows)]
+        step += [f"  let b{j} = {dialect.load_right('Tb', f'{u(kk * sb)} + sc + {u(j * cfg.n)}', u(sb))};"
+                 for j in range(p.frag_cols)]
+        step += [f"  c{i}_{j} = {dialect.multiply_add(f'a{i}', f'b{j}', f'c{i}_{j}')};" for i, j in frags]
+        step += ["}"]
+    loop = ([f"  for (var k0 = kb; k0 < ke; k0 = k0 + {u(p.bk)}) {{"]
+            + ["    " + ln for ln in _stage_a(spec, p, va, cast) + _stage_b(spec, p, vb, cast)]
+            + ["    workgroupBarrier();"] + ["    " + ln for ln in step] + ["    workgroupBarrier();", "  }"])
+    # results: fragment by fragment through this subgroup's slice of Tc, then the spec's store
+    groups = cfg.m * cfg.n // 4
+    per_lane = math.ceil(groups / p.subgroup_size)
+    stores = []
+    for i, j in frags:
+        stores += [f"  {dialect.store('Tc', f'sg * {u(frag)}', f'c{i}_{j}', u(sc))}", "  workgroupBarrier();"]
+        for q in range(per_lane):
+            g = f"lane + {u(q * p.subgroup_size)}" if q else "lane"
+            stores += [f"  if ({g} < {u(groups)}) {{",
+                       f"    let rr = ({g}) / {u(cfg.n // 4)}; let cc = (({g}) % {u(cfg.n // 4)}) * 4u;",
+                       f"    let o = sg * {u(frag)} + rr * {u(sc)} + cc;",
+                       (f"    st4(bt, s, m0 + sr + {u(i * cfg.m)} + rr, n0 + sc + {u(j * cfg.n)} + cc, "
+                        "vec4<f32>(Tc[o], Tc[o + 1u], Tc[o + 2u], Tc[o + 3u]));"),
+                       "  }"]
+        stores += ["  workgroupBarrier();"]
+    helpers: dict[str, str] = {}
+    loaders = [_loader("a", spec.a, reads[0].vec4, helpers), _loader("b", spec.b, reads[1].vec4, helpers),
+               _epi_fn(out, with_bias, helpers)]
+    wgsl = "\n".join(dialect.enables(cfg, p.by_subgroup_id) + dialect.types(cfg) + decls + tiles
+                     + list(helpers.values()) + loaders + [_store_fn(out, M, N)]
+                     + head + loop + stores + ["}"]) + "\n"
+    return wgsl, grid, tuple(b.value for b in reads)
+
+
+@dataclass(frozen=True)
+class _SplitView:
+    """The fields gemm_splitk.choose_splits reads of a tiling, for a plan (its workgroups'
+    invocations as wx x wy, its K tile as the split step)."""
+
+    bm: int
+    bn: int
+    wx: int
+    wy: int
+    kt: int
+    variant: str = "shared"
+
+
+def mma_kernels(spec: GemmSpec, caps: AdapterCaps, operand: str, allow_split: bool = True,
+                block: int | None = None, kt: int | None = None, threads: int | None = None,
+                want_splits: int | None = None) -> list[Kernel]:
+    """The kernel list of one GEMM-shaped op on matrix units: one kernel, or a split-K kernel
+    writing partial sums and the ALU reduce that finishes them (alpha, bias, epilogue).
+    ValueError where the adapter has no matrix units for `operand` or the tiles do not fit."""
+    p = plan_mma(spec.M, spec.N, spec.K, caps, operand, block=block, bk=kt, threads=threads)
+    view = _SplitView(p.bm, p.bn, p.threads, 1, p.bk)
+    splits, ksplit = choose_splits(spec, view, caps, want_splits) if allow_split else (1, 0)  # type: ignore[arg-type]
+    if splits == 1:
+        wgsl, grid, reads = mma_wgsl(spec, p, caps)
+        return [Kernel(f"{spec.name}[{p.tag}]", wgsl, grid, reads, (spec.write.value,))]
+    return _split_pair(spec, caps, splits, p.tag,
+                       lambda part, sb: mma_wgsl(spec, p, caps, splits, ksplit, out=part, write=sb, with_bias=False))
+
+
+def uses_matrix_units(kernel: Kernel) -> bool:
+    """Whether a kernel multiplies on matrix units (its name carries the plan's tag)."""
+    return "[mma " in kernel.name
+
+
+__all__ = ["DIALECT", "FEATURES", "SubgroupMatrixWgsl", "mma_kernels", "mma_wgsl", "uses_matrix_units"]
