@@ -48,7 +48,7 @@ def test_auto_is_a_third_state_only_where_the_default_is_unset(monkeypatch):
     ("ANYGRAD_BUCKET_MB", "abc", "a number > 0"),
     ("ANYGRAD_BUCKET_MB", "nan", "a number > 0"),
     ("ANYGRAD_GLOO_PIECE_MB", "-1", "a number > 0"),
-    ("ANYGRAD_WGPU_ROWS", "rows", "auto | wg | short"),
+    ("ANYGRAD_WGPU_POLL", "spin", "free | block"),
     ("ANYGRAD_WGPU_CHECKS", "2", "0 | 1"),
     ("ANYGRAD_AUTOTUNE", "sometimes", "0 | 1 | auto"),
 ])
@@ -61,16 +61,16 @@ def test_a_bad_value_is_an_error_naming_the_variable_and_what_it_takes(monkeypat
 
 
 def test_an_override_wins_over_the_environment_and_is_undone(monkeypatch):
-    monkeypatch.setenv("ANYGRAD_WGPU_ROWS", "wg")
-    rows = settings.by_name("ANYGRAD_WGPU_ROWS")
-    with settings.override(ANYGRAD_WGPU_ROWS="short"):
-        assert rows.get() == "short"
-        with settings.override({rows: None, "ANYGRAD_GLOO_GROUPS": 3}):  # None: as if unset
-            assert rows.get() == "auto" and settings.get("ANYGRAD_GLOO_GROUPS") == 3
-        assert rows.get() == "short" and settings.get("ANYGRAD_GLOO_GROUPS") == 4
-        monkeypatch.setenv("ANYGRAD_WGPU_ROWS", "auto")
-        assert rows.get() == "short"
-    assert rows.get() == "auto"
+    monkeypatch.setenv("ANYGRAD_WGPU_SHARED_BUFFER", "64MiB")
+    size = settings.by_name("ANYGRAD_WGPU_SHARED_BUFFER")
+    with settings.override(ANYGRAD_WGPU_SHARED_BUFFER="128MiB"):
+        assert size.get() == "128MiB"
+        with settings.override({size: None, "ANYGRAD_GLOO_GROUPS": 3}):  # None: as if unset
+            assert size.get() is None and settings.get("ANYGRAD_GLOO_GROUPS") == 3
+        assert size.get() == "128MiB" and settings.get("ANYGRAD_GLOO_GROUPS") == 4
+        monkeypatch.setenv("ANYGRAD_WGPU_SHARED_BUFFER", "32MiB")
+        assert size.get() == "128MiB"
+    assert size.get() == "32MiB"
 
 
 def test_an_override_is_checked_and_names_only_declared_settings():
@@ -160,10 +160,10 @@ def test_the_plan_cache_key_holds_the_tuning_settings_and_not_the_debug_ones():
     key = pipeline_cache.plan_key(g, ("ctx",))
     assert pipeline_cache.plan_key(g, ("ctx",)) == key
     tuning = [s for s in settings.all_settings() if s.kind == "tuning"]
-    assert {"ANYGRAD_WGPU_RESIDUAL", "ANYGRAD_F16_MATH", "ANYGRAD_WGPU_ROWS"} <= {s.name for s in tuning}
+    assert {"ANYGRAD_WGPU_RESIDUAL", "ANYGRAD_F16_MATH", "ANYGRAD_WGPU_SHARED_BUFFER"} <= {s.name for s in tuning}
     with settings.override(ANYGRAD_WGPU_RESIDUAL=False):
         assert pipeline_cache.plan_key(g, ("ctx",)) != key
-    with settings.override(ANYGRAD_WGPU_ROWS="wg"):
+    with settings.override(ANYGRAD_WGPU_SHARED_BUFFER="64MiB"):
         assert pipeline_cache.plan_key(g, ("ctx",)) != key
     with settings.override(ANYGRAD_WGPU_PROFILE=True, ANYGRAD_DP_TIMELINE="t.json"):
         assert pipeline_cache.plan_key(g, ("ctx",)) == key

@@ -3,7 +3,7 @@ vec4s, the apply / eval / dx kernels and the per-channel sums read 4 consecutive
 load. Checked against float64 numpy for training (y, running mean / var), its gradient (dx,
 dscale, dbias) and eval mode, on vec4 (S % 4 == 0) and scalar shapes, 1-D and 2-D, with the
 statistics in one workgroup per channel and split over several; the shader text shows which path
-ran, two runs give the same bits, and ANYGRAD_WGPU_BN_VEC=0 keeps the scalar kernels."""
+ran, and two runs give the same bits."""
 from __future__ import annotations
 
 import math
@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 from wgpu_util import op_graph, wgpu_backend
 
-from anygrad.backends.wgpu.device import pipeline_cache
 from anygrad.backends.wgpu.kernels import kernels_nn
 
 pytestmark = pytest.mark.wgpu
@@ -37,12 +36,6 @@ def _whole_batchnorm(monkeypatch):
     """These tests read the whole node's apply kernel: the split into statistics and a fusable
     elementwise apply (fusion.split_batchnorm) is tested in test_wgpu_ew_vec.py."""
     monkeypatch.setenv("ANYGRAD_WGPU_BN_SPLIT", "0")
-
-
-@pytest.fixture(params=["1", "0"], ids=["vec", "scalar-env"])
-def vec_env(request, monkeypatch):
-    monkeypatch.setenv(kernels_nn.VEC_ENV, request.param)
-    return request.param == "1"
 
 
 @pytest.fixture(params=[False, True], ids=["one-group", "split"])
@@ -122,10 +115,10 @@ SHAPES = [(5, 3, 8),       # 1-D, S % 4 == 0
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_training_forward_and_gradient(backend, shape, split, vec_env):
+def test_training_forward_and_gradient(backend, shape, split):
     want, got, exe = _run(backend, shape, training=True)
     _assert_close(want, got)
-    vec = vec_env and math.prod(shape[2:]) % 4 == 0
+    vec = math.prod(shape[2:]) % 4 == 0
     stats = ("partial", "combine") if split else ("stats",)
     names = [f"{op}:{k}" for op in ("BatchNorm", "BatchNormGrad") for k in stats]
     _assert_path(exe, ["BatchNorm:apply", "BatchNormGrad:dx"] + [n for n in names if not n.endswith("combine")], vec)
@@ -135,11 +128,11 @@ def test_training_forward_and_gradient(backend, shape, split, vec_env):
 
 
 @pytest.mark.parametrize("shape", [(5, 3, 8), (3, 2, 4, 6), (3, 2, 5, 3)], ids=lambda s: "x".join(map(str, s)))
-def test_eval_forward_and_gradient(backend, shape, split, vec_env):
+def test_eval_forward_and_gradient(backend, shape, split):
     """Eval mode: the apply kernel from running statistics; its gradient sums dy, dy * (x - mean)."""
     want, got, exe = _run(backend, shape, training=False)
     _assert_close(want, got)
-    vec = vec_env and math.prod(shape[2:]) % 4 == 0
+    vec = math.prod(shape[2:]) % 4 == 0
     _assert_path(exe, ["BatchNorm:eval", "BatchNormGrad:dx", "BatchNormGrad:partial" if split else "BatchNormGrad:stats"],
                  vec)
 
@@ -183,14 +176,3 @@ def test_float16_values_read_and_write_vec4_f16(backend):
     apply = _kernels(exe, "BatchNorm:apply")
     assert apply and "array<vec4<f16>>" in apply[0].wgsl
     assert not _kernels(exe, "BatchNorm:apply:to_f")  # rewritten in place, no f32 copy
-
-
-def test_switch_is_part_of_the_plan_key(monkeypatch):
-    """Plans cached on disk under one setting are not reused under the other."""
-    graph, _ = op_graph("BatchNormalization", [randn(2, 3, 8)] + [randn(3)] * 4, {"training_mode": 1},
-                        const=[3, 4], n_outputs=3)
-    keys = set()
-    for value in ("1", "0"):
-        monkeypatch.setenv(kernels_nn.VEC_ENV, value)
-        keys.add(pipeline_cache.plan_key(graph, ("ctx",)))
-    assert len(keys) == 2

@@ -1,8 +1,7 @@
 """Column sums in two kernels (colsum.py): LayerNormGrad's dscale and dbias from one slicing pass
 and one finishing pass, and the columns layout of the reductions (a bias gradient summing rows)
-as lane-combined slices and one serial pass over them. Against the numpy backend, with the
-switch on and off (ANYGRAD_WGPU_COLSUM=0: the kernels of before), on one slice and on several
-(small thresholds, so small shapes take the multi-slice path), vec4 and scalar entries; the
+as lane-combined slices and one serial pass over them. Against the numpy backend, on one slice
+and on several (small thresholds, so small shapes take the multi-slice path), vec4 and scalar entries; the
 kernel names say which path ran, and a second run gives the same bits."""
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ import numpy as np
 import pytest
 from wgpu_util import assert_close, make_graph, op_graph, run_both, wgpu_backend
 
-from anygrad.backends.wgpu.kernels import colsum, kernels_norm, kernels_reduce
+from anygrad.backends.wgpu.kernels import colsum, kernels_reduce
 from anygrad.backends.wgpu.kernels.kernel import Kernel
 from anygrad.ir import Node
 
@@ -28,19 +27,11 @@ def backend():
     return wgpu_backend()
 
 
-@pytest.fixture(params=["on", "off"])
-def switch(request, monkeypatch):
-    monkeypatch.setenv(colsum.COLSUM_ENV, "1" if request.param == "on" else "0")
-    return request.param == "on"
-
-
 @pytest.fixture(params=[False, True], ids=["one-slice", "sliced"])
 def sliced(request, monkeypatch):
-    """Several slices on test-sized shapes: lanes of one row each (new path), slices of one row
-    (the old LayerNorm path), chunks of a few rows (the old reduction path)."""
+    """Several slices on test-sized shapes: lanes of one row each, chunks of a few rows."""
     if request.param:
         monkeypatch.setattr(colsum, "LANE_ROWS", 1)
-        monkeypatch.setattr(kernels_norm, "COL_MIN_SLICE", 1)
         monkeypatch.setattr(kernels_reduce, "MIN_CHUNK", 4)
     return request.param
 
@@ -76,33 +67,20 @@ def test_geometry(rows, entries, width, want):
     assert geo.tile * geo.lanes == colsum.WG and (geo.slices - 1) * geo.per < rows <= geo.slices * geo.per
 
 
-def test_switch_read_at_lowering(monkeypatch):
-    monkeypatch.setenv(colsum.COLSUM_ENV, "0")
-    assert not colsum.enabled()
-    monkeypatch.setenv(colsum.COLSUM_ENV, "1")
-    assert colsum.enabled()
-    monkeypatch.delenv(colsum.COLSUM_ENV)
-    assert colsum.enabled()
-
-
 # -- LayerNorm's parameter gradients --------------------------------------------------------------------------
 LN_SHAPES = [(3, 37, 24), (2, 5, 12), (40, 10), (30, 130), (20, 72)]
 
 
 @pytest.mark.parametrize("shape", LN_SHAPES, ids=[str(s) for s in LN_SHAPES])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
-def test_layer_norm_params(backend, switch, sliced, shape, bias):
-    """dx, dscale, dbias (when there is a bias) against numpy. New path: one kernel for every
+def test_layer_norm_params(backend, sliced, shape, bias):
+    """dx, dscale, dbias (when there is a bias) against numpy: one kernel for every
     parameter gradient, plus one adding the slices; vec4 loads when d % 4 == 0."""
     d = shape[-1]
     x = randn(*shape) * 0.5 + 3
     inputs = [x, randn(d)] + ([randn(d)] if bias else [])
     kernels = check(backend, "LayerNormalization", inputs, {"axis": -1}, rtol=1e-3, atol=1e-4)
     got = [n for n in names(kernels) if n.startswith("LayerNormGrad:") and not n.startswith("LayerNormGrad:row")]
-    if not switch:
-        assert "LayerNormGrad:dy_xhat:cols" in got and "LayerNormGrad:dy:cols" in got
-        assert not any(":params:" in n for n in got)
-        return
     rows = x.size // d
     geo = colsum.geometry(rows, d, 4 if d % 4 == 0 else 1)
     assert got == ["LayerNormGrad:params:cols"] + (["LayerNormGrad:params:slices"] if geo.slices > 1 else [])
@@ -113,7 +91,7 @@ def test_layer_norm_params(backend, switch, sliced, shape, bias):
 
 
 @pytest.mark.parametrize("outs", [("dx", "ds", ""), ("dx", "", "db"), ("", "ds", "db"), ("", "", "db")])
-def test_layer_norm_grad_some_outputs(backend, switch, sliced, outs):
+def test_layer_norm_grad_some_outputs(backend, sliced, outs):
     """LayerNormGrad with only some outputs named: the same kernels, as many sums as gradients;
     dbias alone reads dy only."""
     x, dy, scale = randn(2, 33, 16) + 1, randn(2, 33, 16), randn(16)
@@ -127,13 +105,12 @@ def test_layer_norm_grad_some_outputs(backend, switch, sliced, outs):
     again = exe.run(feeds)
     for k, v in got.items():
         np.testing.assert_array_equal(np.asarray(again[k]), np.asarray(v))
-    if switch:
-        first = next(st.kernel for st in exe.plan.steps if st.kernel.name == "LayerNormGrad:params:cols")
-        assert first.wgsl.count("var<workgroup>") == len([o for o in outs[1:] if o])
-        assert len(first.reads) == (1 if outs[1] == "" else 3)
+    first = next(st.kernel for st in exe.plan.steps if st.kernel.name == "LayerNormGrad:params:cols")
+    assert first.wgsl.count("var<workgroup>") == len([o for o in outs[1:] if o])
+    assert len(first.reads) == (1 if outs[1] == "" else 3)
 
 
-def test_layer_norm_over_two_axes(backend, switch, sliced):
+def test_layer_norm_over_two_axes(backend, sliced):
     """axis 1 of (5, 6, 8): rows of 48 entries, a scale per entry."""
     check(backend, "LayerNormalization", [randn(5, 6, 8) + 2, randn(6, 8), randn(6, 8)], {"axis": 1},
           rtol=1e-3, atol=1e-4)
@@ -162,14 +139,11 @@ def _reduce_input(op, shape):
 
 
 @pytest.mark.parametrize("op,shape,axes", REDUCE_CASES, ids=[f"{o}{s}@{a}" for o, s, a in REDUCE_CASES])
-def test_reduce_columns(backend, switch, sliced, op, shape, axes):
+def test_reduce_columns(backend, sliced, op, shape, axes):
     x = _reduce_input(op, shape)
     kernels = check(backend, op, [x, np.array(axes, np.int64)], {"keepdims": 0}, grad=False, feed=[0],
                     rtol=3e-4, atol=1e-4)
     own = [n for n in names(kernels) if ":max:" not in n]
-    if not switch:
-        assert own[0] == f"{op}:cols" and (len(own) == 1 or own[1] != f"{op}:partials:serial" or not sliced)
-        return
     assert own in ([f"{op}:cols"], [f"{op}:cols", f"{op}:partials:serial"])
     if sliced:
         assert own == [f"{op}:cols", f"{op}:partials:serial"]
@@ -187,28 +161,17 @@ def test_reduce_columns(backend, switch, sliced, op, shape, axes):
     ("ReduceSum", (20, 7), (0,)),         # a short column reduction: one serial pass
     ("ReduceMax", (1000,), (0,)),
 ])
-def test_other_reductions_unchanged(backend, monkeypatch, op, shape, axes):
-    """Row layouts and short reductions: the same kernels whichever way the switch is."""
+def test_other_reductions_take_no_column_kernels(backend, op, shape, axes):
+    """Row layouts and short reductions: against numpy, and no columns kernels."""
     x = randn(*shape)
     inputs = [x, np.array(axes, np.int64)]
-    monkeypatch.setenv(colsum.COLSUM_ENV, "0")
-    off = check(backend, op, inputs, {"keepdims": 0}, grad=False, feed=[0], rtol=3e-4, atol=1e-4)
-    monkeypatch.setenv(colsum.COLSUM_ENV, "1")
     on = check(backend, op, inputs, {"keepdims": 0}, grad=False, feed=[0], rtol=3e-4, atol=1e-4)
-    assert [(k.name, k.wgsl) for k in on] == [(k.name, k.wgsl) for k in off]
     assert not any(":cols" in k.name for k in on)
 
 
-def test_old_kernels_with_switch_off(backend, monkeypatch):
-    """ANYGRAD_WGPU_COLSUM=0: the three-kernel columns layout of before (a split of the partials,
-    then a serial pass) at the real thresholds; on: two kernels."""
+def test_two_kernels_at_the_real_thresholds(backend):
+    """A column sum at the real thresholds: the slicing kernel, then one serial pass."""
     x = randn(3000, 12)
-    monkeypatch.setenv(colsum.COLSUM_ENV, "0")
-    off = check(backend, "ReduceSum", [x, np.array([0], np.int64)], {"keepdims": 0}, grad=False, feed=[0],
-                rtol=3e-4, atol=1e-4)
-    assert names(off) == ["ReduceSum:cols", "ReduceSum:partials:cols", "ReduceSum:partials:partials:serial"]
-    assert not any(set(k.reads) & set(k.writes) for k in off)  # each pass its own scratch: no race
-    monkeypatch.setenv(colsum.COLSUM_ENV, "1")
     on = names(check(backend, "ReduceSum", [x, np.array([0], np.int64)], {"keepdims": 0}, grad=False, feed=[0],
                      rtol=3e-4, atol=1e-4))
     assert on == ["ReduceSum:cols", "ReduceSum:partials:serial"]
@@ -224,26 +187,25 @@ def test_bias_gradient_float64(backend):
 
 
 @pytest.mark.parametrize("shape", [(600, 16), (600, 7)])
-def test_float16_columns(backend, switch, sliced, shape):
+def test_float16_columns(backend, sliced, shape):
     """float16 values: vec4<f16> loads (halfstore.py) the sums in f32."""
     x = randn(*shape).astype(np.float16)
     kernels = check(backend, "ReduceSum", [x, np.array([0], np.int64)], {"keepdims": 0}, grad=False, feed=[0],
                     rtol=1e-2, atol=1e-2)
     first = next(k for k in kernels if k.name == "ReduceSum:cols")
-    assert ("vec4<f16>" in first.wgsl) == (switch and shape[-1] % 4 == 0)
+    assert ("vec4<f16>" in first.wgsl) == (shape[-1] % 4 == 0)
 
 
-def test_layer_norm_float16(backend, switch, sliced):
+def test_layer_norm_float16(backend, sliced):
     d = 16
     x = (randn(40, d) + 2).astype(np.float16)
     check(backend, "LayerNormalization", [x, randn(d).astype(np.float16), randn(d).astype(np.float16)], {"axis": -1},
           rtol=2e-2, atol=2e-2)
 
 
-def test_real_thresholds_gpt_width(backend, monkeypatch):
+def test_real_thresholds_gpt_width(backend):
     """d = 256 at the real thresholds: 4 tiles x 64 slices of vec4 lanes, then one pass over the
     64 slices, for a bias gradient and LayerNorm's parameter gradients alike."""
-    monkeypatch.setenv(colsum.COLSUM_ENV, "1")
     x = randn(4096, 256)
     kernels = check(backend, "ReduceSum", [x, np.array([0], np.int64)], {"keepdims": 0}, grad=False, feed=[0],
                     rtol=1e-4, atol=1e-5)

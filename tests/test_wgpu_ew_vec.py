@@ -3,7 +3,7 @@
 A fused chain takes the vec4 path when the output's last axis is a multiple of 4; each input is
 then loaded as a vec4 (it keeps the last axis), as one scalar for all four lanes (broadcast along
 it), or indexed per lane (an input the op indexes itself). Everything else stays one element per
-invocation, and so does everything with ANYGRAD_WGPU_EW_VEC=0.
+invocation.
 """
 from __future__ import annotations
 
@@ -57,14 +57,6 @@ def test_fused_chain_matches_numpy(wb, shape, bias, col, vec):
     assert srcs and all(("vec4<f32>" in s) == vec for s in srcs), srcs
 
 
-def test_switch_keeps_one_element_per_invocation(wb, monkeypatch):
-    g, feeds = _chain((6, 8), (8,), (6, 1))
-    monkeypatch.setenv("ANYGRAD_WGPU_EW_VEC", "0")
-    want, got, exe = run_both(g, feeds, backend=wb)
-    assert_close(want, got, rtol=2e-5, atol=2e-6)
-    assert not any("vec4" in s for s in _ew_sources(exe))
-
-
 def test_a_middle_axis_broadcast_reads_whole_vectors(wb):
     """An input (2, 1, 8) against output (2, 3, 8): each vec4 of the output maps to one vec4 of
     the input at a broadcast vec4 index."""
@@ -75,23 +67,19 @@ def test_a_middle_axis_broadcast_reads_whole_vectors(wb):
     assert "array<vec4<f32>>" in _ew_sources(exe)[0]
 
 
-def test_dropout_masks_are_the_same_per_element(wb, monkeypatch):
+def test_dropout_masks_are_the_same_per_element(wb):
     """Dropout draws its mask from the element's flat index: four lanes per invocation must give
-    numpy's mask bit for bit, and the scalar kernel's outputs."""
+    numpy's mask bit for bit."""
     inputs = [RNG.standard_normal((4, 16)).astype(F32), np.array(0.4, F32), np.array(True),
               np.array([11, 5], np.uint32)]
     exe = check_wgpu("Dropout", inputs, {"salt": 3}, const=[1, 2], n_outputs=2, state={3: RNG_STATE},
                      grad=False, rtol=0, atol=0)
     assert any("vec4" in s for s in _ew_sources(exe))
-    monkeypatch.setenv("ANYGRAD_WGPU_EW_VEC", "0")
-    exe = check_wgpu("Dropout", inputs, {"salt": 3}, const=[1, 2], n_outputs=2, state={3: RNG_STATE},
-                     grad=False, rtol=0, atol=0)
-    assert not any("vec4" in s for s in _ew_sources(exe))
 
 
-def test_float16_values_round_the_same(wb, monkeypatch):
+def test_float16_values_round_the_same(wb):
     """A float16 chain loads and stores vec4<f16> and computes in f32 in between: numpy in float32
-    rounding only the stored value gives the same bits, as does the scalar kernel."""
+    rounding only the stored value gives the same bits."""
     shape = (4, 8)
     nodes = [Node("Mul", ["x", "x"], ["a"]), Node("Add", ["a", "b"], ["y"])]
     b = RNG.standard_normal(8).astype(np.float16)
@@ -102,8 +90,6 @@ def test_float16_values_round_the_same(wb, monkeypatch):
     assert got.dtype == np.float16 and "vec4<f16>" in _ew_sources(exe)[0]
     xf = x.astype(F32)
     np.testing.assert_array_equal(got, (xf * xf + b.astype(F32)).astype(np.float16))
-    monkeypatch.setenv("ANYGRAD_WGPU_EW_VEC", "0")
-    np.testing.assert_array_equal(wb.compile(g).run({"x": x})["y"], got)
 
 
 # -- copies (kernels_shape.affine_copy) -------------------------------------------------------------

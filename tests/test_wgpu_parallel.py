@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from wgpu_util import assert_close, op_graph, run_both, wgpu_backend
 
-from anygrad.backends.wgpu.kernels import colsum, kernels_reduce
+from anygrad.backends.wgpu.kernels import kernels_reduce
 
 pytestmark = pytest.mark.wgpu
 
@@ -71,12 +71,10 @@ def _reduce_input(op, *shape):
     ((40, 6, 50), (0, 2), ":split"),    # rows over two merged-apart axes, chunked
     ((2, 90, 3, 5), (1,), ":cols"),     # reduced axis in the middle: kept axes innermost
     ((1000,), (0,), ":split"),          # one output
-    ((6, 5), (1,), ":serial"),          # short rows (":cols": one slice of colsum.py's lanes, unless switched off)
+    ((6, 5), (1,), ":cols"),            # short rows: one slice of colsum.py's lanes
 ])
 def test_reduce_split_paths(backend, small_reduce, op, shape, axes, kernel):
     x = _reduce_input(op, *shape)
-    if kernel == ":serial" and colsum.enabled():
-        kernel = ":cols"
     check(backend, op, [x, np.array(axes, np.int64)], {"keepdims": 0}, kernels=[kernel], rtol=3e-4, atol=1e-4)
 
 

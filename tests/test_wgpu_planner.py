@@ -106,29 +106,28 @@ def test_training_step_largest_batch_is_right():
         _founding_step(fit + 1, caps)
 
 
-def test_workgroup_grid_limit_names_a_batch_when_the_grid_scales(monkeypatch):
-    # Exp over 64 x 1000, one element per invocation: 250 workgroups of 256; grids fold into 3-D,
-    # so 5 per dimension hold 125.
-    monkeypatch.setenv("ANYGRAD_WGPU_EW_VEC", "0")
+def test_workgroup_grid_limit_names_a_batch_when_the_grid_scales():
+    # Exp over 64 x 999 (not a multiple of 4: one element per invocation): 250 workgroups of 256;
+    # grids fold into 3-D, so 5 per dimension hold 125.
     caps = AdapterCaps(max_workgroups_per_dim=5)
     with pytest.raises(DeviceError, match=r"max-compute-workgroups-per-dimension is 5, .*\(64 now\)\. The "
                                           r"largest batch that fits is about 32") as e:
-        _plan(_exp(64), caps, fuse=False)
+        _plan(_exp(64, 999), caps, fuse=False)
     assert "Exp node" in str(e.value)
-    _plan(_exp(32), caps, fuse=False)
+    _plan(_exp(32, 999), caps, fuse=False)
     with pytest.raises(DeviceError):
-        _plan(_exp(33), caps, fuse=False)
+        _plan(_exp(33, 999), caps, fuse=False)
 
 
-def test_workgroup_grid_limit_that_does_not_scale_says_what_is_too_large(monkeypatch):
-    monkeypatch.setenv("ANYGRAD_WGPU_EW_VEC", "0")  # one element per invocation: 391 workgroups
+def test_workgroup_grid_limit_that_does_not_scale_says_what_is_too_large():
+    # 999 is not a multiple of 4, so one element per invocation: 391 workgroups
     g = make_graph([Node("Exp", ["w"], ["e"]), Node("ReduceSum", ["e"], ["s"], {"keepdims": 0}),
                 Node("Add", ["x", "s"], ["y"])], ["x"], ["y"], {"x": (F32, (2,))},
-               {"w": np.zeros((100, 1000), np.float32)}, buffers=["w"])
+               {"w": np.zeros((100, 999), np.float32)}, buffers=["w"])
     with pytest.raises(DeviceError) as e:
         _plan(g, AdapterCaps(max_workgroups_per_dim=5), fuse=False)
     msg = str(e.value)
-    assert "'e' (100, 1000)" in msg and "does not depend on the batch" in msg and "largest batch" not in msg
+    assert "'e' (100, 999)" in msg and "does not depend on the batch" in msg and "largest batch" not in msg
 
 def test_a_gradient_written_into_its_arena_is_written_before_the_update_reads_it():
     """The fused optimizer update reads each gradient from its arena slice (through its attrs, not

@@ -1,6 +1,5 @@
 """Many short rows, several to a workgroup (rowsplit.py's grouped rows): Softmax / LogSoftmax and
-their gradients, LayerNorm and its gradient, GroupNorm, against the numpy backend, on the new
-path and on the one it replaced (ANYGRAD_WGPU_ROWS=wg: a workgroup a row). Row lengths around
+their gradients, LayerNorm and its gradient, GroupNorm, against the numpy backend. Row lengths around
 every edge of the walk (a lane's whole steps of LANE_LOADS loads, the guarded last step, rows
 shorter than one step), row counts that leave spare rows in the last workgroup, the axis last
 or in the middle; the kernel names say which path ran, and a second run gives the same bits."""
@@ -27,16 +26,11 @@ def backend():
     return wgpu_backend()
 
 
-@pytest.fixture(params=["grouped", "narrow", "short", "wg"])
+@pytest.fixture(params=["grouped", "narrow"])
 def path(request, monkeypatch):
-    """The lowering path: several rows a workgroup (the default), the same with lanes sized as
-    for many rows ('narrow': a lane takes several whole steps, as on a GPU-sized batch; the test
-    shapes are few rows, which widen the lanes), the lanes for short contiguous rows too
-    (ANYGRAD_WGPU_ROWS=short), or a workgroup a row (=wg)."""
-    if request.param in ("wg", "short"):
-        monkeypatch.setenv(rowsplit.ROWS_ENV, request.param)
-    else:
-        monkeypatch.delenv(rowsplit.ROWS_ENV, raising=False)
+    """Several rows a workgroup, with lanes sized by the rules ('grouped') or as for many rows
+    ('narrow': a lane takes several whole steps, as on a GPU-sized batch; the test shapes are few
+    rows, which widen the lanes)."""
     if request.param == "narrow":
         monkeypatch.setattr(rowsplit, "TARGET_INVOCATIONS", 0)
     return request.param
@@ -44,10 +38,9 @@ def path(request, monkeypatch):
 
 def kind(path: str, rows: int, length: int, inner: int = 1) -> str:
     """The kernel-name suffix of a whole-row kernel on `path` (the environment the fixture set)."""
-    way = rowsplit.row_path(length, inner)
-    assert (way == "wg") == (path == "wg" and length > rowsplit.SERIAL_MAX)
+    way = rowsplit.row_path(length)
     if way != "lanes":
-        return {"row": "row", "wg": "row-wg"}[way]
+        return "row"
     lanes = rowsplit.row_lanes(rows, length)
     return f"rows{rowsplit.GROUP_WG // lanes}x{lanes}"
 
@@ -82,15 +75,10 @@ def test_row_lanes(rows, length, lanes):
     assert got == lanes and rowsplit.GROUP_WG % got == 0
 
 
-@pytest.mark.parametrize("mode,want", [
-    ("", {(40, 1): "row", (65, 1): "lanes", (65, 3): "lanes", (5000, 1): "lanes"}),
-    ("short", {(4, 1): "row", (40, 1): "lanes", (40, 3): "row", (65, 3): "lanes"}),
-    ("wg", {(40, 1): "row", (65, 1): "wg", (65, 3): "wg"}),
-])
-def test_row_path(monkeypatch, mode, want):
-    """ANYGRAD_WGPU_ROWS picks the path, read when a node is lowered."""
-    monkeypatch.setenv(rowsplit.ROWS_ENV, mode)
-    assert {key: rowsplit.row_path(*key) for key in want} == want
+def test_row_path():
+    """An invocation a row up to SERIAL_MAX elements, else several rows a workgroup."""
+    want = {40: "row", 64: "row", 65: "lanes", 5000: "lanes"}
+    assert {n: rowsplit.row_path(n) for n in want} == want
 
 
 def test_lane_loop_guards_only_a_partial_step():

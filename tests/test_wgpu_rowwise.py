@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from wgpu_util import assert_close, op_graph, run_both, wgpu_backend
 
-from anygrad.backends.wgpu.kernels import colsum, kernels_norm, rowsplit
+from anygrad.backends.wgpu.kernels import rowsplit
 
 pytestmark = pytest.mark.wgpu
 
@@ -216,24 +216,17 @@ def test_softmax_masked_rows(backend, split, op, length):
 
 # -- LayerNorm and its gradient -------------------------------------------------------------------------------
 @pytest.mark.parametrize("shape,kind", [((40, 48), "row"), ((5, 300), "rows2x128"), ((3, 2100), "rows1x256")])
-@pytest.mark.parametrize("sliced", [False, True])
-def test_layer_norm_one_read_per_row(backend, monkeypatch, shape, kind, sliced):
+def test_layer_norm_one_read_per_row(backend, shape, kind):
     """Statistics from sums shifted by the row's first element, in one read: rows far from zero
     (mean 50, std 0.5) keep their variance; the gradient's four sums share one combine. dscale
-    and dbias: 64 neighbouring entries per workgroup, over every row or (sliced) over slices of
-    one row each, added in order by a second kernel. These are the kernels of ANYGRAD_WGPU_COLSUM=0;
-    both sums in one pass (the default) are tested in test_wgpu_colsum.py."""
-    monkeypatch.setenv(colsum.COLSUM_ENV, "0")
-    if sliced:
-        monkeypatch.setattr(kernels_norm, "COL_MIN_SLICE", 1)
+    and dbias in one pass (colsum.py, sliced forms tested in test_wgpu_colsum.py)."""
     d = shape[-1]
     x = randn(*shape) * 0.5 + 50
     names = check(backend, "LayerNormalization", [x, randn(d), randn(d)], {"axis": -1}, n_outputs=3,
                   rtol=1e-3, atol=1e-4, kernels=(f"LayerNorm:{kind}", f"LayerNormGrad:{kind}",
-                                                 "LayerNormGrad:dy:cols", "LayerNormGrad:dy_xhat:cols"))
+                                                 "LayerNormGrad:params:cols"))
     grad = next(k for k in names if k.startswith("LayerNormGrad:row"))
     assert grad.endswith(kind)
-    assert any(n.startswith("LayerNormGrad:dy:cols-sum") for n in names) == sliced
 
 
 def test_group_norm_one_read_per_row(backend):

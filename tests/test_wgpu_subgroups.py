@@ -121,20 +121,12 @@ def test_reduce_max_all_negative_and_infinite(backend):
 
 
 # -- softmax rows -------------------------------------------------------------------------------------------
-@pytest.fixture
-def workgroup_rows(monkeypatch):
-    """A workgroup a row (ANYGRAD_WGPU_ROWS=wg): the whole-workgroup combine these tests check.
-    Several rows a workgroup combine without subgroup ops (test_wgpu_rows.py)."""
-    monkeypatch.setenv("ANYGRAD_WGPU_ROWS", "wg")
-
-
 @pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
-@pytest.mark.parametrize("shape,axis", [((3, 1000), 1), ((2, 4097), -1), ((2, 600, 3), 1)])
-def test_softmax_rows(backend, workgroup_rows, op, shape, axis):
-    """Forward (online max and sum) and the gradient kernels (one sum) on rows a workgroup each;
-    two rows of 4097 are split in two chunks each (rowsplit.py) to give the GPU more workgroups."""
-    kind = "partial" if shape[axis] > 4096 else "row-wg"
-    check(backend, op, [randn(*shape) * 3], {"axis": axis}, combined=(f"{op}:{kind}", f"{op}Grad:{kind}"),
+def test_softmax_long_rows(backend, op):
+    """Forward (online max and sum) and the gradient kernels (one sum): two rows of 4097 are split
+    in two chunks each (rowsplit.py) to give the GPU more workgroups, combined with subgroup ops.
+    Rows taken whole, several a workgroup, combine without them (test_wgpu_rows.py)."""
+    check(backend, op, [randn(2, 4097) * 3], {"axis": -1}, combined=(f"{op}:partial", f"{op}Grad:partial"),
           rtol=2e-4, atol=2e-5)
 
 
@@ -151,19 +143,11 @@ def test_batchnorm_stats_and_grad(backend, shape, kernels):
 
 
 # -- LayerNorm / GroupNorm ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("shape", [(3, 1000), (300, 65), (2, 4097)])
-def test_layer_norm_rows_and_param_sums(backend, workgroup_rows, shape):
-    """Rows a workgroup each, every sum from one read and one combine (the gradient's four
-    together); dscale / dbias are column sums without a subgroup op (test_wgpu_rowwise.py)."""
-    d = shape[-1]
-    check(backend, "LayerNormalization", [randn(*shape), randn(d), randn(d)], {"axis": -1}, rtol=5e-4, atol=5e-5,
-          combined=("LayerNorm:row-wg", "LayerNormGrad:row-wg"))
-
-
-def test_group_norm_rows(backend, workgroup_rows):
+def test_group_norm_param_sums(backend):
+    """GroupNorm's dscale / dbias: a workgroup an entry, combined with subgroup ops. Its rows
+    combine without them, several a workgroup (test_wgpu_rows.py)."""
     check(backend, "GroupNormalization", [randn(2, 4, 700), randn(4), randn(4)], {"num_groups": 2},
-          rtol=5e-4, atol=5e-5, combined=("GroupNormalization:row-wg", "GroupNormGrad:row-wg",
-                                          "GroupNormGrad:dy_xhat:wg", "GroupNormGrad:dy:wg"))
+          rtol=5e-4, atol=5e-5, combined=("GroupNormGrad:dy_xhat:wg", "GroupNormGrad:dy:wg"))
 
 
 # -- losses and metrics -------------------------------------------------------------------------------------

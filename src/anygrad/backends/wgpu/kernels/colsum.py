@@ -12,17 +12,14 @@ the GPU has invocations, a third kernel to add them, and one kernel per sum).
 
 Entries are loaded as vec4 where every row's run of them splits into whole vec4s (the caller
 says so). Slice counts depend only on the shape, and every sum's order is fixed: the same bits
-each run. ANYGRAD_WGPU_COLSUM=0, read at lowering time (the plan cache's key holds every
-tuning setting), keeps the kernels of before for A/B runs on a GPU.
+each run.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .... import settings
 from .wgsl import flat_id, group_id, groups_grid, shader
 
-COLSUM_ENV = "ANYGRAD_WGPU_COLSUM"
 WG = 256            # invocations per workgroup of the slicing kernel
 TILE = 64           # neighbouring entries per workgroup (256 bytes of f32 per row)
 GROUPS = 256        # slice the rows until about this many workgroups run (2^16 invocations) ...
@@ -31,10 +28,6 @@ MAX_SLICES = 256    # and the finishing loop at most this many slices
 UNROLL = 4          # rows whose loads a lane issues before adding them
 FINISH_UNROLL = 8   # slices whose loads the finishing loop issues before adding them (its few
                     # invocations are latency-bound: 64 slices are 8 round trips to L2)
-
-
-def enabled() -> bool:
-    return settings.get(COLSUM_ENV)
 
 
 def _pow2_at_least(n: int) -> int:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from .... import settings
 from ....ir.graph import Node
 from .gemm_spec import EPILOGUES, Binding, GemmSpec, Operand, Output, Tiling, f, fold_grid, linear_id, u
 from .halfstore import to_half
@@ -202,9 +201,7 @@ def _swizzled(index: str, on: bool, k: str) -> str:
 # clamps every dynamic index into a workgroup array (wgpu's Vulkan backend lowers WGSL with the
 # Restrict bounds-check policy), and a flat index is clamped whole at every load, where a row's
 # constant index needs no clamp and the clamped column (lid + a constant) is the same in every
-# K step. ANYGRAD_WGPU_GEMM_2D=0 keeps the flat arrays (read when a kernel is generated).
-def _tile_2d() -> bool:
-    return settings.get("ANYGRAD_WGPU_GEMM_2D")
+# K step (the flat form measured slower; docs/benchmark-history.md, removed switches).
 
 
 F16_MATH_ENV = "ANYGRAD_F16_MATH"  # auto | 1 | 0: half_math
@@ -212,12 +209,10 @@ F16_MATH_ENV = "ANYGRAD_F16_MATH"  # auto | 1 | 0: half_math
 
 def _at(arr: str, row: str, width: int, col: str) -> str:
     """Element (row, col) of a workgroup tile of rows `width` vec4s long."""
-    return f"{arr}[{row}][{col}]" if _tile_2d() else f"{arr}[({row}) * {u(width)} + {col}]"
+    return f"{arr}[{row}][{col}]"
 
 
 def _tile_decl(arr: str, rows: int, width: int, halves: int = 1, elem: str = "f32") -> str:
-    if not _tile_2d():
-        return f"var<workgroup> {arr}: array<vec4<{elem}>, {halves * rows * width}>;"
     t = f"array<array<vec4<{elem}>, {width}>, {rows}>"
     return f"var<workgroup> {arr}: {t if halves == 1 else f'array<{t}, {halves}>'};"
 
@@ -356,10 +351,7 @@ def _shared_body(spec: GemmSpec, t: Tiling, va: bool, vb: bool, unroll: bool) ->
         # tile i is multiplied out of half i % 2 while tile i + 1 is stored into the other half:
         # the barrier ending step i - 1 (everyone done reading that half) comes before the store
         def half(lines: list[str], which: str) -> list[str]:
-            if _tile_2d():
-                return [ln.replace("As[", f"As[{which}][").replace("Bs[", f"Bs[{which}][") for ln in lines]
-            return [ln.replace("As[", f"As[{which} * {u(kt * bm4)} + ").replace("Bs[", f"Bs[{which} * {u(kt * bn4)} + ")
-                    for ln in lines]
+            return [ln.replace("As[", f"As[{which}][").replace("Bs[", f"Bs[{which}][") for ln in lines]
         body = (head + regs + ["  {", "    let k0 = kb;"] + ["    " + ln for ln in fetch]
                 + ["    let cur = 0u;"] + ["    " + ln for ln in half(put, "cur")] + ["  }", "  workgroupBarrier();",
                                                                                         "  var cur = 0u;"]

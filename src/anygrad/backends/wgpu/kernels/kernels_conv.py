@@ -21,7 +21,6 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .... import settings
 from ....errors import UnsupportedOpError
 from ....ir.graph import Graph, Node
 from ....ops.nn import Window
@@ -490,9 +489,7 @@ def _gather_scalar(g: Geo, dy: str, arg: str, dx: str, sc: tuple[Scratch, ...]) 
 # so each input column (forward) or window (gather) is loaded once for all four, and the four
 # results leave in one vec4 store. Each lane keeps the scalar kernel's order (taps row-major for the
 # maximum and the first maximum, windows in the scalar gather's order for the sums), so the bits
-# match it. ANYGRAD_WGPU_POOL_VEC=0 keeps one element an invocation; read at lowering time, and the
-# plan cache's key holds every tuning setting (pipeline_cache.plan_key).
-POOL_VEC_ENV = "ANYGRAD_WGPU_POOL_VEC"
+# match it. Rows that do not fit (_lanes_fit) keep one element an invocation.
 LANES = 4
 MAX_SPAN = 32   # input columns under four neighbouring windows that one invocation holds at most
 NO_ARG = "0xffffffffu"
@@ -506,9 +503,8 @@ def _span(g: Geo) -> int:
 def _lanes_fit(width: int, total: int, span: int = 1) -> bool:
     """Whether an invocation takes four elements of rows `width` long: whole vec4s that never
     straddle rows (width % 4 == 0), something to store (a vec4 binding of an empty value's
-    placeholder fails validation), a span its registers hold, and not ANYGRAD_WGPU_POOL_VEC=0."""
-    return (width % LANES == 0 and total > 0 and span <= MAX_SPAN
-            and settings.get(POOL_VEC_ENV))
+    placeholder fails validation), and a span its registers hold."""
+    return width % LANES == 0 and total > 0 and span <= MAX_SPAN
 
 
 def _lane_taps(g: Geo, tap: Callable[[int, int], str]) -> str:

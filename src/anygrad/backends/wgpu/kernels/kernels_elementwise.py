@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .... import settings
 from ....ir.graph import Graph, Node
 from .kernel import AdapterCaps, Kernel, OpLowering, lowering, register
 from .wgsl import WG, bindings, broadcast_index, flat_id, grid, literal, shader, shape_of, size_of, vtype
@@ -391,12 +390,6 @@ LANES = 4
 _COMPONENTS = "xyzw"
 
 
-def vec_enabled() -> bool:
-    """ANYGRAD_WGPU_EW_VEC=0 keeps one element per invocation, in the elementwise kernels and the
-    copies (kernels_shape.affine_copy), for A/B runs on a real GPU."""
-    return settings.get("ANYGRAD_WGPU_EW_VEC")
-
-
 def _vec_loads(graph: Graph, inputs: list[str], raw: set[str], out_shape: tuple[int, ...], bound: int,
                caps: AdapterCaps) -> dict[str, tuple[bool, str]] | None:
     """Per bound input, (loaded as a vec4?, its index in vec4 units of the output) for a kernel
@@ -407,7 +400,7 @@ def _vec_loads(graph: Graph, inputs: list[str], raw: set[str], out_shape: tuple[
     broadcast along it (one scalar load, used four times). Inputs bound whole (raw) index
     themselves per lane. A kernel over the adapter's storage-buffer limit stays scalar: bindpack.py
     packs only scalar reads."""
-    if (not vec_enabled() or not out_shape or out_shape[-1] % LANES or 0 in out_shape
+    if (not out_shape or out_shape[-1] % LANES or 0 in out_shape
             or bound > caps.max_storage_buffers_per_stage):
         return None
     quad = out_shape[:-1] + (out_shape[-1] // LANES,)

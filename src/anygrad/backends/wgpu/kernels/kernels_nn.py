@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from .... import rng, settings
+from .... import rng
 from ....ir.graph import Graph, Node
 from ....ir.passes import resolved
 from ....ops.nn import dropout_scale
@@ -17,7 +17,7 @@ from .kernel import AdapterCaps, Kernel, Scratch, lowering
 from .kernels_elementwise import Emit, Val, ew
 from .rowsplit import Rows, Stats
 from .wgreduce import Part, reduce_code, shared_decl, use_subgroups
-from .wgsl import bindings, flat_id, grid, group_id, groups_grid, literal, shader, shape_of
+from .wgsl import bindings, flat_id, grid, literal, shader, shape_of
 
 # -- rows along an axis ---------------------------------------------------------------------------
 
@@ -42,9 +42,8 @@ _ROWWISE = {
 def lower_softmax(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     """One read of a row for its statistics (online max and sum of exp for the forward ops, one
     sum for the gradients), then the row's elements written. Rows taken whole are one kernel:
-    an invocation a short row, else several rows a workgroup (rowsplit.lane_kernel), or a
-    workgroup a row under ANYGRAD_WGPU_ROWS=wg; long rows that are few are split across
-    workgroups: partial statistics, a per-row combine, then every element at once."""
+    an invocation a short row, else several rows a workgroup (rowsplit.lane_kernel); long rows
+    that are few are split across workgroups: partial statistics, a per-row combine, then every element at once."""
     shape = shape_of(graph, node.inputs[0])
     outer, a, inner = rows(shape, int(resolved(node, "axis")))
     r = Rows(outer * inner, a, inner)
@@ -53,23 +52,16 @@ def lower_softmax(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     reads = [(f"x{k}", "f32", v) for k, v in enumerate(ins)]
     sg = use_subgroups(caps)
     p = rowsplit.parts(r)
-    if p == 1 and rowsplit.row_path(a, inner) == "lanes":
+    if p == 1 and rowsplit.row_path(a) == "lanes":
         return [rowsplit.lane_kernel(node.op, r, st, reads, store, node.outputs[0])]
-    if p == 1:
-        n_lanes = rowsplit.lanes(r, 1)
-        code, shared = rowsplit.stats_code(r, st, "x0", n_lanes, "0u", f"{a}u", sg)
-        if n_lanes == 1:
-            head = [f"  {flat_id(64)}", f"  if (i >= {r.rows}u) {{ return; }}", "  let row = i;"]
-            start, step = "0u", "1u"
-        else:
-            head = [f"  {group_id()}", f"  if (g >= {r.rows}u) {{ return; }}", "  let row = g;"]
-            start, step = "lid.x", f"{n_lanes}u"
-        write = f"  for (var k = {start}; k < {a}u; k += {step}) {{ let e = base + k * {inner}u; y0[e] = {store}; }}"
+    if p == 1:  # a short row: an invocation a row
+        code, shared = rowsplit.stats_code(r, st, "x0", 1, "0u", f"{a}u", sg)
+        head = [f"  {flat_id(64)}", f"  if (i >= {r.rows}u) {{ return; }}", "  let row = i;"]
+        write = f"  for (var k = 0u; k < {a}u; k += 1u) {{ let e = base + k * {inner}u; y0[e] = {store}; }}"
         body = "\n".join(head + [f"  let base = {r.base('row')};", code, write])
         decls = bindings([(v, ty) for v, ty, _ in reads], [("y0", "f32")])
-        src = shader(decls, body, wg=64 if n_lanes == 1 else n_lanes, shared=shared, subgroups=sg and n_lanes > 1)
-        dims = grid(r.rows, 64) if n_lanes == 1 else groups_grid(r.rows)
-        return [Kernel(f"{node.op}:{'row' if n_lanes == 1 else 'row-wg'}", src, dims, ins, (node.outputs[0],))]
+        src = shader(decls, body, wg=64, shared=shared, subgroups=False)
+        return [Kernel(f"{node.op}:row", src, grid(r.rows, 64), ins, (node.outputs[0],))]
     y = node.outputs[0]
     rec, stats = f"rows.rec.{y}", f"rows.stats.{y}"
     scratch = (Scratch(rec, r.rows * p * st.width), Scratch(stats, 3 * r.rows))
@@ -101,12 +93,10 @@ def lower_softmax(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
 #
 # Every kernel reads x / y / dy / dx as vec4 when S % 4 == 0 (then 4 consecutive elements share a
 # channel): one 4-byte load per invocation kept too few bytes in flight to reach DRAM bandwidth on
-# a big GPU (H200: 1.76 of 4.8 TB/s for BatchNorm:apply). ANYGRAD_WGPU_BN_VEC=0 keeps scalar
-# loads, for A/B runs; the plan cache's key holds every tuning setting (settings.py).
+# a big GPU (H200: 1.76 of 4.8 TB/s for BatchNorm:apply); other S stay scalar.
 PER_GROUP = 4096       # a long channel gets a workgroup per this many elements (at most 256)
 MIN_PER_GROUP = 1024   # no workgroup takes fewer
 TARGET_GROUPS = 512
-VEC_ENV = "ANYGRAD_WGPU_BN_VEC"
 
 
 def _bn_geometry(shape: tuple[int, ...]) -> tuple[int, int, int]:
@@ -115,9 +105,8 @@ def _bn_geometry(shape: tuple[int, ...]) -> tuple[int, int, int]:
 
 
 def _width(s: int) -> int:
-    """Elements per load: 4 when S % 4 == 0 (unless ANYGRAD_WGPU_BN_VEC=0), else 1. Read at
-    lowering time, so the switch takes effect on the next compile."""
-    return 4 if s % 4 == 0 and settings.get(VEC_ENV) else 1
+    """Elements per load: 4 when S % 4 == 0, else 1."""
+    return 4 if s % 4 == 0 else 1
 
 
 def _elem_type(width: int) -> str:

@@ -8,11 +8,10 @@ row once for every sum it needs (shifted by the row's first element, so the vari
 precision; the gradient's four sums together) and then writes every element of the row: one
 invocation per row with serial loops for short rows, else several rows a workgroup, a run of
 lanes a row combining its sums in its own slice of workgroup memory (rowsplit.py's grouped
-rows); ANYGRAD_WGPU_ROWS=wg keeps a workgroup per row with one workgroup combine (wgreduce.py).
+rows).
 Parameter gradients (sums over rows, per scale/bias entry) are a second kernel reading the
 per-row statistics the first one left in a scratch buffer; LayerNorm's dscale and dbias are one
-read of dy and x and one kernel adding the slices (colsum.py; ANYGRAD_WGPU_COLSUM=0: a column
-sum each, as before).
+read of dy and x and one kernel adding the slices (colsum.py).
 """
 from __future__ import annotations
 
@@ -23,7 +22,6 @@ from ....ir.graph import Graph, Node
 from ....ir.passes import resolved
 from . import colsum, rowsplit
 from .kernel import AdapterCaps, Kernel, Scratch, lowering
-from .kernels_reduce import COMBINE, reduce_kernels
 from .wgreduce import Part, reduce_code, shared_decl, use_subgroups
 from .wgsl import bindings, broadcast_index, flat_id, grid, group_id, groups_grid, literal, shader, shape_of
 
@@ -60,15 +58,6 @@ def _row_kernel(name: str, spec: RowSpec, sums: list[tuple[str, str]], post: str
             return f"  for (var k = 0u; k < {d}u; k += 1u) {{ {elem} {body} }}"
         combine = "\n".join(f"  let {n} = a_{n};" for n, _ in sums)
         once = per_row
-    elif path == "wg":  # a workgroup a row, however many rows: coalesced reads
-        wg = 256 if d >= 2048 else 64
-        kind, shared, dims = "row-wg", shared_decl(parts, wg), groups_grid(rows)
-        head = [f"  {group_id()}", f"  if (g >= {rows}u) {{ return; }}", "  let row = g;"]
-
-        def walk(body: str) -> str:
-            return f"  for (var k = lid.x; k < {d}u; k += {wg}u) {{ {elem} {body} }}"
-        combine = reduce_code(parts, wg, sg)
-        once = f"  if (lid.x == 0u) {{ {per_row} }}"
     else:  # several rows a workgroup (rowsplit.py); no subgroup op in a segmented combine
         lanes = rowsplit.row_lanes(rows, d)
         wg, sg = rowsplit.GROUP_WG, False
@@ -83,7 +72,7 @@ def _row_kernel(name: str, spec: RowSpec, sums: list[tuple[str, str]], post: str
     lines = head + [f"  let K = X[min(row, {rows - 1}u) * {d}u];"] + [f"  var a_{n} = 0.0;" for n, _ in sums]
     lines += [walk(acc), combine, post] + ([once] if per_row else []) + ([walk(store)] if store else [])
     decls = bindings([(v, "f32") for v, _ in reads], [(v, "f32") for v, _ in writes])
-    src = shader(decls, "\n".join(lines), wg=wg, shared=shared, subgroups=sg and kind == "row-wg")
+    src = shader(decls, "\n".join(lines), wg=wg, shared=shared)
     return Kernel(f"{name}:{kind}", src, dims, tuple(val for _, val in reads), tuple(val for _, val in writes),
                   scratch=tuple(scratch))
 
@@ -112,50 +101,6 @@ def _param_sum(name: str, n_out: int, count: int, prelude: str, term: str, reads
   if (lid.x == 0u) {{ y[o] = total; }}"""
     src = shader(decls, body, wg=wg, shared=shared_decl([total], wg), subgroups=sg)
     return Kernel(f"{name}:wg", src, groups_grid(n_out), tuple(v for _, v in reads), (out,), scratch=tuple(scratch))
-
-
-COL_TILE = 64       # parameter entries per workgroup, consecutive in memory (LayerNorm's rows)
-COL_LANES = 4       # rows a workgroup sums side by side for each entry
-COL_GROUPS = 1024   # slice the rows until about this many workgroups run
-COL_MIN_SLICE = 64  # ... but never into slices shorter than this
-
-
-def _column_sum(name: str, n_out: int, count: int, prelude: str, term: str, reads: list[tuple[str, str]],
-                out: str, caps: AdapterCaps, scratch=()) -> list[Kernel]:
-    """out[o] = sum over q < count of `term`, when entry o of row q sits next to entry o + 1
-    (LayerNorm's dscale / dbias): 64 neighbouring entries per workgroup, so its reads coalesce,
-    rows sliced over workgroups; the slices' sums are added in order by a second kernel."""
-    tiles = -(-n_out // COL_TILE)
-    slices = max(1, min(-(-COL_GROUPS // tiles), -(-count // COL_MIN_SLICE)))
-    per = -(-count // slices)
-    slices = -(-count // per)
-    part = f"{out}.slices"
-    sc = tuple(scratch) + ((Scratch(part, slices * n_out),) if slices > 1 else ())
-    lanes = " + ".join(f"sh[lid.x + {k * COL_TILE}u]" for k in range(COL_LANES))
-    dest = "y[o]" if slices == 1 else f"part[slice * {n_out}u + o]"
-    body = f"""  {group_id()}
-  if (g >= {tiles * slices}u) {{ return; }}
-  let slice = g / {tiles}u;
-  let o = (g % {tiles}u) * {COL_TILE}u + lid.x % {COL_TILE}u;
-  let lo = slice * {per}u;
-  let hi = min(lo + {per}u, {count}u);
-  var acc = 0.0;
-  if (o < {n_out}u) {{
-    for (var q = lo + lid.x / {COL_TILE}u; q < hi; q += {COL_LANES}u) {{ {prelude} acc += {term}; }}
-  }}
-  sh[lid.x] = acc;
-  workgroupBarrier();
-  if (lid.x < {COL_TILE}u && o < {n_out}u) {{ {dest} = {lanes}; }}"""
-    decls = bindings([(v, "f32") for v, _ in reads], [("part" if slices > 1 else "y", "f32")])
-    src = shader(decls, body, wg=COL_TILE * COL_LANES, shared=f"var<workgroup> sh: array<f32, {COL_TILE * COL_LANES}>;")
-    first = Kernel(f"{name}:cols", src, groups_grid(tiles * slices), tuple(v for _, v in reads),
-                   (part if slices > 1 else out,), scratch=sc)
-    if slices == 1:
-        return [first]
-    # The slices' sums: a column reduction of (slices, n_out), itself split over both axes (one
-    # invocation per entry looping over every slice left 256 invocations of 256 loads each).
-    return [first] + reduce_kernels(f"{name}:cols-sum", part, out, (slices, n_out), (0,), "f32",
-                                    COMBINE["ReduceSum"], caps, scratch=sc)
 
 
 def _param_columns(name: str, spec: RowSpec, dy: str, x: str, st: str, outs: list[tuple[str, str]],
@@ -284,7 +229,7 @@ def _norm_grad(name: str, spec: RowSpec, eps: str, dy: str, x: str, scale: str, 
                sg: bool, columns: bool = False, caps: AdapterCaps | None = None, residual: str = "",
                centered: bool = True) -> list[Kernel]:
     """dx by rows (keeping mean and 1/std per row in a scratch), then each parameter gradient
-    (columns: entries are neighbours in memory, summed by _column_sum). `residual`: a value of
+    (columns: entries are neighbours in memory, summed by _param_columns). `residual`: a value of
     dx's shape added to it in the store (fusion.ROW_RESIDUAL_OPS). centered=False: RMSNorm's
     (mean 0: no mean term in dx, and the kept mean is 0)."""
     st = f"normgrad.{dx or sums[0][0]}"
@@ -307,7 +252,7 @@ def _norm_grad(name: str, spec: RowSpec, eps: str, dy: str, x: str, scale: str, 
         reads += [("RS", residual)] if residual else []
         writes.append(("DX", dx))
     kernels = [_row_kernel(name, spec, row_sums, post, store, reads, writes, scratch=sc, sg=sg, per_row=keep)]
-    if columns and colsum.enabled() and any(out for out, *_ in sums):
+    if columns and any(out for out, *_ in sums):
         outs = [(out, what) for out, what, *_ in sums if out]
         return kernels + _param_columns(name, spec, dy, x, st, outs, sc)
     for out, what, n_out, count, prelude in sums:
@@ -316,10 +261,7 @@ def _norm_grad(name: str, spec: RowSpec, eps: str, dy: str, x: str, scale: str, 
         term = "DY[e] * (X[e] - ST[2u * row]) * ST[2u * row + 1u]" if what == "dy_xhat" else "DY[e]"
         reads = [("DY", dy), ("X", x), ("ST", st)] if what == "dy_xhat" else [("DY", dy)]
         own = sc if what == "dy_xhat" else ()
-        if columns:
-            kernels += _column_sum(f"{name}:{what}", n_out, count, prelude, term, reads, out, caps, scratch=own)
-        else:
-            kernels.append(_param_sum(f"{name}:{what}", n_out, count, prelude, term, reads, out, scratch=own, sg=sg))
+        kernels.append(_param_sum(f"{name}:{what}", n_out, count, prelude, term, reads, out, scratch=own, sg=sg))
     return kernels
 
 

@@ -7,8 +7,7 @@ shape) combines. Within a chunk, either one invocation sums it serially (kept ax
 neighbouring invocations read neighbouring outputs) or one workgroup strides over it and
 combines (wgreduce.py: subgroup ops where the adapter has them, else a tree in workgroup memory).
 Column reductions that need more than one pass run colsum.py's two kernels (slices of lanes
-combined in workgroup memory, vec4 where contiguous, then one serial pass over the slices);
-ANYGRAD_WGPU_COLSUM=0 keeps the recursive split of before.
+combined in workgroup memory, vec4 where contiguous, then one serial pass over the slices).
 """
 from __future__ import annotations
 
@@ -180,24 +179,7 @@ def reduce_kernels(name: str, x: str, y: str, shape: tuple[int, ...], axes: tupl
   y[i] = {post};"""
             return [Kernel(f"{name}:serial", shader(decls, body, helpers=helpers), grid(n_out), (x,) + more,
                            (y,), scratch=scratch)]
-        if colsum.enabled():
-            return _column_kernels(name, x, y, kept, helpers, n_out, n_red, ty, comb, aux, scratch)
-        # Named by the pass: a third pass of partials reads the second's scratch, and one shared
-        # name bound it as both input and output of the second (a race between its workgroups).
-        part = f"reduce.parts.{name}.{y}"
-        sc = (Scratch(part, parts * n_out, ty),) + tuple(scratch)
-        body = f"""  {flat_id()}
-  if (i >= {parts * n_out}u) {{ return; }}
-  let o = i % {n_out}u;
-  let b = base_of(o);
-  let lo = (i / {n_out}u) * {chunk}u;
-  let hi = min(lo + {chunk}u, {n_red}u);
-  var acc: {ty} = {init};
-{_ordered_loop(ty, "lo", "hi", load, comb.op, comb.pre)}
-  y[i] = acc;"""
-        first = Kernel(f"{name}:cols", shader(decls, body, helpers=helpers), grid(parts * n_out), (x,) + more,
-                       (part,), scratch=sc)
-        return [first] + reduce_kernels(f"{name}:partials", part, y, (parts, n_out), (0,), ty, rest, caps, aux, sc)
+        return _column_kernels(name, x, y, kept, helpers, n_out, n_red, ty, comb, aux, scratch)
     wg = 256 if n_red >= 256 else 64
     sg = use_subgroups(caps)
     parts = max(1, min(n_red // PER_GROUP, -(-TARGET_GROUPS // max(1, n_out))))

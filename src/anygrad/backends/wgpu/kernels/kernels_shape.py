@@ -13,7 +13,6 @@ from ....ir.graph import Graph, Node
 from ....ir.passes import resolved
 from ....ops.shape import pad_source_index, slice_len
 from .kernel import AdapterCaps, Kernel, lowering
-from .kernels_elementwise import vec_enabled
 from .segments import sorted_segments
 from .wgsl import bindings, flat_id, grid, literal, shader, shape_of, strides, vtype
 
@@ -57,7 +56,7 @@ def affine_copy(name: str, src: str, dst: str, ty: str, iter_shape: Sequence[int
     if zero_fill:
         body = f"  {flat_id()}\n  if (i >= {zero_fill}u) {{ return; }}\n  y[i] = {literal(0, ty)};"
         kernels.append(Kernel(f"{name}:zero", shader(bindings([], [("y", ty)]), body), grid(zero_fill), (), (dst,)))
-    quad = _in_vec4s(iter_shape, src_base, src_mult, dst_base, dst_mult) if vec_enabled() else None
+    quad = _in_vec4s(iter_shape, src_base, src_mult, dst_base, dst_mult)
     if quad is not None:
         iter_shape, src_base, src_mult, dst_base, dst_mult = quad
         ty = f"vec4<{ty}>"
@@ -251,7 +250,7 @@ def lower_rotate_half(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kerne
     shape = shape_of(graph, x)
     axis, sign = int(resolved(node, "axis")), int(node.attr("sign", 1))
     d, inner, ty = shape[axis], math.prod(shape[axis + 1:]), vtype(graph, x)
-    width = 4 if inner == 1 and (d // 2) % 4 == 0 and vec_enabled() else 1
+    width = 4 if inner == 1 and (d // 2) % 4 == 0 else 1
     n, d = math.prod(shape) // width, d // width
     half = d // 2 * inner
     vty = f"vec4<{ty}>" if width == 4 else ty

@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .... import settings
 from .kernel import Kernel, Scratch
 from .wgreduce import Part, reduce_code, shared_decl
 from .wgsl import bindings, flat_id, grid, group_id, groups_grid, shader
@@ -222,20 +221,10 @@ LANE_LOADS = 4          # elements a lane loads at once
 SHORT_LANES = 32        # a row takes at most this many lanes while one step of loads covers it ...
 LANE_STEPS = 8          # ... and more only past this many steps a lane,
 TARGET_INVOCATIONS = 65536  # or while the rows hold fewer invocations than this (few rows)
-ROWS_ENV = "ANYGRAD_WGPU_ROWS"
-
-
-def row_path(length: int, inner: int = 1) -> str:
-    """How rows taken whole run: 'row' (an invocation a row: rows up to SERIAL_MAX), 'lanes'
-    (several rows a workgroup) or 'wg' (a workgroup a row). ANYGRAD_WGPU_ROWS, read at lowering
-    time (the plan cache's key holds every tuning setting: pipeline_cache.plan_key),
-    picks the path for A/B runs on a GPU: 'wg' the workgroup a row of before, 'short' the lanes
-    also for contiguous rows of LANE_LOADS+1 to SERIAL_MAX (an invocation a row reads them
-    uncoalesced; rows along a strided axis are neighbours in memory, so those stay serial)."""
-    mode = settings.get(ROWS_ENV)
-    if length <= SERIAL_MAX and not (mode == "short" and inner == 1 and length > LANE_LOADS):
-        return "row"
-    return "wg" if mode == "wg" else "lanes"
+def row_path(length: int) -> str:
+    """How rows taken whole run: 'row' (an invocation a row: rows up to SERIAL_MAX) or 'lanes'
+    (several rows a workgroup)."""
+    return "row" if length <= SERIAL_MAX else "lanes"
 
 
 def row_lanes(rows: int, length: int) -> int:
