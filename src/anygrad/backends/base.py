@@ -66,6 +66,26 @@ class Executable(ABC):
         return None
 
 
+class HostExecutable(Executable):
+    """An executable whose ops run on the calling thread (numpy, torch): the run's
+    Exchange.reduce is held in `_reduce` while it runs, for its AllReduceSum nodes
+    (ops.collective.reduce_forward). Subclasses implement `_run`."""
+
+    _reduce: Callable[[np.ndarray, str], np.ndarray] | None = None
+
+    def run(self, feeds: Mapping[str, np.ndarray], fetch: Sequence[str] | None = None,
+            exchange: Exchange | None = None) -> dict[str, np.ndarray]:
+        self._reduce = (exchange or NO_EXCHANGE).reduce
+        try:
+            return self._run(feeds, fetch)
+        finally:
+            self._reduce = None
+
+    @abstractmethod
+    def _run(self, feeds: Mapping[str, np.ndarray], fetch: Sequence[str] | None) -> dict[str, np.ndarray]:
+        """The run itself (`_reduce` set)."""
+
+
 class Backend(ABC):
     """A device. State (parameters, buffers) lives here, by name, shared by all executables."""
 

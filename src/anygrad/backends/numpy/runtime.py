@@ -37,7 +37,7 @@ from ...ir.graph import Graph, Node
 from ...ir.passes import resolve_attributes
 from ...ir.registry import get_op
 from ...ops import collective
-from ..base import NO_EXCHANGE, Backend, Exchange, Executable
+from ..base import Backend, HostExecutable
 from .half import reads_half, run_in_float32
 from .lowering import BLOCKED, INPLACE, KERNELS, InplaceKernel, run_blocked, run_split
 
@@ -82,7 +82,7 @@ def _sole_owner(env: dict, name: str) -> bool:
             and sys.getrefcount(value) <= _SOLE_REFS)
 
 
-class NumpyExecutable(Executable):
+class NumpyExecutable(HostExecutable):
     def __init__(self, backend: NumpyBackend, graph: Graph):
         self.backend = backend
         self.graph = graph
@@ -91,7 +91,6 @@ class NumpyExecutable(Executable):
         self.plan = [(get_op(n.op), n, n.inputs, n.outputs) for n in graph.nodes]
         # AllReduceSum steps: the sum over replicas goes through the run's Exchange.reduce
         self.exchanged = {k for k, n in enumerate(graph.nodes) if n.op == collective.OP}
-        self._reduce: collective.Reducer | None = None  # this run's (run() sets it)
         keep = set(graph.outputs) | set(graph.state_updates)
         last_use: dict[str, int] = {}
         for step, n in enumerate(graph.nodes):
@@ -187,14 +186,6 @@ class NumpyExecutable(Executable):
         for o, v in zip(outs, values):
             if o:
                 env[o] = v
-
-    def run(self, feeds: Mapping[str, np.ndarray], fetch: Sequence[str] | None = None,
-            exchange: Exchange | None = None) -> dict[str, np.ndarray]:
-        self._reduce = (exchange or NO_EXCHANGE).reduce
-        try:
-            return self._run(feeds, fetch)
-        finally:
-            self._reduce = None
 
     def _run(self, feeds: Mapping[str, np.ndarray], fetch: Sequence[str] | None) -> dict[str, np.ndarray]:
         env: dict[str, np.ndarray | None] = {"": None}

@@ -50,7 +50,7 @@ from ...ir.graph import Graph, Node
 from ...ir.passes import resolve_attributes
 from ...ir.registry import get_op
 from ...ops import collective
-from ..base import NO_EXCHANGE, Backend, Exchange, Executable
+from ..base import Backend, HostExecutable
 from . import (  # noqa: F401
     kernels_attention,
     kernels_elementwise,
@@ -239,7 +239,7 @@ _Action = tuple[Callable, list[int], list[int], list[Any]]
 _NONE, _DROP = 0, 1
 
 
-class TorchExecutable(Executable):
+class TorchExecutable(HostExecutable):
     def __init__(self, backend: TorchBackend, graph: Graph, torch_compile: bool = False,
                  cuda_graph: bool = False):
         self.backend = backend
@@ -248,7 +248,6 @@ class TorchExecutable(Executable):
         self.fallback_ops: list[str] = []
         self.target_checks: list[tuple[str, int, int | None, str]] = []  # (input, classes, ignore, node)
         self.torch_compile = torch_compile
-        self._reduce: collective.Reducer | None = None  # this run's Exchange.reduce (AllReduceSum's)
         steps = self._group(_fuse_bias(graph, self._steps(graph)))
         self.step_ops = ["+".join(n.op for n in st.nodes) if st.grouped else st.nodes[0].op for st in steps]
         self.input_info = {name: graph.info[name] for name in graph.inputs}
@@ -509,14 +508,6 @@ class TorchExecutable(Executable):
     def _exchanged(self, node: Node, ins: list) -> list:
         """AllReduceSum on the host, through the run's reducer (ops.collective)."""
         return collective.reduce_forward(self._reduce, node, ins)
-
-    def run(self, feeds: Mapping[str, np.ndarray], fetch: Sequence[str] | None = None,
-            exchange: Exchange | None = None) -> dict[str, np.ndarray]:
-        self._reduce = (exchange or NO_EXCHANGE).reduce
-        try:
-            return self._run(feeds, fetch)
-        finally:
-            self._reduce = None
 
     def _run(self, feeds: Mapping[str, np.ndarray], fetch: Sequence[str] | None) -> dict[str, np.ndarray]:
         # Inference mode: no tensor here ever needs torch.autograd (the graph has its own
