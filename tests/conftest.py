@@ -10,10 +10,21 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 
-from anygrad.ir import private_attrs
+_SRC = Path(__file__).resolve().parents[1] / "src"
+_FOUND = importlib.util.find_spec("anygrad")
+if _FOUND is None or _SRC not in Path(_FOUND.origin).resolve().parents:
+    # An install of another checkout (or of the former distribution name `anygrad`, whose
+    # editable .pth sorts before `anygrad_train`'s) would make every test below test that code.
+    raise pytest.UsageError(
+        f"the tests import anygrad from {_FOUND.origin if _FOUND else 'nowhere'}, not from this "
+        f"checkout's {_SRC}: run README's test command here, after `pip uninstall anygrad` if an "
+        "install under the former distribution name is present")
+
+from anygrad.ir import private_attrs  # noqa: E402
 
 if importlib.util.find_spec("triton") is not None:
     import triton  # noqa: F401
