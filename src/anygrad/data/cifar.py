@@ -25,6 +25,7 @@ CIFAR10 = RemoteSet(
     {"archive": RemoteFile("cifar-10-python.tar.gz", "c58f30108f718f92721af3b95e74349a",
                            alternatives=("cifar-10-batches-py",))},
     ("https://www.cs.toronto.edu/~kriz/",),
+    "CIFAR-10",
 )
 TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
 TEST_BATCH = "test_batch"

@@ -17,9 +17,10 @@ import numpy as np
 
 from ..errors import ConfigError, DataError
 from ..rng import key, mix32
-from .idx import CACHED_FILE, USERS_FILE, read_idx
+from .idx import CACHED_FILE, USERS_FILE
 from .loader import DataLoader
-from .remote import RemoteFile, RemoteSet, locate
+from .mnist import MEAN, STD, MnistFile, idx_set, load_mnist, read_split
+from .remote import locate
 from .transforms import BatchTransform
 
 Log = Callable[[str], None]
@@ -136,21 +137,18 @@ def split(arrays: Arrays, fraction: float, seed: int) -> tuple[Arrays, Arrays]:
 
 # -- the datasets ---------------------------------------------------------------------------------
 def _mnist(data_dir: str | None, log: Log | None, **kw: Any) -> Dataset:
-    from .mnist import MEAN, STD, load_mnist
     d = load_mnist(data_dir=data_dir, log=log, **_pick(kw, "cache_dir", "download", "mirrors"))
     return Dataset("mnist", (d.x_train[:, None], d.y_train), (d.x_test[:, None], d.y_test),
                    [str(i) for i in range(10)], (MEAN,), (STD,), d.source)
 
 
-FASHION_MNIST = RemoteSet(
-    "fashion-mnist",
-    {"x_train": RemoteFile("train-images-idx3-ubyte.gz", "8d4fb7e6c68d591d4c3dfef9ec88bf0d", ("train-images-idx3-ubyte",)),
-     "y_train": RemoteFile("train-labels-idx1-ubyte.gz", "25c81989df183df01b3e8a0aad5dffbe", ("train-labels-idx1-ubyte",)),
-     "x_test": RemoteFile("t10k-images-idx3-ubyte.gz", "bef4ecab320f06d8554ea6380940ec79", ("t10k-images-idx3-ubyte",)),
-     "y_test": RemoteFile("t10k-labels-idx1-ubyte.gz", "bb300cfdad3c16e7a12a480ee83cd310", ("t10k-labels-idx1-ubyte",))},
+FASHION_MNIST = idx_set("fashion-mnist", {
+    "x_train": MnistFile("train-images-idx3-ubyte", "8d4fb7e6c68d591d4c3dfef9ec88bf0d"),
+    "y_train": MnistFile("train-labels-idx1-ubyte", "25c81989df183df01b3e8a0aad5dffbe"),
+    "x_test": MnistFile("t10k-images-idx3-ubyte", "bef4ecab320f06d8554ea6380940ec79"),
+    "y_test": MnistFile("t10k-labels-idx1-ubyte", "bb300cfdad3c16e7a12a480ee83cd310")},
     ("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
-     "https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/master/data/fashion/"),
-)
+     "https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/master/data/fashion/"), "Fashion-MNIST")
 FASHION_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
                    "Ankle boot"]
 
@@ -169,14 +167,9 @@ def _remedy(data_dir: str | None) -> str:
 
 def _fashion(data_dir: str | None, log: Log | None, **kw: Any) -> Dataset:
     paths, folder = locate(FASHION_MNIST, data_dir, log=log, **_remote_kw(kw))
-    arrays = {role: read_idx(p, _remedy(data_dir)) for role, p in paths.items()}
-    for split_name in ("train", "test"):
-        x, y = arrays[f"x_{split_name}"], arrays[f"y_{split_name}"]
-        if x.ndim != 3 or x.shape[1:] != (28, 28) or x.dtype != np.uint8 or y.ndim != 1 or len(y) != len(x):
-            raise DataError(f"{paths[f'x_{split_name}']}: expected uint8 images (N, 28, 28) and N labels, found "
-                            f"{x.dtype} {x.shape} and {y.shape}")
-    return Dataset("fashion-mnist", (arrays["x_train"][:, None], arrays["y_train"].astype(np.int64)),
-                   (arrays["x_test"][:, None], arrays["y_test"].astype(np.int64)), list(FASHION_CLASSES),
+    arrays = read_split(paths, _remedy(data_dir))
+    return Dataset("fashion-mnist", (arrays["x_train"][:, None], arrays["y_train"]),
+                   (arrays["x_test"][:, None], arrays["y_test"]), list(FASHION_CLASSES),
                    (0.2860,), (0.3530,), str(folder))
 
 

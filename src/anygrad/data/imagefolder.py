@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
-from .mnist import folder_problem
+from .remote import folder_problem
 
 EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
 

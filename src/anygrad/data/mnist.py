@@ -1,26 +1,21 @@
-"""MNIST: read the four IDX files from a folder, or from a cache that is filled by downloading.
+"""MNIST: the four IDX files, read from a folder or from a cache that is filled by downloading.
 
-Files are found as `<name>` or `<name>.gz`. Downloads try each mirror in turn, verify the
-official md5, and are written to a temporary name then renamed, so the cache never holds half a
-file. Files a user supplied themselves (`data_dir`) are read as they are, without checksums.
+Files are found as `<name>.gz` or `<name>`; finding and downloading is `remote.locate`'s (the
+same for every dataset on the web). This module knows what the files are: their names and md5s,
+and what a valid split holds (uint8 28x28 images, one digit label each), which Fashion-MNIST
+shares.
 """
 from __future__ import annotations
 
-import hashlib
-import os
-import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .. import settings
 from ..errors import DataError
 from .idx import CACHED_FILE, USERS_FILE, read_idx
+from .remote import RemoteFile, RemoteSet, cache_root, locate
 
 
 @dataclass(frozen=True)
@@ -39,10 +34,17 @@ MIRRORS: tuple[str, ...] = (
     "https://ossci-datasets.s3.amazonaws.com/mnist/",
     "https://storage.googleapis.com/cvdf-datasets/mnist/",
 )
-MIRRORS_ENV = "ANYGRAD_MNIST_MIRRORS"  # whitespace/comma separated base URLs, replacing MIRRORS
-CACHE_ENV = "ANYGRAD_CACHE"  # root of anygrad's cache; MNIST lives in <root>/mnist
 MEAN, STD = 0.1307, 0.3081  # the founding example's normalisation (PyTorch's MNIST example)
-CHUNK = 1 << 16
+
+
+def idx_set(key: str, files: dict[str, MnistFile], mirrors: Sequence[str], title: str = "") -> RemoteSet:
+    """The RemoteSet of four MNIST-style IDX files: `<name>.gz` on the mirrors, either form in a folder."""
+    return RemoteSet(key, {role: RemoteFile(f"{f.name}.gz", f.md5, (f.name,)) for role, f in files.items()},
+                     tuple(mirrors), title)
+
+
+def _mnist() -> RemoteSet:
+    return idx_set("mnist", MNIST_FILES, MIRRORS, "MNIST")  # built at call time: tests swap MNIST_FILES
 
 
 @dataclass
@@ -69,105 +71,18 @@ def normalize(images: np.ndarray) -> np.ndarray:
 
 
 def default_cache_dir() -> Path:
-    root = settings.get(CACHE_ENV)
-    if root:
-        return Path(root).expanduser() / "mnist"
-    xdg = settings.external("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "anygrad" / "mnist"
+    return cache_root() / "mnist"
 
 
 def default_mirrors() -> list[str]:
-    env = settings.get(MIRRORS_ENV)
-    if env:
-        return [m for m in env.replace(",", " ").split() if m]
-    return list(MIRRORS)
-
-
-def find_file(folder: Path, name: str) -> Path | None:
-    for candidate in (folder / name, folder / f"{name}.gz"):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-# -- downloading ---------------------------------------------------------------------------
-class _Progress:
-    """A download progress line on stderr: redrawn in place on a terminal, start/end lines otherwise."""
-
-    MIN_BYTES = 1 << 20  # smaller downloads finish too fast to need a progress line
-
-    def __init__(self, name: str, total: int | None, stream=None):
-        self.name, self.total, self.stream = name, total, stream or sys.stderr
-        self.shown = total is None or total >= self.MIN_BYTES
-        self.tty = self.shown and hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.last = 0.0
-        if self.shown and not self.tty:
-            size = f" ({total / 1e6:.1f} MB)" if total else ""
-            print(f"downloading {name}{size} ...", file=self.stream, flush=True)
-
-    def update(self, done: int) -> None:
-        now = time.monotonic()
-        if not self.tty or now - self.last < 0.1:
-            return
-        self.last = now
-        pct = f"{100 * done / self.total:3.0f}% " if self.total else ""
-        print(f"\rdownloading {self.name} {pct}({done / 1e6:.1f} MB)", end="", file=self.stream, flush=True)
-
-    def finish(self, done: int) -> None:
-        if self.tty:
-            print(f"\rdownloading {self.name} done ({done / 1e6:.1f} MB)   ", file=self.stream, flush=True)
-
-
-def download(url: str, dest: Path, md5: str | None = None, timeout: float = 30.0) -> Path:
-    """Fetch url to dest via a temporary name; raise OSError/ValueError on failure or bad md5."""
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.part")
-    digest = hashlib.md5()
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response, open(tmp, "wb") as out:
-            length = response.headers.get("Content-Length")
-            progress = _Progress(dest.name, int(length) if length and length.isdigit() else None)
-            done = 0
-            while chunk := response.read(CHUNK):
-                out.write(chunk)
-                digest.update(chunk)
-                done += len(chunk)
-                progress.update(done)
-            progress.finish(done)
-        if md5 and digest.hexdigest() != md5:
-            raise ValueError(f"checksum mismatch (md5 {digest.hexdigest()}, expected {md5})")
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return dest
-
-
-def _download_from_mirrors(file: MnistFile, folder: Path, mirrors: Sequence[str]) -> tuple[Path | None, list[str]]:
-    errors = []
-    for mirror in mirrors:
-        url = mirror.rstrip("/") + f"/{file.name}.gz"
-        try:
-            return download(url, folder / f"{file.name}.gz", file.md5), errors
-        except (OSError, ValueError, urllib.error.URLError) as e:  # HTTPError, timeouts are OSErrors
-            reason = getattr(e, "reason", None) or e
-            errors.append(f"{url}: {reason}")
-    return None, errors
-
-
-def folder_problem(folder: Path) -> str:
-    """Why `folder` is no folder to read from: it is missing, or something else is there."""
-    return "is not a directory" if folder.exists() else "does not exist"
-
-
-def _missing_message(folder: Path, names: Sequence[str], why: str) -> str:
-    """One line (the CLI prints errors on one): why, which files to put where, the alternative."""
-    files = ", ".join(f"{n}.gz" for n in names)
-    return (f"{why}; put these MNIST files (gzip or uncompressed) into {folder}: {files}; "
-            f"or put all four into any folder and pass --data-dir FOLDER (data_dir= in Python)")
+    """ANYGRAD_MNIST_MIRRORS (whitespace or comma separated base URLs), else MIRRORS."""
+    return _mnist().default_mirrors()
 
 
 # -- loading -------------------------------------------------------------------------------
-def _read_split(paths: dict[str, Path], remedy: str) -> dict[str, np.ndarray]:
+def read_split(paths: dict[str, Path], remedy: str, classes: int = 10) -> dict[str, np.ndarray]:
+    """The four arrays of an MNIST-style set, checked: uint8 (N, 28, 28) images, N labels in
+    0..classes-1 (int64). `remedy`: what to do about a damaged file (idx.USERS_FILE or CACHED_FILE)."""
     arrays = {role: read_idx(path, remedy) for role, path in paths.items()}
     for split in ("train", "test"):
         x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
@@ -176,8 +91,8 @@ def _read_split(paths: dict[str, Path], remedy: str) -> dict[str, np.ndarray]:
             raise DataError(f"{xp}: expected uint8 images of shape (N, 28, 28), found {x.dtype} {x.shape}")
         if y.ndim != 1 or len(y) != len(x):
             raise DataError(f"{yp} holds {y.shape} labels but {xp} holds {len(x)} images")
-        if len(y) and (y.min() < 0 or y.max() > 9):
-            raise DataError(f"{yp}: labels must be digits 0-9, found {int(y.min())}..{int(y.max())}")
+        if len(y) and (y.min() < 0 or y.max() >= classes):
+            raise DataError(f"{yp}: labels must be 0-{classes - 1}, found {int(y.min())}..{int(y.max())}")
         arrays[f"y_{split}"] = y.astype(np.int64)
     return arrays
 
@@ -190,37 +105,5 @@ def load_mnist(data_dir: str | Path | None = None, cache_dir: str | Path | None 
     cache (`cache_dir`, default `$ANYGRAD_CACHE/mnist` or `~/.cache/anygrad/mnist`), downloading
     what is missing from `mirrors` when `download` is true.
     """
-    if data_dir is not None:
-        folder = Path(data_dir).expanduser()
-        if not folder.is_dir():
-            raise DataError(f"data folder {folder} {folder_problem(folder)}; it should be the folder holding the four MNIST "
-                            "IDX files")
-        found = {role: find_file(folder, f.name) for role, f in MNIST_FILES.items()}
-        missing = [MNIST_FILES[r].name for r, p in found.items() if p is None]
-        if missing:
-            raise DataError(_missing_message(folder, missing, f"MNIST files missing in {folder}"))
-        return MnistData(**_read_split(found, USERS_FILE), source=str(folder))
-
-    folder = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    found = {role: find_file(folder, f.name) for role, f in MNIST_FILES.items()}
-    missing = [r for r, p in found.items() if p is None]
-    if missing and not download:
-        raise DataError(_missing_message(folder, [MNIST_FILES[r].name for r in missing],
-                                         f"MNIST is not in the cache {folder} and downloading is off"))
-    if missing:
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise DataError(f"cannot create the cache folder {folder}: {e.strerror or e}; "
-                            f"set {CACHE_ENV} or pass --data-dir") from None
-        mirror_list = list(mirrors) if mirrors is not None else default_mirrors()
-        for i, role in enumerate(missing):
-            file = MNIST_FILES[role]
-            if log:
-                log(f"downloading {file.name}.gz into {folder}")
-            found[role], errors = _download_from_mirrors(file, folder, mirror_list)
-            if found[role] is None:  # the rest would fail the same way: stop here
-                why = (f"could not download {file.name}.gz from any mirror (offline?): "
-                       + "; ".join(errors or ["no mirrors given"]))
-                raise DataError(_missing_message(folder, [MNIST_FILES[r].name for r in missing[i:]], why))
-    return MnistData(**_read_split(found, CACHED_FILE), source=str(folder))
+    paths, folder = locate(_mnist(), data_dir, cache_dir, download, mirrors, log)
+    return MnistData(**read_split(paths, USERS_FILE if data_dir is not None else CACHED_FILE), source=str(folder))
