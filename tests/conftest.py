@@ -24,7 +24,7 @@ if _FOUND is None or _SRC not in Path(_FOUND.origin).resolve().parents:
         f"checkout's {_SRC}: run README's test command here, after `pip uninstall anygrad` if an "
         "install under the former distribution name is present")
 
-from anygrad.ir import private_attrs  # noqa: E402
+from anygrad.ir import private_attrs
 
 if importlib.util.find_spec("triton") is not None:
     import triton  # noqa: F401
