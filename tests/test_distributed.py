@@ -689,14 +689,14 @@ def test_bucket_sums_over_the_threads_are_the_in_order_sums(tiny, monkeypatch, n
     each part weighted then summed in order (uneven), exactly as numpy does it in one pass, into
     every output, parts[0] included; one part into one output (a rank's write-back) likewise; and on
     one thread (`threads=1`, the write into mapped upload memory) in SUM_CHUNK pieces, the same bits."""
-    from anygrad.distributed import parallel
+    from anygrad.distributed import host_sum
     monkeypatch.setenv("ANYGRAD_NUMPY_THREADS", "4")
-    plain, pieces = parallel._parallel.map_shares, []
+    plain, pieces = host_sum._parallel.map_shares, []
 
     def shares(work, items, *args, **kwargs):
         pieces.append(len(items))
         return plain(work, items, *args, **kwargs)
-    monkeypatch.setattr(parallel._parallel, "map_shares", shares)
+    monkeypatch.setattr(host_sum._parallel, "map_shares", shares)
     model, _, _, _ = tiny
     m = anygrad.load_onnx(str(model)).compile(optimizer=Adam(lr=0.01), device="cpu,cpu")
     rng = np.random.default_rng(n)
@@ -721,7 +721,7 @@ def test_bucket_sums_over_the_threads_are_the_in_order_sums(tiny, monkeypatch, n
     one_thread = np.empty(n, np.float32)  # into mapped upload memory: MAPPED_COPY_WRITERS (1), the same bits
     m.strategy._combine(parts, [1 / 3] * 3, True, [one_thread], threads=1)
     np.testing.assert_array_equal(one_thread, want_equal)
-    assert pieces[-1] == -(-n // parallel.SUM_CHUNK)
+    assert pieces[-1] == -(-n // host_sum.SUM_CHUNK)
 
 
 class _MirrorGroup:
@@ -993,7 +993,7 @@ def test_ranks_time_bucket_sizes_and_keep_rank_0s_choice(tmp_path, tiny):
 
 
 def test_a_choice_keeps_the_lowest_median_and_the_first_on_a_tie():
-    from anygrad.distributed.parallel import _Choice
+    from anygrad.distributed.tuning import _Choice
     c = _Choice((8, 2, 4), trials=3)
     tried = []
     for t in [5.0, 4.0, 6.0, 1.0, 4.5, 6.0, 5.0, 3.0, 6.0]:  # 8: 5, 1, 5 (median 5); 2: 4, 4.5, 3 (4); 4: 6s

@@ -14,7 +14,7 @@ from onnx.reference import ReferenceEvaluator
 from opcheck import check_op, run_op
 
 from anygrad.errors import AnygradError
-from anygrad.ops.index import _COORDINATES
+from anygrad.ops.resize import _COORDINATES
 
 SETTINGS = settings(max_examples=15, deadline=None)
 seeds = st.integers(0, 2**31 - 1)

@@ -130,8 +130,7 @@ ATTRIBUTE_HELPERS = {
     "ops.nn.window", "ops.nn.dropout_ratio", "ops.reduce.reduce_axes", "ops._util.axes_of",
     "ops._util.norm_axis", "ops._util.ints_of", "ops._util.const_ints", "ops.shape.pad_amounts",
     "ops.shape.pad_mode", "ops.shape.slice_bounds", "ops.shape.split_sizes", "ops.loss.loss_reduction",
-    "ops.index.interp_of", "ops.index.resize_plan", "ops.index.depth_to_space_plan",
-    "ops.index.space_to_depth_plan",
+    "ops.resize.interp_of", "ops.resize.resize_plan",
 }
 
 

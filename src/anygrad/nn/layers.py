@@ -11,6 +11,9 @@ import numpy as np
 from ..errors import ConfigError
 from . import functional as F
 from . import init
+from .functional._util import _ints
+from .functional.convolution import _no_indices
+from .functional.dense import _embedding_options, _padding_row
 from .module import Buffer, Module, Parameter
 
 
@@ -93,7 +96,7 @@ def _conv_setup(layer: Module, in_channels: int, out_channels: int, kernel_size:
         raise ConfigError(f"{name}: in_channels {in_channels} and out_channels {out_channels} "
                           f"must be divisible by groups {groups}")
     layer.in_channels, layer.out_channels, layer.groups = in_channels, out_channels, groups
-    layer.kernel_size = tuple(F._ints(kernel_size, layer.nd, "kernel_size"))
+    layer.kernel_size = tuple(_ints(kernel_size, layer.nd, "kernel_size"))
 
 
 class _ConvNd(Module):
@@ -114,10 +117,10 @@ class _ConvNd(Module):
         super().__init__()
         _conv_setup(self, in_channels, out_channels, kernel_size, groups, padding_mode)
         self.stride, self.dilation = (
-            tuple(F._ints(stride, self.nd, "stride")),
-            tuple(F._ints(dilation, self.nd, "dilation")),
+            tuple(_ints(stride, self.nd, "stride")),
+            tuple(_ints(dilation, self.nd, "dilation")),
         )
-        self.padding = padding if isinstance(padding, str) else tuple(F._ints(padding, self.nd, "padding"))
+        self.padding = padding if isinstance(padding, str) else tuple(_ints(padding, self.nd, "padding"))
         if self.padding == "same" and any(s != 1 for s in self.stride):
             raise ConfigError(f"{type(self).__name__}: padding='same' needs stride 1 (as in PyTorch)")
         self.weight = _empty(out_channels, in_channels // groups, *self.kernel_size)
@@ -168,10 +171,10 @@ class _ConvTransposeNd(Module):
     ):
         super().__init__()
         _conv_setup(self, in_channels, out_channels, kernel_size, groups, padding_mode)
-        self.stride = tuple(F._ints(stride, self.nd, "stride"))
-        self.padding = tuple(F._ints(padding, self.nd, "padding"))
-        self.output_padding = tuple(F._ints(output_padding, self.nd, "output_padding"))
-        self.dilation = tuple(F._ints(dilation, self.nd, "dilation"))
+        self.stride = tuple(_ints(stride, self.nd, "stride"))
+        self.padding = tuple(_ints(padding, self.nd, "padding"))
+        self.output_padding = tuple(_ints(output_padding, self.nd, "output_padding"))
+        self.dilation = tuple(_ints(dilation, self.nd, "dilation"))
         self.weight = _empty(in_channels, out_channels // groups, *self.kernel_size)
         self.bias = _empty(out_channels) if bias else None
         self.reset_parameters()
@@ -322,9 +325,9 @@ class Embedding(Module):
         sparse: bool = False,
     ):
         super().__init__()
-        F._embedding_options("Embedding", max_norm, scale_grad_by_freq)
+        _embedding_options("Embedding", max_norm, scale_grad_by_freq)
         if padding_idx is not None:
-            padding_idx = F._padding_row("Embedding", padding_idx, num_embeddings)
+            padding_idx = _padding_row("Embedding", padding_idx, num_embeddings)
         self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
         self.weight = _empty(num_embeddings, embedding_dim)
         self.reset_parameters()
@@ -386,7 +389,7 @@ class _AdaptivePool(Module):
 
     def __init__(self, output_size, return_indices: bool = False):
         super().__init__()
-        F._no_indices(type(self).__name__, return_indices)
+        _no_indices(type(self).__name__, return_indices)
         self.output_size = output_size
 
     def forward(self, x):

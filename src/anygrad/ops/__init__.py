@@ -1,5 +1,5 @@
 """Op registry entries, one module per family. Importing this package registers them all."""
-from . import elementwise, index, linalg, loss, metrics, nn, norm, reduce, shape  # noqa: F401
+from . import elementwise, gather_scatter, index, linalg, loss, metrics, nn, norm, reduce, resize, shape  # noqa: F401
 from . import attention, bitwise, detection, image, math_extra, ml, optional, preview_training, quant, spectral  # noqa: F401
 from . import conv_transpose, rnn  # noqa: F401  (composites of the ops above)
 from . import collective  # noqa: F401  (AllReduceSum: data-parallel sums inside a step)

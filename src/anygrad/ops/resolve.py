@@ -28,10 +28,10 @@ import numpy as np
 from ..ir.graph import Node, TensorInfo
 from ..ir.registry import get_op, set_resolve
 from ._util import norm_axis, slot
-from .index import interp_of, resize_plan
 from .loss import loss_reduction
 from .nn import dropout_ratio, window
 from .reduce import REDUCTIONS, reduce_axes
+from .resize import interp_of, resize_plan
 from .shape import pad_amounts, pad_mode, slice_bounds, split_sizes
 
 Ins = list[TensorInfo | None]

@@ -15,7 +15,7 @@ import numpy as np
 
 from ....ir.graph import Graph, Node
 from ....ir.passes import resolved
-from ....ops.index import Interp, interp_matrices
+from ....ops.resize import Interp, interp_matrices
 from .kernel import AdapterCaps, Kernel, lowering
 from .wgsl import bindings, flat_id, grid, literal, shader, shape_of, strides, vtype
 
