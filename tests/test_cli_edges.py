@@ -14,6 +14,7 @@ from mnist_util import write_tiny_mnist
 from test_cli import _mlp
 
 from anygrad import cli
+from anygrad.cli.config import _train_settings
 from anygrad.data.mnist import MNIST_FILES, load_mnist
 from anygrad.errors import DataError
 from anygrad.examples import FOUNDING_MODEL
@@ -80,10 +81,10 @@ def test_a_closed_stdout_in_process(monkeypatch, capsys):
 # -- info plans with the optimizer train would use ---------------------------------------------------------------
 def test_info_and_train_share_the_models_default_optimizer(model):
     parser = cli.build_parser()
-    founding = cli._train_settings(parser.parse_args(["train", str(FOUNDING_MODEL)]))
+    founding = _train_settings(parser.parse_args(["train", str(FOUNDING_MODEL)]))
     assert founding["optimizer"] == cli.FOUNDING_DEFAULTS["optimizer"] == "adagrad"
-    assert cli._train_settings(parser.parse_args(["train"]))["optimizer"] == "adagrad"
-    own = cli._train_settings(parser.parse_args(["train", str(model)]))
+    assert _train_settings(parser.parse_args(["train"]))["optimizer"] == "adagrad"
+    own = _train_settings(parser.parse_args(["train", str(model)]))
     assert own["optimizer"] == cli.MODEL_DEFAULTS["optimizer"] == "adam"
     assert cli.model_defaults(FOUNDING_MODEL) is cli.FOUNDING_DEFAULTS
     assert cli.model_defaults(model) is cli.MODEL_DEFAULTS

@@ -76,7 +76,7 @@ def _readers(seed_dir: Path):
     """reader -> (seed bytes, how to make the fuzzed file's bytes, the reads to try on it)."""
     from anygrad import torchfile
     from anygrad.backends.wgpu.device import pipeline_cache
-    from anygrad.cli import _file_settings
+    from anygrad.cli.config import _file_settings
     from anygrad.data.npz import read_npz
     from anygrad.data.tokens import read_tokens, token_split
     from anygrad.frontends import load_onnx, summarize
@@ -265,7 +265,7 @@ def test_fuzzed_files_give_only_anygrad_errors(reader, tmp_path_factory, tmp_pat
 def test_the_seed_files_are_read(tmp_path_factory):
     """Unmutated, every seed file reads: the fuzzing starts from files the readers accept."""
     from anygrad import torchfile
-    from anygrad.cli import _file_settings
+    from anygrad.cli.config import _file_settings
     from anygrad.frontends import summarize
     from anygrad.train import checkpoint
     d = _seed_dir(tmp_path_factory)

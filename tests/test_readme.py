@@ -132,13 +132,14 @@ def _tokens(example: str, command: str) -> tuple[list[str], bool]:
 def _check_parses(argv: list[str], enumerates: bool) -> None:
     """argparse accepts argv, and a --scheduler with its --scheduler-opt options is valid."""
     from anygrad import cli
+    from anygrad.cli.config import _scheduler_options
     from anygrad.optim.schedulers import RunFacts, get_scheduler
     try:
         args = cli.build_parser().parse_args(argv)
     except SystemExit as e:
         raise AssertionError(f"`anygrad {' '.join(argv)}` does not parse (exit {e.code})") from None
     if getattr(args, "scheduler", None) and not enumerates:
-        options = cli._scheduler_options(args.scheduler_opt or [])
+        options = _scheduler_options(args.scheduler_opt or [])
         get_scheduler(args.scheduler, 0.1, run=RunFacts(args.epochs or 8, 10), **options)
 
 
