@@ -772,7 +772,7 @@ def test_is_nan_and_is_inf_run_on_torch(dtype):
 def _host_nodes(exe) -> list[str]:
     """The nodes of a compiled step that run on a numpy reference kernel, except the RNG
     counter's uint32 increment (torch holds no uint32: that state stays a host array)."""
-    from anygrad.backends.torch.runtime import lower, node_site
+    from anygrad.backends.torch.sites import lower, node_site
     graph = exe.graph
     host = [n for n in graph.nodes if lower(node_site(graph, n)) is None]
     return [f"{n.op} {n.label}" for n in host

@@ -20,10 +20,6 @@ from ..ir.registry import defop
 from ._index_util import _axis, _str
 from ._util import broadcast_infer, ints_of, norm_axis, same_as_first, slot
 
-# Resize's public helpers, which backends/torch and backends/wgpu kernels and ops/resolve.py
-# import from here (and tests/test_source.py names so) until they import them from ops.resize.
-from .resize import Interp, interp_matrices, interp_of, resize_plan  # noqa: F401
-
 
 # -- TopK ------------------------------------------------------------------------------------
 def _topk_k(node: Node, ins: list) -> int:

@@ -11,7 +11,7 @@ The contract, per family:
 - Transpose: perm; Pad: pads over every axis, mode, value (when constant); Slice: starts, ends,
   steps per input axis after ONNX's clamping (see shape.slice_bounds); Split: axis and split;
   Dropout: ratio and training_mode; losses: reduction; OneHot: depth; Trilu: k and upper; DepthToSpace/SpaceToDepth:
-  mode and blocksize; Resize/Upsample: the interpolation attributes (index.Interp), scales and roi
+  mode and blocksize; Resize/Upsample: the interpolation attributes (resize.Interp), scales and roi
   per axis.
 
 Every rule reads through the family's own helper, so there is one interpretation of each
@@ -218,8 +218,8 @@ def _resolve_rearrange(node: Node, ins: Ins) -> Attrs:
 
 
 def _resolve_resize(node: Node, ins: Ins) -> Attrs:
-    """The interpolation attributes with opset defaults (index.Interp), and `scales` and `roi` per
-    input axis (index.resize_plan) when its inputs are constants. The reference keeps reading
+    """The interpolation attributes with opset defaults (resize.Interp), and `scales` and `roi` per
+    input axis (resize.resize_plan) when its inputs are constants. The reference keeps reading
     the inputs (or Upsample's own `scales`, which mean the same)."""
     attrs = {**node.attrs, **interp_of(node).attrs()}
     if node.op == "ResizeGrad" or not _known(ins, 1, 2, 3) or not _static(tuple(ins[0].shape)):

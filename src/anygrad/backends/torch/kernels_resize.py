@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ...ops.index import Interp, interp_matrices
+from ...ops.resize import Interp, interp_matrices
 from .lowering import Site, device_constants, is_float, lowering
 
 

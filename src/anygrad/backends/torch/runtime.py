@@ -1,56 +1,43 @@
-"""TorchBackend and its executable: a compiled graph run with torch tensor operations.
+"""TorchExecutable: a compiled graph run with torch tensor operations.
 
-Compiling a graph asks each node's lowering (`lowering.LOWERINGS`) for a torch kernel. A node
-without one (an op, mode or dtype no lowering covers) runs the op's numpy reference kernel on
-host copies of its inputs: correct, but a round trip through the CPU on a GPU device, so the
-executable lists those ops (`fallback_ops`) and `anygrad info`/logs can say so. An op with
+Compiling a graph asks each node's lowering (`lowering.LOWERINGS`, through sites.lower) for a torch
+kernel. A node without one (an op, mode or dtype no lowering covers) runs the op's numpy reference
+kernel on host copies of its inputs: correct, but a round trip through the CPU on a GPU device, so
+the executable lists those ops (`fallback_ops`) and `anygrad info`/logs can say so. An op with
 neither a lowering nor a reference kernel is refused by `supports`, before anything runs.
 
 Values live as torch tensors on the device; values of dtypes torch cannot hold (uint32: the
 RNG state) stay numpy arrays on the host. Every step is functional: kernels never write over
 their inputs, state updates rebind the state store's tensors after the step.
 
-Compiling makes a flat plan: a list of (kernel, input slots, output slots, output dtypes) over
-one list of values indexed by integers, so a step is one tight loop, with no name lookups or
-per-value checks. Optimizer updates with a grouped lowering (`GROUP_LOWERINGS`) run as one
-torch._foreach_* kernel for all parameters. Host values a kernel needs are uploaded once, through
-pinned memory on a GPU (no wait for the queued work), or first mapped by the kernel's host
+Compiling makes a flat plan (actions.py): a list of (kernel, input slots, output slots, output
+dtypes) over one list of values indexed by integers, so a step is one tight loop, with no name
+lookups or per-value checks. Optimizer updates with a grouped lowering (`GROUP_LOWERINGS`) run as
+one torch._foreach_* kernel for all parameters. Host values a kernel needs are uploaded once,
+through pinned memory on a GPU (no wait for the queued work), or first mapped by the kernel's host
 function (`host_inputs`, lowering.py). The step runs in torch's inference mode (no autograd
 dispatch per op); nothing in it reads a device value back (`benchmarks/torch_overhead.py`
 measures the host time per step and the torch ops per step against PyTorch eager).
 
-On CUDA (unless `cuda_graph=False` or ANYGRAD_TORCH_CUDA_GRAPH=0), the step's device work is
-captured as a CUDA graph on its third run and replayed after: one launch per step. The step is a
-fixed program over fixed shapes, which is what a CUDA graph holds; without it the founding CNN's
-step is bound by the host's ~160 kernel launches (PyTorch's autograd launches ~80). Its inputs are
-static buffers: the state tensors (the store then holds those buffers, updated in place by copies
-at the end of the graph) and the uploaded batch. Possible when no numpy fallback reads a value a
-torch kernel makes; a capture that fails (an op that syncs) leaves the step eager, with a warning.
+On CUDA the step's device work is captured as a CUDA graph and replayed (cuda_graph.py); with
+`torch_compile=True` runs of lowered nodes are traced by torch.compile (compiled.py).
 
-With `torch_compile=True` (`anygrad train --compile`, or ANYGRAD_TORCH_COMPILE=1), each maximal
-run of lowered nodes between two fallbacks becomes one function traced by `torch.compile`
-(inductor, default mode; a string names another torch.compile backend, e.g. "aot_eager", which
-needs no C++ compiler). Not torch's own CUDA graphs ("reduce-overhead"): those reuse their output
-buffers on the next call, and the step's outputs are the next step's state. With `cuda_graph` as
-well, the compiled functions' kernels are captured by the CUDA graph above, on the third run, once
-the first has compiled them.
+This module owns building the plan from the graph (steps, grouping, slots, uploads) and running
+it eagerly; the backend that makes executables and holds the state is backend.py.
 """
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ... import settings
-from ...errors import ConfigError, DataError, DeviceError, ShapeError, UnsupportedOpError
+from ...errors import DeviceError, ShapeError, UnsupportedOpError
 from ...ir.graph import Graph, Node
-from ...ir.passes import resolve_attributes
 from ...ir.registry import get_op
 from ...ops import collective
-from ..base import Backend, HostExecutable
+from ..base import HostExecutable
 from . import (  # noqa: F401
     kernels_attention,
     kernels_elementwise,
@@ -63,183 +50,20 @@ from . import (  # noqa: F401
     kernels_resize,
     kernels_shape,
 )
-from .convert import TORCH_DTYPES, WIDENED, is_tensor, to_numpy, to_torch, torch_dtype
-from .lowering import GROUP_LOWERINGS, LOWERINGS, Site
+from .actions import _DROP, _NONE, _Action, _execute, _grouped_fn, _host_fn, _straight_line
+from .compiled import _compile_runs
+from .convert import TORCH_DTYPES, to_numpy, to_torch, torch_dtype
+from .cuda_graph import _CudaGraphs
+from .device import _torch
+from .lowering import GROUP_LOWERINGS
+from .sites import _check_targets, fed_source, lower, node_site
+from .steps import _fuse_bias, _Step
+
+if TYPE_CHECKING:
+    from .backend import TorchBackend
 
 
-def _torch() -> Any:
-    try:
-        import torch
-    except ImportError as e:
-        raise ConfigError("the torch backend needs PyTorch: pip install 'anygrad-train[torch]' "
-                          "(or choose device='cpu' or 'wgpu')") from e
-    return torch
-
-
-def resolve_device(device: str) -> str:
-    """'torch' / 'torch:cuda[:N]' / 'torch:mps' / 'torch:cpu' -> a torch device string, checked."""
-    torch = _torch()
-    want = device.partition(":")[2] or "best"
-    if want == "best":
-        return best_torch_device() or "cpu"
-    kind = want.split(":")[0]
-    if kind == "cuda":
-        if not torch.cuda.is_available():
-            raise DeviceError(f"device '{device}': torch sees no CUDA GPU (torch {torch.__version__}, "
-                              f"CUDA build {torch.version.cuda}); use torch:cpu, wgpu or cpu")
-        index = want.partition(":")[2]
-        if index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
-            raise DeviceError(f"device '{device}': there are {torch.cuda.device_count()} CUDA devices "
-                              f"(torch:cuda:0 to :{torch.cuda.device_count() - 1})")
-        return want
-    if kind == "mps":
-        if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-            raise DeviceError(f"device '{device}': torch's MPS (Apple GPU) is not available here; "
-                              "use torch:cpu, wgpu or cpu")
-        return "mps"
-    if want == "cpu":
-        return "cpu"
-    raise ConfigError(f"unknown torch device '{device}'; use torch, torch:cuda, torch:cuda:N, torch:mps "
-                      "or torch:cpu")
-
-
-def best_torch_device() -> str | None:
-    """'cuda' or 'mps' when torch has that GPU, else None (the caller decides about the CPU)."""
-    torch = _torch()
-    if torch.cuda.is_available():
-        return "cuda"
-    mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_available():
-        return "mps"
-    return None
-
-
-# Ops that take class-index targets (slot): a target fed as a graph input is range-checked on the
-# host before it is uploaded, so the kernel need not read a verdict back from the device (a sync
-# per step on a GPU); a bad index would otherwise be a device-side assert there.
-TARGET_SLOTS = {"CrossEntropy": 1, "NegativeLogLikelihoodLoss": 1, "SoftmaxCrossEntropyLoss": 1,
-                "CrossEntropyMetrics": 1}
-
-
-# Ops that pass every element of their first input through unchanged (only the shape moves), so
-# a range check on a fed tensor holds for what they make of it: a flattened (N*T,) target
-# checked as the (N, T) batch the user fed.
-SAME_VALUES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
-
-
-def fed_source(graph: Graph, value: str, producers: dict[str, Node] | None = None) -> str | None:
-    """The graph input `value` holds the elements of, through SAME_VALUES ops, or None."""
-    producers = producers if producers is not None else graph.producers()
-    while value not in graph.inputs:
-        node = producers.get(value)
-        if node is None or node.op not in SAME_VALUES:
-            return None
-        value = node.inputs[0]
-    return value
-
-
-def node_site(graph: Graph, node: Node, memo: dict | None = None,
-              producers: dict[str, Node] | None = None) -> Site:
-    slot = TARGET_SLOTS.get(node.op)
-    fed = slot is not None and fed_source(graph, node.input(slot), producers) is not None
-    return Site(node, [graph.info.get(i) if i else None for i in node.inputs],
-                [graph.info.get(o) if o else None for o in node.outputs],
-                frozenset({slot}) if fed else frozenset(), memo)
-
-
-def lower(site: Site) -> Callable | None:
-    """The torch kernel for a node, or None: no lowering, a dtype torch cannot hold, an empty tensor,
-    or the lowering declines this node's configuration."""
-    fn = LOWERINGS.get(site.node.op)
-    if fn is None:
-        return None
-    for k, info in enumerate(site.ins + site.outs):
-        if info is None:
-            continue
-        dtype = np.dtype(info.dtype)
-        # unsigned inputs up to 32 bits reach a kernel as int64 (exact); no output may be one
-        held = dtype in TORCH_DTYPES or (k < len(site.ins) and dtype in WIDENED)
-        if not held or not all(isinstance(d, int) for d in info.shape):
-            return None
-        # an empty tensor, but for an empty constant operand (a shape [] or no axes), which the
-        # lowerings read at compile time (Site.const)
-        if 0 in tuple(info.shape) and not (0 < k < len(site.ins) and info.const is not None):
-            return None
-    return fn(site)
-
-
-@dataclass
-class _Step:
-    """One unit of the step: a lowered node, a group of nodes (one grouped kernel), or a fallback."""
-
-    nodes: list[Node]
-    kernel: Callable  # torch kernel, grouped kernel, or the op's numpy reference kernel (fallback)
-    lowered: bool
-    grouped: bool = False
-    torch_dtypes: list[Any] = field(default_factory=list)  # of the outputs, for lowered steps
-    host_dtypes: list[np.dtype | None] = field(default_factory=list)  # of the inputs, for fallbacks
-
-    @property
-    def inputs(self) -> list[str]:
-        return [i for n in self.nodes for i in n.inputs]
-
-    @property
-    def outputs(self) -> list[str]:
-        return [o for n in self.nodes for o in n.outputs]
-
-
-def _fuse_bias(graph: Graph, steps: list[_Step]) -> list[_Step]:
-    """MatMul(a, W) followed by Add(., bias) with a 1-D bias over W's columns (every Linear, as
-    ONNX writes it) becomes one torch.addmm step, at the Add's place, where the matmul's output has
-    no other reader: the bias is added in the GEMM's epilogue instead of by a pass of its own over
-    the output (24 launches per step of the GPT benchmark). Both kernels must be lowered."""
-    readers: dict[str, int] = {}
-    for st in steps:
-        for i in st.inputs:
-            if i:
-                readers[i] = readers.get(i, 0) + 1
-    pinned = set(graph.outputs) | set(graph.state_updates)
-    at = {o: k for k, st in enumerate(steps) for o in st.outputs if o}
-    fused: dict[int, _Step] = {}
-    dropped: set[int] = set()
-    for k, st in enumerate(steps):
-        node = st.nodes[0]
-        if not st.lowered or st.grouped or node.op != "Add" or len(node.inputs) != 2:
-            continue
-        for mm_out, bias in (node.inputs, node.inputs[::-1]):
-            j = at.get(mm_out)
-            if j is None or j in dropped or readers.get(mm_out) != 1 or mm_out in pinned:
-                continue
-            mm = steps[j]
-            a, w = (mm.nodes[0].inputs + ["", ""])[:2]
-            if not mm.lowered or mm.grouped or mm.nodes[0].op != "MatMul" or not (a and w and bias):
-                continue
-            ia, iw, ib, io = (graph.info.get(n) for n in (a, w, bias, node.outputs[0]))
-            if None in (ia, iw, ib, io) or len(iw.shape) != 2 or len(ia.shape) < 2 or \
-                    tuple(ib.shape) != (iw.shape[1],) or tuple(io.shape) != tuple(ia.shape[:-1]) + (iw.shape[1],) or \
-                    len({np.dtype(x.dtype) for x in (ia, iw, ib)}) != 1 or np.dtype(ia.dtype).kind != "f":
-                continue
-            fused[k] = _Step([Node("MatMul+Add", [a, w, bias], list(node.outputs), name=node.name)], _addmm, True,
-                             torch_dtypes=st.torch_dtypes)
-            dropped.add(j)
-            break
-    return [fused.get(k, st) for k, st in enumerate(steps) if k not in dropped]
-
-
-def _addmm(ins: list) -> list:
-    a, w, bias = ins
-    rows = _torch().addmm(bias, a.reshape(-1, a.shape[-1]), w)
-    return [rows.reshape(*a.shape[:-1], w.shape[1])]
-
-
-# An action of the precompiled plan: fn(list of input values) -> list of output values, the input
-# and output slots (integers into the step's value list), and per output the torch dtype the value
-# is cast to (None: keep). Slot 0 holds None (absent optional inputs), slot 1 takes unused outputs.
-_Action = tuple[Callable, list[int], list[int], list[Any]]
-_NONE, _DROP = 0, 1
-
-
-class TorchExecutable(HostExecutable):
+class TorchExecutable(_CudaGraphs, HostExecutable):
     def __init__(self, backend: TorchBackend, graph: Graph, torch_compile: bool = False,
                  cuda_graph: bool = False):
         self.backend = backend
@@ -413,51 +237,11 @@ class TorchExecutable(HostExecutable):
         self.update_slots = [(slot[p], target) for p, target in graph.state_updates.items()]
         self._graphable = self._split_for_graph(steps, host)
         if self.torch_compile:
-            self.actions = host_first + self._compiled(actions)
+            at_end = {slot[o] for o in graph.outputs if o in slot} | {k for k, _ in self.update_slots}
+            compiled, self.compiled_keep = _compile_runs(actions, at_end, self.backend.compile_backend)
+            self.actions = host_first + compiled
         self.n_lowered = sum(len(st.nodes) for st in steps if st.lowered)
 
-    def _compiled(self, actions: list[_Action]) -> list[_Action]:
-        """Each maximal run of lowered actions as one function traced by torch.compile. A function
-        returns only the values something after it reads (a later action, the step's outputs or
-        state updates): every other value is inductor's to fuse away, not to materialise."""
-        torch = _torch()
-        out: list[_Action] = []
-        run: list[_Action] = []
-        at_end = {self.slot[o] for o in self.graph.outputs if o in self.slot} | {k for k, _ in self.update_slots}
-        read_after: list[set[int]] = [set() for _ in range(len(actions) + 1)]  # read at or after action p
-        for p in range(len(actions) - 1, -1, -1):
-            read_after[p] = read_after[p + 1] | set(actions[p][1])
-        self.compiled_keep = set(at_end)
-
-        def flush(end: int) -> None:
-            if not run:
-                return
-            made: set[int] = set()
-            reads: list[int] = []
-            for _, ins, outs, _ in run:
-                reads += [i for i in ins if i not in made and i not in reads and i != _NONE]
-                made.update(outs)
-            writes = sorted((made - {_DROP}) & (read_after[end] | at_end))
-            self.compiled_keep.update(writes)
-            fn = torch.compile(_segment_fn(list(run), reads, writes), dynamic=False,
-                               backend=self.backend.compile_backend)
-            out.append((lambda ins, fn=fn: fn(*ins), reads, writes, [None] * len(writes)))
-            run.clear()
-
-        for p, a in enumerate(actions):
-            if _is_host(a):
-                flush(p)
-                out.append(a)
-            else:
-                run.append(a)
-        flush(len(actions))
-        return out
-
-    def _split_for_graph(self, steps: list[_Step], host: set[str]) -> bool:
-        """A CUDA graph holds the device work only: possible when no fallback reads a value a
-        lowered step makes (fallbacks then run on the host before the graph's replay)."""
-        made_on_device = {o for st in steps if st.lowered for o in st.outputs if o}
-        return all(not (set(st.inputs) & made_on_device) for st in steps if not st.lowered)
 
     def _fallback_fn(self, st: _Step) -> Callable:
         node, kernel, dtypes = st.nodes[0], st.kernel, st.host_dtypes
@@ -542,286 +326,3 @@ class TorchExecutable(HostExecutable):
             self._step_fn = _straight_line(self.actions, counts)
         else:
             self._step_fn(vals)
-
-    # -- CUDA graphs ---------------------------------------------------------------------------
-    def _run_graph(self, feeds: Mapping[str, np.ndarray]) -> list:
-        """The step's device work as one captured CUDA graph, replayed: its inputs are static
-        buffers (state tensors the store then holds, uploads copied in), its state updates are
-        copies into the state buffers at the end of the graph, inside it. Host actions (fallbacks,
-        uploads) run first, eagerly."""
-        if self._graph is None:
-            try:
-                return self._capture(feeds)
-            except Exception as e:  # noqa: BLE001 - an op that syncs or allocates on the host: stay eager
-                import warnings
-                warnings.warn(f"torch backend: CUDA graph capture failed ({type(e).__name__}: {e}); "
-                              "running this step eagerly", RuntimeWarning, stacklevel=3)
-                self.cuda_graph = False
-                self._graph = None
-                vals = self._values(feeds)
-                self._eager(vals)
-                return vals
-        g = self._graph
-        vals = self._values(feeds)
-        _execute(g["host"], vals)
-        state = self.backend.state
-        for name, k in self.state_slots:
-            buf = g["static"].get(k)
-            if buf is not None and state.get(name) is not buf:  # rebound since: set_state, another program
-                buf.copy_(vals[k])
-                state[name] = buf
-        for k, buf in g["static"].items():
-            if k not in g["state_bufs"]:
-                buf.copy_(vals[k], non_blocking=True)
-        g["graph"].replay()
-        out = g["vals"]
-        for k in g["host_slots"]:
-            out[k] = vals[k]
-        for k, buf in g["update_bufs"]:
-            out[k] = buf  # the store keeps holding the buffers the graph writes
-        return out
-
-    @staticmethod
-    def _graphs_on(device: Any) -> bool:
-        return device.type == "cuda"
-
-    def _record(self, body: Callable[[], None]) -> Any:
-        """A CUDA graph of what body() launches (replay() runs it again on the same buffers)."""
-        torch = _torch()
-        graph = torch.cuda.CUDAGraph()
-        torch.cuda.synchronize(self.device)
-        with torch.cuda.graph(graph):
-            body()
-        return graph
-
-    def _capture(self, feeds: Mapping[str, np.ndarray]) -> list:
-        host = [a for a in self.actions if _is_host(a)]
-        device = [a for a in self.actions if not any(a is h for h in host)]
-        vals = self._values(feeds)
-        _execute(host, vals)
-        made = {o for a in device for o in a[2]}
-        ext = sorted({i for a in device for i in a[1] if i not in made and i != _NONE and i not in self.consts})
-        state_slot = {k: name for name, k in self.state_slots}
-        static: dict[int, Any] = {}
-        for k in ext:
-            static[k] = vals[k].clone()
-        updates = [(k, target) for k, target in self.update_slots if k in made]
-        state_bufs: dict[int, Any] = {}
-        for k, target in updates:
-            ts = self.slot[target]
-            if ts not in static:
-                static[ts] = vals[ts].clone() if vals[ts] is not None else None
-            state_bufs[ts] = static[ts]
-        state_bufs.update({k: static[k] for k in ext if k in state_slot})
-        gvals = list(vals)
-        for k, buf in static.items():
-            gvals[k] = buf
-
-        def body() -> None:
-            _execute(device, gvals)
-            for k, target in updates:
-                buf = static[self.slot[target]]
-                src = gvals[k]
-                if src is buf:
-                    continue
-                if any(src.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-                       for b in state_bufs.values()):
-                    src = src.clone()  # a state buffer (or a view of one) another copy may overwrite
-                buf.copy_(src)
-
-        graph = self._record(body)
-        for k, buf in static.items():
-            if k in state_slot:
-                self.backend.state[state_slot[k]] = buf
-        host_slots = sorted({o for a in host for o in a[2]} | set(self.consts) |
-                            {k for _, k in self.feed_slots})
-        self._graph = {"graph": graph, "static": static, "state_bufs": state_bufs, "vals": gvals,
-                       "host": host, "host_slots": [k for k in host_slots if k not in static],
-                       "update_bufs": [(k, static[self.slot[t]]) for k, t in updates]}
-        graph.replay()
-        out = gvals
-        for k in self._graph["host_slots"]:
-            out[k] = vals[k]
-        for k, buf in self._graph["update_bufs"]:
-            out[k] = buf  # run() rebinds the store's state to these: the buffers
-        return out
-
-
-def _is_host(action: _Action) -> bool:
-    return getattr(action[0], "host", False)
-
-
-def _execute(actions: list[_Action], vals: list, counts: list[int] | None = None) -> None:
-    """The hot loop: every action's kernel on its input slots; results cast to the output dtypes.
-    `counts`: a list to append the number of values each kernel returned to."""
-    for fn, ins, outs, casts in actions:
-        res = fn([vals[i] for i in ins])
-        if counts is not None:
-            counts.append(len(res))
-        for o, v, want in zip(outs, res, casts):
-            vals[o] = v if want is None or v.dtype == want else v.to(want)
-
-
-def _straight_line(actions: list[_Action], counts: list[int]) -> Callable[[list], None]:
-    """_execute's loop unrolled into one generated function, a statement per kernel call and per
-    result, slots and dtypes as literals and names: the same calls and casts, without the loop's
-    list building, zip and tuple unpacking, which cost ~1.5 us per action (a step has hundreds).
-    `counts`: how many values each kernel returns (fixed: a kernel's outputs are its node's)."""
-    env: dict[str, Any] = {}
-    lines = ["def step(v):"]
-    for a, ((fn, ins, outs, casts), n) in enumerate(zip(actions, counts)):
-        env[f"k{a}"] = fn
-        call = f"k{a}([{', '.join(f'v[{i}]' for i in ins)}])"
-        pairs = list(zip(outs, casts))[:n]
-        if len(pairs) == 1 and pairs[0][1] is None:
-            lines.append(f"    v[{pairs[0][0]}] = {call}[0]")
-            continue
-        lines.append(f"    r = {call}")
-        for j, (o, want) in enumerate(pairs):
-            if want is None:
-                lines.append(f"    v[{o}] = r[{j}]")
-            else:  # torch dtypes are singletons: `is` is their equality
-                env[f"c{a}_{j}"] = want
-                lines.append(f"    x = r[{j}]; v[{o}] = x if x.dtype is c{a}_{j} else x.to(c{a}_{j})")
-    lines.append("    return None")
-    exec(compile("\n".join(lines), "<anygrad torch step>", "exec"), env)  # noqa: S102 - our own code
-    return env["step"]
-
-
-def _host_fn(fn: Callable) -> Callable:
-    """A host function of one host value as a host action's kernel."""
-    def run(ins: list) -> list:
-        return [fn(ins[0])]
-    run.host = True  # type: ignore[attr-defined]
-    return run
-
-
-def _grouped_fn(kernel: Callable, sizes: list[int]) -> Callable:
-    """A grouped kernel over the flat input list of its nodes, returning their outputs flat."""
-    bounds = np.cumsum([0] + sizes).tolist()
-
-    def run(ins: list) -> list:
-        groups = [ins[a:b] for a, b in itertools.pairwise(bounds)]
-        return [v for outs in kernel(groups) for v in outs]
-    return run
-
-
-def _segment_fn(actions: list[_Action], reads: list[int], writes: list[int]) -> Callable:
-    """Lowered actions as one function of their outside inputs (the unit torch.compile traces)."""
-    def run(*values: Any) -> tuple:
-        env: dict[int, Any] = dict(zip(reads, values))
-        env[_NONE] = None
-        for fn, ins, outs, casts in actions:
-            res = fn([env[i] for i in ins])
-            for o, v, want in zip(outs, res, casts):
-                env[o] = v if want is None or v.dtype == want else v.to(want)
-        return tuple(env[w] for w in writes)
-    return run
-
-
-def _check_targets(target: np.ndarray, classes: int, ignore: int | None, label: str) -> None:
-    """ops.loss's check of class-index targets, on the host copy the caller fed."""
-    bad = ((target < 0) | (target >= classes)) & (target != ignore if ignore is not None else True)
-    if bad.any():
-        raise DataError(f"{label}: target class index {int(target[bad].flat[0])} is outside [0, {classes}); "
-                        "check the labels or the model's number of classes")
-
-
-class TorchBackend(Backend):
-    """A torch device (CUDA, MPS or CPU). State tensors live on it, shared by all executables."""
-
-    name = "torch"
-
-    def __init__(self, device: str = "torch", torch_compile: bool | str | None = None,
-                 cuda_graph: bool | None = None):
-        """`device`: torch, torch:cuda[:N], torch:mps or torch:cpu (torch: CUDA, else MPS, else CPU).
-        `torch_compile`: trace the step with torch.compile (True: inductor; a string: that
-        torch.compile backend, e.g. "aot_eager"); None: ANYGRAD_TORCH_COMPILE (1 or a backend name).
-        `cuda_graph`: on CUDA, capture each step's device work as a CUDA graph on its third run and
-        replay it after; None: yes, unless ANYGRAD_TORCH_CUDA_GRAPH=0."""
-        self.torch = _torch()
-        self.device = self.torch.device(resolve_device(device))
-        if torch_compile is None:
-            torch_compile = settings.get("ANYGRAD_TORCH_COMPILE")
-            torch_compile = torch_compile if torch_compile not in ("0", "1") else torch_compile == "1"
-        if cuda_graph is None:
-            cuda_graph = settings.get("ANYGRAD_TORCH_CUDA_GRAPH")
-        self.set_torch_compile(torch_compile)
-        self.cuda_graph = bool(cuda_graph)
-        self.state: dict[str, Any] = {}
-        self.name = f"torch:{self.device.type}"
-
-    def set_torch_compile(self, torch_compile: bool | str) -> None:
-        """Whether (and with which torch.compile backend, default inductor) the executables this
-        backend compiles from now on trace their steps with torch.compile."""
-        backend = torch_compile if isinstance(torch_compile, str) else "inductor"
-        if backend != "inductor":
-            from torch._dynamo import list_backends
-            known = list_backends(exclude_tags=())
-            if backend not in known:
-                raise ConfigError(f"torch.compile has no backend '{backend}'; use one of {', '.join(sorted(known))}")
-        self.torch_compile = bool(torch_compile)
-        self.compile_backend = backend
-
-    @property
-    def description(self) -> str:
-        what = self.device.type
-        if self.device.type == "cuda":
-            what = f"cuda: {self.torch.cuda.get_device_name(self.device)}"
-        compiled = ", torch.compile" if self.torch_compile else ""
-        compiled += f" ({self.compile_backend})" if self.torch_compile and self.compile_backend != "inductor" else ""
-        compiled += ", CUDA graphs" if self.cuda_graph and self.device.type == "cuda" else ""
-        return f"torch {self.torch.__version__} ({what}{compiled})"
-
-    def supports(self, op: str | Node) -> bool:
-        """Every registered op: a torch kernel, else the numpy reference kernel on the host."""
-        return get_op(op.op if isinstance(op, Node) else op) is not None
-
-    def lowered(self, op: str | Node) -> bool:
-        """Whether an op has a torch kernel (some node configurations may still fall back)."""
-        return (op.op if isinstance(op, Node) else op) in LOWERINGS
-
-    def compile(self, graph: Graph) -> TorchExecutable:
-        resolve_attributes(graph)  # the lowerings read explicit attributes (ir/passes.py)
-        for name in graph.state_names:
-            if name not in self.state and name in graph.initializers:
-                self.set_state(name, graph.initializers[name])
-        return TorchExecutable(self, graph, torch_compile=self.torch_compile, cuda_graph=self.cuda_graph)
-
-    def get_state(self, name: str) -> np.ndarray:
-        return np.array(to_numpy(self.state[name]))
-
-    def held(self, value: Any) -> Any:
-        """How the store holds a value: a tensor on the device, or a host array for dtypes torch lacks."""
-        if is_tensor(value) or np.asarray(value).dtype not in TORCH_DTYPES:
-            return value
-        return to_torch(value, self.device)
-
-    def upload(self, value: Any) -> Any:
-        """A host value (or a tensor) as a tensor on the device; dtypes torch lacks but int64 holds
-        (WIDENED) become int64. To a GPU through pinned memory, asynchronously: a copy from pageable
-        memory would wait for every kernel queued before it, once per step and per input."""
-        if is_tensor(value):
-            return value if value.device == self.device else value.to(self.device)
-        if self.device.type != "cuda":
-            return to_torch(value, self.device)
-        arr = np.asarray(value)
-        if arr.dtype in WIDENED:
-            arr = arr.astype(np.int64)
-        pinned = self.torch.empty(arr.shape, dtype=torch_dtype(arr.dtype), pin_memory=True)
-        pinned.numpy()[...] = arr  # the caching host allocator reuses it once the copy is done
-        return pinned.to(self.device, non_blocking=True)
-
-    def set_state(self, name: str, value: np.ndarray) -> None:
-        # an inference tensor, as every value a step makes (and then stores) is: torch.compile
-        # guards on that difference, and would trace each compiled part a second time on step 2
-        with self.torch.inference_mode():
-            self.state[name] = self.held(np.array(value))
-
-    def has_state(self, name: str) -> bool:
-        return name in self.state
-
-    def release(self) -> None:
-        super().release()
-        if self.device.type == "cuda":  # torch's caching allocator keeps freed blocks: give them back
-            self.torch.cuda.empty_cache()

@@ -207,8 +207,8 @@ def _swizzled(index: str, on: bool, k: str) -> str:
 F16_MATH_ENV = "ANYGRAD_F16_MATH"  # auto | 1 | 0: half_math
 
 
-def _at(arr: str, row: str, width: int, col: str) -> str:
-    """Element (row, col) of a workgroup tile of rows `width` vec4s long."""
+def _at(arr: str, row: str, col: str) -> str:
+    """Element (row, col) of a workgroup tile (rows of vec4s)."""
     return f"{arr}[{row}][{col}]"
 
 
@@ -223,31 +223,31 @@ def _stages(spec: GemmSpec, t: Tiling, va: bool, vb: bool) -> tuple[_Stage, _Sta
     bm, bn, kt = t.bm, t.bn, t.kt
     bm4, bn4, kt4 = bm // 4, bn // 4, kt // 4
 
-    def scatter(arr: str, width4: int, k: str, x: str) -> tuple[str, ...]:
+    def scatter(arr: str, k: str, x: str) -> tuple[str, ...]:
         """Write vec4 v (four consecutive k at column x) into the k-major tile."""
-        return tuple(f"{_at(arr, f'{k} + {c}u', width4, f'{x} / 4u')}[{x} % 4u] = v[{c}];" for c in range(4))
+        return tuple(f"{_at(arr, f'{k} + {c}u', f'{x} / 4u')}[{x} % 4u] = v[{c}];" for c in range(4))
 
     if va and spec.a.contig == 1:       # vec4 along k
         a = _Stage(bm * kt4, (f"let kq = (l % {u(kt4)}) * 4u; let mm = l / {u(kt4)};",),
-                   f"a_v(bt, mb * {u(bm)} + mm, k0 + kq)", "vec4<f32>", scatter("As", bm4, "kq", "mm"))
+                   f"a_v(bt, mb * {u(bm)} + mm, k0 + kq)", "vec4<f32>", scatter("As", "kq", "mm"))
     elif va and spec.a.contig == 0:     # vec4 along m
         a = _Stage(bm4 * kt, (f"let mq = l % {u(bm4)}; let kk = l / {u(bm4)};",),
                    f"a_v(bt, mb * {u(bm)} + mq * 4u, k0 + kk)", "vec4<f32>",
-                   (f"{_at('As', 'kk', bm4, 'mq')} = v;",))
+                   (f"{_at('As', 'kk', 'mq')} = v;",))
     else:
         a_fast = spec.a.fast if spec.a.fast is not None else spec.a.contig
         a_map = (f"let kk = l % {u(kt)}; let mm = l / {u(kt)};" if a_fast == 1
                  else f"let mm = l % {u(bm)}; let kk = l / {u(bm)};")
         sw = t.swizzle and a_fast == 1 and bm % 32 == 0
         a = _Stage(bm * kt, (a_map,), f"a_el(bt, mb * {u(bm)} + mm, k0 + kk)", "f32",
-                   (f"{_at('As', 'kk', bm4, _swizzled('mm / 4u', sw, 'kk'))}[mm % 4u] = v;",), sw)
+                   (f"{_at('As', 'kk', _swizzled('mm / 4u', sw, 'kk'))}[mm % 4u] = v;",), sw)
     if vb and spec.b.contig == 1:       # vec4 along n
         b = _Stage(bn4 * kt, (f"let nq = l % {u(bn4)}; let kk = l / {u(bn4)};",),
                    f"b_v(bt, k0 + kk, nb * {u(bn)} + nq * 4u)", "vec4<f32>",
-                   (f"{_at('Bs', 'kk', bn4, 'nq')} = v;",))
+                   (f"{_at('Bs', 'kk', 'nq')} = v;",))
     elif vb and spec.b.contig == 0:     # vec4 along k
         b = _Stage(bn * kt4, (f"let kq = (l % {u(kt4)}) * 4u; let nn = l / {u(kt4)};",),
-                   f"b_v(bt, k0 + kq, nb * {u(bn)} + nn)", "vec4<f32>", scatter("Bs", bn4, "kq", "nn"))
+                   f"b_v(bt, k0 + kq, nb * {u(bn)} + nn)", "vec4<f32>", scatter("Bs", "kq", "nn"))
     else:
         b_fast = spec.b.fast if spec.b.fast is not None else spec.b.contig
         b_map = (f"let kk = l % {u(kt)}; let nn = l / {u(kt)};" if b_fast == 0
@@ -260,7 +260,7 @@ def _stages(spec: GemmSpec, t: Tiling, va: bool, vb: bool) -> tuple[_Stage, _Sta
             load = f"b_elh(bt, k0 + kk, nb * {u(bn)} + nn, {', '.join(spec.b.hoisted)})"
             hoist = (f"let c = nb * {u(bn)} + tid % {u(bn)};", spec.b.hoist)
         b = _Stage(bn * kt, (b_map,), load, "f32",
-                   (f"{_at('Bs', 'kk', bn4, _swizzled('nn / 4u', sw, 'kk'))}[nn % 4u] = v;",), sw, hoist)
+                   (f"{_at('Bs', 'kk', _swizzled('nn / 4u', sw, 'kk'))}[nn % 4u] = v;",), sw, hoist)
     return a, b
 
 
@@ -295,9 +295,9 @@ def _shared_body(spec: GemmSpec, t: Tiling, va: bool, vb: bool, unroll: bool) ->
     if unroll:   # constant tile offsets, loads scheduled ahead of the FMAs
         compute = []
         for kk in range(kt):
-            compute += (["{"] + [f"  let av{ib} = {_at('As', u(kk), bm4, _swizzled(f'{u(ib * t.wy)} + lid.y', sa, u(kk)))};"
+            compute += (["{"] + [f"  let av{ib} = {_at('As', u(kk), _swizzled(f'{u(ib * t.wy)} + lid.y', sa, u(kk)))};"
                                  for ib in range(t.tm // 4)]
-                        + [f"  let bv{j} = {_at('Bs', u(kk), bn4, _swizzled(f'{u(j * t.wx)} + lid.x', sb, u(kk)))};"
+                        + [f"  let bv{j} = {_at('Bs', u(kk), _swizzled(f'{u(j * t.wx)} + lid.x', sb, u(kk)))};"
                            for j in range(t.tn // 4)]
                         + fmas + ["}"])
         compute += flush
@@ -305,9 +305,9 @@ def _shared_body(spec: GemmSpec, t: Tiling, va: bool, vb: bool, unroll: bool) ->
         step = t.unroll if kt % t.unroll == 0 else 1
 
         def k_step(kk: str) -> list[str]:
-            return ([f"  let av{ib} = {_at('As', kk, bm4, _swizzled(f'{u(ib * t.wy)} + lid.y', sa, kk))};"
+            return ([f"  let av{ib} = {_at('As', kk, _swizzled(f'{u(ib * t.wy)} + lid.y', sa, kk))};"
                      for ib in range(t.tm // 4)]
-                    + [f"  let bv{j} = {_at('Bs', kk, bn4, _swizzled(f'{u(j * t.wx)} + lid.x', sb, kk))};"
+                    + [f"  let bv{j} = {_at('Bs', kk, _swizzled(f'{u(j * t.wx)} + lid.x', sb, kk))};"
                        for j in range(t.tn // 4)] + fmas)
         if step == 1:
             compute = [f"for (var kk = 0u; kk < {u(kt)}; kk = kk + 1u) {{"] + k_step("kk") + ["}"]

@@ -38,13 +38,12 @@ class RowSpec:
 
 def _row_kernel(name: str, spec: RowSpec, sums: list[tuple[str, str]], post: str, store: str,
                 reads: list[tuple[str, str]], writes: list[tuple[str, str]], scratch=(),
-                sg: bool = False, per_row: str = "") -> Kernel:
+                per_row: str = "") -> Kernel:
     """sums: (name, WGSL term in `e`, `p`, `k` and K, the row's first element) -> `let name` =
     the term summed over the row, all in one read of the row (one workgroup combine for all);
     post: statements after the sums; store: statements per element (e, p, k) after post;
     per_row: statements after post run once a row (its per-row outputs: kept out of the element
-    loop, which stays straight-line); reads/writes: (var, value) bindings (all f32); sg:
-    subgroup ops (wgreduce.py)."""
+    loop, which stays straight-line); reads/writes: (var, value) bindings (all f32)."""
     d, rows = spec.d, spec.rows
     elem = f"let e = row * {d}u + k; let p = {spec.param};"
     acc = " ".join(f"a_{n} += {term};" for n, term in sums)
@@ -60,13 +59,13 @@ def _row_kernel(name: str, spec: RowSpec, sums: list[tuple[str, str]], post: str
         once = per_row
     else:  # several rows a workgroup (rowsplit.py); no subgroup op in a segmented combine
         lanes = rowsplit.row_lanes(rows, d)
-        wg, sg = rowsplit.GROUP_WG, False
+        wg = rowsplit.GROUP_WG
         kind, shared, dims = f"rows{wg // lanes}x{lanes}", shared_decl(parts, wg), rowsplit.group_grid(rows, lanes)
         head = rowsplit.group_head(rows, lanes)
 
         def walk(body: str) -> str:
             return rowsplit.live(rowsplit.lane_loop(d, lanes, f"{elem} {body}"), rows, lanes)
-        combine = reduce_code(parts, wg, sg, seg=lanes)
+        combine = reduce_code(parts, wg, subgroups=False, seg=lanes)
         once = rowsplit.live(f"  if (ln == 0u) {{ {per_row} }}", rows, lanes)
     # K: the row's first element (a spare row of the last workgroup reads row 0's instead)
     lines = head + [f"  let K = X[min(row, {rows - 1}u) * {d}u];"] + [f"  var a_{n} = 0.0;" for n, _ in sums]
@@ -188,7 +187,7 @@ def lower_layer_norm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel
         writes.append(("IS", outs[1]))
         per_row += " IS[row] = inv;"
     return [_row_kernel("LayerNorm", spec, _STAT_SUMS, _stat_post(spec.d, eps), store, reads, writes,
-                        sg=use_subgroups(caps), per_row=per_row)]
+                        per_row=per_row)]
 
 
 @lowering("RMSNormalization")
@@ -197,7 +196,7 @@ def lower_rms_norm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     spec = _ln_spec(node, graph, x, scale)
     eps = literal(float(node.attr("epsilon", 1e-5)), "f32")
     return [_row_kernel("RMSNorm", spec, _RMS_SUMS, _rms_post(spec.d, eps), "Y[e] = X[e] * inv * SC[p];",
-                        [("X", x), ("SC", scale)], [("Y", node.outputs[0])], sg=use_subgroups(caps))]
+                        [("X", x), ("SC", scale)], [("Y", node.outputs[0])])]
 
 
 @lowering("RMSNormGrad")
@@ -251,7 +250,7 @@ def _norm_grad(name: str, spec: RowSpec, eps: str, dy: str, x: str, scale: str, 
         store += " + RS[e];" if residual else ";"
         reads += [("RS", residual)] if residual else []
         writes.append(("DX", dx))
-    kernels = [_row_kernel(name, spec, row_sums, post, store, reads, writes, scratch=sc, sg=sg, per_row=keep)]
+    kernels = [_row_kernel(name, spec, row_sums, post, store, reads, writes, scratch=sc, per_row=keep)]
     if columns and any(out for out, *_ in sums):
         outs = [(out, what) for out, what, *_ in sums if out]
         return kernels + _param_columns(name, spec, dy, x, st, outs, sc)
@@ -290,7 +289,7 @@ def lower_group_norm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel
     bspec = _gn_spec(n, c, s, groups, shape_of(graph, bias)[0])
     store = f"let pb = {bspec.param}; Y[e] = (X[e] - mean) * inv * SC[p] + B[pb];"
     return [_row_kernel(node.op, spec, _STAT_SUMS, _stat_post(spec.d, eps), store, [("X", x), ("SC", scale), ("B", bias)],
-                        [("Y", node.outputs[0])], sg=use_subgroups(caps))]
+                        [("Y", node.outputs[0])])]
 
 
 @lowering("GroupNormGrad")
