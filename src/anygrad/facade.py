@@ -2,7 +2,7 @@
 
 `Model.fit` trains (anygrad.train) and `Model.load_state_dict` and its kin read and write PyTorch
 weights (anygrad.frontends). Those packages import the Model, so the Model must not import them
-(not even lazily: that ties model.py into one import circle with everything above it). Instead each
+(not even lazily: that ties model/ into one import circle with everything above it). Instead each
 package registers its functions here when it is imported (`import anygrad` imports both), and the
 Model's methods call them through `operation(name)`. The table below is the whole contract: an
 operation the Model may call, the package that provides it, and the call it makes.
