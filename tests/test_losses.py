@@ -104,6 +104,18 @@ def test_elementwise_losses(shape, name, data):
     assert_loss(name, out, target, fn, torch.tensor(target, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("x", [80.0, -80.0, 30.0, -30.0])
+def test_bce_with_logits_keeps_its_digits_in_both_tails(x):
+    """Targets near the logit's own side: the loss is small beside x, and x - x*t (or -x*t) must not
+    cancel (float32 lost four digits at x = 80, t = 0.9986 with max(x, 0) - x*t)."""
+    t = np.array([0.9986448, 0.999, 0.5, 0.0013552, 0.001], np.float32)
+    t = t if x > 0 else 1 - t
+    out = np.full(t.shape, x, np.float32)
+    for k in range(len(t)):
+        assert_loss("bce_with_logits", out[k:k + 1], t[k:k + 1], F.binary_cross_entropy_with_logits,
+                    torch.tensor(t[k:k + 1], dtype=torch.float64))
+
+
 def test_l1_gradient_is_zero_at_ties():
     out = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
     target = np.array([[1.0, 0.0], [3.0, 5.0]], np.float32)

@@ -268,8 +268,10 @@ defop("CountCorrect", infer=_count_correct_infer, forward=_count_correct, intern
 # -- elementwise losses -----------------------------------------------------------------------
 def _bce_with_logits(node: Node, ins):
     x, y = ins
-    # max(x, 0) - x*y + log(1 + exp(-|x|)): no overflow for any x.
-    return (np.maximum(x, 0) - x * y + np.log1p(np.exp(-np.abs(x)))).astype(x.dtype)
+    # max(x, 0) - x*y + log(1 + exp(-|x|)) (no overflow for any x), with max(x, 0) - x*y written
+    # per sign, (1 - y) * x or -y * x: the subtraction of two near-equal products (x = 80, y near
+    # 1) lost four digits in float32, and torch's (1 - y) * x - min(x, 0) still loses them at x < 0.
+    return (np.where(x < 0, -y * x, (1 - y) * x) + np.log1p(np.exp(-np.abs(x)))).astype(x.dtype)
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:

@@ -194,15 +194,15 @@ def _class_loss_grad(site: Site):
 # -- elementwise losses: BCE with logits ------------------------------------------------------------
 @lowering("BinaryCrossEntropyWithLogits")
 def _bce_with_logits(site: Site):
-    """max(x, 0) - x*y + log1p(exp(-|x|)): no overflow for any x (the reference kernel's form);
-    x and y broadcast."""
+    """max(x, 0) - x*y + log1p(exp(-|x|)), the first part per sign as the reference kernel writes
+    it (no overflow for any x, no cancellation in either tail); x and y broadcast."""
     if not all(is_float(site.dtype(k)) for k in (0, 1)):
         return None
     import torch
 
     def bce(ins):
         x, y = ins
-        return [torch.clamp(x, min=0) - x * y + torch.log1p(torch.exp(-torch.abs(x)))]
+        return [torch.where(x < 0, -y * x, (1 - y) * x) + torch.log1p(torch.exp(-torch.abs(x)))]
     return bce
 
 

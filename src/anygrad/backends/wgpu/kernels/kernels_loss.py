@@ -330,7 +330,8 @@ def lower_argmax(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
 @ew("BinaryCrossEntropyWithLogits")
 def _bce(c, n, a, ot):
     x, y = a[0].expr, a[1].expr
-    return [c.let(f"max({x}, 0.0) - {x} * {y} + log(1.0 + exp(-abs({x})))", "f32")]
+    # max(x, 0) - x*y per sign, without cancellation (ops/loss.py's reference says why)
+    return [c.let(f"select((1.0 - {y}) * {x}, -{y} * {x}, {x} < 0.0) + log(1.0 + exp(-abs({x})))", "f32")]
 
 
 @ew("BinaryCrossEntropyWithLogitsGrad")
