@@ -14,7 +14,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "anygrad"
 
 LAYERS = [
-    {"errors", "settings", "rng", "coerce", "_parallel", "fsutil", "torchfile", "timeline"},  # leaf utilities
+    {"errors", "settings", "rng", "coerce", "_parallel", "fsutil", "torchfile", "timeline", "version"},  # leaf utilities
     {"ir"},
     {"ops", "autodiff", "losses", "optim", "program", "batch"},
     {"backends", "devices", "strategy"},  # (strategy: how a Model's steps reach its devices)
@@ -45,7 +45,9 @@ def _imports(path: Path) -> list[tuple[str, int]]:
                 parts = (node.module or "").split(".") if node.module else []
             else:
                 parts = node.module.split(".")[1:]
-            units = [parts[0]] if parts and parts[0] else [a.name for a in node.names]
+            # `from .. import name`: a unit, or else a name of the package's __init__ (the top layer)
+            units = [parts[0]] if parts and parts[0] else [a.name if a.name in LEVEL else "__init__"
+                                                            for a in node.names]
             found += [(u, node.lineno) for u in units]
     return found
 

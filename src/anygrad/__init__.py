@@ -8,5 +8,5 @@ from . import nn  # the Python model API (anygrad.nn.Module); after the frontend
 from . import distributed  # noqa: F401  (registers DataParallel: the strategy for several devices)
 from . import train  # noqa: F401  (registers Model.fit's loop: anygrad.facade)
 
-__version__ = "0.1.0"
+from .version import __version__
 __all__ = ["AnygradError", "Model", "__version__", "from_torch", "load_onnx", "nn", "save_onnx"]

@@ -70,7 +70,7 @@ def _info_optimizer(args: argparse.Namespace, model: Any) -> tuple[Any, list[Any
 
 def _group_lines(args: argparse.Namespace) -> list[str]:
     """The parameter groups --no-decay and --param-group make: tensors, parameters, settings."""
-    from .. import load_onnx
+    from ..frontends import load_onnx
     model = load_onnx(args.model, freeze=args.freeze or ())
     optimizer, groups = _info_optimizer(args, model)
     own = optimizer.settings()
@@ -89,8 +89,8 @@ def _settings_text(settings: dict[str, Any]) -> str:
 
 def _memory_lines(args: argparse.Namespace) -> list[str]:
     """The training step's device memory at --batch-size, planned as `train` would compile it."""
-    from .. import load_onnx
     from ..devices import get_backend
+    from ..frontends import load_onnx
     from ..losses import get_loss
     from ..program import build_train_step
     from ..train.run import auto_loss, check_memory_budget

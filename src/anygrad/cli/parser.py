@@ -71,7 +71,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .. import __version__
+    from ..version import __version__
     parser = _Parser(prog="anygrad", description="Train PyTorch-written models (exported to "
                                      "ONNX) on any GPU through WebGPU, or on the CPU.")
     parser.add_argument("--version", action="version", version=f"anygrad {__version__}")

@@ -131,7 +131,7 @@ def to_onnx(model) -> onnx.ModelProto:
 
 def save_onnx(model, path: str | os.PathLike) -> Path:
     """Write `model` as an inference ONNX file (atomically: a temporary name, then renamed)."""
-    from .. import __version__
+    from ..version import __version__
     path = Path(path)
     proto = to_onnx(model)
     proto.producer_version = __version__

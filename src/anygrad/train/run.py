@@ -208,7 +208,7 @@ def _prepare(config: TrainConfig, log: Log, default_batch: bool = False,
              group: Any = None) -> tuple[Any, Any, Any, tuple, dict[str, Any], TrainConfig]:
     """The compiled model, the data and its transforms, what was resolved (for config.json), and the
     config with the data folder and loss as resolved."""
-    from .. import load_onnx
+    from ..frontends import load_onnx
     from ..optim import get_optimizer
     model_path = Path(config.model)
     optimizer = get_optimizer(config.optimizer or "adam", lr=config.lr, param_groups=config.optimizer_groups())

@@ -514,7 +514,7 @@ class WgpuBackend(Backend):
     def plan_context(self, fuse: bool) -> tuple:
         """What a compiled plan depends on besides the graph: the adapter, its driver, the device's
         limits and features as the lowering sees them, anygrad's version, fusion, the state present."""
-        from .... import __version__
+        from ....version import __version__
         a = self.adapter
         return (__version__, a.name, a.vendor, a.driver, a.backend, a.type, repr(self.caps), fuse,
                 tuple(sorted(self.state)), autotune.settings(self.caps), recompute_elementwise())
