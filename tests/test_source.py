@@ -164,3 +164,14 @@ def test_wgpu_stages_import_only_earlier_stages():
             elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("anygrad.backends.wgpu"):
                 later.append(f"{'/'.join(rel)}:{node.lineno} imports its own backend absolutely")
     assert not later, "\n".join(later)
+
+
+# A module past this has grown more than one job: make it a package whose __init__ says what each
+# module owns (docs/development.md lists the ones that were split).
+MAX_MODULE_LINES = 800
+
+
+def test_no_module_is_above_the_size_of_one_job():
+    big = [f"{p.relative_to(PACKAGE)}: {n} lines" for p in sorted(PACKAGE.rglob("*.py"))
+           if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES]
+    assert not big, "\n".join(big)
