@@ -177,3 +177,124 @@ def test_a_gz_whose_content_is_cut_short_is_named_too(tmp_path):
     with pytest.raises(DataError, match="truncated or corrupt: replace it") as e:
         load_mnist(data_dir=data)
     assert str(labels) in str(e.value) and "delete" not in str(e.value)
+
+
+# -- --limits: checked and noted as --memory-budget is ------------------------------------------------------------
+def test_limits_are_checked_on_every_device_and_noted_once_off_wgpu(tmp_path, model, data, capsys):
+    err = _error(capsys, _train(model, data, tmp_path / "bad", "--epochs", "1", "--limits", "potato"))
+    assert "unknown limits profile 'potato'" in err
+    assert not (tmp_path / "bad").exists()  # refused before config.json records it
+    assert cli.main(_train(model, data, tmp_path / "run", "--epochs", "1", "--limits", "uhd630")) == 0
+    out = capsys.readouterr().out
+    assert out.count("note: --limits applies to wgpu devices only") == 1, out
+    assert cli.main(_train(model, data, tmp_path / "own", "--epochs", "1", "--limits", "adapter")) == 0
+    assert "--limits" not in capsys.readouterr().out  # no profile: nothing to note
+
+
+def test_limits_and_memory_budget_are_checked_in_python_on_every_device(model):
+    from anygrad import load_onnx
+    from anygrad.backends.base import Backend
+    from anygrad.devices import get_backend
+    from anygrad.errors import ConfigError
+    m = load_onnx(str(model))
+    for kwargs, said in (({"limits": "potato"}, "unknown limits profile 'potato'"),
+                         ({"memory_budget": "lots"}, "memory_budget 'lots' is not a size"),
+                         ({"limits": 5}, "limits names a limits profile")):
+        with pytest.raises(ConfigError, match=said):
+            m.compile(loss="cross_entropy", device="cpu", **kwargs)
+        with pytest.raises(ConfigError, match=said):  # a backend given, not a name: checked all the same
+            m.compile(loss="cross_entropy", device=get_backend("cpu"), **kwargs)
+        with pytest.raises(ConfigError, match=said):
+            get_backend("cpu", **kwargs)
+    assert isinstance(get_backend("cpu", limits="uhd630", memory_budget="1GB"), Backend)  # valid: no error
+
+
+# -- --weights-partial, --weights-key: load_state_dict's strict=False and key= --------------------------------
+def test_weights_partial_and_key_from_the_command_line(tmp_path, model, data, capsys):
+    import onnx
+    import torch
+    from onnx import numpy_helper
+    from safetensors.numpy import save_file
+    w = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(model)).graph.initializer if t.name != "shape"}
+    save_file({k: v for k, v in w.items() if k.startswith("fc1.")}, str(tmp_path / "half.safetensors"))
+    half = ["--weights", str(tmp_path / "half.safetensors")]
+    err = _error(capsys, _train(model, data, tmp_path / "strict", "--epochs", "1", *half))
+    assert "missing (2)" in err and "strict=False (--weights-partial)" in err
+    assert cli.main(_train(model, data, tmp_path / "partial", "--epochs", "1", *half, "--weights-partial")) == 0
+    out = capsys.readouterr().out
+    assert "--weights-partial loaded 2 entries of half.safetensors; 2 missing" in out, out
+    record = json.loads((tmp_path / "partial" / "config.json").read_text())
+    assert record["weights_partial"] is True and record["weights_key"] is None
+    # a checkpoint dict with two state_dicts: --weights-key picks one
+    torch.save({"model": {k: torch.tensor(v) for k, v in w.items()},
+                "ema": {k: torch.zeros(v.shape) for k, v in w.items()}}, tmp_path / "ckpt.pt")
+    assert cli.main(_train(model, data, tmp_path / "ema", "--epochs", "1", "--weights", str(tmp_path / "ckpt.pt"),
+                           "--weights-key", "ema")) == 0
+    assert json.loads((tmp_path / "ema" / "config.json").read_text())["weights_key"] == "ema"
+    err = _error(capsys, _train(model, data, tmp_path / "nokey", "--epochs", "1", "--weights",
+                                str(tmp_path / "ckpt.pt"), "--weights-key", "nope"))
+    assert "entry 'nope'" in err
+    err = _error(capsys, _train(model, data, tmp_path / "flat", "--epochs", "1", *half, "--weights-key", "model"))
+    assert "(--weights-key)" in err and "leave the key out" in err
+    err = _error(capsys, _train(model, data, tmp_path / "alone", "--epochs", "1", "--weights-partial"))
+    assert "give --weights too" in err
+
+
+def test_info_says_describes_for_one_option(capsys):
+    err = _error(capsys, ["info", str(FOUNDING_MODEL), "--optimizer", "sgd"])
+    assert "--optimizer describes the training step" in err, err
+    err = _error(capsys, ["info", str(FOUNDING_MODEL), "--optimizer", "sgd", "--loss", "nll"])
+    assert "--loss, --optimizer describe the training step" in err, err
+
+
+# -- QA pass 2: codegen's targets, a run that diverged before its first checkpoint, option suggestions ------------
+def test_codegen_refuses_existing_files_unless_overwrite(tmp_path, model, capsys):
+    out, weights = tmp_path / "mine.py", tmp_path / "mine.safetensors"
+    assert cli.main(["codegen", str(model), "-o", str(out)]) == 0
+    capsys.readouterr()
+    out.write_text("# my own code\n")
+    weights.write_bytes(b"my own weights")
+    err = _error(capsys, ["codegen", str(model), "-o", str(out)])
+    assert f"{out} exists" in err and "--overwrite" in err
+    out.unlink()  # the module is free, its weights file beside it is not: refused too, nothing written
+    err = _error(capsys, ["codegen", str(model), "-o", str(out)])
+    assert f"{weights} exists" in err and "--weights-out" in err and not out.exists()
+    assert weights.read_bytes() == b"my own weights"
+    other = tmp_path / "w.safetensors"
+    other.write_bytes(b"mine too")
+    err = _error(capsys, ["codegen", str(model), "-o", str(tmp_path / "new.py"), "--weights-out", str(other)])
+    assert f"{other} exists" in err and "choose another --weights-out" in err and not (tmp_path / "new.py").exists()
+    assert cli.main(["codegen", str(model), "-o", str(tmp_path / "new.py"), "--weights-out", str(other),
+                     "--no-weights"]) == 0  # writes no weights: nothing to refuse
+    assert other.read_bytes() == b"mine too"
+    assert cli.main(["codegen", str(model), "-o", str(out), "--overwrite"]) == 0
+    assert "class Model" in out.read_text() and weights.read_bytes() != b"my own weights"
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_run_that_diverged_before_its_first_checkpoint_says_how_to_start_again(tmp_path, model, data, capsys):
+    run = tmp_path / "rn0"
+    args = _train(model, data, run, "--epochs", "1")
+    args[args.index("--lr") + 1] = "1e12"
+    assert cli.main(args) == cli.EXIT_DIVERGED
+    err = capsys.readouterr().err
+    assert "no checkpoint was written" in err and "--overwrite" in err and "newest checkpoint" not in err, err
+    again = _error(capsys, _train(model, data, run, "--epochs", "1"))
+    assert "--overwrite" in again and "--resume" not in again and "cannot be resumed" in again
+    resumed = _error(capsys, ["train", "--resume", str(run), "--quiet"])
+    assert "no checkpoint" in resumed and "--overwrite" in resumed
+    assert cli.main(_train(model, data, run, "--epochs", "1", "--overwrite")) == 0
+
+
+def _usage_error(capsys, args: list[str]) -> str:
+    with pytest.raises(SystemExit) as e:
+        cli.main(args)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("anygrad: error:") and err.count("\n") == 1, err
+    return err
+
+
+def test_a_mistyped_option_is_suggested_only_when_close(capsys):
+    assert "did you mean" not in _usage_error(capsys, ["train", "--bogus"])  # was: --loss
+    assert "(did you mean --batch-size?)" in _usage_error(capsys, ["train", "--batch-sise", "8"])
+    assert "(did you mean --overwrite?)" in _usage_error(capsys, ["codegen", "m.onnx", "--overwirte"])

@@ -294,3 +294,47 @@ def test_info_lists_the_groups(tiny, capsys):
     assert f"  param_groups[0] (--param-group fc2.weight:lr=0.5): 1 tensors, {10 * 32:,} parameters; lr=0.5" in out
     assert "  param_groups[1] (--no-decay): 2 tensors, 42 parameters; weight_decay=0" in out
     assert f"  default: 1 tensors, {784 * 32:,} parameters" in out
+
+
+# -- a torch optimizer or scheduler handed to compile: told how to convert it, no tensor dump ----------------
+def test_a_torch_optimizer_or_scheduler_given_to_compile_names_from_torch():
+    from anygrad.errors import ConfigError
+    model, net = _pair()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    with pytest.raises(ConfigError) as e:
+        model.compile(loss="mse", optimizer=opt, device="cpu")
+    said = str(e.value)
+    assert said.startswith("optimizer= is a torch.optim.SGD; convert it with anygrad.optim.from_torch(optimizer, "
+                           "module)"), said
+    assert "tensor(" not in said and "Parameter" not in said
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1)
+    with pytest.raises(ConfigError, match=r"scheduler= is a torch\.optim\.lr_scheduler\.StepLR; convert "
+                                                  r"it with anygrad\.optim\.from_torch\(scheduler, module\)"):
+        model.compile(loss="mse", optimizer=SGD(lr=0.1), scheduler=sched, device="cpu")
+
+    class Mine(torch.optim.Adam):  # a subclass: still torch's, named by the torch class it extends
+        pass
+    with pytest.raises(ConfigError, match=r"optimizer= is a torch\.optim\.Adam;"):
+        model.compile(loss="mse", optimizer=Mine(net.parameters()), device="cpu")
+    model.compile(loss="mse", optimizer=anygrad.optim.from_torch(opt, net), device="cpu")  # converted: fine
+
+
+def test_duck_typed_without_importing_torch():
+    from anygrad.model.configure import torch_class
+    fake = type("SGD", (), {"__module__": "torch.optim.sgd"})
+    assert torch_class(fake()) == "torch.optim.SGD"
+    assert torch_class(SGD(lr=0.1)) is None and torch_class(None) is None
+    assert torch_class(type("X", (), {"__module__": "torch.optimizers"})()) is None
+
+
+def test_a_group_error_shows_a_large_value_by_type_and_length():
+    from anygrad.errors import ConfigError
+    model, net = _pair()
+    with pytest.raises(ConfigError) as e:
+        model.compile(loss="mse", optimizer=SGD(lr=0.1, param_groups=[{"params": list(net.parameters())}]),
+                      device="cpu")
+    said = str(e.value)
+    assert "'params' must be a glob" in said and f"got a list of {len(list(net.parameters()))} (Parameter)" in said, said
+    assert "tensor(" not in said and len(said) < 300
+    with pytest.raises(ConfigError, match=r"got \['\*\.bias', 3\]"):  # a short value: as it is
+        model.compile(loss="mse", optimizer=SGD(lr=0.1, param_groups=[{"params": ["*.bias", 3]}]), device="cpu")

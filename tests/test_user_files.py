@@ -160,3 +160,41 @@ def test_fit_never_writes_over_the_model_file_or_the_users_files(tmp_path):
         _model(model_path).fit(_fit_data(), epochs=1, batch_size=8, artifacts_dir=str(folder), log=None,
                                overwrite=True)
     assert _snapshot(folder) == before
+
+
+# -- QA pass 2: --resume of a folder that is not a run; --overwrite and the run's plots -------------------------
+def test_resume_of_a_folder_whose_config_is_not_a_runs_says_so(tmp_path, capsys):
+    folder = _users_folder(tmp_path / "bert")
+    before = _snapshot(folder)
+    err = _error(capsys, ["train", "--resume", str(folder)])
+    assert f"{folder} is not an anygrad run folder" in err and "model_type" not in err
+    assert _snapshot(folder) == before
+
+
+def test_overwrite_removes_the_plots_plot_wrote_and_no_file_of_the_users(tmp_path):
+    pytest.importorskip("matplotlib")
+    from anygrad.plot import PLOTS_RECORD, plot_run
+    from anygrad.train.runfolder import RunFolder
+    run = tmp_path / "lm"
+    run.mkdir()
+    rows = [{"epoch": e, "train_loss": 2.0 / e, "valid_loss": 2.2 / e, "train_perplexity": 7.0 / e,
+             "valid_perplexity": 9.0 / e} for e in (1, 2)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert sorted(p.name for p in plot_run(run)) == ["loss.png", "perplexity.png"]
+    (run / "accuracy.png").write_bytes(b"my own picture")  # not plot's: the run had no accuracy
+    (run / "notes.txt").write_text("mine\n")
+    with RunFolder(run, overwrite=True, log=lambda _: None):
+        pass
+    assert sorted(p.name for p in run.iterdir()) == ["accuracy.png", "notes.txt"]
+    # a plot the user replaced after plot drew it is theirs now; and a loss.png in a run never plotted stays
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    plot_run(run)
+    (run / "perplexity.png").write_bytes(b"edited")
+    with RunFolder(run, overwrite=True, log=lambda _: None):
+        pass
+    assert sorted(p.name for p in run.iterdir()) == ["accuracy.png", "notes.txt", "perplexity.png"]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "loss.png").write_bytes(b"my loss curve")
+    with RunFolder(run, overwrite=True, log=lambda _: None):
+        pass
+    assert (run / "loss.png").read_bytes() == b"my loss curve" and not (run / PLOTS_RECORD).exists()

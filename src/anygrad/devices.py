@@ -22,7 +22,24 @@ from .backends.numpy import NumpyBackend
 from .backends.wgpu.device.adapters import AdapterInfo, auto_adapter, best_adapter, list_adapters
 from .errors import ConfigError
 
-__all__ = ["AdapterInfo", "auto_backends", "get_backend", "list_adapters", "use_torch_compile"]
+__all__ = ["AdapterInfo", "auto_backends", "check_device_settings", "get_backend", "list_adapters",
+           "use_torch_compile"]
+
+
+def check_device_settings(limits: str | None = None, memory_budget: int | str | None = None,
+                          flags: bool = False) -> None:
+    """A ConfigError for a bad `limits` profile or `memory_budget` size, whatever the device: the
+    CPU and torch use neither, but a typo there is still a typo (and would be recorded in a run's
+    config.json). Every way to a backend passes here (get_backend, auto_backends, Model.compile,
+    `anygrad train`); `flags`: name them as the command line spells them (--memory-budget)."""
+    from .backends.wgpu.planning.limits import get_profile, parse_size
+    if limits is not None:
+        if not isinstance(limits, str):
+            raise ConfigError(f"{'--limits' if flags else 'limits'} names a limits profile (a string such as "
+                              f"'uhd630'), got {type(limits).__name__}")
+        get_profile(limits)
+    if memory_budget is not None:
+        parse_size(memory_budget, "--memory-budget" if flags else "memory_budget")
 
 
 def get_backend(device: str = "auto", limits: str | None = None, memory_budget: int | str | None = None,
@@ -31,7 +48,9 @@ def get_backend(device: str = "auto", limits: str | None = None, memory_budget: 
     m1-8gb; see anygrad.backends.wgpu.planning.limits) to train as on that hardware; None: the
     ANYGRAD_WGPU_LIMITS variable, else the adapter's own limits. `memory_budget` ('1.5GB' or
     bytes): what a compiled wgpu step may hold, instead of the profile's. The CPU has neither.
-    `precision` ('f32', 'f16'): what `auto` looks for matrix units for."""
+    `precision` ('f32', 'f16'): what `auto` looks for matrix units for. A bad `limits` or
+    `memory_budget` is a ConfigError on every device (check_device_settings)."""
+    check_device_settings(limits, memory_budget)
     device = (device or "auto").strip().lower()
     if device in ("cpu", "numpy"):
         return NumpyBackend()
@@ -60,6 +79,7 @@ def auto_backends(limits: str | None = None, memory_budget: int | str | None = N
     """The backends `auto` chooses between for training: a wgpu GPU and torch's CUDA/MPS device
     when there are both (the faster for a model is measured on its first step), else the one
     get_backend('auto') gives (matrix units for `precision` count: auto_adapter)."""
+    check_device_settings(limits, memory_budget)
     pick = _auto_pick(precision)
     torch_device = _torch_gpu() if pick is not None else None
     if torch_device is None:

@@ -6,15 +6,26 @@ than a point per epoch.
 
 matplotlib is an optional extra (`pip install 'anygrad-train[plot]'`), imported only here and only when
 plotting, with the non-interactive Agg backend (no display needed).
+
+Plots drawn into the run folder itself are recorded there (PLOTS_RECORD: each file's name and
+sha256), so that `anygrad train --overwrite` removes exactly the plots of the run it replaces
+(`plotted_files`), whatever their metric, and never a file of the same name that plot did not
+write (or that was changed since).
 """
 from __future__ import annotations
 
+import hashlib
+import io
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, DataError
+from .fsutil import atomic_write
+
+PLOTS_RECORD = ".anygrad-plots.json"  # in a run folder: the plots plot_run wrote there ({name: sha256})
 
 # (metric, file stem, y label, train key, valid key, as percent): the classifier's; other
 # metrics get one of their own from the names in metrics.jsonl (see curve_specs)
@@ -157,7 +168,53 @@ def plot_run(run: str | Path, out_dir: str | Path | None = None, title: str | No
         ax.legend()
         fig.tight_layout()
         path = out / f"{stem}.png"
-        fig.savefig(path)
+        png = io.BytesIO()
+        fig.savefig(png, format="png")
         plt.close(fig)
+        atomic_write(path, png.getvalue(), fsync=False)
         written.append(path)
+    if out.resolve() == (run if run.is_dir() else run.parent).resolve():
+        _record_plots(out, written)
     return written
+
+
+def _digest(path: Path) -> str | None:
+    """sha256 of a regular file's bytes (not through a link), or None."""
+    try:
+        if path.is_symlink() or not path.is_file():
+            return None
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _read_record(folder: Path) -> dict[str, str]:
+    try:
+        record = json.loads((folder / PLOTS_RECORD).read_bytes()[:1 << 20])
+    except (OSError, ValueError, RecursionError):
+        return {}
+    plots = record.get("plots") if isinstance(record, dict) else None
+    if not isinstance(plots, dict):
+        return {}
+    return {k: v for k, v in plots.items() if isinstance(k, str) and isinstance(v, str)
+            and k == Path(k).name and k.endswith(".png")}
+
+
+def _record_plots(folder: Path, paths: list[Path]) -> None:
+    """Add `paths` (just written into the run folder) to its PLOTS_RECORD; earlier entries whose
+    file is unchanged stay."""
+    plots = {name: digest for name, digest in _read_record(folder).items() if _digest(folder / name) == digest}
+    plots.update({p.name: d for p in paths if (d := _digest(p)) is not None})
+    try:
+        atomic_write(folder / PLOTS_RECORD, json.dumps({"plots": plots}, indent=1, sort_keys=True) + "\n",
+                     fsync=False)
+    except OSError:  # the plots are written; only --overwrite's cleanup would miss them
+        pass
+
+
+def plotted_files(folder: str | os.PathLike) -> list[Path]:
+    """The plots plot_run wrote into run folder `folder` that are still as it wrote them (a file
+    of such a name that it did not write, or that was changed since, is not among them)."""
+    folder = Path(folder)
+    return [folder / name for name, digest in sorted(_read_record(folder).items())
+            if _digest(folder / name) == digest]

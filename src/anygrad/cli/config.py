@@ -85,6 +85,18 @@ def _file_settings(path: Path) -> dict[str, Any]:
     return {k: getattr(config, k) for k in record if k in TrainConfig.__dataclass_fields__}
 
 
+def _run_config(run: Path) -> Path:
+    """`run`'s config.json, once it reads as the one an anygrad run wrote (not, say, a Hugging Face
+    model's config.json, whose settings would be named as unknown ones)."""
+    from ..train.runfolder import is_run_config
+    path = run / "config.json"
+    _read_config(path)  # unreadable or not one JSON object: said so first
+    if not is_run_config(path):
+        raise ConfigError(f"{run} is not an anygrad run folder (its config.json is not an anygrad run's); --resume "
+                          "takes the --artifacts folder of an earlier `anygrad train`")
+    return path
+
+
 def _train_settings(args: argparse.Namespace) -> dict[str, Any]:
     """Settings from --resume DIR's config.json or --config FILE, then the command line's flags,
     then the defaults (the founding ones when no model is named) for whatever is still unset."""
@@ -99,7 +111,7 @@ def _train_settings(args: argparse.Namespace) -> dict[str, Any]:
         if not (run / "config.json").is_file():
             raise ConfigError(f"{run}: not a training run folder (no config.json); --resume takes the "
                               "--artifacts folder of an earlier `anygrad train`")
-        settings = _file_settings(run / "config.json")
+        settings = _file_settings(_run_config(run))
         settings["artifacts_dir"] = str(run)
         given.pop("artifacts_dir", None)
     elif args.config:

@@ -23,7 +23,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     if args.no_decay or args.param_groups:  # --optimizer also names the optimizer whose groups are listed
         unused = [k for k in unused if k != "--optimizer"]
     if unused and args.batch_size is None:
-        raise ConfigError(f"{', '.join(unused)} describe the training step whose memory `info` plans at "
+        verb = "describes" if len(unused) == 1 else "describe"
+        raise ConfigError(f"{', '.join(unused)} {verb} the training step whose memory `info` plans at "
                           "--batch-size N; give --batch-size too")
     s = summarize(str(_not_a_folder(Path(args.model), "an ONNX model file")), freeze=args.freeze or ())
     out = [f"model: {s.path}" + (f"  (producer {s.producer}, opset {s.opset})" if s.producer else
@@ -89,14 +90,14 @@ def _settings_text(settings: dict[str, Any]) -> str:
 
 def _memory_lines(args: argparse.Namespace) -> list[str]:
     """The training step's device memory at --batch-size, planned as `train` would compile it."""
-    from ..devices import get_backend
+    from ..devices import check_device_settings, get_backend
     from ..frontends import load_onnx
     from ..losses import get_loss
     from ..program import build_train_step
-    from ..train.run import auto_loss, check_memory_budget
+    from ..train.run import auto_loss
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size must be at least 1, got {args.batch_size}")
-    check_memory_budget(args.memory_budget)
+    check_device_settings(args.limits, args.memory_budget, flags=True)
     backend = get_backend(args.device or "wgpu", limits=args.limits, memory_budget=args.memory_budget)
     if not hasattr(backend, "memory_report"):
         return [f"memory: the report needs a wgpu device; {backend.name} has no device memory to plan"]

@@ -110,6 +110,10 @@ def _add_train(p: argparse.ArgumentParser) -> None:
                    help="start from the file's weights (onnx, default) or PyTorch's default initialisation (fresh)")
     p.add_argument("--weights", metavar="FILE", help="fine-tune: start from the weights in a PyTorch state_dict "
                    "(.pt/.pth from torch.save, read without torch) or .safetensors; names must match (strict)")
+    p.add_argument("--weights-partial", action="store_true", default=None, help="--weights: load the entries "
+                   "that match and keep the model's own values for the rest, as load_state_dict(strict=False)")
+    p.add_argument("--weights-key", metavar="KEY", help="--weights: the entry of a checkpoint dict that holds "
+                   "the state_dict (default: searched for, e.g. 'model' or 'state_dict')")
     p.add_argument("--freeze", action="append", metavar="PATTERN", help="do not train the parameters matching "
                    "this glob over graph or PyTorch names (repeatable), e.g. 'conv1.*' or a buffer such as 'pe'")
     p.add_argument("--limits", metavar="PROFILE", help="train within a weaker adapter's limits on this one: "
@@ -194,3 +198,5 @@ def _add_codegen(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights-out", metavar="W.safetensors", help="where to write the weights, under the "
                    "generated module's state_dict names (default: beside FILE.py, same name)")
     p.add_argument("--no-weights", action="store_true", help="write the code only")
+    p.add_argument("--overwrite", action="store_true", help="replace the files already at -o and --weights-out "
+                   "(the module and its weights); without it, an existing file is refused")

@@ -32,8 +32,8 @@ COMMANDS: dict[str, Command] = {
     "predict": Command("classify one dataset sample or your own image with a trained model", _add_predict,
                        cmd_predict),
     "eval": Command("loss, accuracy and confusion matrix of a trained model on a dataset", _add_eval, cmd_eval),
-    "codegen": Command("write an ONNX model as PyTorch-style Python (anygrad.nn) plus its weights", _add_codegen,
-                       cmd_codegen),
+    "codegen": Command("write an ONNX model as PyTorch-style Python (anygrad.nn) plus its weights",
+                       _add_codegen, cmd_codegen),
 }
 
 
@@ -56,8 +56,10 @@ class _Parser(argparse.ArgumentParser):
         name, _, _ = word.partition("=")
         choices = [o for a in self._actions for o in a.option_strings] if name.startswith("-") else \
             [c for a in self._actions if isinstance(a, argparse._SubParsersAction) for c in a.choices]
-        match = difflib.get_close_matches(name, choices, 1, 0.6)
-        return f" (did you mean {match[0]}?)" if match else ""
+        # compared without the leading dashes, which every option shares ('--bogus' is not near '--loss')
+        stems = {c.lstrip("-"): c for c in choices}
+        match = difflib.get_close_matches(name.lstrip("-"), list(stems), 1, 0.6)
+        return f" (did you mean {stems[match[0]]}?)" if match else ""
 
     def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
         # argparse reports unknown flags from the top-level parser; the subcommand's help is the useful one

@@ -35,11 +35,28 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_codegen(args: argparse.Namespace) -> int:
     from ..codegen import write_code
     out = Path(args.output) if args.output else Path(f"{Path(args.model).stem}_model.py")
-    for target in filter(None, (out, Path(args.weights_out) if args.weights_out else None)):
-        _make_parent(target, "-o" if target is out else "--weights-out")
+    targets = {out: "-o"}  # each file codegen writes: the option that names it
+    if args.no_weights:
+        pass
+    elif args.weights_out:
+        targets[Path(args.weights_out)] = "--weights-out"
+    elif out.suffix == ".py":  # beside the module, in the folder -o makes
+        targets[out.with_suffix(".safetensors")] = "-o or --weights-out"
+    for target, option in targets.items():
+        _make_parent(target, option)
+    for target, option in targets.items():  # all refused before any is written
+        _refuse_existing(target, option, args.overwrite)
     written = write_code(str(_not_a_folder(Path(args.model), "an ONNX model file")), out, weights_out=args.weights_out, write_weights=not args.no_weights)
     print(f"wrote {written.code}" + (f" and {written.weights}" if written.weights else ""))
     return 0
+
+
+def _refuse_existing(path: Path, option: str, overwrite: bool) -> None:
+    """An existing file where codegen writes is replaced only with --overwrite (a folder never)."""
+    if path.is_dir():
+        raise ConfigError(f"{path} is a folder; codegen writes a file there: choose another {option}")
+    if os.path.lexists(path) and not overwrite:
+        raise ConfigError(f"{path} exists; choose another {option}, or replace it with --overwrite")
 
 
 def _make_parent(path: Path, option: str) -> None:

@@ -93,10 +93,22 @@ def cmd_train(args: argparse.Namespace) -> int:
                            typed_paths={k: v for k, v in typed.items() if _absolute(v) != v},
                            defaulted=tuple(k for k in ("batch_size",) if k not in given)))
     if result.diverged:
-        print(f"anygrad: error: {result.diverged} (--on-nan stop); the newest checkpoint holds the last finite "
-              f"state; start again with a smaller --lr (or --clip-grad-norm), or use --on-nan skip", file=sys.stderr)
+        print(f"anygrad: error: {result.diverged} (--on-nan stop); {_after_divergence(result.artifacts_dir)}",
+              file=sys.stderr)
         return EXIT_DIVERGED
     return EXIT_INTERRUPTED if result.interrupted else 0
+
+
+def _after_divergence(folder: Path | None) -> str:
+    """How to go on after a diverged run: what its folder holds (a checkpoint or none) decides."""
+    from ..train import checkpoint as ckpt
+    last = ckpt.latest(folder / "checkpoints") if folder is not None else None
+    again = "start again with a smaller --lr (or --clip-grad-norm)" + (
+        f" and --overwrite to reuse {folder} (or another --artifacts)" if folder is not None else "")
+    if last is None:
+        return f"no checkpoint was written before it; {again}, or use --on-nan skip"
+    return (f"the newest checkpoint {last} holds the last finite state; {again}, or go on from that checkpoint "
+            f"with --resume {folder} --on-nan skip")
 
 
 def _check_dataset(name: str) -> None:

@@ -155,6 +155,11 @@ def _read(source: Any, key: str | None) -> tuple[dict[str, np.ndarray], bool]:
         if not os.path.lexists(path):
             raise ModelError(f"{path}: no such weights file")
         torchfile.check_regular(path)  # a folder, a FIFO or a device is refused before any read
+        flat = path.suffix == ".npz" or torchfile.is_safetensors(path)
+        if key is not None and flat:
+            raise ModelError(f"{path}: key={key!r} (--weights-key) names the entry of a torch.save checkpoint "
+                             f"dict that holds the state_dict, but a {path.suffix or '.safetensors'} file is the "
+                             "state_dict itself; leave the key out")
         if path.suffix == ".npz":
             return torchfile.read_npz_arrays(path), True
         if torchfile.is_safetensors(path):
@@ -385,7 +390,7 @@ def load_state_dict(model: Model, source: Any, strict: bool = True, key: str | N
             lines.append(f"  ambiguous ({len(ambiguous)}; no PyTorch name recorded, and shape alone cannot tell): "
                          + "; ".join(ambiguous.values()))
         if strict and values:
-            lines.append("pass strict=False to load the entries that match")
+            lines.append("pass strict=False (--weights-partial) to load the entries that match")
         raise ModelError("\n".join(lines))
 
     backend = model.backend

@@ -34,8 +34,11 @@ def compile_model(model: Model, loss: str | Loss | Mapping[str, str | Loss], opt
                   torch_compile: bool | str, precision: str, scheduler: Any, scheduler_interval: str | None,
                   loss_output: str | None, loss_options: dict[str, Any]) -> Model:
     """Model.compile's work (its docstring says what each argument means)."""
-    from ..devices import auto_backends, get_backend, use_torch_compile
+    from ..devices import auto_backends, check_device_settings, get_backend, use_torch_compile
     from ..program import check_precision
+    refuse_torch(optimizer, "optimizer")
+    refuse_torch(scheduler, "scheduler")
+    check_device_settings(limits, memory_budget)  # on every device, a Backend given too
     model.precision = check_precision(precision)
     devices = None
     model.auto_candidates = []
@@ -85,6 +88,27 @@ def compile_model(model: Model, loss: str | Loss | Mapping[str, str | Loss], opt
     model.devices = list(devices or [backend])
     model.strategy = for_devices(model, model.devices)  # several: DataParallel (anygrad.distributed)
     return model
+
+
+def torch_class(obj: Any) -> str | None:
+    """'torch.optim.SGD' (or 'torch.optim.lr_scheduler.StepLR') when `obj` is a torch.optim
+    optimizer or LR scheduler, a subclass of one too; None otherwise. Duck-typed by the classes'
+    modules, so that torch is not imported (it may not be installed)."""
+    for cls in type(obj).__mro__:
+        module = getattr(cls, "__module__", "") or ""
+        if module == "torch.optim" or module.startswith("torch.optim."):
+            where = "torch.optim.lr_scheduler" if module.startswith("torch.optim.lr_scheduler") else "torch.optim"
+            return f"{where}.{cls.__name__}"
+    return None
+
+
+def refuse_torch(obj: Any, what: str) -> None:
+    """A ConfigError for a torch optimizer or LR scheduler given as compile's `what`, naming the
+    conversion (anygrad.optim.from_torch), instead of a failure deep in its parameter groups."""
+    name = torch_class(obj)
+    if name is not None:
+        raise ConfigError(f"{what}= is a {name}; convert it with anygrad.optim.from_torch({what}, module), "
+                          "module being the nn.Module it was built for (the one given to anygrad.from_torch)")
 
 
 def configure_step(model: Model, clip_norm: float | None = None, accumulate: int = 1) -> Model:

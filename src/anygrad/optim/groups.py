@@ -35,7 +35,7 @@ def match_names(aliases: Mapping[str, Iterable[str]], patterns: Iterable[str], w
     matched: set[str] = set()
     for pattern in patterns:
         if not isinstance(pattern, str) or not pattern:
-            raise ConfigError(f"{what}: patterns are non-empty strings such as 'conv1.*', got {pattern!r}")
+            raise ConfigError(f"{what}: patterns are non-empty strings such as 'conv1.*', got {short_repr(pattern)}")
         hits = {key for key, names in aliases.items() if any(fnmatch.fnmatchcase(n, pattern) for n in names)}
         if not hits:
             every = sorted({n for names in aliases.values() for n in names})
@@ -99,8 +99,21 @@ def as_group(entry: Any, index: int) -> ParamGroup:
         isinstance(p, (list, tuple)) and all(isinstance(s, str) and s for s in p))
     if not ok:
         raise ConfigError(f"{where}: 'params' must be a glob, a list of globs or a predicate (name, shape) -> bool, "
-                          f"got {p!r}")
+                          f"got {short_repr(p)}")
     return group
+
+
+def short_repr(value: Any, limit: int = 80) -> str:
+    """`value` for an error message: its repr when short, else its type and length (a list of
+    torch Parameters or arrays would otherwise dump every number)."""
+    text = repr(value)
+    if len(text) <= limit and "\n" not in text:
+        return text
+    if isinstance(value, (list, tuple, set)):
+        kinds = sorted({type(v).__name__ for v in value})
+        return f"a {type(value).__name__} of {len(value)} ({', '.join(kinds)})" if kinds else f"an empty {type(value).__name__}"
+    size = f" of length {len(value)}" if hasattr(value, "__len__") else ""
+    return f"a {type(value).__name__}{size}"
 
 
 @dataclass
@@ -212,16 +225,16 @@ def parse_group_spec(spec: Any, option: str = "--param-group") -> dict[str, Any]
         if isinstance(params, str):
             params = [params]
         if not (isinstance(params, list) and params and all(isinstance(p, str) and p for p in params)):
-            raise ConfigError(f"{option}: a group's 'params' is a glob or a list of globs, got {params!r}")
+            raise ConfigError(f"{option}: a group's 'params' is a glob or a list of globs, got {short_repr(params)}")
         if not isinstance(spec.get("name", ""), str):
-            raise ConfigError(f"{option}: a group's 'name' is a string, got {spec['name']!r}")
+            raise ConfigError(f"{option}: a group's 'name' is a string, got {short_repr(spec['name'])}")
         options = {k: v for k, v in spec.items() if k != "params"}
         for k, v in options.items():
             if k != "name":
                 _check_value(option, k, v)
         return {"params": params, **options}
     if not isinstance(spec, str):
-        raise ConfigError(f"{option}: expected 'PATTERN:KEY=VALUE,...' or a dict, got {spec!r}")
+        raise ConfigError(f"{option}: expected 'PATTERN:KEY=VALUE,...' or a dict, got {short_repr(spec)}")
     pattern, sep, rest = spec.rpartition(":")
     if not sep or not pattern.strip() or not rest.strip():
         raise ConfigError(f"{option}: expected 'PATTERN:KEY=VALUE,...' such as '*.bias:weight_decay=0' "
@@ -258,7 +271,7 @@ def _check_value(option: str, key: str, value: Any) -> None:
         if isinstance(v, bool):
             continue
         if not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise ConfigError(f"{option}: {key} must be a finite number, got {v!r}")
+            raise ConfigError(f"{option}: {key} must be a finite number, got {short_repr(v)}")
 
 
 def config_groups(param_groups: Sequence[Mapping[str, Any]], no_decay_patterns: Sequence[str]) -> list[dict]:

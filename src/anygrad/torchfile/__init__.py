@@ -127,7 +127,7 @@ def _flatten(obj: dict, prefix: str = "", seen: set[int] | None = None,
             return None
         if len(out) > MAX_TENSORS:
             raise FormatError(f"the checkpoint names more than {MAX_TENSORS} tensors; refusing to read it "
-                              "as a state_dict (pass key=... for the entry that holds it)")
+                              "as a state_dict (pass key=... (--weights-key KEY) for the entry that holds it)")
     return out
 
 
@@ -183,6 +183,10 @@ def load(path: str | os.PathLike, key: str | None = None) -> dict[str, np.ndarra
     if sd is None:
         what = f"keys {list(obj)[:10]}" if isinstance(obj, dict) else f"a {type(obj).__name__}"
         where = f"entry {key!r}" if key is not None else "a dict of name -> tensor"
-        raise ModelError(f"{path}: no state_dict found (looked for {where}; the file holds {what}); "
-                         f"pass key=... or use anygrad.torchfile.load_raw")
+        # A key names an entry of a dict: for anything else only reading the object yourself helps.
+        remedy = ("pass key=... (--weights-key KEY) naming the entry that holds it, or read it with "
+                  "anygrad.torchfile.load_raw" if isinstance(obj, dict) else
+                  "it is no dict, so no key can name a state_dict in it: read it with anygrad.torchfile.load_raw "
+                  "and pass the dict of name -> tensor to load_state_dict")
+        raise ModelError(f"{path}: no state_dict found (looked for {where}; the file holds {what}); {remedy}")
     return sd

@@ -56,6 +56,8 @@ class TrainConfig:
     precision: str = "f32"               # f32, or f16: mixed precision with loss scaling (ir/autocast.py)
     init: str = ""
     weights: str | None = None           # state_dict file loaded right after the model (fine-tuning)
+    weights_partial: bool = False        # load the weights' matching entries only (load_state_dict(strict=False))
+    weights_key: str | None = None       # the checkpoint entry holding the state_dict (default: searched for)
     freeze: list[str] = field(default_factory=list)  # parameter patterns not to train (Model.freeze)
     padding_idx: list[str] = field(default_factory=list)  # 'TABLE:ROW' (Model.set_padding_idx)
     # -- data (anygrad.data.DataConfig): split, normalisation, augmentation, prefetching
@@ -112,6 +114,9 @@ class TrainConfig:
             raise ConfigError(f"export must be best or last, got {self.export!r}")
         if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
             raise ConfigError(f"clip-grad-norm must be positive, got {self.clip_grad_norm}")
+        if (self.weights_partial or self.weights_key) and not self.weights:
+            raise ConfigError(f"{'weights-partial' if self.weights_partial else 'weights-key'} says how to load "
+                              "--weights FILE; give --weights too")
         self.check_monitor_name(own_loss)
         Monitor(self.monitor, self.mode, self.patience, self.min_delta)  # raises on bad values
         if self.normalize not in NORMALIZE_MODES:

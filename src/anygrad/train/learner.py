@@ -33,7 +33,7 @@ from .line_reporter import LineReporter, Log
 from .metrics import FIXED_MONITORS, EpochMetrics, _finite, _Sums, metric_family
 from .monitor import Monitor
 from .report import EpochInfo, Reporter, RunInfo, StepInfo, ValidInfo
-from .runfolder import PYTHON, RunFolder
+from .runfolder import CLI, PYTHON, RunFolder, Wording
 from .steplog import StepLog
 
 Arrays = tuple[np.ndarray, np.ndarray]
@@ -297,15 +297,18 @@ class Learner:
             ckpt.write(self.ckpt_dir, ckpt.BEST, state, meta)
         return path
 
-    def resume(self, path: Path | None = None) -> Path:
-        """Continue from checkpoint `path` (default: the newest in the artifacts folder)."""
+    def resume(self, path: Path | None = None, wording: Wording = PYTHON) -> Path:
+        """Continue from checkpoint `path` (default: the newest in the artifacts folder); `wording`
+        names the ways out (the CLI's flags or Model.fit's keywords)."""
         if path is None:
             if self.ckpt_dir is None:
                 raise ConfigError("resuming needs the run's artifacts folder")
             path = ckpt.latest(self.ckpt_dir)
             if path is None:
-                raise ckpt.CheckpointError(f"no checkpoint in {self.ckpt_dir} to resume from; the run stopped "
-                                           "before its first checkpoint, so start it again")
+                raise ckpt.CheckpointError(
+                    f"no checkpoint in {self.ckpt_dir} to resume from; the run stopped before its first "
+                    f"checkpoint, so start it again: in the same folder with {wording.overwrite} (which replaces "
+                    f"what the stopped run left there), or in another {wording.folder}")
         c = ckpt.read(Path(path))
         m = c.meta
         if m.get("fingerprint") != self.model.fingerprint():
@@ -597,5 +600,5 @@ def fit(model: Model, train_data: Data, valid_data: Data | None = None, config: 
                            inputs=(model.source, config.model, config.weights, config.data_dir), wording=PYTHON)
     with folder:
         if resume:
-            learner.resume(None if resume is True else Path(resume))
+            learner.resume(None if resume is True else Path(resume), PYTHON if claim else CLI)  # unclaimed: the CLI's
         return learner.fit()

@@ -80,7 +80,8 @@ def run(rc: RunConfig) -> FitResult:
     config.check()
     if not config.model:
         raise ConfigError("RunConfig.config.model: name the ONNX model file to train")
-    check_memory_budget(config.memory_budget)
+    from ..devices import check_device_settings  # on every device, not only where they are used (wgpu)
+    check_device_settings(config.limits, config.memory_budget, flags=True)
     with job.joined(rc.group) as group, job.rank_output(group) as speaks:
         resume, overwrite = job.elastic_resume(config.artifacts_dir, rc.resume, rc.overwrite) \
             if group is not None else (rc.resume, rc.overwrite)
@@ -128,13 +129,6 @@ def _run(rc: RunConfig, writer: bool) -> FitResult:
                 raise
             raise RunFolderError(_write_failure(folder, e)) from None
     return result
-
-
-def check_memory_budget(budget: Any) -> None:
-    """A bad --memory-budget is an error on every device, not only where it is used (wgpu)."""
-    if budget is not None:
-        from ..backends.wgpu.planning.limits import parse_size
-        parse_size(budget)
 
 
 def _inside(filename: Any, folder: Path) -> bool:
@@ -221,8 +215,9 @@ def _prepare(config: TrainConfig, log: Log, default_batch: bool = False,
         for each in backend if isinstance(backend, list) else [backend]:
             use_torch_compile(each)
     model = load_onnx(str(model_path), init=config.init or "onnx")
-    if config.weights:  # fine-tuning: every tensor comes from the state_dict, or it is an error
-        model.load_state_dict(config.weights, strict=True)
+    loaded = None
+    if config.weights:  # fine-tuning: every tensor comes from the state_dict (or, partial, those that match)
+        loaded = model.load_state_dict(config.weights, strict=not config.weights_partial, key=config.weights_key)
     if config.freeze:  # after the weights, so patterns may use the state_dict's PyTorch names
         model.freeze(*config.freeze)
     for spec in config.padding_idx:
@@ -257,8 +252,17 @@ def _prepare(config: TrainConfig, log: Log, default_batch: bool = False,
               f"from weights {Path(config.weights).name}" if config.weights else "",
               f"{model.num_frozen_parameters():,} frozen" if config.freeze else ""]
     devices = [model.backend, *(model.auto_candidates or [])]
-    if config.memory_budget is not None and not any(str(d.name).startswith("wgpu") for d in devices):
-        log(f"note: --memory-budget applies to wgpu devices only; {model.backend.description} does not use it")
+    if not any(str(d.name).startswith("wgpu") for d in devices):
+        from ..backends.wgpu.planning.limits import get_profile
+        for flag, given in (("--limits", config.limits is not None and get_profile(config.limits) is not None),
+                            ("--memory-budget", config.memory_budget is not None)):
+            if given:
+                log(f"note: {flag} applies to wgpu devices only; {model.backend.description} does not use it")
+    if config.weights_partial and loaded is not None and (loaded.missing or loaded.unexpected
+                                                          or loaded.mismatched):
+        log(f"note: --weights-partial loaded {len(loaded.loaded)} entries of {Path(config.weights).name}; "
+            f"{len(loaded.missing)} missing (the model's own values kept), {len(loaded.unexpected)} "
+            f"unexpected and {len(loaded.mismatched)} mis-shaped (not loaded)")
     from ..distributed import data_parallel
     parallel = data_parallel(model)
     where = parallel.description if parallel is not None else model.backend.description

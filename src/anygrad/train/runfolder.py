@@ -27,12 +27,14 @@ from types import TracebackType
 
 from ..errors import ConfigError
 from ..fsutil import remove_stray_temps
+from ..plot import PLOTS_RECORD, plotted_files
 from . import checkpoint as ckpt
 
 LOCK = ".anygrad.lock"
-# What a run writes; --overwrite removes these (and nothing else the user keeps there).
+# What a run writes; --overwrite removes these, the plots `anygrad plot` recorded it wrote there
+# (plot.plotted_files: loss.png, perplexity.png, ..., as written) and nothing else the user keeps there.
 RUN_FILES = ("config.json", "metrics.jsonl", "metrics.csv", "metrics_steps.csv", "weights.npz",
-             "weights.safetensors", "model.onnx", "model.onnx.data", "export.json", "loss.png", "accuracy.png")
+             "weights.safetensors", "model.onnx", "model.onnx.data", "export.json")
 RUN_DIRS = ("checkpoints",)
 
 
@@ -200,6 +202,11 @@ class RunFolder:
                 self._check_users_files()
             if held and not self.resume:
                 w = self.wording
+                if not self.overwrite and ckpt.latest(self.folder / "checkpoints") is None:
+                    raise RunFolderError(
+                        f"{w.folder} {self.folder} holds another run ({held}) that stopped before its first "
+                        f"checkpoint, so it cannot be resumed; replace it with {w.overwrite}, or choose another "
+                        "folder")
                 if not self.overwrite:
                     raise RunFolderError(
                         f"{w.folder} {self.folder} holds another run ({held}); choose another folder, continue "
@@ -297,6 +304,9 @@ class RunFolder:
                 f"one, e.g. {self.wording.folder} {self.folder / 'run'}), or move those files")
 
     def _remove_old_run(self, held: str) -> None:
+        for path in plotted_files(self.folder):  # before RUN_FILES: a plot's name may be no run file's
+            path.unlink(missing_ok=True)
+        (self.folder / PLOTS_RECORD).unlink(missing_ok=True)
         for name in RUN_FILES:
             (self.folder / name).unlink(missing_ok=True)
         for name in RUN_DIRS:  # anygrad's checkpoint files only (users_files refused anything else)
