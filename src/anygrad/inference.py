@@ -206,6 +206,16 @@ class Normalisation:
     mean: tuple[float, ...] | None
     std: tuple[float, ...] | None
     how: str  # for messages: "like the run (mean 0.4, std 0.2)"
+    like: str = ""  # not normalised: whose choice that is ("like the run")
+
+    def for_dtype(self, dtype: Any) -> str:
+        """`how` for samples stored as `dtype`: without normalisation, uint8 pixels are scaled to
+        [0, 1] and every other dtype is taken as stored (BatchTransform)."""
+        if self.mean is not None:
+            return self.how
+        d = np.dtype(dtype)
+        scaled = "uint8 pixels scaled to [0, 1]" if d == np.uint8 else f"{d} values as stored, not scaled"
+        return f"not normalised ({scaled})" + (f", {self.like}" if self.like else "")
 
 
 def _stats_text(mean: Any, std: Any) -> str:
@@ -215,7 +225,8 @@ def _stats_text(mean: Any, std: Any) -> str:
 def _like_the_run(stats: dict[str, Any] | None) -> Normalisation:
     """The run's own normalisation: `stats` holds its "mean" and "std"; None: not normalised."""
     if stats is None:
-        return Normalisation(None, None, "not normalised (pixels scaled to [0, 1]), like the run")
+        return Normalisation(None, None, "not normalised (uint8 pixels scaled to [0, 1], other dtypes as stored), "
+                             "like the run", "like the run")
     mean, std = stats["mean"], stats["std"]
     return Normalisation(tuple(mean), tuple(std), f"like the run ({_stats_text(mean, std)})")
 
@@ -244,7 +255,8 @@ def input_normalisation(run: dict[str, Any], dataset: str, data: Callable[[], An
         raise ConfigError(f"no known normalisation for dataset '{dataset}'; give the run folder (its config.json "
                           "records it) or --data-dir with the dataset to compute it from")
     if loaded.mean is None:
-        return Normalisation(None, None, f"not normalised, like {dataset} (no image statistics)")
+        return Normalisation(None, None, f"not normalised, like {dataset} (no image statistics)",
+                             f"like {dataset} (no image statistics)")
     return Normalisation(tuple(loaded.mean), tuple(loaded.std), f"like {dataset} ({_stats_text(loaded.mean, loaded.std)})")
 
 
@@ -289,7 +301,7 @@ def prepare_image(path: str | Path, model: Model, dataset: str = "mnist",
     if inverted:
         img = 255 - img
         notes.append("inverted (white background; the model was trained on light strokes on black)")
-    notes.append(normalisation.how if normalisation.how.startswith("not") else f"normalised {normalisation.how}")
+    notes.append(normalisation.for_dtype(img.dtype) if normalisation.mean is None else f"normalised {normalisation.how}")
     x = BatchTransform(normalisation.mean, normalisation.std)(img[None], np.zeros(1, np.int64), 0)
     return PreparedImage(fit_input(x, model), inverted, notes)
 

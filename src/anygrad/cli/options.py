@@ -164,7 +164,7 @@ def _add_train(p: argparse.ArgumentParser) -> None:
 def _add_inference_args(p: argparse.ArgumentParser, device: str) -> None:
     p.add_argument("model", metavar="MODEL", help="a run folder (its model.onnx or checkpoints), an .onnx file, "
                    "a checkpoint .json or weights.npz")
-    p.add_argument("--dataset", help="mnist, fashion-mnist, cifar-10, npz, imagefolder (default: the run's, "
+    p.add_argument("--dataset", help="mnist, fashion-mnist, cifar-10, npz, imagefolder, or tokens for eval (default: the run's, "
                    "else mnist)")
     p.add_argument("--data-dir", metavar="DIR", help="folder (or .npz file) holding the dataset")
     p.add_argument("--split", choices=("valid", "train"), default="valid",

@@ -31,7 +31,7 @@ COMMANDS: dict[str, Command] = {
     "plot": Command("draw a run's loss and accuracy curves as PNG (needs anygrad-train[plot])", _add_plot, cmd_plot),
     "predict": Command("classify one dataset sample or your own image with a trained model", _add_predict,
                        cmd_predict),
-    "eval": Command("loss, accuracy and confusion matrix of a trained model on a dataset", _add_eval, cmd_eval),
+    "eval": Command("loss, accuracy and confusion matrix (perplexity for a token run) of a trained model on a dataset", _add_eval, cmd_eval),
     "codegen": Command("write an ONNX model as PyTorch-style Python (anygrad.nn) plus its weights",
                        _add_codegen, cmd_codegen),
 }

@@ -11,6 +11,9 @@ import numpy as np
 
 from ..errors import ConfigError
 
+TOKENS = "tokens"  # anygrad train --dataset tokens: a language model on a token file (anygrad.data.tokens)
+TOKEN_EVAL_BATCHES = 64  # eval of a token file reads this many batches of windows at a time
+
 
 def _inference_model(args: argparse.Namespace) -> tuple[Any, Any, str, str | None]:
     """The model (compiled for inference), where it came from, the dataset and its folder."""
@@ -56,7 +59,7 @@ def _eval_split(args: argparse.Namespace, dataset: str, data_dir: str | None,
                           "use --split train")
     x, y = data.train if args.split == "train" else data.valid
     which = "train" if args.split == "train" else f"valid ({data.valid_from})"
-    print(f"data: {dataset} {which}, {len(y):,} samples from {data.source}; {norm.how}")
+    print(f"data: {dataset} {which}, {len(y):,} samples from {data.source}; {norm.for_dtype(x.dtype)}")
     return BatchTransform(norm.mean, norm.std), (x, y), data.classes
 
 
@@ -67,6 +70,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise ConfigError(f"--top must be at least 1, got {args.top}")
     model, source, dataset, data_dir = _inference_model(args)
+    if dataset == TOKENS:
+        raise ConfigError("predict classifies one sample or image; it does not predict from a language model "
+                          f"trained on tokens ({source.description}). Use `anygrad eval {args.model}` for its "
+                          "loss and perplexity, or in Python: anygrad.load_onnx(...).predict(ids) on an int64 "
+                          "(batch, block_size) array of token ids gives the next-token logits")
     true_label = None
     if args.image:
         loaded: Any = None  # the dataset, read only when the run did not record what is needed
@@ -109,6 +117,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise ConfigError(f"--batch-size must be at least 1, got {args.batch_size}")
     model, source, dataset, data_dir = _inference_model(args)
+    if dataset == TOKENS:
+        return _eval_tokens(args, model, data_dir, source.run_config)
     transform, (x, y), names = _eval_split(args, dataset, data_dir, source.run_config)
     x = fit_input(transform(x, np.arange(len(x)), 0), model)
     task = _eval_task(source.run_config, y)
@@ -131,6 +141,48 @@ def cmd_eval(args: argparse.Namespace) -> int:
         recall = f"{100 * row[t] / row.sum():.1f}%" if row.sum() else "-"
         table.add_row(label, *cells, recall)
     RichConsole(width=max(100, 12 + 7 * len(result.confusion))).print(table)
+    return 0
+
+
+def _eval_tokens(args: argparse.Namespace, model: Any, data_dir: str | None, run: dict[str, Any]) -> int:
+    """A language model trained with --dataset tokens: its loss and perplexity over the consecutive
+    windows of the split train held out (or of the training part, --split train), split as the run
+    split its token file (the same file, block size and valid fraction)."""
+    from ..data.tokens import token_eval_blocks
+    from ..inference import run_for_dataset
+    own = run_for_dataset(run, TOKENS)
+    block_size = own.get("block_size")
+    if block_size is None:  # not a token run's folder: the model's own sequence length
+        length = model.input_shape[1] if len(model.input_shape) > 1 else None
+        if not isinstance(length, int):
+            raise ConfigError(f"the model's input '{model.input_name}' has no fixed length "
+                              f"{tuple(model.input_shape)}; evaluate its run folder (config.json records the "
+                              "block size it trained with)")
+        block_size = length
+    blocks, where = token_eval_blocks(data_dir, block_size, own.get("valid_fraction"), args.split)
+    if blocks is None:
+        raise ConfigError(f"{where}: the run held no tokens out (valid-fraction 0) and the folder has no "
+                          "val.bin; use --split train")
+    print(f"data: tokens {args.split}, {len(blocks):,} windows of {block_size} tokens from {where}")
+    loss, options = _eval_task(run, blocks.take(np.arange(1))[1]) or ("cross_entropy", {})
+    model.compile(loss=loss, device=model.backend, **options)
+    # read a bounded number of windows at a time (a token file may be larger than memory); every
+    # window holds block_size tokens, none ignored, so the means weighted by count are the file's
+    sums: dict[str, float] = {}
+    total = 0
+    step = args.batch_size * TOKEN_EVAL_BATCHES
+    for start in range(0, len(blocks), step):
+        x, y = blocks.take(np.arange(start, min(start + step, len(blocks))))
+        part = model.evaluate(x, y, args.batch_size)
+        for k, v in part.items():
+            if k != "count":
+                sums[k] = sums.get(k, 0.0) + float(v) * len(x)
+        total += len(x)
+    metrics = {k: v / total for k, v in sums.items()}
+    if loss in ("cross_entropy", "nll") and "loss" in metrics:  # the mean NLL over every token: exp of it
+        metrics = {"loss": metrics["loss"], "perplexity": float(np.exp(metrics["loss"])),
+                   **{k: v for k, v in metrics.items() if k not in ("loss", "perplexity")}}
+    print(_metrics_line({**metrics, "count": total}))
     return 0
 
 

@@ -208,3 +208,21 @@ def token_run_data(data_dir: str | None, block_size: int | None, valid_fraction:
                          "train_tokens": len(train.tokens),
                          "valid_tokens": len(valid.tokens) if valid is not None else 0}}
     return train, valid, source, record
+
+
+def token_eval_blocks(data_dir: str | None, block_size: int | None, valid_fraction: float | None,
+                      split: str = "valid") -> tuple[TokenBlocks | None, str]:
+    """What `anygrad eval` reads of a token run: the consecutive windows of one part of its token
+    file, split exactly as token_run_data splits it for training (the same file, block size and
+    valid fraction give the same held-out tokens). split "valid": the held-out blocks (None when
+    the run held none out); "train": the training part cut into consecutive blocks. Returns
+    (blocks, where they come from, for messages)."""
+    train, valid, source, _ = token_run_data(data_dir, block_size, valid_fraction)
+    if split == "train":
+        blocks = TokenBlocks(train.tokens, int(block_size or 0))
+        return blocks, train.source
+    if valid is None:
+        return None, source
+    if Path(source).is_dir():
+        return valid, valid.source
+    return valid, f"{source} (last {len(valid.tokens):,} of {len(train.tokens) + len(valid.tokens):,} tokens)"

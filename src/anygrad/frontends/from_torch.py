@@ -160,23 +160,55 @@ def _graph_outputs(out: Any) -> Any:
 
 
 def _export(module: Any, ex: Examples, path: Path, exporter: str, opset: int | None,
-            output_names: list[str], verbose: bool) -> None:
+            output_names: list[str], verbose: bool, dynamic: dict[str, dict[int, str]] | None = None) -> None:
     torch = _torch()
+    axes = {n: {0: "batch", **(dynamic or {}).get(n, {})} if v.dim() else None for n, v in zip(ex.names, ex.values)}
     if exporter == "dynamo":
-        batch = torch.export.Dim("batch")
+        dims: dict[str, Any] = {}  # one torch.export.Dim per name: inputs that share a name share the size
         # dynamic_shapes, not dynamic_axes: torch converts dynamic_axes by position and fails on
         # keyword inputs ("Failed to convert 'dynamic_axes' to 'dynamic_shapes'", "4 not in VR[10, 10]")
-        options = {"dynamic_shapes": tuple({0: batch} if v.dim() else None for v in ex.values),
+        options = {"dynamic_shapes": tuple({a: dims.setdefault(d, torch.export.Dim(d)) for a, d in spec.items()}
+                                           if spec else None for spec in axes.values()),
                    "optimize": False,  # the dynamo optimizer fuses BatchNorm into Gemm
                    "verbose": None if verbose else False}
     else:
-        options = {"dynamic_axes": {n: {0: "batch"} for n in ex.names + output_names}, "verbose": False}
+        options = {"dynamic_axes": {n: {0: "batch", **(dynamic or {}).get(n, {})} for n in ex.names + output_names},
+                   "verbose": False}
     with warnings.catch_warnings(), _quiet(not verbose), _positional(module, ex) as shim:
         warnings.simplefilter("ignore")  # deprecation and tracer notes about the exporter, not the model
         torch.onnx.export(shim, tuple(ex.values), str(path), dynamo=exporter == "dynamo",
                           opset_version=opset or (DYNAMO_OPSET if exporter == "dynamo" else DEFAULT_OPSET),
                           training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
                           input_names=ex.names, output_names=output_names, **options)
+
+
+def _dynamic_axes(dynamic: Any, ex: Examples) -> dict[str, dict[int, str]]:
+    """from_torch's `dynamic`, checked: {input name: {axis: dim name}}, axes past the batch axis
+    of the inputs the example has."""
+    if dynamic is None:
+        return {}
+    if not isinstance(dynamic, Mapping):
+        raise ConfigError(f"from_torch: dynamic takes {{input name: {{axis: name}}}}, such as "
+                          f"{{'input_ids': {{1: 'seq'}}}}; got {type(dynamic).__name__}")
+    shapes = {n: tuple(v.shape) for n, v in zip(ex.names, ex.values)}
+    out: dict[str, dict[int, str]] = {}
+    for name, spec in dynamic.items():
+        if name not in shapes:
+            raise ConfigError(f"from_torch: dynamic names {name!r}, which is no tensor input; the inputs are "
+                              f"{', '.join(map(repr, shapes))}")
+        if not isinstance(spec, Mapping):
+            raise ConfigError(f"from_torch: dynamic[{name!r}] takes {{axis: name}}, such as {{1: 'seq'}}; "
+                              f"got {spec!r}")
+        rank = len(shapes[name])
+        for axis, dim in spec.items():
+            if not isinstance(axis, int) or isinstance(axis, bool) or not 1 <= axis < rank:
+                raise ConfigError(f"from_torch: dynamic[{name!r}] axis {axis!r}: give an axis from 1 to {rank - 1} "
+                                  f"of its shape {shapes[name]} (axis 0, the batch, is always dynamic)")
+            if not isinstance(dim, str) or not dim.isidentifier() or dim == "batch":
+                raise ConfigError(f"from_torch: dynamic[{name!r}][{axis}] names the dim, such as 'seq', not "
+                                  f"{dim!r} ('batch' is axis 0's)")
+        out[name] = dict(spec)
+    return out
 
 
 @contextlib.contextmanager
@@ -232,13 +264,13 @@ def exporter_cause(e: BaseException) -> str:
 
 
 def _export_any(module: Any, ex: Examples, path: Path, first: str, opset: int | None,
-                output_names: list[str], verbose: bool) -> str:
+                output_names: list[str], verbose: bool, dynamic: dict[str, dict[int, str]] | None = None) -> str:
     """Export with `first`, or else with the other exporter (saying so in one line); returns the
     exporter that wrote `path`. When both fail, a ModelError carries each one's cause."""
     causes = {}
     for exporter in (first, *[x for x in EXPORTERS if x != first]):
         try:
-            _export(module, ex, path, exporter, opset, output_names, verbose)
+            _export(module, ex, path, exporter, opset, output_names, verbose, dynamic)
         except AnygradError:
             raise
         except Exception as e:  # noqa: BLE001  (the exporters fail in many ways: keep each one's cause)
@@ -261,13 +293,17 @@ def _export_any(module: Any, ex: Examples, path: Path, first: str, opset: int | 
 
 def from_torch(module: Any, example_input: Any, *, dynamo: bool = True, opset: int | None = None,
                path: str | os.PathLike | None = None, output_name: str | Sequence[str] = "output",
-               check: bool = True, verbose: bool = False) -> Model:
+               check: bool = True, verbose: bool = False, dynamic: Mapping[str, Mapping[int, str]] | None = None
+               ) -> Model:
     """Export `module` (an nn.Module) to ONNX in training mode and import it as a trainable Model
     with the module's current weights.
 
     `example_input` is one tensor, a tuple of them (the forward's positional arguments) or a dict
     of keyword arguments, each with a batch dim of 2 or more (BatchNorm cannot normalise one
-    sample in training mode); the batch dim stays symbolic. Graph inputs are named after the
+    sample in training mode); the batch dim stays symbolic, every other dim is fixed to the
+    example's size unless `dynamic` names it: `dynamic={"input_ids": {1: "seq"}, "labels": {1:
+    "seq"}}` keeps axis 1 of those inputs symbolic (inputs naming the same dim take the same
+    size), so the model trains and predicts on any sequence length. Graph inputs are named after the
     forward's parameters (`forward(self, ids, mask)` gives inputs 'ids' and 'mask') or the dict's
     keys (`{"input_ids": ..., "labels": ...}`, also for a `forward(*args, **kwargs)` such as a
     peft model's); an example that is not a tensor (`return_dict=False`) is passed as given and
@@ -300,6 +336,7 @@ def from_torch(module: Any, example_input: Any, *, dynamo: bool = True, opset: i
     if not ex.names:
         raise ConfigError(f"from_torch: no example input of {type(module).__name__} is a tensor; pass the "
                           "forward's inputs as a tensor, a tuple of tensors or a dict of them")
+    axes = _dynamic_axes(dynamic, ex)
     output_names = _output_names(module, ex, output_name)
     pristine = copy.deepcopy(module.state_dict())  # deepcopy keeps tied tensors sharing one storage
     modes = {m: m.training for m in module.modules()}  # submodules may differ (a frozen BatchNorm in eval)
@@ -308,7 +345,7 @@ def from_torch(module: Any, example_input: Any, *, dynamo: bool = True, opset: i
         module.train(True)
         try:
             exporter = _export_any(module, ex, file, "dynamo" if dynamo else "torchscript", opset,
-                                   output_names, verbose)
+                                   output_names, verbose, axes)
         finally:
             module.load_state_dict(pristine)
             for m, training in modes.items():
