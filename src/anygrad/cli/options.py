@@ -91,8 +91,8 @@ def _add_train(p: argparse.ArgumentParser) -> None:
                    "model's own scalar loss output (output:NAME picks one of several)")
     p.add_argument("--device", help="auto, cpu, wgpu, wgpu:N, wgpu:vulkan|metal|dx12|gl, wgpu:native or "
                    "wgpu:dawn (the WebGPU implementation; Dawn needs anygrad-train[dawn]), or with "
-                   "anygrad-train[torch] torch, torch:cuda, torch:mps, torch:cpu (default: auto: a wgpu GPU, "
-                   "Dawn's where it has matrix units for the precision, else torch's CUDA/MPS, else the CPU)")
+                   "anygrad-train[torch] torch, torch:cuda, torch:mps, torch:cpu (default: auto: a wgpu GPU through "
+                   "wgpu-native, else torch's CUDA/MPS, else the CPU; choose Dawn with wgpu:dawn)")
     p.add_argument("--compile", dest="torch_compile", action="store_true", default=None,
                    help="torch devices: the training step goes through torch.compile (inductor; a C++ compiler "
                    "on the CPU), with CUDA graphs on CUDA; the first steps compile (seconds to minutes)")
