@@ -354,7 +354,8 @@ def test_cli_codegen_writes_code_and_weights(tmp_path, capsys):
     assert str(out) in capsys.readouterr().out
     other = tmp_path / "w" / "weights.safetensors"
     other.parent.mkdir()
-    assert cli.main(["codegen", str(FOUNDING_MODEL), "-o", str(out), "--weights-out", str(other)]) == 0
+    assert cli.main(["codegen", str(FOUNDING_MODEL), "-o", str(out), "--weights-out", str(other)]) == cli.EXIT_ERROR
+    assert cli.main(["codegen", str(FOUNDING_MODEL), "-o", str(out), "--weights-out", str(other), "--overwrite"]) == 0
     assert 'Path(__file__).parent / "w/weights.safetensors"' in out.read_text()
     model = load_module(out).Model.from_file()  # the default path is the one written
     assert model.state_dict()["conv1.weight"].shape == (8, 1, 3, 3)
@@ -400,7 +401,10 @@ def test_code_written_without_weights_says_how_to_get_them(tmp_path, monkeypatch
     docstring = code.split('"""')[1]
     command = re.search(r"^    (anygrad codegen .*)$", docstring, re.MULTILINE).group(1)
     assert "--no-weights" not in command and "mnist_model.safetensors" in docstring
+    before = Path("mnist_model.py").read_bytes()
     assert cli.main(command.split()[1:]) == 0  # what the docstring says to run
+    assert Path("mnist_model.py").read_bytes() == before  # the weights only: the module as it was
+    assert cli.main(command.split()[1:]) == cli.EXIT_ERROR  # and not again over them, silently
     module = load_module(tmp_path / "mnist_model.py")
     imported = anygrad.load_onnx("mnist.onnx")
     x = np.random.default_rng(0).standard_normal((3, 1, 28, 28)).astype(np.float32)

@@ -5,7 +5,7 @@ Regenerate it with: anygrad codegen mnist.onnx -o generated_model.py --no-weight
 Written without its weights (--no-weights). To write them beside this file as
 generated_model.safetensors, where Model.from_file() looks by default, run:
 
-    anygrad codegen mnist.onnx -o generated_model.py
+    anygrad codegen mnist.onnx -o generated_model.py --weights-only
 
 from_file also takes any state_dict file with PyTorch's names: the weights.safetensors of an
 `anygrad train mnist.onnx` run, or a .pt/.pth saved by torch.save (read without torch).

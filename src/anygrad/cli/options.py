@@ -198,5 +198,7 @@ def _add_codegen(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights-out", metavar="W.safetensors", help="where to write the weights, under the "
                    "generated module's state_dict names (default: beside FILE.py, same name)")
     p.add_argument("--no-weights", action="store_true", help="write the code only")
+    p.add_argument("--weights-only", action="store_true", help="write the weights only, where the module at -o "
+                   "reads them (a module written with --no-weights stays as it is)")
     p.add_argument("--overwrite", action="store_true", help="replace the files already at -o and --weights-out "
                    "(the module and its weights); without it, an existing file is refused")

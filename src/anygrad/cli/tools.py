@@ -35,7 +35,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_codegen(args: argparse.Namespace) -> int:
     from ..codegen import write_code
     out = Path(args.output) if args.output else Path(f"{Path(args.model).stem}_model.py")
-    targets = {out: "-o"}  # each file codegen writes: the option that names it
+    # each file codegen writes: the option that names it
+    targets: dict[Path, str] = {} if args.weights_only else {out: "-o"}
     if args.no_weights:
         pass
     elif args.weights_out:
@@ -46,8 +47,9 @@ def cmd_codegen(args: argparse.Namespace) -> int:
         _make_parent(target, option)
     for target, option in targets.items():  # all refused before any is written
         _refuse_existing(target, option, args.overwrite)
-    written = write_code(str(_not_a_folder(Path(args.model), "an ONNX model file")), out, weights_out=args.weights_out, write_weights=not args.no_weights)
-    print(f"wrote {written.code}" + (f" and {written.weights}" if written.weights else ""))
+    written = write_code(str(_not_a_folder(Path(args.model), "an ONNX model file")), out, weights_out=args.weights_out,
+                         write_weights=not args.no_weights, write_module=not args.weights_only)
+    print("wrote " + " and ".join(str(p) for p in (written.code, written.weights) if p is not None))
     return 0
 
 

@@ -38,7 +38,7 @@ from .writer import Generated, generate
 
 @dataclass
 class Written:
-    code: Path
+    code: Path | None  # None: the weights only (write_module=False)
     weights: Path | None
 
 
@@ -52,14 +52,19 @@ def write_code(
     weights_out: str | os.PathLike | None = None,
     write_weights: bool = True,
     command: str | None = None,
+    write_module: bool = True,
 ) -> Written:
     """`anygrad codegen`: import the ONNX file, write the Python module and (unless told not to)
     the weights as .safetensors (default: beside the module, same stem). `command`, as generate's,
-    is written into the module's docstring."""
+    is written into the module's docstring. `write_module=False` writes the weights only (the
+    module at `out`, e.g. one written with --no-weights, stays as it is)."""
     from ..onnx_import import load_onnx
     from ...torchfile import save_safetensors
 
     model_path, out = Path(model_path), Path(out)
+    if not (write_weights or write_module):
+        raise ConfigError("nothing to write: the weights only (--weights-only) and no weights (--no-weights) exclude "
+                          "each other")
     if out.suffix != ".py":
         raise ConfigError(f"{out}: the generated module needs a .py name")
     if not out.parent.is_dir():
@@ -76,8 +81,9 @@ def write_code(
     generated = generate(model, model_path.name, out.name, rel, command, write_weights)
     if write_weights:
         save_safetensors(generated.state, weights)
-    _write_text(out, generated.code)
-    return Written(out, weights if write_weights else None)
+    if write_module:
+        _write_text(out, generated.code)
+    return Written(out if write_module else None, weights if write_weights else None)
 
 
 __all__ = ["Generated", "Written", "generate", "write_code"]

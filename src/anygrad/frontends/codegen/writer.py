@@ -586,7 +586,7 @@ def generate(
         weights_doc = f"""
 {where}
 
-    {base}
+    {base} --weights-only
 
 {other}
 
