@@ -124,6 +124,10 @@ def class_layout(name: str, out_shape: tuple, target_shape: tuple, class_axis: i
         if len(fits) > 1:  # T == V: PyTorch's rule, as F.cross_entropy reads it; class_axis=-1 says otherwise
             return 1
     wants = " or ".join(str(w) for w in candidates.values() if w is not None)
+    if tuple(target_shape) == out_shape:  # one-hot or probabilities, as Keras' categorical_crossentropy takes
+        raise ShapeError(f"loss '{name}' takes class-index targets of shape {wants}, got targets of the "
+                         f"output's own shape {target_shape} (one-hot or probabilities, which it does not "
+                         "take); give the class indices: y.argmax(axis=1)")
     raise ShapeError(f"loss '{name}': targets of shape {target_shape} do not fit the model output {out_shape}; "
                      f"class-index targets have shape {wants} (check the dataset's labels against the "
                      "model's output)")

@@ -57,6 +57,7 @@ def compile_model(model: Model, loss: str | Loss | Mapping[str, str | Loss], opt
     if optimizer is None:
         from ..optim import SGD
         optimizer = SGD(lr=0.01)
+    optimizer = resolve_optimizer(optimizer)
     model.optimizer = optimizer
     resolve_groups(model, keep_rates=False)
     state = state_dict(model) if model.backend is not None else None
@@ -109,6 +110,18 @@ def refuse_torch(obj: Any, what: str) -> None:
     if name is not None:
         raise ConfigError(f"{what}= is a {name}; convert it with anygrad.optim.from_torch({what}, module), "
                           "module being the nn.Module it was built for (the one given to anygrad.from_torch)")
+
+
+def resolve_optimizer(optimizer: Any) -> Optimizer:
+    """compile's optimizer=: an Optimizer, or its name ("adam", as Keras users write it) looked up
+    with anygrad.optim.get_optimizer at its defaults; anything else is a ConfigError."""
+    if isinstance(optimizer, str):
+        from ..optim import get_optimizer
+        return get_optimizer(optimizer)  # an unknown name: a ConfigError listing the names
+    if not isinstance(optimizer, Optimizer):
+        raise ConfigError(f"optimizer= must be an anygrad optimizer (anygrad.optim.Adam(lr=...)) or its name "
+                          f"('adam', 'sgd', ...), got {type(optimizer).__name__}")
+    return optimizer
 
 
 def configure_step(model: Model, clip_norm: float | None = None, accumulate: int = 1) -> Model:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..backends.base import Backend, Executable
-from ..batch import Batch, parse_inputs, take
+from ..batch import Batch, is_torch_tensor, parse_inputs, take
 from ..errors import ConfigError
 from ..facade import operation
 from ..ir.graph import Graph
@@ -299,13 +299,26 @@ class Model:
         inputs, targets = self._batch(x, y)
         programs.program(self, "eval", inputs, targets).run({**inputs, **targets}, fetch=[])
 
-    def predict(self, x: Any) -> np.ndarray | dict[str, np.ndarray]:
+    def predict(self, x: Any, batch_size: int | None = None) -> np.ndarray | dict[str, np.ndarray]:
         """Model output in inference mode: an array, or {output name: array} for a model with
-        several outputs. An uncompiled model predicts on the CPU, like a freshly built PyTorch
-        module: inference needs no loss or optimizer."""
+        several outputs. `batch_size`: predict in batches of that many samples and concatenate
+        (default: all at once). An uncompiled model predicts on the CPU, like a freshly built
+        PyTorch module: inference needs no loss or optimizer."""
+        _check_batch_size(batch_size, allow_none=True)
+        _refuse_source(x, "predict")
         if self.backend is None:
             self.compile(device="cpu")
         inputs = self.parse_inputs(x)
+        n = len(next(iter(inputs.values())))
+        parts = [self._predict_batch(take(inputs, slice(i, i + batch_size))) for i in range(0, n, batch_size)] \
+            if batch_size is not None and n > batch_size else [self._predict_batch(inputs)]
+        if len(parts) == 1:
+            return parts[0]
+        if isinstance(parts[0], dict):
+            return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        return np.concatenate(parts)
+
+    def _predict_batch(self, inputs: Batch) -> np.ndarray | dict[str, np.ndarray]:
         exe = programs.program(self, "predict", inputs)
         out = exe.run(inputs)
         if len(exe.graph.outputs) == 1:
@@ -313,8 +326,14 @@ class Model:
         return {n: out[n] for n in exe.graph.outputs}
 
     def evaluate(self, x: Any, y: Any = None, batch_size: int = 1000) -> dict[str, float]:
-        """Mean loss and the metrics (see read_metrics) over (x, y) in inference mode."""
+        """Mean loss and the metrics (see read_metrics) over (x, y) in inference mode. `x` alone
+        may also be an (inputs, targets) tuple, as fit's validation data."""
         self._require_compiled()
+        _check_batch_size(batch_size)
+        _refuse_source(x, "evaluate")
+        if (y is None and isinstance(x, tuple) and len(x) == 2 and len(self.graph.inputs) == 1
+                and getattr(self.loss, "name", None) != "output"):
+            x, y = x  # (inputs, targets), as fit's validation data
         inputs, targets = self._batch(x, y)
         n = len(next(iter(inputs.values())))
         self.reset_metrics()
@@ -455,3 +474,22 @@ class Model:
         loads them), else the trainable parameters of a model with frozen ones, by PyTorch name.
         Returns the safetensors path."""
         return operation("save_adapters")(self, folder, overwrite=overwrite)
+
+
+def _check_batch_size(batch_size: Any, allow_none: bool = False) -> None:
+    """A ConfigError for a batch_size that is not a whole number >= 1."""
+    if batch_size is None and allow_none:
+        return
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise ConfigError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
+
+
+def _refuse_source(x: Any, what: str) -> None:
+    """A ConfigError for a DataLoader or dataset object given to evaluate/predict, which take
+    arrays (the Model does not import the data layer that reads such sources)."""
+    if isinstance(x, (np.ndarray, np.generic, Mapping, tuple, list, int, float, bool)) or is_torch_tensor(x):
+        return
+    if hasattr(x, "__iter__") or hasattr(x, "__getitem__"):
+        raise ConfigError(f"{what}() takes arrays: x (and y), or an (x, y) tuple of arrays, got a "
+                          f"{type(x).__name__}; for a DataLoader or dataset, collect its batches into arrays "
+                          f"(np.concatenate), or pass it as fit(train, valid=...)")

@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from ..errors import ShapeError, UnsupportedOpError
+from ..errors import DataError, ShapeError, UnsupportedOpError
 from ..ir.builder import Builder, GradContext
 from ..ir.graph import Graph, Node, TensorInfo, info_of
 from ..ir.registry import defop
@@ -459,7 +459,12 @@ def _positive(idx: np.ndarray, dim: int) -> np.ndarray:
 def _gather_forward(node, ins):
     data, idx = ins
     axis = _gather_axis(node, data.ndim)
-    return np.take(data, _positive(idx, data.shape[axis]), axis=axis)
+    n = data.shape[axis]
+    if idx.size and (idx.min() < -n or idx.max() >= n):  # cheap: two reductions, no copy
+        bad = idx.max() if idx.max() >= n else idx.min()
+        raise DataError(f"Gather node '{node.name}': index {int(bad)} is out of range [-{n}, {n}) for axis {axis} "
+                        f"of size {n} (an embedding lookup needs ids below its number of rows)")
+    return np.take(data, _positive(idx, n), axis=axis)
 
 
 def _gather_grad(g: GradContext):

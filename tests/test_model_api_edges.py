@@ -1,0 +1,91 @@
+"""Model API edges a QA pass found: compile's optimizer names, evaluate/predict's data forms and
+batch_size, out-of-range Gather indices, and cross_entropy's messages on wrong targets."""
+import numpy as np
+import pytest
+
+from anygrad import nn
+from anygrad.errors import ConfigError, DataError, ShapeError
+
+
+def _model(**compile_kwargs):
+    rng = np.random.default_rng(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
+    m = net.to_model(input_shape=(None, 4))
+    if compile_kwargs is not None:
+        m.compile(device="cpu", **compile_kwargs)
+    x = rng.standard_normal((50, 4)).astype(np.float32)
+    y = rng.integers(0, 3, 50)
+    return m, x, y
+
+
+def test_optimizer_given_by_name():
+    m, x, y = _model(loss="cross_entropy", optimizer="adam")
+    assert type(m.optimizer).__name__.lower() == "adam"
+    m.train_on_batch(x, y)
+
+
+def test_unknown_optimizer_name_lists_the_names():
+    with pytest.raises(ConfigError, match="adam"):
+        _model(loss="cross_entropy", optimizer="bogus")
+
+
+def test_non_optimizer_names_its_type():
+    with pytest.raises(ConfigError, match="int"):
+        _model(loss="cross_entropy", optimizer=3)
+
+
+def test_evaluate_takes_an_xy_tuple():
+    m, x, y = _model(loss="cross_entropy")
+    assert m.evaluate((x, y)) == pytest.approx(m.evaluate(x, y))
+
+
+def test_evaluate_and_predict_refuse_a_data_source_clearly():
+    m, x, y = _model(loss="cross_entropy")
+
+    class Loader:
+        def __iter__(self):
+            return iter([(x, y)])
+
+    with pytest.raises(ConfigError, match="arrays"):
+        m.evaluate(Loader())
+    with pytest.raises(ConfigError, match="arrays"):
+        m.predict(Loader())
+
+
+def test_batch_size_below_one_is_a_config_error():
+    m, x, y = _model(loss="cross_entropy")
+    with pytest.raises(ConfigError, match="batch_size"):
+        m.evaluate(x, y, batch_size=0)
+    with pytest.raises(ConfigError, match="batch_size"):
+        m.predict(x, batch_size=0)
+
+
+def test_predict_in_batches_concatenates():
+    m, x, _ = _model(loss="cross_entropy")
+    whole = m.predict(x)
+    parts = m.predict(x, batch_size=16)
+    assert parts.shape == whole.shape
+    np.testing.assert_allclose(parts, whole, rtol=1e-5, atol=1e-6)
+
+
+def _embedding():
+    return nn.Sequential(nn.Embedding(10, 4)).to_model(input_shape=(None, 5), dtype="int64")
+
+
+def test_embedding_index_out_of_range_is_a_data_error():
+    with pytest.raises(DataError, match=r"12.*\[-10, 10\)"):
+        _embedding().predict(np.full((2, 5), 12, np.int64))
+
+
+def test_embedding_negative_indices_in_range_are_kept():
+    m = _embedding()
+    np.testing.assert_allclose(m.predict(np.full((2, 5), -1, np.int64)), m.predict(np.full((2, 5), 9, np.int64)))
+    with pytest.raises(DataError, match="-11"):
+        m.predict(np.full((2, 5), -11, np.int64))
+
+
+def test_one_hot_targets_say_class_indices_are_needed():
+    m, x, y = _model(loss="cross_entropy")
+    with pytest.raises(ShapeError, match=r"class-index targets of shape \(50,\)") as e:
+        m.train_on_batch(x, np.eye(3, dtype=np.float32)[y])
+    assert "do not fit" not in str(e.value)
