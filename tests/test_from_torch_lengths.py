@@ -78,7 +78,8 @@ def test_a_fixed_length_says_where_it_came_from_and_what_to_do():
         model.train_on_batch({k: v.numpy() for k, v in data[1].items()})
     text = str(e.value)
     assert "input 'input_ids' takes shape (batch, 8), got (2, 12)" in text
-    assert "from_torch" in text and "dynamic={'input_ids': {1: 'seq'}}" in text and "pad/crop batches to 8" in text
+    assert "takes size 8 on axis 1, the data has 12" in text and "pad or crop the data to 8" in text
+    assert "if the model came from from_torch" in text and "dynamic={'input_ids': {1: 'seq'}}" in text
 
 
 @pytest.mark.parametrize("dynamic, words", [

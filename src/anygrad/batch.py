@@ -170,21 +170,21 @@ def check_value(name: str, value: np.ndarray, declared_dtype: Any, declared_shap
     if value.ndim != len(declared) or any(isinstance(d, (int, np.integer)) and d != s
                                           for d, s in zip(declared, value.shape)):
         raise ShapeError(f"{what} '{name}' takes shape {_shape_text(declared)}, got {tuple(value.shape)}"
-                         + _fixed_dims_hint(name, declared, value.shape))
+                         + _fixed_dims_hint(name, declared, value.shape, what))
 
 
-def _fixed_dims_hint(name: str, declared: tuple, shape: tuple) -> str:
-    """Where a fixed non-batch dim that `shape` does not match came from, and what to do: the
-    model's export fixed it (from_torch fixes every dim but the batch to its example input's)."""
+def _fixed_dims_hint(name: str, declared: tuple, shape: tuple, what: str = "input") -> str:
+    """Which fixed non-batch dim `shape` does not match, and what to do. Any model can fix one (a
+    Linear's weight, an export's example input), so only say from_torch's way out as a condition."""
     if len(declared) != len(shape):
         return ""
     axes = [a for a, (d, s) in enumerate(zip(declared, shape)) if a and isinstance(d, (int, np.integer)) and d != s]
     if not axes:
         return ""
     a, size = axes[0], int(declared[axes[0]])
-    return (f": axis {a} was fixed to {size} when the model was exported (from_torch fixes every dim but the "
-            f"batch to its example input's; from_torch(..., dynamic={{{name!r}: {{{a}: 'seq'}}}}) keeps it "
-            f"symbolic); export with the size you train on, or pad/crop batches to {size}")
+    return (f": the model's {what} takes size {size} on axis {a}, the data has {int(shape[a])}; "
+            f"reshape, pad or crop the data to {size} (if the model came from from_torch, export with an "
+            f"example of the size you use, or pass dynamic={{{name!r}: {{{a}: 'seq'}}}} to keep axis {a} symbolic)")
 
 
 def _shape_text(shape: tuple) -> str:

@@ -220,9 +220,11 @@ def _strip_wrapper(sd: dict[str, np.ndarray], wanted: set[str]) -> dict[str, np.
 
 # -- matching names ------------------------------------------------------------------------------
 def recorded_names(model: Model) -> dict[str, TorchName]:
-    """Graph name -> PyTorch name, as far as the importer and earlier loads know."""
+    """Graph name -> PyTorch name, as far as the importer and earlier loads know. A model no ONNX
+    file describes (anygrad.nn) holds its tensors under their PyTorch names, as certain_names says."""
     origin = getattr(model, "origin", None)
-    names = dict(origin.torch_names) if origin is not None else {}
+    names = (dict(origin.torch_names) if origin is not None
+             else {g: TorchName(g) for g in model.graph.state_names})
     binding = getattr(model, "torch_binding", None)
     if binding is not None:
         names.update(binding.names)

@@ -103,19 +103,21 @@ class Module:
             or name in self.__dict__.get("_buffers", ())
         ):
             params, buffers, modules = self._dicts()
-            for d in (params, buffers, modules):
-                d.pop(name, None)
             if isinstance(value, Buffer):
-                buffers[name] = value
+                target = buffers
             elif isinstance(value, Module):
-                modules[name] = value
+                target = modules
             elif isinstance(value, Parameter) or value is None:
-                params[name] = value  # None: an absent optional parameter (bias=False)
+                target = params  # None: an absent optional parameter (bias=False)
             else:
                 raise AnygradError(
                     f"{type(self).__name__}.{name}: cannot replace a registered parameter, "
                     f"buffer or module by a {type(value).__name__}"
                 )
+            for d in (params, buffers, modules):
+                if d is not target:
+                    d.pop(name, None)
+            target[name] = value  # a reassigned name keeps its place in the order, as in torch
             self.__dict__.pop(name, None)
             return
         object.__setattr__(self, name, value)
@@ -312,6 +314,9 @@ def trace(
     """
     if not isinstance(module, Module):
         raise ConfigError(f"trace needs an anygrad.nn.Module, got {type(module).__name__}")
+    if isinstance(input_shape, (str, bytes)) or not hasattr(input_shape, "__iter__"):
+        raise ConfigError(f"input_shape must be a tuple of dims, batch first, like (None, {input_shape!r}), "
+                          f"got {type(input_shape).__name__} {input_shape!r}")
     tracer = Tracer(name=type(module).__name__)
     for path, m in module.named_modules():
         tracer.module_paths[id(m)] = path
