@@ -446,7 +446,8 @@ class Model:
     def fit(self, train: tuple[np.ndarray, np.ndarray], valid: tuple[np.ndarray, np.ndarray] | None = None,
             *, overwrite: bool = False, **settings: Any):
         """Train for `epochs` with validation, metrics, early stopping, clipping, accumulation,
-        schedulers, checkpoints (see anygrad.train.TrainConfig for every setting). An
+        schedulers, checkpoints (the keywords: anygrad.train.config.FIT_SETTINGS; the optimizer, loss,
+        precision and device are compile()'s, and a keyword of theirs is refused here). An
         `artifacts_dir` that holds another run is refused unless `resume=True` continues it or
         `overwrite=True` replaces it; files of yours there are never replaced."""
         return operation("fit")(self, train, valid, overwrite=overwrite, **settings)

@@ -18,10 +18,57 @@ from .monitor import Monitor
 RESUMABLE_CHANGES = ("epochs", "log_every", "device", "artifacts_dir", "data_dir", "keep_checkpoints",
                      "checkpoint_every", "patience", "min_delta", "prefetch", "on_nan", "export",
                      "torch_compile")
+# Which TrainConfig fields Model.fit / anygrad.train.fit take as keywords, and where the others
+# belong (one table; fit's keyword check reads it). The loop's own settings:
+FIT_SETTINGS = ("epochs", "batch_size", "seed", "drop_last", "shuffle", "valid_batch_size", "log_every",
+                "artifacts_dir", "prefetch", "target_keys", "clip_grad_norm", "accumulate", "scheduler",
+                "scheduler_options", "monitor", "mode", "patience", "min_delta", "keep_checkpoints",
+                "checkpoint_every", "on_nan", "param_groups", "no_decay")
+# The model's: set by compile() (or Model methods) before fit; field -> where it goes.
+COMPILE_SETTINGS = {
+    "optimizer": "compile(optimizer=anygrad.optim.SGD(lr=...))",
+    "lr": "compile(optimizer=anygrad.optim.SGD(lr={value!r})) — or set model.lr",
+    "loss": "compile(loss=...)",
+    "precision": "compile(precision={value!r})",
+    "device": "compile(device={value!r})",
+    "limits": "compile(limits={value!r})",
+    "memory_budget": "compile(memory_budget={value!r})",
+    "sync_batchnorm": "compile(sync_batchnorm=...)",
+    "grad_compression": "compile(grad_compression={value!r})",
+    "torch_compile": "compile(torch_compile=...)",
+    "init": "the model's construction (anygrad train --init)",
+    "weights": "model.load_state_dict({value!r})",
+    "weights_partial": "model.load_state_dict(..., strict=False)",
+    "weights_key": "model.load_state_dict(..., key={value!r})",
+    "freeze": "model.freeze(...)",
+    "padding_idx": "model.set_padding_idx(...)",
+}
+# The CLI's (train/run.py builds the model and the data from them); in Python, pass fit the data,
+# validation data and transforms.
+CLI_SETTINGS = ("model", "dataset", "data_dir", "valid_fraction", "normalize", "mean", "std", "crop_padding",
+                "hflip", "x_key", "y_key", "block_size", "export")
 # Keys of config.json that are not settings: what the run resolved them to (written by the run).
 BOOKKEEPING_KEYS = ("resolved",)
 # How batches are normalised: in the graph on the device (uint8 uploads), on the host, or not at all.
 NORMALIZE_MODES = ("device", "host", "none")
+
+
+def check_fit_keywords(settings: dict[str, Any]) -> None:
+    """Raise a ConfigError for a keyword fit does not take: a compile()-time or CLI-only setting
+    (see FIT_SETTINGS, COMPILE_SETTINGS, CLI_SETTINGS), or no setting at all."""
+    for name, value in settings.items():
+        if name in FIT_SETTINGS:
+            continue
+        if name in COMPILE_SETTINGS:
+            raise ConfigError(f"fit() does not take {name}=: it is the model's, set before training: "
+                              + COMPILE_SETTINGS[name].format(value=value))
+        if name in CLI_SETTINGS:
+            raise ConfigError(f"fit() does not take {name}=: data and run settings (dataset, valid_fraction, "
+                              "normalize, mean, std, hflip, crop_padding, export, ...) are the CLI's (anygrad train); "
+                              "in Python pass fit the training and validation data and transforms=")
+        close = difflib.get_close_matches(name, FIT_SETTINGS, 1)
+        raise ConfigError(f"fit() does not take {name}=" + (f" (did you mean {close[0]}=?)" if close else "")
+                          + f"; its settings are {', '.join(FIT_SETTINGS)}")
 
 
 @dataclass

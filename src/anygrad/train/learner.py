@@ -26,7 +26,7 @@ from ..model import Model
 from ..optim.schedulers import RunFacts, get_scheduler
 from . import checkpoint as ckpt
 from .artifacts import config_record, save_weights, write_json, write_metrics
-from .config import RESUMABLE_CHANGES, TrainConfig
+from .config import RESUMABLE_CHANGES, TrainConfig, check_fit_keywords
 from .guard import Diverged, Guard, nonfinite_entries
 from .interrupt import _graceful_interrupt, _StopFlag
 from .line_reporter import LineReporter, Log
@@ -162,6 +162,8 @@ class Learner:
                                       shuffle=False, transform=transforms[1], layout=layout, role="validation data")
             self.valid_data = valid_data
         n = self.loader.n_samples
+        if len(self.loader) == 0 and n == 0:
+            raise ConfigError("the training data is empty (0 samples); pass fit some samples")
         if len(self.loader) == 0:
             raise ConfigError(f"no full batch of {config.batch_size} in {n if n is not None else 'the'} training "
                               "samples; use a smaller batch size or keep the last partial batch (no drop_last)"
@@ -304,6 +306,10 @@ class Learner:
             if self.ckpt_dir is None:
                 raise ConfigError("resuming needs the run's artifacts folder")
             path = ckpt.latest(self.ckpt_dir)
+            if path is None and not self.ckpt_dir.exists() and not (self.ckpt_dir.parent / "config.json").exists():
+                raise ckpt.CheckpointError(
+                    f"{self.ckpt_dir.parent} holds no run to resume (no checkpoints, no config.json); start a "
+                    f"run there without {wording.resume.format(folder=self.ckpt_dir.parent)}")
             if path is None:
                 raise ckpt.CheckpointError(
                     f"no checkpoint in {self.ckpt_dir} to resume from; the run stopped before its first "
@@ -583,10 +589,10 @@ def fit(model: Model, train_data: Data, valid_data: Data | None = None, config: 
     run would write over (or the model's own file) are never replaced. `claim=False`: the caller
     holds the folder already (train.run.run does).
     """
-    unknown = set(settings) - set(TrainConfig.__dataclass_fields__)
-    if unknown:
-        raise ConfigError(f"unknown training setting(s) {sorted(unknown)}")
+    check_fit_keywords(settings)
     config = replace(config or TrainConfig(), **settings)
+    if claim and getattr(model, "precision", None) in ("f32", "f16"):
+        config = replace(config, precision=model.precision)  # recorded and compared on resume as compiled
     config.check(own_loss=getattr(model.loss, "name", None) == "output")
     if (config.param_groups or config.no_decay) and model.optimizer is not None and \
             config.optimizer_groups() != list(model.optimizer.param_groups):
