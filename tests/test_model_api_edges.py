@@ -89,3 +89,15 @@ def test_one_hot_targets_say_class_indices_are_needed():
     with pytest.raises(ShapeError, match=r"class-index targets of shape \(50,\)") as e:
         m.train_on_batch(x, np.eye(3, dtype=np.float32)[y])
     assert "do not fit" not in str(e.value)
+
+
+@pytest.mark.parametrize("device", ["cpu", "torch:cpu"])
+def test_a_target_class_out_of_range_names_the_loss_not_a_step_node(device):
+    pytest.importorskip("torch")
+    from anygrad.optim import SGD
+    m = nn.Sequential(nn.Linear(4, 3)).to_model(input_shape=(None, 4))
+    m.compile(loss="cross_entropy", optimizer=SGD(lr=0.1), device=device)
+    x = np.ones((2, 4), np.float32)
+    with pytest.raises(DataError, match=r"CrossEntropy loss: target class index 7 is outside \[0, 3\)") as e:
+        m.train_on_batch(x, np.array([0, 7]))
+    assert "step." not in str(e.value)

@@ -88,6 +88,15 @@ def _class_axis(v: np.ndarray) -> np.ndarray:
     return np.expand_dims(v, 1)
 
 
+def bad_target(op: str, index: int, classes: int) -> DataError:
+    """The one message for a class index out of range, every backend's: it names the loss by its
+    op (the step graph's node names, such as 'step.CrossEntropy__4', mean nothing to a user)."""
+    for part in ("Metrics", "Grad"):  # the fused and gradient forms of one loss
+        op = op.removesuffix(part)
+    return DataError(f"{op} loss: target class index {index} is outside [0, {classes}); check the labels or "
+                     "the model's number of classes")
+
+
 def _targets(node: Node, x: np.ndarray, target: np.ndarray, weight: np.ndarray | None):
     """(safe class indices, mask of samples not ignored, per-sample weight w[t] * mask)."""
     n_classes = x.shape[1]
@@ -96,8 +105,7 @@ def _targets(node: Node, x: np.ndarray, target: np.ndarray, weight: np.ndarray |
     safe = np.where(mask, target, 0).astype(np.int64)
     bad = (safe < 0) | (safe >= n_classes)
     if bad.any():
-        raise DataError(f"{node.label}: target class index {int(target[bad].flat[0])} is outside "
-                        f"[0, {n_classes}); check the labels or the model's number of classes")
+        raise bad_target(node.op, int(target[bad].flat[0]), n_classes)
     w = weight if weight is not None else np.ones(n_classes, x.dtype)
     return safe, mask, (w[safe] * mask).astype(x.dtype)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...errors import DataError
+from ...ops.loss import bad_target
 from .convert import torch_dtype
 from .lowering import Site, is_float, lowering
 
@@ -26,8 +26,7 @@ def _check_targets(site: Site, x: Any, target: Any) -> None:
     if ignore is not None:
         bad = bad & (target != ignore)
     if bool(bad.any()):
-        raise DataError(f"{site.node.label}: target class index {int(target[bad].reshape(-1)[0])} is outside "
-                        f"[0, {n_classes}); check the labels or the model's number of classes")
+        raise bad_target(site.node.op, int(target[bad].reshape(-1)[0]), n_classes)
 
 
 # torch's NLL kernels (aten.nll_loss_forward/backward) compute the reference's loss and gradient

@@ -70,7 +70,7 @@ class TorchExecutable(_CudaGraphs, HostExecutable):
         self.graph = graph
         self.device = backend.device
         self.fallback_ops: list[str] = []
-        self.target_checks: list[tuple[str, int, int | None, str]] = []  # (input, classes, ignore, node)
+        self.target_checks: list[tuple[str, int, int | None, str]] = []  # (input, classes, ignore, op)
         self.torch_compile = torch_compile
         steps = self._group(_fuse_bias(graph, self._steps(graph)))
         self.step_ops = ["+".join(n.op for n in st.nodes) if st.grouped else st.nodes[0].op for st in steps]
@@ -98,7 +98,7 @@ class TorchExecutable(_CudaGraphs, HostExecutable):
             for slot in site.host_checked:
                 x = graph.info[node.inputs[0]]
                 self.target_checks.append((fed_source(graph, node.inputs[slot], producers), int(x.shape[1]),
-                                           node.attrs.get("ignore_index"), node.label))
+                                           node.attrs.get("ignore_index"), node.op))
             out_dtypes = [None if o is None else np.dtype(o.dtype) for o in site.outs]
             kernel = lower(site)
             if kernel is None:

@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ...errors import DataError
 from ...ir.graph import Graph, Node
+from ...ops.loss import bad_target
 from .convert import TORCH_DTYPES, WIDENED
 from .lowering import LOWERINGS, Site
 
@@ -70,9 +70,8 @@ def lower(site: Site) -> Callable | None:
     return fn(site)
 
 
-def _check_targets(target: np.ndarray, classes: int, ignore: int | None, label: str) -> None:
+def _check_targets(target: np.ndarray, classes: int, ignore: int | None, op: str) -> None:
     """ops.loss's check of class-index targets, on the host copy the caller fed."""
     bad = ((target < 0) | (target >= classes)) & (target != ignore if ignore is not None else True)
     if bad.any():
-        raise DataError(f"{label}: target class index {int(target[bad].flat[0])} is outside [0, {classes}); "
-                        "check the labels or the model's number of classes")
+        raise bad_target(op, int(target[bad].flat[0]), classes)
