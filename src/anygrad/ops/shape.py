@@ -460,8 +460,9 @@ def _gather_forward(node, ins):
     data, idx = ins
     axis = _gather_axis(node, data.ndim)
     n = data.shape[axis]
-    if idx.size and (idx.min() < -n or idx.max() >= n):  # cheap: two reductions, no copy
-        bad = idx.max() if idx.max() >= n else idx.min()
+    lo, hi = (int(idx.min()), int(idx.max())) if idx.size else (0, 0)  # two reductions, no copy
+    if lo < -n or hi >= n:
+        bad = hi if hi >= n else lo
         raise DataError(f"Gather node '{node.name}': index {int(bad)} is out of range [-{n}, {n}) for axis {axis} "
                         f"of size {n} (an embedding lookup needs ids below its number of rows)")
     return np.take(data, _positive(idx, n), axis=axis)
