@@ -373,7 +373,7 @@ def run_anygrad(spec: Spec, module, batches, device: str, args, mem: GpuMemory |
         out["cuda_profile"] = cuda_profile(lambda i: model.train_step(*batches[i % n]), torch.cuda.synchronize,
                                            top=args.top)
     inputs0, targets0 = model._batch(x0, y0)
-    exe = model.train_program(inputs0, targets0, flush=False)
+    exe = model.train_program(inputs0, targets0)
     if model.backend.name == "wgpu":
         from anygrad.backends.wgpu.planning.planner import memory_report
         rep = memory_report(exe.plan)

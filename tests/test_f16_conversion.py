@@ -1,11 +1,12 @@
 """f32 -> f16 conversions as numpy's astype(float16) does them: round to nearest, ties to even,
 inf from 65520 on, NaN kept (halfstore.py's conversion functions, selftest.f16_rounding_problem).
 
-WGSL lets a driver round either way and leaves overflow indeterminate; NVIDIA's Vulkan driver
-through Dawn rounds toward zero and gives 65504, which hid overflowing f16 gradients from
-GradScaler. The exact conversion (integer arithmetic on the f32 bits) is checked here against
-numpy over every f16 value, every tie between neighbours and the f32 values either side of it,
-forced on for the adapter under test (lavapipe's own conversion is already IEEE).
+WGSL lets a driver round either way and leaves overflow indeterminate. NVIDIA's Vulkan compiler
+(H200, 2026-12-02, wgpu-native and Dawn alike) stores f16 exactly but drops the round trip of a
+value rounded in a register, which hid overflowing f16 gradients from GradScaler. The exact
+conversion (integer arithmetic on the f32 bits) is checked here against numpy over every f16
+value, every tie between neighbours and the f32 values either side of it, forced on for the
+adapter under test (lavapipe's own conversion is already IEEE).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.wgpu
 
 
 def _rtz(x: np.ndarray) -> np.ndarray:
-    """float16 rounded toward zero, 65504 for overflow: how NVIDIA's Vulkan driver converts."""
+    """float16 rounded toward zero, 65504 for overflow: a conversion WGSL allows a driver."""
     x = np.asarray(x, np.float32)
     with np.errstate(over="ignore"):
         near = x.astype(np.float16)
@@ -88,6 +89,44 @@ def test_the_adapters_own_conversion_passes_the_probe_on_lavapipe(backend):
         pytest.skip("the driver's own rounding is what this probes; only lavapipe's is known here")
     assert selftest.f16_rounding_problem(backend) == ""
     _check(backend, _exhaustive(), exact=False, vec4=False)
+    _check_register(backend, _exhaustive(), exact=False)
+
+
+def _check_register(b, x, exact):
+    got = selftest.round_on_device(b, x, exact=exact)
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16).astype(np.float32)
+    same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
+    bad = np.flatnonzero(~same)
+    assert not len(bad), f"{len(bad)} of {len(x)} differ (x, got, want): {[(x[k], got[k], want[k]) for k in bad[:8]]}"
+
+
+@pytest.mark.parametrize("mode", ["device", "exact"])
+def test_a_value_rounded_in_a_register_is_numpys_float16(backend, mode):
+    """halfstore.round_half (a GEMM epilogue's f16 rounding, kept in f32): every tie to even, inf
+    from 65520 on, with the definition this device's kernels get (the plain one where the probe
+    passed; NVIDIA's compiler drops its round trip, so there the exact one) and the exact one."""
+    _check_register(backend, _exhaustive(), exact=mode == "exact" or bool(selftest.f16_rounding_problem(backend)))
+
+
+def test_the_register_probe_runs_the_drivers_own_rounding_while_the_backend_probes(backend, monkeypatch):
+    """While it probes, the backend swaps any shader's conversion functions for the exact ones
+    (ctx.f16_rounding is then '(being probed)'): the plain probe must not go through them, or it
+    tests the exact rounding and passes on the H200 driver that drops the plain one."""
+    monkeypatch.setattr(backend.ctx, "f16_rounding", "(being probed)")
+    shaders = []
+    real = selftest._dispatch
+    monkeypatch.setattr(selftest, "_dispatch", lambda b, wgsl, *a: shaders.append(b.device_wgsl(wgsl)) or real(b, wgsl, *a))
+    selftest.round_on_device(backend, np.float32([1.0, 70000.0]))
+    (wgsl,) = shaders
+    assert halfstore.plain_round("src[gid.x]") in wgsl and halfstore.ROUND_HALF not in wgsl
+
+
+def test_the_probe_reports_a_driver_that_drops_the_register_round_trip(backend, monkeypatch):
+    """What the H200's Vulkan compiler did with f32(f16(x)): the value came back unrounded."""
+    monkeypatch.setattr(selftest, "round_on_device", lambda b, x, exact=False: np.asarray(x, np.float32))
+    problem = selftest.f16_rounding_problem(backend)
+    assert "held in a register gives" in problem and "values differ" in problem, problem
 
 
 def test_the_exact_functions_replace_the_plain_ones_in_every_kernel():
@@ -96,6 +135,7 @@ def test_the_exact_functions_replace_the_plain_ones_in_every_kernel():
     exact = halfstore.exact_conversions(wgsl)
     assert not halfstore.plain_conversions(exact) and "unpack2x16float" in exact
     assert exact.count("fn anygrad_to_f16(") == 1 and exact.count("fn anygrad_to_f16x4(") == 1
+    assert exact.count(f"fn {halfstore.ROUND_HALF}(") == 1
     assert halfstore.exact_conversions(exact) == exact
 
 

@@ -6,6 +6,7 @@ in both the register-only and the workgroup-memory variant, on shapes that do no
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 import pytest
@@ -194,6 +195,28 @@ def test_split_k_reduce_applies_alpha_bias_and_relu(n, splits):
     assert len(kernels) == 2 and kernels[0].scratch and f"splitK {splits}" in kernels[0].name
     kernels = check_op("MatMul", [rnd(2, 6, 704, seed=63), rnd(704, n, seed=64)], pin, GPU, rtol=1e-4, atol=1e-4)
     assert len(kernels) == 2 and kernels[0].scratch
+
+
+def _lowered(op: str, shapes: list[tuple], attrs: dict, caps: AdapterCaps):
+    g = Graph()
+    for i, shape in enumerate(shapes):
+        g.info[f"x{i}"] = TensorInfo(F32, shape)
+    node = Node(op, [f"x{i}" for i in range(len(shapes))], ["y0"], dict(attrs), name="n")
+    g.nodes = [node]
+    infer_node(g, node)
+    return LOWERINGS[op](node, resolve_attributes(g), caps)
+
+
+def test_many_splits_reduce_by_tree_only_outputs_too_few_to_fill_the_gpu():
+    """64 splits of 6 x 5 outputs: a workgroup per output sums them (run here); of 2048 x 256
+    outputs (GPT b128's head weight gradient): one invocation per output, reading neighbouring
+    partials (the tree's strided reads took 5.3 ms of a 14.8 ms step on an H200)."""
+    pin = {"_gemm_variant": "shared", "_gemm_block": 4, "_gemm_kt": 16, "_gemm_splits": 64}
+    small = check_op("MatMul", [rnd(6, 8192, seed=65), rnd(8192, 5, seed=66)], pin, GPU, rtol=1e-3, atol=1e-3)
+    assert "splitK 64" in small[0].name and "var<workgroup> part" in small[1].wgsl
+    large = _lowered("MatMul", [(2048, 8192), (8192, 256)], pin, GPU)
+    assert "splitK 64" in large[0].name and "var<workgroup>" not in large[1].wgsl
+    assert math.prod(large[1].workgroups) * 64 >= 2048 * 256
 
 
 # -- convolutions -------------------------------------------------------------------------------

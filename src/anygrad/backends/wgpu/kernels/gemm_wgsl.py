@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 from ....ir.graph import Node
 from .gemm_spec import EPILOGUES, Binding, GemmSpec, Operand, Output, Tiling, f, fold_grid, linear_id, u
-from .halfstore import to_half
+from .halfstore import round_half
 from .kernel import AdapterCaps
 from .kernels_elementwise import EW, Emit, Val
 
@@ -67,9 +67,9 @@ def _act_fn(name: str, apply: tuple, helpers: dict[str, str] | None, half: bool 
 
 
 def _rounded(expr: str, half: bool) -> str:
-    """expr (f32) rounded to float16 and back when `half`: a float16 value of the graph, held in a
-    register instead of stored (the shader enables f16: halfstore.py does for its f16 bindings)."""
-    return f"f32({to_half(expr)})" if half else expr
+    """expr (f32) rounded to float16 when `half`: a float16 value of the graph, held in a register
+    instead of stored (halfstore.round_half; the shader gets its definition with its f16 bindings)."""
+    return round_half(expr) if half else expr
 
 
 def _activation(out: Output, helpers: dict[str, str] | None = None) -> tuple[str, str, str]:

@@ -15,12 +15,13 @@ dtype) is rewritten in the shader text, the way bindpack.py rewrites packed read
 Every f32 -> f16 conversion a kernel emits goes through `to_half` (functions TO_HALF, TO_HALF4,
 defined once per shader by `with_conversions`). WGSL leaves the rounding of that conversion to
 the implementation ("correctly rounded" allows either neighbour) and an out-of-range value
-indeterminate; NVIDIA's Vulkan driver through Dawn rounds toward zero and gives 65504 for
-overflow, where PyTorch and numpy round to nearest even and overflow to inf (which GradScaler's
-found-inf relies on). So the plain definitions (the driver's conversion, free) are swapped for
-exact ones (IEEE round-to-nearest-even in integer arithmetic on the f32 bits, ~20 ALU
-operations an element, no branches) on a device whose conversion a probe found wrong
-(`exact_conversions`, selftest.f16_rounding_problem).
+indeterminate, where PyTorch and numpy round to nearest even and overflow to inf (which
+GradScaler's found-inf relies on). A float16 value held in a register (a GEMM epilogue's) is
+rounded by `round_half` through packed bits, never as f32(f16(x)), which NVIDIA's compiler drops.
+The plain definitions (the driver's conversion, free) are swapped for exact ones (IEEE
+round-to-nearest-even in integer arithmetic on the f32 bits, ~20 ALU operations an element, no
+branches) on a device whose conversions a probe found wrong (`exact_conversions`,
+selftest.f16_rounding_problem).
 
 So a matmul reads f16 operands and accumulates in f32, an elementwise chain reads and writes
 f16, and the value takes half the bytes (planner.value_bytes). A binding used otherwise (a
@@ -136,9 +137,26 @@ def with_enable(wgsl: str) -> str:
 
 # -- f32 -> f16 conversions -------------------------------------------------------------------
 TO_HALF, TO_HALF4 = "anygrad_to_f16", "anygrad_to_f16x4"
+# f32 -> the nearest f16 value, kept in an f32 register (a float16 value of the graph that no
+# binding stores: a GEMM epilogue's rounding). NVIDIA's Vulkan compiler drops the round trip
+# f32(f16(x)), and unpack2x16float(pack2x16float(x)) as well (an H200 through wgpu-native and Dawn,
+# 2026-12-02: every value came back unrounded, 131072 stayed finite, so GradScaler never saw the
+# overflow). One function for it lets the probe find that and the exact definition replace it.
+ROUND_HALF = "anygrad_round_f16"
+
+
+def plain_round(expr: str) -> str:
+    """The driver's own rounding of f32 `expr` to f16, as an f32: ROUND_HALF's plain body. NVIDIA's
+    compiler drops this round trip too (H200, 2026-12-02), so the probe finds it and such a device
+    gets the exact definitions."""
+    return f"unpack2x16float(pack2x16float(vec2<f32>({expr}, 0.0))).x"
+
+
 # parameter names no kernel uses: passes that rename a kernel's variables (merge_bindings) leave them
 _PLAIN = (f"fn {TO_HALF}(anygrad_x: f32) -> f16 {{ return f16(anygrad_x); }}\n"
-          f"fn {TO_HALF4}(anygrad_x: vec4<f32>) -> vec4<f16> {{ return vec4<f16>(anygrad_x); }}\n")
+          f"fn {TO_HALF4}(anygrad_x: vec4<f32>) -> vec4<f16> {{ return vec4<f16>(anygrad_x); }}\n"
+          f"fn {ROUND_HALF}(anygrad_x: f32) -> f32 {{ return {plain_round('anygrad_x')}; }}\n")
+_USES = re.compile(rf"\b({TO_HALF}|{TO_HALF4}|{ROUND_HALF})\(")
 
 
 def to_half(expr: str, vec4: bool = False) -> str:
@@ -147,9 +165,15 @@ def to_half(expr: str, vec4: bool = False) -> str:
     return f"{TO_HALF4 if vec4 else TO_HALF}({expr})"
 
 
+def round_half(expr: str) -> str:
+    """WGSL rounding the f32 `expr` to the nearest f16 value, as an f32 (ROUND_HALF); the shader
+    needs with_conversions for the function's definition."""
+    return f"{ROUND_HALF}({expr})"
+
+
 def with_conversions(wgsl: str) -> str:
     """`enable f16;` and the (plain) conversion functions, where the shader calls them."""
-    if (f"{TO_HALF}(" in wgsl or f"{TO_HALF4}(" in wgsl) and f"fn {TO_HALF}(" not in wgsl:
+    if _USES.search(wgsl) and f"fn {TO_HALF}(" not in wgsl:
         wgsl = wgsl + "\n" + _PLAIN
     return with_enable(wgsl)
 
@@ -183,7 +207,9 @@ _EXACT = (f"fn {TO_HALF}(anygrad_x: f32) -> f16 {{\n  let b = bitcast<u32>(anygr
           f"fn {TO_HALF4}(anygrad_x: vec4<f32>) -> vec4<f16> {{\n  let b = bitcast<vec4<u32>>(anygrad_x);\n"
           f"  let a = b & vec4<u32>(0x7fffffffu);\n{_exact_bits('vec4<u32>')}\n"
           "  let w = h | ((b >> vec4<u32>(16u)) & vec4<u32>(0x8000u));\n"
-          "  return vec4<f16>(vec4<f32>(unpack2x16float(w.x | (w.y << 16u)), unpack2x16float(w.z | (w.w << 16u))));\n}\n")
+          "  return vec4<f16>(vec4<f32>(unpack2x16float(w.x | (w.y << 16u)), unpack2x16float(w.z | (w.w << 16u))));\n}\n"
+          f"fn {ROUND_HALF}(anygrad_x: f32) -> f32 {{\n  let b = bitcast<u32>(anygrad_x);\n  let a = b & 0x7fffffffu;\n"
+          f"{_exact_bits('u32')}\n  return unpack2x16float(h | ((b >> 16u) & 0x8000u)).x;\n}}\n")
 
 
 def plain_conversions(wgsl: str) -> bool:

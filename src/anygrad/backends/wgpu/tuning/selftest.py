@@ -17,11 +17,13 @@ f16 storage with f32 products.
 
 First of all, the driver's own f32 -> f16 conversion is probed (f16_rounding_problem): one
 dispatch converts a table of ties, near-ties, overflows, subnormals and specials, compared bit for
-bit with numpy's astype(float16) (IEEE round-to-nearest-even, inf from 65520 on). WGSL allows
-either neighbour and leaves overflow indeterminate, and NVIDIA's Vulkan driver through Dawn
-rounds toward zero (65504 for overflow, so GradScaler never saw an inf). A device that differs
-gets the exact conversion functions instead (halfstore.exact_conversions), so every kernel rounds
-as numpy and PyTorch do.
+bit with numpy's astype(float16) (IEEE round-to-nearest-even, inf from 65520 on), both as stored
+into an f16 array and as rounded in a register (halfstore.round_half, a GEMM epilogue's rounding).
+WGSL allows either neighbour and leaves overflow indeterminate. On an H200 (2026-12-02) NVIDIA's
+Vulkan compiler, through wgpu-native and Dawn alike, stored f16 exactly but dropped a register
+round trip f32(f16(x)): epilogues did not round, and a gradient of 131072 stayed finite, so
+GradScaler skipped no step. A device that differs anywhere gets the exact conversion functions
+(halfstore.exact_conversions), so every kernel rounds as numpy and PyTorch do.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ import numpy as np
 
 from ....ir.builder import Builder
 from ....ir.graph import Graph, TensorInfo
-from ..kernels.halfstore import exact_conversions, with_conversions
+from ..kernels.halfstore import exact_conversions, plain_round, round_half, with_conversions
 
 _F16, _F32 = 10, 1  # ONNX Cast codes
 RTOL = 1e-2  # f16 results differ by an ulp or two (summation order); broken kernels by far more
@@ -149,16 +151,39 @@ def convert_on_device(backend, x: np.ndarray, exact: bool = False, vec4: bool = 
         wgsl = wgsl.replace(f"dst[gid.x] = {'vec4<f16>' if vec4 else 'f16'}(src[gid.x]);",
                             f"dst[gid.x] = {'anygrad_to_f16x4' if vec4 else 'anygrad_to_f16'}(src[gid.x]);")
         wgsl = exact_conversions(with_conversions(wgsl))
+    return _dispatch(backend, wgsl, x, len(x) * 2, count).view(np.float16)[:n].copy()
+
+
+def round_on_device(backend, x: np.ndarray, exact: bool = False) -> np.ndarray:
+    """x (float32) rounded to the nearest float16 value and kept as float32 in a register, as a
+    GEMM epilogue does (halfstore.round_half), by one dispatch: the plain or (exact) the exact
+    definition. A driver that drops a conversion's round trip returns x unchanged."""
+    x = np.asarray(x, np.float32).ravel()
+    # the plain rounding written out, not through the conversion functions: the backend would swap
+    # those for the exact ones while it probes (Backend.device_wgsl)
+    wgsl = ("@group(0) @binding(0) var<storage, read> src: array<f32>;\n"
+            "@group(0) @binding(1) var<storage, read_write> dst: array<f32>;\n"
+            "@compute @workgroup_size(64)\n"
+            "fn main(@builtin(global_invocation_id) gid: vec3<u32>) {\n"
+            f"  if (gid.x >= {len(x)}u) {{ return; }}\n"
+            f"  dst[gid.x] = {round_half('src[gid.x]') if exact else plain_round('src[gid.x]')};\n}}\n")
+    if exact:
+        wgsl = exact_conversions(with_conversions(wgsl))
+    return _dispatch(backend, wgsl, x, x.nbytes, len(x)).view(np.float32).copy()
+
+
+def _dispatch(backend, wgsl: str, x: np.ndarray, out_bytes: int, count: int) -> np.ndarray:
+    """The bytes `dst` holds after one dispatch of the probe shader `wgsl` (src: x, count threads)."""
     usage = backend.storage_usage
-    src, dst = backend.create_buffer(x.nbytes, usage, "f16-probe:src"), backend.create_buffer(len(x) * 2, usage,
-                                                                                            "f16-probe:dst")
+    src, dst = (backend.create_buffer(x.nbytes, usage, "f16-probe:src"),
+                backend.create_buffer(out_bytes, usage, "f16-probe:dst"))
     try:
         backend.upload(src, 0, x)
         pipe = backend.pipeline(wgsl, "main", (True, False), "f16-rounding-probe")
         bgl, _ = backend.layout((True, False))
         group = backend.device.create_bind_group(layout=bgl, entries=[
             {"binding": 0, "resource": {"buffer": src, "offset": 0, "size": x.nbytes}},
-            {"binding": 1, "resource": {"buffer": dst, "offset": 0, "size": len(x) * 2}}])
+            {"binding": 1, "resource": {"buffer": dst, "offset": 0, "size": out_bytes}}])
         enc = backend.device.create_command_encoder()
         cpass = enc.begin_compute_pass()
         cpass.set_pipeline(pipe)
@@ -166,7 +191,7 @@ def convert_on_device(backend, x: np.ndarray, exact: bool = False, vec4: bool = 
         cpass.dispatch_workgroups(-(-count // 64), 1, 1)
         cpass.end()
         backend.device.queue.submit([enc.finish()])
-        return backend.read(dst, len(x) * 2).view(np.float16)[:n].copy()
+        return backend.read(dst, out_bytes)
     finally:
         src.destroy()
         dst.destroy()
@@ -184,20 +209,27 @@ def f16_rounding_problem(backend) -> str:
     """'' when the device's own f32 -> f16 conversion (scalar and vec4) gives numpy's float16 for
     every value of rounding_table(); else the first value it gets wrong, in words."""
     x = rounding_table()
-    for vec4 in (False, True):
+    with np.errstate(over="ignore"):
+        in_register = x.astype(np.float16).astype(np.float32)  # what round_half must return
+    probes = [("", lambda: convert_on_device(backend, x), lambda got: mismatches(got, x)),
+              (" (vec4)", lambda: convert_on_device(backend, x, vec4=True), lambda got: mismatches(got, x)),
+              (" held in a register", lambda: round_on_device(backend, x),
+               lambda got: np.flatnonzero((got.view(np.uint32) != in_register.view(np.uint32))
+                                          & ~(np.isnan(got) & np.isnan(in_register))))]
+    for what, probe, wrong in probes:
         try:
-            got = convert_on_device(backend, x, vec4=vec4)
+            got = probe()
         except Exception as e:  # noqa: BLE001  (no usable probe: the exact conversion is the safe side)
             return f"its f16 conversion probe fails ({str(e).strip().splitlines()[0][:200]})"
-        bad = mismatches(got, x)
+        bad = wrong(got)
         if len(bad):
             k = bad[0]
             with np.errstate(over="ignore"):
                 want = float(x[k].astype(np.float16))
-            return (f"its f32 -> f16 conversion{' (vec4)' if vec4 else ''} gives {float(got[k])!r} for "
+            return (f"its f32 -> f16 conversion{what} gives {float(got[k])!r} for "
                     f"{float(x[k])!r}, not {want!r} ({len(bad)} of {len(x)} values differ)")
     return ""
 
 
 __all__ = ["convert_on_device", "f16_math_problem", "f16_problem", "f16_rounding_problem", "mismatches",
-           "rounding_table"]
+           "round_on_device", "rounding_table"]
