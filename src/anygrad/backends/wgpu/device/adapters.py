@@ -290,10 +290,12 @@ def best_adapter(include_software: bool = True, api: str | None = None,
     return max(pool, key=lambda p: p[0].rank, default=None)
 
 
-# Whether `auto` may pick Dawn for its matrix units. Off while f16 training on Dawn is known to
-# differ from the oracle: on an H200 (2026-12-02) a step whose f16 gradients overflow was not
-# skipped there (tests/test_precision.py::test_wgpu_skips_overflowing_steps_inside_the_fused_update_
-# like_numpy with the suite on wgpu:dawn, tests/wgpu_util.py). `--device wgpu:dawn` still chooses Dawn.
+# Whether `auto` may pick Dawn for its matrix units. Off because they do not yet pay on the models
+# people bring: on an H200 (2026-12-02, BENCHMARKS.md) f16 on Dawn's matrix units ran GPT b128 at
+# 10,181 samples/s, ResNet-18 b512 at 36,799 and ViT-tiny b128 at 6,502, where wgpu-native's f32
+# ALU kernels run 10,088 / 79,501 / 7,954. (f16 training on Dawn now matches the numpy oracle:
+# the overflow that was not skipped there came from NVIDIA's compiler dropping a register's f16
+# rounding, fixed in halfstore.round_half.) `--device wgpu:dawn` still chooses Dawn.
 AUTO_PICKS_DAWN = False
 
 
