@@ -39,17 +39,51 @@ def test_evaluate_takes_an_xy_tuple():
     assert m.evaluate((x, y)) == pytest.approx(m.evaluate(x, y))
 
 
-def test_evaluate_and_predict_refuse_a_data_source_clearly():
+def test_evaluate_and_predict_take_a_data_loader_as_keras_takes_a_dataset():
+    """anygrad's DataLoader (its epoch not advanced), torch's DataLoader and a generator of
+    batches: the same mean loss and metrics as the arrays (uneven last batch included), and
+    predict's outputs in order, with a batch's targets ignored."""
+    import torch
+
+    from anygrad.data import DataLoader
     m, x, y = _model(loss="cross_entropy")
+    want, want_out = m.evaluate(x, y), m.predict(x)
+    ours = DataLoader(x, y, batch_size=16, shuffle=False)
+    theirs = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y)),
+                                         batch_size=16)
+    for source in (ours, theirs, ((x[i:i + 7], y[i:i + 7]) for i in range(0, 50, 7))):
+        got = m.evaluate(source)
+        assert got.keys() == want.keys()
+        for k in want:
+            assert got[k] == pytest.approx(want[k], rel=1e-5), k
+    assert ours.epoch == 0
+    np.testing.assert_allclose(m.predict(ours), want_out, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(m.predict(theirs), want_out, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(m.predict(iter([x[:20], x[20:]])), want_out, rtol=1e-5, atol=1e-6)
 
-    class Loader:
-        def __iter__(self):
-            return iter([(x, y)])
 
-    with pytest.raises(ConfigError, match="arrays"):
-        m.evaluate(Loader())
-    with pytest.raises(ConfigError, match="arrays"):
-        m.predict(Loader())
+def test_evaluate_and_predict_read_every_source_fit_reads():
+    """An indexable dataset of samples (anygrad batches it, unshuffled), a list of dict batches
+    with a `labels` key and a one-shot generator object (read once here, unlike fit's epochs)."""
+    import torch
+    m, x, y = _model(loss="cross_entropy")
+    want, want_out = m.evaluate(x, y), m.predict(x)
+    samples = torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
+    dicts = [{"input": x[i:i + 10], "labels": y[i:i + 10]} for i in range(0, 50, 10)]
+    for source in (samples, dicts, ((x[i:i + 9], y[i:i + 9]) for i in range(0, 50, 9))):
+        got = m.evaluate(source)
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-5) and got["count"] == 50
+    np.testing.assert_allclose(m.predict(samples, batch_size=8), want_out, rtol=1e-5, atol=1e-6)
+
+
+def test_data_sources_that_cannot_be_read_say_why():
+    m, x, y = _model(loss="cross_entropy")
+    with pytest.raises(ConfigError, match="its own targets"):
+        m.evaluate(iter([(x, y)]), y)
+    with pytest.raises(ConfigError, match="no batches"):
+        m.evaluate(iter([]))
+    with pytest.raises(DataError, match="targets"):
+        m.evaluate(iter([x]))
 
 
 def test_batch_size_below_one_is_a_config_error():

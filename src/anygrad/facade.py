@@ -1,7 +1,8 @@
 """Facade operations: Model methods whose work lives in a layer above the Model.
 
-`Model.fit` trains (anygrad.train) and `Model.load_state_dict` and its kin read and write PyTorch
-weights (anygrad.frontends). Those packages import the Model, so the Model must not import them
+`Model.fit` trains (anygrad.train), `Model.evaluate` and `Model.predict` read the data sources fit
+takes (anygrad.data), and `Model.load_state_dict` and its kin read and write PyTorch weights
+(anygrad.frontends). Those packages import the Model, so the Model must not import them
 (not even lazily: that ties model/ into one import circle with everything above it). Instead each
 package registers its functions here when it is imported (`import anygrad` imports both), and the
 Model's methods call them through `operation(name)`. The table below is the whole contract: an
@@ -27,6 +28,8 @@ class FacadeOperation:
 
 OPERATIONS: dict[str, FacadeOperation] = {op.name: op for op in [
     FacadeOperation("fit", "anygrad.train", "fit(model, train, valid, overwrite=, **settings) -> FitResult"),
+    FacadeOperation("one_pass", "anygrad.data",
+                    "one_pass(data, batch_size=, layout=, role=) -> iterator of (inputs, targets) batches"),
     FacadeOperation("load_state_dict", "anygrad.frontends",
                     "load_state_dict(model, source, strict=, key=) -> LoadResult"),
     FacadeOperation("to_torch_state_dict", "anygrad.frontends",

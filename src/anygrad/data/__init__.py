@@ -7,10 +7,14 @@ from .datasets import DATASETS, DataConfig, Dataset, dataset_names, get_dataset,
 from .idx import parse_idx, read_idx, write_idx
 from .loader import ArraySamples, BatchSource, DataLoader, Samples, permutation
 from .mnist import MIRRORS, MNIST_FILES, MnistData, default_cache_dir, load_mnist, normalize
-from .sources import DatasetSamples, IterableBatches, batch_source, load_npy
+from .sources import DatasetSamples, IterableBatches, batch_source, load_npy, one_pass
 from ..batch import DEFAULT_TARGET_KEYS, Layout
 from .tokens import TokenBlocks, TokenWindows, read_tokens, token_split
 from .transforms import BatchTransform, augment, normalize_images
+from .. import facade
+
+# Model.evaluate and Model.predict read data sources through anygrad.facade (the Model sits below data)
+facade.register("one_pass", one_pass)
 
 __all__ = [
            "DATASETS",
@@ -39,6 +43,7 @@ __all__ = [
            "load_npy",
            "normalize",
            "normalize_images",
+           "one_pass",
            "parse_idx",
            "permutation",
            "read_idx",

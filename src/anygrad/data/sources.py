@@ -119,8 +119,10 @@ class IterableBatches(BatchSource):
 
     positionable = False
 
-    def __init__(self, data: Any, layout: Layout, prefetch: bool = False, what: str | None = None):
-        self.data, self.layout, self.prefetch = data, layout, prefetch
+    def __init__(self, data: Any, layout: Layout, prefetch: bool = False, what: str | None = None,
+                 once: bool = False):
+        # once: read a single time (evaluate, predict), so a one-shot iterator is fine
+        self.data, self.layout, self.prefetch, self.once = data, layout, prefetch, once
         self.factory = callable(data) and not hasattr(data, "__iter__")
         self.what = what or (f"the generator function {getattr(data, '__name__', _name(data))}()" if self.factory
                              else f"the iterable of batches ({_name(data)})")
@@ -144,7 +146,7 @@ class IterableBatches(BatchSource):
         except TypeError:
             raise DataError(f"{self.what} returned {type(source).__name__}, which is not iterable; it must "
                             "return an iterator of batches (write it as a generator: yield x, y)") from None
-        if it is source and not self.factory:
+        if it is source and not self.factory and not self.once:
             raise DataError(f"{self.what} is a one-shot iterator (a generator object), which the second epoch "
                             "would find empty; pass the generator function itself (fit(make_batches), not "
                             "fit(make_batches())), or a list")
@@ -219,6 +221,19 @@ def batch_source(data: Any, *, batch_size: int, shuffle: bool = True, seed: int 
     raise DataError(f"{role}: cannot read {_name(data)} as data; give (inputs, targets) arrays, .npy files, an "
                     "indexable dataset (__len__ and __getitem__: a torch or Hugging Face Dataset), a list of "
                     "batches, a generator function, or a torch DataLoader")
+
+
+def one_pass(data: Any, *, batch_size: int, layout: Layout, role: str) -> Iterator[tuple[Any, Any]]:
+    """The batches of `data` once, in order and unshuffled: any form `batch_source` reads, and a
+    one-shot iterator too. An anygrad BatchSource gives its current epoch's batches and keeps its
+    epoch (evaluating on the training loader must not change the next epoch's shuffle). What
+    `Model.evaluate` and `Model.predict` read (the facade operation 'one_pass')."""
+    if isinstance(data, BatchSource):
+        return data.batches(data.epoch)
+    if not isinstance(data, (list, tuple)) and hasattr(data, "__next__") and iter(data) is data:
+        return IterableBatches(data, layout, once=True).batches(0)
+    source = batch_source(data, batch_size=batch_size, shuffle=False, layout=layout, role=role)
+    return source.batches(source.epoch)
 
 
 def _is_iterable_dataset(data: Any) -> bool:

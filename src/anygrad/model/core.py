@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..backends.base import Backend, Executable
-from ..batch import Batch, is_torch_tensor, parse_inputs, take
+from ..batch import DEFAULT_TARGET_KEYS, Batch, Layout, is_torch_tensor, parse_inputs, take
 from ..errors import ConfigError
 from ..facade import operation
 from ..ir.graph import Graph
@@ -305,18 +305,21 @@ class Model:
         (default: all at once). An uncompiled model predicts on the CPU, like a freshly built
         PyTorch module: inference needs no loss or optimizer."""
         _check_batch_size(batch_size, allow_none=True)
-        _refuse_source(x, "predict")
         if self.backend is None:
             self.compile(device="cpu")
+        if _is_source(x):  # what fit takes: a DataLoader, a dataset, batches; their outputs in order
+            layout = Layout(DEFAULT_TARGET_KEYS, needs_targets=False)
+            parts = [self._predict_batch(self.parse_inputs(xb))
+                     for xb, _ in operation("one_pass")(x, batch_size=batch_size or 1000, layout=layout,
+                                                        role="predict's data")]
+            if not parts:
+                raise ConfigError("predict() got a data source with no batches")
+            return _concatenate(parts)
         inputs = self.parse_inputs(x)
         n = len(next(iter(inputs.values())))
         parts = [self._predict_batch(take(inputs, slice(i, i + batch_size))) for i in range(0, n, batch_size)] \
             if batch_size is not None and n > batch_size else [self._predict_batch(inputs)]
-        if len(parts) == 1:
-            return parts[0]
-        if isinstance(parts[0], dict):
-            return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-        return np.concatenate(parts)
+        return _concatenate(parts)
 
     def _predict_batch(self, inputs: Batch) -> np.ndarray | dict[str, np.ndarray]:
         exe = programs.program(self, "predict", inputs)
@@ -327,10 +330,24 @@ class Model:
 
     def evaluate(self, x: Any, y: Any = None, batch_size: int = 1000) -> dict[str, float]:
         """Mean loss and the metrics (see read_metrics) over (x, y) in inference mode. `x` alone
-        may also be an (inputs, targets) tuple, as fit's validation data."""
+        may also be an (inputs, targets) tuple, as fit's validation data, or a data source (an
+        anygrad or torch DataLoader, any iterable of (x, y) batches), whose own batches are used."""
         self._require_compiled()
         _check_batch_size(batch_size)
-        _refuse_source(x, "evaluate")
+        if _is_source(x):  # what fit takes as validation data: a DataLoader, a dataset, batches
+            if y is not None:
+                raise ConfigError("evaluate(): a data source brings its own targets; pass it alone, without y")
+            own_loss = getattr(self.loss, "name", None) == "output"
+            layout = Layout(() if own_loss else DEFAULT_TARGET_KEYS, needs_targets=not own_loss)
+            self.reset_metrics()
+            n = 0
+            for xb, yb in operation("one_pass")(x, batch_size=batch_size, layout=layout, role="evaluate's data"):
+                inputs, targets = self._batch(xb, yb)
+                self.eval_step(inputs, heads.by_output(self.heads, targets) if targets else None)
+                n += 1
+            if not n:
+                raise ConfigError("evaluate() got a data source with no batches")
+            return self.read_metrics(reset=True)
         if (y is None and isinstance(x, tuple) and len(x) == 2 and len(self.graph.inputs) == 1
                 and getattr(self.loss, "name", None) != "output"):
             x, y = x  # (inputs, targets), as fit's validation data
@@ -485,12 +502,18 @@ def _check_batch_size(batch_size: Any, allow_none: bool = False) -> None:
         raise ConfigError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
 
 
-def _refuse_source(x: Any, what: str) -> None:
-    """A ConfigError for a DataLoader or dataset object given to evaluate/predict, which take
-    arrays (the Model does not import the data layer that reads such sources)."""
-    if isinstance(x, (np.ndarray, np.generic, Mapping, tuple, list, int, float, bool)) or is_torch_tensor(x):
-        return
-    if hasattr(x, "__iter__") or hasattr(x, "__getitem__"):
-        raise ConfigError(f"{what}() takes arrays: x (and y), or an (x, y) tuple of arrays, got a "
-                          f"{type(x).__name__}; for a DataLoader or dataset, collect its batches into arrays "
-                          f"(np.concatenate), or pass it as fit(train, valid=...)")
+def _is_source(x: Any) -> bool:
+    """Whether evaluate/predict got a data source (a DataLoader, a dataset, an iterable of batches,
+    a .npy path: fit's forms) rather than arrays, tensors, a dict of inputs or an (x, y) tuple."""
+    if isinstance(x, list):  # a list of batches, (x, y) pairs or dicts, as fit reads it
+        return bool(x) and isinstance(x[0], (tuple, Mapping))
+    return not (isinstance(x, (np.ndarray, np.generic, Mapping, tuple, int, float, bool)) or is_torch_tensor(x))
+
+
+def _concatenate(parts: list) -> np.ndarray | dict[str, np.ndarray]:
+    """Batches of predictions joined along the batch axis (per output for several outputs)."""
+    if len(parts) == 1:
+        return parts[0]
+    if isinstance(parts[0], dict):
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    return np.concatenate(parts)
