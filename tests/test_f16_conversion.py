@@ -106,7 +106,7 @@ def test_a_value_rounded_in_a_register_is_numpys_float16(backend, mode):
     """halfstore.round_half (a GEMM epilogue's f16 rounding, kept in f32): every tie to even, inf
     from 65520 on, with the definition this device's kernels get (the plain one where the probe
     passed; NVIDIA's compiler drops its round trip, so there the exact one) and the exact one."""
-    _check_register(backend, _exhaustive(), exact=mode == "exact" or bool(selftest.f16_rounding_problem(backend)))
+    _check_register(backend, _exhaustive(), exact=mode == "exact" or bool(selftest.f16_register_problem(backend)))
 
 
 def test_the_register_probe_runs_the_drivers_own_rounding_while_the_backend_probes(backend, monkeypatch):
@@ -125,8 +125,15 @@ def test_the_register_probe_runs_the_drivers_own_rounding_while_the_backend_prob
 def test_the_probe_reports_a_driver_that_drops_the_register_round_trip(backend, monkeypatch):
     """What the H200's Vulkan compiler did with f32(f16(x)): the value came back unrounded."""
     monkeypatch.setattr(selftest, "round_on_device", lambda b, x, exact=False: np.asarray(x, np.float32))
-    problem = selftest.f16_rounding_problem(backend)
+    problem = selftest.f16_register_problem(backend)
     assert "held in a register gives" in problem and "values differ" in problem, problem
+    monkeypatch.setattr(backend.ctx, "f16_rounding", None)  # probed again: only the register functions change
+    monkeypatch.setattr(backend.ctx, "f16_register", None)
+    plain = halfstore.with_conversions("fn main() { let y = anygrad_to_f16(1.0); let z = anygrad_round_f16(1.0); }\n")
+    got = backend.device_wgsl(plain)
+    assert got == halfstore.exact_conversions(plain, stores=bool(backend.ctx.f16_rounding), registers=True)
+    if backend.ctx.f16_rounding == "":  # lavapipe: its stores keep the driver's conversion
+        assert "return f16(anygrad_x);" in got and "fn anygrad_round_f16(anygrad_x: f32) -> f32 {\n" in got
 
 
 def test_the_exact_functions_replace_the_plain_ones_in_every_kernel():
@@ -136,6 +143,10 @@ def test_the_exact_functions_replace_the_plain_ones_in_every_kernel():
     assert not halfstore.plain_conversions(exact) and "unpack2x16float" in exact
     assert exact.count("fn anygrad_to_f16(") == 1 and exact.count("fn anygrad_to_f16x4(") == 1
     assert exact.count(f"fn {halfstore.ROUND_HALF}(") == 1
+    stores = halfstore.exact_conversions(wgsl, registers=False)  # each block on its own
+    registers = halfstore.exact_conversions(wgsl, stores=False)
+    assert "return f16(anygrad_x);" not in stores and halfstore.plain_round("anygrad_x") in stores
+    assert "return f16(anygrad_x);" in registers and halfstore.plain_round("anygrad_x") not in registers
     assert halfstore.exact_conversions(exact) == exact
 
 
@@ -176,10 +187,12 @@ def test_a_driver_found_rounding_toward_zero_gets_the_exact_conversion(backend, 
     """The probe runs once per device, on the first shader with conversion functions; where it
     finds the driver's rounding wrong, every such shader gets the exact functions."""
     monkeypatch.setattr(backend.ctx, "f16_rounding", None)
+    monkeypatch.setattr(backend.ctx, "f16_register", None)
     monkeypatch.setattr(selftest, "convert_on_device", lambda b, x, exact=False, vec4=False: _rtz(x))
     plain = halfstore.with_conversions("fn main() { let y = anygrad_to_f16(1.0); }\n")
     assert backend.device_wgsl("fn main() {}\n") == "fn main() {}\n" and backend.ctx.f16_rounding is None
-    assert backend.device_wgsl(plain) == halfstore.exact_conversions(plain)
+    want = halfstore.exact_conversions(plain, stores=True, registers=bool(backend.ctx.f16_register))
+    assert backend.device_wgsl(plain) == want
     assert "conversion gives" in backend.ctx.f16_rounding
     monkeypatch.setattr(selftest, "convert_on_device", lambda *a, **k: pytest.fail("probed twice"))
-    assert backend.device_wgsl(plain) == halfstore.exact_conversions(plain)
+    assert backend.device_wgsl(plain) == want

@@ -153,9 +153,12 @@ def plain_round(expr: str) -> str:
 
 
 # parameter names no kernel uses: passes that rename a kernel's variables (merge_bindings) leave them
-_PLAIN = (f"fn {TO_HALF}(anygrad_x: f32) -> f16 {{ return f16(anygrad_x); }}\n"
-          f"fn {TO_HALF4}(anygrad_x: vec4<f32>) -> vec4<f16> {{ return vec4<f16>(anygrad_x); }}\n"
-          f"fn {ROUND_HALF}(anygrad_x: f32) -> f32 {{ return {plain_round('anygrad_x')}; }}\n")
+# Two blocks, each swapped for its exact form on its own (exact_conversions): the stores' and the
+# register's. A driver may get one right and not the other, as the H200's stores and registers.
+_PLAIN_STORE = (f"fn {TO_HALF}(anygrad_x: f32) -> f16 {{ return f16(anygrad_x); }}\n"
+                f"fn {TO_HALF4}(anygrad_x: vec4<f32>) -> vec4<f16> {{ return vec4<f16>(anygrad_x); }}\n")
+_PLAIN_ROUND = f"fn {ROUND_HALF}(anygrad_x: f32) -> f32 {{ return {plain_round('anygrad_x')}; }}\n"
+_PLAIN = _PLAIN_STORE + _PLAIN_ROUND
 _USES = re.compile(rf"\b({TO_HALF}|{TO_HALF4}|{ROUND_HALF})\(")
 
 
@@ -202,25 +205,30 @@ def _exact_bits(t: str) -> str:
   h = select(h, {k('0x7e00u')} | ((a >> {k('13u')}) & {k('0x3ffu')}), a > {k('0x7f800000u')});"""
 
 
-_EXACT = (f"fn {TO_HALF}(anygrad_x: f32) -> f16 {{\n  let b = bitcast<u32>(anygrad_x);\n  let a = b & 0x7fffffffu;\n"
+_EXACT_STORE = (f"fn {TO_HALF}(anygrad_x: f32) -> f16 {{\n  let b = bitcast<u32>(anygrad_x);\n  let a = b & 0x7fffffffu;\n"
           f"{_exact_bits('u32')}\n  return f16(unpack2x16float(h | ((b >> 16u) & 0x8000u)).x);\n}}\n"
           f"fn {TO_HALF4}(anygrad_x: vec4<f32>) -> vec4<f16> {{\n  let b = bitcast<vec4<u32>>(anygrad_x);\n"
           f"  let a = b & vec4<u32>(0x7fffffffu);\n{_exact_bits('vec4<u32>')}\n"
           "  let w = h | ((b >> vec4<u32>(16u)) & vec4<u32>(0x8000u));\n"
-          "  return vec4<f16>(vec4<f32>(unpack2x16float(w.x | (w.y << 16u)), unpack2x16float(w.z | (w.w << 16u))));\n}\n"
-          f"fn {ROUND_HALF}(anygrad_x: f32) -> f32 {{\n  let b = bitcast<u32>(anygrad_x);\n  let a = b & 0x7fffffffu;\n"
-          f"{_exact_bits('u32')}\n  return unpack2x16float(h | ((b >> 16u) & 0x8000u)).x;\n}}\n")
+          "  return vec4<f16>(vec4<f32>(unpack2x16float(w.x | (w.y << 16u)), unpack2x16float(w.z | (w.w << 16u))));\n}\n")
+_EXACT_ROUND = (f"fn {ROUND_HALF}(anygrad_x: f32) -> f32 {{\n  let b = bitcast<u32>(anygrad_x);\n  let a = b & 0x7fffffffu;\n"
+                f"{_exact_bits('u32')}\n  return unpack2x16float(h | ((b >> 16u) & 0x8000u)).x;\n}}\n")
 
 
 def plain_conversions(wgsl: str) -> bool:
-    """Whether the shader has the plain conversion functions (which exact_conversions replaces)."""
-    return _PLAIN in wgsl
+    """Whether the shader has plain conversion functions (which exact_conversions replaces)."""
+    return _PLAIN_STORE in wgsl or _PLAIN_ROUND in wgsl
 
 
-def exact_conversions(wgsl: str) -> str:
+def exact_conversions(wgsl: str, stores: bool = True, registers: bool = True) -> str:
     """The shader with its conversion functions (with_conversions) rounding to nearest even in
-    integer arithmetic, whatever the driver's own f32 -> f16 conversion does."""
-    return wgsl.replace(_PLAIN, _EXACT) if _PLAIN in wgsl else wgsl
+    integer arithmetic, whatever the driver's own f32 -> f16 conversion does: those of `stores`
+    (to_half) and of `registers` (round_half)."""
+    if stores:
+        wgsl = wgsl.replace(_PLAIN_STORE, _EXACT_STORE)
+    if registers:
+        wgsl = wgsl.replace(_PLAIN_ROUND, _EXACT_ROUND)
+    return wgsl
 
 
 def _convert_kernel(name: str, src: str, dst: str, n: int, to_f16: bool) -> Kernel:

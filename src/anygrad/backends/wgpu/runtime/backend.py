@@ -443,13 +443,16 @@ class WgpuBackend(Backend):
         if not halfstore.plain_conversions(wgsl):
             return wgsl
         if self.ctx.f16_rounding is None:
-            from ..tuning.selftest import f16_rounding_problem
-            self.ctx.f16_rounding = "(being probed)"  # the probe's own shader has no conversion functions
-            self.ctx.f16_rounding = f16_rounding_problem(self)
-            if self.ctx.f16_rounding:  # once per device: the kernels stay correct, a little slower
-                print(f"anygrad: {self.adapter.summary}: {self.ctx.f16_rounding}; f16 kernels round "
-                      "exactly in integer arithmetic instead", file=sys.stderr)
-        return halfstore.exact_conversions(wgsl) if self.ctx.f16_rounding else wgsl
+            from ..tuning.selftest import f16_register_problem, f16_rounding_problem
+            # the probes' own shaders have no conversion functions (those would be swapped meanwhile)
+            self.ctx.f16_rounding = self.ctx.f16_register = "(being probed)"
+            self.ctx.f16_rounding, self.ctx.f16_register = f16_rounding_problem(self), f16_register_problem(self)
+            for problem in (self.ctx.f16_rounding, self.ctx.f16_register):
+                if problem:  # once per device: the kernels stay correct, a little slower
+                    print(f"anygrad: {self.adapter.summary}: {problem}; those f16 conversions round "
+                          "exactly in integer arithmetic instead", file=sys.stderr)
+        return halfstore.exact_conversions(wgsl, stores=bool(self.ctx.f16_rounding),
+                                           registers=bool(self.ctx.f16_register))
 
     def pipeline(self, wgsl: str, entry: str, read_only: tuple[bool, ...], name: str) -> Any:
         wgsl = self.device_wgsl(wgsl)

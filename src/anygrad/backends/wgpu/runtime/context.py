@@ -26,8 +26,10 @@ class _Context:
     f16_problem: str | None = None  # the f16 self-test's finding: None not run yet, "" passed
     f16_math_problem: str | None = None  # the same for f16 products (selftest.f16_math_problem)
     # the driver's f32 -> f16 conversion against IEEE's (selftest.f16_rounding_problem): None not
-    # probed yet, "" it matches (kernels use it), else why kernels get halfstore.exact_conversions
+    # probed yet, "" it matches (kernels use it), else why kernels get halfstore.exact_conversions;
+    # for stores into f16 arrays, and (f16_register) for a value rounded in a register
     f16_rounding: str | None = None
+    f16_register: str | None = None
     polls_freely: bool = False  # its poll thread does not block (poller.py): maps resolve mid-step
 
 

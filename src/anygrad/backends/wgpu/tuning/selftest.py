@@ -22,10 +22,14 @@ into an f16 array and as rounded in a register (halfstore.round_half, a GEMM epi
 WGSL allows either neighbour and leaves overflow indeterminate. On an H200 (2026-12-02) NVIDIA's
 Vulkan compiler, through wgpu-native and Dawn alike, stored f16 exactly but dropped a register
 round trip f32(f16(x)): epilogues did not round, and a gradient of 131072 stayed finite, so
-GradScaler skipped no step. A device that differs anywhere gets the exact conversion functions
-(halfstore.exact_conversions), so every kernel rounds as numpy and PyTorch do.
+GradScaler skipped no step. Stores and registers are probed apart (f16_rounding_problem,
+f16_register_problem); where one differs, its conversion functions become the exact ones
+(halfstore.exact_conversions), so every kernel rounds as numpy and PyTorch do, and the other keeps
+the driver's own, which costs nothing.
 """
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
@@ -206,17 +210,28 @@ def mismatches(got: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 
 def f16_rounding_problem(backend) -> str:
-    """'' when the device's own f32 -> f16 conversion (scalar and vec4) gives numpy's float16 for
-    every value of rounding_table(); else the first value it gets wrong, in words."""
+    """'' when the device's own f32 -> f16 conversion into an f16 array (scalar and vec4) gives
+    numpy's float16 for every value of rounding_table(); else the first value it gets wrong."""
+    x = rounding_table()
+    return _first_wrong(x, [("", lambda: convert_on_device(backend, x)),
+                            (" (vec4)", lambda: convert_on_device(backend, x, vec4=True))],
+                        lambda got: mismatches(got, x))
+
+
+def f16_register_problem(backend) -> str:
+    """'' when the device's own rounding of a value to f16 in a register (halfstore.round_half's
+    plain form) gives numpy's float16, as f32, for every value of rounding_table(); else the first
+    value it gets wrong (NVIDIA's compiler drops the round trip: the value comes back as it was)."""
     x = rounding_table()
     with np.errstate(over="ignore"):
-        in_register = x.astype(np.float16).astype(np.float32)  # what round_half must return
-    probes = [("", lambda: convert_on_device(backend, x), lambda got: mismatches(got, x)),
-              (" (vec4)", lambda: convert_on_device(backend, x, vec4=True), lambda got: mismatches(got, x)),
-              (" held in a register", lambda: round_on_device(backend, x),
-               lambda got: np.flatnonzero((got.view(np.uint32) != in_register.view(np.uint32))
-                                          & ~(np.isnan(got) & np.isnan(in_register))))]
-    for what, probe, wrong in probes:
+        want = x.astype(np.float16).astype(np.float32)
+    return _first_wrong(x, [(" held in a register", lambda: round_on_device(backend, x))],
+                        lambda got: np.flatnonzero((got.view(np.uint32) != want.view(np.uint32))
+                                                   & ~(np.isnan(got) & np.isnan(want))))
+
+
+def _first_wrong(x: np.ndarray, probes: list, wrong: Callable[[np.ndarray], np.ndarray]) -> str:
+    for what, probe in probes:
         try:
             got = probe()
         except Exception as e:  # noqa: BLE001  (no usable probe: the exact conversion is the safe side)
@@ -231,5 +246,5 @@ def f16_rounding_problem(backend) -> str:
     return ""
 
 
-__all__ = ["convert_on_device", "f16_math_problem", "f16_problem", "f16_rounding_problem", "mismatches",
-           "round_on_device", "rounding_table"]
+__all__ = ["convert_on_device", "f16_math_problem", "f16_problem", "f16_register_problem", "f16_rounding_problem",
+           "mismatches", "round_on_device", "rounding_table"]
