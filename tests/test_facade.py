@@ -7,7 +7,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import anygrad
-from anygrad import facade, frontends, train
+from anygrad import data, facade, frontends, train
 from anygrad.errors import ConfigError
 
 
@@ -27,10 +27,10 @@ def _linear(path: Path) -> anygrad.Model:
 
 def test_import_anygrad_registers_every_operation_from_its_package():
     for name, op in facade.OPERATIONS.items():
-        package = {"anygrad.train": train, "anygrad.frontends": frontends}[op.package]
+        package = {"anygrad.train": train, "anygrad.frontends": frontends, "anygrad.data": data}[op.package]
         function = facade.operation(name)
         assert function.__module__.startswith(package.__name__), (name, function.__module__)
-    assert facade.operation("fit") is train.fit
+    assert facade.operation("fit") is train.fit and facade.operation("one_pass") is data.one_pass
 
 
 def test_model_methods_reach_the_registered_functions(tmp_path):
