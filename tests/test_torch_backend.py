@@ -943,3 +943,17 @@ def test_group_and_instance_norm_run_on_torch(dtype, op, shape, groups, per_grou
     monkeypatch.setattr(runtime, "node_site", lambda graph, node, memo=None, producers=None: site(graph, node, None, producers))
     for name, value in TorchBackend("torch:cpu").compile(graph).run(feeds).items():
         np.testing.assert_array_equal(value, ours[name], err_msg=name)
+
+
+def test_an_f16_linear_rounds_once_as_autocast_does():
+    """Under precision='f16' a Gemm with a bias is addmm, as F.linear under autocast: a @ b + c
+    rounded to float16 once (apart, the product and the sum each rounded, 652.572 against 652.634)."""
+    import torch.nn.functional as F
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    x, y = torch.randn(8, 8) * 30, torch.randn(8, 3) * 30
+    with torch.autocast("cpu", dtype=torch.float16):
+        want = F.mse_loss(net(x).float(), y).item()
+    m = anygrad.from_torch(net, torch.zeros(4, 8))
+    m.compile(loss="mse", optimizer=anygrad.optim.SGD(lr=0.0), device="torch:cpu", precision="f16")
+    assert m.train_on_batch(x.numpy(), y.numpy()) == pytest.approx(want, rel=1e-7)

@@ -176,6 +176,9 @@ def _gemm(site: Site):
     def gemm(ins):
         a = ins[0].t() if ta else ins[0]
         b = ins[1].t() if tb else ins[1]
+        if has_c and a.element_size() == 2 and ins[2].dtype == a.dtype and a.dim() == 2:
+            # f16/bf16: one rounding of a @ b + c, as F.linear under autocast (addmm); apart it rounds twice
+            return [ins[2].addmm(a, b if same else b.to(a.dtype), beta=beta32, alpha=alpha32)]
         y = a @ (b if same else b.to(a.dtype))
         if alpha != 1.0:
             y = y * alpha32
