@@ -29,7 +29,7 @@ class FacadeOperation:
 OPERATIONS: dict[str, FacadeOperation] = {op.name: op for op in [
     FacadeOperation("fit", "anygrad.train", "fit(model, train, valid, overwrite=, **settings) -> FitResult"),
     FacadeOperation("one_pass", "anygrad.data",
-                    "one_pass(data, batch_size=, layout=, role=) -> iterator of (inputs, targets) batches"),
+                    "one_pass(data, batch_size=, loss_in_graph=, with_targets=, role=) -> iterator of (inputs, targets)"),
     FacadeOperation("load_state_dict", "anygrad.frontends",
                     "load_state_dict(model, source, strict=, key=) -> LoadResult"),
     FacadeOperation("to_torch_state_dict", "anygrad.frontends",

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -223,11 +224,16 @@ def batch_source(data: Any, *, batch_size: int, shuffle: bool = True, seed: int 
                     "batches, a generator function, or a torch DataLoader")
 
 
-def one_pass(data: Any, *, batch_size: int, layout: Layout, role: str) -> Iterator[tuple[Any, Any]]:
+def one_pass(data: Any, *, batch_size: int, loss_in_graph: bool, with_targets: bool,
+             role: str) -> Iterator[tuple[Any, Any]]:
     """The batches of `data` once, in order and unshuffled: any form `batch_source` reads, and a
-    one-shot iterator too. An anygrad BatchSource gives its current epoch's batches and keeps its
-    epoch (evaluating on the training loader must not change the next epoch's shuffle). What
-    `Model.evaluate` and `Model.predict` read (the facade operation 'one_pass')."""
+    one-shot iterator too, laid out as fit lays them out (layout_for); `with_targets` False
+    (predict): targets are not required. An anygrad BatchSource gives its current epoch's batches
+    and keeps its epoch (evaluating on the training loader must not change the next epoch's
+    shuffle). What `Model.evaluate` and `Model.predict` read (the facade operation 'one_pass')."""
+    layout = layout_for(loss_in_graph)
+    if not with_targets:
+        layout = replace(layout, needs_targets=False)
     if isinstance(data, BatchSource):
         return data.batches(data.epoch)
     if not isinstance(data, (list, tuple)) and hasattr(data, "__next__") and iter(data) is data:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..backends.base import Backend, Executable
-from ..batch import DEFAULT_TARGET_KEYS, Batch, Layout, is_torch_tensor, parse_inputs, take
+from ..batch import Batch, is_torch_tensor, parse_inputs, take
 from ..errors import ConfigError
 from ..facade import operation
 from ..ir.graph import Graph
@@ -308,10 +308,8 @@ class Model:
         if self.backend is None:
             self.compile(device="cpu")
         if _is_source(x):  # what fit takes: a DataLoader, a dataset, batches; their outputs in order
-            layout = Layout(DEFAULT_TARGET_KEYS, needs_targets=False)
             parts = [self._predict_batch(self.parse_inputs(xb))
-                     for xb, _ in operation("one_pass")(x, batch_size=batch_size or 1000, layout=layout,
-                                                        role="predict's data")]
+                     for xb, _ in self._one_pass(x, batch_size or 1000, with_targets=False, what="predict")]
             if not parts:
                 raise ConfigError("predict() got a data source with no batches")
             return _concatenate(parts)
@@ -320,6 +318,11 @@ class Model:
         parts = [self._predict_batch(take(inputs, slice(i, i + batch_size))) for i in range(0, n, batch_size)] \
             if batch_size is not None and n > batch_size else [self._predict_batch(inputs)]
         return _concatenate(parts)
+
+    def _one_pass(self, source: Any, batch_size: int, with_targets: bool, what: str) -> Iterable[tuple[Any, Any]]:
+        """The (x, y) batches of a data source, once, as fit reads them (anygrad.data, through the facade)."""
+        return operation("one_pass")(source, batch_size=batch_size, with_targets=with_targets, role=f"{what}'s data",
+                                     loss_in_graph=getattr(self.loss, "name", None) == "output")
 
     def _predict_batch(self, inputs: Batch) -> np.ndarray | dict[str, np.ndarray]:
         exe = programs.program(self, "predict", inputs)
@@ -337,27 +340,23 @@ class Model:
         if _is_source(x):  # what fit takes as validation data: a DataLoader, a dataset, batches
             if y is not None:
                 raise ConfigError("evaluate(): a data source brings its own targets; pass it alone, without y")
-            own_loss = getattr(self.loss, "name", None) == "output"
-            layout = Layout(() if own_loss else DEFAULT_TARGET_KEYS, needs_targets=not own_loss)
-            self.reset_metrics()
-            n = 0
-            for xb, yb in operation("one_pass")(x, batch_size=batch_size, layout=layout, role="evaluate's data"):
-                inputs, targets = self._batch(xb, yb)
-                self.eval_step(inputs, heads.by_output(self.heads, targets) if targets else None)
-                n += 1
-            if not n:
-                raise ConfigError("evaluate() got a data source with no batches")
-            return self.read_metrics(reset=True)
-        if (y is None and isinstance(x, tuple) and len(x) == 2 and len(self.graph.inputs) == 1
-                and getattr(self.loss, "name", None) != "output"):
-            x, y = x  # (inputs, targets), as fit's validation data
-        inputs, targets = self._batch(x, y)
-        n = len(next(iter(inputs.values())))
+            batches = (self._batch(xb, yb) for xb, yb in self._one_pass(x, batch_size, with_targets=True,
+                                                                         what="evaluate"))
+        else:
+            if (y is None and isinstance(x, tuple) and len(x) == 2 and len(self.graph.inputs) == 1
+                    and getattr(self.loss, "name", None) != "output"):
+                x, y = x  # (inputs, targets), as fit's validation data
+            inputs, targets = self._batch(x, y)
+            n = len(next(iter(inputs.values())))
+            batches = ((take(inputs, slice(i, i + batch_size)), take(targets, slice(i, i + batch_size)) if targets
+                        else targets) for i in range(0, n, batch_size))
         self.reset_metrics()
-        for i in range(0, n, batch_size):
-            part = slice(i, i + batch_size)
-            self.eval_step(take(inputs, part),
-                           heads.by_output(self.heads, take(targets, part)) if targets else None)
+        steps = 0
+        for part_inputs, part_targets in batches:  # other names: the generator above reads inputs, targets
+            self.eval_step(part_inputs, heads.by_output(self.heads, part_targets) if part_targets else None)
+            steps += 1
+        if not steps and _is_source(x):
+            raise ConfigError("evaluate() got a data source with no batches")
         return self.read_metrics(reset=True)
 
     # -- metrics (device-side sums) --------------------------------------------------------
