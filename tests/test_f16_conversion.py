@@ -191,8 +191,10 @@ def test_a_driver_found_rounding_toward_zero_gets_the_exact_conversion(backend, 
     monkeypatch.setattr(selftest, "convert_on_device", lambda b, x, exact=False, vec4=False: _rtz(x))
     plain = halfstore.with_conversions("fn main() { let y = anygrad_to_f16(1.0); }\n")
     assert backend.device_wgsl("fn main() {}\n") == "fn main() {}\n" and backend.ctx.f16_rounding is None
+    got = backend.device_wgsl(plain)
+    # the register probe runs with the store probe, on the real driver (NVIDIA's drops it)
     want = halfstore.exact_conversions(plain, stores=True, registers=bool(backend.ctx.f16_register))
-    assert backend.device_wgsl(plain) == want
+    assert got == want
     assert "conversion gives" in backend.ctx.f16_rounding
     monkeypatch.setattr(selftest, "convert_on_device", lambda *a, **k: pytest.fail("probed twice"))
     assert backend.device_wgsl(plain) == want

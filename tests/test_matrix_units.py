@@ -118,24 +118,26 @@ def _uniform(expr: str, lets: dict[str, str], seen: frozenset = frozenset()) -> 
 
 
 def _plan_of(name: str, caps: AdapterCaps) -> MmaPlan:
-    m = re.search(r"\[mma (\d+)x(\d+)k(\d+) sg(\d+)", name)
+    m = re.search(r"\[mma (\d+)x(\d+)k(\d+)p? sg(\d+)", name)
     assert m, name
     return m
 
 
+@pytest.mark.parametrize("prefetch", [0, 1])
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("key", list(CONFIGS))
-def test_plans_and_shaders_for_every_config(key, case):
+def test_plans_and_shaders_for_every_config(key, case, prefetch):
     cfg, size = CONFIGS[key]
     caps = caps_for(key)
     op, shapes, attrs = CASES[case]
     dtype = np.float16 if cfg.operand == "f16" else np.float32
-    kernels, _ = node_kernels(op, shapes, {**attrs, "_gemm_variant": "mma"}, caps, dtype)
+    kernels, _ = node_kernels(op, shapes, {**attrs, "_gemm_variant": "mma", "_gemm_prefetch": prefetch}, caps, dtype)
     mma = [k for k in kernels if uses_matrix_units(k)]
     assert mma, [k.name for k in kernels]
     for k in mma:
         w = k.wgsl
         assert f"{cfg.m}x{cfg.n}x{cfg.k}" in k.name
+        assert ("p sg" in k.name) == bool(prefetch)
         assert re.search(r"^enable f16;", w, re.MULTILINE) and "enable chromium_experimental_subgroup_matrix;" in w
         assert f"alias ML = subgroup_matrix_left<{cfg.operand}, {cfg.k}, {cfg.m}>;" in w
         assert f"alias MR = subgroup_matrix_right<{cfg.operand}, {cfg.n}, {cfg.k}>;" in w

@@ -147,7 +147,8 @@ def rnd(*shape, seed=0):
 
 
 PLANS = {"rules": {}, "b2t64": {"_gemm_block": 2, "_gemm_threads": 64}, "b4k64": {"_gemm_block": 4, "_gemm_kt": 64},
-         "b2t256": {"_gemm_block": 2, "_gemm_threads": 256}}
+         "b2t256": {"_gemm_block": 2, "_gemm_threads": 256}, "prefetch": {"_gemm_prefetch": 1},
+         "b2t64p": {"_gemm_block": 2, "_gemm_threads": 64, "_gemm_prefetch": 1}}
 
 
 @pytest.mark.parametrize("plan", list(PLANS))
@@ -174,9 +175,11 @@ def test_gemm_transposes_bias_and_relu(ta, tb):
     check_mma("Gemm", [a, b, rnd(n, seed=5)], {"transA": ta, "transB": tb, "_epilogue": "relu"})
 
 
+@pytest.mark.parametrize("prefetch", [0, 1])
 @pytest.mark.parametrize("splits", [2, 5])
-def test_split_k(splits):
-    kernels = check_mma("MatMul", [rnd(40, 2000, seed=6), rnd(2000, 24, seed=7)], {}, {"_gemm_splits": splits})
+def test_split_k(splits, prefetch):
+    kernels = check_mma("MatMul", [rnd(40, 2000, seed=6), rnd(2000, 24, seed=7)], {},
+                        {"_gemm_splits": splits, "_gemm_prefetch": prefetch})
     assert any("splitK" in k.name for k in kernels)
 
 
@@ -192,20 +195,69 @@ def _explicit(xs, ws, attrs):
     return {**win.attrs(), "group": attrs.get("group", 1)}, win.out
 
 
+@pytest.mark.parametrize("prefetch", [0, 1])
 @pytest.mark.parametrize("xs,ws,attrs", CONVS)
-def test_conv_forward(xs, ws, attrs):
-    check_mma("Conv", [rnd(*xs, seed=8), rnd(*ws, seed=9), rnd(ws[0], seed=10)], {**attrs, "_epilogue": "relu"})
+def test_conv_forward(xs, ws, attrs, prefetch):
+    check_mma("Conv", [rnd(*xs, seed=8), rnd(*ws, seed=9), rnd(ws[0], seed=10)], {**attrs, "_epilogue": "relu"},
+              {"_gemm_prefetch": prefetch})
 
 
+@pytest.mark.parametrize("prefetch", [0, 1])
 @pytest.mark.parametrize("xs,ws,attrs", CONVS)
-def test_conv_input_gradient(xs, ws, attrs):
+def test_conv_input_gradient(xs, ws, attrs, prefetch):
     explicit, out = _explicit(xs, ws, attrs)
     check_mma("ConvGradInput", [rnd(xs[0], ws[0], *out, seed=11), rnd(*ws, seed=12)],
-              {**explicit, "input_shape": list(xs)})
+              {**explicit, "input_shape": list(xs)}, {"_gemm_prefetch": prefetch})
 
 
+@pytest.mark.parametrize("prefetch", [0, 1])
 @pytest.mark.parametrize("xs,ws,attrs", CONVS)
-def test_conv_weight_gradient(xs, ws, attrs):
+def test_conv_weight_gradient(xs, ws, attrs, prefetch):
     explicit, out = _explicit(xs, ws, attrs)
     check_mma("ConvGradWeight", [rnd(xs[0], ws[0], *out, seed=13), rnd(*xs, seed=14)],
-              {**explicit, "weight_shape": list(ws)})
+              {**explicit, "weight_shape": list(ws)}, {"_gemm_prefetch": prefetch})
+
+
+# -- whole training steps on Dawn against PyTorch autocast --------------------------------------------
+def _gpt_and_cnn(kind: str):
+    """(torch module, one batch, flat logits) of a model whose GEMMs are large enough for the
+    rules to put them on matrix units (matrix_units.MIN_FLOPS_BY_DEFAULT)."""
+    import sys
+    from pathlib import Path
+
+    import torch
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    if kind == "gpt":
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+        from models import _gpt_module
+        x = rng.integers(0, 256, (8, 32))
+        return _gpt_module(256, 32, 128, 4, 2).train(), (x, rng.integers(0, 256, (8 * 32,)))
+    module = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.BatchNorm2d(32), torch.nn.ReLU(),
+                                 torch.nn.Conv2d(32, 64, 3, padding=1, stride=2), torch.nn.ReLU(),
+                                 torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    return module.train(), (rng.standard_normal((16, 3, 16, 16)).astype(np.float32), rng.integers(0, 10, 16))
+
+
+@pytest.mark.parametrize("kind", ["gpt", "cnn"])
+def test_f16_training_on_matrix_units_follows_torch_autocast(kind):
+    """10 SGD-momentum steps under precision="f16" on Dawn, with the GEMMs and convolutions on
+    subgroup matrices, against torch.autocast(float16) + GradScaler: test_precision.py's
+    tolerance for a model with BatchNorm (2e-3 relative or 1e-4 absolute)."""
+    import copy
+
+    import torch
+    from test_precision import _torch_autocast_losses, _train_exe
+    from wgpu_util import dawn_backend
+
+    import anygrad
+    dawn()   # skips without f16 subgroup matrices
+    backend = dawn_backend()
+    module, (x, y) = _gpt_and_cnn(kind)
+    want = _torch_autocast_losses(copy.deepcopy(module), kind, steps=10, data=(x, y))
+    m = anygrad.from_torch(module, torch.from_numpy(x), check=False)
+    m.compile("cross_entropy", anygrad.optim.SGD(lr=0.1, momentum=0.9), device=backend, precision="f16")
+    got = [m.train_on_batch(x, y) for _ in range(10)]
+    np.testing.assert_allclose(got, want, rtol=2e-3, atol=1e-4)
+    on_units = [st.kernel.name for st in _train_exe(m).plan.steps if uses_matrix_units(st.kernel)]
+    assert len(on_units) >= 3, [st.kernel.name for st in _train_exe(m).plan.steps]

@@ -68,6 +68,22 @@ DIALECT = SubgroupMatrixWgsl()
 FEATURES = ("chromium-experimental-subgroup-matrix", "shader-f16", "subgroups")  # what a device must enable
 
 
+@dataclass(frozen=True)
+class _Copy:
+    """How one operand's K tile goes into workgroup memory: element group `l` (one vec4 or one
+    element) is located by `index`, read by `load` (a template over the tile's first k, `{k}`)
+    and written by `stores` (a template over the value read, `{v}`)."""
+
+    count: int                 # element groups in the tile
+    index: str
+    load: str
+    stores: tuple[str, ...]
+    vec: bool                  # a group is a vec4<f32> (else one f32)
+
+    def body(self, k: str, value: str) -> list[str]:
+        return [self.index, f"let {value} = {self.load.format(k=k)};"] + [s.format(v=value) for s in self.stores]
+
+
 def _copies(count: int, threads: int, body: list[str]) -> list[str]:
     """`body` (using l, the element-group number) for l = li, li + threads, ... < count: straight
     code where the invocations divide the tile (shared index arithmetic folds), else a loop."""
@@ -79,42 +95,84 @@ def _copies(count: int, threads: int, body: list[str]) -> list[str]:
     return ([f"for (var l = li; l < {u(count)}; l = l + {u(threads)}) {{"] + [f"  {ln}" for ln in body] + ["}"])
 
 
-def _stage_a(spec: GemmSpec, p: MmaPlan, vec: bool, cast: str) -> list[str]:
-    """Copy A's BM x BK tile at (row m0, k0) into Ta (row-major, stride SA)."""
+def _stage_a(spec: GemmSpec, p: MmaPlan, vec: bool, cast: str) -> _Copy:
+    """Copy A's BM x BK tile at (row m0, k) into Ta (row-major, stride SA)."""
     bm, bk, sa = p.bm, p.bk, p.stride_a
     if vec and spec.a.contig == 1:     # four consecutive k a load
-        body = [f"let kq = (l % {u(bk // 4)}) * 4u; let mm = l / {u(bk // 4)};",
-                "let v = a_v(bt, m0 + mm, k0 + kq);"]
-        body += [f"Ta[mm * {u(sa)} + kq + {u(q)}] = {cast}(v[{q}]);" for q in range(4)]
-        return _copies(bm * bk // 4, p.threads, body)
+        return _Copy(bm * bk // 4, f"let kq = (l % {u(bk // 4)}) * 4u; let mm = l / {u(bk // 4)};",
+                     "a_v(bt, m0 + mm, {k} + kq)",
+                     tuple(f"Ta[mm * {u(sa)} + kq + {u(q)}] = {cast}({{v}}[{q}]);" for q in range(4)), True)
     if vec and spec.a.contig == 0:     # four consecutive rows a load (A stored transposed)
-        body = [f"let mq = (l % {u(bm // 4)}) * 4u; let kk = l / {u(bm // 4)};",
-                "let v = a_v(bt, m0 + mq, k0 + kk);"]
-        body += [f"Ta[(mq + {u(q)}) * {u(sa)} + kk] = {cast}(v[{q}]);" for q in range(4)]
-        return _copies(bm * bk // 4, p.threads, body)
+        return _Copy(bm * bk // 4, f"let mq = (l % {u(bm // 4)}) * 4u; let kk = l / {u(bm // 4)};",
+                     "a_v(bt, m0 + mq, {k} + kk)",
+                     tuple(f"Ta[(mq + {u(q)}) * {u(sa)} + kk] = {cast}({{v}}[{q}]);" for q in range(4)), True)
     fast = spec.a.fast if spec.a.fast is not None else spec.a.contig
     index = (f"let kk = l % {u(bk)}; let mm = l / {u(bk)};" if fast == 1
              else f"let mm = l % {u(bm)}; let kk = l / {u(bm)};")
-    return _copies(bm * bk, p.threads, [index, f"Ta[mm * {u(sa)} + kk] = {cast}(a_el(bt, m0 + mm, k0 + kk));"])
+    return _Copy(bm * bk, index, "a_el(bt, m0 + mm, {k} + kk)", (f"Ta[mm * {u(sa)} + kk] = {cast}({{v}});",), False)
 
 
-def _stage_b(spec: GemmSpec, p: MmaPlan, vec: bool, cast: str) -> list[str]:
-    """Copy B's BK x BN tile at (k0, column n0) into Tb (row-major, stride SB)."""
+def _stage_b(spec: GemmSpec, p: MmaPlan, vec: bool, cast: str) -> _Copy:
+    """Copy B's BK x BN tile at (k, column n0) into Tb (row-major, stride SB)."""
     bn, bk, sb = p.bn, p.bk, p.stride_b
     if vec and spec.b.contig == 1:     # four consecutive columns a load
-        body = [f"let nq = (l % {u(bn // 4)}) * 4u; let kk = l / {u(bn // 4)};",
-                "let v = b_v(bt, k0 + kk, n0 + nq);"]
-        body += [f"Tb[kk * {u(sb)} + nq + {u(q)}] = {cast}(v[{q}]);" for q in range(4)]
-        return _copies(bn * bk // 4, p.threads, body)
+        return _Copy(bn * bk // 4, f"let nq = (l % {u(bn // 4)}) * 4u; let kk = l / {u(bn // 4)};",
+                     "b_v(bt, {k} + kk, n0 + nq)",
+                     tuple(f"Tb[kk * {u(sb)} + nq + {u(q)}] = {cast}({{v}}[{q}]);" for q in range(4)), True)
     if vec and spec.b.contig == 0:     # four consecutive k a load (B stored transposed: x @ W.T)
-        body = [f"let kq = (l % {u(bk // 4)}) * 4u; let nn = l / {u(bk // 4)};",
-                "let v = b_v(bt, k0 + kq, n0 + nn);"]
-        body += [f"Tb[(kq + {u(q)}) * {u(sb)} + nn] = {cast}(v[{q}]);" for q in range(4)]
-        return _copies(bn * bk // 4, p.threads, body)
+        return _Copy(bn * bk // 4, f"let kq = (l % {u(bk // 4)}) * 4u; let nn = l / {u(bk // 4)};",
+                     "b_v(bt, {k} + kq, n0 + nn)",
+                     tuple(f"Tb[(kq + {u(q)}) * {u(sb)} + nn] = {cast}({{v}}[{q}]);" for q in range(4)), True)
     fast = spec.b.fast if spec.b.fast is not None else spec.b.contig
     index = (f"let kk = l % {u(bk)}; let nn = l / {u(bk)};" if fast == 0
              else f"let nn = l % {u(bn)}; let kk = l / {u(bn)};")
-    return _copies(bn * bk, p.threads, [index, f"Tb[kk * {u(sb)} + nn] = {cast}(b_el(bt, k0 + kk, n0 + nn));"])
+    return _Copy(bn * bk, index, "b_el(bt, {k} + kk, n0 + nn)", (f"Tb[kk * {u(sb)} + nn] = {cast}({{v}});",), False)
+
+
+MAX_PREFETCH_SLOTS = 32   # element groups one invocation holds for the next K tile (registers)
+
+
+def prefetch_slots(copy: _Copy, threads: int) -> int:
+    """Element groups per invocation for a register prefetch of this copy (the last one guarded
+    where the invocations do not divide the tile); 0 where that would take too many registers."""
+    n = math.ceil(copy.count / threads)
+    return n if n <= MAX_PREFETCH_SLOTS else 0
+
+
+def _k_loop(copies: list[tuple[str, _Copy]], p: MmaPlan, step: list[str]) -> list[str]:
+    """The K loop: stage both tiles, barrier, multiply, barrier. With p.prefetch, the next K tile
+    is read into registers before this one is multiplied, so global-memory latency (an im2col
+    gather's most of all) overlaps the matrix units' work instead of stalling every subgroup at
+    the barrier; the copy into workgroup memory then only moves registers. A copy too large for
+    registers (prefetch_slots 0: an element-wise gather of a wide tile) is read in the loop."""
+    def ind(lines: list[str]) -> list[str]:
+        return ["    " + ln for ln in lines]
+    if not p.prefetch:
+        stage = [ln for _, c in copies for ln in _copies(c.count, p.threads, c.body("k0", "v"))]
+        return ([f"  for (var k0 = kb; k0 < ke; k0 = k0 + {u(p.bk)}) {{"] + ind(stage)
+                + ["    workgroupBarrier();"] + ind(step) + ["    workgroupBarrier();", "  }"])
+    decl, load, store = [], [], []
+    for name, c in copies:
+        if not prefetch_slots(c, p.threads):
+            store += _copies(c.count, p.threads, c.body("k0", "v"))
+            continue
+        # held as the operand type: f16 operands take half the registers (their values are f16)
+        e = p.config.operand
+        typ = f"vec4<{e}>" if c.vec else e
+        for i in range(prefetch_slots(c, p.threads)):
+            reg = f"p{name}{i}"
+            decl.append(f"  var {reg}: {typ};")
+            # the last slot is guarded where the invocations do not divide the tile
+            whole = (i + 1) * p.threads <= c.count
+            at = ["{", f"  let l = li + {u(i * p.threads)};", "  if (l < " + u(c.count) + ") {" if not whole else "  {",
+                  f"  {c.index}"]
+            load += at + [f"  {reg} = {typ}({c.load.format(k='{k}')});", "  }", "}"]
+            store += at + [f"  {s.format(v=reg)}" for s in c.stores] + ["  }", "}"]
+    first = [ln.replace("{k}", "kb") for ln in load]
+    nxt = [ln.replace("{k}", f"(k0 + {u(p.bk)})") for ln in load]
+    return (decl + ["  " + ln for ln in first]
+            + [f"  for (var k0 = kb; k0 < ke; k0 = k0 + {u(p.bk)}) {{"] + ind(store)
+            + ["    workgroupBarrier();"] + ind(nxt) + ind(step) + ["    workgroupBarrier();", "  }"])
 
 
 def mma_wgsl(spec: GemmSpec, p: MmaPlan, caps: AdapterCaps, splits: int = 1, ksplit: int = 0,
@@ -173,9 +231,8 @@ def mma_wgsl(spec: GemmSpec, p: MmaPlan, caps: AdapterCaps, splits: int = 1, ksp
                  for j in range(p.frag_cols)]
         step += [f"  c{i}_{j} = {dialect.multiply_add(f'a{i}', f'b{j}', f'c{i}_{j}')};" for i, j in frags]
         step += ["}"]
-    loop = ([f"  for (var k0 = kb; k0 < ke; k0 = k0 + {u(p.bk)}) {{"]
-            + ["    " + ln for ln in _stage_a(spec, p, va, cast) + _stage_b(spec, p, vb, cast)]
-            + ["    workgroupBarrier();"] + ["    " + ln for ln in step] + ["    workgroupBarrier();", "  }"])
+    copies = [("a", _stage_a(spec, p, va, cast)), ("b", _stage_b(spec, p, vb, cast))]
+    loop = _k_loop(copies, p, step)
     # results: fragment by fragment through this subgroup's slice of Tc, then the spec's store
     groups = cfg.m * cfg.n // 4
     per_lane = math.ceil(groups / p.subgroup_size)
@@ -215,11 +272,11 @@ class _SplitView:
 
 def mma_kernels(spec: GemmSpec, caps: AdapterCaps, operand: str, allow_split: bool = True,
                 block: int | None = None, kt: int | None = None, threads: int | None = None,
-                want_splits: int | None = None) -> list[Kernel]:
+                want_splits: int | None = None, prefetch: bool = False) -> list[Kernel]:
     """The kernel list of one GEMM-shaped op on matrix units: one kernel, or a split-K kernel
     writing partial sums and the ALU reduce that finishes them (alpha, bias, epilogue).
     ValueError where the adapter has no matrix units for `operand` or the tiles do not fit."""
-    p = plan_mma(spec.M, spec.N, spec.K, caps, operand, block=block, bk=kt, threads=threads)
+    p = plan_mma(spec.M, spec.N, spec.K, caps, operand, block=block, bk=kt, threads=threads, prefetch=prefetch)
     view = _SplitView(p.bm, p.bn, p.threads, 1, p.bk)
     splits, ksplit = choose_splits(spec, view, caps, want_splits) if allow_split else (1, 0)  # type: ignore[arg-type]
     if splits == 1:

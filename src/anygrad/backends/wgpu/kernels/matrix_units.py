@@ -113,6 +113,7 @@ class MmaPlan:
     bk: int               # K tile staged in workgroup memory (a multiple of config.k)
     subgroup_size: int
     by_subgroup_id: bool  # subgroups told apart by @builtin(subgroup_id) (else one per workgroup)
+    prefetch: bool = False  # the next K tile read into registers while this one is multiplied
 
     @property
     def subgroups(self) -> int:
@@ -166,7 +167,7 @@ class MmaPlan:
     def tag(self) -> str:
         """The kernel-name tag: tile, K tile, subgroups and config."""
         c = self.config
-        return (f"mma {self.bm}x{self.bn}k{self.bk} sg{self.subgroups} {c.m}x{c.n}x{c.k}"
+        return (f"mma {self.bm}x{self.bn}k{self.bk}{'p' if self.prefetch else ''} sg{self.subgroups} {c.m}x{c.n}x{c.k}"
                 + ("" if c.operand == "f16" else f" {c.operand}"))
 
 
@@ -176,7 +177,7 @@ _GRIDS = {1: (1, 1), 2: (2, 1), 4: (2, 2), 8: (2, 4)}
 
 def plan_mma(M: int, N: int, K: int, caps: AdapterCaps, operand: str, units: MatrixUnits | None = None,
              block: int | None = None, bk: int | None = None, threads: int | None = None,
-             config: MatrixConfig | None = None) -> MmaPlan:
+             config: MatrixConfig | None = None, prefetch: bool = False) -> MmaPlan:
     """The tiles for an M x N x K GEMM with `operand` (f16 | f32) operands on these matrix
     units (default: the adapter's). ValueError where there are none for that operand type, or
     the tiles cannot fit the workgroup (the autotuner then skips the candidate, the rules take
@@ -184,7 +185,8 @@ def plan_mma(M: int, N: int, K: int, caps: AdapterCaps, operand: str, units: Mat
 
     block: the larger side of each subgroup's fragment grid (default 4 for large GEMMs: 64 x 64
     outputs a subgroup on 16x16 configs, 8 of them on 8x8 ones); threads: invocations a
-    workgroup (default 4 subgroups); bk: the K tile (default 32 elements, two 16-deep steps)."""
+    workgroup (default 4 subgroups); bk: the K tile (default 32 elements, two 16-deep steps);
+    prefetch: the next K tile read into registers during this one's multiplies."""
     units = units or units_of(caps)
     if units is None:
         raise ValueError("this adapter has no matrix units")
@@ -217,7 +219,8 @@ def plan_mma(M: int, N: int, K: int, caps: AdapterCaps, operand: str, units: Mat
     if depth % cfg.k:
         raise ValueError(f"K tile {depth} is no multiple of the config's K ({cfg.k})")
     def fitted(sg_rows: int, sg_cols: int, fr: int, fc: int) -> MmaPlan:
-        plan = MmaPlan(cfg, sg_rows, sg_cols, fr, fc, depth, size, units.subgroup_id and sg_rows * sg_cols > 1)
+        plan = MmaPlan(cfg, sg_rows, sg_cols, fr, fc, depth, size, units.subgroup_id and sg_rows * sg_cols > 1,
+                       prefetch)
         while plan.workgroup_bytes() > caps.max_workgroup_storage and plan.bk > cfg.k and bk is None:
             plan = replace(plan, bk=plan.bk // 2)
         return plan
