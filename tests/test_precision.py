@@ -229,7 +229,7 @@ def test_a_forward_that_overflows_f16_is_skipped_whole_and_reports_no_nan_loss()
     assert not np.isfinite(m.train_on_batch(np.full((8, 4), 200.0, np.float32), y))
     for k, v in m.state_dict().items():
         np.testing.assert_array_equal(v, before[k], err_msg=k)
-    assert m.read_metrics() == {"count": 0.0}  # nothing counted, no NaN
+    assert m.read_metrics() == {"count": 0.0, "skipped_updates": 1.0}  # no sample counted, no NaN
     x = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32) * 1e-3
     loss = m.train_on_batch(x, y)
     metrics = m.read_metrics()
@@ -533,3 +533,23 @@ def test_wgpu_f16_casts_around_norms_and_softmax_fold_with_the_same_bits(monkeyp
     np.testing.assert_array_equal(folded, kept)
     for k, v in w_kept.items():
         np.testing.assert_array_equal(w_folded[k], v, err_msg=k)
+
+
+def test_fit_warns_when_every_update_of_an_epoch_was_skipped(capsys):
+    """A forward that overflows float16 at every step: nothing trains, read_metrics still reports
+    the skipped updates, fit says so, and the metrics have no (always empty) valid_ column for them."""
+    ours = nn.Sequential(nn.Linear(4, 3))
+    ours.load_state_dict({"0.weight": np.full((3, 4), 100.0, np.float32), "0.bias": np.zeros(3, np.float32)})
+    m = ours.to_model(input_shape=(None, 4)).compile("mse", anygrad.optim.SGD(lr=0.01), device="cpu",
+                                                     precision="f16")
+    before = m.state_dict()
+    x, y = np.full((16, 4), 200.0, np.float32), np.zeros((16, 3), np.float32)
+    with pytest.raises(ConfigError, match="fit's log must be a function"):
+        m.fit((x, y), epochs=1, log="lines")
+    result = m.fit((x, y), (x * 1e-3, y), epochs=1, batch_size=8)
+    out = capsys.readouterr().out
+    assert "every optimizer update of epoch 1 was skipped" in out and "precision='f32'" in out
+    row = result.history[0].row()
+    assert row["train_skipped_updates"] == 1.0 and "valid_skipped_updates" not in row
+    for k, v in m.state_dict().items():
+        np.testing.assert_array_equal(v, before[k], err_msg=k)

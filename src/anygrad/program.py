@@ -37,6 +37,8 @@ CORRECT_SUM = "anygrad.metric.correct"
 SAMPLE_COUNT = "anygrad.metric.count"
 TOPK_SUM = "anygrad.metric.topk"
 UPDATE_COUNT = "anygrad.metric.updates"  # optimizer updates attempted (f16: the skipped ones' denominator)
+SKIPPED_UPDATES = "skipped_updates"  # the metric of f16 updates skipped for non-finite gradients
+TRAIN_ONLY_METRICS = frozenset({SKIPPED_UPDATES})  # metrics evaluation never has (no valid_ column)
 METRIC_STATE = (LOSS_SUM, CORRECT_SUM, SAMPLE_COUNT, TOPK_SUM)
 TOP_K = 5  # top-5 accuracy, reported when the output has more than 5 classes
 ACCUM_PREFIX = "accum."  # gradient-accumulation buffers: accum.<param>
@@ -454,7 +456,7 @@ def _apply_update(g: Graph, b: Builder, grads: dict[str, str], optimizer: Optimi
     grad_scaler.update_scale(g, b, found)
     _sum_into(g, b, UPDATE_COUNT, b.const(1.0))
     if report is not None:
-        report["skipped_updates"] = MetricSpec(grad_scaler.SKIPPED_SUM, UPDATE_COUNT)
+        report[SKIPPED_UPDATES] = MetricSpec(grad_scaler.SKIPPED_SUM, UPDATE_COUNT)
 
 
 def _update(g: Graph, b: Builder, grads: dict[str, str], optimizer: Optimizer,

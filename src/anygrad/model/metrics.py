@@ -39,11 +39,12 @@ def read_metric_sums(model: Model, reset: bool = False) -> tuple[float, dict[str
     sums = model.strategy.metric_sums(model, names)  # one read of every sum, over every device trained on
     n = sums.get(SAMPLE_COUNT, 0.0)
     parts: dict[str, tuple[float, float, bool]] = {}
-    if n:
-        for key, spec in model._metric_specs.items():
-            den = sums.get(spec.den)
-            if spec.num in sums and den:
-                parts[key] = (sums[spec.num], den, spec.exp)
+    # each metric by its own denominator: where every f16 step overflowed, no sample counts, but
+    # the skipped updates (over updates attempted) still do
+    for key, spec in model._metric_specs.items():
+        den = sums.get(spec.den)
+        if spec.num in sums and den:
+            parts[key] = (sums[spec.num], den, spec.exp)
     if reset:
         reset_metrics(model)
     return n, parts

@@ -24,6 +24,7 @@ from ..distributed import data_parallel
 from ..errors import ConfigError, ShapeError
 from ..model import Model
 from ..optim.schedulers import RunFacts, get_scheduler
+from ..program import SKIPPED_UPDATES, TRAIN_ONLY_METRICS
 from . import checkpoint as ckpt
 from .artifacts import config_record, save_weights, write_json, write_metrics
 from .config import RESUMABLE_CHANGES, TrainConfig, check_fit_keywords
@@ -499,7 +500,8 @@ class Learner:
         extra: dict[str, float | None] = {}
         for name in list(train_extra) + [k for k in valid_extra if k not in train_extra]:
             extra[f"train_{name}"] = train_extra.get(name)
-            extra[f"valid_{name}"] = valid_extra.get(name)
+            if name not in TRAIN_ONLY_METRICS:
+                extra[f"valid_{name}"] = valid_extra.get(name)
         metrics = EpochMetrics(r.epoch, r.sums.mean_loss, r.sums.accuracy, valid.mean_loss, valid.accuracy,
                                round(seconds, 3), r.sums.top_accuracy, valid.top_accuracy, lr,
                                round(self._epoch_samples / max(seconds, 1e-9), 1), extra)
@@ -512,6 +514,11 @@ class Learner:
         self.reporter.epoch_end(EpochInfo(r.epoch, _finite(row), seconds, best))
         if not warned and self._diverged():
             self.reporter.message("warning: the loss is not finite; the run diverged (try a smaller learning rate)")
+        if train_extra.get(SKIPPED_UPDATES) == 1.0:
+            self.reporter.message(
+                f"warning: every optimizer update of epoch {r.epoch} was skipped: the float16 gradients (or the "
+                "forward) overflowed at every loss scale, so the weights did not change; train with "
+                "precision='f32', or scale the inputs or the learning rate down")
         if self.out_dir is not None:
             if self.writer:
                 write_metrics(self.out_dir / "metrics.jsonl", r.history)
@@ -590,6 +597,10 @@ def fit(model: Model, train_data: Data, valid_data: Data | None = None, config: 
     holds the folder already (train.run.run does).
     """
     check_fit_keywords(settings)
+    for name, fn in (("log", log), ("progress", progress)):
+        if fn is not None and not callable(fn):
+            raise ConfigError(f"fit's {name} must be a function taking one line of text (e.g. print) or None, "
+                              f"not {type(fn).__name__} {fn!r}")
     config = replace(config or TrainConfig(), **settings)
     if claim and getattr(model, "precision", None) in ("f32", "f16"):
         config = replace(config, precision=model.precision)  # recorded and compared on resume as compiled

@@ -96,17 +96,15 @@ class _Sums:
 
     def add(self, read: dict[str, float] | tuple[float, dict[str, tuple[float, float, bool]]]) -> None:
         if isinstance(read, tuple):
-            n, parts = read
+            n, parts = read   # each part by its own denominator: skipped updates count without samples
         else:
             n = read.get("count", 0.0)
             parts = {}
             for k, v in read.items():
-                if k == "count" or v is None:
+                if k == "count" or v is None or not n:
                     continue
                 exp = metric_family(k) == "perplexity"  # summed as NLL, as the device does
                 parts[k] = (float(np.log(v)) * n if exp else v * n, n, exp)
-        if not n:
-            return
         self.count += n
         for key, (num, den, exp) in parts.items():
             have = self.parts.get(key)
