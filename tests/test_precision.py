@@ -553,3 +553,20 @@ def test_fit_warns_when_every_update_of_an_epoch_was_skipped(capsys):
     assert row["train_skipped_updates"] == 1.0 and "valid_skipped_updates" not in row
     for k, v in m.state_dict().items():
         np.testing.assert_array_equal(v, before[k], err_msg=k)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cpu,cpu"])
+def test_overflowing_f16_steps_count_alike_on_one_and_two_devices_without_numpy_warnings(device):
+    """Data parallelism's gradient programs gate their metric sums on the loss as one device's
+    step does, and neither prints numpy's overflow warnings (inf gradients are expected there)."""
+    import warnings
+    ours = nn.Sequential(nn.Linear(4, 3))
+    ours.load_state_dict({"0.weight": np.full((3, 4), 100.0, np.float32), "0.bias": np.zeros(3, np.float32)})
+    m = ours.to_model(input_shape=(None, 4)).compile("mse", anygrad.optim.Adam(lr=0.01), device=device,
+                                                     precision="f16")
+    x, y = np.full((16, 4), 200.0, np.float32), np.zeros((16, 3), np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for _ in range(2):
+            m.train_on_batch(x, y)
+    assert m.read_metrics() == {"count": 0.0, "skipped_updates": 1.0}

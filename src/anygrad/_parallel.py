@@ -149,8 +149,15 @@ def _run_shares(work: Callable[[list[T]], list[R]], items: Sequence[T], n: int, 
     parts = shares(items, n)
     if len(parts) <= 1:
         return list(work(list(items))) if items else []
+    # numpy's error state is per thread: the workers take the caller's (the numpy runtime quiets
+    # f16 overflow, an expected event under loss scaling, for the whole step)
+    err = np.geterr()
+
+    def in_callers_errstate(part: list[T]) -> list[R]:
+        with np.errstate(**err):
+            return work(part)
     with serial_blas() if blas else contextlib.nullcontext():
-        futures = [_pool(len(parts) - 1).submit(work, part) for part in parts[1:]]
+        futures = [_pool(len(parts) - 1).submit(in_callers_errstate, part) for part in parts[1:]]
         was = getattr(_local, "worker", False), getattr(_local, "pooled", False)
         _local.worker = _local.pooled = True  # the calling thread is a worker too until its share is done
         try:

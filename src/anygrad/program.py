@@ -416,6 +416,8 @@ def build_train_step(model: Graph, input_shapes: dict[str, Shape], target_shape:
         grads = _accumulate(g, b, grads, phase)
     if phase in ("step", "apply"):
         _apply_update(g, b, grads, optimizer, clip_norm, scaling, report, loss=out.loss, groups=groups)
+    elif scaling:  # a gradient phase (accumulation, data parallelism): its metrics as the step's
+        _gate_metrics_on_loss(g, b, out.loss)
     g.state_updates[b.op("Add", [RNG_STATE, b.const(np.array([0, 1], np.uint32), np.uint32)])] = RNG_STATE
     g.outputs = [out.loss] + ([out.correct] if out.correct else [])
     g.dce()
@@ -452,11 +454,18 @@ def _apply_update(g: Graph, b: Builder, grads: dict[str, str], optimizer: Optimi
     metric = {k: v for k, v in g.state_updates.items() if v.startswith(METRIC_PREFIX)}
     grad_scaler.gate(g, b, found, {k: v for k, v in g.state_updates.items() if v != RNG_STATE and k not in metric})
     if loss is not None:
-        grad_scaler.gate(g, b, grad_scaler.found_inf(b, [loss]), metric)
+        _gate_metrics_on_loss(g, b, loss)
     grad_scaler.update_scale(g, b, found)
     _sum_into(g, b, UPDATE_COUNT, b.const(1.0))
     if report is not None:
         report[SKIPPED_UPDATES] = MetricSpec(grad_scaler.SKIPPED_SUM, UPDATE_COUNT)
+
+
+def _gate_metrics_on_loss(g: Graph, b: Builder, loss: str) -> None:
+    """The metric sums keep their values where the forward overflowed float16 (the loss is not
+    finite): no NaN loss for --on-nan to see; the skipped update is counted instead."""
+    metric = {k: v for k, v in g.state_updates.items() if v.startswith(METRIC_PREFIX)}
+    grad_scaler.gate(g, b, grad_scaler.found_inf(b, [loss]), metric)
 
 
 def _update(g: Graph, b: Builder, grads: dict[str, str], optimizer: Optimizer,

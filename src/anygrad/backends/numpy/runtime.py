@@ -23,7 +23,6 @@ Set `ANYGRAD_NUMPY_PROFILE=1` (or `executable.profile = {}`) to record seconds p
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import sys
 import time
@@ -195,10 +194,11 @@ class NumpyExecutable(HostExecutable):
             env[name] = self._check_feed(name, feeds[name])
         # One BLAS thread for the whole step: the kernels split their BLAS work over the
         # workers themselves (anygrad._parallel says why), and ANYGRAD_NUMPY_THREADS=1 means one.
-        # With float16 values (mixed precision) an inf gradient is an expected event that the loss
-        # scaler handles (a skipped update), not a numpy warning.
-        quiet = np.errstate(over="ignore", invalid="ignore") if self.half else contextlib.nullcontext()
-        with _parallel.serial_blas(), quiet:
+        # Overflow, inf - inf and x / 0 give inf and NaN silently, as in PyTorch: under mixed
+        # precision an inf gradient is an expected event the loss scaler handles (a skipped
+        # update, in this program or in a data-parallel update program of f32 values), and a run
+        # that diverges is the trainer's to report (--on-nan), not a numpy warning per op.
+        with _parallel.serial_blas(), np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             for step, (op, node, ins, outs) in enumerate(self.plan):
                 if self.profile is not None:
                     t0 = time.perf_counter()
