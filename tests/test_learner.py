@@ -479,6 +479,24 @@ def test_npz_colour_images_normalised_per_channel_on_the_device(tmp_path):
     assert json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["valid_loss"] is not None
 
 
+def test_npz_greyscale_images_without_a_channel_axis_train(tmp_path):
+    """(N, H, W) uint8 images, as keras.datasets.mnist saves them: one channel axis added, the
+    statistics are the images' own (in [0, 1] units), train and valid alike."""
+    rng = np.random.default_rng(3)
+    x, xv = rng.integers(0, 256, (24, 6, 6), dtype=np.uint8), rng.integers(0, 256, (6, 6, 6), dtype=np.uint8)
+    data = tmp_path / "g.npz"
+    np.savez(data, x=x, y=rng.integers(0, 10, 24), x_valid=xv, y_valid=rng.integers(0, 10, 6))
+    from anygrad.data import get_dataset
+    d = get_dataset("npz", data)
+    assert d.train[0].shape == (24, 1, 6, 6) and d.valid[0].shape == (6, 1, 6, 6)
+    assert d.mean == pytest.approx((x.mean() / 255,)) and d.std == pytest.approx((x.std() / 255,))
+    model = _onnx(tmp_path / "m.onnx", [36, 10], input_shape=["N", 1, 6, 6])
+    run = tmp_path / "run"
+    assert cli.main(["train", str(model), "--dataset", "npz", "--data-dir", str(data), "--device", "cpu",
+                     "--batch-size", "6", "--epochs", "1", "--artifacts", str(run), "--quiet"]) == 0
+    assert json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["valid_loss"] is not None
+
+
 # -- settings that depend on the run are checked before the first step -------------------------------------
 def test_onecycle_spans_the_run_in_optimizer_updates(tmp_path, monkeypatch):
     """Without total_steps, onecycle takes epochs and steps_per_epoch from the run, counting optimizer

@@ -105,7 +105,7 @@ def test_every_declaration_is_well_formed():
 def test_the_docs_page_holds_the_generated_table():
     page = (ROOT / "docs" / "settings.md").read_text()
     assert settings.with_table(page) == page, \
-        "docs/settings.md is out of date: run python -m anygrad.settings --update docs/settings.md"
+        "docs/settings.md is out of date: run anygrad settings --update docs/settings.md"
     assert page.count("| `ANYGRAD_") == len(settings.all_settings())
 
 
@@ -167,3 +167,13 @@ def test_the_plan_cache_key_holds_the_tuning_settings_and_not_the_debug_ones():
         assert pipeline_cache.plan_key(g, ("ctx",)) != key
     with settings.override(ANYGRAD_WGPU_PROFILE=True, ANYGRAD_DP_TIMELINE="t.json"):
         assert pipeline_cache.plan_key(g, ("ctx",)) == key
+
+
+def test_the_settings_command_lists_every_setting_and_prints_the_table(capsys, monkeypatch):
+    from anygrad import cli
+    monkeypatch.setenv("ANYGRAD_NUMPY_THREADS", "3")
+    assert cli.main(["settings"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == len(settings.all_settings()) and "ANYGRAD_NUMPY_THREADS=3  (user)" in out
+    assert cli.main(["settings", "--markdown"]) == 0
+    assert capsys.readouterr().out == settings.markdown_table()

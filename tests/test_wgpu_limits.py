@@ -51,8 +51,12 @@ def test_unknown_profile_is_a_config_error(monkeypatch):
     with pytest.raises(ConfigError, match="unknown limits profile 'gtx9000'; choose one of webgpu-default"):
         _backend("gtx9000")
     monkeypatch.setenv("ANYGRAD_WGPU_LIMITS", "nope")
-    with pytest.raises(ConfigError, match="unknown limits profile 'nope'"):
+    with pytest.raises(ConfigError, match="^ANYGRAD_WGPU_LIMITS=nope: unknown limits profile 'nope'.*unset it"):
         _backend(None)
+    from anygrad.backends.wgpu.planning.limits import get_profile
+    monkeypatch.setenv("ANYGRAD_WGPU_LIMITS", "webgpu-default:bogus=1")
+    with pytest.raises(ConfigError, match="^ANYGRAD_WGPU_LIMITS=webgpu-default:bogus=1: limits profile override"):
+        get_profile(None)
 
 
 def test_founding_model_trains_under_webgpu_default_like_numpy():

@@ -202,3 +202,10 @@ def _add_codegen(p: argparse.ArgumentParser) -> None:
                    "reads them (a module written with --no-weights stays as it is)")
     p.add_argument("--overwrite", action="store_true", help="replace the files already at -o and --weights-out "
                    "(the module and its weights); without it, an existing file is refused")
+
+
+def _add_settings(p: argparse.ArgumentParser) -> None:
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--markdown", action="store_true", help="print the docs' table of every setting instead")
+    how.add_argument("--update", metavar="FILE", help="rewrite the settings table between its markers in FILE "
+                     "(docs/settings.md)")

@@ -10,9 +10,9 @@ from typing import Any, NoReturn
 
 from .common import EXIT_ERROR, _elide_words, _one_line
 from .info import cmd_info
-from .options import _add_codegen, _add_eval, _add_info, _add_plot, _add_predict, _add_train
+from .options import _add_codegen, _add_eval, _add_info, _add_plot, _add_predict, _add_settings, _add_train
 from .predict import cmd_eval, cmd_predict
-from .tools import cmd_codegen, cmd_devices, cmd_plot
+from .tools import cmd_codegen, cmd_devices, cmd_plot, cmd_settings
 from .training import cmd_train
 
 
@@ -32,6 +32,7 @@ COMMANDS: dict[str, Command] = {
     "predict": Command("classify one dataset sample or your own image with a trained model", _add_predict,
                        cmd_predict),
     "eval": Command("loss, accuracy and confusion matrix (perplexity for a token run) of a trained model on a dataset", _add_eval, cmd_eval),
+    "settings": Command("every ANYGRAD_* environment setting with its current value", _add_settings, cmd_settings),
     "codegen": Command("write an ONNX model as PyTorch-style Python (anygrad.nn) plus its weights",
                        _add_codegen, cmd_codegen),
 }

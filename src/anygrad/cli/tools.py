@@ -11,6 +11,11 @@ from ..errors import ConfigError
 from .common import _not_a_folder
 
 
+def cmd_settings(args: argparse.Namespace) -> int:
+    from .. import settings
+    return settings.main(["--markdown"] if args.markdown else ["--update", args.update] if args.update else [])
+
+
 def cmd_devices(args: argparse.Namespace) -> int:
     from .. import devices
     print("cpu (numpy)")

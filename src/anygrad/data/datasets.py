@@ -189,6 +189,12 @@ def _image_stats(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]] |
         tuple(float(max(v, 1e-6)) for v in f.std(axis=(0, 2, 3)))
 
 
+def _with_channel(pair: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """uint8 images saved as (N, H, W), as keras.datasets.mnist gives them: one channel, (N, 1, H, W)."""
+    x, y = pair
+    return (x[:, None] if x.dtype == np.uint8 and x.ndim == 3 else x), y
+
+
 def _npz(data_dir: str | None, log: Log | None, path: str | None = None, x_key: str = "x", y_key: str = "y",
          **kw: Any) -> Dataset:
     from .npz import read_npz
@@ -196,6 +202,7 @@ def _npz(data_dir: str | None, log: Log | None, path: str | None = None, x_key: 
     if path is None:
         raise ConfigError("the npz dataset needs a file: --data-dir FILE.npz (data_dir= or path= in Python)")
     train, valid = read_npz(path, x_key, y_key, x_valid_key=f"{x_key}_valid", y_valid_key=f"{y_key}_valid")
+    train, valid = _with_channel(train), None if valid is None else _with_channel(valid)
     mean, std = _image_stats(train[0])
     labels = train[1]
     classes = [str(i) for i in range(int(labels.max()) + 1)] if np.issubdtype(labels.dtype, np.integer) \

@@ -87,8 +87,16 @@ def get_profile(name: str | None) -> LimitsProfile | None:
 
     A profile may be lowered further for a test, limit by limit, in WebGPU's names:
     'webgpu-default:max-storage-buffers-per-shader-stage=4,max-storage-buffer-binding-size=64KiB'."""
-    if name is None:
-        name = settings.get(ENV) or ""
+    if name is not None:
+        return _profile(name)
+    name = settings.get(ENV) or ""
+    try:
+        return _profile(name)
+    except ConfigError as e:  # set in the environment: say where the name came from
+        raise ConfigError(f"{ENV}={name}: {e}; unset it for the adapter's own limits") from None
+
+
+def _profile(name: str) -> LimitsProfile | None:
     name, _, overrides = name.strip().lower().partition(":")
     if name in ("", "adapter", "none"):
         return None
