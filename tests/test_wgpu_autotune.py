@@ -166,6 +166,31 @@ def test_the_time_budget_leaves_the_rest_to_later_compiles(tuning, monkeypatch):
     assert autotune.stats["timed"] == 3
 
 
+def test_a_round_stops_building_candidates_when_the_budget_runs_out(tuning, monkeypatch):
+    """A slow pipeline build (Dawn: 0.3-0.5 s each, on one thread) counts against the budget
+    inside a round: past it, the candidates not timed yet are left out (the rules' first one
+    always runs), the winner is the best of those timed, and the confirming round skips them."""
+    graph, _ = _mlp_graph()
+    clock = [0.0]
+    monkeypatch.setattr(autotune.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(autotune, "BUDGET_S", 2.5)
+    timed = []
+    node = next(n for n in graph.nodes if n.op in autotune.TUNABLE_OPS)
+    names = [kernels[0].name for _, kernels in autotune._candidates(node, graph, AdapterCaps())]
+
+    def slow(kernels, g):  # each candidate "builds" for one second; the rules' first is slowest
+        timed.append(kernels[0].name)
+        clock[0] += 1.0
+        return 2.0 if kernels[0].name == names[0] else 1.0 + 0.1 * names.index(kernels[0].name)
+    tuned = autotune.tune(graph, AdapterCaps(), ("slow",), slow)
+    assert autotune.stats["timed"] == 1 and autotune.stats["left"] == 2  # one shape started, two left
+    # the first round: the rules' candidate and those begun before 2.5 s; the confirming round
+    # (past the deadline) times the rules' one again only
+    assert timed == names[:3] + names[:1], timed
+    pins = [n.attrs for n in tuned.nodes if any(a in n.attrs for a in autotune.PIN_ATTRS)]
+    assert len(pins) == 1 and pins[0] == {**pins[0], **autotune._candidates(node, graph, AdapterCaps())[1][0]}
+
+
 def test_the_budget_can_be_set_in_the_environment(tuning, monkeypatch):
     graph, _ = _mlp_graph()
     monkeypatch.setenv(autotune.BUDGET_ENV, "0")
@@ -264,7 +289,7 @@ def test_the_winning_tiling_is_timed_at_other_k_splits_and_the_fastest_count_is_
 
     rounds = []  # a timer that times lists together (device_timer's `all`): the splits ride in round 2
 
-    def together(lists, g):
+    def together(lists, g, deadline=None):
         rounds.append(sorted(split_count(k) for k in lists))
         return [{2 * s: 0.5}.get(split_count(k), 1.0) for k in lists]
 
@@ -289,7 +314,7 @@ def test_every_shape_is_timed_once_before_any_confirming_round_and_its_splits_bu
                            Node("Concat", ["y", "z"], ["out"], name="cat", attrs={"axis": -1})], "out", grad=False)
     events = []
 
-    def together(lists, g):
+    def together(lists, g, deadline=None):
         events.append(("time", len(lists)))
         return [1.0 + 0.01 * i for i in range(len(lists))]
 

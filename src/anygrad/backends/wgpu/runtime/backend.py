@@ -467,6 +467,12 @@ class WgpuBackend(Backend):
             self.ctx.pipelines[key] = pipe if pipe is not None else self._create_pipeline(key, name)
         return self.ctx.pipelines[key]
 
+    def has_pipeline(self, wgsl: str, entry: str, read_only: tuple[bool, ...]) -> bool:
+        """Whether pipeline() would return at once: built, or built in the background already."""
+        key = (self.device_wgsl(wgsl), entry, read_only)
+        pending = self.ctx.pending.get(key)
+        return key in self.ctx.pipelines or (pending is not None and pending.done())
+
     def supports(self, op: str | Node) -> bool:
         """An op in this backend's lowering registry (an alias such as Reshape runs no kernel)."""
         return (op.op if isinstance(op, Node) else op) in REGISTRY

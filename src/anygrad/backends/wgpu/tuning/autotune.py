@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -222,7 +223,7 @@ def tune(graph: Graph, caps: AdapterCaps, context: tuple, timer: Callable[[list[
             node = nodes[todo[key][0]]
             splits = (lambda pin, kernels, node=node: _candidates(node, graph, caps, split_pins(pin, kernels))) \
                 if tunes_splits() else None
-            rounds[key] = _Rounds(cands, graph, timer, splits)
+            rounds[key] = _Rounds(cands, graph, timer, splits, deadline=t0 + budget)
             stats["timed"] += 1
         new = {key: r.confirm() for key, r in rounds.items()}
         chosen |= new
@@ -296,14 +297,15 @@ class _Rounds:
     list of candidates together (device_timer: one submission a round)."""
 
     def __init__(self, candidates: list[tuple[dict[str, Any], list[Kernel]]], graph: Graph, timer,
-                 variants: Callable[[dict[str, Any], list[Kernel]], list] | None = None):
-        self.graph = graph
-        self.time_all = getattr(timer, "all", None) or (lambda lists, g: [timer(kernels, g) for kernels in lists])
+                 variants: Callable[[dict[str, Any], list[Kernel]], list] | None = None,
+                 deadline: float | None = None):
+        self.graph, self.timer, self.deadline = graph, timer, deadline
         self.candidates = list(candidates)
         if not candidates:
             return
-        self.times = list(self.time_all([kernels for _, kernels in candidates], graph))
-        leaders = sorted(range(len(candidates)), key=self.times.__getitem__)[:CONFIRM]
+        self.times = list(self.time_all([kernels for _, kernels in candidates]))
+        leaders = [i for i in sorted(range(len(candidates)), key=self.times.__getitem__)[:CONFIRM]
+                   if math.isfinite(self.times[i])]
         more = list(variants(*candidates[leaders[0]])) if variants is not None else []
         self.candidates += more
         self.times += [float("inf")] * len(more)
@@ -313,12 +315,27 @@ class _Rounds:
         if prebuild is not None and more:
             prebuild([kern for _, kernels in more for kern in kernels])
 
+    def time_all(self, lists: list[list[Kernel]]) -> list[float]:
+        """Each list's time; inf for those left untimed because the deadline passed before their
+        pipelines were built (never the first: the rules' own tiling is always timed). A pipeline
+        costs 0.3-0.5 s on Dawn (one thread, H200), so a round checked only before it started
+        overran a 20 s budget by 30-40 s."""
+        together = getattr(self.timer, "all", None)
+        if together is not None:
+            return together(lists, self.graph, deadline=self.deadline)
+        out = []
+        for i, kernels in enumerate(lists):
+            if i and self.deadline is not None and time.perf_counter() > self.deadline:
+                return out + [math.inf] * (len(lists) - i)
+            out.append(self.timer(kernels, self.graph))
+        return out
+
     def confirm(self) -> dict[str, Any]:
         """The fastest candidate's pin, after the confirming round."""
         if not self.candidates:
             return {}
         times = self.times
-        for i, t in zip(self.again, self.time_all([self.candidates[i][1] for i in self.again], self.graph)):
+        for i, t in zip(self.again, self.time_all([self.candidates[i][1] for i in self.again])):
             times[i] = min(times[i], t)
         best = 0
         for i in range(1, len(self.candidates)):
@@ -392,13 +409,26 @@ def device_timer(backend: Any) -> Callable[[list[Kernel], Graph], float]:
         reps = [max(1, min(REPEATS, int(TARGET_MS / max(float(t), 1e-3)))) for t in warm]
         return [float(t) for t in np.min([round_ms(reps) for _ in range(ROUNDS)], axis=0)]
 
-    def time_all(lists: list[list[Kernel]], graph: Graph) -> list[float]:
+    def built(kernels: list[Kernel]) -> bool:
+        return all(backend.has_pipeline(k.wgsl, k.entry, (True,) * len(k.reads) + (False,) * len(k.writes))
+                   for k in kernels)
+
+    def time_all(lists: list[list[Kernel]], graph: Graph, deadline: float | None = None) -> list[float]:
+        """Each list's milliseconds; past `deadline`, lists whose pipelines are not built yet are
+        left out (inf), except the first."""
         bufs = buffers(lists, graph)
         try:
-            ds = [dispatches(kernels, bufs) for kernels in lists]
-            if FEATURE in backend.device.features:
-                return stamped(ds)
-            return walled(ds, next(iter(bufs.values())))
+            timed, ds = [], []
+            for i, kernels in enumerate(lists):  # building is what takes the time: checked between builds
+                if i and deadline is not None and time.perf_counter() > deadline and not built(kernels):
+                    continue
+                timed.append(i)
+                ds.append(dispatches(kernels, bufs))
+            ms = stamped(ds) if FEATURE in backend.device.features else walled(ds, next(iter(bufs.values())))
+            out = [math.inf] * len(lists)
+            for i, t in zip(timed, ms):
+                out[i] = t
+            return out
         finally:
             for b in bufs.values():
                 b.destroy()
