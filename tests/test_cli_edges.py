@@ -191,6 +191,19 @@ def test_limits_are_checked_on_every_device_and_noted_once_off_wgpu(tmp_path, mo
     assert "--limits" not in capsys.readouterr().out  # no profile: nothing to note
 
 
+def test_a_bad_limits_variable_is_refused_before_overwrite_replaces_a_run(tmp_path, model, data, capsys, monkeypatch):
+    """ANYGRAD_WGPU_LIMITS is checked with --limits, before the run folder is claimed: the earlier
+    run that --overwrite would replace is still there; `anygrad devices` names it too."""
+    run = tmp_path / "run"
+    assert cli.main(_train(model, data, run, "--epochs", "1")) == 0
+    before = sorted(p.name for p in run.rglob("*"))
+    monkeypatch.setenv("ANYGRAD_WGPU_LIMITS", "bogus")
+    err = _error(capsys, _train(model, data, run, "--epochs", "1", "--overwrite"))
+    assert err.startswith("anygrad: error: ANYGRAD_WGPU_LIMITS=bogus: unknown limits profile 'bogus'")
+    assert sorted(p.name for p in run.rglob("*")) == before
+    assert "ANYGRAD_WGPU_LIMITS=bogus" in _error(capsys, ["devices"])
+
+
 def test_limits_and_memory_budget_are_checked_in_python_on_every_device(model):
     from anygrad import load_onnx
     from anygrad.backends.base import Backend

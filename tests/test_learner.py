@@ -497,6 +497,34 @@ def test_npz_greyscale_images_without_a_channel_axis_train(tmp_path):
     assert json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["valid_loss"] is not None
 
 
+def test_npz_channels_last_images_are_transposed_and_bad_sample_shapes_are_named(tmp_path, capsys):
+    """(N, H, W, C) uint8 images (keras' cifar10, PIL) become (N, C, H, W) with per-channel
+    statistics; float (N, H, W) data the model cannot take is a sample-shape error, not the last
+    batch's; an x_valid without y_valid is an error, not a silent 10% hold-out."""
+    from anygrad.data import get_dataset
+    from anygrad.errors import ConfigError, DataError
+    rng = np.random.default_rng(4)
+    x = rng.integers(0, 256, (36, 6, 6, 3), dtype=np.uint8)
+    x[..., 1] //= 2
+    data = tmp_path / "hwc.npz"
+    np.savez(data, x=x, y=rng.integers(0, 10, 36))
+    d = get_dataset("npz", data, valid_fraction=0.0)
+    np.testing.assert_array_equal(d.train[0], x.transpose(0, 3, 1, 2))
+    assert d.mean == pytest.approx(tuple(x.reshape(-1, 3).mean(0) / 255)) and d.mean[1] < d.mean[0]
+    model = _onnx(tmp_path / "m.onnx", [108, 10], input_shape=["N", 3, 6, 6])
+    assert cli.main(["train", str(model), "--dataset", "npz", "--data-dir", str(data), "--device", "cpu",
+                     "--batch-size", "8", "--epochs", "1", "--artifacts", str(tmp_path / "run"), "--quiet"]) == 0
+    grey = anygrad.load_onnx(str(_onnx(tmp_path / "g.onnx", [36, 10], input_shape=["N", 1, 6, 6])))
+    grey.compile("cross_entropy", get_optimizer("sgd", lr=0.1), "cpu")
+    with pytest.raises(ConfigError, match=r"the training data's samples have shape \(6, 6\), which") as e:
+        grey.fit((rng.standard_normal((36, 6, 6)).astype(np.float32), rng.integers(0, 10, 36)), batch_size=8, log=None)
+    assert "last batch" not in str(e.value)
+    half = tmp_path / "half.npz"
+    np.savez(half, x=x, y=rng.integers(0, 10, 36), x_valid=x[:4])
+    with pytest.raises(DataError, match="has the validation array 'x_valid' but no 'y_valid'"):
+        get_dataset("npz", half)
+
+
 # -- settings that depend on the run are checked before the first step -------------------------------------
 def test_onecycle_spans_the_run_in_optimizer_updates(tmp_path, monkeypatch):
     """Without total_steps, onecycle takes epochs and steps_per_epoch from the run, counting optimizer

@@ -570,3 +570,17 @@ def test_overflowing_f16_steps_count_alike_on_one_and_two_devices_without_numpy_
         for _ in range(2):
             m.train_on_batch(x, y)
     assert m.read_metrics() == {"count": 0.0, "skipped_updates": 1.0}
+
+
+def test_skipped_f16_updates_on_two_devices_are_no_divergence_at_a_checkpoint(tmp_path):
+    """Data parallelism leaves a skipped update's inf gradient sums in accum.<param>: the epoch's
+    checkpoint is written (those buffers are the loss scaler's, not the run's state going bad)
+    and every epoch runs, as on one device."""
+    ours = nn.Sequential(nn.Linear(4, 3))
+    ours.load_state_dict({"0.weight": np.full((3, 4), 100.0, np.float32), "0.bias": np.zeros(3, np.float32)})
+    m = ours.to_model(input_shape=(None, 4)).compile("mse", anygrad.optim.SGD(lr=0.01), device="cpu,cpu",
+                                                     precision="f16")
+    x, y = np.full((16, 4), 200.0, np.float32), np.zeros((16, 3), np.float32)
+    result = m.fit((x, y), epochs=2, batch_size=8, artifacts_dir=str(tmp_path / "run"), log=None)
+    assert result.diverged is None and [h.epoch for h in result.history] == [1, 2]
+    assert len(list((tmp_path / "run").rglob("*.json"))) >= 2

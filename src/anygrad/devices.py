@@ -28,7 +28,8 @@ __all__ = ["AdapterInfo", "auto_backends", "check_device_settings", "get_backend
 
 def check_device_settings(limits: str | None = None, memory_budget: int | str | None = None,
                           flags: bool = False) -> None:
-    """A ConfigError for a bad `limits` profile or `memory_budget` size, whatever the device: the
+    """A ConfigError for a bad `limits` profile (or ANYGRAD_WGPU_LIMITS without one) or
+    `memory_budget` size, whatever the device: the
     CPU and torch use neither, but a typo there is still a typo (and would be recorded in a run's
     config.json). Every way to a backend passes here (get_backend, auto_backends, Model.compile,
     `anygrad train`); `flags`: name them as the command line spells them (--memory-budget)."""
@@ -38,6 +39,8 @@ def check_device_settings(limits: str | None = None, memory_budget: int | str | 
             raise ConfigError(f"{'--limits' if flags else 'limits'} names a limits profile (a string such as "
                               f"'uhd630'), got {type(limits).__name__}")
         get_profile(limits)
+    else:  # ANYGRAD_WGPU_LIMITS: checked as early, before a run folder is claimed or replaced
+        get_profile(None)
     if memory_budget is not None:
         parse_size(memory_budget, "--memory-budget" if flags else "memory_budget")
 

@@ -18,6 +18,7 @@ def cmd_settings(args: argparse.Namespace) -> int:
 
 def cmd_devices(args: argparse.Namespace) -> int:
     from .. import devices
+    devices.check_device_settings()  # the limits the adapters are listed under (ANYGRAD_WGPU_LIMITS)
     print("cpu (numpy)")
     list_adapters = getattr(devices, "list_adapters", None)
     if list_adapters is not None:

@@ -189,10 +189,21 @@ def _image_stats(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]] |
         tuple(float(max(v, 1e-6)) for v in f.std(axis=(0, 2, 3)))
 
 
+IMAGE_CHANNELS = (1, 3, 4)  # grey, RGB, RGBA
+
+
 def _with_channel(pair: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """uint8 images saved as (N, H, W), as keras.datasets.mnist gives them: one channel, (N, 1, H, W)."""
+    """uint8 images as the models take them, (N, C, H, W): saved as (N, H, W), as
+    keras.datasets.mnist gives them, with one channel; saved channels-last (N, H, W, C), as
+    keras.datasets.cifar10 and PIL give them, transposed."""
     x, y = pair
-    return (x[:, None] if x.dtype == np.uint8 and x.ndim == 3 else x), y
+    if x.dtype != np.uint8:
+        return x, y
+    if x.ndim == 3:
+        return x[:, None], y
+    if x.ndim == 4 and x.shape[3] in IMAGE_CHANNELS and x.shape[1] not in IMAGE_CHANNELS:
+        return np.ascontiguousarray(x.transpose(0, 3, 1, 2)), y
+    return x, y
 
 
 def _npz(data_dir: str | None, log: Log | None, path: str | None = None, x_key: str = "x", y_key: str = "y",

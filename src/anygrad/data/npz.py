@@ -13,7 +13,8 @@ from ..torchfile.npzfile import read_npz_arrays
 
 def read_npz(path: str | Path, x_key: str = "x", y_key: str = "y", x_valid_key: str = "x_valid",
              y_valid_key: str = "y_valid") -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray] | None]:
-    """(train, valid or None). Validation arrays are used when both of their keys are present."""
+    """(train, valid or None). Validation arrays are used when both of their keys are present;
+    one of them alone is a DataError."""
     path = Path(path).expanduser()
     if not os.path.lexists(path):  # (False, not an exception, for a name too long or with a NUL)
         raise DataError(f"{path}: no such .npz file")
@@ -32,5 +33,10 @@ def read_npz(path: str | Path, x_key: str = "x", y_key: str = "y", x_valid_key: 
             raise DataError(f"{path}: '{xk}' holds {len(x)} samples but '{yk}' holds {len(y)}")
         return x, (y.astype(np.int64) if np.issubdtype(y.dtype, np.integer) else y)
 
-    valid = pair(x_valid_key, y_valid_key) if x_valid_key in arrays and y_valid_key in arrays else None
+    half = [k for k in (x_valid_key, y_valid_key) if k in arrays]
+    if len(half) == 1:  # half a validation split is a mistake, not a reason to hold out 10% instead
+        other = y_valid_key if half[0] == x_valid_key else x_valid_key
+        raise DataError(f"{path} has the validation array '{half[0]}' but no '{other}': add it, or remove "
+                        f"'{half[0]}' for a held-out part of the training data")
+    valid = pair(x_valid_key, y_valid_key) if half else None
     return pair(x_key, y_key), valid

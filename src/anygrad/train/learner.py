@@ -24,7 +24,7 @@ from ..distributed import data_parallel
 from ..errors import ConfigError, ShapeError
 from ..model import Model
 from ..optim.schedulers import RunFacts, get_scheduler
-from ..program import SKIPPED_UPDATES, TRAIN_ONLY_METRICS
+from ..program import ACCUM_PREFIX, SKIPPED_UPDATES, TRAIN_ONLY_METRICS
 from . import checkpoint as ckpt
 from .artifacts import config_record, save_weights, write_json, write_metrics
 from .config import RESUMABLE_CHANGES, TrainConfig, check_fit_keywords
@@ -206,6 +206,13 @@ class Learner:
         if size == 0:
             return
         n, shape = self.loader.n_samples, tuple(self.loader.sample_shape)
+        full = min(self.config.batch_size, n)
+        if full != size:  # a sample shape the model does not take is no fault of the last batch
+            try:
+                self.model.check_training_shape((full,) + shape)
+            except ShapeError as e:
+                raise ConfigError(f"the training data's samples have shape {shape}, which the model cannot "
+                                  f"train on: {e}") from None
         try:
             self.model.check_training_shape((size,) + shape)
         except ShapeError as e:
@@ -291,7 +298,11 @@ class Learner:
         if self.ckpt_dir is None or not self.writer:
             return None
         state, meta = self.model.full_state(), self._meta()
-        bad = nonfinite_entries({k: v for k, v in state.items() if not k.startswith("anygrad.metric")})
+        # under f16 a gradient sum may hold inf: the loss scaler skips that update (data
+        # parallelism leaves the summed gradients in accum.<param> after it), not a divergence
+        scaled = getattr(self.model, "precision", "f32") == "f16"
+        bad = nonfinite_entries({k: v for k, v in state.items() if not k.startswith("anygrad.metric")
+                                 and not (scaled and k.startswith(ACCUM_PREFIX))})
         if bad and self.config.on_nan != "warn":  # never a non-finite checkpoint: the last one stays the newest
             raise Diverged(f"{', '.join(bad[:3])} hold NaN or infinite values")
         path = ckpt.write(self.ckpt_dir, f"{ckpt.PREFIX}{self.run.global_step:08d}", state, meta)
