@@ -177,3 +177,9 @@ def test_the_settings_command_lists_every_setting_and_prints_the_table(capsys, m
     assert len(out) == len(settings.all_settings()) and "ANYGRAD_NUMPY_THREADS=3  (user)" in out
     assert cli.main(["settings", "--markdown"]) == 0
     assert capsys.readouterr().out == settings.markdown_table()
+
+    monkeypatch.setenv("ANYGRAD_NUMPY_THREADS", "lots")   # a bad value: flagged in its row, the rest listed
+    assert cli.main(["settings"]) == 2
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == len(settings.all_settings())
+    assert any(line.startswith("ANYGRAD_NUMPY_THREADS=lots  (user)  error:") for line in out), out

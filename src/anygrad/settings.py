@@ -369,13 +369,24 @@ def main(argv: list[str] | None = None) -> int:
 
         from .fsutil import atomic_write
         path = Path(args[1])
-        atomic_write(path, with_table(path.read_text()))
+        try:
+            page = with_table(path.read_text())
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from None
+        atomic_write(path, page)
+        print(f"{path}: settings table updated ({len(DECLARED)} settings)")
         return 0
-    if not args:
+    if not args:  # every setting, a bad value flagged in its row (what this listing is for)
+        bad = 0
         for s in DECLARED:
-            value = s.get()
+            try:
+                value = s.get()
+            except ConfigError as e:
+                bad += 1
+                print(f"{s.name}={s.raw()}  ({s.kind})  error: {e}")
+                continue
             print(f"{s.name}={'' if value is None else _text(value)}  ({s.kind})")
-        return 0
+        return 2 if bad else 0
     print("usage: anygrad settings [--markdown | --update FILE]", file=sys.stderr)
     return 2
 
