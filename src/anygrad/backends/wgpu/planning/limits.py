@@ -114,7 +114,7 @@ def _profile(name: str) -> LimitsProfile | None:
         if key.strip() not in known or not eq:
             raise ConfigError(f"limits profile override '{item}': write LIMIT=VALUE with LIMIT one of "
                               f"{', '.join(known)}")
-        changes[known[key.strip()]] = parse_size(value, f"limits profile override '{item}'")
+        changes[known[key.strip()]] = parse_size(value, f"limits profile override {key.strip()}")
     return replace(profile, name=f"{name}:{overrides}", **changes)
 
 
