@@ -67,7 +67,9 @@ def test_garbage_arguments_are_one_line_errors(command, run, tmp_path, monkeypat
 def test_eval_batch_size_predict_index_and_top(run, capsys):
     for args, words in ((["eval", str(run), "--batch-size", "0"], "at least 1"),
                         (["predict", str(run), "--index", "-1"], "counts samples from 0"),
-                        (["predict", str(run), "--top", "0"], "at least 1")):
+                        (["predict", str(run), "--top", "0"], "at least 1"),
+                        # an image run: --dataset tokens is eval's, not a language model's refusal
+                        (["predict", str(run), "--dataset", "tokens"], "--dataset tokens is for `anygrad eval")):
         assert cli.main(args) == 2
         assert words in capsys.readouterr().err
 

@@ -70,6 +70,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise ConfigError(f"--top must be at least 1, got {args.top}")
     model, source, dataset, data_dir = _inference_model(args)
+    if dataset == TOKENS and source.run_config.get("dataset") != TOKENS:  # asked for, on another kind of run
+        raise ConfigError(f"predict classifies one sample or image; --dataset {TOKENS} is for `anygrad eval "
+                          f"{args.model}` (loss and perplexity of a language model)")
     if dataset == TOKENS:
         raise ConfigError("predict classifies one sample or image; it does not predict from a language model "
                           f"trained on tokens ({source.description}). Use `anygrad eval {args.model}` for its "
