@@ -192,7 +192,7 @@ def _image_stats(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]] |
 IMAGE_CHANNELS = (1, 3, 4)  # grey, RGB, RGBA
 
 
-def _with_channel(pair: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def _as_nchw(pair: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """uint8 images as the models take them, (N, C, H, W): saved as (N, H, W), as
     keras.datasets.mnist gives them, with one channel; saved channels-last (N, H, W, C), as
     keras.datasets.cifar10 and PIL give them, transposed."""
@@ -213,7 +213,7 @@ def _npz(data_dir: str | None, log: Log | None, path: str | None = None, x_key: 
     if path is None:
         raise ConfigError("the npz dataset needs a file: --data-dir FILE.npz (data_dir= or path= in Python)")
     train, valid = read_npz(path, x_key, y_key, x_valid_key=f"{x_key}_valid", y_valid_key=f"{y_key}_valid")
-    train, valid = _with_channel(train), None if valid is None else _with_channel(valid)
+    train, valid = _as_nchw(train), None if valid is None else _as_nchw(valid)
     mean, std = _image_stats(train[0])
     labels = train[1]
     classes = [str(i) for i in range(int(labels.max()) + 1)] if np.issubdtype(labels.dtype, np.integer) \

@@ -152,14 +152,14 @@ def _k_loop(copies: list[tuple[str, _Copy]], p: MmaPlan, step: list[str]) -> lis
         return ([f"  for (var k0 = kb; k0 < ke; k0 = k0 + {u(p.bk)}) {{"] + ind(stage)
                 + ["    workgroupBarrier();"] + ind(step) + ["    workgroupBarrier();", "  }"])
     decl, load, store = [], [], []
+    e = p.config.operand  # registers of the operand type: f16 operands take half (their values are f16)
     for name, c in copies:
-        if not prefetch_slots(c, p.threads):
+        slots = prefetch_slots(c, p.threads)
+        if not slots:
             store += _copies(c.count, p.threads, c.body("k0", "v"))
             continue
-        # held as the operand type: f16 operands take half the registers (their values are f16)
-        e = p.config.operand
         typ = f"vec4<{e}>" if c.vec else e
-        for i in range(prefetch_slots(c, p.threads)):
+        for i in range(slots):
             reg = f"p{name}{i}"
             decl.append(f"  var {reg}: {typ};")
             # the last slot is guarded where the invocations do not divide the tile
