@@ -22,18 +22,20 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+# "p": register prefetch of the next K tile; "pd": that and two workgroup tiles (one barrier a K
+# tile). Plans that lost on the H200 (64x64 tiles, K tile 64: 77-96 TFLOP/s) stay in
+# benchmarks/results/2026-12-02-matrix-units-pm/gemm4096_dawn.json.
 PLANS = {
     "mma rules": {"_gemm_variant": "mma"},
-    "mma b4 t128 k32": {"_gemm_variant": "mma", "_gemm_block": 4, "_gemm_threads": 128, "_gemm_kt": 32, "_gemm_prefetch": 0},
-    "mma b4 t128 k64": {"_gemm_variant": "mma", "_gemm_block": 4, "_gemm_threads": 128, "_gemm_kt": 64, "_gemm_prefetch": 0},
     "mma b4 t256 k32": {"_gemm_variant": "mma", "_gemm_block": 4, "_gemm_threads": 256, "_gemm_kt": 32, "_gemm_prefetch": 0},
-    "mma b2 t128 k32": {"_gemm_variant": "mma", "_gemm_block": 2, "_gemm_threads": 128, "_gemm_kt": 32, "_gemm_prefetch": 0},
-    "mma b2 t256 k64": {"_gemm_variant": "mma", "_gemm_block": 2, "_gemm_threads": 256, "_gemm_kt": 64, "_gemm_prefetch": 0},
-    "mma rules no prefetch": {"_gemm_variant": "mma", "_gemm_prefetch": 0},
     "mma b4 t256 k32 p": {"_gemm_variant": "mma", "_gemm_block": 4, "_gemm_threads": 256, "_gemm_kt": 32, "_gemm_prefetch": 1},
-    "mma b4 t128 k64 p": {"_gemm_variant": "mma", "_gemm_block": 4, "_gemm_threads": 128, "_gemm_kt": 64, "_gemm_prefetch": 1},
+    "mma b4 t256 k16 p": {"_gemm_variant": "mma", "_gemm_block": 4, "_gemm_threads": 256, "_gemm_kt": 16, "_gemm_prefetch": 1},
+    "mma b4 t256 k16 pd": {"_gemm_variant": "mma", "_gemm_block": 4, "_gemm_threads": 256, "_gemm_kt": 16, "_gemm_prefetch": 2},
+    "mma b4 t256 k32 pd": {"_gemm_variant": "mma", "_gemm_block": 4, "_gemm_threads": 256, "_gemm_kt": 32, "_gemm_prefetch": 2},
     "mma b4 t128 k32 p": {"_gemm_variant": "mma", "_gemm_block": 4, "_gemm_threads": 128, "_gemm_kt": 32, "_gemm_prefetch": 1},
-    "mma b2 t128 k32 p": {"_gemm_variant": "mma", "_gemm_block": 2, "_gemm_threads": 128, "_gemm_kt": 32, "_gemm_prefetch": 1},
+    "mma b4 t128 k32 pd": {"_gemm_variant": "mma", "_gemm_block": 4, "_gemm_threads": 128, "_gemm_kt": 32, "_gemm_prefetch": 2},
+    "mma b4 t64 k32 pd": {"_gemm_variant": "mma", "_gemm_block": 4, "_gemm_threads": 64, "_gemm_kt": 32, "_gemm_prefetch": 2},
+    "mma b2 t128 k32 pd": {"_gemm_variant": "mma", "_gemm_block": 2, "_gemm_threads": 128, "_gemm_kt": 32, "_gemm_prefetch": 2},
     "alu shared8 k16 p": {"_gemm_variant": "shared", "_gemm_block": 8, "_gemm_kt": 16, "_gemm_prefetch": 1},
 }
 

@@ -191,7 +191,18 @@ TINT_ERROR = ("Error while parsing WGSL: :7:20 error: 'subgroupMatrixLoad' offse
               "                   ^^^^^^^^^^^^^^^^^^\n\n"
               " - While validating [ShaderModuleDescriptor \"gemm_mma\"]\n"
               " - While calling [Device].CreateShaderModule([ShaderModuleDescriptor \"gemm_mma\"]).")
-DAWN = Implementation("dawn", "Dawn", None, (), threaded_device=False, compiler="Tint")
+DAWN = Implementation("dawn", "Dawn", None, (), thread_safety="implicit-device-synchronization", compiler="Tint")
+
+
+class _Device:
+    def __init__(self, *features: str) -> None:
+        self.features = set(features)
+
+
+def test_threads_build_pipelines_only_where_the_device_is_safe_to_share():
+    native = Implementation("native", "wgpu-native", None, ())
+    assert native.threaded(_Device()) and DAWN.threaded(_Device("implicit-device-synchronization"))
+    assert not DAWN.threaded(_Device("shader-f16"))
 
 
 def test_first_error_line_of_tint_and_naga():
@@ -271,7 +282,7 @@ def test_dawns_rendering_computes_what_naga_does(monkeypatch):
     wb = wgpu_util.wgpu_backend()
     native = implementation.of(wb.device)
     as_dawn = Implementation("dawn", "Dawn", native.module, native.features, native_api=None,
-                             threaded_device=False, compiler="Tint")
+                             thread_safety="implicit-device-synchronization", compiler="Tint")
     monkeypatch.setattr(implementation, "of", lambda obj: as_dawn)
     # naga refuses `enable subgroups;` (Tint needs it): that one difference stays out of this test
     import re
@@ -354,6 +365,19 @@ def test_dawn_adapter_reports_its_facts(dawn):
     assert dawn.caps.adapter_facts.implementation == "dawn"
     if "chromium-experimental-subgroup-matrix" in dawn.device.features:
         assert dawn.caps.adapter_facts.matrix_configs == dawn.adapter.facts.matrix_configs
+
+
+def test_dawn_builds_pipelines_on_threads_where_its_device_is_synchronised(dawn):
+    """The device is opened with implicit-device-synchronization where the adapter lists it, and
+    a compile's pipelines are then built on threads, each one usable."""
+    impl = implementation.of(dawn.device)
+    listed = implementation.DAWN_THREAD_SAFETY in dawn.adapter.features
+    assert (implementation.DAWN_THREAD_SAFETY in dawn.device.features) == listed
+    assert impl.threaded(dawn.device) == listed
+    specs = [(f"@group(0) @binding(0) var<storage, read_write> y: array<f32>;\n@compute @workgroup_size(64)\n"
+              f"fn main(@builtin(global_invocation_id) g: vec3<u32>) {{ if (g.x < arrayLength(&y)) {{ "
+              f"y[g.x] = f32(g.x) * {i}.0; }} }}\n", "main", (False,), f"probe{i}") for i in range(6)]
+    assert len(dawn.pipelines(specs)) == 6
 
 
 def test_dawn_runs_a_training_step_like_numpy(dawn):

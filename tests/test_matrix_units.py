@@ -110,7 +110,8 @@ def _lets(wgsl: str) -> dict[str, str]:
 def _uniform(expr: str, lets: dict[str, str], seen: frozenset = frozenset()) -> bool:
     """Built from literals, workgroup_id, subgroup_id and lets of those (recursively) only."""
     for name in re.findall(r"[A-Za-z_]\w*", re.sub(r"\b\d+u\b", "", expr)):
-        if name in ("wid", "sg", "x", "y", "z", "min", "u"):
+        # k0: the K loop's counter, from kb (a let of workgroup_id) in uniform steps
+        if name in ("wid", "sg", "x", "y", "z", "min", "u", "k0"):
             continue
         if name in seen or name not in lets or not _uniform(lets[name], lets, seen | {name}):
             return False
@@ -118,17 +119,19 @@ def _uniform(expr: str, lets: dict[str, str], seen: frozenset = frozenset()) -> 
 
 
 def _plan_of(name: str, caps: AdapterCaps) -> MmaPlan:
-    m = re.search(r"\[mma (\d+)x(\d+)k(\d+)p? sg(\d+)", name)
+    m = re.search(r"\[mma (\d+)x(\d+)k(\d+)p?d? sg(\d+)", name)
     assert m, name
     return m
 
 
-@pytest.mark.parametrize("prefetch", [0, 1])
+@pytest.mark.parametrize("prefetch", [0, 1, 2])
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("key", list(CONFIGS))
 def test_plans_and_shaders_for_every_config(key, case, prefetch):
     cfg, size = CONFIGS[key]
     caps = caps_for(key)
+    if prefetch == 2:  # double tiles of the default plans take more than 32 KiB (an H200's 48)
+        caps = replace(caps, max_workgroup_storage=65536)
     op, shapes, attrs = CASES[case]
     dtype = np.float16 if cfg.operand == "f16" else np.float32
     kernels, _ = node_kernels(op, shapes, {**attrs, "_gemm_variant": "mma", "_gemm_prefetch": prefetch}, caps, dtype)
@@ -137,7 +140,14 @@ def test_plans_and_shaders_for_every_config(key, case, prefetch):
     for k in mma:
         w = k.wgsl
         assert f"{cfg.m}x{cfg.n}x{cfg.k}" in k.name
-        assert ("p sg" in k.name) == bool(prefetch)
+        assert ("p sg" in k.name or "pd sg" in k.name) == bool(prefetch)
+        assert ("d sg" in k.name) == (prefetch == 2)
+        # double tiles: two buffers, each K tile's matrix loads at its buffer's offset, and one
+        # barrier a K tile (the multiplies are followed by the next tile's stores, not a barrier)
+        loop = w[w.index("for (var k0"):]
+        loop = loop[:loop.index("\n  }\n")]
+        assert loop.count("workgroupBarrier();") == (1 if prefetch == 2 else 2), loop
+        assert ("&Ta, oa + (" in w) == (prefetch == 2)
         assert re.search(r"^enable f16;", w, re.MULTILINE) and "enable chromium_experimental_subgroup_matrix;" in w
         assert f"alias ML = subgroup_matrix_left<{cfg.operand}, {cfg.k}, {cfg.m}>;" in w
         assert f"alias MR = subgroup_matrix_right<{cfg.operand}, {cfg.n}, {cfg.k}>;" in w
@@ -187,6 +197,22 @@ def test_units_read_from_the_adapter_facts_dawn_reports():
     plan = plan_mma(4096, 4096, 4096, AdapterCaps(max_workgroup_storage=49152), "f16", units)
     assert plan.config == MatrixConfig(16, 16, 16) and plan.threads % 32 == 0
     assert units_of(AdapterCaps(adapter_facts=AdapterFacts("native"))) is None
+
+
+def test_the_rules_give_the_widest_plans_two_shallow_tiles_where_they_fit():
+    units = MatrixUnits((MatrixConfig(16, 16, 16),), 32)
+    h200 = AdapterCaps(max_workgroup_storage=49152, max_invocations_per_workgroup=1024)
+    rule = plan_mma(4096, 4096, 4096, h200, "f16", units, prefetch=True, double=None)
+    assert (rule.subgroups, rule.bk, rule.double) == (8, 16, True) and rule.workgroup_bytes() <= 49152
+    assert "128x256k16pd sg8" in rule.tag
+    # less workgroup storage, no prefetch, a pinned K tile or 4 subgroups: one tile, as pinned
+    for caps, kw in ((AdapterCaps(max_workgroup_storage=32768, max_invocations_per_workgroup=1024), {}),
+                     (h200, {"prefetch": False}), (h200, {"bk": 32}), (h200, {"threads": 128})):
+        plan = plan_mma(4096, 4096, 4096, caps, "f16", units, **{"prefetch": True, "double": None, **kw})
+        assert not plan.double, (kw, plan.tag)
+    # pinned double tiles that do not fit are refused (the autotuner skips the candidate)
+    with pytest.raises(ValueError, match="two tiles"):
+        plan_mma(4096, 4096, 4096, h200, "f16", units, bk=32, prefetch=True, double=True)
 
 
 def test_plans_fit_small_workgroup_storage_and_small_shapes():

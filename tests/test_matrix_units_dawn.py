@@ -148,7 +148,8 @@ def rnd(*shape, seed=0):
 
 PLANS = {"rules": {}, "b2t64": {"_gemm_block": 2, "_gemm_threads": 64}, "b4k64": {"_gemm_block": 4, "_gemm_kt": 64},
          "b2t256": {"_gemm_block": 2, "_gemm_threads": 256}, "prefetch": {"_gemm_prefetch": 1},
-         "b2t64p": {"_gemm_block": 2, "_gemm_threads": 64, "_gemm_prefetch": 1}}
+         "b2t64p": {"_gemm_block": 2, "_gemm_threads": 64, "_gemm_prefetch": 1},
+         "double": {"_gemm_prefetch": 2, "_gemm_threads": 128}, "b2t64pd": {"_gemm_block": 2, "_gemm_threads": 64, "_gemm_prefetch": 2}}
 
 
 @pytest.mark.parametrize("plan", list(PLANS))
@@ -175,7 +176,7 @@ def test_gemm_transposes_bias_and_relu(ta, tb):
     check_mma("Gemm", [a, b, rnd(n, seed=5)], {"transA": ta, "transB": tb, "_epilogue": "relu"})
 
 
-@pytest.mark.parametrize("prefetch", [0, 1])
+@pytest.mark.parametrize("prefetch", [0, 1, 2])
 @pytest.mark.parametrize("splits", [2, 5])
 def test_split_k(splits, prefetch):
     kernels = check_mma("MatMul", [rnd(40, 2000, seed=6), rnd(2000, 24, seed=7)], {},
@@ -195,14 +196,14 @@ def _explicit(xs, ws, attrs):
     return {**win.attrs(), "group": attrs.get("group", 1)}, win.out
 
 
-@pytest.mark.parametrize("prefetch", [0, 1])
+@pytest.mark.parametrize("prefetch", [0, 1, 2])
 @pytest.mark.parametrize("xs,ws,attrs", CONVS)
 def test_conv_forward(xs, ws, attrs, prefetch):
     check_mma("Conv", [rnd(*xs, seed=8), rnd(*ws, seed=9), rnd(ws[0], seed=10)], {**attrs, "_epilogue": "relu"},
               {"_gemm_prefetch": prefetch})
 
 
-@pytest.mark.parametrize("prefetch", [0, 1])
+@pytest.mark.parametrize("prefetch", [0, 1, 2])
 @pytest.mark.parametrize("xs,ws,attrs", CONVS)
 def test_conv_input_gradient(xs, ws, attrs, prefetch):
     explicit, out = _explicit(xs, ws, attrs)
@@ -210,7 +211,7 @@ def test_conv_input_gradient(xs, ws, attrs, prefetch):
               {**explicit, "input_shape": list(xs)}, {"_gemm_prefetch": prefetch})
 
 
-@pytest.mark.parametrize("prefetch", [0, 1])
+@pytest.mark.parametrize("prefetch", [0, 1, 2])
 @pytest.mark.parametrize("xs,ws,attrs", CONVS)
 def test_conv_weight_gradient(xs, ws, attrs, prefetch):
     explicit, out = _explicit(xs, ws, attrs)

@@ -7,6 +7,9 @@ shader compiler), the rest fusing and planning the step in Python. Two savings f
   releases the GIL, and wgpu-core allows concurrent pipeline creation on one device, so the
   driver compiles several shaders at once. (`create_compute_pipeline_async` exists in wgpu-py
   0.32 but is not implemented by its wgpu-native backend: it creates the pipeline synchronously.)
+  Dawn's devices are opened with implicit-device-synchronization for the same reason: its lock
+  does not serialise the compiles (H200, 24 pipelines: 13.8 s on one thread, 1.9 s on 16, 7.5 s
+  through Dawn's own create_compute_pipeline_async).
 - Compiled plans (the fused graph and its kernel/buffer plan, WGSL included) are pickled on disk,
   keyed by a hash of the graph, the adapter, its driver, the device limits and anygrad's backend
   source. A warm compile skips fusion, lowering and planning.
@@ -68,8 +71,8 @@ def threads() -> int:
 def build_parallel(create: Callable[[Any], Any], keys: Sequence[Any], threaded: bool = True) -> dict[Any, Any]:
     """create(key) for each distinct key, on a thread pool. A key whose creation fails in a thread
     is created again on the calling thread, so its error is raised there with its own message.
-    threaded=False: all on the calling thread (Dawn's devices are not safe to call from several
-    threads at once without implicit device synchronisation)."""
+    threaded=False: all on the calling thread (a Dawn device without implicit-device-
+    synchronization is not safe to call from several threads at once)."""
     todo = list(dict.fromkeys(keys))
     n = min(threads(), len(todo)) if threaded else 1
     if n <= 1:

@@ -72,16 +72,21 @@ FEATURES = ("chromium-experimental-subgroup-matrix", "shader-f16", "subgroups") 
 class _Copy:
     """How one operand's K tile goes into workgroup memory: element group `l` (one vec4 or one
     element) is located by `index`, read by `load` (a template over the tile's first k, `{k}`)
-    and written by `stores` (a template over the value read, `{v}`)."""
+    and written by `stores` (a template over the value read, `{v}`, and the tile's offset in its
+    workgroup array, `{o}`: "" or "oa + " / "ob + " for double tiles)."""
 
     count: int                 # element groups in the tile
     index: str
     load: str
     stores: tuple[str, ...]
     vec: bool                  # a group is a vec4<f32> (else one f32)
+    offset: str = ""           # what `{o}` becomes in the stores
+
+    def store(self, value: str) -> list[str]:
+        return [s.format(v=value, o=self.offset) for s in self.stores]
 
     def body(self, k: str, value: str) -> list[str]:
-        return [self.index, f"let {value} = {self.load.format(k=k)};"] + [s.format(v=value) for s in self.stores]
+        return [self.index, f"let {value} = {self.load.format(k=k)};"] + self.store(value)
 
 
 def _copies(count: int, threads: int, body: list[str]) -> list[str]:
@@ -101,15 +106,15 @@ def _stage_a(spec: GemmSpec, p: MmaPlan, vec: bool, cast: str) -> _Copy:
     if vec and spec.a.contig == 1:     # four consecutive k a load
         return _Copy(bm * bk // 4, f"let kq = (l % {u(bk // 4)}) * 4u; let mm = l / {u(bk // 4)};",
                      "a_v(bt, m0 + mm, {k} + kq)",
-                     tuple(f"Ta[mm * {u(sa)} + kq + {u(q)}] = {cast}({{v}}[{q}]);" for q in range(4)), True)
+                     tuple(f"Ta[{{o}}mm * {u(sa)} + kq + {u(q)}] = {cast}({{v}}[{q}]);" for q in range(4)), True)
     if vec and spec.a.contig == 0:     # four consecutive rows a load (A stored transposed)
         return _Copy(bm * bk // 4, f"let mq = (l % {u(bm // 4)}) * 4u; let kk = l / {u(bm // 4)};",
                      "a_v(bt, m0 + mq, {k} + kk)",
-                     tuple(f"Ta[(mq + {u(q)}) * {u(sa)} + kk] = {cast}({{v}}[{q}]);" for q in range(4)), True)
+                     tuple(f"Ta[{{o}}(mq + {u(q)}) * {u(sa)} + kk] = {cast}({{v}}[{q}]);" for q in range(4)), True)
     fast = spec.a.fast if spec.a.fast is not None else spec.a.contig
     index = (f"let kk = l % {u(bk)}; let mm = l / {u(bk)};" if fast == 1
              else f"let mm = l % {u(bm)}; let kk = l / {u(bm)};")
-    return _Copy(bm * bk, index, "a_el(bt, m0 + mm, {k} + kk)", (f"Ta[mm * {u(sa)} + kk] = {cast}({{v}});",), False)
+    return _Copy(bm * bk, index, "a_el(bt, m0 + mm, {k} + kk)", (f"Ta[{{o}}mm * {u(sa)} + kk] = {cast}({{v}});",), False)
 
 
 def _stage_b(spec: GemmSpec, p: MmaPlan, vec: bool, cast: str) -> _Copy:
@@ -118,15 +123,15 @@ def _stage_b(spec: GemmSpec, p: MmaPlan, vec: bool, cast: str) -> _Copy:
     if vec and spec.b.contig == 1:     # four consecutive columns a load
         return _Copy(bn * bk // 4, f"let nq = (l % {u(bn // 4)}) * 4u; let kk = l / {u(bn // 4)};",
                      "b_v(bt, {k} + kk, n0 + nq)",
-                     tuple(f"Tb[kk * {u(sb)} + nq + {u(q)}] = {cast}({{v}}[{q}]);" for q in range(4)), True)
+                     tuple(f"Tb[{{o}}kk * {u(sb)} + nq + {u(q)}] = {cast}({{v}}[{q}]);" for q in range(4)), True)
     if vec and spec.b.contig == 0:     # four consecutive k a load (B stored transposed: x @ W.T)
         return _Copy(bn * bk // 4, f"let kq = (l % {u(bk // 4)}) * 4u; let nn = l / {u(bk // 4)};",
                      "b_v(bt, {k} + kq, n0 + nn)",
-                     tuple(f"Tb[(kq + {u(q)}) * {u(sb)} + nn] = {cast}({{v}}[{q}]);" for q in range(4)), True)
+                     tuple(f"Tb[{{o}}(kq + {u(q)}) * {u(sb)} + nn] = {cast}({{v}}[{q}]);" for q in range(4)), True)
     fast = spec.b.fast if spec.b.fast is not None else spec.b.contig
     index = (f"let kk = l % {u(bk)}; let nn = l / {u(bk)};" if fast == 0
              else f"let nn = l % {u(bn)}; let kk = l / {u(bn)};")
-    return _Copy(bn * bk, index, "b_el(bt, {k} + kk, n0 + nn)", (f"Tb[kk * {u(sb)} + nn] = {cast}({{v}});",), False)
+    return _Copy(bn * bk, index, "b_el(bt, {k} + kk, n0 + nn)", (f"Tb[{{o}}kk * {u(sb)} + nn] = {cast}({{v}});",), False)
 
 
 MAX_PREFETCH_SLOTS = 32   # element groups one invocation holds for the next K tile (registers)
@@ -147,10 +152,18 @@ def _k_loop(copies: list[tuple[str, _Copy]], p: MmaPlan, step: list[str]) -> lis
     registers (prefetch_slots 0: an element-wise gather of a wide tile) is read in the loop."""
     def ind(lines: list[str]) -> list[str]:
         return ["    " + ln for ln in lines]
+    head = [f"  for (var k0 = kb; k0 < ke; k0 = k0 + {u(p.bk)}) {{"]
+    # double tiles: this K tile's buffer (uniform: k0 and kb are), and no barrier after the
+    # multiplies: the next store goes to the other buffer, which every subgroup finished reading
+    # before it passed this K tile's barrier
+    tail = ["  }"] if p.double else ["    workgroupBarrier();", "  }"]
+    if p.double:
+        head += [f"    let buf = ((k0 - kb) / {u(p.bk)}) % 2u;",
+                 f"    let oa = buf * {u(p.tile_a)};", f"    let ob = buf * {u(p.tile_b)};"]
+        copies = [(name, replace(c, offset=f"o{name} + ")) for name, c in copies]
     if not p.prefetch:
         stage = [ln for _, c in copies for ln in _copies(c.count, p.threads, c.body("k0", "v"))]
-        return ([f"  for (var k0 = kb; k0 < ke; k0 = k0 + {u(p.bk)}) {{"] + ind(stage)
-                + ["    workgroupBarrier();"] + ind(step) + ["    workgroupBarrier();", "  }"])
+        return head + ind(stage) + ["    workgroupBarrier();"] + ind(step) + tail
     decl, load, store = [], [], []
     e = p.config.operand  # registers of the operand type: f16 operands take half (their values are f16)
     for name, c in copies:
@@ -167,12 +180,11 @@ def _k_loop(copies: list[tuple[str, _Copy]], p: MmaPlan, step: list[str]) -> lis
             at = ["{", f"  let l = li + {u(i * p.threads)};", "  if (l < " + u(c.count) + ") {" if not whole else "  {",
                   f"  {c.index}"]
             load += at + [f"  {reg} = {typ}({c.load.format(k='{k}')});", "  }", "}"]
-            store += at + [f"  {s.format(v=reg)}" for s in c.stores] + ["  }", "}"]
+            store += at + [f"  {ln}" for ln in c.store(reg)] + ["  }", "}"]
     first = [ln.replace("{k}", "kb") for ln in load]
     nxt = [ln.replace("{k}", f"(k0 + {u(p.bk)})") for ln in load]
-    return (decl + ["  " + ln for ln in first]
-            + [f"  for (var k0 = kb; k0 < ke; k0 = k0 + {u(p.bk)}) {{"] + ind(store)
-            + ["    workgroupBarrier();"] + ind(nxt) + ind(step) + ["    workgroupBarrier();", "  }"])
+    return (decl + ["  " + ln for ln in first] + head + ind(store)
+            + ["    workgroupBarrier();"] + ind(nxt) + ind(step) + tail)
 
 
 def mma_wgsl(spec: GemmSpec, p: MmaPlan, caps: AdapterCaps, splits: int = 1, ksplit: int = 0,
@@ -199,8 +211,8 @@ def mma_wgsl(spec: GemmSpec, p: MmaPlan, caps: AdapterCaps, splits: int = 1, ksp
     cast = e   # loaders return f32: f16 operands round exactly (they are f16 values), f32 ones stay
     sa, sb, sc = p.stride_a, p.stride_b, p.stride_c
     frag = cfg.m * sc
-    tiles = [f"var<workgroup> Ta: array<{e}, {p.bm * sa}>;",
-             f"var<workgroup> Tb: array<{e}, {p.bk * sb}>;",
+    tiles = [f"var<workgroup> Ta: array<{e}, {p.buffers * p.tile_a}>;",
+             f"var<workgroup> Tb: array<{e}, {p.buffers * p.tile_b}>;",
              f"var<workgroup> Tc: array<f32, {p.subgroups * frag}>;"]
     builtins = ["@builtin(workgroup_id) wid: vec3<u32>", "@builtin(local_invocation_index) li: u32"]
     if p.by_subgroup_id:
@@ -223,11 +235,12 @@ def mma_wgsl(spec: GemmSpec, p: MmaPlan, caps: AdapterCaps, splits: int = 1, ksp
              f"  let sc = (sg % {u(p.sg_cols)}) * {u(p.sub_n)};"]
     head += [f"  var c{i}_{j} = {dialect.zero()};" for i, j in frags]
     step = []
+    oa, ob = ("oa + ", "ob + ") if p.double else ("", "")
     for kk in range(0, p.bk, cfg.k):
         step += ["{"]
-        step += [f"  let a{i} = {dialect.load_left('Ta', f'(sr + {u(i * cfg.m)}) * {u(sa)} + {u(kk)}', u(sa))};"
+        step += [f"  let a{i} = {dialect.load_left('Ta', f'{oa}(sr + {u(i * cfg.m)}) * {u(sa)} + {u(kk)}', u(sa))};"
                  for i in range(p.frag_rows)]
-        step += [f"  let b{j} = {dialect.load_right('Tb', f'{u(kk * sb)} + sc + {u(j * cfg.n)}', u(sb))};"
+        step += [f"  let b{j} = {dialect.load_right('Tb', f'{ob}{u(kk * sb)} + sc + {u(j * cfg.n)}', u(sb))};"
                  for j in range(p.frag_cols)]
         step += [f"  c{i}_{j} = {dialect.multiply_add(f'a{i}', f'b{j}', f'c{i}_{j}')};" for i, j in frags]
         step += ["}"]
@@ -272,11 +285,14 @@ class _SplitView:
 
 def mma_kernels(spec: GemmSpec, caps: AdapterCaps, operand: str, allow_split: bool = True,
                 block: int | None = None, kt: int | None = None, threads: int | None = None,
-                want_splits: int | None = None, prefetch: bool = False) -> list[Kernel]:
+                want_splits: int | None = None, prefetch: int | None = None) -> list[Kernel]:
     """The kernel list of one GEMM-shaped op on matrix units: one kernel, or a split-K kernel
     writing partial sums and the ALU reduce that finishes them (alpha, bias, epilogue).
+    prefetch: 0 none, 1 the next K tile into registers, 2 that and double tiles (MmaPlan); None
+    the rules (prefetch, and double tiles where plan_mma's rule gives them).
     ValueError where the adapter has no matrix units for `operand` or the tiles do not fit."""
-    p = plan_mma(spec.M, spec.N, spec.K, caps, operand, block=block, bk=kt, threads=threads, prefetch=prefetch)
+    p = plan_mma(spec.M, spec.N, spec.K, caps, operand, block=block, bk=kt, threads=threads,
+                 prefetch=prefetch is None or prefetch > 0, double=None if prefetch is None else prefetch == 2)
     view = _SplitView(p.bm, p.bn, p.threads, 1, p.bk)
     splits, ksplit = choose_splits(spec, view, caps, want_splits) if allow_split else (1, 0)  # type: ignore[arg-type]
     if splits == 1:

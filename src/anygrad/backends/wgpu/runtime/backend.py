@@ -487,7 +487,7 @@ class WgpuBackend(Backend):
         missing = [k for k in names if k not in self.ctx.pipelines and k not in self.ctx.pending]
         for k in missing:  # layouts first, on this thread: a pipeline and its bind groups share one
             self.layout(k[2])
-        threaded = implementation.of(self.device).threaded_device  # Dawn: one thread per device
+        threaded = implementation.of(self.device).threaded(self.device)
         if not wait:
             if not threaded:
                 return []  # built on this thread when pipeline() asks for each

@@ -97,14 +97,16 @@ CANDIDATES: tuple[dict[str, Any], ...] = (
     {"_gemm_variant": "dot"},
     # matrix units (kernels_mma.py; operands of a type the adapter's subgroup-matrix configs take,
     # elsewhere they raise and are skipped): 4 x 4 fragments a subgroup on 4 or 8 subgroups (H200,
-    # 4096^3 f16: 119 and 147 TFLOP/s), 2 x 2 for shapes that fill the GPU only with small tiles
+    # 4096^3 f16: 119 and 178 TFLOP/s), 2 x 2 for shapes that fill the GPU only with small tiles
     {"_gemm_variant": "mma"},
     {"_gemm_variant": "mma", "_gemm_block": 4, "_gemm_threads": 128},
     {"_gemm_variant": "mma", "_gemm_block": 4, "_gemm_threads": 256},
     {"_gemm_variant": "mma", "_gemm_block": 2, "_gemm_threads": 128},
     {"_gemm_variant": "mma", "_gemm_block": 2, "_gemm_threads": 256},
-    # ... without the register prefetch of the next K tile (the default; a gather's registers
-    # may cost more occupancy than the overlap gains)
+    # ... with one 32-deep workgroup tile instead of the rules' two 16-deep ones (matrix_units.
+    # RULE_DOUBLE_SUBGROUPS), and without the register prefetch of the next K tile (a gather's
+    # registers may cost more occupancy than the overlap gains)
+    {"_gemm_variant": "mma", "_gemm_prefetch": 1},
     {"_gemm_variant": "mma", "_gemm_prefetch": 0},
     {"_gemm_variant": "mma", "_gemm_block": 4, "_gemm_threads": 128, "_gemm_prefetch": 0},
 )
