@@ -376,9 +376,11 @@ def test_dawn_builds_pipelines_on_threads_where_its_device_is_synchronised(dawn)
     listed = implementation.DAWN_THREAD_SAFETY in dawn.adapter.features
     assert (implementation.DAWN_THREAD_SAFETY in dawn.device.features) == listed
     assert impl.threaded(dawn.device) == listed
-    specs = [(f"@group(0) @binding(0) var<storage, read_write> y: array<f32>;\n@compute @workgroup_size(64)\n"
-              f"fn main(@builtin(global_invocation_id) g: vec3<u32>) {{ if (g.x < arrayLength(&y)) {{ "
-              f"y[g.x] = f32(g.x) * {i}.0; }} }}\n", "main", (False,), f"probe{i}") for i in range(6)]
+    def shader(i: int) -> str:
+        return ("@group(0) @binding(0) var<storage, read_write> y: array<f32>;\n@compute @workgroup_size(64)\n"
+                "fn main(@builtin(global_invocation_id) g: vec3<u32>) { if (g.x < arrayLength(&y)) { "
+                f"y[g.x] = f32(g.x) * {i}.0; }} }}\n")
+    specs = [(shader(i), "main", (False,), f"probe{i}") for i in range(6)]
     assert len(dawn.pipelines(specs)) == 6
 
 
