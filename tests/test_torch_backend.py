@@ -131,7 +131,10 @@ def test_checkpoints_move_between_devices(tmp_path):
         resumed.train_on_batch(x, y)
     a, b = ref.full_state(), resumed.full_state()
     for name in a:
-        _close(b[name], a[name], name)
+        # two steps on torch's conv kernels, two on numpy's, against four on numpy: momentum
+        # carries the first steps' float32 summation-order noise (3.8e-5 on an element of 7e-4
+        # on a 2-core machine, 2026-12-02), so the absolute floor is wider than _close's
+        _close(b[name], a[name], name, atol=1e-4)
     # and back onto torch: the numpy-trained state loads and predicts there as on numpy
     back = anygrad.load_onnx(FOUNDING_MODEL)
     back.compile(loss="nll", optimizer=sgd(), device="torch:cpu", seed=3)
