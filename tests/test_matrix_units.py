@@ -79,7 +79,16 @@ CASES = {
     "conv_grad_input": ("ConvGradInput", [(2, 16, 13, 11), (16, 8, 3, 3)], {**_CONV, "input_shape": [2, 8, 13, 11]}),
     "conv_grad_input_strided": ("ConvGradInput", [(2, 24, 6, 6), (24, 16, 3, 3)],
                                 {**_CONV, "strides": [2, 2], "input_shape": [2, 16, 12, 12]}),
-    "conv_grad_weight": ("ConvGradWeight", [(2, 16, 13, 11), (2, 8, 13, 11)], {**_CONV, "weight_shape": [16, 8, 3, 3]}),
+    # 6 channels, no multiple of four: the plain (channel, tap) columns
+    "conv_grad_weight": ("ConvGradWeight", [(2, 16, 13, 11), (2, 6, 13, 11)], {**_CONV, "weight_shape": [16, 6, 3, 3]}),
+    # channels a multiple of the K tile: the tap-major form (GemmSpec.tap_major, b_at / b_tg)
+    "conv_by_tap": ("Conv", [(2, 32, 13, 11), (48, 32, 3, 3), (48,)], {"pads": [1, 1, 1, 1]}),
+    "conv_grad_input_by_tap": ("ConvGradInput", [(2, 64, 13, 11), (64, 32, 3, 3)],
+                               {**_CONV, "input_shape": [2, 32, 13, 11]}),
+    "conv_grad_weight_by_tap": ("ConvGradWeight", [(2, 16, 13, 11), (2, 8, 13, 11)],
+                                {**_CONV, "weight_shape": [16, 8, 3, 3]}),
+    "conv_grad_input_strided_by_tap": ("ConvGradInput", [(2, 32, 6, 6), (32, 32, 3, 3)],
+                                       {**_CONV, "strides": [2, 2], "input_shape": [2, 32, 12, 12]}),
 }
 
 _MATRIX_CALL = re.compile(r"subgroupMatrix(Load<M[LR]>|Store)\(&(T[abc]), ")
@@ -137,8 +146,16 @@ def test_plans_and_shaders_for_every_config(key, case, prefetch):
     kernels, _ = node_kernels(op, shapes, {**attrs, "_gemm_variant": "mma", "_gemm_prefetch": prefetch}, caps, dtype)
     mma = [k for k in kernels if uses_matrix_units(k)]
     assert mma, [k.name for k in kernels]
+    # by tap where each invocation copies one column of B's tile (kernels_mma.taps_fit): not on
+    # Intel's subgroups of 16, whose 4-subgroup tiles are wider than their 64 invocations (the
+    # weight gradient's columns by tap need only four channels a copy)
+    by_tap = case.endswith("_by_tap") and (size == 32 or op == "ConvGradWeight")
+    along_n = op == "ConvGradWeight"   # the weight gradient's columns by tap: no weight copy
+    assert ("WeightsByTap" in [k.name for k in kernels[:2]]) == (by_tap and not along_n), [k.name for k in kernels]
     for k in mma:
         w = k.wgsl
+        assert ("b_at(bt, tb_c, tb_k /" in w) == (by_tap and not along_n)
+        assert ("b_tg4(bt, " in w) == (by_tap and along_n)
         assert f"{cfg.m}x{cfg.n}x{cfg.k}" in k.name
         assert ("p sg" in k.name or "pd sg" in k.name) == bool(prefetch)
         assert ("d sg" in k.name) == (prefetch == 2)
@@ -168,7 +185,7 @@ def test_plans_and_shaders_for_every_config(key, case, prefetch):
                 assert _uniform(expr, {n: e for n, e in lets.items() if n not in ("li", "lane", "l")}), (expr, k.name)
                 assert not re.search(r"\b(li|lane|lid|local_invocation\w*)\b", expr)
         # operands bound as the graph's dtype: f16 storage for f16 values (halfstore rewrote them)
-        if cfg.operand == "f16":
+        if cfg.operand == "f16" and not by_tap:   # by tap, A is the f32 weight copy (WeightsByTap)
             assert re.search(r"@binding\(0\) var<storage, read> \w+: array<(vec4<)?f16>?>;", w), w[:600]
 
 

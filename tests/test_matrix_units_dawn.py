@@ -190,6 +190,13 @@ CONVS = [((2, 8, 13, 11), (16, 8, 3, 3), {"pads": [1, 1, 1, 1]}),
          ((2, 12, 10, 10), (20, 6, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]})]
 
 
+# channels a multiple of the K tile: the tap-major form (one tap decode a K tile, kernels_mma.taps_fit)
+BY_TAP = [((2, 32, 9, 10), (64, 32, 3, 3), {"pads": [1, 1, 1, 1]}),
+          ((2, 32, 12, 11), (32, 32, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+          ((1, 64, 6, 7), (64, 32, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}),
+          ((2, 32, 8, 8), (32, 32, 2, 2), {})]
+
+
 def _explicit(xs, ws, attrs):
     from anygrad.ops.nn import window
     win = window(Node("Conv", [], ["y"], attrs), xs[2:], ws[2:])
@@ -209,6 +216,21 @@ def test_conv_input_gradient(xs, ws, attrs, prefetch):
     explicit, out = _explicit(xs, ws, attrs)
     check_mma("ConvGradInput", [rnd(xs[0], ws[0], *out, seed=11), rnd(*ws, seed=12)],
               {**explicit, "input_shape": list(xs)}, {"_gemm_prefetch": prefetch})
+
+
+@pytest.mark.parametrize("prefetch", [0, 1, 2])
+@pytest.mark.parametrize("xs,ws,attrs", BY_TAP)
+def test_convs_by_tap(xs, ws, attrs, prefetch):
+    pin = {"_gemm_prefetch": prefetch}
+    fwd = check_mma("Conv", [rnd(*xs, seed=15), rnd(*ws, seed=16), rnd(ws[0], seed=17)], attrs, pin)
+    explicit, out = _explicit(xs, ws, attrs)
+    grad = check_mma("ConvGradInput", [rnd(xs[0], ws[0], *out, seed=18), rnd(*ws, seed=19)],
+                     {**explicit, "input_shape": list(xs)}, pin)
+    for ks in (fwd, grad):
+        assert "WeightsByTap" in [k.name for k in ks] and any("b_at(" in k.wgsl for k in ks if uses_matrix_units(k))
+    wgrad = check_mma("ConvGradWeight", [rnd(xs[0], ws[0], *out, seed=20), rnd(*xs, seed=21)],
+                      {**explicit, "weight_shape": list(ws)}, pin)
+    assert any("b_tg4(" in k.wgsl for k in wgrad if uses_matrix_units(k))
 
 
 @pytest.mark.parametrize("prefetch", [0, 1, 2])

@@ -312,6 +312,34 @@ def test_strided_conv_grad_input_by_phase(xs, ws, attrs, variant):
     assert "clear" not in "".join(k.name for k in kernels[1:])
 
 
+@pytest.mark.parametrize("xs,ws,attrs", [
+    ((2, 8, 7, 9), (6, 8, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((2, 4, 9, 8), (8, 4, 3, 2), {"pads": [0, 1, 2, 0], "dilations": [2, 1]}),
+    ((1, 8, 10, 10), (8, 4, 3, 3), {"group": 2, "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ((2, 4, 6, 6), (5, 4, 2, 2), {}),                                                  # inside: no bounds test
+])
+@pytest.mark.parametrize("variant", [{"_gemm_variant": "shared", "_gemm_kt": 8}, {"_gemm_variant": "register"}],
+                         ids=["shared", "register"])
+def test_tap_major_form_of_convs_matches_numpy(xs, ws, attrs, variant):
+    """The tap-major form the matrix-unit kernels take (GemmSpec.tap_major: K ordered (tap,
+    channel), the weights copied into that order first), run element by element by the ALU
+    kernels (layout "bytap"): forward, input gradient (stride 1 and by phase), weight gradient,
+    against numpy."""
+    pin = {**variant, "_gemm_layout": "bytap"}
+    kernels = check_op("Conv", [rnd(*xs, seed=41), rnd(*ws, seed=42), rnd(ws[0], seed=43)],
+                       {**attrs, **pin, "_epilogue": "relu"}, GPU)
+    explicit, out = _explicit(xs, ws, attrs)
+    grad = check_op("ConvGradInput", [rnd(xs[0], ws[0], *out, seed=44), rnd(*ws, seed=45)],
+                    {**explicit, "input_shape": list(xs), **pin}, GPU)
+    for ks in (kernels, grad):
+        assert ks[0].name == "WeightsByTap" or ks[1].name == "WeightsByTap", [k.name for k in ks]
+        assert any(k.flops for k in ks if k.name.startswith(("Conv", "ConvGradInput")))
+    # the weight gradient's columns by (tap, channel), stored in the weight's own order
+    wgrad = check_op("ConvGradWeight", [rnd(xs[0], ws[0], *out, seed=46), rnd(*xs, seed=47)],
+                     {**explicit, "weight_shape": list(ws), **pin}, GPU)
+    assert "(c % " in wgrad[0].wgsl
+
+
 @pytest.mark.parametrize("caps", [CPU, GPU], ids=["cpu", "gpu"])
 @pytest.mark.parametrize("xs,ws,attrs", CONVS, ids=_conv_ids())
 def test_conv_grad_weight(xs, ws, attrs, caps):

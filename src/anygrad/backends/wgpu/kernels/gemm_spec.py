@@ -41,6 +41,39 @@ class Binding:
 
 
 @dataclass(frozen=True)
+class TapGather:
+    """An implicit-GEMM B operand one of whose axes runs (tap, channel): index tap * channels +
+    channel. axis 0: K does (a conv's forward and input gradient, whose K is taps x channels);
+    axis 1: N does (the weight gradient, whose columns are the weight's).
+
+    Element (tap, channel) at the other coordinate x lies at `base + channel * stride` where `ok`
+    holds, and both depend only on the tap and x. So the matrix-unit copies decode a tap once for
+    many channels: a K tile that stays within one tap (axis 0, channels a multiple of the tile
+    depth) once per invocation and tile; four neighbouring columns (axis 1) once per four. The
+    plain (channel, tap) order decodes both for every element, which held ResNet-50's
+    convolutions on matrix units to 12-28 TFLOP/s (H200) against 178 for a GEMM."""
+
+    channels: int
+    stride: int
+    prelude: str     # WGSL of bt, tap and x (c for axis 0, r for axis 1) defining what base and ok use
+    base: str        # u32 index of channel 0 at (tap, x)
+    ok: str = ""     # (tap, x) reads inside the input ("" always)
+    axis: int = 0
+
+    @property
+    def x(self) -> str:
+        """The name of the other coordinate in the prelude (the loaders' r or c)."""
+        return "c" if self.axis == 0 else "r"
+
+    def operand(self, var: str, rows: int, cols: int) -> Operand:
+        """The same operand element by element (any kernel's loaders)."""
+        t = "r" if self.axis == 0 else "c"
+        return Operand(var, rows, cols, f"({self.base}) + ch * {u(self.stride)}",
+                       prelude=f"let tap = {t} / {u(self.channels)}; let ch = {t} % {u(self.channels)}; {self.prelude}",
+                       valid=self.ok, taps=self)
+
+
+@dataclass(frozen=True)
 class Operand:
     """Element (r, c) of problem `bt` of a logical rows x cols matrix.
 
@@ -70,6 +103,7 @@ class Operand:
     hoisted: tuple[str, ...] = ()     # the u32 names those statements define
     apply: tuple = ()                 # (op, sorted attrs) of an activation applied to each element loaded
     apply_half: bool = False          # that activation's result rounded to f16 (the graph holds it in float16)
+    taps: TapGather | None = None     # the same elements by tap (a B operand of a tap-major GemmSpec)
 
     @property
     def full_prelude(self) -> str:
@@ -109,6 +143,15 @@ class GemmSpec:
     out: Output
     reads: tuple[Binding, ...]      # A, B, bias buffers..., in binding order
     write: Binding
+    # the same product with K ordered (tap, channel) for kernels that stage whole K tiles (matrix
+    # units), and the kernels that must run before it (a weight copy in that order)
+    tap_major: TapMajor | None = None
+
+
+@dataclass(frozen=True)
+class TapMajor:
+    spec: GemmSpec            # B is a TapGather operand; A may read `before`'s output
+    before: tuple = ()        # Kernels (a weight permutation), with the Scratch they write
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ....errors import UnsupportedOpError
 from ....ir.graph import Graph, Node
 from ....ops.nn import Window
-from .gemm_spec import EPILOGUES, Binding, GemmSpec, Operand, Output, fold_grid, linear_id, u
+from .gemm_spec import (
+    EPILOGUES,
+    Binding,
+    GemmSpec,
+    Operand,
+    Output,
+    TapGather,
+    TapMajor,
+    fold_grid,
+    linear_id,
+    u,
+)
 from .kernel import AdapterCaps, Kernel, Scratch, lowering
 from .kernels_conv_nd import CONV_ND
 from .kernels_gemm import gemm_kernels, static_shape, variant_of
@@ -143,6 +154,20 @@ def _conv_shapes(node: Node, graph: Graph, x: str, w: str):
     return xs, ws, int(node.attr("group", 1))
 
 
+def _weights_by_tap(node: Node, w: str, Co: int, Cg: int, taps: int, caps: AdapterCaps) -> tuple[str, Kernel]:
+    """(scratch name, kernel) of the weights reordered Wp[co][tap][ci] = W[co][ci][tap]: the A
+    operand of a tap-major GemmSpec reads them in K order, four at a time, as the plain form reads W."""
+    name = f"{node.outputs[0]}__bytap"
+    body = (f"  let co = i / {u(taps * Cg)}; let tap = (i / {u(Cg)}) % {u(taps)}; let ci = i % {u(Cg)};\n"
+            f"  Wp[i] = W[(co * {u(Cg)} + ci) * {u(taps)} + tap];")
+    k = flat_kernel("WeightsByTap", [w], ["W"], name, "Wp", Co * Cg * taps, body, caps, wg=WG)
+    return name, replace(k, scratch=(Scratch(name, Co * Cg * taps),))
+
+
+def _tap_xy(g: Geo) -> str:
+    return f"let ky = tap / {u(g.kw)}; let kx = tap % {u(g.kw)};"
+
+
 # -- Conv forward -------------------------------------------------------------------------------
 @lowering("Conv", epilogue=True)
 def lower_conv(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
@@ -174,6 +199,13 @@ def lower_conv(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
                  bias=f"Bias[bt * {u(Cog)} + r]" if has_bias else "", epilogue=node.attr("_epilogue"))
     spec = GemmSpec("Conv" + ("1x1" if g.pointwise else ""), Cog, N, K, G, a, b, out, tuple(reads),
                     Binding(node.outputs[0], "Y"))
+    if not g.pointwise:
+        wp, permute = _weights_by_tap(node, node.inputs[1], Co, Cg, g.taps, caps)
+        pre, valid, base = _x_gather(g, f"bt * {u(Cg)}")
+        taps = TapGather(Cg, g.HW, f"{_pixel('c', g, True)} {_tap_xy(g)} {pre}", base, valid)
+        spec = replace(spec, tap_major=TapMajor(replace(
+            spec, a=Operand("Wt", Cog, K, f"(bt * {u(Cog)} + r) * {u(K)} + c", contig=1),
+            b=taps.operand("X", K, N), reads=(Binding(wp, "Wt"),) + tuple(reads[1:])), (permute,)))
     # split-K when the output grid is small: ResNet-18's last stage at 32x32 input (1x1 pixels,
     # 512 channels, K = 4608) ran 64 workgroups of 64x64 for 0.58 ms (4 TFLOP/s) on an H200
     return gemm_kernels(spec, caps, **variant_of(node, graph, caps))
@@ -250,6 +282,16 @@ def lower_conv_grad_input(node: Node, graph: Graph, caps: AdapterCaps) -> list[K
                  prelude=f"let img = c / {u(g.HW)}; let pix = c % {u(g.HW)};", contig=g.HW % 4 == 0)
     spec = GemmSpec("ConvGradInput" + ("1x1" if g.pointwise else ""), Cg, N, K, G, a, b, out,
                     (Binding(w, "Wt"), Binding(dy, "DY")), Binding(node.outputs[0], "DX"))
+    if not g.pointwise and stride1:
+        wp, permute = _weights_by_tap(node, w, Co, Cg, g.taps, caps)
+        taps = TapGather(Cog, g.P, f"{_pixel('c', g, False)} {_tap_xy(g)} "
+                                   f"let oy = iy + {u(g.ph)} - ky * {u(g.dh)}; let ox = ix + {u(g.pw)} - kx * {u(g.dw)};",
+                         f"((img * {u(Co)} + bt * {u(Cog)}) * {u(g.OH)} + oy) * {u(g.OW)} + ox",
+                         f"oy < {u(g.OH)} && ox < {u(g.OW)}")
+        a = Operand("Wt", Cg, K, f"((bt * {u(Cog)} + co) * {u(g.taps)} + tap) * {u(Cg)} + r",
+                    prelude=f"let tap = c / {u(Cog)}; let co = c % {u(Cog)};", contig=0 if Cg % 4 == 0 else None)
+        spec = replace(spec, tap_major=TapMajor(replace(
+            spec, a=a, b=taps.operand("DY", K, N), reads=(Binding(wp, "Wt"), Binding(dy, "DY"))), (permute,)))
     # split-K when the output grid is small: ResNet-18's last stage at 32x32 input (1x1 pixels,
     # 512 channels, K = 4608) ran 64 workgroups of 64x64 for 0.58 ms (4 TFLOP/s) on an H200
     return gemm_kernels(spec, caps, **variant_of(node, graph, caps))
@@ -307,6 +349,20 @@ def _grad_input_by_phase(node: Node, g: Geo, G: int, Co: int, Cg: int, caps: Ada
                      prelude=phase_pixel)
         spec = GemmSpec(f"ConvGradInput:phase{py}{px}", Cg, g.B * Hp * Wp, Cog * nt, G, a, b, out,
                         (Binding(w, "Wt"), Binding(dy, "DY")), Binding(node.outputs[0], "DX"))
+        wp, permute = _weights_by_tap(node, w, Co, Cg, g.taps, caps)
+        taps = TapGather(Cog, g.P, f"{phase_pixel} let oy = jy + {u(qy)} - tap / {u(nkx)}; "
+                                   f"let ox = jx + {u(qx)} - tap % {u(nkx)};",
+                         f"((img * {u(Co)} + bt * {u(Cog)}) * {u(g.OH)} + oy) * {u(g.OW)} + ox",
+                         f"oy < {u(g.OH)} && ox < {u(g.OW)}")
+        a_t = Operand("Wt", Cg, Cog * nt,
+                      f"((bt * {u(Cog)} + co) * {u(g.taps)} + ky * {u(g.kw)} + kx) * {u(Cg)} + r",
+                      prelude=(f"let t = c / {u(Cog)}; let co = c % {u(Cog)}; "
+                               f"let ky = {u(ky0)} + (t / {u(nkx)}) * {u(g.sh)}; "
+                               f"let kx = {u(kx0)} + (t % {u(nkx)}) * {u(g.sw)};"),
+                      contig=0 if Cg % 4 == 0 else None)
+        spec = replace(spec, tap_major=TapMajor(replace(
+            spec, a=a_t, b=taps.operand("DY", Cog * nt, g.B * Hp * Wp),
+            reads=(Binding(wp, "Wt"), Binding(dy, "DY"))), (permute,)))
         # no split-K: the phases would share one scratch value (and their K is a few taps)
         kernels += gemm_kernels(spec, caps, **pins, allow_split=False)
     if empty:
@@ -349,6 +405,13 @@ def lower_conv_grad_weight(node: Node, graph: Graph, caps: AdapterCaps) -> list[
     out = Output("DW", f"(bt * {u(Cog)} + r) * {u(N)} + c", contig=N % 4 == 0)
     spec = GemmSpec("ConvGradWeight", Cog, N, K, G, a, b, out, (Binding(dy, "DY"), Binding(x, "X")),
                     Binding(node.outputs[0], "DW"))
+    if not g.pointwise:
+        # columns by (tap, channel), stored back to the weight's (channel, tap) order
+        pre, valid, base = _x_gather(g, f"bt * {u(Cg)}")
+        taps = TapGather(Cg, g.HW, f"{_pixel('r', g, True)} {_tap_xy(g)} {pre}", base, valid, axis=1)
+        spec = replace(spec, tap_major=TapMajor(replace(
+            spec, b=taps.operand("X", K, N),
+            out=Output("DW", f"(bt * {u(Cog)} + r) * {u(N)} + (c % {u(Cg)}) * {u(g.taps)} + c / {u(Cg)}"))))
     return gemm_kernels(spec, caps, **variant_of(node, graph, caps), allow_split=True)
 
 

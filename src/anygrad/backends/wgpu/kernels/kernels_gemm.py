@@ -61,12 +61,17 @@ def gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None = None,
         kernels = mma_kernels(spec, caps, operands, allow_split, block, kt, threads, splits,
                               None if prefetch is None else int(prefetch))
     else:
-        kernels = _gemm_kernels(spec, caps, variant, allow_split, block, kt, prefetch, layout, threads, unroll, tn,
-                                splits, half)
+        before: list[Kernel] = []
+        if spec.tap_major is not None and "bytap" in (layout or "").split(","):
+            # the ALU kernels read the tap-major form element by element (tests, A/B runs)
+            spec, before = spec.tap_major.spec, list(spec.tap_major.before)
+        kernels = before + _gemm_kernels(spec, caps, variant, allow_split, block, kt, prefetch, layout, threads,
+                                         unroll, tn, splits, half)
     if spec.out.rounds or spec.a.apply_half or spec.b.apply_half:  # f16 values held in registers (_rounded)
         kernels = [replace(k, wgsl=with_conversions(k.wgsl)) if "f16(" in k.wgsl else k for k in kernels]
     flops = 2 * spec.batch * spec.M * spec.N * spec.K
-    return [replace(kernels[0], flops=flops)] + kernels[1:]
+    first = next(i for i, k in enumerate(kernels) if k.name.startswith(spec.name))  # after a tap-major weight copy
+    return kernels[:first] + [replace(kernels[first], flops=flops)] + kernels[first + 1:]
 
 
 def _plain(op: Operand) -> bool:
@@ -140,7 +145,8 @@ def variant_of(node: Node, graph: Graph, caps: AdapterCaps) -> dict:
     the shared variant), '_gemm_prefetch' (0 | 1: register prefetch of the next K tile | 2: that and two
     workgroup tiles, Tiling.double), '_gemm_layout'
     (comma list: "noswizzle" keeps the shared tiles' rows unpermuted, "nohoist" decodes im2col columns
-    per element, "plain" both, for A/B runs), '_gemm_threads' (invocations
+    per element, "plain" both, for A/B runs; "bytap": a conv's tap-major form, GemmSpec.tap_major, which
+    the matrix-unit kernels take by themselves), '_gemm_threads' (invocations
     per workgroup of the shared variant, 256 by default: 128 makes 128x64 tiles of the 8x8 blocks),
     '_gemm_unroll' (K steps per pass of a rolled K-tile loop: Tiling.unroll), '_gemm_tn' (outputs per
     invocation along N of the shared variant, when not _gemm_block), '_gemm_splits' (K splits, 1 for none,

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 
 from .gemm_spec import Binding, GemmSpec, Output, fold_grid, linear_id, u
 from .gemm_splitk import _split_pair, choose_splits
-from .gemm_wgsl import _decl, _epi_fn, _loader, _store_fn, _tile_order, _vec_ok
+from .gemm_wgsl import _decl, _epi_fn, _loader, _scalar_read, _store_fn, _tile_order, _vec_ok
 from .kernel import AdapterCaps, Kernel
 from .matrix_units import MatrixConfig, MmaPlan, plan_mma
 
@@ -81,12 +81,20 @@ class _Copy:
     stores: tuple[str, ...]
     vec: bool                  # a group is a vec4<f32> (else one f32)
     offset: str = ""           # what `{o}` becomes in the stores
+    fixed: tuple[str, ...] = ()   # statements run once before the K loop
+    setup: tuple[str, ...] = ()   # statements run once a K tile (templates over `{k}`) before its loads
 
     def store(self, value: str) -> list[str]:
         return [s.format(v=value, o=self.offset) for s in self.stores]
 
     def body(self, k: str, value: str) -> list[str]:
         return [self.index, f"let {value} = {self.load.format(k=k)};"] + self.store(value)
+
+    def tile(self, k: str, lines: list[str]) -> list[str]:
+        """`lines` (this tile's element loads) after the tile's setup, in a block of their own."""
+        if not self.setup:
+            return lines
+        return ["{"] + [f"  {s.format(k=k)}" for s in self.setup] + [f"  {ln}" for ln in lines] + ["}"]
 
 
 def _copies(count: int, threads: int, body: list[str]) -> list[str]:
@@ -117,8 +125,65 @@ def _stage_a(spec: GemmSpec, p: MmaPlan, vec: bool, cast: str) -> _Copy:
     return _Copy(bm * bk, index, "a_el(bt, m0 + mm, {k} + kk)", (f"Ta[{{o}}mm * {u(sa)} + kk] = {cast}({{v}});",), False)
 
 
+def taps_fit(spec: GemmSpec, p: MmaPlan) -> bool:
+    """Whether the tap-major form's B copy applies to this plan. Along K: every K tile within
+    one tap, and each invocation on one column of the tile for the whole kernel (so its tap
+    decode is once a tile). Along N: four channels a copy, each invocation on one k of the tile."""
+    g = spec.b.taps
+    if g is None:
+        return False
+    if g.axis == 1:
+        return g.channels % 4 == 0 and p.bn % 4 == 0 and p.threads % p.bk == 0
+    return g.channels % p.bk == 0 and p.threads % p.bn == 0
+
+
+def _stage_b_taps(spec: GemmSpec, p: MmaPlan, cast: str) -> _Copy:
+    """Copy B's tile of a TapGather operand: column n0 + li % BN is this invocation's for every
+    K tile; each tile finds its tap's base address once (b_at), then each element is base plus
+    its channel's offset (b_tg)."""
+    g = spec.b.taps
+    bn, bk, sb = p.bn, p.bk, p.stride_b
+    if g.axis == 1:   # k li % BK for the whole kernel, four channels of one tap a copy
+        return _Copy(bn * bk // 4, f"let kk = li % {u(bk)}; let nq = (l / {u(bk)}) * 4u;",
+                     "b_tg4(bt, {k} + kk, n0 + nq)",
+                     tuple(f"Tb[{{o}}kk * {u(sb)} + nq + {u(q)}] = {cast}({{v}}[{q}]);" for q in range(4)), True)
+    return _Copy(bn * bk, f"let nn = l % {u(bn)}; let kk = l / {u(bn)};", "b_tg(tb_base, tb_ch + kk)",
+                 (f"Tb[{{o}}kk * {u(sb)} + nn] = {cast}({{v}});",), False,
+                 fixed=(f"let tb_c = n0 + li % {u(bn)};",),
+                 setup=("let tb_k = {k};", f"let tb_base = b_at(bt, tb_c, tb_k / {u(g.channels)});",
+                        f"let tb_ch = tb_k % {u(g.channels)};"))
+
+
+def _tap_fns(spec: GemmSpec, vec4: bool) -> list[str]:
+    """Along K: b_at(bt, c, tap), the index of channel 0 under (tap, column c), NONE outside, and
+    b_tg(base, ch), the element of channel ch there (0 at NONE). Along N: b_tg4(bt, r, n), the
+    four channels from column n's at row r. Each through the operand's prologue if any."""
+    op, g = spec.b, spec.b.taps
+    read = _scalar_read(op.var, vec4, f"base + ch * {u(g.stride)}")
+    act = (lambda e: f"b_act({e})") if op.apply else (lambda e: e)
+    if g.axis == 1:
+        reads = ", ".join(act(_scalar_read(op.var, vec4, f"base + {u(q * g.stride)}")) for q in range(4))
+        return ["fn b_tg4(bt: u32, r: u32, n: u32) -> vec4<f32> {",
+                f"  let tap = n / {u(g.channels)}; let ch = n % {u(g.channels)};",
+                f"  if (r >= {u(op.rows)} || tap >= {u(op.cols // g.channels)}) {{ return vec4<f32>(0.0); }}",
+                f"  {g.prelude}"] + ([f"  if (!({g.ok})) {{ return vec4<f32>(0.0); }}"] if g.ok else []) + [
+                f"  let base = ({g.base}) + ch * {u(g.stride)};", f"  return vec4<f32>({reads});", "}"]
+    return ["fn b_at(bt: u32, c: u32, tap: u32) -> u32 {",
+            f"  if (c >= {u(op.cols)} || tap >= {u(op.rows // g.channels)}) {{ return {NONE}; }}",
+            f"  {g.prelude}"] + ([f"  if (!({g.ok})) {{ return {NONE}; }}"] if g.ok else []) + [
+            f"  return {g.base};", "}",
+            "fn b_tg(base: u32, ch: u32) -> f32 {",
+            f"  if (base == {NONE}) {{ return 0.0; }}",
+            f"  return {act(read)};", "}"]
+
+
+NONE = "0xffffffffu"
+
+
 def _stage_b(spec: GemmSpec, p: MmaPlan, vec: bool, cast: str) -> _Copy:
     """Copy B's BK x BN tile at (k, column n0) into Tb (row-major, stride SB)."""
+    if taps_fit(spec, p):
+        return _stage_b_taps(spec, p, cast)
     bn, bk, sb = p.bn, p.bk, p.stride_b
     if vec and spec.b.contig == 1:     # four consecutive columns a load
         return _Copy(bn * bk // 4, f"let nq = (l % {u(bn // 4)}) * 4u; let kk = l / {u(bn // 4)};",
@@ -161,17 +226,19 @@ def _k_loop(copies: list[tuple[str, _Copy]], p: MmaPlan, step: list[str]) -> lis
         head += [f"    let buf = ((k0 - kb) / {u(p.bk)}) % 2u;",
                  f"    let oa = buf * {u(p.tile_a)};", f"    let ob = buf * {u(p.tile_b)};"]
         copies = [(name, replace(c, offset=f"o{name} + ")) for name, c in copies]
+    fixed = [f"  {ln}" for _, c in copies for ln in c.fixed]
     if not p.prefetch:
-        stage = [ln for _, c in copies for ln in _copies(c.count, p.threads, c.body("k0", "v"))]
-        return head + ind(stage) + ["    workgroupBarrier();"] + ind(step) + tail
-    decl, load, store = [], [], []
+        stage = [ln for _, c in copies for ln in c.tile("k0", _copies(c.count, p.threads, c.body("k0", "v")))]
+        return fixed + head + ind(stage) + ["    workgroupBarrier();"] + ind(step) + tail
+    decl, load, store = list(fixed), [], []
     e = p.config.operand  # registers of the operand type: f16 operands take half (their values are f16)
     for name, c in copies:
         slots = prefetch_slots(c, p.threads)
         if not slots:
-            store += _copies(c.count, p.threads, c.body("k0", "v"))
+            store += c.tile("k0", _copies(c.count, p.threads, c.body("k0", "v")))
             continue
         typ = f"vec4<{e}>" if c.vec else e
+        mine = []
         for i in range(slots):
             reg = f"p{name}{i}"
             decl.append(f"  var {reg}: {typ};")
@@ -179,8 +246,9 @@ def _k_loop(copies: list[tuple[str, _Copy]], p: MmaPlan, step: list[str]) -> lis
             whole = (i + 1) * p.threads <= c.count
             at = ["{", f"  let l = li + {u(i * p.threads)};", "  if (l < " + u(c.count) + ") {" if not whole else "  {",
                   f"  {c.index}"]
-            load += at + [f"  {reg} = {typ}({c.load.format(k='{k}')});", "  }", "}"]
+            mine += at + [f"  {reg} = {typ}({c.load.format(k='{k}')});", "  }", "}"]
             store += at + [f"  {ln}" for ln in c.store(reg)] + ["  }", "}"]
+        load += c.tile("{k}", mine)
     first = [ln.replace("{k}", "kb") for ln in load]
     nxt = [ln.replace("{k}", f"(k0 + {u(p.bk)})") for ln in load]
     return (decl + ["  " + ln for ln in first] + head + ind(store)
@@ -264,6 +332,8 @@ def mma_wgsl(spec: GemmSpec, p: MmaPlan, caps: AdapterCaps, splits: int = 1, ksp
     helpers: dict[str, str] = {}
     loaders = [_loader("a", spec.a, reads[0].vec4, helpers), _loader("b", spec.b, reads[1].vec4, helpers),
                _epi_fn(out, with_bias, helpers)]
+    if taps_fit(spec, p):
+        loaders += _tap_fns(spec, reads[1].vec4)
     wgsl = "\n".join(dialect.enables(cfg, p.by_subgroup_id) + dialect.types(cfg) + decls + tiles
                      + list(helpers.values()) + loaders + [_store_fn(out, M, N)]
                      + head + loop + stores + ["}"]) + "\n"
@@ -293,13 +363,21 @@ def mma_kernels(spec: GemmSpec, caps: AdapterCaps, operand: str, allow_split: bo
     ValueError where the adapter has no matrix units for `operand` or the tiles do not fit."""
     p = plan_mma(spec.M, spec.N, spec.K, caps, operand, block=block, bk=kt, threads=threads,
                  prefetch=prefetch is None or prefetch > 0, double=None if prefetch is None else prefetch == 2)
+    before: tuple[Kernel, ...] = ()
+    if spec.tap_major is not None and taps_fit(spec.tap_major.spec, p):
+        spec, before = spec.tap_major.spec, tuple(spec.tap_major.before)
     view = _SplitView(p.bm, p.bn, p.threads, 1, p.bk)
     splits, ksplit = choose_splits(spec, view, caps, want_splits) if allow_split else (1, 0)  # type: ignore[arg-type]
     if splits == 1:
         wgsl, grid, reads = mma_wgsl(spec, p, caps)
-        return [Kernel(f"{spec.name}[{p.tag}]", wgsl, grid, reads, (spec.write.value,))]
-    return _split_pair(spec, caps, splits, p.tag,
-                       lambda part, sb: mma_wgsl(spec, p, caps, splits, ksplit, out=part, write=sb, with_bias=False))
+        kernels = [Kernel(f"{spec.name}[{p.tag}]", wgsl, grid, reads, (spec.write.value,))]
+    else:
+        kernels = _split_pair(spec, caps, splits, p.tag,
+                              lambda part, sb: mma_wgsl(spec, p, caps, splits, ksplit, out=part, write=sb,
+                                                        with_bias=False))
+    # the GEMM reads what `before` wrote: its Scratch is declared on both
+    scratch = tuple(sc for k in before for sc in k.scratch)
+    return list(before) + [replace(k, scratch=k.scratch + scratch) if scratch else k for k in kernels]
 
 
 def uses_matrix_units(kernel: Kernel) -> bool:
