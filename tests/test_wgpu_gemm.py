@@ -340,6 +340,16 @@ def test_tap_major_form_of_convs_matches_numpy(xs, ws, attrs, variant):
     assert "(c % " in wgrad[0].wgsl
 
 
+def test_strided_conv_grad_input_phases_split_k_on_small_grids():
+    """A phase with a handful of columns and a long K (a deep stage at a small image) splits K
+    like any GEMM: the phases share the split scratch, one after another; against numpy."""
+    xs, ws, attrs = (1, 8, 4, 4), (256, 8, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}
+    explicit, out = _explicit(xs, ws, attrs)
+    kernels = check_op("ConvGradInput", [rnd(xs[0], ws[0], *out, seed=33), rnd(*ws, seed=34)],
+                       {**explicit, "input_shape": list(xs)}, GPU, rtol=1e-3, atol=1e-3)
+    assert sum("splitK reduce" in k.name for k in kernels) >= 2, [k.name for k in kernels]
+
+
 @pytest.mark.parametrize("caps", [CPU, GPU], ids=["cpu", "gpu"])
 @pytest.mark.parametrize("xs,ws,attrs", CONVS, ids=_conv_ids())
 def test_conv_grad_weight(xs, ws, attrs, caps):

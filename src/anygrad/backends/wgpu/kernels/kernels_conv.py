@@ -363,8 +363,10 @@ def _grad_input_by_phase(node: Node, g: Geo, G: int, Co: int, Cg: int, caps: Ada
         spec = replace(spec, tap_major=TapMajor(replace(
             spec, a=a_t, b=taps.operand("DY", Cog * nt, g.B * Hp * Wp),
             reads=(Binding(wp, "Wt"), Binding(dy, "DY"))), (permute,)))
-        # no split-K: the phases would share one scratch value (and their K is a few taps)
-        kernels += gemm_kernels(spec, caps, **pins, allow_split=False)
+        # split-K where the phase's grid is small: the phases run one after another, so they
+        # share one scratch value (sized for the largest); ResNet-18's last stage at 32 px (1x1
+        # phases, 512 columns) ran two workgroups for 0.2-0.3 ms a phase on an H200
+        kernels += gemm_kernels(spec, caps, **pins)
     if empty:
         total = g.B * g.C * g.HW
         # workgroups of WG (256), as the elementwise kernels and copies: 64 made 1.4M of them for

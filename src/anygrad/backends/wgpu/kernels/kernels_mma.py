@@ -340,6 +340,13 @@ def mma_wgsl(spec: GemmSpec, p: MmaPlan, caps: AdapterCaps, splits: int = 1, ksp
     return wgsl, grid, tuple(b.value for b in reads)
 
 
+# choose_splits fills the GPU with invocations; a matrix-unit workgroup counts as this many, so
+# the split-K rule aims at ~256 workgroups (2 an SM on an H200), each with a long K range, instead
+# of 1,024 short ones: ResNet-50's weight gradients (64-256 outputs rows over 200,000 pixels)
+# took 100-500 splits, whose partials took a fifth of the step's matrix-unit time to reduce
+MMA_WORKGROUP_WEIGHT = 512
+
+
 @dataclass(frozen=True)
 class _SplitView:
     """The fields gemm_splitk.choose_splits reads of a tiling, for a plan (its workgroups'
@@ -366,7 +373,7 @@ def mma_kernels(spec: GemmSpec, caps: AdapterCaps, operand: str, allow_split: bo
     before: tuple[Kernel, ...] = ()
     if spec.tap_major is not None and taps_fit(spec.tap_major.spec, p):
         spec, before = spec.tap_major.spec, tuple(spec.tap_major.before)
-    view = _SplitView(p.bm, p.bn, p.threads, 1, p.bk)
+    view = _SplitView(p.bm, p.bn, MMA_WORKGROUP_WEIGHT, 1, p.bk)
     splits, ksplit = choose_splits(spec, view, caps, want_splits) if allow_split else (1, 0)  # type: ignore[arg-type]
     if splits == 1:
         wgsl, grid, reads = mma_wgsl(spec, p, caps)
