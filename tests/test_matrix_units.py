@@ -156,6 +156,12 @@ def test_plans_and_shaders_for_every_config(key, case, prefetch):
         w = k.wgsl
         assert ("b_at(bt, tb_c, tb_k /" in w) == (by_tap and not along_n)
         assert ("b_tg4(bt, " in w) == (by_tap and along_n)
+        # a plain conv's im2col column decoded once before the K loop where each invocation keeps one
+        if op == "Conv" and "b_at(" not in w:
+            bn = int(_plan_of(k.name, caps).group(2))
+            threads = int(re.search(r"@workgroup_size\((\d+), 1, 1\)", w).group(1))
+            hoisted = "b_elh(bt, k" in w and w.index("let c = n0 + li %") < w.index("for (var k0")
+            assert hoisted == (threads % bn == 0), k.name
         assert f"{cfg.m}x{cfg.n}x{cfg.k}" in k.name
         assert ("p sg" in k.name or "pd sg" in k.name) == bool(prefetch)
         assert ("d sg" in k.name) == (prefetch == 2)

@@ -187,7 +187,9 @@ def test_split_k(splits, prefetch):
 CONVS = [((2, 8, 13, 11), (16, 8, 3, 3), {"pads": [1, 1, 1, 1]}),
          ((2, 16, 12, 12), (24, 16, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
          ((1, 32, 7, 9), (40, 32, 1, 1), {}),
-         ((2, 12, 10, 10), (20, 6, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]})]
+         ((2, 12, 10, 10), (20, 6, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}),
+         # a ResNet stem: 3 channels (the plain order), its pixel decode hoisted (b_elh)
+         ((2, 3, 22, 20), (64, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]})]
 
 
 # channels a multiple of the K tile: the tap-major form (one tap decode a K tile, kernels_mma.taps_fit)

@@ -196,7 +196,13 @@ def _stage_b(spec: GemmSpec, p: MmaPlan, vec: bool, cast: str) -> _Copy:
     fast = spec.b.fast if spec.b.fast is not None else spec.b.contig
     index = (f"let kk = l % {u(bk)}; let nn = l / {u(bk)};" if fast == 0
              else f"let nn = l % {u(bn)}; let kk = l / {u(bn)};")
-    return _Copy(bn * bk, index, "b_el(bt, {k} + kk, n0 + nn)", (f"Tb[{{o}}kk * {u(sb)} + nn] = {cast}({{v}});",), False)
+    store = (f"Tb[{{o}}kk * {u(sb)} + nn] = {cast}({{v}});",)
+    if spec.b.hoist and fast != 0 and p.threads % bn == 0:
+        # each invocation on column n0 + li % BN for the whole kernel: its im2col pixel decoded
+        # once, before the K loop (the ALU tiles' b_elh)
+        return _Copy(bn * bk, index, f"b_elh(bt, {{k}} + kk, n0 + nn, {', '.join(spec.b.hoisted)})", store, False,
+                     fixed=(f"let c = n0 + li % {u(bn)};", spec.b.hoist))
+    return _Copy(bn * bk, index, "b_el(bt, {k} + kk, n0 + nn)", store, False)
 
 
 MAX_PREFETCH_SLOTS = 32   # element groups one invocation holds for the next K tile (registers)
