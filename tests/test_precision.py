@@ -553,6 +553,10 @@ def test_fit_warns_when_every_update_of_an_epoch_was_skipped(capsys):
     assert row["train_skipped_updates"] == 1.0 and "valid_skipped_updates" not in row
     for k, v in m.state_dict().items():
         np.testing.assert_array_equal(v, before[k], err_msg=k)
+    # log=None silences the lines, not the warning: it goes through Python's warnings
+    with pytest.warns(RuntimeWarning, match="every optimizer update of epoch 1 was skipped"):
+        m.fit((x, y), epochs=1, batch_size=8, log=None)
+    assert capsys.readouterr().out == ""
 
 
 @pytest.mark.parametrize("device", ["cpu", "cpu,cpu"])
@@ -581,6 +585,7 @@ def test_skipped_f16_updates_on_two_devices_are_no_divergence_at_a_checkpoint(tm
     m = ours.to_model(input_shape=(None, 4)).compile("mse", anygrad.optim.SGD(lr=0.01), device="cpu,cpu",
                                                      precision="f16")
     x, y = np.full((16, 4), 200.0, np.float32), np.zeros((16, 3), np.float32)
-    result = m.fit((x, y), epochs=2, batch_size=8, artifacts_dir=str(tmp_path / "run"), log=None)
+    with pytest.warns(RuntimeWarning, match="was skipped"):   # log=None: through Python's warnings
+        result = m.fit((x, y), epochs=2, batch_size=8, artifacts_dir=str(tmp_path / "run"), log=None)
     assert result.diverged is None and [h.epoch for h in result.history] == [1, 2]
     assert len(list((tmp_path / "run").rglob("*.json"))) >= 2

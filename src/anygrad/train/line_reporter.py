@@ -1,12 +1,14 @@
 """LineReporter: the Reporter of plain lines (logs, CI, a pipe; the rich one is dashboard.py)."""
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 from .metrics import FIXED_MONITORS
 from .report import EpochInfo, RunInfo, StepInfo
 
 Log = Callable[[str], None]
+WARNING = "warning: "   # how a Reporter message that warns begins
 
 
 def _fmt(value: float | None, spec: str = ".4f") -> str:
@@ -15,10 +17,13 @@ def _fmt(value: float | None, spec: str = ".4f") -> str:
 
 class LineReporter:
     """A Reporter over two callables: `log` gets one line per epoch and messages, `progress` one
-    line every `log_every` steps (either may be None)."""
+    line every `log_every` steps (either may be None). Without a `log`, messages that warn
+    ("warning: ...") go to Python's `warnings` instead (`fit(log=None)` silences the lines, not
+    the news that the weights stopped changing; filter them as any warning), unless `warn` is
+    False (data-parallel ranks other than the one that speaks)."""
 
-    def __init__(self, log: Log | None = print, progress: Log | None = None):
-        self.log, self.progress, self.epochs = log, progress, 0
+    def __init__(self, log: Log | None = print, progress: Log | None = None, warn: bool = True):
+        self.log, self.progress, self.epochs, self.warn = log, progress, 0, warn
 
     def run_begin(self, info: RunInfo) -> None:
         self.epochs = info.epochs
@@ -41,6 +46,8 @@ class LineReporter:
     def message(self, text: str) -> None:
         if self.log:
             self.log(text)
+        elif self.warn and text.startswith(WARNING):
+            warnings.warn(text[len(WARNING):], RuntimeWarning, stacklevel=2)
 
     def run_end(self, stopped_early: bool = False, interrupted: bool = False) -> None:
         pass

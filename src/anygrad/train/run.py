@@ -93,7 +93,7 @@ def run(rc: RunConfig) -> FitResult:
         if group is not None:  # rank 0's folder (the default one has a timestamp)
             config = replace(config, artifacts_dir=group.gather_strings(config.artifacts_dir)[0])
         log = (rc.log if speaks else None) or (lambda text: None)
-        reporter = (rc.reporter or LineReporter(log)) if speaks else LineReporter(None)
+        reporter = (rc.reporter or LineReporter(log)) if speaks else LineReporter(None, warn=False)
         writer = group is None or group.is_writer
         created = make_folder(Path(config.artifacts_dir)) if writer else []
         try:
