@@ -596,7 +596,8 @@ def fit(model: Model, train_data: Data, valid_data: Data | None = None, config: 
     are arrays, (inputs, targets) tuples or dicts, whose `target_keys` (default labels, label, y,
     target, targets; none for loss='output') are the targets. See anygrad.data.sources.
 
-    Progress goes to `reporter` (default: a LineReporter over `log` and `progress`). With
+    Progress goes to `reporter` (default: a LineReporter over `log` and `progress`; with
+    log=None its warnings go through Python's `warnings`). With
     `artifacts_dir`, metrics, weights and a checkpoint are written after every epoch; `resume`
     (True: the newest checkpoint there, or a checkpoint's .json path) continues a run.
     `resolved` goes into config.json's "resolved" record (e.g. {"normalisation": {"mean": ...,
