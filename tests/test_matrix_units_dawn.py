@@ -75,9 +75,12 @@ def run_kernels(kernels, graph: Graph, feeds: dict[str, np.ndarray], outs: list[
     for name, arr in feeds.items():
         data = np.ascontiguousarray(arr, dtype=dtype(name)).reshape(-1).tobytes()
         bufs[name] = dev.create_buffer_with_data(data=data + bytes((-len(data)) % 16), usage=usage)
-    for k in kernels:
+    sizes: dict[str, int] = {}
+    for k in kernels:   # a scratch several kernels declare (the phases' split-K) takes the largest, as planned
         for s in k.scratch:
-            bufs.setdefault(s.name, dev.create_buffer(size=max(16, 4 * s.elements), usage=usage))
+            sizes[s.name] = max(sizes.get(s.name, 16), 4 * s.elements)
+    for name, size in sizes.items():
+        bufs[name] = dev.create_buffer(size=size, usage=usage)
     for name in outs:
         n = int(np.prod(graph.info[name].shape)) * dtype(name).itemsize
         bufs[name] = dev.create_buffer_with_data(data=b"\xff" * (n + (-n) % 16), usage=usage)  # NaN
