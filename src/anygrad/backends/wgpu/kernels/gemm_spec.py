@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 
 from ....errors import ShapeError
-from .kernel import AdapterCaps
+from .kernel import AdapterCaps, Kernel
 
 EPILOGUES = {None: "y", "relu": "max(y, 0.0)"}
 # Activations a MatMul/Gemm applies in its epilogue (attrs `_epilogue` = the op, `_epilogue_attrs`),
@@ -59,11 +59,6 @@ class TapGather:
     base: str        # u32 index of channel 0 at (tap, x)
     ok: str = ""     # (tap, x) reads inside the input ("" always)
     axis: int = 0
-
-    @property
-    def x(self) -> str:
-        """The name of the other coordinate in the prelude (the loaders' r or c)."""
-        return "c" if self.axis == 0 else "r"
 
     def operand(self, var: str, rows: int, cols: int) -> Operand:
         """The same operand element by element (any kernel's loaders)."""
@@ -150,8 +145,8 @@ class GemmSpec:
 
 @dataclass(frozen=True)
 class TapMajor:
-    spec: GemmSpec            # B is a TapGather operand; A may read `before`'s output
-    before: tuple = ()        # Kernels (a weight permutation), with the Scratch they write
+    spec: GemmSpec                  # B is a TapGather operand; A may read `before`'s output
+    before: tuple[Kernel, ...] = ()  # a weight permutation, with the Scratch it writes
 
 
 @dataclass(frozen=True)
