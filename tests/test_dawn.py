@@ -394,3 +394,58 @@ def test_dawn_runs_a_training_step_like_numpy(dawn):
     want = NumpyBackend().compile(graph).run(feeds)
     got = dawn.compile(graph).run(feeds)
     wgpu_util.assert_close(want, got, what="MatMul on Dawn")
+
+
+# -- Tint without a GPU (Dawn's Null backend) ----------------------------------------------------------
+def _training_graph(kind: str, precision: str):
+    """The train program's graph of a small model compiled on this test device (lavapipe in CI)."""
+    from pathlib import Path
+
+    import torch
+
+    import anygrad
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    if kind == "gpt":
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+        from models import _gpt_module
+        module = _gpt_module(64, 16, 32, 2, 2).train()
+        x, y = rng.integers(0, 64, (2, 16)), rng.integers(0, 64, (32,))
+        example = torch.from_numpy(x)
+    else:
+        module = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(8, 16, 3, padding=1, stride=2), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+            torch.nn.Flatten(), torch.nn.Linear(16, 10)).train()
+        x, y = rng.standard_normal((4, 3, 12, 12)).astype(np.float32), rng.integers(0, 10, 4)
+        example = torch.from_numpy(x)
+    model = anygrad.Model(anygrad.from_torch(module, example, check=False).graph).compile(
+        "cross_entropy", anygrad.optim.SGD(lr=0.01, momentum=0.9), device=wgpu_util.device_under_test(),
+        precision=precision)
+    model.train_on_batch(x, y)
+    return next(e for k, e in model._programs.items() if k[0] == "train")
+
+
+@pytest.mark.wgpu
+@pytest.mark.parametrize("kind,precision", [("cnn", "f32"), ("cnn", "f16"), ("gpt", "f16")])
+def test_every_kernel_of_a_training_step_compiles_under_tint(kind, precision):
+    """Every kernel of a whole training step (a CNN with BatchNorm and pools, a small GPT; f32 and
+    mixed f16), as planned for this test device and lowered again for a GPU with subgroups, f16
+    and 32 KiB of workgroup storage, through Tint (Dawn's Null backend) as Dawn would get it."""
+    from dataclasses import replace
+
+    from anygrad.backends.wgpu.fusion.passes import prepare
+    from anygrad.backends.wgpu.kernels.kernel import ops_where
+    from anygrad.backends.wgpu.planning.planner import lower_all
+    wgpu_util.tint_device()
+    if not wgpu_util.has_adapter():
+        wgpu_util.no_adapter()
+    exe = _training_graph(kind, precision)
+    kernels = {st.kernel.name + st.kernel.wgsl: st.kernel for st in exe.plan.steps}
+    gpu = replace(exe.backend.caps, has_subgroups=True, has_f16=True, is_cpu=False, max_workgroup_storage=32768)
+    lowered, _, _ = lower_all(prepare(exe.graph, gpu, ops_where("epilogue"), fuse=True), gpu)
+    kernels |= {k.name + k.wgsl: k for _, k in lowered}
+    assert len(kernels) > 20 and (precision == "f32" or any("enable f16;" in k.wgsl for k in kernels.values()))
+    assert any("subgroup" in k.wgsl for k in kernels.values())   # the GPU lowering's subgroup kernels
+    rejected = [(k.name, why) for k in kernels.values() if (why := wgpu_util.tint_rejects(k.wgsl))]
+    assert not rejected, rejected[:5]

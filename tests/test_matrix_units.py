@@ -195,6 +195,34 @@ def test_plans_and_shaders_for_every_config(key, case, prefetch):
             assert re.search(r"@binding\(0\) var<storage, read> \w+: array<(vec4<)?f16>?>;", w), w[:600]
 
 
+@pytest.mark.parametrize("key", list(CONFIGS))
+def test_every_shader_compiles_under_tint(key):
+    """Every case above, with and without the prefetch and double tiles, through Tint (Dawn's
+    Null backend, tests/wgpu_util.tint_device): the types, builtins, uniformity and the matrix
+    extension's rules as Dawn enforces them, which only the device machine checked before."""
+    import wgpu_util
+    wgpu_util.tint_device()
+    cfg, _ = CONFIGS[key]
+    dtype = np.float16 if cfg.operand == "f16" else np.float32
+    rejected = []
+    for case, (op, shapes, attrs) in CASES.items():
+        for prefetch in (0, 1, 2):
+            caps = replace(caps_for(key), max_workgroup_storage=65536) if prefetch == 2 else caps_for(key)
+            kernels, _ = node_kernels(op, shapes, {**attrs, "_gemm_variant": "mma", "_gemm_prefetch": prefetch},
+                                      caps, dtype)
+            rejected += [(case, prefetch, k.name, why) for k in kernels if (why := wgpu_util.tint_rejects(k.wgsl))]
+    assert not rejected, rejected[:5]
+
+
+def test_tint_rejects_what_dawn_would():
+    """The check above can fail: a non-uniform barrier and an f16 -> f32 let are refused."""
+    import wgpu_util
+    assert "uniform control flow" in wgpu_util.tint_rejects(
+        "@compute @workgroup_size(1) fn main(@builtin(local_invocation_index) li: u32) { if (li == 0u) { workgroupBarrier(); } }")
+    assert "f16" in wgpu_util.tint_rejects("enable f16;\n@compute @workgroup_size(1) fn main() { let x: f16 = 1.0; let y: f32 = x; }")
+    assert wgpu_util.tint_rejects("@compute @workgroup_size(1) fn main() {}") == ""
+
+
 def test_no_matrix_units_or_another_operand_type_falls_back_to_alu_kernels():
     cfg, _ = CONFIGS["16x16x16"]
     with_units = caps_for("16x16x16")

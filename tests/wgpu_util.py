@@ -7,6 +7,7 @@ sum(out0 * R) are compared too), everything else becomes a constant initializer.
 """
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from typing import NoReturn
@@ -187,3 +188,42 @@ def make_graph(nodes, inputs, outputs, info, inits=None, buffers=(), updates=Non
     g.buffers = list(buffers)
     g.state_updates = dict(updates or {})
     return specialize(g, {})
+
+
+@functools.cache
+def tint_device():
+    """A device of Dawn's Null backend: Tint (Dawn's WGSL compiler) and Dawn's validation without a
+    GPU, so CI checks that a kernel compiles under Tint as well as naga (create_shader_module runs
+    Tint's parser, resolver and uniformity analysis; nothing is dispatched: a Null device has no
+    memory to run in). Skips where wgpudawn is not installed or its build has no Null backend."""
+    from anygrad.backends.wgpu.device.implementation import DAWN, available, load
+    from anygrad.backends.wgpu.kernels.kernels_mma import FEATURES
+    if not available(DAWN):
+        pytest.skip("wgpudawn is not installed (pip install 'anygrad-train[dawn]')")
+    impl = load(DAWN)
+    before = os.environ.get("WGPU_BACKEND_TYPE")
+    os.environ["WGPU_BACKEND_TYPE"] = "Null"   # wgpu-py's way to force a backend: read by request_adapter
+    try:
+        adapter = impl.module.gpu.request_adapter_sync()
+    except RuntimeError as e:
+        pytest.skip(f"Dawn has no Null backend in this build ({e})")
+    finally:
+        if before is None:
+            del os.environ["WGPU_BACKEND_TYPE"]
+        else:
+            os.environ["WGPU_BACKEND_TYPE"] = before
+    if adapter.info.get("backend_type") != "Null":
+        pytest.skip(f"Dawn gave a {adapter.info.get('backend_type')} adapter, not its Null backend")
+    from wgpudawn.backends.dawn import extras
+    return extras.request_device_sync(adapter, required_features=[f for f in FEATURES if f in adapter.features])
+
+
+def tint_rejects(wgsl: str) -> str:
+    """Tint's first error line for `wgsl` as Dawn gets it (implementation.wgsl_for), "" if accepted."""
+    from anygrad.backends.wgpu.device.implementation import DAWN, load, wgsl_for
+    try:
+        tint_device().create_shader_module(code=wgsl_for(DAWN, wgsl))
+    except load(DAWN).module.GPUError as e:   # GPUValidationError, with Tint's message
+        lines = [ln for ln in str(e).splitlines() if "error" in ln] or str(e).splitlines() or [repr(e)]
+        return lines[0]
+    return ""
