@@ -317,10 +317,12 @@ def _swish_expand(b, node):
 def test_composite_op_expands_and_differentiates():
     """An op given by an expansion runs (forward derived from it), specializes to its primitives,
     and trains through them: same values and gradients as torch."""
-    from anygrad.ir import defop, get_op
+    from anygrad.ir import defcomposite, defop, get_op
 
+    with pytest.raises(ValueError, match="defcomposite"):   # an expansion alone is no forward kernel for defop
+        defop("test.Swish3", infer=_swish_infer, expand=_swish_expand)
     if get_op("test.Swish2") is None:
-        defop("test.Swish2", infer=lambda n, ins: [_swish_infer(n, ins)[0]] * 2, expand=_swish_expand)
+        defcomposite("test.Swish2", infer=lambda n, ins: [_swish_infer(n, ins)[0]] * 2, expand=_swish_expand)
     x = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
     g = Graph(inputs=["x"], outputs=["y", "same"])
     g.initializers = {"w": np.full((3,), 0.5, np.float32)}

@@ -19,7 +19,8 @@ from .ir.autocast import LAYOUT_OPS, PRECISIONS, autocast
 from .ir.builder import Builder
 from .ir.gelu import fuse_gelu
 from .ir.graph import Graph, Node, Shape, TensorInfo, info_of
-from .ir.passes import RNG_STATE, infer_node, infer_shapes, resolve_attributes, set_training_mode, specialize
+from .ir.infer import infer_node
+from .ir.passes import RNG_STATE, infer_shapes, resolve_attributes, set_training_mode, specialize
 from .ir.registry import get_op
 from .ir.rmsnorm import fuse_rms_norm
 from .ir.rotary import fuse_rotate_half

@@ -32,8 +32,8 @@ import numpy as np
 
 from .. import settings
 from .graph import Graph, Node, info_of
+from .infer import infer_node
 from .lookup import Lookup
-from .passes import infer_node
 
 MAX_HEAD_DIM = 128  # the wgpu kernels keep a query/key row per invocation: head dims up to this
 _VERY_NEGATIVE = -1e30  # a mask fill at or below this hides a key (finfo.min, -1e38, -inf)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from .graph import Graph, Node, info_of
-from .passes import infer_node
+from .infer import infer_node
 
 HALF = np.dtype(np.float16)
 FLOAT = np.dtype(np.float32)

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from .graph import Graph, Node, Shape, TensorInfo, info_of
-from .passes import infer_node
+from .infer import infer_node
 
 
 class Builder:

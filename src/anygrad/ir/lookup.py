@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from .graph import Graph, Node
-from .passes import infer_node
+from .infer import infer_node
 
 
 class Lookup:

@@ -88,10 +88,8 @@ def defop(name: str, *, infer: InferFn, forward: ForwardFn | None = None, grad: 
     """Register an op. Redefining a name is a programming error."""
     if name in _REGISTRY:
         raise ValueError(f"op {name} registered twice")
-    if forward is None:
-        if expand is None:
-            raise ValueError(f"op {name} needs a forward kernel or an expansion")
-        forward = _forward_by_expansion(expand)
+    if forward is None:   # a composite's kernel runs its expansion: ir/composite.defcomposite
+        raise ValueError(f"op {name} needs a forward kernel (a composite op registers through defcomposite)")
     op = OpDef(name, infer, forward, grad, frozenset(nondiff), foldable, internal, set_mode, expand,
                frozenset(grad_attrs), resolve, frozenset(reads_half))
     _REGISTRY[name] = op
@@ -111,30 +109,3 @@ def get_op(name: str) -> OpDef | None:
 
 def all_ops() -> dict[str, OpDef]:
     return dict(_REGISTRY)
-
-
-def _forward_by_expansion(expand: ExpandFn) -> ForwardFn:
-    """A reference kernel for a composite op: build its expansion over the concrete inputs and run it."""
-
-    def forward(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
-        from .builder import Builder
-        from .graph import info_of
-
-        g = Graph()
-        names = []
-        for i, x in enumerate(inputs):
-            if x is None:
-                names.append("")
-                continue
-            names.append(f"in{i}")
-            g.initializers[f"in{i}"] = np.asarray(x)
-            g.info[f"in{i}"] = info_of(np.asarray(x))
-        outs = expand(Builder(g, prefix="x"), Node(node.op, names, list(node.outputs), node.attrs, node.name))
-        values = dict(g.initializers)
-        for n in g.nodes:  # folding stops at large tensors: run what it left
-            results = _REGISTRY[n.op].run(n, [values[i] if i else None for i in n.inputs])
-            values.update((o, r) for o, r in zip(n.outputs, results) if o)
-        return [values[o] if o in values else g.info[o].const if o else np.zeros(0, np.float32)
-                for o in outs]
-
-    return forward

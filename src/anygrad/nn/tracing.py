@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import AnygradError, ShapeError
 from ..ir.graph import Graph, Node, TensorInfo, info_of
-from ..ir.passes import infer_node
+from ..ir.infer import infer_node
 
 # Stand-in sizes of the k-th symbolic input dim in the two shape traces (any two distinct
 # values > 1 work; 1 would broadcast).

@@ -12,8 +12,8 @@ import numpy as np
 
 from ..errors import UnsupportedOpError
 from ..ir.builder import Builder
+from ..ir.composite import defcomposite
 from ..ir.graph import Node, TensorInfo
-from ..ir.registry import defop
 from ._util import ONNX_CODES, norm_axis, onnx_dtype, same_as_first
 
 
@@ -200,7 +200,7 @@ def _attention(b: Builder, node: Node) -> list[str]:
     return [o if name else "" for o, name in zip(outs, node.outputs)]
 
 
-defop("Attention", infer=_attention_infer, expand=_attention, nondiff=[3, 6])
+defcomposite("Attention", infer=_attention_infer, expand=_attention, nondiff=[3, 6])
 
 
 # -- RotaryEmbedding -------------------------------------------------------------------------
@@ -240,7 +240,7 @@ def _rotary_embedding(b: Builder, node: Node) -> list[str]:
     return [b.reshape(out, shape)]
 
 
-defop("RotaryEmbedding", infer=same_as_first, expand=_rotary_embedding, nondiff=[3])
+defcomposite("RotaryEmbedding", infer=same_as_first, expand=_rotary_embedding, nondiff=[3])
 
 
 # -- SwiGLU: Swish(A, alpha) * B ---------------------------------------------------------------
@@ -250,7 +250,7 @@ def _swiglu(b: Builder, node: Node) -> list[str]:
     return [b.op("Mul", [b.op("Mul", [a, b.op("Sigmoid", [b.op("Mul", [a, alpha])])]), gate])]
 
 
-defop("SwiGLU", infer=same_as_first, expand=_swiglu)
+defcomposite("SwiGLU", infer=same_as_first, expand=_swiglu)
 
 
 # -- CausalConvWithState: depthwise causal Conv1d over [past state, input] ---------------------
@@ -281,7 +281,7 @@ def _causal_conv(b: Builder, node: Node) -> list[str]:
     return [y, state][:len(node.outputs)]
 
 
-defop("CausalConvWithState", infer=_causal_conv_infer, expand=_causal_conv)
+defcomposite("CausalConvWithState", infer=_causal_conv_infer, expand=_causal_conv)
 
 
 # -- LinearAttention: a recurrent state (B, H_kv, d_k, d_v) updated once per time step --------
@@ -348,7 +348,7 @@ def _linear_attention(b: Builder, node: Node) -> list[str]:
     return [y, state][:len(node.outputs)]
 
 
-defop("LinearAttention", infer=_linear_attention_infer, expand=_linear_attention)
+defcomposite("LinearAttention", infer=_linear_attention_infer, expand=_linear_attention)
 
 
 # -- TensorScatter: write an update into a KV cache at per-batch positions ---------------------
@@ -373,7 +373,7 @@ def _tensor_scatter(b: Builder, node: Node) -> list[str]:
     return [b.op("ScatterElements", [cache, index, update], axis=axis)]
 
 
-defop("TensorScatter", infer=same_as_first, expand=_tensor_scatter, nondiff=[2])
+defcomposite("TensorScatter", infer=same_as_first, expand=_tensor_scatter, nondiff=[2])
 
 
 # -- ai.onnx.preview.FlexAttention without score/prob modifiers: plain (GQA) attention -------
@@ -382,5 +382,5 @@ def _flex_attention(b: Builder, node: Node) -> list[str]:
     return _attention(b, Node("Attention", node.inputs[:3], node.outputs[:1], attrs, node.name))[:1]
 
 
-defop("ai.onnx.preview.FlexAttention", expand=_flex_attention,
+defcomposite("ai.onnx.preview.FlexAttention", expand=_flex_attention,
       infer=lambda node, ins: _attention_infer(Node("Attention", node.inputs, node.outputs[:1]), ins)[:1])

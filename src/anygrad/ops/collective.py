@@ -22,7 +22,7 @@ import numpy as np
 
 from ..ir.builder import Builder, GradContext
 from ..ir.graph import Graph, Node, TensorInfo
-from ..ir.passes import infer_node
+from ..ir.infer import infer_node
 from ..ir.registry import defop
 
 Reducer = Callable[[np.ndarray, str], np.ndarray]

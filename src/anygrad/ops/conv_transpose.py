@@ -16,8 +16,8 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..ir.builder import Builder
+from ..ir.composite import defcomposite
 from ..ir.graph import Node, TensorInfo
-from ..ir.registry import defop
 
 
 def _str_attr(node: Node, key: str, default: str) -> str:
@@ -125,4 +125,4 @@ def _expand(b: Builder, node: Node) -> list[str]:
     return [y]
 
 
-defop("ConvTranspose", infer=_infer, expand=_expand)
+defcomposite("ConvTranspose", infer=_infer, expand=_expand)

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import ShapeError, UnsupportedOpError
 from ..ir.builder import Builder, GradContext
+from ..ir.composite import defcomposite
 from ..ir.graph import Node, TensorInfo
 from ..ir.registry import defop
 from ._util import ints_of, norm_axis
@@ -194,7 +195,7 @@ def _affine_grid(b: Builder, node: Node) -> list[str]:
     return [b.reshape(grid, (size[0], *spatial, len(spatial)))]
 
 
-defop("AffineGrid", infer=_affine_grid_infer, expand=_affine_grid, nondiff=[1])
+defcomposite("AffineGrid", infer=_affine_grid_infer, expand=_affine_grid, nondiff=[1])
 
 
 # -- CenterCropPad: a Slice and a Pad per axis ---------------------------------------------------
@@ -232,7 +233,7 @@ def _center_crop_pad(b: Builder, node: Node) -> list[str]:
     return [x]
 
 
-defop("CenterCropPad", infer=_center_crop_pad_infer, expand=_center_crop_pad, nondiff=[1])
+defcomposite("CenterCropPad", infer=_center_crop_pad_infer, expand=_center_crop_pad, nondiff=[1])
 
 
 # -- MaxUnpool: scatter into zeros at the pooling indices ------------------------------------
@@ -266,7 +267,7 @@ def _max_unpool(b: Builder, node: Node) -> list[str]:
     return [y]
 
 
-defop("MaxUnpool", infer=_max_unpool_infer, expand=_max_unpool, nondiff=[1, 2])
+defcomposite("MaxUnpool", infer=_max_unpool_infer, expand=_max_unpool, nondiff=[1, 2])
 
 
 # -- Col2Im: sum sliding blocks back into an image (the adjoint of im2col) ----------------------

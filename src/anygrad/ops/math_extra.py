@@ -11,6 +11,7 @@ import numpy as np
 
 from ..errors import ShapeError, UnsupportedOpError
 from ..ir.builder import Builder, GradContext
+from ..ir.composite import defcomposite
 from ..ir.graph import Node, TensorInfo
 from ..ir.registry import defop, get_op
 from ._util import ints_of, norm_axis, onnx_dtype, same_as_first
@@ -79,7 +80,7 @@ def _shrink(b: Builder, node: Node) -> list[str]:
 
 
 for _name, _expand in [("Swish", _swish), ("ThresholdedRelu", _thresholded_relu), ("Shrink", _shrink)]:
-    defop(_name, infer=same_as_first, expand=_expand)
+    defcomposite(_name, infer=same_as_first, expand=_expand)
 
 
 # -- normalizations as expansions --------------------------------------------------------------
@@ -105,8 +106,8 @@ def _mvn(b: Builder, node: Node) -> list[str]:
     return [b.op("Div", [b.op("Sub", [x, mean]), b.op("Add", [std, _scalar(b, 1e-9, x)])])]
 
 
-defop("LpNormalization", infer=same_as_first, expand=_lp_normalization)
-defop("MeanVarianceNormalization", infer=same_as_first, expand=_mvn)
+defcomposite("LpNormalization", infer=same_as_first, expand=_lp_normalization)
+defcomposite("MeanVarianceNormalization", infer=same_as_first, expand=_mvn)
 
 
 def _lrn(b: Builder, node: Node) -> list[str]:
@@ -126,7 +127,7 @@ def _lrn(b: Builder, node: Node) -> list[str]:
     return [b.op("Div", [x, b.reshape(b.op("Pow", [scale, _scalar(b, beta, x)]), shape)])]
 
 
-defop("LRN", infer=same_as_first, expand=_lrn)
+defcomposite("LRN", infer=same_as_first, expand=_lrn)
 
 
 # -- pools as expansions ---------------------------------------------------------------------
@@ -140,7 +141,7 @@ def _global_max_pool(b: Builder, node: Node) -> list[str]:
     return [b.op("ReduceMax", [x, _i64(b, list(range(2, len(b.shape(x)))))], keepdims=1)]
 
 
-defop("GlobalMaxPool", infer=_global_pool_infer, expand=_global_max_pool)
+defcomposite("GlobalMaxPool", infer=_global_pool_infer, expand=_global_max_pool)
 
 
 def _lp_pool_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
@@ -163,7 +164,7 @@ def _lp_pool(b: Builder, node: Node) -> list[str]:
     return [b.op("Sqrt", [total]) if p == 2 else b.op("Pow", [total, _scalar(b, 1.0 / p, x)])]
 
 
-defop("LpPool", infer=_lp_pool_infer, expand=_lp_pool)
+defcomposite("LpPool", infer=_lp_pool_infer, expand=_lp_pool)
 
 
 # -- Compress: a Gather with indices known at compile time -------------------------------------
@@ -195,7 +196,7 @@ def _compress(b: Builder, node: Node) -> list[str]:
     return [b.op("Gather", [x, _i64(b, idx)], axis=axis)]
 
 
-defop("Compress", infer=_compress_infer, expand=_compress, nondiff=[1])
+defcomposite("Compress", infer=_compress_infer, expand=_compress, nondiff=[1])
 
 
 def _nonzero_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:

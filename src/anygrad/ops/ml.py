@@ -7,6 +7,7 @@ import numpy as np
 
 from ..errors import UnsupportedOpError
 from ..ir.builder import Builder
+from ..ir.composite import defcomposite
 from ..ir.graph import Node, TensorInfo
 from ..ir.registry import defop
 from ._util import ints_of, same_as_first
@@ -89,7 +90,7 @@ def _array_feature(b: Builder, node: Node) -> list[str]:
     return [b.reshape(picked, (1, len(columns))) if len(b.shape(x)) == 1 else picked]
 
 
-defop(f"{ML}.ArrayFeatureExtractor", infer=_array_feature_infer, expand=_array_feature, nondiff=[1])
+defcomposite(f"{ML}.ArrayFeatureExtractor", infer=_array_feature_infer, expand=_array_feature, nondiff=[1])
 
 
 # -- ai.onnx.ml.TreeEnsemble -------------------------------------------------------------------

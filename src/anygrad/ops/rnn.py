@@ -19,8 +19,8 @@ import numpy as np
 
 from ..errors import ShapeError, UnsupportedOpError
 from ..ir.builder import Builder
+from ..ir.composite import defcomposite
 from ..ir.graph import Node, TensorInfo
-from ..ir.registry import defop
 
 
 @dataclass(frozen=True)
@@ -336,4 +336,4 @@ def _expand(b: Builder, node: Node) -> list[str]:
 
 
 for _name in CELLS:
-    defop(_name, infer=_infer, expand=_expand, nondiff=[4])
+    defcomposite(_name, infer=_infer, expand=_expand, nondiff=[4])

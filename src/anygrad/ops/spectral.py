@@ -9,6 +9,7 @@ import numpy as np
 
 from ..errors import UnsupportedOpError
 from ..ir.builder import Builder
+from ..ir.composite import defcomposite
 from ..ir.graph import Node, TensorInfo
 from ..ir.registry import defop
 from ._util import ints_of, norm_axis, onnx_dtype
@@ -131,7 +132,7 @@ def _dft(b: Builder, node: Node) -> list[str]:
     return [_join(b, real, imag)]
 
 
-defop("DFT", infer=_dft_infer, expand=_dft, nondiff=[1, 2])
+defcomposite("DFT", infer=_dft_infer, expand=_dft, nondiff=[1, 2])
 
 
 # -- STFT --------------------------------------------------------------------------------------
@@ -166,7 +167,7 @@ def _stft(b: Builder, node: Node) -> list[str]:
     return [_join(b, real, imag)]
 
 
-defop("STFT", infer=_stft_infer, expand=_stft, nondiff=[1, 3])
+defcomposite("STFT", infer=_stft_infer, expand=_stft, nondiff=[1, 3])
 
 
 # -- MelWeightMatrix: triangular filters on the mel scale (a constant) --------------------------

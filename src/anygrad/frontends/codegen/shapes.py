@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ...ir.graph import Graph, Node, TensorInfo, info_of
-from ...ir.passes import infer_node
+from ...ir.infer import infer_node
 from ...model import Model
 
 _PER_BATCH_LIMIT = 1024  # elements of a batch-dependent value kept for folding what follows (shapes)
