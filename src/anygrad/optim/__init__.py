@@ -5,9 +5,9 @@ from ..errors import ConfigError
 from .adadelta import Adadelta
 from .adagrad import Adagrad
 from .adam import Adam, AdamW
-from .base import LR_STATE, STEP_STATE, ElementwiseOptimizer, Optimizer
+from .base import STEP_STATE, ElementwiseOptimizer, Optimizer
 from .from_torch import from_torch
-from .groups import ParamGroup, no_decay
+from .groups import LR_STATE, ParamGroup, no_decay
 from .rmsprop import RMSprop
 from .schedulers import SCHEDULERS, GroupSchedule, Scheduler, get_scheduler
 from .sgd import SGD

@@ -3,7 +3,7 @@
 State tensors (momentum buffers, accumulators) become graph buffers named
 `optim.<slot>.<param>`, so they live on the device, are updated in place by the step, and are
 saved in checkpoints like any other state. The learning rate and the step count are graph
-buffers too (LR_STATE, STEP_STATE), so a scheduler changes the rate without recompiling.
+buffers too (groups.LR_STATE, STEP_STATE), so a scheduler changes the rate without recompiling.
 Parameter groups (`param_groups`, optim/groups.py) give each group its own settings and rate.
 """
 from __future__ import annotations
@@ -20,8 +20,8 @@ from ..errors import ConfigError, ShapeError
 from ..ir.builder import Builder
 from ..ir.graph import Node, TensorInfo
 from ..ir.registry import defop
+from .groups import as_group
 
-LR_STATE = "anygrad.lr"
 STEP_STATE = "anygrad.step"  # optimizer steps taken before this one, float32 scalar
 
 
@@ -50,7 +50,6 @@ class Optimizer(ABC):
 
     def config(self) -> dict:
         """Name and settings as JSON (config.json); a group's predicate appears by its name."""
-        from .groups import as_group
         settings = self.settings()
         groups = [as_group(e, i) for i, e in enumerate(self.param_groups)]
         return {"name": self.name, **settings,

@@ -20,7 +20,9 @@ from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
-from .base import LR_STATE
+
+# the learning rate's device buffer, of the first (or only) group; group i > 0: LR_STATE.i
+LR_STATE = "anygrad.lr"
 
 if TYPE_CHECKING:
     from .base import Optimizer
