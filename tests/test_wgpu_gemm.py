@@ -524,7 +524,8 @@ def test_conv_gathers_unpadded_and_stride1(b, cin, cout, h, w, k, stride, pad, d
 
 
 def test_unpadded_gather_has_no_bounds_test():
-    from anygrad.backends.wgpu.kernels.kernels_conv import _x_gather, geometry
+    from anygrad.backends.wgpu.kernels.kernels_conv import _x_gather
+    from anygrad.backends.wgpu.kernels.windows import geometry
     xs, ws = (2, 3, 8, 8), (4, 3, 3, 3)
     node = Node("Conv", ["x", "w"], ["y"], _explicit(xs, ws, {})[0])
     assert _x_gather(geometry(node, xs), "ci")[1] == ""

@@ -1,4 +1,4 @@
-"""2-D max pools four elements along a row per invocation (kernels_conv._lanes_fit), against numpy.
+"""2-D max pools four elements along a row per invocation (kernels_pool._lanes_fit), against numpy.
 
 MaxPool and MaxPoolGrad's argmax take four outputs an invocation when the output width is a
 multiple of 4, MaxPoolGrad's gather four inputs when the input width is; other shapes keep one

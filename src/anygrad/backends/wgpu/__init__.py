@@ -20,6 +20,7 @@ from .kernels import (  # noqa: F401  (each registers its lowerings)
     kernels_collective,
     kernels_attention,
     kernels_conv,
+    kernels_pool,
     kernels_einsum,
     kernels_elementwise,
     kernels_gemm,

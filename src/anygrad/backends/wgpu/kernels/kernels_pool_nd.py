@@ -1,4 +1,4 @@
-"""MaxPool / AveragePool and their gradients over any number of spatial dims (kernels_conv.py
+"""MaxPool / AveragePool and their gradients over any number of spatial dims (kernels_pool.py
 sends 3-D pools here; its own kernels handle 1-D and 2-D).
 
 Same scheme as the 2-D kernels: one invocation per output (forward) or per input element
@@ -188,6 +188,6 @@ def average_pool_grad(node: Node, graph: Graph) -> list[Kernel]:
                     helpers=_count_fn(w, bool(node.attr("count_include_pad", 0))))]
 
 
-# op -> N-D lowering, for kernels_conv.py to call on inputs of rank > 4
+# op -> N-D lowering, for kernels_pool.py to call on inputs of rank > 4
 POOL_ND = {"MaxPool": max_pool, "MaxPoolGrad": max_pool_grad, "AveragePool": average_pool,
            "AveragePoolGrad": average_pool_grad}
