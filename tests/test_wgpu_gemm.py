@@ -333,6 +333,7 @@ def test_tap_major_form_of_convs_matches_numpy(xs, ws, attrs, variant):
                     {**explicit, "input_shape": list(xs), **pin}, GPU)
     for ks in (kernels, grad):
         assert ks[0].name == "WeightsByTap" or ks[1].name == "WeightsByTap", [k.name for k in ks]
+        assert [k.name for k in ks].count("WeightsByTap") == 1   # once, however many phases use it
         assert any(k.flops for k in ks if k.name.startswith(("Conv", "ConvGradInput")))
     # the weight gradient's columns by (tap, channel), stored in the weight's own order
     wgrad = check_op("ConvGradWeight", [rnd(xs[0], ws[0], *out, seed=46), rnd(*xs, seed=47)],

@@ -47,8 +47,7 @@ def _pixel(var: str, g: Geo, out_side: bool) -> str:
 
 def _tap(var: str, g: Geo, ch: str) -> str:
     """channel, ky, kx of flat row `var` = channel * taps + tap."""
-    return (f"let {ch} = {var} / {u(g.taps)}; let tap = {var} % {u(g.taps)}; "
-            f"let ky = tap / {u(g.kw)}; let kx = tap % {u(g.kw)};")
+    return f"let {ch} = {var} / {u(g.taps)}; let tap = {var} % {u(g.taps)}; {_tap_xy(g)}"
 
 def _x_index(g: Geo, ch: str) -> str:
     return f"((img * {u(g.C)} + {ch}) * {u(g.H)} + u32(yy)) * {u(g.W)} + u32(xx)"
@@ -243,6 +242,7 @@ def _grad_input_by_phase(node: Node, g: Geo, G: int, Co: int, Cg: int, caps: Ada
     Cog = Co // G
     kernels: list[Kernel] = []
     empty = []
+    wp, permute = _weights_by_tap(node, w, Co, Cg, g.taps, caps)  # one copy for every phase's tap-major form
     for py, px in ((py, px) for py in range(g.sh) for px in range(g.sw)):
         Hp, Wp = -(-(g.H - py) // g.sh), -(-(g.W - px) // g.sw)   # input rows / columns of the phase
         (ky0, nky, qy), (kx0, nkx, qx) = _phase_taps(py, g.ph, g.sh, g.kh), _phase_taps(px, g.pw, g.sw, g.kw)
@@ -271,7 +271,6 @@ def _grad_input_by_phase(node: Node, g: Geo, G: int, Co: int, Cg: int, caps: Ada
                      prelude=phase_pixel)
         spec = GemmSpec(f"ConvGradInput:phase{py}{px}", Cg, g.B * Hp * Wp, Cog * nt, G, a, b, out,
                         (Binding(w, "Wt"), Binding(dy, "DY")), Binding(node.outputs[0], "DX"))
-        wp, permute = _weights_by_tap(node, w, Co, Cg, g.taps, caps)
         taps = TapGather(Cog, g.P, f"{phase_pixel} let oy = jy + {u(qy)} - tap / {u(nkx)}; "
                                    f"let ox = jx + {u(qx)} - tap % {u(nkx)};",
                          f"((img * {u(Co)} + bt * {u(Cog)}) * {u(g.OH)} + oy) * {u(g.OW)} + ox",
@@ -300,7 +299,9 @@ def _grad_input_by_phase(node: Node, g: Geo, G: int, Co: int, Cg: int, caps: Ada
             clear = flat_kernel("ConvGradInput:clear", [], [], node.outputs[0], "DX", total, "  DX[i] = 0.0;",
                                 caps, wg=WG)
         kernels.insert(0, clear)
-    return kernels
+    # each phase that took its tap-major form brought the weight copy: the first one serves all
+    first = next((i for i, k in enumerate(kernels) if k == permute), len(kernels))
+    return kernels[:first + 1] + [k for k in kernels[first + 1:] if k != permute]
 
 
 @lowering("ConvGradWeight")

@@ -390,9 +390,7 @@ def mma_kernels(spec: GemmSpec, caps: AdapterCaps, operand: str, allow_split: bo
         kernels = _split_pair(spec, caps, splits, p.tag,
                               lambda part, sb: mma_wgsl(spec, p, caps, splits, ksplit, out=part, write=sb,
                                                         with_bias=False))
-    # the GEMM reads what `before` wrote: its Scratch is declared on both
-    scratch = tuple(sc for k in before for sc in k.scratch)
-    return list(before) + [replace(k, scratch=k.scratch + scratch) if scratch else k for k in kernels]
+    return list(before) + kernels   # `before` declares the Scratch the GEMM reads (one declaration serves a node)
 
 
 def uses_matrix_units(kernel: Kernel) -> bool:
