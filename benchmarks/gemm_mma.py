@@ -1,14 +1,17 @@
-"""GEMM TFLOP/s on matrix units through Dawn: anygrad's MatMul lowering at N^3, f16 operands and
+"""GEMM TFLOP/s on matrix units through Dawn: anygrad's MatMul lowering, f16 operands and
 result, f32 accumulation, each subgroup-matrix plan (kernels_mma.py) against the ALU kernels of
 the same lowering, and cuBLAS (PyTorch) in the same process where CUDA is there.
 
     python benchmarks/gemm_mma.py --size 4096 --json out.json
+    python benchmarks/gemm_mma.py --shapes 256x3136x64x64 1024x196x256x64 --plans "mma rules,alu shared8 k16 p"
 
-Needs wgpudawn and an adapter listing chromium-experimental-subgroup-matrix (the H200 through
-Vulkan). Each kernel runs --reps times in one pass, timed by the wall clock around a wait for the
-GPU, after two warm-up runs, best of --rounds passes (a pass of a few milliseconds is at the mercy
-of the wait's polling: the same kernel read 1.1 and 2.5 ms at 20 reps); the result is checked
-against float64 on 64 rows.
+A shape is MxNxK, or MxNxKxB: a (M, K) matrix times B stacked (K, N) ones, as a 1x1 convolution
+multiplies its weights into each image of a batch (ResNet-50's at 64 images: 256x3136x64x64 is a
+bottleneck's expansion at 56 px). Needs wgpudawn and an adapter listing
+chromium-experimental-subgroup-matrix (the H200 through Vulkan). Each kernel runs --reps times in
+one pass, timed by the wall clock around a wait for the GPU, after two warm-up runs, best of
+--rounds passes (a pass of a few milliseconds is at the mercy of the wait's polling: the same
+kernel read 1.1 and 2.5 ms at 20 reps); the result is checked against float64 on 64 rows.
 """
 from __future__ import annotations
 
@@ -40,53 +43,62 @@ PLANS = {
 }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--size", type=int, default=4096)
-    ap.add_argument("--reps", type=int, default=100)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--json", type=Path)
-    args = ap.parse_args()
+def parse_shape(text: str) -> tuple[int, int, int, int]:
+    """(M, N, K, batch) of 'MxNxK' or 'MxNxKxB'."""
+    dims = [int(d) for d in text.lower().split("x")]
+    if len(dims) not in (3, 4) or min(dims) < 1:
+        raise SystemExit(f"--shapes: {text!r} is not MxNxK or MxNxKxB")
+    return (*dims, 1)[:4] if len(dims) == 3 else tuple(dims)
+
+
+def time_plans(shape: tuple[int, int, int, int], plans: dict, reps: int, rounds: int) -> list[dict]:
+    """One entry a plan: its kernels, ms, TFLOP/s and error against float64 on 64 rows."""
     from test_matrix_units_dawn import dawn
 
     from anygrad.backends.wgpu.kernels.halfstore import stored_half
     from anygrad.backends.wgpu.kernels.kernel import LOWERINGS
     from anygrad.ir import Graph, Node, TensorInfo, infer_node
     wgpu, dev, caps = dawn()
-    n = args.size
+    m, n, k, batch = shape
     rng = np.random.default_rng(0)
-    a = rng.standard_normal((n, n)).astype(np.float16)
-    b = rng.standard_normal((n, n)).astype(np.float16)
+    a = rng.standard_normal((m, k)).astype(np.float16)
+    b = rng.standard_normal((batch, k, n) if batch > 1 else (k, n)).astype(np.float16)
+    y_shape = (batch, m, n) if batch > 1 else (m, n)
     usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
     bufs = {"a": dev.create_buffer_with_data(data=a, usage=usage), "b": dev.create_buffer_with_data(data=b, usage=usage),
-            "y": dev.create_buffer(size=n * n * 2, usage=usage)}
-    ref = a[:64].astype(np.float64) @ b.astype(np.float64)
-    results = {"size": n, "adapter_configs": [c.label for c in caps.adapter_facts.configs], "kernels": []}
-    for name, pin in PLANS.items():
+            "y": dev.create_buffer(size=int(np.prod(y_shape)) * 2, usage=usage)}
+    rows = min(m, 64)
+    ref = a[:rows].astype(np.float64) @ b.reshape(-1, k, n)[0].astype(np.float64)
+    flops = 2 * m * n * k * batch
+    label = "x".join(map(str, shape if batch > 1 else shape[:3]))
+    out = []
+    for name, pin in plans.items():
         g = Graph()
-        for v in "ab":
-            g.info[v] = TensorInfo(np.dtype(np.float16), (n, n))
+        g.info["a"] = TensorInfo(np.dtype(np.float16), a.shape)
+        g.info["b"] = TensorInfo(np.dtype(np.float16), b.shape)
         node = Node("MatMul", ["a", "b"], ["y"], dict(pin), name="gemm")
         g.nodes = [node]
         infer_node(g, node)
-        g.info["y"] = TensorInfo(np.dtype(np.float16), (n, n))
-        entry = {"plan": name}
+        g.info["y"] = TensorInfo(np.dtype(np.float16), y_shape)
+        entry = {"shape": label, "plan": name}
         try:
             kernels = stored_half(LOWERINGS["MatMul"](node, g, caps), g)
             ds = []
-            for k in kernels:
-                for s in k.scratch:
+            for kern in kernels:
+                for s in kern.scratch:
+                    if s.name in bufs and bufs[s.name].size < 4 * s.elements:
+                        bufs.pop(s.name).destroy()
                     bufs.setdefault(s.name, dev.create_buffer(size=4 * s.elements, usage=usage))
                 pipe = dev.create_compute_pipeline(layout="auto", compute={
-                    "module": dev.create_shader_module(code=k.wgsl), "entry_point": k.entry})
+                    "module": dev.create_shader_module(code=kern.wgsl), "entry_point": kern.entry})
                 bg = dev.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[
-                    {"binding": i, "resource": {"buffer": bufs[v]}} for i, v in enumerate(k.reads + k.writes)])
-                ds.append((pipe, bg, k.workgroups))
+                    {"binding": i, "resource": {"buffer": bufs[v]}} for i, v in enumerate(kern.reads + kern.writes)])
+                ds.append((pipe, bg, kern.workgroups))
 
-            def go(reps: int, ds: list = ds) -> None:
+            def go(times: int, ds: list = ds) -> None:
                 enc = dev.create_command_encoder()
                 p = enc.begin_compute_pass()
-                for _ in range(reps):
+                for _ in range(times):
                     for pipe, bg, grid in ds:
                         p.set_pipeline(pipe)
                         p.set_bind_group(0, bg)
@@ -96,38 +108,72 @@ def main() -> None:
                 dev.queue.read_buffer(bufs["y"], 0, 16)
             go(2)
             times = []
-            for _ in range(args.rounds):
+            for _ in range(rounds):
                 t = time.perf_counter()
-                go(args.reps)
-                times.append((time.perf_counter() - t) / args.reps)
+                go(reps)
+                times.append((time.perf_counter() - t) / reps)
             s = min(times)
-            out = np.frombuffer(dev.queue.read_buffer(bufs["y"]), np.float16).reshape(n, n)[:64].astype(np.float64)
-            entry |= {"kernels": [k.name for k in kernels], "ms": s * 1e3, "tflops": 2 * n ** 3 / s / 1e12,
-                      "rel_err": float(np.abs(out - ref).max() / np.abs(ref).max())}
+            got = np.frombuffer(dev.queue.read_buffer(bufs["y"]), np.float16).reshape(-1, m, n)[0, :rows]
+            entry |= {"kernels": [kern.name for kern in kernels], "ms": s * 1e3, "tflops": flops / s / 1e12,
+                      "rel_err": float(np.abs(got.astype(np.float64) - ref).max() / np.abs(ref).max())}
         except Exception as e:  # noqa: BLE001  (a plan the adapter refuses: reported, the rest still run)
             entry["error"] = f"{type(e).__name__}: {e}"[:800]
         print(json.dumps(entry), flush=True)
-        results["kernels"].append(entry)
+        out.append(entry)
+    return out
+
+
+def cublas(torch, shape: tuple[int, int, int, int], reps: int) -> list[dict]:
+    """PyTorch's matmul of the same shape: f32, TF32 and f16 (with f32 accumulation)."""
+    m, n, k, batch = shape
+    x = torch.randn(m, k, device="cuda")
+    y = torch.randn(*((batch,) if batch > 1 else ()), k, n, device="cuda")
+    label = "x".join(map(str, shape if batch > 1 else shape[:3]))
+    out = []
+    for name, dt, tf32 in (("cuBLAS f32", torch.float32, False), ("cuBLAS tf32", torch.float32, True),
+                           ("cuBLAS f16", torch.float16, False)):
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        xa, ya = x.to(dt), y.to(dt)
+        for _ in range(3):
+            xa @ ya
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(reps):
+            xa @ ya
+        torch.cuda.synchronize()
+        s = (time.perf_counter() - t) / reps
+        entry = {"shape": label, "plan": name, "ms": s * 1e3, "tflops": 2 * m * n * k * batch / s / 1e12}
+        print(json.dumps(entry), flush=True)
+        out.append(entry)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", type=int, default=4096, help="N of an N^3 GEMM, where --shapes is not given")
+    ap.add_argument("--shapes", nargs="*", default=None, help="MxNxK or MxNxKxB (see above)")
+    ap.add_argument("--plans", default="", help="comma list of plan names (default: all)")
+    ap.add_argument("--reps", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    from test_matrix_units_dawn import dawn
+    shapes = [parse_shape(t) for t in args.shapes] if args.shapes else [(args.size,) * 3 + (1,)]
+    wanted = [p.strip() for p in args.plans.split(",") if p.strip()]
+    unknown = [p for p in wanted if p not in PLANS]
+    if unknown:
+        raise SystemExit(f"--plans: unknown {unknown}; known: {list(PLANS)}")
+    plans = {p: PLANS[p] for p in wanted} if wanted else PLANS
+    _, _, caps = dawn()
+    results = {"size": args.size, "shapes": ["x".join(map(str, s)) for s in shapes],
+               "adapter_configs": [c.label for c in caps.adapter_facts.configs], "kernels": []}
+    for shape in shapes:
+        results["kernels"] += time_plans(shape, plans, args.reps, args.rounds)
     try:
         import torch
         if torch.cuda.is_available():
-            x = torch.randn(n, n, device="cuda")
-            y = torch.randn(n, n, device="cuda")
-            for label, dt, tf32 in (("cuBLAS f32", torch.float32, False), ("cuBLAS tf32", torch.float32, True),
-                                    ("cuBLAS f16", torch.float16, False)):
-                torch.backends.cuda.matmul.allow_tf32 = tf32
-                xa, ya = x.to(dt), y.to(dt)
-                for _ in range(3):
-                    xa @ ya
-                torch.cuda.synchronize()
-                t = time.perf_counter()
-                for _ in range(args.reps):
-                    xa @ ya
-                torch.cuda.synchronize()
-                s = (time.perf_counter() - t) / args.reps
-                entry = {"plan": label, "ms": s * 1e3, "tflops": 2 * n ** 3 / s / 1e12}
-                print(json.dumps(entry), flush=True)
-                results["kernels"].append(entry)
+            for shape in shapes:
+                results["kernels"] += cublas(torch, shape, args.reps)
     except ImportError:
         pass
     if args.json:

@@ -47,7 +47,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -388,6 +388,8 @@ def run_anygrad(spec: Spec, module, batches, device: str, args, mem: GpuMemory |
             prof = exe.step_profile({**inputs0, **targets0}, repeat=3)
             out["profile"] = prof.as_dict()
             out["matrix_units"] = matrix_unit_share(prof.kernels)
+        from anygrad.backends.wgpu.tuning import autotune
+        out["tuned"] = [asdict(p) for p in autotune.picks]   # what timing chose over the rules, per shape
     return out  # the model's buffers go with this frame (the worker collects after each case)
 
 

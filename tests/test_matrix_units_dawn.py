@@ -181,9 +181,14 @@ def test_gemm_transposes_bias_and_relu(ta, tb):
 
 @pytest.mark.parametrize("prefetch", [0, 1, 2])
 @pytest.mark.parametrize("splits", [2, 5])
-def test_split_k(splits, prefetch):
-    kernels = check_mma("MatMul", [rnd(40, 2000, seed=6), rnd(2000, 24, seed=7)], {},
-                        {"_gemm_splits": splits, "_gemm_prefetch": prefetch})
+@pytest.mark.parametrize("m,k,n", [(40, 2000, 24),
+                                   (256, 1024, 512),   # whole tiles
+                                   (200, 1024, 300)])  # whole tiles and edges
+def test_split_k(m, k, n, splits, prefetch):
+    # pinned double tiles of the 8-subgroup plans do not fit 48 KiB at the default K tile: 4 subgroups
+    wide = {"_gemm_threads": 128} if prefetch == 2 and m > 64 else {}
+    kernels = check_mma("MatMul", [rnd(m, k, seed=6), rnd(k, n, seed=7)], {},
+                        {"_gemm_splits": splits, "_gemm_prefetch": prefetch, **wide})
     assert any("splitK" in k.name for k in kernels)
 
 

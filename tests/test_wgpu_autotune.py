@@ -74,8 +74,15 @@ def test_the_fastest_candidate_wins_and_ties_keep_the_rules(tuning):
 
     def timer(kernels, g):
         return 1.0 if [k.wgsl for k in kernels] == fastest else 2.0
+    before = len(autotune.picks)
     tuned = autotune.tune(one, caps, ("fake adapter",), timer)
     assert {a: tuned.nodes[0].attrs[a] for a in autotune.PIN_ATTRS if a in tuned.nodes[0].attrs} == want
+    # the pick is reported: the rules' kernels and time against the winner's
+    (pick,) = autotune.picks[before:]
+    rules = [k.name for k in LOWERINGS["MatMul"](fwd, one, caps)]
+    assert (pick.op, pick.rule, pick.rule_ms, pick.best_ms) == ("MatMul", tuple(rules), 2.0, 1.0)
+    assert pick.best == tuple(k.name for k in LOWERINGS["MatMul"](autotune._pinned(fwd, want), one, caps))
+    assert pick.shapes == tuple(tuple(one.info[v].shape) for v in fwd.inputs)
 
     def noise(kernels, g):  # every candidate within 3% of the rules' own tiling: keep the rules
         return 1.0 + (len(kernels[0].wgsl) % 3) / 100

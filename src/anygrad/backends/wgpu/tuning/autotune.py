@@ -35,7 +35,7 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +121,22 @@ _MAX_FILE = 1 << 20     # a cache file larger than this is not ours: ignored
 # "left": shapes a timed tuning left on the rules because the budget ran out (runtime/executable.py does not
 # keep such a plan in the plan cache, so that a later compile tunes them and plans again)
 stats = {"timed": 0, "cached": 0, "candidates": 0, "seconds": 0.0, "left": 0}
+
+
+@dataclass(frozen=True)
+class Pick:
+    """What timing chose for one shape: the rules' kernels against the winner's, in ms a run
+    (benchmarks print these beside a profile; the rules are rewritten from them)."""
+
+    op: str
+    shapes: tuple[tuple[int, ...], ...]   # the node's input shapes
+    rule: tuple[str, ...]                 # kernel names of the rules' lowering
+    rule_ms: float
+    best: tuple[str, ...]                 # ... of the fastest candidate (the rules' own where they won)
+    best_ms: float
+
+
+picks: list[Pick] = []   # every shape timed in this process, in order
 
 
 def enabled(caps: AdapterCaps) -> bool:
@@ -228,6 +244,11 @@ def tune(graph: Graph, caps: AdapterCaps, context: tuple, timer: Callable[[list[
             rounds[key] = _Rounds(cands, graph, timer, splits, deadline=t0 + budget)
             stats["timed"] += 1
         new = {key: r.confirm() for key, r in rounds.items()}
+        for key, r in rounds.items():
+            if r.candidates:
+                node = nodes[todo[key][0]]
+                shapes = tuple(tuple(graph.info[v].shape) if v in graph.info else () for v in node.inputs)
+                picks.append(Pick(node.op, shapes, r.names(0), r.times[0], r.names(r.best), r.times[r.best]))
         chosen |= new
         if new:
             _store(path, known | new)
@@ -303,6 +324,7 @@ class _Rounds:
                  deadline: float | None = None):
         self.graph, self.timer, self.deadline = graph, timer, deadline
         self.candidates = list(candidates)
+        self.best = 0   # (confirm) the winner's index
         if not candidates:
             return
         self.times = list(self.time_all([kernels for _, kernels in candidates]))
@@ -343,7 +365,11 @@ class _Rounds:
         for i in range(1, len(self.candidates)):
             if times[i] < times[best] * 0.97:  # a win within timing noise keeps the earlier (rule-based) choice
                 best = i
+        self.best = best
         return self.candidates[best][0]
+
+    def names(self, i: int) -> tuple[str, ...]:
+        return tuple(k.name for k in self.candidates[i][1])
 
 
 def _store(path: Path, table: dict[str, dict[str, Any]]) -> None:
