@@ -38,11 +38,13 @@ H200_CONFIGS = [
 DAWN_FACTS = AdapterFacts("dawn", (32, 32), matrix_configs_from(H200_CONFIGS), has_f16=True, has_subgroups=True)
 
 
-def _fake(monkeypatch, dawn_facts: AdapterFacts | None = DAWN_FACTS, dawn_installed: bool = True) -> None:
+def _fake(monkeypatch, dawn_facts: AdapterFacts | None = DAWN_FACTS, dawn_installed: bool = True,
+          vendor: str = "nvidia") -> None:
     """wgpu-native: lavapipe (0) and a discrete GPU (1); Dawn: the same GPU (2) with `dawn_facts`."""
     native = [(AdapterInfo(0, "llvmpipe", "Vulkan", "cpu"), None),
-              (AdapterInfo(1, "Fake H200", "Vulkan", "discrete"), None)]
-    dawn = [] if dawn_facts is None else [(AdapterInfo(2, "Fake H200", "Vulkan", "discrete", facts=dawn_facts), None)]
+              (AdapterInfo(1, "Fake H200", "Vulkan", "discrete", vendor=vendor), None)]
+    dawn = [] if dawn_facts is None else [(AdapterInfo(2, "Fake H200", "Vulkan", "discrete", vendor=vendor,
+                                                       facts=dawn_facts), None)]
     monkeypatch.setattr(adapters, "_ADAPTERS", {"native": native, "dawn": dawn})
     monkeypatch.setattr(implementation, "available", lambda key: key == "native" or dawn_installed)
 
@@ -109,15 +111,33 @@ def test_the_cli_shows_the_missing_extra_as_one_line(monkeypatch, capsys):
     assert code != 0 and "[dawn]" in err and "Traceback" not in err
 
 
-def test_auto_keeps_native_while_dawn_f16_is_not_yet_trusted(monkeypatch):
-    _fake(monkeypatch)
-    monkeypatch.setattr(adapters, "AUTO_PICKS_DAWN", False)
+def test_auto_keeps_native_where_dawns_matrix_units_are_untested_on_that_hardware(monkeypatch):
+    # the same 16x16x16 f16 config on another vendor's GPU (AMD RDNA3 lists it): the generic code,
+    # never run there, so auto stays on wgpu-native and `wgpu:dawn` still chooses Dawn
+    _fake(monkeypatch, vendor="amd")
     assert auto_adapter("f16") == (select_adapter("wgpu:native"), "")
+    assert select_adapter("wgpu:dawn")[0].index == 2
+    assert ("nvidia", "16x16x16", "f16", "f32") in adapters.VERIFIED_MATRIX_UNITS
+
+
+def test_auto_lists_dawns_adapters_only_where_they_could_win(monkeypatch):
+    """f32 (no verified f32 config), or a GPU of no verified vendor: Dawn is not asked, so its
+    warnings about the adapters it refuses (lavapipe) never reach a user who did not pick it."""
+    _fake(monkeypatch)
+    asked = []
+    real = adapters._enumerate
+    monkeypatch.setattr(adapters, "_enumerate", lambda impls=("native",): asked.append(tuple(impls)) or real(impls))
+    auto_adapter("f32")
+    _fake(monkeypatch, vendor="intel")
+    auto_adapter("f16")
+    assert ("dawn",) not in asked
+    _fake(monkeypatch)
+    auto_adapter("f16")
+    assert ("dawn",) in asked
 
 
 def test_auto_prefers_dawn_for_f16_matrix_units_and_says_so(monkeypatch):
     _fake(monkeypatch)
-    monkeypatch.setattr(adapters, "AUTO_PICKS_DAWN", True)
     pick, why = auto_adapter("f16")
     assert pick[0].index == 2
     assert why.count("\n") == 0 and "Dawn" in why and "16x16x16" in why and "wgpu:native" in why
@@ -135,7 +155,6 @@ def test_auto_keeps_native_without_dawn_matrix_units(monkeypatch):
 def test_get_backend_auto_prints_its_one_line(monkeypatch, capsys):
     from anygrad import devices
     _fake(monkeypatch)
-    monkeypatch.setattr(adapters, "AUTO_PICKS_DAWN", True)
     opened = []
     monkeypatch.setattr(devices, "_auto_backend", lambda pick, *a: opened.append(pick[0].index) or "backend")
     assert devices.get_backend("auto", precision="f16") == "backend"

@@ -145,7 +145,7 @@ class AdapterFacts:
     def matrix_units_for(self, precision: str) -> bool:
         """True when the adapter can run this precision's GEMMs on matrix units
         ('f16': f16 operands with f32 accumulation, which needs shader-f16 too)."""
-        operand = {"f16": "f16", "mixed": "f16", "f32": "f32"}.get(precision, precision)
+        operand = _OPERANDS.get(precision, precision)
         return bool(self.configs_for(operand)) and (operand != "f16" or self.has_f16)
 
     def describe(self) -> str:
@@ -290,24 +290,44 @@ def best_adapter(include_software: bool = True, api: str | None = None,
     return max(pool, key=lambda p: p[0].rank, default=None)
 
 
-# Whether `auto` may pick Dawn for its matrix units. Off because they do not yet pay on the models
-# people bring: on an H200 (2026-12-02, BENCHMARKS.md) f16 on Dawn's matrix units ran GPT b128 at
-# 10,181 samples/s, ResNet-18 b512 at 36,799 and ViT-tiny b128 at 6,502, where wgpu-native's f32
-# ALU kernels run 10,088 / 79,501 / 7,954. (f16 training on Dawn now matches the numpy oracle:
-# the overflow that was not skipped there came from NVIDIA's compiler dropping a register's f16
-# rounding, fixed in halfstore.round_half.) `--device wgpu:dawn` still chooses Dawn.
-AUTO_PICKS_DAWN = False
+# The matrix units `auto` may pick Dawn for: (vendor, config) pairs whose kernels ran against
+# float64 and trained against torch.autocast on that vendor's hardware
+# (tests/test_matrix_units_dawn.py on an H200). There, f16 on Dawn's matrix units (autotuned,
+# 2026-12-03, BENCHMARKS.md) trained ResNet-50 at 1.65x, GPT-2 small at 1.45x and ResNet-18 b512
+# at 1.0x of wgpu-native's f16, GPT b128 at 0.87x (rules). Other vendors' configs run the same
+# generic code, untested on their hardware: `--device wgpu:dawn` chooses them by name.
+VERIFIED_MATRIX_UNITS = frozenset({("nvidia", "16x16x16", "f16", "f32")})   # (vendor, M x N x K, operand, result)
+
+
+def verified_matrix_units(info: AdapterInfo, precision: str) -> bool:
+    """Whether this adapter's matrix units for `precision` are among VERIFIED_MATRIX_UNITS (the
+    vendor read from the adapter's vendor or name: Dawn reports either)."""
+    if not info.facts.matrix_units_for(precision):
+        return False
+    who = f"{info.vendor} {info.name}".lower()
+    return any(vendor in who and c.shape == shape
+               for vendor, shape, operand, result in VERIFIED_MATRIX_UNITS
+               for c in info.facts.configs_for(operand, result) if operand == _OPERANDS.get(precision))
+
+
+_OPERANDS = {"f16": "f16", "mixed": "f16", "f32": "f32"}   # a precision's GEMM operand type
 
 
 def auto_adapter(precision: str = "f32") -> tuple[tuple[AdapterInfo, Any] | None, str]:
     """`auto`'s real GPU: wgpu-native's best, unless an adapter of another implementation (Dawn) is
-    as capable and offers matrix units for `precision` that wgpu-native's lacks. Returns the pick
+    as capable and offers verified matrix units for `precision` (VERIFIED_MATRIX_UNITS) that
+    wgpu-native's lacks. Returns the pick
     (None: no real GPU) and a one-line reason when the pick is not wgpu-native's, else ''."""
     from .implementation import available
     native = best_adapter(include_software=False)
-    if not (AUTO_PICKS_DAWN and available("dawn")):
+    # Dawn's adapters are listed only where they could win: a real GPU of a verified vendor and a
+    # precision a verified config takes (f32 training, a CPU-only machine never ask Dawn, whose
+    # listing warns about every adapter it refuses, lavapipe among them)
+    who = "" if native is None else f"{native[0].vendor} {native[0].name}".lower()
+    if not available("dawn") or not any(op == _OPERANDS.get(precision) and vendor in who
+                                        for vendor, _, op, _ in VERIFIED_MATRIX_UNITS):
         return native, ""
-    dawn = [(i, a) for i, a in _enumerate(("dawn",)) if not i.is_software and i.facts.matrix_units_for(precision)]
+    dawn = [(i, a) for i, a in _enumerate(("dawn",)) if not i.is_software and verified_matrix_units(i, precision)]
     pick = max(dawn, key=lambda p: p[0].rank, default=None)
     if pick is None or (native is not None and (native[0].facts.matrix_units_for(precision)
                                                 or native[0].rank[:2] > pick[0].rank[:2])):
