@@ -177,7 +177,7 @@ def main() -> None:
     except ImportError:
         pass
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+        args.json.write_text(json.dumps(results, separators=(",", ":")))
 
 
 if __name__ == "__main__":

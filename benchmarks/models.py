@@ -696,7 +696,8 @@ def main(argv: list[str] | None = None) -> int:
         res["child_s"] = time.perf_counter() - t0
         results.append(res)
         if args.json:  # after each model: a later failure keeps what ran
-            args.json.write_text(json.dumps({"machine": meta, "results": results}, indent=1))
+            # compact: benchmarks/results keeps under 2 MB (tests/test_docs.py), profiles are most of it
+            args.json.write_text(json.dumps({"machine": meta, "results": results}, separators=(",", ":")))
     if args.profile:
         print("\n" + profiles(results, args.top))
     print(f"\n{meta.get('gpu', meta.get('cpu'))}; anygrad --device {args.device}; "

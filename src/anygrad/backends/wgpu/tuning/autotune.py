@@ -136,7 +136,8 @@ class Pick:
     best_ms: float
 
 
-picks: list[Pick] = []   # every shape timed in this process, in order
+picks: list[Pick] = []   # the shapes timed in this process, in order (the last MAX_PICKS)
+MAX_PICKS = 4096         # a process compiling many graphs (a sweep) keeps a bounded report
 
 
 def enabled(caps: AdapterCaps) -> bool:
@@ -249,6 +250,7 @@ def tune(graph: Graph, caps: AdapterCaps, context: tuple, timer: Callable[[list[
                 node = nodes[todo[key][0]]
                 shapes = tuple(tuple(graph.info[v].shape) if v in graph.info else () for v in node.inputs)
                 picks.append(Pick(node.op, shapes, r.names(0), r.times[0], r.names(r.best), r.times[r.best]))
+        del picks[:-MAX_PICKS]
         chosen |= new
         if new:
             _store(path, known | new)
