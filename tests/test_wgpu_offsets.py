@@ -193,3 +193,65 @@ def test_no_kernel_reads_a_buffer_it_writes(monkeypatch):
     monkeypatch.setattr(planner, "_read_while_written", lambda steps, live: {})
     packed = _step_plan(64, caps)
     assert len(packed.slot_bytes) == 1 and _reads_of_own_write_buffer(packed) > 10
+
+
+def _greedy_reference(live, nbytes, cap, align, apart, order):
+    """planner._place_offsets' rule in plain Python, one buffer at a time: each temporary (in
+    `order`) into the gap that wastes least, else at the end of a buffer, growing it least, within
+    `cap`, else into a new buffer; ties to the lower buffer, then the lower offset."""
+    placed, sizes, limits, slot_of, offset_of = [], [], [], {}, {}
+    for r in sorted(live, key=planner._ORDERS[order](live, nbytes)):
+        need = -(-nbytes[r] // align) * align
+        f, la = live[r]
+        avoid = {slot_of[p] for p in apart.get(r, ()) if p in slot_of}
+        cands = []
+        for k in range(len(sizes)):
+            if k in avoid:
+                continue
+            taken = sorted((o, e) for o, e, pf, pl, pk in placed if pk == k and pf <= la and f <= pl)
+            below = 0
+            for o, e in taken:
+                if o - below >= need:
+                    cands.append((o - below - need, 0, k, below))
+                below = max(below, e)
+            if below + need <= limits[k]:
+                grow = max(0, below + need - sizes[k])
+                cands.append((grow, 1, k, below) if grow else (sizes[k] - below - need, 0, k, below))
+        if not cands:
+            sizes.append(0)
+            limits.append(max(cap, need))
+            cands = [(0, 1, len(sizes) - 1, 0)]
+        _, _, k, off = min(cands)
+        placed.append((off, off + need, f, la, k))
+        sizes[k] = max(sizes[k], off + need)
+        slot_of[r], offset_of[r] = k, off
+    return slot_of, sizes, offset_of
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_offsets_are_the_greedy_rule_on_random_lifetimes(seed):
+    """The vectorised search (every buffer at once) places exactly as the rule one buffer at a
+    time does, with buffer caps small enough for many buffers and `apart` pairs kept apart."""
+    import random
+    rng = random.Random(seed)
+    steps = rng.randint(1, 60)
+    live, nbytes = {}, {}
+    for i in range(rng.randint(1, 120)):
+        r = planner.Root("temp", f"t{i}")
+        a = rng.randint(0, steps)
+        live[r] = (a, min(steps, a + rng.randint(0, 30)))
+        nbytes[r] = rng.choice([1, 16, 100, 256, 1000, 4096, rng.randint(1, 50_000)])
+    keys = list(live)
+    apart: dict = {}
+    for _ in range(rng.randint(0, len(keys))):
+        a, b = rng.choice(keys), rng.choice(keys)
+        if a != b:
+            apart.setdefault(a, set()).add(b)
+            apart.setdefault(b, set()).add(a)
+    cap = rng.choice([256, 4096, 20_000, 1 << 30])
+    for order in planner._ORDERS:
+        got = planner._place_offsets(live, nbytes, cap, SLOT_ALIGN, apart, order)
+        assert got == _greedy_reference(live, nbytes, cap, SLOT_ALIGN, apart, order), order
+        slot_of = got[0]
+        for a, partners in apart.items():
+            assert all(slot_of[a] != slot_of[b] for b in partners)

@@ -101,12 +101,17 @@ def _merge_siblings(graph: Graph, groups: list[list[Node]], users, order, stored
     groups = sorted(groups, key=lambda g: order[id(g[-1])])
     fixed = set(graph.initializers) | set(graph.inputs)
 
+    freed: dict[tuple[int, int], int] = {}   # (group, its size): a group changes only by growing
+
     def frees(a: list[Node]) -> int:
         """Bytes of the computed values nothing after group `a` reads."""
-        ids, end = {id(m) for m in a}, order[id(a[-1])]
-        last = {v for m in a for v in m.inputs if v and v not in fixed and v in graph.info
-                and all(id(u) in ids or order[id(u)] <= end for u, _ in users.get(v, []))}
-        return sum(size_of(graph, v) * np.dtype(graph.info[v].dtype).itemsize for v in last)
+        key = (id(a), len(a))
+        if key not in freed:
+            ids, end = {id(m) for m in a}, order[id(a[-1])]
+            last = {v for m in a for v in m.inputs if v and v not in fixed and v in graph.info
+                    and all(id(u) in ids or order[id(u)] <= end for u, _ in users.get(v, []))}
+            freed[key] = sum(size_of(graph, v) * np.dtype(graph.info[v].dtype).itemsize for v in last)
+        return freed[key]
     merged: list[list[Node]] = []
     for g in groups:
         target = None

@@ -481,6 +481,9 @@ def _read_while_written(steps: list[Step], live: dict[Root, tuple[int, int]]) ->
     return apart
 
 
+_SEGMENT = 1 << 42   # above any byte offset: lifts each buffer's ends above every earlier buffer's
+
+
 def _place_offsets(live: dict[Root, tuple[int, int]], nbytes: dict[Root, int], cap: int, align: int,
                    apart: dict[Root, set[Root]], order: str = "size") -> tuple[dict[Root, int], list[int], dict[Root, int]]:
     """Greedy offsets (TFLite's offset planner, with several buffers): temporaries in `order`
@@ -490,9 +493,14 @@ def _place_offsets(live: dict[Root, tuple[int, int]], nbytes: dict[Root, int], c
     size. Two temporaries share bytes only when their [first, last] step ranges are disjoint,
     exactly the condition under which the slot assignment lets them share a slot.
     A temporary never joins a buffer holding one of its `apart` partners (_read_while_written).
-    Returns (buffer of each, buffer sizes, byte offset of each in its buffer)."""
+    Ties go to the least waste, then the lower buffer, then the lower offset.
+    Returns (buffer of each, buffer sizes, byte offset of each in its buffer).
+
+    Every buffer is searched at once (numpy over the temporaries placed so far, sorted by buffer
+    and offset): ResNet-50's step spreads 746 temporaries over 22 buffers, and a loop over the
+    buffers took 0.14-0.23 s an order, 1.4 s of its 4.3 s of planning."""
     n = len(live)
-    # Placed temporaries, in placement order (numpy: the overlap test is the inner loop).
+    # Placed temporaries, in placement order
     p_off, p_end, p_first, p_last, p_buf = (np.zeros(n, dtype=np.int64) for _ in range(5))
     sizes: list[int] = []
     limits: list[int] = []
@@ -502,28 +510,34 @@ def _place_offsets(live: dict[Root, tuple[int, int]], nbytes: dict[Root, int], c
         need = -(-nbytes[r] // align) * align
         f, la = live[r]
         best = None  # (bytes wasted or grown, grows, buffer, offset)
-        busy = (p_first[:m] <= la) & (f <= p_last[:m])  # live at the same time as r
-        avoid = {slot_of[p] for p in apart.get(r, ()) if p in slot_of}
-        for k in range(len(sizes)):
-            if k in avoid:
-                continue
-            sel = busy & (p_buf[:m] == k)
-            o, e = p_off[:m][sel], p_end[:m][sel]
-            prev = 0
-            if len(o):
-                at = np.argsort(o, kind="stable")
-                o, e = o[at], e[at]
-                before = np.maximum.accumulate(np.concatenate(([0], e)))  # bytes taken below each
-                gaps = o - before[:-1]
-                fits = np.flatnonzero(gaps >= need)
-                if len(fits):
-                    g = fits[np.lexsort((before[fits], gaps[fits]))[0]]
-                    cand = (int(gaps[g]) - need, 0, k, int(before[g]))
-                    best = cand if best is None or cand < best else best
-                prev = int(before[-1])
-            if prev + need <= limits[k]:
-                grow = max(0, prev + need - sizes[k])
-                cand = (grow, 1, k, prev) if grow else (sizes[k] - prev - need, 0, k, prev)
+        if sizes:
+            ok = np.ones(len(sizes), dtype=bool)
+            for p in apart.get(r, ()):
+                if p in slot_of:
+                    ok[slot_of[p]] = False
+            busy = np.flatnonzero((p_first[:m] <= la) & (f <= p_last[:m]))  # live at the same time as r
+            busy = busy[ok[p_buf[busy]]]
+            at = np.lexsort((p_off[busy], p_buf[busy]))
+            b, o, e = p_buf[busy][at], p_off[busy][at], p_end[busy][at]
+            # the bytes taken below each, within its buffer: one running max over all buffers
+            lifted = np.maximum.accumulate(e + b * _SEGMENT)
+            starts = np.ones(len(b), dtype=bool)
+            starts[1:] = b[1:] != b[:-1]
+            before = np.where(starts, 0, np.concatenate(([0], lifted[:-1])) - b * _SEGMENT)
+            gaps = o - before
+            fits = np.flatnonzero(gaps >= need)
+            if len(fits):
+                g = fits[np.lexsort((before[fits], b[fits], gaps[fits]))[0]]
+                best = (int(gaps[g]) - need, 0, int(b[g]), int(before[g]))
+            top = np.zeros(len(sizes), dtype=np.int64)   # each buffer's end above the busy ones
+            np.maximum.at(top, b, e)
+            size_a, grow = np.asarray(sizes, dtype=np.int64), np.maximum(0, top + need - np.asarray(sizes))
+            ks = np.flatnonzero(ok & (top + need <= np.asarray(limits, dtype=np.int64)))
+            if len(ks):
+                grows = grow[ks] > 0
+                cost = np.where(grows, grow[ks], size_a[ks] - top[ks] - need)
+                i = np.lexsort((top[ks], ks, grows, cost))[0]
+                cand = (int(cost[i]), int(grows[i]), int(ks[i]), int(top[ks[i]]))
                 best = cand if best is None or cand < best else best
         if best is None:
             sizes.append(0)
