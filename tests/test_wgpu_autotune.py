@@ -361,7 +361,10 @@ def test_candidates_timed_together_rank_as_their_work(tuning, monkeypatch):
     monkeypatch.setattr(autotune, "REPEATS", 1)
     graph, kernels = _square_matmul(128)
     timer = autotune.device_timer(wgpu_backend())
-    once, six, again = timer.all([kernels, kernels * 6, kernels], graph)
+    # the best of three rounds each: one round on a loaded host (lavapipe shares its cores) can
+    # stretch any one timing
+    rounds = [timer.all([kernels, kernels * 6, kernels], graph) for _ in range(3)]
+    once, six, again = (min(r[i] for r in rounds) for i in range(3))
     assert once > 0 and again > 0
     assert 3 * max(once, again) < six < 12 * min(once, again), (once, six, again)
     assert timer(kernels, graph) > 0
