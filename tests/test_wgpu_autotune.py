@@ -173,6 +173,24 @@ def test_the_time_budget_leaves_the_rest_to_later_compiles(tuning, monkeypatch):
     assert autotune.stats["timed"] == 3
 
 
+def test_the_shapes_with_the_most_work_are_tuned_first(tuning):
+    """A budget that runs out mid-model leaves the rules on the cheapest shapes: the larger GEMM,
+    later in the graph, has its candidates timed before the smaller one's."""
+    feeds = {"x": rnd(8, 32, seed=1), "W1": rnd(32, 16, seed=2), "W2": rnd(32, 256, seed=3)}
+    nodes = [Node("MatMul", ["x", "W1"], ["a"], name="small"), Node("MatMul", ["x", "W2"], ["b"], name="big"),
+             Node("ReduceSum", ["a"], ["sa"], {"keepdims": 1, "axes": [1]}, name="ra"),
+             Node("Add", ["b", "sa"], ["y"], name="y")]
+    graph = _graph(feeds, nodes, "y", grad=False)
+    timed = []
+
+    def timer(kernels, g):
+        timed.append(kernels[0].flops)
+        return 1.0
+    autotune.tune(graph, AdapterCaps(), ("order",), timer)
+    firsts = list(dict.fromkeys(timed))   # the shapes in the order their first round ran
+    assert firsts[:2] == [2 * 8 * 32 * 256, 2 * 8 * 32 * 16], firsts
+
+
 def test_a_round_stops_building_candidates_when_the_budget_runs_out(tuning, monkeypatch):
     """A slow pipeline build (Dawn: 0.3-0.5 s each, on one thread) counts against the budget
     inside a round: past it, the candidates not timed yet are left out (the rules' first one
