@@ -253,8 +253,8 @@ def tune(graph: Graph, caps: AdapterCaps, context: tuple, timer: Callable[[list[
         for key, r in rounds.items():
             if r.candidates:
                 node = nodes[todo[key][0]]
-                shapes = tuple(tuple(graph.info[v].shape) if v in graph.info else () for v in node.inputs)
-                picks.append(Pick(node.op, shapes, r.names(0), r.times[0], r.names(r.best), r.times[r.best]))
+                ins = tuple(tuple(graph.info[v].shape) if v in graph.info else () for v in node.inputs)
+                picks.append(Pick(node.op, ins, r.names(0), r.times[0], r.names(r.best), r.times[r.best]))
         del picks[:-MAX_PICKS]
         chosen |= new
         if new:
