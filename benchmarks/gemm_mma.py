@@ -51,6 +51,11 @@ def parse_shape(text: str) -> tuple[int, int, int, int]:
     return (*dims, 1)[:4] if len(dims) == 3 else tuple(dims)
 
 
+def shape_label(shape: tuple[int, int, int, int]) -> str:
+    """'MxNxK', or 'MxNxKxB' for a batch."""
+    return "x".join(map(str, shape if shape[3] > 1 else shape[:3]))
+
+
 def time_plans(shape: tuple[int, int, int, int], plans: dict, reps: int, rounds: int) -> list[dict]:
     """One entry a plan: its kernels, ms, TFLOP/s and error against float64 on 64 rows."""
     from test_matrix_units_dawn import dawn
@@ -70,7 +75,7 @@ def time_plans(shape: tuple[int, int, int, int], plans: dict, reps: int, rounds:
     rows = min(m, 64)
     ref = a[:rows].astype(np.float64) @ b.reshape(-1, k, n)[0].astype(np.float64)
     flops = 2 * m * n * k * batch
-    label = "x".join(map(str, shape if batch > 1 else shape[:3]))
+    label = shape_label(shape)
     out = []
     for name, pin in plans.items():
         g = Graph()
@@ -128,7 +133,7 @@ def cublas(torch, shape: tuple[int, int, int, int], reps: int) -> list[dict]:
     m, n, k, batch = shape
     x = torch.randn(m, k, device="cuda")
     y = torch.randn(*((batch,) if batch > 1 else ()), k, n, device="cuda")
-    label = "x".join(map(str, shape if batch > 1 else shape[:3]))
+    label = shape_label(shape)
     out = []
     for name, dt, tf32 in (("cuBLAS f32", torch.float32, False), ("cuBLAS tf32", torch.float32, True),
                            ("cuBLAS f16", torch.float16, False)):
@@ -165,7 +170,7 @@ def main() -> None:
         raise SystemExit(f"--plans: unknown {unknown}; known: {list(PLANS)}")
     plans = {p: PLANS[p] for p in wanted} if wanted else PLANS
     _, _, caps = dawn()
-    results = {"size": args.size, "shapes": ["x".join(map(str, s)) for s in shapes],
+    results = {"size": args.size, "shapes": [shape_label(s) for s in shapes],
                "adapter_configs": [c.label for c in caps.adapter_facts.configs], "kernels": []}
     for shape in shapes:
         results["kernels"] += time_plans(shape, plans, args.reps, args.rounds)

@@ -124,6 +124,9 @@ class MatrixConfig:
         return f"{self.shape} {self.operand_dtype}->{self.result_dtype}"
 
 
+_OPERANDS = {"f16": "f16", "mixed": "f16", "f32": "f32"}   # a precision's GEMM operand type
+
+
 @dataclass(frozen=True)
 class AdapterFacts:
     """What kernel planners need to know about an adapter beyond its limits: which WebGPU
@@ -299,18 +302,18 @@ def best_adapter(include_software: bool = True, api: str | None = None,
 VERIFIED_MATRIX_UNITS = frozenset({("nvidia", "16x16x16", "f16", "f32")})   # (vendor, M x N x K, operand, result)
 
 
-def verified_matrix_units(info: AdapterInfo, precision: str) -> bool:
-    """Whether this adapter's matrix units for `precision` are among VERIFIED_MATRIX_UNITS (the
-    vendor read from the adapter's vendor or name: Dawn reports either)."""
-    if not info.facts.matrix_units_for(precision):
-        return False
+def _verified_rows(info: AdapterInfo, precision: str) -> list[tuple[str, str, str, str]]:
+    """The VERIFIED_MATRIX_UNITS rows of this adapter's vendor (read from its vendor or its name:
+    Dawn reports either) for `precision`'s operand type."""
     who = f"{info.vendor} {info.name}".lower()
-    return any(vendor in who and c.shape == shape
-               for vendor, shape, operand, result in VERIFIED_MATRIX_UNITS
-               for c in info.facts.configs_for(operand, result) if operand == _OPERANDS.get(precision))
+    return [row for row in VERIFIED_MATRIX_UNITS if row[0] in who and row[2] == _OPERANDS.get(precision)]
 
 
-_OPERANDS = {"f16": "f16", "mixed": "f16", "f32": "f32"}   # a precision's GEMM operand type
+def verified_matrix_units(info: AdapterInfo, precision: str) -> bool:
+    """Whether this adapter's matrix units for `precision` are among VERIFIED_MATRIX_UNITS."""
+    return info.facts.matrix_units_for(precision) and any(
+        c.shape == shape for _, shape, operand, result in _verified_rows(info, precision)
+        for c in info.facts.configs_for(operand, result))
 
 
 def auto_adapter(precision: str = "f32") -> tuple[tuple[AdapterInfo, Any] | None, str]:
@@ -323,9 +326,7 @@ def auto_adapter(precision: str = "f32") -> tuple[tuple[AdapterInfo, Any] | None
     # Dawn's adapters are listed only where they could win: a real GPU of a verified vendor and a
     # precision a verified config takes (f32 training, a CPU-only machine never ask Dawn, whose
     # listing warns about every adapter it refuses, lavapipe among them)
-    who = "" if native is None else f"{native[0].vendor} {native[0].name}".lower()
-    if not available("dawn") or not any(op == _OPERANDS.get(precision) and vendor in who
-                                        for vendor, _, op, _ in VERIFIED_MATRIX_UNITS):
+    if not available("dawn") or native is None or not _verified_rows(native[0], precision):
         return native, ""
     dawn = [(i, a) for i, a in _enumerate(("dawn",)) if not i.is_software and verified_matrix_units(i, precision)]
     pick = max(dawn, key=lambda p: p[0].rank, default=None)

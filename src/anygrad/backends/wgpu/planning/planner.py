@@ -531,11 +531,11 @@ def _place_offsets(live: dict[Root, tuple[int, int]], nbytes: dict[Root, int], c
                 best = (int(gaps[g]) - need, 0, int(b[g]), int(before[g]))
             top = np.zeros(len(sizes), dtype=np.int64)   # each buffer's end above the busy ones
             np.maximum.at(top, b, e)
-            size_a, grow = np.asarray(sizes, dtype=np.int64), np.maximum(0, top + need - np.asarray(sizes))
+            spare = np.asarray(sizes, dtype=np.int64) - top - need   # < 0: the buffer grows by -spare
             ks = np.flatnonzero(ok & (top + need <= np.asarray(limits, dtype=np.int64)))
             if len(ks):
-                grows = grow[ks] > 0
-                cost = np.where(grows, grow[ks], size_a[ks] - top[ks] - need)
+                grows = spare[ks] < 0
+                cost = np.abs(spare[ks])
                 i = np.lexsort((top[ks], ks, grows, cost))[0]
                 cand = (int(cost[i]), int(grows[i]), int(ks[i]), int(top[ks[i]]))
                 best = cand if best is None or cand < best else best
