@@ -41,9 +41,6 @@ PLANS = {
     "mma b2 t128 k32 pd": {"_gemm_variant": "mma", "_gemm_block": 2, "_gemm_threads": 128, "_gemm_kt": 32, "_gemm_prefetch": 2},
     "alu shared8 k16 p": {"_gemm_variant": "shared", "_gemm_block": 8, "_gemm_kt": 16, "_gemm_prefetch": 1},
 }
-# "... m": whole tiles copied into workgroup memory as matrices (kernels_mma.matrix_copies)
-PLANS.update({f"{name} m": {**pin, "_gemm_layout": "mcopy"} for name, pin in list(PLANS.items())
-              if pin["_gemm_variant"] == "mma"})
 
 
 def parse_shape(text: str) -> tuple[int, int, int, int]:

@@ -214,59 +214,6 @@ def test_every_shader_compiles_under_tint(key):
     assert not rejected, rejected[:5]
 
 
-# whole tiles (kernels_mma.matrix_copies): (op, shapes, attrs, operands copied as matrices)
-WHOLE = {
-    "matmul": ("MatMul", [(256, 128), (128, 256)], {}, "AB"),
-    "x_wT": ("MatMul", [(128, 64), (256, 64)], {"_permB": [1, 0], "y_shape": (128, 256)}, "AB"),
-    "xT_dy": ("MatMul", [(64, 128), (64, 256)], {"_permA": [1, 0], "y_shape": (128, 256)}, "AB"),
-    "batched": ("MatMul", [(2, 64, 64), (2, 64, 128)], {}, "AB"),
-    "split_k": ("MatMul", [(64, 4096), (4096, 64)], {"_gemm_splits": 4}, "AB"),
-    "gemm": ("Gemm", [(64, 128), (256, 64), (256,)], {"transA": 1, "transB": 1, "_epilogue": "relu"}, "AB"),
-    "edges": ("MatMul", [(70, 100), (100, 36)], {}, ""),                       # tiles cut by the matrix
-    "conv_1x1": ("Conv", [(2, 64, 8, 8), (64, 64, 1, 1)], {}, "A"),             # B gathers across images
-    "conv_by_tap": ("Conv", [(2, 32, 16, 16), (64, 32, 3, 3)], {"pads": [1, 1, 1, 1]}, ""),  # f32 weight copy
-}
-
-
-@pytest.mark.parametrize("prefetch", [0, 1, 2])
-@pytest.mark.parametrize("case", list(WHOLE))
-def test_matrix_copies_where_tiles_are_whole(case, prefetch):
-    """With layout "mcopy", whole tiles of plain operands are loaded from storage and stored into
-    workgroup memory as matrices (offsets uniform, the operand bound as f16 itself, the next
-    tile's loads skipped after the last), and everything else keeps its element copy; the
-    shaders compile under Tint."""
-    import wgpu_util
-    wgpu_util.tint_device()
-    op, shapes, attrs, want = WHOLE[case]
-    caps = replace(caps_for("16x16x16"), max_workgroup_storage=65536)
-    kernels, _ = node_kernels(op, shapes, {**attrs, "_gemm_variant": "mma", "_gemm_prefetch": prefetch,
-                                           "_gemm_layout": "mcopy"}, caps, np.float16)
-    (k,) = [k for k in kernels if uses_matrix_units(k)]
-    w = k.wgsl
-    assert wgpu_util.tint_rejects(w) == "", k.name
-    copied = "".join(n for n, var in (("A", 0), ("B", 1))
-                     if re.search(rf"subgroupMatrixLoad<M[LR]>\(&\w+, {n.lower()}_ix\(bt", w))
-    assert copied == want, (k.name, copied)
-    assert bool(want) == bool(re.search(r"k\d+p?d?m sg", k.name)), k.name
-    for n in want:
-        var = next(v for v in ("A", "B", "Wt", "X") if f"&{v}, {n.lower()}_ix(" in w)
-        assert re.search(rf"var<storage, read> {var}: array<f16>;", w), w[:800]
-        assert f"{n.lower()}_el(" not in w   # no element loader of it
-        stores = [c for c in _MATRIX_CALL.finditer(w) if c.group(2) == f"T{n.lower()}" and c.group(1) == "Store"]
-        assert stores
-    lets = _lets(w)
-    for c in re.finditer(r"subgroupMatrix(Load<M[LR]>|Store)\(&(\w+), ", w):
-        args = _args(w, c.end())
-        offset, stride = (args[0], args[2]) if c.group(1).startswith("Load") else (args[0], args[3])
-        for expr in (offset, stride):
-            # l, fr, fc of a matrix copy come from sg: uniform; li and lane never are (a_ix and
-            # b_ix are the operands' index functions, pure in their arguments)
-            expr = re.sub(r"\b[ab]_ix\b", "", expr)
-            assert _uniform(expr, {n: e for n, e in lets.items() if n not in ("li", "lane")}), (expr, k.name)
-    if prefetch and want:
-        assert "if (k0 + " in w   # no matrix load past the last tile
-
-
 def test_tint_rejects_what_dawn_would():
     """The check above can fail: a non-uniform barrier and an f16 -> f32 let are refused."""
     import wgpu_util

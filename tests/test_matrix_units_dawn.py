@@ -13,7 +13,6 @@ with f16 configs (CI, lavapipe: Dawn refuses lavapipe); runs on the device machi
 from __future__ import annotations
 
 import functools
-import re
 
 import numpy as np
 import pytest
@@ -191,32 +190,6 @@ def test_split_k(m, k, n, splits, prefetch):
     kernels = check_mma("MatMul", [rnd(m, k, seed=6), rnd(k, n, seed=7)], {},
                         {"_gemm_splits": splits, "_gemm_prefetch": prefetch, **wide})
     assert any("splitK" in k.name for k in kernels)
-
-
-# whole tiles of plain operands copied as matrices (kernels_mma.matrix_copies, layout "mcopy"):
-# every operand layout, batches, split-K ranges, a Gemm's transposes, and a conv's weights
-MATRIX_COPIES = [
-    ("MatMul", [(256, 128), (128, 256)], {}, {}),
-    ("MatMul", [(128, 64), (256, 64)], {"_permB": [1, 0]}, {}),                # x @ W.T
-    ("MatMul", [(64, 128), (64, 256)], {"_permA": [1, 0]}, {}),                # dW = x.T @ dy
-    ("MatMul", [(3, 64, 64), (3, 64, 128)], {}, {}),                           # batched
-    ("MatMul", [(64, 2048), (2048, 128)], {}, {"_gemm_splits": 4}),            # split-K
-    ("Gemm", [(64, 128), (256, 64), (256,)], {"transA": 1, "transB": 1, "_epilogue": "relu"}, {}),
-    ("Conv", [(2, 64, 8, 8), (64, 64, 1, 1), None], {}, {}),                    # weights as matrices
-    ("ConvGradInput", [(2, 64, 8, 8), (64, 32, 1, 1)],
-     {"input_shape": [2, 32, 8, 8], "kernel_shape": [1, 1], "strides": [1, 1], "pads": [0, 0, 0, 0],
-      "dilations": [1, 1], "group": 1}, {}),
-]
-
-
-@pytest.mark.parametrize("prefetch", [0, 1, 2])
-@pytest.mark.parametrize("case", range(len(MATRIX_COPIES)))
-def test_matrix_copies(case, prefetch):
-    op, shapes, attrs, pin = MATRIX_COPIES[case]
-    inputs = [None if s is None else rnd(*s, seed=10 + i) for i, s in enumerate(shapes)]
-    wide = {"_gemm_threads": 128} if prefetch == 2 else {}
-    kernels = check_mma(op, inputs, attrs, {"_gemm_prefetch": prefetch, "_gemm_layout": "mcopy", **pin, **wide})
-    assert any(re.search(r"\[mma \d+x\d+k\d+p?d?m sg", k.name) for k in kernels), [k.name for k in kernels]
 
 
 CONVS = [((2, 8, 13, 11), (16, 8, 3, 3), {"pads": [1, 1, 1, 1]}),

@@ -99,9 +99,6 @@ class Operand:
     apply: tuple = ()                 # (op, sorted attrs) of an activation applied to each element loaded
     apply_half: bool = False          # that activation's result rounded to f16 (the graph holds it in float16)
     taps: TapGather | None = None     # the same elements by tap (a B operand of a tap-major GemmSpec)
-    # (row stride, column stride) where `index` is `<offset of bt> + r * rows + c * cols` and every
-    # offset of bt is a multiple of 8 elements: whole tiles then copy as matrices (kernels_mma)
-    affine: tuple[int, int] | None = None
 
     @property
     def full_prelude(self) -> str:

@@ -5,8 +5,7 @@ needs no lowering of its own. After lowering, each binding that holds a float16 
 dtype) is rewritten in the shader text, the way bindpack.py rewrites packed reads:
 
 - its declaration becomes `array<f16>` (or `array<vec4<f16>>` for a vec4-bound GEMM operand)
-  and `enable f16;` goes on top; a kernel that declares a binding f16 itself (it knows the value
-  is float16 and reads it as such) keeps that declaration;
+  and `enable f16;` goes on top;
 - every read `var[e]` becomes `f32(var[e])` (`vec4<f32>(var[e])`): arithmetic and accumulation
   stay f32;
 - every store `var[e] = x;` becomes `var[e] = to_f16(x);`, a compound `var[e] += x;` becomes
@@ -47,9 +46,6 @@ from .wgsl import grid, shape_of
 _DECL = re.compile(r"@group\(0\)\s*@binding\((\d+)\)\s*var<storage,\s*(read|read_write)>\s*(\w+)\s*:\s*array<([\w<>]+)>\s*;")
 # device element type of an f32 binding -> (its f16 storage type, the f32 type a read converts to)
 _HALF_OF = {"f32": ("f16", "f32"), "vec4<f32>": ("vec4<f16>", "vec4<f32>")}
-# a binding the kernel itself declares as f16 storage (a matrix-unit GEMM's operand, which its
-# matrix loads take by pointer: kernels_mma.matrix_copies) is kept as it is
-_HALF_KEPT = frozenset({"f16", "vec4<f16>"})
 _ASSIGN = re.compile(r"\s*([-+*/%&|^]|<<|>>)?=(?!=)")
 ENABLE = "enable f16;\n"
 
@@ -123,8 +119,6 @@ def rewrite_binding(wgsl: str, var: str, elem: str) -> str | None:
     cannot be rewritten (see the module docstring). Cached: the planner lowers most nodes twice
     (fit_plan: with and without the recomputed per-element values), and this scan was 0.9 s of
     ResNet-50's 4.3 s of planning."""
-    if elem in _HALF_KEPT:
-        return with_enable(wgsl)
     if elem not in _HALF_OF:
         return None
     uses = len(re.findall(rf"(?<![.\w]){var}\b", wgsl))

@@ -103,8 +103,7 @@ def lower_conv(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
         return [_depthwise(node, g, has_bias, caps)]
     K = Cg * g.taps
     N = g.B * g.P
-    a = Operand("Wt", Cog, K, f"(bt * {u(Cog)} + r) * {u(K)} + c", contig=1,
-                affine=(K, 1) if Cog * K % 8 == 0 else None)
+    a = Operand("Wt", Cog, K, f"(bt * {u(Cog)} + r) * {u(K)} + c", contig=1)
     if g.pointwise:
         b = Operand("X", K, N, f"(img * {u(g.C)} + bt * {u(Cg)} + r) * {u(g.P)} + pix",
                     prelude=f"let img = c / {u(g.P)}; let pix = c % {u(g.P)};",
@@ -126,9 +125,8 @@ def lower_conv(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
         pre, valid, base = _x_gather(g, f"bt * {u(Cg)}")
         taps = TapGather(Cg, g.HW, f"{_pixel('c', g, True)} {_tap_xy(g)} {pre}", base, valid)
         spec = replace(spec, tap_major=TapMajor(replace(
-            # the by-tap weights are an f32 scratch: copied element by element (matrix copies
-            # read the operand type itself)
-            spec, a=replace(a, affine=None), b=taps.operand("X", K, N), reads=(Binding(wp, "Wt"),) + tuple(reads[1:])), (permute,)))
+            spec, a=Operand("Wt", Cog, K, f"(bt * {u(Cog)} + r) * {u(K)} + c", contig=1),
+            b=taps.operand("X", K, N), reads=(Binding(wp, "Wt"),) + tuple(reads[1:])), (permute,)))
     # split-K when the output grid is small: ResNet-18's last stage at 32x32 input (1x1 pixels,
     # 512 channels, K = 4608) ran 64 workgroups of 64x64 for 0.58 ms (4 TFLOP/s) on an H200
     return gemm_kernels(spec, caps, **variant_of(node, graph, caps))
@@ -174,8 +172,7 @@ def lower_conv_grad_input(node: Node, graph: Graph, caps: AdapterCaps) -> list[K
     K = Cog * g.taps
     N = g.B * g.HW
     if g.pointwise:
-        a = Operand("Wt", Cg, Cog, f"(bt * {u(Cog)} + c) * {u(Cg)} + r", contig=0,
-                    affine=(1, Cg) if Cog * Cg % 8 == 0 else None)
+        a = Operand("Wt", Cg, Cog, f"(bt * {u(Cog)} + c) * {u(Cg)} + r", contig=0)
         b = Operand("DY", Cog, N, f"(img * {u(Co)} + bt * {u(Cog)} + r) * {u(g.P)} + pix",
                     prelude=f"let img = c / {u(g.P)}; let pix = c % {u(g.P)};",
                     contig=1 if g.P % 4 == 0 else None)

@@ -59,8 +59,7 @@ def gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None = None,
         from .kernels_mma import mma_kernels  # it builds on this module's loaders and stores
         # the rules (prefetch None): register prefetch, and double tiles on the widest plans
         kernels = mma_kernels(spec, caps, operands, allow_split, block, kt, threads, splits,
-                              None if prefetch is None else int(prefetch),
-                              matrix_copy="mcopy" in (layout or "").split(","))
+                              None if prefetch is None else int(prefetch))
     else:
         before: list[Kernel] = []
         if spec.tap_major is not None and "bytap" in (layout or "").split(","):
@@ -247,9 +246,7 @@ def _operand(var: str, lay: Layout, off: str, rows: int | None = None, row_strid
         off = f"{off} + {u(base)}"
     if contig is not None and any(st % 4 for st in (base, *lay.strides[:-2], cs if contig == 0 else rs)):
         contig = None
-    affine = (rs, cs) if all(st % 8 == 0 for st in (base, *lay.strides[:-2])) else None
-    return Operand(var, rows or lay.shape[-2], lay.shape[-1], f"{off} + r * {u(rs)} + c * {u(cs)}", contig=contig,
-                   affine=affine)
+    return Operand(var, rows or lay.shape[-2], lay.shape[-1], f"{off} + r * {u(rs)} + c * {u(cs)}", contig=contig)
 
 
 def epilogue_of(node: Node) -> dict:
@@ -399,10 +396,10 @@ def lower_gemm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     ta, tb = node.attr("transA", 0), node.attr("transB", 0)
     M, K = (sa[1], sa[0]) if ta else sa
     N = sb[0] if tb else sb[1]
-    a = (Operand("A", M, K, f"c * {u(M)} + r", contig=0, affine=(1, M)) if ta
-         else Operand("A", M, K, f"r * {u(K)} + c", contig=1, affine=(K, 1)))
-    b = (Operand("B", K, N, f"c * {u(K)} + r", contig=0, affine=(1, K)) if tb
-         else Operand("B", K, N, f"r * {u(N)} + c", contig=1, affine=(N, 1)))
+    a = (Operand("A", M, K, f"c * {u(M)} + r", contig=0) if ta
+         else Operand("A", M, K, f"r * {u(K)} + c", contig=1))
+    b = (Operand("B", K, N, f"c * {u(K)} + r", contig=0) if tb
+         else Operand("B", K, N, f"r * {u(N)} + c", contig=1))
     reads = [Binding(node.inputs[0], "A"), Binding(node.inputs[1], "B")]
     bias = ""
     if node.input(2):

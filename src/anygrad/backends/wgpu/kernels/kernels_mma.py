@@ -23,11 +23,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from .gemm_spec import Binding, GemmSpec, Operand, Output, fold_grid, linear_id, u
+from .gemm_spec import Binding, GemmSpec, Output, fold_grid, linear_id, u
 from .gemm_splitk import _split_pair, choose_splits
 from .gemm_wgsl import _decl, _epi_fn, _loader, _scalar_read, _store_fn, _tile_order, _vec_ok
 from .kernel import AdapterCaps, Kernel
-from .matrix_units import PAD_BYTES, MatrixConfig, MmaPlan, plan_mma
+from .matrix_units import MatrixConfig, MmaPlan, plan_mma
 
 
 @dataclass(frozen=True)
@@ -51,15 +51,11 @@ class SubgroupMatrixWgsl:
     def zero(self) -> str:
         return "MC()"
 
-    def load(self, typ: str, arr: str, offset: str, stride: str, col_major: bool = False) -> str:
-        """A matrix of alias `typ` (ML | MR) from array `arr` (workgroup or storage)."""
-        return f"subgroupMatrixLoad<{typ}>(&{arr}, {offset}, {str(col_major).lower()}, {stride})"
-
     def load_left(self, arr: str, offset: str, stride: str) -> str:
-        return self.load("ML", arr, offset, stride)
+        return f"subgroupMatrixLoad<ML>(&{arr}, {offset}, false, {stride})"
 
     def load_right(self, arr: str, offset: str, stride: str) -> str:
-        return self.load("MR", arr, offset, stride)
+        return f"subgroupMatrixLoad<MR>(&{arr}, {offset}, false, {stride})"
 
     def multiply_add(self, a: str, b: str, c: str) -> str:
         return f"subgroupMatrixMultiplyAccumulate({a}, {b}, {c})"
@@ -87,23 +83,6 @@ class _Copy:
     offset: str = ""           # what `{o}` becomes in the stores
     fixed: tuple[str, ...] = ()   # statements run once before the K loop
     setup: tuple[str, ...] = ()   # statements run once a K tile (templates over `{k}`) before its loads
-    # a matrix copy (_stage_matrix): groups are whole fragments, one subgroup each (`sg`, of
-    # `workers` subgroups), held in registers of the matrix type `reg`
-    reg: str = ""
-    workers: int = 0
-
-    @property
-    def lane(self) -> str:
-        return "sg" if self.reg else "li"
-
-    @property
-    def num(self) -> str:
-        """The group number's name in `index` (f, a fragment's, is subgroup-uniform; l is not)."""
-        return "f" if self.reg else "l"
-
-    def spread(self, p: MmaPlan) -> int:
-        """How many copy the groups: invocations, or subgroups for a matrix copy."""
-        return self.workers or p.threads
 
     def store(self, value: str) -> list[str]:
         return [s.format(v=value, o=self.offset) for s in self.stores]
@@ -118,50 +97,15 @@ class _Copy:
         return ["{"] + [f"  {s.format(k=k)}" for s in self.setup] + [f"  {ln}" for ln in lines] + ["}"]
 
 
-def _copies(count: int, threads: int, body: list[str], lane: str = "li", num: str = "l") -> list[str]:
-    """`body` (using `num`, the group number) for num = lane, lane + threads, ... < count:
-    straight code where the workers divide the tile (shared index arithmetic folds), else a loop."""
+def _copies(count: int, threads: int, body: list[str]) -> list[str]:
+    """`body` (using l, the element-group number) for l = li, li + threads, ... < count: straight
+    code where the invocations divide the tile (shared index arithmetic folds), else a loop."""
     if count % threads == 0 and count // threads <= 16:
         out = []
         for i in range(count // threads):
-            out += ["{", f"  let {num} = {lane} + {u(i * threads)};"] + [f"  {ln}" for ln in body] + ["}"]
+            out += ["{", f"  let l = li + {u(i * threads)};"] + [f"  {ln}" for ln in body] + ["}"]
         return out
-    return ([f"for (var {num} = {lane}; {num} < {u(count)}; {num} = {num} + {u(threads)}) {{"]
-            + [f"  {ln}" for ln in body] + ["}"])
-
-
-def matrix_copy_fits(op: Operand, rows: int, cols: int, tile_rows: int, tile_cols: int, elem_bytes: int) -> bool:
-    """Whether this operand's tiles (tile_rows x tile_cols of a rows x cols matrix) can be copied
-    whole as matrices: elements read straight from memory at affine indices with one unit
-    stride, the other stride 16 bytes aligned, and tiles that divide the matrix (edges and
-    split-K ranges need no zero fill)."""
-    if op.affine is None or op.full_prelude or op.valid or op.apply or op.taps is not None:
-        return False
-    rs, cs = op.affine
-    align = PAD_BYTES // elem_bytes
-    return ((rs == 1) != (cs == 1) and max(rs, cs) % align == 0
-            and rows % tile_rows == 0 and cols % tile_cols == 0)
-
-
-def _stage_matrix(name: str, op: Operand, p: MmaPlan, dialect: SubgroupMatrixWgsl) -> _Copy:
-    """Copy a whole K tile of operand `name` (a | b) as matrices: each subgroup loads fragments
-    of the tile straight from storage and stores them into the workgroup tile, so the driver
-    moves them with its wide fragment loads and stores instead of one f16 store an element
-    (kernels copying element by element spent most of a K tile's time on those stores)."""
-    cfg = p.config
-    if name == "a":   # BM x BK of (m x k) fragments
-        typ, fr_rows, fr_cols, tile_cols, stride = "ML", cfg.m, cfg.k, p.bk, p.stride_a
-        at = f"m0 + fr * {u(fr_rows)}", f"{{k}} + fc * {u(fr_cols)}"
-    else:             # BK x BN of (k x n) fragments
-        typ, fr_rows, fr_cols, tile_cols, stride = "MR", cfg.k, cfg.n, p.bn, p.stride_b
-        at = f"{{k}} + fr * {u(fr_rows)}", f"n0 + fc * {u(fr_cols)}"
-    rows = (p.bm if name == "a" else p.bk) // fr_rows
-    per_row = tile_cols // fr_cols
-    rs, cs = op.affine
-    load = dialect.load(typ, op.var, f"{name}_ix(bt, {at[0]}, {at[1]})", u(cs if rs == 1 else rs), rs == 1)
-    store = dialect.store(f"T{name}", f"{{o}}fr * {u(fr_rows * stride)} + fc * {u(fr_cols)}", "{v}", u(stride))
-    return _Copy(rows * per_row, f"let fr = f / {u(per_row)}; let fc = f % {u(per_row)};", load, (store,), False,
-                 reg=typ, workers=p.subgroups)
+    return ([f"for (var l = li; l < {u(count)}; l = l + {u(threads)}) {{"] + [f"  {ln}" for ln in body] + ["}"])
 
 
 def _stage_a(spec: GemmSpec, p: MmaPlan, vec: bool, cast: str) -> _Copy:
@@ -265,10 +209,10 @@ def _stage_b(spec: GemmSpec, p: MmaPlan, vec: bool, cast: str) -> _Copy:
 MAX_PREFETCH_SLOTS = 32   # element groups one invocation holds for the next K tile (registers)
 
 
-def prefetch_slots(copy: _Copy, workers: int) -> int:
-    """Element groups per worker for a register prefetch of this copy (the last one guarded
-    where the workers do not divide the tile); 0 where that would take too many registers."""
-    n = math.ceil(copy.count / workers)
+def prefetch_slots(copy: _Copy, threads: int) -> int:
+    """Element groups per invocation for a register prefetch of this copy (the last one guarded
+    where the invocations do not divide the tile); 0 where that would take too many registers."""
+    n = math.ceil(copy.count / threads)
     return n if n <= MAX_PREFETCH_SLOTS else 0
 
 
@@ -291,46 +235,31 @@ def _k_loop(copies: list[tuple[str, _Copy]], p: MmaPlan, step: list[str]) -> lis
         copies = [(name, replace(c, offset=f"o{name} + ")) for name, c in copies]
     fixed = [f"  {ln}" for _, c in copies for ln in c.fixed]
     if not p.prefetch:
-        stage = [ln for _, c in copies
-                 for ln in c.tile("k0", _copies(c.count, c.spread(p), c.body("k0", "v"), c.lane, c.num))]
+        stage = [ln for _, c in copies for ln in c.tile("k0", _copies(c.count, p.threads, c.body("k0", "v")))]
         return fixed + head + ind(stage) + ["    workgroupBarrier();"] + ind(step) + tail
-    decl, store, first, nxt = list(fixed), [], [], []
+    decl, load, store = list(fixed), [], []
     e = p.config.operand  # registers of the operand type: f16 operands take half (their values are f16)
     for name, c in copies:
-        workers = c.spread(p)
-        slots = prefetch_slots(c, workers)
+        slots = prefetch_slots(c, p.threads)
         if not slots:
-            store += c.tile("k0", _copies(c.count, workers, c.body("k0", "v"), c.lane, c.num))
+            store += c.tile("k0", _copies(c.count, p.threads, c.body("k0", "v")))
             continue
-        typ = c.reg or (f"vec4<{e}>" if c.vec else e)
+        typ = f"vec4<{e}>" if c.vec else e
         mine = []
         for i in range(slots):
             reg = f"p{name}{i}"
             decl.append(f"  var {reg}: {typ};")
-            # the last slot is guarded where the workers do not divide the tile
-            whole = (i + 1) * workers <= c.count
-            at = ["{", f"  let {c.num} = {c.lane} + {u(i * workers)};",
-                  f"  if ({c.num} < {u(c.count)}) {{" if not whole else "  {", f"  {c.index}"]
-            value = c.load.format(k="{k}") if c.reg else f"{typ}({c.load.format(k='{k}')})"
-            mine += at + [f"  {reg} = {value};", "  }", "}"]
+            # the last slot is guarded where the invocations do not divide the tile
+            whole = (i + 1) * p.threads <= c.count
+            at = ["{", f"  let l = li + {u(i * p.threads)};", "  if (l < " + u(c.count) + ") {" if not whole else "  {",
+                  f"  {c.index}"]
+            mine += at + [f"  {reg} = {typ}({c.load.format(k='{k}')});", "  }", "}"]
             store += at + [f"  {ln}" for ln in c.store(reg)] + ["  }", "}"]
-        mine = c.tile("{k}", mine)
-        first += [ln.replace("{k}", "kb") for ln in mine]
-        after = [ln.replace("{k}", f"(k0 + {u(p.bk)})") for ln in mine]
-        # a matrix load reads no zeros past the end: the last tile has no next one to fetch
-        nxt += ([f"if (k0 + {u(p.bk)} < ke) {{"] + [f"  {ln}" for ln in after] + ["}"]) if c.reg else after
+        load += c.tile("{k}", mine)
+    first = [ln.replace("{k}", "kb") for ln in load]
+    nxt = [ln.replace("{k}", f"(k0 + {u(p.bk)})") for ln in load]
     return (decl + ["  " + ln for ln in first] + head + ind(store)
             + ["    workgroupBarrier();"] + ind(nxt) + ind(step) + tail)
-
-
-def matrix_copies(spec: GemmSpec, p: MmaPlan) -> tuple[bool, bool]:
-    """Which operands (A, B) a plan asking for matrix copies (MmaPlan.matrix_copy) copies as
-    matrices; the others copy element by element. Split-K ranges are whole K tiles
-    (choose_splits steps by the plan's K tile), so whole tiles along K need only K to divide."""
-    if not p.matrix_copy:
-        return False, False
-    return (matrix_copy_fits(spec.a, spec.M, spec.K, p.bm, p.bk, p.elem_bytes),
-            matrix_copy_fits(spec.b, spec.K, spec.N, p.bk, p.bn, p.elem_bytes))
 
 
 def mma_wgsl(spec: GemmSpec, p: MmaPlan, caps: AdapterCaps, splits: int = 1, ksplit: int = 0,
@@ -347,11 +276,7 @@ def mma_wgsl(spec: GemmSpec, p: MmaPlan, caps: AdapterCaps, splits: int = 1, ksp
     total = nN * nM * spec.batch * splits
     grid = fold_grid(total, caps)
     va, vb = _vec_ok(spec.a), _vec_ok(spec.b)
-    mat_a, mat_b = matrix_copies(spec, p)
-    # a matrix-copied operand is bound as the operand type itself (array<f16>): the matrix loads
-    # take a pointer to it (halfstore keeps such a declaration as it is)
-    reads = [replace(spec.reads[0], vec4=False, elem=cfg.operand) if mat_a else replace(spec.reads[0], vec4=va),
-             replace(spec.reads[1], vec4=False, elem=cfg.operand) if mat_b else replace(spec.reads[1], vec4=vb)]
+    reads = [replace(spec.reads[0], vec4=va), replace(spec.reads[1], vec4=vb)]
     reads += list(spec.reads[2:]) if with_bias else []
     if splits == 1:
         ksplit = math.ceil(K / p.bk) * p.bk
@@ -394,8 +319,7 @@ def mma_wgsl(spec: GemmSpec, p: MmaPlan, caps: AdapterCaps, splits: int = 1, ksp
                  for j in range(p.frag_cols)]
         step += [f"  c{i}_{j} = {dialect.multiply_add(f'a{i}', f'b{j}', f'c{i}_{j}')};" for i, j in frags]
         step += ["}"]
-    copies = [("a", _stage_matrix("a", spec.a, p, dialect) if mat_a else _stage_a(spec, p, va, cast)),
-              ("b", _stage_matrix("b", spec.b, p, dialect) if mat_b else _stage_b(spec, p, vb, cast))]
+    copies = [("a", _stage_a(spec, p, va, cast)), ("b", _stage_b(spec, p, vb, cast))]
     loop = _k_loop(copies, p, step)
     # results: fragment by fragment through this subgroup's slice of Tc, then the spec's store
     groups = cfg.m * cfg.n // 4
@@ -413,10 +337,8 @@ def mma_wgsl(spec: GemmSpec, p: MmaPlan, caps: AdapterCaps, splits: int = 1, ksp
                        "  }"]
         stores += ["  workgroupBarrier();"]
     helpers: dict[str, str] = {}
-    loaders = [f"fn {n}_ix(bt: u32, r: u32, c: u32) -> u32 {{ return {op.index}; }}" if mat
-               else _loader(n, op, read.vec4, helpers)
-               for n, op, read, mat in (("a", spec.a, reads[0], mat_a), ("b", spec.b, reads[1], mat_b))]
-    loaders.append(_epi_fn(out, with_bias, helpers))
+    loaders = [_loader("a", spec.a, reads[0].vec4, helpers), _loader("b", spec.b, reads[1].vec4, helpers),
+               _epi_fn(out, with_bias, helpers)]
     if taps_fit(spec, p):
         loaders += _tap_fns(spec, reads[1].vec4)
     wgsl = "\n".join(dialect.enables(cfg, p.by_subgroup_id) + dialect.types(cfg) + decls + tiles
@@ -448,21 +370,17 @@ class _SplitView:
 
 def mma_kernels(spec: GemmSpec, caps: AdapterCaps, operand: str, allow_split: bool = True,
                 block: int | None = None, kt: int | None = None, threads: int | None = None,
-                want_splits: int | None = None, prefetch: int | None = None,
-                matrix_copy: bool = False) -> list[Kernel]:
+                want_splits: int | None = None, prefetch: int | None = None) -> list[Kernel]:
     """The kernel list of one GEMM-shaped op on matrix units: one kernel, or a split-K kernel
     writing partial sums and the ALU reduce that finishes them (alpha, bias, epilogue).
     prefetch: 0 none, 1 the next K tile into registers, 2 that and double tiles (MmaPlan); None
-    the rules (prefetch, and double tiles where plan_mma's rule gives them). matrix_copy: whole
-    tiles of operands that allow it copied as matrices (matrix_copies).
+    the rules (prefetch, and double tiles where plan_mma's rule gives them).
     ValueError where the adapter has no matrix units for `operand` or the tiles do not fit."""
     p = plan_mma(spec.M, spec.N, spec.K, caps, operand, block=block, bk=kt, threads=threads,
                  prefetch=prefetch is None or prefetch > 0, double=None if prefetch is None else prefetch == 2)
     before: tuple[Kernel, ...] = ()
     if spec.tap_major is not None and taps_fit(spec.tap_major.spec, p):
         spec, before = spec.tap_major.spec, tuple(spec.tap_major.before)
-    p = replace(p, matrix_copy=matrix_copy)
-    p = replace(p, matrix_copy=any(matrix_copies(spec, p)))   # the tag says what the kernel does
     view = _SplitView(p.bm, p.bn, MMA_WORKGROUP_WEIGHT, 1, p.bk)
     splits, ksplit = choose_splits(spec, view, caps, want_splits) if allow_split else (1, 0)  # type: ignore[arg-type]
     if splits == 1:
@@ -480,5 +398,4 @@ def uses_matrix_units(kernel: Kernel) -> bool:
     return "[mma " in kernel.name
 
 
-__all__ = ["DIALECT", "FEATURES", "SubgroupMatrixWgsl", "matrix_copies", "mma_kernels", "mma_wgsl",
-           "uses_matrix_units"]
+__all__ = ["DIALECT", "FEATURES", "SubgroupMatrixWgsl", "mma_kernels", "mma_wgsl", "uses_matrix_units"]

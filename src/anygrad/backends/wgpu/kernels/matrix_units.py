@@ -117,9 +117,6 @@ class MmaPlan:
     # two workgroup tiles: the next K tile is stored into one while the other is multiplied, so a
     # K tile needs one barrier instead of two (twice the staged bytes)
     double: bool = False
-    # whole tiles of plain operands copied into workgroup memory as matrices (kernels_mma.
-    # matrix_copies) instead of element by element
-    matrix_copy: bool = False
 
     @property
     def subgroups(self) -> int:
@@ -186,7 +183,6 @@ class MmaPlan:
         """The kernel-name tag: tile, K tile, subgroups and config."""
         c = self.config
         return (f"mma {self.bm}x{self.bn}k{self.bk}{'p' if self.prefetch else ''}{'d' if self.double else ''}"
-                f"{'m' if self.matrix_copy else ''}"
                 f" sg{self.subgroups} {c.m}x{c.n}x{c.k}"
                 + ("" if c.operand == "f16" else f" {c.operand}"))
 

@@ -62,7 +62,7 @@ MAX_SPLITS = 4096  # gemm_splitk.choose_splits' own cap
 SPLIT_FACTORS = (0.5, 0.75, 4 / 3, 2.0)
 TUNABLE_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvGradInput", "ConvGradWeight"})
 PIN_ATTRS = ("_gemm_variant", "_gemm_block", "_gemm_kt", "_gemm_prefetch", "_gemm_unroll", "_gemm_tn", "_gemm_splits",
-             "_gemm_threads", "_gemm_half", "_gemm_layout")
+             "_gemm_threads", "_gemm_half")
 # Candidate pins: the rules' own choice first (ties keep it), then each variant the GEMM
 # generator has. A lowering that cannot take a candidate (a K tile over workgroup storage, dot
 # on a shape it does not fit) raises, and the candidate is skipped.
@@ -109,12 +109,6 @@ CANDIDATES: tuple[dict[str, Any], ...] = (
     {"_gemm_variant": "mma", "_gemm_prefetch": 1},
     {"_gemm_variant": "mma", "_gemm_prefetch": 0},
     {"_gemm_variant": "mma", "_gemm_block": 4, "_gemm_threads": 128, "_gemm_prefetch": 0},
-    # ... with whole tiles of plain operands copied as matrices (kernels_mma.matrix_copies;
-    # where no tile is whole these are the candidates above, dropped as duplicates)
-    {"_gemm_variant": "mma", "_gemm_layout": "mcopy"},
-    {"_gemm_variant": "mma", "_gemm_prefetch": 1, "_gemm_layout": "mcopy"},
-    {"_gemm_variant": "mma", "_gemm_block": 4, "_gemm_threads": 128, "_gemm_layout": "mcopy"},
-    {"_gemm_variant": "mma", "_gemm_block": 2, "_gemm_threads": 128, "_gemm_layout": "mcopy"},
 )
 MIN_FLOPS = 1 << 26     # smaller GEMMs take microseconds: launch overhead, not tiling, decides
 REPEATS, ROUNDS = 8, 2  # at most this many runs per timing, best of rounds
