@@ -41,6 +41,13 @@ PLANS = {
     "mma b2 t128 k32 pd": {"_gemm_variant": "mma", "_gemm_block": 2, "_gemm_threads": 128, "_gemm_kt": 32, "_gemm_prefetch": 2},
     "alu shared8 k16 p": {"_gemm_variant": "shared", "_gemm_block": 8, "_gemm_kt": 16, "_gemm_prefetch": 1},
 }
+# "... rowtiles": both workgroup tiles row-major, whichever axis their copies walk (the layout
+# before kernels_mma.tile_majors; A/B runs of --layout nt / tn)
+PLANS.update({f"{name} rowtiles": {**pin, "_gemm_layout": "rowtiles"} for name, pin in list(PLANS.items())
+              if pin["_gemm_variant"] == "mma"})
+# --layout: how A and B are stored (n: as multiplied, t: transposed), e.g. nt = x @ W.T (a
+# Linear's forward), tn = x.T @ dy (its weight gradient)
+LAYOUTS = ("nn", "nt", "tn")
 
 
 def parse_shape(text: str) -> tuple[int, int, int, int]:
@@ -56,34 +63,41 @@ def shape_label(shape: tuple[int, int, int, int]) -> str:
     return "x".join(map(str, shape if shape[3] > 1 else shape[:3]))
 
 
-def time_plans(shape: tuple[int, int, int, int], plans: dict, reps: int, rounds: int) -> list[dict]:
+def time_plans(shape: tuple[int, int, int, int], plans: dict, reps: int, rounds: int,
+               layout: str = "nn") -> list[dict]:
     """One entry a plan: its kernels, ms, TFLOP/s and error against float64 on 64 rows."""
     from test_matrix_units_dawn import dawn
 
     from anygrad.backends.wgpu.kernels.halfstore import stored_half
     from anygrad.backends.wgpu.kernels.kernel import LOWERINGS
-    from anygrad.ir import Graph, Node, TensorInfo, infer_node
+    from anygrad.ir import Graph, Node, TensorInfo
     wgpu, dev, caps = dawn()
     m, n, k, batch = shape
     rng = np.random.default_rng(0)
+    if layout != "nn" and batch > 1:
+        raise SystemExit(f"--layout {layout}: batched shapes are nn only")
     a = rng.standard_normal((m, k)).astype(np.float16)
     b = rng.standard_normal((batch, k, n) if batch > 1 else (k, n)).astype(np.float16)
+    perms = {"_permA": [1, 0]} if layout[0] == "t" else {}
+    perms |= {"_permB": [1, 0]} if layout[1] == "t" else {}
+    stored_a = np.ascontiguousarray(a.T) if layout[0] == "t" else a
+    stored_b = np.ascontiguousarray(b.T) if layout[1] == "t" else b
     y_shape = (batch, m, n) if batch > 1 else (m, n)
     usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
-    bufs = {"a": dev.create_buffer_with_data(data=a, usage=usage), "b": dev.create_buffer_with_data(data=b, usage=usage),
+    bufs = {"a": dev.create_buffer_with_data(data=stored_a, usage=usage),
+            "b": dev.create_buffer_with_data(data=stored_b, usage=usage),
             "y": dev.create_buffer(size=int(np.prod(y_shape)) * 2, usage=usage)}
     rows = min(m, 64)
     ref = a[:rows].astype(np.float64) @ b.reshape(-1, k, n)[0].astype(np.float64)
     flops = 2 * m * n * k * batch
-    label = shape_label(shape)
+    label = shape_label(shape) + ("" if layout == "nn" else f" {layout}")
     out = []
     for name, pin in plans.items():
         g = Graph()
-        g.info["a"] = TensorInfo(np.dtype(np.float16), a.shape)
-        g.info["b"] = TensorInfo(np.dtype(np.float16), b.shape)
-        node = Node("MatMul", ["a", "b"], ["y"], dict(pin), name="gemm")
+        g.info["a"] = TensorInfo(np.dtype(np.float16), stored_a.shape)
+        g.info["b"] = TensorInfo(np.dtype(np.float16), stored_b.shape)
+        node = Node("MatMul", ["a", "b"], ["y"], dict(pin) | perms, name="gemm")
         g.nodes = [node]
-        infer_node(g, node)
         g.info["y"] = TensorInfo(np.dtype(np.float16), y_shape)
         entry = {"shape": label, "plan": name}
         try:
@@ -158,6 +172,7 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=4096, help="N of an N^3 GEMM, where --shapes is not given")
     ap.add_argument("--shapes", nargs="*", default=None, help="MxNxK or MxNxKxB (see above)")
     ap.add_argument("--plans", default="", help="comma list of plan names (default: all)")
+    ap.add_argument("--layout", default="nn", choices=LAYOUTS, help="A and B as multiplied (n) or stored transposed (t)")
     ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", type=Path)
@@ -170,10 +185,10 @@ def main() -> None:
         raise SystemExit(f"--plans: unknown {unknown}; known: {list(PLANS)}")
     plans = {p: PLANS[p] for p in wanted} if wanted else PLANS
     _, _, caps = dawn()
-    results = {"size": args.size, "shapes": [shape_label(s) for s in shapes],
+    results = {"size": args.size, "shapes": [shape_label(s) for s in shapes], "layout": args.layout,
                "adapter_configs": [c.label for c in caps.adapter_facts.configs], "kernels": []}
     for shape in shapes:
-        results["kernels"] += time_plans(shape, plans, args.reps, args.rounds)
+        results["kernels"] += time_plans(shape, plans, args.reps, args.rounds, args.layout)
     try:
         import torch
         if torch.cuda.is_available():

@@ -53,7 +53,8 @@ PRIVATE_ATTRS: dict[str, PrivateAttr] = {a.name: a for a in (
     _a("_gemm_tn", _INT, "outputs per invocation along N of the shared variant, when not _gemm_block"),
     _a("_gemm_splits", _INT, "K splits (1: none), each at least 128 of K"),
     _a("_gemm_half", _INT, "0 | 1: f16 products summed in f16 within a K tile (kernels_gemm.half_math)"),
-    _a("_gemm_layout", str, "comma list for A/B runs: noswizzle, nohoist, plain (both)"),
+    _a("_gemm_layout", str, "comma list for A/B runs: noswizzle, nohoist, plain (both), bytap; rowtiles: "
+                             "matrix-unit tiles row-major whatever their copies walk"),
     # operand and result layouts (gemm_layout.py)
     _a("_permA", _SEQ, "MatMul operand A read through this axis permutation (fold_transposes)"),
     _a("_permB", _SEQ, "MatMul operand B read through this axis permutation (fold_transposes)"),

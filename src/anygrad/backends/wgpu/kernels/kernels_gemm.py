@@ -59,7 +59,8 @@ def gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None = None,
         from .kernels_mma import mma_kernels  # it builds on this module's loaders and stores
         # the rules (prefetch None): register prefetch, and double tiles on the widest plans
         kernels = mma_kernels(spec, caps, operands, allow_split, block, kt, threads, splits,
-                              None if prefetch is None else int(prefetch))
+                              None if prefetch is None else int(prefetch),
+                              lane_tiles="rowtiles" not in (layout or "").split(","))
     else:
         before: list[Kernel] = []
         if spec.tap_major is not None and "bytap" in (layout or "").split(","):

@@ -51,11 +51,11 @@ class SubgroupMatrixWgsl:
     def zero(self) -> str:
         return "MC()"
 
-    def load_left(self, arr: str, offset: str, stride: str) -> str:
-        return f"subgroupMatrixLoad<ML>(&{arr}, {offset}, false, {stride})"
+    def load_left(self, arr: str, offset: str, stride: str, col_major: bool = False) -> str:
+        return f"subgroupMatrixLoad<ML>(&{arr}, {offset}, {str(col_major).lower()}, {stride})"
 
-    def load_right(self, arr: str, offset: str, stride: str) -> str:
-        return f"subgroupMatrixLoad<MR>(&{arr}, {offset}, false, {stride})"
+    def load_right(self, arr: str, offset: str, stride: str, col_major: bool = False) -> str:
+        return f"subgroupMatrixLoad<MR>(&{arr}, {offset}, {str(col_major).lower()}, {stride})"
 
     def multiply_add(self, a: str, b: str, c: str) -> str:
         return f"subgroupMatrixMultiplyAccumulate({a}, {b}, {c})"
@@ -83,6 +83,7 @@ class _Copy:
     offset: str = ""           # what `{o}` becomes in the stores
     fixed: tuple[str, ...] = ()   # statements run once before the K loop
     setup: tuple[str, ...] = ()   # statements run once a K tile (templates over `{k}`) before its loads
+    walks: str = ""               # the axis (m, n or k) neighbouring invocations walk (tile_majors)
 
     def store(self, value: str) -> list[str]:
         return [s.format(v=value, o=self.offset) for s in self.stores]
@@ -109,20 +110,23 @@ def _copies(count: int, threads: int, body: list[str]) -> list[str]:
 
 
 def _stage_a(spec: GemmSpec, p: MmaPlan, vec: bool, cast: str) -> _Copy:
-    """Copy A's BM x BK tile at (row m0, k) into Ta (row-major, stride SA)."""
-    bm, bk, sa = p.bm, p.bk, p.stride_a
+    """Copy A's BM x BK tile at (row m0, k) into Ta (laid out as p.a_at says)."""
+    bm, bk = p.bm, p.bk
     if vec and spec.a.contig == 1:     # four consecutive k a load
         return _Copy(bm * bk // 4, f"let kq = (l % {u(bk // 4)}) * 4u; let mm = l / {u(bk // 4)};",
                      "a_v(bt, m0 + mm, {k} + kq)",
-                     tuple(f"Ta[{{o}}mm * {u(sa)} + kq + {u(q)}] = {cast}({{v}}[{q}]);" for q in range(4)), True)
+                     tuple(f"Ta[{{o}}{p.a_at('mm', f'kq + {u(q)}')}] = {cast}({{v}}[{q}]);" for q in range(4)), True,
+                     walks="k")
     if vec and spec.a.contig == 0:     # four consecutive rows a load (A stored transposed)
         return _Copy(bm * bk // 4, f"let mq = (l % {u(bm // 4)}) * 4u; let kk = l / {u(bm // 4)};",
                      "a_v(bt, m0 + mq, {k} + kk)",
-                     tuple(f"Ta[{{o}}(mq + {u(q)}) * {u(sa)} + kk] = {cast}({{v}}[{q}]);" for q in range(4)), True)
+                     tuple(f"Ta[{{o}}{p.a_at(f'mq + {u(q)}', 'kk')}] = {cast}({{v}}[{q}]);" for q in range(4)), True,
+                     walks="m")
     fast = spec.a.fast if spec.a.fast is not None else spec.a.contig
     index = (f"let kk = l % {u(bk)}; let mm = l / {u(bk)};" if fast == 1
              else f"let mm = l % {u(bm)}; let kk = l / {u(bm)};")
-    return _Copy(bm * bk, index, "a_el(bt, m0 + mm, {k} + kk)", (f"Ta[{{o}}mm * {u(sa)} + kk] = {cast}({{v}});",), False)
+    return _Copy(bm * bk, index, "a_el(bt, m0 + mm, {k} + kk)", (f"Ta[{{o}}{p.a_at('mm', 'kk')}] = {cast}({{v}});",),
+                 False, walks="k" if fast == 1 else "m")
 
 
 NONE = "0xffffffffu"   # b_at's address of a tap outside the input
@@ -145,16 +149,17 @@ def _stage_b_taps(spec: GemmSpec, p: MmaPlan, cast: str) -> _Copy:
     K tile; each tile finds its tap's base address once (b_at), then each element is base plus
     its channel's offset (b_tg)."""
     g = spec.b.taps
-    bn, bk, sb = p.bn, p.bk, p.stride_b
+    bn, bk = p.bn, p.bk
     if g.axis == 1:   # k li % BK for the whole kernel, four channels of one tap a copy
         return _Copy(bn * bk // 4, f"let kk = li % {u(bk)}; let nq = (l / {u(bk)}) * 4u;",
                      "b_tg4(bt, {k} + kk, n0 + nq)",
-                     tuple(f"Tb[{{o}}kk * {u(sb)} + nq + {u(q)}] = {cast}({{v}}[{q}]);" for q in range(4)), True)
+                     tuple(f"Tb[{{o}}{p.b_at('kk', f'nq + {u(q)}')}] = {cast}({{v}}[{q}]);" for q in range(4)), True,
+                     walks="k")
     return _Copy(bn * bk, f"let nn = l % {u(bn)}; let kk = l / {u(bn)};", "b_tg(tb_base, tb_ch + kk)",
-                 (f"Tb[{{o}}kk * {u(sb)} + nn] = {cast}({{v}});",), False,
+                 (f"Tb[{{o}}{p.b_at('kk', 'nn')}] = {cast}({{v}});",), False,
                  fixed=(f"let tb_c = n0 + li % {u(bn)};",),
                  setup=("let tb_k = {k};", f"let tb_base = b_at(bt, tb_c, tb_k / {u(g.channels)});",
-                        f"let tb_ch = tb_k % {u(g.channels)};"))
+                        f"let tb_ch = tb_k % {u(g.channels)};"), walks="n")
 
 
 def _tap_fns(spec: GemmSpec, vec4: bool) -> list[str]:
@@ -182,28 +187,40 @@ def _tap_fns(spec: GemmSpec, vec4: bool) -> list[str]:
 
 
 def _stage_b(spec: GemmSpec, p: MmaPlan, vec: bool, cast: str) -> _Copy:
-    """Copy B's BK x BN tile at (k, column n0) into Tb (row-major, stride SB)."""
+    """Copy B's BK x BN tile at (k, column n0) into Tb (laid out as p.b_at says)."""
     if taps_fit(spec, p):
         return _stage_b_taps(spec, p, cast)
-    bn, bk, sb = p.bn, p.bk, p.stride_b
+    bn, bk = p.bn, p.bk
     if vec and spec.b.contig == 1:     # four consecutive columns a load
         return _Copy(bn * bk // 4, f"let nq = (l % {u(bn // 4)}) * 4u; let kk = l / {u(bn // 4)};",
                      "b_v(bt, {k} + kk, n0 + nq)",
-                     tuple(f"Tb[{{o}}kk * {u(sb)} + nq + {u(q)}] = {cast}({{v}}[{q}]);" for q in range(4)), True)
+                     tuple(f"Tb[{{o}}{p.b_at('kk', f'nq + {u(q)}')}] = {cast}({{v}}[{q}]);" for q in range(4)), True,
+                     walks="n")
     if vec and spec.b.contig == 0:     # four consecutive k a load (B stored transposed: x @ W.T)
         return _Copy(bn * bk // 4, f"let kq = (l % {u(bk // 4)}) * 4u; let nn = l / {u(bk // 4)};",
                      "b_v(bt, {k} + kq, n0 + nn)",
-                     tuple(f"Tb[{{o}}(kq + {u(q)}) * {u(sb)} + nn] = {cast}({{v}}[{q}]);" for q in range(4)), True)
+                     tuple(f"Tb[{{o}}{p.b_at(f'kq + {u(q)}', 'nn')}] = {cast}({{v}}[{q}]);" for q in range(4)), True,
+                     walks="k")
     fast = spec.b.fast if spec.b.fast is not None else spec.b.contig
     index = (f"let kk = l % {u(bk)}; let nn = l / {u(bk)};" if fast == 0
              else f"let nn = l % {u(bn)}; let kk = l / {u(bn)};")
-    store = (f"Tb[{{o}}kk * {u(sb)} + nn] = {cast}({{v}});",)
+    walks = "k" if fast == 0 else "n"
+    store = (f"Tb[{{o}}{p.b_at('kk', 'nn')}] = {cast}({{v}});",)
     if spec.b.hoist and fast != 0 and p.threads % bn == 0:
         # each invocation on column n0 + li % BN for the whole kernel: its im2col pixel decoded
         # once, before the K loop (the ALU tiles' b_elh)
         return _Copy(bn * bk, index, f"b_elh(bt, {{k}} + kk, n0 + nn, {', '.join(spec.b.hoisted)})", store, False,
-                     fixed=(f"let c = n0 + li % {u(bn)};", spec.b.hoist))
-    return _Copy(bn * bk, index, "b_el(bt, {k} + kk, n0 + nn)", store, False)
+                     fixed=(f"let c = n0 + li % {u(bn)};", spec.b.hoist), walks=walks)
+    return _Copy(bn * bk, index, "b_el(bt, {k} + kk, n0 + nn)", store, False, walks=walks)
+
+
+def tile_majors(spec: GemmSpec, p: MmaPlan) -> MmaPlan:
+    """The plan with each workgroup tile laid out along the axis its copy's neighbouring
+    invocations walk (MmaPlan.a_kmajor, b_nmajor): their stores then go to neighbouring
+    addresses instead of a padded row apart."""
+    walk_a = _stage_a(spec, p, _vec_ok(spec.a), "f32").walks
+    walk_b = _stage_b(spec, p, _vec_ok(spec.b), "f32").walks
+    return replace(p, a_kmajor=walk_a == "m", b_nmajor=walk_b == "k")
 
 
 MAX_PREFETCH_SLOTS = 32   # element groups one invocation holds for the next K tile (registers)
@@ -313,9 +330,9 @@ def mma_wgsl(spec: GemmSpec, p: MmaPlan, caps: AdapterCaps, splits: int = 1, ksp
     oa, ob = ("oa + ", "ob + ") if p.double else ("", "")
     for kk in range(0, p.bk, cfg.k):
         step += ["{"]
-        step += [f"  let a{i} = {dialect.load_left('Ta', f'{oa}(sr + {u(i * cfg.m)}) * {u(sa)} + {u(kk)}', u(sa))};"
+        step += [f"  let a{i} = {dialect.load_left('Ta', oa + p.a_at(f'sr + {u(i * cfg.m)}', u(kk)), u(sa), p.a_kmajor)};"
                  for i in range(p.frag_rows)]
-        step += [f"  let b{j} = {dialect.load_right('Tb', f'{ob}{u(kk * sb)} + sc + {u(j * cfg.n)}', u(sb))};"
+        step += [f"  let b{j} = {dialect.load_right('Tb', ob + p.b_at(u(kk), f'sc + {u(j * cfg.n)}'), u(sb), p.b_nmajor)};"
                  for j in range(p.frag_cols)]
         step += [f"  c{i}_{j} = {dialect.multiply_add(f'a{i}', f'b{j}', f'c{i}_{j}')};" for i, j in frags]
         step += ["}"]
@@ -370,17 +387,21 @@ class _SplitView:
 
 def mma_kernels(spec: GemmSpec, caps: AdapterCaps, operand: str, allow_split: bool = True,
                 block: int | None = None, kt: int | None = None, threads: int | None = None,
-                want_splits: int | None = None, prefetch: int | None = None) -> list[Kernel]:
+                want_splits: int | None = None, prefetch: int | None = None, lane_tiles: bool = True) -> list[Kernel]:
     """The kernel list of one GEMM-shaped op on matrix units: one kernel, or a split-K kernel
     writing partial sums and the ALU reduce that finishes them (alpha, bias, epilogue).
     prefetch: 0 none, 1 the next K tile into registers, 2 that and double tiles (MmaPlan); None
-    the rules (prefetch, and double tiles where plan_mma's rule gives them).
+    the rules (prefetch, and double tiles where plan_mma's rule gives them). lane_tiles: tiles
+    laid out along their copies' walk (tile_majors) where they fit; False keeps both row-major.
     ValueError where the adapter has no matrix units for `operand` or the tiles do not fit."""
     p = plan_mma(spec.M, spec.N, spec.K, caps, operand, block=block, bk=kt, threads=threads,
                  prefetch=prefetch is None or prefetch > 0, double=None if prefetch is None else prefetch == 2)
     before: tuple[Kernel, ...] = ()
     if spec.tap_major is not None and taps_fit(spec.tap_major.spec, p):
         spec, before = spec.tap_major.spec, tuple(spec.tap_major.before)
+    if lane_tiles:   # B as (n, k) is a little larger than (k, n) (the pad): only where it fits
+        laid = tile_majors(spec, p)
+        p = laid if laid.workgroup_bytes() <= caps.max_workgroup_storage else p
     view = _SplitView(p.bm, p.bn, MMA_WORKGROUP_WEIGHT, 1, p.bk)
     splits, ksplit = choose_splits(spec, view, caps, want_splits) if allow_split else (1, 0)  # type: ignore[arg-type]
     if splits == 1:

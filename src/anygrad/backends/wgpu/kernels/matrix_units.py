@@ -117,6 +117,12 @@ class MmaPlan:
     # two workgroup tiles: the next K tile is stored into one while the other is multiplied, so a
     # K tile needs one barrier instead of two (twice the staged bytes)
     double: bool = False
+    # each workgroup tile laid out along the axis its copy's neighbouring invocations walk, so
+    # those invocations store to neighbouring addresses: A as (k, m) where they walk M (A stored
+    # transposed: a weight gradient's x.T), B as (n, k) where they walk K (x @ W.T's W, a weight
+    # gradient's im2col by tap); the matrix loads then read the tile column-major
+    a_kmajor: bool = False
+    b_nmajor: bool = False
 
     @property
     def subgroups(self) -> int:
@@ -151,12 +157,19 @@ class MmaPlan:
         return PAD_BYTES // self.elem_bytes
 
     @property
-    def stride_a(self) -> int:   # A's tile: bm rows of bk (+ pad)
-        return self.bk + self.pad
+    def stride_a(self) -> int:   # A's tile: bm rows of bk (+ pad), or bk rows of bm (a_kmajor)
+        return (self.bm if self.a_kmajor else self.bk) + self.pad
 
     @property
-    def stride_b(self) -> int:   # B's tile: bk rows of bn (+ pad)
-        return self.bn + self.pad
+    def stride_b(self) -> int:   # B's tile: bk rows of bn (+ pad), or bn rows of bk (b_nmajor)
+        return (self.bk if self.b_nmajor else self.bn) + self.pad
+
+    def a_at(self, m: str, k: str) -> str:
+        """Index of A's element (m, k) in its workgroup tile (WGSL expressions in, out)."""
+        return f"({k}) * {self.stride_a}u + {m}" if self.a_kmajor else f"({m}) * {self.stride_a}u + {k}"
+
+    def b_at(self, k: str, n: str) -> str:
+        return f"({n}) * {self.stride_b}u + {k}" if self.b_nmajor else f"({k}) * {self.stride_b}u + {n}"
 
     @property
     def stride_c(self) -> int:   # one subgroup's result fragment, f32 rows (+ 16 bytes)
@@ -164,11 +177,11 @@ class MmaPlan:
 
     @property
     def tile_a(self) -> int:     # elements of one staged A tile
-        return self.bm * self.stride_a
+        return (self.bk if self.a_kmajor else self.bm) * self.stride_a
 
     @property
     def tile_b(self) -> int:
-        return self.bk * self.stride_b
+        return (self.bn if self.b_nmajor else self.bk) * self.stride_b
 
     @property
     def buffers(self) -> int:
