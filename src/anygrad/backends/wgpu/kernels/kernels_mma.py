@@ -214,13 +214,20 @@ def _stage_b(spec: GemmSpec, p: MmaPlan, vec: bool, cast: str) -> _Copy:
     return _Copy(bn * bk, index, "b_el(bt, {k} + kk, n0 + nn)", store, False, walks=walks)
 
 
+# B's tile as (n, k) only on plans of this many subgroups. H200 f16, x @ W.T (gemm_mma --layout
+# nt, 2026-12-03): on 128 x 256 tiles of 8 subgroups 4096^3 149 against 133 TFLOP/s, GPT-2's
+# 2048x768x3072 0.18 against 0.49 ms; on 64 x 64 tiles of 4 it lost 1.7-5.4x (4096^3 38 against
+# 66). A as (k, m) won on every plan measured (x.T @ dy, 4096^3: 181 against 108).
+B_NMAJOR_SUBGROUPS = 8
+
+
 def tile_majors(spec: GemmSpec, p: MmaPlan) -> MmaPlan:
     """The plan with each workgroup tile laid out along the axis its copy's neighbouring
     invocations walk (MmaPlan.a_kmajor, b_nmajor): their stores then go to neighbouring
     addresses instead of a padded row apart."""
     walk_a = _stage_a(spec, p, _vec_ok(spec.a), "f32").walks
     walk_b = _stage_b(spec, p, _vec_ok(spec.b), "f32").walks
-    return replace(p, a_kmajor=walk_a == "m", b_nmajor=walk_b == "k")
+    return replace(p, a_kmajor=walk_a == "m", b_nmajor=walk_b == "k" and p.subgroups == B_NMAJOR_SUBGROUPS)
 
 
 MAX_PREFETCH_SLOTS = 32   # element groups one invocation holds for the next K tile (registers)
