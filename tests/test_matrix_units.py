@@ -214,6 +214,43 @@ def test_every_shader_compiles_under_tint(key):
     assert not rejected, rejected[:5]
 
 
+@pytest.mark.parametrize("case,threads,a_kmajor,b_nmajor", [
+    ("matmul", 128, False, False),
+    ("x_wT", 256, False, True),       # B stored transposed, 8 subgroups: B as (n, k)
+    ("x_wT", 128, False, False),      # ... 4 subgroups: B keeps its rows (B_NMAJOR_SUBGROUPS)
+    ("xT_dy", 128, True, False),      # A stored transposed: A as (k, m) on any plan
+    ("conv_grad_weight_by_tap", 256, True, True),   # B gathered along K by tap; DY (143 px) along M
+])
+def test_tiles_laid_out_along_their_copies_walk(case, threads, a_kmajor, b_nmajor):
+    """kernels_mma.tile_majors: each tile's stores and its matrix loads agree on its layout (a
+    (k, m) tile read column-major, a (k, n) one row-major), and the layouts follow the copies."""
+    op, shapes, attrs = CASES[case]
+    caps = replace(caps_for("16x16x16"), max_workgroup_storage=49152, max_invocations_per_workgroup=1024)
+    # shapes large enough for 8 subgroups (the plans shrink to small matrices)
+    big = {"matmul": ([(256, 128), (128, 256)], {}), "x_wT": ([(256, 128), (256, 128)], {"y_shape": (256, 256)}),
+           "xT_dy": ([(128, 256), (128, 256)], {"y_shape": (256, 256)}),
+           "conv_grad_weight_by_tap": ([(2, 128, 13, 11), (2, 32, 13, 11)], {"weight_shape": [128, 32, 3, 3]})}
+    shapes, extra = big.get(case, (shapes, {}))
+    pin = {**{k: v for k, v in attrs.items() if k != "y_shape"}, **extra, "_gemm_variant": "mma", "_gemm_threads": threads}
+    kernels, _ = node_kernels(op, shapes, pin, caps, np.float16)
+    (k,) = [k for k in kernels if uses_matrix_units(k)]
+    w = k.wgsl
+    assert f"sg{threads // 32} " in k.name, k.name
+    for tile, major in (("Ta", a_kmajor), ("Tb", b_nmajor)):
+        loads = re.findall(rf"subgroupMatrixLoad<M[LR]>\(&{tile}, [^;]*, (true|false), (\d+)u\)", w)
+        assert loads and {c for c, _ in loads} == {"true" if major else "false"}, (tile, loads[:2], k.name)
+        stride = int(loads[0][1])
+        # a (k, m) tile's rows are BM (+ pad) long, a row-major A tile's BK (+ pad)
+        bm, bn, bk = map(int, re.search(r"mma (\d+)x(\d+)k(\d+)", k.name).groups())
+        want = ((bm if tile == "Ta" else bk) if major else (bk if tile == "Ta" else bn)) + 8
+        assert stride == want, (tile, stride, want, k.name)
+        stores = re.findall(rf"{tile}\[[^\]]*\* {stride}u", w)
+        assert stores, (tile, k.name)
+    import wgpu_util
+    wgpu_util.tint_device()
+    assert wgpu_util.tint_rejects(w) == ""
+
+
 def test_tint_rejects_what_dawn_would():
     """The check above can fail: a non-uniform barrier and an f16 -> f32 let are refused."""
     import wgpu_util
