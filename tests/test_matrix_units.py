@@ -146,15 +146,16 @@ def test_plans_and_shaders_for_every_config(key, case, prefetch):
     kernels, _ = node_kernels(op, shapes, {**attrs, "_gemm_variant": "mma", "_gemm_prefetch": prefetch}, caps, dtype)
     mma = [k for k in kernels if uses_matrix_units(k)]
     assert mma, [k.name for k in kernels]
-    # by tap where each invocation copies one column of B's tile (kernels_mma.taps_fit): not on
-    # Intel's subgroups of 16, whose 4-subgroup tiles are wider than their 64 invocations (the
-    # weight gradient's columns by tap need only four channels a copy)
-    by_tap = case.endswith("_by_tap") and (size == 32 or op == "ConvGradWeight")
+    # by tap on every config (kernels_mma.taps_fit): on Intel's subgroups of 16, whose 4-subgroup
+    # tiles are wider than their 64 invocations, each invocation keeps two columns of B's tile
+    by_tap = case.endswith("_by_tap")
     along_n = op == "ConvGradWeight"   # the weight gradient's columns by tap: no weight copy
     assert ("WeightsByTap" in [k.name for k in kernels[:2]]) == (by_tap and not along_n), [k.name for k in kernels]
     for k in mma:
         w = k.wgsl
-        assert ("b_at(bt, tb_c, tb_k /" in w) == (by_tap and not along_n)
+        assert bool(re.search(r"b_at\(bt, (tb_c|n0 \+ li \+ \d+u), tb_k /", w)) == (by_tap and not along_n)
+        # several columns an invocation where the tile is wider than the workgroup
+        assert ("tb_base[1] = b_at(" in w) == (by_tap and not along_n and size == 16), k.name
         assert ("b_tg4(bt, " in w) == (by_tap and along_n)
         # a plain conv's im2col column decoded once before the K loop where each invocation keeps one
         if op == "Conv" and "b_at(" not in w:

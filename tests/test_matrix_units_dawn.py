@@ -243,6 +243,20 @@ def test_convs_by_tap(xs, ws, attrs, prefetch):
     assert any("b_tg4(" in k.wgsl for k in wgrad if uses_matrix_units(k))
 
 
+@pytest.mark.parametrize("prefetch", [0, 1])
+@pytest.mark.parametrize("xs,ws,attrs", BY_TAP)
+def test_convs_by_tap_with_more_columns_than_invocations(xs, ws, attrs, prefetch):
+    """One subgroup of 32 on 64-column tiles: each invocation keeps two columns of B's tile by
+    tap (kernels_mma._stage_b_taps), as Intel's 64-invocation workgroups do on 128 columns."""
+    pin = {"_gemm_prefetch": prefetch, "_gemm_threads": 32}
+    fwd = check_mma("Conv", [rnd(*xs, seed=15), rnd(*ws, seed=16), rnd(ws[0], seed=17)], attrs, pin)
+    explicit, out = _explicit(xs, ws, attrs)
+    grad = check_mma("ConvGradInput", [rnd(xs[0], ws[0], *out, seed=18), rnd(*ws, seed=19)],
+                     {**explicit, "input_shape": list(xs)}, pin)
+    for ks in (fwd, grad):
+        assert any("tb_base[1] = b_at(" in k.wgsl for k in ks if uses_matrix_units(k)), [k.name for k in ks]
+
+
 @pytest.mark.parametrize("prefetch", [0, 1, 2])
 @pytest.mark.parametrize("xs,ws,attrs", CONVS)
 def test_conv_weight_gradient(xs, ws, attrs, prefetch):

@@ -141,7 +141,9 @@ def taps_fit(spec: GemmSpec, p: MmaPlan) -> bool:
         return False
     if g.axis == 1:
         return g.channels % 4 == 0 and p.bn % 4 == 0 and p.threads % p.bk == 0
-    return g.channels % p.bk == 0 and p.threads % p.bn == 0
+    # fewer invocations than columns (Intel's subgroups of 16: 64 invocations, 128 columns):
+    # each invocation keeps bn / threads columns
+    return g.channels % p.bk == 0 and (p.threads % p.bn == 0 or p.bn % p.threads == 0)
 
 
 def _stage_b_taps(spec: GemmSpec, p: MmaPlan, cast: str) -> _Copy:
@@ -155,11 +157,19 @@ def _stage_b_taps(spec: GemmSpec, p: MmaPlan, cast: str) -> _Copy:
                      "b_tg4(bt, {k} + kk, n0 + nq)",
                      tuple(f"Tb[{{o}}{p.b_at('kk', f'nq + {u(q)}')}] = {cast}({{v}}[{q}]);" for q in range(4)), True,
                      walks="k")
-    return _Copy(bn * bk, f"let nn = l % {u(bn)}; let kk = l / {u(bn)};", "b_tg(tb_base, tb_ch + kk)",
-                 (f"Tb[{{o}}{p.b_at('kk', 'nn')}] = {cast}({{v}});",), False,
-                 fixed=(f"let tb_c = n0 + li % {u(bn)};",),
-                 setup=("let tb_k = {k};", f"let tb_base = b_at(bt, tb_c, tb_k / {u(g.channels)});",
-                        f"let tb_ch = tb_k % {u(g.channels)};"), walks="n")
+    index = f"let nn = l % {u(bn)}; let kk = l / {u(bn)};"
+    store = (f"Tb[{{o}}{p.b_at('kk', 'nn')}] = {cast}({{v}});",)
+    tile_k = ("let tb_k = {k};", f"let tb_ch = tb_k % {u(g.channels)};")
+    cols = bn // p.threads
+    if cols <= 1:   # one column an invocation: column n0 + li % BN
+        return _Copy(bn * bk, index, "b_tg(tb_base, tb_ch + kk)", store, False,
+                     fixed=(f"let tb_c = n0 + li % {u(bn)};",),
+                     setup=tile_k + (f"let tb_base = b_at(bt, tb_c, tb_k / {u(g.channels)});",), walks="n")
+    # columns n0 + li + j * threads, j < cols: element l's is j = (l / threads) % cols
+    return _Copy(bn * bk, index + f" let tj = (l / {u(p.threads)}) % {u(cols)};", "b_tg(tb_base[tj], tb_ch + kk)",
+                 store, False, fixed=(f"var tb_base: array<u32, {cols}>;",),
+                 setup=tile_k + tuple(f"tb_base[{j}] = b_at(bt, n0 + li + {u(j * p.threads)}, tb_k / {u(g.channels)});"
+                                      for j in range(cols)), walks="n")
 
 
 def _tap_fns(spec: GemmSpec, vec4: bool) -> list[str]:
