@@ -418,7 +418,7 @@ def mma_kernels(spec: GemmSpec, caps: AdapterCaps, operand: str, allow_split: bo
         spec, before = spec.tap_major.spec, tuple(spec.tap_major.before)
     if lane_tiles:   # B as (n, k) is a little larger than (k, n) (the pad): only where it fits
         laid = tile_majors(spec, p)
-        p = laid if laid.workgroup_bytes() <= caps.max_workgroup_storage else p
+        p = next(q for q in (laid, replace(laid, b_nmajor=False), p) if q.workgroup_bytes() <= caps.max_workgroup_storage)
     view = _SplitView(p.bm, p.bn, MMA_WORKGROUP_WEIGHT, 1, p.bk)
     splits, ksplit = choose_splits(spec, view, caps, want_splits) if allow_split else (1, 0)  # type: ignore[arg-type]
     if splits == 1:
