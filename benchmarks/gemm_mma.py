@@ -4,6 +4,7 @@ the same lowering, and cuBLAS (PyTorch) in the same process where CUDA is there.
 
     python benchmarks/gemm_mma.py --size 4096 --json out.json
     python benchmarks/gemm_mma.py --shapes 256x3136x64x64 1024x196x256x64 --plans "mma rules,alu shared8 k16 p"
+    python benchmarks/gemm_mma.py --layout nt --shapes 2048x768x3072 --plans "mma rules,mma rules rowtiles"
 
 A shape is MxNxK, or MxNxKxB: a (M, K) matrix times B stacked (K, N) ones, as a 1x1 convolution
 multiplies its weights into each image of a batch (ResNet-50's at 64 images: 256x3136x64x64 is a
