@@ -5,6 +5,7 @@ the same lowering, and cuBLAS (PyTorch) in the same process where CUDA is there.
     python benchmarks/gemm_mma.py --size 4096 --json out.json
     python benchmarks/gemm_mma.py --shapes 256x3136x64x64 1024x196x256x64 --plans "mma rules,alu shared8 k16 p"
     python benchmarks/gemm_mma.py --layout nt --shapes 2048x768x3072 --plans "mma rules,mma rules rowtiles"
+    python benchmarks/gemm_mma.py --layout tn --shapes 768x3072x2048 --plans "mma rules" --splits 1,2,4
 
 A shape is MxNxK, or MxNxKxB: a (M, K) matrix times B stacked (K, N) ones, as a 1x1 convolution
 multiplies its weights into each image of a batch (ResNet-50's at 64 images: 256x3136x64x64 is a
@@ -12,7 +13,8 @@ bottleneck's expansion at 56 px). Needs wgpudawn and an adapter listing
 chromium-experimental-subgroup-matrix (the H200 through Vulkan). Each kernel runs --reps times in
 one pass, timed by the wall clock around a wait for the GPU, after two warm-up runs, best of
 --rounds passes (a pass of a few milliseconds is at the mercy of the wait's polling: the same
-kernel read 1.1 and 2.5 ms at 20 reps); the result is checked against float64 on 64 rows.
+kernel read 1.1 and 2.5 ms at 20 reps), or by GPU timestamps around the pass where the device
+has them; the result is checked against float64 on 64 rows.
 """
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from anygrad.backends.wgpu.tuning.profiling import FEATURE
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
@@ -127,12 +131,7 @@ def time_plans(shape: tuple[int, int, int, int], plans: dict, reps: int, rounds:
                 dev.queue.submit([enc.finish()])
                 dev.queue.read_buffer(bufs["y"], 0, 16)
             go(2)
-            times = []
-            for _ in range(rounds):
-                t = time.perf_counter()
-                go(reps)
-                times.append((time.perf_counter() - t) / reps)
-            s = min(times)
+            s = min(stamped(dev, ds, reps) if FEATURE in dev.features else walled(go, reps) for _ in range(rounds))
             got = np.frombuffer(dev.queue.read_buffer(bufs["y"]), np.float16).reshape(-1, m, n)[0, :rows]
             entry |= {"kernels": [kern.name for kern in kernels], "ms": s * 1e3, "tflops": flops / s / 1e12,
                       "rel_err": float(np.abs(got.astype(np.float64) - ref).max() / np.abs(ref).max())}
@@ -141,6 +140,23 @@ def time_plans(shape: tuple[int, int, int, int], plans: dict, reps: int, rounds:
         print(json.dumps(entry), flush=True)
         out.append(entry)
     return out
+
+
+def stamped(dev, ds: list, reps: int) -> float:
+    """Seconds a run: GPU timestamps around one pass of `reps` runs (the wall clock around a wait
+    misread small kernels on Dawn: the same 0.15 ms kernel read 0.15 and 0.61 ms in one process)."""
+    from anygrad.backends.wgpu.tuning.profiling import TimestampProfiler
+    prof = TimestampProfiler(dev, ["run"])
+    enc = dev.create_command_encoder()
+    prof.encode_runs(enc, [ds * reps])
+    dev.queue.submit([enc.finish()])
+    return float(prof.collect_ns()[0]) / 1e9 / reps
+
+
+def walled(go, reps: int) -> float:
+    t = time.perf_counter()
+    go(reps)
+    return (time.perf_counter() - t) / reps
 
 
 def cublas(torch, shape: tuple[int, int, int, int], reps: int) -> list[dict]:
@@ -174,6 +190,8 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="*", default=None, help="MxNxK or MxNxKxB (see above)")
     ap.add_argument("--plans", default="", help="comma list of plan names (default: all)")
     ap.add_argument("--layout", default="nn", choices=LAYOUTS, help="A and B as multiplied (n) or stored transposed (t)")
+    ap.add_argument("--splits", default="", help="comma list of K split counts each plan is also timed at "
+                    "(a _gemm_splits pin; 1: none); default: the rules' count only")
     ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", type=Path)
@@ -185,6 +203,9 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"--plans: unknown {unknown}; known: {list(PLANS)}")
     plans = {p: PLANS[p] for p in wanted} if wanted else PLANS
+    if args.splits:
+        counts = [int(c) for c in args.splits.split(",")]
+        plans = {f"{name} s{c}": {**pin, "_gemm_splits": c} for name, pin in plans.items() for c in counts}
     _, _, caps = dawn()
     results = {"size": args.size, "shapes": [shape_label(s) for s in shapes], "layout": args.layout,
                "adapter_configs": [c.label for c in caps.adapter_facts.configs], "kernels": []}

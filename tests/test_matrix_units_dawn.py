@@ -51,7 +51,8 @@ def dawn() -> tuple:
         keys = ("max-compute-workgroup-storage-size", "max-storage-buffer-binding-size", "max-buffer-size",
                 "max-compute-invocations-per-workgroup")
         from wgpudawn.backends.dawn import extras
-        device = extras.request_device_sync(adapter, required_features=list(FEATURES),
+        stamps = [f for f in ("timestamp-query",) if f in adapter.features]   # benchmarks/gemm_mma.py's timing
+        device = extras.request_device_sync(adapter, required_features=list(FEATURES) + stamps,
                                             required_limits={k: lim[k] for k in keys})
         size = max(impl.subgroup_sizes(adapter)) or 32
         caps = AdapterCaps(max_storage_binding_size=int(lim["max-storage-buffer-binding-size"]),

@@ -285,8 +285,9 @@ def test_a_pinned_split_count_computes_what_numpy_computes(splits, variant):
 
 
 def test_the_winning_tiling_is_timed_at_other_k_splits_and_the_fastest_count_is_stored(tuning, monkeypatch):
-    """The rules split this K = 512 GEMM s ways; the first round's leading tiling is also timed at
-    s/2, 3s/4, 4s/3 and 2s splits in the confirming round, the count the timer finds fastest is pinned and
+    """The rules split this K = 512 GEMM s ways; the first round's leading tiling is also timed
+    unsplit and at s/2, 3s/4, 4s/3 and 2s splits in the confirming round (the other leaders
+    unsplit), the count the timer finds fastest is pinned and
     stored with it, a count within noise keeps the rules' own, and ANYGRAD_AUTOTUNE_SPLITS=0 (its
     own cache file) tunes tilings only."""
     from anygrad.backends.wgpu.kernels.gemm_splitk import split_count
@@ -297,7 +298,8 @@ def test_the_winning_tiling_is_timed_at_other_k_splits_and_the_fastest_count_is_
     s = split_count(LOWERINGS["MatMul"](node, graph, caps))
     assert s > 1
     assert autotune.split_pins({}, LOWERINGS["MatMul"](node, graph, caps)) == [
-        {"_gemm_splits": v} for v in sorted({s // 2, s * 3 // 4, s * 4 // 3, 2 * s} - {s})]
+        {"_gemm_splits": v} for v in sorted({1, s // 2, s * 3 // 4, s * 4 // 3, 2 * s} - {s})]
+    assert autotune.split_pins({}, LOWERINGS["MatMul"](node, graph, caps), leading=False) == [{"_gemm_splits": 1}]
     timed = []
 
     def timer(kernels, g):
@@ -308,6 +310,12 @@ def test_the_winning_tiling_is_timed_at_other_k_splits_and_the_fastest_count_is_
     assert split_count(LOWERINGS["MatMul"](tuned.nodes[0], tuned, caps)) == 2 * s
     again = autotune.tune(graph, caps, ("ctx",), None)  # the stored winner, split count included
     assert again.nodes[0].attrs.get("_gemm_splits") == 2 * s
+
+    rule = LOWERINGS["MatMul"](node, graph, caps)[0].name   # the rules' tiling, unsplit, wins
+    unsplit = rule.replace(f" splitK {s}]", "]")
+    won = autotune.tune(graph, caps, ("unsplit",), lambda k, g: 0.5 if [x.name for x in k] == [unsplit] else 1.0)
+    assert won.nodes[0].attrs.get("_gemm_splits") == 1 and unsplit != rule
+    assert [k.name for k in LOWERINGS["MatMul"](won.nodes[0], won, caps)] == [unsplit]
 
     within_noise = autotune.tune(graph, caps, ("other",), lambda k, g: {2 * s: 0.98}.get(split_count(k), 1.0))
     assert "_gemm_splits" not in within_noise.nodes[0].attrs
@@ -350,9 +358,11 @@ def test_every_shape_is_timed_once_before_any_confirming_round_and_its_splits_bu
     autotune.tune(graph, AdapterCaps(), ("order",), timer)
     kinds = [e[0] for e in events]
     # every candidate's build, two first rounds (each followed by its split variants' build), then
-    # two confirming rounds, which time fewer candidates
+    # two confirming rounds: the leaders and the rules' own, the leader's split counts, the
+    # other leaders unsplit
     assert kinds == ["build", "time", "build", "time", "build", "time", "time"], events
-    assert events[1][1] > events[5][1] and events[3][1] > events[6][1]
+    most = autotune.CONFIRM + 1 + len(autotune.SPLIT_FACTORS) + 1 + autotune.CONFIRM - 1
+    assert events[5][1] <= most and events[6][1] <= most
 
 
 @pytest.mark.parametrize("pin", [{"_gemm_splits": 0}, {"_gemm_splits": 5000}, {"_gemm_splits": "4"},

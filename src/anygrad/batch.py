@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DataError, ShapeError
+from .errors import DataError, ShapeError, first_line
 from .ir.graph import Graph
 
 Batch = dict[str, np.ndarray]
@@ -83,7 +83,7 @@ def to_numpy(value: Any, what: str) -> np.ndarray:
     try:
         arr = np.asarray(value)
     except (ValueError, TypeError) as e:
-        raise DataError(f"{what}: cannot read {_kind(value)} as an array ({str(e).splitlines()[0]})") from None
+        raise DataError(f"{what}: cannot read {_kind(value)} as an array ({first_line(e)})") from None
     if arr.dtype.kind not in "biuf":
         raise DataError(f"{what}: expected numbers (an array or tensor), got {_kind(value)} of dtype {arr.dtype}")
     return arr

@@ -27,3 +27,10 @@ class DataError(AnygradError):
 
 class ConfigError(AnygradError):
     """An option or config value is invalid."""
+
+
+def first_line(e: BaseException, limit: int = 200) -> str:
+    """The first line of an exception's message for a one-line report; its type's name when the
+    message is empty (a bare `raise SomeError()` must not turn the report itself into a crash)."""
+    lines = str(e).strip().splitlines()
+    return lines[0][:limit] if lines else type(e).__name__

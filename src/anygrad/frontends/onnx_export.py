@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, helper, numpy_helper
 
-from ..errors import ModelError
+from ..errors import ModelError, first_line
 from ..ir.graph import Graph, Node, TensorInfo
 from ..ir.passes import set_training_mode
 from ..ir.registry import get_op
@@ -141,7 +141,7 @@ def save_onnx(model, path: str | os.PathLike) -> Path:
             onnx.checker.check_model(proto)
         except onnx.checker.ValidationError as e:
             raise ModelError(f"cannot write {path}: the exported graph is not valid ONNX: "
-                             f"{str(e).splitlines()[0]}") from None
+                             f"{first_line(e)}") from None
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from .... import _parallel
-from ....errors import DeviceError
+from ....errors import DeviceError, first_line
 from ..device import implementation
 from ..kernels.wgsl import np_device_dtype
 
@@ -29,7 +29,7 @@ def _gpu_error(e: Exception, what: str) -> Exception:
     if isinstance(e, getattr(wgpu, "GPUOutOfMemoryError", ())) or "out of memory" in text.lower():
         return DeviceError(f"out of device memory while {what}. Use a smaller batch or a smaller model.")
     if "lost" in text.lower():
-        return DeviceError(f"the GPU device was lost while {what} ({text.splitlines()[0]}). "
+        return DeviceError(f"the GPU device was lost while {what} ({first_line(e)}). "
                            "Restart the program; if it repeats, update the driver or use device='cpu'.")
     return e
 

@@ -22,7 +22,8 @@ how many splits pay depends on the shape and the adapter (session 34, H100: GPT-
 weight gradient ran at 0.63x cuBLAS with the rule's 4 splits and 0.70x with 8, while twice the
 splits for every shape cost whole steps 1-10%). So the leading tiling of a shape's first timing
 round, where it splits, is also timed at other split counts (SPLIT_FACTORS), in the confirming round,
-and the fastest count is kept with it (`ANYGRAD_AUTOTUNE_SPLITS=0`: the rule's count).
+and the fastest count is kept with it (`ANYGRAD_AUTOTUNE_SPLITS=0`: the rule's count). The
+other confirmed leaders are timed unsplit there too (split_pins).
 
 Results are the same numbers up to float32 summation order: a different tiling or split-K changes
 the order of the K sum, so a tuned plan and an untuned one differ in the last bits, while two runs
@@ -156,14 +157,18 @@ def settings(caps: AdapterCaps) -> tuple[bool, bool]:
     return enabled(caps), tunes_splits()
 
 
-def split_pins(pin: dict[str, Any], kernels: list[Kernel]) -> list[dict[str, Any]]:
-    """`pin` at the other K split counts tried (SPLIT_FACTORS times the count its lowering has);
-    none where it does not split."""
+def split_pins(pin: dict[str, Any], kernels: list[Kernel], leading: bool = True) -> list[dict[str, Any]]:
+    """`pin` at the other K split counts tried: unsplit, and for the `leading` tiling also
+    SPLIT_FACTORS times the count its lowering has; none where it does not split.
+
+    Unsplit because the rules split to fill the GPU with workgroups, and on matrix units a
+    tile's K loop can win anyway (H200, GPT-2 small's 768x3072x2048 weight gradient on 128x256
+    tiles: at most 0.12 ms unsplit against 0.35 at the 4 splits tuning kept, which never timed 1)."""
     s = split_count(kernels)
     if s <= 1:
         return []
-    counts = sorted({min(max(1, int(s * f)), MAX_SPLITS) for f in SPLIT_FACTORS} - {s})
-    return [pin | {"_gemm_splits": v} for v in counts]
+    scaled = {min(max(1, int(s * f)), MAX_SPLITS) for f in SPLIT_FACTORS} if leading else set()
+    return [pin | {"_gemm_splits": v} for v in sorted(({1} | scaled) - {s})]
 
 
 def _known(pin: Any) -> bool:
@@ -245,8 +250,8 @@ def tune(graph: Graph, caps: AdapterCaps, context: tuple, timer: Callable[[list[
             if time.perf_counter() - t0 > budget:
                 break
             node = nodes[todo[key][0]]
-            splits = (lambda pin, kernels, node=node: _candidates(node, graph, caps, split_pins(pin, kernels))) \
-                if tunes_splits() else None
+            splits = (lambda pin, kernels, leading=True, node=node:
+                      _candidates(node, graph, caps, split_pins(pin, kernels, leading))) if tunes_splits() else None
             rounds[key] = _Rounds(cands, graph, timer, splits, deadline=t0 + budget)
             stats["timed"] += 1
         new = {key: r.confirm() for key, r in rounds.items()}
@@ -318,8 +323,8 @@ class _Rounds:
     of the device during one timing (seen on an H100: the same GEMM 4x slower for a whole
     benchmark case) then cannot make a candidate win, and the winner is stored for good.
 
-    `variants(pin, kernels)`: more candidates made from the first round's leader (its other K
-    splits), timed in the confirming round beside the others, so they cost no round of their
+    `variants(pin, kernels, leading)`: more candidates made from the first round's leader (its
+    other K splits) and from the other leaders (leading=False: unsplit), timed in the confirming round beside the others, so they cost no round of their
     own. Their pipelines start building (the timer's `prebuild`) as soon as the first round has
     picked the leader, and tune() runs every shape's first round before any confirming round, so
     they build while other shapes are timed: built when first timed, one by one, they took about
@@ -337,7 +342,9 @@ class _Rounds:
         self.times = list(self.time_all([kernels for _, kernels in candidates]))
         leaders = [i for i in sorted(range(len(candidates)), key=self.times.__getitem__)[:CONFIRM]
                    if math.isfinite(self.times[i])]
-        more = list(variants(*candidates[leaders[0]])) if variants is not None else []
+        more = [] if variants is None or not leaders else list(variants(*candidates[leaders[0]]))
+        for i in leaders[1:] if variants is not None else ():
+            more += variants(*candidates[i], leading=False)
         self.candidates += more
         self.times += [float("inf")] * len(more)
         stats["candidates"] += len(self.candidates)

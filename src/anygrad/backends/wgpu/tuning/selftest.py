@@ -33,6 +33,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ....errors import first_line
 from ....ir.builder import Builder
 from ....ir.graph import Graph, TensorInfo
 from ..kernels.halfstore import exact_conversions, plain_round, round_half, with_conversions
@@ -82,7 +83,7 @@ def f16_problem(backend) -> str | None:
     try:
         got = backend.compile(g).run(feeds)
     except Exception as e:  # noqa: BLE001  (any failure to build or run them: f16 is not usable)
-        return f"its float16 kernels fail ({str(e).strip().splitlines()[0][:200]})"
+        return f"its float16 kernels fail ({first_line(e)})"
     for name, what in zip(g.outputs, ("matmul", "convolution")):
         err = np.abs(got[name] - want[name]) / (np.abs(want[name]) + 1.0)
         if not np.all(np.isfinite(got[name])) or float(err.max()) > RTOL:
@@ -102,7 +103,7 @@ def f16_math_problem(backend) -> str | None:
         exe = backend.compile(g)
         got = exe.run(feeds)
     except Exception as e:  # noqa: BLE001  (any failure to build or run them: f16 products are not usable)
-        return f"its float16-product kernels fail ({str(e).strip().splitlines()[0][:200]})"
+        return f"its float16-product kernels fail ({first_line(e)})"
     from ..kernels.kernels_gemm import has_half_tiles
     if not any(has_half_tiles(st.kernel.name) for st in exe.plan.steps):
         return "no kernel took the f16-product tiling"
@@ -235,7 +236,7 @@ def _first_wrong(x: np.ndarray, probes: list, wrong: Callable[[np.ndarray], np.n
         try:
             got = probe()
         except Exception as e:  # noqa: BLE001  (no usable probe: the exact conversion is the safe side)
-            return f"its f16 conversion probe fails ({str(e).strip().splitlines()[0][:200]})"
+            return f"its f16 conversion probe fails ({first_line(e)})"
         bad = wrong(got)
         if len(bad):
             k = bad[0]
