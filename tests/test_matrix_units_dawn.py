@@ -172,6 +172,45 @@ def test_matmul_layouts(sa, sb, attrs, plan):
     check_mma("MatMul", [rnd(*sa, seed=1), rnd(*sb, seed=2)], attrs, PLANS[plan])
 
 
+def _numpy_view(base: np.ndarray, view: np.ndarray) -> tuple:
+    """(shape, strides, offset) in elements of a numpy view of `base`, as gemm_layout writes them."""
+    item = base.itemsize
+    offset = (view.__array_interface__["data"][0] - base.__array_interface__["data"][0]) // item
+    return tuple(view.shape), tuple(st // item for st in view.strides), int(offset)
+
+
+@pytest.mark.parametrize("plan", ["rules", "b2t64", "prefetch", "double"])
+@pytest.mark.parametrize("heads,dh", [(2, 32), (3, 24)])
+def test_matmul_reads_strided_views_and_stores_through_one(heads, dh, plan):
+    """nn.MultiheadAttention's scores on matrix units as fold_views and fold_result_layouts leave
+    them: q and k read as strided views of one (L, B, 3d) projection (k^T through `_permB`), the
+    (B, H, L, L) scores stored transposed into an (L, B, H, L) buffer (`_intoY`), scaled by
+    `_alpha`; against float64 on the same f16 values. Head dims of 24 break the vec4 loads."""
+    _, _, caps = dawn()
+    L, B = 40, 2
+    d = heads * dh
+    proj = rnd(L, B, 3 * d, seed=7).astype(F16)
+    split = proj.reshape(L, B, 3, heads, dh)
+    q, k = split[:, :, 0].transpose(1, 2, 0, 3), split[:, :, 1].transpose(1, 2, 0, 3)   # (B, H, L, D)
+    stored = np.zeros((L, B, heads, L), F16)
+    into = _numpy_view(stored, stored.transpose(1, 2, 0, 3))
+    g = Graph()
+    g.info["x"] = TensorInfo(F16, proj.shape)
+    g.info["y"] = TensorInfo(F16, stored.shape)
+    node = Node("MatMul", ["x", "x"], ["y"], {"_viewA": _numpy_view(proj, q), "_viewB": _numpy_view(proj, k),
+                                              "_permB": [0, 1, 3, 2], "_alpha": 0.125, "_intoY": into,
+                                              "_gemm_variant": "mma", **PLANS[plan]}, name="qk")
+    g.nodes = [node]
+    kernels = stored_half(LOWERINGS["MatMul"](node, resolve_attributes(g), caps), g)
+    assert any(uses_matrix_units(kern) for kern in kernels), [kern.name for kern in kernels]
+    got = run_kernels(kernels, g, {"x": proj}, ["y"])["y"].astype(np.float64)
+    scores = np.matmul(q.astype(np.float64), np.swapaxes(k.astype(np.float64), -1, -2)) * 0.125
+    want = scores.transpose(2, 0, 1, 3)
+    mag = np.matmul(np.abs(q.astype(np.float64)), np.abs(np.swapaxes(k, -1, -2).astype(np.float64))).transpose(2, 0, 1, 3)
+    bound = 2 * U16 * np.abs(want) + 2.0 ** -16 * mag + 1e-6
+    assert not (np.abs(got - want) > bound).any(), float(np.max(np.abs(got - want) - bound))
+
+
 @pytest.mark.parametrize("ta,tb", [(0, 0), (1, 0), (0, 1), (1, 1)])
 def test_gemm_transposes_bias_and_relu(ta, tb):
     m, k, n = 45, 70, 66

@@ -729,3 +729,118 @@ def test_f16_epilogues_round_each_step_as_its_kernel_would(variant, monkeypatch)
     _, off, exe_off = run_both(graph, feeds)
     assert any("Gelu" in n for n in _kernel_names(exe_off)), _kernel_names(exe_off)
     assert_close(want, off, rtol=2e-2, atol=2e-3)
+
+
+def _mha_unpack(L: int, B: int, heads: int, d: int) -> tuple[list[Node], dict]:
+    """nn.MultiheadAttention(batch_first=True) as dynamo exports it (torchvision's ViT): x
+    (B, L, d) transposed to (L, B, d), one in-projection, then unflatten, unsqueeze, a 5-D
+    transpose, squeeze and three Gathers for q, k, v, each head split as Reshape (L, B*H, D) ->
+    Transpose(1, 0, 2) -> Reshape (B, H, L, D); q and k^T scaled by a constant; the heads merged
+    back through the AV MatMul's result, Reshape (L*B, d), the out-projection and
+    Transpose(1, 0, 2)."""
+    D = d // heads
+    c = {"unflat": np.array([L, B, 3, d], np.int64), "ax0": np.array([0], np.int64),
+         "ax3": np.array([3], np.int64), "split": np.array([L, B * heads, D], np.int64),
+         "bhld": np.array([B, heads, L, D], np.int64), "flat": np.array([L * B, d], np.int64),
+         "lbd": np.array([L, B, d], np.int64), "scale": np.array(D ** -0.25, np.float32)}
+    nodes = [Node("Transpose", ["x"], ["xt"], {"perm": [1, 0, 2]}, name="batch_first"),
+             Node("MatMul", ["xt", "w_in"], ["proj"], name="in_proj"),
+             Node("Reshape", ["proj", "unflat"], ["unf"], name="unflatten"),
+             Node("Unsqueeze", ["unf", "ax0"], ["uns"], name="unsqueeze"),
+             Node("Transpose", ["uns"], ["tr5"], {"perm": [3, 1, 2, 0, 4]}, name="transpose5"),
+             Node("Squeeze", ["tr5", "ax3"], ["sq"], name="squeeze")]
+    for j, name in enumerate("qkv"):
+        c[f"i{j}"] = np.array(j, np.int64)
+        nodes += [Node("Gather", ["sq", f"i{j}"], [f"{name}g"], {"axis": 0}, name=f"select_{name}"),
+                  Node("Reshape", [f"{name}g", "split"], [f"{name}s"], name=f"view_{name}"),
+                  Node("Transpose", [f"{name}s"], [f"{name}t"], {"perm": [1, 0, 2]}, name=f"heads_{name}"),
+                  Node("Reshape", [f"{name}t", "bhld"], [f"{name}h"], name=f"bhld_{name}")]
+    nodes += [Node("Transpose", ["kh"], ["kT"], {"perm": [0, 1, 3, 2]}, name="kT"),
+              Node("Mul", ["qh", "scale"], ["q_scaled"], name="scale_q"),
+              Node("Mul", ["kT", "scale"], ["k_scaled"], name="scale_k"),
+              Node("MatMul", ["q_scaled", "k_scaled"], ["scores"], name="qk"),
+              Node("Softmax", ["scores"], ["p"], {"axis": -1}, name="softmax"),
+              Node("MatMul", ["p", "vh"], ["o"], name="pv"),
+              Node("Transpose", ["o"], ["om"], {"perm": [2, 0, 1, 3]}, name="merge"),
+              Node("Reshape", ["om", "flat"], ["of"], name="flatten"),
+              Node("MatMul", ["of", "w_out"], ["out"], name="out_proj"),
+              Node("Reshape", ["out", "lbd"], ["outl"], name="unflatten_out"),
+              Node("Transpose", ["outl"], ["y"], {"perm": [1, 0, 2]}, name="batch_first_out")]
+    return nodes, c
+
+
+@pytest.mark.parametrize("d,heads", [(8, 2), (6, 3)], ids=["aligned", "unaligned"])
+def test_multihead_attention_reads_its_heads_as_views_and_stores_their_gradients_in_place(d, heads, monkeypatch):
+    """nn.MultiheadAttention's unpacking (_mha_unpack) costs no copy kernel: each attention MatMul
+    reads q, k and v as strided views of the in-projection through the transposes, squeeze and
+    gathers, forward and backward; the scales are the MatMuls' alpha; the backward's dq, dk, dv
+    are stored through their Reshape -> Transpose -> Reshape in the layout the Gathers' gradients
+    read. Forward and every gradient match numpy, with head dims that break vec4 alignment too."""
+    L, B = 5, 2
+    feeds = {"x": rnd(B, L, d, seed=90), "w_in": rnd(d, 3 * d, seed=91), "w_out": rnd(d, d, seed=92)}
+    nodes, consts = _mha_unpack(L, B, heads, d)
+    exe = _run(_graph(feeds, nodes, "y", grad=True, consts=consts), feeds)
+    ops = [n.op for n in exe.prepared.nodes]
+    assert "Gather" not in ops and not any(n.op == "Mul" for n in exe.prepared.nodes), ops
+    views = [n for n in exe.prepared.nodes if n.op == "MatMul" and (n.attr("_viewA") or n.attr("_viewB"))]
+    assert len(views) >= 6, [n.attrs for n in views]   # q k^T, p v; the backward's reads of q, k, v
+    stored = [n for n in exe.prepared.nodes if n.op == "MatMul" and n.attr("_intoY")]
+    assert len(stored) >= 3, [n.attrs for n in exe.prepared.nodes if n.op == "MatMul"]   # dq, dk, dv
+    # left: the batch_first transposes and their gradients (the in-projection's weight gradient
+    # reads x^T through a Gemm, which takes no views; the output's is an elementwise kernel's
+    # input) and the 5-D one's gradient
+    assert ops.count("Transpose") <= 5, ops
+    monkeypatch.setenv("ANYGRAD_WGPU_SLICE_VIEWS", "0")   # the switch: copies again, same numbers
+    before = [n.op for n in _run(_graph(feeds, nodes, "y", grad=True, consts=consts), feeds).prepared.nodes]
+    assert before.count("Gather") == 3 and before.count("Transpose") >= ops.count("Transpose") + 6, before
+
+
+def test_strided_views_agree_with_numpy():
+    """gemm_layout.StridedView through random chains of reshapes, transposes, stepped slices and
+    one-index gathers, against numpy doing the same: where it gives a view, numpy's elements
+    read at its shape, strides and offset in the base; it gives one for every chain whose
+    result numpy can express as a view of the base (np.shares_memory and a reshape without a
+    copy), and None only where some axis has no single stride."""
+    from anygrad.backends.wgpu.fusion.gemm_layout import StridedView
+    rng = np.random.default_rng(11)
+    viewed = refused = 0
+    for _ in range(400):
+        shape = tuple(int(d) for d in rng.integers(1, 5, size=rng.integers(1, 5)))
+        base = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
+        arr, view = base, StridedView.of(shape)
+        for _ in range(int(rng.integers(1, 6))):
+            kind = rng.integers(0, 4)
+            if kind == 0:     # reshape to a random factorisation
+                flat, dims = arr.size, []
+                while flat > 1 and len(dims) < 4:
+                    f = int(rng.choice([f for f in range(1, flat + 1) if flat % f == 0]))
+                    dims.append(f)
+                    flat //= f
+                new = tuple(dims + ([flat] if flat > 1 else []))
+                arr, view = arr.reshape(new), view.reshape(new) if view is not None else None
+            elif kind == 1:   # transpose
+                perm = [int(p) for p in rng.permutation(arr.ndim)]
+                arr, view = arr.transpose(perm), view.transpose(perm) if view is not None else None
+            elif kind == 2 and arr.ndim:   # stepped slice of one axis
+                ax = int(rng.integers(0, arr.ndim))
+                start, step = int(rng.integers(0, arr.shape[ax])), int(rng.integers(1, 3))
+                cut = [slice(None)] * arr.ndim
+                cut[ax] = slice(start, None, step)
+                size = len(range(start, arr.shape[ax], step))
+                arr = arr[tuple(cut)]
+                view = view.sliced(ax, start, step, size) if view is not None else None
+            elif arr.ndim:    # gather of one index
+                ax = int(rng.integers(0, arr.ndim))
+                i = int(rng.integers(0, arr.shape[ax]))
+                arr = np.take(arr, i, axis=ax)
+                view = view.taken(ax, i, keep=False) if view is not None else None
+        got = view.strided() if view is not None else None
+        if got is None:
+            refused += 1
+            continue
+        s, st, off = got
+        assert s == arr.shape
+        read = np.lib.stride_tricks.as_strided(base.reshape(-1)[off:], s, tuple(8 * x for x in st))
+        np.testing.assert_array_equal(read, arr)
+        viewed += 1
+    assert viewed > 200 and refused > 10, (viewed, refused)

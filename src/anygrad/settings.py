@@ -232,7 +232,7 @@ DECLARED: tuple[Setting, ...] = (
     _s("ANYGRAD_WGPU_SCALE_FOLD", bool, True, "tuning",
        "constant scales next to MatMuls fold into the GEMM; 0: separate multiplications"),
     _s("ANYGRAD_WGPU_SLICE_VIEWS", bool, True, "tuning",
-       "a Slice read by MatMuls becomes a view in the GEMM's loads; 0: a copy kernel"),
+       "slices, transposes and gathers read by MatMuls become a view in the GEMM's loads; 0: copy kernels"),
     # debug: diagnostics and comparisons; they do not change a compiled plan
     _s("ANYGRAD_WGPU_CHECKS", bool, False, "debug",
        "keep naga's bounds checks in shaders (to tell a kernel bug from a driver bug)"),

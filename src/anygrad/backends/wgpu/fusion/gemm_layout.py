@@ -6,12 +6,16 @@ replace copy kernels by the operand and result layouts the GEMM kernels take
 
 - Transposes feeding or read from a GEMM: transA/transB, `_permA`/`_permB`/`_permY`
   (fold_transposes), after the exporters' 3-D K^T is made one Transpose (canonical_transposes);
-- a Slice read only by MatMuls: a strided view of its input, `_viewA`/`_viewB` (fold_slices);
+- reshapes, transposes, slices and one-index gathers read only by MatMuls: a strided view of
+  their input, `_viewA`/`_viewB` (fold_views);
 - a Concat of MatMul results: each stored at its place in the Concat's output, `_intoY`
   (fold_concats);
 - a constant scale next to a MatMul: its alpha, `_alpha` (fold_scales).
 """
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -55,8 +59,9 @@ def scale_fold_enabled() -> bool:
 
 
 def slice_views_enabled() -> bool:
-    """ANYGRAD_WGPU_SLICE_VIEWS=0: a Slice read by MatMuls stays a copy kernel (fold_slices), and
-    a Concat of MatMul results too (fold_concats)."""
+    """ANYGRAD_WGPU_SLICE_VIEWS=0: slices, transposes and gathers read by MatMuls stay copy
+    kernels where fold_transposes leaves them (fold_views), and a Concat of MatMul results too
+    (fold_concats)."""
     return settings.get("ANYGRAD_WGPU_SLICE_VIEWS")
 
 
@@ -131,15 +136,19 @@ def _read_through(graph: Graph, n: Node, slot: int, producers: dict) -> bool:
     return True
 
 
+_SCALED = (np.dtype(np.float32), np.dtype(np.float16))
+
+
 def _scale_of(graph: Graph, n: Node) -> tuple[str, float] | None:
-    """(x, s) when n multiplies a float32 tensor x by a one-element float constant s."""
+    """(x, s) when n multiplies a float32 or float16 tensor x by a one-element float constant s.
+    A float16 x is then scaled in the MatMul's f32 accumulator, not rounded to f16 first."""
     if n.op != "Mul" or len(n.inputs) != 2:
         return None
     for slot in (0, 1):
         x, c = n.inputs[slot], n.inputs[1 - slot]
         value = literal_value(graph, c, set(graph.state_names))
         if (value is not None and np.issubdtype(value.dtype, np.floating) and x in graph.info
-                and np.dtype(graph.info[x].dtype) == np.float32 and shape_of(graph, x) == shape_of(graph, n.outputs[0])):
+                and np.dtype(graph.info[x].dtype) in _SCALED and shape_of(graph, x) == shape_of(graph, n.outputs[0])):
             return x, float(value.reshape(()))
     return None
 
@@ -254,13 +263,14 @@ def fold_transposes(graph: Graph, protected: set[str]) -> None:
     _drop_unread(graph, protected, "Transpose")
 
 
-def _drop_unread(graph: Graph, protected: set[str], op: str) -> None:
-    """Remove the `op` nodes (and reshapes of them) nothing reads any more, a fold having
-    rewired their readers."""
+def _drop_unread(graph: Graph, protected: set[str], ops: frozenset[str] | str) -> None:
+    """Remove the nodes of `ops` (and reshapes) nothing reads any more, a fold having rewired
+    their readers."""
+    ops = frozenset({ops}) if isinstance(ops, str) else ops
     dead = True
     while dead:
         users = graph.consumers()
-        dead = {id(n) for n in graph.nodes if (n.op == op or n.op in ALIAS_LIKE)
+        dead = {id(n) for n in graph.nodes if (n.op in ops or n.op in ALIAS_LIKE)
                 and n.outputs[0] not in protected and not users.get(n.outputs[0])}
         graph.nodes = [n for n in graph.nodes if id(n) not in dead]
 
@@ -304,65 +314,218 @@ def _too_big_to_bind(graph: Graph, v: str, caps: AdapterCaps) -> bool:
 
 
 _VIEW_KEYS = ("_viewA", "_viewB")
+VIEW_OPS = ALIAS_LIKE | {"Transpose", "Slice", "Gather"}   # what a strided view of a tensor can see through
+
+Atom = tuple[int, int]   # (size, stride): an evenly spaced run of elements
 
 
-def _slice_view(graph: Graph, v: str, producers: dict) -> tuple[str, tuple, list[Node]] | None:
-    """(base, (shape, strides, offset), nodes in between) when v is a Slice of base with positive
-    steps, maybe reshaped since: v as a strided view of base's elements."""
+@dataclass
+class StridedView:
+    """A tensor as a strided view of a base tensor's elements. Each axis is a run of atoms,
+    outermost first (none for a size-1 axis), so that a reshape can merge axes that lie apart in
+    memory and a later one split them again (attention's head split: (L, B*H, D) only
+    exists as atoms, and (B, H, L, D) after the Transpose is one stride an axis again). Only the
+    final view must give each axis one stride (`strided`)."""
+
+    axes: list[list[Atom]]
+    offset: int = 0
+
+    @staticmethod
+    def of(shape: tuple[int, ...]) -> StridedView:
+        return StridedView([[(d, st)] if d != 1 else [] for d, st in zip(shape, _strides(shape))])
+
+    def reshape(self, shape: tuple[int, ...]) -> StridedView | None:
+        """The same elements in row-major order cut into `shape`; None where an atom would have to
+        be cut unevenly."""
+        atoms = [a for axis in self.axes for a in axis]
+        out = []
+        for d in shape:
+            axis, need = [], d
+            while need > 1:
+                if not atoms:
+                    return None
+                size, st = atoms[0]
+                if size <= need:
+                    if need % size:
+                        return None
+                    axis.append(atoms.pop(0))
+                    need //= size
+                else:
+                    if size % need:
+                        return None
+                    axis.append((need, st * (size // need)))
+                    atoms[0] = (size // need, st)
+                    need = 1
+            out.append(axis)
+        return StridedView(out, self.offset) if not atoms else None
+
+    def transpose(self, perm: list[int]) -> StridedView:
+        return StridedView([self.axes[p] for p in perm], self.offset)
+
+    def _one_stride(self, axis: int) -> Atom | None:
+        atoms = self.axes[axis]
+        if not atoms:
+            return (1, 0)
+        if any(atoms[i][1] != atoms[i + 1][0] * atoms[i + 1][1] for i in range(len(atoms) - 1)):
+            return None
+        return int(np.prod([a[0] for a in atoms])), atoms[-1][1]
+
+    def sliced(self, axis: int, start: int, step: int, size: int) -> StridedView | None:
+        one = self._one_stride(axis)
+        if one is None:
+            return None
+        axes = list(self.axes)
+        axes[axis] = [(size, one[1] * step)] if size != 1 else []
+        return StridedView(axes, self.offset + start * one[1])
+
+    def taken(self, axis: int, index: int, keep: bool) -> StridedView | None:
+        """Element `index` of `axis` (a Gather of one constant index), the axis dropped or kept as 1."""
+        one = self._one_stride(axis)
+        if one is None:
+            return None
+        axes = list(self.axes)
+        if keep:
+            axes[axis] = []
+        else:
+            del axes[axis]
+        return StridedView(axes, self.offset + index * one[1])
+
+    def strided(self) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
+        """(shape, strides, offset), or None where an axis has no single stride."""
+        ones = [self._one_stride(k) for k in range(len(self.axes))]
+        if any(o is None for o in ones):
+            return None
+        return tuple(o[0] for o in ones), tuple(o[1] for o in ones), self.offset
+
+
+def _view_step(graph: Graph, n: Node, view: StridedView) -> StridedView | None:
+    """`view` (of n's input) carried through layout node n; None where no strides can."""
+    out_shape = shape_of(graph, n.outputs[0])
+    if n.op in ALIAS_LIKE:
+        return view.reshape(out_shape)
+    if n.op == "Transpose":
+        return view.transpose(_perm_of(graph, n))
+    rank = len(shape_of(graph, n.inputs[0]))
+    if n.op == "Slice":
+        if not all(k in n.attrs for k in ("starts", "ends", "steps")) or len(n.attrs["starts"]) != rank:
+            return None
+        for axis, (start, step) in enumerate(zip(n.attrs["starts"], n.attrs["steps"])):
+            if int(step) <= 0:
+                return None
+            view = view.sliced(axis, int(start), int(step), out_shape[axis])
+            if view is None:
+                return None
+        return view
+    if n.op == "Gather":   # one constant index: a slice of one element
+        index = literal_value(graph, n.inputs[1], set(graph.state_names)) if len(n.inputs) == 2 else None
+        if index is None or not np.issubdtype(index.dtype, np.integer):
+            return None
+        axis = int(n.attr("axis", 0)) % rank
+        size = shape_of(graph, n.inputs[0])[axis]
+        i = int(index.reshape(()))
+        if not -size <= i < size:
+            return None
+        return view.taken(axis, i % size, keep=len(out_shape) == rank)
+    return None
+
+
+def operand_view(graph: Graph, v: str, producers: dict, readable: Callable[[Node], bool]
+                 ) -> tuple[str, tuple, list[Node]] | None:
+    """(base, (shape, strides, offset), nodes in between) when v is made from base by layout
+    nodes alone (reshapes, transposes, positive-step slices, gathers of one constant index):
+    v as a strided view of base's elements, from the farthest base whose nodes in between all
+    pass `readable`; None where there is none but v itself."""
     chain = []
-    while producers.get(v) is not None and producers[v].op in ALIAS_LIKE:
+    while producers.get(v) is not None and producers[v].op in VIEW_OPS:
         chain.append(producers[v])
         v = producers[v].inputs[0]
-    sl = producers.get(v)
-    if sl is None or sl.op != "Slice" or not all(k in sl.attrs for k in ("starts", "ends", "steps")):
-        return None
-    base = sl.inputs[0]
-    bounds = list(zip(sl.attrs["starts"], sl.attrs["ends"], sl.attrs["steps"]))
-    if len(bounds) != len(shape_of(graph, base)) or any(int(b[2]) <= 0 for b in bounds):
-        return None
-    base_st = _strides(shape_of(graph, base))
-    shape = shape_of(graph, v)
-    strides: tuple[int, ...] | None = tuple(int(b[2]) * st for b, st in zip(bounds, base_st))
-    offset = sum(int(b[0]) * st for b, st in zip(bounds, base_st))
-    for alias in reversed(chain):
-        new_shape = shape_of(graph, alias.outputs[0])
-        strides = reshaped_strides(shape, strides, new_shape)
-        if strides is None:
-            return None
-        shape = new_shape
-    return base, (tuple(shape), strides, offset), chain + [sl]
+    for far in range(len(chain), 0, -1):   # chain[far - 1] reads the base
+        between = chain[:far]
+        if not all(readable(n) for n in between):
+            continue
+        base = between[-1].inputs[0]
+        view: StridedView | None = StridedView.of(shape_of(graph, base))
+        for n in reversed(between):
+            view = _view_step(graph, n, view)
+            if view is None:
+                break
+        got = view.strided() if view is not None else None
+        if got is not None:
+            return base, got, between
+    return None
 
 
-def fold_slices(graph: Graph, protected: set[str], caps: AdapterCaps) -> None:
-    """A Slice that only MatMuls read, maybe through reshapes, becomes a strided view in their
-    operand loads: no copy kernel, nothing stored. It is attention's q, k, v cut from one qkv
-    projection (3 copies a layer, read again by the backward pass: the d-256 GPT's 12 Slice
-    kernels took 0.2 ms of a 15 ms step on an H100, and their results stay alive until the
-    backward reads them). A MatMul reads the view through attrs `_viewA` / `_viewB`: (shape,
-    strides, offset) of its operand within the base (kernels_gemm.lower_matmul). The base must
-    fit one binding (bindsplit does not split views)."""
+def fold_views(graph: Graph, protected: set[str], caps: AdapterCaps) -> None:
+    """Layout nodes (reshapes, transposes, slices, gathers of one index) that only MatMuls read
+    become a strided view in their operand loads: no copy kernel, nothing stored. It is
+    attention's q, k, v cut from one qkv projection: Slices in GPT-style models (3 copies a layer,
+    read again by the backward pass: the d-256 GPT's 12 Slice kernels took 0.2 ms of a 15 ms step
+    on an H100), and nn.MultiheadAttention's unflatten, transpose, gathers and head split as
+    dynamo exports it (torchvision's ViT: 7 Transpose and Gather kernels a layer's forward). A
+    MatMul reads the view through attrs `_viewA` / `_viewB`: (shape, strides, offset) of its
+    operand within the base (kernels_gemm.lower_matmul), still through its `_permA`/`_permB`.
+    The base must fit one binding (bindsplit does not split views)."""
     producers = graph.producers()
     users = graph.consumers()
+
+    def readable(x: Node) -> bool:  # read only by layout nodes and MatMul operands: it can go
+        return x.outputs[0] not in protected and all(
+            u.op in VIEW_OPS or (u.op == "MatMul" and k in (0, 1)) for u, k in users.get(x.outputs[0], []))
     folded = False
     for n in graph.nodes:
         if n.op != "MatMul":
             continue
         for slot in (0, 1):
-            found = _slice_view(graph, n.inputs[slot], producers)
-            if found is None or n.attr(_VIEW_KEYS[slot]) is not None:
+            if n.attr(_VIEW_KEYS[slot]) is not None:
                 continue
-            base, view, between = found
-            if any(x.outputs[0] in protected for x in between) or not all(
-                    all(u.op in ALIAS_LIKE or (u.op == "MatMul" and k in (0, 1)) for u, k in users.get(x.outputs[0], []))
-                    for x in between):
+            found = operand_view(graph, n.inputs[slot], producers, readable)
+            if found is None or _too_big_to_bind(graph, found[0], caps):
                 continue
-            if _too_big_to_bind(graph, base, caps):
-                continue
+            base, view, _ = found
             n.inputs[slot] = base
             n.attrs[_VIEW_KEYS[slot]] = view
             folded = True
     if folded:
-        _drop_unread(graph, protected, "Slice")
+        _drop_unread(graph, protected, VIEW_OPS)
+
+
+_STORED_AT_INDEX = ("_permY", "_intoY", "_residual", "_epilogue_arg", "_where")  # epilogues read at the result's index
+
+
+def fold_result_layouts(graph: Graph, protected: set[str]) -> None:
+    """A MatMul result that reaches its one reader only through reshapes and transposes is
+    stored in the layout that reader reads (`_intoY`: the result as a strided view of the final
+    value): no Transpose kernel. It is nn.MultiheadAttention's backward as dynamo exports it,
+    dq, dk and dv each MatMul -> Reshape -> Transpose(1, 0, 2) -> Reshape -> GatherGrad
+    (torchvision's ViT: 3 Transpose kernels a layer). A Transpose right after the MatMul is
+    fold_transposes' `_permY` already; here the reshapes around it are seen through too."""
+    users = graph.consumers()
+    drop: set[int] = set()
+    for n in graph.nodes:
+        if n.op != "MatMul" or any(n.attr(a) for a in _STORED_AT_INDEX):
+            continue
+        chain, v = [], n.outputs[0]
+        while (v not in protected and len(users.get(v, [])) == 1
+               and users[v][0][0].op in ALIAS_LIKE | {"Transpose"} and users[v][0][1] == 0):
+            chain.append(users[v][0][0])
+            v = chain[-1].outputs[0]
+        if not any(c.op == "Transpose" for c in chain):
+            continue
+        view: StridedView | None = StridedView.of(shape_of(graph, v))   # carried back to the result
+        for c in reversed(chain):
+            if c.op == "Transpose":
+                view = view.transpose([int(i) for i in np.argsort(_perm_of(graph, c))])
+            else:
+                view = view.reshape(shape_of(graph, c.inputs[0]))
+            if view is None:
+                break
+        got = view.strided() if view is not None else None
+        if got is None:
+            continue
+        n.attrs["_intoY"] = got
+        n.outputs[0] = v
+        drop |= {id(c) for c in chain}
+    graph.nodes = [n for n in graph.nodes if id(n) not in drop]
 
 
 def _concat_part(graph: Graph, x: str, strides: tuple[int, ...], offset: int, users: dict, producers: dict,

@@ -45,9 +45,10 @@ from .gemm_epilogues import fuse_epilogues, fuse_prologues
 from .gemm_layout import (
     canonical_transposes,
     fold_concats,
+    fold_result_layouts,
     fold_scales,
-    fold_slices,
     fold_transposes,
+    fold_views,
     scale_fold_enabled,
     slice_views_enabled,
 )
@@ -153,7 +154,7 @@ def prepare(graph: Graph, caps: AdapterCaps, supports_epilogue: set[str], fuse: 
             fold_scales(g, protected)        # a scale between a Transpose and a MatMul, once the
             fold_transposes(g, protected)    # MatMuls read through the others, then that Transpose
         if slice_views_enabled():
-            fold_slices(g, protected, caps)
+            fold_views(g, protected, caps)
         group_updates(g, caps)
         arena_finite_check(g)  # after group_updates: the gradient arenas it reduces
         arena_weight_casts(g)
@@ -166,6 +167,7 @@ def prepare(graph: Graph, caps: AdapterCaps, supports_epilogue: set[str], fuse: 
         split_batchnorm(g)
         fuse_elementwise(g, caps, protected)
         if slice_views_enabled():
+            fold_result_layouts(g, protected)  # after the epilogues, which it must not meet
             fold_concats(g, protected, caps)   # last: it gives a value several writers
     check_graph(g.nodes)  # every private attribute the rewrites (and pins) set is declared
     return g

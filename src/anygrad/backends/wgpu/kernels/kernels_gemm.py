@@ -191,7 +191,7 @@ class Layout:
 
     @staticmethod
     def viewed(shape: tuple[int, ...], strides: tuple[int, ...], perm=None) -> Layout:
-        """A strided view (gemm_layout.fold_slices) read through `perm`."""
+        """A strided view (gemm_layout.fold_views) read through `perm`."""
         perm = list(perm) if perm is not None else list(range(len(shape)))
         return Layout(tuple(shape[p] for p in perm), tuple(strides[p] for p in perm))
 
@@ -320,7 +320,7 @@ def _epilogue_arg(node: Node, reads: list[Binding], index: str) -> str:
 
 def _operand_layout(node: Node, graph: Graph, slot: int) -> tuple[Layout, int]:
     """(layout, element offset) of MatMul operand `slot` as the kernel reads it: the stored
-    tensor, or a strided view of it (attr `_viewA`/`_viewB`, gemm_layout.fold_slices), through its
+    tensor, or a strided view of it (attr `_viewA`/`_viewB`, gemm_layout.fold_views), through its
     perm (`_permA`/`_permB`); a vector is a row of A or a column of B."""
     view = node.attr(("_viewA", "_viewB")[slot])
     perm = node.attr(("_permA", "_permB")[slot])
