@@ -92,6 +92,23 @@ def test_dawn_without_the_extra_names_the_pip_command(monkeypatch):
     assert select_adapter("wgpu")[0].index == 1  # wgpu-native needs no extra
 
 
+def test_dawn_toggles_add_to_anygrads_and_an_unknown_one_is_a_config_error(monkeypatch):
+    """Robustness is off unless ANYGRAD_WGPU_CHECKS=1 (as naga's checks on wgpu-native);
+    ANYGRAD_DAWN_TOGGLES adds toggles after anygrad's own (no repeats); a name Dawn does not
+    know stops the load with the setting named, instead of every toggle being dropped."""
+    pytest.importorskip("wgpudawn")
+    assert implementation.dawn_toggles() == implementation.DAWN_TOGGLES + ("disable_robustness",)
+    monkeypatch.setenv("ANYGRAD_WGPU_CHECKS", "1")
+    assert implementation.dawn_toggles() == implementation.DAWN_TOGGLES
+    monkeypatch.setenv("ANYGRAD_DAWN_TOGGLES", " disable_workgroup_init,allow_unsafe_apis ,disable_workgroup_init")
+    assert implementation.dawn_toggles() == implementation.DAWN_TOGGLES + ("disable_workgroup_init",)
+    monkeypatch.delenv("ANYGRAD_WGPU_CHECKS")
+    monkeypatch.delitem(implementation._LOADED, "dawn", raising=False)
+    monkeypatch.setenv("ANYGRAD_DAWN_TOGGLES", "disable_robustnes")
+    with pytest.raises(ConfigError, match="ANYGRAD_DAWN_TOGGLES: Dawn has no toggle disable_robustnes"):
+        implementation.load("dawn")
+
+
 def test_loading_dawn_without_wgpudawn_is_the_same_error(monkeypatch):
     monkeypatch.delitem(implementation._LOADED, "dawn", raising=False)
     monkeypatch.setitem(sys.modules, "wgpudawn", None)  # import wgpudawn -> ImportError

@@ -207,6 +207,9 @@ DECLARED: tuple[Setting, ...] = (
        "recompute cheap elementwise results in the backward instead of storing them; 0: store them"),
     _s("ANYGRAD_AUTOTUNE_SPLITS", bool, True, "tuning",
        "the autotuner also times a shape's leading tiling at other K splits; 0: the rule's split count"),
+    _s("ANYGRAD_DAWN_TOGGLES", str, None, "tuning",
+       "more Dawn toggles to enable, comma-separated (e.g. disable_robustness,disable_workgroup_init: "
+       "what Tint's index clamping and workgroup zeroing cost); unset: only those anygrad needs"),
     _s("ANYGRAD_WGPU_SHARED_BUFFER", str, None, "tuning",
        "largest buffer holding many temporaries, a size such as 128MiB; unset or 'binding': the "
        "adapter's binding limit"),
@@ -235,7 +238,8 @@ DECLARED: tuple[Setting, ...] = (
        "slices, transposes and gathers read by MatMuls become a view in the GEMM's loads; 0: copy kernels"),
     # debug: diagnostics and comparisons; they do not change a compiled plan
     _s("ANYGRAD_WGPU_CHECKS", bool, False, "debug",
-       "keep naga's bounds checks in shaders (to tell a kernel bug from a driver bug)"),
+       "keep naga's bounds checks (wgpu-native) and Tint's robustness (Dawn) in shaders (to tell a "
+       "kernel bug from a driver bug)"),
     _s("ANYGRAD_WGPU_PROFILE", bool, False, "debug",
        "record GPU time per kernel on every wgpu run and print a summary at exit"),
     _s("ANYGRAD_WGPU_POLL", str, "free", "debug",

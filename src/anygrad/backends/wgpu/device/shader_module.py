@@ -10,7 +10,9 @@ protected by the driver's robust buffer access, which wgpu enables where the ada
 
 wgpu-py does not wrap this entry point, so the module is built here through its cffi handles
 (pinned: wgpu>=0.32,<0.33 in pyproject). Anything missing falls back to the checked module.
-`ANYGRAD_WGPU_CHECKS=1` keeps naga's checks (to tell a kernel bug from a driver bug).
+`ANYGRAD_WGPU_CHECKS=1` keeps naga's checks (to tell a kernel bug from a driver bug). Dawn gets
+the same policy through its `disable_robustness` toggle (implementation.dawn_toggles), which the
+same setting turns off.
 """
 from __future__ import annotations
 
