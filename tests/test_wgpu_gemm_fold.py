@@ -519,7 +519,8 @@ def test_exported_sdpa_scales_and_transposes_fold_into_the_matmuls(monkeypatch):
     K^T each multiplied by sqrt(scale), K^T taken as Reshape to 3-D -> Transpose -> Reshape back,
     the key behind an Identity (an empty KV-cache concat), the output's head merge behind a
     same-shape Reshape. The scales become the MatMuls' alpha and every Transpose folds into
-    their loads and stores, forward and backward; everything matches numpy."""
+    their loads and stores, forward and backward (with the scale fold off, into the
+    multiplications' loads); everything matches numpy."""
     b, h, t, d = 2, 2, 5, 4
     feeds = {"q": rnd(b, t, h, d, seed=90), "k": rnd(b, t, h, d, seed=91), "v": rnd(b, t, h, d, seed=92)}
     consts = {"s": np.array(0.7, np.float32), "flat": np.array([b * h, t, d], np.int64),
@@ -547,7 +548,9 @@ def test_exported_sdpa_scales_and_transposes_fold_into_the_matmuls(monkeypatch):
     assert alphas and all(a in (0.7, 0.49) for a in alphas) and 0.49 in alphas, alphas
     monkeypatch.setenv("ANYGRAD_WGPU_SCALE_FOLD", "0")
     exe = _run(_graph(feeds, nodes, "out", grad=False, consts=consts), feeds)
-    assert "Transpose" in [n.op for n in exe.prepared.nodes] and not any(n.attr("_alpha") for n in exe.prepared.nodes)
+    # the scales stay multiplications; the transposes feeding them are read through views there
+    assert not any(n.attr("_alpha") for n in exe.prepared.nodes)
+    assert any(n.op == "wgpu.Fused" and n.attr("_views") for n in exe.prepared.nodes)
 
 
 def test_scale_of_a_matmul_result_is_its_alpha_unless_read_elsewhere():
@@ -796,12 +799,12 @@ def test_multihead_attention_reads_its_heads_as_views_and_stores_their_gradients
 
 
 def test_strided_views_agree_with_numpy():
-    """gemm_layout.StridedView through random chains of reshapes, transposes, stepped slices and
+    """views.StridedView through random chains of reshapes, transposes, stepped slices and
     one-index gathers, against numpy doing the same: where it gives a view, numpy's elements
     read at its shape, strides and offset in the base; it gives one for every chain whose
     result numpy can express as a view of the base (np.shares_memory and a reshape without a
     copy), and None only where some axis has no single stride."""
-    from anygrad.backends.wgpu.fusion.gemm_layout import StridedView
+    from anygrad.backends.wgpu.fusion.views import StridedView
     rng = np.random.default_rng(11)
     viewed = refused = 0
     for _ in range(400):
@@ -844,3 +847,31 @@ def test_strided_views_agree_with_numpy():
         np.testing.assert_array_equal(read, arr)
         viewed += 1
     assert viewed > 200 and refused > 10, (viewed, refused)
+
+
+@pytest.mark.parametrize("d", [8, 6], ids=["vec4", "scalar"])
+def test_elementwise_kernels_read_and_store_through_transposes(d):
+    """The batch-first transposes nn.MultiheadAttention puts around elementwise work (ViT's
+    LayerNorm output into a cast, the out-projection's result into the residual Add, and their
+    gradients out of elementwise kernels) are read and stored by the fused kernels through
+    strided views: no Transpose kernel in the forward or backward, four elements at a time where
+    the last axis stays contiguous (d = 8), one at a time where a view starts unaligned (d = 6,
+    a slice). Forward and gradients match numpy."""
+    L, B = 5, 3
+    feeds = {"x": rnd(B, L, d, seed=95), "r": rnd(L, B, d, seed=96), "w": rnd(d, d, seed=97)}
+    consts = {"half": np.array(0.5, np.float32), "s0": np.array([1], np.int64), "e0": np.array([L], np.int64),
+              "ax": np.array([1], np.int64)}
+    nodes = [Node("Transpose", ["x"], ["xt"], {"perm": [1, 0, 2]}, name="batch_first"),
+             Node("Mul", ["xt", "half"], ["h"], name="scale"),
+             Node("Tanh", ["h"], ["a"], name="act"),
+             Node("Add", ["a", "r"], ["s"], name="residual"),
+             Node("MatMul", ["s", "w"], ["m"], name="proj"),
+             Node("Relu", ["m"], ["q"], name="relu"),
+             Node("Transpose", ["q"], ["qt"], {"perm": [1, 0, 2]}, name="back"),
+             Node("Slice", ["qt", "s0", "e0", "ax"], ["qs"], name="drop_first"),
+             Node("Sigmoid", ["qs"], ["y"], name="out")]
+    exe = _run(_graph(feeds, nodes, "y", grad=True, consts=consts), feeds)
+    names = _kernel_names(exe)
+    assert not any(n.startswith("Transpose") for n in names), names
+    viewed = [n for n in exe.prepared.nodes if n.attr("_views") or n.attr("_stores")]
+    assert viewed, [n.op for n in exe.prepared.nodes]

@@ -235,7 +235,8 @@ DECLARED: tuple[Setting, ...] = (
     _s("ANYGRAD_WGPU_SCALE_FOLD", bool, True, "tuning",
        "constant scales next to MatMuls fold into the GEMM; 0: separate multiplications"),
     _s("ANYGRAD_WGPU_SLICE_VIEWS", bool, True, "tuning",
-       "slices, transposes and gathers read by MatMuls become a view in the GEMM's loads; 0: copy kernels"),
+       "slices, transposes and gathers next to MatMuls and fused elementwise kernels become views in "
+       "their loads and stores; 0: copy kernels"),
     # debug: diagnostics and comparisons; they do not change a compiled plan
     _s("ANYGRAD_WGPU_CHECKS", bool, False, "debug",
        "keep naga's bounds checks (wgpu-native) and Tint's robustness (Dawn) in shaders (to tell a "

@@ -59,9 +59,12 @@ PRIVATE_ATTRS: dict[str, PrivateAttr] = {a.name: a for a in (
     _a("_permA", _SEQ, "MatMul operand A read through this axis permutation (fold_transposes)"),
     _a("_permB", _SEQ, "MatMul operand B read through this axis permutation (fold_transposes)"),
     _a("_permY", _SEQ, "the result stored through this axis permutation (fold_transposes)"),
-    _a("_viewA", tuple, "operand A as a strided view (shape, strides, offset) of a Slice's input"),
-    _a("_viewB", tuple, "operand B as a strided view (shape, strides, offset) of a Slice's input"),
-    _a("_intoY", tuple, "the result stored at (shape, strides, offset) within a Concat's output"),
+    _a("_viewA", tuple, "operand A as a strided view (shape, strides, offset) of the bound value (fold_views)"),
+    _a("_viewB", tuple, "operand B as a strided view (shape, strides, offset) of the bound value (fold_views)"),
+    _a("_intoY", tuple, "the result stored at (shape, strides, offset) within the bound output (a Concat's, "
+                        "fold_result_layouts)"),
+    _a("_views", dict, "fused elementwise inputs read through strided views: position -> (name, view)"),
+    _a("_stores", dict, "fused elementwise results stored through strided views: position -> (name, view)"),
     _a("_alpha", _NUMBER, "constant scale the GEMM multiplies its products by (fold_scales)"),
     # epilogues and prologues (backends/wgpu/fusion/gemm_epilogues.py)
     _a("_epilogue", str, "activation (or activation gradient) applied in the GEMM's or conv's store"),

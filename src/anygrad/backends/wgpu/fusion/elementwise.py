@@ -8,9 +8,10 @@ import numpy as np
 
 from ....ir.graph import Graph, Node
 from ..kernels.kernel import AdapterCaps
-from ..kernels.kernels_elementwise import bound_count, is_elementwise, make_fused
+from ..kernels.kernels_elementwise import EW, FUSED, bound_count, is_elementwise, make_fused
 from ..kernels.kernels_optim import FUSED_UPDATE
 from ..kernels.wgsl import shape_of, size_of
+from .views import ALIAS_LIKE, VIEW_OPS, drop_unread, layout_chain, operand_view, result_view, too_big_to_bind
 
 MAX_GROUP = 48          # members per kernel: keeps shaders small and compile times short
 MERGE_FREES_BELOW = 1 << 20  # bytes: a group that frees more runs in its own place (_merge_siblings)
@@ -134,3 +135,59 @@ def _merge_siblings(graph: Graph, groups: list[list[Node]], users, order, stored
             target.extend(g)
             target.sort(key=lambda m: order[id(m)])
     return merged
+
+
+def fold_elementwise_views(graph: Graph, protected: set[str], caps: AdapterCaps) -> None:
+    """Fused elementwise kernels read inputs and store results through strided views (attrs
+    `_views` / `_stores`: position -> (the members' name, (shape, strides, offset))) where a
+    Transpose (with reshapes, slices, one-index gathers) stands between them and the value read
+    or the one reader: no copy kernel. It is the batch-first transposes of nn.MultiheadAttention
+    as dynamo exports it (torchvision's ViT): LayerNorm's output transposed into a cast, the
+    out-projection's transposed into the residual Add, and the backward's gradients transposed
+    out of elementwise kernels. Only inputs of the kernel's full shape, and only values that fit
+    one binding (bindsplit does not split views)."""
+    producers = graph.producers()
+    users = graph.consumers()
+
+    def readable(x: Node) -> bool:  # read only by layout nodes and fused kernels: it can go
+        return x.outputs[0] not in protected and all(
+            u.op in VIEW_OPS or u.op == FUSED for u, _ in users.get(x.outputs[0], []))
+    drop: set[int] = set()
+    folded = False
+    for n in graph.nodes:
+        if n.op != FUSED:
+            continue
+        members = n.attrs["members"]
+        out_shape = shape_of(graph, members[-1].outputs[0])
+        raw = {m.inputs[k] for m in members for k in EW[m.op].raw if k < len(m.inputs)}
+        views = dict(n.attr("_views") or {})
+        for k, v in enumerate(n.inputs):
+            if k in views or v in raw or v in n.outputs or shape_of(graph, v) != out_shape:
+                continue
+            found = operand_view(graph, v, producers, readable)
+            if (found is None or not any(x.op not in ALIAS_LIKE for x in found[2])
+                    or too_big_to_bind(graph, found[0], caps)):
+                continue
+            views[k] = (v, found[1])
+            n.inputs[k] = found[0]
+        stores = dict(n.attr("_stores") or {})
+        for k, o in enumerate(n.outputs):
+            if k in stores or o in n.inputs:
+                continue
+            chain = layout_chain(graph, o, users, protected)
+            if not any(c.op == "Transpose" for c in chain) or too_big_to_bind(graph, o, caps):
+                continue
+            got = result_view(graph, chain)
+            if got is None or tuple(got[0]) != tuple(out_shape):
+                continue
+            stores[k] = (o, got)
+            n.outputs[k] = chain[-1].outputs[0]
+            drop |= {id(c) for c in chain}
+        if views:
+            n.attrs["_views"] = views
+            folded = True
+        if stores:
+            n.attrs["_stores"] = stores
+    graph.nodes = [n for n in graph.nodes if id(n) not in drop]
+    if folded:
+        drop_unread(graph, protected, VIEW_OPS)

@@ -14,27 +14,27 @@ replace copy kernels by the operand and result layouts the GEMM kernels take
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import numpy as np
 
 from .... import settings
 from ....ir.graph import Graph, Node
-from ..kernels.kernel import AdapterCaps, ops_where
+from ..kernels.kernel import AdapterCaps
 from ..kernels.kernels_elementwise import literal_value
 from ..kernels.wgsl import shape_of
 from ..kernels.wgsl import strides as _strides
+from .views import (
+    ALIAS_LIKE,
+    VIEW_OPS,
+    drop_unread,
+    layout_chain,
+    operand_view,
+    perm_of,
+    result_view,
+    too_big_to_bind,
+)
 
-ALIAS_LIKE = ops_where("alias")
 GEMM_OPS = frozenset({"MatMul", "Gemm"})
 _TRANS = {"Gemm": ("transA", "transB"), "MatMul": ("_permA", "_permB")}
-
-
-def _perm_of(graph: Graph, node: Node) -> list[int]:
-    rank = len(shape_of(graph, node.inputs[0]))
-    perm = node.attr("perm")
-    return list(perm) if perm is not None else list(range(rank))[::-1]
 
 
 def _swap(rank: int) -> list[int]:
@@ -44,7 +44,7 @@ def _swap(rank: int) -> list[int]:
 def _swaps_last_two(graph: Graph, node: Node) -> bool:
     """A Transpose exchanging the last two axes and keeping the others (x.T, K^T, W.T)."""
     rank = len(shape_of(graph, node.inputs[0]))
-    return rank >= 2 and _perm_of(graph, node) == _swap(rank)
+    return rank >= 2 and perm_of(graph, node) == _swap(rank)
 
 
 def _then(first: list[int] | None, second: list[int]) -> list[int]:
@@ -60,8 +60,9 @@ def scale_fold_enabled() -> bool:
 
 def slice_views_enabled() -> bool:
     """ANYGRAD_WGPU_SLICE_VIEWS=0: slices, transposes and gathers read by MatMuls stay copy
-    kernels where fold_transposes leaves them (fold_views), and a Concat of MatMul results too
-    (fold_concats)."""
+    kernels where fold_transposes leaves them (fold_views, fold_result_layouts), as do those
+    next to fused elementwise kernels (elementwise.fold_elementwise_views), and a Concat of MatMul
+    results too (fold_concats)."""
     return settings.get("ANYGRAD_WGPU_SLICE_VIEWS")
 
 
@@ -131,7 +132,7 @@ def _read_through(graph: Graph, n: Node, slot: int, producers: dict) -> bool:
         else:
             n.attrs[key] = None if swapped else _swap(rank)
     else:
-        n.attrs[key] = _then(_perm_of(graph, t), n.attr(key) or list(range(rank)))
+        n.attrs[key] = _then(perm_of(graph, t), n.attr(key) or list(range(rank)))
     n.inputs[slot] = t.inputs[0]
     return True
 
@@ -247,7 +248,7 @@ def fold_transposes(graph: Graph, protected: set[str]) -> None:
         if _swaps_last_two(graph, n) and (not chain or _is_matrix(graph, n.inputs[0])):
             _swapped_operands(graph, p)
         elif p.op == "MatMul" and not chain:
-            p.attrs["_permY"] = _perm_of(graph, n)
+            p.attrs["_permY"] = perm_of(graph, n)
         else:
             continue
         p.outputs[0] = n.outputs[0]
@@ -260,19 +261,7 @@ def fold_transposes(graph: Graph, protected: set[str]) -> None:
             for slot in (0, 1):
                 while _read_through(graph, n, slot, producers):  # K^T^T folds twice (dq = ds @ K)
                     pass
-    _drop_unread(graph, protected, "Transpose")
-
-
-def _drop_unread(graph: Graph, protected: set[str], ops: frozenset[str] | str) -> None:
-    """Remove the nodes of `ops` (and reshapes) nothing reads any more, a fold having rewired
-    their readers."""
-    ops = frozenset({ops}) if isinstance(ops, str) else ops
-    dead = True
-    while dead:
-        users = graph.consumers()
-        dead = {id(n) for n in graph.nodes if (n.op in ops or n.op in ALIAS_LIKE)
-                and n.outputs[0] not in protected and not users.get(n.outputs[0])}
-        graph.nodes = [n for n in graph.nodes if id(n) not in dead]
+    drop_unread(graph, protected, "Transpose")
 
 
 def reshaped_strides(shape: tuple[int, ...], strides: tuple[int, ...],
@@ -306,155 +295,7 @@ def reshaped_strides(shape: tuple[int, ...], strides: tuple[int, ...],
     return tuple(out)
 
 
-def _too_big_to_bind(graph: Graph, v: str, caps: AdapterCaps) -> bool:
-    """Larger than one binding, counting 4 bytes an element (an upper bound of planner.value_bytes,
-    which this module cannot import: the planner imports fusion): bindsplit's row blocks, which
-    take no views."""
-    return int(np.prod(shape_of(graph, v), dtype=np.int64)) * 4 > caps.max_storage_binding_size
-
-
 _VIEW_KEYS = ("_viewA", "_viewB")
-VIEW_OPS = ALIAS_LIKE | {"Transpose", "Slice", "Gather"}   # what a strided view of a tensor can see through
-
-Atom = tuple[int, int]   # (size, stride): an evenly spaced run of elements
-
-
-@dataclass
-class StridedView:
-    """A tensor as a strided view of a base tensor's elements. Each axis is a run of atoms,
-    outermost first (none for a size-1 axis), so that a reshape can merge axes that lie apart in
-    memory and a later one split them again (attention's head split: (L, B*H, D) only
-    exists as atoms, and (B, H, L, D) after the Transpose is one stride an axis again). Only the
-    final view must give each axis one stride (`strided`)."""
-
-    axes: list[list[Atom]]
-    offset: int = 0
-
-    @staticmethod
-    def of(shape: tuple[int, ...]) -> StridedView:
-        return StridedView([[(d, st)] if d != 1 else [] for d, st in zip(shape, _strides(shape))])
-
-    def reshape(self, shape: tuple[int, ...]) -> StridedView | None:
-        """The same elements in row-major order cut into `shape`; None where an atom would have to
-        be cut unevenly."""
-        atoms = [a for axis in self.axes for a in axis]
-        out = []
-        for d in shape:
-            axis, need = [], d
-            while need > 1:
-                if not atoms:
-                    return None
-                size, st = atoms[0]
-                if size <= need:
-                    if need % size:
-                        return None
-                    axis.append(atoms.pop(0))
-                    need //= size
-                else:
-                    if size % need:
-                        return None
-                    axis.append((need, st * (size // need)))
-                    atoms[0] = (size // need, st)
-                    need = 1
-            out.append(axis)
-        return StridedView(out, self.offset) if not atoms else None
-
-    def transpose(self, perm: list[int]) -> StridedView:
-        return StridedView([self.axes[p] for p in perm], self.offset)
-
-    def _one_stride(self, axis: int) -> Atom | None:
-        atoms = self.axes[axis]
-        if not atoms:
-            return (1, 0)
-        if any(atoms[i][1] != atoms[i + 1][0] * atoms[i + 1][1] for i in range(len(atoms) - 1)):
-            return None
-        return int(np.prod([a[0] for a in atoms])), atoms[-1][1]
-
-    def sliced(self, axis: int, start: int, step: int, size: int) -> StridedView | None:
-        one = self._one_stride(axis)
-        if one is None:
-            return None
-        axes = list(self.axes)
-        axes[axis] = [(size, one[1] * step)] if size != 1 else []
-        return StridedView(axes, self.offset + start * one[1])
-
-    def taken(self, axis: int, index: int, keep: bool) -> StridedView | None:
-        """Element `index` of `axis` (a Gather of one constant index), the axis dropped or kept as 1."""
-        one = self._one_stride(axis)
-        if one is None:
-            return None
-        axes = list(self.axes)
-        if keep:
-            axes[axis] = []
-        else:
-            del axes[axis]
-        return StridedView(axes, self.offset + index * one[1])
-
-    def strided(self) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
-        """(shape, strides, offset), or None where an axis has no single stride."""
-        ones = [self._one_stride(k) for k in range(len(self.axes))]
-        if any(o is None for o in ones):
-            return None
-        return tuple(o[0] for o in ones), tuple(o[1] for o in ones), self.offset
-
-
-def _view_step(graph: Graph, n: Node, view: StridedView) -> StridedView | None:
-    """`view` (of n's input) carried through layout node n; None where no strides can."""
-    out_shape = shape_of(graph, n.outputs[0])
-    if n.op in ALIAS_LIKE:
-        return view.reshape(out_shape)
-    if n.op == "Transpose":
-        return view.transpose(_perm_of(graph, n))
-    rank = len(shape_of(graph, n.inputs[0]))
-    if n.op == "Slice":
-        if not all(k in n.attrs for k in ("starts", "ends", "steps")) or len(n.attrs["starts"]) != rank:
-            return None
-        for axis, (start, step) in enumerate(zip(n.attrs["starts"], n.attrs["steps"])):
-            if int(step) <= 0:
-                return None
-            view = view.sliced(axis, int(start), int(step), out_shape[axis])
-            if view is None:
-                return None
-        return view
-    if n.op == "Gather":   # one constant index: a slice of one element
-        index = literal_value(graph, n.inputs[1], set(graph.state_names)) if len(n.inputs) == 2 else None
-        if index is None or not np.issubdtype(index.dtype, np.integer):
-            return None
-        axis = int(n.attr("axis", 0)) % rank
-        size = shape_of(graph, n.inputs[0])[axis]
-        i = int(index.reshape(()))
-        if not -size <= i < size:
-            return None
-        return view.taken(axis, i % size, keep=len(out_shape) == rank)
-    return None
-
-
-def operand_view(graph: Graph, v: str, producers: dict, readable: Callable[[Node], bool]
-                 ) -> tuple[str, tuple, list[Node]] | None:
-    """(base, (shape, strides, offset), nodes in between) when v is made from base by layout
-    nodes alone (reshapes, transposes, positive-step slices, gathers of one constant index):
-    v as a strided view of base's elements, from the farthest base whose nodes in between all
-    pass `readable`; None where there is none but v itself."""
-    chain = []
-    while producers.get(v) is not None and producers[v].op in VIEW_OPS:
-        chain.append(producers[v])
-        v = producers[v].inputs[0]
-    for far in range(len(chain), 0, -1):   # chain[far - 1] reads the base
-        between = chain[:far]
-        if not all(readable(n) for n in between):
-            continue
-        base = between[-1].inputs[0]
-        view: StridedView | None = StridedView.of(shape_of(graph, base))
-        for n in reversed(between):
-            view = _view_step(graph, n, view)
-            if view is None:
-                break
-        got = view.strided() if view is not None else None
-        if got is not None:
-            return base, got, between
-    return None
-
-
 def fold_views(graph: Graph, protected: set[str], caps: AdapterCaps) -> None:
     """Layout nodes (reshapes, transposes, slices, gathers of one index) that only MatMuls read
     become a strided view in their operand loads: no copy kernel, nothing stored. It is
@@ -479,14 +320,14 @@ def fold_views(graph: Graph, protected: set[str], caps: AdapterCaps) -> None:
             if n.attr(_VIEW_KEYS[slot]) is not None:
                 continue
             found = operand_view(graph, n.inputs[slot], producers, readable)
-            if found is None or _too_big_to_bind(graph, found[0], caps):
+            if found is None or too_big_to_bind(graph, found[0], caps):
                 continue
             base, view, _ = found
             n.inputs[slot] = base
             n.attrs[_VIEW_KEYS[slot]] = view
             folded = True
     if folded:
-        _drop_unread(graph, protected, VIEW_OPS)
+        drop_unread(graph, protected, VIEW_OPS)
 
 
 _STORED_AT_INDEX = ("_permY", "_intoY", "_residual", "_epilogue_arg", "_where")  # epilogues read at the result's index
@@ -504,24 +345,13 @@ def fold_result_layouts(graph: Graph, protected: set[str]) -> None:
     for n in graph.nodes:
         if n.op != "MatMul" or any(n.attr(a) for a in _STORED_AT_INDEX):
             continue
-        chain, v = [], n.outputs[0]
-        while (v not in protected and len(users.get(v, [])) == 1
-               and users[v][0][0].op in ALIAS_LIKE | {"Transpose"} and users[v][0][1] == 0):
-            chain.append(users[v][0][0])
-            v = chain[-1].outputs[0]
+        chain = layout_chain(graph, n.outputs[0], users, protected)
         if not any(c.op == "Transpose" for c in chain):
             continue
-        view: StridedView | None = StridedView.of(shape_of(graph, v))   # carried back to the result
-        for c in reversed(chain):
-            if c.op == "Transpose":
-                view = view.transpose([int(i) for i in np.argsort(_perm_of(graph, c))])
-            else:
-                view = view.reshape(shape_of(graph, c.inputs[0]))
-            if view is None:
-                break
-        got = view.strided() if view is not None else None
+        got = result_view(graph, chain)
         if got is None:
             continue
+        v = chain[-1].outputs[0]
         n.attrs["_intoY"] = got
         n.outputs[0] = v
         drop |= {id(c) for c in chain}
@@ -565,7 +395,7 @@ def fold_concats(graph: Graph, protected: set[str], caps: AdapterCaps) -> None:
     drop: set[int] = set()
     for n in graph.nodes:
         if (n.op != "Concat" or not n.inputs or not all(n.inputs) or n.outputs[0] in protected
-                or _too_big_to_bind(graph, n.outputs[0], caps)):
+                or too_big_to_bind(graph, n.outputs[0], caps)):
             continue
         out_shape = shape_of(graph, n.outputs[0])
         axis = int(n.attrs.get("axis", 0)) % max(1, len(out_shape))

@@ -40,7 +40,7 @@ from ..kernels.kernels_optim import FUSED_UPDATE
 from ..kernels.wgsl import shape_of
 from .arenas import arena_finite_check, arena_weight_casts, group_updates
 from .casts import fold_float_casts
-from .elementwise import fuse_elementwise
+from .elementwise import fold_elementwise_views, fuse_elementwise
 from .gemm_epilogues import fuse_epilogues, fuse_prologues
 from .gemm_layout import (
     canonical_transposes,
@@ -166,6 +166,8 @@ def prepare(graph: Graph, caps: AdapterCaps, supports_epilogue: set[str], fuse: 
         fold_float_casts(g, protected)
         split_batchnorm(g)
         fuse_elementwise(g, caps, protected)
+        if slice_views_enabled():
+            fold_elementwise_views(g, protected, caps)
         if slice_views_enabled():
             fold_result_layouts(g, protected)  # after the epilogues, which it must not meet
             fold_concats(g, protected, caps)   # last: it gives a value several writers

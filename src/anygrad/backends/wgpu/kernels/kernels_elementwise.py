@@ -15,7 +15,19 @@ import numpy as np
 
 from ....ir.graph import Graph, Node
 from .kernel import AdapterCaps, Kernel, OpLowering, lowering, register
-from .wgsl import WG, bindings, broadcast_index, flat_id, grid, literal, shader, shape_of, size_of, vtype
+from .wgsl import (
+    WG,
+    bindings,
+    broadcast_index,
+    flat_id,
+    grid,
+    literal,
+    shader,
+    shape_of,
+    size_of,
+    strided_index,
+    vtype,
+)
 
 FUSED = "wgpu.Fused"
 
@@ -390,8 +402,21 @@ LANES = 4
 _COMPONENTS = "xyzw"
 
 
+def _aligned_view(view: tuple | None, out_shape: tuple[int, ...]) -> str | None:
+    """The vec4 index of a strided view (fold_elementwise_views) read or stored four elements at
+    a time, where its last axis is contiguous and every start 4-aligned; None where it is not."""
+    if view is None:
+        return None
+    _, st, offset = view
+    if st[-1] != 1 or offset % LANES or any(x % LANES for x in st[:-1]):
+        return None
+    return strided_index(out_shape[:-1] + (out_shape[-1] // LANES,), tuple(x // LANES for x in st[:-1]) + (1,),
+                         offset // LANES)
+
+
 def _vec_loads(graph: Graph, inputs: list[str], raw: set[str], out_shape: tuple[int, ...], bound: int,
-               caps: AdapterCaps) -> dict[str, tuple[bool, str]] | None:
+               caps: AdapterCaps, views: dict | None = None, stores: dict | None = None
+               ) -> dict[str, tuple[bool, str]] | None:
     """Per bound input, (loaded as a vec4?, its index in vec4 units of the output) for a kernel
     taking LANES consecutive elements per invocation; None where that layout does not hold.
 
@@ -399,14 +424,20 @@ def _vec_loads(graph: Graph, inputs: list[str], raw: set[str], out_shape: tuple[
     elements of an input that keeps the last axis (one vec4 load), or one element of an input
     broadcast along it (one scalar load, used four times). Inputs bound whole (raw) index
     themselves per lane. A kernel over the adapter's storage-buffer limit stays scalar: bindpack.py
-    packs only scalar reads."""
+    packs only scalar reads. Inputs read and results stored through strided views (`views`,
+    `stores`: position -> (member name, view)) go four at a time where the view allows
+    (_aligned_view); one that does not keeps the whole kernel scalar. Keys of the result: input
+    positions for views, else names."""
     if (not out_shape or out_shape[-1] % LANES or 0 in out_shape
             or bound > caps.max_storage_buffers_per_stage):
         return None
+    views, stores = views or {}, stores or {}
+    if any(_aligned_view(view, out_shape) is None for _, view in list(views.values()) + list(stores.values())):
+        return None
     quad = out_shape[:-1] + (out_shape[-1] // LANES,)
-    loads: dict[str, tuple[bool, str]] = {}
-    for v in inputs:
-        if v in raw:
+    loads: dict = {k: (True, _aligned_view(view, out_shape)) for k, (_, view) in views.items()}
+    for k, v in enumerate(inputs):
+        if v in raw or k in views:
             continue
         shape = (1,) * (len(out_shape) - len(shape_of(graph, v))) + shape_of(graph, v)
         if shape[-1] == out_shape[-1]:
@@ -426,23 +457,29 @@ def lower_fused(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     n = size_of(graph, members[-1].outputs[0])
     raw = {m.inputs[k] for m in members for k in EW[m.op].raw if k < len(m.inputs)}
     outs = list(node.outputs)
+    # inputs read through a strided view of the bound value, results stored through one of the
+    # value bound for them (fold_elementwise_views): position -> (member name, view)
+    views, stores = node.attr("_views") or {}, node.attr("_stores") or {}
     bound = len(set(node.inputs) | set(outs))
-    loads = _vec_loads(graph, list(node.inputs), raw, out_shape, bound, caps)
+    loads = _vec_loads(graph, list(node.inputs), raw, out_shape, bound, caps, views, stores)
     lanes = 1 if loads is None else LANES
     c = Emit(graph=graph)
     # A value both read and written (a fused update over an arena) is bound once, read_write.
     reads, read_names, loaded = [], [], {}
-    for v in node.inputs:
+    for k, v in enumerate(node.inputs):
         ty = vtype(graph, v)
         var = f"y{outs.index(v)}" if v in outs else f"x{len(reads)}"
-        vec, index = (loads or {}).get(v, (False, broadcast_index(out_shape, shape_of(graph, v))))
+        if k in views:
+            vec, index = (loads or {}).get(k, (False, strided_index(out_shape, views[k][1][1], views[k][1][2])))
+        else:
+            vec, index = (loads or {}).get(v, (False, broadcast_index(out_shape, shape_of(graph, v))))
         if v not in outs:
             reads.append((var, f"vec4<{ty}>" if vec else ty))
             read_names.append(v)
-        # (expression, element type, a vec4 whose lane the element is)
-        loaded[v] = (var, ty, False) if v in raw else (c.let(f"{var}[{index}]", f"vec4<{ty}>" if vec else ty).expr,
-                                                       ty, vec)
-    stores: list[list[str]] = [[] for _ in outs]
+        # (expression, element type, a vec4 whose lane the element is), by the members' name
+        loaded[views[k][0] if k in views else v] = (
+            (var, ty, False) if v in raw else (c.let(f"{var}[{index}]", f"vec4<{ty}>" if vec else ty).expr, ty, vec))
+    results: list[list[str]] = [[] for _ in outs]
     for lane in range(lanes):
         c.index = "i" if lanes == 1 else f"(i * {LANES}u + {lane}u)"
         env: dict[str, Val] = {}
@@ -459,14 +496,19 @@ def lower_fused(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
                 if o:
                     env[o] = val
         for k, o in enumerate(outs):
-            stores[k].append(env[o].expr)
+            results[k].append(env[stores[k][0] if k in stores else o].expr)
     wty = [vtype(graph, o) for o in outs]
     writes = [(f"y{k}", t if lanes == 1 else f"vec4<{t}>") for k, t in enumerate(wty)]
     body = [f"  {flat_id()}", f"  if (i >= {n // lanes}u) {{ return; }}", *c.lines]
-    values = [lv[0] if lanes == 1 else f"vec4<{t}>({', '.join(lv)})" for t, lv in zip(wty, stores)]
-    body += [f"  y{k}[i] = {value};" for k, value in enumerate(values)]
+    values = [lv[0] if lanes == 1 else f"vec4<{t}>({', '.join(lv)})" for t, lv in zip(wty, results)]
+    at = {k: (_aligned_view(view, out_shape) if lanes > 1 else strided_index(out_shape, view[1], view[2]))
+          for k, (_, view) in stores.items()}
+    body += [f"  y{k}[{at.get(k, 'i')}] = {value};" for k, value in enumerate(values)]
     src = shader(bindings(reads, writes), "\n".join(body), helpers="\n".join(c.helpers.values()))
-    aligned = tuple(v for v in read_names if v not in raw and shape_of(graph, v) == out_shape)
+    # in place only where every element is read and written at one index
+    viewed = {node.inputs[k] for k in views}
+    aligned = () if stores else tuple(v for v in read_names if v not in raw and v not in viewed
+                                      and shape_of(graph, v) == out_shape)
     return [Kernel(f"ew:{node.name}"[:120], src, grid(n // lanes, WG), tuple(read_names), tuple(outs),
                    inplace=aligned)]
 

@@ -121,6 +121,28 @@ def broadcast_index(out_shape: Sequence[int], in_shape: Sequence[int], var: str 
     return " + ".join(terms) if terms else "0u"
 
 
+def strided_index(shape: Sequence[int], view_strides: Sequence[int], offset: int = 0, var: str = "i") -> str:
+    """Expression for where element `var` (row-major over `shape`) lies in a strided view of a
+    buffer (its strides per axis, an element offset): runs of axes that stay contiguous in the
+    view merge first, for fewer div/mod pairs."""
+    dims: list[list[int]] = []   # [extent, stride], outermost first
+    for d, st in zip((int(x) for x in shape), (int(x) for x in view_strides)):
+        if d == 1:
+            continue
+        if dims and dims[-1][1] == st * d:
+            dims[-1] = [dims[-1][0] * d, st]
+        else:
+            dims.append([d, st])
+    ost = strides([e for e, _ in dims])
+    terms = [f"{int(offset)}u"] if offset else []
+    for j, (e, st) in enumerate(dims):
+        coord = var if ost[j] == 1 else f"({var} / {ost[j]}u)"
+        if j > 0:
+            coord = f"({coord} % {e}u)"
+        terms.append(coord if st == 1 else f"{coord} * {st}u")
+    return " + ".join(terms) if terms else "0u"
+
+
 def grid(threads: int, wg: int = WG) -> tuple[int, int, int]:
     """Workgroups for `threads` invocations, folded into y when x would pass the 65535 limit."""
     groups = max(1, -(-int(threads) // wg))

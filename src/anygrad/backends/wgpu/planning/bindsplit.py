@@ -54,6 +54,8 @@ def _rowed(node: Node, graph: Graph) -> list[str] | None:
         return None
     ins = node.inputs
     op = node.op
+    if op == FUSED and (node.attr("_views") or node.attr("_stores")):
+        return None   # strided reads or stores: rows of the result are not rows of those values
     if op == FUSED or (op in EW and op != "Identity"):
         return auto(ins) + outs
     if op == "MatMul":
