@@ -166,10 +166,22 @@ def fold_elementwise_views(graph: Graph, protected: set[str], caps: AdapterCaps)
                 continue
             found = operand_view(graph, v, producers, readable)
             if (found is None or not any(x.op not in ALIAS_LIKE for x in found[2])
-                    or too_big_to_bind(graph, found[0], caps)):
+                    or found[0] in n.outputs or too_big_to_bind(graph, found[0], caps)):
                 continue
             views[k] = (v, found[1])
             n.inputs[k] = found[0]
+        if views:
+            n.attrs["_views"] = views
+            folded = True
+    if folded:
+        drop_unread(graph, protected, VIEW_OPS)
+    # Stores second, on the graph as the reads left it: a chain a store folds away is no
+    # longer there to be read through (a read folded first would see its base renamed).
+    users = graph.consumers()
+    for n in graph.nodes:
+        if n.op != FUSED:
+            continue
+        out_shape = shape_of(graph, n.attrs["members"][-1].outputs[0])
         stores = dict(n.attr("_stores") or {})
         for k, o in enumerate(n.outputs):
             if k in stores or o in n.inputs:
@@ -183,11 +195,6 @@ def fold_elementwise_views(graph: Graph, protected: set[str], caps: AdapterCaps)
             stores[k] = (o, got)
             n.outputs[k] = chain[-1].outputs[0]
             drop |= {id(c) for c in chain}
-        if views:
-            n.attrs["_views"] = views
-            folded = True
         if stores:
             n.attrs["_stores"] = stores
     graph.nodes = [n for n in graph.nodes if id(n) not in drop]
-    if folded:
-        drop_unread(graph, protected, VIEW_OPS)
