@@ -16,9 +16,7 @@ from ..kernels.kernel import AdapterCaps, ops_where
 from ..kernels.kernels_optim import ARENA_CAST, COPY, FUSED_UPDATE
 from ..kernels.kernels_reduce import NON_FINITE
 from ..kernels.wgsl import size_of
-from .gemm_layout import (
-    ALIAS_LIKE,
-)
+from .views import ALIAS_LIKE
 
 # -- optimizer updates over arenas -------------------------------------------------------------------
 ARENA_ALIGN = 64          # elements (256 bytes): every adapter's storage-offset alignment

@@ -12,11 +12,8 @@ from ....ir.graph import Graph, Node
 from ..kernels.gemm_spec import EPILOGUE_ACTIVATIONS, EPILOGUE_GRADS
 from ..kernels.kernels_gemm import PROLOGUE_ATTRS
 from ..kernels.wgsl import shape_of, size_of
-from .gemm_layout import (
-    ALIAS_LIKE,
-    GEMM_OPS,
-    has_bias,
-)
+from .gemm_layout import GEMM_OPS, has_bias
+from .views import ALIAS_LIKE
 
 
 def residual_enabled() -> bool:
