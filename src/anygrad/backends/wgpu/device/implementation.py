@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from .... import settings
 from ....errors import ConfigError, DeviceError
 
 NATIVE, DAWN = "native", "dawn"
@@ -112,6 +113,12 @@ def available(key: str) -> bool:
     return importlib.util.find_spec("wgpu" if key == NATIVE else "wgpudawn") is not None
 
 
+def checks_requested() -> bool:
+    """ANYGRAD_WGPU_CHECKS=1: shaders keep the implementation's runtime checks (naga's clamps on
+    wgpu-native, Tint's robustness on Dawn)."""
+    return settings.get("ANYGRAD_WGPU_CHECKS")
+
+
 def dawn_toggles() -> tuple[str, ...]:
     """DAWN_TOGGLES, `disable_robustness` unless ANYGRAD_WGPU_CHECKS=1, and those
     ANYGRAD_DAWN_TOGGLES adds (load() refuses a name Dawn does not know).
@@ -121,8 +128,6 @@ def dawn_toggles() -> tuple[str, ...]:
     2026-12-04: GEMM 4096^3 178.7 -> 191.2 TFLOP/s, rules-only f16 steps GPT-2 small +17%,
     ResNet-50 +13%, ViT-tiny +23%; zeroing workgroup memory (disable_workgroup_init) cost nothing
     measurable on top."""
-    from .... import settings
-    from .shader_module import checks_requested
     base = DAWN_TOGGLES + (() if checks_requested() else ("disable_robustness",))
     extra = settings.get("ANYGRAD_DAWN_TOGGLES") or ""
     return base + tuple(dict.fromkeys(t.strip() for t in extra.split(",") if t.strip() and t.strip() not in base))

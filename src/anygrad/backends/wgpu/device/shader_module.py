@@ -19,12 +19,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .... import settings
 from ....errors import DeviceError
-
-
-def checks_requested() -> bool:
-    return settings.get("ANYGRAD_WGPU_CHECKS")
 
 
 def _native() -> Any | None:
@@ -41,7 +36,7 @@ def create_shader_module(device: Any, wgsl: str, label: str) -> Any:
     """A compute shader module from WGSL: trusted (no runtime checks) where wgpu-native offers
     it, else wgpu's ordinary checked module (always on Dawn: its C API is not wgpu-native's, and
     Tint's text gets the directives it needs, implementation.wgsl_for)."""
-    from .implementation import NATIVE, of
+    from .implementation import NATIVE, checks_requested, of
     impl = of(device)
     if impl.key != NATIVE:
         return device.create_shader_module(code=impl.wgsl_enables(wgsl), label=label)
