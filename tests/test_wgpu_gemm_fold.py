@@ -483,9 +483,9 @@ def test_slices_not_read_as_views_stay_copies(monkeypatch):
 
 
 def test_reshaped_strides_agree_with_numpy_views():
-    """gemm_layout.reshaped_strides against numpy, which reshapes a view in place exactly when it
+    """views.reshaped_strides against numpy, which reshapes a view in place exactly when it
     can: the same strides where numpy can, None where numpy must copy."""
-    from anygrad.backends.wgpu.fusion.gemm_layout import reshaped_strides
+    from anygrad.backends.wgpu.fusion.views import reshaped_strides
     rng = np.random.default_rng(7)
     checked = 0
     for _ in range(300):

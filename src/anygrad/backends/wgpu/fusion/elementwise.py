@@ -11,7 +11,7 @@ from ..kernels.kernel import AdapterCaps
 from ..kernels.kernels_elementwise import EW, FUSED, bound_count, is_elementwise, make_fused
 from ..kernels.kernels_optim import FUSED_UPDATE
 from ..kernels.wgsl import shape_of, size_of
-from .views import ALIAS_LIKE, VIEW_OPS, drop_unread, layout_chain, operand_view, result_view, too_big_to_bind
+from .views import ALIAS_LIKE, VIEW_OPS, drop_unread, operand_view, stored_view, too_big_to_bind
 
 MAX_GROUP = 48          # members per kernel: keeps shaders small and compile times short
 MERGE_FREES_BELOW = 1 << 20  # bytes: a group that frees more runs in its own place (_merge_siblings)
@@ -152,7 +152,6 @@ def fold_elementwise_views(graph: Graph, protected: set[str], caps: AdapterCaps)
     def readable(x: Node) -> bool:  # read only by layout nodes and fused kernels: it can go
         return x.outputs[0] not in protected and all(
             u.op in VIEW_OPS or u.op == FUSED for u, _ in users.get(x.outputs[0], []))
-    drop: set[int] = set()
     folded = False
     for n in graph.nodes:
         if n.op != FUSED:
@@ -178,6 +177,7 @@ def fold_elementwise_views(graph: Graph, protected: set[str], caps: AdapterCaps)
     # Stores second, on the graph as the reads left it: a chain a store folds away is no
     # longer there to be read through (a read folded first would see its base renamed).
     users = graph.consumers()
+    drop: set[int] = set()
     for n in graph.nodes:
         if n.op != FUSED:
             continue
@@ -186,12 +186,10 @@ def fold_elementwise_views(graph: Graph, protected: set[str], caps: AdapterCaps)
         for k, o in enumerate(n.outputs):
             if k in stores or o in n.inputs:
                 continue
-            chain = layout_chain(graph, o, users, protected)
-            if not any(c.op == "Transpose" for c in chain) or too_big_to_bind(graph, o, caps):
+            found = stored_view(graph, o, users, protected) if not too_big_to_bind(graph, o, caps) else None
+            if found is None or tuple(found[0][0]) != tuple(out_shape):
                 continue
-            got = result_view(graph, chain)
-            if got is None or tuple(got[0]) != tuple(out_shape):
-                continue
+            got, chain = found
             stores[k] = (o, got)
             n.outputs[k] = chain[-1].outputs[0]
             drop |= {id(c) for c in chain}

@@ -26,10 +26,10 @@ from .views import (
     ALIAS_LIKE,
     VIEW_OPS,
     drop_unread,
-    layout_chain,
     operand_view,
     perm_of,
-    result_view,
+    reshaped_strides,
+    stored_view,
     too_big_to_bind,
 )
 
@@ -264,38 +264,9 @@ def fold_transposes(graph: Graph, protected: set[str]) -> None:
     drop_unread(graph, protected, "Transpose")
 
 
-def reshaped_strides(shape: tuple[int, ...], strides: tuple[int, ...],
-                     new_shape: tuple[int, ...]) -> tuple[int, ...] | None:
-    """Strides under which `new_shape` walks the elements of a strided tensor (shape, strides) in
-    the same row-major order, as a reshape would; None where no strides can (a reshape of a
-    non-contiguous view that would need a copy). The dims are grouped into runs that lie evenly
-    spaced in memory; each run is cut into the new dims from the inside out."""
-    runs: list[tuple[int, int]] = []          # (elements, innermost stride), outermost first
-    for d, st in zip(shape, strides):
-        if d == 1:
-            continue
-        if runs and runs[-1][1] == st * d:
-            runs[-1] = (runs[-1][0] * d, st)
-        else:
-            runs.append((d, st))
-    out = [0] * len(new_shape)
-    k = len(new_shape) - 1
-    for elements, st in reversed(runs):
-        acc = 1
-        while acc < elements:
-            if k < 0:
-                return None
-            out[k] = st * acc
-            acc *= new_shape[k]
-            k -= 1
-        if acc != elements:
-            return None
-    if any(new_shape[j] != 1 for j in range(k + 1)):
-        return None
-    return tuple(out)
-
-
 _VIEW_KEYS = ("_viewA", "_viewB")
+
+
 def fold_views(graph: Graph, protected: set[str], caps: AdapterCaps) -> None:
     """Layout nodes (reshapes, transposes, slices, gathers of one index) that only MatMuls read
     become a strided view in their operand loads: no copy kernel, nothing stored. It is
@@ -345,15 +316,11 @@ def fold_result_layouts(graph: Graph, protected: set[str]) -> None:
     for n in graph.nodes:
         if n.op != "MatMul" or any(n.attr(a) for a in _STORED_AT_INDEX):
             continue
-        chain = layout_chain(graph, n.outputs[0], users, protected)
-        if not any(c.op == "Transpose" for c in chain):
+        found = stored_view(graph, n.outputs[0], users, protected)
+        if found is None:
             continue
-        got = result_view(graph, chain)
-        if got is None:
-            continue
-        v = chain[-1].outputs[0]
-        n.attrs["_intoY"] = got
-        n.outputs[0] = v
+        n.attrs["_intoY"], chain = found
+        n.outputs[0] = chain[-1].outputs[0]
         drop |= {id(c) for c in chain}
     graph.nodes = [n for n in graph.nodes if id(n) not in drop]
 

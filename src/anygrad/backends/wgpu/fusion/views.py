@@ -49,13 +49,20 @@ class StridedView:
     offset: int = 0
 
     @staticmethod
-    def of(shape: tuple[int, ...]) -> StridedView:
-        return StridedView([[(d, st)] if d != 1 else [] for d, st in zip(shape, _strides(shape))])
+    def of(shape: tuple[int, ...], strides: tuple[int, ...] | None = None, offset: int = 0) -> StridedView:
+        """A tensor of `shape` at `strides` (default: row-major) from element `offset`."""
+        strides = _strides(shape) if strides is None else strides
+        return StridedView([[(int(d), int(st))] if d != 1 else [] for d, st in zip(shape, strides)], int(offset))
 
     def reshape(self, shape: tuple[int, ...]) -> StridedView | None:
         """The same elements in row-major order cut into `shape`; None where an atom would have to
         be cut unevenly."""
-        atoms = [a for axis in self.axes for a in axis]
+        atoms: list[Atom] = []
+        for size, st in (a for axis in self.axes for a in axis):   # evenly spaced runs first
+            if atoms and atoms[-1][1] == size * st:
+                atoms[-1] = (atoms[-1][0] * size, st)
+            else:
+                atoms.append((size, st))
         out = []
         for d in shape:
             axis, need = [], d
@@ -198,6 +205,17 @@ def result_view(graph: Graph, chain: list[Node]) -> tuple[tuple[int, ...], tuple
     return view.strided()
 
 
+def stored_view(graph: Graph, v: str, users: dict, protected: set[str]) -> tuple[tuple, list[Node]] | None:
+    """(v as a strided view of the value at the end of its layout chain, the chain) where that
+    chain holds a Transpose, so that v's producer can store there and the chain go; None where
+    there is nothing to gain or no strides can."""
+    chain = layout_chain(graph, v, users, protected)
+    if not any(c.op == "Transpose" for c in chain):
+        return None
+    got = result_view(graph, chain)
+    return (got, chain) if got is not None else None
+
+
 def drop_unread(graph: Graph, protected: set[str], ops: frozenset[str] | str) -> None:
     """Remove the nodes of `ops` (and reshapes) nothing reads any more, a fold having rewired
     their readers."""
@@ -208,3 +226,13 @@ def drop_unread(graph: Graph, protected: set[str], ops: frozenset[str] | str) ->
         dead = {id(n) for n in graph.nodes if (n.op in ops or n.op in ALIAS_LIKE)
                 and n.outputs[0] not in protected and not users.get(n.outputs[0])}
         graph.nodes = [n for n in graph.nodes if id(n) not in dead]
+
+
+def reshaped_strides(shape: tuple[int, ...], strides: tuple[int, ...],
+                     new_shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """Strides under which `new_shape` walks the elements of a strided tensor (shape, strides) in
+    the same row-major order, as a reshape would; None where no strides can (a reshape of a
+    non-contiguous view that would need a copy)."""
+    view = StridedView.of(shape, strides).reshape(new_shape)
+    got = view.strided() if view is not None else None
+    return got[1] if got is not None else None

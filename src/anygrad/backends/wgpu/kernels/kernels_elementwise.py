@@ -416,8 +416,8 @@ def _aligned_view(view: tuple | None, out_shape: tuple[int, ...]) -> str | None:
 
 def _vec_loads(graph: Graph, inputs: list[str], raw: set[str], out_shape: tuple[int, ...], bound: int,
                caps: AdapterCaps, views: dict | None = None, stores: dict | None = None
-               ) -> dict[str, tuple[bool, str]] | None:
-    """Per bound input, (loaded as a vec4?, its index in vec4 units of the output) for a kernel
+               ) -> dict[int, tuple[bool, str]] | None:
+    """Per bound input's position, (loaded as a vec4?, its index in vec4 units of the output) for a kernel
     taking LANES consecutive elements per invocation; None where that layout does not hold.
 
     Four consecutive output elements (the last axis a multiple of 4) are four consecutive
@@ -426,8 +426,7 @@ def _vec_loads(graph: Graph, inputs: list[str], raw: set[str], out_shape: tuple[
     themselves per lane. A kernel over the adapter's storage-buffer limit stays scalar: bindpack.py
     packs only scalar reads. Inputs read and results stored through strided views (`views`,
     `stores`: position -> (member name, view)) go four at a time where the view allows
-    (_aligned_view); one that does not keeps the whole kernel scalar. Keys of the result: input
-    positions for views, else names."""
+    (_aligned_view); one that does not keeps the whole kernel scalar."""
     if (not out_shape or out_shape[-1] % LANES or 0 in out_shape
             or bound > caps.max_storage_buffers_per_stage):
         return None
@@ -435,15 +434,15 @@ def _vec_loads(graph: Graph, inputs: list[str], raw: set[str], out_shape: tuple[
     if any(_aligned_view(view, out_shape) is None for _, view in list(views.values()) + list(stores.values())):
         return None
     quad = out_shape[:-1] + (out_shape[-1] // LANES,)
-    loads: dict = {k: (True, _aligned_view(view, out_shape)) for k, (_, view) in views.items()}
+    loads: dict[int, tuple[bool, str]] = {k: (True, _aligned_view(view, out_shape)) for k, (_, view) in views.items()}
     for k, v in enumerate(inputs):
         if v in raw or k in views:
             continue
         shape = (1,) * (len(out_shape) - len(shape_of(graph, v))) + shape_of(graph, v)
         if shape[-1] == out_shape[-1]:
-            loads[v] = (True, broadcast_index(quad, shape[:-1] + (quad[-1],)))
+            loads[k] = (True, broadcast_index(quad, shape[:-1] + (quad[-1],)))
         elif shape[-1] == 1:
-            loads[v] = (False, broadcast_index(quad, shape))
+            loads[k] = (False, broadcast_index(quad, shape))
         else:
             return None
     return loads
@@ -469,10 +468,9 @@ def lower_fused(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     for k, v in enumerate(node.inputs):
         ty = vtype(graph, v)
         var = f"y{outs.index(v)}" if v in outs else f"x{len(reads)}"
-        if k in views:
-            vec, index = (loads or {}).get(k, (False, strided_index(out_shape, views[k][1][1], views[k][1][2])))
-        else:
-            vec, index = (loads or {}).get(v, (False, broadcast_index(out_shape, shape_of(graph, v))))
+        scalar = (strided_index(out_shape, views[k][1][1], views[k][1][2]) if k in views
+                  else broadcast_index(out_shape, shape_of(graph, v)))
+        vec, index = (loads or {}).get(k, (False, scalar))
         if v not in outs:
             reads.append((var, f"vec4<{ty}>" if vec else ty))
             read_names.append(v)

@@ -90,41 +90,17 @@ def strides(shape: Sequence[int]) -> list[int]:
 
 
 def broadcast_index(out_shape: Sequence[int], in_shape: Sequence[int], var: str = "i") -> str:
-    """Expression for the flat index into an input broadcast (numpy rules) to out_shape."""
-    out_shape = [int(d) for d in out_shape]
+    """Expression for the flat index into an input broadcast (numpy rules) to out_shape: the
+    input as a view of stride 0 along the axes it broadcasts."""
     in_shape = [1] * (len(out_shape) - len(in_shape)) + [int(d) for d in in_shape]
-    if in_shape == out_shape:
-        return var
-    if int(np.prod(in_shape)) == 1:
-        return "0u"
-    # Merge runs of adjacent dims that are all broadcast or all kept: fewer div/mod pairs.
-    dims: list[list[int]] = []  # [out extent, kept?]
-    for o, d in zip(out_shape, in_shape):
-        if o == 1:
-            continue
-        kept = int(d == o)
-        if dims and dims[-1][1] == kept:
-            dims[-1][0] *= o
-        else:
-            dims.append([o, kept])
-    ext = [d[0] for d in dims]
-    ost = strides(ext)
-    ist = strides([e if k else 1 for e, k in dims])
-    terms = []
-    for j, (e, kept) in enumerate(dims):
-        if not kept:
-            continue
-        coord = var if ost[j] == 1 else f"({var} / {ost[j]}u)"
-        if j > 0:
-            coord = f"({coord} % {e}u)"
-        terms.append(coord if ist[j] == 1 else f"{coord} * {ist[j]}u")
-    return " + ".join(terms) if terms else "0u"
+    own = strides(in_shape)
+    return strided_index(out_shape, [st if d == o else 0 for d, o, st in zip(in_shape, out_shape, own)], var=var)
 
 
 def strided_index(shape: Sequence[int], view_strides: Sequence[int], offset: int = 0, var: str = "i") -> str:
     """Expression for where element `var` (row-major over `shape`) lies in a strided view of a
-    buffer (its strides per axis, an element offset): runs of axes that stay contiguous in the
-    view merge first, for fewer div/mod pairs."""
+    buffer (its strides per axis, 0 along a broadcast one; an element offset): runs of axes that
+    stay evenly spaced in the view merge first, for fewer div/mod pairs."""
     dims: list[list[int]] = []   # [extent, stride], outermost first
     for d, st in zip((int(x) for x in shape), (int(x) for x in view_strides)):
         if d == 1:
@@ -136,6 +112,8 @@ def strided_index(shape: Sequence[int], view_strides: Sequence[int], offset: int
     ost = strides([e for e, _ in dims])
     terms = [f"{int(offset)}u"] if offset else []
     for j, (e, st) in enumerate(dims):
+        if st == 0:
+            continue
         coord = var if ost[j] == 1 else f"({var} / {ost[j]}u)"
         if j > 0:
             coord = f"({coord} % {e}u)"
