@@ -68,73 +68,101 @@ def shape_label(shape: tuple[int, int, int, int]) -> str:
     return "x".join(map(str, shape if shape[3] > 1 else shape[:3]))
 
 
+class Bench:
+    """One shape's operands on the Dawn device, float64 reference rows, and the MatMul node each
+    plan pins: `build` gives a plan's dispatches, `run` one pass of them."""
+
+    def __init__(self, shape: tuple[int, int, int, int], layout: str = "nn"):
+        from test_matrix_units_dawn import dawn
+        self.wgpu, self.dev, self.caps = dawn()
+        m, n, k, batch = self.shape = shape
+        if layout != "nn" and batch > 1:
+            raise SystemExit(f"--layout {layout}: batched shapes are nn only")
+        rng = np.random.default_rng(0)
+        a = rng.standard_normal((m, k)).astype(np.float16)
+        b = rng.standard_normal((batch, k, n) if batch > 1 else (k, n)).astype(np.float16)
+        self.perms = {"_permA": [1, 0]} if layout[0] == "t" else {}
+        self.perms |= {"_permB": [1, 0]} if layout[1] == "t" else {}
+        self.stored_a = np.ascontiguousarray(a.T) if layout[0] == "t" else a
+        self.stored_b = np.ascontiguousarray(b.T) if layout[1] == "t" else b
+        self.y_shape = (batch, m, n) if batch > 1 else (m, n)
+        self.usage = self.wgpu.BufferUsage.STORAGE | self.wgpu.BufferUsage.COPY_SRC | self.wgpu.BufferUsage.COPY_DST
+        self.bufs = {"a": self.dev.create_buffer_with_data(data=self.stored_a, usage=self.usage),
+                     "b": self.dev.create_buffer_with_data(data=self.stored_b, usage=self.usage),
+                     "y": self.dev.create_buffer(size=int(np.prod(self.y_shape)) * 2, usage=self.usage)}
+        self.rows = min(m, 64)
+        self.ref = a[:self.rows].astype(np.float64) @ b.reshape(-1, k, n)[0].astype(np.float64)
+        self.flops = 2 * m * n * k * batch
+        self.label = shape_label(shape) + ("" if layout == "nn" else f" {layout}")
+
+    def build(self, pin: dict) -> tuple[list, list]:
+        """(kernels, dispatches) of the MatMul lowered under `pin`."""
+        from anygrad.backends.wgpu.kernels.halfstore import stored_half
+        from anygrad.backends.wgpu.kernels.kernel import LOWERINGS
+        from anygrad.ir import Graph, Node, TensorInfo
+        g = Graph()
+        g.info["a"] = TensorInfo(np.dtype(np.float16), self.stored_a.shape)
+        g.info["b"] = TensorInfo(np.dtype(np.float16), self.stored_b.shape)
+        node = Node("MatMul", ["a", "b"], ["y"], dict(pin) | self.perms, name="gemm")
+        g.nodes = [node]
+        g.info["y"] = TensorInfo(np.dtype(np.float16), self.y_shape)
+        kernels = stored_half(LOWERINGS["MatMul"](node, g, self.caps), g)
+        dev, bufs, ds = self.dev, self.bufs, []
+        for kern in kernels:
+            for s in kern.scratch:
+                if s.name in bufs and bufs[s.name].size < 4 * s.elements:
+                    bufs.pop(s.name).destroy()
+                bufs.setdefault(s.name, dev.create_buffer(size=4 * s.elements, usage=self.usage))
+            pipe = dev.create_compute_pipeline(layout="auto", compute={
+                "module": dev.create_shader_module(code=kern.wgsl), "entry_point": kern.entry})
+            bg = dev.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[
+                {"binding": i, "resource": {"buffer": bufs[v]}} for i, v in enumerate(kern.reads + kern.writes)])
+            ds.append((pipe, bg, kern.workgroups))
+        return kernels, ds
+
+    def run(self, ds: list, times: int) -> None:
+        """`times` runs of the dispatches in one pass, then a wait for the GPU."""
+        enc = self.dev.create_command_encoder()
+        p = enc.begin_compute_pass()
+        for _ in range(times):
+            for pipe, bg, grid in ds:
+                p.set_pipeline(pipe)
+                p.set_bind_group(0, bg)
+                p.dispatch_workgroups(*grid)
+        p.end()
+        self.dev.queue.submit([enc.finish()])
+        self.dev.queue.read_buffer(self.bufs["y"], 0, 16)
+
+    def seconds(self, ds: list, reps: int, rounds: int, spun: bool = True) -> float:
+        """Best of `rounds` passes of `reps` runs, a run's seconds (GPU timestamps where there are);
+        `spun`: after profiling.SPIN_MS of untimed runs, which raise an idle GPU's clock."""
+        from anygrad.backends.wgpu.tuning.profiling import spin
+        if spun:  # one run's time from timestamps: a wall-clock read of it is mostly the wait's latency
+            one = stamped(self.dev, ds, 1) if FEATURE in self.dev.features else walled(lambda t: self.run(ds, t), 1)
+            spin(self.dev, ds, one * 1e3, self.bufs["y"])
+        if FEATURE in self.dev.features:
+            return min(stamped(self.dev, ds, reps) for _ in range(rounds))
+        return min(walled(lambda t: self.run(ds, t), reps) for _ in range(rounds))
+
+    def rel_err(self) -> float:
+        m, n = self.shape[:2]
+        got = np.frombuffer(self.dev.queue.read_buffer(self.bufs["y"]), np.float16).reshape(-1, m, n)[0, :self.rows]
+        return float(np.abs(got.astype(np.float64) - self.ref).max() / np.abs(self.ref).max())
+
+
 def time_plans(shape: tuple[int, int, int, int], plans: dict, reps: int, rounds: int,
                layout: str = "nn") -> list[dict]:
     """One entry a plan: its kernels, ms, TFLOP/s and error against float64 on 64 rows."""
-    from test_matrix_units_dawn import dawn
-
-    from anygrad.backends.wgpu.kernels.halfstore import stored_half
-    from anygrad.backends.wgpu.kernels.kernel import LOWERINGS
-    from anygrad.ir import Graph, Node, TensorInfo
-    wgpu, dev, caps = dawn()
-    m, n, k, batch = shape
-    rng = np.random.default_rng(0)
-    if layout != "nn" and batch > 1:
-        raise SystemExit(f"--layout {layout}: batched shapes are nn only")
-    a = rng.standard_normal((m, k)).astype(np.float16)
-    b = rng.standard_normal((batch, k, n) if batch > 1 else (k, n)).astype(np.float16)
-    perms = {"_permA": [1, 0]} if layout[0] == "t" else {}
-    perms |= {"_permB": [1, 0]} if layout[1] == "t" else {}
-    stored_a = np.ascontiguousarray(a.T) if layout[0] == "t" else a
-    stored_b = np.ascontiguousarray(b.T) if layout[1] == "t" else b
-    y_shape = (batch, m, n) if batch > 1 else (m, n)
-    usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
-    bufs = {"a": dev.create_buffer_with_data(data=stored_a, usage=usage),
-            "b": dev.create_buffer_with_data(data=stored_b, usage=usage),
-            "y": dev.create_buffer(size=int(np.prod(y_shape)) * 2, usage=usage)}
-    rows = min(m, 64)
-    ref = a[:rows].astype(np.float64) @ b.reshape(-1, k, n)[0].astype(np.float64)
-    flops = 2 * m * n * k * batch
-    label = shape_label(shape) + ("" if layout == "nn" else f" {layout}")
+    bench = Bench(shape, layout)
     out = []
     for name, pin in plans.items():
-        g = Graph()
-        g.info["a"] = TensorInfo(np.dtype(np.float16), stored_a.shape)
-        g.info["b"] = TensorInfo(np.dtype(np.float16), stored_b.shape)
-        node = Node("MatMul", ["a", "b"], ["y"], dict(pin) | perms, name="gemm")
-        g.nodes = [node]
-        g.info["y"] = TensorInfo(np.dtype(np.float16), y_shape)
-        entry = {"shape": label, "plan": name}
+        entry = {"shape": bench.label, "plan": name}
         try:
-            kernels = stored_half(LOWERINGS["MatMul"](node, g, caps), g)
-            ds = []
-            for kern in kernels:
-                for s in kern.scratch:
-                    if s.name in bufs and bufs[s.name].size < 4 * s.elements:
-                        bufs.pop(s.name).destroy()
-                    bufs.setdefault(s.name, dev.create_buffer(size=4 * s.elements, usage=usage))
-                pipe = dev.create_compute_pipeline(layout="auto", compute={
-                    "module": dev.create_shader_module(code=kern.wgsl), "entry_point": kern.entry})
-                bg = dev.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[
-                    {"binding": i, "resource": {"buffer": bufs[v]}} for i, v in enumerate(kern.reads + kern.writes)])
-                ds.append((pipe, bg, kern.workgroups))
-
-            def go(times: int, ds: list = ds) -> None:
-                enc = dev.create_command_encoder()
-                p = enc.begin_compute_pass()
-                for _ in range(times):
-                    for pipe, bg, grid in ds:
-                        p.set_pipeline(pipe)
-                        p.set_bind_group(0, bg)
-                        p.dispatch_workgroups(*grid)
-                p.end()
-                dev.queue.submit([enc.finish()])
-                dev.queue.read_buffer(bufs["y"], 0, 16)
-            go(2)
-            s = min(stamped(dev, ds, reps) if FEATURE in dev.features else walled(go, reps) for _ in range(rounds))
-            got = np.frombuffer(dev.queue.read_buffer(bufs["y"]), np.float16).reshape(-1, m, n)[0, :rows]
-            entry |= {"kernels": [kern.name for kern in kernels], "ms": s * 1e3, "tflops": flops / s / 1e12,
-                      "rel_err": float(np.abs(got.astype(np.float64) - ref).max() / np.abs(ref).max())}
+            kernels, ds = bench.build(pin)
+            bench.run(ds, 2)
+            s = bench.seconds(ds, reps, rounds)
+            entry |= {"kernels": [kern.name for kern in kernels], "ms": s * 1e3,
+                      "tflops": bench.flops / s / 1e12, "rel_err": bench.rel_err()}
         except Exception as e:  # noqa: BLE001  (a plan the adapter refuses: reported, the rest still run)
             entry["error"] = f"{type(e).__name__}: {e}"[:800]
         print(json.dumps(entry), flush=True)

@@ -577,9 +577,9 @@ def machine() -> dict:
 
 def table(results: list[dict]) -> str:
     header = ("| model | batch | anygrad samples/s | PyTorch eager | ratio | eager TF32 off | ratio | "
-              "torch.compile | ratio | peak MiB anygrad (planned) / PyTorch (allocated) | "
+              "torch.compile | ratio | AMP | ratio | peak MiB anygrad (planned) / PyTorch (allocated) | "
               "anygrad export + compile s | first-loss rel diff |")
-    lines = [header, "| --- " * 12 + "|"]
+    lines = [header, "| --- " * 14 + "|"]
     for r in results:
         c = {x.get("case"): x for x in r.get("cases", [])}
         ag = next((x for x in r.get("cases", []) if x["framework"] == "anygrad"), {})
@@ -599,7 +599,8 @@ def table(results: list[dict]) -> str:
         comp = (f"{ag['export_s']:.1f} + {ag['compile_s']:.1f}" if "compile_s" in ag else "-")
         lines.append(f"| {r['model']} | {r['batch']} | {rate(ag)} | {rate(eager)} | {ratio('ratio_vs_eager')} | "
                      f"{rate(c.get('eager-fp32'))} | {ratio('ratio_vs_eager-fp32')} | {rate(c.get('compile'))} | "
-                     f"{ratio('ratio_vs_compile')} | {mem_ag} / {mem_pt} | {comp} | "
+                     f"{ratio('ratio_vs_compile')} | {rate(c.get('amp'))} | {ratio('ratio_vs_amp')} | "
+                     f"{mem_ag} / {mem_pt} | {comp} | "
                      f"{r.get('first_loss_rel_diff', float('nan')):.1e} |")
     times = [(r, x["compile_times"]) for r in results for x in r.get("cases", []) if x.get("compile_times")]
     if times:  # where the compile went (runtime.CompileTimes); the rest is autodiff, uploads, the first step

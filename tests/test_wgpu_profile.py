@@ -105,3 +105,76 @@ def test_gemms_are_grouped_by_tiling_and_size():
     text = prof.format("t")
     row = next(line for line in text.splitlines() if line.strip().startswith("MatMul[shared 128x128k16p]") and "13" in line)
     assert row.split()[-3:] == ["13", "1.2", "1.6"]  # 16 us / 13 kernels; 26 MFLOP in 16 us
+
+
+class _Pass:
+    """A compute pass that counts what is encoded into it."""
+
+    def __init__(self, log: list):
+        self.log = log
+        self.dispatches = 0
+
+    def set_pipeline(self, _):
+        pass
+
+    def set_bind_group(self, *_):
+        pass
+
+    def dispatch_workgroups(self, *_):
+        self.dispatches += 1
+
+    def end(self):
+        self.log.append(self.dispatches)
+
+
+class _Encoder:
+    def __init__(self):
+        self.passes: list[int] = []
+
+    def begin_compute_pass(self, **_):
+        return _Pass(self.passes)
+
+
+def test_a_spin_lasts_about_spin_ms_and_stays_bounded():
+    """encode_spin: untimed runs of a dispatch list adding up to SPIN_MS of GPU work at the time
+    one run took; a list of tiny kernels stops at SPIN_DISPATCHES; nothing for an empty list."""
+    two = [("pipe", "bg", (1, 1, 1))] * 2
+    enc = _Encoder()
+    profiling.encode_spin(enc, two, run_ms=1.0)
+    assert enc.passes == [2 * int(np.ceil(profiling.SPIN_MS))]
+    enc = _Encoder()
+    profiling.encode_spin(enc, two, run_ms=1e-6)
+    assert enc.passes == [profiling.SPIN_DISPATCHES // 2 * 2]
+    enc = _Encoder()
+    profiling.encode_spin(enc, two, run_ms=10 * profiling.SPIN_MS)
+    assert enc.passes == [2]
+    enc = _Encoder()
+    profiling.encode_spin(enc, [], run_ms=1.0)
+    assert enc.passes == []
+
+
+def test_the_tuner_spins_the_clock_up_only_after_a_pause(wb, monkeypatch):
+    """device_timer: a timing after IDLE_S without GPU work is preceded by a spin (an idle NVIDIA
+    GPU's clock is low: profiling.py); one right after another is not."""
+    from anygrad.backends.wgpu.kernels.kernel import LOWERINGS
+    from anygrad.backends.wgpu.tuning import autotune
+    spins = []
+    real = autotune.encode_spin
+    monkeypatch.setattr(autotune, "encode_spin", lambda enc, ds, ms: spins.append(ms) or real(enc, ds, ms))
+    g = Graph()
+    g.info["a"] = TensorInfo(F32, (64, 64))
+    g.info["b"] = TensorInfo(F32, (64, 64))
+    g.info["y"] = TensorInfo(F32, (64, 64))
+    node = Node("MatMul", ["a", "b"], ["y"], name="mm")
+    g.nodes = [node]
+    kernels = LOWERINGS["MatMul"](node, g, wb.caps)
+    timer = autotune.device_timer(wb)
+    profiling.clock.busy_at = -float("inf")
+    first = timer.all([kernels], g)
+    assert len(spins) == 1 and spins[0] > 0
+    second = timer.all([kernels], g)
+    assert len(spins) == 1, "a timing right after another must not spin"
+    assert first[0] > 0 and second[0] > 0
+    monkeypatch.setattr(profiling, "IDLE_S", 0.0)
+    timer.all([kernels], g)
+    assert len(spins) == 2

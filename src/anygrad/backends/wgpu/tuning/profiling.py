@@ -230,6 +230,58 @@ class TimestampProfiler:
                            flops=list(self.flops))
 
 
+# An idle NVIDIA GPU lowers its SM clock and needs a fifth of a second of load to raise it again.
+# On an H200: 1,980 MHz after 1 s idle, 510 after 2 s, 345 after 3 s; 50 ms of work at 345 MHz left
+# it there, about 190 ms raised it (benchmarks/probes/dawn_order_effect.py, 2026-12-04). The same
+# GEMM read 0.094 ms at full clock and 0.458 ms at idle clock, and the autotuner, timing candidates
+# between pipeline builds, picked GPT-2 small's weight-gradient tilings at idle clock (0.33 ms in
+# the step, where the rules' kernel takes 0.09). So a timing after a pause is preceded by SPIN_MS of
+# untimed GPU work.
+SPIN_MS = 250.0
+IDLE_S = 0.5            # a timing this soon after the last keeps the clock the last one left
+SPIN_DISPATCHES = 8192  # at most this many: encoding a spin of tiny kernels must not cost more than it saves
+
+
+class GpuClock:
+    """When this process last had the GPU busy: whether a timing must spin the clock up first."""
+
+    def __init__(self) -> None:
+        self.busy_at = -float("inf")
+
+    def cold(self) -> bool:
+        return time.perf_counter() - self.busy_at > IDLE_S
+
+    def mark(self) -> None:
+        self.busy_at = time.perf_counter()
+
+
+clock = GpuClock()
+
+
+def encode_spin(enc: Any, dispatches: Sequence[tuple], run_ms: float) -> None:
+    """Untimed runs of the dispatch list, about SPIN_MS of GPU work in one pass (`run_ms`: one run
+    as read, perhaps at an idle clock, so the spin lasts at least that long while the clock rises)."""
+    if not dispatches:
+        return
+    runs = max(1, min(SPIN_DISPATCHES // len(dispatches), int(np.ceil(SPIN_MS / max(run_ms, 1e-4)))))
+    cpass = enc.begin_compute_pass()
+    for _ in range(runs):
+        for pipe, bg, wg in dispatches:
+            cpass.set_pipeline(pipe)
+            cpass.set_bind_group(0, bg)
+            cpass.dispatch_workgroups(*wg)
+    cpass.end()
+
+
+def spin(device: Any, dispatches: Sequence[tuple], run_ms: float, probe: Any) -> None:
+    """`encode_spin` submitted on its own, waited for through a readback of `probe`."""
+    enc = device.create_command_encoder()
+    encode_spin(enc, dispatches, run_ms)
+    device.queue.submit([enc.finish()])
+    device.queue.read_buffer(probe, 0, 4)
+    clock.mark()
+
+
 def wall_ms(device: Any, dispatches: Sequence[tuple], probe: Any, reps: int = 1) -> float:
     """Host milliseconds from submitting `reps` runs of the dispatch list (one pass) to a readback
     of `probe` (which waits for them), per run."""
@@ -252,6 +304,7 @@ def profile_dispatches(device: Any, names: Sequence[str], dispatches: Sequence[t
     """Time each dispatch (own pass) and the whole list (one pass), `repeat` times, each run one
     submit; plus the host wall time of the one-pass list alone, submit to a readback of `probe`."""
     prof = TimestampProfiler(device, names)
+    spin(device, dispatches, wall_ms(device, dispatches, probe), probe)
     for _ in range(repeat):
         enc = device.create_command_encoder()
         prof.encode(enc, dispatches, whole=True)
