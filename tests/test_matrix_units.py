@@ -377,3 +377,29 @@ def test_emulated_tile_loop_matches_float64_on_odd_shapes(key, M, N, K, splits, 
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((M, K)), rng.standard_normal((K, N))
     np.testing.assert_allclose(emulate(a, b, p, splits), a @ b, rtol=1e-10, atol=1e-10)
+
+
+def _gelu_then_matmul(dtype) -> Graph:
+    g = Graph(inputs=["h"], outputs=["y"])
+    g.info["h"] = TensorInfo(np.dtype(dtype), (256, 512))
+    g.initializers = {"W": np.zeros((512, 256), dtype)}
+    g.info["W"] = TensorInfo(np.dtype(dtype), (512, 256))
+    g.nodes = [Node("Gelu", ["h"], ["a"], name="act"), Node("MatMul", ["a", "W"], ["y"], name="mm")]
+    for n in g.nodes:
+        infer_node(g, n)
+    return g
+
+
+@pytest.mark.parametrize("setting, units, fused", [("auto", True, False), ("auto", False, True), ("1", True, True),
+                                                   ("0", False, False)])
+def test_activations_stay_out_of_the_loads_of_gemms_on_matrix_units(monkeypatch, setting, units, fused):
+    """fuse_prologues leaves an activation a kernel of its own where its GEMM runs on matrix units
+    (their kernels ran 2-3.6x slower with it in their loads), unless ANYGRAD_WGPU_PROLOGUE=1;
+    on ALUs (no matrix units for the operand type) it goes into the loads as before."""
+    from anygrad.backends.wgpu.fusion.passes import prepare
+    from anygrad.backends.wgpu.kernels.kernel import ops_where
+    monkeypatch.setenv("ANYGRAD_WGPU_PROLOGUE", setting)
+    caps = caps_for("16x16x16") if units else AdapterCaps(has_f16=True)
+    g = prepare(_gelu_then_matmul(np.float16), caps, ops_where("epilogue"))
+    assert len(g.nodes) == (1 if fused else 2) and g.nodes[-1].op == "MatMul", [n.op for n in g.nodes]
+    assert (g.nodes[-1].attr("_prologueA") is not None) == fused

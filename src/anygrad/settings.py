@@ -228,8 +228,9 @@ DECLARED: tuple[Setting, ...] = (
        "GEMM epilogues and operand-load activations also on float16 tensors; 0: float32 only"),
     _s("ANYGRAD_WGPU_CAST_FOLD", bool, True, "tuning",
        "float Casts on the edges of float32 islands fold into their neighbours; 0: Cast kernels"),
-    _s("ANYGRAD_WGPU_PROLOGUE", bool, True, "tuning",
-       "an activation read only by GEMMs is applied in their operand loads; 0: a kernel of its own"),
+    _s("ANYGRAD_WGPU_PROLOGUE", str, "auto", "tuning",
+       "an activation read only by GEMMs is applied in their operand loads: auto (except where the GEMM "
+       "runs on matrix units), 1 (every GEMM), 0 (never: a kernel of its own)", choices=("auto", "1", "0")),
     _s("ANYGRAD_WGPU_F16_ARENA", bool, True, "tuning",
        "float16 steps: per-tensor loss-scaler and optimizer work runs over one arena; 0: per tensor"),
     _s("ANYGRAD_WGPU_SCALE_FOLD", bool, True, "tuning",

@@ -9,8 +9,10 @@ import numpy as np
 
 from .... import settings
 from ....ir.graph import Graph, Node
+from ..kernels import matrix_units
 from ..kernels.gemm_spec import EPILOGUE_ACTIVATIONS, EPILOGUE_GRADS
-from ..kernels.kernels_gemm import PROLOGUE_ATTRS
+from ..kernels.kernel import AdapterCaps
+from ..kernels.kernels_gemm import PROLOGUE_ATTRS, operand_type
 from ..kernels.wgsl import shape_of, size_of
 from .gemm_layout import GEMM_OPS, has_bias
 from .views import ALIAS_LIKE
@@ -274,10 +276,23 @@ def fuse_epilogues(graph: Graph, protected: set[str], supports_epilogue: set[str
 
 def prologue_enabled() -> bool:
     """ANYGRAD_WGPU_PROLOGUE=0: an activation read only by GEMMs stays a kernel of its own."""
-    return settings.get("ANYGRAD_WGPU_PROLOGUE")
+    return settings.get("ANYGRAD_WGPU_PROLOGUE") != "0"
 
 
-def fuse_prologues(graph: Graph, protected: set[str]) -> None:
+def _on_matrix_units(gemm: Node, graph: Graph, caps: AdapterCaps) -> bool:
+    """Whether the adapter has matrix units for this GEMM's operand type. Their kernels ran 2-3.6x
+    slower with a prologue in their loads: GPT-2 small f16 on Dawn (H200, 2026-12-04, tuned), the
+    second Linear's forward 0.19 ms against the first's 0.11 at the same FLOPs, its weight
+    gradient 0.33 ms against its mirror's 0.09; the activation's own kernel writes and rereads 12 MB
+    in a few microseconds. So there the activation stays a kernel (ANYGRAD_WGPU_PROLOGUE=1: fused
+    anyway). Small GEMMs that the rules leave on ALUs lose their prologue too: their activations
+    are small."""
+    units = matrix_units.units_of(caps)
+    operand = operand_type(gemm, graph)
+    return units is not None and operand is not None and bool(matrix_units.usable_configs(units, operand))
+
+
+def fuse_prologues(graph: Graph, protected: set[str], caps: AdapterCaps | None = None) -> None:
     """An activation whose output only GEMMs read (as an operand, maybe through reshapes that
     nothing else reads) runs in those GEMMs' operand loads instead (attr `_prologueA` /
     `_prologueB`, kernels_gemm._prologue), and its output is never stored: an MLP's GELU before
@@ -289,6 +304,7 @@ def fuse_prologues(graph: Graph, protected: set[str]) -> None:
     if not prologue_enabled():
         return
     users = graph.consumers()
+    spare_units = settings.get("ANYGRAD_WGPU_PROLOGUE") == "auto" and caps is not None
 
     def gemm_operands(v: str) -> list[tuple[Node, int]] | None:
         """(GEMM, operand slot) of every reader of v, looking through reshapes; None if any other
@@ -301,7 +317,7 @@ def fuse_prologues(graph: Graph, protected: set[str]) -> None:
                     return None
                 found += deeper
             elif node.op in GEMM_OPS and slot <= 1 and node.inputs.count(v) == 1 and \
-                    node.attr(PROLOGUE_ATTRS[slot]) is None:
+                    node.attr(PROLOGUE_ATTRS[slot]) is None and not (spare_units and _on_matrix_units(node, graph, caps)):
                 found.append((node, slot))
             else:
                 return None

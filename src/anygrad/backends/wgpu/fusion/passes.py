@@ -162,7 +162,7 @@ def prepare(graph: Graph, caps: AdapterCaps, supports_epilogue: set[str], fuse: 
         claimed = {v for n in g.nodes if n.op == FUSED_UPDATE for v in n.attrs["grads"]}
         protected = set(g.outputs) | set(g.state_updates) | claimed
         fuse_epilogues(g, protected, supports_epilogue)
-        fuse_prologues(g, protected)
+        fuse_prologues(g, protected, caps)
         fold_float_casts(g, protected)
         split_batchnorm(g)
         fuse_elementwise(g, caps, protected)
