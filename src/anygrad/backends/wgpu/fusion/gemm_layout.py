@@ -268,24 +268,25 @@ _VIEW_KEYS = ("_viewA", "_viewB")
 
 
 def fold_views(graph: Graph, protected: set[str], caps: AdapterCaps) -> None:
-    """Layout nodes (reshapes, transposes, slices, gathers of one index) that only MatMuls read
-    become a strided view in their operand loads: no copy kernel, nothing stored. It is
+    """Layout nodes (reshapes, transposes, slices, gathers of one index) that only MatMuls and
+    Gemms read become a strided view in their operand loads: no copy kernel, nothing stored. It is
     attention's q, k, v cut from one qkv projection: Slices in GPT-style models (3 copies a layer,
     read again by the backward pass: the d-256 GPT's 12 Slice kernels took 0.2 ms of a 15 ms step
     on an H100), and nn.MultiheadAttention's unflatten, transpose, gathers and head split as
     dynamo exports it (torchvision's ViT: 7 Transpose and Gather kernels a layer's forward). A
-    MatMul reads the view through attrs `_viewA` / `_viewB`: (shape, strides, offset) of its
-    operand within the base (kernels_gemm.lower_matmul), still through its `_permA`/`_permB`.
+    GEMM reads the view through attrs `_viewA` / `_viewB`: (shape, strides, offset) of its
+    operand within the base (kernels_gemm.lower_matmul, _gemm_operand), still through its
+    `_permA`/`_permB` (a Gemm's transA / transB).
     The base must fit one binding (bindsplit does not split views)."""
     producers = graph.producers()
     users = graph.consumers()
 
-    def readable(x: Node) -> bool:  # read only by layout nodes and MatMul operands: it can go
+    def readable(x: Node) -> bool:  # read only by layout nodes and GEMM operands: it can go
         return x.outputs[0] not in protected and all(
-            u.op in VIEW_OPS or (u.op == "MatMul" and k in (0, 1)) for u, k in users.get(x.outputs[0], []))
+            u.op in VIEW_OPS or (u.op in GEMM_OPS and k in (0, 1)) for u, k in users.get(x.outputs[0], []))
     folded = False
     for n in graph.nodes:
-        if n.op != "MatMul":
+        if n.op not in GEMM_OPS:
             continue
         for slot in (0, 1):
             if n.attr(_VIEW_KEYS[slot]) is not None:

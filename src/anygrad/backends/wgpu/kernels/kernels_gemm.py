@@ -389,18 +389,28 @@ def lower_matmul(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     return gemm_kernels(spec, caps, **variant_of(node, graph, caps))
 
 
+def _gemm_operand(node: Node, graph: Graph, slot: int) -> Operand:
+    """Gemm operand `slot` as multiplied (transposed where transA / transB): the stored matrix,
+    or a strided view of the bound tensor (attr `_viewA`/`_viewB`, gemm_layout.fold_views: a
+    slice, gather or transpose chain that only this Gemm reads). Operands are matrices, maybe
+    with leading 1s (gemm_layout.fold_transposes looks through reshapes)."""
+    var = ("A", "B")[slot]
+    trans = node.attr(("transA", "transB")[slot], 0)
+    view = node.attr(("_viewA", "_viewB")[slot])
+    if view is not None:
+        shape, strides, offset = view
+        lay = Layout.viewed(tuple(shape[-2:]), tuple(strides[-2:]), (1, 0) if trans else None)
+        return _operand(var, lay, "0u", base=int(offset))
+    rows, cols = static_shape(graph, node.inputs[slot], node)[-2:]
+    if trans:
+        return Operand(var, cols, rows, f"c * {u(cols)} + r", contig=0)
+    return Operand(var, rows, cols, f"r * {u(cols)} + c", contig=1)
+
+
 @lowering("Gemm", epilogue=True)
 def lower_gemm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
-    # operands are matrices, maybe with leading 1s (gemm_layout.fold_transposes looks through reshapes)
-    sa = static_shape(graph, node.inputs[0], node)[-2:]
-    sb = static_shape(graph, node.inputs[1], node)[-2:]
-    ta, tb = node.attr("transA", 0), node.attr("transB", 0)
-    M, K = (sa[1], sa[0]) if ta else sa
-    N = sb[0] if tb else sb[1]
-    a = (Operand("A", M, K, f"c * {u(M)} + r", contig=0) if ta
-         else Operand("A", M, K, f"r * {u(K)} + c", contig=1))
-    b = (Operand("B", K, N, f"c * {u(K)} + r", contig=0) if tb
-         else Operand("B", K, N, f"r * {u(N)} + c", contig=1))
+    a, b = _gemm_operand(node, graph, 0), _gemm_operand(node, graph, 1)
+    M, K, N = a.rows, a.cols, b.cols
     reads = [Binding(node.inputs[0], "A"), Binding(node.inputs[1], "B")]
     bias = ""
     if node.input(2):
