@@ -122,14 +122,9 @@ class Bench:
 
     def run(self, ds: list, times: int) -> None:
         """`times` runs of the dispatches in one pass, then a wait for the GPU."""
+        from anygrad.backends.wgpu.tuning.profiling import encode_pass
         enc = self.dev.create_command_encoder()
-        p = enc.begin_compute_pass()
-        for _ in range(times):
-            for pipe, bg, grid in ds:
-                p.set_pipeline(pipe)
-                p.set_bind_group(0, bg)
-                p.dispatch_workgroups(*grid)
-        p.end()
+        encode_pass(enc, ds, times)
         self.dev.queue.submit([enc.finish()])
         self.dev.queue.read_buffer(self.bufs["y"], 0, 16)
 

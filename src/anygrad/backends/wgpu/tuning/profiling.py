@@ -151,20 +151,11 @@ class TimestampProfiler:
 
     def encode(self, enc: Any, dispatches: Sequence[tuple], whole: bool = False) -> None:
         """Per-kernel passes; with `whole`, then the same dispatches once more in one pass."""
-        for k, (pipe, bg, wg) in enumerate(dispatches):
-            cpass = enc.begin_compute_pass(timestamp_writes=self._writes(2 * k))
-            cpass.set_pipeline(pipe)
-            cpass.set_bind_group(0, bg)
-            cpass.dispatch_workgroups(*wg)
-            cpass.end()
+        for k, dispatch in enumerate(dispatches):
+            encode_pass(enc, [dispatch], timestamp_writes=self._writes(2 * k))
         self._whole = whole
         if whole:
-            cpass = enc.begin_compute_pass(timestamp_writes=self._writes(self.count - 2))
-            for pipe, bg, wg in dispatches:
-                cpass.set_pipeline(pipe)
-                cpass.set_bind_group(0, bg)
-                cpass.dispatch_workgroups(*wg)
-            cpass.end()
+            encode_pass(enc, dispatches, timestamp_writes=self._writes(self.count - 2))
         # Resolve only queries written in this command buffer: Vulkan waits for the availability
         # of every resolved query, so an unwritten one would hang the queue (seen on NVIDIA).
         self._resolve(enc, 0, self.count - 2, 0)
@@ -176,12 +167,7 @@ class TimestampProfiler:
         """Each dispatch list of `runs` in a pass of its own between two timestamps, one list per
         name (the autotuner's candidates); `collect_ns` reads their times."""
         for k, dispatches in enumerate(runs):
-            cpass = enc.begin_compute_pass(timestamp_writes=self._writes(2 * k))
-            for pipe, bg, wg in dispatches:
-                cpass.set_pipeline(pipe)
-                cpass.set_bind_group(0, bg)
-                cpass.dispatch_workgroups(*wg)
-            cpass.end()
+            encode_pass(enc, dispatches, timestamp_writes=self._writes(2 * k))
         self._whole = False
         self._resolve(enc, 0, 2 * len(runs), 0)
         enc.copy_buffer_to_buffer(self.resolved, 0, self.readback, 0, self.nbytes)
@@ -258,19 +244,23 @@ class GpuClock:
 clock = GpuClock()
 
 
-def encode_spin(enc: Any, dispatches: Sequence[tuple], run_ms: float) -> None:
-    """Untimed runs of the dispatch list, about SPIN_MS of GPU work in one pass (`run_ms`: one run
-    as read, perhaps at an idle clock, so the spin lasts at least that long while the clock rises)."""
-    if not dispatches:
-        return
-    runs = max(1, min(SPIN_DISPATCHES // len(dispatches), int(np.ceil(SPIN_MS / max(run_ms, 1e-4)))))
-    cpass = enc.begin_compute_pass()
+def encode_pass(enc: Any, dispatches: Sequence[tuple], runs: int = 1, **pass_args: Any) -> None:
+    """One compute pass of `runs` runs of the dispatch list ((pipeline, bind group, grid) each)."""
+    cpass = enc.begin_compute_pass(**pass_args)
     for _ in range(runs):
         for pipe, bg, wg in dispatches:
             cpass.set_pipeline(pipe)
             cpass.set_bind_group(0, bg)
             cpass.dispatch_workgroups(*wg)
     cpass.end()
+
+
+def encode_spin(enc: Any, dispatches: Sequence[tuple], run_ms: float) -> None:
+    """Untimed runs of the dispatch list, about SPIN_MS of GPU work in one pass (`run_ms`: one run
+    as read, perhaps at an idle clock, so the spin lasts at least that long while the clock rises)."""
+    if dispatches:
+        encode_pass(enc, dispatches, max(1, min(SPIN_DISPATCHES // len(dispatches),
+                                                int(np.ceil(SPIN_MS / max(run_ms, 1e-4))))))
 
 
 def spin(device: Any, dispatches: Sequence[tuple], run_ms: float, probe: Any) -> None:
@@ -286,13 +276,7 @@ def wall_ms(device: Any, dispatches: Sequence[tuple], probe: Any, reps: int = 1)
     """Host milliseconds from submitting `reps` runs of the dispatch list (one pass) to a readback
     of `probe` (which waits for them), per run."""
     enc = device.create_command_encoder()
-    cpass = enc.begin_compute_pass()
-    for _ in range(reps):
-        for pipe, bg, wg in dispatches:
-            cpass.set_pipeline(pipe)
-            cpass.set_bind_group(0, bg)
-            cpass.dispatch_workgroups(*wg)
-    cpass.end()
+    encode_pass(enc, dispatches, reps)
     t0 = time.perf_counter()
     device.queue.submit([enc.finish()])
     device.queue.read_buffer(probe, 0, 4)  # waits for the submitted work
