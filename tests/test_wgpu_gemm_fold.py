@@ -954,3 +954,31 @@ def test_gemm_reads_slices_and_gathers_as_views(trans, variant):
     assert len(gemms) == 1 and gemms[0].attr("_viewA") is not None and gemms[0].attr("_viewB") is not None
     names = _kernel_names(exe)
     assert not any(n.split("[")[0].split(":")[0] in ("Slice", "Gather") for n in names), names
+
+
+@pytest.mark.parametrize("conv2", ["3x3", "1x1", "3x3 stride 2", "3x3 split", "1x1 stride 2"])
+def test_relu_gradient_runs_in_the_store_of_the_conv_input_gradient(conv2):
+    """Conv -> ReLU -> Conv, trained: ReLU's gradient (dy * (y > 0)) is applied as the second
+    conv's input gradient stores dy (GRAD_EPILOGUE_CONVS: no ReluGrad kernel, ResNet's 32 a step),
+    reading y at the element it writes: plain, pointwise, by phase (stride 2, whose empty phases
+    are cleared to 0, ReLU's gradient of 0) and split in K; every gradient against numpy."""
+    k = 1 if conv2.startswith("1x1") else 3
+    stride = 2 if "stride 2" in conv2 else 1
+    attrs2 = {"kernel_shape": [k, k], "pads": [k // 2] * 4, "strides": [stride, stride]}
+    co = 32 if "split" in conv2 else 6   # K = co * taps: each split takes at least 128 of it
+    feeds = {"x": rnd(2, 3, 9, 9, seed=90), "W1": rnd(8, 3, 3, 3, seed=91), "W2": rnd(co, 8, k, k, seed=92)}
+    nodes = [Node("Conv", ["x", "W1"], ["h"], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, name="c1"),
+             Node("Relu", ["h"], ["a"], name="act"),
+             Node("Conv", ["a", "W2"], ["y"], attrs2, name="c2")]
+    g = _graph(feeds, nodes, "y", grad=True)
+    if "split" in conv2:
+        for n in g.nodes:
+            if n.op == "ConvGradInput":
+                n.attrs.update({"_gemm_variant": "shared", "_gemm_splits": 2})
+    exe = _run(g, feeds)
+    prepared = exe.prepared.nodes
+    assert not [n for n in prepared if n.op == "ReluGrad" or "ReluGrad" in [m.op for m in n.attrs.get("members", ())]]
+    (fused,) = [n for n in prepared if n.op == "ConvGradInput" and n.attr("_epilogue") == "ReluGrad"]
+    assert fused.attr("_epilogue_arg") and len(fused.inputs) == 4
+    if "split" in conv2:
+        assert any("splitK" in name for name in _kernel_names(exe))

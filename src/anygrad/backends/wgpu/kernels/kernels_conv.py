@@ -29,7 +29,7 @@ from .gemm_spec import (
 )
 from .kernel import AdapterCaps, Kernel, Scratch, lowering
 from .kernels_conv_nd import CONV_ND
-from .kernels_gemm import gemm_kernels, static_shape, variant_of
+from .kernels_gemm import epilogue_arg, epilogue_of, gemm_kernels, static_shape, variant_of
 from .wgsl import WG
 from .windows import Geo, flat_kernel, gather_forward, geometry
 
@@ -156,9 +156,19 @@ def _depthwise(node: Node, g: Geo, has_bias: bool, caps: AdapterCaps) -> Kernel:
 
 
 # -- Conv gradients -----------------------------------------------------------------------------
-@lowering("ConvGradInput")
+def _grad_output(node: Node, reads: list[Binding], index: str, at_rc: str, **fields) -> Output:
+    """The input gradient's store: at `index` (through the Output's prelude), with the activation
+    gradient fusion.fuse_epilogues may have moved into it (ReLU's before a BatchNorm's gradient;
+    attrs `_epilogue`, `_epilogue_arg`: its x, input 3, read at `at_rc`, the same element written
+    in the (bt, r, c) the epilogue sees)."""
+    return Output("DX", index, operand=epilogue_arg(node, reads, at_rc), **epilogue_of(node), **fields)
+
+
+@lowering("ConvGradInput", epilogue=True)
 def lower_conv_grad_input(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     if len(node.attr("input_shape")) > 4:
+        if node.attr("_epilogue"):
+            raise NotImplementedError(f"{node.label}: an N-D input gradient takes no epilogue")
         return CONV_ND[node.op](node, graph)
     dy, w = node.inputs[0], node.inputs[1]
     ws = static_shape(graph, w, node)
@@ -199,10 +209,12 @@ def lower_conv_grad_input(node: Node, graph: Graph, caps: AdapterCaps) -> list[K
                      f"((bt * {u(Cog)} + co) * {u(g.P)} - ky * {u(g.dh * g.OW)} - kx * {u(g.dw)})")
         b = Operand("DY", K, N, index, prelude=pre, valid=valid, hoist=_pixel("c", g, False),
                     hoisted=PIXEL_NAMES[False])
-    out = Output("DX", f"(img * {u(g.C)} + bt * {u(Cg)} + r) * {u(g.HW)} + pix",
-                 prelude=f"let img = c / {u(g.HW)}; let pix = c % {u(g.HW)};", contig=g.HW % 4 == 0)
+    reads = [Binding(w, "Wt"), Binding(dy, "DY")]
+    out = _grad_output(node, reads, f"(img * {u(g.C)} + bt * {u(Cg)} + r) * {u(g.HW)} + pix",
+                       f"((c / {u(g.HW)}) * {u(g.C)} + bt * {u(Cg)} + r) * {u(g.HW)} + c % {u(g.HW)}",
+                       prelude=f"let img = c / {u(g.HW)}; let pix = c % {u(g.HW)};", contig=g.HW % 4 == 0)
     spec = GemmSpec("ConvGradInput" + ("1x1" if g.pointwise else ""), Cg, N, K, G, a, b, out,
-                    (Binding(w, "Wt"), Binding(dy, "DY")), Binding(node.outputs[0], "DX"))
+                    tuple(reads), Binding(node.outputs[0], "DX"))
     if not g.pointwise and stride1:
         wp, permute = _weights_by_tap(node, w, Co, Cg, g.taps, caps)
         taps = TapGather(Cog, g.P, f"{_pixel('c', g, False)} {_tap_xy(g)} "
@@ -212,7 +224,7 @@ def lower_conv_grad_input(node: Node, graph: Graph, caps: AdapterCaps) -> list[K
         a = Operand("Wt", Cg, K, f"((bt * {u(Cog)} + co) * {u(g.taps)} + tap) * {u(Cg)} + r",
                     prelude=f"let tap = c / {u(Cog)}; let co = c % {u(Cog)};", contig=0 if Cg % 4 == 0 else None)
         spec = replace(spec, tap_major=TapMajor(replace(
-            spec, a=a, b=taps.operand("DY", K, N), reads=(Binding(wp, "Wt"), Binding(dy, "DY"))), (permute,)))
+            spec, a=a, b=taps.operand("DY", K, N), reads=(Binding(wp, "Wt"),) + tuple(reads[1:])), (permute,)))
     # split-K when the output grid is small: ResNet-18's last stage at 32x32 input (1x1 pixels,
     # 512 channels, K = 4608) ran 64 workgroups of 64x64 for 0.58 ms (4 TFLOP/s) on an H200
     return gemm_kernels(spec, caps, **variant_of(node, graph, caps))
@@ -266,11 +278,17 @@ def _grad_input_by_phase(node: Node, g: Geo, G: int, Co: int, Cg: int, caps: Ada
                              f"let oy = jy + {u(qy)} - t / {u(nkx)}; let ox = jx + {u(qx)} - t % {u(nkx)};"),
                     valid=f"oy < {u(g.OH)} && ox < {u(g.OW)}",
                     hoist=phase_pixel, hoisted=("img", "pix", "jy", "jx"))
-        out = Output("DX", f"((img * {u(g.C)} + bt * {u(Cg)} + r) * {u(g.H)} + {u(py)} + jy * {u(g.sh)}) * {u(g.W)}"
-                           f" + {u(px)} + jx * {u(g.sw)}",
-                     prelude=phase_pixel)
+        at = "((img * {C} + bt * {Cg} + r) * {H} + {py} + jy * {sh}) * {W} + {px} + jx * {sw}"
+        dims = {"C": u(g.C), "Cg": u(Cg), "H": u(g.H), "py": u(py), "sh": u(g.sh), "W": u(g.W), "px": u(px),
+                "sw": u(g.sw)}
+        grid = u(Hp * Wp)
+        reads = [Binding(w, "Wt"), Binding(dy, "DY")]
+        out = _grad_output(node, reads, at.format(**dims),
+                           at.replace("img", "(c / {grid})").replace("jy", "((c % {grid}) / {Wp})")
+                           .replace("jx", "((c % {grid}) % {Wp})").format(**dims, grid=grid, Wp=u(Wp)),
+                           prelude=phase_pixel)
         spec = GemmSpec(f"ConvGradInput:phase{py}{px}", Cg, g.B * Hp * Wp, Cog * nt, G, a, b, out,
-                        (Binding(w, "Wt"), Binding(dy, "DY")), Binding(node.outputs[0], "DX"))
+                        tuple(reads), Binding(node.outputs[0], "DX"))
         taps = TapGather(Cog, g.P, f"{phase_pixel} let oy = jy + {u(qy)} - tap / {u(nkx)}; "
                                    f"let ox = jx + {u(qx)} - tap % {u(nkx)};",
                          f"((img * {u(Co)} + bt * {u(Cog)}) * {u(g.OH)} + oy) * {u(g.OW)} + ox",
@@ -283,7 +301,7 @@ def _grad_input_by_phase(node: Node, g: Geo, G: int, Co: int, Cg: int, caps: Ada
                       contig=0 if Cg % 4 == 0 else None)
         spec = replace(spec, tap_major=TapMajor(replace(
             spec, a=a_t, b=taps.operand("DY", Cog * nt, g.B * Hp * Wp),
-            reads=(Binding(wp, "Wt"), Binding(dy, "DY"))), (permute,)))
+            reads=(Binding(wp, "Wt"),) + tuple(reads[1:])), (permute,)))
         # split-K where the phase's grid is small: the phases run one after another, so they
         # share one scratch value (sized for the largest); ResNet-18's last stage at 32 px (1x1
         # phases, 512 columns) ran two workgroups for 0.2-0.3 ms a phase on an H200

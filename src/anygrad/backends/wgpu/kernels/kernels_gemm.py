@@ -309,7 +309,7 @@ def _prologue(node: Node, op: Operand, slot: int) -> Operand:
     return replace(op, apply=(name, tuple(sorted(dict(attrs).items()))), apply_half=bool(half))
 
 
-def _epilogue_arg(node: Node, reads: list[Binding], index: str) -> str:
+def epilogue_arg(node: Node, reads: list[Binding], index: str) -> str:
     """The x of a fused activation gradient (EPILOGUE_GRADS; input 3, attr `_epilogue_arg`: the
     result's shape and row-major order, so it is read at the result's own index); binds it."""
     if not node.attr("_epilogue_arg"):
@@ -382,7 +382,7 @@ def lower_matmul(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     # vec4 stores where four consecutive results are four aligned elements
     vec_y = N % 4 == 0 and ly.strides[-1] == 1 and not any(st % 4 for st in (y_base, ly_rs, *ly.strides[:-2]))
     out = Output("Y", y_index, contig=vec_y, alpha=float(node.attr("_alpha", 1.0)), bias=bias,
-                 residual=_residual(node, reads, y_index), operand=_epilogue_arg(node, reads, y_index),
+                 residual=_residual(node, reads, y_index), operand=epilogue_arg(node, reads, y_index),
                  **epilogue_of(node), **_where_mask(node, graph, reads, M, N))
     spec = GemmSpec("MatMul", M, N, K, batch, _prologue(node, a, 0), _prologue(node, b, 1), out, tuple(reads),
                     Binding(node.outputs[0], "Y"))
@@ -423,7 +423,7 @@ def lower_gemm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
         reads.append(Binding(node.inputs[2], "Cb"))
     out = Output("Y", f"r * {u(N)} + c", contig=N % 4 == 0, alpha=node.attr("alpha", 1.0), bias=bias,
                  residual=_residual(node, reads, f"r * {u(N)} + c"),
-                 operand=_epilogue_arg(node, reads, f"r * {u(N)} + c"), **epilogue_of(node),
+                 operand=epilogue_arg(node, reads, f"r * {u(N)} + c"), **epilogue_of(node),
                  **_where_mask(node, graph, reads, M, N))
     spec = GemmSpec("Gemm", M, N, K, 1, _prologue(node, a, 0), _prologue(node, b, 1), out, tuple(reads),
                     Binding(node.outputs[0], "Y"))
