@@ -102,3 +102,23 @@ def test_build_parallel_creates_each_key_once_and_raises_on_the_caller(monkeypat
     assert sorted(calls) == ["a", "b", "c"]
     with pytest.raises(RuntimeError, match="cannot compile bad"):
         pipeline_cache.build_parallel(create, ["a", "bad"])
+
+
+def test_the_plan_key_covers_the_code_of_every_lowering_folder(monkeypatch, tmp_path):
+    """A plan cached by other code is never reused: the source hash reads every file of the wgpu
+    backend (its fusion/, kernels/, planning/, ... subfolders too), the IR and the ops, and a
+    changed file changes the plan key."""
+    files = pipeline_cache.source_files()
+    for must in ("backends/wgpu/kernels/kernels_gemm.py", "backends/wgpu/fusion/passes.py",
+                 "backends/wgpu/planning/planner.py", "backends/wgpu/device/pipeline_cache.py",
+                 "ir/graph.py", "ops/nn.py"):
+        assert must in files and files[must].is_file(), must
+    code = tmp_path / "lowering.py"
+    code.write_text("x = 1\n")
+    monkeypatch.setattr(pipeline_cache, "source_files", lambda: {"lowering.py": code})
+    keys = []
+    for text in ("x = 1\n", "x = 2\n"):
+        code.write_text(text)
+        monkeypatch.setattr(pipeline_cache, "_SOURCE_HASH", None)
+        keys.append(pipeline_cache.plan_key(_graph(), ("ctx",)))
+    assert keys[0] != keys[1]

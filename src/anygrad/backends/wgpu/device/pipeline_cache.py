@@ -105,15 +105,22 @@ def build_background(create: Callable[[Any], Any], keys: Sequence[Any]) -> dict[
 _SOURCE_HASH: str | None = None
 
 
+def source_files() -> dict[str, Path]:
+    """The code a plan comes from, by path inside the package: the wgpu backend, the IR and the
+    ops, every subfolder included (the backend's fusion/, kernels/, planning/... once went
+    unhashed, and a source checkout then reused plans its own changes had made stale)."""
+    pkg = Path(__file__).resolve().parents[3]  # src/anygrad
+    return {f.relative_to(pkg).as_posix(): f for folder in (pkg / "backends" / "wgpu", pkg / "ir", pkg / "ops")
+            for f in sorted(folder.rglob("*.py"))}
+
+
 def _source_hash() -> str:
     """anygrad's lowering code: a plan cached by other code is never reused."""
     global _SOURCE_HASH
     if _SOURCE_HASH is None:
         h = hashlib.sha256()
-        pkg = Path(__file__).resolve().parents[2]  # src/anygrad
-        for folder in (pkg / "backends" / "wgpu", pkg / "ir"):
-            for f in sorted(folder.glob("*.py")):
-                h.update(f.name.encode() + b"\0" + f.read_bytes())
+        for name, f in sorted(source_files().items()):
+            h.update(name.encode() + b"\0" + f.read_bytes())
         _SOURCE_HASH = h.hexdigest()
     return _SOURCE_HASH
 
