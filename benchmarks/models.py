@@ -281,9 +281,23 @@ def on_cpu(device: str) -> bool:
 
 
 # -- timing ------------------------------------------------------------------------------------------
+# Steps (each waited for) before the timed passes: a GPU that idled while the model compiled
+# runs at a fraction of its clock until about 0.2 s of load raise it (an H200: 345 of 1,980 MHz;
+# anygrad's tuning/profiling.py). Two warm-up steps were not enough: ViT-tiny's first pass of 0.3 s
+# read 7,945 samples/s and its second 11,338 (2026-12-04), and PyTorch eager's 4,689 and 7,269.
+WARM_S = 0.5
+
+
 def _timed(step: Callable[[int], None], wait: Callable[[], None], batch: int, seconds: float,
            repeats: int, min_steps: int = 2) -> dict:
-    """Warm (two steps timed to size the passes), then `repeats` passes of ~`seconds` each."""
+    """Warm (steps for WARM_S, then two timed to size the passes), then `repeats` passes of
+    ~`seconds` each."""
+    until = time.perf_counter() + WARM_S
+    k = 0
+    while k < 1 or time.perf_counter() < until:
+        step(k)
+        wait()
+        k += 1
     t0 = time.perf_counter()
     step(0)
     step(1)
