@@ -24,6 +24,7 @@ from anygrad.backends.wgpu.device.shader_module import create_shader_module
 from anygrad.backends.wgpu.kernels import kernels_conv, kernels_gemm  # noqa: F401  (lowerings)
 from anygrad.backends.wgpu.kernels.kernel import LOWERINGS, AdapterCaps, Kernel
 from anygrad.backends.wgpu.runtime.encode import writable_reads
+from anygrad.backends.wgpu.tuning.profiling import SPIN_DISPATCHES, SPIN_MS
 from anygrad.ir import Graph, Node, TensorInfo, infer_node
 from anygrad.ir.passes import resolve_attributes
 
@@ -394,7 +395,9 @@ def _bench_pin(device, caps: AdapterCaps, timestamps: bool, label: str, op: str,
     runner.run(1)                                   # warm-up (first dispatch pays for driver setup)
     wall, gpu = runner.run(1)
     reps = max(1, min(200 if runner.flush is None else FLUSH_REPS, int(budget_s / max(gpu or wall, 1e-6))))
-    runner.run(max(1, reps // 4))                   # settle clocks and caches at this kernel
+    # settle caches at this kernel, and raise an idle GPU's clock (tuning/profiling.SPIN_MS of runs)
+    spin = min(SPIN_DISPATCHES // max(1, len(runner.steps)), math.ceil(SPIN_MS / 1e3 / max(gpu or wall, 1e-6)))
+    runner.run(max(1, reps // 4, spin))
     # best of two timed runs: a single run was seen 1.5-3x slow now and then on an H200
     secs = min((gpu if gpu is not None else wall) for wall, gpu in (runner.run(reps), runner.run(reps))) / reps
     gflops = flop / secs * 1e-9
