@@ -956,20 +956,27 @@ def test_gemm_reads_slices_and_gathers_as_views(trans, variant):
     assert not any(n.split("[")[0].split(":")[0] in ("Slice", "Gather") for n in names), names
 
 
-@pytest.mark.parametrize("conv2", ["3x3", "1x1", "3x3 stride 2", "3x3 split", "1x1 stride 2"])
+@pytest.mark.parametrize("conv2", ["3x3", "1x1", "3x3 stride 2", "3x3 split", "1x1 stride 2", "3x3 skip",
+                                   "1x1 skip split"])
 def test_relu_gradient_runs_in_the_store_of_the_conv_input_gradient(conv2):
     """Conv -> ReLU -> Conv, trained: ReLU's gradient (dy * (y > 0)) is applied as the second
     conv's input gradient stores dy (GRAD_EPILOGUE_CONVS: no ReluGrad kernel, ResNet's 32 a step),
     reading y at the element it writes: plain, pointwise, by phase (stride 2, whose empty phases
-    are cleared to 0, ReLU's gradient of 0) and split in K; every gradient against numpy."""
+    are cleared to 0, ReLU's gradient of 0) and split in K. With a skip connection around the
+    second conv (y = conv2(a) + a: a ResNet block), the skip's gradient is added in that store
+    first, then ReLU's gradient applied: no Add kernel either. Every gradient against numpy."""
     k = 1 if conv2.startswith("1x1") else 3
     stride = 2 if "stride 2" in conv2 else 1
     attrs2 = {"kernel_shape": [k, k], "pads": [k // 2] * 4, "strides": [stride, stride]}
-    co = 32 if "split" in conv2 else 6   # K = co * taps: each split takes at least 128 of it
-    feeds = {"x": rnd(2, 3, 9, 9, seed=90), "W1": rnd(8, 3, 3, 3, seed=91), "W2": rnd(co, 8, k, k, seed=92)}
+    co = 32 if "split" in conv2 else 8 if "skip" in conv2 else 6  # split: K = co * taps, at least 128 a split
+    skip = "skip" in conv2
+    feeds = {"x": rnd(2, 3, 9, 9, seed=90), "W1": rnd(co if skip else 8, 3, 3, 3, seed=91),
+             "W2": rnd(co, co if skip else 8, k, k, seed=92)}
     nodes = [Node("Conv", ["x", "W1"], ["h"], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, name="c1"),
              Node("Relu", ["h"], ["a"], name="act"),
-             Node("Conv", ["a", "W2"], ["y"], attrs2, name="c2")]
+             Node("Conv", ["a", "W2"], ["z" if skip else "y"], attrs2, name="c2")]
+    if skip:
+        nodes.append(Node("Add", ["z", "a"], ["y"], name="skip"))
     g = _graph(feeds, nodes, "y", grad=True)
     if "split" in conv2:
         for n in g.nodes:
@@ -979,6 +986,10 @@ def test_relu_gradient_runs_in_the_store_of_the_conv_input_gradient(conv2):
     prepared = exe.prepared.nodes
     assert not [n for n in prepared if n.op == "ReluGrad" or "ReluGrad" in [m.op for m in n.attrs.get("members", ())]]
     (fused,) = [n for n in prepared if n.op == "ConvGradInput" and n.attr("_epilogue") == "ReluGrad"]
-    assert fused.attr("_epilogue_arg") and len(fused.inputs) == 4
+    assert fused.attr("_epilogue_arg") and fused.inputs[5]
+    assert bool(fused.attr("_residual")) == skip and bool(fused.input(3)) == skip
+    if skip:  # the one Add kernel left is the forward's skip (y = z + a); the backward's sum is gone
+        adds = [n for n in prepared if n.op == "Add" or "Add" in [m.op for m in n.attrs.get("members", ())]]
+        assert [n.outputs[0] for n in adds] == ["y"], adds
     if "split" in conv2:
         assert any("splitK" in name for name in _kernel_names(exe))

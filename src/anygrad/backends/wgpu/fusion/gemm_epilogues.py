@@ -12,7 +12,7 @@ from ....ir.graph import Graph, Node
 from ..kernels import matrix_units
 from ..kernels.gemm_spec import EPILOGUE_ACTIVATIONS, EPILOGUE_GRADS
 from ..kernels.kernel import AdapterCaps
-from ..kernels.kernels_gemm import PROLOGUE_ATTRS, operand_type
+from ..kernels.kernels_gemm import EPILOGUE_INPUTS, PROLOGUE_ATTRS, operand_type
 from ..kernels.wgsl import shape_of, size_of
 from .gemm_layout import GEMM_OPS, has_bias
 from .views import ALIAS_LIKE
@@ -82,19 +82,30 @@ def _bias_fits(graph: Graph, gemm: Node, bias: str, out: str) -> bool:
     return all(d in (1, e) for d, e in zip(sb[::-1], y[::-1]))
 
 
-def _residual_fits(graph: Graph, gemm: Node, other: str, out: str, reshaped: bool = False) -> bool:
-    """A residual the GEMM can add per output element (x + Linear(h), a transformer block's
-    skip connection): float32, the output's own shape (or, `reshaped` on the way, as many
-    elements: Hugging Face's Conv1D is a 2-D addmm viewed back as 3-D), result stored in
-    row-major order (so the residual's index is the output's), before any activation (the
-    graph's order of adds)."""
+def _read_at_own_index(graph: Graph, gemm: Node, other: str, out: str, reshaped: bool = False) -> bool:
+    """Whether the GEMM's epilogue can read `other` per output element, at the result's own
+    index: floats, the output's own shape (or, `reshaped` on the way, as many elements: Hugging
+    Face's Conv1D is a 2-D addmm viewed back as 3-D), result stored in row-major order, no
+    activation applied yet."""
     if not _floats(graph, (other, gemm.outputs[0], out)):
         return False
     same = (shape_of(graph, gemm.outputs[0]) == shape_of(graph, out) if not reshaped
             else size_of(graph, gemm.outputs[0]) == size_of(graph, out))
-    return (not gemm.attr("_residual") and gemm.attr("_epilogue") is None
-            and gemm.attr("_permY") is None and other != gemm.outputs[0]
+    return (gemm.attr("_epilogue") is None and gemm.attr("_permY") is None and other != gemm.outputs[0]
             and shape_of(graph, other) == shape_of(graph, out) and same)
+
+
+def _residual_fits(graph: Graph, gemm: Node, other: str, out: str, reshaped: bool = False) -> bool:
+    """A residual the GEMM can add per output element (x + Linear(h), a transformer block's skip
+    connection; a ResNet block's input gradient), before any activation (the graph's order of adds)."""
+    return not gemm.attr("_residual") and _read_at_own_index(graph, gemm, other, out, reshaped)
+
+
+def _put(gemm: Node, role: str, value: str) -> None:
+    """`value` as the GEMM's epilogue input `role` (kernels_gemm.EPILOGUE_INPUTS)."""
+    slot = EPILOGUE_INPUTS[role]
+    gemm.inputs[len(gemm.inputs):slot + 1] = [""] * max(0, slot + 1 - len(gemm.inputs))
+    gemm.inputs[slot] = value
 
 
 # Convolutions whose result may take an activation gradient (EPILOGUE_GRADS) in its store: the
@@ -195,17 +206,17 @@ def fuse_epilogues(graph: Graph, protected: set[str], supports_epilogue: set[str
             for slot in (0, 1):
                 p, via = gemm_behind(n.inputs[slot])
                 other = n.inputs[1 - slot]
-                if p is None or p.op not in GEMM_OPS & supports_epilogue:
+                if p is None or not (p.op in GEMM_OPS & supports_epilogue or _grad_conv(p, supports_epilogue)):
                     continue
-                if (via is None and not has_bias(p) and not p.attr("_residual") and p.attr("_epilogue") is None
-                        and _bias_fits(graph, p, other, n.outputs[0])):
+                if (via is None and p.op in GEMM_OPS and not has_bias(p) and not p.attr("_residual")
+                        and p.attr("_epilogue") is None and _bias_fits(graph, p, other, n.outputs[0])):
                     _round_output(graph, p)
-                    p.inputs[2:] = [other]
+                    _put(p, "bias", other)
                     if p.op == "Gemm":
                         p.attrs["beta"] = 1.0
                 elif _residual_fits(graph, p, other, n.outputs[0], reshaped=via is not None) and residual_enabled():
                     _round_output(graph, p)
-                    p.inputs[2:] = [p.input(2), other]
+                    _put(p, "residual", other)
                     p.attrs["_residual"] = True
                 else:
                     continue
@@ -231,18 +242,19 @@ def fuse_epilogues(graph: Graph, protected: set[str], supports_epilogue: set[str
             else:
                 continue
             _round_output(graph, p)
-            p.inputs[2:] = [p.input(2), p.input(3), n.inputs[0]]
+            _put(p, "where", n.inputs[0])
             p.attrs["_where"] = (fill, slot == 2)  # the fill is Where's true branch when the GEMM is the false one
         elif n.op in EPILOGUE_GRADS and len(n.inputs) == 2 and grad_epilogue_enabled():
             # dy's GEMM applies the gradient, reading x at its own index as it reads a residual
-            # (through the reshape back to 3-D after a 2-D Gemm, which the fused GEMM replaces)
+            # (through the reshape back to 3-D after a 2-D Gemm, which the fused GEMM replaces),
+            # after the residual it may have taken (a ResNet block's input gradient: two paths' sum)
             (p, via), x = gemm_behind(n.inputs[0]), n.inputs[1]
             if (p is None or not (p.op in GEMM_OPS & supports_epilogue or _grad_conv(p, supports_epilogue))
                     or has_bias(p) or x == n.inputs[0]
-                    or not _residual_fits(graph, p, x, n.outputs[0], reshaped=via is not None)):
+                    or not _read_at_own_index(graph, p, x, n.outputs[0], reshaped=via is not None)):
                 continue
             _round_output(graph, p)
-            p.inputs[2:] = ["", x]
+            _put(p, "activation_x", x)
             p.attrs.update(_epilogue=n.op, _epilogue_attrs=dict(n.attrs), _epilogue_arg=True)
             if via is not None:
                 absorbed.add(id(via))

@@ -29,7 +29,7 @@ from .gemm_spec import (
 )
 from .kernel import AdapterCaps, Kernel, Scratch, lowering
 from .kernels_conv_nd import CONV_ND
-from .kernels_gemm import epilogue_arg, epilogue_of, gemm_kernels, static_shape, variant_of
+from .kernels_gemm import epilogue_arg, epilogue_of, gemm_kernels, residual_arg, static_shape, variant_of
 from .wgsl import WG
 from .windows import Geo, flat_kernel, gather_forward, geometry
 
@@ -157,11 +157,12 @@ def _depthwise(node: Node, g: Geo, has_bias: bool, caps: AdapterCaps) -> Kernel:
 
 # -- Conv gradients -----------------------------------------------------------------------------
 def _grad_output(node: Node, reads: list[Binding], index: str, at_rc: str, **fields) -> Output:
-    """The input gradient's store: at `index` (through the Output's prelude), with the activation
-    gradient fusion.fuse_epilogues may have moved into it (ReLU's before a BatchNorm's gradient;
-    attrs `_epilogue`, `_epilogue_arg`: its x, input 3, read at `at_rc`, the same element written
-    in the (bt, r, c) the epilogue sees)."""
-    return Output("DX", index, operand=epilogue_arg(node, reads, at_rc), **epilogue_of(node), **fields)
+    """The input gradient's store: at `index` (through the Output's prelude), with what
+    fusion.fuse_epilogues may have moved into it: a residual Add (another path's gradient, as at
+    a ResNet block's input) and an activation's gradient (ReLU's before a BatchNorm's gradient),
+    each read at `at_rc`, the same element written in the (bt, r, c) the epilogue sees."""
+    return Output("DX", index, residual=residual_arg(node, reads, at_rc), operand=epilogue_arg(node, reads, at_rc),
+                  **epilogue_of(node), **fields)
 
 
 @lowering("ConvGradInput", epilogue=True)

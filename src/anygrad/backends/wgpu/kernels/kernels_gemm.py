@@ -258,17 +258,23 @@ def epilogue_of(node: Node) -> dict:
             "rounds": frozenset(node.attr("_round") or ())}
 
 
-def _residual(node: Node, reads: list[Binding], index: str) -> str:
-    """The epilogue term of a fused residual (fusion.fuse_epilogues: input 3, same shape and
-    row-major order as the result, so it is read at the result's own index); binds it."""
+# Where fusion.fuse_epilogues puts the values a GEMM's (or a convolution input gradient's)
+# epilogue reads, after the operands: one slot each, so that any of them can come together (an
+# unused slot is "").
+EPILOGUE_INPUTS = {"bias": 2, "residual": 3, "where": 4, "activation_x": 5}
+
+
+def residual_arg(node: Node, reads: list[Binding], index: str) -> str:
+    """The epilogue term of a fused residual (fusion.fuse_epilogues: EPILOGUE_INPUTS["residual"],
+    same shape and row-major order as the result, so it is read at the result's own index); binds it."""
     if not node.attr("_residual"):
         return ""
-    reads.append(Binding(node.inputs[3], "Rs"))
+    reads.append(Binding(node.inputs[EPILOGUE_INPUTS["residual"]], "Rs"))
     return f"Rs[{index}]"
 
 
 def _where_mask(node: Node, graph: Graph, reads: list[Binding], M: int, N: int) -> dict:
-    """The Output fields of a fused Where (fusion.fuse_epilogues: input 4 the condition, attr
+    """The Output fields of a fused Where (fusion.fuse_epilogues: EPILOGUE_INPUTS["where"], attr
     `_where` = (fill, fill where the condition is true)): attention's causal masked_fill. The
     condition broadcasts into the result, so it is read at the result's logical (row-major)
     index, whatever the result's stored layout; M, N as the kernel sees them (a batch folded
@@ -277,7 +283,7 @@ def _where_mask(node: Node, graph: Graph, reads: list[Binding], M: int, N: int) 
     if got is None:
         return {}
     fill, when = got
-    cond = node.inputs[4]
+    cond = node.inputs[EPILOGUE_INPUTS["where"]]
     reads.append(Binding(cond, "Wc", elem=vtype(graph, cond)))
     out_shape = static_shape(graph, node.outputs[0], node)
     cs = static_shape(graph, cond, node)
@@ -310,11 +316,12 @@ def _prologue(node: Node, op: Operand, slot: int) -> Operand:
 
 
 def epilogue_arg(node: Node, reads: list[Binding], index: str) -> str:
-    """The x of a fused activation gradient (EPILOGUE_GRADS; input 3, attr `_epilogue_arg`: the
-    result's shape and row-major order, so it is read at the result's own index); binds it."""
+    """The x of a fused activation gradient (EPILOGUE_GRADS; EPILOGUE_INPUTS["activation_x"], attr
+    `_epilogue_arg`: the result's shape and row-major order, so it is read at the result's own
+    index); binds it."""
     if not node.attr("_epilogue_arg"):
         return ""
-    reads.append(Binding(node.inputs[3], "Ex"))
+    reads.append(Binding(node.inputs[EPILOGUE_INPUTS["activation_x"]], "Ex"))
     return f"Ex[{index}]"
 
 
@@ -382,7 +389,7 @@ def lower_matmul(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
     # vec4 stores where four consecutive results are four aligned elements
     vec_y = N % 4 == 0 and ly.strides[-1] == 1 and not any(st % 4 for st in (y_base, ly_rs, *ly.strides[:-2]))
     out = Output("Y", y_index, contig=vec_y, alpha=float(node.attr("_alpha", 1.0)), bias=bias,
-                 residual=_residual(node, reads, y_index), operand=epilogue_arg(node, reads, y_index),
+                 residual=residual_arg(node, reads, y_index), operand=epilogue_arg(node, reads, y_index),
                  **epilogue_of(node), **_where_mask(node, graph, reads, M, N))
     spec = GemmSpec("MatMul", M, N, K, batch, _prologue(node, a, 0), _prologue(node, b, 1), out, tuple(reads),
                     Binding(node.outputs[0], "Y"))
@@ -422,7 +429,7 @@ def lower_gemm(node: Node, graph: Graph, caps: AdapterCaps) -> list[Kernel]:
         bias = f"Cb[r * {u(sr)} + c * {u(scc)}]" + (f" * {f(beta)}" if beta != 1.0 else "")
         reads.append(Binding(node.inputs[2], "Cb"))
     out = Output("Y", f"r * {u(N)} + c", contig=N % 4 == 0, alpha=node.attr("alpha", 1.0), bias=bias,
-                 residual=_residual(node, reads, f"r * {u(N)} + c"),
+                 residual=residual_arg(node, reads, f"r * {u(N)} + c"),
                  operand=epilogue_arg(node, reads, f"r * {u(N)} + c"), **epilogue_of(node),
                  **_where_mask(node, graph, reads, M, N))
     spec = GemmSpec("Gemm", M, N, K, 1, _prologue(node, a, 0), _prologue(node, b, 1), out, tuple(reads),
