@@ -68,8 +68,8 @@ def _rowed(node: Node, graph: Graph) -> list[str] | None:
         rows = [ins[0]] + ([ins[1]] if len(sb) == rank > 2 and sb[0] == lead else [])
         return rows + auto(ins[2:]) + outs
     if op == "Gemm":
-        if node.attr("transA", 0):
-            return None
+        if node.attr("transA", 0) or node.attr("_viewA") is not None or node.attr("_viewB") is not None:
+            return None   # a view's rows are not the bound value's (gemm_layout.fold_views)
         return [ins[0]] + auto(ins[2:]) + outs
     if op == "Gather":
         if int(node.attr("axis", 0)) != 0 or len(shape_of(graph, ins[1])) < 1 or shape_of(graph, ins[1])[0] != lead:
