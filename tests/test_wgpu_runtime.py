@@ -239,7 +239,7 @@ def test_one_lowering_registry_holds_aliases_epilogues_and_updates(wb):
     from anygrad.backends.wgpu.kernels.kernel import REGISTRY, ops_where
     updates = {cls.op for cls in vars(optim).values() if isinstance(cls, type) and getattr(cls, "op", None)}
     assert updates and updates == ops_where("update")
-    assert ops_where("epilogue") == {"MatMul", "Gemm", "Conv"}
+    assert ops_where("epilogue") == {"MatMul", "Gemm", "Conv", "ConvGradInput"}
     assert {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"} == ops_where("alias")
     assert all(wb.supports(op) for op in ops_where("alias"))      # Reshape: no kernel, but it runs
     assert REGISTRY["Reshape"].fn is None and REGISTRY["Identity"].fn is not None
