@@ -109,6 +109,23 @@ def test_dawn_toggles_add_to_anygrads_and_an_unknown_one_is_a_config_error(monke
         implementation.load("dawn")
 
 
+def test_dawn_loads_with_anygrads_toggles_and_exact_timestamps(monkeypatch):
+    """The instance gets dawn_toggles() enabled and timestamp_quantization disabled (Dawn's
+    default rounds timestamps to 2^16 ns: profiles and the autotuner's stamped timings read in
+    65.5 us steps); every name is one Dawn knows."""
+    pytest.importorskip("wgpudawn")
+    from wgpudawn.backends.dawn import extras
+    seen = {}
+    monkeypatch.setattr(extras, "set_instance_extras", lambda **kw: seen.update(kw))
+    monkeypatch.delitem(implementation._LOADED, "dawn", raising=False)
+    implementation.load("dawn")
+    monkeypatch.delitem(implementation._LOADED, "dawn", raising=False)
+    assert seen["enable_toggles"] == list(implementation.dawn_toggles())
+    assert seen["disable_toggles"] == ["timestamp_quantization"]
+    known = extras.all_toggles()
+    assert all(t in known for t in seen["enable_toggles"] + seen["disable_toggles"])
+
+
 def test_loading_dawn_without_wgpudawn_is_the_same_error(monkeypatch):
     monkeypatch.delitem(implementation._LOADED, "dawn", raising=False)
     monkeypatch.setitem(sys.modules, "wgpudawn", None)  # import wgpudawn -> ImportError

@@ -348,3 +348,20 @@ def test_f16_training_on_matrix_units_follows_torch_autocast(kind):
     np.testing.assert_allclose(got, want, rtol=2e-3, atol=1e-4)
     on_units = [st.kernel.name for st in _train_exe(m).plan.steps if uses_matrix_units(st.kernel)]
     assert len(on_units) >= 3, [st.kernel.name for st in _train_exe(m).plan.steps]
+
+
+def test_timestamps_are_not_quantized():
+    """Dawn rounds timestamps down to 2^16 ns unless its `timestamp_quantization` toggle is off
+    (implementation.DAWN_OFF_TOGGLES): every profiled kernel then read 0, 65.5 or 131 us. Raw
+    timestamps around empty passes are multiples of 2^16 only by chance (1 in 65,536 each)."""
+    from anygrad.backends.wgpu.tuning.profiling import FEATURE as STAMPS
+    from anygrad.backends.wgpu.tuning.profiling import TimestampProfiler
+    _, dev, _ = dawn()
+    if STAMPS not in dev.features:
+        pytest.skip("this Dawn adapter has no timestamp-query")
+    prof = TimestampProfiler(dev, [f"pass{i}" for i in range(8)])
+    enc = dev.create_command_encoder()
+    prof.encode_runs(enc, [[] for _ in range(8)])
+    dev.queue.submit([enc.finish()])
+    stamps = prof._read()[:16]
+    assert (stamps > 0).all() and (stamps % (1 << 16) != 0).any(), stamps

@@ -7,7 +7,8 @@ kept here as data (`Implementation`):
 - the device features anygrad asks for (Dawn spells `subgroups`, wgpu-native `subgroup`);
 - Dawn's instance toggles, set before its instance exists: `allow_unsafe_apis` (experimental
   features: subgroup matrices), `vulkan_enable_f16_on_nvidia` (shader-f16 on NVIDIA's Vulkan) and
-  `disable_robustness` (no index clamps, as on wgpu-native: dawn_toggles);
+  `disable_robustness` (no index clamps, as on wgpu-native: dawn_toggles); and one turned off,
+  `timestamp_quantization` (DAWN_OFF_TOGGLES);
 - wgpu-native's C API (`native_api`), which only wgpu-native objects may be handed to: trusted
   shader modules, the non-blocking poller, raw mapped ranges. Dawn objects get the plain API.
 - whether one device may be called from several threads (wgpu-core: yes; Dawn: with the device
@@ -30,6 +31,10 @@ from ....errors import ConfigError, DeviceError
 NATIVE, DAWN = "native", "dawn"
 IMPLEMENTATIONS = (NATIVE, DAWN)
 DAWN_TOGGLES = ("allow_unsafe_apis", "vulkan_enable_f16_on_nvidia")
+# Dawn rounds timestamps down to 2^16 ns by default (a browser's guard against timing attacks):
+# a profiled ResNet-50 step read every kernel as 0, 65.5 or 131 us, and the autotuner's stamped
+# timings carried the same +-65 us (H200, 2026-12-04). anygrad's timestamps are its own.
+DAWN_OFF_TOGGLES = ("timestamp_quantization",)
 DAWN_THREAD_SAFETY = "implicit-device-synchronization"  # Dawn's device-wide lock: threads may share a device
 DAWN_REQUIREMENT = "wgpudawn>=0.32.0.4,<0.33"
 DIST = "anygrad-train"  # the distribution (pyproject name) whose `[dawn]` extra installs wgpudawn
@@ -158,7 +163,7 @@ def load(key: str) -> Implementation:
             raise ConfigError(f"ANYGRAD_DAWN_TOGGLES: Dawn has no toggle {', '.join(unknown)} "
                               "(wgpudawn.backends.dawn.extras.all_toggles() lists them)")
         try:
-            extras.set_instance_extras(enable_toggles=list(toggles))
+            extras.set_instance_extras(enable_toggles=list(toggles), disable_toggles=list(DAWN_OFF_TOGGLES))
         except Exception:  # noqa: BLE001, S110  (the instance exists already: someone else set it up)
             pass
         impl = Implementation(DAWN, "Dawn", wgpudawn,
