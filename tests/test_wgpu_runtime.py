@@ -138,6 +138,30 @@ def test_run_twice_and_state_updates(wb):
     np.testing.assert_allclose(wb.get_state("c"), 4 * x)
 
 
+@pytest.mark.parametrize("threads", [True, False])
+def test_big_inputs_go_up_through_a_ring_of_mapped_buffers(wb, monkeypatch, threads):
+    """A big input (here any: the threshold is 0) is written into the next of UPLOAD_RING mapped
+    buffers of its own and copied by its step: runs submitted back to back without a wait, each
+    with new values (float64: the cast in the same pass), all arrive, in order; with the setting
+    off, queue writes and no upload buffers. threads=False: without a writable view of the
+    mapping (write_mapped)."""
+    from anygrad.backends.wgpu.runtime import executable
+    monkeypatch.setattr(executable, "STAGED_INPUT_BYTES", 0)
+    if not threads:
+        monkeypatch.setattr(executable, "_mapped_view", lambda buf, nbytes: None)
+    for staged in (True, False):
+        monkeypatch.setenv("ANYGRAD_WGPU_STAGED_UPLOAD", str(int(staged)))
+        exe = wb.compile(_counter_graph())
+        wb.set_state("c", np.zeros(5, np.float32))
+        xs = [np.arange(5, dtype=np.float64) * (k + 1) + k for k in range(5)]
+        for x in xs:
+            assert exe.run({"x": x}, fetch=[]) == {}
+        np.testing.assert_allclose(wb.get_state("c"), np.sum(xs, axis=0), rtol=1e-6)
+        ring = exe._upload_bufs.get("x", [])
+        assert len(ring) == (executable.UPLOAD_RING if staged else 0)
+        assert all(b.map_state == "unmapped" for b in ring)
+
+
 def test_in_place_only_when_safe(wb):
     # Unfused, y = c * 2 runs after c2 = c + x: c2 cannot be written into c's buffer.
     g = _counter_graph()

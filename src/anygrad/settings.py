@@ -248,7 +248,8 @@ DECLARED: tuple[Setting, ...] = (
        "wgpu device polling: free (anygrad's non-blocking poll thread) or block (wgpu-py's own)",
        choices=("free", "block")),
     _s("ANYGRAD_WGPU_STAGED_UPLOAD", bool, True, "debug",
-       "data parallel on wgpu: batches go up through staging buffers; 0: plain queue writes"),
+       "wgpu: inputs of 16 MiB and more go up through mapped buffers filled over the host's threads; "
+       "0: plain queue writes"),
     _s("ANYGRAD_WGPU_HOLD_PARTS", int, None, "debug",
        "data parallel on wgpu: parts of a step held back so buckets map mid-step; unset: timed",
        minimum=0),

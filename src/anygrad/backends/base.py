@@ -32,15 +32,12 @@ class Exchange:
     - `encoded()`: called once the whole step is encoded, before its held parts are submitted
       (the caller's reader of the `ready` copies starts there).
     - `hold_parts`: parts held back so that those copies map mid-step, where the device's poll
-      thread blocks (Executable.holds_parts); 0: every map asked after the last part.
-    - `stage_inputs`: big inputs go up through mapped memory over the host's threads (the device
-      waits for them: its last update was submitted just before)."""
+      thread blocks (Executable.holds_parts); 0: every map asked after the last part."""
 
     reduce: Callable[[np.ndarray, str], np.ndarray] | None = None
     ready: dict[int, Callable[[Any], None]] = field(default_factory=dict)
     encoded: Callable[[], None] | None = None
     hold_parts: int = 0
-    stage_inputs: bool = False
 
 
 NO_EXCHANGE = Exchange()

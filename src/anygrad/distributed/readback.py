@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 
 from .. import _parallel
-from .. import settings as env_settings
 from ..backends.base import Exchange, Executable
 from ..ir.passes import RNG_STATE
 from ..model import Model
@@ -53,10 +52,9 @@ class GradientReadback:
             began = time.perf_counter()
             if self._timing:
                 r.backend.get_state(RNG_STATE)  # the device is idle when the clock starts
-            # the device waits for its shard: uploaded over the host's threads
-            # (its big inputs staged through mapped memory, WgpuExecutable.stage_inputs, unless
-            # ANYGRAD_WGPU_STAGED_UPLOAD=0: write_buffer, for A/B runs)
-            exchange = Exchange(stage_inputs=env_settings.get("ANYGRAD_WGPU_STAGED_UPLOAD"))
+            # the device waits for its shard, uploaded over the host's threads (big inputs staged
+            # through mapped memory unless ANYGRAD_WGPU_STAGED_UPLOAD=0: WgpuExecutable._stage_input)
+            exchange = Exchange()
             if self._meet is not None:
                 exchange.reduce = lambda x, mode: self._reduce_stat(i, x, mode)
             host = self._host[i] if update else None

@@ -94,15 +94,18 @@ def _unmapped(buf: Any, mapping: Any = None) -> Any:
 def _mapped_view(buf: Any, nbytes: int) -> np.ndarray | None:
     """The first nbytes of a mapped buffer as a writable uint8 array (wgpu-py's write_mapped copies
     on one thread, and its read_mapped views are read-only), or None where this wgpu-py has no
-    such internals. Valid until the buffer is unmapped; writes into a read mapping are dropped
+    such internals or the implementation gives no writable range (Dawn, for a read mapping).
+    Valid until the buffer is unmapped; on wgpu-native writes into a read mapping are dropped
     then (WebGPU's semantics), so it may serve as scratch."""
-    _api = implementation.of(buf).native_api  # wgpu-native's C API takes wgpu-native buffers only
+    _api = implementation.of(buf).cffi_api()  # each implementation's C API takes its own buffers only
     if _api is None:
         return None
     try:
         ptr = _api.libf.wgpuBufferGetMappedRange(buf._internal, 0, nbytes)
         address = int(_api.ffi.cast("intptr_t", ptr))
     except (ImportError, AttributeError):
+        return None
+    if not address:
         return None
     return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address))
 

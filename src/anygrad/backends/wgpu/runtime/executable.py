@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .... import _parallel
+from .... import _parallel, settings
 from ....errors import DeviceError, ShapeError
 from ....ir.graph import Graph
 from ...base import NO_EXCHANGE, Exchange, Executable
@@ -37,6 +37,10 @@ if TYPE_CHECKING:
 # buffer and from there into its input buffer by the step's first command: queue.write_buffer
 # took 68-93 ms for a 308 MB ImageNet batch of 512 on an H200 host, this 11-15 ms.
 STAGED_INPUT_BYTES = 16 << 20
+# Upload buffers a big input cycles through: mapping one waits for the last step that copied from
+# it, UPLOAD_RING steps back, which the GPU has finished while the host prepares this one. With
+# one buffer the map waited for the previous step, and the GPU idled while the host filled it.
+UPLOAD_RING = 2
 
 
 @dataclass
@@ -80,11 +84,12 @@ class WgpuExecutable(StepEncoder, Executable):
         self.input_bytes: dict[str, int] = {}  # bytes the last run wrote per input (uploads)
         self.upload_s = 0.0  # host seconds the last run spent writing its inputs
         self.upload_at = 0.0  # when (perf_counter) that began: an exchanging caller's timeline
-        # Where the GPU waits for the inputs (Exchange.stage_inputs: a data-parallel step starts once
-        # the last update is submitted), a big input goes through a mapped buffer of its own, filled
-        # over the host's threads (_write_inputs). Alone, queue.write_buffer's one-core copy overlaps
-        # the previous step, and mapping would wait for that step (docs/wgpu-facts.md).
-        self._upload_bufs: dict[str, Any] = {}
+        # A big input goes up through mapped buffers of its own (UPLOAD_RING), filled over the
+        # host's threads with the cast in the same pass (_write_inputs). queue.write_buffer copied
+        # on one core into fresh staging memory: 24.6 ms a step for ResNet-50's 38.5 MB batch on
+        # an H100's host, most of a 38.8 ms step (benchmarks/probes/step_gap.py, 2026-12-06).
+        self._upload_bufs: dict[str, list[Any]] = {}
+        self._upload_turn: dict[str, int] = {}
         # Arenas first: packing copies the state into them and frees the per-tensor buffers, and
         # done later (at the first run) that copy would briefly hold the parameters and optimizer
         # state twice beside every activation slot (1.3 GB more for GPT-2 small with momentum).
@@ -185,16 +190,20 @@ class WgpuExecutable(StepEncoder, Executable):
         return copies
 
     def _stage_input(self, name: str, value: np.ndarray, dtype: np.dtype, nbytes: int) -> Any:
-        """`value` as `dtype` in input `name`'s upload buffer (mapped again: its last copy ran at
-        the start of the last step), written over the host's threads; returns the buffer."""
-        staging = self._upload_bufs.get(name)
-        if staging is not None:
+        """`value` as `dtype` in the next of input `name`'s upload buffers (UPLOAD_RING; mapped
+        again, its last copy ran UPLOAD_RING steps ago), written over the host's threads; returns
+        the buffer."""
+        ring = self._upload_bufs.setdefault(name, [])
+        turn = self._upload_turn.get(name, 0)
+        self._upload_turn[name] = (turn + 1) % UPLOAD_RING
+        if turn < len(ring):
+            staging = ring[turn]
             implementation.map_now(staging, _wgpu().MapMode.WRITE)
         else:
             U = _wgpu().BufferUsage
             staging = self.backend.device.create_buffer(size=nbytes, usage=U.COPY_SRC | U.MAP_WRITE,
                                                         mapped_at_creation=True, label=f"upload {name}"[:60])
-            self._upload_bufs[name] = staging
+            ring.append(staging)
         try:
             view = _mapped_view(staging, nbytes)
             if view is not None:
@@ -242,7 +251,7 @@ class WgpuExecutable(StepEncoder, Executable):
         _cancel(self.backend.take_hooks() + self._deferred)  # left by a run that failed while encoding
         self._deferred = []
         t = time.perf_counter()
-        uploads = self._write_inputs(feeds, ex.stage_inputs)
+        uploads = self._write_inputs(feeds, settings.get("ANYGRAD_WGPU_STAGED_UPLOAD"))
         self.upload_at, self.upload_s = t, time.perf_counter() - t
         if self._dispatches is None or self._generation != self.backend.generation:
             self._build()
