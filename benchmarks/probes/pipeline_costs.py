@@ -1,0 +1,89 @@
+"""What a model's pipelines cost to build, kernel by kernel, on one WebGPU implementation: each
+pipeline's creation timed on the thread that builds it (16 at once on a 16-core host), grouped by
+op kind and by whether it runs on matrix units, with the shader's size. Question (issue 43):
+ResNet-50's f16 compile on Dawn took 2.1x wgpu-native's (rules: 264 pipelines in 7.2 s on 16
+threads, 2026-12-04); which kernels make that?
+
+    __GL_SHADER_DISK_CACHE=0 ANYGRAD_AUTOTUNE=0 python benchmarks/probes/pipeline_costs.py \
+        --model resnet50:64 --device wgpu:dawn --precision f16 --json out.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="resnet50:64")
+    ap.add_argument("--device", default="wgpu:dawn")
+    ap.add_argument("--precision", default="f16")
+    ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    os.environ.setdefault("ANYGRAD_PIPELINE_CACHE", "0")
+    import torch
+    from models import LR, MODELS, MOMENTUM
+
+    import anygrad
+    from anygrad.backends.wgpu.runtime.backend import WgpuBackend
+    from anygrad.backends.wgpu.tuning.profiling import op_kind
+    from anygrad.optim import SGD
+    built: list[tuple[str, float, int, float]] = []   # name, seconds, WGSL lines, thread start (since t0)
+    lock = threading.Lock()
+    create = WgpuBackend._create_pipeline
+    t0 = time.perf_counter()
+
+    def timed(self, key, name):
+        start = time.perf_counter()
+        pipe = create(self, key, name)
+        with lock:
+            built.append((name, time.perf_counter() - start, key[0].count("\n"), start - t0))
+        return pipe
+    WgpuBackend._create_pipeline = timed
+    name, batch = args.model.split(":")
+    spec = MODELS[name]
+    torch.manual_seed(0)
+    x, y = spec.batch(int(batch), np.random.default_rng(0))
+    model = anygrad.from_torch(spec.build(), torch.from_numpy(x[:2]), check=False)
+    model.compile(loss="cross_entropy", optimizer=SGD(lr=LR, momentum=MOMENTUM), device=args.device,
+                  precision=args.precision)
+    t0 = time.perf_counter()
+    model.train_on_batch(x, y)
+    wall = time.perf_counter() - t0
+    exe = model.train_program(*model._batch(x, y))
+
+    def group(key) -> dict:
+        out: dict[str, list[float]] = {}
+        for n, s, lines, _ in built:
+            k = key(n)
+            acc = out.setdefault(k, [0, 0.0, 0])
+            acc[0] += 1
+            acc[1] += s
+            acc[2] += lines
+        return {k: {"pipelines": v[0], "seconds": round(v[1], 3), "mean_lines": v[2] // max(v[0], 1)}
+                for k, v in sorted(out.items(), key=lambda kv: -kv[1][1])}
+    out = {"model": args.model, "device": model.backend.description, "precision": model.precision,
+           "threads": os.environ.get("ANYGRAD_PIPELINE_THREADS", "default"),
+           "first_step_s": wall, "compile_times": exe.compile_times.as_dict(), "pipelines": len(built),
+           "thread_seconds": round(sum(s for _, s, _, _ in built), 3),
+           "by_units": group(lambda n: "matrix units" if "[mma " in n else "ALU"),
+           "by_kind": group(op_kind),
+           "slowest": [{"name": n, "s": round(s, 3), "lines": lines}
+                       for n, s, lines, _ in sorted(built, key=lambda b: -b[1])[:args.top]]}
+    print(json.dumps(out, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
