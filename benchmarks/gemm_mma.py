@@ -50,9 +50,6 @@ PLANS = {
 # before kernels_mma.tile_majors; A/B runs of --layout nt / tn)
 PLANS.update({f"{name} rowtiles": {**pin, "_gemm_layout": "rowtiles"} for name, pin in list(PLANS.items())
               if pin["_gemm_variant"] == "mma"})
-# "... adjacent": each invocation copies neighbouring vec4 groups of a tile (MmaPlan.adjacent)
-PLANS.update({f"{name} adjacent": {**pin, "_gemm_layout": "adjacent"} for name, pin in list(PLANS.items())
-              if pin["_gemm_variant"] == "mma" and "_gemm_layout" not in pin})
 # --layout: how A and B are stored (n: as multiplied, t: transposed), e.g. nt = x @ W.T (a
 # Linear's forward), tn = x.T @ dy (its weight gradient)
 LAYOUTS = ("nn", "nt", "tn")

@@ -153,9 +153,7 @@ def rnd(*shape, seed=0):
 PLANS = {"rules": {}, "b2t64": {"_gemm_block": 2, "_gemm_threads": 64}, "b4k64": {"_gemm_block": 4, "_gemm_kt": 64},
          "b2t256": {"_gemm_block": 2, "_gemm_threads": 256}, "prefetch": {"_gemm_prefetch": 1},
          "b2t64p": {"_gemm_block": 2, "_gemm_threads": 64, "_gemm_prefetch": 1},
-         "double": {"_gemm_prefetch": 2, "_gemm_threads": 128}, "b2t64pd": {"_gemm_block": 2, "_gemm_threads": 64, "_gemm_prefetch": 2},
-         # each invocation on neighbouring vec4 groups (MmaPlan.adjacent), with and without prefetch
-         "adjacent": {"_gemm_layout": "adjacent"}, "adjacent_p0": {"_gemm_layout": "adjacent", "_gemm_prefetch": 0}}
+         "double": {"_gemm_prefetch": 2, "_gemm_threads": 128}, "b2t64pd": {"_gemm_block": 2, "_gemm_threads": 64, "_gemm_prefetch": 2}}
 
 
 @pytest.mark.parametrize("plan", list(PLANS))

@@ -60,8 +60,7 @@ def gemm_kernels(spec: GemmSpec, caps: AdapterCaps, variant: str | None = None,
         # the rules (prefetch None): register prefetch, and double tiles on the widest plans
         kernels = mma_kernels(spec, caps, operands, allow_split, block, kt, threads, splits,
                               None if prefetch is None else int(prefetch),
-                              lane_tiles="rowtiles" not in (layout or "").split(","),
-                              adjacent="adjacent" in (layout or "").split(","))
+                              lane_tiles="rowtiles" not in (layout or "").split(","))
     else:
         before: list[Kernel] = []
         if spec.tap_major is not None and "bytap" in (layout or "").split(","):
@@ -148,8 +147,7 @@ def variant_of(node: Node, graph: Graph, caps: AdapterCaps) -> dict:
     workgroup tiles, Tiling.double), '_gemm_layout'
     (comma list: "noswizzle" keeps the shared tiles' rows unpermuted, "nohoist" decodes im2col columns
     per element, "plain" both, for A/B runs; "bytap": a conv's tap-major form, GemmSpec.tap_major, which
-    the matrix-unit kernels take by themselves; "rowtiles" keeps matrix-unit tiles row-major,
-    "adjacent" has each invocation copy neighbouring vec4 groups, MmaPlan.adjacent), '_gemm_threads' (invocations
+    the matrix-unit kernels take by themselves), '_gemm_threads' (invocations
     per workgroup of the shared variant, 256 by default: 128 makes 128x64 tiles of the 8x8 blocks),
     '_gemm_unroll' (K steps per pass of a rolled K-tile loop: Tiling.unroll), '_gemm_tn' (outputs per
     invocation along N of the shared variant, when not _gemm_block), '_gemm_splits' (K splits, 1 for none,

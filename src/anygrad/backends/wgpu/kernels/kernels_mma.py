@@ -98,25 +98,13 @@ class _Copy:
         return ["{"] + [f"  {s.format(k=k)}" for s in self.setup] + [f"  {ln}" for ln in lines] + ["}"]
 
 
-def _group(i: int, count: int, threads: int, adjacent: bool) -> str:
-    """Element group number of an invocation's i-th copy: li + i * threads (neighbouring
-    invocations on neighbouring groups), or with `adjacent` li * n + i (each invocation on n
-    neighbouring groups: the groups a row holds, read as one wider load where the compiler
-    merges them), where the invocations divide the tile into n groups each."""
-    n = count // threads
-    if adjacent and count % threads == 0 and n > 1:
-        return f"li * {u(n)} + {u(i)}"
-    return f"li + {u(i * threads)}"
-
-
-def _copies(count: int, threads: int, body: list[str], adjacent: bool = False) -> list[str]:
-    """`body` (using l, the element-group number) for each of this invocation's groups (_group):
-    straight code where the invocations divide the tile (shared index arithmetic folds), else a
-    loop over l = li, li + threads, ... < count."""
+def _copies(count: int, threads: int, body: list[str]) -> list[str]:
+    """`body` (using l, the element-group number) for l = li, li + threads, ... < count: straight
+    code where the invocations divide the tile (shared index arithmetic folds), else a loop."""
     if count % threads == 0 and count // threads <= 16:
         out = []
         for i in range(count // threads):
-            out += ["{", f"  let l = {_group(i, count, threads, adjacent)};"] + [f"  {ln}" for ln in body] + ["}"]
+            out += ["{", f"  let l = li + {u(i * threads)};"] + [f"  {ln}" for ln in body] + ["}"]
         return out
     return ([f"for (var l = li; l < {u(count)}; l = l + {u(threads)}) {{"] + [f"  {ln}" for ln in body] + ["}"])
 
@@ -281,15 +269,14 @@ def _k_loop(copies: list[tuple[str, _Copy]], p: MmaPlan, step: list[str]) -> lis
         copies = [(name, replace(c, offset=f"o{name} + ")) for name, c in copies]
     fixed = [f"  {ln}" for _, c in copies for ln in c.fixed]
     if not p.prefetch:
-        stage = [ln for _, c in copies
-                 for ln in c.tile("k0", _copies(c.count, p.threads, c.body("k0", "v"), p.adjacent and c.vec))]
+        stage = [ln for _, c in copies for ln in c.tile("k0", _copies(c.count, p.threads, c.body("k0", "v")))]
         return fixed + head + ind(stage) + ["    workgroupBarrier();"] + ind(step) + tail
     decl, load, store = list(fixed), [], []
     e = p.config.operand  # registers of the operand type: f16 operands take half (their values are f16)
     for name, c in copies:
         slots = prefetch_slots(c, p.threads)
         if not slots:
-            store += c.tile("k0", _copies(c.count, p.threads, c.body("k0", "v"), p.adjacent and c.vec))
+            store += c.tile("k0", _copies(c.count, p.threads, c.body("k0", "v")))
             continue
         typ = f"vec4<{e}>" if c.vec else e
         mine = []
@@ -298,8 +285,7 @@ def _k_loop(copies: list[tuple[str, _Copy]], p: MmaPlan, step: list[str]) -> lis
             decl.append(f"  var {reg}: {typ};")
             # the last slot is guarded where the invocations do not divide the tile
             whole = (i + 1) * p.threads <= c.count
-            at = ["{", f"  let l = {_group(i, c.count, p.threads, p.adjacent and c.vec)};",
-                  "  if (l < " + u(c.count) + ") {" if not whole else "  {",
+            at = ["{", f"  let l = li + {u(i * p.threads)};", "  if (l < " + u(c.count) + ") {" if not whole else "  {",
                   f"  {c.index}"]
             mine += at + [f"  {reg} = {typ}({c.load.format(k='{k}')});", "  }", "}"]
             store += at + [f"  {ln}" for ln in c.store(reg)] + ["  }", "}"]
@@ -418,18 +404,15 @@ class _SplitView:
 
 def mma_kernels(spec: GemmSpec, caps: AdapterCaps, operand: str, allow_split: bool = True,
                 block: int | None = None, kt: int | None = None, threads: int | None = None,
-                want_splits: int | None = None, prefetch: int | None = None, lane_tiles: bool = True,
-                adjacent: bool = False) -> list[Kernel]:
+                want_splits: int | None = None, prefetch: int | None = None, lane_tiles: bool = True) -> list[Kernel]:
     """The kernel list of one GEMM-shaped op on matrix units: one kernel, or a split-K kernel
     writing partial sums and the ALU reduce that finishes them (alpha, bias, epilogue).
     prefetch: 0 none, 1 the next K tile into registers, 2 that and double tiles (MmaPlan); None
     the rules (prefetch, and double tiles where plan_mma's rule gives them). lane_tiles: tiles
     laid out along their copies' walk (tile_majors) where they fit; False keeps both row-major.
-    adjacent: each invocation copies neighbouring vec4 groups (MmaPlan.adjacent).
     ValueError where the adapter has no matrix units for `operand` or the tiles do not fit."""
     p = plan_mma(spec.M, spec.N, spec.K, caps, operand, block=block, bk=kt, threads=threads,
                  prefetch=prefetch is None or prefetch > 0, double=None if prefetch is None else prefetch == 2)
-    p = replace(p, adjacent=adjacent)
     before: tuple[Kernel, ...] = ()
     if spec.tap_major is not None and taps_fit(spec.tap_major.spec, p):
         spec, before = spec.tap_major.spec, tuple(spec.tap_major.before)

@@ -123,9 +123,6 @@ class MmaPlan:
     # gradient's im2col by tap); the matrix loads then read the tile column-major
     a_kmajor: bool = False
     b_nmajor: bool = False
-    # each invocation copies neighbouring vec4 groups of a tile (kernels_mma._group), so its two
-    # or four 8-byte loads of f16 lie side by side, instead of neighbouring invocations' doing so
-    adjacent: bool = False
 
     @property
     def subgroups(self) -> int:
@@ -199,7 +196,6 @@ class MmaPlan:
         """The kernel-name tag: tile, K tile, subgroups and config."""
         c = self.config
         return (f"mma {self.bm}x{self.bn}k{self.bk}{'p' if self.prefetch else ''}{'d' if self.double else ''}"
-                f"{'a' if self.adjacent else ''}"
                 f" sg{self.subgroups} {c.m}x{c.n}x{c.k}"
                 + ("" if c.operand == "f16" else f" {c.operand}"))
 
