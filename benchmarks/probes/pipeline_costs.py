@@ -28,6 +28,7 @@ def main() -> None:
     ap.add_argument("--device", default="wgpu:dawn")
     ap.add_argument("--precision", default="f16")
     ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--profile", action="store_true", help="also the step's GPU time by op kind (timestamps)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     os.environ.setdefault("ANYGRAD_PIPELINE_CACHE", "0")
@@ -60,7 +61,8 @@ def main() -> None:
     t0 = time.perf_counter()
     model.train_on_batch(x, y)
     wall = time.perf_counter() - t0
-    exe = model.train_program(*model._batch(x, y))
+    inputs, targets = model._batch(x, y)
+    exe = model.train_program(inputs, targets)
 
     def group(key) -> dict:
         out: dict[str, list[float]] = {}
@@ -80,6 +82,10 @@ def main() -> None:
            "by_kind": group(op_kind),
            "slowest": [{"name": n, "s": round(s, 3), "lines": lines}
                        for n, s, lines, _ in sorted(built, key=lambda b: -b[1])[:args.top]]}
+    if args.profile:
+        prof = exe.step_profile({**inputs, **targets}, repeat=3)
+        out["gpu_one_pass_ms"] = prof.step_ns / 1e6
+        out["gpu_by_kind_us"] = {k: [n, round(ns / 1e3, 1)] for k, n, ns in prof.by_kind()}
     print(json.dumps(out, indent=1))
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
