@@ -119,8 +119,8 @@ def _lets(wgsl: str) -> dict[str, str]:
 def _uniform(expr: str, lets: dict[str, str], seen: frozenset = frozenset()) -> bool:
     """Built from literals, workgroup_id, subgroup_id and lets of those (recursively) only."""
     for name in re.findall(r"[A-Za-z_]\w*", re.sub(r"\b\d+u\b", "", expr)):
-        # k0, k1: the K loop's counters, from kb (a let of workgroup_id) in uniform steps
-        if name in ("wid", "sg", "x", "y", "z", "min", "u", "k0", "k1"):
+        # k0: the K loop's counter, from kb (a let of workgroup_id) in uniform steps
+        if name in ("wid", "sg", "x", "y", "z", "min", "u", "k0"):
             continue
         if name in seen or name not in lets or not _uniform(lets[name], lets, seen | {name}):
             return False
@@ -161,22 +161,17 @@ def test_plans_and_shaders_for_every_config(key, case, prefetch):
         if op == "Conv" and "b_at(" not in w:
             bn = int(_plan_of(k.name, caps).group(2))
             threads = int(re.search(r"@workgroup_size\((\d+), 1, 1\)", w).group(1))
-            hoisted = "b_elh(bt, k" in w and w.index("let c = n0 + li %") < re.search(r"for \(var k[01]", w).start()
+            hoisted = "b_elh(bt, k" in w and w.index("let c = n0 + li %") < w.index("for (var k0")
             assert hoisted == (threads % bn == 0), k.name
         assert f"{cfg.m}x{cfg.n}x{cfg.k}" in k.name
         assert ("p sg" in k.name or "pd sg" in k.name) == bool(prefetch)
         assert ("d sg" in k.name) == (prefetch == 2)
         # double tiles: two buffers, each K tile's matrix loads at its buffer's offset, and one
         # barrier a K tile (the multiplies are followed by the next tile's stores, not a barrier)
-        loop = w[re.search(r"for \(var k[01]", w).start():]
+        loop = w[w.index("for (var k0"):]
         loop = loop[:loop.index("\n  }\n")]
         assert loop.count("workgroupBarrier();") == (1 if prefetch == 2 else 2), loop
         assert ("&Ta, oa + (" in w) == (prefetch == 2)
-        # each prefetch register's load and the result store are written once (a shader's size is
-        # its pipeline's build time): the loop reads the first tile in its first pass, and the
-        # fragments are stored in a loop
-        assert all(w.count(f"{r} = ") <= 1 for r in re.findall(r"var (p[ab]\d+):", w)), k.name
-        assert w.count("st4(bt, s, ") <= 2 and "for (var f = 0u;" in w, k.name
         assert re.search(r"^enable f16;", w, re.MULTILINE) and "enable chromium_experimental_subgroup_matrix;" in w
         assert f"alias ML = subgroup_matrix_left<{cfg.operand}, {cfg.k}, {cfg.m}>;" in w
         assert f"alias MR = subgroup_matrix_right<{cfg.operand}, {cfg.n}, {cfg.k}>;" in w

@@ -255,28 +255,22 @@ def _k_loop(copies: list[tuple[str, _Copy]], p: MmaPlan, step: list[str]) -> lis
     is read into registers before this one is multiplied, so global-memory latency (an im2col
     gather's most of all) overlaps the matrix units' work instead of stalling every subgroup at
     the barrier; the copy into workgroup memory then only moves registers. A copy too large for
-    registers (prefetch_slots 0: an element-wise gather of a wide tile) is read in the loop.
-
-    The prefetching loop runs one iteration more than there are K tiles (k1: the tile read into
-    registers, k0 = k1 - BK the one stored and multiplied), so its loads are written once: a
-    load before the loop as well doubled the largest part of the shader, and a pipeline's build
-    time grows with its shader (ResNet-50's matrix-unit kernels: ~1 s each on Dawn, 2026-12-06)."""
-    def ind(lines: list[str], n: int = 4) -> list[str]:
-        return [" " * n + ln for ln in lines]
-    bk = u(p.bk)
+    registers (prefetch_slots 0: an element-wise gather of a wide tile) is read in the loop."""
+    def ind(lines: list[str]) -> list[str]:
+        return ["    " + ln for ln in lines]
+    head = [f"  for (var k0 = kb; k0 < ke; k0 = k0 + {u(p.bk)}) {{"]
     # double tiles: this K tile's buffer (uniform: k0 and kb are), and no barrier after the
     # multiplies: the next store goes to the other buffer, which every subgroup finished reading
     # before it passed this K tile's barrier
-    tail = [] if p.double else ["workgroupBarrier();"]
-    bufs = ([f"let buf = ((k0 - kb) / {bk}) % 2u;", f"let oa = buf * {u(p.tile_a)};", f"let ob = buf * {u(p.tile_b)};"]
-            if p.double else [])
+    tail = ["  }"] if p.double else ["    workgroupBarrier();", "  }"]
     if p.double:
+        head += [f"    let buf = ((k0 - kb) / {u(p.bk)}) % 2u;",
+                 f"    let oa = buf * {u(p.tile_a)};", f"    let ob = buf * {u(p.tile_b)};"]
         copies = [(name, replace(c, offset=f"o{name} + ")) for name, c in copies]
     fixed = [f"  {ln}" for _, c in copies for ln in c.fixed]
     if not p.prefetch:
         stage = [ln for _, c in copies for ln in c.tile("k0", _copies(c.count, p.threads, c.body("k0", "v")))]
-        return (fixed + [f"  for (var k0 = kb; k0 < ke; k0 = k0 + {bk}) {{"] + ind(bufs + stage)
-                + ["    workgroupBarrier();"] + ind(step + tail) + ["  }"])
+        return fixed + head + ind(stage) + ["    workgroupBarrier();"] + ind(step) + tail
     decl, load, store = list(fixed), [], []
     e = p.config.operand  # registers of the operand type: f16 operands take half (their values are f16)
     for name, c in copies:
@@ -296,13 +290,10 @@ def _k_loop(copies: list[tuple[str, _Copy]], p: MmaPlan, step: list[str]) -> lis
             mine += at + [f"  {reg} = {typ}({c.load.format(k='{k}')});", "  }", "}"]
             store += at + [f"  {ln}" for ln in c.store(reg)] + ["  }", "}"]
         load += c.tile("{k}", mine)
-    # k0 wraps below kb on the first pass, where nothing reads it; the branches are uniform (kb,
-    # ke and k1 are), as the barriers in them require
-    return (decl + [f"  for (var k1 = kb; k1 < ke + {bk}; k1 = k1 + {bk}) {{", f"    let k0 = k1 - {bk};"]
-            + ind(bufs) + ["    if (k1 > kb) {"] + ind(store, 6) + ["      workgroupBarrier();", "    }",
-                                                     "    if (k1 < ke) {"]
-            + ind([ln.replace("{k}", "k1") for ln in load], 6)
-            + ["    }", "    if (k1 > kb) {"] + ind(step + tail, 6) + ["    }", "  }"])
+    first = [ln.replace("{k}", "kb") for ln in load]
+    nxt = [ln.replace("{k}", f"(k0 + {u(p.bk)})") for ln in load]
+    return (decl + ["  " + ln for ln in first] + head + ind(store)
+            + ["    workgroupBarrier();"] + ind(nxt) + ind(step) + tail)
 
 
 def mma_wgsl(spec: GemmSpec, p: MmaPlan, caps: AdapterCaps, splits: int = 1, ksplit: int = 0,
@@ -364,25 +355,21 @@ def mma_wgsl(spec: GemmSpec, p: MmaPlan, caps: AdapterCaps, splits: int = 1, ksp
         step += ["}"]
     copies = [("a", _stage_a(spec, p, va, cast)), ("b", _stage_b(spec, p, vb, cast))]
     loop = _k_loop(copies, p, step)
-    # results: fragment by fragment through this subgroup's slice of Tc, then the spec's store,
-    # in a loop over the fragments (a switch picks the f-th: uniform, as the matrix store needs),
-    # so the store and its epilogue are written once rather than once a fragment
+    # results: fragment by fragment through this subgroup's slice of Tc, then the spec's store
     groups = cfg.m * cfg.n // 4
     per_lane = math.ceil(groups / p.subgroup_size)
-    stores = [f"  for (var f = 0u; f < {u(len(frags))}; f = f + 1u) {{", "    switch f {"]
-    stores += [f"      case {u(n)}: {{ {dialect.store('Tc', f'sg * {u(frag)}', f'c{i}_{j}', u(sc))} }}"
-               for n, (i, j) in enumerate(frags)]
-    stores += ["      default: {}", "    }", "    workgroupBarrier();",
-               f"    let fr = (f / {u(p.frag_cols)}) * {u(cfg.m)}; let fc = (f % {u(p.frag_cols)}) * {u(cfg.n)};"]
-    for q in range(per_lane):
-        g = f"lane + {u(q * p.subgroup_size)}" if q else "lane"
-        stores += [f"    if ({g} < {u(groups)}) {{",
-                   f"      let rr = ({g}) / {u(cfg.n // 4)}; let cc = (({g}) % {u(cfg.n // 4)}) * 4u;",
-                   f"      let o = sg * {u(frag)} + rr * {u(sc)} + cc;",
-                   ("      st4(bt, s, m0 + sr + fr + rr, n0 + sc + fc + cc, "
-                    "vec4<f32>(Tc[o], Tc[o + 1u], Tc[o + 2u], Tc[o + 3u]));"),
-                   "    }"]
-    stores += ["    workgroupBarrier();", "  }"]
+    stores = []
+    for i, j in frags:
+        stores += [f"  {dialect.store('Tc', f'sg * {u(frag)}', f'c{i}_{j}', u(sc))}", "  workgroupBarrier();"]
+        for q in range(per_lane):
+            g = f"lane + {u(q * p.subgroup_size)}" if q else "lane"
+            stores += [f"  if ({g} < {u(groups)}) {{",
+                       f"    let rr = ({g}) / {u(cfg.n // 4)}; let cc = (({g}) % {u(cfg.n // 4)}) * 4u;",
+                       f"    let o = sg * {u(frag)} + rr * {u(sc)} + cc;",
+                       (f"    st4(bt, s, m0 + sr + {u(i * cfg.m)} + rr, n0 + sc + {u(j * cfg.n)} + cc, "
+                        "vec4<f32>(Tc[o], Tc[o + 1u], Tc[o + 2u], Tc[o + 3u]));"),
+                       "  }"]
+        stores += ["  workgroupBarrier();"]
     helpers: dict[str, str] = {}
     loaders = [_loader("a", spec.a, reads[0].vec4, helpers), _loader("b", spec.b, reads[1].vec4, helpers),
                _epi_fn(out, with_bias, helpers)]
