@@ -407,6 +407,22 @@ def run_anygrad(spec: Spec, module, batches, device: str, args, mem: GpuMemory |
     return out  # the model's buffers go with this frame (the worker collects after each case)
 
 
+def compiled_model(case: str, device: str, precision: str = "f32"):
+    """(model, x, y): MODEL:BATCH's module through from_torch, compiled as run_anygrad compiles
+    it (the benchmark's loss and optimizer), and one batch; for the probes (benchmarks/probes)."""
+    import torch
+
+    import anygrad
+    from anygrad.optim import SGD
+    name, batch = case.split(":")
+    spec = MODELS[name]
+    torch.manual_seed(0)
+    x, y = spec.batch(int(batch), np.random.default_rng(0))
+    model = anygrad.from_torch(spec.build(), torch.from_numpy(x[:2]), check=False)
+    model.compile(loss="cross_entropy", optimizer=SGD(lr=LR, momentum=MOMENTUM), device=device, precision=precision)
+    return model, x, y
+
+
 def matrix_unit_share(kernels: list[tuple[str, float]], top: int = 8) -> dict:
     """Of a step profile's (kernel, ns): the share of GPU time in kernels on matrix units
     (kernels_mma: '[mma ' in the name), and the op kinds that stay on ALUs with their shares."""

@@ -17,8 +17,6 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
@@ -32,13 +30,10 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     os.environ.setdefault("ANYGRAD_PIPELINE_CACHE", "0")
-    import torch
-    from models import LR, MODELS, MOMENTUM
+    from models import compiled_model
 
-    import anygrad
     from anygrad.backends.wgpu.runtime.backend import WgpuBackend
     from anygrad.backends.wgpu.tuning.profiling import op_kind
-    from anygrad.optim import SGD
     built: list[tuple[str, float, int, float]] = []   # name, seconds, WGSL lines, thread start (since t0)
     lock = threading.Lock()
     create = WgpuBackend._create_pipeline
@@ -51,13 +46,7 @@ def main() -> None:
             built.append((name, time.perf_counter() - start, key[0].count("\n"), start - t0))
         return pipe
     WgpuBackend._create_pipeline = timed
-    name, batch = args.model.split(":")
-    spec = MODELS[name]
-    torch.manual_seed(0)
-    x, y = spec.batch(int(batch), np.random.default_rng(0))
-    model = anygrad.from_torch(spec.build(), torch.from_numpy(x[:2]), check=False)
-    model.compile(loss="cross_entropy", optimizer=SGD(lr=LR, momentum=MOMENTUM), device=args.device,
-                  precision=args.precision)
+    model, x, y = compiled_model(args.model, args.device, args.precision)
     t0 = time.perf_counter()
     model.train_on_batch(x, y)
     wall = time.perf_counter() - t0

@@ -44,19 +44,10 @@ def main() -> None:
     ap.add_argument("--precision", default="f16")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    import torch
-    from models import LR, MODELS, MOMENTUM
+    from models import compiled_model
 
-    import anygrad
     from anygrad.backends.wgpu.tuning.profiling import encode_pass
-    from anygrad.optim import SGD
-    name, batch = args.model.split(":")
-    spec = MODELS[name]
-    torch.manual_seed(0)
-    x, y = spec.batch(int(batch), np.random.default_rng(0))
-    model = anygrad.from_torch(spec.build(), torch.from_numpy(x[:2]), check=False)
-    model.compile(loss="cross_entropy", optimizer=SGD(lr=LR, momentum=MOMENTUM), device=args.device,
-                  precision=args.precision)
+    model, x, y = compiled_model(args.model, args.device, args.precision)
     model.train_on_batch(x, y)
     inputs, targets = model._batch(x, y)
     exe = model.train_program(inputs, targets)
