@@ -10,7 +10,8 @@ kept here as data (`Implementation`):
   `disable_robustness` (no index clamps, as on wgpu-native: dawn_toggles); and one turned off,
   `timestamp_quantization` (DAWN_OFF_TOGGLES);
 - wgpu-native's C API (`native_api`), which only wgpu-native objects may be handed to: trusted
-  shader modules, the non-blocking poller, raw mapped ranges. Dawn objects get the plain API.
+  shader modules, the non-blocking poller. Raw mapped ranges and adapter facts go through each
+  implementation's own C API (`cffi_api`).
 - whether one device may be called from several threads (wgpu-core: yes; Dawn: with the device
   feature implicit-device-synchronization, requested where listed; without it pipelines are
   built on the calling thread).

@@ -152,12 +152,12 @@ def channel_stats(name: str, n: int, c: int, s: int, reads: list[tuple[str, str,
     # STATS_UNROLL loads an invocation a pass, each at a clamped index and its terms zeroed past
     # the chunk's end, so they are independent and in flight at once (one load a pass kept too
     # few bytes in flight: ResNet-50's BatchNorm statistics read at 42% of an H100's bandwidth)
-    loads = []
-    for t in range(STATS_UNROLL):
-        q = f"q0 + {t * wg}u" if t else "q0"
-        ok = "true" if not t else f"{q} < hi"
-        loads += ["    {", f"      let q = min({q}, hi - 1u); let ok = {ok};",
-                  f"      let idx = (q / {sw}u) * {c * sw}u + ch * {sw}u + q % {sw}u;"]
+    # (the first, q0 itself, is inside the chunk: the loop's condition)
+    def at(q: str) -> str:
+        return f"      let idx = ({q} / {sw}u) * {c * sw}u + ch * {sw}u + {q} % {sw}u;"
+    loads = ["    {", at("q0")] + [f"      a{j} += {e};" for j, e in enumerate(sums)] + ["    }"]
+    for t in range(1, STATS_UNROLL):
+        loads += ["    {", f"      let q = min(q0 + {t * wg}u, hi - 1u); let ok = q0 + {t * wg}u < hi;", at("q")]
         loads += [f"      a{j} += select({zero}, {e}, ok);" for j, e in enumerate(sums)] + ["    }"]
     stage1 = f"""  let g = wid.x + wid.y * nwg.x;
   let ch = g / {parts}u;

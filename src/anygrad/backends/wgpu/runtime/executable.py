@@ -89,7 +89,6 @@ class WgpuExecutable(StepEncoder, Executable):
         # on one core into fresh staging memory: 24.6 ms a step for ResNet-50's 38.5 MB batch on
         # an H100's host, most of a 38.8 ms step (benchmarks/probes/step_gap.py, 2026-12-06).
         self._upload_bufs: dict[str, list[Any]] = {}
-        self._upload_turn: dict[str, int] = {}
         # Arenas first: packing copies the state into them and frees the per-tensor buffers, and
         # done later (at the first run) that copy would briefly hold the parameters and optimizer
         # state twice beside every activation slot (1.3 GB more for GPT-2 small with momentum).
@@ -193,17 +192,15 @@ class WgpuExecutable(StepEncoder, Executable):
         """`value` as `dtype` in the next of input `name`'s upload buffers (UPLOAD_RING; mapped
         again, its last copy ran UPLOAD_RING steps ago), written over the host's threads; returns
         the buffer."""
-        ring = self._upload_bufs.setdefault(name, [])
-        turn = self._upload_turn.get(name, 0)
-        self._upload_turn[name] = (turn + 1) % UPLOAD_RING
-        if turn < len(ring):
-            staging = ring[turn]
+        ring = self._upload_bufs.setdefault(name, [])   # oldest first
+        if len(ring) == UPLOAD_RING:
+            staging = ring.pop(0)
             implementation.map_now(staging, _wgpu().MapMode.WRITE)
         else:
             U = _wgpu().BufferUsage
             staging = self.backend.device.create_buffer(size=nbytes, usage=U.COPY_SRC | U.MAP_WRITE,
                                                         mapped_at_creation=True, label=f"upload {name}"[:60])
-            ring.append(staging)
+        ring.append(staging)
         try:
             view = _mapped_view(staging, nbytes)
             if view is not None:
